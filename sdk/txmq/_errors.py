@@ -1,0 +1,304 @@
+"""The one error model of txmq, shared by the services and the SDK.
+
+Every error is a ``TxmqError`` with a gRPC ``code``, a stable ``reason`` (as in
+google.rpc.ErrorInfo) and its data as attributes. Services raise these from their domain
+code and map them to a status in one place (``services.common.errors``); the SDK maps a
+status back to the same class in one place (:func:`error_from_status`), so a caller catches
+``MessageTooLargeError`` and reads ``.size`` and ``.limit`` whichever side raised it.
+
+On the wire the reason and the data travel in the trailing metadata of a failed unary call
+(``txmq-reason``, ``txmq-details``) and in ``EntryStatus.reason``/``details`` for one entry of a
+batch or one request on a stream.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, Mapping
+
+import grpc
+
+REASON_METADATA_KEY = "txmq-reason"
+DETAILS_METADATA_KEY = "txmq-details"
+
+
+class TxmqError(Exception):
+    """Root of every txmq error. ``code`` is the gRPC status code it maps to."""
+
+    code: ClassVar[grpc.StatusCode] = grpc.StatusCode.UNKNOWN
+    reason: ClassVar[str] = "UNKNOWN"
+    #: Whether repeating the same request may succeed (transport and availability errors).
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str = "", **details: Any) -> None:
+        super().__init__(message or self.reason)
+        self.message = message or self.reason
+        self.details: dict[str, Any] = details
+        for key, value in details.items():
+            setattr(self, key, value)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+
+# --- INVALID_ARGUMENT -------------------------------------------------------------------
+
+class InvalidArgumentError(TxmqError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "INVALID_ARGUMENT"
+
+
+class MessageTooLargeError(InvalidArgumentError):
+    reason = "MESSAGE_TOO_LARGE"
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"message body is {size} bytes, above the limit max_body_bytes={limit}",
+            size=size, limit=limit)
+
+
+class InvalidNameError(InvalidArgumentError):
+    reason = "INVALID_NAME"
+
+    def __init__(self, field: str, value: str, rule: str) -> None:
+        super().__init__(f"{field} {value!r} is invalid: {rule}", field=field, value=value, rule=rule)
+
+
+class SystemTopicError(InvalidArgumentError):
+    reason = "SYSTEM_TOPIC"
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic!r} is a system topic: clients cannot send to it", topic=topic)
+
+
+class PropertiesTooLargeError(InvalidArgumentError):
+    reason = "PROPERTIES_TOO_LARGE"
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        super().__init__(f"{what} is {size}, above the limit {limit}", what=what, size=size, limit=limit)
+
+
+class InvalidFieldError(InvalidArgumentError):
+    reason = "INVALID_FIELD"
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}", field=field, problem=problem)
+
+
+class InvalidIdError(InvalidArgumentError):
+    reason = "INVALID_ID"
+
+    def __init__(self, kind: str, value: str, problem: str) -> None:
+        super().__init__(f"{kind} {value!r} is invalid: {problem}", kind=kind, value=value, problem=problem)
+
+
+class WrongBrokerError(InvalidArgumentError):
+    reason = "WRONG_BROKER"
+
+    def __init__(self, kind: str, value: str, named: str, broker: str) -> None:
+        super().__init__(f"{kind} {value!r} names broker {named!r}, this is {broker!r}",
+                         kind=kind, value=value, named=named, broker=broker)
+
+
+# --- NOT_FOUND / ALREADY_EXISTS ---------------------------------------------------------
+
+class NotFoundError(TxmqError):
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "NOT_FOUND"
+
+
+class TopicNotFoundError(NotFoundError):
+    reason = "TOPIC_NOT_FOUND"
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic!r} does not exist", topic=topic)
+
+
+class QueueNotFoundError(NotFoundError):
+    reason = "QUEUE_NOT_FOUND"
+
+    def __init__(self, topic: str, queue_id: int) -> None:
+        super().__init__(f"topic {topic!r} has no queue {queue_id} on this broker",
+                         topic=topic, queue_id=queue_id)
+
+
+class TransactionNotFoundError(NotFoundError):
+    reason = "TRANSACTION_NOT_FOUND"
+
+    def __init__(self, transaction_id: str) -> None:
+        super().__init__(f"transaction {transaction_id!r} does not exist", transaction_id=transaction_id)
+
+
+class ReceiptHandleNotFoundError(NotFoundError):
+    reason = "RECEIPT_HANDLE_EXPIRED"
+
+    def __init__(self, receipt_handle: str) -> None:
+        super().__init__("receipt handle is no longer valid: the message was acknowledged or "
+                         "redelivered since", receipt_handle=receipt_handle)
+
+
+class BrokerNotFoundError(NotFoundError):
+    reason = "BROKER_NOT_FOUND"
+
+    def __init__(self, broker: str) -> None:
+        super().__init__(f"broker {broker!r} is not registered", broker=broker)
+
+
+class AlreadyExistsError(TxmqError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+    reason = "ALREADY_EXISTS"
+
+
+class TopicExistsError(AlreadyExistsError):
+    reason = "TOPIC_EXISTS"
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic!r} already exists", topic=topic)
+
+
+# --- FAILED_PRECONDITION ----------------------------------------------------------------
+
+class FailedPreconditionError(TxmqError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "FAILED_PRECONDITION"
+
+
+class TransactionStateError(FailedPreconditionError):
+    """A decision conflicting with the transaction's final state (the first decision wins)."""
+
+    reason = "TRANSACTION_STATE_CONFLICT"
+
+    def __init__(self, transaction_id: str, state: str, requested: str) -> None:
+        super().__init__(f"transaction {transaction_id!r} is {state}: {requested} refused",
+                         transaction_id=transaction_id, state=state, requested=requested)
+
+
+class NoBrokerError(FailedPreconditionError):
+    reason = "NO_BROKER"
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"no live broker: {what}", what=what)
+
+
+# --- RESOURCE_EXHAUSTED / UNAVAILABLE / DEADLINE ----------------------------------------
+
+class ResourceExhaustedError(TxmqError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "RESOURCE_EXHAUSTED"
+
+
+class DiskFullError(ResourceExhaustedError):
+    reason = "DISK_FULL"
+
+    def __init__(self, free_bytes: int, floor_bytes: int) -> None:
+        super().__init__(f"free disk {free_bytes} bytes is below min_free_disk_bytes={floor_bytes}: "
+                         "sends are refused until space is freed", free_bytes=free_bytes,
+                         floor_bytes=floor_bytes)
+
+
+class UnavailableError(TxmqError):
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "UNAVAILABLE"
+    retryable = True
+
+
+class DeadlineExceededError(TxmqError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    reason = "DEADLINE_EXCEEDED"
+    retryable = True
+
+
+class CancelledError(TxmqError):
+    code = grpc.StatusCode.CANCELLED
+    reason = "CANCELLED"
+
+
+class InternalError(TxmqError):
+    code = grpc.StatusCode.INTERNAL
+    reason = "INTERNAL"
+
+
+class ClientClosedError(TxmqError):
+    code = grpc.StatusCode.CANCELLED
+    reason = "CLIENT_CLOSED"
+
+    def __init__(self, what: str = "client") -> None:
+        super().__init__(f"{what} is closed", what=what)
+
+
+# --- status <-> error -------------------------------------------------------------------
+
+def _all_subclasses(cls: type[TxmqError]) -> list[type[TxmqError]]:
+    out = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+_BY_REASON: dict[str, type[TxmqError]] = {c.reason: c for c in [TxmqError, *_all_subclasses(TxmqError)]}
+# The generic class for a code, used when the reason is unknown (another server version).
+_BY_CODE: dict[grpc.StatusCode, type[TxmqError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.CANCELLED: CancelledError,
+    grpc.StatusCode.INTERNAL: InternalError,
+}
+_CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def encode_details(error: TxmqError) -> dict[str, str]:
+    return {k: json.dumps(v) for k, v in error.details.items()}
+
+
+def status_code_from_int(value: int) -> grpc.StatusCode:
+    return _CODE_BY_VALUE.get(value, grpc.StatusCode.UNKNOWN)
+
+
+def error_from_status(code: grpc.StatusCode, message: str, reason: str = "",
+                      details: Mapping[str, str] | None = None) -> TxmqError:
+    """The one status → exception mapping of the SDK."""
+    cls = _BY_REASON.get(reason)
+    if cls is not None and cls.code == code:
+        try:
+            fields = {k: json.loads(v) for k, v in (details or {}).items()}
+        except ValueError:
+            fields = {}
+        # Rebuild with the server's message and data, without re-deriving the message.
+        err = cls.__new__(cls)
+        TxmqError.__init__(err, message, **fields)
+        return err
+    generic = _BY_CODE.get(code, TxmqError)
+    err = generic(message)
+    if generic is TxmqError:
+        err.code = code  # type: ignore[misc]  # keep what the server said
+    return err
+
+
+def error_from_rpc(exc: grpc.RpcError) -> TxmqError:
+    """Maps a failed gRPC call (sync or asyncio) to the txmq exception it stands for."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    message = exc.details() if hasattr(exc, "details") else str(exc)
+    reason = ""
+    details: dict[str, str] | None = None
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == REASON_METADATA_KEY:
+            reason = value
+        elif key == DETAILS_METADATA_KEY:
+            try:
+                details = json.loads(value)
+            except ValueError:
+                details = None
+    return error_from_status(code or grpc.StatusCode.UNKNOWN, message or "", reason, details)
+
+
+def error_from_entry(status: Any) -> TxmqError:
+    """Maps an ``EntryStatus`` (one entry of a batch, one request on a stream)."""
+    return error_from_status(status_code_from_int(status.code), status.message, status.reason,
+                             dict(status.details))

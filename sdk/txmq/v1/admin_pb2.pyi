@@ -1,0 +1,100 @@
+from txmq.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class CreateTopicRequest(_message.Message):
+    __slots__ = ("topic", "queue_count")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_count: int
+    def __init__(self, topic: _Optional[str] = ..., queue_count: _Optional[int] = ...) -> None: ...
+
+class CreateTopicResponse(_message.Message):
+    __slots__ = ("topic", "brokers")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerQueues]
+    def __init__(self, topic: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerQueues, _Mapping]]] = ...) -> None: ...
+
+class BrokerQueues(_message.Message):
+    __slots__ = ("broker_name", "queue_count")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    queue_count: int
+    def __init__(self, broker_name: _Optional[str] = ..., queue_count: _Optional[int] = ...) -> None: ...
+
+class ListTopicsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TopicInfo(_message.Message):
+    __slots__ = ("topic", "brokers")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerQueues]
+    def __init__(self, topic: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerQueues, _Mapping]]] = ...) -> None: ...
+
+class ListTopicsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicInfo]
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicInfo, _Mapping]]] = ...) -> None: ...
+
+class ListTransactionsRequest(_message.Message):
+    __slots__ = ("producer_group", "state", "older_than_seconds", "limit")
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    OLDER_THAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    producer_group: str
+    state: _common_pb2.TransactionState
+    older_than_seconds: float
+    limit: int
+    def __init__(self, producer_group: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., older_than_seconds: _Optional[float] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListTransactionsResponse(_message.Message):
+    __slots__ = ("transactions", "unreachable_brokers")
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
+    transactions: _containers.RepeatedCompositeFieldContainer[_common_pb2.Transaction]
+    unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, transactions: _Optional[_Iterable[_Union[_common_pb2.Transaction, _Mapping]]] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DescribeTransactionRequest(_message.Message):
+    __slots__ = ("transaction_id",)
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    transaction_id: str
+    def __init__(self, transaction_id: _Optional[str] = ...) -> None: ...
+
+class DescribeTransactionResponse(_message.Message):
+    __slots__ = ("transaction",)
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    transaction: _common_pb2.Transaction
+    def __init__(self, transaction: _Optional[_Union[_common_pb2.Transaction, _Mapping]] = ...) -> None: ...
+
+class ResolveTransactionRequest(_message.Message):
+    __slots__ = ("transaction_id", "resolution", "operator", "reason")
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    RESOLUTION_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    transaction_id: str
+    resolution: _common_pb2.TransactionResolution
+    operator: str
+    reason: str
+    def __init__(self, transaction_id: _Optional[str] = ..., resolution: _Optional[_Union[_common_pb2.TransactionResolution, str]] = ..., operator: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ResolveTransactionResponse(_message.Message):
+    __slots__ = ("transaction",)
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    transaction: _common_pb2.Transaction
+    def __init__(self, transaction: _Optional[_Union[_common_pb2.Transaction, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,260 @@
+from txmq.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SendMessageRequest(_message.Message):
+    __slots__ = ("message",)
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    message: _common_pb2.Message
+    def __init__(self, message: _Optional[_Union[_common_pb2.Message, _Mapping]] = ...) -> None: ...
+
+class SendMessageResponse(_message.Message):
+    __slots__ = ("message_id", "transaction_id", "queue_id", "queue_offset", "transaction_state", "duplicate", "broker_name")
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_STATE_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    message_id: str
+    transaction_id: str
+    queue_id: int
+    queue_offset: int
+    transaction_state: _common_pb2.TransactionState
+    duplicate: bool
+    broker_name: str
+    def __init__(self, message_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., transaction_state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., duplicate: _Optional[bool] = ..., broker_name: _Optional[str] = ...) -> None: ...
+
+class EndTransactionRequest(_message.Message):
+    __slots__ = ("transaction_id", "message_id", "resolution", "source", "operator", "reason", "producer_group")
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    RESOLUTION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    transaction_id: str
+    message_id: str
+    resolution: _common_pb2.TransactionResolution
+    source: _common_pb2.TransactionSource
+    operator: str
+    reason: str
+    producer_group: str
+    def __init__(self, transaction_id: _Optional[str] = ..., message_id: _Optional[str] = ..., resolution: _Optional[_Union[_common_pb2.TransactionResolution, str]] = ..., source: _Optional[_Union[_common_pb2.TransactionSource, str]] = ..., operator: _Optional[str] = ..., reason: _Optional[str] = ..., producer_group: _Optional[str] = ...) -> None: ...
+
+class EndTransactionResponse(_message.Message):
+    __slots__ = ("transaction_id", "state", "resolution_source", "ended_at_ms", "queue_offset")
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RESOLUTION_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    transaction_id: str
+    state: _common_pb2.TransactionState
+    resolution_source: _common_pb2.TransactionSource
+    ended_at_ms: int
+    queue_offset: int
+    def __init__(self, transaction_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., resolution_source: _Optional[_Union[_common_pb2.TransactionSource, str]] = ..., ended_at_ms: _Optional[int] = ..., queue_offset: _Optional[int] = ...) -> None: ...
+
+class ProduceRequest(_message.Message):
+    __slots__ = ("request_id", "send_message", "end_transaction")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SEND_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    END_TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    send_message: SendMessageRequest
+    end_transaction: EndTransactionRequest
+    def __init__(self, request_id: _Optional[int] = ..., send_message: _Optional[_Union[SendMessageRequest, _Mapping]] = ..., end_transaction: _Optional[_Union[EndTransactionRequest, _Mapping]] = ...) -> None: ...
+
+class ProduceResponse(_message.Message):
+    __slots__ = ("request_id", "status", "send_message", "end_transaction")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SEND_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    END_TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    status: _common_pb2.EntryStatus
+    send_message: SendMessageResponse
+    end_transaction: EndTransactionResponse
+    def __init__(self, request_id: _Optional[int] = ..., status: _Optional[_Union[_common_pb2.EntryStatus, _Mapping]] = ..., send_message: _Optional[_Union[SendMessageResponse, _Mapping]] = ..., end_transaction: _Optional[_Union[EndTransactionResponse, _Mapping]] = ...) -> None: ...
+
+class ReceiveMessagesRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic", "queue_id", "filter_expression", "max_messages", "invisible_duration_seconds", "long_polling_timeout_seconds")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    FILTER_EXPRESSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LONG_POLLING_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    queue_id: int
+    filter_expression: str
+    max_messages: int
+    invisible_duration_seconds: float
+    long_polling_timeout_seconds: float
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., filter_expression: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_duration_seconds: _Optional[float] = ..., long_polling_timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class ReceiveMessagesResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.DeliveredMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.DeliveredMessage, _Mapping]]] = ...) -> None: ...
+
+class AckMessagesRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic", "receipt_handles")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    receipt_handles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AckMessagesResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[_common_pb2.EntryStatus]
+    def __init__(self, entries: _Optional[_Iterable[_Union[_common_pb2.EntryStatus, _Mapping]]] = ...) -> None: ...
+
+class ChangeInvisibleDurationRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic", "receipt_handle", "invisible_duration_seconds")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    receipt_handle: str
+    invisible_duration_seconds: float
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., receipt_handle: _Optional[str] = ..., invisible_duration_seconds: _Optional[float] = ...) -> None: ...
+
+class ChangeInvisibleDurationResponse(_message.Message):
+    __slots__ = ("receipt_handle", "invisible_until_ms")
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    receipt_handle: str
+    invisible_until_ms: int
+    def __init__(self, receipt_handle: _Optional[str] = ..., invisible_until_ms: _Optional[int] = ...) -> None: ...
+
+class CreateTopicQueuesRequest(_message.Message):
+    __slots__ = ("topic", "queue_count")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_count: int
+    def __init__(self, topic: _Optional[str] = ..., queue_count: _Optional[int] = ...) -> None: ...
+
+class CreateTopicQueuesResponse(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: _common_pb2.TopicQueues
+    def __init__(self, topic: _Optional[_Union[_common_pb2.TopicQueues, _Mapping]] = ...) -> None: ...
+
+class ClaimChecksRequest(_message.Message):
+    __slots__ = ("producer_groups", "max_checks", "lease_seconds", "checker_id")
+    PRODUCER_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHECKS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CHECKER_ID_FIELD_NUMBER: _ClassVar[int]
+    producer_groups: _containers.RepeatedScalarFieldContainer[str]
+    max_checks: int
+    lease_seconds: float
+    checker_id: str
+    def __init__(self, producer_groups: _Optional[_Iterable[str]] = ..., max_checks: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., checker_id: _Optional[str] = ...) -> None: ...
+
+class CheckTask(_message.Message):
+    __slots__ = ("transaction_id", "message", "due_at_ms", "attempt", "broker_name", "claim_token", "prepared_at_ms")
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DUE_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    transaction_id: str
+    message: _common_pb2.Message
+    due_at_ms: int
+    attempt: int
+    broker_name: str
+    claim_token: str
+    prepared_at_ms: int
+    def __init__(self, transaction_id: _Optional[str] = ..., message: _Optional[_Union[_common_pb2.Message, _Mapping]] = ..., due_at_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., broker_name: _Optional[str] = ..., claim_token: _Optional[str] = ..., prepared_at_ms: _Optional[int] = ...) -> None: ...
+
+class ClaimChecksResponse(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[CheckTask]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[CheckTask, _Mapping]]] = ...) -> None: ...
+
+class QueryTransactionsRequest(_message.Message):
+    __slots__ = ("producer_group", "state", "older_than_seconds", "limit", "page_token")
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    OLDER_THAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    producer_group: str
+    state: _common_pb2.TransactionState
+    older_than_seconds: float
+    limit: int
+    page_token: str
+    def __init__(self, producer_group: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., older_than_seconds: _Optional[float] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class QueryTransactionsResponse(_message.Message):
+    __slots__ = ("transactions", "next_page_token")
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    transactions: _containers.RepeatedCompositeFieldContainer[_common_pb2.Transaction]
+    next_page_token: str
+    def __init__(self, transactions: _Optional[_Iterable[_Union[_common_pb2.Transaction, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetTransactionRequest(_message.Message):
+    __slots__ = ("transaction_id",)
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    transaction_id: str
+    def __init__(self, transaction_id: _Optional[str] = ...) -> None: ...
+
+class GetTransactionResponse(_message.Message):
+    __slots__ = ("transaction",)
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    transaction: _common_pb2.Transaction
+    def __init__(self, transaction: _Optional[_Union[_common_pb2.Transaction, _Mapping]] = ...) -> None: ...
+
+class GetBrokerStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GroupTransactionStats(_message.Message):
+    __slots__ = ("producer_group", "pending", "discarded", "oldest_pending_prepared_at_ms")
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    DISCARDED_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_PENDING_PREPARED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    producer_group: str
+    pending: int
+    discarded: int
+    oldest_pending_prepared_at_ms: int
+    def __init__(self, producer_group: _Optional[str] = ..., pending: _Optional[int] = ..., discarded: _Optional[int] = ..., oldest_pending_prepared_at_ms: _Optional[int] = ...) -> None: ...
+
+class GetBrokerStatsResponse(_message.Message):
+    __slots__ = ("broker_name", "topics", "groups", "store_bytes", "free_disk_bytes")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    STORE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FREE_DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicQueues]
+    groups: _containers.RepeatedCompositeFieldContainer[GroupTransactionStats]
+    store_bytes: int
+    free_disk_bytes: int
+    def __init__(self, broker_name: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicQueues, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupTransactionStats, _Mapping]]] = ..., store_bytes: _Optional[int] = ..., free_disk_bytes: _Optional[int] = ...) -> None: ...

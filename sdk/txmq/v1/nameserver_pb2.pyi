@@ -1,0 +1,122 @@
+from txmq.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class BrokerInfo(_message.Message):
+    __slots__ = ("name", "address", "topics", "last_heartbeat_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicQueues]
+    last_heartbeat_ms: int
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicQueues, _Mapping]]] = ..., last_heartbeat_ms: _Optional[int] = ...) -> None: ...
+
+class RegisterBrokerRequest(_message.Message):
+    __slots__ = ("broker",)
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    broker: BrokerInfo
+    def __init__(self, broker: _Optional[_Union[BrokerInfo, _Mapping]] = ...) -> None: ...
+
+class RegisterBrokerResponse(_message.Message):
+    __slots__ = ("heartbeat_interval_seconds", "expiry_seconds")
+    HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_interval_seconds: float
+    expiry_seconds: float
+    def __init__(self, heartbeat_interval_seconds: _Optional[float] = ..., expiry_seconds: _Optional[float] = ...) -> None: ...
+
+class UnregisterBrokerRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnregisterBrokerResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CheckerInfo(_message.Message):
+    __slots__ = ("name", "address", "last_heartbeat_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    last_heartbeat_ms: int
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., last_heartbeat_ms: _Optional[int] = ...) -> None: ...
+
+class RegisterCheckerRequest(_message.Message):
+    __slots__ = ("checker",)
+    CHECKER_FIELD_NUMBER: _ClassVar[int]
+    checker: CheckerInfo
+    def __init__(self, checker: _Optional[_Union[CheckerInfo, _Mapping]] = ...) -> None: ...
+
+class RegisterCheckerResponse(_message.Message):
+    __slots__ = ("heartbeat_interval_seconds", "expiry_seconds")
+    HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_interval_seconds: float
+    expiry_seconds: float
+    def __init__(self, heartbeat_interval_seconds: _Optional[float] = ..., expiry_seconds: _Optional[float] = ...) -> None: ...
+
+class UnregisterCheckerRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnregisterCheckerResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class QueryRouteRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class QueueRoute(_message.Message):
+    __slots__ = ("broker_name", "broker_address", "queue_id")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    broker_address: str
+    queue_id: int
+    def __init__(self, broker_name: _Optional[str] = ..., broker_address: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+
+class QueryRouteResponse(_message.Message):
+    __slots__ = ("topic", "queues")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queues: _containers.RepeatedCompositeFieldContainer[QueueRoute]
+    def __init__(self, topic: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueRoute, _Mapping]]] = ...) -> None: ...
+
+class ListBrokersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListBrokersResponse(_message.Message):
+    __slots__ = ("brokers",)
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerInfo]
+    def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ...) -> None: ...
+
+class ListCheckersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListCheckersResponse(_message.Message):
+    __slots__ = ("checkers",)
+    CHECKERS_FIELD_NUMBER: _ClassVar[int]
+    checkers: _containers.RepeatedCompositeFieldContainer[CheckerInfo]
+    def __init__(self, checkers: _Optional[_Iterable[_Union[CheckerInfo, _Mapping]]] = ...) -> None: ...

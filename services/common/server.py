@@ -1,0 +1,77 @@
+"""What every service's ``create_server`` builds: a ``grpc.aio`` server behind the shared
+interceptor chain, the stock health and reflection services, /metrics, and the service's
+own start/stop hooks."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable, Iterable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from .config import ServiceConfig
+from .interceptors import ServerInterceptor
+from .metrics import BaseMetrics
+
+log = logging.getLogger(__name__)
+
+Hook = Callable[[], Awaitable[None]]
+
+
+class ServiceApp:
+    def __init__(self, name: str, config: ServiceConfig, metrics: BaseMetrics,
+                 register: Iterable[tuple[Callable[[Any, Any], None], Any]],
+                 service_names: Iterable[str]) -> None:
+        self.name = name
+        self.config = config
+        self.metrics = metrics
+        self.server = grpc.aio.server(
+            interceptors=[ServerInterceptor(metrics)],
+            options=[("grpc.max_receive_message_length", config.max_grpc_message_bytes),
+                     ("grpc.max_send_message_length", config.max_grpc_message_bytes),
+                     ("grpc.so_reuseport", 0)])
+        for add, servicer in register:
+            add(servicer, self.server)
+        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.service_names = list(service_names)
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+        if self.port == 0:
+            raise OSError(f"{name}: cannot bind {config.host}:{config.port}")
+        self.metrics_port = -1
+        self.on_start: list[Hook] = []
+        self.on_stop: list[Hook] = []
+
+    async def _set_health(self, status: int) -> None:
+        for service in ["", *self.service_names]:
+            result = self.health.set(service, status)
+            if hasattr(result, "__await__"):
+                await result
+
+    async def start(self) -> None:
+        await self.server.start()
+        self.metrics_port = self.metrics.serve(self.config.host, self.config.metrics_port)
+        for hook in self.on_start:
+            await hook()
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving", extra={"fields": {"port": self.port, "metrics_port": self.metrics_port}})
+
+    async def stop(self, grace: float | None = None) -> None:
+        """NOT_SERVING first (load balancers stop sending), then the service's own hooks,
+        then the server with a grace period for calls in flight."""
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        grace = self.config.shutdown_grace_seconds if grace is None else grace
+        await self.server.stop(grace)
+        for hook in reversed(self.on_stop):
+            try:
+                await hook()
+            except Exception:  # noqa: BLE001 - keep stopping the rest
+                log.exception("stop hook failed")
+        self.metrics.close()
+
+    async def wait_for_termination(self) -> None:
+        await self.server.wait_for_termination()
