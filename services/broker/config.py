@@ -55,8 +55,6 @@ class BrokerConfig(ServiceConfig):
     min_invisible_duration_seconds: float = 0.05
     max_long_polling_seconds: float = 30.0
     max_receive_batch: int = 256
-    #: Queues created for a topic a client sends to when the name server auto-creates it.
-    default_queue_count: int = 4
 
     def validate(self) -> None:
         if self.flush not in FLUSH_MODES:

@@ -54,14 +54,25 @@ MESSAGE_TYPE_NORMAL: MessageType
 MESSAGE_TYPE_TRANSACTION: MessageType
 
 class EntryStatus(_message.Message):
-    __slots__ = ("code", "message", "transaction_state")
+    __slots__ = ("code", "message", "transaction_state", "reason", "details")
+    class DetailsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
     code: int
     message: str
     transaction_state: TransactionState
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., transaction_state: _Optional[_Union[TransactionState, str]] = ...) -> None: ...
+    reason: str
+    details: _containers.ScalarMap[str, str]
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., transaction_state: _Optional[_Union[TransactionState, str]] = ..., reason: _Optional[str] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Message(_message.Message):
     __slots__ = ("topic", "body", "tag", "keys", "properties", "message_id", "type", "producer_group", "producer_client_id", "check_immunity_seconds", "born_timestamp_ms", "born_host", "queue_id")

@@ -1,0 +1,86 @@
+"""Consumer-group delivery state: per (group, topic, queue) the next offset never delivered
+and the deliveries in flight with their invisibility deadlines.
+
+Owned by the store's writer thread (every change is staged in the same operation that
+persists it); other threads only read snapshots for metrics.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from .store import codec
+
+
+@dataclass(slots=True)
+class Inflight:
+    attempt: int
+    deadline_ms: int
+
+
+@dataclass(slots=True)
+class Cursor:
+    """One group's position in one queue."""
+
+    next_offset: int
+    inflight: dict[int, Inflight] = field(default_factory=dict)
+    # (deadline_ms, offset); entries whose deadline no longer matches are stale.
+    heap: list[tuple[int, int]] = field(default_factory=list)
+
+    def track(self, offset: int, attempt: int, deadline_ms: int) -> None:
+        self.inflight[offset] = Inflight(attempt, deadline_ms)
+        heapq.heappush(self.heap, (deadline_ms, offset))
+
+    def pop_expired(self, now_ms: int) -> list[tuple[int, Inflight]]:
+        """In-flight deliveries whose invisibility ended, oldest deadline first."""
+        out = []
+        while self.heap and self.heap[0][0] <= now_ms:
+            deadline, offset = heapq.heappop(self.heap)
+            entry = self.inflight.get(offset)
+            if entry is not None and entry.deadline_ms == deadline:
+                out.append((offset, entry))
+        return out
+
+    def push_back(self, offset: int, entry: Inflight) -> None:
+        heapq.heappush(self.heap, (entry.deadline_ms, offset))
+
+    def next_deadline_ms(self) -> int | None:
+        while self.heap:
+            deadline, offset = self.heap[0]
+            entry = self.inflight.get(offset)
+            if entry is not None and entry.deadline_ms == deadline:
+                return deadline
+            heapq.heappop(self.heap)
+        return None
+
+    def ack_offset(self) -> int:
+        """Everything below this offset is acknowledged (or filtered out) for the group."""
+        return min(self.inflight) if self.inflight else self.next_offset
+
+
+class ConsumerGroups:
+    def __init__(self) -> None:
+        self.cursors: dict[tuple[str, str, int], Cursor] = {}
+
+    def load(self, rows: list[tuple[bytes, bytes]], inflight: list[tuple[bytes, bytes]]) -> None:
+        for key, value in rows:
+            group, topic, queue_id = codec.split_consumer_key(key)
+            self.cursors[(group, topic, queue_id)] = Cursor(codec.decode_u64(value, "consumer cursor", key))
+        for key, value in inflight:
+            group, topic, queue_id, offset = codec.split_inflight_key(key)
+            attempt, deadline = codec.decode_inflight(value, key)
+            cursor = self.cursors.get((group, topic, queue_id))
+            if cursor is None:
+                cursor = self.cursors[(group, topic, queue_id)] = Cursor(offset + 1)
+            cursor.track(offset, attempt, deadline)
+
+    def get(self, group: str, topic: str, queue_id: int) -> Cursor | None:
+        return self.cursors.get((group, topic, queue_id))
+
+    def groups_of(self, topic: str, queue_id: int) -> list[Cursor]:
+        return [c for (g, t, q), c in list(self.cursors.items()) if t == topic and q == queue_id]
+
+    def snapshot(self) -> list[tuple[str, str, int, int]]:
+        """(group, topic, queue, ack offset) for metrics."""
+        return [(g, t, q, c.ack_offset()) for (g, t, q), c in list(self.cursors.items())]

@@ -1,0 +1,778 @@
+"""The broker's domain: messages, transactions and their state machine, consumer
+deliveries, the check schedule, retention.
+
+Request methods validate their input in the caller's thread (raising ``TxmqError`` before
+anything is queued) and return an *operation* for the store's writer thread. An operation
+first reads and decides, raising if it refuses, and only then stages its writes and
+changes in-memory state, so a refused request changes nothing and an accepted one is one
+WriteBatch (see ``store/db.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from txmq._errors import (DiskFullError, InvalidFieldError, InvalidIdError, MessageTooLargeError,
+                          PropertiesTooLargeError, QueueNotFoundError, ReceiptHandleNotFoundError,
+                          TopicNotFoundError, TransactionNotFoundError, TransactionStateError,
+                          WrongBrokerError)
+from txmq._ids import MessageId, ReceiptHandle, TransactionId
+from txmq._names import (dlq_topic, discard_topic, validate_group, validate_name,
+                         validate_receive_topic, validate_send_topic)
+
+from .config import BrokerConfig
+from .consumers import ConsumerGroups, Cursor
+from .store import codec
+from .store.codec import (STATE_COMMITTED, STATE_DISCARDED, STATE_NAMES, STATE_PREPARED,
+                          STATE_ROLLED_BACK, CqEntry, LogRecord, TxnRow)
+from .store.db import Database, OpWrites, now_ms
+
+log = logging.getLogger(__name__)
+
+RESOLUTION_COMMIT = "COMMIT"
+RESOLUTION_ROLLBACK = "ROLLBACK"
+RESOLUTION_UNKNOWN = "UNKNOWN"
+_FOREIGN_ID = re.compile(r"[A-Za-z0-9_.:=+/-]{1,128}")
+_MAX_KEY_BYTES = 1024
+
+
+class StoreIdentityError(Exception):
+    """The data directory belongs to another broker name."""
+
+
+@dataclass(slots=True, frozen=True)
+class SendResult:
+    message_id: str
+    queue_id: int
+    queue_offset: int
+    transaction_id: str = ""
+    state: int = 0
+    duplicate: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class EndResult:
+    transaction_id: str
+    state: int
+    source: int
+    ended_ms: int
+    queue_offset: int
+
+
+@dataclass(slots=True, frozen=True)
+class Delivery:
+    topic: str
+    queue_id: int
+    offset: int
+    log_seq: int
+    attempt: int
+    deadline_ms: int
+    visible_ms: int
+    receipt_handle: str
+
+
+@dataclass(slots=True, frozen=True)
+class ReceiveResult:
+    deliveries: list[Delivery]
+    # When the earliest in-flight delivery of the polled queues becomes visible again.
+    next_deadline_ms: int | None
+
+
+@dataclass(slots=True, frozen=True)
+class ClaimedCheck:
+    row: TxnRow
+    due_ms: int
+    attempt: int
+
+
+def parse_tag_filter(expression: str) -> frozenset[str] | None:
+    """``"*"`` or empty → None (everything); ``"A || B"`` → {"A", "B"}."""
+    text = (expression or "").strip()
+    if text in ("", "*"):
+        return None
+    tags = frozenset(part.strip() for part in text.split("||"))
+    if not tags or any(not t for t in tags):
+        raise InvalidFieldError("filter_expression", f"{expression!r} is not '*' or 'TagA || TagB'")
+    return tags
+
+
+class BrokerCore:
+    def __init__(self, config: BrokerConfig, clock: Callable[[], int] = now_ms,
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+        self.config = config
+        self.name = config.broker_name
+        self.clock = clock
+        self.db = Database(config.data_dir, sync=config.flush == "sync",
+                           group_commit_max_ops=config.group_commit_max_ops, on_fatal=on_fatal)
+        self.consumers = ConsumerGroups()
+        self.topics: dict[str, int] = {}
+        self.queue_next: dict[tuple[str, int], int] = {}
+        self.counters: dict[str, list[int]] = {}
+        self.disk_full = False
+        self.free_disk_bytes = -1
+        # Called (writer thread) when messages become visible in a topic; the service
+        # wakes long polls with it.
+        self.visible_listeners: list[Callable[[str], None]] = []
+        # Called (writer thread) when a topic is created, for re-registration.
+        self.topic_listeners: list[Callable[[str], None]] = []
+        # Called (writer thread) for every transaction decision: (group, resolution, source).
+        self.end_listeners: list[Callable[[str, int, int], None]] = []
+        # Called (writer thread) for every message stored: (topic, kind).
+        self.stored_listeners: list[Callable[[str, int], None]] = []
+        self._random = random.Random()
+        self._lock = threading.Lock()
+        self._open()
+
+    # --- start-up ------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        db = self.db
+        name = db.get("meta", b"broker_name")
+        if name is None:
+            self.store_id = random.getrandbits(32) or 1
+            db.call(lambda w: (w.put("meta", b"broker_name", codec.frame(self.name.encode())),
+                               w.put("meta", b"store_id", codec.encode_u64(self.store_id))))
+        else:
+            stored_name = codec.unframe(name, "meta", b"broker_name").decode()
+            if stored_name != self.name:
+                db.close()
+                raise StoreIdentityError(
+                    f"data dir {self.config.data_dir} belongs to broker {stored_name!r}, not {self.name!r}")
+            self.store_id = codec.decode_u64(db.get("meta", b"store_id") or b"", "meta", b"store_id")
+        last = db.last_key("log")
+        floor = db.get("meta", b"seq_floor")
+        self.next_seq = max(codec.log_seq(last) + 1 if last else 1,
+                            codec.decode_u64(floor, "meta") if floor else 1)
+        for key, value in db.scan("topics"):
+            self.topics[key.decode()] = codec.decode_u64(value, "topic", key)
+        for topic, count in self.topics.items():
+            for q in range(count):
+                last_cq = db.last_key("cq", codec.queue_prefix(topic, q))
+                self.queue_next[(topic, q)] = codec.split_cq_key(last_cq)[2] + 1 if last_cq else 0
+        for key, value in db.scan("counters"):
+            self.counters[key.decode()] = list(codec.decode_counters(value, key))
+        self.consumers.load(list(db.scan("consumers")), list(db.scan("inflight")))
+        log.info("store opened", extra={"fields": {
+            "data_dir": self.config.data_dir, "next_seq": self.next_seq, "topics": len(self.topics),
+            "store_id": self.store_id}})
+
+    def close(self) -> None:
+        self.db.close()
+
+    # --- identifiers ---------------------------------------------------------------------
+
+    def txn_id(self, seq: int) -> str:
+        return TransactionId(self.name, self.store_id, seq).encode()
+
+    def parse_txn_id(self, text: str) -> int:
+        tid = TransactionId.decode(text)
+        if tid.broker != self.name:
+            raise WrongBrokerError("transaction id", text, tid.broker, self.name)
+        if tid.store_id != self.store_id:
+            raise InvalidIdError("transaction id", text, "issued by an earlier store of this broker")
+        return tid.sequence
+
+    def receipt(self, topic: str, queue_id: int, offset: int, attempt: int) -> str:
+        return ReceiptHandle(self.name, self.store_id, topic, queue_id, offset, attempt).encode()
+
+    def parse_receipt(self, text: str) -> ReceiptHandle:
+        handle = ReceiptHandle.decode(text)
+        if handle.broker != self.name:
+            raise WrongBrokerError("receipt handle", text, handle.broker, self.name)
+        if handle.store_id != self.store_id:
+            raise ReceiptHandleNotFoundError(text)
+        return handle
+
+    # --- validation ----------------------------------------------------------------------
+
+    def validate_message(self, r: LogRecord) -> LogRecord:
+        cfg = self.config
+        validate_send_topic(r.topic)
+        count = self.topics.get(r.topic)
+        if count is None:
+            raise TopicNotFoundError(r.topic)
+        if not 0 <= r.queue_id < count:
+            raise QueueNotFoundError(r.topic, r.queue_id)
+        if len(r.body) > cfg.max_body_bytes:
+            raise MessageTooLargeError(len(r.body), cfg.max_body_bytes)
+        if len(r.tag.encode()) > cfg.max_tag_bytes:
+            raise PropertiesTooLargeError("tag bytes", len(r.tag.encode()), cfg.max_tag_bytes)
+        if "||" in r.tag or r.tag.strip() != r.tag:
+            raise InvalidFieldError("tag", "must not contain '||' or surrounding spaces")
+        if len(r.keys) > cfg.max_keys:
+            raise PropertiesTooLargeError("key count", len(r.keys), cfg.max_keys)
+        for key in r.keys:
+            if len(key.encode()) > _MAX_KEY_BYTES:
+                raise PropertiesTooLargeError("key bytes", len(key.encode()), _MAX_KEY_BYTES)
+        if len(r.properties) > cfg.max_properties:
+            raise PropertiesTooLargeError("property count", len(r.properties), cfg.max_properties)
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in r.properties.items())
+        if size > cfg.max_properties_bytes:
+            raise PropertiesTooLargeError("properties bytes", size, cfg.max_properties_bytes)
+        if any(not k or len(k.encode()) > 0xFFFF for k in r.properties):
+            raise InvalidFieldError("properties", "property names must be 1-65535 bytes")
+        if r.message_id:
+            if MessageId.looks_like(r.message_id):
+                mid = MessageId.decode(r.message_id)
+                if mid.broker != self.name:
+                    raise WrongBrokerError("message id", r.message_id, mid.broker, self.name)
+            elif not _FOREIGN_ID.fullmatch(r.message_id):
+                raise InvalidIdError("message id", r.message_id, "use 1-128 characters [A-Za-z0-9_.:=+/-]")
+        else:
+            r.message_id = MessageId.new(self.name, r.queue_id).encode()
+        if r.kind == codec.KIND_HALF:
+            validate_group("producer_group", r.producer_group)
+            if len(r.producer_client_id.encode()) > 255:
+                raise InvalidFieldError("producer_client_id", "longer than 255 bytes")
+            if not 0 <= r.check_immunity_seconds <= cfg.max_transaction_lifetime_seconds:
+                raise InvalidFieldError(
+                    "check_immunity_seconds",
+                    f"{r.check_immunity_seconds} is outside 0..max_transaction_lifetime_seconds="
+                    f"{cfg.max_transaction_lifetime_seconds}")
+        if len(r.born_host.encode()) > 255:
+            raise InvalidFieldError("born_host", "longer than 255 bytes")
+        return r
+
+    def check_disk(self) -> None:
+        if self.disk_full:
+            raise DiskFullError(self.free_disk_bytes, self.config.min_free_disk_bytes)
+
+    # --- sends ---------------------------------------------------------------------------
+
+    def send_op(self, record: LogRecord) -> Callable[[OpWrites], SendResult]:
+        """A normal or half message; ``record`` must have passed :meth:`validate_message`."""
+        self.check_disk()
+
+        def op(w: OpWrites) -> SendResult:
+            db = self.db
+            previous = db.read("dedup", record.message_id.encode())
+            if previous is not None:
+                return self._duplicate(record, codec.decode_dedup(previous, record.message_id.encode()))
+            now = self.clock()
+            seq = self.next_seq
+            record.stored_ms = now
+            mid_key = record.message_id.encode()
+            if record.kind == codec.KIND_NORMAL:
+                offset = self.queue_next[(record.topic, record.queue_id)]
+                record.queue_offset = offset
+                w.put("log", codec.log_key(seq), codec.encode_log_record(record))
+                w.put("cq", codec.cq_key(record.topic, record.queue_id, offset),
+                      codec.encode_cq_entry(CqEntry(seq, now, record.tag)))
+                w.put("dedup", mid_key, codec.encode_dedup(
+                    codec.DedupEntry(codec.DEDUP_NORMAL, seq, record.queue_id, offset)))
+                w.put("dedup_exp", codec.expiry_key(now + int(self.config.dedup_retention_seconds * 1000),
+                                                    record.message_id), b"")
+                self.next_seq = seq + 1
+                self.queue_next[(record.topic, record.queue_id)] = offset + 1
+                topic = record.topic
+                w.on_durable(lambda: (self._notify_stored(topic, codec.KIND_NORMAL), self._notify_visible(topic)))
+                return SendResult(record.message_id, record.queue_id, offset)
+            delay = record.check_immunity_seconds or self.config.transaction_timeout_seconds
+            row = TxnRow(seq=seq, state=STATE_PREPARED, producer_group=record.producer_group,
+                         producer_client_id=record.producer_client_id, topic=record.topic,
+                         queue_id=record.queue_id, message_id=record.message_id, prepared_ms=now,
+                         next_due_ms=now + int(delay * 1000), body_size=len(record.body))
+            w.put("log", codec.log_key(seq), codec.encode_log_record(record))
+            w.put("txn", codec.txn_key(seq), codec.encode_txn(row))
+            w.put("due", codec.group_time_key(row.producer_group, row.next_due_ms, seq), b"")
+            w.put("pending", codec.group_time_key(row.producer_group, now, seq), b"")
+            w.put("dedup", mid_key, codec.encode_dedup(codec.DedupEntry(codec.DEDUP_TXN, seq)))
+            self._count(w, row.producer_group, pending=+1)
+            self.next_seq = seq + 1
+            w.on_durable(lambda: self._notify_stored(record.topic, codec.KIND_HALF))
+            return SendResult(record.message_id, record.queue_id, -1, self.txn_id(seq), STATE_PREPARED)
+        return op
+
+    def _duplicate(self, record: LogRecord, entry: codec.DedupEntry) -> SendResult:
+        if entry.kind == codec.DEDUP_NORMAL:
+            return SendResult(record.message_id, entry.queue_id, entry.queue_offset, duplicate=True)
+        row = self._read_txn(entry.seq)
+        state = row.state if row is not None else STATE_ROLLED_BACK
+        return SendResult(record.message_id, row.queue_id if row else record.queue_id,
+                          row.queue_offset if row else -1, self.txn_id(entry.seq), state, duplicate=True)
+
+    def _count(self, w: OpWrites, group: str, pending: int = 0, discarded: int = 0) -> None:
+        counts = self.counters.setdefault(group, [0, 0])
+        counts[0] += pending
+        counts[1] += discarded
+        w.put("counters", group.encode(), codec.encode_counters(counts[0], counts[1]))
+
+    def _read_txn(self, seq: int) -> TxnRow | None:
+        value = self.db.read("txn", codec.txn_key(seq))
+        return codec.decode_txn(value, codec.txn_key(seq)) if value is not None else None
+
+    def _notify_stored(self, topic: str, kind: int) -> None:
+        for fn in self.stored_listeners:
+            fn(topic, kind)
+
+    def _notify_visible(self, topic: str) -> None:
+        for fn in self.visible_listeners:
+            fn(topic)
+
+    # --- transactions --------------------------------------------------------------------
+
+    def end_op(self, transaction_id: str, resolution: str, source: int, *, message_id: str = "",
+               producer_group: str = "", operator: str = "", reason: str = "",
+               ) -> Callable[[OpWrites], EndResult]:
+        seq = self.parse_txn_id(transaction_id)
+        if resolution not in (RESOLUTION_COMMIT, RESOLUTION_ROLLBACK, RESOLUTION_UNKNOWN):
+            raise InvalidFieldError("resolution", "must be COMMIT, ROLLBACK or UNKNOWN")
+        if source not in (codec.SOURCE_CLIENT, codec.SOURCE_CHECK, codec.SOURCE_OPERATOR):
+            raise InvalidFieldError("source", "must be CLIENT, CHECK or OPERATOR")
+        if source == codec.SOURCE_OPERATOR and resolution != RESOLUTION_UNKNOWN and not operator:
+            raise InvalidFieldError("operator", "an operator decision must say who decides")
+        if len(operator.encode()) > 255 or len(reason.encode()) > 4096:
+            raise InvalidFieldError("operator/reason", "operator ≤ 255 bytes, reason ≤ 4096 bytes")
+
+        def op(w: OpWrites) -> EndResult:
+            row = self._read_txn(seq)
+            if row is None:
+                raise TransactionNotFoundError(transaction_id)
+            if message_id and message_id != row.message_id:
+                raise InvalidFieldError("message_id", f"{message_id!r} is not the message of {transaction_id}")
+            if producer_group and producer_group != row.producer_group:
+                raise InvalidFieldError("producer_group",
+                                        f"{producer_group!r} is not the group of {transaction_id}")
+            if resolution == RESOLUTION_UNKNOWN or row.state == _target(resolution):
+                return self._end_result(row)
+            if row.state in (STATE_COMMITTED, STATE_ROLLED_BACK):
+                raise TransactionStateError(transaction_id, STATE_NAMES[row.state], resolution)
+            self._decide(w, row, _target(resolution), source, operator=operator, reason=reason)
+            return self._end_result(row)
+        return op
+
+    def _end_result(self, row: TxnRow) -> EndResult:
+        return EndResult(self.txn_id(row.seq), row.state, row.source, row.ended_ms, row.queue_offset)
+
+    def _decide(self, w: OpWrites, row: TxnRow, state: int, source: int, *, operator: str = "",
+                reason: str = "") -> None:
+        """PREPARED|DISCARDED → COMMITTED|ROLLED_BACK, in the caller's batch."""
+        now = self.clock()
+        was = row.state
+        if was == STATE_PREPARED:
+            w.delete("due", codec.group_time_key(row.producer_group, row.next_due_ms, row.seq))
+            w.delete("pending", codec.group_time_key(row.producer_group, row.prepared_ms, row.seq))
+        if state == STATE_COMMITTED:
+            offset = self.queue_next[(row.topic, row.queue_id)]
+            w.put("cq", codec.cq_key(row.topic, row.queue_id, offset),
+                  codec.encode_cq_entry(CqEntry(row.seq, now, self._tag_of(row.seq))))
+            self.queue_next[(row.topic, row.queue_id)] = offset + 1
+            row.queue_offset = offset
+            topic = row.topic
+            w.on_durable(lambda: self._notify_visible(topic))
+        row.state = state
+        row.source = source
+        row.ended_ms = now
+        row.next_due_ms = 0
+        row.claim_token = ""
+        if operator:
+            row.operator = operator
+        if reason:
+            row.reason = reason
+        w.put("txn", codec.txn_key(row.seq), codec.encode_txn(row))
+        w.put("dedup_exp", codec.expiry_key(now + int(self.config.dedup_retention_seconds * 1000),
+                                            row.message_id), b"")
+        self._count(w, row.producer_group, pending=-1 if was == STATE_PREPARED else 0,
+                    discarded=-1 if was == STATE_DISCARDED else 0)
+        group = row.producer_group
+        w.on_durable(lambda: [fn(group, state, source) for fn in self.end_listeners])
+
+    def _tag_of(self, seq: int) -> str:
+        value = self.db.read("log", codec.log_key(seq))
+        return codec.decode_log_record(value, codec.log_key(seq)).tag if value is not None else ""
+
+    def discard(self, w: OpWrites, row: TxnRow, reason: str) -> None:
+        """PREPARED → DISCARDED: the message goes to %DISCARD%<group>; it can still be decided."""
+        now = self.clock()
+        topic = discard_topic(row.producer_group)
+        self._ensure_topic(w, topic, 1)
+        offset = self.queue_next[(topic, 0)]
+        w.delete("due", codec.group_time_key(row.producer_group, row.next_due_ms, row.seq))
+        w.delete("pending", codec.group_time_key(row.producer_group, row.prepared_ms, row.seq))
+        w.put("cq", codec.cq_key(topic, 0, offset),
+              codec.encode_cq_entry(CqEntry(row.seq, now, self._tag_of(row.seq))))
+        self.queue_next[(topic, 0)] = offset + 1
+        row.state = STATE_DISCARDED
+        row.source = codec.SOURCE_BROKER
+        row.discarded_ms = now
+        row.discard_reason = reason
+        row.next_due_ms = 0
+        row.claim_token = ""
+        w.put("txn", codec.txn_key(row.seq), codec.encode_txn(row))
+        self._count(w, row.producer_group, pending=-1, discarded=+1)
+        w.on_durable(lambda: self._notify_visible(topic))
+
+    def _ensure_topic(self, w: OpWrites, topic: str, queue_count: int) -> bool:
+        if self.topics.get(topic, 0) >= queue_count:
+            return False
+        old = self.topics.get(topic, 0)
+        self.topics[topic] = queue_count
+        for q in range(old, queue_count):
+            self.queue_next.setdefault((topic, q), 0)
+        w.put("topics", topic.encode(), codec.encode_u64(queue_count))
+        w.on_durable(lambda: [fn(topic) for fn in self.topic_listeners])
+        return True
+
+    def create_topic_op(self, topic: str, queue_count: int) -> Callable[[OpWrites], int]:
+        validate_send_topic(topic)
+        if not 0 < queue_count <= 1024:
+            raise InvalidFieldError("queue_count", f"{queue_count} is outside 1..1024")
+
+        def op(w: OpWrites) -> int:
+            self._ensure_topic(w, topic, queue_count)
+            return self.topics[topic]
+        return op
+
+    # --- checks --------------------------------------------------------------------------
+
+    def claim_op(self, groups: Iterable[str], max_checks: int, lease_seconds: float,
+                 ) -> Callable[[OpWrites], list[ClaimedCheck]]:
+        groups = sorted(set(groups))
+        for g in groups:
+            validate_group("producer_groups", g)
+        if max_checks <= 0:
+            raise InvalidFieldError("max_checks", "must be positive")
+        if not 0 < lease_seconds <= 3600:
+            raise InvalidFieldError("lease_seconds", f"{lease_seconds} is outside (0, 3600]")
+
+        def op(w: OpWrites) -> list[ClaimedCheck]:
+            now = self.clock()
+            claimed: list[ClaimedCheck] = []
+            for group in groups:
+                prefix = codec.group_prefix(group)
+                upper = codec.group_time_key(group, now + 1, 0)
+                for key, _ in self.db.scan("due", prefix, upper):
+                    if len(claimed) >= max_checks:
+                        return claimed
+                    if self.db.read("due", key) is None:
+                        continue  # removed earlier in this batch
+                    _g, due_ms, seq = codec.split_group_time_key(key)
+                    row = self._read_txn(seq)
+                    if row is None or row.state != STATE_PREPARED or row.next_due_ms != due_ms:
+                        w.delete("due", key)  # stale index entry
+                        continue
+                    row.next_due_ms = now + int(lease_seconds * 1000)
+                    row.claim_token = os.urandom(8).hex()
+                    w.delete("due", key)
+                    w.put("due", codec.group_time_key(group, row.next_due_ms, seq), b"")
+                    w.put("txn", codec.txn_key(seq), codec.encode_txn(row))
+                    claimed.append(ClaimedCheck(row, due_ms, row.checks_delivered + 1))
+            return claimed
+        return op
+
+    def next_check_delay_ms(self, delivered: int) -> int:
+        cfg = self.config
+        base = cfg.check_interval_seconds * (cfg.check_backoff_multiplier ** max(delivered - 1, 0))
+        base = min(base, max(cfg.check_interval_max_seconds, cfg.check_interval_seconds))
+        return int(base * (1 + cfg.check_jitter * self._random.random()) * 1000)
+
+    # --- consumers -----------------------------------------------------------------------
+
+    def receive_op(self, group: str, topic: str, queue_id: int, tags: frozenset[str] | None,
+                   max_messages: int, invisible_seconds: float) -> Callable[[OpWrites], ReceiveResult]:
+        cfg = self.config
+        validate_group("consumer_group", group)
+        validate_receive_topic(topic)
+        count = self.topics.get(topic)
+        if count is None:
+            raise TopicNotFoundError(topic)
+        if queue_id >= count or queue_id < -1:
+            raise QueueNotFoundError(topic, queue_id)
+        if max_messages <= 0:
+            raise InvalidFieldError("max_messages", "must be positive")
+        max_messages = min(max_messages, cfg.max_receive_batch)
+        if invisible_seconds == 0:
+            invisible_seconds = cfg.default_invisible_duration_seconds
+        if not 0 < invisible_seconds <= cfg.max_invisible_duration_seconds:
+            raise InvalidFieldError("invisible_duration_seconds",
+                                    f"{invisible_seconds} is outside (0, max_invisible_duration_seconds="
+                                    f"{cfg.max_invisible_duration_seconds}]")
+        invisible_ms = int(max(invisible_seconds, cfg.min_invisible_duration_seconds) * 1000)
+        queues = [queue_id] if queue_id >= 0 else list(range(count))
+        if len(queues) > 1:
+            start = self._random.randrange(len(queues))
+            queues = queues[start:] + queues[:start]
+
+        def op(w: OpWrites) -> ReceiveResult:
+            w.sync = False  # a lost receive only means an earlier redelivery
+            now = self.clock()
+            out: list[Delivery] = []
+            next_deadline: int | None = None
+            for q in queues:
+                cursor = self._cursor(w, group, topic, q)
+                if len(out) < max_messages:
+                    self._redeliver(w, group, topic, q, cursor, now, invisible_ms, max_messages, out)
+                if len(out) < max_messages:
+                    self._deliver_new(w, group, topic, q, cursor, now, invisible_ms, tags, max_messages, out)
+                d = cursor.next_deadline_ms()
+                if d is not None and (next_deadline is None or d < next_deadline):
+                    next_deadline = d
+            return ReceiveResult(out, next_deadline)
+        return op
+
+    def _cursor(self, w: OpWrites, group: str, topic: str, q: int) -> Cursor:
+        cursor = self.consumers.get(group, topic, q)
+        if cursor is None:
+            first = self.db.first_key("cq", codec.queue_prefix(topic, q))
+            start = codec.split_cq_key(first)[2] if first else self.queue_next.get((topic, q), 0)
+            cursor = Cursor(start)
+            self.consumers.cursors[(group, topic, q)] = cursor
+            w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(start))
+        return cursor
+
+    def _redeliver(self, w: OpWrites, group: str, topic: str, q: int, cursor: Cursor, now: int,
+                   invisible_ms: int, limit: int, out: list[Delivery]) -> None:
+        expired = cursor.pop_expired(now)
+        for i, (offset, entry) in enumerate(expired):
+            if len(out) >= limit:
+                for rest_offset, rest in expired[i:]:
+                    cursor.push_back(rest_offset, rest)
+                return
+            key = codec.inflight_key(group, topic, q, offset)
+            value = self.db.read("cq", codec.cq_key(topic, q, offset))
+            if value is None:  # expired by retention: nothing left to deliver
+                del cursor.inflight[offset]
+                w.delete("inflight", key)
+                continue
+            cq = codec.decode_cq_entry(value)
+            if entry.attempt >= self.config.max_delivery_attempts:
+                self._to_dlq(w, group, cq)
+                del cursor.inflight[offset]
+                w.delete("inflight", key)
+                continue
+            attempt = entry.attempt + 1
+            cursor.track(offset, attempt, now + invisible_ms)
+            w.put("inflight", key, codec.encode_inflight(attempt, now + invisible_ms))
+            out.append(Delivery(topic, q, offset, cq.log_seq, attempt, now + invisible_ms, cq.visible_ms,
+                                self.receipt(topic, q, offset, attempt)))
+
+    def _to_dlq(self, w: OpWrites, group: str, cq: CqEntry) -> None:
+        topic = dlq_topic(group)
+        self._ensure_topic(w, topic, 1)
+        offset = self.queue_next[(topic, 0)]
+        w.put("cq", codec.cq_key(topic, 0, offset), codec.encode_cq_entry(
+            CqEntry(cq.log_seq, self.clock(), cq.tag)))
+        self.queue_next[(topic, 0)] = offset + 1
+        w.on_durable(lambda: self._notify_visible(topic))
+
+    def _deliver_new(self, w: OpWrites, group: str, topic: str, q: int, cursor: Cursor, now: int,
+                     invisible_ms: int, tags: frozenset[str] | None, limit: int,
+                     out: list[Delivery]) -> None:
+        end = self.queue_next.get((topic, q), 0)
+        start = cursor.next_offset
+        if start >= end:
+            return
+        # Only what is written is scanned: an entry staged in this very batch is picked
+        # up by the next receive (its write wakes the long polls).
+        offset = start
+        for key, value in self.db.scan("cq", codec.cq_key(topic, q, start), codec.cq_key(topic, q, end)):
+            if len(out) >= limit:
+                break
+            o = codec.split_cq_key(key)[2]
+            cq = codec.decode_cq_entry(value, key)
+            offset = o + 1
+            if tags is not None and cq.tag not in tags:
+                continue  # filtered out: never delivered to this group
+            deadline = now + invisible_ms
+            cursor.track(o, 1, deadline)
+            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline))
+            out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms,
+                                self.receipt(topic, q, o, 1)))
+        if offset != start:
+            cursor.next_offset = offset
+            w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(offset))
+
+    def ack_op(self, group: str, topic: str, handles: list[str],
+               ) -> Callable[[OpWrites], list[Exception | None]]:
+        validate_group("consumer_group", group)
+        parsed: list[ReceiptHandle | Exception] = []
+        for text in handles:
+            try:
+                handle = self.parse_receipt(text)
+                if topic and handle.topic != topic:
+                    raise InvalidFieldError("topic", f"receipt handle is for topic {handle.topic!r}")
+                parsed.append(handle)
+            except Exception as exc:  # noqa: BLE001 - reported per entry
+                parsed.append(exc)
+
+        def op(w: OpWrites) -> list[Exception | None]:
+            w.sync = False  # a lost ack only means a redelivery (at least once)
+            results: list[Exception | None] = []
+            for text, handle in zip(handles, parsed):
+                if isinstance(handle, Exception):
+                    results.append(handle)
+                    continue
+                cursor = self.consumers.get(group, handle.topic, handle.queue_id)
+                entry = cursor.inflight.get(handle.offset) if cursor else None
+                if cursor is None or entry is None or entry.attempt != handle.attempt:
+                    results.append(ReceiptHandleNotFoundError(text))
+                    continue
+                del cursor.inflight[handle.offset]
+                w.delete("inflight", codec.inflight_key(group, handle.topic, handle.queue_id, handle.offset))
+                results.append(None)
+            return results
+        return op
+
+    def change_invisible_op(self, group: str, topic: str, handle_text: str, seconds: float,
+                            ) -> Callable[[OpWrites], tuple[str, int]]:
+        validate_group("consumer_group", group)
+        handle = self.parse_receipt(handle_text)
+        cfg = self.config
+        if not 0 <= seconds <= cfg.max_invisible_duration_seconds:
+            raise InvalidFieldError("invisible_duration_seconds",
+                                    f"{seconds} is outside 0..max_invisible_duration_seconds="
+                                    f"{cfg.max_invisible_duration_seconds}")
+        delay_ms = int(max(seconds, cfg.min_invisible_duration_seconds) * 1000)
+
+        def op(w: OpWrites) -> tuple[str, int]:
+            w.sync = False
+            cursor = self.consumers.get(group, handle.topic, handle.queue_id)
+            entry = cursor.inflight.get(handle.offset) if cursor else None
+            if cursor is None or entry is None or entry.attempt != handle.attempt:
+                raise ReceiptHandleNotFoundError(handle_text)
+            deadline = self.clock() + delay_ms
+            cursor.track(handle.offset, entry.attempt, deadline)
+            w.put("inflight", codec.inflight_key(group, handle.topic, handle.queue_id, handle.offset),
+                  codec.encode_inflight(entry.attempt, deadline))
+            topic_ = handle.topic
+            w.on_durable(lambda: self._notify_visible(topic_))
+            return self.receipt(handle.topic, handle.queue_id, handle.offset, entry.attempt), deadline
+        return op
+
+    def read_message(self, seq: int) -> LogRecord | None:
+        value = self.db.get("log", codec.log_key(seq))
+        return codec.decode_log_record(value, codec.log_key(seq)) if value is not None else None
+
+    # --- retention -----------------------------------------------------------------------
+
+    def retention_op(self, max_records: int = 10_000) -> Callable[[OpWrites], dict[str, int]]:
+        def op(w: OpWrites) -> dict[str, int]:
+            w.sync = False
+            now = self.clock()
+            stats = {"dedup_expired": 0, "records_deleted": 0}
+            for key, _ in self.db.scan("dedup_exp", b"", codec.expiry_key(now, "")):
+                if stats["dedup_expired"] >= max_records:
+                    break
+                _t, mid = codec.split_expiry_key(key)
+                w.delete("dedup_exp", key)
+                w.delete("dedup", mid.encode())
+                stats["dedup_expired"] += 1
+            cutoff = now - int(self.config.retention_seconds * 1000)
+            max_deleted = 0
+            scanned = 0
+            for key, value in self.db.scan("log"):
+                scanned += 1
+                if scanned > max_records:
+                    break
+                record = codec.decode_log_record(value, key)
+                if record.stored_ms >= cutoff:
+                    break
+                seq = codec.log_seq(key)
+                if not self._expirable(w, seq, record):
+                    continue
+                w.delete("log", key)
+                max_deleted = max(max_deleted, seq)
+                stats["records_deleted"] += 1
+            if max_deleted:
+                w.put("meta", b"seq_floor", codec.encode_u64(max(max_deleted + 1, self.next_seq)))
+            return stats
+        return op
+
+    def _expirable(self, w: OpWrites, seq: int, record: LogRecord) -> bool:
+        """Stages the removal of a record's queue entry and row when no one needs it."""
+        if record.kind == codec.KIND_NORMAL:
+            topic, queue_id, offset = record.topic, record.queue_id, record.queue_offset
+        else:
+            row = self._read_txn(seq)
+            if row is not None and row.state in (STATE_PREPARED, STATE_DISCARDED):
+                return False
+            if row is not None and row.state == STATE_COMMITTED:
+                topic, queue_id, offset = row.topic, row.queue_id, row.queue_offset
+            else:
+                w.delete("txn", codec.txn_key(seq))
+                return True
+        if offset >= self.queue_next.get((topic, queue_id), 0) - 1:
+            return False  # the newest entry of a queue stays: it carries the next offset
+        for cursor in self.consumers.groups_of(topic, queue_id):
+            if cursor.ack_offset() <= offset:
+                return False
+        w.delete("cq", codec.cq_key(topic, queue_id, offset))
+        if record.kind == codec.KIND_HALF:
+            w.delete("txn", codec.txn_key(seq))
+        return True
+
+    # --- queries (any thread; committed state) -------------------------------------------
+
+    def get_txn(self, transaction_id: str) -> TxnRow:
+        seq = self.parse_txn_id(transaction_id)
+        value = self.db.get("txn", codec.txn_key(seq))
+        if value is None:
+            raise TransactionNotFoundError(transaction_id)
+        return codec.decode_txn(value, codec.txn_key(seq))
+
+    def query_txns(self, group: str, state: int, older_than_seconds: float, limit: int,
+                   page_token: str) -> tuple[list[TxnRow], str]:
+        if group:
+            validate_name("producer_group", group)
+        limit = min(limit if limit > 0 else 100, 10_000)
+        now = self.clock()
+        max_prepared = now - int(older_than_seconds * 1000) if older_than_seconds > 0 else None
+        rows: list[TxnRow] = []
+        after = self.parse_txn_id(page_token) if page_token else 0
+        if group and state == STATE_PREPARED:
+            upper = codec.group_time_key(group, (max_prepared if max_prepared is not None else now) + 1, 0)
+            source: Iterable[int] = (codec.split_group_time_key(k)[2]
+                                     for k, _ in self.db.scan("pending", codec.group_prefix(group), upper))
+        else:
+            source = (codec.log_seq(k) for k, _ in self.db.scan("txn", codec.txn_key(after + 1)))
+        for seq in source:
+            if seq <= after and not (group and state == STATE_PREPARED):
+                continue
+            value = self.db.get("txn", codec.txn_key(seq))
+            if value is None:
+                continue
+            row = codec.decode_txn(value, codec.txn_key(seq))
+            if group and row.producer_group != group:
+                continue
+            if state and row.state != state:
+                continue
+            if max_prepared is not None and row.prepared_ms > max_prepared:
+                continue
+            if group and state == STATE_PREPARED and seq <= after:
+                continue
+            rows.append(row)
+            if len(rows) >= limit:
+                return rows, self.txn_id(seq)
+        return rows, ""
+
+    def oldest_due_ms(self, group: str) -> int | None:
+        key = self.db.first_key("due", codec.group_prefix(group))
+        return codec.split_group_time_key(key)[1] if key else None
+
+    def oldest_pending_ms(self, group: str) -> int | None:
+        key = self.db.first_key("pending", codec.group_prefix(group))
+        return codec.split_group_time_key(key)[1] if key else None
+
+    def recount(self) -> dict[str, tuple[int, int]]:
+        """(pending, discarded) per group from the transaction table: what the counters
+        must equal."""
+        out: dict[str, list[int]] = {}
+        for key, value in self.db.scan("txn"):
+            row = codec.decode_txn(value, key)
+            counts = out.setdefault(row.producer_group, [0, 0])
+            if row.state == STATE_PREPARED:
+                counts[0] += 1
+            elif row.state == STATE_DISCARDED:
+                counts[1] += 1
+        return {g: (c[0], c[1]) for g, c in out.items()}
+
+
+def _target(resolution: str) -> int:
+    return STATE_COMMITTED if resolution == RESOLUTION_COMMIT else STATE_ROLLED_BACK
+

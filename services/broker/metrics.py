@@ -1,0 +1,89 @@
+"""Broker metrics. Gauges that describe stored state are computed at scrape time from
+the broker's own counters and indexes, so they cannot drift from it."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client import Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from services.common.metrics import BaseMetrics
+
+from .store.codec import KIND_HALF, STATE_NAMES
+
+_SOURCES = {1: "client", 2: "check", 3: "operator", 4: "broker"}
+
+
+class BrokerMetrics(BaseMetrics):
+    def __init__(self) -> None:
+        super().__init__("broker")
+        self.messages_in = Counter("txmq_messages_in_total", "Messages stored, by topic and type",
+                                   ["topic", "type"], registry=self.registry)
+        self.messages_out = Counter("txmq_messages_out_total", "Messages delivered to consumers, by topic",
+                                    ["topic"], registry=self.registry)
+        self.transactions_ended = Counter(
+            "txmq_transactions_ended_total", "Transaction decisions, by group, resolution and source",
+            ["group", "resolution", "source"], registry=self.registry)
+        self.store_bytes_value = 0
+
+    def record_end(self, group: str, state: int, source: int) -> None:
+        resolution = "commit" if STATE_NAMES.get(state) == "COMMITTED" else "rollback"
+        self.transactions_ended.labels(group, resolution, _SOURCES.get(source, "unknown")).inc()
+
+    def record_stored(self, topic: str, kind: int) -> None:
+        self.messages_in.labels(topic, "transaction" if kind == KIND_HALF else "normal").inc()
+
+    def watch(self, core: "object") -> None:
+        self.registry.register(_StateCollector(core, self))
+
+
+class _StateCollector(Collector):
+    def __init__(self, core: "object", metrics: BrokerMetrics) -> None:
+        self.core = core
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[object]:
+        core = self.core
+        now = core.clock()  # type: ignore[attr-defined]
+        pending = GaugeMetricFamily("txmq_transactions_pending", "PREPARED transactions, by producer group",
+                                    labels=["group"])
+        discarded = GaugeMetricFamily("txmq_transactions_discarded",
+                                      "DISCARDED transactions not yet resolved, by producer group",
+                                      labels=["group"])
+        oldest = GaugeMetricFamily("txmq_transaction_oldest_pending_age_seconds",
+                                   "Age of the oldest PREPARED transaction, by producer group",
+                                   labels=["group"])
+        due = GaugeMetricFamily("txmq_check_due_oldest_age_seconds",
+                                "How long the oldest due check has waited (0 when none is due)",
+                                labels=["group"])
+        for group, (p, d) in sorted(list(core.counters.items())):  # type: ignore[attr-defined]
+            pending.add_metric([group], p)
+            discarded.add_metric([group], d)
+            first = core.oldest_pending_ms(group)  # type: ignore[attr-defined]
+            oldest.add_metric([group], max(now - first, 0) / 1000 if first else 0.0)
+            first_due = core.oldest_due_ms(group)  # type: ignore[attr-defined]
+            due.add_metric([group], max(now - first_due, 0) / 1000 if first_due else 0.0)
+        yield from (pending, discarded, oldest, due)
+        lag = GaugeMetricFamily("txmq_consumer_lag_messages",
+                                "Messages not yet acknowledged by a consumer group, by topic",
+                                labels=["group", "topic"])
+        totals: dict[tuple[str, str], int] = {}
+        queue_next = core.queue_next  # type: ignore[attr-defined]
+        for group, topic, queue_id, ack in core.consumers.snapshot():  # type: ignore[attr-defined]
+            totals[(group, topic)] = totals.get((group, topic), 0) + max(
+                queue_next.get((topic, queue_id), 0) - ack, 0)
+        for (group, topic), value in sorted(totals.items()):
+            lag.add_metric([group, topic], value)
+        yield lag
+        yield GaugeMetricFamily("txmq_store_bytes", "Bytes of the broker's RocksDB directory",
+                                value=self.metrics.store_bytes_value)
+        yield GaugeMetricFamily("txmq_disk_free_bytes", "Free bytes on the broker's data volume",
+                                value=core.free_disk_bytes)  # type: ignore[attr-defined]
+        db = core.db  # type: ignore[attr-defined]
+        yield CounterMetricFamily("txmq_store_writes", "RocksDB write batches (group commits)", value=db.writes)
+        yield CounterMetricFamily("txmq_store_operations", "Requests applied through the writer",
+                                  value=db.ops_written)
+        yield CounterMetricFamily("txmq_store_written_bytes", "Key and value bytes put into RocksDB",
+                                  value=db.bytes_written)

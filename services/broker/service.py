@@ -1,0 +1,266 @@
+"""BrokerService: translates proto ⇄ domain and nothing else. Domain errors become status
+codes in the shared interceptor (unary) or in ``EntryStatus`` (batches and the stream)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator
+
+import grpc
+
+from txmq._errors import InvalidFieldError, TxmqError
+from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+
+from services.common.errors import OK, entry_status
+
+from . import core as domain
+from .bridge import StoreBridge
+from .core import BrokerCore, ReceiveResult, parse_tag_filter
+from .metrics import BrokerMetrics
+from .store import codec
+from .store.codec import LogRecord, TxnRow
+
+log = logging.getLogger(__name__)
+
+_RESOLUTIONS = {
+    common_pb2.TRANSACTION_RESOLUTION_COMMIT: domain.RESOLUTION_COMMIT,
+    common_pb2.TRANSACTION_RESOLUTION_ROLLBACK: domain.RESOLUTION_ROLLBACK,
+    common_pb2.TRANSACTION_RESOLUTION_UNKNOWN: domain.RESOLUTION_UNKNOWN,
+}
+
+
+def record_from_proto(m: common_pb2.Message) -> LogRecord:
+    kind = codec.KIND_HALF if m.type == common_pb2.MESSAGE_TYPE_TRANSACTION else codec.KIND_NORMAL
+    return LogRecord(kind=kind, topic=m.topic, body=m.body, message_id=m.message_id, queue_id=m.queue_id,
+                     stored_ms=0, tag=m.tag, keys=tuple(m.keys), properties=dict(m.properties),
+                     producer_group=m.producer_group, producer_client_id=m.producer_client_id,
+                     check_immunity_seconds=m.check_immunity_seconds, born_ms=m.born_timestamp_ms,
+                     born_host=m.born_host)
+
+
+def message_to_proto(r: LogRecord) -> common_pb2.Message:
+    return common_pb2.Message(
+        topic=r.topic, body=r.body, tag=r.tag, keys=r.keys, properties=r.properties,
+        message_id=r.message_id,
+        type=common_pb2.MESSAGE_TYPE_TRANSACTION if r.kind == codec.KIND_HALF else common_pb2.MESSAGE_TYPE_NORMAL,
+        producer_group=r.producer_group, producer_client_id=r.producer_client_id,
+        check_immunity_seconds=r.check_immunity_seconds, born_timestamp_ms=r.born_ms,
+        born_host=r.born_host, queue_id=r.queue_id)
+
+
+def txn_to_proto(core: BrokerCore, t: TxnRow) -> common_pb2.Transaction:
+    return common_pb2.Transaction(
+        transaction_id=core.txn_id(t.seq), message_id=t.message_id, producer_group=t.producer_group,
+        producer_client_id=t.producer_client_id, topic=t.topic, queue_id=t.queue_id, state=t.state,
+        prepared_at_ms=t.prepared_ms, ended_at_ms=t.ended_ms, resolution_source=t.source,
+        checks_delivered=t.checks_delivered, checks_answered=t.checks_answered,
+        next_check_at_ms=t.next_due_ms, discard_reason=t.discard_reason, operator=t.operator,
+        reason=t.reason, queue_offset=t.queue_offset, broker_name=core.name,
+        body_size_bytes=t.body_size, discarded_at_ms=t.discarded_ms)
+
+
+class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
+    def __init__(self, core: BrokerCore, bridge: StoreBridge, metrics: BrokerMetrics) -> None:
+        self.core = core
+        self.bridge = bridge
+        self.metrics = metrics
+        self.config = core.config
+
+    # --- producing -----------------------------------------------------------------------
+
+    def _send(self, request: broker_pb2.SendMessageRequest) -> asyncio.Future[Any]:
+        record = self.core.validate_message(record_from_proto(request.message))
+        return self.bridge.run(self.core.send_op(record))
+
+    def _send_response(self, result: domain.SendResult) -> broker_pb2.SendMessageResponse:
+        return broker_pb2.SendMessageResponse(
+            message_id=result.message_id, transaction_id=result.transaction_id, queue_id=result.queue_id,
+            queue_offset=result.queue_offset, transaction_state=result.state, duplicate=result.duplicate,
+            broker_name=self.core.name)
+
+    def _end(self, request: broker_pb2.EndTransactionRequest) -> asyncio.Future[Any]:
+        resolution = _RESOLUTIONS.get(request.resolution)
+        if resolution is None:
+            raise InvalidFieldError("resolution", "must be COMMIT, ROLLBACK or UNKNOWN")
+        op = self.core.end_op(request.transaction_id, resolution, request.source,
+                              message_id=request.message_id, producer_group=request.producer_group,
+                              operator=request.operator, reason=request.reason)
+        return self.bridge.run(op)
+
+    @staticmethod
+    def _end_response(result: domain.EndResult) -> broker_pb2.EndTransactionResponse:
+        return broker_pb2.EndTransactionResponse(
+            transaction_id=result.transaction_id, state=result.state, resolution_source=result.source,
+            ended_at_ms=result.ended_ms, queue_offset=result.queue_offset)
+
+    async def SendMessage(self, request: broker_pb2.SendMessageRequest, context: Any) -> Any:
+        return self._send_response(await self._send(request))
+
+    async def EndTransaction(self, request: broker_pb2.EndTransactionRequest, context: Any) -> Any:
+        return self._end_response(await self._end(request))
+
+    async def Produce(self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest], context: Any) -> None:
+        """Reads requests and writes responses concurrently; each request's answer is
+        written as soon as its operation is durable, in completion order."""
+        out: asyncio.Queue[broker_pb2.ProduceResponse | None] = asyncio.Queue()
+        in_flight = 0
+        reading_done = False
+
+        def finish(request_id: int, kind: str, fut: asyncio.Future[Any]) -> None:
+            nonlocal in_flight
+            in_flight -= 1
+            error = fut.exception()
+            if error is not None:
+                out.put_nowait(self._produce_error(request_id, error))
+            elif kind == "send":
+                out.put_nowait(broker_pb2.ProduceResponse(request_id=request_id, status=OK,
+                                                          send_message=self._send_response(fut.result())))
+            else:
+                out.put_nowait(broker_pb2.ProduceResponse(request_id=request_id, status=OK,
+                                                          end_transaction=self._end_response(fut.result())))
+            if reading_done and in_flight == 0:
+                out.put_nowait(None)
+
+        async def read() -> None:
+            nonlocal in_flight, reading_done
+            try:
+                async for request in request_iterator:
+                    kind = request.WhichOneof("request")
+                    try:
+                        if kind == "send_message":
+                            fut, tag = self._send(request.send_message), "send"
+                        elif kind == "end_transaction":
+                            fut, tag = self._end(request.end_transaction), "end"
+                        else:
+                            raise InvalidFieldError("request", "set send_message or end_transaction")
+                    except TxmqError as exc:
+                        out.put_nowait(self._produce_error(request.request_id, exc))
+                        continue
+                    in_flight += 1
+                    rid = request.request_id
+                    fut.add_done_callback(lambda f, rid=rid, tag=tag: finish(rid, tag, f))
+            finally:
+                reading_done = True
+                if in_flight == 0:
+                    out.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                response = await out.get()
+                if response is None:
+                    break
+                await context.write(response)
+        finally:
+            reader.cancel()
+
+    def _produce_error(self, request_id: int, error: BaseException) -> broker_pb2.ProduceResponse:
+        if not isinstance(error, TxmqError):
+            log.error("produce request failed", exc_info=error)
+            error = TxmqError(f"internal error: {type(error).__name__}")
+            error.code = grpc.StatusCode.INTERNAL  # type: ignore[misc]
+        return broker_pb2.ProduceResponse(request_id=request_id, status=entry_status(error))
+
+    # --- consuming -----------------------------------------------------------------------
+
+    async def ReceiveMessages(self, request: broker_pb2.ReceiveMessagesRequest, context: Any) -> Any:
+        tags = parse_tag_filter(request.filter_expression)
+        wait = min(max(request.long_polling_timeout_seconds, 0.0), self.config.max_long_polling_seconds)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            # Answer (possibly empty) before the caller's deadline, never after it.
+            wait = max(0.0, min(wait, remaining - 0.2))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        topic = request.topic
+        while True:
+            version = self.bridge.version(topic)
+            op = self.core.receive_op(request.consumer_group, topic, request.queue_id, tags,
+                                      request.max_messages, request.invisible_duration_seconds)
+            result: ReceiveResult = await self.bridge.run(op, sync=False)
+            left = deadline - loop.time()
+            if result.deliveries or left <= 0:
+                break
+            if result.next_deadline_ms is not None:
+                left = min(left, max((result.next_deadline_ms - self.core.clock()) / 1000, 0.001))
+            await self.bridge.wait_visible(topic, version, left)
+        return await self._deliveries(request.consumer_group, result)
+
+    async def _deliveries(self, group: str, result: ReceiveResult) -> broker_pb2.ReceiveMessagesResponse:
+        response = broker_pb2.ReceiveMessagesResponse()
+        gone: list[str] = []
+        for d in result.deliveries:
+            record = self.core.read_message(d.log_seq)
+            if record is None:
+                gone.append(d.receipt_handle)  # removed by retention
+                continue
+            response.messages.append(common_pb2.DeliveredMessage(
+                topic=d.topic, message=message_to_proto(record), broker_name=self.core.name,
+                queue_id=d.queue_id, queue_offset=d.offset,
+                transaction_id=self.core.txn_id(d.log_seq) if record.kind == codec.KIND_HALF else "",
+                stored_at_ms=record.stored_ms, visible_at_ms=d.visible_ms, delivery_attempt=d.attempt,
+                receipt_handle=d.receipt_handle, invisible_until_ms=d.deadline_ms))
+            self.metrics.messages_out.labels(d.topic).inc()
+        if gone:
+            await self.bridge.run(self.core.ack_op(group, "", gone), sync=False)
+        return response
+
+    async def AckMessages(self, request: broker_pb2.AckMessagesRequest, context: Any) -> Any:
+        op = self.core.ack_op(request.consumer_group, request.topic, list(request.receipt_handles))
+        results = await self.bridge.run(op, sync=False)
+        return broker_pb2.AckMessagesResponse(
+            entries=[entry_status(r) if isinstance(r, TxmqError) else
+                     (OK if r is None else entry_status(TxmqError(str(r)))) for r in results])
+
+    async def ChangeInvisibleDuration(self, request: broker_pb2.ChangeInvisibleDurationRequest,
+                                      context: Any) -> Any:
+        op = self.core.change_invisible_op(request.consumer_group, request.topic, request.receipt_handle,
+                                           request.invisible_duration_seconds)
+        handle, deadline = await self.bridge.run(op, sync=False)
+        return broker_pb2.ChangeInvisibleDurationResponse(receipt_handle=handle, invisible_until_ms=deadline)
+
+    # --- administration ------------------------------------------------------------------
+
+    async def CreateTopicQueues(self, request: broker_pb2.CreateTopicQueuesRequest, context: Any) -> Any:
+        count = await self.bridge.run(self.core.create_topic_op(request.topic, request.queue_count))
+        return broker_pb2.CreateTopicQueuesResponse(
+            topic=common_pb2.TopicQueues(topic=request.topic, queue_count=count))
+
+    async def ClaimChecks(self, request: broker_pb2.ClaimChecksRequest, context: Any) -> Any:
+        op = self.core.claim_op(request.producer_groups, request.max_checks, request.lease_seconds)
+        claimed: list[domain.ClaimedCheck] = await self.bridge.run(op)
+        response = broker_pb2.ClaimChecksResponse()
+        for c in claimed:
+            record = self.core.read_message(c.row.seq)
+            response.tasks.append(broker_pb2.CheckTask(
+                transaction_id=self.core.txn_id(c.row.seq),
+                message=message_to_proto(record) if record is not None else common_pb2.Message(),
+                due_at_ms=c.due_ms, attempt=c.attempt, broker_name=self.core.name,
+                claim_token=c.row.claim_token, prepared_at_ms=c.row.prepared_ms))
+        return response
+
+    async def QueryTransactions(self, request: broker_pb2.QueryTransactionsRequest, context: Any) -> Any:
+        rows, token = self.core.query_txns(request.producer_group, request.state, request.older_than_seconds,
+                                           request.limit, request.page_token)
+        return broker_pb2.QueryTransactionsResponse(
+            transactions=[txn_to_proto(self.core, r) for r in rows], next_page_token=token)
+
+    async def GetTransaction(self, request: broker_pb2.GetTransactionRequest, context: Any) -> Any:
+        return broker_pb2.GetTransactionResponse(
+            transaction=txn_to_proto(self.core, self.core.get_txn(request.transaction_id)))
+
+    async def GetBrokerStats(self, request: broker_pb2.GetBrokerStatsRequest, context: Any) -> Any:
+        core = self.core
+        response = broker_pb2.GetBrokerStatsResponse(
+            broker_name=core.name, store_bytes=self.metrics.store_bytes_value,
+            free_disk_bytes=core.free_disk_bytes)
+        for topic, count in sorted(core.topics.items()):
+            response.topics.append(common_pb2.TopicQueues(topic=topic, queue_count=count))
+        for group, (pending, discarded) in sorted(core.counters.items()):
+            response.groups.append(broker_pb2.GroupTransactionStats(
+                producer_group=group, pending=pending, discarded=discarded,
+                oldest_pending_prepared_at_ms=core.oldest_pending_ms(group) or 0))
+        return response
+
+

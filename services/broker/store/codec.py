@@ -1,0 +1,443 @@
+"""Byte layouts of everything the broker stores. Pure functions: no I/O.
+
+Every value is framed::
+
+    +---------+---------+----------------------+
+    | version | crc32   | payload              |
+    |   u8    | u32 BE  | (layout per value)   |
+    +---------+---------+----------------------+
+
+The CRC covers the payload; :func:`unframe` raises :class:`CorruptRecordError` for a wrong
+version, a short value or a checksum mismatch, so a torn or corrupt record is reported,
+never served. Integers are big-endian; ``s16`` is a u16 length + UTF-8, ``b32`` a u32
+length + bytes.
+
+Keys sort the way they are scanned: sequences and offsets big-endian, names followed by a
+0x00 separator (names never contain 0x00).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+
+VERSION = 1
+_FRAME = struct.Struct(">BI")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+SEP = b"\x00"
+
+
+class CorruptRecordError(Exception):
+    """A stored value failed its version or checksum test."""
+
+    def __init__(self, what: str, key: bytes, problem: str) -> None:
+        super().__init__(f"corrupt {what} at key {key.hex()}: {problem}")
+        self.what = what
+        self.key = key
+        self.problem = problem
+
+
+def frame(payload: bytes) -> bytes:
+    return _FRAME.pack(VERSION, zlib.crc32(payload)) + payload
+
+
+def unframe(value: bytes, what: str = "record", key: bytes = b"") -> bytes:
+    if len(value) < _FRAME.size:
+        raise CorruptRecordError(what, key, f"{len(value)} bytes is shorter than the frame header")
+    version, crc = _FRAME.unpack_from(value)
+    if version != VERSION:
+        raise CorruptRecordError(what, key, f"unknown version {version}")
+    payload = value[_FRAME.size:]
+    if zlib.crc32(payload) != crc:
+        raise CorruptRecordError(what, key, "checksum mismatch")
+    return payload
+
+
+# --- variable-length fields --------------------------------------------------------------
+
+class _Writer:
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def raw(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def s16(self, text: str) -> None:
+        data = text.encode()
+        self.parts.append(_U16.pack(len(data)))
+        self.parts.append(data)
+
+    def b32(self, data: bytes) -> None:
+        self.parts.append(_U32.pack(len(data)))
+        self.parts.append(data)
+
+    def s32(self, text: str) -> None:
+        self.b32(text.encode())
+
+    def bytes(self) -> bytes:
+        return b"".join(self.parts)
+
+
+class _Reader:
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes, pos: int = 0) -> None:
+        self.data = data
+        self.pos = pos
+
+    def fixed(self, st: struct.Struct) -> tuple:
+        if self.pos + st.size > len(self.data):
+            raise ValueError("truncated fixed field")
+        out = st.unpack_from(self.data, self.pos)
+        self.pos += st.size
+        return out
+
+    def _take(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise ValueError("truncated variable field")
+        out = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def s16(self) -> str:
+        (n,) = _U16.unpack_from(self.data, self.pos)
+        self.pos += 2
+        return self._take(n).decode()
+
+    def b32(self) -> bytes:
+        (n,) = _U32.unpack_from(self.data, self.pos)
+        self.pos += 4
+        return self._take(n)
+
+    def s32(self) -> str:
+        return self.b32().decode()
+
+
+# --- the commit log ----------------------------------------------------------------------
+
+KIND_NORMAL = 1
+KIND_HALF = 2
+
+# kind u8 | born_ms i64 | stored_ms i64 | queue_id i32 | queue_offset i64 |
+# check_immunity_seconds f64 | n_keys u16 | n_props u16
+_MSG_HEAD = struct.Struct(">BqqiqdHH")
+
+
+@dataclass(slots=True)
+class LogRecord:
+    """One message in the commit log: a normal message (already in its queue at
+    ``queue_offset``) or a half message (offset -1; the transaction row says the rest)."""
+
+    kind: int
+    topic: str
+    body: bytes
+    message_id: str
+    queue_id: int
+    stored_ms: int
+    queue_offset: int = -1
+    tag: str = ""
+    keys: tuple[str, ...] = ()
+    properties: dict[str, str] = field(default_factory=dict)
+    producer_group: str = ""
+    producer_client_id: str = ""
+    check_immunity_seconds: float = 0.0
+    born_ms: int = 0
+    born_host: str = ""
+
+
+def encode_log_record(r: LogRecord) -> bytes:
+    w = _Writer()
+    w.raw(_MSG_HEAD.pack(r.kind, r.born_ms, r.stored_ms, r.queue_id, r.queue_offset,
+                         r.check_immunity_seconds, len(r.keys), len(r.properties)))
+    w.s16(r.topic)
+    w.s16(r.message_id)
+    w.s16(r.producer_group)
+    w.s16(r.producer_client_id)
+    w.s16(r.tag)
+    w.s16(r.born_host)
+    for key in r.keys:
+        w.s16(key)
+    for name, value in r.properties.items():
+        w.s16(name)
+        w.s32(value)
+    w.b32(r.body)
+    return frame(w.bytes())
+
+
+def decode_log_record(value: bytes, key: bytes = b"") -> LogRecord:
+    payload = unframe(value, "log record", key)
+    try:
+        rd = _Reader(payload)
+        kind, born, stored, queue_id, offset, immunity, n_keys, n_props = rd.fixed(_MSG_HEAD)
+        topic, message_id, group, client_id, tag, born_host = (rd.s16() for _ in range(6))
+        keys = tuple(rd.s16() for _ in range(n_keys))
+        props = {}
+        for _ in range(n_props):
+            name = rd.s16()
+            props[name] = rd.s32()
+        body = rd.b32()
+        if rd.pos != len(payload):
+            raise ValueError(f"{len(payload) - rd.pos} trailing bytes")
+    except (ValueError, struct.error, UnicodeDecodeError) as exc:
+        raise CorruptRecordError("log record", key, str(exc)) from None
+    return LogRecord(kind=kind, topic=topic, body=body, message_id=message_id, queue_id=queue_id,
+                     stored_ms=stored, queue_offset=offset, tag=tag, keys=keys, properties=props,
+                     producer_group=group, producer_client_id=client_id,
+                     check_immunity_seconds=immunity, born_ms=born, born_host=born_host)
+
+
+def log_key(seq: int) -> bytes:
+    return _U64.pack(seq)
+
+
+def log_seq(key: bytes) -> int:
+    return _U64.unpack(key)[0]
+
+
+# --- consume queues ----------------------------------------------------------------------
+
+# log_seq u64 | visible_ms i64 | tag s16
+_CQ = struct.Struct(">Qq")
+_QUEUE_POS = struct.Struct(">IQ")
+
+
+@dataclass(slots=True, frozen=True)
+class CqEntry:
+    log_seq: int
+    visible_ms: int
+    tag: str
+
+
+def encode_cq_entry(e: CqEntry) -> bytes:
+    tag = e.tag.encode()
+    return frame(_CQ.pack(e.log_seq, e.visible_ms) + _U16.pack(len(tag)) + tag)
+
+
+def decode_cq_entry(value: bytes, key: bytes = b"") -> CqEntry:
+    payload = unframe(value, "consume queue entry", key)
+    try:
+        seq, visible = _CQ.unpack_from(payload)
+        (n,) = _U16.unpack_from(payload, _CQ.size)
+        tag = payload[_CQ.size + 2:_CQ.size + 2 + n].decode()
+        if _CQ.size + 2 + n != len(payload):
+            raise ValueError("length mismatch")
+    except (ValueError, struct.error, UnicodeDecodeError) as exc:
+        raise CorruptRecordError("consume queue entry", key, str(exc)) from None
+    return CqEntry(seq, visible, tag)
+
+
+def queue_prefix(topic: str, queue_id: int | None = None) -> bytes:
+    base = topic.encode() + SEP
+    return base if queue_id is None else base + _U32.pack(queue_id)
+
+
+def cq_key(topic: str, queue_id: int, offset: int) -> bytes:
+    return topic.encode() + SEP + _QUEUE_POS.pack(queue_id, offset)
+
+
+def split_cq_key(key: bytes) -> tuple[str, int, int]:
+    topic, rest = key.split(SEP, 1)
+    queue_id, offset = _QUEUE_POS.unpack(rest)
+    return topic.decode(), queue_id, offset
+
+
+# --- transactions ------------------------------------------------------------------------
+
+# state u8 | source u8 | checks_delivered u16 | checks_answered u16 | queue_id i32 |
+# prepared_ms i64 | ended_ms i64 | next_due_ms i64 | queue_offset i64 | body_size i64 |
+# discarded_ms i64 | unknown_answers u16 | in_progress_until_ms i64
+_TXN_HEAD = struct.Struct(">BBHHiqqqqqqHq")
+
+STATE_PREPARED = 1
+STATE_COMMITTED = 2
+STATE_ROLLED_BACK = 3
+STATE_DISCARDED = 4
+STATE_NAMES = {STATE_PREPARED: "PREPARED", STATE_COMMITTED: "COMMITTED",
+               STATE_ROLLED_BACK: "ROLLED_BACK", STATE_DISCARDED: "DISCARDED"}
+
+SOURCE_NONE = 0
+SOURCE_CLIENT = 1
+SOURCE_CHECK = 2
+SOURCE_OPERATOR = 3
+SOURCE_BROKER = 4
+
+
+@dataclass(slots=True)
+class TxnRow:
+    """The small row a transaction is: a check or a decision rewrites this, never the
+    message (RocketMQ rewrites the whole half message on every check)."""
+
+    seq: int
+    state: int
+    producer_group: str
+    producer_client_id: str
+    topic: str
+    queue_id: int
+    message_id: str
+    prepared_ms: int
+    next_due_ms: int
+    body_size: int
+    source: int = SOURCE_NONE
+    ended_ms: int = 0
+    queue_offset: int = -1
+    checks_delivered: int = 0
+    checks_answered: int = 0
+    discarded_ms: int = 0
+    discard_reason: str = ""
+    operator: str = ""
+    reason: str = ""
+    claim_token: str = ""
+    unknown_answers: int = 0
+    in_progress_until_ms: int = 0
+
+
+def encode_txn(t: TxnRow) -> bytes:
+    w = _Writer()
+    w.raw(_U64.pack(t.seq))
+    w.raw(_TXN_HEAD.pack(t.state, t.source, t.checks_delivered, t.checks_answered, t.queue_id,
+                         t.prepared_ms, t.ended_ms, t.next_due_ms, t.queue_offset, t.body_size,
+                         t.discarded_ms, t.unknown_answers, t.in_progress_until_ms))
+    for text in (t.producer_group, t.producer_client_id, t.topic, t.message_id,
+                 t.discard_reason, t.operator, t.reason, t.claim_token):
+        w.s16(text)
+    return frame(w.bytes())
+
+
+def decode_txn(value: bytes, key: bytes = b"") -> TxnRow:
+    payload = unframe(value, "transaction row", key)
+    try:
+        rd = _Reader(payload)
+        (seq,) = rd.fixed(_U64)
+        (state, source, delivered, answered, queue_id, prepared, ended, due, offset, size,
+         discarded, unknown, in_progress) = rd.fixed(_TXN_HEAD)
+        group, client, topic, mid, dreason, operator, reason, token = (rd.s16() for _ in range(8))
+        if rd.pos != len(payload):
+            raise ValueError("trailing bytes")
+    except (ValueError, struct.error, UnicodeDecodeError) as exc:
+        raise CorruptRecordError("transaction row", key, str(exc)) from None
+    return TxnRow(seq=seq, state=state, producer_group=group, producer_client_id=client,
+                  topic=topic, queue_id=queue_id, message_id=mid, prepared_ms=prepared,
+                  next_due_ms=due, body_size=size, source=source, ended_ms=ended,
+                  queue_offset=offset, checks_delivered=delivered, checks_answered=answered,
+                  discarded_ms=discarded, discard_reason=dreason, operator=operator,
+                  reason=reason, claim_token=token, unknown_answers=unknown,
+                  in_progress_until_ms=in_progress)
+
+
+def txn_key(seq: int) -> bytes:
+    return _U64.pack(seq)
+
+
+def group_time_key(group: str, time_ms: int, seq: int) -> bytes:
+    """``due`` and ``pending`` index keys: group | 0x00 | time_ms u64 | seq u64."""
+    return group.encode() + SEP + _U64.pack(max(time_ms, 0)) + _U64.pack(seq)
+
+
+def split_group_time_key(key: bytes) -> tuple[str, int, int]:
+    group, rest = key.split(SEP, 1)
+    time_ms, seq = struct.unpack(">QQ", rest)
+    return group.decode(), time_ms, seq
+
+
+def group_prefix(group: str) -> bytes:
+    return group.encode() + SEP
+
+
+# --- deduplication -----------------------------------------------------------------------
+
+DEDUP_NORMAL = 1
+DEDUP_TXN = 2
+# kind u8 | seq u64 | queue_id i32 | queue_offset i64
+_DEDUP = struct.Struct(">BQiq")
+
+
+@dataclass(slots=True, frozen=True)
+class DedupEntry:
+    kind: int
+    seq: int
+    queue_id: int = 0
+    queue_offset: int = -1
+
+
+def encode_dedup(e: DedupEntry) -> bytes:
+    return frame(_DEDUP.pack(e.kind, e.seq, e.queue_id, e.queue_offset))
+
+
+def decode_dedup(value: bytes, key: bytes = b"") -> DedupEntry:
+    payload = unframe(value, "dedup entry", key)
+    try:
+        return DedupEntry(*_DEDUP.unpack(payload))
+    except struct.error as exc:
+        raise CorruptRecordError("dedup entry", key, str(exc)) from None
+
+
+def expiry_key(expire_ms: int, message_id: str) -> bytes:
+    return _U64.pack(max(expire_ms, 0)) + message_id.encode()
+
+
+def split_expiry_key(key: bytes) -> tuple[int, str]:
+    return _U64.unpack_from(key)[0], key[8:].decode()
+
+
+# --- small fixed values ------------------------------------------------------------------
+
+_COUNTERS = struct.Struct(">qq")
+_ATTEMPT = struct.Struct(">Iq")
+
+
+def encode_counters(pending: int, discarded: int) -> bytes:
+    return frame(_COUNTERS.pack(pending, discarded))
+
+
+def decode_counters(value: bytes, key: bytes = b"") -> tuple[int, int]:
+    return _COUNTERS.unpack(unframe(value, "counters", key))
+
+
+def encode_u64(n: int) -> bytes:
+    return frame(_U64.pack(n))
+
+
+def decode_u64(value: bytes, what: str, key: bytes = b"") -> int:
+    payload = unframe(value, what, key)
+    if len(payload) != 8:
+        raise CorruptRecordError(what, key, "wrong length")
+    return _U64.unpack(payload)[0]
+
+
+def consumer_key(group: str, topic: str, queue_id: int) -> bytes:
+    return group.encode() + SEP + topic.encode() + SEP + _U32.pack(queue_id)
+
+
+def split_consumer_key(key: bytes) -> tuple[str, str, int]:
+    group, topic, rest = key.split(SEP, 2)
+    return group.decode(), topic.decode(), _U32.unpack(rest[:4])[0]
+
+
+def inflight_key(group: str, topic: str, queue_id: int, offset: int) -> bytes:
+    return consumer_key(group, topic, queue_id) + _U64.pack(offset)
+
+
+def split_inflight_key(key: bytes) -> tuple[str, str, int, int]:
+    group, topic, rest = key.split(SEP, 2)
+    queue_id, offset = _QUEUE_POS.unpack(rest)
+    return group.decode(), topic.decode(), queue_id, offset
+
+
+def encode_inflight(attempt: int, deadline_ms: int) -> bytes:
+    return frame(_ATTEMPT.pack(attempt, deadline_ms))
+
+
+def decode_inflight(value: bytes, key: bytes = b"") -> tuple[int, int]:
+    payload = unframe(value, "in-flight entry", key)
+    try:
+        return _ATTEMPT.unpack(payload)
+    except struct.error as exc:
+        raise CorruptRecordError("in-flight entry", key, str(exc)) from None
+
+
