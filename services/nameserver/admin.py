@@ -1,0 +1,216 @@
+"""The Admin API's work: creating topics across brokers, and finding transactions on the
+brokers (fan-out to all, or routing by the broker a transaction id names).
+
+Calls to brokers fail with the txmq error the broker raised (``error_from_rpc``), so an
+operator gets the same status through the name server as from the broker itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from txmq._errors import (InvalidFieldError, TopicNotFoundError, TxmqError, UnavailableError,
+                          error_from_rpc)
+from txmq._ids import TransactionId
+from txmq._names import validate_group, validate_receive_topic, validate_send_topic
+from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+
+from .registry import (BrokerRecord, QueueRoute, Registry, resolve_queue_count,
+                       should_auto_create)
+
+log = logging.getLogger(__name__)
+
+_OPERATOR_RESOLUTIONS = (common_pb2.TRANSACTION_RESOLUTION_COMMIT, common_pb2.TRANSACTION_RESOLUTION_ROLLBACK)
+# A broker failing with one of these is down or broken, not refusing the request.
+_BROKER_DOWN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+
+
+class BrokerClients:
+    """One grpc.aio channel per broker address, opened on first use."""
+
+    def __init__(self, max_message_bytes: int) -> None:
+        self._options = [("grpc.max_receive_message_length", max_message_bytes),
+                         ("grpc.max_send_message_length", max_message_bytes)]
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
+
+    def stub(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            channel = grpc.aio.insecure_channel(address, options=self._options)
+            self._channels[address] = channel
+            stub = self._stubs[address] = broker_pb2_grpc.BrokerServiceStub(channel)
+        return stub
+
+    async def retain(self, addresses: set[str]) -> None:
+        """Closes the channels of addresses no live broker has any more."""
+        for address in [a for a in self._channels if a not in addresses]:
+            channel = self._channels.pop(address)
+            del self._stubs[address]
+            await channel.close()
+
+    async def close(self) -> None:
+        channels = list(self._channels.values())
+        self._channels.clear()
+        self._stubs.clear()
+        for channel in channels:
+            await channel.close()
+
+
+@dataclass(frozen=True, slots=True)
+class TopicCreation:
+    topic: str
+    #: (broker name, its queue count of the topic), by broker name.
+    brokers: list[tuple[str, int]]
+
+
+class Admin:
+    def __init__(self, registry: Registry, clients: BrokerClients, *, default_queue_count: int,
+                 auto_create_topics: bool, broker_rpc_timeout_seconds: float) -> None:
+        self.registry = registry
+        self.clients = clients
+        self.default_queue_count = default_queue_count
+        self.auto_create_topics = auto_create_topics
+        self.timeout = broker_rpc_timeout_seconds
+        # One creation at a time: a second CreateTopic of the same topic sees the first's
+        # queues and an auto-creating QueryRoute the route the first made.
+        self._creating = asyncio.Lock()
+
+    # topics
+
+    async def route(self, topic: str) -> list[QueueRoute]:
+        """QueryRoute: the topic's queues, auto-creating a user topic when configured."""
+        validate_receive_topic(topic)
+        queues = self.registry.route(topic)
+        if queues:
+            return queues
+        if not should_auto_create(topic, enabled=self.auto_create_topics):
+            raise TopicNotFoundError(topic)
+        async with self._creating:
+            queues = self.registry.route(topic)
+            if not queues:
+                creation = await self._create(topic, self.default_queue_count)
+                log.info("auto-created topic", extra={"fields": {"topic": topic, "brokers": dict(creation.brokers)}})
+                queues = self.registry.route(topic)
+        return queues
+
+    async def create_topic(self, topic: str, queue_count: int) -> TopicCreation:
+        validate_send_topic(topic)
+        total = resolve_queue_count(queue_count, self.default_queue_count)
+        async with self._creating:
+            creation = await self._create(topic, total)
+        log.info("created topic", extra={"fields": {"topic": topic, "brokers": dict(creation.brokers)}})
+        return creation
+
+    async def _create(self, topic: str, total: int) -> TopicCreation:
+        plan = self.registry.plan_topic(topic, total)
+        await self.clients.retain({b.address for b in self.registry.live_brokers()})
+        todo = [share for share in plan if share.missing]
+        results = await asyncio.gather(
+            *(self._call(share.broker_address, "CreateTopicQueues",
+                         broker_pb2.CreateTopicQueuesRequest(topic=topic, queue_count=share.queue_count))
+              for share in todo),
+            return_exceptions=True)
+        counts = {share.broker_name: share.present for share in plan}
+        failures: list[tuple[str, str, TxmqError]] = []
+        for share, result in zip(todo, results):
+            if isinstance(result, TxmqError):
+                failures.append((share.broker_name, share.broker_address, result))
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            created = result.topic.queue_count or share.queue_count
+            self.registry.record_topic_queues(share.broker_name, topic, created)
+            counts[share.broker_name] = created
+        if failures:
+            name, address, exc = failures[0]
+            if exc.code not in _BROKER_DOWN:
+                raise exc  # the broker refused the request itself: the same error to the caller
+            raise UnavailableError(
+                f"broker {name!r} at {address} did not create its queues of topic {topic!r}: {exc.message}; "
+                "retry CreateTopic to complete it",
+                broker=name, address=address, topic=topic,
+                failed_brokers=[n for n, _a, _e in failures])
+        return TopicCreation(topic, sorted(counts.items()))
+
+    def list_topics(self) -> list[tuple[str, list[tuple[str, int]]]]:
+        return self.registry.topics()
+
+    # transactions
+
+    async def list_transactions(self, producer_group: str, state: int, older_than_seconds: float,
+                                limit: int) -> tuple[list[common_pb2.Transaction], list[str]]:
+        """Every live broker's transactions matching the filter, by prepared time; the
+        brokers that did not answer are returned beside them."""
+        if producer_group:
+            validate_group("producer_group", producer_group)
+        if state not in common_pb2.TransactionState.values():
+            raise InvalidFieldError("state", f"unknown transaction state {state}")
+        if math.isnan(older_than_seconds) or older_than_seconds < 0:
+            raise InvalidFieldError("older_than_seconds", f"must not be negative, got {older_than_seconds}")
+        if limit < 0:
+            raise InvalidFieldError("limit", f"must not be negative, got {limit}")
+        brokers = self.registry.live_brokers()
+        await self.clients.retain({b.address for b in brokers})
+        request = broker_pb2.QueryTransactionsRequest(
+            producer_group=producer_group, state=state, older_than_seconds=older_than_seconds, limit=limit)
+        results = await asyncio.gather(
+            *(self._call(b.address, "QueryTransactions", request) for b in brokers), return_exceptions=True)
+        rows: list[common_pb2.Transaction] = []
+        unreachable: list[str] = []
+        for broker, result in zip(brokers, results):
+            if isinstance(result, TxmqError):
+                log.warning("broker did not answer QueryTransactions", extra={"fields": {
+                    "broker": broker.name, "address": broker.address, "error": result.message}})
+                unreachable.append(broker.name)
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            for row in result.transactions:
+                if not row.broker_name:
+                    row.broker_name = broker.name
+                rows.append(row)
+        rows.sort(key=lambda t: (t.prepared_at_ms, t.broker_name, t.transaction_id))
+        return rows, unreachable
+
+    async def describe_transaction(self, transaction_id: str) -> common_pb2.Transaction:
+        broker = self._broker_of(transaction_id)
+        response = await self._call(broker.address, "GetTransaction",
+                                    broker_pb2.GetTransactionRequest(transaction_id=transaction_id))
+        return response.transaction
+
+    async def resolve_transaction(self, transaction_id: str, resolution: int, operator: str,
+                                  reason: str) -> common_pb2.Transaction:
+        if resolution not in _OPERATOR_RESOLUTIONS:
+            raise InvalidFieldError("resolution", "must be TRANSACTION_RESOLUTION_COMMIT or "
+                                    "TRANSACTION_RESOLUTION_ROLLBACK")
+        if not operator.strip():
+            raise InvalidFieldError("operator", "required: who decides")
+        broker = self._broker_of(transaction_id)
+        await self._call(broker.address, "EndTransaction", broker_pb2.EndTransactionRequest(
+            transaction_id=transaction_id, resolution=resolution,
+            source=common_pb2.TRANSACTION_SOURCE_OPERATOR, operator=operator.strip(), reason=reason))
+        log.info("operator resolved transaction", extra={"fields": {
+            "transaction_id": transaction_id, "broker": broker.name, "operator": operator.strip(),
+            "resolution": common_pb2.TransactionResolution.Name(resolution)}})
+        response = await self._call(broker.address, "GetTransaction",
+                                    broker_pb2.GetTransactionRequest(transaction_id=transaction_id))
+        return response.transaction
+
+    # plumbing
+
+    def _broker_of(self, transaction_id: str) -> BrokerRecord:
+        return self.registry.live_broker(TransactionId.decode(transaction_id).broker)
+
+    async def _call(self, address: str, method: str, request: Any) -> Any:
+        try:
+            return await getattr(self.clients.stub(address), method)(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from None

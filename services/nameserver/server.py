@@ -1,0 +1,36 @@
+"""Builds the name server: NameServerService and AdminService on one grpc.aio server."""
+
+from __future__ import annotations
+
+from services.common.server import ServiceApp
+from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+
+from .admin import Admin, BrokerClients
+from .config import NameServerConfig
+from .metrics import NameServerMetrics
+from .registry import Registry
+from .service import AdminServicer, NameServerServicer
+
+SERVICE_NAMES = (nameserver_pb2.DESCRIPTOR.services_by_name["NameServerService"].full_name,
+                 admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name)
+
+
+async def create_server(config: NameServerConfig) -> tuple[ServiceApp, int]:
+    registry = Registry(broker_expiry_seconds=config.broker_expiry_seconds,
+                        checker_expiry_seconds=config.checker_expiry_seconds)
+    clients = BrokerClients(config.max_grpc_message_bytes)
+    admin = Admin(registry, clients, default_queue_count=config.default_queue_count,
+                  auto_create_topics=config.auto_create_topics,
+                  broker_rpc_timeout_seconds=config.broker_rpc_timeout_seconds)
+    metrics = NameServerMetrics()
+    metrics.observe_registry(registry.live_broker_count, registry.live_checker_count)
+    app = ServiceApp(
+        "nameserver", config, metrics,
+        register=[
+            (nameserver_pb2_grpc.add_NameServerServiceServicer_to_server,
+             NameServerServicer(registry, admin, heartbeat_interval_seconds=config.heartbeat_interval_seconds)),
+            (admin_pb2_grpc.add_AdminServiceServicer_to_server, AdminServicer(admin)),
+        ],
+        service_names=SERVICE_NAMES)
+    app.on_stop.append(clients.close)
+    return app, app.port

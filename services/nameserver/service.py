@@ -1,0 +1,113 @@
+"""The name server's gRPC servicers: proto ⇄ domain, nothing else. Errors are txmq errors
+raised by the domain and mapped to a status by the shared interceptor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from txmq.v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
+
+from .admin import Admin
+from .registry import BrokerRecord, CheckerRecord, Registry
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+def broker_info(record: BrokerRecord) -> nameserver_pb2.BrokerInfo:
+    return nameserver_pb2.BrokerInfo(
+        name=record.name, address=record.address, last_heartbeat_ms=_ms(record.last_heartbeat),
+        topics=[common_pb2.TopicQueues(topic=t, queue_count=n) for t, n in sorted(record.topics.items())])
+
+
+def checker_info(record: CheckerRecord) -> nameserver_pb2.CheckerInfo:
+    return nameserver_pb2.CheckerInfo(name=record.name, address=record.address,
+                                      last_heartbeat_ms=_ms(record.last_heartbeat))
+
+
+def broker_queues(brokers: list[tuple[str, int]]) -> list[admin_pb2.BrokerQueues]:
+    return [admin_pb2.BrokerQueues(broker_name=name, queue_count=count) for name, count in brokers]
+
+
+class NameServerServicer(nameserver_pb2_grpc.NameServerServiceServicer):
+    def __init__(self, registry: Registry, admin: Admin, *, heartbeat_interval_seconds: float) -> None:
+        self.registry = registry
+        self.admin = admin
+        self.heartbeat_interval_seconds = heartbeat_interval_seconds
+
+    async def RegisterBroker(self, request: nameserver_pb2.RegisterBrokerRequest,
+                             context: Any) -> nameserver_pb2.RegisterBrokerResponse:
+        broker = request.broker
+        self.registry.register_broker(broker.name, broker.address,
+                                      [(t.topic, t.queue_count) for t in broker.topics])
+        return nameserver_pb2.RegisterBrokerResponse(
+            heartbeat_interval_seconds=self.heartbeat_interval_seconds,
+            expiry_seconds=self.registry.broker_expiry_seconds)
+
+    async def UnregisterBroker(self, request: nameserver_pb2.UnregisterBrokerRequest,
+                               context: Any) -> nameserver_pb2.UnregisterBrokerResponse:
+        self.registry.unregister_broker(request.name)
+        return nameserver_pb2.UnregisterBrokerResponse()
+
+    async def RegisterChecker(self, request: nameserver_pb2.RegisterCheckerRequest,
+                              context: Any) -> nameserver_pb2.RegisterCheckerResponse:
+        self.registry.register_checker(request.checker.name, request.checker.address)
+        return nameserver_pb2.RegisterCheckerResponse(
+            heartbeat_interval_seconds=self.heartbeat_interval_seconds,
+            expiry_seconds=self.registry.checker_expiry_seconds)
+
+    async def UnregisterChecker(self, request: nameserver_pb2.UnregisterCheckerRequest,
+                                context: Any) -> nameserver_pb2.UnregisterCheckerResponse:
+        self.registry.unregister_checker(request.name)
+        return nameserver_pb2.UnregisterCheckerResponse()
+
+    async def QueryRoute(self, request: nameserver_pb2.QueryRouteRequest,
+                         context: Any) -> nameserver_pb2.QueryRouteResponse:
+        queues = await self.admin.route(request.topic)
+        return nameserver_pb2.QueryRouteResponse(topic=request.topic, queues=[
+            nameserver_pb2.QueueRoute(broker_name=q.broker_name, broker_address=q.broker_address,
+                                      queue_id=q.queue_id) for q in queues])
+
+    async def ListBrokers(self, request: nameserver_pb2.ListBrokersRequest,
+                          context: Any) -> nameserver_pb2.ListBrokersResponse:
+        return nameserver_pb2.ListBrokersResponse(
+            brokers=[broker_info(b) for b in self.registry.live_brokers()])
+
+    async def ListCheckers(self, request: nameserver_pb2.ListCheckersRequest,
+                           context: Any) -> nameserver_pb2.ListCheckersResponse:
+        return nameserver_pb2.ListCheckersResponse(
+            checkers=[checker_info(c) for c in self.registry.live_checkers()])
+
+
+class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+    def __init__(self, admin: Admin) -> None:
+        self.admin = admin
+
+    async def CreateTopic(self, request: admin_pb2.CreateTopicRequest,
+                          context: Any) -> admin_pb2.CreateTopicResponse:
+        creation = await self.admin.create_topic(request.topic, request.queue_count)
+        return admin_pb2.CreateTopicResponse(topic=creation.topic, brokers=broker_queues(creation.brokers))
+
+    async def ListTopics(self, request: admin_pb2.ListTopicsRequest,
+                         context: Any) -> admin_pb2.ListTopicsResponse:
+        return admin_pb2.ListTopicsResponse(topics=[
+            admin_pb2.TopicInfo(topic=topic, brokers=broker_queues(brokers))
+            for topic, brokers in self.admin.list_topics()])
+
+    async def ListTransactions(self, request: admin_pb2.ListTransactionsRequest,
+                               context: Any) -> admin_pb2.ListTransactionsResponse:
+        rows, unreachable = await self.admin.list_transactions(
+            request.producer_group, request.state, request.older_than_seconds, request.limit)
+        return admin_pb2.ListTransactionsResponse(transactions=rows, unreachable_brokers=unreachable)
+
+    async def DescribeTransaction(self, request: admin_pb2.DescribeTransactionRequest,
+                                  context: Any) -> admin_pb2.DescribeTransactionResponse:
+        row = await self.admin.describe_transaction(request.transaction_id)
+        return admin_pb2.DescribeTransactionResponse(transaction=row)
+
+    async def ResolveTransaction(self, request: admin_pb2.ResolveTransactionRequest,
+                                 context: Any) -> admin_pb2.ResolveTransactionResponse:
+        row = await self.admin.resolve_transaction(
+            request.transaction_id, request.resolution, request.operator, request.reason)
+        return admin_pb2.ResolveTransactionResponse(transaction=row)

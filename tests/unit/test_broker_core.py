@@ -1,0 +1,291 @@
+"""The broker's domain against a real RocksDB directory, with a controllable clock."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from services.broker.config import BrokerConfig
+from services.broker.core import BrokerCore, StoreIdentityError, parse_tag_filter
+from services.broker.store import codec
+from services.broker.store.codec import LogRecord
+from txmq._errors import (DiskFullError, InvalidFieldError, InvalidIdError, MessageTooLargeError,
+                          QueueNotFoundError, ReceiptHandleNotFoundError, SystemTopicError,
+                          TopicNotFoundError, TransactionNotFoundError, TransactionStateError,
+                          WrongBrokerError)
+from txmq._ids import TransactionId
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+    def advance(self, seconds: float) -> None:
+        self.ms += int(seconds * 1000)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def make_core(tmp_path, clock):
+    cores: list[BrokerCore] = []
+
+    def make(**overrides: Any) -> BrokerCore:
+        config = dataclasses.replace(BrokerConfig(data_dir=str(tmp_path / "store"), flush="async"), **overrides)
+        core = BrokerCore(config, clock=clock)
+        cores.append(core)
+        return core
+
+    yield make
+    for core in cores:
+        try:
+            core.close()
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def core(make_core) -> BrokerCore:
+    c = make_core(transaction_timeout_seconds=6.0, max_delivery_attempts=3)
+    c.db.call(c.create_topic_op("orders", 2))
+    return c
+
+
+def half(core: BrokerCore, body: bytes = b"b", group: str = "pg", queue_id: int = 0, **kw: Any):
+    record = core.validate_message(LogRecord(kind=codec.KIND_HALF, topic="orders", body=body, message_id="",
+                                             queue_id=queue_id, stored_ms=0, producer_group=group, **kw))
+    return core.db.call(core.send_op(record))
+
+
+def normal(core: BrokerCore, body: bytes = b"n", tag: str = "", queue_id: int = 0, message_id: str = ""):
+    record = core.validate_message(LogRecord(kind=codec.KIND_NORMAL, topic="orders", body=body,
+                                             message_id=message_id, queue_id=queue_id, stored_ms=0, tag=tag))
+    return core.db.call(core.send_op(record))
+
+
+def end(core: BrokerCore, tid: str, resolution: str, source: int = codec.SOURCE_CLIENT, **kw: Any):
+    return core.db.call(core.end_op(tid, resolution, source, **kw))
+
+
+def receive(core: BrokerCore, group: str = "cg", tags: str = "*", n: int = 16, invisible: float = 10.0):
+    return core.db.call(core.receive_op(group, "orders", -1, parse_tag_filter(tags), n, invisible)).deliveries
+
+
+def bodies(core: BrokerCore, deliveries) -> list[bytes]:
+    return [core.read_message(d.log_seq).body for d in deliveries]
+
+
+def test_half_message_is_invisible_until_commit(core) -> None:
+    sent = half(core, b"secret")
+    assert receive(core) == []
+    result = end(core, sent.transaction_id, "COMMIT")
+    assert result.state == codec.STATE_COMMITTED and result.queue_offset == 0
+    assert bodies(core, receive(core)) == [b"secret"]
+
+
+def test_rollback_is_never_visible_and_unknown_stays_pending(core) -> None:
+    rolled = half(core, b"r")
+    unknown = half(core, b"u")
+    assert end(core, rolled.transaction_id, "ROLLBACK").state == codec.STATE_ROLLED_BACK
+    assert end(core, unknown.transaction_id, "UNKNOWN").state == codec.STATE_PREPARED
+    assert receive(core) == []
+    assert core.counters["pg"] == [1, 0]
+
+
+def test_first_decision_wins_and_repeats_are_idempotent(core) -> None:
+    sent = half(core)
+    first = end(core, sent.transaction_id, "COMMIT")
+    again = end(core, sent.transaction_id, "COMMIT")
+    assert again == first
+    with pytest.raises(TransactionStateError) as info:
+        end(core, sent.transaction_id, "ROLLBACK")
+    assert info.value.state == "COMMITTED"
+    assert len(receive(core)) == 1  # committed once, appears once
+
+
+def test_commit_after_rollback_is_refused(core) -> None:
+    sent = half(core)
+    end(core, sent.transaction_id, "ROLLBACK")
+    with pytest.raises(TransactionStateError):
+        end(core, sent.transaction_id, "COMMIT")
+    assert receive(core) == []
+
+
+def test_unknown_and_foreign_transaction_ids(core) -> None:
+    with pytest.raises(TransactionNotFoundError):
+        end(core, TransactionId(core.name, core.store_id, 999).encode(), "COMMIT")
+    with pytest.raises(WrongBrokerError):
+        end(core, TransactionId("other", core.store_id, 1).encode(), "COMMIT")
+    with pytest.raises(InvalidIdError):
+        end(core, "Tgarbage", "COMMIT")
+
+
+def test_duplicate_half_send_returns_the_first_transaction(core) -> None:
+    record = LogRecord(kind=codec.KIND_HALF, topic="orders", body=b"x", message_id="", queue_id=0,
+                       stored_ms=0, producer_group="pg")
+    first = core.db.call(core.send_op(core.validate_message(record)))
+    again = core.db.call(core.send_op(core.validate_message(dataclasses.replace(record))))
+    assert again.duplicate and again.transaction_id == first.transaction_id
+    end(core, first.transaction_id, "COMMIT")
+    after = core.db.call(core.send_op(core.validate_message(dataclasses.replace(record))))
+    assert after.duplicate and after.state == codec.STATE_COMMITTED
+    assert core.counters["pg"] == [0, 0]
+    assert len(receive(core)) == 1
+
+
+def test_limits_refuse_and_change_nothing(core) -> None:
+    seq = core.next_seq
+    cases = [
+        (MessageTooLargeError, dict(body=b"x" * (core.config.max_body_bytes + 1))),
+        (TopicNotFoundError, dict(topic="nope")),
+        (SystemTopicError, dict(topic="%DLQ%x")),
+        (QueueNotFoundError, dict(queue_id=7)),
+        (InvalidFieldError, dict(tag="A || B")),
+    ]
+    for error, fields in cases:
+        record = LogRecord(**{**dict(kind=codec.KIND_NORMAL, topic="orders", body=b"", message_id="",
+                                     queue_id=0, stored_ms=0), **fields})
+        with pytest.raises(error):
+            core.validate_message(record)
+    assert core.next_seq == seq and receive(core) == []
+
+
+def test_disk_floor_refuses_sends(core) -> None:
+    core.disk_full, core.free_disk_bytes = True, 10
+    with pytest.raises(DiskFullError) as info:
+        normal(core)
+    assert info.value.floor_bytes == core.config.min_free_disk_bytes
+
+
+def test_redelivery_then_dead_letter_after_max_attempts(core, clock) -> None:
+    normal(core, b"poison")
+    attempts = []
+    for _ in range(3):
+        (d,) = receive(core, invisible=1.0)
+        attempts.append(d.attempt)
+        assert receive(core) == []  # invisible meanwhile
+        clock.advance(1.5)
+    assert attempts == [1, 2, 3]
+    assert receive(core) == []  # the 3rd delivery expired: moved to the DLQ
+    dlq = core.db.call(core.receive_op("other", "%DLQ%cg", -1, None, 16, 10.0)).deliveries
+    assert bodies(core, dlq) == [b"poison"]
+
+
+def test_ack_removes_and_stale_handle_is_refused(core, clock) -> None:
+    normal(core)
+    (d,) = receive(core, invisible=1.0)
+    clock.advance(2)
+    (again,) = receive(core, invisible=1.0)
+    results = core.db.call(core.ack_op("cg", "orders", [d.receipt_handle, again.receipt_handle, again.receipt_handle]))
+    assert isinstance(results[0], ReceiptHandleNotFoundError)
+    assert results[1] is None
+    assert isinstance(results[2], ReceiptHandleNotFoundError)
+    clock.advance(5)
+    assert receive(core) == []
+
+
+def test_change_invisible_duration_postpones_redelivery(core, clock) -> None:
+    normal(core)
+    (d,) = receive(core, invisible=1.0)
+    core.db.call(core.change_invisible_op("cg", "orders", d.receipt_handle, 10.0))
+    clock.advance(2)
+    assert receive(core) == []
+    clock.advance(9)
+    (again,) = receive(core)
+    assert again.attempt == 2
+
+
+def test_groups_are_independent_and_tags_filter(core) -> None:
+    normal(core, b"a", tag="A")
+    normal(core, b"b", tag="B")
+    normal(core, b"c", tag="C")
+    assert sorted(bodies(core, receive(core, "g1", "A || C"))) == [b"a", b"c"]
+    assert sorted(bodies(core, receive(core, "g2"))) == [b"a", b"b", b"c"]
+    assert receive(core, "g1") == []  # the filtered-out one is never delivered to g1
+
+
+def test_commit_order_per_queue(core) -> None:
+    sent = [half(core, str(i).encode()) for i in range(5)]
+    for s in reversed(sent):
+        end(core, s.transaction_id, "COMMIT")
+    assert bodies(core, receive(core)) == [b"4", b"3", b"2", b"1", b"0"]
+
+
+def test_claims_are_leased_and_only_for_due_groups(core, clock) -> None:
+    half(core, group="pg")
+    half(core, group="other")
+    assert core.db.call(core.claim_op(["pg"], 10, 1.0)) == []  # not due before the timeout
+    clock.advance(6.001)
+    claimed = core.db.call(core.claim_op(["pg"], 10, 1.0))
+    assert [c.row.producer_group for c in claimed] == ["pg"] and claimed[0].attempt == 1
+    assert core.db.call(core.claim_op(["pg"], 10, 1.0)) == []  # leased
+    clock.advance(1.001)
+    assert len(core.db.call(core.claim_op(["pg"], 10, 1.0))) == 1  # lease over: due again
+
+
+def test_check_immunity_delays_the_first_check(core, clock) -> None:
+    half(core, check_immunity_seconds=60.0)
+    clock.advance(30)
+    assert core.db.call(core.claim_op(["pg"], 10, 1.0)) == []
+    clock.advance(31)
+    assert len(core.db.call(core.claim_op(["pg"], 10, 1.0))) == 1
+
+
+def test_state_survives_a_restart(make_core, clock) -> None:
+    first = make_core()
+    first.db.call(first.create_topic_op("orders", 1))
+    pending = half(first)
+    committed = half(first)
+    end(first, committed.transaction_id, "COMMIT")
+    normal(first, b"n")
+    (d, _) = receive(first, n=1) or (None, None), None
+    first.close()
+    second = make_core()
+    assert second.counters["pg"] == [1, 0]
+    assert second.next_seq == first.next_seq
+    assert second.get_txn(pending.transaction_id).state == codec.STATE_PREPARED
+    rest = receive(second)
+    assert len(rest) == 1  # the one in flight stays in flight; the other is delivered
+    assert second.recount() == {"pg": (1, 0)}
+
+
+def test_store_belongs_to_one_broker_name(make_core, tmp_path) -> None:
+    make_core().close()
+    with pytest.raises(StoreIdentityError):
+        make_core(broker_name="someone-else")
+
+
+def test_retention_deletes_old_consumed_records_and_keeps_pending(core, clock) -> None:
+    pending = half(core, b"keep")
+    for i in range(3):
+        normal(core, f"n{i}".encode())
+    d = receive(core)
+    core.db.call(core.ack_op("cg", "orders", [x.receipt_handle for x in d]))
+    clock.advance(core.config.retention_seconds + 1)
+    stats = core.db.call(core.retention_op())
+    assert stats["records_deleted"] == 2  # the newest entry of the queue stays
+    assert core.get_txn(pending.transaction_id).state == codec.STATE_PREPARED
+    assert core.read_message(core.parse_txn_id(pending.transaction_id)).body == b"keep"
+
+
+def test_query_transactions_by_group_state_and_age(core, clock) -> None:
+    old = half(core, group="pg")
+    clock.advance(100)
+    half(core, group="pg")
+    committed = half(core, group="pg")
+    end(core, committed.transaction_id, "COMMIT")
+    rows, _ = core.query_txns("pg", codec.STATE_PREPARED, 50.0, 100, "")
+    assert [core.txn_id(r.seq) for r in rows] == [old.transaction_id]
+    rows, _ = core.query_txns("", codec.STATE_COMMITTED, 0, 100, "")
+    assert [core.txn_id(r.seq) for r in rows] == [committed.transaction_id]
+    page, token = core.query_txns("pg", 0, 0, 2, "")
+    rest, last = core.query_txns("pg", 0, 0, 2, token)
+    assert len(page) == 2 and len(rest) == 1 and last == ""
