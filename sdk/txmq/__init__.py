@@ -1,0 +1,80 @@
+"""txmq: transactional messages in the style of Apache RocketMQ, over gRPC.
+
+Clients configure one thing, the name server address list::
+
+    import txmq
+
+    class Listener(txmq.TransactionListener):
+        def execute_local_transaction(self, message, arg):
+            ...  # change the database, recording message.transaction_id
+            return txmq.LocalTransactionState.COMMIT
+
+        def check_local_transaction(self, message):
+            ...  # look the transaction up by message.transaction_id
+
+    with txmq.TransactionProducer("127.0.0.1:9876", producer_group="orders",
+                                  listener=Listener()) as producer:
+        result = producer.send_in_transaction(txmq.Message("orders", b"..."))
+
+Every error is a :class:`TxmqError`; ``err.retryable`` says whether repeating may succeed.
+The generated stubs live in ``txmq.v1``.
+"""
+
+from ._consumer import PushConsumer, SimpleConsumer
+from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, ClientClosedError,
+                      DeadlineExceededError, DiskFullError, FailedPreconditionError, InternalError,
+                      InvalidArgumentError, InvalidFieldError, InvalidIdError, InvalidNameError,
+                      MessageTooLargeError, NoBrokerError, NotFoundError, PropertiesTooLargeError,
+                      QueueNotFoundError, ReceiptHandleNotFoundError, ResourceExhaustedError,
+                      SystemTopicError, TopicExistsError, TopicNotFoundError,
+                      TransactionNotFoundError, TransactionStateError, TxmqError, UnavailableError,
+                      WrongBrokerError)
+from ._producer import Producer, TransactionListener, TransactionProducer
+from ._types import (ConsumeResult, LocalTransactionState, Message, ReceivedMessage, SendReceipt,
+                     TransactionMessage, TransactionResult, TransactionState)
+
+__all__ = [
+    # clients
+    "Producer",
+    "PushConsumer",
+    "SimpleConsumer",
+    "TransactionListener",
+    "TransactionProducer",
+    # values
+    "ConsumeResult",
+    "LocalTransactionState",
+    "Message",
+    "ReceivedMessage",
+    "SendReceipt",
+    "TransactionMessage",
+    "TransactionResult",
+    "TransactionState",
+    # errors
+    "AlreadyExistsError",
+    "BrokerNotFoundError",
+    "CancelledError",
+    "ClientClosedError",
+    "DeadlineExceededError",
+    "DiskFullError",
+    "FailedPreconditionError",
+    "InternalError",
+    "InvalidArgumentError",
+    "InvalidFieldError",
+    "InvalidIdError",
+    "InvalidNameError",
+    "MessageTooLargeError",
+    "NoBrokerError",
+    "NotFoundError",
+    "PropertiesTooLargeError",
+    "QueueNotFoundError",
+    "ReceiptHandleNotFoundError",
+    "ResourceExhaustedError",
+    "SystemTopicError",
+    "TopicExistsError",
+    "TopicNotFoundError",
+    "TransactionNotFoundError",
+    "TransactionStateError",
+    "TxmqError",
+    "UnavailableError",
+    "WrongBrokerError",
+]

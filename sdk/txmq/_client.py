@@ -1,0 +1,220 @@
+"""What producers and consumers share: the name server list, the route cache, one gRPC
+channel per broker address and the error mapping of every call.
+
+Thread-safe. Channels are sync ``grpc`` channels, created on first use and closed by
+:meth:`Client.close`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, TypeVar
+
+import grpc
+
+from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError,
+                      TxmqError, error_from_rpc)
+from ._pipeline import ProduceStream
+from .v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+#: gRPC message size limit both ways; above the brokers' largest body (4 MiB by default).
+MAX_GRPC_MESSAGE_BYTES = 16 * 1024 * 1024
+
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+)
+
+Resp = TypeVar("Resp")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRoute:
+    """One queue of a topic: the broker holding it and its id there."""
+
+    broker_name: str
+    broker_address: str
+    queue_id: int
+
+
+def parse_nameservers(nameservers: str | Sequence[str]) -> tuple[str, ...]:
+    """``"h1:9876,h2:9876"`` or ``["h1:9876", "h2:9876"]`` → a tuple of addresses."""
+    if isinstance(nameservers, str):
+        items = nameservers.replace(";", ",").split(",")
+    else:
+        items = list(nameservers)
+    addresses = tuple(a.strip() for a in items if isinstance(a, str) and a.strip())
+    if not addresses:
+        raise InvalidFieldError("nameservers", "at least one host:port is required")
+    return addresses
+
+
+def positive(name: str, value: float) -> float:
+    if not isinstance(value, (int, float)) or not value > 0:
+        raise InvalidFieldError(name, f"must be a positive number, got {value!r}")
+    return float(value)
+
+
+class Client:
+    """Name servers with failover, routes cached per topic, channels per broker address."""
+
+    def __init__(self, nameservers: str | Sequence[str], *, request_timeout_seconds: float,
+                 route_refresh_seconds: float, what: str = "client") -> None:
+        self._nameservers = parse_nameservers(nameservers)
+        self.request_timeout_seconds = positive("request_timeout_seconds", request_timeout_seconds)
+        self.route_refresh_seconds = positive("route_refresh_seconds", route_refresh_seconds)
+        self._what = what
+        self._lock = threading.Lock()
+        self._closed = False
+        # Start at a random name server so clients spread over them; stay on one that works.
+        self._ns_index = random.randrange(len(self._nameservers))
+        self._channels: dict[str, grpc.Channel] = {}
+        self._broker_stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
+        self._ns_stubs: dict[str, nameserver_pb2_grpc.NameServerServiceStub] = {}
+        self._streams: dict[str, ProduceStream] = {}
+        self._routes: dict[str, tuple[tuple[QueueRoute, ...], float]] = {}
+        self._broker_addresses: dict[str, str] = {}
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError(self._what)
+
+    def close(self) -> None:
+        """Fails streams in flight with ClientClosedError and closes every channel. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            streams, self._streams = list(self._streams.values()), {}
+            channels, self._channels = list(self._channels.values()), {}
+        for stream in streams:
+            stream.close()
+        for channel in channels:
+            channel.close()
+
+    # --- channels and calls ---------------------------------------------------------------
+
+    def _channel_locked(self, address: str) -> grpc.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._channels[address] = channel
+        return channel
+
+    def broker(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
+        stub = self._broker_stubs.get(address)
+        if stub is None:
+            with self._lock:
+                self.check_open()
+                stub = self._broker_stubs.get(address)
+                if stub is None:
+                    stub = broker_pb2_grpc.BrokerServiceStub(self._channel_locked(address))
+                    self._broker_stubs[address] = stub
+        return stub
+
+    def produce_stream(self, address: str) -> ProduceStream:
+        """The one pipelined Produce stream of this client to a broker address."""
+        stream = self._streams.get(address)
+        if stream is None:
+            with self._lock:
+                self.check_open()
+                stream = self._streams.get(address)
+                if stream is None:
+                    stub = broker_pb2_grpc.BrokerServiceStub(self._channel_locked(address))
+                    stream = ProduceStream(stub.Produce, address)
+                    self._streams[address] = stream
+        return stream
+
+    def call(self, method: Callable[..., Resp], request: Any, timeout: float | None = None) -> Resp:
+        """One unary call; a failure raises the TxmqError it stands for."""
+        self.check_open()
+        try:
+            return method(request, timeout=self.request_timeout_seconds if timeout is None else timeout)
+        except grpc.RpcError as exc:
+            if self._closed:
+                raise ClientClosedError(self._what) from None
+            raise error_from_rpc(exc) from None
+        except ValueError:  # "Cannot invoke RPC on closed channel!"
+            if self._closed:
+                raise ClientClosedError(self._what) from None
+            raise
+
+    def _nameserver_call(self, name: str, request: Any) -> Any:
+        """Tries the name servers in turn, from the last one that answered; transient errors
+        move to the next, other errors are the answer."""
+        self.check_open()
+        count = len(self._nameservers)
+        start = self._ns_index
+        error: TxmqError | None = None
+        for i in range(count):
+            index = (start + i) % count
+            address = self._nameservers[index]
+            stub = self._ns_stubs.get(address)
+            if stub is None:
+                with self._lock:
+                    self.check_open()
+                    stub = nameserver_pb2_grpc.NameServerServiceStub(self._channel_locked(address))
+                    self._ns_stubs[address] = stub
+            try:
+                response = self.call(getattr(stub, name), request)
+            except TxmqError as err:
+                if not err.retryable:
+                    raise
+                log.debug("name server %s failed %s: %s", address, name, err)
+                error = err
+                continue
+            self._ns_index = index
+            return response
+        assert error is not None
+        raise error
+
+    # --- routes ---------------------------------------------------------------------------
+
+    def route(self, topic: str, *, refresh: bool = False) -> tuple[QueueRoute, ...]:
+        """The queues of a topic, cached for ``route_refresh_seconds``. Raises
+        TopicNotFoundError when the topic has no queue on a live broker."""
+        now = time.monotonic()
+        cached = self._routes.get(topic)
+        if cached is not None and not refresh and cached[1] > now:
+            return cached[0]
+        response = self._nameserver_call("QueryRoute", nameserver_pb2.QueryRouteRequest(topic=topic))
+        routes = tuple(QueueRoute(q.broker_name, q.broker_address, q.queue_id) for q in response.queues)
+        if not routes:
+            self._routes.pop(topic, None)
+            raise TopicNotFoundError(topic)
+        with self._lock:
+            self._routes[topic] = (routes, now + self.route_refresh_seconds)
+            for r in routes:
+                self._broker_addresses[r.broker_name] = r.broker_address
+        return routes
+
+    def invalidate_route(self, topic: str) -> None:
+        """Forget a topic's route (after an error): the next use asks a name server again."""
+        self._routes.pop(topic, None)
+
+    def broker_address(self, broker_name: str, *, refresh: bool = False) -> str:
+        """The address of a broker by name (from the routes seen, else ListBrokers)."""
+        address = None if refresh else self._broker_addresses.get(broker_name)
+        if address is not None:
+            return address
+        response = self._nameserver_call("ListBrokers", nameserver_pb2.ListBrokersRequest())
+        live = {broker.name: broker.address for broker in response.brokers}
+        with self._lock:
+            self._broker_addresses.update(live)
+            if broker_name not in live:
+                self._broker_addresses.pop(broker_name, None)
+        if broker_name not in live:
+            raise BrokerNotFoundError(broker_name)
+        return live[broker_name]

@@ -1,0 +1,498 @@
+"""Consumers: :class:`SimpleConsumer` (the application calls receive/ack) and
+:class:`PushConsumer` (a listener called on a thread pool, acks and retries handled).
+
+A consumer group receives every committed message of its topics at least once. A received
+message stays invisible to the group for ``invisible_duration_seconds``; unless it is
+acknowledged by then it is redelivered with ``delivery_attempt`` + 1, and after the
+broker's ``max_delivery_attempts`` it moves to the group's dead-letter topic
+``%DLQ%<group>``, which a consumer may subscribe to explicitly.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import itertools
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Sequence
+
+import grpc
+
+from ._client import Client, positive
+from ._errors import (ClientClosedError, InternalError, InvalidFieldError, TopicNotFoundError,
+                      TxmqError, error_from_entry, error_from_rpc)
+from ._names import validate_group, validate_receive_topic
+from ._types import ConsumeResult, ReceivedMessage, ms_to_datetime, received_from_pb
+from .v1 import broker_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """What one receive call asks: a subscribed topic on one broker (any of its queues)."""
+
+    topic: str
+    filter_expression: str
+    broker_name: str
+
+
+def _subscriptions(subscriptions: Mapping[str, str]) -> dict[str, str]:
+    if not isinstance(subscriptions, Mapping) or not subscriptions:
+        raise InvalidFieldError("subscriptions", "must map at least one topic to a filter expression")
+    out = {}
+    for topic, expression in subscriptions.items():
+        validate_receive_topic(topic)
+        if expression is None:
+            expression = "*"
+        if not isinstance(expression, str):
+            raise InvalidFieldError("subscriptions", f"filter expression of {topic!r} must be a str")
+        out[topic] = expression.strip() or "*"
+    return out
+
+
+class SimpleConsumer:
+    """Receives messages for a consumer group on the caller's schedule. Thread-safe.
+
+    ``subscriptions`` maps each topic to a tag filter: ``"*"`` for every message, or
+    ``"TagA || TagB"``. A dead-letter topic (``%DLQ%<group>``) may be subscribed explicitly.
+    """
+
+    def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
+                 subscriptions: Mapping[str, str], await_duration_seconds: float = 20.0,
+                 request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0) -> None:
+        validate_group("consumer_group", consumer_group)
+        self.consumer_group = consumer_group
+        self.subscriptions = _subscriptions(subscriptions)
+        self.await_duration_seconds = positive("await_duration_seconds", await_duration_seconds)
+        self._client = Client(nameservers, request_timeout_seconds=request_timeout_seconds,
+                              route_refresh_seconds=route_refresh_seconds, what="consumer")
+        self._round_robin = itertools.count()
+        self._lock = threading.Lock()
+        # Long polls still running after a receive() returned, and what they brought since:
+        # the next receive() returns it first.
+        self._polls: dict[_Target, cf.Future[list[ReceivedMessage]]] = {}
+        self._buffer: list[ReceivedMessage] = []
+        self._pool: cf.ThreadPoolExecutor | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes the connections. Messages received but not acknowledged are redelivered
+        after their invisible duration."""
+        self._client.close()
+        with self._lock:
+            pool, self._pool = self._pool, None
+            self._buffer.clear()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> "SimpleConsumer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- receive --------------------------------------------------------------------------
+
+    def receive(self, max_messages: int = 16, invisible_duration_seconds: float = 30.0) -> list[ReceivedMessage]:
+        """Up to ``max_messages`` messages, or ``[]`` if none arrived within
+        ``await_duration_seconds``.
+
+        First a pass over every (subscribed topic, broker) that returns at once, starting
+        at a different one each call; if that finds nothing, the brokers are long-polled
+        concurrently and the call returns as soon as one of them answers. Long polls still
+        running then keep going: what they bring is returned by the next ``receive`` (and
+        is redelivered after its invisible duration if there is no next call).
+        """
+        if not isinstance(max_messages, int) or max_messages < 1:
+            raise InvalidFieldError("max_messages", f"must be an integer >= 1, got {max_messages!r}")
+        positive("invisible_duration_seconds", invisible_duration_seconds)
+        self._client.check_open()
+        out = self._take_buffered(max_messages)
+        if out:
+            return out
+        targets = self._targets()
+        start = next(self._round_robin) % len(targets)
+        targets = targets[start:] + targets[:start]
+        errors: list[TxmqError] = []
+        with self._lock:
+            polled = set(self._polls)
+        for target in targets:
+            if target in polled:
+                continue
+            try:
+                out.extend(self._receive_from(target, max_messages - len(out), invisible_duration_seconds, 0.0))
+            except TxmqError as err:
+                if not err.retryable:
+                    raise
+                errors.append(err)
+                continue
+            if len(out) >= max_messages:
+                return out
+        if out:
+            return out
+        if errors and len(errors) == len(targets):
+            raise errors[-1]
+        return self._long_poll(targets, max_messages, invisible_duration_seconds)
+
+    def _take_buffered(self, max_messages: int) -> list[ReceivedMessage]:
+        with self._lock:
+            if not self._buffer:
+                return []
+            out, self._buffer = self._buffer[:max_messages], self._buffer[max_messages:]
+        return out
+
+    def _long_poll(self, targets: list[_Target], max_messages: int,
+                   invisible_duration_seconds: float) -> list[ReceivedMessage]:
+        with self._lock:
+            if self._pool is None:
+                self._client.check_open()
+                self._pool = cf.ThreadPoolExecutor(max_workers=64, thread_name_prefix="txmq-receive")
+            for target in targets:
+                if target not in self._polls:
+                    self._polls[target] = self._pool.submit(
+                        self._receive_from, target, max_messages, invisible_duration_seconds,
+                        self.await_duration_seconds)
+            polls = dict(self._polls)
+        cf.wait(polls.values(), timeout=self.await_duration_seconds + self._client.request_timeout_seconds,
+                return_when=cf.FIRST_COMPLETED)
+        out: list[ReceivedMessage] = []
+        errors: list[TxmqError] = []
+        with self._lock:
+            for target, future in polls.items():
+                if not future.done() or self._polls.get(target) is not future:
+                    continue
+                del self._polls[target]
+                if future.cancelled():
+                    continue
+                error = future.exception()
+                if error is None:
+                    out.extend(future.result())
+                elif isinstance(error, TxmqError):
+                    errors.append(error)
+                else:
+                    errors.append(InternalError(f"receive failed: {error!r}"))
+            out, rest = out[:max_messages], out[max_messages:]
+            self._buffer.extend(rest)
+        if not out and errors:
+            raise errors[-1]
+        return out
+
+    def _targets(self, *, lenient: bool = False) -> list[_Target]:
+        """(topic, broker) pairs of every subscription. Topics without a route are skipped
+        while others have one; with none at all TopicNotFoundError is raised (unless lenient)."""
+        targets: list[_Target] = []
+        missing: TopicNotFoundError | None = None
+        for topic, expression in self.subscriptions.items():
+            try:
+                routes = self._client.route(topic)
+            except TopicNotFoundError as err:
+                log.debug("subscribed topic %s has no route yet", topic)
+                missing = err
+                continue
+            for broker in dict.fromkeys(r.broker_name for r in routes):
+                targets.append(_Target(topic, expression, broker))
+        if not targets and missing is not None and not lenient:
+            raise missing
+        return targets
+
+    def _receive_request(self, target: _Target, max_messages: int, invisible_duration_seconds: float,
+                         wait_seconds: float) -> broker_pb2.ReceiveMessagesRequest:
+        return broker_pb2.ReceiveMessagesRequest(
+            consumer_group=self.consumer_group, topic=target.topic, queue_id=-1,
+            filter_expression=target.filter_expression, max_messages=max_messages,
+            invisible_duration_seconds=invisible_duration_seconds,
+            long_polling_timeout_seconds=wait_seconds)
+
+    def _receive_from(self, target: _Target, max_messages: int, invisible_duration_seconds: float,
+                      wait_seconds: float) -> list[ReceivedMessage]:
+        request = self._receive_request(target, max_messages, invisible_duration_seconds, wait_seconds)
+        try:
+            address = self._client.broker_address(target.broker_name)
+            response = self._client.call(self._client.broker(address).ReceiveMessages, request,
+                                         timeout=wait_seconds + self._client.request_timeout_seconds)
+        except TxmqError as err:
+            self._client.invalidate_route(target.topic)
+            if not isinstance(err, ClientClosedError):
+                log.debug("receive %s from %s failed: %s", target.topic, target.broker_name, err)
+            raise
+        return [received_from_pb(m, self.consumer_group) for m in response.messages]
+
+    # --- acknowledge ----------------------------------------------------------------------
+
+    def ack(self, message: ReceivedMessage) -> None:
+        """Acknowledges one delivery: the group will not receive the message again. Raises
+        ReceiptHandleNotFoundError (or another NotFound/FailedPrecondition error) when the
+        handle is stale: the message was redelivered since, or already acknowledged."""
+        error = self._ack_group(message.broker_name, message.topic, [message])[0]
+        if error is not None:
+            raise error
+
+    def ack_many(self, messages: Iterable[ReceivedMessage]) -> list[TxmqError | None]:
+        """Acknowledges many deliveries with one AckMessages per (broker, topic).
+
+        Does not raise for a failed entry: returns one result per message, in order, None
+        where it was acknowledged and the TxmqError where not (a stale handle, or the
+        error of the whole call to that broker). Raises only ClientClosedError.
+        """
+        messages = list(messages)
+        self._client.check_open()
+        groups: dict[tuple[str, str], list[int]] = {}
+        for index, message in enumerate(messages):
+            groups.setdefault((message.broker_name, message.topic), []).append(index)
+        results: list[TxmqError | None] = [None] * len(messages)
+        for (broker_name, topic), indexes in groups.items():
+            errors = self._ack_group(broker_name, topic, [messages[i] for i in indexes])
+            for index, error in zip(indexes, errors):
+                results[index] = error
+        return results
+
+    def _ack_group(self, broker_name: str, topic: str,
+                   messages: list[ReceivedMessage]) -> list[TxmqError | None]:
+        request = broker_pb2.AckMessagesRequest(consumer_group=self.consumer_group, topic=topic,
+                                                receipt_handles=[m.receipt_handle for m in messages])
+        try:
+            address = self._client.broker_address(broker_name)
+            response = self._client.call(self._client.broker(address).AckMessages, request)
+        except ClientClosedError:
+            raise
+        except TxmqError as err:
+            return [err] * len(messages)
+        if len(response.entries) != len(messages):
+            error = InternalError(f"broker {broker_name} answered {len(response.entries)} entries "
+                                  f"for {len(messages)} receipt handles")
+            return [error] * len(messages)
+        return [error_from_entry(e) if e.code else None for e in response.entries]
+
+    def change_invisible_duration(self, message: ReceivedMessage, seconds: float) -> ReceivedMessage:
+        """Makes the message invisible for ``seconds`` from now instead (0 < seconds): longer
+        to keep working on it, shorter to have it redelivered sooner (with
+        ``delivery_attempt`` + 1). Returns the message with the receipt handle to use from now
+        on (the broker may have issued a new one: the old one may no longer be valid)."""
+        positive("seconds", seconds)
+        request = broker_pb2.ChangeInvisibleDurationRequest(
+            consumer_group=self.consumer_group, topic=message.topic,
+            receipt_handle=message.receipt_handle, invisible_duration_seconds=seconds)
+        address = self._client.broker_address(message.broker_name)
+        response = self._client.call(self._client.broker(address).ChangeInvisibleDuration, request)
+        return dataclasses.replace(message, receipt_handle=response.receipt_handle,
+                                   invisible_until=ms_to_datetime(response.invisible_until_ms))
+
+
+class PushConsumer:
+    """Calls ``listener`` for each message of the subscriptions on a pool of
+    ``consume_threads`` threads.
+
+    The listener returns :attr:`ConsumeResult.SUCCESS` (the message is acknowledged, in
+    batches) or :attr:`ConsumeResult.FAILURE`; FAILURE, None or an exception (logged) has the
+    message redelivered after ``min(retry_backoff_seconds * 2 ** (attempt - 1),
+    max_retry_backoff_seconds)`` with ``delivery_attempt`` + 1, until the broker moves it to
+    ``%DLQ%<group>`` after its ``max_delivery_attempts``.
+
+    One background thread long-polls each (subscribed topic, broker); it receives only
+    while fewer than ``2 * consume_threads`` messages are waiting or being consumed, so a
+    slow listener does not pile up invisible messages. New brokers of a topic are found by
+    refreshing the routes every ``route_refresh_seconds``. Use :meth:`start` and
+    :meth:`shutdown`, or a ``with`` block.
+    """
+
+    def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
+                 subscriptions: Mapping[str, str], listener: Callable[[ReceivedMessage], ConsumeResult],
+                 consume_threads: int = 4, invisible_duration_seconds: float = 30.0,
+                 await_duration_seconds: float = 20.0, retry_backoff_seconds: float = 1.0,
+                 max_retry_backoff_seconds: float = 60.0, request_timeout_seconds: float = 3.0,
+                 route_refresh_seconds: float = 30.0) -> None:
+        if not callable(listener):
+            raise InvalidFieldError("listener", "must be callable: (ReceivedMessage) -> ConsumeResult")
+        if not isinstance(consume_threads, int) or consume_threads < 1:
+            raise InvalidFieldError("consume_threads", f"must be an integer >= 1, got {consume_threads!r}")
+        self.listener = listener
+        self.consume_threads = consume_threads
+        self.invisible_duration_seconds = positive("invisible_duration_seconds", invisible_duration_seconds)
+        self.retry_backoff_seconds = positive("retry_backoff_seconds", retry_backoff_seconds)
+        self.max_retry_backoff_seconds = positive("max_retry_backoff_seconds", max_retry_backoff_seconds)
+        self._consumer = SimpleConsumer(nameservers, consumer_group=consumer_group,
+                                        subscriptions=subscriptions,
+                                        await_duration_seconds=await_duration_seconds,
+                                        request_timeout_seconds=request_timeout_seconds,
+                                        route_refresh_seconds=route_refresh_seconds)
+        self.consumer_group = consumer_group
+        self._max_inflight = 2 * consume_threads
+        self._inflight = 0
+        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._started = False
+        self._supervisor: threading.Thread | None = None
+        self._acker: threading.Thread | None = None
+        self._pollers: dict[_Target, threading.Thread] = {}
+        self._polls: dict[_Target, grpc.Future] = {}
+        self._acks: queue.SimpleQueue[ReceivedMessage | None] = queue.SimpleQueue()
+        self._executor: cf.ThreadPoolExecutor | None = None
+
+    def __enter__(self) -> "PushConsumer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def start(self) -> None:
+        """Starts polling and consuming. Idempotent; a consumer shut down cannot restart."""
+        with self._lock:
+            if self._started:
+                return
+            if self._stop.is_set():
+                raise ClientClosedError("push consumer")
+            self._started = True
+            self._executor = cf.ThreadPoolExecutor(self.consume_threads, thread_name_prefix="txmq-consume")
+            self._supervisor = threading.Thread(target=self._supervise, name="txmq-routes", daemon=True)
+            self._acker = threading.Thread(target=self._ack_loop, name="txmq-ack", daemon=True)
+            self._supervisor.start()
+            self._acker.start()
+
+    def shutdown(self, timeout_seconds: float | None = None) -> None:
+        """Stops polling (long polls in flight are cancelled), waits for the messages being
+        consumed, sends their acknowledgements, then closes the connections."""
+        with self._lock:
+            self._stop.set()
+            for future in self._polls.values():
+                future.cancel()
+            started, self._started = self._started, False
+            pollers = [self._supervisor, *self._pollers.values()]
+        if started:
+            with self._cond:
+                self._cond.notify_all()
+            for thread in pollers:
+                assert thread is not None
+                thread.join(timeout_seconds)
+            assert self._executor is not None and self._acker is not None
+            self._executor.shutdown(wait=True)
+            self._acks.put(None)  # the acker sends what was consumed, then ends
+            self._acker.join(timeout_seconds)
+        self._consumer.close()
+
+    # --- polling --------------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        """Starts a poller for each (topic, broker), again as routes change."""
+        while not self._stop.is_set():
+            try:
+                targets = self._consumer._targets(lenient=True)
+            except TxmqError as err:
+                log.warning("push consumer %s: cannot find routes: %s", self.consumer_group, err)
+                targets = []
+            with self._lock:
+                for target in targets:
+                    if target not in self._pollers and not self._stop.is_set():
+                        thread = threading.Thread(target=self._poll, args=(target,), daemon=True,
+                                                  name=f"txmq-poll-{target.topic}-{target.broker_name}")
+                        self._pollers[target] = thread
+                        thread.start()
+            wanted = len(self._consumer.subscriptions)
+            found = len({t.topic for t in targets})
+            self._stop.wait(self._consumer._client.route_refresh_seconds if found == wanted else 1.0)
+
+    def _poll(self, target: _Target) -> None:
+        client = self._consumer._client
+        failures = 0
+        while not self._stop.is_set():
+            with self._cond:
+                while self._inflight >= self._max_inflight and not self._stop.is_set():
+                    self._cond.wait(0.5)
+                room = min(16, self._max_inflight - self._inflight)
+            if self._stop.is_set():
+                return
+            request = self._consumer._receive_request(target, room, self.invisible_duration_seconds,
+                                                      self._consumer.await_duration_seconds)
+            try:
+                address = client.broker_address(target.broker_name)
+                with self._lock:
+                    if self._stop.is_set():
+                        return
+                    future = client.broker(address).ReceiveMessages.future(
+                        request, timeout=self._consumer.await_duration_seconds + client.request_timeout_seconds)
+                    self._polls[target] = future
+                response = future.result()
+            except (grpc.RpcError, grpc.FutureCancelledError, TxmqError) as exc:
+                if self._stop.is_set():
+                    return
+                error = error_from_rpc(exc) if isinstance(exc, grpc.RpcError) else exc
+                if isinstance(error, ClientClosedError):
+                    return
+                failures += 1
+                client.invalidate_route(target.topic)
+                log.warning("push consumer %s: receive %s from %s failed: %s", self.consumer_group,
+                            target.topic, target.broker_name, error)
+                self._stop.wait(min(0.2 * 2 ** min(failures, 5), 5.0))
+                continue
+            finally:
+                with self._lock:
+                    self._polls.pop(target, None)
+            failures = 0
+            if not response.messages:
+                continue
+            messages = [received_from_pb(m, self.consumer_group) for m in response.messages]
+            with self._cond:
+                self._inflight += len(messages)
+            assert self._executor is not None
+            for message in messages:
+                self._executor.submit(self._consume, message)
+
+    # --- consuming ------------------------------------------------------------------------
+
+    def _consume(self, message: ReceivedMessage) -> None:
+        try:
+            try:
+                result = self.listener(message)
+            except Exception:  # noqa: BLE001 - a failed consumption is redelivered, not fatal
+                log.exception("push consumer %s: listener raised for message %s (attempt %d)",
+                              self.consumer_group, message.message_id, message.delivery_attempt)
+                result = ConsumeResult.FAILURE
+            if result is ConsumeResult.SUCCESS:
+                self._acks.put(message)
+                return
+            if result is not ConsumeResult.FAILURE and result is not None:
+                log.warning("push consumer %s: listener returned %r, not a ConsumeResult: retrying",
+                            self.consumer_group, result)
+            delay = min(self.retry_backoff_seconds * 2 ** max(message.delivery_attempt - 1, 0),
+                        self.max_retry_backoff_seconds)
+            try:
+                self._consumer.change_invisible_duration(message, delay)
+            except TxmqError as err:
+                log.warning("push consumer %s: cannot schedule the retry of %s (it is redelivered "
+                            "after its invisible duration): %s", self.consumer_group, message.message_id, err)
+        finally:
+            with self._cond:
+                self._inflight -= 1
+                self._cond.notify()
+
+    def _ack_loop(self) -> None:
+        """Acknowledges consumed messages, batching what accumulated while the last call ran."""
+        done = False
+        while not done:
+            item = self._acks.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < 256:
+                try:
+                    item = self._acks.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    done = True
+                    break
+                batch.append(item)
+            try:
+                errors = self._consumer.ack_many(batch)
+            except ClientClosedError:
+                return
+            for message, error in zip(batch, errors):
+                if error is not None:
+                    log.warning("push consumer %s: ack of %s failed (it will be redelivered): %s",
+                                self.consumer_group, message.message_id, error)

@@ -1,0 +1,168 @@
+"""The pipelined producer path: one bidirectional ``Produce`` stream per broker carrying many
+requests in flight.
+
+A unary call per message costs a round trip and a gRPC call object each (a few thousand a
+second from Python); a stream carries tens of thousands. The design::
+
+    caller threads ──submit──▶ SimpleQueue ──request iterator──▶ gRPC (its own thread) ──▶ broker
+          ▲                                                                                │
+          └──── Future.set_result ◀── reader thread: pending.pop(request_id) ◀── responses ─┘
+
+- ``submit`` assigns a request id, registers a ``concurrent.futures.Future`` under it and
+  puts the request on the queue; nothing else happens on the caller's thread.
+- One reader thread per stream matches responses to futures by request id (the broker
+  answers out of order). A request's own error comes back in its response's EntryStatus
+  and is raised by :meth:`ProduceStream.request` on the caller's thread.
+- When the stream fails (transport error, broker restart, server closing it), every
+  request in flight on it fails with :class:`UnavailableError` (retryable: callers retry
+  with the same message id, which the broker deduplicates) and the stream is reopened
+  lazily by the next ``submit``.
+- A request that gets no answer within its timeout while the stream has answered nothing
+  since it was sent marks the stream dead (a half-open connection): it is cancelled so the
+  next request opens a fresh one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from typing import Any, Callable, Iterator
+
+import grpc
+
+from ._errors import ClientClosedError, DeadlineExceededError, UnavailableError, error_from_entry
+from .v1 import broker_pb2
+
+log = logging.getLogger(__name__)
+
+
+class _Session:
+    """One opened Produce call and the requests in flight on it."""
+
+    __slots__ = ("queue", "pending", "call", "dead", "last_response")
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[broker_pb2.ProduceRequest | None] = queue.SimpleQueue()
+        self.pending: dict[int, Future[broker_pb2.ProduceResponse]] = {}
+        self.call: Any = None
+        self.dead = False
+        self.last_response = time.monotonic()
+
+
+def _requests(q: "queue.SimpleQueue[broker_pb2.ProduceRequest | None]") -> Iterator[broker_pb2.ProduceRequest]:
+    get = q.get
+    while True:
+        item = get()
+        if item is None:
+            return
+        yield item
+
+
+class ProduceStream:
+    """The Produce stream to one broker address. Thread-safe; reopens itself after failure."""
+
+    def __init__(self, method: Callable[..., Any], address: str) -> None:
+        self._method = method
+        self.address = address
+        self._lock = threading.Lock()
+        self._session: _Session | None = None
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    def submit(self, request: broker_pb2.ProduceRequest) -> Future[broker_pb2.ProduceResponse]:
+        """Sends ``request`` (its request_id is assigned here); the future resolves to the
+        response whatever its status, or fails with UnavailableError if the stream fails."""
+        return self._submit(request)[0]
+
+    def _submit(self, request: broker_pb2.ProduceRequest
+                ) -> tuple[Future[broker_pb2.ProduceResponse], _Session, int]:
+        future: Future[broker_pb2.ProduceResponse] = Future()
+        with self._lock:
+            if self._closed:
+                raise ClientClosedError("producer")
+            session = self._session
+            if session is None:
+                session = self._open_locked()
+            request_id = next(self._ids)
+            request.request_id = request_id
+            session.pending[request_id] = future
+            session.queue.put(request)
+        return future, session, request_id
+
+    def request(self, request: broker_pb2.ProduceRequest, timeout: float) -> broker_pb2.ProduceResponse:
+        """Sends ``request`` and waits for its response; a non-OK status raises the TxmqError
+        it stands for, no answer within ``timeout`` raises DeadlineExceededError."""
+        sent_at = time.monotonic()
+        future, session, request_id = self._submit(request)
+        try:
+            response = future.result(timeout)
+        except FutureTimeoutError:
+            session.pending.pop(request_id, None)
+            if session.last_response < sent_at and not session.dead:
+                log.warning("produce stream to %s answered nothing for %.1fs: reconnecting",
+                            self.address, timeout)
+                session.call.cancel()
+            raise DeadlineExceededError(
+                f"no answer from broker {self.address} within {timeout}s") from None
+        status = response.status
+        if status.code:
+            raise error_from_entry(status)
+        return response
+
+    def close(self) -> None:
+        """Fails every request in flight with ClientClosedError. Idempotent."""
+        with self._lock:
+            self._closed = True
+            session, self._session = self._session, None
+        if session is not None:
+            session.call.cancel()
+
+    # --- the stream -----------------------------------------------------------------------
+
+    def _open_locked(self) -> _Session:
+        session = _Session()
+        session.call = self._method(_requests(session.queue))
+        self._session = session
+        threading.Thread(target=self._read, args=(session,), daemon=True,
+                         name=f"txmq-produce-{self.address}").start()
+        log.debug("produce stream to %s opened", self.address)
+        return session
+
+    def _read(self, session: _Session) -> None:
+        detail = "the broker closed the stream"
+        pending = session.pending
+        try:
+            for response in session.call:
+                session.last_response = time.monotonic()
+                future = pending.pop(response.request_id, None)
+                if future is not None:
+                    future.set_result(response)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            detail = f"{getattr(code, 'name', code)}: {exc.details() if hasattr(exc, 'details') else exc}"
+        except Exception:  # noqa: BLE001 - never leave callers waiting
+            log.exception("produce stream to %s: reader failed", self.address)
+            detail = "reader failed"
+        self._fail(session, detail)
+
+    def _fail(self, session: _Session, detail: str) -> None:
+        with self._lock:
+            session.dead = True
+            if self._session is session:
+                self._session = None
+            failed, session.pending = session.pending, {}
+            closed = self._closed
+        session.queue.put(None)  # ends the request iterator, and gRPC's thread consuming it
+        if failed:
+            log.debug("produce stream to %s failed with %d in flight: %s", self.address, len(failed), detail)
+        for future in failed.values():
+            if closed:
+                future.set_exception(ClientClosedError("producer"))
+            else:
+                future.set_exception(UnavailableError(
+                    f"produce stream to {self.address} failed ({detail})", address=self.address))

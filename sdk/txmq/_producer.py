@@ -1,0 +1,284 @@
+"""Producers: :class:`Producer` for normal messages and :class:`TransactionProducer` for the
+half message + local transaction + EndTransaction protocol (RocketMQ's
+``TransactionMQProducer.sendMessageInTransaction``).
+
+Both send on the pipelined Produce stream of the broker they chose (see ``_pipeline``), so
+one producer shared by many threads keeps many sends in flight on one connection.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any, Sequence
+
+from ._client import Client, QueueRoute, positive
+from ._errors import (InvalidFieldError, MessageTooLargeError, TransactionStateError, TxmqError)
+from ._ids import MessageId
+from ._names import validate_group, validate_send_topic
+from ._types import (RESOLUTION_TO_PB, LocalTransactionState, Message, SendReceipt,
+                     TransactionMessage, TransactionResult, TransactionState, message_to_pb,
+                     state_from_name, state_from_pb)
+from .v1 import broker_pb2, common_pb2
+
+log = logging.getLogger(__name__)
+
+#: The client's own body limit, the brokers' default ``max_body_bytes``.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+_HOST = socket.gethostname()
+
+
+def new_client_id() -> str:
+    """``host@pid@random``: unique per producer instance, readable in the checker's logs."""
+    return f"{_HOST}@{os.getpid()}@{uuid.uuid4().hex[:12]}"
+
+
+class Producer:
+    """Sends normal messages. Thread-safe; share one per process and close it (or use it as
+    a context manager).
+
+    A send picks a queue of the topic round-robin and creates the message id once; the id
+    names that broker and queue. Transient failures (``err.retryable``: the broker or the
+    connection unavailable, no answer in time) are retried up to ``max_attempts`` times with
+    the same id on the same broker and queue, where the broker deduplicates it, so a retried
+    send is stored once. ``send_timeout_seconds`` bounds each attempt.
+    """
+
+    def __init__(self, nameservers: str | Sequence[str], *, producer_group: str = "",
+                 send_timeout_seconds: float = 3.0, max_attempts: int = 3,
+                 retry_backoff_seconds: float = 0.1, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0) -> None:
+        if producer_group:
+            validate_group("producer_group", producer_group)
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise InvalidFieldError("max_attempts", f"must be an integer >= 1, got {max_attempts!r}")
+        if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+            raise InvalidFieldError("max_body_bytes", f"must be a positive integer, got {max_body_bytes!r}")
+        self.producer_group = producer_group
+        self.send_timeout_seconds = positive("send_timeout_seconds", send_timeout_seconds)
+        self.retry_backoff_seconds = positive("retry_backoff_seconds", retry_backoff_seconds)
+        self.max_attempts = max_attempts
+        self.max_body_bytes = max_body_bytes
+        self._client = Client(nameservers, request_timeout_seconds=request_timeout_seconds,
+                              route_refresh_seconds=route_refresh_seconds, what="producer")
+        self._next_queue = itertools.count(int.from_bytes(os.urandom(2), "big"))
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes the connections; sends still in flight fail with ClientClosedError."""
+        self._client.close()
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- sending --------------------------------------------------------------------------
+
+    def send(self, message: Message) -> SendReceipt:
+        """Stores a normal message, visible to consumers at once. Raises the TxmqError the
+        broker (or the client's own validation) refused it with."""
+        self._validate(message)
+        route = self._pick_queue(message.topic)
+        message_id = MessageId.new(route.broker_name, route.queue_id).encode()
+        pb = message_to_pb(message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_NORMAL,
+                           int(time.time() * 1000), _HOST)
+        response = self._send_bound(route, message.topic, pb)
+        return SendReceipt(message_id=response.message_id or message_id, topic=message.topic,
+                           broker_name=response.broker_name or route.broker_name,
+                           queue_id=response.queue_id, queue_offset=response.queue_offset)
+
+    def _validate(self, message: Message) -> None:
+        """What the broker would refuse anyway, refused before a round trip, with the same error."""
+        if not isinstance(message, Message):
+            raise InvalidFieldError("message", f"must be a txmq.Message, got {type(message).__name__}")
+        self._client.check_open()
+        validate_send_topic(message.topic)
+        if len(message.body) > self.max_body_bytes:
+            raise MessageTooLargeError(len(message.body), self.max_body_bytes)
+
+    def _pick_queue(self, topic: str) -> QueueRoute:
+        routes = self._client.route(topic)
+        return routes[next(self._next_queue) % len(routes)]
+
+    def _backoff(self, attempt: int) -> None:
+        time.sleep(min(self.retry_backoff_seconds * 2 ** (attempt - 1), 2.0))
+
+    def _rebind(self, topic: str, route: QueueRoute, address: str) -> str:
+        """The current address of the broker a send is bound to (it may have moved)."""
+        self._client.invalidate_route(topic)
+        try:
+            self._client.route(topic, refresh=True)
+            return self._client.broker_address(route.broker_name)
+        except TxmqError as err:
+            log.debug("cannot refresh the route of %s: %s", topic, err)
+            return address
+
+    def _send_bound(self, route: QueueRoute, topic: str, pb: common_pb2.Message) -> broker_pb2.SendMessageResponse:
+        """Sends on the bound broker, retrying transient errors with the same message id."""
+        address = route.broker_address
+        attempt = 1
+        while True:
+            request = broker_pb2.ProduceRequest(send_message=broker_pb2.SendMessageRequest(message=pb))
+            try:
+                stream = self._client.produce_stream(address)
+                return stream.request(request, self.send_timeout_seconds).send_message
+            except TxmqError as err:
+                if not err.retryable or attempt >= self.max_attempts:
+                    if err.retryable:
+                        self._client.invalidate_route(topic)
+                    raise
+                log.debug("send of %s to %s failed (attempt %d of %d), retrying: %s",
+                          pb.message_id, route.broker_name, attempt, self.max_attempts, err)
+            self._backoff(attempt)
+            address = self._rebind(topic, route, address)
+            attempt += 1
+
+
+class TransactionListener(abc.ABC):
+    """The application's side of a transaction (RocketMQ's ``TransactionListener``).
+
+    ``execute_local_transaction`` runs the local transaction after the half message is
+    stored; ``check_local_transaction`` answers the checker's question about a transaction
+    nobody decided (the producer crashed, the EndTransaction was lost, or the answer was
+    UNKNOWN). Record the local transaction's outcome under ``message.transaction_id`` (or
+    your own business key in the message) so the check can find it.
+    """
+
+    @abc.abstractmethod
+    def execute_local_transaction(self, message: TransactionMessage, arg: Any) -> LocalTransactionState:
+        """Runs the local transaction. Returning None or raising counts as UNKNOWN."""
+
+    @abc.abstractmethod
+    def check_local_transaction(self, message: TransactionMessage) -> LocalTransactionState:
+        """The state of the local transaction of ``message``, for the checker.
+
+        Note: checks are delivered over the checker service's ``CheckTransactionState``
+        stream, which this SDK version does not open yet; until it does, this method is not
+        called and undecided transactions stay PREPARED on the broker (the checker spends
+        no check budget while no producer of the group is subscribed).
+        """
+
+
+class TransactionProducer(Producer):
+    """Sends messages in transactions: half message, local transaction, EndTransaction.
+
+    ``producer_group`` names the group whose live producers answer checks;
+    ``client_id`` names this instance (checks prefer the instance that sent the half
+    message). Also sends normal messages with :meth:`send`.
+
+    Answering checks (``listener.check_local_transaction``) is wired through the checker
+    service's stream, which is not implemented in this version: see
+    :meth:`TransactionListener.check_local_transaction`.
+    """
+
+    def __init__(self, nameservers: str | Sequence[str], *, producer_group: str,
+                 listener: TransactionListener, client_id: str | None = None,
+                 send_timeout_seconds: float = 3.0, max_attempts: int = 3,
+                 retry_backoff_seconds: float = 0.1, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0) -> None:
+        validate_group("producer_group", producer_group)
+        for method in ("execute_local_transaction", "check_local_transaction"):
+            if not callable(getattr(listener, method, None)):
+                raise InvalidFieldError("listener", f"has no method {method}()")
+        super().__init__(nameservers, producer_group=producer_group,
+                         send_timeout_seconds=send_timeout_seconds, max_attempts=max_attempts,
+                         retry_backoff_seconds=retry_backoff_seconds, max_body_bytes=max_body_bytes,
+                         request_timeout_seconds=request_timeout_seconds,
+                         route_refresh_seconds=route_refresh_seconds)
+        self.listener = listener
+        self.client_id = client_id or new_client_id()
+
+    def __enter__(self) -> "TransactionProducer":
+        return self
+
+    def send_in_transaction(self, message: Message, arg: Any = None) -> TransactionResult:
+        """Sends ``message`` as a half message, runs the local transaction, then ends the
+        transaction with its outcome.
+
+        1. The half message is stored (invisible). If that fails the error is raised and
+           the local transaction is **not** run.
+        2. ``listener.execute_local_transaction(message, arg)`` runs on the calling thread;
+           ``message`` is a :class:`TransactionMessage` carrying the transaction id. If it
+           raises or returns None the outcome is UNKNOWN (the exception is logged).
+        3. EndTransaction (COMMIT, ROLLBACK or UNKNOWN, source CLIENT), retried on transient
+           errors. ``result.state`` is the broker's state after it (PREPARED after UNKNOWN).
+           If it still fails after ``max_attempts``, this method does **not** raise: the
+           transaction stays PREPARED and the checker resolves it later by asking the group;
+           ``result.state`` is None and ``result.end_error`` says why (a warning is logged).
+           If the transaction was already decided otherwise (the first decision wins),
+           ``result.state`` is that decision and ``result.end_error`` the refusal.
+        """
+        self._validate(message)
+        route = self._pick_queue(message.topic)
+        message_id = MessageId.new(route.broker_name, route.queue_id).encode()
+        pb = message_to_pb(message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_TRANSACTION,
+                           int(time.time() * 1000), _HOST)
+        pb.producer_group = self.producer_group
+        pb.producer_client_id = self.client_id
+        if message.check_immunity_seconds:
+            pb.check_immunity_seconds = message.check_immunity_seconds
+        sent = self._send_bound(route, message.topic, pb)
+        broker_name = sent.broker_name or route.broker_name
+        half = TransactionMessage(message=message, message_id=sent.message_id or message_id,
+                                  transaction_id=sent.transaction_id, broker_name=broker_name,
+                                  queue_id=route.queue_id)
+        local_state = self._execute(half, arg)
+        state, end_error = self._end(route, message.topic, half, local_state)
+        return TransactionResult(message_id=half.message_id, transaction_id=half.transaction_id,
+                                 local_state=local_state, state=state, topic=message.topic,
+                                 broker_name=broker_name, queue_id=route.queue_id, end_error=end_error)
+
+    def _execute(self, half: TransactionMessage, arg: Any) -> LocalTransactionState:
+        try:
+            state = self.listener.execute_local_transaction(half, arg)
+        except Exception:  # noqa: BLE001 - the local transaction's failure is an answer: UNKNOWN
+            log.exception("execute_local_transaction raised for transaction %s: ending it as UNKNOWN",
+                          half.transaction_id)
+            return LocalTransactionState.UNKNOWN
+        if state is None:
+            return LocalTransactionState.UNKNOWN
+        if not isinstance(state, LocalTransactionState):
+            log.warning("execute_local_transaction returned %r for transaction %s, not a "
+                        "LocalTransactionState: ending it as UNKNOWN", state, half.transaction_id)
+            return LocalTransactionState.UNKNOWN
+        return state
+
+    def _end(self, route: QueueRoute, topic: str, half: TransactionMessage,
+             local_state: LocalTransactionState) -> tuple[TransactionState | None, TxmqError | None]:
+        end = broker_pb2.EndTransactionRequest(
+            transaction_id=half.transaction_id, message_id=half.message_id,
+            resolution=RESOLUTION_TO_PB[local_state], source=common_pb2.TRANSACTION_SOURCE_CLIENT,
+            producer_group=self.producer_group)
+        address = route.broker_address
+        attempt = 1
+        while True:
+            try:
+                stream = self._client.produce_stream(address)
+                response = stream.request(broker_pb2.ProduceRequest(end_transaction=end),
+                                          self.send_timeout_seconds)
+                return state_from_pb(response.end_transaction.state), None
+            except TransactionStateError as err:
+                state = state_from_name(getattr(err, "state", None))
+                log.warning("EndTransaction %s of transaction %s refused, it is already %s: %s",
+                            local_state.name, half.transaction_id,
+                            state.name if state else "decided", err)
+                return state, err
+            except TxmqError as err:
+                if not err.retryable or attempt >= self.max_attempts:
+                    log.warning("EndTransaction %s of transaction %s failed after %d attempt(s): %s; "
+                                "it stays PREPARED until the checker resolves it",
+                                local_state.name, half.transaction_id, attempt, err)
+                    return None, err
+                log.debug("EndTransaction of %s failed (attempt %d of %d), retrying: %s",
+                          half.transaction_id, attempt, self.max_attempts, err)
+            self._backoff(attempt)
+            address = self._rebind(topic, route, address)
+            attempt += 1

@@ -1,0 +1,235 @@
+"""The values the SDK hands to and takes from its users, and their wire conversions.
+
+Everything here is immutable. Times are timezone-aware ``datetime`` objects in UTC, taken
+from the broker's clock; durations are float seconds.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping
+
+from ._errors import InvalidFieldError
+from .v1 import common_pb2
+
+if TYPE_CHECKING:
+    from ._errors import TxmqError
+
+__all__ = [
+    "ConsumeResult",
+    "LocalTransactionState",
+    "Message",
+    "ReceivedMessage",
+    "SendReceipt",
+    "TransactionMessage",
+    "TransactionResult",
+    "TransactionState",
+]
+
+
+class LocalTransactionState(enum.Enum):
+    """What a producer's local transaction decided (RocketMQ's ``LocalTransactionState``)."""
+
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+    #: Not known yet: the transaction stays PREPARED and the checker asks the group later.
+    UNKNOWN = "UNKNOWN"
+
+
+class TransactionState(enum.Enum):
+    """The state of a transaction on its broker."""
+
+    PREPARED = "PREPARED"
+    COMMITTED = "COMMITTED"
+    ROLLED_BACK = "ROLLED_BACK"
+    DISCARDED = "DISCARDED"
+
+
+class ConsumeResult(enum.Enum):
+    """What a push consumer's listener says about one message."""
+
+    SUCCESS = "SUCCESS"
+    #: Redeliver later (with ``delivery_attempt`` + 1), up to the broker's max_delivery_attempts.
+    FAILURE = "FAILURE"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message to send. ``keys`` become a tuple and ``properties`` a private dict copy."""
+
+    topic: str
+    body: bytes
+    tag: str = ""
+    keys: tuple[str, ...] = ()
+    properties: Mapping[str, str] = field(default_factory=dict, hash=False)
+    #: Transactional messages only: delay of the first check instead of the broker's
+    #: transaction_timeout_seconds (RocketMQ's CHECK_IMMUNITY_TIME_IN_SECONDS).
+    check_immunity_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.body, (bytearray, memoryview)):
+            object.__setattr__(self, "body", bytes(self.body))
+        elif not isinstance(self.body, bytes):
+            raise InvalidFieldError("body", f"must be bytes, got {type(self.body).__name__}")
+        if isinstance(self.keys, str):
+            object.__setattr__(self, "keys", (self.keys,))
+        else:
+            object.__setattr__(self, "keys", tuple(self.keys))
+        object.__setattr__(self, "properties", dict(self.properties))
+        if self.check_immunity_seconds is not None and not self.check_immunity_seconds > 0:
+            raise InvalidFieldError("check_immunity_seconds",
+                                    f"must be positive or None, got {self.check_immunity_seconds!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SendReceipt:
+    """Where a sent message was stored. ``message_id`` names the broker and queue."""
+
+    message_id: str
+    topic: str
+    broker_name: str
+    queue_id: int
+    queue_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionMessage:
+    """A half message as a :class:`TransactionListener` sees it: the message plus the ids
+    the broker gave its transaction (the key to record the local transaction under)."""
+
+    message: Message
+    message_id: str
+    transaction_id: str
+    broker_name: str
+    queue_id: int
+
+    @property
+    def topic(self) -> str:
+        return self.message.topic
+
+    @property
+    def body(self) -> bytes:
+        return self.message.body
+
+    @property
+    def tag(self) -> str:
+        return self.message.tag
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.message.keys
+
+    @property
+    def properties(self) -> Mapping[str, str]:
+        return self.message.properties
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionResult:
+    """The outcome of :meth:`TransactionProducer.send_in_transaction`.
+
+    ``state`` is the broker's state after the EndTransaction: COMMITTED, ROLLED_BACK, or
+    PREPARED after UNKNOWN. It is ``None`` when the EndTransaction could not be delivered
+    after its retries (``end_error`` says why): the transaction is then PREPARED on the
+    broker and the checker will resolve it by asking the producer group.
+    """
+
+    message_id: str
+    transaction_id: str
+    local_state: LocalTransactionState
+    state: TransactionState | None
+    topic: str = ""
+    broker_name: str = ""
+    queue_id: int = -1
+    end_error: "TxmqError | None" = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedMessage:
+    """One delivery of a committed message to a consumer group."""
+
+    #: The topic it was received from: the real topic, or ``%DLQ%<group>`` / ``%DISCARD%<group>``.
+    topic: str
+    body: bytes
+    tag: str
+    keys: tuple[str, ...]
+    properties: Mapping[str, str] = field(hash=False)
+    message_id: str
+    #: Empty for normal messages.
+    transaction_id: str
+    broker_name: str
+    queue_id: int
+    queue_offset: int
+    #: 1 for the first delivery to this group, +1 on each redelivery.
+    delivery_attempt: int
+    #: Valid for this delivery only; :meth:`SimpleConsumer.ack` and
+    #: :meth:`SimpleConsumer.change_invisible_duration` use it.
+    receipt_handle: str
+    stored_at: _dt.datetime
+    #: When it became visible (the commit time of a transactional message).
+    visible_at: _dt.datetime
+    #: When it becomes visible to the group again unless acknowledged.
+    invisible_until: _dt.datetime
+    #: The topic it was sent to (differs from ``topic`` for dead-letter and discard topics).
+    original_topic: str
+    consumer_group: str = ""
+
+
+_STATE_FROM_PB = {
+    common_pb2.TRANSACTION_STATE_PREPARED: TransactionState.PREPARED,
+    common_pb2.TRANSACTION_STATE_COMMITTED: TransactionState.COMMITTED,
+    common_pb2.TRANSACTION_STATE_ROLLED_BACK: TransactionState.ROLLED_BACK,
+    common_pb2.TRANSACTION_STATE_DISCARDED: TransactionState.DISCARDED,
+}
+
+RESOLUTION_TO_PB = {
+    LocalTransactionState.COMMIT: common_pb2.TRANSACTION_RESOLUTION_COMMIT,
+    LocalTransactionState.ROLLBACK: common_pb2.TRANSACTION_RESOLUTION_ROLLBACK,
+    LocalTransactionState.UNKNOWN: common_pb2.TRANSACTION_RESOLUTION_UNKNOWN,
+}
+
+
+def state_from_pb(value: int) -> TransactionState | None:
+    return _STATE_FROM_PB.get(value)
+
+
+def state_from_name(name: object) -> TransactionState | None:
+    """``"COMMITTED"`` or ``"TRANSACTION_STATE_COMMITTED"`` (as errors carry it) → enum."""
+    if not isinstance(name, str):
+        return None
+    try:
+        return TransactionState[name.removeprefix("TRANSACTION_STATE_")]
+    except KeyError:
+        return None
+
+
+def ms_to_datetime(ms: int) -> _dt.datetime:
+    return _dt.datetime.fromtimestamp(ms / 1000.0, tz=_dt.timezone.utc)
+
+
+def message_to_pb(message: Message, message_id: str, queue_id: int, type_: int,
+                  born_timestamp_ms: int, born_host: str) -> common_pb2.Message:
+    return common_pb2.Message(
+        topic=message.topic, body=message.body, tag=message.tag, keys=message.keys,
+        properties=message.properties, message_id=message_id, type=type_,
+        born_timestamp_ms=born_timestamp_ms, born_host=born_host, queue_id=queue_id)
+
+
+def message_from_pb(pb: common_pb2.Message) -> Message:
+    return Message(topic=pb.topic, body=pb.body, tag=pb.tag, keys=tuple(pb.keys),
+                   properties=dict(pb.properties),
+                   check_immunity_seconds=pb.check_immunity_seconds or None)
+
+
+def received_from_pb(pb: common_pb2.DeliveredMessage, consumer_group: str) -> ReceivedMessage:
+    m = pb.message
+    return ReceivedMessage(
+        topic=pb.topic, body=m.body, tag=m.tag, keys=tuple(m.keys), properties=dict(m.properties),
+        message_id=m.message_id, transaction_id=pb.transaction_id, broker_name=pb.broker_name,
+        queue_id=pb.queue_id, queue_offset=pb.queue_offset, delivery_attempt=pb.delivery_attempt,
+        receipt_handle=pb.receipt_handle, stored_at=ms_to_datetime(pb.stored_at_ms),
+        visible_at=ms_to_datetime(pb.visible_at_ms),
+        invisible_until=ms_to_datetime(pb.invisible_until_ms),
+        original_topic=m.topic or pb.topic, consumer_group=consumer_group)

@@ -1,0 +1,355 @@
+"""``python -m services.local``: every txmq service as a separate local process, and a demo.
+
+``make run`` calls it. It starts the name server (gRPC 9876, metrics 9400, topics
+auto-created), one broker (10911, metrics 9401, data in ``<data-dir>/broker-0``) and, once
+``services.checker`` is built, a checker (10921, metrics 9402); waits for their ready files;
+runs the demo (three transactional messages: committed, rolled back, left UNKNOWN; a
+consumer that receives only the committed one); then keeps the services running until
+Ctrl-C or SIGTERM, which stops them cleanly.
+
+Service logs (JSON lines) go to ``<data-dir>/<service>.log``. ``TXMQ_*`` variables in the
+environment reach every service (``TXMQ_LOG_LEVEL=DEBUG make run``), except the ones this
+runner sets itself (ports, addresses, names, directories).
+
+Flags: ``--ports auto`` binds ephemeral ports instead of the fixed ones (tests),
+``--no-demo``, ``--exit-after-demo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn, Sequence
+
+from services.common.process import ServiceError, ServiceProcess, port_is_free
+
+HOST = "127.0.0.1"
+DEMO_TOPIC = "demo-orders"
+DEMO_PRODUCER_GROUP = "demo-producers"
+DEMO_CONSUMER_GROUP = "demo-consumers"
+#: How long the demo's consumer waits for the committed message.
+DEMO_RECEIVE_SECONDS = 30.0
+READY_TIMEOUT_SECONDS = 60.0
+STOP_TIMEOUT_SECONDS = 15.0
+#: Settings the runner owns; the same variables in the caller's environment are ignored.
+RUNNER_OWNED = {"TXMQ_HOST", "TXMQ_PORT", "TXMQ_METRICS_PORT", "TXMQ_READY_FILE", "TXMQ_DATA_DIR",
+                "TXMQ_BROKER_NAME", "TXMQ_NAMESERVER_ADDRESSES"}
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    module: str
+    port: int
+    metrics_port: int
+
+
+NAMESERVER = Role("nameserver", "services.nameserver", 9876, 9400)
+BROKER = Role("broker-0", "services.broker", 10911, 9401)
+CHECKER = Role("checker", "services.checker", 10921, 9402)
+
+
+class Shutdown(Exception):
+    """SIGTERM (or SIGINT) arrived: stop the services and exit 0."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def fail(text: str) -> NoReturn:
+    print(f"txmq local: {text}", file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
+def checker_available() -> bool:
+    try:
+        return importlib.util.find_spec(CHECKER.module + ".__main__") is not None
+    except ImportError:
+        return False
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.local",
+        description="Run the txmq services locally (separate processes) and a transactional demo.")
+    parser.add_argument("--data-dir", default="./data",
+                        help="broker data under <data-dir>/broker-0, service logs <data-dir>/<service>.log "
+                             "(default ./data)")
+    parser.add_argument("--ports", choices=("fixed", "auto"), default="fixed",
+                        help="fixed: nameserver 9876, broker 10911, checker 10921, metrics 9400-9402 "
+                             "(default); auto: ephemeral ports, learned from each service's ready file")
+    parser.add_argument("--no-demo", action="store_true", help="start the services without running the demo")
+    parser.add_argument("--exit-after-demo", action="store_true",
+                        help="stop the services after the demo; exit 0 only if it succeeded")
+    return parser.parse_args(argv)
+
+
+class LocalServices:
+    """The processes, started in dependency order and stopped in reverse."""
+
+    def __init__(self, data_dir: Path, fixed_ports: bool) -> None:
+        self.data_dir = data_dir
+        self.fixed_ports = fixed_ports
+        self.inherited = {k: v for k, v in os.environ.items()
+                          if k.startswith("TXMQ_") and k not in RUNNER_OWNED}
+        self.started: list[ServiceProcess] = []
+        self.nameserver: ServiceProcess | None = None
+        self.broker: ServiceProcess | None = None
+        self.checker: ServiceProcess | None = None
+
+    def _env(self, role: Role, **settings: str) -> dict[str, str]:
+        ports = (role.port, role.metrics_port) if self.fixed_ports else (0, 0)
+        return {**self.inherited, **settings, "TXMQ_HOST": HOST,
+                "TXMQ_PORT": str(ports[0]), "TXMQ_METRICS_PORT": str(ports[1])}
+
+    def check_ports(self, roles: Sequence[Role]) -> None:
+        if not self.fixed_ports:
+            return
+        for role in roles:
+            for port, what in ((role.port, "gRPC"), (role.metrics_port, "metrics")):
+                if not port_is_free(port, HOST):
+                    fail(f"port {port} ({role.name} {what}) is already in use on {HOST}: stop what "
+                         f"listens there (an earlier `make run`?) or run with --ports auto")
+
+    def _start(self, role: Role, env: dict[str, str]) -> ServiceProcess:
+        proc = ServiceProcess(role.module, env, self.data_dir, role.name)
+        self.started.append(proc)
+        proc.start()
+        proc.wait_ready(READY_TIMEOUT_SECONDS)
+        return proc
+
+    def start(self, with_checker: bool) -> None:
+        self.nameserver = self._start(NAMESERVER, self._env(NAMESERVER, TXMQ_AUTO_CREATE_TOPICS="true"))
+        addresses = self.nameserver.address
+        self.broker = self._start(BROKER, self._env(
+            BROKER, TXMQ_BROKER_NAME=BROKER.name, TXMQ_DATA_DIR=str(self.data_dir / BROKER.name),
+            TXMQ_NAMESERVER_ADDRESSES=addresses))
+        wait_broker_registered(self.nameserver.address, BROKER.name, self.broker.address)
+        if with_checker:
+            self.checker = self._start(CHECKER, self._env(CHECKER, TXMQ_NAMESERVER_ADDRESSES=addresses))
+
+    def dead(self) -> list[ServiceProcess]:
+        return [p for p in self.started if not p.running]
+
+    def stop(self) -> None:
+        """SIGTERM each (checker, broker, name server), waiting for each; a second signal
+        kills whatever still runs."""
+        def kill_all(signum: int, frame: Any) -> None:
+            for p in self.started:
+                if p.running and p.pid is not None:
+                    try:
+                        os.kill(p.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+        signal.signal(signal.SIGINT, kill_all)
+        signal.signal(signal.SIGTERM, kill_all)
+        for proc in reversed(self.started):
+            if proc.running:
+                code = proc.stop(STOP_TIMEOUT_SECONDS)
+                say(f"txmq local: stopped {proc.name} (exit code {code})")
+            else:
+                proc.stop()
+
+
+def wait_broker_registered(nameserver: str, broker_name: str, broker_address: str,
+                           timeout: float = READY_TIMEOUT_SECONDS) -> None:
+    import grpc
+
+    from txmq.v1 import nameserver_pb2, nameserver_pb2_grpc
+
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(nameserver) as channel:
+        stub = nameserver_pb2_grpc.NameServerServiceStub(channel)
+        while True:
+            try:
+                response = stub.ListBrokers(nameserver_pb2.ListBrokersRequest(), timeout=5.0)
+                if any(b.name == broker_name and b.address == broker_address for b in response.brokers):
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{broker_name} ({broker_address}) did not register with the name "
+                                   f"server {nameserver} within {timeout:.0f}s")
+            time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------- the demo
+def create_demo_topic(nameserver: str) -> None:
+    import grpc
+
+    from txmq.v1 import admin_pb2, admin_pb2_grpc
+
+    with grpc.insecure_channel(nameserver) as channel:
+        try:
+            admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(
+                admin_pb2.CreateTopicRequest(topic=DEMO_TOPIC, queue_count=4), timeout=10.0)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
+                raise
+
+
+def _name(value: Any) -> str:
+    return getattr(value, "name", None) or str(value)
+
+
+def run_demo(nameserver: str) -> bool:
+    """Three transactional sends and a consumer; True when the consumer saw exactly the
+    committed message."""
+    try:
+        from txmq import LocalTransactionState, Message, SimpleConsumer, TransactionProducer
+    except ImportError as exc:
+        say(f"demo: skipped, the txmq SDK cannot be imported ({exc})")
+        return False
+
+    create_demo_topic(nameserver)
+    run = uuid.uuid4().hex[:8]
+    plan = [("order-1", LocalTransactionState.COMMIT),
+            ("order-2", LocalTransactionState.ROLLBACK),
+            ("order-3", LocalTransactionState.UNKNOWN)]
+    decisions = {f"{key}-{run}": state for key, state in plan}
+
+    class DemoListener:
+        """The local transaction is a dict lookup: the key says how it ends."""
+
+        def execute_local_transaction(self, message: Any, arg: Any) -> Any:
+            return arg
+
+        def check_local_transaction(self, message: Any) -> Any:
+            # The checker asks about order-3 (and any UNKNOWN left by an earlier run):
+            # still not known, so it stays pending until check_max discards it.
+            keys = getattr(message, "keys", ()) or ()
+            return decisions.get(keys[0] if keys else "", LocalTransactionState.UNKNOWN)
+
+    say(f"demo: producer group {DEMO_PRODUCER_GROUP!r} sends three transactional messages to {DEMO_TOPIC!r}")
+    results: dict[str, Any] = {}
+    with TransactionProducer(nameservers=[nameserver], producer_group=DEMO_PRODUCER_GROUP,
+                             listener=DemoListener()) as producer:
+        for key, local_state in plan:
+            full_key = f"{key}-{run}"
+            body = f"{key} (run {run}): local transaction says {local_state.name}".encode()
+            result = producer.send_in_transaction(Message(topic=DEMO_TOPIC, body=body, keys=(full_key,)),
+                                                  local_state)
+            results[key] = result
+            note = {"COMMIT": "visible to consumers",
+                    "ROLLBACK": "discarded, never delivered",
+                    "UNKNOWN": "pending: the checker will ask the producer group"}[local_state.name]
+            say(f"demo: sent {key}: local transaction {local_state.name} -> {_name(result.state)} "
+                f"({note}; transaction {result.transaction_id})")
+
+    committed = results["order-1"].transaction_id
+    not_delivered = {results["order-2"].transaction_id: "order-2", results["order-3"].transaction_id: "order-3"}
+    say(f"demo: consumer group {DEMO_CONSUMER_GROUP!r} receives from {DEMO_TOPIC!r}")
+    ok = True
+    seen_committed = False
+    with SimpleConsumer(nameservers=[nameserver], consumer_group=DEMO_CONSUMER_GROUP,
+                        subscriptions={DEMO_TOPIC: "*"}, await_duration_seconds=1.0) as consumer:
+        deadline = time.monotonic() + DEMO_RECEIVE_SECONDS
+        drained = False
+        while not drained:
+            if seen_committed:
+                drained = True  # one more receive: nothing else of this run may arrive
+            elif time.monotonic() >= deadline:
+                say(f"demo: FAILED: the committed message was not received within {DEMO_RECEIVE_SECONDS:.0f}s")
+                return False
+            for msg in consumer.receive(max_messages=16, invisible_duration_seconds=30.0):
+                body = bytes(msg.body).decode("utf-8", "replace")
+                if msg.transaction_id == committed:
+                    if not seen_committed:
+                        say(f"demo: consumed order-1: {body!r} (message {msg.message_id}, "
+                            f"transaction {msg.transaction_id})")
+                    seen_committed = True
+                elif msg.transaction_id in not_delivered:
+                    ok = False
+                    say(f"demo: FAILED: consumed {not_delivered[msg.transaction_id]}, which was not "
+                        f"committed: {body!r}")
+                else:
+                    say(f"demo: acknowledged a message left by an earlier run: {body!r}")
+                consumer.ack(msg)
+    if ok:
+        say("demo: ok: the consumer received the committed message only")
+    return ok
+
+
+# ---------------------------------------------------------------------------- main
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    data_dir = Path(args.data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with_checker = checker_available()
+    roles = [NAMESERVER, BROKER, *([CHECKER] if with_checker else [])]
+    services = LocalServices(data_dir, fixed_ports=args.ports == "fixed")
+    services.check_ports(roles)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        raise Shutdown(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    code = 0
+    try:
+        services.start(with_checker)
+        show_services(services, args.data_dir)
+        if not args.no_demo:
+            ok = run_demo(services.nameserver.address)  # type: ignore[union-attr]
+            if not ok:
+                code = 1
+                if not args.exit_after_demo:
+                    say("demo: failed; the services keep running (see their logs)")
+        if args.exit_after_demo:
+            return code
+        parts = [f"nameserver {services.nameserver.address}", f"broker {services.broker.address}"]  # type: ignore[union-attr]
+        if services.checker is not None:
+            parts.append(f"checker {services.checker.address}")
+        say(f"services are running: {', '.join(parts)} — Ctrl-C to stop")
+        supervise(services)
+        return 1
+    except Shutdown as exc:
+        say(f"\ntxmq local: {exc} received, stopping the services")
+        return 0
+    except ServiceError as exc:
+        print(f"txmq local: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except Exception:  # noqa: BLE001 - report, then stop the services
+        print(f"txmq local: failed\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        services.stop()
+
+
+def show_services(services: LocalServices, data_dir_arg: str) -> None:
+    shown = Path(data_dir_arg)
+    for proc in services.started:
+        extra = f"  data {shown / proc.name}" if proc is services.broker else ""
+        say(f"txmq local: {proc.name:<10} {proc.address:<16} metrics http://{HOST}:{proc.metrics_port}/metrics"
+            f"  log {shown / (proc.name + '.log')}{extra}")
+    if services.checker is None:
+        say("txmq local: no checker yet (services.checker is not built): transactions left UNKNOWN stay pending")
+
+
+def supervise(services: LocalServices) -> None:
+    """Returns when a service exits on its own (a crash); signals interrupt it."""
+    idle = threading.Event()
+    while not services.dead():
+        idle.wait(0.5)
+    for proc in services.dead():
+        print(f"txmq local: {proc.name} exited unexpectedly (code {proc.returncode})\n"
+              f"--- last lines of {proc.log_path} ---\n{proc.log_tail(30)}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""`make run` as a user runs it: `python -m services.local` starts every service as its own
+process, runs the transactional demo and stops cleanly."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_SECONDS = 120
+
+
+def _run_local(data_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXMQ_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.local", "--data-dir", str(data_dir), "--ports", "auto", *flags],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=RUN_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        # SIGTERM lets the runner stop its services; kill it only if that fails too.
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"services.local did not finish within {RUN_TIMEOUT_SECONDS}s\n"
+                    f"stdout:\n{out}\nstderr:\n{err}\n{_service_logs(data_dir)}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _service_logs(data_dir: Path) -> str:
+    return "\n".join(f"--- {log.name} ---\n{log.read_text(errors='replace')[-6000:]}"
+                     for log in sorted(data_dir.glob("*.log")))
+
+
+def _services_started_in(data_dir: Path) -> list[psutil.Process]:
+    """Service processes still alive that the runner started for ``data_dir``."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            cmdline = p.info["cmdline"] or []
+            environ = p.info["environ"] or {}
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if "-m" in cmdline and environ.get("TXMQ_READY_FILE", "").startswith(str(data_dir)):
+            found.append(p)
+    return found
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_SECONDS + 60)
+def test_demo_consumes_exactly_the_committed_message_and_stops_cleanly(tmp_path):
+    data_dir = tmp_path / "data"
+
+    result = _run_local(data_dir, "--exit-after-demo")
+
+    context = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}\n{_service_logs(data_dir)}"
+    assert result.returncode == 0, context
+    out = result.stdout
+    # The three outcomes as the producer saw them.
+    assert re.search(r"^demo: sent order-1: local transaction COMMIT -> COMMITTED\b", out, re.M), context
+    assert re.search(r"^demo: sent order-2: local transaction ROLLBACK -> ROLLED_BACK\b", out, re.M), context
+    assert re.search(r"^demo: sent order-3: local transaction UNKNOWN -> PREPARED\b", out, re.M), context
+    # The consumer: the committed message, once, and nothing else.
+    consumed = re.findall(r"^demo: consumed (\S+?):", out, re.M)
+    assert consumed == ["order-1"], context
+    assert "FAILED" not in out, context
+    assert "order-2 (run" not in out and "order-3 (run" not in out, context
+    # Every service was stopped with SIGTERM and exited cleanly, and none is left behind.
+    stopped = dict(re.findall(r"^txmq local: stopped (\S+) \(exit code (-?\d+)\)", out, re.M))
+    assert stopped.get("nameserver") == "0" and stopped.get("broker-0") == "0", context
+    assert _services_started_in(data_dir) == []
+    assert (data_dir / "broker-0").is_dir()
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_stops_every_service_and_exits_zero(tmp_path):
+    data_dir = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXMQ_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.local", "--data-dir", str(data_dir), "--ports", "auto", "--no-demo"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the runner says when it is up; read until then
+            lines.append(line)
+            if line.startswith("services are running:"):
+                break
+        assert lines and lines[-1].startswith("services are running:"), "".join(lines)
+        children = _services_started_in(data_dir)
+        assert {c.pid for c in children}, "no service processes found"
+        proc.terminate()
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    output = "".join(lines) + rest
+    assert proc.returncode == 0, output
+    gone, alive = psutil.wait_procs(children, timeout=5)
+    assert alive == [], output

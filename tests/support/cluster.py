@@ -1,0 +1,265 @@
+"""A local txmq cluster of real processes on ephemeral ports: name server(s), broker(s)
+and optionally a checker, started in dependency order and torn down in reverse."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import grpc
+
+from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+
+from .processes import ServiceProcess
+from .waiting import wait_until
+
+#: Settings every test name server gets unless the test overrides them.
+NAMESERVER_DEFAULTS = {
+    "TXMQ_AUTO_CREATE_TOPICS": "true",
+    "TXMQ_HEARTBEAT_INTERVAL_SECONDS": "0.5",
+    "TXMQ_SHUTDOWN_GRACE_SECONDS": "1.0",
+}
+#: Settings every test broker gets unless the test overrides them.
+BROKER_DEFAULTS = {
+    "TXMQ_HEARTBEAT_INTERVAL_SECONDS": "0.5",
+    "TXMQ_SHUTDOWN_GRACE_SECONDS": "1.0",
+}
+CHECKER_DEFAULTS = {
+    "TXMQ_HEARTBEAT_INTERVAL_SECONDS": "0.5",
+    "TXMQ_SHUTDOWN_GRACE_SECONDS": "1.0",
+}
+RPC_TIMEOUT_SECONDS = 5.0
+
+_CLUSTERS: set["Cluster"] = set()
+_CLUSTERS_LOCK = threading.Lock()
+
+
+def live_clusters() -> list["Cluster"]:
+    """Clusters started and not yet stopped (for failure reports and last-resort cleanup)."""
+    with _CLUSTERS_LOCK:
+        return list(_CLUSTERS)
+
+
+class Cluster:
+    """``nameservers`` name servers, then ``brokers`` brokers (``broker-0``..) registered
+    with every name server, then a checker when ``checker=True``.
+
+    The constructor returns once every broker is listed by every name server. On any
+    start-up failure the processes already started are stopped and the error (with the
+    failing service's log tail) propagates.
+    """
+
+    def __init__(self, workdir: str | Path, brokers: int = 1, nameservers: int = 1,
+                 broker_env: Mapping[str, str] | None = None,
+                 nameserver_env: Mapping[str, str] | None = None,
+                 checker: bool = False, checker_env: Mapping[str, str] | None = None,
+                 ready_timeout: float = 30.0) -> None:
+        if nameservers < 1:
+            raise ValueError("a cluster needs at least one name server")
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.ready_timeout = ready_timeout
+        self.nameservers: list[ServiceProcess] = []
+        self.brokers: list[ServiceProcess] = []
+        self.checkers: list[ServiceProcess] = []
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stopped = False
+        with _CLUSTERS_LOCK:
+            _CLUSTERS.add(self)
+        try:
+            for i in range(nameservers):
+                name = "nameserver" if nameservers == 1 else f"nameserver-{i}"
+                proc = ServiceProcess("services.nameserver", {**NAMESERVER_DEFAULTS, **(nameserver_env or {})},
+                                      self.workdir, name)
+                self.nameservers.append(proc)
+                proc.start()
+            for proc in self.nameservers:
+                proc.wait_ready(ready_timeout)
+            for i in range(brokers):
+                name = f"broker-{i}"
+                env = {**BROKER_DEFAULTS,
+                       "TXMQ_BROKER_NAME": name,
+                       "TXMQ_DATA_DIR": str(self.workdir / name),
+                       **(broker_env or {}),
+                       "TXMQ_NAMESERVER_ADDRESSES": ",".join(self.nameserver_addresses)}
+                proc = ServiceProcess("services.broker", env, self.workdir, name)
+                self.brokers.append(proc)
+                proc.start()
+            for proc in self.brokers:
+                proc.wait_ready(ready_timeout)
+            self.wait_brokers_registered()
+            if checker:
+                self.start_checker(checker_env)
+        except BaseException:
+            self.stop()
+            raise
+
+    def __repr__(self) -> str:
+        return (f"<Cluster {self.workdir} nameservers={[p.address for p in self.nameservers if p.running]} "
+                f"brokers={[p.name for p in self.brokers]}>")
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ addresses
+    @property
+    def nameserver_address(self) -> str:
+        return self.nameservers[0].address
+
+    @property
+    def nameserver_addresses(self) -> list[str]:
+        return [p.address for p in self.nameservers]
+
+    @property
+    def processes(self) -> list[ServiceProcess]:
+        return [*self.nameservers, *self.brokers, *self.checkers]
+
+    def broker(self, i: int) -> ServiceProcess:
+        return self.brokers[i]
+
+    # ------------------------------------------------------------------ gRPC helpers
+    def channel(self, address: str | None = None) -> grpc.Channel:
+        """A cached synchronous channel (default: the first name server)."""
+        address = address or self.nameserver_address
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.insecure_channel(address)
+        return channel
+
+    def nameserver_stub(self, address: str | None = None) -> nameserver_pb2_grpc.NameServerServiceStub:
+        return nameserver_pb2_grpc.NameServerServiceStub(self.channel(address))
+
+    def admin_stub(self, address: str | None = None) -> admin_pb2_grpc.AdminServiceStub:
+        return admin_pb2_grpc.AdminServiceStub(self.channel(address))
+
+    def list_brokers(self, nameserver: str | None = None) -> list[nameserver_pb2.BrokerInfo]:
+        response = self.nameserver_stub(nameserver).ListBrokers(
+            nameserver_pb2.ListBrokersRequest(), timeout=RPC_TIMEOUT_SECONDS)
+        return list(response.brokers)
+
+    def query_route(self, topic: str, nameserver: str | None = None) -> list[nameserver_pb2.QueueRoute]:
+        response = self.nameserver_stub(nameserver).QueryRoute(
+            nameserver_pb2.QueryRouteRequest(topic=topic), timeout=RPC_TIMEOUT_SECONDS)
+        return list(response.queues)
+
+    # ------------------------------------------------------------------ waiting
+    def wait_brokers_registered(self, timeout: float | None = None,
+                                brokers: list[ServiceProcess] | None = None,
+                                heartbeat_after_ms: int = 0) -> None:
+        """Until every name server lists each of ``brokers`` (default all) at its current
+        address, with a heartbeat at or after ``heartbeat_after_ms`` (name server wall clock)."""
+        expected = brokers if brokers is not None else self.brokers
+
+        def registered() -> bool:
+            for ns in self.nameserver_addresses:
+                listed = {b.name: b for b in self.list_brokers(ns)}
+                for proc in expected:
+                    info = listed.get(proc.name)
+                    if info is None or info.address != proc.address:
+                        return False
+                    if heartbeat_after_ms and info.last_heartbeat_ms < heartbeat_after_ms:
+                        return False
+            return True
+
+        wait_until(registered, timeout or self.ready_timeout, interval=0.05,
+                   message=lambda: f"brokers {[p.name for p in expected]} not registered with "
+                                   f"every name server {self.nameserver_addresses}\n{self._describe()}",
+                   ignore=(grpc.RpcError,))
+
+    def _describe(self) -> str:
+        return "\n".join(f"  {p!r}" for p in self.processes)
+
+    # ------------------------------------------------------------------ topics
+    def create_topic(self, topic: str, queue_count: int = 4, timeout: float = 15.0) -> admin_pb2.CreateTopicResponse:
+        """Admin.CreateTopic, then waits until every name server routes all its queues."""
+        response = self.admin_stub().CreateTopic(
+            admin_pb2.CreateTopicRequest(topic=topic, queue_count=queue_count), timeout=RPC_TIMEOUT_SECONDS)
+        self.wait_route(topic, queue_count, timeout)
+        return response
+
+    def wait_route(self, topic: str, queue_count: int, timeout: float = 15.0) -> None:
+        def routed() -> bool:
+            return all(len(self.query_route(topic, ns)) >= queue_count for ns in self.nameserver_addresses)
+
+        wait_until(routed, timeout, interval=0.05,
+                   message=f"topic {topic!r} not routed with {queue_count} queues on every name server",
+                   ignore=(grpc.RpcError,))
+
+    # ------------------------------------------------------------------ checker
+    def start_checker(self, env: Mapping[str, str] | None = None) -> ServiceProcess:
+        if importlib.util.find_spec("services.checker.__main__") is None:
+            raise RuntimeError("services.checker has no __main__ yet: no checker can be started")
+        name = f"checker-{len(self.checkers)}"
+        proc = ServiceProcess("services.checker",
+                              {**CHECKER_DEFAULTS, "TXMQ_CHECKER_NAME": name, **(env or {}),
+                               "TXMQ_NAMESERVER_ADDRESSES": ",".join(self.nameserver_addresses)},
+                              self.workdir, name)
+        self.checkers.append(proc)
+        proc.start_and_wait(self.ready_timeout)
+        expected = len(self.checkers)
+
+        def registered() -> bool:
+            for ns in self.nameserver_addresses:
+                response = self.nameserver_stub(ns).ListCheckers(
+                    nameserver_pb2.ListCheckersRequest(), timeout=RPC_TIMEOUT_SECONDS)
+                if len(response.checkers) < expected:
+                    return False
+            return True
+
+        wait_until(registered, self.ready_timeout, interval=0.05,
+                   message=f"{name} not registered with every name server", ignore=(grpc.RpcError,))
+        return proc
+
+    # ------------------------------------------------------------------ faults
+    def kill_broker(self, i: int) -> int | None:
+        """SIGKILL broker ``i`` (a crash; its data directory stays)."""
+        return self.brokers[i].kill()
+
+    def stop_broker(self, i: int, timeout: float = 15.0) -> int | None:
+        """SIGTERM broker ``i`` (a clean shutdown)."""
+        return self.brokers[i].stop(timeout)
+
+    def restart_broker(self, i: int, timeout: float | None = None) -> ServiceProcess:
+        """(Re)starts broker ``i`` on the same port and data directory, then waits until it
+        is ready and has re-registered with every name server."""
+        proc = self.brokers[i]
+        if proc.running:
+            proc.stop()
+        started_ms = int(time.time() * 1000)
+        proc.restart(timeout or self.ready_timeout)
+        self.wait_brokers_registered(timeout, brokers=[proc], heartbeat_after_ms=started_ms)
+        return proc
+
+    # ------------------------------------------------------------------ logs and teardown
+    def logs(self, n: int = 60, since: Mapping[str, int] | None = None) -> dict[str, str]:
+        """Last ``n`` log lines of every service (of what it wrote after the byte offsets
+        in ``since``, by service name)."""
+        since = since or {}
+        return {p.name: p.log_tail(n, since=since.get(p.name, 0)) for p in self.processes}
+
+    def log_offsets(self) -> dict[str, int]:
+        return {p.name: p.log_size() for p in self.processes}
+
+    def stop(self, timeout: float = 15.0) -> dict[str, int | None]:
+        """Stops checkers, brokers, then name servers (SIGTERM, SIGKILL after ``timeout``).
+        Returns the exit codes by service name. Idempotent."""
+        codes: dict[str, int | None] = {}
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        for group in (self.checkers, self.brokers, self.nameservers):
+            for proc in group:
+                if proc.running:
+                    proc.send_term()
+            for proc in group:
+                codes[proc.name] = proc.stop(timeout)
+        self._stopped = True
+        with _CLUSTERS_LOCK:
+            _CLUSTERS.discard(self)
+        return codes
