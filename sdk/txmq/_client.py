@@ -29,6 +29,10 @@ MAX_GRPC_MESSAGE_BYTES = 16 * 1024 * 1024
 CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+    # Reconnect soon after a broker restarts (gRPC's default backoff grows to 120 s).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 5000),
 )
 
 Resp = TypeVar("Resp")

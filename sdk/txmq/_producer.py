@@ -18,7 +18,8 @@ import uuid
 from typing import Any, Sequence
 
 from ._client import Client, QueueRoute, positive
-from ._errors import (InvalidFieldError, MessageTooLargeError, TransactionStateError, TxmqError)
+from ._errors import (InvalidFieldError, MessageTooLargeError, QueueNotFoundError, TopicNotFoundError,
+                      TransactionStateError, TxmqError, WrongBrokerError)
 from ._ids import MessageId
 from ._names import validate_group, validate_send_topic
 from ._types import (RESOLUTION_TO_PB, LocalTransactionState, Message, SendReceipt,
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 #: The client's own body limit, the brokers' default ``max_body_bytes``.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 _HOST = socket.gethostname()
+#: Refusals meaning the cached route is out of date: the next send asks a name server again.
+_STALE_ROUTE = (QueueNotFoundError, TopicNotFoundError, WrongBrokerError)
 
 
 def new_client_id() -> str:
@@ -132,7 +135,7 @@ class Producer:
                 return stream.request(request, self.send_timeout_seconds).send_message
             except TxmqError as err:
                 if not err.retryable or attempt >= self.max_attempts:
-                    if err.retryable:
+                    if err.retryable or isinstance(err, _STALE_ROUTE):
                         self._client.invalidate_route(topic)
                     raise
                 log.debug("send of %s to %s failed (attempt %d of %d), retrying: %s",

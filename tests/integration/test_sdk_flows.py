@@ -155,6 +155,41 @@ def test_many_threads_share_one_producer(cluster, unique_name):
     assert {m.message_id for m in got} == {r.message_id for r in receipts}
 
 
+def test_producer_fails_in_flight_sends_and_recovers_when_the_broker_restarts(fresh_cluster_factory, unique_name):
+    cluster = fresh_cluster_factory()
+    topic = unique_name("topic")
+    cluster.create_topic(topic, queue_count=2)
+    outcomes: list[object] = []
+    give_up = time.monotonic() + 60.0
+
+    with txmq.Producer(cluster.nameserver_address, max_attempts=2, send_timeout_seconds=2.0) as producer:
+        before = producer.send(txmq.Message(topic, b"before"))
+
+        def work() -> None:  # sends until the dead broker makes one fail
+            while time.monotonic() < give_up:
+                try:
+                    outcomes.append(producer.send(txmq.Message(topic, b"during")))
+                except txmq.TxmqError as err:
+                    outcomes.append(err)
+                    return
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(outcomes) >= 20, 10.0, message="no sends completed")
+        cluster.kill_broker(0)
+        for t in threads:
+            t.join(30.0)
+        assert not any(t.is_alive() for t in threads), "a send hung after the broker died"
+        errors = [o for o in outcomes if isinstance(o, txmq.TxmqError)]
+        assert len(errors) == 4 and all(e.retryable for e in errors), errors
+
+        cluster.restart_broker(0)
+        after = wait_until(lambda: producer.send(txmq.Message(topic, b"after")), 15.0,
+                           ignore=(txmq.UnavailableError, txmq.DeadlineExceededError))
+    assert after.broker_name == before.broker_name
+
+
 # ------------------------------------------------------------------------- transactions
 
 def test_commit_is_visible_once(cluster, unique_name):

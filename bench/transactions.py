@@ -1,0 +1,255 @@
+"""End-to-end transactional throughput and latency, with the comparison measured in the
+same run.
+
+    python -m bench.transactions [--seconds 10] [--producers 1,8] [--json FILE]
+
+Starts a name server and a broker (``flush=sync``) as local processes, then for each
+producer count runs producers that do half send → no-op local transaction → commit in a
+loop while a consumer process receives and acknowledges. A transaction counts once it is
+consumed and acknowledged; its latency runs from before the half send to the consume.
+In the same run it measures the raw rate of an empty unary RPC (the stock health Check) on
+the same broker server stack with the same number of concurrent callers, and prints
+txn/s ÷ ping/s, which is what to compare across machines. Broker RSS is sampled at the end.
+
+Producers and callers run in separate processes (threads inside them) so the client side's
+GIL does not cap what the broker can do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+TOPIC = "bench-orders"
+
+
+def _split(n: int) -> list[int]:
+    """n callers over at most 2 processes (the machine has 2 cores)."""
+    procs = 1 if n == 1 else 2
+    return [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
+
+
+# --- worker processes -----------------------------------------------------------------------
+
+def _ping_worker(address: str, threads: int, start: Any, stop: Any, out: Any) -> None:
+    import threading
+
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    channel = grpc.insecure_channel(address)
+    stub = health_pb2_grpc.HealthStub(channel)
+    stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+    counts = [0] * threads
+
+    def run(i: int) -> None:
+        request = health_pb2.HealthCheckRequest()
+        start.wait()
+        while not stop.is_set():
+            stub.Check(request, timeout=5)
+            counts[i] += 1
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    out.put(("ping", sum(counts)))
+
+
+def _producer_worker(nameserver: str, threads: int, start: Any, stop: Any, out: Any) -> None:
+    import threading
+
+    import txmq
+
+    class Commit(txmq.TransactionListener):
+        def execute_local_transaction(self, message: Any, arg: Any) -> txmq.LocalTransactionState:
+            return txmq.LocalTransactionState.COMMIT
+
+        def check_local_transaction(self, message: Any) -> txmq.LocalTransactionState:
+            return txmq.LocalTransactionState.COMMIT
+
+    counts = [0] * threads
+    errors = [0] * threads
+    producer = txmq.TransactionProducer(nameserver, producer_group="bench-producers", listener=Commit())
+    producer.send_in_transaction(txmq.Message(TOPIC, b"warm-up %f" % time.time()))
+
+    def run(i: int) -> None:
+        start.wait()
+        while not stop.is_set():
+            body = b"%.6f" % time.time()
+            try:
+                result = producer.send_in_transaction(txmq.Message(TOPIC, body))
+                if result.state is txmq.TransactionState.COMMITTED:
+                    counts[i] += 1
+                else:
+                    errors[i] += 1
+            except txmq.TxmqError:
+                errors[i] += 1
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    producer.close()
+    out.put(("produced", sum(counts), sum(errors)))
+
+
+def _consumer_worker(nameserver: str, group: str, start: Any, stop: Any, window: Any, out: Any) -> None:
+    import txmq
+
+    latencies: list[float] = []
+    counted = 0
+    with txmq.SimpleConsumer(nameserver, consumer_group=group, subscriptions={TOPIC: "*"},
+                             await_duration_seconds=0.5) as consumer:
+        consumer.receive(max_messages=1, invisible_duration_seconds=1)  # creates the group
+        start.wait()
+        while not stop.is_set():
+            batch = consumer.receive(max_messages=128, invisible_duration_seconds=60)
+            if not batch:
+                continue
+            consumer.ack_many(batch)
+            now = time.time()
+            begin, end = window[0], window[1]
+            for m in batch:
+                try:
+                    born = float(m.body)
+                except ValueError:
+                    continue
+                if begin <= born and (end == 0 or born <= end):
+                    counted += 1
+                    latencies.append(now - born)
+    out.put(("consumed", counted, latencies))
+
+
+# --- orchestration --------------------------------------------------------------------------
+
+def _run_phase(kind: str, target: str, callers: int, seconds: float, group: str = "") -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    start, stop, stop_consumer = ctx.Event(), ctx.Event(), ctx.Event()
+    out = ctx.Queue()
+    window = ctx.Array("d", [0.0, 0.0])
+    procs = []
+    consumer = None
+    if kind == "txn":
+        consumer = ctx.Process(target=_consumer_worker, args=(target, group, start, stop_consumer, window, out))
+        consumer.start()
+    for threads in _split(callers):
+        fn = _ping_worker if kind == "ping" else _producer_worker
+        p = ctx.Process(target=fn, args=(target, threads, start, stop, out))
+        p.start()
+        procs.append(p)
+    time.sleep(2.0)  # let every worker connect and warm up before the clock starts
+    window[0] = time.time()
+    began = time.perf_counter()
+    start.set()
+    time.sleep(seconds)
+    window[1] = time.time()
+    stop.set()
+    elapsed = time.perf_counter() - began
+    results: dict[str, Any] = {"produced": 0, "errors": 0, "ping": 0}
+    for _ in procs:
+        item = out.get(timeout=60)
+        if item[0] == "ping":
+            results["ping"] += item[1]
+        else:
+            results["produced"] += item[1]
+            results["errors"] += item[2]
+    for p in procs:
+        p.join(30)
+    if consumer is not None:
+        # Drain what was committed inside the window, then stop the consumer.
+        time.sleep(1.5)
+        stop_consumer.set()
+        _, consumed, latencies = out.get(timeout=60)
+        consumer.join(30)
+        results["consumed"] = consumed
+        results["latencies"] = latencies
+    results["elapsed"] = elapsed
+    return results
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.transactions", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--producers", default="1,8")
+    parser.add_argument("--json", default="")
+    args = parser.parse_args(argv)
+    counts = [int(x) for x in args.producers.split(",")]
+
+    import psutil
+
+    from services.common.process import ServiceProcess
+
+    workdir = tempfile.mkdtemp(prefix="txmq-bench-")
+    nameserver = ServiceProcess("services.nameserver", {"TXMQ_AUTO_CREATE_TOPICS": "true"}, workdir, "nameserver")
+    nameserver.start_and_wait(30)
+    broker = ServiceProcess("services.broker", {
+        "TXMQ_NAMESERVER_ADDRESSES": nameserver.address, "TXMQ_DATA_DIR": os.path.join(workdir, "broker-0"),
+        "TXMQ_FLUSH": "sync", "TXMQ_TRANSACTION_TIMEOUT_SECONDS": "3600", "TXMQ_HEARTBEAT_INTERVAL_SECONDS": "1",
+    }, workdir, "broker-0")
+    broker.start_and_wait(30)
+    rows = []
+    try:
+        import grpc
+
+        from txmq.v1 import admin_pb2, admin_pb2_grpc
+        admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(nameserver.address))
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                admin.CreateTopic(admin_pb2.CreateTopicRequest(topic=TOPIC, queue_count=8), timeout=5)
+                break
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        for n in counts:
+            ping = _run_phase("ping", broker.address, n, args.seconds)
+            ping_rate = ping["ping"] / ping["elapsed"]
+            txn = _run_phase("txn", nameserver.address, n, args.seconds, group=f"bench-consumers-{n}")
+            rate = txn["consumed"] / txn["elapsed"]
+            lat = txn["latencies"]
+            rss = psutil.Process(broker.pid).memory_info().rss
+            rows.append({
+                "producers": n, "txn_per_s": round(rate, 1), "ping_per_s": round(ping_rate, 1),
+                "ratio": round(rate / ping_rate, 3) if ping_rate else None,
+                "p50_ms": round(_percentile(lat, 0.50) * 1000, 2), "p99_ms": round(_percentile(lat, 0.99) * 1000, 2),
+                "committed": txn["produced"], "consumed": txn["consumed"], "errors": txn["errors"],
+                "broker_rss_mib": round(rss / 2**20, 1),
+                "mean_ms": round(statistics.fmean(lat) * 1000, 2) if lat else None,
+            })
+    finally:
+        broker.stop(15)
+        nameserver.stop(15)
+    print(f"\ntxmq end-to-end transactions (flush=sync, {args.seconds:.0f} s per phase, "
+          f"{os.cpu_count()} CPUs)")
+    print(f"{'producers':>9} {'txn/s':>8} {'ping/s':>8} {'txn/ping':>8} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'broker RSS MiB':>15}")
+    for r in rows:
+        print(f"{r['producers']:>9} {r['txn_per_s']:>8} {r['ping_per_s']:>8} {r['ratio']:>8} {r['p50_ms']:>8} "
+              f"{r['p99_ms']:>8} {r['broker_rss_mib']:>15}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
