@@ -173,6 +173,17 @@ class TransactionStateError(FailedPreconditionError):
                          transaction_id=transaction_id, state=state, requested=requested)
 
 
+class StaleClaimError(FailedPreconditionError):
+    """A check report or answer for a claim that is not the transaction's current one
+    (a check never sent, or superseded by a later claim)."""
+
+    reason = "STALE_CLAIM"
+
+    def __init__(self, transaction_id: str, problem: str) -> None:
+        super().__init__(f"check of transaction {transaction_id!r} refused: {problem}",
+                         transaction_id=transaction_id, problem=problem)
+
+
 class NoBrokerError(FailedPreconditionError):
     reason = "NO_BROKER"
 

@@ -20,8 +20,8 @@ from typing import Callable, Iterable
 
 from txmq._errors import (DiskFullError, InvalidFieldError, InvalidIdError, MessageTooLargeError,
                           PropertiesTooLargeError, QueueNotFoundError, ReceiptHandleNotFoundError,
-                          TopicNotFoundError, TransactionNotFoundError, TransactionStateError,
-                          WrongBrokerError)
+                          StaleClaimError, TopicNotFoundError, TransactionNotFoundError,
+                          TransactionStateError, TxmqError, WrongBrokerError)
 from txmq._ids import MessageId, ReceiptHandle, TransactionId
 from txmq._names import (dlq_topic, discard_topic, validate_group, validate_name,
                          validate_receive_topic, validate_send_topic)
@@ -84,6 +84,28 @@ class ReceiveResult:
     next_deadline_ms: int | None
 
 
+OUTCOME_DELIVERED = 1
+OUTCOME_ANSWERED = 2
+OUTCOME_UNDELIVERED = 3
+CHECK_COMMIT = 1
+CHECK_ROLLBACK = 2
+CHECK_UNKNOWN = 3
+CHECK_IN_PROGRESS = 4
+CHECK_RESULTS = (CHECK_COMMIT, CHECK_ROLLBACK, CHECK_UNKNOWN, CHECK_IN_PROGRESS)
+
+
+@dataclass(slots=True, frozen=True)
+class CheckReport:
+    """What became of one claimed check (broker.proto CheckReport)."""
+
+    transaction_id: str
+    claim_token: str
+    outcome: int
+    result: int = 0
+    retry_after_seconds: float = 0.0
+    answer_timeout_seconds: float = 0.0
+
+
 @dataclass(slots=True, frozen=True)
 class ClaimedCheck:
     row: TxnRow
@@ -123,6 +145,8 @@ class BrokerCore:
         self.topic_listeners: list[Callable[[str], None]] = []
         # Called (writer thread) for every transaction decision: (group, resolution, source).
         self.end_listeners: list[Callable[[str, int, int], None]] = []
+        # Called (writer thread) for every discard: (group,).
+        self.discard_listeners: list[Callable[[str], None]] = []
         # Called (writer thread) for every message stored: (topic, kind).
         self.stored_listeners: list[Callable[[str, int], None]] = []
         self._random = random.Random()
@@ -402,11 +426,11 @@ class BrokerCore:
         row.source = codec.SOURCE_BROKER
         row.discarded_ms = now
         row.discard_reason = reason
-        row.next_due_ms = 0
-        row.claim_token = ""
+        row.next_due_ms = 0  # the claim token stays: a late answer from the group still counts
         w.put("txn", codec.txn_key(row.seq), codec.encode_txn(row))
         self._count(w, row.producer_group, pending=-1, discarded=+1)
-        w.on_durable(lambda: self._notify_visible(topic))
+        group = row.producer_group
+        w.on_durable(lambda: (self._notify_visible(topic), [fn(group) for fn in self.discard_listeners]))
 
     def _ensure_topic(self, w: OpWrites, topic: str, queue_count: int) -> bool:
         if self.topics.get(topic, 0) >= queue_count:
@@ -457,6 +481,10 @@ class BrokerCore:
                     if row is None or row.state != STATE_PREPARED or row.next_due_ms != due_ms:
                         w.delete("due", key)  # stale index entry
                         continue
+                    spent = self._spent(row, now)
+                    if spent:
+                        self.discard(w, row, spent)
+                        continue
                     row.next_due_ms = now + int(lease_seconds * 1000)
                     row.claim_token = os.urandom(8).hex()
                     w.delete("due", key)
@@ -465,6 +493,101 @@ class BrokerCore:
                     claimed.append(ClaimedCheck(row, due_ms, row.checks_delivered + 1))
             return claimed
         return op
+
+    def _spent(self, row: TxnRow, now: int) -> str:
+        """Why a PREPARED transaction must be discarded now ('' when it must not)."""
+        cfg = self.config
+        if now >= row.prepared_ms + int(cfg.max_transaction_lifetime_seconds * 1000):
+            return (f"max_transaction_lifetime_seconds={cfg.max_transaction_lifetime_seconds:g} exceeded "
+                    f"without a decision")
+        if row.checks_delivered >= cfg.check_max:
+            return (f"check budget spent: {row.checks_delivered} checks received by the group "
+                    f"(check_max={cfg.check_max}), none decided")
+        return ""
+
+    def report_op(self, reports: list[CheckReport]) -> Callable[[OpWrites], list[tuple[Exception | None, int]]]:
+        """Outcomes of claimed checks (see broker.proto CheckOutcome)."""
+        parsed: list[int | Exception] = []
+        for r in reports:
+            try:
+                if r.outcome not in (OUTCOME_DELIVERED, OUTCOME_ANSWERED, OUTCOME_UNDELIVERED):
+                    raise InvalidFieldError("outcome", "must be DELIVERED, ANSWERED or UNDELIVERED")
+                if r.outcome == OUTCOME_ANSWERED and r.result not in CHECK_RESULTS:
+                    raise InvalidFieldError("result", "must be COMMIT, ROLLBACK, UNKNOWN or IN_PROGRESS")
+                if r.retry_after_seconds < 0 or r.answer_timeout_seconds < 0:
+                    raise InvalidFieldError("retry_after_seconds", "must not be negative")
+                parsed.append(self.parse_txn_id(r.transaction_id))
+            except Exception as exc:  # noqa: BLE001 - reported per entry
+                parsed.append(exc)
+
+        def op(w: OpWrites) -> list[tuple[Exception | None, int]]:
+            now = self.clock()
+            rows: dict[int, TxnRow | None] = {}
+            out: list[tuple[Exception | None, int]] = []
+            for r, seq in zip(reports, parsed):
+                if isinstance(seq, Exception):
+                    out.append((seq, 0))
+                    continue
+                if seq not in rows:
+                    rows[seq] = self._read_txn(seq)
+                row = rows[seq]
+                try:
+                    if row is None:
+                        raise TransactionNotFoundError(r.transaction_id)
+                    self._apply_report(w, row, r, now)
+                    out.append((None, row.state))
+                except TxmqError as exc:
+                    out.append((exc, row.state if row is not None else 0))
+            return out
+        return op
+
+    def _apply_report(self, w: OpWrites, row: TxnRow, r: CheckReport, now: int) -> None:
+        if not r.claim_token or r.claim_token != row.claim_token:
+            raise StaleClaimError(self.txn_id(row.seq), "not the transaction's current claim (never sent, "
+                                  "superseded by a later claim, or the transaction was decided)")
+        cfg = self.config
+        if r.outcome == OUTCOME_ANSWERED:
+            row.checks_answered += 1
+            if r.result in (CHECK_COMMIT, CHECK_ROLLBACK):
+                if row.state in (STATE_PREPARED, STATE_DISCARDED):
+                    self._decide(w, row, STATE_COMMITTED if r.result == CHECK_COMMIT else STATE_ROLLED_BACK,
+                                 codec.SOURCE_CHECK)
+                return
+            if row.state != STATE_PREPARED:
+                w.put("txn", codec.txn_key(row.seq), codec.encode_txn(row))
+                return
+            if r.result == CHECK_IN_PROGRESS:
+                row.checks_delivered = max(row.checks_delivered - 1, 0)  # IN_PROGRESS spends nothing
+                end = row.prepared_ms + int(cfg.max_transaction_lifetime_seconds * 1000)
+                retry_ms = int(max(r.retry_after_seconds, 0.001) * 1000)
+                row.in_progress_until_ms = min(now + retry_ms, end)
+                self._reschedule(w, row, row.in_progress_until_ms)
+                return
+            row.unknown_answers += 1
+            spent = self._spent(row, now)
+            if spent:
+                self.discard(w, row, spent)
+            else:
+                w.put("txn", codec.txn_key(row.seq), codec.encode_txn(row))
+            return
+        if row.state != STATE_PREPARED:
+            raise StaleClaimError(self.txn_id(row.seq), f"the transaction is {STATE_NAMES[row.state]}")
+        if r.outcome == OUTCOME_DELIVERED:
+            row.checks_delivered += 1
+            if row.checks_delivered >= cfg.check_max:
+                wait = r.answer_timeout_seconds or cfg.check_interval_seconds
+                self._reschedule(w, row, now + max(int(wait * 1000), 1))
+            else:
+                self._reschedule(w, row, now + self.next_check_delay_ms(row.checks_delivered))
+        else:  # UNDELIVERED: nobody took it, nothing spent; due again now
+            row.claim_token = ""
+            self._reschedule(w, row, now)
+
+    def _reschedule(self, w: OpWrites, row: TxnRow, due_ms: int) -> None:
+        w.delete("due", codec.group_time_key(row.producer_group, row.next_due_ms, row.seq))
+        row.next_due_ms = due_ms
+        w.put("due", codec.group_time_key(row.producer_group, due_ms, row.seq), b"")
+        w.put("txn", codec.txn_key(row.seq), codec.encode_txn(row))
 
     def next_check_delay_ms(self, delivered: int) -> int:
         cfg = self.config

@@ -26,11 +26,17 @@ class BrokerMetrics(BaseMetrics):
         self.transactions_ended = Counter(
             "txmq_transactions_ended_total", "Transaction decisions, by group, resolution and source",
             ["group", "resolution", "source"], registry=self.registry)
+        self.transactions_discarded = Counter(
+            "txmq_transactions_discarded_total", "Transactions discarded (check budget or lifetime spent)",
+            ["group"], registry=self.registry)
         self.store_bytes_value = 0
 
     def record_end(self, group: str, state: int, source: int) -> None:
         resolution = "commit" if STATE_NAMES.get(state) == "COMMITTED" else "rollback"
         self.transactions_ended.labels(group, resolution, _SOURCES.get(source, "unknown")).inc()
+
+    def record_discard(self, group: str) -> None:
+        self.transactions_discarded.labels(group).inc()
 
     def record_stored(self, topic: str, kind: int) -> None:
         self.messages_in.labels(topic, "transaction" if kind == KIND_HALF else "normal").inc()

@@ -38,6 +38,7 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
     core.visible_listeners.append(bridge.note_visible)
     core.end_listeners.append(metrics.record_end)
     core.stored_listeners.append(metrics.record_stored)
+    core.discard_listeners.append(metrics.record_discard)
     metrics.watch(core)
     servicer = BrokerServicer(core, bridge, metrics)
     app = ServiceApp("broker", config, metrics, [(broker_pb2_grpc.add_BrokerServiceServicer_to_server, servicer)],

@@ -240,6 +240,16 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 claim_token=c.row.claim_token, prepared_at_ms=c.row.prepared_ms))
         return response
 
+    async def ReportChecks(self, request: broker_pb2.ReportChecksRequest, context: Any) -> Any:
+        reports = [domain.CheckReport(r.transaction_id, r.claim_token, r.outcome, r.result, r.retry_after_seconds,
+                                      r.answer_timeout_seconds) for r in request.reports]
+        results = await self.bridge.run(self.core.report_op(reports))
+        response = broker_pb2.ReportChecksResponse()
+        for error, state in results:
+            response.entries.append(OK if error is None else entry_status(error))
+            response.states.append(state)
+        return response
+
     async def QueryTransactions(self, request: broker_pb2.QueryTransactionsRequest, context: Any) -> Any:
         rows, token = self.core.query_txns(request.producer_group, request.state, request.older_than_seconds,
                                            request.limit, request.page_token)

@@ -289,3 +289,123 @@ def test_query_transactions_by_group_state_and_age(core, clock) -> None:
     page, token = core.query_txns("pg", 0, 0, 2, "")
     rest, last = core.query_txns("pg", 0, 0, 2, token)
     assert len(page) == 2 and len(rest) == 1 and last == ""
+
+
+# --- checks: budget, refunds, discards (the broker's half of the checker) ---------------
+
+from services.broker.core import (CHECK_COMMIT, CHECK_IN_PROGRESS, CHECK_UNKNOWN, OUTCOME_ANSWERED,  # noqa: E402
+                                  OUTCOME_DELIVERED, OUTCOME_UNDELIVERED, CheckReport)
+from txmq._errors import StaleClaimError  # noqa: E402
+
+
+@pytest.fixture
+def checked(make_core):
+    c = make_core(transaction_timeout_seconds=1.0, check_interval_seconds=2.0, check_backoff_multiplier=1.0,
+                  check_jitter=0.0, check_max=3, max_transaction_lifetime_seconds=100.0)
+    c.db.call(c.create_topic_op("orders", 1))
+    return c
+
+
+def claim_one(core, clock, lease: float = 5.0):
+    claimed = core.db.call(core.claim_op(["pg"], 10, lease))
+    assert len(claimed) == 1, claimed
+    return claimed[0]
+
+
+def report(core, claim, outcome: int, result: int = 0, retry: float = 0.0):
+    (error, state), = core.db.call(core.report_op([CheckReport(core.txn_id(claim.row.seq), claim.row.claim_token,
+                                                               outcome, result, retry, 0.5)]))
+    if error is not None:
+        raise error
+    return state
+
+
+def test_budget_counts_only_received_checks_then_discards(checked, clock) -> None:
+    sent = half(checked)
+    clock.advance(1.0)
+    for attempt in range(1, 4):
+        c = claim_one(checked, clock)
+        assert c.attempt == attempt
+        assert report(checked, c, OUTCOME_DELIVERED) == codec.STATE_PREPARED
+        state = report(checked, c, OUTCOME_ANSWERED, CHECK_UNKNOWN)
+        clock.advance(2.0)
+    assert state == codec.STATE_DISCARDED
+    row = checked.get_txn(sent.transaction_id)
+    assert (row.checks_delivered, row.checks_answered) == (3, 3) and "check_max=3" in row.discard_reason
+    assert checked.counters["pg"] == [0, 1]
+    parked = checked.db.call(checked.receive_op("ops", "%DISCARD%pg", -1, None, 10, 10.0)).deliveries
+    assert [checked.read_message(d.log_seq).body for d in parked] == [b"b"]
+    assert receive(checked) == []
+    # An operator (or a late answer of the group) can still decide.
+    result = end(checked, sent.transaction_id, "COMMIT", codec.SOURCE_OPERATOR, operator="alice", reason="paid")
+    assert result.state == codec.STATE_COMMITTED and checked.counters["pg"] == [0, 0]
+    assert bodies(checked, receive(checked)) == [b"b"]
+    assert checked.get_txn(sent.transaction_id).operator == "alice"
+
+
+def test_undelivered_checks_spend_nothing(checked, clock) -> None:
+    sent = half(checked)
+    clock.advance(1.0)
+    for _ in range(10):
+        c = claim_one(checked, clock)
+        report(checked, c, OUTCOME_UNDELIVERED)
+    row = checked.get_txn(sent.transaction_id)
+    assert row.state == codec.STATE_PREPARED and row.checks_delivered == 0
+
+
+def test_unanswered_last_check_discards_after_the_answer_timeout(checked, clock) -> None:
+    sent = half(checked)
+    clock.advance(1.0)
+    for _ in range(3):
+        report(checked, claim_one(checked, clock), OUTCOME_DELIVERED)  # never answered
+        clock.advance(2.0)
+    assert checked.db.call(checked.claim_op(["pg"], 10, 5.0)) == []  # discarded by the claim
+    assert checked.get_txn(sent.transaction_id).state == codec.STATE_DISCARDED
+
+
+def test_in_progress_refunds_and_the_lifetime_cap_discards(checked, clock) -> None:
+    sent = half(checked)
+    clock.advance(1.0)
+    for _ in range(6):  # twice the budget, all IN_PROGRESS
+        c = claim_one(checked, clock)
+        report(checked, c, OUTCOME_DELIVERED)
+        report(checked, c, OUTCOME_ANSWERED, CHECK_IN_PROGRESS, retry=10.0)
+        assert checked.db.call(checked.claim_op(["pg"], 10, 5.0)) == []  # deferred by retry_after
+        clock.advance(10.0)
+    row = checked.get_txn(sent.transaction_id)
+    assert row.state == codec.STATE_PREPARED and row.checks_delivered == 0
+    clock.advance(100.0)
+    assert checked.db.call(checked.claim_op(["pg"], 10, 5.0)) == []
+    row = checked.get_txn(sent.transaction_id)
+    assert row.state == codec.STATE_DISCARDED and "max_transaction_lifetime_seconds" in row.discard_reason
+
+
+def test_check_answer_commits_with_source_check_and_stale_claims_change_nothing(checked, clock) -> None:
+    sent = half(checked)
+    clock.advance(1.0)
+    first = claim_one(checked, clock, lease=1.0)
+    clock.advance(1.0)
+    second = claim_one(checked, clock)  # the first lease ran out: a new claim
+    with pytest.raises(StaleClaimError):
+        report(checked, first, OUTCOME_ANSWERED, CHECK_COMMIT)
+    assert checked.get_txn(sent.transaction_id).state == codec.STATE_PREPARED
+    assert report(checked, second, OUTCOME_ANSWERED, CHECK_COMMIT) == codec.STATE_COMMITTED
+    assert checked.get_txn(sent.transaction_id).source == codec.SOURCE_CHECK
+    with pytest.raises(StaleClaimError):
+        report(checked, second, OUTCOME_ANSWERED, CHECK_COMMIT)
+
+
+def test_a_check_writes_a_small_row_whatever_the_message_size(make_core, clock) -> None:
+    core = make_core(transaction_timeout_seconds=0.0, check_jitter=0.0)
+    core.db.call(core.create_topic_op("orders", 1))
+    written = []
+    for size in (100, 64 * 1024):
+        half(core, b"x" * size, group=f"g{size}")
+        claimed = core.db.call(core.claim_op([f"g{size}"], 10, 5.0))
+        before = core.db.bytes_written
+        c = claimed[0]
+        core.db.call(core.report_op([CheckReport(core.txn_id(c.row.seq), c.row.claim_token, OUTCOME_DELIVERED)]))
+        core.db.call(core.report_op([CheckReport(core.txn_id(c.row.seq), c.row.claim_token, OUTCOME_ANSWERED,
+                                                 CHECK_UNKNOWN)]))
+        written.append(core.db.bytes_written - before)
+    assert abs(written[0] - written[1]) <= 16 and written[1] < 1024, written

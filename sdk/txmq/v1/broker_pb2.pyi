@@ -1,11 +1,23 @@
 from txmq.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class CheckOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHECK_OUTCOME_UNSPECIFIED: _ClassVar[CheckOutcome]
+    CHECK_OUTCOME_DELIVERED: _ClassVar[CheckOutcome]
+    CHECK_OUTCOME_ANSWERED: _ClassVar[CheckOutcome]
+    CHECK_OUTCOME_UNDELIVERED: _ClassVar[CheckOutcome]
+CHECK_OUTCOME_UNSPECIFIED: CheckOutcome
+CHECK_OUTCOME_DELIVERED: CheckOutcome
+CHECK_OUTCOME_ANSWERED: CheckOutcome
+CHECK_OUTCOME_UNDELIVERED: CheckOutcome
 
 class SendMessageRequest(_message.Message):
     __slots__ = ("message",)
@@ -194,6 +206,40 @@ class ClaimChecksResponse(_message.Message):
     TASKS_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[CheckTask]
     def __init__(self, tasks: _Optional[_Iterable[_Union[CheckTask, _Mapping]]] = ...) -> None: ...
+
+class CheckReport(_message.Message):
+    __slots__ = ("transaction_id", "claim_token", "outcome", "result", "retry_after_seconds", "producer_client_id", "answer_timeout_seconds")
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    transaction_id: str
+    claim_token: str
+    outcome: CheckOutcome
+    result: _common_pb2.CheckResult
+    retry_after_seconds: float
+    producer_client_id: str
+    answer_timeout_seconds: float
+    def __init__(self, transaction_id: _Optional[str] = ..., claim_token: _Optional[str] = ..., outcome: _Optional[_Union[CheckOutcome, str]] = ..., result: _Optional[_Union[_common_pb2.CheckResult, str]] = ..., retry_after_seconds: _Optional[float] = ..., producer_client_id: _Optional[str] = ..., answer_timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class ReportChecksRequest(_message.Message):
+    __slots__ = ("reports", "checker_id")
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    CHECKER_ID_FIELD_NUMBER: _ClassVar[int]
+    reports: _containers.RepeatedCompositeFieldContainer[CheckReport]
+    checker_id: str
+    def __init__(self, reports: _Optional[_Iterable[_Union[CheckReport, _Mapping]]] = ..., checker_id: _Optional[str] = ...) -> None: ...
+
+class ReportChecksResponse(_message.Message):
+    __slots__ = ("entries", "states")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[_common_pb2.EntryStatus]
+    states: _containers.RepeatedScalarFieldContainer[_common_pb2.TransactionState]
+    def __init__(self, entries: _Optional[_Iterable[_Union[_common_pb2.EntryStatus, _Mapping]]] = ..., states: _Optional[_Iterable[_Union[_common_pb2.TransactionState, str]]] = ...) -> None: ...
 
 class QueryTransactionsRequest(_message.Message):
     __slots__ = ("producer_group", "state", "older_than_seconds", "limit", "page_token")

@@ -78,6 +78,11 @@ class BrokerServiceStub:
                 request_serializer=txmq_dot_v1_dot_broker__pb2.ClaimChecksRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_broker__pb2.ClaimChecksResponse.FromString,
                 _registered_method=True)
+        self.ReportChecks = channel.unary_unary(
+                '/txmq.v1.BrokerService/ReportChecks',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.ReportChecksRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.ReportChecksResponse.FromString,
+                _registered_method=True)
         self.QueryTransactions = channel.unary_unary(
                 '/txmq.v1.BrokerService/QueryTransactions',
                 request_serializer=txmq_dot_v1_dot_broker__pb2.QueryTransactionsRequest.SerializeToString,
@@ -162,6 +167,15 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportChecks(self, request, context):
+        """What became of claimed checks: delivered to (acknowledged by) a producer, answered,
+        or not deliverable. Applies decisions with source CHECK, spends and refunds the check
+        budget, discards when it is spent. Each report must carry its claim's token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def QueryTransactions(self, request, context):
         """Lists transactions by group, state and age (operators, the audit pipeline).
         """
@@ -225,6 +239,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.ClaimChecks,
                     request_deserializer=txmq_dot_v1_dot_broker__pb2.ClaimChecksRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_broker__pb2.ClaimChecksResponse.SerializeToString,
+            ),
+            'ReportChecks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportChecks,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.ReportChecksRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.ReportChecksResponse.SerializeToString,
             ),
             'QueryTransactions': grpc.unary_unary_rpc_method_handler(
                     servicer.QueryTransactions,
@@ -462,6 +481,33 @@ class BrokerService:
             '/txmq.v1.BrokerService/ClaimChecks',
             txmq_dot_v1_dot_broker__pb2.ClaimChecksRequest.SerializeToString,
             txmq_dot_v1_dot_broker__pb2.ClaimChecksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportChecks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/ReportChecks',
+            txmq_dot_v1_dot_broker__pb2.ReportChecksRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.ReportChecksResponse.FromString,
             options,
             channel_credentials,
             insecure,

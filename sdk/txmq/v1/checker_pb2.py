@@ -25,15 +25,13 @@ _sym_db = _symbol_database.Default()
 from txmq.v1 import common_pb2 as txmq_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15txmq/v1/checker.proto\x12\x07txmq.v1\x1a\x14txmq/v1/common.proto\"7\n\tSubscribe\x12\x17\n\x0fproducer_groups\x18\x01 \x03(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\"!\n\rCheckReceived\x12\x10\n\x08\x63heck_id\x18\x01 \x01(\t\"b\n\x0b\x43heckAnswer\x12\x10\n\x08\x63heck_id\x18\x01 \x01(\t\x12$\n\x06result\x18\x02 \x01(\x0e\x32\x14.txmq.v1.CheckResult\x12\x1b\n\x13retry_after_seconds\x18\x03 \x01(\x01\"\xa6\x01\n\x1c\x43heckTransactionStateRequest\x12\'\n\tsubscribe\x18\x01 \x01(\x0b\x32\x12.txmq.v1.SubscribeH\x00\x12*\n\x08received\x18\x02 \x01(\x0b\x32\x16.txmq.v1.CheckReceivedH\x00\x12&\n\x06\x61nswer\x18\x03 \x01(\x0b\x32\x14.txmq.v1.CheckAnswerH\x00\x42\t\n\x07\x63ommand\";\n\nSubscribed\x12\x14\n\x0c\x63hecker_name\x18\x01 \x01(\t\x12\x17\n\x0fproducer_groups\x18\x02 \x03(\t\"\xa1\x01\n\x0c\x43heckRequest\x12\x10\n\x08\x63heck_id\x18\x01 \x01(\t\x12\x16\n\x0etransaction_id\x18\x02 \x01(\t\x12!\n\x07message\x18\x03 \x01(\x0b\x32\x10.txmq.v1.Message\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x13\n\x0b\x62roker_name\x18\x05 \x01(\t\x12\x1e\n\x16\x61nswer_timeout_seconds\x18\x06 \x01(\x01\"\xa4\x01\n\x1d\x43heckTransactionStateResponse\x12)\n\nsubscribed\x18\x01 \x01(\x0b\x32\x13.txmq.v1.SubscribedH\x00\x12&\n\x05\x63heck\x18\x02 \x01(\x0b\x32\x15.txmq.v1.CheckRequestH\x00\x12%\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x14.txmq.v1.EntryStatusH\x00\x42\t\n\x07\x63ommand*\x97\x01\n\x0b\x43heckResult\x12\x1c\n\x18\x43HECK_RESULT_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43HECK_RESULT_COMMIT\x10\x01\x12\x19\n\x15\x43HECK_RESULT_ROLLBACK\x10\x02\x12\x18\n\x14\x43HECK_RESULT_UNKNOWN\x10\x03\x12\x1c\n\x18\x43HECK_RESULT_IN_PROGRESS\x10\x04\x32|\n\x0e\x43heckerService\x12j\n\x15\x43heckTransactionState\x12%.txmq.v1.CheckTransactionStateRequest\x1a&.txmq.v1.CheckTransactionStateResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15txmq/v1/checker.proto\x12\x07txmq.v1\x1a\x14txmq/v1/common.proto\"7\n\tSubscribe\x12\x17\n\x0fproducer_groups\x18\x01 \x03(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\"!\n\rCheckReceived\x12\x10\n\x08\x63heck_id\x18\x01 \x01(\t\"b\n\x0b\x43heckAnswer\x12\x10\n\x08\x63heck_id\x18\x01 \x01(\t\x12$\n\x06result\x18\x02 \x01(\x0e\x32\x14.txmq.v1.CheckResult\x12\x1b\n\x13retry_after_seconds\x18\x03 \x01(\x01\"\xa6\x01\n\x1c\x43heckTransactionStateRequest\x12\'\n\tsubscribe\x18\x01 \x01(\x0b\x32\x12.txmq.v1.SubscribeH\x00\x12*\n\x08received\x18\x02 \x01(\x0b\x32\x16.txmq.v1.CheckReceivedH\x00\x12&\n\x06\x61nswer\x18\x03 \x01(\x0b\x32\x14.txmq.v1.CheckAnswerH\x00\x42\t\n\x07\x63ommand\";\n\nSubscribed\x12\x14\n\x0c\x63hecker_name\x18\x01 \x01(\t\x12\x17\n\x0fproducer_groups\x18\x02 \x03(\t\"\xa1\x01\n\x0c\x43heckRequest\x12\x10\n\x08\x63heck_id\x18\x01 \x01(\t\x12\x16\n\x0etransaction_id\x18\x02 \x01(\t\x12!\n\x07message\x18\x03 \x01(\x0b\x32\x10.txmq.v1.Message\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x13\n\x0b\x62roker_name\x18\x05 \x01(\t\x12\x1e\n\x16\x61nswer_timeout_seconds\x18\x06 \x01(\x01\"\xa4\x01\n\x1d\x43heckTransactionStateResponse\x12)\n\nsubscribed\x18\x01 \x01(\x0b\x32\x13.txmq.v1.SubscribedH\x00\x12&\n\x05\x63heck\x18\x02 \x01(\x0b\x32\x15.txmq.v1.CheckRequestH\x00\x12%\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x14.txmq.v1.EntryStatusH\x00\x42\t\n\x07\x63ommand2|\n\x0e\x43heckerService\x12j\n\x15\x43heckTransactionState\x12%.txmq.v1.CheckTransactionStateRequest\x1a&.txmq.v1.CheckTransactionStateResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'txmq.v1.checker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHECKRESULT']._serialized_start=810
-  _globals['_CHECKRESULT']._serialized_end=961
   _globals['_SUBSCRIBE']._serialized_start=56
   _globals['_SUBSCRIBE']._serialized_end=111
   _globals['_CHECKRECEIVED']._serialized_start=113
@@ -48,6 +46,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHECKREQUEST']._serialized_end=640
   _globals['_CHECKTRANSACTIONSTATERESPONSE']._serialized_start=643
   _globals['_CHECKTRANSACTIONSTATERESPONSE']._serialized_end=807
-  _globals['_CHECKERSERVICE']._serialized_start=963
-  _globals['_CHECKERSERVICE']._serialized_end=1087
+  _globals['_CHECKERSERVICE']._serialized_start=809
+  _globals['_CHECKERSERVICE']._serialized_end=933
 # @@protoc_insertion_point(module_scope)

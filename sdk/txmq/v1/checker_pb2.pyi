@@ -1,25 +1,11 @@
 from txmq.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
-
-class CheckResult(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    CHECK_RESULT_UNSPECIFIED: _ClassVar[CheckResult]
-    CHECK_RESULT_COMMIT: _ClassVar[CheckResult]
-    CHECK_RESULT_ROLLBACK: _ClassVar[CheckResult]
-    CHECK_RESULT_UNKNOWN: _ClassVar[CheckResult]
-    CHECK_RESULT_IN_PROGRESS: _ClassVar[CheckResult]
-CHECK_RESULT_UNSPECIFIED: CheckResult
-CHECK_RESULT_COMMIT: CheckResult
-CHECK_RESULT_ROLLBACK: CheckResult
-CHECK_RESULT_UNKNOWN: CheckResult
-CHECK_RESULT_IN_PROGRESS: CheckResult
 
 class Subscribe(_message.Message):
     __slots__ = ("producer_groups", "client_id")
@@ -41,9 +27,9 @@ class CheckAnswer(_message.Message):
     RESULT_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     check_id: str
-    result: CheckResult
+    result: _common_pb2.CheckResult
     retry_after_seconds: float
-    def __init__(self, check_id: _Optional[str] = ..., result: _Optional[_Union[CheckResult, str]] = ..., retry_after_seconds: _Optional[float] = ...) -> None: ...
+    def __init__(self, check_id: _Optional[str] = ..., result: _Optional[_Union[_common_pb2.CheckResult, str]] = ..., retry_after_seconds: _Optional[float] = ...) -> None: ...
 
 class CheckTransactionStateRequest(_message.Message):
     __slots__ = ("subscribe", "received", "answer")

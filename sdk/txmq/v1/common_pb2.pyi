@@ -30,6 +30,14 @@ class TransactionSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSACTION_SOURCE_OPERATOR: _ClassVar[TransactionSource]
     TRANSACTION_SOURCE_BROKER: _ClassVar[TransactionSource]
 
+class CheckResult(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHECK_RESULT_UNSPECIFIED: _ClassVar[CheckResult]
+    CHECK_RESULT_COMMIT: _ClassVar[CheckResult]
+    CHECK_RESULT_ROLLBACK: _ClassVar[CheckResult]
+    CHECK_RESULT_UNKNOWN: _ClassVar[CheckResult]
+    CHECK_RESULT_IN_PROGRESS: _ClassVar[CheckResult]
+
 class MessageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     MESSAGE_TYPE_UNSPECIFIED: _ClassVar[MessageType]
@@ -49,6 +57,11 @@ TRANSACTION_SOURCE_CLIENT: TransactionSource
 TRANSACTION_SOURCE_CHECK: TransactionSource
 TRANSACTION_SOURCE_OPERATOR: TransactionSource
 TRANSACTION_SOURCE_BROKER: TransactionSource
+CHECK_RESULT_UNSPECIFIED: CheckResult
+CHECK_RESULT_COMMIT: CheckResult
+CHECK_RESULT_ROLLBACK: CheckResult
+CHECK_RESULT_UNKNOWN: CheckResult
+CHECK_RESULT_IN_PROGRESS: CheckResult
 MESSAGE_TYPE_UNSPECIFIED: MessageType
 MESSAGE_TYPE_NORMAL: MessageType
 MESSAGE_TYPE_TRANSACTION: MessageType
