@@ -59,9 +59,11 @@ def _ping_worker(address: str, threads: int, start: Any, stop: Any, out: Any) ->
     workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
     for w in workers:
         w.start()
+    start.wait()
+    cpu = time.process_time()
     for w in workers:
         w.join()
-    out.put(("ping", sum(counts)))
+    out.put(("ping", sum(counts), time.process_time() - cpu))
 
 
 def _producer_worker(nameserver: str, threads: int, start: Any, stop: Any, out: Any) -> None:
@@ -97,10 +99,13 @@ def _producer_worker(nameserver: str, threads: int, start: Any, stop: Any, out: 
     workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
     for w in workers:
         w.start()
+    start.wait()
+    cpu = time.process_time()
     for w in workers:
         w.join()
+    cpu = time.process_time() - cpu
     producer.close()
-    out.put(("produced", sum(counts), sum(errors)))
+    out.put(("produced", sum(counts), sum(errors), cpu))
 
 
 def _consumer_worker(nameserver: str, group: str, start: Any, stop: Any, window: Any, out: Any) -> None:
@@ -112,6 +117,7 @@ def _consumer_worker(nameserver: str, group: str, start: Any, stop: Any, window:
                              await_duration_seconds=0.5) as consumer:
         consumer.receive(max_messages=1, invisible_duration_seconds=1)  # creates the group
         start.wait()
+        cpu = time.process_time()
         while not stop.is_set():
             batch = consumer.receive(max_messages=128, invisible_duration_seconds=60)
             if not batch:
@@ -127,12 +133,16 @@ def _consumer_worker(nameserver: str, group: str, start: Any, stop: Any, window:
                 if begin <= born and (end == 0 or born <= end):
                     counted += 1
                     latencies.append(now - born)
-    out.put(("consumed", counted, latencies))
+    out.put(("consumed", counted, latencies, time.process_time() - cpu))
 
 
 # --- orchestration --------------------------------------------------------------------------
 
-def _run_phase(kind: str, target: str, callers: int, seconds: float, group: str = "") -> dict[str, Any]:
+def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid: int,
+               group: str = "") -> dict[str, Any]:
+    import psutil
+
+    broker = psutil.Process(broker_pid)
     ctx = mp.get_context("spawn")
     start, stop, stop_consumer = ctx.Event(), ctx.Event(), ctx.Event()
     out = ctx.Queue()
@@ -150,28 +160,33 @@ def _run_phase(kind: str, target: str, callers: int, seconds: float, group: str 
     time.sleep(2.0)  # let every worker connect and warm up before the clock starts
     window[0] = time.time()
     began = time.perf_counter()
+    broker_cpu = sum(broker.cpu_times()[:2])
     start.set()
     time.sleep(seconds)
     window[1] = time.time()
     stop.set()
     elapsed = time.perf_counter() - began
-    results: dict[str, Any] = {"produced": 0, "errors": 0, "ping": 0}
+    results: dict[str, Any] = {"produced": 0, "errors": 0, "ping": 0, "client_cpu": 0.0,
+                               "broker_cpu": sum(broker.cpu_times()[:2]) - broker_cpu}
     for _ in procs:
         item = out.get(timeout=60)
         if item[0] == "ping":
             results["ping"] += item[1]
+            results["client_cpu"] += item[2]
         else:
             results["produced"] += item[1]
             results["errors"] += item[2]
+            results["client_cpu"] += item[3]
     for p in procs:
         p.join(30)
     if consumer is not None:
         # Drain what was committed inside the window, then stop the consumer.
         time.sleep(1.5)
         stop_consumer.set()
-        _, consumed, latencies = out.get(timeout=60)
+        _, consumed, latencies, consumer_cpu = out.get(timeout=60)
         consumer.join(30)
         results["consumed"] = consumed
+        results["consumer_cpu"] = consumer_cpu
         results["latencies"] = latencies
     results["elapsed"] = elapsed
     return results
@@ -221,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
                     raise
                 time.sleep(0.2)
         for n in counts:
-            ping = _run_phase("ping", broker.address, n, args.seconds)
+            ping = _run_phase("ping", broker.address, n, args.seconds, broker.pid)
             ping_rate = ping["ping"] / ping["elapsed"]
-            txn = _run_phase("txn", nameserver.address, n, args.seconds, group=f"bench-consumers-{n}")
+            txn = _run_phase("txn", nameserver.address, n, args.seconds, broker.pid, group=f"bench-consumers-{n}")
             rate = txn["consumed"] / txn["elapsed"]
             lat = txn["latencies"]
             rss = psutil.Process(broker.pid).memory_info().rss
@@ -234,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
                 "committed": txn["produced"], "consumed": txn["consumed"], "errors": txn["errors"],
                 "broker_rss_mib": round(rss / 2**20, 1),
                 "mean_ms": round(statistics.fmean(lat) * 1000, 2) if lat else None,
+                "broker_cpu_us_per_txn": round(txn["broker_cpu"] / max(txn["consumed"], 1) * 1e6),
+                "producer_cpu_us_per_txn": round(txn["client_cpu"] / max(txn["consumed"], 1) * 1e6),
+                "consumer_cpu_us_per_txn": round(txn["consumer_cpu"] / max(txn["consumed"], 1) * 1e6),
+                "broker_cpu_us_per_ping": round(ping["broker_cpu"] / max(ping["ping"], 1) * 1e6),
             })
     finally:
         broker.stop(15)
@@ -245,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['producers']:>9} {r['txn_per_s']:>8} {r['ping_per_s']:>8} {r['ratio']:>8} {r['p50_ms']:>8} "
               f"{r['p99_ms']:>8} {r['broker_rss_mib']:>15}")
+    print("\nCPU per committed-and-consumed transaction (µs): broker / producers / consumer; "
+          "broker CPU per ping")
+    for r in rows:
+        print(f"{r['producers']:>9} {r['broker_cpu_us_per_txn']:>8} {r['producer_cpu_us_per_txn']:>8} "
+              f"{r['consumer_cpu_us_per_txn']:>8} {r['broker_cpu_us_per_ping']:>8}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=2)

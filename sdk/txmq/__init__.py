@@ -10,23 +10,28 @@ Clients configure one thing, the name server address list::
             return txmq.LocalTransactionState.COMMIT
 
         def check_local_transaction(self, message):
-            ...  # look the transaction up by message.transaction_id
+            ...  # look the transaction up by message.transaction_id: COMMIT, ROLLBACK,
+            ...  # UNKNOWN, or txmq.InProgress(retry_after_seconds=5) while it still runs
 
     with txmq.TransactionProducer("127.0.0.1:9876", producer_group="orders",
                                   listener=Listener()) as producer:
         result = producer.send_in_transaction(txmq.Message("orders", b"..."))
 
+The producer answers the checkers' questions about undecided transactions (its own, or
+those of a crashed instance of the group) for as long as it is open.
+
 Every error is a :class:`TxmqError`; ``err.retryable`` says whether repeating may succeed.
 The generated stubs live in ``txmq.v1``.
 """
 
+from ._checks import CheckMessage, InProgress
 from ._consumer import PushConsumer, SimpleConsumer
 from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, ClientClosedError,
                       DeadlineExceededError, DiskFullError, FailedPreconditionError, InternalError,
                       InvalidArgumentError, InvalidFieldError, InvalidIdError, InvalidNameError,
                       MessageTooLargeError, NoBrokerError, NotFoundError, PropertiesTooLargeError,
                       QueueNotFoundError, ReceiptHandleNotFoundError, ResourceExhaustedError,
-                      SystemTopicError, TopicExistsError, TopicNotFoundError,
+                      StaleClaimError, SystemTopicError, TopicExistsError, TopicNotFoundError,
                       TransactionNotFoundError, TransactionStateError, TxmqError, UnavailableError,
                       WrongBrokerError)
 from ._producer import Producer, TransactionListener, TransactionProducer
@@ -41,7 +46,9 @@ __all__ = [
     "TransactionListener",
     "TransactionProducer",
     # values
+    "CheckMessage",
     "ConsumeResult",
+    "InProgress",
     "LocalTransactionState",
     "Message",
     "ReceivedMessage",
@@ -69,6 +76,7 @@ __all__ = [
     "QueueNotFoundError",
     "ReceiptHandleNotFoundError",
     "ResourceExhaustedError",
+    "StaleClaimError",
     "SystemTopicError",
     "TopicExistsError",
     "TopicNotFoundError",

@@ -4,7 +4,7 @@ requests in flight.
 A unary call per message costs a round trip and a gRPC call object each (a few thousand a
 second from Python); a stream carries tens of thousands. The design::
 
-    caller threads ──submit──▶ SimpleQueue ──request iterator──▶ gRPC (its own thread) ──▶ broker
+    caller threads ──submit──▶ SimpleQueue ──request iterator (batches)──▶ gRPC ──▶ broker
           ▲                                                                                │
           └──── Future.set_result ◀── reader thread: pending.pop(request_id) ◀── responses ─┘
 
@@ -47,20 +47,39 @@ class _Session:
     __slots__ = ("queue", "pending", "call", "dead", "last_response")
 
     def __init__(self) -> None:
-        self.queue: queue.SimpleQueue[broker_pb2.ProduceRequest | None] = queue.SimpleQueue()
-        self.pending: dict[int, Future[broker_pb2.ProduceResponse]] = {}
+        self.queue: queue.SimpleQueue[broker_pb2.ProduceEntry | None] = queue.SimpleQueue()
+        self.pending: dict[int, Future[broker_pb2.ProduceResult]] = {}
         self.call: Any = None
         self.dead = False
         self.last_response = time.monotonic()
 
 
-def _requests(q: "queue.SimpleQueue[broker_pb2.ProduceRequest | None]") -> Iterator[broker_pb2.ProduceRequest]:
-    get = q.get
+#: Most requests folded into one stream message.
+MAX_BATCH = 128
+
+
+def _requests(q: "queue.SimpleQueue[broker_pb2.ProduceEntry | None]") -> Iterator[broker_pb2.ProduceRequest]:
+    """Everything queued so far leaves in one message: one request alone when idle, many
+    together under load (no waiting to fill a batch)."""
+    get, get_nowait = q.get, q.get_nowait
     while True:
         item = get()
         if item is None:
             return
-        yield item
+        batch = [item]
+        ended = False
+        while len(batch) < MAX_BATCH:
+            try:
+                item = get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                ended = True
+                break
+            batch.append(item)
+        yield broker_pb2.ProduceRequest(entries=batch)
+        if ended:
+            return
 
 
 class ProduceStream:
@@ -74,14 +93,14 @@ class ProduceStream:
         self._ids = itertools.count(1)
         self._closed = False
 
-    def submit(self, request: broker_pb2.ProduceRequest) -> Future[broker_pb2.ProduceResponse]:
+    def submit(self, request: broker_pb2.ProduceEntry) -> Future[broker_pb2.ProduceResult]:
         """Sends ``request`` (its request_id is assigned here); the future resolves to the
         response whatever its status, or fails with UnavailableError if the stream fails."""
         return self._submit(request)[0]
 
-    def _submit(self, request: broker_pb2.ProduceRequest
-                ) -> tuple[Future[broker_pb2.ProduceResponse], _Session, int]:
-        future: Future[broker_pb2.ProduceResponse] = Future()
+    def _submit(self, request: broker_pb2.ProduceEntry
+                ) -> tuple[Future[broker_pb2.ProduceResult], _Session, int]:
+        future: Future[broker_pb2.ProduceResult] = Future()
         with self._lock:
             if self._closed:
                 raise ClientClosedError("producer")
@@ -94,7 +113,7 @@ class ProduceStream:
             session.queue.put(request)
         return future, session, request_id
 
-    def request(self, request: broker_pb2.ProduceRequest, timeout: float) -> broker_pb2.ProduceResponse:
+    def request(self, request: broker_pb2.ProduceEntry, timeout: float) -> broker_pb2.ProduceResult:
         """Sends ``request`` and waits for its response; a non-OK status raises the TxmqError
         it stands for, no answer within ``timeout`` raises DeadlineExceededError."""
         sent_at = time.monotonic()
@@ -139,9 +158,10 @@ class ProduceStream:
         try:
             for response in session.call:
                 session.last_response = time.monotonic()
-                future = pending.pop(response.request_id, None)
-                if future is not None:
-                    future.set_result(response)
+                for result in response.results:
+                    future = pending.pop(result.request_id, None)
+                    if future is not None:
+                        future.set_result(result)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             detail = f"{getattr(code, 'name', code)}: {exc.details() if hasattr(exc, 'details') else exc}"

@@ -17,6 +17,7 @@ import time
 import uuid
 from typing import Any, Sequence
 
+from ._checks import CheckResponder, InProgress
 from ._client import Client, QueueRoute, positive
 from ._errors import (InvalidFieldError, MessageTooLargeError, QueueNotFoundError, TopicNotFoundError,
                       TransactionStateError, TxmqError, WrongBrokerError)
@@ -129,7 +130,7 @@ class Producer:
         address = route.broker_address
         attempt = 1
         while True:
-            request = broker_pb2.ProduceRequest(send_message=broker_pb2.SendMessageRequest(message=pb))
+            request = broker_pb2.ProduceEntry(send_message=broker_pb2.SendMessageRequest(message=pb))
             try:
                 stream = self._client.produce_stream(address)
                 return stream.request(request, self.send_timeout_seconds).send_message
@@ -160,13 +161,17 @@ class TransactionListener(abc.ABC):
         """Runs the local transaction. Returning None or raising counts as UNKNOWN."""
 
     @abc.abstractmethod
-    def check_local_transaction(self, message: TransactionMessage) -> LocalTransactionState:
+    def check_local_transaction(self, message: TransactionMessage) -> "LocalTransactionState | InProgress":
         """The state of the local transaction of ``message``, for the checker.
 
-        Note: checks are delivered over the checker service's ``CheckTransactionState``
-        stream, which this SDK version does not open yet; until it does, this method is not
-        called and undecided transactions stay PREPARED on the broker (the checker spends
-        no check budget while no producer of the group is subscribed).
+        Called on the producer's check worker pool (``check_threads`` threads), for any
+        transaction of the group, not only those this instance sent (after a crash another
+        instance answers). ``message`` is a :class:`txmq.CheckMessage` (a
+        TransactionMessage plus the check's ``attempt``). Return COMMIT or ROLLBACK to
+        decide; UNKNOWN (or None, or raise) to be asked again later, which spends one of
+        the broker's ``check_max`` checks; or ``txmq.InProgress(retry_after_seconds=...)``
+        when the local transaction is still running, which spends nothing and defers the
+        next check (up to the broker's ``max_transaction_lifetime_seconds``).
         """
 
 
@@ -177,20 +182,31 @@ class TransactionProducer(Producer):
     ``client_id`` names this instance (checks prefer the instance that sent the half
     message). Also sends normal messages with :meth:`send`.
 
-    Answering checks (``listener.check_local_transaction``) is wired through the checker
-    service's stream, which is not implemented in this version: see
-    :meth:`TransactionListener.check_local_transaction`.
+    Checks: the producer opens a ``CheckTransactionState`` stream to every checker the
+    name servers list (listed again every ``checker_refresh_seconds``, following checkers
+    joining and leaving; a failed stream is opened again with backoff), acknowledges each
+    check at once and answers it with ``listener.check_local_transaction`` run on a pool
+    of ``check_threads`` threads. ``answer_checks=False`` makes an instance that only sends
+    (its group's other instances answer). :meth:`close` unsubscribes: checks this instance
+    has not acknowledged go to another instance at once.
     """
 
     def __init__(self, nameservers: str | Sequence[str], *, producer_group: str,
                  listener: TransactionListener, client_id: str | None = None,
                  send_timeout_seconds: float = 3.0, max_attempts: int = 3,
                  retry_backoff_seconds: float = 0.1, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0) -> None:
+                 request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
+                 answer_checks: bool = True, check_threads: int = 4,
+                 checker_refresh_seconds: float = 5.0) -> None:
         validate_group("producer_group", producer_group)
         for method in ("execute_local_transaction", "check_local_transaction"):
             if not callable(getattr(listener, method, None)):
                 raise InvalidFieldError("listener", f"has no method {method}()")
+        if not isinstance(check_threads, int) or check_threads < 1:
+            raise InvalidFieldError("check_threads", f"must be an integer >= 1, got {check_threads!r}")
+        positive("checker_refresh_seconds", checker_refresh_seconds)
+        if client_id is not None and not 0 < len(client_id.encode()) <= 255:
+            raise InvalidFieldError("client_id", "must be 1-255 bytes")
         super().__init__(nameservers, producer_group=producer_group,
                          send_timeout_seconds=send_timeout_seconds, max_attempts=max_attempts,
                          retry_backoff_seconds=retry_backoff_seconds, max_body_bytes=max_body_bytes,
@@ -198,9 +214,27 @@ class TransactionProducer(Producer):
                          route_refresh_seconds=route_refresh_seconds)
         self.listener = listener
         self.client_id = client_id or new_client_id()
+        self._checks: CheckResponder | None = None
+        if answer_checks:
+            self._checks = CheckResponder(self._client, producer_group=producer_group,
+                                          client_id=self.client_id, check=listener.check_local_transaction,
+                                          check_threads=check_threads,
+                                          refresh_seconds=float(checker_refresh_seconds))
+            self._checks.start()
 
     def __enter__(self) -> "TransactionProducer":
         return self
+
+    def close(self) -> None:
+        """Unsubscribes from the checkers, then closes the connections."""
+        if self._checks is not None:
+            self._checks.close()
+        super().close()
+
+    def connected_checkers(self) -> list[str]:
+        """Names of the checkers whose stream is open and subscribed now (empty with
+        ``answer_checks=False``)."""
+        return self._checks.connected if self._checks is not None else []
 
     def send_in_transaction(self, message: Message, arg: Any = None) -> TransactionResult:
         """Sends ``message`` as a half message, runs the local transaction, then ends the
@@ -265,7 +299,7 @@ class TransactionProducer(Producer):
         while True:
             try:
                 stream = self._client.produce_stream(address)
-                response = stream.request(broker_pb2.ProduceRequest(end_transaction=end),
+                response = stream.request(broker_pb2.ProduceEntry(end_transaction=end),
                                           self.send_timeout_seconds)
                 return state_from_pb(response.end_transaction.state), None
             except TransactionStateError as err:

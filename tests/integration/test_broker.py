@@ -118,17 +118,21 @@ def test_produce_stream_answers_each_request_by_id(cluster, topic) -> None:
     s = stub(cluster)
     first = half(s, topic)
 
-    def requests():
+    def entries():
         for i in range(50):
-            yield broker_pb2.ProduceRequest(request_id=i, send_message=broker_pb2.SendMessageRequest(
+            yield broker_pb2.ProduceEntry(request_id=i, send_message=broker_pb2.SendMessageRequest(
                 message=C.Message(topic=topic, body=str(i).encode(), queue_id=i % 2)))
-        yield broker_pb2.ProduceRequest(request_id=100, send_message=broker_pb2.SendMessageRequest(
+        yield broker_pb2.ProduceEntry(request_id=100, send_message=broker_pb2.SendMessageRequest(
             message=C.Message(topic="%HALF%", body=b"no")))
-        yield broker_pb2.ProduceRequest(request_id=101, end_transaction=broker_pb2.EndTransactionRequest(
+        yield broker_pb2.ProduceEntry(request_id=101, end_transaction=broker_pb2.EndTransactionRequest(
             transaction_id=first.transaction_id, resolution=C.TRANSACTION_RESOLUTION_COMMIT,
             source=C.TRANSACTION_SOURCE_CLIENT))
 
-    responses = {r.request_id: r for r in s.Produce(requests(), timeout=30)}
+    all_entries = list(entries())
+    # Some requests alone, some batched in one stream message.
+    requests = [broker_pb2.ProduceRequest(entries=[e]) for e in all_entries[:10]] + \
+               [broker_pb2.ProduceRequest(entries=all_entries[10:])]
+    responses = {r.request_id: r for response in s.Produce(iter(requests), timeout=30) for r in response.results}
     assert sorted(responses) == [*range(50), 100, 101]
     assert all(responses[i].status.code == 0 and responses[i].send_message.queue_offset >= 0 for i in range(50))
     assert responses[100].status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]

@@ -17,13 +17,14 @@ from txmq import _errors
 NOWHERE = "127.0.0.1:1"
 
 EXPORTS = [
-    "AlreadyExistsError", "BrokerNotFoundError", "CancelledError", "ClientClosedError",
-    "ConsumeResult", "DeadlineExceededError", "DiskFullError", "FailedPreconditionError",
-    "InternalError", "InvalidArgumentError", "InvalidFieldError", "InvalidIdError",
+    "AlreadyExistsError", "BrokerNotFoundError", "CancelledError", "CheckMessage",
+    "ClientClosedError", "ConsumeResult", "DeadlineExceededError", "DiskFullError",
+    "FailedPreconditionError", "InProgress", "InternalError", "InvalidArgumentError",
+    "InvalidFieldError", "InvalidIdError",
     "InvalidNameError", "LocalTransactionState", "Message", "MessageTooLargeError",
     "NoBrokerError", "NotFoundError", "Producer", "PropertiesTooLargeError", "PushConsumer",
     "QueueNotFoundError", "ReceiptHandleNotFoundError", "ReceivedMessage",
-    "ResourceExhaustedError", "SendReceipt", "SimpleConsumer", "SystemTopicError",
+    "ResourceExhaustedError", "SendReceipt", "SimpleConsumer", "StaleClaimError", "SystemTopicError",
     "TopicExistsError", "TopicNotFoundError", "TransactionListener", "TransactionMessage",
     "TransactionNotFoundError", "TransactionProducer", "TransactionResult", "TransactionState",
     "TransactionStateError", "TxmqError", "UnavailableError", "WrongBrokerError",

@@ -76,6 +76,12 @@ class EndTransactionResponse(_message.Message):
     def __init__(self, transaction_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., resolution_source: _Optional[_Union[_common_pb2.TransactionSource, str]] = ..., ended_at_ms: _Optional[int] = ..., queue_offset: _Optional[int] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[ProduceEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[ProduceEntry, _Mapping]]] = ...) -> None: ...
+
+class ProduceEntry(_message.Message):
     __slots__ = ("request_id", "send_message", "end_transaction")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SEND_MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +92,12 @@ class ProduceRequest(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., send_message: _Optional[_Union[SendMessageRequest, _Mapping]] = ..., end_transaction: _Optional[_Union[EndTransactionRequest, _Mapping]] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[ProduceResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[ProduceResult, _Mapping]]] = ...) -> None: ...
+
+class ProduceResult(_message.Message):
     __slots__ = ("request_id", "status", "send_message", "end_transaction")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]

@@ -124,8 +124,9 @@ class BrokerServiceServicer:
 
     def Produce(self, request_iterator, context):
         """The pipelined producer path: many SendMessage / EndTransaction requests in flight on
-        one stream, answered out of order, matched by request_id. Errors of one request come
-        back in its response; the stream itself fails only on transport or server failure.
+        one stream, batched per stream message, answered out of order and matched by
+        request_id. Errors of one request come back in its result; the stream itself fails
+        only on transport or server failure.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,279 @@
+"""Answering checks: the producer's side of ``CheckerService.CheckTransactionState``.
+
+A :class:`TransactionProducer` serves its producer group to every checker registered with
+the name servers (RocketMQ's broker dials the producer; here the producer dials the
+checkers, so the broker never needs a route to it)::
+
+    discovery thread ── ListCheckers every checker_refresh_seconds ──▶ one connection per checker
+    connection thread ── Subscribe ──▶ checker
+                      ◀── CheckRequest ──   CheckReceived at once ──▶
+                      worker pool (check_threads) runs listener.check_local_transaction
+                                            CheckAnswer ──▶
+
+A connection that fails is opened again with exponential backoff (with jitter) for as long
+as the checker is listed; a checker that leaves the list is disconnected.
+
+What ``check_local_transaction`` may return:
+
+- ``LocalTransactionState.COMMIT`` / ``ROLLBACK``: the transaction is decided (source CHECK).
+- ``LocalTransactionState.UNKNOWN`` (also ``None``, or an exception, which is logged):
+  the check counts against the broker's ``check_max``; the checker asks again later.
+- :class:`InProgress` ``(retry_after_seconds=...)``: the local transaction is still running;
+  nothing is spent and the next check comes after ``retry_after_seconds`` (capped by the
+  broker's ``max_transaction_lifetime_seconds``). RocketMQ has no such answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import grpc
+
+from ._client import CHANNEL_OPTIONS, Client
+from ._errors import InvalidFieldError, TxmqError, error_from_entry
+from ._types import LocalTransactionState, TransactionMessage, message_from_pb
+from .v1 import checker_pb2, checker_pb2_grpc, common_pb2, nameserver_pb2
+
+log = logging.getLogger(__name__)
+
+_RESULTS = {
+    LocalTransactionState.COMMIT: common_pb2.CHECK_RESULT_COMMIT,
+    LocalTransactionState.ROLLBACK: common_pb2.CHECK_RESULT_ROLLBACK,
+    LocalTransactionState.UNKNOWN: common_pb2.CHECK_RESULT_UNKNOWN,
+}
+#: First and longest pause before opening a failed checker stream again.
+RECONNECT_BACKOFF_SECONDS = 0.1
+RECONNECT_BACKOFF_MAX_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class InProgress:
+    """A check answer: the local transaction is still running; ask again after
+    ``retry_after_seconds``. Spends none of the check budget (the broker caps the wait by
+    its ``max_transaction_lifetime_seconds``, then discards the transaction)."""
+
+    retry_after_seconds: float
+
+    def __post_init__(self) -> None:
+        value = self.retry_after_seconds
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or not value > 0:
+            raise InvalidFieldError("retry_after_seconds", f"must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckMessage(TransactionMessage):
+    """The half message a check asks about, as ``check_local_transaction`` receives it:
+    a :class:`TransactionMessage` plus which check this is."""
+
+    #: 1 for the first check of the transaction; a check that is repeated because its
+    #: answer was lost keeps its number.
+    attempt: int = 1
+    #: The checker that asked.
+    checker_name: str = ""
+
+
+CheckFn = Callable[[TransactionMessage], Any]
+
+
+def answer_for(outcome: Any) -> tuple[int, float]:
+    """``check_local_transaction``'s return value → (CheckResult, retry_after_seconds)."""
+    if isinstance(outcome, InProgress):
+        return common_pb2.CHECK_RESULT_IN_PROGRESS, float(outcome.retry_after_seconds)
+    if isinstance(outcome, LocalTransactionState):
+        return _RESULTS[outcome], 0.0
+    return common_pb2.CHECK_RESULT_UNKNOWN, 0.0
+
+
+def check_message(check: checker_pb2.CheckRequest, checker_name: str) -> CheckMessage:
+    return CheckMessage(message=message_from_pb(check.message), message_id=check.message.message_id,
+                        transaction_id=check.transaction_id, broker_name=check.broker_name,
+                        queue_id=check.message.queue_id, attempt=check.attempt, checker_name=checker_name)
+
+
+class CheckResponder:
+    """Keeps a stream open to every live checker and answers its checks."""
+
+    def __init__(self, client: Client, *, producer_group: str, client_id: str, check: CheckFn,
+                 check_threads: int, refresh_seconds: float) -> None:
+        self._client = client
+        self.producer_group = producer_group
+        self.client_id = client_id
+        self._check = check
+        self.refresh_seconds = refresh_seconds
+        self._executor = ThreadPoolExecutor(max_workers=check_threads, thread_name_prefix="txmq-check")
+        self._lock = threading.Lock()
+        self._connections: dict[str, _CheckerConnection] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._discover, name="txmq-checker-discovery", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def connected(self) -> list[str]:
+        """Names of the checkers this producer is subscribed with now."""
+        with self._lock:
+            connections = list(self._connections.values())
+        return sorted(c.checker_name for c in connections if c.subscribed.is_set())
+
+    def _discover(self) -> None:
+        failing = False
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+                failing = False
+            except TxmqError as err:
+                if self._stop.is_set():
+                    return
+                if not failing:
+                    log.warning("cannot list the checkers (checks are answered once they can be "
+                                "listed): %s", err)
+                failing = True
+            self._stop.wait(self.refresh_seconds)
+
+    def refresh(self) -> None:
+        response = self._client._nameserver_call("ListCheckers", nameserver_pb2.ListCheckersRequest())
+        live = {c.address: c.name for c in response.checkers}
+        with self._lock:
+            if self._stop.is_set():
+                return
+            gone = [c for a, c in self._connections.items() if a not in live]
+            for connection in gone:
+                del self._connections[connection.address]
+            for address, name in live.items():
+                if address not in self._connections:
+                    connection = _CheckerConnection(address, name, self)
+                    self._connections[address] = connection
+                    connection.start()
+        for connection in gone:
+            log.info("checker %s (%s) left: disconnecting", connection.checker_name, connection.address)
+            connection.close()
+
+    def submit(self, check: checker_pb2.CheckRequest, checker_name: str,
+               reply: Callable[[checker_pb2.CheckTransactionStateRequest], None]) -> None:
+        try:
+            self._executor.submit(self._run_check, check, checker_name, reply)
+        except RuntimeError:  # shut down: the checker hands the check to another producer
+            pass
+
+    def _run_check(self, check: checker_pb2.CheckRequest, checker_name: str,
+                   reply: Callable[[checker_pb2.CheckTransactionStateRequest], None]) -> None:
+        message = check_message(check, checker_name)
+        try:
+            outcome = self._check(message)
+        except Exception:  # noqa: BLE001 - the user's failure is an answer: UNKNOWN
+            log.exception("check_local_transaction raised for transaction %s: answering UNKNOWN",
+                          check.transaction_id)
+            outcome = None
+        if outcome is not None and not isinstance(outcome, (LocalTransactionState, InProgress)):
+            log.warning("check_local_transaction returned %r for transaction %s, neither a "
+                        "LocalTransactionState nor txmq.InProgress: answering UNKNOWN",
+                        outcome, check.transaction_id)
+        result, retry_after = answer_for(outcome)
+        reply(checker_pb2.CheckTransactionStateRequest(answer=checker_pb2.CheckAnswer(
+            check_id=check.check_id, result=result, retry_after_seconds=retry_after)))
+
+    def close(self) -> None:
+        """Unsubscribes from every checker; checks being answered finish, later ones are
+        dropped (the checkers hand them to other producers of the group)."""
+        self._stop.set()
+        with self._lock:
+            connections, self._connections = list(self._connections.values()), {}
+        for connection in connections:
+            connection.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+
+
+def _requests(outbox: "queue.SimpleQueue[checker_pb2.CheckTransactionStateRequest | None]",
+              ) -> Iterator[checker_pb2.CheckTransactionStateRequest]:
+    while True:
+        item = outbox.get()
+        if item is None:
+            return
+        yield item
+
+
+class _CheckerConnection:
+    """One checker: its stream, opened again with backoff when it fails."""
+
+    def __init__(self, address: str, checker_name: str, responder: CheckResponder) -> None:
+        self.address = address
+        self.checker_name = checker_name
+        self.responder = responder
+        self.subscribed = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._call: Any = None
+        self._outbox: queue.SimpleQueue[checker_pb2.CheckTransactionStateRequest | None] | None = None
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = checker_pb2_grpc.CheckerServiceStub(self._channel)
+        self._thread = threading.Thread(target=self._run, name=f"txmq-checker-{checker_name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        backoff = RECONNECT_BACKOFF_SECONDS
+        failing = False
+        while not self._stop.is_set():
+            outbox: queue.SimpleQueue[checker_pb2.CheckTransactionStateRequest | None] = queue.SimpleQueue()
+            outbox.put(checker_pb2.CheckTransactionStateRequest(subscribe=checker_pb2.Subscribe(
+                producer_groups=[self.responder.producer_group], client_id=self.responder.client_id)))
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                call = self._stub.CheckTransactionState(_requests(outbox))
+                self._call, self._outbox = call, outbox
+            try:
+                for response in call:
+                    kind = response.WhichOneof("command")
+                    if kind == "check":
+                        outbox.put(checker_pb2.CheckTransactionStateRequest(
+                            received=checker_pb2.CheckReceived(check_id=response.check.check_id)))
+                        self.responder.submit(response.check, self.checker_name, outbox.put)
+                    elif kind == "subscribed":
+                        self.checker_name = response.subscribed.checker_name or self.checker_name
+                        self.subscribed.set()
+                        backoff = RECONNECT_BACKOFF_SECONDS
+                        if failing:
+                            log.info("checker %s (%s) reachable again", self.checker_name, self.address)
+                        failing = False
+                    elif kind == "error":
+                        log.warning("checker %s refused a request: %s", self.checker_name,
+                                    error_from_entry(response.error))
+            except grpc.RpcError as exc:
+                if self._stop.is_set():
+                    return
+                code = exc.code() if hasattr(exc, "code") else None
+                if not failing:
+                    log.warning("check stream to checker %s (%s) failed (%s), reconnecting: %s",
+                                self.checker_name, self.address, code, exc.details() if hasattr(exc, "details") else exc)
+                failing = True
+            finally:
+                self.subscribed.clear()
+                outbox.put(None)
+            self._stop.wait(backoff * (0.5 + random.random()))
+            backoff = min(backoff * 2, RECONNECT_BACKOFF_MAX_SECONDS)
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            call, outbox = self._call, self._outbox
+        if outbox is not None:
+            outbox.put(None)  # half-close: the checker hands unacknowledged checks back at once
+        if call is not None:
+            # Give the checker a moment to see the half-close, then cut the stream.
+            self._thread.join(timeout=0.5)
+            call.cancel()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        self._channel.close()

@@ -1,0 +1,242 @@
+"""The checker's side of the brokers: which brokers are live (from the name servers), and
+per broker a claim loop and a reporter.
+
+A claim loop asks its broker for due checks only of the groups that have a live stream
+with room (``Dispatcher.claimable_groups``); a group nobody serves costs nothing. The claim
+is atomic and leased on the broker, so replicas of the checker need no coordination: a
+check claimed by one is not handed to another until its lease ends.
+
+A reporter sends the reports about that broker's checks in batches (``ReportChecks``), one
+call at a time so a check's DELIVERED always reaches the broker before its ANSWERED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import Callable
+
+import grpc
+
+from txmq._errors import TxmqError, error_from_entry, error_from_rpc
+from txmq.v1 import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+
+from .config import CheckerConfig
+from .dispatcher import Dispatcher
+
+log = logging.getLogger(__name__)
+
+#: Attempts of one ReportChecks batch before it is dropped (the lease then makes the
+#: checks due again on the broker).
+REPORT_ATTEMPTS = 3
+
+OnError = Callable[[TxmqError], None] | None
+
+
+class BrokerLink:
+    def __init__(self, name: str, address: str, config: CheckerConfig, dispatcher: Dispatcher) -> None:
+        self.name = name
+        self.address = address
+        self.config = config
+        self.dispatcher = dispatcher
+        self.channel = grpc.aio.insecure_channel(address, options=[
+            ("grpc.max_receive_message_length", config.max_grpc_message_bytes),
+            ("grpc.max_send_message_length", config.max_grpc_message_bytes),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2000)])
+        self.stub = broker_pb2_grpc.BrokerServiceStub(self.channel)
+        self._reports: collections.deque[tuple[broker_pb2.CheckReport, OnError]] = collections.deque()
+        self._report_ready = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._failing = False
+        self._sending = False
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._claim_loop(), name=f"claim-{self.name}"),
+                       asyncio.create_task(self._report_loop(), name=f"report-{self.name}")]
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def report(self, report: broker_pb2.CheckReport, on_error: OnError = None) -> None:
+        self._reports.append((report, on_error))
+        self._report_ready.set()
+
+    async def stop(self, flush_seconds: float = 0.0) -> None:
+        """Stops claiming; sends the reports queued so far (up to ``flush_seconds``)."""
+        if self._tasks:
+            self._tasks[0].cancel()
+            if flush_seconds > 0 and (self._reports or self._sending):
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + flush_seconds
+                while (self._reports or self._sending) and loop.time() < deadline:
+                    await asyncio.sleep(0.01)
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.channel.close()
+
+    # --- claims --------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        cfg = self.config
+        while True:
+            groups = self.dispatcher.claimable_groups()
+            full = False
+            if groups:
+                try:
+                    response = await self.stub.ClaimChecks(broker_pb2.ClaimChecksRequest(
+                        producer_groups=groups, max_checks=cfg.claim_batch, lease_seconds=cfg.lease_seconds,
+                        checker_id=cfg.checker_name), timeout=cfg.rpc_timeout_seconds)
+                except grpc.aio.AioRpcError as exc:
+                    self._failed("claim", error_from_rpc(exc))
+                else:
+                    self._recovered()
+                    if response.tasks:
+                        self.dispatcher.dispatch(self.name, response.tasks)
+                    full = len(response.tasks) >= cfg.claim_batch
+            if full:
+                await asyncio.sleep(0)  # a full batch: more is due, claim again at once
+                continue
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), cfg.claim_interval_seconds)
+            except asyncio.TimeoutError:
+                pass
+
+    def _failed(self, what: str, error: TxmqError) -> None:
+        if not self._failing:
+            self._failing = True
+            log.warning("broker call failed", extra={"fields": {
+                "broker": self.name, "address": self.address, "call": what, "error": str(error)[:300]}})
+
+    def _recovered(self) -> None:
+        if self._failing:
+            self._failing = False
+            log.info("broker reachable again", extra={"fields": {"broker": self.name}})
+
+    # --- reports -------------------------------------------------------------------------
+
+    async def _report_loop(self) -> None:
+        cfg = self.config
+        while True:
+            await self._report_ready.wait()
+            self._report_ready.clear()
+            while self._reports:
+                batch = [self._reports.popleft() for _ in range(min(len(self._reports), cfg.report_batch))]
+                self._sending = True
+                try:
+                    await self._send(batch)
+                finally:
+                    self._sending = False
+
+    async def _send(self, batch: list[tuple[broker_pb2.CheckReport, OnError]]) -> None:
+        cfg = self.config
+        request = broker_pb2.ReportChecksRequest(reports=[r for r, _ in batch], checker_id=cfg.checker_name)
+        for attempt in range(1, REPORT_ATTEMPTS + 1):
+            try:
+                response = await self.stub.ReportChecks(request, timeout=cfg.rpc_timeout_seconds)
+                break
+            except grpc.aio.AioRpcError as exc:
+                error = error_from_rpc(exc)
+                if not error.retryable or attempt == REPORT_ATTEMPTS:
+                    # Dropped: the claims' leases make these checks due again on the broker.
+                    log.warning("check reports dropped", extra={"fields": {
+                        "broker": self.name, "reports": len(batch), "error": str(error)[:300]}})
+                    return
+                await asyncio.sleep(cfg.claim_interval_seconds * attempt)
+        self._recovered()
+        for (report, on_error), status in zip(batch, response.entries):
+            if status.code == 0:
+                continue
+            error = error_from_entry(status)
+            log.debug("check report refused", extra={"fields": {
+                "broker": self.name, "transaction_id": report.transaction_id,
+                "outcome": broker_pb2.CheckOutcome.Name(report.outcome), "reason": error.reason}})
+            if on_error is not None:
+                on_error(error)
+
+
+class BrokerDirectory:
+    """The live brokers, listed on every name server every ``broker_refresh_seconds``; a
+    link per broker, started when it joins and stopped when it leaves. Also the reporter
+    the dispatcher uses (reports go to the link of the broker that was claimed from)."""
+
+    def __init__(self, config: CheckerConfig, dispatcher: Dispatcher) -> None:
+        self.config = config
+        self.dispatcher = dispatcher
+        self.links: dict[str, BrokerLink] = {}
+        self._channels = {a: grpc.aio.insecure_channel(a) for a in config.nameserver_addresses}
+        self._stubs = {a: nameserver_pb2_grpc.NameServerServiceStub(c) for a, c in self._channels.items()}
+        self._task: asyncio.Task[None] | None = None
+        self._failing: set[str] = set()
+        dispatcher.on_groups_changed.append(self._wake_all)
+
+    def _wake_all(self) -> None:
+        for link in self.links.values():
+            link.wake()
+
+    def report(self, broker: str, report: broker_pb2.CheckReport, on_error: OnError = None) -> None:
+        link = self.links.get(broker)
+        if link is None:
+            # The broker left; its lease makes the check due again when it is back.
+            log.debug("report for a broker that left", extra={"fields": {"broker": broker}})
+            return
+        link.report(report, on_error)
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._task = asyncio.create_task(self._run(), name="broker-refresh")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.broker_refresh_seconds)
+            await self.refresh()
+
+    async def _list(self, address: str) -> list[nameserver_pb2.BrokerInfo] | None:
+        try:
+            response = await self._stubs[address].ListBrokers(nameserver_pb2.ListBrokersRequest(),
+                                                              timeout=self.config.rpc_timeout_seconds)
+        except grpc.aio.AioRpcError as exc:
+            if address not in self._failing:
+                self._failing.add(address)
+                log.warning("name server unreachable", extra={"fields": {"nameserver": address,
+                                                                          "error": str(exc.details())[:200]}})
+            return None
+        self._failing.discard(address)
+        return list(response.brokers)
+
+    async def refresh(self) -> None:
+        answers = await asyncio.gather(*(self._list(a) for a in self._stubs))
+        if all(a is None for a in answers):
+            return  # keep what we know until a name server answers
+        live: dict[str, nameserver_pb2.BrokerInfo] = {}
+        for brokers in answers:
+            for info in brokers or ():
+                known = live.get(info.name)
+                if known is None or info.last_heartbeat_ms > known.last_heartbeat_ms:
+                    live[info.name] = info
+        for name, link in list(self.links.items()):
+            info = live.get(name)
+            if info is None or info.address != link.address:
+                del self.links[name]
+                log.info("broker left", extra={"fields": {"broker": name, "address": link.address}})
+                await link.stop()
+        for name, info in sorted(live.items()):
+            if name not in self.links:
+                link = BrokerLink(name, info.address, self.config, self.dispatcher)
+                self.links[name] = link
+                link.start()
+                log.info("broker joined", extra={"fields": {"broker": name, "address": info.address}})
+
+    async def stop(self, flush_seconds: float = 1.0) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        links, self.links = list(self.links.values()), {}
+        await asyncio.gather(*(link.stop(flush_seconds) for link in links))
+        for channel in self._channels.values():
+            await channel.close()

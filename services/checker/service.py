@@ -1,0 +1,122 @@
+"""CheckerService: the CheckTransactionState stream, proto ⇄ domain and nothing else.
+
+The protocol on one stream:
+
+1. The producer's first request must be a ``Subscribe`` (producer groups: 1 to
+   ``max_groups_per_stream`` valid group names; ``client_id``: 1-255 bytes). Anything
+   else ends the stream with INVALID_ARGUMENT (reason INVALID_FIELD or INVALID_NAME).
+2. The checker answers ``Subscribed`` and then pushes ``CheckRequest``s.
+3. For each check the producer sends ``CheckReceived`` at once and ``CheckAnswer`` when it
+   knows. A request the checker refuses — a check id not outstanding on this stream
+   (unknown, sent on another stream, already answered, expired), an answer without a
+   valid result, a second ``Subscribe``, a request with no command set — comes back as
+   ``CheckTransactionStateResponse.error`` (an ``EntryStatus``, reason INVALID_FIELD,
+   details naming the ``check_id``) and changes nothing; the stream stays open. An answer
+   the broker refuses (STALE_CLAIM: the claim expired and was taken again;
+   TRANSACTION_STATE_CONFLICT: decided otherwise already) comes back the same way.
+4. The producer ends its side (half-close) to unsubscribe; checks it had not acknowledged
+   are handed back to the broker at once (UNDELIVERED, nothing spent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator
+
+from txmq._errors import InvalidFieldError, TxmqError
+from txmq._names import validate_group
+from txmq.v1 import checker_pb2, checker_pb2_grpc
+
+from .dispatcher import Dispatcher, ProducerStream, error_response
+
+log = logging.getLogger(__name__)
+
+MAX_CLIENT_ID_BYTES = 255
+
+
+def validate_subscribe(request: checker_pb2.CheckTransactionStateRequest,
+                       max_groups: int) -> tuple[str, tuple[str, ...]]:
+    """The client id and groups of a stream's first request; raises the TxmqError that
+    ends the stream otherwise."""
+    if request.WhichOneof("command") != "subscribe":
+        raise InvalidFieldError("subscribe", "the first request on the stream must be a Subscribe")
+    subscribe = request.subscribe
+    client_id = subscribe.client_id
+    if not client_id:
+        raise InvalidFieldError("client_id", "required")
+    if len(client_id.encode()) > MAX_CLIENT_ID_BYTES:
+        raise InvalidFieldError("client_id", f"longer than {MAX_CLIENT_ID_BYTES} bytes")
+    groups = tuple(dict.fromkeys(subscribe.producer_groups))
+    if not groups:
+        raise InvalidFieldError("producer_groups", "at least one producer group is required")
+    if len(groups) > max_groups:
+        raise InvalidFieldError("producer_groups", f"at most {max_groups} groups per stream, got {len(groups)}")
+    for group in groups:
+        validate_group("producer_groups", group)
+    return client_id, groups
+
+
+class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
+    def __init__(self, dispatcher: Dispatcher, *, max_groups_per_stream: int) -> None:
+        self.dispatcher = dispatcher
+        self.max_groups = max_groups_per_stream
+
+    async def CheckTransactionState(self, request_iterator: AsyncIterator[checker_pb2.CheckTransactionStateRequest],
+                                    context: Any) -> None:
+        requests = request_iterator.__aiter__()
+        try:
+            first = await requests.__anext__()
+        except StopAsyncIteration:
+            return
+        client_id, groups = validate_subscribe(first, self.max_groups)
+        stream = self.dispatcher.subscribe(client_id, groups)
+        ready = asyncio.Event()
+        stream.set_waiter(ready.set)
+        reader = asyncio.ensure_future(self._read(requests, stream))
+        try:
+            await context.write(checker_pb2.CheckTransactionStateResponse(subscribed=checker_pb2.Subscribed(
+                checker_name=self.dispatcher.checker_name, producer_groups=groups)))
+            while True:
+                response = stream.pop()
+                if response is None:
+                    if stream.closed:
+                        break
+                    ready.clear()
+                    await ready.wait()
+                    continue
+                await context.write(response)
+        finally:
+            reader.cancel()
+            self.dispatcher.unsubscribe(stream)
+
+    async def _read(self, requests: AsyncIterator[checker_pb2.CheckTransactionStateRequest],
+                    stream: ProducerStream) -> None:
+        try:
+            async for request in requests:
+                self._handle(request, stream)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the producer went away mid-read
+            log.debug("stream read ended", extra={"fields": {"stream": stream.id, "error": str(exc)[:200]}})
+        # The producer half-closed (or is gone): end the stream.
+        self.dispatcher.unsubscribe(stream)
+
+    def _handle(self, request: checker_pb2.CheckTransactionStateRequest, stream: ProducerStream) -> None:
+        kind = request.WhichOneof("command")
+        check_id = ""
+        try:
+            if kind == "received":
+                check_id = request.received.check_id
+                self.dispatcher.received(stream, check_id)
+            elif kind == "answer":
+                check_id = request.answer.check_id
+                self.dispatcher.answered(stream, check_id, request.answer.result,
+                                         request.answer.retry_after_seconds)
+            elif kind == "subscribe":
+                raise InvalidFieldError("subscribe", "this stream is already subscribed; open another "
+                                                     "stream to serve other groups")
+            else:
+                raise InvalidFieldError("command", "set received or answer")
+        except TxmqError as error:
+            stream.push(error_response(error, check_id))
