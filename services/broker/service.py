@@ -101,9 +101,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return self._end_response(await self._end(request))
 
     async def Produce(self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest], context: Any) -> None:
-        """Reads requests and writes responses concurrently; each request's answer is
-        written as soon as its operation is durable, in completion order."""
-        out: asyncio.Queue[broker_pb2.ProduceResponse | None] = asyncio.Queue()
+        """Reads requests and writes results concurrently. Results that complete together
+        (one group commit) leave in one stream message."""
+        out: asyncio.Queue[broker_pb2.ProduceResult | None] = asyncio.Queue()
         in_flight = 0
         reading_done = False
 
@@ -114,11 +114,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             if error is not None:
                 out.put_nowait(self._produce_error(request_id, error))
             elif kind == "send":
-                out.put_nowait(broker_pb2.ProduceResponse(request_id=request_id, status=OK,
-                                                          send_message=self._send_response(fut.result())))
+                out.put_nowait(broker_pb2.ProduceResult(request_id=request_id, status=OK,
+                                                        send_message=self._send_response(fut.result())))
             else:
-                out.put_nowait(broker_pb2.ProduceResponse(request_id=request_id, status=OK,
-                                                          end_transaction=self._end_response(fut.result())))
+                out.put_nowait(broker_pb2.ProduceResult(request_id=request_id, status=OK,
+                                                        end_transaction=self._end_response(fut.result())))
             if reading_done and in_flight == 0:
                 out.put_nowait(None)
 
@@ -126,20 +126,21 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             nonlocal in_flight, reading_done
             try:
                 async for request in request_iterator:
-                    kind = request.WhichOneof("request")
-                    try:
-                        if kind == "send_message":
-                            fut, tag = self._send(request.send_message), "send"
-                        elif kind == "end_transaction":
-                            fut, tag = self._end(request.end_transaction), "end"
-                        else:
-                            raise InvalidFieldError("request", "set send_message or end_transaction")
-                    except TxmqError as exc:
-                        out.put_nowait(self._produce_error(request.request_id, exc))
-                        continue
-                    in_flight += 1
-                    rid = request.request_id
-                    fut.add_done_callback(lambda f, rid=rid, tag=tag: finish(rid, tag, f))
+                    for entry in request.entries:
+                        kind = entry.WhichOneof("request")
+                        try:
+                            if kind == "send_message":
+                                fut, tag = self._send(entry.send_message), "send"
+                            elif kind == "end_transaction":
+                                fut, tag = self._end(entry.end_transaction), "end"
+                            else:
+                                raise InvalidFieldError("request", "set send_message or end_transaction")
+                        except TxmqError as exc:
+                            out.put_nowait(self._produce_error(entry.request_id, exc))
+                            continue
+                        in_flight += 1
+                        rid = entry.request_id
+                        fut.add_done_callback(lambda f, rid=rid, tag=tag: finish(rid, tag, f))
             finally:
                 reading_done = True
                 if in_flight == 0:
@@ -147,20 +148,25 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
         reader = asyncio.ensure_future(read())
         try:
-            while True:
-                response = await out.get()
-                if response is None:
-                    break
-                await context.write(response)
+            done = False
+            while not done:
+                batch = [await out.get()]
+                while not out.empty() and len(batch) < 512:
+                    batch.append(out.get_nowait())
+                if batch[-1] is None:
+                    done = True
+                    batch.pop()
+                if batch:
+                    await context.write(broker_pb2.ProduceResponse(results=batch))
         finally:
             reader.cancel()
 
-    def _produce_error(self, request_id: int, error: BaseException) -> broker_pb2.ProduceResponse:
+    def _produce_error(self, request_id: int, error: BaseException) -> broker_pb2.ProduceResult:
         if not isinstance(error, TxmqError):
             log.error("produce request failed", exc_info=error)
             error = TxmqError(f"internal error: {type(error).__name__}")
             error.code = grpc.StatusCode.INTERNAL  # type: ignore[misc]
-        return broker_pb2.ProduceResponse(request_id=request_id, status=entry_status(error))
+        return broker_pb2.ProduceResult(request_id=request_id, status=entry_status(error))
 
     # --- consuming -----------------------------------------------------------------------
 
