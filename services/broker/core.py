@@ -768,6 +768,51 @@ class BrokerCore:
             return self.receipt(handle.topic, handle.queue_id, handle.offset, entry.attempt), deadline
         return op
 
+    def queue_offsets(self, topic: str) -> list[tuple[int, int, int]]:
+        """(queue, oldest retained offset, next offset) for each queue of ``topic``."""
+        validate_receive_topic(topic)
+        count = self.topics.get(topic)
+        if count is None:
+            raise TopicNotFoundError(topic)
+        out = []
+        for q in range(count):
+            first = self.db.first_key("cq", codec.queue_prefix(topic, q))
+            end = self.queue_next.get((topic, q), 0)
+            out.append((q, codec.split_cq_key(first)[2] if first else end, end))
+        return out
+
+    def read_queue(self, topic: str, queue_id: int, start: int, end: int, limit: int,
+                   ) -> tuple[list[tuple[int, CqEntry]], int]:
+        """Committed entries of one queue from ``start`` (by offset, touching no group);
+        returns them and the offset to continue from."""
+        validate_receive_topic(topic)
+        count = self.topics.get(topic)
+        if count is None:
+            raise TopicNotFoundError(topic)
+        if not 0 <= queue_id < count:
+            raise QueueNotFoundError(topic, queue_id)
+        if start < 0 or end < 0:
+            raise InvalidFieldError("start_offset/end_offset", "must not be negative")
+        if limit <= 0:
+            raise InvalidFieldError("max_messages", "must be positive")
+        limit = min(limit, self.config.max_receive_batch * 4)
+        stop = self.queue_next.get((topic, queue_id), 0)
+        if end:
+            stop = min(stop, end)
+        entries: list[tuple[int, CqEntry]] = []
+        next_offset = start
+        if start < stop:
+            for key, value in self.db.scan("cq", codec.cq_key(topic, queue_id, start),
+                                           codec.cq_key(topic, queue_id, stop)):
+                if len(entries) >= limit:
+                    break
+                offset = codec.split_cq_key(key)[2]
+                entries.append((offset, codec.decode_cq_entry(value, key)))
+                next_offset = offset + 1
+            else:
+                next_offset = max(next_offset, stop)
+        return entries, next_offset
+
     def read_message(self, seq: int) -> LogRecord | None:
         value = self.db.get("log", codec.log_key(seq))
         return codec.decode_log_record(value, codec.log_key(seq)) if value is not None else None

@@ -193,6 +193,30 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             await self.bridge.wait_visible(topic, version, left)
         return await self._deliveries(request.consumer_group, result)
 
+    async def ReadQueue(self, request: broker_pb2.ReadQueueRequest, context: Any) -> Any:
+        entries, next_offset = self.core.read_queue(request.topic, request.queue_id, request.start_offset,
+                                                    request.end_offset, request.max_messages or 256)
+        response = broker_pb2.ReadQueueResponse(next_offset=next_offset)
+        for q, low, high in self.core.queue_offsets(request.topic):
+            if q == request.queue_id:
+                response.min_offset, response.max_offset = low, high
+        for offset, entry in entries:
+            record = self.core.read_message(entry.log_seq)
+            if record is None:
+                continue  # removed by retention between the scan and the read
+            response.messages.append(common_pb2.DeliveredMessage(
+                topic=request.topic, message=message_to_proto(record), broker_name=self.core.name,
+                queue_id=request.queue_id, queue_offset=offset,
+                transaction_id=self.core.txn_id(entry.log_seq) if record.kind == codec.KIND_HALF else "",
+                stored_at_ms=record.stored_ms, visible_at_ms=entry.visible_ms))
+        return response
+
+    async def GetQueueOffsets(self, request: broker_pb2.GetQueueOffsetsRequest, context: Any) -> Any:
+        return broker_pb2.GetQueueOffsetsResponse(
+            topic=request.topic, broker_name=self.core.name,
+            queues=[broker_pb2.QueueOffsets(queue_id=q, min_offset=low, max_offset=high)
+                    for q, low, high in self.core.queue_offsets(request.topic)])
+
     async def _deliveries(self, group: str, result: ReceiveResult) -> broker_pb2.ReceiveMessagesResponse:
         response = broker_pb2.ReceiveMessagesResponse()
         gone: list[str] = []

@@ -409,3 +409,17 @@ def test_a_check_writes_a_small_row_whatever_the_message_size(make_core, clock) 
                                                  CHECK_UNKNOWN)]))
         written.append(core.db.bytes_written - before)
     assert abs(written[0] - written[1]) <= 16 and written[1] < 1024, written
+
+
+def test_read_queue_by_offset_touches_no_group(core) -> None:
+    for i in range(5):
+        normal(core, str(i).encode())
+    entries, nxt = core.read_queue("orders", 0, 1, 0, 2)
+    assert [o for o, _ in entries] == [1, 2] and nxt == 3
+    entries, nxt = core.read_queue("orders", 0, 3, 0, 100)
+    assert [core.read_message(e.log_seq).body for _, e in entries] == [b"3", b"4"] and nxt == 5
+    assert core.read_queue("orders", 0, 5, 0, 10) == ([], 5)
+    assert core.queue_offsets("orders") == [(0, 0, 5), (1, 0, 0)]
+    assert len(receive(core)) == 5  # a group still gets everything
+    with pytest.raises(QueueNotFoundError):
+        core.read_queue("orders", 7, 0, 0, 1)

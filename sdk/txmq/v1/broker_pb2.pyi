@@ -169,6 +169,58 @@ class ChangeInvisibleDurationResponse(_message.Message):
     invisible_until_ms: int
     def __init__(self, receipt_handle: _Optional[str] = ..., invisible_until_ms: _Optional[int] = ...) -> None: ...
 
+class ReadQueueRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "start_offset", "end_offset", "max_messages")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    start_offset: int
+    end_offset: int
+    max_messages: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., max_messages: _Optional[int] = ...) -> None: ...
+
+class ReadQueueResponse(_message.Message):
+    __slots__ = ("messages", "next_offset", "min_offset", "max_offset")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.DeliveredMessage]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.DeliveredMessage, _Mapping]]] = ..., next_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+
+class GetQueueOffsetsRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class QueueOffsets(_message.Message):
+    __slots__ = ("queue_id", "min_offset", "max_offset")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    def __init__(self, queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+
+class GetQueueOffsetsResponse(_message.Message):
+    __slots__ = ("topic", "broker_name", "queues")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    broker_name: str
+    queues: _containers.RepeatedCompositeFieldContainer[QueueOffsets]
+    def __init__(self, topic: _Optional[str] = ..., broker_name: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueOffsets, _Mapping]]] = ...) -> None: ...
+
 class CreateTopicQueuesRequest(_message.Message):
     __slots__ = ("topic", "queue_count")
     TOPIC_FIELD_NUMBER: _ClassVar[int]

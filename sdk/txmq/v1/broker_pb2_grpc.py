@@ -68,6 +68,16 @@ class BrokerServiceStub:
                 request_serializer=txmq_dot_v1_dot_broker__pb2.ChangeInvisibleDurationRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_broker__pb2.ChangeInvisibleDurationResponse.FromString,
                 _registered_method=True)
+        self.ReadQueue = channel.unary_unary(
+                '/txmq.v1.BrokerService/ReadQueue',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.ReadQueueRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.ReadQueueResponse.FromString,
+                _registered_method=True)
+        self.GetQueueOffsets = channel.unary_unary(
+                '/txmq.v1.BrokerService/GetQueueOffsets',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.GetQueueOffsetsRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.GetQueueOffsetsResponse.FromString,
+                _registered_method=True)
         self.CreateTopicQueues = channel.unary_unary(
                 '/txmq.v1.BrokerService/CreateTopicQueues',
                 request_serializer=txmq_dot_v1_dot_broker__pb2.CreateTopicQueuesRequest.SerializeToString,
@@ -153,6 +163,21 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadQueue(self, request, context):
+        """Reads committed messages of one queue by offset, without touching any consumer group
+        (for the Spark connector, tools and replays).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetQueueOffsets(self, request, context):
+        """Per queue of a topic: the oldest retained offset and the next offset to be written.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateTopicQueues(self, request, context):
         """Creates (or grows) a topic's queues on this broker. Called by the name server's Admin.CreateTopic.
         """
@@ -230,6 +255,16 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.ChangeInvisibleDuration,
                     request_deserializer=txmq_dot_v1_dot_broker__pb2.ChangeInvisibleDurationRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_broker__pb2.ChangeInvisibleDurationResponse.SerializeToString,
+            ),
+            'ReadQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadQueue,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.ReadQueueRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.ReadQueueResponse.SerializeToString,
+            ),
+            'GetQueueOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueueOffsets,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.GetQueueOffsetsRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.GetQueueOffsetsResponse.SerializeToString,
             ),
             'CreateTopicQueues': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTopicQueues,
@@ -428,6 +463,60 @@ class BrokerService:
             '/txmq.v1.BrokerService/ChangeInvisibleDuration',
             txmq_dot_v1_dot_broker__pb2.ChangeInvisibleDurationRequest.SerializeToString,
             txmq_dot_v1_dot_broker__pb2.ChangeInvisibleDurationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/ReadQueue',
+            txmq_dot_v1_dot_broker__pb2.ReadQueueRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.ReadQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueueOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/GetQueueOffsets',
+            txmq_dot_v1_dot_broker__pb2.GetQueueOffsetsRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.GetQueueOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,
