@@ -55,6 +55,7 @@ test-integration: venv
 
 bench: venv
 	$(PY) -m bench.transactions
+	$(PY) -m bench.checks
 
 clean:
 	rm -rf $(DATA_DIR) .pytest_cache

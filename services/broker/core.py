@@ -150,6 +150,11 @@ class BrokerCore:
         # Called (writer thread) for every message stored: (topic, kind).
         self.stored_listeners: list[Callable[[str, int], None]] = []
         self._random = random.Random()
+        # Per group, a time below which the due (pending) index holds no key: scans start
+        # there instead of at the group's prefix (see claim_op).
+        self._due_floor: dict[str, int] = {}
+        self._due_staged: dict[str, int] = {}
+        self._pending_floor: dict[str, int] = {}
         self._lock = threading.Lock()
         self._open()
 
@@ -182,6 +187,7 @@ class BrokerCore:
         for key, value in db.scan("counters"):
             self.counters[key.decode()] = list(codec.decode_counters(value, key))
         self.consumers.load(list(db.scan("consumers")), list(db.scan("inflight")))
+        db.add_batch_listener(self._batch_written)
         log.info("store opened", extra={"fields": {
             "data_dir": self.config.data_dir, "next_seq": self.next_seq, "topics": len(self.topics),
             "store_id": self.store_id}})
@@ -304,8 +310,9 @@ class BrokerCore:
                          next_due_ms=now + int(delay * 1000), body_size=len(record.body))
             w.put("log", codec.log_key(seq), codec.encode_log_record(record))
             w.put("txn", codec.txn_key(seq), codec.encode_txn(row))
-            w.put("due", codec.group_time_key(row.producer_group, row.next_due_ms, seq), b"")
+            self._due_put(w, row.producer_group, row.next_due_ms, seq)
             w.put("pending", codec.group_time_key(row.producer_group, now, seq), b"")
+            self._pending_floor[row.producer_group] = min(self._pending_floor.get(row.producer_group, now), now)
             w.put("dedup", mid_key, codec.encode_dedup(codec.DedupEntry(codec.DEDUP_TXN, seq)))
             self._count(w, row.producer_group, pending=+1)
             self.next_seq = seq + 1
@@ -469,14 +476,19 @@ class BrokerCore:
             now = self.clock()
             claimed: list[ClaimedCheck] = []
             for group in groups:
-                prefix = codec.group_prefix(group)
+                # Start at the group's floor, not its prefix: the claimed keys before it are
+                # deleted, and a scan from the prefix would walk their tombstones every time
+                # (a claim's cost must grow with due work, never with work already done).
+                start = codec.group_time_key(group, self._due_floor.get(group, 0), 0)
                 upper = codec.group_time_key(group, now + 1, 0)
-                for key, _ in self.db.scan("due", prefix, upper):
+                floor = now + 1
+                for key, _ in self.db.scan("due", start, upper):
+                    _g, due_ms, seq = codec.split_group_time_key(key)
                     if len(claimed) >= max_checks:
-                        return claimed
+                        floor = due_ms
+                        break
                     if self.db.read("due", key) is None:
                         continue  # removed earlier in this batch
-                    _g, due_ms, seq = codec.split_group_time_key(key)
                     row = self._read_txn(seq)
                     if row is None or row.state != STATE_PREPARED or row.next_due_ms != due_ms:
                         w.delete("due", key)  # stale index entry
@@ -488,11 +500,22 @@ class BrokerCore:
                     row.next_due_ms = now + int(lease_seconds * 1000)
                     row.claim_token = os.urandom(8).hex()
                     w.delete("due", key)
-                    w.put("due", codec.group_time_key(group, row.next_due_ms, seq), b"")
+                    self._due_put(w, group, row.next_due_ms, seq)
                     w.put("txn", codec.txn_key(seq), codec.encode_txn(row))
                     claimed.append(ClaimedCheck(row, due_ms, row.checks_delivered + 1))
+                # Keys staged by earlier operations of this batch are not in the scan yet.
+                self._due_floor[group] = min(floor, self._due_staged.get(group, floor))
             return claimed
         return op
+
+    def _due_put(self, w: OpWrites, group: str, due_ms: int, seq: int) -> None:
+        """Every insert into the due index goes here: it keeps the group's floor below it."""
+        w.put("due", codec.group_time_key(group, due_ms, seq), b"")
+        self._due_floor[group] = min(self._due_floor.get(group, due_ms), due_ms)
+        self._due_staged[group] = min(self._due_staged.get(group, due_ms), due_ms)
+
+    def _batch_written(self) -> None:
+        self._due_staged.clear()
 
     def _spent(self, row: TxnRow, now: int) -> str:
         """Why a PREPARED transaction must be discarded now ('' when it must not)."""
@@ -574,11 +597,14 @@ class BrokerCore:
             raise StaleClaimError(self.txn_id(row.seq), f"the transaction is {STATE_NAMES[row.state]}")
         if r.outcome == OUTCOME_DELIVERED:
             row.checks_delivered += 1
+            answer_ms = int(r.answer_timeout_seconds * 1000)
             if row.checks_delivered >= cfg.check_max:
-                wait = r.answer_timeout_seconds or cfg.check_interval_seconds
-                self._reschedule(w, row, now + max(int(wait * 1000), 1))
+                wait_ms = answer_ms or int(cfg.check_interval_seconds * 1000)
+                self._reschedule(w, row, now + max(wait_ms, 1))
             else:
-                self._reschedule(w, row, now + self.next_check_delay_ms(row.checks_delivered))
+                # Never due again before the answer may still come: a new claim would
+                # make that answer stale.
+                self._reschedule(w, row, now + max(self.next_check_delay_ms(row.checks_delivered), answer_ms))
         else:  # UNDELIVERED: nobody took it, nothing spent; due again now
             row.claim_token = ""
             self._reschedule(w, row, now)
@@ -586,7 +612,7 @@ class BrokerCore:
     def _reschedule(self, w: OpWrites, row: TxnRow, due_ms: int) -> None:
         w.delete("due", codec.group_time_key(row.producer_group, row.next_due_ms, row.seq))
         row.next_due_ms = due_ms
-        w.put("due", codec.group_time_key(row.producer_group, due_ms, row.seq), b"")
+        self._due_put(w, row.producer_group, due_ms, row.seq)
         w.put("txn", codec.txn_key(row.seq), codec.encode_txn(row))
 
     def next_check_delay_ms(self, delivered: int) -> int:
@@ -920,12 +946,19 @@ class BrokerCore:
         return rows, ""
 
     def oldest_due_ms(self, group: str) -> int | None:
-        key = self.db.first_key("due", codec.group_prefix(group))
-        return codec.split_group_time_key(key)[1] if key else None
+        return self._first_time("due", group, self._due_floor.get(group, 0))
 
     def oldest_pending_ms(self, group: str) -> int | None:
-        key = self.db.first_key("pending", codec.group_prefix(group))
-        return codec.split_group_time_key(key)[1] if key else None
+        found = self._first_time("pending", group, self._pending_floor.get(group, 0))
+        if found is not None:
+            self._pending_floor[group] = found  # nothing older remains: start there next time
+        return found
+
+    def _first_time(self, cf: str, group: str, floor: int) -> int | None:
+        start = codec.group_time_key(group, floor, 0)
+        for key, _ in self.db.scan(cf, start, codec.group_time_key(group, 2**63, 0)):
+            return codec.split_group_time_key(key)[1]
+        return None
 
     def recount(self) -> dict[str, tuple[int, int]]:
         """(pending, discarded) per group from the transaction table: what the counters
