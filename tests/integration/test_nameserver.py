@@ -520,11 +520,12 @@ def test_metrics_show_rpc_durations_and_registrations(nameserver: NameServerProc
     nameserver.ns.RegisterBroker(nameserver_pb2.RegisterBrokerRequest(broker=nameserver_pb2.BrokerInfo(
         name="broker-0", address="10.0.0.0:10911")), timeout=RPC_TIMEOUT_SECONDS)
     rpc_error(nameserver.ns.QueryRoute, nameserver_pb2.QueryRouteRequest(topic="missing"))
-    text = nameserver.metrics()
-    assert 'txmq_rpc_duration_seconds_count{code="OK",method="RegisterBroker",service="nameserver"} 1.0' in text
-    assert 'txmq_rpc_duration_seconds_count{code="NOT_FOUND",method="QueryRoute",service="nameserver"} 1.0' in text
-    assert "txmq_nameserver_brokers 1.0" in text
-    assert "txmq_nameserver_checkers 0.0" in text
+    expected = ['txmq_rpc_duration_seconds_count{code="OK",method="RegisterBroker",service="nameserver"} 1.0',
+                'txmq_rpc_duration_seconds_count{code="NOT_FOUND",method="QueryRoute",service="nameserver"} 1.0',
+                "txmq_nameserver_brokers 1.0", "txmq_nameserver_checkers 0.0"]
+    # A scrape is a separate HTTP request: wait (with a deadline) until it shows the calls.
+    wait_until(lambda: all(line in nameserver.metrics() for line in expected), 10.0,
+               f"/metrics to show {expected}")
 
 
 def test_sigterm_exits_cleanly(nameserver: NameServerProcess) -> None:
