@@ -31,6 +31,15 @@ CHECKER_DEFAULTS = {
     "TXMQ_HEARTBEAT_INTERVAL_SECONDS": "0.5",
     "TXMQ_SHUTDOWN_GRACE_SECONDS": "1.0",
 }
+#: Settings every test proxy gets unless the test overrides them (broker limits it must
+#: advertise are copied from the brokers' settings, see ``Cluster.start_proxy``).
+PROXY_DEFAULTS = {
+    "TXMQ_SHUTDOWN_GRACE_SECONDS": "1.0",
+    "TXMQ_DIRECTORY_REFRESH_SECONDS": "0.5",
+    "TXMQ_ROUTE_TTL_SECONDS": "1.0",
+}
+#: Broker settings a proxy must mirror (it advertises them to RocketMQ clients).
+_PROXY_MIRRORS_BROKER = ("TXMQ_MAX_DELIVERY_ATTEMPTS", "TXMQ_MAX_BODY_BYTES")
 RPC_TIMEOUT_SECONDS = 5.0
 
 _CLUSTERS: set["Cluster"] = set()
@@ -56,7 +65,8 @@ class Cluster:
                  broker_env: Mapping[str, str] | None = None,
                  nameserver_env: Mapping[str, str] | None = None,
                  checker: bool = False, checker_env: Mapping[str, str] | None = None,
-                 ready_timeout: float = 30.0) -> None:
+                 ready_timeout: float = 30.0, proxies: int = 0,
+                 proxy_env: Mapping[str, str] | None = None) -> None:
         if nameservers < 1:
             raise ValueError("a cluster needs at least one name server")
         self.workdir = Path(workdir)
@@ -65,6 +75,9 @@ class Cluster:
         self.nameservers: list[ServiceProcess] = []
         self.brokers: list[ServiceProcess] = []
         self.checkers: list[ServiceProcess] = []
+        #: RocketMQ 5 compatibility proxies (``proxies=N``), started after the checker.
+        self.proxies: list[ServiceProcess] = []
+        self._broker_env = dict(broker_env or {})
         self._channels: dict[str, grpc.Channel] = {}
         self._stopped = False
         with _CLUSTERS_LOCK:
@@ -93,6 +106,8 @@ class Cluster:
             self.wait_brokers_registered()
             if checker:
                 self.start_checker(checker_env)
+            for _ in range(proxies):
+                self.start_proxy(proxy_env)
         except BaseException:
             self.stop()
             raise
@@ -118,7 +133,7 @@ class Cluster:
 
     @property
     def processes(self) -> list[ServiceProcess]:
-        return [*self.nameservers, *self.brokers, *self.checkers]
+        return [*self.nameservers, *self.brokers, *self.checkers, *self.proxies]
 
     def broker(self, i: int) -> ServiceProcess:
         return self.brokers[i]
@@ -216,6 +231,24 @@ class Cluster:
                    message=f"{name} not registered with every name server", ignore=(grpc.RpcError,))
         return proc
 
+    # ------------------------------------------------------------------ proxy
+    @property
+    def proxy_addresses(self) -> list[str]:
+        """``host:port`` of each proxy: the access point of an official RocketMQ client."""
+        return [p.address for p in self.proxies]
+
+    def start_proxy(self, env: Mapping[str, str] | None = None) -> ServiceProcess:
+        """Starts one more ``python -m services.proxy`` (``proxy-<i>``) and waits until it serves."""
+        name = f"proxy-{len(self.proxies)}"
+        mirrored = {k: v for k, v in self._broker_env.items() if k in _PROXY_MIRRORS_BROKER}
+        proc = ServiceProcess("services.proxy",
+                              {**PROXY_DEFAULTS, **mirrored, "TXMQ_PROXY_NAME": name, **(env or {}),
+                               "TXMQ_NAMESERVER_ADDRESSES": ",".join(self.nameserver_addresses)},
+                              self.workdir, name)
+        self.proxies.append(proc)
+        proc.start_and_wait(self.ready_timeout)
+        return proc
+
     # ------------------------------------------------------------------ faults
     def kill_broker(self, i: int) -> int | None:
         """SIGKILL broker ``i`` (a crash; its data directory stays)."""
@@ -247,13 +280,13 @@ class Cluster:
         return {p.name: p.log_size() for p in self.processes}
 
     def stop(self, timeout: float = 15.0) -> dict[str, int | None]:
-        """Stops checkers, brokers, then name servers (SIGTERM, SIGKILL after ``timeout``).
+        """Stops proxies, checkers, brokers, then name servers (SIGTERM, SIGKILL after ``timeout``).
         Returns the exit codes by service name. Idempotent."""
         codes: dict[str, int | None] = {}
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
-        for group in (self.checkers, self.brokers, self.nameservers):
+        for group in (self.proxies, self.checkers, self.brokers, self.nameservers):
             for proc in group:
                 if proc.running:
                     proc.send_term()

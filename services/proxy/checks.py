@@ -1,0 +1,232 @@
+"""Orphan recovery for the official clients: the proxy answers the checkers on behalf of the
+transactional producers connected to it.
+
+For each producer client with a live Telemetry stream and each live checker, the proxy
+keeps one ``CheckTransactionState`` stream subscribed with the client's id and its
+producer groups (= its published topics, see ``convert``)::
+
+    checker ── CheckRequest ──▶ proxy ── RecoverOrphanedTransactionCommand ──▶ client's Telemetry
+                                  │ written to the live stream ⇒ CheckReceived ──▶ checker
+    client's TransactionChecker ── EndTransaction(SOURCE_SERVER_CHECK) ──▶ any proxy replica
+
+The answer may reach any replica, so it is applied there directly: native
+``EndTransaction`` with source CHECK to the broker the transaction id names (durable before
+the client's call returns). The replica that holds the check then also sends the checker a
+``CheckAnswer`` (so its metrics count an answer, not a timeout; the broker then refuses the
+report as stale, since the transaction is already decided, and that refusal is ignored). A
+replica that does not hold it sends nothing: the checker counts the check as unanswered
+after its answer timeout, and the broker state is final already.
+
+If the client has no live stream when a check comes, nothing is acknowledged: the checker
+reports the check undelivered after its timeout and nothing is spent. A client's
+subscriptions end when its last Telemetry stream ends (unacknowledged checks go back to
+the broker at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import AsyncIterator, Callable
+
+import grpc
+
+from txmq.v1 import checker_pb2, checker_pb2_grpc
+
+from .clients import ClientRegistry
+from .config import ProxyConfig
+from .convert import check_to_rmq
+from .metrics import ProxyMetrics
+from .protocol import service_pb2
+from .upstream import Upstream
+
+log = logging.getLogger(__name__)
+
+RECONNECT_BACKOFF_SECONDS = 0.1
+RECONNECT_BACKOFF_MAX_SECONDS = 5.0
+#: Kept this long past a check's answer timeout, for a late EndTransaction.
+PENDING_SLACK_SECONDS = 30.0
+
+Request = checker_pb2.CheckTransactionStateRequest
+
+
+class CheckerLink:
+    """One client's subscription at one checker; reopened with backoff until closed."""
+
+    def __init__(self, manager: "CheckManager", address: str, client_id: str, groups: tuple[str, ...]) -> None:
+        self.manager = manager
+        self.address = address
+        self.client_id = client_id
+        self.groups = groups
+        self.closed = False
+        self._outbox: asyncio.Queue[Request | None] | None = None
+        self._task = asyncio.create_task(self._run(), name=f"check-link-{client_id}@{address}")
+
+    def send(self, request: Request) -> None:
+        if not self.closed and self._outbox is not None:
+            self._outbox.put_nowait(request)
+
+    async def _requests(self, outbox: "asyncio.Queue[Request | None]") -> AsyncIterator[Request]:
+        yield Request(subscribe=checker_pb2.Subscribe(producer_groups=list(self.groups), client_id=self.client_id))
+        while True:
+            item = await outbox.get()
+            if item is None:
+                return
+            yield item
+
+    async def _run(self) -> None:
+        backoff = RECONNECT_BACKOFF_SECONDS
+        failing = False
+        stub = checker_pb2_grpc.CheckerServiceStub(self.manager.upstream.channel(self.address))
+        while not self.closed:
+            outbox: asyncio.Queue[Request | None] = asyncio.Queue()
+            self._outbox = outbox
+            call = stub.CheckTransactionState(self._requests(outbox))
+            try:
+                async for response in call:
+                    kind = response.WhichOneof("command")
+                    if kind == "check":
+                        self.manager.deliver(self, response.check)
+                    elif kind == "subscribed":
+                        backoff = RECONNECT_BACKOFF_SECONDS
+                        if failing:
+                            log.info("checker reachable again", extra={"fields": {"checker": self.address}})
+                        failing = False
+                    elif kind == "error":
+                        log.debug("checker refused a request", extra={"fields": {
+                            "checker": self.address, "client_id": self.client_id,
+                            "reason": response.error.reason, "error": response.error.message[:200]}})
+            except grpc.aio.AioRpcError as exc:
+                if self.closed:
+                    return
+                if not failing:
+                    log.warning("check stream failed, reopening", extra={"fields": {
+                        "checker": self.address, "client_id": self.client_id, "code": exc.code().name,
+                        "error": str(exc.details())[:200]}})
+                failing = True
+            finally:
+                outbox.put_nowait(None)
+                self._outbox = None
+            if self.closed:
+                return
+            await asyncio.sleep(backoff * (0.5 + random.random()))
+            backoff = min(backoff * 2, RECONNECT_BACKOFF_MAX_SECONDS)
+
+    async def close(self) -> None:
+        """Half-closes the stream (the checker hands unacknowledged checks back at once)."""
+        self.closed = True
+        if self._outbox is not None:
+            self._outbox.put_nowait(None)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), 0.5)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            pass
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+class CheckManager:
+    def __init__(self, config: ProxyConfig, upstream: Upstream, registry: ClientRegistry,
+                 metrics: ProxyMetrics, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.upstream = upstream
+        self.registry = registry
+        self.metrics = metrics
+        self.monotonic = monotonic
+        self.links: dict[tuple[str, str], CheckerLink] = {}
+        #: transaction id → (link, check id, forget-after), for checks written to a client here.
+        self.pending: dict[str, tuple[CheckerLink, str, float]] = {}
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        registry.on_change.append(self.client_changed)
+        upstream.on_checkers_changed.append(self.checkers_changed)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="check-subscriptions")
+
+    def client_changed(self, client_id: str) -> None:
+        self._dirty.add(client_id)
+        self._wake.set()
+
+    def checkers_changed(self) -> None:
+        self._dirty.update(self.registry.producers())
+        self._dirty.update(c for c, _ in self.links)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        sweep = min(self.config.directory_refresh_seconds, 1.0)
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), sweep)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            dirty, self._dirty = self._dirty, set()
+            for client_id in dirty:
+                await self._sync(client_id)
+            self._expire()
+            self.registry.sweep()
+            self.metrics.subscriptions.set(len(self.links))
+            for client_type, count in self.registry.stream_count().items():
+                self.metrics.streams.labels(str(client_type)).set(count)
+
+    async def _sync(self, client_id: str) -> None:
+        """Makes the client's links match its topics and the live checkers."""
+        topics = self.registry.producers().get(client_id, ())
+        groups = tuple(topics[: self.config.max_groups_per_client])
+        wanted = set(self.upstream.checkers) if groups else set()
+        for (cid, address), link in list(self.links.items()):
+            if cid != client_id:
+                continue
+            if address not in wanted or link.groups != groups:
+                del self.links[(cid, address)]
+                await link.close()
+        for address in wanted:
+            if (client_id, address) not in self.links:
+                self.links[(client_id, address)] = CheckerLink(self, address, client_id, groups)
+
+    def deliver(self, link: CheckerLink, check: checker_pb2.CheckRequest) -> None:
+        stream = self.registry.stream_for(link.client_id, check.message.topic)
+        if stream is None:
+            self.metrics.checks.labels("no_stream").inc()
+            return
+        command = service_pb2.TelemetryCommand(
+            recover_orphaned_transaction_command=service_pb2.RecoverOrphanedTransactionCommand(
+                message=check_to_rmq(check.message), transaction_id=check.transaction_id))
+        forget_after = self.monotonic() + check.answer_timeout_seconds + PENDING_SLACK_SECONDS
+
+        def written() -> None:
+            # A check counts as received once written to a live Telemetry stream.
+            link.send(Request(received=checker_pb2.CheckReceived(check_id=check.check_id)))
+            self.pending[check.transaction_id] = (link, check.check_id, forget_after)
+            self.metrics.checks.labels("forwarded").inc()
+
+        if not stream.offer(command, written):
+            self.metrics.checks.labels("no_stream").inc()
+
+    def answered(self, transaction_id: str, result: int) -> bool:
+        """The client answered a check through this replica (already applied on the
+        broker); tells the checker if the check was sent from here. ``result`` is a
+        ``txmq.v1.CheckResult``."""
+        entry = self.pending.pop(transaction_id, None)
+        if entry is None:
+            return False
+        link, check_id, _ = entry
+        link.send(Request(answer=checker_pb2.CheckAnswer(check_id=check_id, result=result)))
+        return True
+
+    def _expire(self) -> None:
+        now = self.monotonic()
+        for txn, (link, _, forget_after) in list(self.pending.items()):
+            if forget_after <= now or link.closed:
+                del self.pending[txn]
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        links, self.links = list(self.links.values()), {}
+        await asyncio.gather(*(link.close() for link in links))

@@ -1,0 +1,155 @@
+"""The clients connected to this replica: their Telemetry streams and latest Settings.
+
+Per connection, never shared between replicas: a stream knows its client's topics from the
+Settings the client sent (on this stream, or on an earlier stream of the same client id
+to this replica). A client that reconnects to another replica without re-sending Settings
+is unknown there until its next Settings (the Python client re-sends every 300 s); nothing
+is checked through it meanwhile and nothing is spent (checks only count once written).
+
+Writes to a stream never block the caller: each stream has an outbox its writer drains; an
+item may carry a callback run once the item was written (a check counts as received then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .convert import publishing_topics
+from .protocol import definition_pb2, service_pb2
+
+log = logging.getLogger(__name__)
+
+OnWritten = Callable[[], None] | None
+Command = service_pb2.TelemetryCommand
+
+#: Commands queued for one stream beyond which offers are refused (a stuck client).
+OUTBOX_LIMIT = 1024
+
+
+class TelemetryStream:
+    def __init__(self, stream_id: int, client_id: str) -> None:
+        self.id = stream_id
+        self.client_id = client_id
+        self.closed = False
+        self._outbox: asyncio.Queue[tuple[Command, OnWritten] | None] = asyncio.Queue()
+
+    def __repr__(self) -> str:
+        return f"<TelemetryStream {self.id} {self.client_id!r}>"
+
+    def offer(self, command: Command, on_written: OnWritten = None) -> bool:
+        """Queues a command for the client; False if the stream is closed or stuck."""
+        if self.closed or self._outbox.qsize() >= OUTBOX_LIMIT:
+            return False
+        self._outbox.put_nowait((command, on_written))
+        return True
+
+    async def next(self) -> tuple[Command, OnWritten] | None:
+        """The next command to write, or None once the stream is closed."""
+        if self.closed:
+            return None
+        return await self._outbox.get()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._outbox.put_nowait(None)
+
+
+@dataclass
+class ClientState:
+    client_id: str
+    settings: definition_pb2.Settings | None = None
+    topics: tuple[str, ...] = ()
+    client_type: int = 0
+    streams: dict[int, TelemetryStream] = field(default_factory=dict)
+    #: Monotonic time the last stream ended (None while one is open).
+    idle_since: float | None = None
+
+
+class ClientRegistry:
+    def __init__(self, idle_expiry_seconds: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.idle_expiry = idle_expiry_seconds
+        self.monotonic = monotonic
+        self.clients: dict[str, ClientState] = {}
+        self._ids = itertools.count(1)
+        #: Called with a client id when its live streams or published topics change.
+        self.on_change: list[Callable[[str], None]] = []
+
+    def _changed(self, client_id: str) -> None:
+        for notify in self.on_change:
+            notify(client_id)
+
+    def open_stream(self, client_id: str) -> TelemetryStream:
+        state = self.clients.setdefault(client_id, ClientState(client_id))
+        stream = TelemetryStream(next(self._ids), client_id)
+        state.streams[stream.id] = stream
+        state.idle_since = None
+        if len(state.streams) == 1:
+            self._changed(client_id)
+        return stream
+
+    def update_settings(self, stream: TelemetryStream, settings: definition_pb2.Settings) -> None:
+        state = self.clients.setdefault(stream.client_id, ClientState(stream.client_id))
+        topics = publishing_topics(settings)
+        changed = topics != state.topics
+        state.settings = settings
+        state.client_type = settings.client_type
+        state.topics = topics
+        if changed:
+            log.info("producer topics", extra={"fields": {"client_id": stream.client_id, "topics": list(topics)}})
+            self._changed(stream.client_id)
+
+    def close_stream(self, stream: TelemetryStream) -> None:
+        stream.close()
+        state = self.clients.get(stream.client_id)
+        if state is None or state.streams.pop(stream.id, None) is None:
+            return
+        if not state.streams:
+            state.idle_since = self.monotonic()
+            self._changed(stream.client_id)
+
+    def terminate(self, client_id: str) -> None:
+        """NotifyClientTermination: the client is going away; its streams end soon. Its
+        checks are no longer routed here (streams still open may stay for the rest)."""
+        state = self.clients.get(client_id)
+        if state is not None and state.topics:
+            state.topics = ()
+            self._changed(client_id)
+
+    def producers(self) -> dict[str, tuple[str, ...]]:
+        """Client id → published topics, for clients with a live stream and topics."""
+        return {c.client_id: c.topics for c in self.clients.values() if c.streams and c.topics}
+
+    def stream_for(self, client_id: str, topic: str) -> TelemetryStream | None:
+        """A live stream of the client that publishes ``topic``."""
+        state = self.clients.get(client_id)
+        if state is None or topic not in state.topics:
+            return None
+        for stream in reversed(list(state.streams.values())):  # the newest first
+            if not stream.closed:
+                return stream
+        return None
+
+    def stream_count(self) -> dict[int, int]:
+        """Live streams by client type (for metrics)."""
+        out: dict[int, int] = {}
+        for c in self.clients.values():
+            if c.streams:
+                out[c.client_type] = out.get(c.client_type, 0) + len(c.streams)
+        return out
+
+    def sweep(self) -> None:
+        now = self.monotonic()
+        for client_id, state in list(self.clients.items()):
+            if state.idle_since is not None and now - state.idle_since >= self.idle_expiry:
+                del self.clients[client_id]
+
+    def close(self) -> None:
+        for state in self.clients.values():
+            for stream in list(state.streams.values()):
+                stream.close()

@@ -1,0 +1,105 @@
+"""txmq errors → RocketMQ ``Status`` codes: the proxy's one error mapping.
+
+The official clients read errors in band (``Status{code, message}`` in every response); a
+gRPC-level failure is a transport error to them. So every handler of the servicer turns a
+``TxmqError`` into a status with :func:`code_for` and answers normally.
+
+Which code the clients treat how (rocketmq-clients ``StatusChecker``): 20000 OK; 40401
+MESSAGE_NOT_FOUND is "no data"; 40000-40020 raise BadRequest; 40402 TOPIC_NOT_FOUND raises
+NotFound; 41301 MESSAGE_BODY_TOO_LARGE PayloadTooLarge; 42900 TOO_MANY_REQUESTS stops send
+retries; 50000-50002 are internal (retried by some); 50100 NOT_IMPLEMENTED is Unsupported.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from txmq._errors import TxmqError
+
+from .protocol import Code, definition_pb2
+
+
+class ProxyError(TxmqError):
+    """An error the proxy itself raises, carrying the RocketMQ code to answer with."""
+
+    def __init__(self, rmq_code: int, message: str) -> None:
+        super().__init__(message)
+        self.rmq_code = rmq_code
+
+
+def unsupported(what: str) -> ProxyError:
+    return ProxyError(Code.NOT_IMPLEMENTED, f"{what} is not supported by txmq")
+
+
+#: (reason, kind or field) → code; the first match wins, then reason alone, then the gRPC code.
+_BY_REASON_AND_KIND = {
+    ("INVALID_ID", "transaction id"): Code.INVALID_TRANSACTION_ID,
+    ("WRONG_BROKER", "transaction id"): Code.INVALID_TRANSACTION_ID,
+    ("INVALID_ID", "receipt handle"): Code.INVALID_RECEIPT_HANDLE,
+    ("WRONG_BROKER", "receipt handle"): Code.INVALID_RECEIPT_HANDLE,
+    ("INVALID_ID", "message id"): Code.ILLEGAL_MESSAGE_ID,
+    ("WRONG_BROKER", "message id"): Code.ILLEGAL_MESSAGE_ID,
+    ("INVALID_NAME", "consumer_group"): Code.ILLEGAL_CONSUMER_GROUP,
+    ("INVALID_NAME", "producer_group"): Code.ILLEGAL_TOPIC,
+    ("INVALID_NAME", "topic"): Code.ILLEGAL_TOPIC,
+    ("INVALID_FIELD", "tag"): Code.ILLEGAL_MESSAGE_TAG,
+    ("INVALID_FIELD", "filter_expression"): Code.ILLEGAL_FILTER_EXPRESSION,
+    ("INVALID_FIELD", "invisible_duration_seconds"): Code.ILLEGAL_INVISIBLE_TIME,
+    ("INVALID_FIELD", "properties"): Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
+    ("INVALID_FIELD", "message_id"): Code.INVALID_TRANSACTION_ID,
+}
+_BY_REASON = {
+    "MESSAGE_TOO_LARGE": Code.MESSAGE_BODY_TOO_LARGE,
+    "SYSTEM_TOPIC": Code.ILLEGAL_TOPIC,
+    "INVALID_NAME": Code.BAD_REQUEST,
+    "PROPERTIES_TOO_LARGE": Code.MESSAGE_PROPERTIES_TOO_LARGE,
+    "INVALID_FIELD": Code.BAD_REQUEST,
+    "INVALID_ID": Code.BAD_REQUEST,
+    "TOPIC_NOT_FOUND": Code.TOPIC_NOT_FOUND,
+    "QUEUE_NOT_FOUND": Code.NOT_FOUND,
+    "TRANSACTION_NOT_FOUND": Code.INVALID_TRANSACTION_ID,
+    "RECEIPT_HANDLE_EXPIRED": Code.INVALID_RECEIPT_HANDLE,
+    "BROKER_NOT_FOUND": Code.HA_NOT_AVAILABLE,
+    # COMMIT after ROLLBACK (or the reverse): the first decision stands.
+    "TRANSACTION_STATE_CONFLICT": Code.INVALID_TRANSACTION_ID,
+    "DISK_FULL": Code.TOO_MANY_REQUESTS,
+    "NO_BROKER": Code.HA_NOT_AVAILABLE,
+}
+_BY_GRPC = {
+    grpc.StatusCode.INVALID_ARGUMENT: Code.BAD_REQUEST,
+    grpc.StatusCode.NOT_FOUND: Code.NOT_FOUND,
+    grpc.StatusCode.ALREADY_EXISTS: Code.BAD_REQUEST,
+    grpc.StatusCode.FAILED_PRECONDITION: Code.PRECONDITION_FAILED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Code.TOO_MANY_REQUESTS,
+    grpc.StatusCode.UNAVAILABLE: Code.HA_NOT_AVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: Code.PROXY_TIMEOUT,
+    grpc.StatusCode.UNIMPLEMENTED: Code.NOT_IMPLEMENTED,
+    grpc.StatusCode.PERMISSION_DENIED: Code.FORBIDDEN,
+    grpc.StatusCode.UNAUTHENTICATED: Code.UNAUTHORIZED,
+}
+
+
+def code_for(error: BaseException) -> int:
+    """The RocketMQ code a failed request answers with."""
+    if isinstance(error, ProxyError):
+        return error.rmq_code
+    if not isinstance(error, TxmqError):
+        return Code.INTERNAL_SERVER_ERROR
+    details = error.details
+    kind = details.get("kind") or details.get("field")
+    if isinstance(kind, str):
+        code = _BY_REASON_AND_KIND.get((error.reason, kind))
+        if code is not None:
+            return code
+    code = _BY_REASON.get(error.reason)
+    if code is not None:
+        return code
+    return _BY_GRPC.get(error.code, Code.INTERNAL_SERVER_ERROR)
+
+
+def status(error: BaseException | None = None, message: str = "OK") -> "definition_pb2.Status":
+    """A ``Status``: OK without an error, else the mapped code and the error's message."""
+    if error is None:
+        return definition_pb2.Status(code=Code.OK, message=message)
+    text = error.message if isinstance(error, TxmqError) else f"internal error: {type(error).__name__}"
+    return definition_pb2.Status(code=code_for(error), message=text)

@@ -1,0 +1,173 @@
+"""Messages between the two protocols: RocketMQ ``apache.rocketmq.v2.Message`` ⇄ txmq
+``txmq.v1.Message`` / ``DeliveredMessage``. Pure functions.
+
+What maps to what:
+
+================================  ======================================================
+RocketMQ (SystemProperties)       txmq
+================================  ======================================================
+topic.name                        topic (namespaces other than "" are refused)
+message_id (client-chosen)        message_id (kept as is: the broker deduplicates by it)
+message_type NORMAL/TRANSACTION   type NORMAL/TRANSACTION (FIFO, DELAY, ... refused)
+tag, keys, user_properties        tag, keys, properties
+born_timestamp, born_host         born_timestamp_ms, born_host
+orphaned_transaction_recovery_    check_immunity_seconds (first check after this long)
+duration
+(the topic)                       producer_group of a half message: RocketMQ 5 producers
+                                  have no group, so the group is the topic (as RocketMQ's
+                                  own proxy does); the proxy serves checks for it.
+x-mq-client-id header             producer_client_id (checks prefer that client)
+body_encoding GZIP                body inflated on the way in; always IDENTITY going out
+================================  ======================================================
+
+Going out every message carries what the clients need (see the protocol notes): IDENTITY
+encoding, an MD5 body digest (upper-case hex), a receipt handle and delivery attempt ≥ 1
+for deliveries, the original message id and topic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from txmq.v1 import common_pb2
+
+from .codes import ProxyError, unsupported
+from .protocol import Code, definition_pb2
+
+MessageType = definition_pb2.MessageType
+
+
+def resource_name(resource: definition_pb2.Resource, what: str) -> str:
+    """The name of a topic or group; txmq has no namespaces, so only "" is accepted."""
+    if resource.resource_namespace:
+        raise unsupported(f"{what} namespace {resource.resource_namespace!r} (txmq has no namespaces; "
+                          "leave the client's namespace empty)")
+    if not resource.name:
+        raise ProxyError(Code.ILLEGAL_TOPIC if what == "topic" else Code.ILLEGAL_CONSUMER_GROUP,
+                         f"{what} name is required")
+    return resource.name
+
+
+def seconds(d: duration_pb2.Duration) -> float:
+    return d.seconds + d.nanos / 1e9
+
+
+def duration(value: float) -> duration_pb2.Duration:
+    whole = int(value)
+    return duration_pb2.Duration(seconds=whole, nanos=int(round((value - whole) * 1e9)))
+
+
+def timestamp_ms(ms: int) -> timestamp_pb2.Timestamp:
+    return timestamp_pb2.Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def md5_digest(body: bytes) -> definition_pb2.Digest:
+    return definition_pb2.Digest(type=definition_pb2.MD5, checksum=hashlib.md5(body).hexdigest().upper())
+
+
+def inflate(body: bytes) -> bytes:
+    """A GZIP-encoded body (the clients use gzip or zlib framing)."""
+    try:
+        return zlib.decompress(body, 47)  # 32 + 15: detect gzip or zlib headers
+    except zlib.error as exc:
+        raise ProxyError(Code.MESSAGE_CORRUPTED, f"body is marked GZIP but does not inflate: {exc}") from None
+
+
+def to_native(message: definition_pb2.Message, *, client_id: str, max_body_bytes: int) -> common_pb2.Message:
+    """A message a RocketMQ producer sends, as the txmq broker stores it (queue not chosen yet)."""
+    topic = resource_name(message.topic, "topic")
+    sp = message.system_properties
+    kind = sp.message_type
+    if kind in (MessageType.MESSAGE_TYPE_UNSPECIFIED, MessageType.NORMAL):
+        native_type = common_pb2.MESSAGE_TYPE_NORMAL
+    elif kind == MessageType.TRANSACTION:
+        native_type = common_pb2.MESSAGE_TYPE_TRANSACTION
+    else:
+        raise unsupported(f"message type {MessageType.Name(kind)}")
+    if sp.HasField("delivery_timestamp") and kind != MessageType.TRANSACTION and sp.delivery_timestamp.seconds:
+        raise unsupported("delivery timestamps (delay messages)")
+    if sp.HasField("message_group") and sp.message_group:
+        raise unsupported("message groups (FIFO messages)")
+    body = message.body
+    if sp.body_encoding == definition_pb2.GZIP:
+        body = inflate(body)
+    if not body:
+        raise ProxyError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
+    if len(body) > max_body_bytes:
+        raise ProxyError(Code.MESSAGE_BODY_TOO_LARGE,
+                         f"message body is {len(body)} bytes, above the limit max_body_bytes={max_body_bytes}")
+    native = common_pb2.Message(
+        topic=topic, body=body, tag=sp.tag if sp.HasField("tag") else "", keys=list(sp.keys),
+        properties=dict(message.user_properties), message_id=sp.message_id, type=native_type,
+        born_timestamp_ms=sp.born_timestamp.seconds * 1000 + sp.born_timestamp.nanos // 1_000_000,
+        born_host=sp.born_host)
+    if native_type == common_pb2.MESSAGE_TYPE_TRANSACTION:
+        native.producer_group = topic
+        native.producer_client_id = client_id
+        if sp.HasField("orphaned_transaction_recovery_duration"):
+            native.check_immunity_seconds = max(seconds(sp.orphaned_transaction_recovery_duration), 0.0)
+    return native
+
+
+def _base(topic: str, m: common_pb2.Message, message_type: int) -> definition_pb2.Message:
+    out = definition_pb2.Message(topic=definition_pb2.Resource(name=topic), body=m.body,
+                                 user_properties=dict(m.properties))
+    sp = out.system_properties
+    if m.tag:
+        sp.tag = m.tag
+    sp.keys.extend(m.keys)
+    sp.message_id = m.message_id
+    sp.body_digest.CopyFrom(md5_digest(m.body))
+    sp.body_encoding = definition_pb2.IDENTITY
+    sp.message_type = message_type
+    sp.born_timestamp.CopyFrom(timestamp_ms(m.born_timestamp_ms))
+    sp.born_host = m.born_host
+    sp.queue_id = m.queue_id
+    return out
+
+
+def delivered_to_rmq(d: common_pb2.DeliveredMessage, now_ms: int) -> definition_pb2.Message:
+    """A delivery (ReceiveMessage). ``topic`` is the topic it was received from (a
+    ``%DLQ%`` topic when read from there): the client acknowledges with it."""
+    out = _base(d.topic, d.message, MessageType.NORMAL)
+    sp = out.system_properties
+    sp.queue_id = d.queue_id
+    sp.queue_offset = d.queue_offset
+    sp.store_timestamp.CopyFrom(timestamp_ms(d.stored_at_ms))
+    sp.store_host = d.broker_name
+    sp.receipt_handle = d.receipt_handle
+    sp.delivery_attempt = max(d.delivery_attempt, 1)
+    if d.invisible_until_ms:
+        sp.invisible_duration.CopyFrom(duration(max(d.invisible_until_ms - now_ms, 0) / 1000))
+    return out
+
+
+def check_to_rmq(m: common_pb2.Message) -> definition_pb2.Message:
+    """The half message of a check (RecoverOrphanedTransactionCommand)."""
+    return _base(m.topic, m, MessageType.TRANSACTION)
+
+
+def validate_filter(expression: definition_pb2.FilterExpression) -> str:
+    """The tag filter for the broker ("*" or "A || B"); SQL92 filters are not supported."""
+    if expression.type == definition_pb2.SQL:
+        raise ProxyError(Code.ILLEGAL_FILTER_EXPRESSION, "SQL92 filters are not supported by txmq: "
+                                                         "use a tag expression ('*' or 'TagA || TagB')")
+    return expression.expression.strip() or "*"
+
+
+def publishing_topics(settings: definition_pb2.Settings) -> tuple[str, ...]:
+    if settings.WhichOneof("pub_sub") != "publishing":
+        return ()
+    return tuple(dict.fromkeys(t.name for t in settings.publishing.topics
+                               if t.name and not t.resource_namespace))
+
+
+def backoff_delays(initial: float, multiplier: float, maximum: float, attempts: int) -> list[float]:
+    """Delay before each redelivery: initial × multiplier^(n-1), capped."""
+    out, delay = [], initial
+    for _ in range(max(attempts, 1)):
+        out.append(min(delay, maximum))
+        delay *= multiplier
+    return out

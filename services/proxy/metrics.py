@@ -1,0 +1,34 @@
+"""Proxy metrics: Telemetry streams by client type, check subscriptions, checks forwarded
+to clients, EndTransaction by source and result, messages in and out per topic. Labels
+are client types, results and topics only."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+from services.common.metrics import BaseMetrics
+
+
+class ProxyMetrics(BaseMetrics):
+    def __init__(self) -> None:
+        super().__init__("proxy")
+        self.streams = Gauge(
+            "txmq_proxy_telemetry_streams", "Open Telemetry streams of RocketMQ clients, by client type "
+            "(apache.rocketmq.v2.ClientType number)", ["client_type"], registry=self.registry)
+        self.subscriptions = Gauge(
+            "txmq_proxy_check_subscriptions", "CheckTransactionState streams held for connected producers "
+            "(one per producer client and checker)", registry=self.registry)
+        self.checks = Counter(
+            "txmq_proxy_checks_total", "Checks from the checkers by result: forwarded (written to the "
+            "client's Telemetry stream), no_stream (the client has no live stream here), answered "
+            "(answer relayed to the checker)", ["result"], registry=self.registry)
+        self.end_transactions = Counter(
+            "txmq_proxy_end_transactions_total", "EndTransaction calls by resolution, source "
+            "(client, server_check) and result (ok or the RocketMQ code name)",
+            ["resolution", "source", "result"], registry=self.registry)
+        self.messages_in = Counter(
+            "txmq_proxy_messages_in_total", "Messages sent through the proxy, by topic", ["topic"],
+            registry=self.registry)
+        self.messages_out = Counter(
+            "txmq_proxy_messages_out_total", "Messages delivered through the proxy, by topic", ["topic"],
+            registry=self.registry)

@@ -1,0 +1,45 @@
+"""Builds the proxy process: the MessagingService, the native directory (name servers,
+brokers, checkers), the check subscriptions for connected producers."""
+
+from __future__ import annotations
+
+import logging
+
+from services.common.server import ServiceApp
+
+from .checks import CheckManager
+from .clients import ClientRegistry
+from .config import ProxyConfig
+from .metrics import ProxyMetrics
+from .protocol import SERVICE_NAME, service_pb2_grpc
+from .relay import Relay
+from .service import MessagingServicer
+from .upstream import Upstream
+
+log = logging.getLogger(__name__)
+
+
+async def create_server(config: ProxyConfig) -> tuple[ServiceApp, int]:
+    metrics = ProxyMetrics()
+    upstream = Upstream(config)
+    relay = Relay(config, upstream)
+    registry = ClientRegistry(config.client_idle_expiry_seconds)
+    checks = CheckManager(config, upstream, registry, metrics)
+    servicer = MessagingServicer(config, upstream, relay, registry, checks, metrics)
+    app = ServiceApp("proxy", config, metrics,
+                     [(service_pb2_grpc.add_MessagingServiceServicer_to_server, servicer)], [SERVICE_NAME])
+    servicer.bound_port = app.port  # routes fall back to it when a client names no access point
+    app.servicer = servicer  # type: ignore[attr-defined]  # tests and tools reach the domain
+
+    async def start() -> None:
+        await upstream.start()
+        checks.start()
+
+    async def stop() -> None:
+        registry.close()
+        await checks.stop()
+        await upstream.stop()
+
+    app.on_start.append(start)
+    app.on_stop.append(stop)
+    return app, app.port

@@ -1,0 +1,310 @@
+"""``apache.rocketmq.v2.MessagingService``: RocketMQ protocol ⇄ the proxy's domain, and
+domain errors → in-band ``Status`` (``codes.code_for``), nothing else.
+
+Every response carries a status: the official clients read errors in band and treat a
+gRPC-level failure as a transport error. RPCs txmq does not serve (Pull/offset RPCs,
+RecallMessage, lite topics, ForwardMessageToDeadLetterQueue) answer NOT_IMPLEMENTED.
+The call order and field requirements of the clients are described in
+docs/rocketmq-compat.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator, Callable
+
+from txmq._errors import TxmqError
+from txmq.v1 import common_pb2
+
+from . import settings as settings_mod
+from .checks import CheckManager
+from .clients import ClientRegistry, TelemetryStream
+from .codes import ProxyError, code_for, status, unsupported
+from .config import ProxyConfig
+from .convert import delivered_to_rmq, resource_name, seconds, to_native, validate_filter
+from .metrics import ProxyMetrics
+from .protocol import Code, definition_pb2, service_pb2, service_pb2_grpc
+from .relay import Relay
+from .upstream import Upstream
+
+log = logging.getLogger(__name__)
+
+pb = definition_pb2
+spb = service_pb2
+
+CLIENT_ID_HEADER = "x-mq-client-id"
+#: Message types every topic accepts (txmq topics take normal and transactional messages).
+ACCEPTED_TYPES = (pb.NORMAL, pb.TRANSACTION)
+#: A long poll ends this long before the client's deadline.
+DEADLINE_MARGIN_SECONDS = 1.0
+
+_RESOLUTIONS = {
+    pb.COMMIT: (common_pb2.TRANSACTION_RESOLUTION_COMMIT, common_pb2.CHECK_RESULT_COMMIT, "commit"),
+    pb.ROLLBACK: (common_pb2.TRANSACTION_RESOLUTION_ROLLBACK, common_pb2.CHECK_RESULT_ROLLBACK, "rollback"),
+}
+_UNKNOWN = (common_pb2.TRANSACTION_RESOLUTION_UNKNOWN, common_pb2.CHECK_RESULT_UNKNOWN, "unknown")
+
+
+def client_id_of(context: Any) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_ID_HEADER:
+            return value if isinstance(value, str) else value.decode()
+    return ""
+
+
+def _failed(response_cls: Callable[..., Any], exc: BaseException, method: str) -> Any:
+    if not isinstance(exc, TxmqError):
+        log.exception("unexpected error in %s", method, exc_info=exc)
+    return response_cls(status=status(exc))
+
+
+class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
+    def __init__(self, config: ProxyConfig, upstream: Upstream, relay: Relay, registry: ClientRegistry,
+                 checks: CheckManager, metrics: ProxyMetrics, bound_port: int = 0) -> None:
+        self.config = config
+        self.upstream = upstream
+        self.relay = relay
+        self.registry = registry
+        self.checks = checks
+        self.metrics = metrics
+        self.bound_port = bound_port
+
+    # --- routes --------------------------------------------------------------------------
+
+    def _queue(self, topic: str, queue_id: int, broker: str, endpoints: pb.Endpoints) -> pb.MessageQueue:
+        return pb.MessageQueue(
+            topic=pb.Resource(name=topic), id=queue_id, permission=pb.READ_WRITE,
+            broker=pb.Broker(name=broker, id=0, endpoints=endpoints), accept_message_types=ACCEPTED_TYPES)
+
+    async def QueryRoute(self, request: spb.QueryRouteRequest, context: Any) -> spb.QueryRouteResponse:
+        try:
+            topic = resource_name(request.topic, "topic")
+            endpoints = settings_mod.advertised(self.config, request.endpoints, self.bound_port)
+            queues = await self.upstream.route(topic)
+            return spb.QueryRouteResponse(status=status(), message_queues=[
+                self._queue(topic, q.queue_id, q.broker_name, endpoints) for q in queues])
+        except Exception as exc:  # noqa: BLE001 - answered in band
+            return _failed(spb.QueryRouteResponse, exc, "QueryRoute")
+
+    async def QueryAssignment(self, request: spb.QueryAssignmentRequest,
+                              context: Any) -> spb.QueryAssignmentResponse:
+        """One assignment per broker holding the topic, queue id -1 (any queue of it)."""
+        try:
+            topic = resource_name(request.topic, "topic")
+            resource_name(request.group, "group")
+            endpoints = settings_mod.advertised(self.config, request.endpoints, self.bound_port)
+            brokers = await self.relay.brokers_of(topic)
+            return spb.QueryAssignmentResponse(status=status(), assignments=[
+                pb.Assignment(message_queue=self._queue(topic, -1, name, endpoints)) for name in brokers])
+        except Exception as exc:  # noqa: BLE001
+            return _failed(spb.QueryAssignmentResponse, exc, "QueryAssignment")
+
+    # --- liveness ------------------------------------------------------------------------
+
+    async def Heartbeat(self, request: spb.HeartbeatRequest, context: Any) -> spb.HeartbeatResponse:
+        return spb.HeartbeatResponse(status=status())
+
+    async def NotifyClientTermination(self, request: spb.NotifyClientTerminationRequest,
+                                      context: Any) -> spb.NotifyClientTerminationResponse:
+        client_id = client_id_of(context)
+        if client_id:
+            self.registry.terminate(client_id)
+        return spb.NotifyClientTerminationResponse(status=status())
+
+    # --- producing -----------------------------------------------------------------------
+
+    async def SendMessage(self, request: spb.SendMessageRequest, context: Any) -> spb.SendMessageResponse:
+        if not request.messages:
+            return spb.SendMessageResponse(status=status(ProxyError(Code.BAD_REQUEST, "no message to send")))
+        client_id = client_id_of(context)
+        response = spb.SendMessageResponse()
+        first_error: pb.Status | None = None
+        for message in request.messages:
+            message_id = message.system_properties.message_id
+            try:
+                native = to_native(message, client_id=client_id, max_body_bytes=self.config.max_body_bytes)
+                result = await self.relay.send(native)
+            except Exception as exc:  # noqa: BLE001 - per entry, and at the top (Python reads only that)
+                failed = _failed(spb.SendResultEntry, exc, "SendMessage")
+                failed.message_id = message_id
+                response.entries.append(failed)
+                first_error = first_error or failed.status
+                continue
+            self.metrics.messages_in.labels(native.topic).inc()
+            response.entries.append(spb.SendResultEntry(
+                status=status(), message_id=result.message_id, transaction_id=result.transaction_id,
+                offset=max(result.queue_offset, 0)))
+        response.status.CopyFrom(first_error or status())
+        return response
+
+    async def EndTransaction(self, request: spb.EndTransactionRequest, context: Any) -> spb.EndTransactionResponse:
+        """COMMIT / ROLLBACK from the producer (SOURCE_CLIENT) or its TransactionChecker
+        (SOURCE_SERVER_CHECK, source CHECK on the broker). Any replica applies it on the
+        broker the transaction id names; a check sent from this replica is also answered
+        to its checker (see ``checks``). UNSPECIFIED keeps the transaction pending."""
+        from_check = request.source == pb.SOURCE_SERVER_CHECK
+        resolution, check_result, label = _RESOLUTIONS.get(request.resolution, _UNKNOWN)
+        source_label = "server_check" if from_check else "client"
+        try:
+            if not request.transaction_id:
+                raise ProxyError(Code.INVALID_TRANSACTION_ID, "transaction_id is required")
+            await self.relay.end(request.transaction_id, request.message_id, resolution,
+                                 common_pb2.TRANSACTION_SOURCE_CHECK if from_check
+                                 else common_pb2.TRANSACTION_SOURCE_CLIENT)
+        except Exception as exc:  # noqa: BLE001
+            self.metrics.end_transactions.labels(label, source_label, Code.Name(code_for(exc))).inc()
+            return _failed(spb.EndTransactionResponse, exc, "EndTransaction")
+        self.metrics.end_transactions.labels(label, source_label, "ok").inc()
+        if from_check and self.checks.answered(request.transaction_id, check_result):
+            self.metrics.checks.labels("answered").inc()
+        return spb.EndTransactionResponse(status=status())
+
+    async def RecallMessage(self, request: spb.RecallMessageRequest, context: Any) -> spb.RecallMessageResponse:
+        return spb.RecallMessageResponse(status=status(unsupported("RecallMessage (delay messages)")))
+
+    # --- consuming -----------------------------------------------------------------------
+
+    def _long_poll_seconds(self, request: spb.ReceiveMessageRequest, context: Any) -> float:
+        wait = seconds(request.long_polling_timeout) if request.HasField("long_polling_timeout") else 0.0
+        wait = min(max(wait, 0.0), self.config.max_long_polling_seconds)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait = max(0.0, min(wait, remaining - DEADLINE_MARGIN_SECONDS))
+        return wait
+
+    def _invisible_seconds(self, value: float) -> float:
+        return min(max(value, self.config.min_invisible_duration_seconds), self.config.max_invisible_duration_seconds)
+
+    async def ReceiveMessage(self, request: spb.ReceiveMessageRequest, context: Any) -> None:
+        """Frames: status, then one message each, then the delivery timestamp."""
+        try:
+            group = resource_name(request.group, "group")
+            queue = request.message_queue
+            topic = resource_name(queue.topic, "topic")
+            expression = validate_filter(request.filter_expression)
+            invisible = (seconds(request.invisible_duration) if request.HasField("invisible_duration")
+                         else self.config.default_invisible_duration_seconds)
+            batch = min(max(request.batch_size, 1), self.config.max_receive_batch)
+            deliveries = await self.relay.receive(
+                group=group, topic=topic, broker=queue.broker.name, filter_expression=expression,
+                max_messages=batch, invisible_seconds=self._invisible_seconds(invisible),
+                wait_seconds=self._long_poll_seconds(request, context))
+        except Exception as exc:  # noqa: BLE001
+            await context.write(_failed(spb.ReceiveMessageResponse, exc, "ReceiveMessage"))
+            return
+        now_ms = int(time.time() * 1000)
+        if deliveries:
+            await context.write(spb.ReceiveMessageResponse(status=status()))
+            for d in deliveries:
+                await context.write(spb.ReceiveMessageResponse(message=delivered_to_rmq(d, now_ms)))
+                self.metrics.messages_out.labels(topic).inc()
+        else:
+            await context.write(spb.ReceiveMessageResponse(status=pb.Status(
+                code=Code.MESSAGE_NOT_FOUND, message="no new message")))
+        stamp = spb.ReceiveMessageResponse()
+        stamp.delivery_timestamp.FromMilliseconds(now_ms)
+        await context.write(stamp)
+
+    async def AckMessage(self, request: spb.AckMessageRequest, context: Any) -> spb.AckMessageResponse:
+        try:
+            group = resource_name(request.group, "group")
+            topic = resource_name(request.topic, "topic")
+            results = await self.relay.ack(group, topic, [e.receipt_handle for e in request.entries])
+        except Exception as exc:  # noqa: BLE001
+            return _failed(spb.AckMessageResponse, exc, "AckMessage")
+        response = spb.AckMessageResponse()
+        for entry, error in zip(request.entries, results):
+            response.entries.append(spb.AckMessageResultEntry(
+                message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status(error)))
+        codes = {e.status.code for e in response.entries}
+        if codes <= {Code.OK}:
+            response.status.CopyFrom(status())
+        elif len(response.entries) == 1:
+            response.status.CopyFrom(response.entries[0].status)
+        else:
+            response.status.CopyFrom(pb.Status(code=Code.MULTIPLE_RESULTS, message="some entries failed"))
+        return response
+
+    async def ChangeInvisibleDuration(self, request: spb.ChangeInvisibleDurationRequest,
+                                      context: Any) -> spb.ChangeInvisibleDurationResponse:
+        """Always answers with a receipt handle (the new one, or the one sent): the Python
+        client adopts it before reading the status. Tiny durations are raised to
+        ``min_invisible_duration_seconds`` (Node.js sends milliseconds as seconds)."""
+        try:
+            group = resource_name(request.group, "group")
+            topic = resource_name(request.topic, "topic")
+            handle = await self.relay.change_invisible(group, topic, request.receipt_handle,
+                                                       self._invisible_seconds(seconds(request.invisible_duration)))
+        except Exception as exc:  # noqa: BLE001
+            failed = _failed(spb.ChangeInvisibleDurationResponse, exc, "ChangeInvisibleDuration")
+            failed.receipt_handle = request.receipt_handle
+            return failed
+        return spb.ChangeInvisibleDurationResponse(status=status(), receipt_handle=handle)
+
+    async def ForwardMessageToDeadLetterQueue(self, request: spb.ForwardMessageToDeadLetterQueueRequest,
+                                              context: Any) -> spb.ForwardMessageToDeadLetterQueueResponse:
+        # Only FIFO consumers call it; txmq moves a message to %DLQ%<group> itself after
+        # max_delivery_attempts deliveries.
+        return spb.ForwardMessageToDeadLetterQueueResponse(status=status(unsupported(
+            "ForwardMessageToDeadLetterQueue (FIFO consumption); the broker dead-letters after "
+            "max_delivery_attempts")))
+
+    # --- unused by the clients -----------------------------------------------------------
+
+    async def PullMessage(self, request: spb.PullMessageRequest, context: Any) -> None:
+        await context.write(spb.PullMessageResponse(status=status(unsupported("PullMessage"))))
+
+    async def UpdateOffset(self, request: spb.UpdateOffsetRequest, context: Any) -> spb.UpdateOffsetResponse:
+        return spb.UpdateOffsetResponse(status=status(unsupported("UpdateOffset")))
+
+    async def GetOffset(self, request: spb.GetOffsetRequest, context: Any) -> spb.GetOffsetResponse:
+        return spb.GetOffsetResponse(status=status(unsupported("GetOffset")))
+
+    async def QueryOffset(self, request: spb.QueryOffsetRequest, context: Any) -> spb.QueryOffsetResponse:
+        return spb.QueryOffsetResponse(status=status(unsupported("QueryOffset")))
+
+    async def SyncLiteSubscription(self, request: spb.SyncLiteSubscriptionRequest,
+                                   context: Any) -> spb.SyncLiteSubscriptionResponse:
+        return spb.SyncLiteSubscriptionResponse(status=status(unsupported("lite topics")))
+
+    # --- telemetry -----------------------------------------------------------------------
+
+    async def Telemetry(self, request_iterator: AsyncIterator[spb.TelemetryCommand], context: Any) -> None:
+        """Replies to every Settings with the proxy's settings (status OK), and carries
+        orphan checks to producers. Bound to the client by its ``x-mq-client-id``."""
+        client_id = client_id_of(context)
+        if not client_id:
+            await context.write(spb.TelemetryCommand(status=pb.Status(
+                code=Code.CLIENT_ID_REQUIRED, message=f"the {CLIENT_ID_HEADER} header is required")))
+            return
+        stream = self.registry.open_stream(client_id)
+        reader = asyncio.ensure_future(self._read_telemetry(request_iterator, stream))
+        try:
+            while True:
+                item = await stream.next()
+                if item is None:
+                    break
+                command, on_written = item
+                await context.write(command)
+                if on_written is not None:
+                    on_written()
+        finally:
+            reader.cancel()
+            self.registry.close_stream(stream)
+
+    async def _read_telemetry(self, requests: AsyncIterator[spb.TelemetryCommand], stream: TelemetryStream) -> None:
+        try:
+            async for command in requests:
+                if command.WhichOneof("command") == "settings":
+                    self.registry.update_settings(stream, command.settings)
+                    stream.offer(spb.TelemetryCommand(status=status(),
+                                                      settings=settings_mod.reply(command.settings, self.config)))
+                # Other commands (thread stack traces, verify results, statuses) need no reply.
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the client went away mid-read
+            log.debug("telemetry read ended", extra={"fields": {"client_id": stream.client_id,
+                                                                 "error": str(exc)[:200]}})
+        self.registry.close_stream(stream)

@@ -1,0 +1,168 @@
+"""The native side of the proxy: name servers (routes, live brokers and checkers) and a
+channel per broker.
+
+Nothing here is shared with other replicas: every answer comes from the name servers
+(cached briefly) or from the id a request carries (a transaction id or receipt handle names
+its broker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable, TypeVar
+
+import grpc
+
+from txmq._errors import BrokerNotFoundError, TxmqError, UnavailableError, error_from_rpc
+from txmq.v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+
+from .config import ProxyConfig
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+
+async def call(coro: Awaitable[T]) -> T:
+    """Awaits a native RPC; a failed call becomes the ``TxmqError`` it stands for."""
+    try:
+        return await coro
+    except grpc.aio.AioRpcError as exc:
+        raise error_from_rpc(exc) from None
+
+
+class Upstream:
+    def __init__(self, config: ProxyConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self._ns_channels = {a: grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS)
+                             for a in config.nameserver_addresses}
+        self._ns = {a: nameserver_pb2_grpc.NameServerServiceStub(c) for a, c in self._ns_channels.items()}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        #: broker name → address, from ListBrokers and routes.
+        self.brokers: dict[str, str] = {}
+        #: checker address → name.
+        self.checkers: dict[str, str] = {}
+        self._routes: dict[str, tuple[float, list[nameserver_pb2.QueueRoute]]] = {}
+        self.on_checkers_changed: list[Callable[[], None]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._failing: set[str] = set()
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._task = asyncio.create_task(self._run(), name="directory-refresh")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.directory_refresh_seconds)
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 - keep refreshing
+                log.exception("directory refresh failed")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for channel in [*self._channels.values(), *self._ns_channels.values()]:
+            await channel.close()
+
+    # --- name servers --------------------------------------------------------------------
+
+    async def _ask(self, method: str, request: Any) -> list[Any]:
+        """Asks every name server; returns the answers of those that answered."""
+        async def one(address: str) -> Any:
+            try:
+                answer = await getattr(self._ns[address], method)(request, timeout=self.config.rpc_timeout_seconds)
+            except grpc.aio.AioRpcError as exc:
+                if address not in self._failing:
+                    self._failing.add(address)
+                    log.warning("name server unreachable", extra={"fields": {
+                        "nameserver": address, "error": str(exc.details())[:200]}})
+                return None
+            if address in self._failing:
+                self._failing.discard(address)
+                log.info("name server reachable again", extra={"fields": {"nameserver": address}})
+            return answer
+        answers = await asyncio.gather(*(one(a) for a in self._ns))
+        return [a for a in answers if a is not None]
+
+    async def refresh(self) -> None:
+        brokers = await self._ask("ListBrokers", nameserver_pb2.ListBrokersRequest())
+        if brokers:
+            live: dict[str, tuple[int, str]] = {}
+            for answer in brokers:
+                for info in answer.brokers:
+                    known = live.get(info.name)
+                    if known is None or info.last_heartbeat_ms > known[0]:
+                        live[info.name] = (info.last_heartbeat_ms, info.address)
+            self.brokers = {name: address for name, (_, address) in live.items()}
+        checkers = await self._ask("ListCheckers", nameserver_pb2.ListCheckersRequest())
+        if checkers:
+            found = {c.address: c.name for answer in checkers for c in answer.checkers}
+            if found != self.checkers:
+                self.checkers = found
+                for notify in self.on_checkers_changed:
+                    notify()
+
+    async def route(self, topic: str) -> list[nameserver_pb2.QueueRoute]:
+        """The topic's queues (name server QueryRoute), reused for ``route_ttl_seconds``.
+        Raises TopicNotFoundError (or INVALID_NAME) as the name server does."""
+        now = self.clock()
+        cached = self._routes.get(topic)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        last: TxmqError | None = None
+        for address, stub in self._ns.items():
+            try:
+                response = await stub.QueryRoute(nameserver_pb2.QueryRouteRequest(topic=topic),
+                                                 timeout=self.config.rpc_timeout_seconds)
+            except grpc.aio.AioRpcError as exc:
+                last = error_from_rpc(exc)
+                if last.retryable:
+                    continue  # another name server may answer
+                raise last from None
+            queues = list(response.queues)
+            for q in queues:
+                self.brokers.setdefault(q.broker_name, q.broker_address)
+            if len(self._routes) > 10_000:
+                self._routes.clear()
+            self._routes[topic] = (now + self.config.route_ttl_seconds, queues)
+            return queues
+        raise last or UnavailableError("no name server configured")
+
+    def forget_route(self, topic: str) -> None:
+        self._routes.pop(topic, None)
+
+    # --- brokers -------------------------------------------------------------------------
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return channel
+
+    async def broker(self, name: str) -> broker_pb2_grpc.BrokerServiceStub:
+        """A stub for the broker ``name`` (listed again once if it is not known yet)."""
+        address = self.brokers.get(name)
+        if address is None:
+            await self.refresh()
+            address = self.brokers.get(name)
+            if address is None:
+                raise BrokerNotFoundError(name)
+        return broker_pb2_grpc.BrokerServiceStub(self._channel(address))
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        return self._channel(address)

@@ -1,0 +1,178 @@
+"""Drives the official RocketMQ 5 Python client (``rocketmq-python-client``, unmodified)
+against a txmq proxy. Run as a subprocess by tests/proxy (the client and txmq's own
+modules must not share a process; see services/proxy/protocol.py).
+
+    python rmq_python.py SCENARIO '{"endpoints": "127.0.0.1:8081", ...}'
+
+Each scenario prints JSON lines on stdout (``{"event": ...}``) as things happen; scenarios
+that run until told to stop end when stdin closes. The client's own log is under
+$HOME/logs/rocketmq_python/ (tests give it a temporary HOME).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExpression, Message,
+                      MessageListener, Producer, PushConsumer, SimpleConsumer, TransactionChecker,
+                      TransactionResolution)
+
+
+def emit(event: str, **fields: object) -> None:
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def view(m: Message) -> dict:
+    body = m.body
+    return {"message_id": m.message_id, "topic": m.topic, "body": body.decode() if body is not None else None,
+            "tag": m.tag, "keys": sorted(m.keys or ()), "properties": dict(m.properties or {}),
+            "delivery_attempt": m.delivery_attempt, "corrupted": m.corrupted}
+
+
+def message(topic: str, body: str, tag: str = "", key: str = "", props: dict | None = None) -> Message:
+    m = Message()
+    m.topic = topic
+    m.body = body.encode()
+    if tag:
+        m.tag = tag
+    if key:
+        m.keys = key
+    for k, v in (props or {}).items():
+        m.add_property(k, v)
+    return m
+
+
+def wait_for_stdin_eof() -> None:
+    sys.stdin.read()
+
+
+class Checker(TransactionChecker):
+    """Answers orphan checks: COMMIT unless the body says rollback."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def check(self, m: Message) -> TransactionResolution:
+        resolution = TransactionResolution.ROLLBACK if m.body.startswith(b"rollback") else TransactionResolution.COMMIT
+        emit("checked", resolution="ROLLBACK" if resolution == TransactionResolution.ROLLBACK else "COMMIT",
+             **view(m))
+        return resolution
+
+
+def config(args: dict) -> ClientConfiguration:
+    return ClientConfiguration(args["endpoints"], Credentials(), request_timeout=args.get("request_timeout", 3))
+
+
+# --- scenarios ---------------------------------------------------------------------------
+
+def transactional(args: dict) -> None:
+    """For each body: a half message, then COMMIT or ROLLBACK (the body's first word)."""
+    topic = args["topic"]
+    producer = Producer(config(args), topics=[topic], checker=Checker())
+    producer.startup()
+    try:
+        for i, body in enumerate(args["bodies"]):
+            tx = producer.begin_transaction()
+            receipt = producer.send(message(topic, body, tag="TagA", key=f"k{i}", props={"n": str(i)}), tx)
+            emit("sent", message_id=receipt.message_id, transaction_id=receipt.transaction_id, body=body)
+            if body.startswith("rollback"):
+                tx.rollback()
+            else:
+                tx.commit()
+            emit("ended", message_id=receipt.message_id, body=body)
+    finally:
+        producer.shutdown()
+    emit("done")
+
+
+def orphan(args: dict) -> None:
+    """Sends a half message and dies (SIGKILL) before deciding it."""
+    topic = args["topic"]
+    producer = Producer(config(args), topics=[topic], checker=Checker())
+    producer.startup()
+    tx = producer.begin_transaction()
+    receipt = producer.send(message(topic, args["body"], tag="TagA", key="orphan"), tx)
+    emit("sent", message_id=receipt.message_id, transaction_id=receipt.transaction_id, body=args["body"])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def checker(args: dict) -> None:
+    """A transactional producer that only answers checks, until stdin closes."""
+    producer = Producer(config(args), topics=[args["topic"]], checker=Checker())
+    producer.startup()
+    emit("started")
+    try:
+        wait_for_stdin_eof()
+    finally:
+        producer.shutdown()
+    emit("done")
+
+
+def send(args: dict) -> None:
+    topic = args["topic"]
+    producer = Producer(config(args), topics=[topic])
+    producer.startup()
+    try:
+        for i, body in enumerate(args["bodies"]):
+            receipt = producer.send(message(topic, body, tag="TagA", key=f"k{i}", props={"n": str(i)}))
+            emit("sent", message_id=receipt.message_id, body=body)
+    finally:
+        producer.shutdown()
+    emit("done")
+
+
+def simple(args: dict) -> None:
+    """Receives until ``count`` acknowledgements. Messages whose body starts with "postpone"
+    get change_invisible_duration(``postpone_seconds``) on their first delivery instead of
+    an ack, and are acknowledged when redelivered."""
+    consumer = SimpleConsumer(config(args), args["group"], {args["topic"]: FilterExpression(args.get("filter", "*"))},
+                              await_duration=args.get("await_seconds", 2))
+    consumer.startup()
+    acked = 0
+    deadline = time.monotonic() + args.get("timeout_seconds", 60)
+    try:
+        while acked < args["count"] and time.monotonic() < deadline:
+            for m in consumer.receive(16, args.get("invisible_seconds", 10)):
+                emit("received", **view(m))
+                if m.body.startswith(b"postpone") and m.delivery_attempt == 1:
+                    consumer.change_invisible_duration(m, args.get("postpone_seconds", 1))
+                    emit("postponed", message_id=m.message_id)
+                    continue
+                consumer.ack(m)
+                acked += 1
+                emit("acked", message_id=m.message_id)
+    finally:
+        consumer.shutdown()
+    emit("done", acked=acked)
+
+
+class Listener(MessageListener):
+    """Fails messages whose body starts with "fail", consumes the others."""
+
+    def consume(self, m: Message) -> ConsumeResult:
+        failed = m.body.startswith(b"fail")
+        emit("consumed", result="FAILURE" if failed else "SUCCESS", **view(m))
+        return ConsumeResult.FAILURE if failed else ConsumeResult.SUCCESS
+
+
+def push(args: dict) -> None:
+    consumer = PushConsumer(config(args), args["group"], Listener(), {args["topic"]: FilterExpression()})
+    consumer.startup()
+    emit("started")
+    try:
+        wait_for_stdin_eof()
+    finally:
+        consumer.shutdown()
+    emit("done")
+
+
+SCENARIOS = {f.__name__: f for f in (transactional, orphan, checker, send, simple, push)}
+
+if __name__ == "__main__":
+    SCENARIOS[sys.argv[1]](json.loads(sys.argv[2]))

@@ -1,0 +1,86 @@
+// Drives the official RocketMQ 5 Node.js client (rocketmq-client-nodejs, unmodified)
+// against a txmq proxy. Run by tests/proxy as: node rmq_node.js SCENARIO '{"endpoints": ...}'
+// Prints JSON lines ({"event": ...}) on stdout. Its log goes under $HOME/logs/rocketmq/.
+'use strict';
+
+const { Producer, SimpleConsumer } = require('rocketmq-client-nodejs');
+const { TransactionResolution } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
+
+function emit(event, fields) {
+  process.stdout.write(JSON.stringify({ event, ...(fields || {}) }) + '\n');
+}
+
+function view(m) {
+  return {
+    message_id: m.messageId, topic: m.topic, body: m.body.toString(), tag: m.tag || '',
+    keys: [...(m.keys || [])].sort(), properties: Object.fromEntries(m.properties || new Map()),
+    delivery_attempt: m.deliveryAttempt, corrupted: m.corrupted,
+  };
+}
+
+const checker = {
+  async check(m) {
+    const rollback = m.body.toString().startsWith('rollback');
+    emit('checked', { resolution: rollback ? 'ROLLBACK' : 'COMMIT', ...view(m) });
+    return rollback ? TransactionResolution.ROLLBACK : TransactionResolution.COMMIT;
+  },
+};
+
+async function transactional(args) {
+  const producer = new Producer({ endpoints: args.endpoints, namespace: '', topics: [args.topic], checker });
+  await producer.startup();
+  try {
+    let i = 0;
+    for (const body of args.bodies) {
+      const tx = producer.beginTransaction();
+      const receipt = await producer.send({
+        topic: args.topic, tag: 'TagA', keys: [`k${i}`], body: Buffer.from(body),
+        properties: new Map([['n', String(i)]]),
+      }, tx);
+      emit('sent', { message_id: receipt.messageId, transaction_id: receipt.transactionId, body });
+      if (body.startsWith('rollback')) await tx.rollback(); else await tx.commit();
+      emit('ended', { message_id: receipt.messageId, body });
+      i += 1;
+    }
+  } finally {
+    await producer.shutdown();
+  }
+  emit('done');
+}
+
+// Receives until `count` acknowledgements; "postpone*" bodies get changeInvisibleDuration
+// on their first delivery and are acknowledged when redelivered.
+async function simple(args) {
+  const consumer = new SimpleConsumer({
+    endpoints: args.endpoints, namespace: '', consumerGroup: args.group,
+    subscriptions: new Map([[args.topic, args.filter || '*']]), awaitDuration: (args.await_seconds || 2) * 1000,
+  });
+  await consumer.startup();
+  let acked = 0;
+  const deadline = Date.now() + (args.timeout_seconds || 60) * 1000;
+  try {
+    while (acked < args.count && Date.now() < deadline) {
+      const messages = await consumer.receive(16, (args.invisible_seconds || 10) * 1000);
+      for (const m of messages) {
+        emit('received', view(m));
+        if (m.body.toString().startsWith('postpone') && m.deliveryAttempt === 1) {
+          await consumer.changeInvisibleDuration(m, (args.postpone_seconds || 1) * 1000);
+          emit('postponed', { message_id: m.messageId });
+          continue;
+        }
+        await consumer.ack(m);
+        acked += 1;
+        emit('acked', { message_id: m.messageId });
+      }
+    }
+  } finally {
+    await consumer.shutdown();
+  }
+  emit('done', { acked });
+}
+
+const scenarios = { transactional, simple };
+
+scenarios[process.argv[2]](JSON.parse(process.argv[3])).then(
+  () => process.exit(0),
+  (err) => { process.stderr.write(`${err && err.stack || err}\n`); process.exit(1); });

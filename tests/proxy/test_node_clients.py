@@ -1,0 +1,74 @@
+"""Node.js clients: the official RocketMQ 5 client (rocketmq-client-nodejs, unmodified)
+through the proxy, and a client generated at run time from protos/txmq/v1 (grpc-js +
+proto-loader) against the native services. Installed by ``make proxy-deps``."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+
+from tests.support.cluster import Cluster
+from txmq._ids import TransactionId
+from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+
+from .support import Clients, node_ready
+
+pytestmark = [pytest.mark.timeout(180),
+              pytest.mark.skipif(node_ready() is not None, reason=node_ready() or "")]
+
+
+def test_node_transactional_commit_and_rollback(rmq_cluster: Cluster, clients: Clients,
+                                                unique_name: Callable[[str], str]) -> None:
+    topic, group = unique_name("nodetx"), unique_name("g")
+    proxy = rmq_cluster.proxy_addresses[0]
+    producer = clients.node("rmq_node.js", "transactional", endpoints=proxy, topic=topic,
+                            bodies=["commit-1", "rollback-1", "commit-2"])
+    producer.expect_success(60)
+    sent = {e["body"]: e for e in producer.of("sent")}
+    assert set(sent) == {"commit-1", "rollback-1", "commit-2"}
+    assert len({e["transaction_id"] for e in sent.values()}) == 3
+
+    consumer = clients.node("rmq_node.js", "simple", endpoints=proxy, topic=topic, group=group, count=2,
+                            await_seconds=1)
+    consumer.expect_success(60)
+    received = consumer.of("received")
+    assert sorted(m["body"] for m in received) == ["commit-1", "commit-2"]
+    for m in received:
+        assert m["message_id"] == sent[m["body"]]["message_id"]
+        assert m["tag"] == "TagA" and m["delivery_attempt"] == 1 and not m.get("corrupted")
+
+
+def test_node_simple_consumer_change_invisibility(rmq_cluster: Cluster, clients: Clients,
+                                                  unique_name: Callable[[str], str]) -> None:
+    topic, group = unique_name("nodesimple"), unique_name("g")
+    proxy = rmq_cluster.proxy_addresses[1]
+    clients.python("send", endpoints=proxy, topic=topic, bodies=["plain-1", "postpone-1"]).expect_success(60)
+    consumer = clients.node("rmq_node.js", "simple", endpoints=proxy, topic=topic, group=group, count=2,
+                            await_seconds=1, invisible_seconds=20, postpone_seconds=1)
+    consumer.expect_success(60)
+    attempts = sorted((m["body"], m["delivery_attempt"]) for m in consumer.of("received"))
+    assert attempts == [("plain-1", 1), ("postpone-1", 1), ("postpone-1", 2)]
+
+
+def test_generated_node_client_on_the_native_protos(rmq_cluster: Cluster, clients: Clients,
+                                                    unique_name: Callable[[str], str]) -> None:
+    topic = unique_name("nodenative")
+    client = clients.node("native_txmq.js", "flow", nameserver=rmq_cluster.nameserver_address, topic=topic,
+                          group=unique_name("pg"), consumer_group=unique_name("g"), body="hello from js")
+    client.expect_success(60)
+    [sent] = client.of("sent")
+    assert sent["state"] == "TRANSACTION_STATE_PREPARED"
+    assert client.of("ended")[0]["state"] == "TRANSACTION_STATE_COMMITTED"
+    [received] = client.of("received")
+    assert received["body"] == "hello from js" and received["message_id"] == sent["message_id"]
+    assert received["transaction_id"] == sent["transaction_id"] and received["delivery_attempt"] == 1
+    assert received["properties"] == {"lang": "node"} and received["keys"] == ["js-key"]
+    assert client.of("acked")[0]["code"] == 0
+    # What the broker recorded, read back with the Python stubs.
+    broker = TransactionId.decode(sent["transaction_id"]).broker
+    address = next(b.address for b in rmq_cluster.list_brokers() if b.name == broker)
+    txn = broker_pb2_grpc.BrokerServiceStub(rmq_cluster.channel(address)).GetTransaction(
+        broker_pb2.GetTransactionRequest(transaction_id=sent["transaction_id"]), timeout=5).transaction
+    assert txn.state == common_pb2.TRANSACTION_STATE_COMMITTED
+    assert txn.resolution_source == common_pb2.TRANSACTION_SOURCE_CLIENT
