@@ -112,7 +112,7 @@ chart-lint: chart-tools
 	$(HELM) lint --strict $(CHART_DIR)
 	for f in $(CHART_DIR)/ci/*-values.yaml; do $(HELM) lint --strict $(CHART_DIR) -f $$f || exit 1; done
 
-test-chart: chart-tools
+test-chart: chart-tools proxy-deps
 	$(PY) -m pytest tests/chart
 
 # Against a real cluster (KUBECONFIG, images pushed; see deploy/helm/txmq/README.md).
@@ -122,7 +122,7 @@ e2e-k8s: chart-tools
 
 # Needs a Docker engine (none on the development machines).
 images:
-	for s in nameserver broker checker; do \
+	for s in nameserver broker checker proxy; do \
 	  docker build -f deploy/docker/$$s/Dockerfile -t txmq/$$s:$$(sed -n 's/^appVersion: "\(.*\)"/\1/p' $(CHART_DIR)/Chart.yaml) . || exit 1; done
 
 bench: venv

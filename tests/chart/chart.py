@@ -20,10 +20,16 @@ COMPONENTS = {
     "nameserver": ("services.nameserver", "services.nameserver.config", "NameServerConfig"),
     "broker": ("services.broker", "services.broker.config", "BrokerConfig"),
     "checker": ("services.checker", "services.checker.config", "CheckerConfig"),
+    "proxy": ("services.proxy", "services.proxy.config", "ProxyConfig"),
 }
 #: Settings the chart sets itself (names, addresses, ports, paths), not from `<component>.config`.
 CHART_OWNED = {"host", "port", "metrics_port", "nameserver_addresses", "broker_name", "checker_name",
-               "advertise_address", "data_dir"}
+               "proxy_name", "advertise_address", "data_dir"}
+#: Pod names (the downward API's metadata.name), not settable.
+POD_NAMED = {"broker_name", "checker_name", "proxy_name"}
+#: Settings of a component the chart takes from another component's `config`, so the two
+#: always agree: the proxy advertises the brokers' limits to RocketMQ clients.
+FROM_OTHER = {"proxy": {"max_body_bytes": "broker", "max_delivery_attempts": "broker"}}
 WORKLOAD_KINDS = {"StatefulSet", "Deployment"}
 
 

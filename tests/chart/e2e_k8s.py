@@ -3,7 +3,7 @@
     KUBECONFIG=~/.kube/config TXMQ_E2E_IMAGE_REGISTRY=ghcr.io/acme TXMQ_E2E_IMAGE_TAG=0.1.0 \\
         python -m tests.chart.e2e_k8s
 
-With a cluster (KUBECONFIG, ~/.kube/config or in-cluster) and the three images pushed
+With a cluster (KUBECONFIG, ~/.kube/config or in-cluster) and the four images pushed
 (deploy/docker/), it installs the chart with helm into a fresh namespace, waits for the
 rollout with the `kubernetes` client, runs the end-to-end transaction scenario in a pod of
 the cluster (broker and checker addresses are pod DNS names and pod IPs, reachable only

@@ -16,7 +16,8 @@ from .chart import Rendered
 
 HERE = Path(__file__).resolve().parent
 EXPECTED_ALERTS = {"TxmqCheckLagHigh", "TxmqCheckDueUndelivered", "TxmqTransactionsDiscarded",
-                   "TxmqPendingTransactionsGrowing", "TxmqBrokerDown", "TxmqBrokersMissing"}
+                   "TxmqPendingTransactionsGrowing", "TxmqBrokerDown", "TxmqBrokersMissing",
+                   "TxmqProxiesMissing"}
 
 
 def _rules(rendered: dict[str, Rendered]) -> dict[str, Any]:

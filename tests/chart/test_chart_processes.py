@@ -10,13 +10,15 @@ The only rewrites, each what Kubernetes would provide:
   rendered, so the ports the chart declares are the ports that must answer;
 - `metadata.name` is the pod name the workload would give (`<statefulset>-<ordinal>`,
   `<deployment>-local<N>`);
-- paths (the broker's data directory) move under a temporary directory, and `python` is
-  this virtualenv's interpreter.
+- paths (the broker's data directory, the proxy's HOME) move under a temporary directory,
+  and `python` is this virtualenv's interpreter.
 
 Then it waits for the probes the chart declares (native gRPC: grpc.health.v1 Check on the
 declared port and service), runs a transaction end to end with the txmq SDK (undecided,
 committed by a check through a checker at its advertised pod IP, consumed through a broker
-at its advertised pod DNS name) and stops every pod with SIGTERM, as the kubelet does,
+at its advertised pod DNS name), asks the proxy Service what RocketMQ 5 clients ask first
+(QueryRoute for that topic: the proxy reaches the name servers the chart gave it) and stops
+every pod with SIGTERM, as the kubelet does,
 expecting a clean exit within terminationGracePeriodSeconds.
 """
 
@@ -118,6 +120,10 @@ class LocalPods:
             mounts = {m["mountPath"] for m in pod.container["volumeMounts"]}
             assert any(value.startswith(m.rstrip("/") + "/") for m in mounts), f"{value} is on no volume"
             value = str(self.workdir / pod.name / value.lstrip("/"))
+        if name == "HOME":
+            assert value in {m["mountPath"] for m in pod.container["volumeMounts"]}, f"HOME={value} is on no volume"
+            value = str(self.workdir / pod.name / value.lstrip("/"))
+            Path(value).mkdir(parents=True, exist_ok=True)  # the emptyDir, created with the pod
         return value
 
     # -------------------------------------------------------------- processes
@@ -199,12 +205,18 @@ def pods(request: pytest.FixtureRequest, helm_bin: Path, tmp_path: Path) -> Iter
         local.exit_codes = codes  # type: ignore[attr-defined]
 
 
+def _service_address(pods: LocalPods, component: str) -> str:
+    """host:port of a component's client Service (not the headless one), as pods resolve it."""
+    (svc,) = [s for s in pods.r.of_kind("Service") if s["spec"].get("clusterIP") != "None"
+              and s["spec"]["selector"].get("app.kubernetes.io/component") == component]
+    return f"{pods.dns[svc['metadata']['name'] + '.' + NAMESPACE + '.svc.cluster.local']}:{svc['spec']['ports'][0]['port']}"
+
+
 def test_rendered_pods_start_pass_their_probes_and_run_a_transaction(pods: LocalPods, unique_name) -> None:
     pods.wait_probes()
-    client_service = next(s for s in pods.r.of_kind("Service") if s["spec"].get("clusterIP") != "None")
-    nameserver = f"{pods.dns[client_service['metadata']['name'] + '.' + NAMESPACE + '.svc.cluster.local']}:" \
-                 f"{client_service['spec']['ports'][0]['port']}"
+    nameserver = _service_address(pods, "nameserver")
     brokers, checkers, nameservers = pods.of("broker"), pods.of("checker"), pods.of("nameserver")
+    assert pods.of("proxy"), "the chart runs the RocketMQ proxy by default"
 
     # Every broker and checker registered with every name server, at its advertised address.
     def registered() -> bool:
@@ -257,6 +269,30 @@ def test_rendered_pods_start_pass_their_probes_and_run_a_transaction(pods: Local
                        message=lambda: f"the checked transaction was never delivered\n{pods.logs()}")
     assert checked.is_set()
     assert received == [b"through the chart"]
+
+    # The proxy Service, as a RocketMQ 5 client uses it (its configured endpoint): every
+    # replica serves MessagingService, and a route query reaches the name servers the chart
+    # configured. Sending through the proxy is tests/proxy's job.
+    from services.proxy.protocol import SERVICE_NAME, Code, definition_pb2, service_pb2, service_pb2_grpc  # noqa: PLC0415
+
+    for proxy in pods.of("proxy"):
+        with grpc.insecure_channel(f"{proxy.ip}:{proxy.env['TXMQ_PORT']}") as channel:
+            status = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=5).status
+        assert status == health_pb2.HealthCheckResponse.SERVING, proxy.name
+    endpoint = _service_address(pods, "proxy")
+    host, _, port = endpoint.rpartition(":")
+    with grpc.insecure_channel(endpoint) as channel:
+        route = service_pb2_grpc.MessagingServiceStub(channel).QueryRoute(service_pb2.QueryRouteRequest(
+            topic=definition_pb2.Resource(name=topic),
+            endpoints=definition_pb2.Endpoints(scheme=definition_pb2.IPv4, addresses=[
+                definition_pb2.Address(host=host, port=int(port))])), timeout=10)
+    assert route.status.code == Code.OK, route.status
+    assert len(route.message_queues) == 2 * len(brokers)
+    assert {q.broker.name for q in route.message_queues} == {b.name for b in brokers}
+    # Routes send the client back to the address it dialled: the Service.
+    assert {(a.host, a.port) for q in route.message_queues for a in q.broker.endpoints.addresses} == \
+        {(host, int(port))}
 
     codes = pods.stop()
     assert all(code == 0 for code in codes.values()), f"unclean exits {codes}\n{pods.logs()}"

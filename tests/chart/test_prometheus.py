@@ -1,7 +1,9 @@
 """The dashboard and the metrics behind it, checked with a real Prometheus (Debian's
 `prometheus`) scraping real txmq processes (a name server, a broker and a checker from
-tests/support/cluster.py) while a workload commits, rolls back, checks, discards and leaves
-transactions pending. Every query of every dashboard panel is evaluated through
+tests/support/cluster.py, plus a RocketMQ proxy) while a workload commits, rolls back,
+checks, discards and leaves transactions pending, and the official RocketMQ Python client
+(tests/proxy's client scenarios, in subprocesses) commits, rolls back and consumes through
+the proxy. Every query of every dashboard panel is evaluated through
 Prometheus's HTTP API and must return a number.
 
 Prometheus scrapes every 200 ms and the service timings are sub-second, so the test takes
@@ -24,6 +26,7 @@ import pytest
 import yaml
 
 import txmq
+from tests.proxy.support import Clients
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
 
@@ -148,7 +151,7 @@ class Prometheus:
 @pytest.fixture(scope="module")
 def checked_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = Cluster(tmp_path_factory.mktemp("prom-cluster"), broker_env=BROKER_ENV, checker=True,
-                checker_env=CHECKER_ENV)
+                checker_env=CHECKER_ENV, proxies=1)
     try:
         yield c
     finally:
@@ -194,13 +197,27 @@ def _producer(cluster: Cluster, group: str, listener: Listener, answer: bool = T
     return p
 
 
+def _rocketmq_round(clients: Clients, cluster: Cluster, topic: str, group: str, n: int) -> None:
+    """The official RocketMQ Python client through the proxy: commit and roll back, then
+    consume the committed ones."""
+    proxy = cluster.proxy_addresses[0]
+    bodies = [f"{kind}-{n}-{i}" for i in range(2) for kind in ("commit", "rollback")]
+    clients.python("transactional", endpoints=proxy, topic=topic, bodies=bodies).expect_success(60)
+    clients.python("simple", endpoints=proxy, topic=topic, group=group, count=2,
+                   await_seconds=1).expect_success(60)
+
+
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(
-        prometheus: Prometheus, checked_cluster: Cluster, unique_name) -> None:
+        prometheus: Prometheus, checked_cluster: Cluster, unique_name, tmp_path: Path) -> None:
     cluster = checked_cluster
-    topic = unique_name("orders")
+    topic, rmq_topic, rmq_group = unique_name("orders"), unique_name("rmq-orders"), unique_name("rmq-consumers")
     cluster.create_topic(topic, queue_count=2)
+    cluster.create_topic(rmq_topic, queue_count=2)
     groups = {name: unique_name(name) for name in ("direct", "checked", "discarding", "orphaned")}
     producers = []
+    home = tmp_path / "client-home"  # the official client logs under $HOME/logs
+    home.mkdir()
+    clients = Clients(home)
     try:
         # Decided by the producer at once: commits and rollbacks from the client.
         commit = _producer(cluster, groups["direct"], Listener(LocalState.COMMIT, LocalState.COMMIT))
@@ -224,11 +241,15 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
         # Counters and histograms appear with their first observation, so a rate needs a
         # second round after Prometheus has scraped the first.
         send_round(2)
+        _rocketmq_round(clients, cluster, rmq_topic, rmq_group, 1)
         wait_until(lambda: checked_listener.checks >= 2, 20, message="first checks not answered")
         wait_until(lambda: prometheus.query(f'txmq_check_lag_seconds_count{{group="{groups["checked"]}"}}')
                    and prometheus.query(f'txmq_transactions_ended_total{{group="{groups["direct"]}"}}'),
                    20, interval=0.2, message="first round not scraped")
+        wait_until(lambda: prometheus.query(f'txmq_proxy_messages_out_total{{topic="{rmq_topic}"}}'), 20,
+                   interval=0.2, message="first proxy round not scraped")
         send_round(2)
+        _rocketmq_round(clients, cluster, rmq_topic, rmq_group, 2)
         wait_until(lambda: checked_listener.checks >= 4, 20, message="second round of checks not answered")
         queries = _queries()
         pending: dict[str, str] = {}
@@ -263,6 +284,14 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
         lag = by_group('histogram_quantile(0.99, sum by (group, le) '
                        '(rate(txmq_check_lag_seconds_bucket{namespace=~"$namespace"}[1m])))')
         assert 0 <= lag[groups["checked"]] < 5
+        proxy_in = prometheus.query(_substitute(
+            'sum by (topic) (txmq_proxy_messages_in_total{namespace=~"$namespace"})'))
+        assert {s["metric"]["topic"]: float(s["value"][1]) for s in proxy_in}.get(rmq_topic) == 8
+        ended = prometheus.query(_substitute('sum by (resolution, source, result) '
+                                             '(txmq_proxy_end_transactions_total{namespace=~"$namespace"})'))
+        assert {(s["metric"]["resolution"], s["metric"]["source"], s["metric"]["result"]) for s in ended} >= \
+            {("commit", "client", "ok"), ("rollback", "client", "ok")}
     finally:
+        clients.close()
         for p in producers:
             p.close()

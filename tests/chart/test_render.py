@@ -40,7 +40,8 @@ def test_every_scenario_renders_each_component(rendered: dict[str, Rendered], sc
     assert ("StatefulSet", "nameserver") in kinds
     assert ("StatefulSet", "broker") in kinds
     assert ("Deployment", "checker") in kinds
-    for component in ("nameserver", "broker", "checker"):
+    assert ("Deployment", "proxy") in kinds and ("Service", "proxy") in kinds
+    for component in ("nameserver", "broker", "checker", "proxy"):
         assert ("PodDisruptionBudget", component) in kinds
         assert ("ConfigMap", component) in kinds
 
@@ -75,6 +76,14 @@ BAD_VALUES = {
     "bad log level": {"nameserver.config.log_level": "LOUD"},
     "bad duration": {"metrics.prometheusRule.checkLagFor": "five minutes"},
     "bad volume size": {"broker.persistence.size": "lots"},
+    "negative proxy replicas": {"proxy.replicaCount": "-1"},
+    "proxy limit set apart from the broker's": {"proxy.config.max_body_bytes": "1024"},
+    "proxy backoff multiplier below 1": {"proxy.config.consumer_backoff_multiplier": "0.5"},
+    "proxy min invisibility above max": {"proxy.config.min_invisible_duration_seconds": "50000"},
+    "proxy message size below body size": {"proxy.config.max_grpc_message_bytes": "4194304"},
+    "proxy advertise address without port": {"proxy.advertiseAddress": "mq.example.com"},
+    "proxy grace longer than termination": {"proxy.config.shutdown_grace_seconds": "45"},
+    "metrics port clashes with the proxy": {"metrics.port": "8081"},
 }
 
 

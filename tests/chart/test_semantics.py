@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from services.common.config import env_name
-from .chart import CHART, CHART_OWNED, COMPONENTS, SCENARIOS, Rendered, config_class, render
+from .chart import CHART, CHART_OWNED, COMPONENTS, FROM_OTHER, POD_NAMED, SCENARIOS, Rendered, config_class, render
 
 DOCKER = Path(__file__).resolve().parents[2] / "deploy" / "docker"
 
@@ -57,7 +57,7 @@ def test_selectors_match_pod_labels(rendered: dict[str, Rendered], scenario: str
                    if sm["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]
         # One Service per component: each pod scraped once.
         assert sorted(s["metadata"]["labels"]["app.kubernetes.io/component"] for s in scraped) == \
-            ["broker", "checker", "nameserver"]
+            sorted(w["metadata"]["labels"]["app.kubernetes.io/component"] for w in r.workloads())
         for s in scraped:
             assert {p["name"] for p in s["spec"]["ports"]} >= {e["port"] for e in sm["spec"]["endpoints"]}
 
@@ -105,9 +105,14 @@ def test_every_variable_is_a_setting_the_service_reads(rendered: dict[str, Rende
         c = _container(w)
         env = _env(r, w)
         names = [e["name"] for e in c.get("env", [])]
+        empty_dirs = {v["name"] for v in _pod_spec(w).get("volumes", []) if "emptyDir" in v}
         for name, value in env.items():
             if name.startswith("TXMQ_"):
                 assert name in fields, f"{component}: {name} is not a setting of {config_class(component).__name__}"
+            elif name == "HOME":
+                # A writable HOME (the proxy's rocketmq package logs under it): an emptyDir.
+                mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+                assert mounts.get(value) in empty_dirs, f"{component}: HOME={value} is not an emptyDir mount"
             else:
                 # Helper variables only carry downward-API values into TXMQ_* values.
                 assert isinstance(value, dict) and "fieldRef" in value, name
@@ -120,7 +125,7 @@ def test_every_variable_is_a_setting_the_service_reads(rendered: dict[str, Rende
         if component != "nameserver":
             assert "TXMQ_NAMESERVER_ADDRESSES" in env and "TXMQ_ADVERTISE_ADDRESS" in env
         # The whole configuration is the chart's: every field has a value in the pod.
-        missing = fields - set(env) - {env_name(n) for n in ("broker_name", "checker_name")}
+        missing = fields - set(env) - {env_name(n) for n in POD_NAMED}
         assert not missing, f"{component}: not set by the chart: {sorted(missing)}"
 
 
@@ -132,8 +137,9 @@ def test_every_setting_can_be_set_from_values(helm_bin: Path, tmp_path: Path) ->
         cls = config_class(component)
         fields = {f.name: f for f in dataclasses.fields(cls)}
         settable = set(schema["properties"][component]["properties"]["config"]["properties"])
-        assert settable | (CHART_OWNED & set(fields)) == set(fields), component
-        assert not settable & CHART_OWNED
+        inherited = set(FROM_OTHER.get(component, {}))
+        assert settable | (CHART_OWNED & set(fields)) | inherited == set(fields), component
+        assert not settable & CHART_OWNED and not settable & inherited
         # values.yaml carries the service's own defaults, so the chart changes nothing silently.
         for name in settable:
             default = fields[name].default
@@ -170,9 +176,11 @@ def test_every_setting_can_be_set_from_values(helm_bin: Path, tmp_path: Path) ->
     for component in COMPONENTS:
         w = r.workload(component)
         env = {k: v for k, v in _env(r, w).items() if isinstance(v, str) and "$(" not in v}
-        config = load_config(config_class(component), [], env={**env, "TXMQ_BROKER_NAME": "b",
-                                                                "TXMQ_CHECKER_NAME": "c"})
-        for key, value in sets.items():
+        config = load_config(config_class(component), [], env={**env, **{env_name(n): "pod" for n in POD_NAMED}})
+        # Settings taken from another component arrive with that component's value.
+        expected = {f"{component}.config.{name}": sets[f"{source}.config.{name}"]
+                    for name, source in FROM_OTHER.get(component, {}).items()}
+        for key, value in [*sets.items(), *expected.items()]:
             if key.startswith(f"{component}.config."):
                 name = key.split(".", 2)[2]
                 got = getattr(config, name)
@@ -190,7 +198,7 @@ def test_peers_are_addressed_through_the_headless_services(rendered: dict[str, R
     ns_port = _container(ns_sts)["ports"][0]["containerPort"]
     expected = [f"{ns_sts['metadata']['name']}-{i}.{ns_headless['metadata']['name']}.{namespace}.svc.cluster.local:"
                 f"{ns_port}" for i in range(ns_sts["spec"]["replicas"])]
-    for component in ("broker", "checker"):
+    for component in sorted(set(COMPONENTS) - {"nameserver"}):
         env = _env(r, r.workload(component))
         assert env["TXMQ_NAMESERVER_ADDRESSES"].split(",") == expected
     broker = r.workload("broker")
@@ -206,6 +214,42 @@ def test_peers_are_addressed_through_the_headless_services(rendered: dict[str, R
     assert env["TXMQ_CHECKER_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["TXMQ_ADVERTISE_ADDRESS"] == f"$(POD_IP):{_container(checker)['ports'][0]['containerPort']}"
+    env = _env(r, r.workload("proxy"))
+    assert env["TXMQ_PROXY_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # Routes name the access point each client dialled: the proxy Service.
+    assert env["TXMQ_ADVERTISE_ADDRESS"] == ""
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_proxy_is_reached_through_its_service_and_advertises_the_brokers_limits(
+        rendered: dict[str, Rendered], scenario: str) -> None:
+    r = rendered[scenario]
+    proxy = r.workload("proxy")
+    assert proxy["kind"] == "Deployment"
+    c = _container(proxy)
+    port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
+    (client,) = [s for s in r.of_kind("Service") if s["metadata"]["labels"]["app.kubernetes.io/component"] == "proxy"
+                 and s["spec"].get("clusterIP") != "None"]
+    assert client["spec"]["type"] == "ClusterIP"
+    assert [(p["name"], p["port"], p["targetPort"]) for p in client["spec"]["ports"]] == [("grpc", 8081, "grpc")]
+    assert port == 8081  # RocketMQ's proxy port: a client's default access point
+    env, broker_env = _env(r, proxy), _env(r, r.workload("broker"))
+    for name in FROM_OTHER["proxy"]:
+        assert env[env_name(name)] == broker_env[env_name(name)], name
+    # The rocketmq package's log directory: a writable HOME on an emptyDir.
+    home = env["HOME"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert home in mounts, f"HOME={home} is on the read-only root filesystem"
+    volumes = {v["name"]: v for v in _pod_spec(proxy)["volumes"]}
+    assert volumes.get(mounts[home]["name"]) == {"name": mounts[home]["name"], "emptyDir": {}}
+    assert not mounts[home].get("readOnly")
+
+
+def test_the_proxy_can_be_disabled(helm_bin: Path) -> None:
+    r = render(helm_bin, sets={"proxy.enabled": "false"})
+    assert not [d for d in r.docs if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "proxy"]
+    assert {w["metadata"]["labels"]["app.kubernetes.io/component"] for w in r.workloads()} == \
+        {"nameserver", "broker", "checker"}
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -255,10 +299,12 @@ def test_pdbs_leave_a_majority(rendered: dict[str, Rendered], scenario: str) -> 
 
 def test_scaling_changes_replicas_and_name_server_list(helm_bin: Path) -> None:
     r = render(helm_bin, sets={"broker.replicaCount": "5", "checker.replicaCount": "4",
-                                "nameserver.replicaCount": "3"})
+                                "nameserver.replicaCount": "3", "proxy.replicaCount": "6"})
     assert r.workload("broker")["spec"]["replicas"] == 5
     assert r.workload("checker")["spec"]["replicas"] == 4
-    assert len(_env(r, r.workload("broker"))["TXMQ_NAMESERVER_ADDRESSES"].split(",")) == 3
+    assert r.workload("proxy")["spec"]["replicas"] == 6
+    for component in ("broker", "checker", "proxy"):
+        assert len(_env(r, r.workload(component))["TXMQ_NAMESERVER_ADDRESSES"].split(",")) == 3
 
 
 # ---------------------------------------------------------------------------- images
@@ -294,10 +340,18 @@ def test_dockerfile_is_pinned_non_root_and_matches_the_chart(rendered: dict[str,
     (entrypoint,) = [json.loads(rest) for instr, rest in instructions if instr == "ENTRYPOINT"]
     assert entrypoint == c["command"] == ["python", "-m", COMPONENTS[component][0]]
     assert "CMD" not in {instr for instr, _ in instructions} and "args" not in c
+    volumes = [json.loads(rest) for instr, rest in instructions if instr == "VOLUME"]
     if component == "broker":
-        volumes = [json.loads(rest) for instr, rest in instructions if instr == "VOLUME"]
         mount = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "data")
         assert [mount] in volumes
+    if component == "proxy":
+        # The rocketmq-python-client the proxy imports, and the writable HOME it logs under.
+        runs = " ".join(rest for instr, rest in instructions if instr == "RUN")
+        assert "requirements/proxy.txt" in runs
+        home = next(e["value"] for e in c["env"] if e["name"] == "HOME")
+        assert [home] in volumes
+        envs = " ".join(rest for instr, rest in instructions if instr == "ENV")
+        assert f"HOME={home}" in envs
 
 
 # ---------------------------------------------------------------------------- broken charts
@@ -313,6 +367,13 @@ MUTATIONS = {
                         test_every_variable_is_a_setting_the_service_reads),
     "probe on the metrics port": ("templates/_helpers.tpl", "port: {{ $port }}", "port: 9400",
                                   test_probes_are_native_grpc_on_the_health_port),
+    "proxy limit not the broker's": ("templates/proxy/configmap.yaml", ".Values.broker.config.max_delivery_attempts",
+                                     "32", test_proxy_is_reached_through_its_service_and_advertises_the_brokers_limits),
+    "proxy Service on the wrong port": ("templates/proxy/service.yaml", "port: {{ .Values.proxy.port }}",
+                                        "port: 9876", test_service_ports_reach_container_ports_the_processes_listen_on),
+    "proxy HOME on the read-only root": ("templates/proxy/deployment.yaml", "value: {{ $v.homeMountPath | quote }}",
+                                         'value: "/home/nobody"',
+                                         test_proxy_is_reached_through_its_service_and_advertises_the_brokers_limits),
     "selector misses the component": ("templates/nameserver/service.yaml",
                                       '{{- include "txmq.selectorLabels" $ctx | nindent 4 }}',
                                       '{{- include "txmq.selectorLabels" (dict "root" .) | nindent 4 }}',
