@@ -125,7 +125,7 @@ images:
 	for s in nameserver broker checker proxy; do \
 	  docker build -f deploy/docker/$$s/Dockerfile -t txmq/$$s:$$(sed -n 's/^appVersion: "\(.*\)"/\1/p' $(CHART_DIR)/Chart.yaml) . || exit 1; done
 
-bench: venv
+bench: venv bench-audit
 	$(PY) -m bench.transactions
 	$(PY) -m bench.checks
 

@@ -1,0 +1,295 @@
+"""The transaction audit: every broker's transaction table reconciled against what its
+topics hold — the offline twin of what the checker does online.
+
+Run locally (``local[*]`` unless ``--master``)::
+
+    python -m txmq_pipeline.audit --nameserver ns:9876 --output ./audit-out
+
+or on a cluster (see pipeline/README.md for Kubernetes)::
+
+    spark-submit --master k8s://... .../txmq_pipeline/audit.py --nameserver ... --output s3a://...
+
+Output (``--output``):
+
+- ``tables/state_counts``, ``tables/latency``, ``tables/checks``, ``tables/anomalies``:
+  Parquet, per producer group and topic;
+- ``summary.json``: totals, per group/topic figures, anomaly counts and example ids;
+- ``report.md`` (or ``report.html``) with ``state_counts.png`` and ``latency.png``
+  (written where Python can write: a local path, the driver's filesystem).
+
+Anomalies (each listed with its ids): ``committed_missing`` (a committed transaction whose
+message is not in its topic), ``uncommitted_in_topic`` (a message in a topic whose
+transaction is not committed, or unknown), ``duplicate_message_id`` (one message id at two
+offsets of a topic), ``pending_too_old`` (PREPARED for longer than
+``--pending-threshold-seconds``), ``discarded_unresolved`` (DISCARDED and never committed
+or rolled back).
+
+Exit status: 0 clean, 2 when any anomaly is found (for scheduled runs), 1 on error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+log = logging.getLogger("txmq_pipeline.audit")
+
+EXIT_CLEAN = 0
+EXIT_ERROR = 1
+EXIT_ANOMALIES = 2
+
+#: Final state → its column in the state counts.
+STATES = {"COMMITTED": "committed", "ROLLED_BACK": "rolled_back", "DISCARDED": "discarded", "PREPARED": "pending"}
+SOURCES = ("CLIENT", "CHECK", "OPERATOR", "BROKER")
+ANOMALY_KINDS = ("committed_missing", "uncommitted_in_topic", "duplicate_message_id",
+                 "pending_too_old", "discarded_unresolved")
+DEFAULT_PENDING_THRESHOLD_SECONDS = 300.0
+#: Example ids per anomaly kind in summary.json and the report (all of them are in Parquet).
+EXAMPLES = 50
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def read_transactions(spark: SparkSession, nameserver: str, partitions_per_broker: int = 4) -> DataFrame:
+    return (spark.read.format("txmq").option("nameserver", nameserver).option("table", "transactions")
+            .option("transactionPartitionsPerBroker", str(partitions_per_broker)).load())
+
+
+def read_messages(spark: SparkSession, nameserver: str, topics: str = "*",
+                  max_messages_per_partition: int = 200_000) -> DataFrame:
+    return (spark.read.format("txmq").option("nameserver", nameserver).option("topics", topics)
+            .option("includeBody", "false")
+            .option("maxMessagesPerPartition", str(max_messages_per_partition)).load())
+
+
+# ----------------------------------------------------------------------------- transforms
+
+def state_counts(transactions: DataFrame) -> DataFrame:
+    """Per (producer_group, topic): counts by final state and by resolution source."""
+    txns = transactions.select("producer_group", "topic", "state", "resolution_source")
+    by_state = [F.sum(F.when(F.col("state") == s, 1).otherwise(0)).cast("long").alias(c) for s, c in STATES.items()]
+    by_source = [F.sum(F.when(F.col("resolution_source") == s, 1).otherwise(0)).cast("long")
+                 .alias(f"source_{s.lower()}") for s in SOURCES]
+    return (txns.groupBy("producer_group", "topic")
+            .agg(F.count(F.lit(1)).alias("total"), *by_state, *by_source)
+            .select("producer_group", "topic", "total", *STATES.values(),
+                    *(f"source_{s.lower()}" for s in SOURCES)))
+
+
+def latency(transactions: DataFrame) -> DataFrame:
+    """Per (producer_group, topic): time to resolution (prepared → ended, seconds) of the
+    transactions committed or rolled back."""
+    ended = (transactions
+             .select("producer_group", "topic", "state", "prepared_at_ms", "ended_at_ms")
+             .filter(F.col("state").isin("COMMITTED", "ROLLED_BACK") & F.col("ended_at_ms").isNotNull())
+             .withColumn("seconds", (F.col("ended_at_ms") - F.col("prepared_at_ms")) / F.lit(1000.0)))
+    q = F.percentile_approx("seconds", [0.5, 0.9, 0.99], 10000)
+    return (ended.groupBy("producer_group", "topic")
+            .agg(F.count(F.lit(1)).alias("resolved"), q.alias("q"), F.max("seconds").alias("max_seconds"),
+                 F.avg("seconds").alias("mean_seconds"))
+            .select("producer_group", "topic", "resolved",
+                    F.col("q")[0].alias("p50_seconds"), F.col("q")[1].alias("p90_seconds"),
+                    F.col("q")[2].alias("p99_seconds"), "mean_seconds", "max_seconds"))
+
+
+def checks_distribution(transactions: DataFrame) -> DataFrame:
+    """Per (producer_group, topic, checks delivered): how many transactions."""
+    return (transactions.select("producer_group", "topic", "checks_delivered", "checks_answered")
+            .groupBy("producer_group", "topic", "checks_delivered")
+            .agg(F.count(F.lit(1)).alias("transactions"), F.sum("checks_answered").cast("long").alias("answers"))
+            .select("producer_group", "topic", "checks_delivered", "transactions", "answers"))
+
+
+_ANOMALY_COLUMNS = ("kind", "broker", "producer_group", "topic", "transaction_id", "message_id", "detail")
+
+
+def anomalies(transactions: DataFrame, messages: DataFrame, now_ms: int,
+              pending_threshold_seconds: float) -> DataFrame:
+    """One row per anomaly: kind, broker, producer_group, topic, transaction_id, message_id, detail."""
+    txns = transactions.select("transaction_id", "message_id", "broker", "producer_group", "topic", "queue",
+                               "state", "prepared_at_ms", "queue_offset", "discard_reason")
+    msgs = messages.select("topic", "broker", "queue", "offset", "message_id", "transaction_id", "producer_group")
+    in_topics = msgs.filter(F.col("transaction_id").isNotNull()).select("transaction_id").distinct()
+
+    committed_missing = (txns.filter(F.col("state") == "COMMITTED")
+                         .join(in_topics, on="transaction_id", how="left_anti")
+                         .select(F.lit("committed_missing").alias("kind"), "broker", "producer_group", "topic",
+                                 "transaction_id", "message_id",
+                                 F.format_string("committed at queue %d offset %s but not in the topic",
+                                                 F.col("queue"), F.col("queue_offset")).alias("detail")))
+
+    states = txns.select("transaction_id", F.col("state").alias("txn_state"))
+    uncommitted = (msgs.filter(F.col("transaction_id").isNotNull())
+                   .join(states, on="transaction_id", how="left")
+                   .filter(F.col("txn_state").isNull() | (F.col("txn_state") != "COMMITTED"))
+                   .select(F.lit("uncommitted_in_topic").alias("kind"), "broker", "producer_group", "topic",
+                           "transaction_id", "message_id",
+                           F.format_string("at queue %d offset %d, transaction %s", F.col("queue"), F.col("offset"),
+                                           F.coalesce(F.col("txn_state"), F.lit("unknown"))).alias("detail")))
+
+    duplicates = (msgs.groupBy("topic", "message_id")
+                  .agg(F.count(F.lit(1)).alias("copies"), F.first("broker").alias("broker"),
+                       F.first("producer_group").alias("producer_group"),
+                       F.first("transaction_id").alias("transaction_id"),
+                       F.array_join(F.sort_array(F.collect_list(F.format_string(
+                           "%s/%d@%d", F.col("broker"), F.col("queue"), F.col("offset")))), ", ").alias("where"))
+                  .filter(F.col("copies") > 1)
+                  .select(F.lit("duplicate_message_id").alias("kind"), "broker", "producer_group", "topic",
+                          "transaction_id", "message_id",
+                          F.format_string("%d copies: %s", F.col("copies"), F.col("where")).alias("detail")))
+
+    cutoff = now_ms - int(pending_threshold_seconds * 1000)
+    pending = (txns.filter((F.col("state") == "PREPARED") & (F.col("prepared_at_ms") < F.lit(cutoff)))
+               .select(F.lit("pending_too_old").alias("kind"), "broker", "producer_group", "topic",
+                       "transaction_id", "message_id",
+                       F.format_string("pending for %.1f s", (F.lit(now_ms) - F.col("prepared_at_ms")) / 1000.0)
+                       .alias("detail")))
+
+    discarded = (txns.filter(F.col("state") == "DISCARDED")
+                 .select(F.lit("discarded_unresolved").alias("kind"), "broker", "producer_group", "topic",
+                         "transaction_id", "message_id",
+                         F.coalesce(F.col("discard_reason"), F.lit("")).alias("detail")))
+
+    return (committed_missing.unionByName(uncommitted).unionByName(duplicates).unionByName(pending)
+            .unionByName(discarded).select(*_ANOMALY_COLUMNS))
+
+
+# ----------------------------------------------------------------------------- the job
+
+@dataclass
+class AuditResult:
+    state_counts: list[dict[str, Any]]
+    latency: list[dict[str, Any]]
+    checks: list[dict[str, Any]]
+    anomaly_counts: dict[str, int]
+    anomaly_examples: dict[str, list[dict[str, Any]]]
+    transactions: int
+    messages: int
+    seconds: float
+
+    @property
+    def anomalies(self) -> int:
+        return sum(self.anomaly_counts.values())
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_ANOMALIES if self.anomalies else EXIT_CLEAN
+
+
+def _rows(df: DataFrame) -> list[dict[str, Any]]:
+    return [r.asDict() for r in df.collect()]
+
+
+def run(spark: SparkSession, *, nameserver: str, output: str, topics: str = "*",
+        pending_threshold_seconds: float = DEFAULT_PENDING_THRESHOLD_SECONDS, report_format: str = "md",
+        partitions_per_broker: int = 4, max_messages_per_partition: int = 200_000,
+        now_ms: int | None = None) -> AuditResult:
+    started = time.monotonic()
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    txns = read_transactions(spark, nameserver, partitions_per_broker).cache()
+    msgs = read_messages(spark, nameserver, topics, max_messages_per_partition).cache()
+    try:
+        transactions = txns.count()
+        messages = msgs.count()
+        tables = {"state_counts": state_counts(txns), "latency": latency(txns),
+                  "checks": checks_distribution(txns),
+                  "anomalies": anomalies(txns, msgs, now_ms, pending_threshold_seconds)}
+        for name, df in tables.items():
+            df.write.mode("overwrite").parquet(os.path.join(output, "tables", name))
+        read_back = {name: spark.read.parquet(os.path.join(output, "tables", name)) for name in tables}
+        found = read_back["anomalies"]
+        counts = {kind: 0 for kind in ANOMALY_KINDS}
+        counts.update({r["kind"]: r["count"] for r in found.groupBy("kind").count().collect()})
+        examples: dict[str, list[dict[str, Any]]] = {}
+        for kind in ANOMALY_KINDS:
+            if counts[kind]:
+                examples[kind] = _rows(found.filter(F.col("kind") == kind)
+                                       .orderBy("broker", "transaction_id", "message_id").limit(EXAMPLES))
+        result = AuditResult(
+            state_counts=_rows(read_back["state_counts"].orderBy("producer_group", "topic")),
+            latency=_rows(read_back["latency"].orderBy("producer_group", "topic")),
+            checks=_rows(read_back["checks"].orderBy("producer_group", "topic", "checks_delivered")),
+            anomaly_counts=counts, anomaly_examples=examples, transactions=transactions, messages=messages,
+            seconds=time.monotonic() - started)
+    finally:
+        txns.unpersist()
+        msgs.unpersist()
+    _write_summary(result, output, nameserver, now_ms, pending_threshold_seconds)
+    from txmq_pipeline import report
+    report.write(result, output, report_format)
+    return result
+
+
+def _local(output: str) -> str | None:
+    if output.startswith("file:"):
+        return "/" + output[len("file:"):].lstrip("/")
+    return None if "://" in output else output
+
+
+def _write_summary(result: AuditResult, output: str, nameserver: str, now_ms: int, threshold: float) -> None:
+    path = _local(output)
+    if path is None:
+        log.warning("summary.json and the report are written on local paths only; %s is not one", output)
+        return
+    summary = {
+        "generated_at_ms": now_ms, "nameserver": nameserver, "pending_threshold_seconds": threshold,
+        "transactions": result.transactions, "messages": result.messages, "seconds": round(result.seconds, 3),
+        "anomalies": result.anomalies, "anomaly_counts": result.anomaly_counts,
+        "anomaly_examples": result.anomaly_examples, "state_counts": result.state_counts,
+        "latency": result.latency, "checks": result.checks, "exit_status": result.exit_status,
+    }
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, sort_keys=True, default=str)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m txmq_pipeline.audit", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nameserver", required=True, help="name server address list (host:port,host:port)")
+    p.add_argument("--output", required=True, help="output directory (Parquet tables, summary.json, report)")
+    p.add_argument("--topics", default="*", help="topics to reconcile (comma-separated; default: every user topic)")
+    p.add_argument("--pending-threshold-seconds", type=float, default=DEFAULT_PENDING_THRESHOLD_SECONDS)
+    p.add_argument("--report-format", choices=("md", "html"), default="md")
+    p.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else local[*])")
+    p.add_argument("--transaction-partitions-per-broker", type=int, default=4)
+    p.add_argument("--max-messages-per-partition", type=int, default=200_000)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    args = parse_args(argv)
+    builder = SparkSession.builder.appName("txmq-audit")
+    if args.master:
+        builder = builder.master(args.master)
+    spark = builder.getOrCreate()
+    try:
+        import txmq_pipeline
+        txmq_pipeline.register(spark)
+        result = run(spark, nameserver=args.nameserver, output=args.output, topics=args.topics,
+                     pending_threshold_seconds=args.pending_threshold_seconds, report_format=args.report_format,
+                     partitions_per_broker=args.transaction_partitions_per_broker,
+                     max_messages_per_partition=args.max_messages_per_partition)
+    except Exception:
+        log.exception("the audit failed")
+        return EXIT_ERROR
+    finally:
+        spark.stop()
+    log.info("audited %d transactions and %d messages in %.1f s: %d anomalies %s", result.transactions,
+             result.messages, result.seconds, result.anomalies,
+             {k: v for k, v in result.anomaly_counts.items() if v})
+    return result.exit_status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

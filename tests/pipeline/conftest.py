@@ -1,0 +1,69 @@
+"""Spark for the pipeline tests: ONE local[2] SparkSession for the whole test session (a
+JVM costs seconds and ~1 GB), the ``txmq`` data source registered, workers running the
+venv's interpreter (which has txmq_pipeline installed)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Iterator
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark", reason="make pipeline-deps installs PySpark")
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator["pyspark.sql.SparkSession"]:
+    from pyspark.sql import SparkSession
+
+    import txmq_pipeline
+
+    session = (SparkSession.builder.master("local[2]").appName("txmq-pipeline-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.default.parallelism", "2")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.python.filterPushdown.enabled", "true")
+               .config("spark.driver.memory", "1g")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    txmq_pipeline.register(session)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+#: Sub-second checks: first check 0.5 s after the half message, check_max 2.
+PIPELINE_BROKER_ENV = {
+    "TXMQ_TRANSACTION_TIMEOUT_SECONDS": "0.5",
+    "TXMQ_CHECK_INTERVAL_SECONDS": "0.2",
+    "TXMQ_CHECK_INTERVAL_MAX_SECONDS": "0.5",
+    "TXMQ_CHECK_MAX": "2",
+}
+PIPELINE_CHECKER_ENV = {
+    "TXMQ_CLAIM_INTERVAL_SECONDS": "0.05",
+    "TXMQ_LEASE_SECONDS": "1.0",
+    "TXMQ_ANSWER_TIMEOUT_SECONDS": "0.5",
+    "TXMQ_BROKER_REFRESH_SECONDS": "0.5",
+}
+
+
+@pytest.fixture(scope="session")
+def txmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Two brokers, a name server and a checker shared by the pipeline tests that do not
+    break their cluster (each uses topics and groups of its own)."""
+    from tests.support.cluster import Cluster
+
+    c = Cluster(tmp_path_factory.mktemp("pipeline-cluster"), brokers=2, broker_env=PIPELINE_BROKER_ENV,
+                checker=True, checker_env=PIPELINE_CHECKER_ENV)
+    try:
+        yield c
+    finally:
+        c.stop()
