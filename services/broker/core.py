@@ -839,6 +839,34 @@ class BrokerCore:
                 next_offset = max(next_offset, stop)
         return entries, next_offset
 
+    def dead_letter_op(self, group: str, topic: str, handle_text: str) -> Callable[[OpWrites], tuple[str, int]]:
+        """Moves one in-flight delivery to %DLQ%<group> now (the consumer gave up on it)."""
+        validate_group("consumer_group", group)
+        handle = self.parse_receipt(handle_text)
+        if topic and handle.topic != topic:
+            raise InvalidFieldError("topic", f"receipt handle is for topic {handle.topic!r}")
+
+        def op(w: OpWrites) -> tuple[str, int]:
+            cursor = self.consumers.get(group, handle.topic, handle.queue_id)
+            entry = cursor.inflight.get(handle.offset) if cursor else None
+            if cursor is None or entry is None or entry.attempt != handle.attempt:
+                raise ReceiptHandleNotFoundError(handle_text)
+            value = self.db.read("cq", codec.cq_key(handle.topic, handle.queue_id, handle.offset))
+            if value is None:
+                raise ReceiptHandleNotFoundError(handle_text)  # expired by retention
+            dlq = dlq_topic(group)
+            self._ensure_topic(w, dlq, 1)
+            offset = self.queue_next[(dlq, 0)]
+            self._to_dlq(w, group, codec.decode_cq_entry(value))
+            del cursor.inflight[handle.offset]
+            w.delete("inflight", codec.inflight_key(group, handle.topic, handle.queue_id, handle.offset))
+            return dlq, offset
+        return op
+
+    def last_txn_id(self) -> str:
+        key = self.db.last_key("txn")
+        return self.txn_id(codec.log_seq(key)) if key else ""
+
     def read_message(self, seq: int) -> LogRecord | None:
         value = self.db.get("log", codec.log_key(seq))
         return codec.decode_log_record(value, codec.log_key(seq)) if value is not None else None

@@ -250,6 +250,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         handle, deadline = await self.bridge.run(op, sync=False)
         return broker_pb2.ChangeInvisibleDurationResponse(receipt_handle=handle, invisible_until_ms=deadline)
 
+    async def DeadLetterMessage(self, request: broker_pb2.DeadLetterMessageRequest, context: Any) -> Any:
+        op = self.core.dead_letter_op(request.consumer_group, request.topic, request.receipt_handle)
+        topic, offset = await self.bridge.run(op, sync=False)
+        return broker_pb2.DeadLetterMessageResponse(dead_letter_topic=topic, queue_offset=offset)
+
     # --- administration ------------------------------------------------------------------
 
     async def CreateTopicQueues(self, request: broker_pb2.CreateTopicQueuesRequest, context: Any) -> Any:
@@ -294,7 +299,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         core = self.core
         response = broker_pb2.GetBrokerStatsResponse(
             broker_name=core.name, store_bytes=self.metrics.store_bytes_value,
-            free_disk_bytes=core.free_disk_bytes)
+            free_disk_bytes=core.free_disk_bytes, max_body_bytes=core.config.max_body_bytes,
+            max_delivery_attempts=core.config.max_delivery_attempts, last_transaction_id=core.last_txn_id())
         for topic, count in sorted(core.topics.items()):
             response.topics.append(common_pb2.TopicQueues(topic=topic, queue_count=count))
         for group, (pending, discarded) in sorted(core.counters.items()):

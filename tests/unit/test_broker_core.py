@@ -442,3 +442,17 @@ def test_claims_skip_processed_keys_but_never_a_key_staged_in_the_same_batch(che
     if not claimed:  # the claim ran before the report's key was written: the next one sees it
         claimed = checked.db.call(checked.claim_op(["pg"], 10, 5.0))
     assert [checked.txn_id(x.row.seq) for x in claimed] == [sent.transaction_id]
+
+
+def test_dead_letter_on_request_moves_one_delivery_now(core) -> None:
+    normal(core, b"hopeless")
+    normal(core, b"fine")
+    first, second = receive(core)
+    topic, offset = core.db.call(core.dead_letter_op("cg", "orders", first.receipt_handle))
+    assert (topic, offset) == ("%DLQ%cg", 0)
+    dlq = core.db.call(core.receive_op("ops", "%DLQ%cg", -1, None, 10, 10.0)).deliveries
+    assert bodies(core, dlq) == [b"hopeless"]
+    with pytest.raises(ReceiptHandleNotFoundError):  # no longer in flight
+        core.db.call(core.dead_letter_op("cg", "orders", first.receipt_handle))
+    assert core.db.call(core.ack_op("cg", "orders", [second.receipt_handle])) == [None]
+    assert core.last_txn_id() == ""

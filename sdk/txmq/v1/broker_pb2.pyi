@@ -221,6 +221,24 @@ class GetQueueOffsetsResponse(_message.Message):
     queues: _containers.RepeatedCompositeFieldContainer[QueueOffsets]
     def __init__(self, topic: _Optional[str] = ..., broker_name: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueOffsets, _Mapping]]] = ...) -> None: ...
 
+class DeadLetterMessageRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic", "receipt_handle")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    receipt_handle: str
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., receipt_handle: _Optional[str] = ...) -> None: ...
+
+class DeadLetterMessageResponse(_message.Message):
+    __slots__ = ("dead_letter_topic", "queue_offset")
+    DEAD_LETTER_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    dead_letter_topic: str
+    queue_offset: int
+    def __init__(self, dead_letter_topic: _Optional[str] = ..., queue_offset: _Optional[int] = ...) -> None: ...
+
 class CreateTopicQueuesRequest(_message.Message):
     __slots__ = ("topic", "queue_count")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
@@ -356,15 +374,21 @@ class GroupTransactionStats(_message.Message):
     def __init__(self, producer_group: _Optional[str] = ..., pending: _Optional[int] = ..., discarded: _Optional[int] = ..., oldest_pending_prepared_at_ms: _Optional[int] = ...) -> None: ...
 
 class GetBrokerStatsResponse(_message.Message):
-    __slots__ = ("broker_name", "topics", "groups", "store_bytes", "free_disk_bytes")
+    __slots__ = ("broker_name", "topics", "groups", "store_bytes", "free_disk_bytes", "max_body_bytes", "max_delivery_attempts", "last_transaction_id")
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     STORE_BYTES_FIELD_NUMBER: _ClassVar[int]
     FREE_DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BODY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_DELIVERY_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
     broker_name: str
     topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicQueues]
     groups: _containers.RepeatedCompositeFieldContainer[GroupTransactionStats]
     store_bytes: int
     free_disk_bytes: int
-    def __init__(self, broker_name: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicQueues, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupTransactionStats, _Mapping]]] = ..., store_bytes: _Optional[int] = ..., free_disk_bytes: _Optional[int] = ...) -> None: ...
+    max_body_bytes: int
+    max_delivery_attempts: int
+    last_transaction_id: str
+    def __init__(self, broker_name: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicQueues, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupTransactionStats, _Mapping]]] = ..., store_bytes: _Optional[int] = ..., free_disk_bytes: _Optional[int] = ..., max_body_bytes: _Optional[int] = ..., max_delivery_attempts: _Optional[int] = ..., last_transaction_id: _Optional[str] = ...) -> None: ...

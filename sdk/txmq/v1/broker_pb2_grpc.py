@@ -78,6 +78,11 @@ class BrokerServiceStub:
                 request_serializer=txmq_dot_v1_dot_broker__pb2.GetQueueOffsetsRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_broker__pb2.GetQueueOffsetsResponse.FromString,
                 _registered_method=True)
+        self.DeadLetterMessage = channel.unary_unary(
+                '/txmq.v1.BrokerService/DeadLetterMessage',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.DeadLetterMessageRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.DeadLetterMessageResponse.FromString,
+                _registered_method=True)
         self.CreateTopicQueues = channel.unary_unary(
                 '/txmq.v1.BrokerService/CreateTopicQueues',
                 request_serializer=txmq_dot_v1_dot_broker__pb2.CreateTopicQueuesRequest.SerializeToString,
@@ -178,6 +183,15 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeadLetterMessage(self, request, context):
+        """Moves one delivery to the group's dead-letter topic now, before its attempts run out
+        (a consumer that knows the message can never be processed; RocketMQ's
+        ForwardMessageToDeadLetterQueue).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateTopicQueues(self, request, context):
         """Creates (or grows) a topic's queues on this broker. Called by the name server's Admin.CreateTopic.
         """
@@ -265,6 +279,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.GetQueueOffsets,
                     request_deserializer=txmq_dot_v1_dot_broker__pb2.GetQueueOffsetsRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_broker__pb2.GetQueueOffsetsResponse.SerializeToString,
+            ),
+            'DeadLetterMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeadLetterMessage,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.DeadLetterMessageRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.DeadLetterMessageResponse.SerializeToString,
             ),
             'CreateTopicQueues': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTopicQueues,
@@ -517,6 +536,33 @@ class BrokerService:
             '/txmq.v1.BrokerService/GetQueueOffsets',
             txmq_dot_v1_dot_broker__pb2.GetQueueOffsetsRequest.SerializeToString,
             txmq_dot_v1_dot_broker__pb2.GetQueueOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeadLetterMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/DeadLetterMessage',
+            txmq_dot_v1_dot_broker__pb2.DeadLetterMessageRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.DeadLetterMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,
