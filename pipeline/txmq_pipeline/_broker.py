@@ -107,31 +107,15 @@ def read_queue(client: Client, r: QueueRange, max_messages: int = READ_BATCH
 
 def store_id_and_sequences(client: Client, address: str) -> tuple[int, int, int] | None:
     """(store id, first sequence, last sequence) of a broker's transaction table, or None
-    when it is empty. The last one is found by bisecting with page tokens: the API has no
-    count, but "the first transaction after sequence s" is one cheap seek."""
+    when it is empty: the first row from QueryTransactions, the last from GetBrokerStats."""
     stub = client.broker(address)
     first = client.call(stub.QueryTransactions, broker_pb2.QueryTransactionsRequest(limit=1))
     if not first.transactions:
         return None
     head = TransactionId.decode(first.transactions[0].transaction_id)
-
-    def any_after(seq: int) -> bool:
-        token = TransactionId(head.broker, head.store_id, seq).encode()
-        page = client.call(stub.QueryTransactions, broker_pb2.QueryTransactionsRequest(limit=1, page_token=token))
-        return bool(page.transactions)
-
-    # The last sequence is the smallest s with no row after it; a row exists after
-    # head.sequence - 1. Grow an upper bound, then bisect.
-    low, high = head.sequence, max(1, head.sequence)
-    while any_after(high):
-        low, high = high + 1, high * 2
-    while low < high:
-        mid = (low + high) // 2
-        if any_after(mid):
-            low = mid + 1
-        else:
-            high = mid
-    return head.store_id, head.sequence, low
+    stats = client.call(stub.GetBrokerStats, broker_pb2.GetBrokerStatsRequest())
+    last = TransactionId.decode(stats.last_transaction_id).sequence if stats.last_transaction_id else head.sequence
+    return head.store_id, head.sequence, max(last, head.sequence)
 
 
 def read_transactions(client: Client, broker: str, address: str, store_id: int, first_seq: int,
