@@ -79,6 +79,9 @@ class ClientRegistry:
         self._ids = itertools.count(1)
         #: Called with a client id when its live streams or published topics change.
         self.on_change: list[Callable[[str], None]] = []
+        #: Called with a client id when it went away from this replica: its last Telemetry
+        #: stream ended, or it announced its termination.
+        self.on_gone: list[Callable[[str], None]] = []
 
     def _changed(self, client_id: str) -> None:
         for notify in self.on_change:
@@ -112,6 +115,8 @@ class ClientRegistry:
         if not state.streams:
             state.idle_since = self.monotonic()
             self._changed(stream.client_id)
+            for notify in self.on_gone:
+                notify(stream.client_id)
 
     def terminate(self, client_id: str) -> None:
         """NotifyClientTermination: the client is going away; its streams end soon. Its
@@ -120,6 +125,8 @@ class ClientRegistry:
         if state is not None and state.topics:
             state.topics = ()
             self._changed(client_id)
+        for notify in self.on_gone:
+            notify(client_id)
 
     def producers(self) -> dict[str, tuple[str, ...]]:
         """Client id → published topics, for clients with a live stream and topics."""

@@ -24,10 +24,13 @@ class ProxyConfig(ServiceConfig):
     #: endpoints). Empty: echo the access point the client used (right behind a Kubernetes
     #: Service or a load balancer: every replica serves every request).
     advertise_address: str = ""
-    #: The brokers' limits, advertised to clients in Telemetry Settings. Must match the
-    #: brokers' ``max_body_bytes`` / ``max_delivery_attempts`` (the chart sets both from one value).
+    #: The brokers' limits, advertised to clients in Telemetry Settings and enforced on
+    #: sends. The proxy reads the live brokers' own values (GetBrokerStats, the smallest of
+    #: them, every ``broker_limits_refresh_seconds``); these are the fallback while no
+    #: broker answers.
     max_body_bytes: int = 4 * 1024 * 1024
     max_delivery_attempts: int = 16
+    broker_limits_refresh_seconds: float = 30.0
     #: How long a topic route from the name servers is reused.
     route_ttl_seconds: float = 5.0
     #: How often the live brokers and checkers are listed again.
@@ -48,6 +51,10 @@ class ProxyConfig(ServiceConfig):
     receive_batch_size: int = 32
     #: Invisibility of a delivery when the client sets none (push consumers).
     default_invisible_duration_seconds: float = 30.0
+    #: Push consumers (ReceiveMessage with auto_renew): the proxy renews a delivery's
+    #: invisibility every half invisible duration until the client acks or nacks it or goes
+    #: away, for at most this long after the delivery (0: never renew).
+    auto_renew_max_seconds: float = 1800.0
     #: Durations below this (Node.js push nacks send milliseconds) are raised to it.
     min_invisible_duration_seconds: float = 1.0
     max_invisible_duration_seconds: float = 12 * 3600.0
@@ -76,11 +83,14 @@ class ProxyConfig(ServiceConfig):
                      "producer_backoff_initial_seconds", "producer_backoff_max_seconds",
                      "consumer_backoff_initial_seconds", "consumer_backoff_max_seconds",
                      "default_invisible_duration_seconds", "min_invisible_duration_seconds",
-                     "max_invisible_duration_seconds", "client_idle_expiry_seconds"):
+                     "max_invisible_duration_seconds", "client_idle_expiry_seconds",
+                     "broker_limits_refresh_seconds"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.consumer_backoff_multiplier < 1:
             raise ValueError(f"consumer_backoff_multiplier must be at least 1, got {self.consumer_backoff_multiplier}")
+        if self.auto_renew_max_seconds < 0:
+            raise ValueError(f"auto_renew_max_seconds must not be negative, got {self.auto_renew_max_seconds}")
         if self.push_long_polling_seconds < 0 or self.max_long_polling_seconds < 0:
             raise ValueError("long polling durations must not be negative")
         if self.min_invisible_duration_seconds > self.max_invisible_duration_seconds:

@@ -1,6 +1,7 @@
 """Proxy metrics: Telemetry streams by client type, check subscriptions, checks forwarded
-to clients, EndTransaction by source and result, messages in and out per topic. Labels
-are client types, results and topics only."""
+to clients, EndTransaction by source and result, messages in and out per topic, acks and
+dead-lettering by result, push consumers' invisibility renewals. Labels are client types,
+results and topics only."""
 
 from __future__ import annotations
 
@@ -31,4 +32,17 @@ class ProxyMetrics(BaseMetrics):
             registry=self.registry)
         self.messages_out = Counter(
             "txmq_proxy_messages_out_total", "Messages delivered through the proxy, by topic", ["topic"],
+            registry=self.registry)
+        self.acks = Counter(
+            "txmq_proxy_acks_total", "AckMessage entries by result (ok or the RocketMQ code name)", ["result"],
+            registry=self.registry)
+        self.dead_letters = Counter(
+            "txmq_proxy_dead_letters_total", "ForwardMessageToDeadLetterQueue calls by result (ok or the "
+            "RocketMQ code name)", ["result"], registry=self.registry)
+        self.renewals = Counter(
+            "txmq_proxy_renewals_total", "Invisibility renewals of push consumers' deliveries (auto_renew) by "
+            "result: ok, error (retried), and how renewing ended: gone (acknowledged elsewhere, "
+            "redelivered or dead-lettered), client_gone, max_time", ["result"], registry=self.registry)
+        self.renewing = Gauge(
+            "txmq_proxy_renewing_deliveries", "Deliveries whose invisibility the proxy is renewing",
             registry=self.registry)

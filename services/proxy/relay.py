@@ -2,9 +2,9 @@
 
 - A send goes to the queue chosen from a hash of the client's message id, so a retried
   send (same id, any replica) reaches the same broker, which deduplicates it.
-- EndTransaction goes to the broker the transaction id names; Ack and
-  ChangeInvisibleDuration to the broker the receipt handle names. No state is kept here:
-  any replica serves any of them.
+- EndTransaction goes to the broker the transaction id names; Ack, ChangeInvisibleDuration
+  and dead-lettering to the broker the receipt handle names. No state is kept here: any
+  replica serves any of them.
 - A receive long-polls the broker the client's queue names (any queue of it: RocketMQ
   consumers pop from a broker, not from one queue), or, for a queue not in the route, a
   broker holding the topic.
@@ -114,3 +114,10 @@ class Relay:
             consumer_group=group, topic=topic, receipt_handle=handle, invisible_duration_seconds=seconds),
             timeout=self.config.rpc_timeout_seconds))
         return response.receipt_handle
+
+    async def dead_letter(self, group: str, topic: str, handle: str) -> broker_pb2.DeadLetterMessageResponse:
+        """Moves one in-flight delivery to ``%DLQ%<group>`` now, on the broker the handle names."""
+        broker = ReceiptHandle.decode(handle).broker
+        stub = await self.upstream.broker(broker)
+        return await call(stub.DeadLetterMessage(broker_pb2.DeadLetterMessageRequest(
+            consumer_group=group, topic=topic, receipt_handle=handle), timeout=self.config.rpc_timeout_seconds))

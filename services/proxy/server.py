@@ -1,5 +1,6 @@
 """Builds the proxy process: the MessagingService, the native directory (name servers,
-brokers, checkers), the check subscriptions for connected producers."""
+brokers, checkers), the check subscriptions for connected producers, the renewal of push
+consumers' deliveries."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from .config import ProxyConfig
 from .metrics import ProxyMetrics
 from .protocol import SERVICE_NAME, service_pb2_grpc
 from .relay import Relay
+from .renew import Renewer
 from .service import MessagingServicer
 from .upstream import Upstream
 
@@ -25,7 +27,8 @@ async def create_server(config: ProxyConfig) -> tuple[ServiceApp, int]:
     relay = Relay(config, upstream)
     registry = ClientRegistry(config.client_idle_expiry_seconds)
     checks = CheckManager(config, upstream, registry, metrics)
-    servicer = MessagingServicer(config, upstream, relay, registry, checks, metrics)
+    renewer = Renewer(config, relay, metrics)
+    servicer = MessagingServicer(config, upstream, relay, registry, checks, metrics, renewer=renewer)
     app = ServiceApp("proxy", config, metrics,
                      [(service_pb2_grpc.add_MessagingServiceServicer_to_server, servicer)], [SERVICE_NAME])
     servicer.bound_port = app.port  # routes fall back to it when a client names no access point
@@ -34,9 +37,11 @@ async def create_server(config: ProxyConfig) -> tuple[ServiceApp, int]:
     async def start() -> None:
         await upstream.start()
         checks.start()
+        renewer.start()
 
     async def stop() -> None:
         registry.close()
+        await renewer.stop()
         await checks.stop()
         await upstream.stop()
 

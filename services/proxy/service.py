@@ -3,7 +3,8 @@ domain errors → in-band ``Status`` (``codes.code_for``), nothing else.
 
 Every response carries a status: the official clients read errors in band and treat a
 gRPC-level failure as a transport error. RPCs txmq does not serve (Pull/offset RPCs,
-RecallMessage, lite topics, ForwardMessageToDeadLetterQueue) answer NOT_IMPLEMENTED.
+RecallMessage, lite topics) answer NOT_IMPLEMENTED. Push consumers' deliveries
+(``auto_renew``) are kept invisible by ``renew.Renewer`` until acknowledged or nacked.
 The call order and field requirements of the clients are described in
 docs/rocketmq-compat.md.
 """
@@ -27,6 +28,7 @@ from .convert import delivered_to_rmq, resource_name, seconds, to_native, valida
 from .metrics import ProxyMetrics
 from .protocol import Code, definition_pb2, service_pb2, service_pb2_grpc
 from .relay import Relay
+from .renew import Renewer
 from .upstream import Upstream
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,8 @@ def _failed(response_cls: Callable[..., Any], exc: BaseException, method: str) -
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def __init__(self, config: ProxyConfig, upstream: Upstream, relay: Relay, registry: ClientRegistry,
-                 checks: CheckManager, metrics: ProxyMetrics, bound_port: int = 0) -> None:
+                 checks: CheckManager, metrics: ProxyMetrics, bound_port: int = 0,
+                 renewer: Renewer | None = None) -> None:
         self.config = config
         self.upstream = upstream
         self.relay = relay
@@ -70,6 +73,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.checks = checks
         self.metrics = metrics
         self.bound_port = bound_port
+        self.renewer = renewer or Renewer(config, relay, metrics)
+        registry.on_gone.append(self.renewer.client_gone)
 
     # --- routes --------------------------------------------------------------------------
 
@@ -124,7 +129,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         for message in request.messages:
             message_id = message.system_properties.message_id
             try:
-                native = to_native(message, client_id=client_id, max_body_bytes=self.config.max_body_bytes)
+                native = to_native(message, client_id=client_id,
+                                   max_body_bytes=self.upstream.limits.max_body_bytes)
                 result = await self.relay.send(native)
             except Exception as exc:  # noqa: BLE001 - per entry, and at the top (Python reads only that)
                 failed = _failed(spb.SendResultEntry, exc, "SendMessage")
@@ -178,18 +184,21 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return min(max(value, self.config.min_invisible_duration_seconds), self.config.max_invisible_duration_seconds)
 
     async def ReceiveMessage(self, request: spb.ReceiveMessageRequest, context: Any) -> None:
-        """Frames: status, then one message each, then the delivery timestamp."""
+        """Frames: status, then one message each, then the delivery timestamp. With
+        ``auto_renew`` (push consumers) the deliveries stay invisible until the client acks
+        or nacks them (see ``renew``)."""
         try:
             group = resource_name(request.group, "group")
             queue = request.message_queue
             topic = resource_name(queue.topic, "topic")
             expression = validate_filter(request.filter_expression)
-            invisible = (seconds(request.invisible_duration) if request.HasField("invisible_duration")
-                         else self.config.default_invisible_duration_seconds)
+            invisible = self._invisible_seconds(
+                seconds(request.invisible_duration) if request.HasField("invisible_duration")
+                else self.config.default_invisible_duration_seconds)
             batch = min(max(request.batch_size, 1), self.config.max_receive_batch)
             deliveries = await self.relay.receive(
                 group=group, topic=topic, broker=queue.broker.name, filter_expression=expression,
-                max_messages=batch, invisible_seconds=self._invisible_seconds(invisible),
+                max_messages=batch, invisible_seconds=invisible,
                 wait_seconds=self._long_poll_seconds(request, context))
         except Exception as exc:  # noqa: BLE001
             await context.write(_failed(spb.ReceiveMessageResponse, exc, "ReceiveMessage"))
@@ -200,6 +209,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             for d in deliveries:
                 await context.write(spb.ReceiveMessageResponse(message=delivered_to_rmq(d, now_ms)))
                 self.metrics.messages_out.labels(topic).inc()
+            if request.auto_renew:  # written: the client has them (a failed write renews nothing)
+                client_id = client_id_of(context)
+                for d in deliveries:
+                    self.renewer.add(client_id, group, d.topic, d.receipt_handle, invisible)
         else:
             await context.write(spb.ReceiveMessageResponse(status=pb.Status(
                 code=Code.MESSAGE_NOT_FOUND, message="no new message")))
@@ -211,13 +224,16 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             group = resource_name(request.group, "group")
             topic = resource_name(request.topic, "topic")
-            results = await self.relay.ack(group, topic, [e.receipt_handle for e in request.entries])
+            handles = [await self.renewer.finish(group, e.receipt_handle) for e in request.entries]
+            results = await self.relay.ack(group, topic, handles)
         except Exception as exc:  # noqa: BLE001
+            self.metrics.acks.labels(Code.Name(code_for(exc))).inc(len(request.entries))
             return _failed(spb.AckMessageResponse, exc, "AckMessage")
         response = spb.AckMessageResponse()
         for entry, error in zip(request.entries, results):
             response.entries.append(spb.AckMessageResultEntry(
                 message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status(error)))
+            self.metrics.acks.labels("ok" if error is None else Code.Name(code_for(error))).inc()
         codes = {e.status.code for e in response.entries}
         if codes <= {Code.OK}:
             response.status.CopyFrom(status())
@@ -231,11 +247,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                                       context: Any) -> spb.ChangeInvisibleDurationResponse:
         """Always answers with a receipt handle (the new one, or the one sent): the Python
         client adopts it before reading the status. Tiny durations are raised to
-        ``min_invisible_duration_seconds`` (Node.js sends milliseconds as seconds)."""
+        ``min_invisible_duration_seconds`` (Node.js sends milliseconds as seconds). A push
+        consumer's nack: the proxy stops renewing the delivery."""
         try:
             group = resource_name(request.group, "group")
             topic = resource_name(request.topic, "topic")
-            handle = await self.relay.change_invisible(group, topic, request.receipt_handle,
+            current = await self.renewer.finish(group, request.receipt_handle)
+            handle = await self.relay.change_invisible(group, topic, current,
                                                        self._invisible_seconds(seconds(request.invisible_duration)))
         except Exception as exc:  # noqa: BLE001
             failed = _failed(spb.ChangeInvisibleDurationResponse, exc, "ChangeInvisibleDuration")
@@ -245,11 +263,23 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def ForwardMessageToDeadLetterQueue(self, request: spb.ForwardMessageToDeadLetterQueueRequest,
                                               context: Any) -> spb.ForwardMessageToDeadLetterQueueResponse:
-        # Only FIFO consumers call it; txmq moves a message to %DLQ%<group> itself after
-        # max_delivery_attempts deliveries.
-        return spb.ForwardMessageToDeadLetterQueueResponse(status=status(unsupported(
-            "ForwardMessageToDeadLetterQueue (FIFO consumption); the broker dead-letters after "
-            "max_delivery_attempts")))
+        """The consumer gave up on a delivery (FIFO consumers, after their local retries):
+        the broker the receipt handle names moves it to ``%DLQ%<group>`` now (native
+        DeadLetterMessage). A stale or mangled handle answers INVALID_RECEIPT_HANDLE.
+        Non-FIFO messages need no call: the broker dead-letters them itself after
+        ``max_delivery_attempts`` deliveries."""
+        try:
+            group = resource_name(request.group, "group")
+            topic = resource_name(request.topic, "topic")
+            if not request.receipt_handle:
+                raise ProxyError(Code.INVALID_RECEIPT_HANDLE, "receipt_handle is required")
+            handle = await self.renewer.finish(group, request.receipt_handle)
+            await self.relay.dead_letter(group, topic, handle)
+        except Exception as exc:  # noqa: BLE001
+            self.metrics.dead_letters.labels(Code.Name(code_for(exc))).inc()
+            return _failed(spb.ForwardMessageToDeadLetterQueueResponse, exc, "ForwardMessageToDeadLetterQueue")
+        self.metrics.dead_letters.labels("ok").inc()
+        return spb.ForwardMessageToDeadLetterQueueResponse(status=status())
 
     # --- unused by the clients -----------------------------------------------------------
 
@@ -300,7 +330,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 if command.WhichOneof("command") == "settings":
                     self.registry.update_settings(stream, command.settings)
                     stream.offer(spb.TelemetryCommand(status=status(),
-                                                      settings=settings_mod.reply(command.settings, self.config)))
+                                                      settings=settings_mod.reply(command.settings, self.config,
+                                                                                  self.upstream.limits)))
                 # Other commands (thread stack traces, verify results, statuses) need no reply.
         except asyncio.CancelledError:
             raise

@@ -3,7 +3,7 @@ Pure functions of the client's settings and the proxy's configuration.
 
 Every reply has status OK (the Python client ignores settings without it) and metrics off
 (otherwise the clients export OTLP to the endpoints named here). Producers get the
-broker's body limit and an exponential retry policy (Node.js crashes without one);
+brokers' body limit and an exponential retry policy (Node.js crashes without one);
 consumers get batch size, long polling and the redelivery backoff with the broker's
 ``max_delivery_attempts`` as its max attempts, as a customized list of delays (what the
 Python and Java push consumers use) or, for Node.js (which honours only that), as an
@@ -17,11 +17,15 @@ import ipaddress
 from .config import ProxyConfig
 from .convert import backoff_delays, duration
 from .protocol import definition_pb2
+from .upstream import Limits
 
 Settings = definition_pb2.Settings
 
 
-def reply(client: Settings, config: ProxyConfig) -> Settings:
+def reply(client: Settings, config: ProxyConfig, limits: "Limits | None" = None) -> Settings:
+    """``limits``: the brokers' limits (``Upstream.limits``); the configuration's by default."""
+    body_limit = limits.max_body_bytes if limits is not None else config.max_body_bytes
+    max_attempts = limits.max_delivery_attempts if limits is not None else config.max_delivery_attempts
     out = Settings()
     out.CopyFrom(client)
     out.metric.Clear()
@@ -33,7 +37,7 @@ def reply(client: Settings, config: ProxyConfig) -> Settings:
             exponential_backoff=definition_pb2.ExponentialBackoff(
                 initial=duration(config.producer_backoff_initial_seconds),
                 max=duration(config.producer_backoff_max_seconds), multiplier=2.0)))
-        out.publishing.max_body_size = config.max_body_bytes
+        out.publishing.max_body_size = body_limit
         out.publishing.validate_message_type = True
         return out
     sub = out.subscription
@@ -42,14 +46,14 @@ def reply(client: Settings, config: ProxyConfig) -> Settings:
     if client.client_type != definition_pb2.SIMPLE_CONSUMER or not client.subscription.HasField(
             "long_polling_timeout"):
         sub.long_polling_timeout.CopyFrom(duration(config.push_long_polling_seconds))
-    policy = definition_pb2.RetryPolicy(max_attempts=config.max_delivery_attempts)
+    policy = definition_pb2.RetryPolicy(max_attempts=max_attempts)
     if client.user_agent.language == definition_pb2.NODE_JS:
         policy.exponential_backoff.CopyFrom(definition_pb2.ExponentialBackoff(
             initial=duration(config.consumer_backoff_initial_seconds),
             max=duration(config.consumer_backoff_max_seconds), multiplier=config.consumer_backoff_multiplier))
     else:
         delays = backoff_delays(config.consumer_backoff_initial_seconds, config.consumer_backoff_multiplier,
-                                config.consumer_backoff_max_seconds, config.max_delivery_attempts)
+                                config.consumer_backoff_max_seconds, max_attempts)
         policy.customized_backoff.next.extend(duration(d) for d in delays)
     out.backoff_policy.CopyFrom(policy)
     return out

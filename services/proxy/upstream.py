@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
 import grpc
 
 from txmq._errors import BrokerNotFoundError, TxmqError, UnavailableError, error_from_rpc
-from txmq.v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+from txmq.v1 import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 from .config import ProxyConfig
 
@@ -31,6 +32,17 @@ CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits the proxy advertises and enforces: the live brokers' (the smallest of
+    each), or the proxy's configuration while no broker has told them."""
+
+    max_body_bytes: int
+    max_delivery_attempts: int
+    #: "brokers" or "config".
+    source: str
 
 
 async def call(coro: Awaitable[T]) -> T:
@@ -57,11 +69,14 @@ class Upstream:
         self.on_checkers_changed: list[Callable[[], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._failing: set[str] = set()
+        self.limits = Limits(config.max_body_bytes, config.max_delivery_attempts, "config")
+        self._limits_due = 0.0
 
     # --- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
         await self.refresh()
+        await self.refresh_limits()
         self._task = asyncio.create_task(self._run(), name="directory-refresh")
 
     async def _run(self) -> None:
@@ -69,6 +84,8 @@ class Upstream:
             await asyncio.sleep(self.config.directory_refresh_seconds)
             try:
                 await self.refresh()
+                if self.clock() >= self._limits_due:
+                    await self.refresh_limits()
             except Exception:  # noqa: BLE001 - keep refreshing
                 log.exception("directory refresh failed")
 
@@ -116,6 +133,32 @@ class Upstream:
                 self.checkers = found
                 for notify in self.on_checkers_changed:
                     notify()
+
+    async def refresh_limits(self) -> Limits:
+        """Reads the live brokers' limits (GetBrokerStats): the smallest body limit and
+        delivery attempts over the brokers that answer. The previous values stay while none
+        answers (the configuration's until one ever has)."""
+        self._limits_due = self.clock() + self.config.broker_limits_refresh_seconds
+
+        async def one(address: str) -> broker_pb2.GetBrokerStatsResponse | None:
+            try:
+                return await broker_pb2_grpc.BrokerServiceStub(self._channel(address)).GetBrokerStats(
+                    broker_pb2.GetBrokerStatsRequest(), timeout=self.config.rpc_timeout_seconds)
+            except grpc.aio.AioRpcError:
+                return None
+        answers = [a for a in await asyncio.gather(*(one(a) for a in set(self.brokers.values())))
+                   if a is not None]
+        bodies = [a.max_body_bytes for a in answers if a.max_body_bytes > 0]
+        attempts = [a.max_delivery_attempts for a in answers if a.max_delivery_attempts > 0]
+        if bodies or attempts:
+            limits = Limits(min(bodies) if bodies else self.limits.max_body_bytes,
+                            min(attempts) if attempts else self.limits.max_delivery_attempts, "brokers")
+            if limits != self.limits:
+                log.info("broker limits", extra={"fields": {
+                    "max_body_bytes": limits.max_body_bytes, "max_delivery_attempts": limits.max_delivery_attempts,
+                    "brokers": len(answers)}})
+                self.limits = limits
+        return self.limits
 
     async def route(self, topic: str) -> list[nameserver_pb2.QueueRoute]:
         """The topic's queues (name server QueryRoute), reused for ``route_ttl_seconds``.

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import pytest
 
-pyspark = pytest.importorskip("pyspark", reason="make pipeline-deps installs PySpark")
+import pyspark  # noqa: E402  (make pipeline-deps installs it; a missing PySpark must fail, not skip)
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable

@@ -9,6 +9,7 @@ from typing import Any, Iterator
 import pytest
 
 from tests.support.cluster import Cluster
+from tests.support.processes import ServiceProcess
 
 from .support import Clients
 
@@ -40,6 +41,23 @@ def rmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+
+
+#: A third proxy: deliveries invisible 1 s by default (auto_renew must keep a slow push
+#: listener's message invisible), and limit settings that differ from the brokers' (the
+#: proxy must advertise the brokers' own).
+RENEWING_PROXY_ENV = {
+    **PROXY_ENV,
+    "TXMQ_DEFAULT_INVISIBLE_DURATION_SECONDS": "1.0",
+    "TXMQ_MAX_BODY_BYTES": "1000",
+    "TXMQ_MAX_DELIVERY_ATTEMPTS": "99",
+}
+
+
+@pytest.fixture(scope="module")
+def renewing_proxy(rmq_cluster: Cluster) -> ServiceProcess:
+    """Started on first use; stopped with the module's cluster."""
+    return rmq_cluster.start_proxy(RENEWING_PROXY_ENV)
 
 
 @pytest.fixture

@@ -8,7 +8,9 @@ from typing import Callable
 
 import pytest
 
+import txmq
 from tests.support.cluster import Cluster
+from tests.support.waiting import wait_until
 from txmq._ids import TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
@@ -37,6 +39,46 @@ def test_node_transactional_commit_and_rollback(rmq_cluster: Cluster, clients: C
     for m in received:
         assert m["message_id"] == sent[m["body"]]["message_id"]
         assert m["tag"] == "TagA" and m["delivery_attempt"] == 1 and not m.get("corrupted")
+
+
+def test_node_orphan_recovered_by_a_second_producer(rmq_cluster: Cluster, clients: Clients,
+                                                    unique_name: Callable[[str], str]) -> None:
+    """A first Node producer dies (SIGKILL) after its half message; a second Node producer,
+    connected to the other proxy replica, gets RecoverOrphanedTransactionCommand, its
+    checker commits through EndTransaction(SOURCE_SERVER_CHECK), and the message is
+    consumed once."""
+    topic = unique_name("nodeorphan")
+    first = clients.node("rmq_node.js", "orphan", endpoints=rmq_cluster.proxy_addresses[0], topic=topic,
+                         body="orphan-commit")
+    sent = first.wait_event("sent", timeout=60)[0]
+    assert first.finish(30, close_stdin=False) == -9  # killed before commit
+
+    second = clients.node("rmq_node.js", "checker", endpoints=rmq_cluster.proxy_addresses[1], topic=topic)
+    checked = second.wait_event("checked", timeout=60)[0]
+    assert checked["message_id"] == sent["message_id"] and checked["resolution"] == "COMMIT"
+    assert checked["body"] == "orphan-commit" and checked["topic"] == topic and not checked.get("corrupted")
+
+    # Applied on the broker as the check's answer (the client's call goes to any replica).
+    broker = TransactionId.decode(sent["transaction_id"]).broker
+    address = next(b.address for b in rmq_cluster.list_brokers() if b.name == broker)
+    stub = broker_pb2_grpc.BrokerServiceStub(rmq_cluster.channel(address))
+
+    def committed() -> common_pb2.Transaction | None:
+        txn = stub.GetTransaction(broker_pb2.GetTransactionRequest(transaction_id=sent["transaction_id"]),
+                                  timeout=5).transaction
+        return txn if txn.state == common_pb2.TRANSACTION_STATE_COMMITTED else None
+
+    txn = wait_until(committed, 30, message="the orphan committed by the Node checker")
+    assert txn.resolution_source == common_pb2.TRANSACTION_SOURCE_CHECK
+    second.expect_success(60)
+
+    # Consumed once: one delivery, then nothing more for the group.
+    with txmq.SimpleConsumer(rmq_cluster.nameserver_address, consumer_group=unique_name("g"),
+                             subscriptions={topic: "*"}, await_duration_seconds=1.0) as consumer:
+        received = wait_until(lambda: consumer.receive(16, 10.0), 30, message="the committed orphan")
+        assert [(m.message_id, m.body) for m in received] == [(sent["message_id"], b"orphan-commit")]
+        consumer.ack(received[0])
+        assert consumer.receive(16, 10.0) == []
 
 
 def test_node_simple_consumer_change_invisibility(rmq_cluster: Cluster, clients: Clients,

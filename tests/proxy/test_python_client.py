@@ -14,7 +14,9 @@ from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
 
-from .support import Clients
+from tests.support.processes import ServiceProcess
+
+from .support import Clients, metric_value
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -133,6 +135,32 @@ def test_push_consumer_redelivers_failures_then_dead_letters(rmq_cluster: Cluste
     ok = [e for e in consumer.of("consumed") if e["result"] == "SUCCESS"]
     assert sorted(e["body"] for e in ok) == ["ok-1", "ok-2"]
     assert dead[0].body == b"fail-1" and dead[0].message_id == failures(consumer)[0]["message_id"]
+
+
+def test_push_consumer_auto_renew_keeps_a_slow_delivery_invisible(
+        rmq_cluster: Cluster, renewing_proxy: ServiceProcess, clients: Clients,
+        unique_name: Callable[[str], str]) -> None:
+    """The proxy's default invisibility is 1 s; the listener works 4 s on the message. The
+    proxy renews the delivery (auto_renew) until the ack: one delivery, and the ack with
+    the handle the client got succeeds."""
+    topic, group = unique_name("renew"), unique_name("g")
+    port = renewing_proxy.metrics_port
+    acks_before = metric_value(port, "txmq_proxy_acks_total", {"result": "ok"})
+    renewals_before = metric_value(port, "txmq_proxy_renewals_total", {"result": "ok"})
+    consumer = clients.python("push", endpoints=renewing_proxy.address, topic=topic, group=group,
+                              hold_seconds=4.0)
+    consumer.wait_event("started", timeout=60)
+    clients.python("send", endpoints=renewing_proxy.address, topic=topic, bodies=["slow-1"]).expect_success(60)
+    [done] = consumer.wait_event("consumed", timeout=60)
+    assert done["body"] == "slow-1" and done["result"] == "SUCCESS" and done["delivery_attempt"] == 1
+    # Acknowledged with the handle of the first delivery, after several renewals.
+    wait_until(lambda: metric_value(port, "txmq_proxy_acks_total", {"result": "ok"}) >= acks_before + 1, 30,
+               message="the push consumer's ack to succeed on the proxy")
+    assert metric_value(port, "txmq_proxy_renewals_total", {"result": "ok"}) >= renewals_before + 3
+    assert metric_value(port, "txmq_proxy_acks_total", {"result": "INVALID_RECEIPT_HANDLE"}) == 0
+    consumer.expect_success(60)
+    # Never redelivered while the listener worked (a second delivery would start it again).
+    assert [e["delivery_attempt"] for e in consumer.of("consuming")] == [1]
 
 
 def test_native_producer_to_official_consumer_and_back(rmq_cluster: Cluster, clients: Clients,

@@ -153,16 +153,25 @@ def simple(args: dict) -> None:
 
 
 class Listener(MessageListener):
-    """Fails messages whose body starts with "fail", consumes the others."""
+    """Fails messages whose body starts with "fail", consumes the others. Messages whose
+    body starts with "slow" take ``hold_seconds`` of work first (a "consuming" event marks
+    the start)."""
+
+    def __init__(self, hold_seconds: float = 0.0) -> None:
+        self.hold_seconds = hold_seconds
 
     def consume(self, m: Message) -> ConsumeResult:
+        if m.body.startswith(b"slow"):
+            emit("consuming", **view(m))
+            time.sleep(self.hold_seconds)  # the listener's work
         failed = m.body.startswith(b"fail")
         emit("consumed", result="FAILURE" if failed else "SUCCESS", **view(m))
         return ConsumeResult.FAILURE if failed else ConsumeResult.SUCCESS
 
 
 def push(args: dict) -> None:
-    consumer = PushConsumer(config(args), args["group"], Listener(), {args["topic"]: FilterExpression()})
+    consumer = PushConsumer(config(args), args["group"], Listener(args.get("hold_seconds", 0.0)),
+                            {args["topic"]: FilterExpression()})
     consumer.startup()
     emit("started")
     try:

@@ -48,6 +48,33 @@ async function transactional(args) {
   emit('done');
 }
 
+// Sends one half message and dies (SIGKILL) before deciding it: an orphan for the checker.
+async function orphan(args) {
+  const producer = new Producer({ endpoints: args.endpoints, namespace: '', topics: [args.topic], checker });
+  await producer.startup();
+  const tx = producer.beginTransaction();
+  const receipt = await producer.send({
+    topic: args.topic, tag: 'TagA', keys: ['orphan'], body: Buffer.from(args.body),
+  }, tx);
+  emit('sent', { message_id: receipt.messageId, transaction_id: receipt.transactionId, body: args.body });
+  process.kill(process.pid, 'SIGKILL');
+}
+
+// A transactional producer that only answers orphan checks (through `checker`), until
+// stdin closes.
+async function checkerOnly(args) {
+  const producer = new Producer({ endpoints: args.endpoints, namespace: '', topics: [args.topic], checker });
+  await producer.startup();
+  emit('started');
+  await new Promise((resolve) => {
+    process.stdin.on('end', resolve);
+    process.stdin.on('error', resolve);
+    process.stdin.resume();
+  });
+  await producer.shutdown();
+  emit('done');
+}
+
 // Receives until `count` acknowledgements; "postpone*" bodies get changeInvisibleDuration
 // on their first delivery and are acknowledged when redelivered.
 async function simple(args) {
@@ -79,7 +106,7 @@ async function simple(args) {
   emit('done', { acked });
 }
 
-const scenarios = { transactional, simple };
+const scenarios = { transactional, simple, orphan, checker: checkerOnly };
 
 scenarios[process.argv[2]](JSON.parse(process.argv[3])).then(
   () => process.exit(0),
