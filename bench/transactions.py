@@ -114,14 +114,17 @@ def _consumer_worker(nameserver: str, group: str, start: Any, stop: Any, window:
     latencies: list[float] = []
     counted = 0
     errors = 0
+    slowest = 0.0
     with txmq.SimpleConsumer(nameserver, consumer_group=group, subscriptions={TOPIC: "*"},
                              await_duration_seconds=0.5) as consumer:
         consumer.receive(max_messages=1, invisible_duration_seconds=1)  # creates the group
         start.wait()
         cpu = time.process_time()
         while not stop.is_set():
+            began = time.monotonic()
             try:
                 batch = consumer.receive(max_messages=128, invisible_duration_seconds=60)
+                slowest = max(slowest, time.monotonic() - began)
             except txmq.TxmqError as exc:  # a slow answer on a loaded machine: count it, go on
                 if not exc.retryable:
                     raise
@@ -140,7 +143,7 @@ def _consumer_worker(nameserver: str, group: str, start: Any, stop: Any, window:
                 if begin <= born and (end == 0 or born <= end):
                     counted += 1
                     latencies.append(now - born)
-    out.put(("consumed", counted, latencies, time.process_time() - cpu, errors))
+    out.put(("consumed", counted, latencies, time.process_time() - cpu, errors, slowest))
 
 
 # --- orchestration --------------------------------------------------------------------------
@@ -190,8 +193,9 @@ def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid:
         # Drain what was committed inside the window, then stop the consumer.
         time.sleep(1.5)
         stop_consumer.set()
-        _, consumed, latencies, consumer_cpu, consumer_errors = out.get(timeout=60)
+        _, consumed, latencies, consumer_cpu, consumer_errors, slowest = out.get(timeout=60)
         results["errors"] += consumer_errors
+        results["slowest_receive"] = slowest
         consumer.join(30)
         results["consumed"] = consumed
         results["consumer_cpu"] = consumer_cpu
@@ -261,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 "producer_cpu_us_per_txn": round(txn["client_cpu"] / max(txn["consumed"], 1) * 1e6),
                 "consumer_cpu_us_per_txn": round(txn["consumer_cpu"] / max(txn["consumed"], 1) * 1e6),
                 "broker_cpu_us_per_ping": round(ping["broker_cpu"] / max(ping["ping"], 1) * 1e6),
+                "slowest_receive_ms": round(txn["slowest_receive"] * 1000, 1),
             })
     finally:
         broker.stop(15)
