@@ -135,7 +135,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                                 fut, tag = self._end(entry.end_transaction), "end"
                             else:
                                 raise InvalidFieldError("request", "set send_message or end_transaction")
-                        except TxmqError as exc:
+                        except Exception as exc:  # noqa: BLE001 - answered in the entry's result
                             out.put_nowait(self._produce_error(entry.request_id, exc))
                             continue
                         in_flight += 1
