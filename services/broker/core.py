@@ -949,8 +949,9 @@ class BrokerCore:
         after = self.parse_txn_id(page_token) if page_token else 0
         if group and state == STATE_PREPARED:
             upper = codec.group_time_key(group, (max_prepared if max_prepared is not None else now) + 1, 0)
+            start = codec.group_time_key(group, self._pending_floor.get(group, 0), 0)
             source: Iterable[int] = (codec.split_group_time_key(k)[2]
-                                     for k, _ in self.db.scan("pending", codec.group_prefix(group), upper))
+                                     for k, _ in self.db.scan("pending", start, upper))
         else:
             source = (codec.log_seq(k) for k, _ in self.db.scan("txn", codec.txn_key(after + 1)))
         for seq in source:
