@@ -56,8 +56,6 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
         register=lambda stub: stub.RegisterBroker(nameserver_pb2.RegisterBrokerRequest(broker=info())),
         unregister=lambda stub: stub.UnregisterBroker(nameserver_pb2.UnregisterBrokerRequest(name=config.broker_name)))
     core.topic_listeners.append(lambda _topic: heartbeat.kick())
-    tasks: list[asyncio.Task[None]] = []
-
     def watch_disk() -> None:
         usage = shutil.disk_usage(config.data_dir)
         core.free_disk_bytes = usage.free
@@ -68,30 +66,24 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
         core.disk_full = full
         metrics.store_bytes_value = core.db.size_bytes()
 
-    async def disk_loop() -> None:
-        while True:
-            await asyncio.sleep(config.disk_check_interval_seconds)
-            await asyncio.to_thread(watch_disk)
+    async def disk() -> None:
+        await asyncio.to_thread(watch_disk)
 
-    async def retention_loop() -> None:
-        while True:
-            await asyncio.sleep(config.retention_interval_seconds)
-            stats = await bridge.run(core.retention_op(), sync=False)
-            if any(stats.values()):
-                log.info("retention", extra={"fields": stats})
+    async def retention() -> None:
+        stats = await bridge.run(core.retention_op(), sync=False)
+        if any(stats.values()):
+            log.info("retention", extra={"fields": stats})
 
     async def start() -> None:
         watch_disk()
-        tasks.append(asyncio.create_task(disk_loop(), name="disk"))
-        tasks.append(asyncio.create_task(retention_loop(), name="retention"))
         await heartbeat.start()
 
     async def stop() -> None:
         await heartbeat.stop()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.to_thread(core.close)
+
+    app.every("disk", config.disk_check_interval_seconds, disk)
+    app.every("retention", config.retention_interval_seconds, retention)
 
     app.on_start.append(start)
     app.on_stop.append(stop)

@@ -3,7 +3,6 @@ the broker directory with a claim loop and a reporter per broker, and the timeou
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from txmq.v1 import checker_pb2, checker_pb2_grpc, nameserver_pb2
@@ -53,29 +52,21 @@ async def create_server(config: CheckerConfig) -> tuple[ServiceApp, int]:
             checker=nameserver_pb2.CheckerInfo(name=config.checker_name, address=address))),
         unregister=lambda stub: stub.UnregisterChecker(
             nameserver_pb2.UnregisterCheckerRequest(name=config.checker_name)))
-    tasks: list[asyncio.Task[None]] = []
-    sweep_seconds = min(config.answer_timeout_seconds / 5, 0.1)
-
     async def sweep() -> None:
-        while True:
-            await asyncio.sleep(sweep_seconds)
-            dispatcher.expire()
+        dispatcher.expire()
 
     async def start() -> None:
         await directory.start()
-        tasks.append(asyncio.create_task(sweep(), name="sweep"))
         await heartbeat.start()
 
     async def stop() -> None:
         # Producers learn from the name servers first that this checker is leaving.
         await heartbeat.stop()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         # Checks not yet acknowledged go back to their brokers (due again at once).
         dispatcher.close()
         await directory.stop(flush_seconds=min(config.shutdown_grace_seconds, 2.0))
 
+    app.every("sweep", min(config.answer_timeout_seconds / 5, 0.1), sweep)
     app.on_start.append(start)
     app.on_stop.append(stop)
     return app, app.port

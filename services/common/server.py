@@ -4,6 +4,7 @@ own start/stop hooks."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -45,6 +46,24 @@ class ServiceApp:
         self.metrics_port = -1
         self.on_start: list[Hook] = []
         self.on_stop: list[Hook] = []
+        self._periodic: list[tuple[str, float, Hook]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def every(self, name: str, interval_seconds: float, job: Hook) -> None:
+        """Runs ``job`` every ``interval_seconds`` while the service runs (started after the
+        start hooks, cancelled before the stop hooks). A failing round is logged and the
+        next one runs."""
+        self._periodic.append((name, interval_seconds, job))
+
+    async def _repeat(self, name: str, interval: float, job: Hook) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await job()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - one failed round must not end the loop
+                log.exception("periodic job %s failed", name)
 
     async def _set_health(self, status: int) -> None:
         for service in ["", *self.service_names]:
@@ -57,6 +76,8 @@ class ServiceApp:
         self.metrics_port = self.metrics.serve(self.config.host, self.config.metrics_port)
         for hook in self.on_start:
             await hook()
+        self._tasks = [asyncio.create_task(self._repeat(name, interval, job), name=name)
+                       for name, interval, job in self._periodic]
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", extra={"fields": {"port": self.port, "metrics_port": self.metrics_port}})
 
@@ -66,6 +87,9 @@ class ServiceApp:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         grace = self.config.shutdown_grace_seconds if grace is None else grace
         await self.server.stop(grace)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         for hook in reversed(self.on_stop):
             try:
                 await hook()
