@@ -38,9 +38,22 @@ def _split(n: int) -> list[int]:
 
 # --- worker processes -----------------------------------------------------------------------
 
-def _ping_worker(address: str, threads: int, start: Any, stop: Any, out: Any) -> None:
+def _run_threads(run: Any, threads: int, start: Any) -> float:
+    """Runs ``run(i)`` on ``threads`` threads; returns this process's CPU seconds from the
+    common start signal until they all end."""
     import threading
 
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    start.wait()
+    cpu = time.process_time()
+    for w in workers:
+        w.join()
+    return time.process_time() - cpu
+
+
+def _ping_worker(address: str, threads: int, start: Any, stop: Any, out: Any) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -56,19 +69,11 @@ def _ping_worker(address: str, threads: int, start: Any, stop: Any, out: Any) ->
             stub.Check(request, timeout=5)
             counts[i] += 1
 
-    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
-    for w in workers:
-        w.start()
-    start.wait()
-    cpu = time.process_time()
-    for w in workers:
-        w.join()
-    out.put(("ping", sum(counts), time.process_time() - cpu))
+    cpu = _run_threads(run, threads, start)
+    out.put(("ping", sum(counts), cpu))
 
 
 def _producer_worker(nameserver: str, threads: int, start: Any, stop: Any, out: Any) -> None:
-    import threading
-
     import txmq
 
     class Commit(txmq.TransactionListener):
@@ -96,14 +101,7 @@ def _producer_worker(nameserver: str, threads: int, start: Any, stop: Any, out: 
             except txmq.TxmqError:
                 errors[i] += 1
 
-    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
-    for w in workers:
-        w.start()
-    start.wait()
-    cpu = time.process_time()
-    for w in workers:
-        w.join()
-    cpu = time.process_time() - cpu
+    cpu = _run_threads(run, threads, start)
     producer.close()
     out.put(("produced", sum(counts), sum(errors), cpu))
 
