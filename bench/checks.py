@@ -61,8 +61,7 @@ def seed(data_dir: str, pending: int, due: int, body_size: int, window: float) -
     from services.broker.store import codec
     from services.broker.store.codec import LogRecord
 
-    core = BrokerCore(BrokerConfig(broker_name="broker-0", data_dir=data_dir, flush="async",
-                                   group_commit_max_ops=4096))
+    core = BrokerCore(BrokerConfig(broker_name="broker-0", data_dir=data_dir, flush="async"))
     try:
         core.db.call(core.create_topic_op(TOPIC, 8))
         body = os.urandom(body_size)
@@ -70,14 +69,6 @@ def seed(data_dir: str, pending: int, due: int, body_size: int, window: float) -
         # The due stream starts after seeding (estimated generously) plus the start delay.
         estimate = pending * (0.0002 + body_size / 200e6)
         first_due = time.time() + estimate + START_DELAY_SECONDS
-        remaining = [pending]
-        errors: list[BaseException] = []
-
-        def done(result: Any, error: BaseException | None) -> None:
-            if error is not None:
-                errors.append(error)
-            remaining[0] -= 1
-
         for i in range(pending):
             if i < backlog:
                 immunity, due_ms = 3600.0, 0
@@ -88,13 +79,7 @@ def seed(data_dir: str, pending: int, due: int, body_size: int, window: float) -
                 kind=codec.KIND_HALF, topic=TOPIC, body=body, message_id="", queue_id=i % 8, stored_ms=0,
                 producer_group=GROUP, producer_client_id="bench-seeder", check_immunity_seconds=immunity,
                 properties={"due_ms": str(due_ms)}))
-            core.db.submit(core.send_op(record), done, sync=False)
-            while i - (pending - remaining[0]) > 20_000:  # bound what is queued
-                time.sleep(0.001)
-        while remaining[0] > 0:
-            time.sleep(0.005)
-        if errors:
-            raise errors[0]
+            core.db.apply(core.send_op(record), sync=False)
         if time.time() > first_due - 3:
             raise RuntimeError("seeding took longer than estimated: raise START_DELAY_SECONDS")
         return first_due

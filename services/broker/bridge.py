@@ -1,72 +1,149 @@
-"""Between the asyncio server and the store's writer thread.
+"""Between the asyncio server and the store: operations run on the event loop, answers
+wait for durability.
 
-Operations resolve asyncio futures and topics wake long polls; both are collected on the
-writer thread and handed to the event loop once per written batch (one wake-up per
-group commit, not one per request).
+:meth:`StoreBridge.apply` runs an operation at once on the loop thread (``Database.apply``:
+one unsynced WriteBatch) and returns its result with a ticket; :meth:`when_durable` runs a
+callback once that ticket is durable. The rule every RPC follows: nothing is answered
+before everything it wrote (unless the operation said ``sync=False``) **and everything it
+read** is durable, so no client ever acts on a state a machine crash could take back: a
+consumer never receives a commit that is not synced, a duplicate send never reports a
+transaction whose half message is not.
+
+With ``flush=sync`` a :class:`~services.broker.store.walsync.WalSyncer` helper process
+syncs the WAL. One sync is in flight at a time; the writes made while it runs share the
+next one (group commit), and the loop keeps serving meanwhile. With ``flush=async``
+everything counts as durable once written.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-from typing import Any
+import collections
+import logging
+from typing import Any, Callable
 
 from .store.db import Database, Op
+from .store.walsync import WalSyncer, WalSyncerGoneError
+
+log = logging.getLogger(__name__)
 
 
 class StoreBridge:
-    def __init__(self, db: Database, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, db: Database, loop: asyncio.AbstractEventLoop,
+                 on_fatal: Callable[[BaseException], None]) -> None:
         self.db = db
         self.loop = loop
-        self._lock = threading.Lock()
-        self._ready: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
-        self._topics: set[str] = set()
+        self._on_fatal = on_fatal
+        self._durable = db.written  # what start-up wrote went through Database.call (synced)
+        self._waiting: collections.deque[tuple[int, Callable[[], None]]] = collections.deque()
+        self._syncing = False
+        self._kick_scheduled = False
+        self.syncer: WalSyncer | None = None
+        if db.sync:
+            self.syncer = WalSyncer(db.path)
+            loop.add_reader(self.syncer.fileno(), self._on_synced)
         self._versions: dict[str, int] = {}
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
-        db.add_batch_listener(self._flush)
+
+    @property
+    def syncs(self) -> int:
+        return self.syncer.syncs_done if self.syncer is not None else 0
+
+    # --- operations -----------------------------------------------------------------------
+
+    def apply(self, op: Op, *, sync: bool = True) -> tuple[Any, int]:
+        """Runs ``op`` now; returns its result and ticket (raises what it refused with).
+        Its durable-hooks are queued behind the ticket."""
+        applied = self.db.apply(op, sync=sync)
+        for fn in applied.after:
+            self.when_durable(applied.ticket, fn)
+        return applied.result, applied.ticket
 
     def run(self, op: Op, *, sync: bool = True) -> asyncio.Future[Any]:
+        """``apply`` as a future resolved once the result may be told; a refusal is raised
+        through it, once what the refusal was based on is durable."""
         fut: asyncio.Future[Any] = self.loop.create_future()
-        ready = self._ready
-        lock = self._lock
-
-        def done(result: Any, error: BaseException | None) -> None:
-            with lock:
-                ready.append((fut, result, error))
-
-        self.db.submit(op, done, sync=sync)
+        try:
+            result, ticket = self.apply(op, sync=sync)
+        except Exception as exc:  # noqa: BLE001 - the caller gets it through the future
+            self.when_durable(self.db.written, lambda exc=exc: fut.done() or fut.set_exception(exc))
+            return fut
+        self.when_durable(ticket, lambda: fut.done() or fut.set_result(result))
         return fut
 
+    def settled(self) -> asyncio.Future[None]:
+        """Resolves once everything written so far is durable: a read-only RPC awaits it
+        after reading, before answering."""
+        fut: asyncio.Future[None] = self.loop.create_future()
+        self.when_durable(self.db.written, lambda: fut.done() or fut.set_result(None))
+        return fut
+
+    # --- durability -----------------------------------------------------------------------
+
+    def when_durable(self, ticket: int, fn: Callable[[], None]) -> None:
+        """Runs ``fn`` (on the loop) once write ``ticket`` is durable: now if it is."""
+        if ticket <= self._durable or self.syncer is None:
+            fn()
+            return
+        self._waiting.append((ticket, fn))
+        if not self._syncing and not self._kick_scheduled:
+            # Later in this loop iteration more requests may be applied: one sync for all.
+            self._kick_scheduled = True
+            self.loop.call_soon(self._kick)
+
+    def _kick(self) -> None:
+        self._kick_scheduled = False
+        if self._syncing or not self._waiting or self.syncer is None:
+            return
+        self._syncing = True
+        try:
+            self.syncer.request(self.db.written)
+        except WalSyncerGoneError as exc:
+            self._fatal(exc)
+
+    def _on_synced(self) -> None:
+        assert self.syncer is not None
+        try:
+            ticket = self.syncer.read_synced()
+        except WalSyncerGoneError as exc:
+            self._fatal(exc)
+            return
+        if ticket is None:
+            return
+        self._syncing = False
+        self._durable = max(self._durable, ticket)
+        waiting = self._waiting
+        while waiting and waiting[0][0] <= self._durable:
+            _ticket, fn = waiting.popleft()
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - one hook must not hold up the others
+                log.exception("durable hook failed")
+        if waiting:
+            self._kick()
+
+    def _fatal(self, exc: BaseException) -> None:
+        # Writes were applied that can no longer be made durable: stop, and let the
+        # restart recover from what is on disk (nothing acknowledged depends on them).
+        log.critical("WAL sync failed", exc_info=exc)
+        self._on_fatal(exc)
+
+    def close(self) -> None:
+        """Stops the sync helper (call once the server stopped; the store's close syncs)."""
+        if self.syncer is not None:
+            if not self.loop.is_closed():
+                self.loop.remove_reader(self.syncer.fileno())
+            self.syncer.close()
+            self.syncer = None
+
+    # --- long polling ---------------------------------------------------------------------
+
     def note_visible(self, topic: str) -> None:
-        """Writer thread: ``topic`` got messages (or an earlier redelivery)."""
-        with self._lock:
-            self._topics.add(topic)
-
-    def _flush(self) -> None:
-        with self._lock:
-            if not self._ready and not self._topics:
-                return
-            items, self._ready = self._ready, []
-            topics, self._topics = self._topics, set()
-        if not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self._resolve, items, topics)
-
-    def _resolve(self, items: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
-                 topics: set[str]) -> None:
-        for fut, result, error in items:
-            if fut.done():
-                continue
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(result)
-        for topic in topics:
-            self._versions[topic] = self._versions.get(topic, 0) + 1
-            for waiter in self._waiters.pop(topic, ()):
-                if not waiter.done():
-                    waiter.set_result(None)
-
-    # --- long polling (event loop only) ---------------------------------------------------
+        """``topic`` got messages (or an earlier redelivery): wakes its long polls."""
+        self._versions[topic] = self._versions.get(topic, 0) + 1
+        for waiter in self._waiters.pop(topic, ()):
+            if not waiter.done():
+                waiter.set_result(None)
 
     def version(self, topic: str) -> int:
         return self._versions.get(topic, 0)

@@ -20,10 +20,9 @@ class BrokerConfig(ServiceConfig):
     nameserver_addresses: tuple[str, ...] = ()
     heartbeat_interval_seconds: float = 10.0
     data_dir: str = "./data/broker-0"
-    #: ``sync``: the WAL is synced before any acknowledgement (group commit); ``async``: the OS flushes.
+    #: ``sync``: nothing is acknowledged before the WAL holding it is synced (the writes made
+    #: during one sync share the next: group commit); ``async``: the OS flushes.
     flush: str = "sync"
-    #: Largest number of requests folded into one write (one WAL sync).
-    group_commit_max_ops: int = 512
     max_body_bytes: int = 4 * 1024 * 1024
     max_properties: int = 128
     max_properties_bytes: int = 32 * 1024
@@ -61,7 +60,7 @@ class BrokerConfig(ServiceConfig):
             raise ValueError(f"flush must be one of {FLUSH_MODES}, got {self.flush!r}")
         if not self.broker_name:
             raise ValueError("broker_name must be set")
-        for name in ("max_body_bytes", "check_max", "max_delivery_attempts", "group_commit_max_ops"):
+        for name in ("max_body_bytes", "check_max", "max_delivery_attempts"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for f in dataclasses.fields(self):

@@ -1,11 +1,12 @@
 """The broker's domain: messages, transactions and their state machine, consumer
 deliveries, the check schedule, retention.
 
-Request methods validate their input in the caller's thread (raising ``TxmqError`` before
-anything is queued) and return an *operation* for the store's writer thread. An operation
-first reads and decides, raising if it refuses, and only then stages its writes and
-changes in-memory state, so a refused request changes nothing and an accepted one is one
-WriteBatch (see ``store/db.py``).
+Request methods validate their input (raising ``TxmqError`` before anything runs) and
+return an *operation*, which the store applies on the thread that owns it (the event
+loop). An operation first reads and decides, raising if it refuses, and only then stages
+its writes and changes in-memory state, so a refused request changes nothing and an
+accepted one is one WriteBatch (see ``store/db.py``). Operations run one at a time, each
+seeing every earlier one's writes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import logging
 import os
 import random
 import re
-import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -130,32 +130,29 @@ class BrokerCore:
         self.config = config
         self.name = config.broker_name
         self.clock = clock
-        self.db = Database(config.data_dir, sync=config.flush == "sync",
-                           group_commit_max_ops=config.group_commit_max_ops, on_fatal=on_fatal)
+        self.db = Database(config.data_dir, sync=config.flush == "sync", on_fatal=on_fatal)
         self.consumers = ConsumerGroups()
         self.topics: dict[str, int] = {}
         self.queue_next: dict[tuple[str, int], int] = {}
         self.counters: dict[str, list[int]] = {}
         self.disk_full = False
         self.free_disk_bytes = -1
-        # Called (writer thread) when messages become visible in a topic; the service
+        # Called (once durable) when messages become visible in a topic; the service
         # wakes long polls with it.
         self.visible_listeners: list[Callable[[str], None]] = []
-        # Called (writer thread) when a topic is created, for re-registration.
+        # Called (once durable) when a topic is created, for re-registration.
         self.topic_listeners: list[Callable[[str], None]] = []
-        # Called (writer thread) for every transaction decision: (group, resolution, source).
+        # Called (once durable) for every transaction decision: (group, resolution, source).
         self.end_listeners: list[Callable[[str, int, int], None]] = []
-        # Called (writer thread) for every discard: (group,).
+        # Called (once durable) for every discard: (group,).
         self.discard_listeners: list[Callable[[str], None]] = []
-        # Called (writer thread) for every message stored: (topic, kind).
+        # Called (once durable) for every message stored: (topic, kind).
         self.stored_listeners: list[Callable[[str, int], None]] = []
         self._random = random.Random()
         # Per group, a time below which the due (pending) index holds no key: scans start
         # there instead of at the group's prefix (see claim_op).
         self._due_floor: dict[str, int] = {}
-        self._due_staged: dict[str, int] = {}
         self._pending_floor: dict[str, int] = {}
-        self._lock = threading.Lock()
         self._open()
 
     # --- start-up ------------------------------------------------------------------------
@@ -187,7 +184,6 @@ class BrokerCore:
         for key, value in db.scan("counters"):
             self.counters[key.decode()] = list(codec.decode_counters(value, key))
         self.consumers.load(list(db.scan("consumers")), list(db.scan("inflight")))
-        db.add_batch_listener(self._batch_written)
         log.info("store opened", extra={"fields": {
             "data_dir": self.config.data_dir, "next_seq": self.next_seq, "topics": len(self.topics),
             "store_id": self.store_id}})
@@ -281,7 +277,7 @@ class BrokerCore:
 
         def op(w: OpWrites) -> SendResult:
             db = self.db
-            previous = db.read("dedup", record.message_id.encode())
+            previous = db.get("dedup", record.message_id.encode())
             if previous is not None:
                 return self._duplicate(record, codec.decode_dedup(previous, record.message_id.encode()))
             now = self.clock()
@@ -335,7 +331,7 @@ class BrokerCore:
         w.put("counters", group.encode(), codec.encode_counters(counts[0], counts[1]))
 
     def _read_txn(self, seq: int) -> TxnRow | None:
-        value = self.db.read("txn", codec.txn_key(seq))
+        value = self.db.get("txn", codec.txn_key(seq))
         return codec.decode_txn(value, codec.txn_key(seq)) if value is not None else None
 
     def _notify_stored(self, topic: str, kind: int) -> None:
@@ -415,7 +411,7 @@ class BrokerCore:
         w.on_durable(lambda: [fn(group, state, source) for fn in self.end_listeners])
 
     def _tag_of(self, seq: int) -> str:
-        value = self.db.read("log", codec.log_key(seq))
+        value = self.db.get("log", codec.log_key(seq))
         return codec.decode_log_record(value, codec.log_key(seq)).tag if value is not None else ""
 
     def discard(self, w: OpWrites, row: TxnRow, reason: str) -> None:
@@ -487,8 +483,6 @@ class BrokerCore:
                     if len(claimed) >= max_checks:
                         floor = due_ms
                         break
-                    if self.db.read("due", key) is None:
-                        continue  # removed earlier in this batch
                     row = self._read_txn(seq)
                     if row is None or row.state != STATE_PREPARED or row.next_due_ms != due_ms:
                         w.delete("due", key)  # stale index entry
@@ -503,8 +497,8 @@ class BrokerCore:
                     self._due_put(w, group, row.next_due_ms, seq)
                     w.put("txn", codec.txn_key(seq), codec.encode_txn(row))
                     claimed.append(ClaimedCheck(row, due_ms, row.checks_delivered + 1))
-                # Keys staged by earlier operations of this batch are not in the scan yet.
-                self._due_floor[group] = min(floor, self._due_staged.get(group, floor))
+                # The leases staged above are due at now + lease (possibly below ``floor``).
+                self._due_floor[group] = min(floor, now + int(lease_seconds * 1000))
             return claimed
         return op
 
@@ -512,10 +506,6 @@ class BrokerCore:
         """Every insert into the due index goes here: it keeps the group's floor below it."""
         w.put("due", codec.group_time_key(group, due_ms, seq), b"")
         self._due_floor[group] = min(self._due_floor.get(group, due_ms), due_ms)
-        self._due_staged[group] = min(self._due_staged.get(group, due_ms), due_ms)
-
-    def _batch_written(self) -> None:
-        self._due_staged.clear()
 
     def _spent(self, row: TxnRow, now: int) -> str:
         """Why a PREPARED transaction must be discarded now ('' when it must not)."""
@@ -684,7 +674,7 @@ class BrokerCore:
                     cursor.push_back(rest_offset, rest)
                 return
             key = codec.inflight_key(group, topic, q, offset)
-            value = self.db.read("cq", codec.cq_key(topic, q, offset))
+            value = self.db.get("cq", codec.cq_key(topic, q, offset))
             if value is None:  # expired by retention: nothing left to deliver
                 del cursor.inflight[offset]
                 w.delete("inflight", key)
@@ -717,8 +707,6 @@ class BrokerCore:
         start = cursor.next_offset
         if start >= end:
             return
-        # Only what is written is scanned: an entry staged in this very batch is picked
-        # up by the next receive (its write wakes the long polls).
         offset = start
         for key, value in self.db.scan("cq", codec.cq_key(topic, q, start), codec.cq_key(topic, q, end)):
             if len(out) >= limit:
@@ -851,7 +839,7 @@ class BrokerCore:
             entry = cursor.inflight.get(handle.offset) if cursor else None
             if cursor is None or entry is None or entry.attempt != handle.attempt:
                 raise ReceiptHandleNotFoundError(handle_text)
-            value = self.db.read("cq", codec.cq_key(handle.topic, handle.queue_id, handle.offset))
+            value = self.db.get("cq", codec.cq_key(handle.topic, handle.queue_id, handle.offset))
             if value is None:
                 raise ReceiptHandleNotFoundError(handle_text)  # expired by retention
             dlq = dlq_topic(group)

@@ -41,13 +41,14 @@ class BrokerMetrics(BaseMetrics):
     def record_stored(self, topic: str, kind: int) -> None:
         self.messages_in.labels(topic, "transaction" if kind == KIND_HALF else "normal").inc()
 
-    def watch(self, core: "object") -> None:
-        self.registry.register(_StateCollector(core, self))
+    def watch(self, core: "object", bridge: "object") -> None:
+        self.registry.register(_StateCollector(core, bridge, self))
 
 
 class _StateCollector(Collector):
-    def __init__(self, core: "object", metrics: BrokerMetrics) -> None:
+    def __init__(self, core: "object", bridge: "object", metrics: BrokerMetrics) -> None:
         self.core = core
+        self.bridge = bridge
         self.metrics = metrics
 
     def collect(self) -> Iterator[object]:
@@ -88,8 +89,11 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("txmq_disk_free_bytes", "Free bytes on the broker's data volume",
                                 value=core.free_disk_bytes)  # type: ignore[attr-defined]
         db = core.db  # type: ignore[attr-defined]
-        yield CounterMetricFamily("txmq_store_writes", "RocksDB write batches (group commits)", value=db.writes)
-        yield CounterMetricFamily("txmq_store_operations", "Requests applied through the writer",
+        yield CounterMetricFamily("txmq_store_writes", "RocksDB write batches (one per state change)",
+                                  value=db.written)
+        yield CounterMetricFamily("txmq_store_operations", "Operations applied to the store",
                                   value=db.ops_written)
+        yield CounterMetricFamily("txmq_store_wal_syncs", "WAL syncs (group commits; 0 with flush=async)",
+                                  value=self.bridge.syncs)  # type: ignore[attr-defined]
         yield CounterMetricFamily("txmq_store_written_bytes", "Key and value bytes put into RocksDB",
                                   value=db.bytes_written)

@@ -21,6 +21,8 @@ from .service import BrokerServicer
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name
+#: Records one retention round removes at most (a round holds the event loop).
+RETENTION_ROUND = 1000
 
 
 def _fatal(exc: BaseException) -> None:
@@ -34,12 +36,12 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
     loop = asyncio.get_running_loop()
     metrics = BrokerMetrics()
     core = BrokerCore(config, on_fatal=_fatal)
-    bridge = StoreBridge(core.db, loop)
+    bridge = StoreBridge(core.db, loop, on_fatal=_fatal)
     core.visible_listeners.append(bridge.note_visible)
+    metrics.watch(core, bridge)
     core.end_listeners.append(metrics.record_end)
     core.stored_listeners.append(metrics.record_stored)
     core.discard_listeners.append(metrics.record_discard)
-    metrics.watch(core)
     servicer = BrokerServicer(core, bridge, metrics)
     app = ServiceApp("broker", config, metrics, [(broker_pb2_grpc.add_BrokerServiceServicer_to_server, servicer)],
                      [SERVICE_NAME])
@@ -70,9 +72,16 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
         await asyncio.to_thread(watch_disk)
 
     async def retention() -> None:
-        stats = await bridge.run(core.retention_op(), sync=False)
-        if any(stats.values()):
-            log.info("retention", extra={"fields": stats})
+        # In rounds of a bounded size: each round runs on the event loop and holds it.
+        totals = {"dedup_expired": 0, "records_deleted": 0}
+        while True:
+            stats = await bridge.run(core.retention_op(RETENTION_ROUND), sync=False)
+            for name, value in stats.items():
+                totals[name] += value
+            if max(stats.values()) < RETENTION_ROUND:
+                break
+        if any(totals.values()):
+            log.info("retention", extra={"fields": totals})
 
     async def start() -> None:
         watch_disk()
@@ -80,7 +89,8 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
 
     async def stop() -> None:
         await heartbeat.stop()
-        await asyncio.to_thread(core.close)
+        bridge.close()
+        core.close()
 
     app.every("disk", config.disk_check_interval_seconds, disk)
     app.every("retention", config.retention_interval_seconds, retention)

@@ -20,6 +20,7 @@ from .core import BrokerCore, ReceiveResult, parse_tag_filter
 from .metrics import BrokerMetrics
 from .store import codec
 from .store.codec import LogRecord, TxnRow
+from .store.db import Op
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     # --- producing -----------------------------------------------------------------------
 
-    def _send(self, request: broker_pb2.SendMessageRequest) -> asyncio.Future[Any]:
-        record = self.core.validate_message(record_from_proto(request.message))
-        return self.bridge.run(self.core.send_op(record))
+    def _send_op(self, request: broker_pb2.SendMessageRequest) -> Op:
+        return self.core.send_op(self.core.validate_message(record_from_proto(request.message)))
 
     def _send_response(self, result: domain.SendResult) -> broker_pb2.SendMessageResponse:
         return broker_pb2.SendMessageResponse(
@@ -79,14 +79,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             queue_offset=result.queue_offset, transaction_state=result.state, duplicate=result.duplicate,
             broker_name=self.core.name)
 
-    def _end(self, request: broker_pb2.EndTransactionRequest) -> asyncio.Future[Any]:
+    def _end_op(self, request: broker_pb2.EndTransactionRequest) -> Op:
         resolution = _RESOLUTIONS.get(request.resolution)
         if resolution is None:
             raise InvalidFieldError("resolution", "must be COMMIT, ROLLBACK or UNKNOWN")
-        op = self.core.end_op(request.transaction_id, resolution, request.source,
-                              message_id=request.message_id, producer_group=request.producer_group,
-                              operator=request.operator, reason=request.reason)
-        return self.bridge.run(op)
+        return self.core.end_op(request.transaction_id, resolution, request.source,
+                                message_id=request.message_id, producer_group=request.producer_group,
+                                operator=request.operator, reason=request.reason)
 
     @staticmethod
     def _end_response(result: domain.EndResult) -> broker_pb2.EndTransactionResponse:
@@ -95,71 +94,74 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             ended_at_ms=result.ended_ms, queue_offset=result.queue_offset)
 
     async def SendMessage(self, request: broker_pb2.SendMessageRequest, context: Any) -> Any:
-        return self._send_response(await self._send(request))
+        return self._send_response(await self.bridge.run(self._send_op(request)))
 
     async def EndTransaction(self, request: broker_pb2.EndTransactionRequest, context: Any) -> Any:
-        return self._end_response(await self._end(request))
+        return self._end_response(await self.bridge.run(self._end_op(request)))
 
     async def Produce(self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest], context: Any) -> None:
-        """Reads requests and writes results concurrently. Results that complete together
-        (one group commit) leave in one stream message."""
-        out: asyncio.Queue[broker_pb2.ProduceResult | None] = asyncio.Queue()
-        in_flight = 0
-        reading_done = False
+        """Applies each stream message's entries at once, in order, and answers them in one
+        stream message once their writes (and what they read) are durable. Reading goes on
+        meanwhile, so the entries that arrive during one WAL sync share the next."""
+        ready: list[broker_pb2.ProduceResult] = []
+        wake = asyncio.Event()
+        waiting = 0
+        reading = True
 
-        def finish(request_id: int, kind: str, fut: asyncio.Future[Any]) -> None:
-            nonlocal in_flight
-            in_flight -= 1
-            error = fut.exception()
-            if error is not None:
-                out.put_nowait(self._produce_error(request_id, error))
-            elif kind == "send":
-                out.put_nowait(broker_pb2.ProduceResult(request_id=request_id, status=OK,
-                                                        send_message=self._send_response(fut.result())))
-            else:
-                out.put_nowait(broker_pb2.ProduceResult(request_id=request_id, status=OK,
-                                                        end_transaction=self._end_response(fut.result())))
-            if reading_done and in_flight == 0:
-                out.put_nowait(None)
+        def release(results: list[broker_pb2.ProduceResult]) -> None:
+            nonlocal waiting
+            waiting -= 1
+            ready.extend(results)
+            wake.set()
 
         async def read() -> None:
-            nonlocal in_flight, reading_done
+            nonlocal waiting, reading
             try:
                 async for request in request_iterator:
-                    for entry in request.entries:
-                        kind = entry.WhichOneof("request")
-                        try:
-                            if kind == "send_message":
-                                fut, tag = self._send(entry.send_message), "send"
-                            elif kind == "end_transaction":
-                                fut, tag = self._end(entry.end_transaction), "end"
-                            else:
-                                raise InvalidFieldError("request", "set send_message or end_transaction")
-                        except Exception as exc:  # noqa: BLE001 - answered in the entry's result
-                            out.put_nowait(self._produce_error(entry.request_id, exc))
-                            continue
-                        in_flight += 1
-                        rid = entry.request_id
-                        fut.add_done_callback(lambda f, rid=rid, tag=tag: finish(rid, tag, f))
+                    results, ticket = self._produce(request)
+                    waiting += 1
+                    self.bridge.when_durable(ticket, lambda r=results: release(r))
             finally:
-                reading_done = True
-                if in_flight == 0:
-                    out.put_nowait(None)
+                reading = False
+                wake.set()
 
         reader = asyncio.ensure_future(read())
         try:
-            done = False
-            while not done:
-                batch = [await out.get()]
-                while not out.empty() and len(batch) < 512:
-                    batch.append(out.get_nowait())
-                if batch[-1] is None:
-                    done = True
-                    batch.pop()
-                if batch:
+            while reading or waiting or ready:
+                await wake.wait()
+                wake.clear()
+                if ready:
+                    batch = ready[:]
+                    ready.clear()
                     await context.write(broker_pb2.ProduceResponse(results=batch))
+            if not reader.cancelled() and reader.exception() is not None:
+                raise reader.exception()  # type: ignore[misc]
         finally:
             reader.cancel()
+
+    def _produce(self, request: broker_pb2.ProduceRequest) -> tuple[list[broker_pb2.ProduceResult], int]:
+        """Applies one stream message's entries; returns their results and the ticket that
+        must be durable before any is told."""
+        results = []
+        ticket = 0
+        for entry in request.entries:
+            kind = entry.WhichOneof("request")
+            try:
+                if kind == "send_message":
+                    result, t = self.bridge.apply(self._send_op(entry.send_message))
+                    results.append(broker_pb2.ProduceResult(
+                        request_id=entry.request_id, status=OK, send_message=self._send_response(result)))
+                elif kind == "end_transaction":
+                    result, t = self.bridge.apply(self._end_op(entry.end_transaction))
+                    results.append(broker_pb2.ProduceResult(
+                        request_id=entry.request_id, status=OK, end_transaction=self._end_response(result)))
+                else:
+                    raise InvalidFieldError("request", "set send_message or end_transaction")
+            except Exception as exc:  # noqa: BLE001 - answered in the entry's result
+                results.append(self._produce_error(entry.request_id, exc))
+                t = self.bridge.db.written  # a refusal too is told only once what it saw is durable
+            ticket = max(ticket, t)
+        return results, ticket
 
     def _produce_error(self, request_id: int, error: BaseException) -> broker_pb2.ProduceResult:
         if not isinstance(error, TxmqError):
@@ -209,13 +211,16 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 queue_id=request.queue_id, queue_offset=offset,
                 transaction_id=self.core.txn_id(entry.log_seq) if record.kind == codec.KIND_HALF else "",
                 stored_at_ms=record.stored_ms, visible_at_ms=entry.visible_ms))
+        await self.bridge.settled()
         return response
 
     async def GetQueueOffsets(self, request: broker_pb2.GetQueueOffsetsRequest, context: Any) -> Any:
-        return broker_pb2.GetQueueOffsetsResponse(
+        response = broker_pb2.GetQueueOffsetsResponse(
             topic=request.topic, broker_name=self.core.name,
             queues=[broker_pb2.QueueOffsets(queue_id=q, min_offset=low, max_offset=high)
                     for q, low, high in self.core.queue_offsets(request.topic)])
+        await self.bridge.settled()
+        return response
 
     async def _deliveries(self, group: str, result: ReceiveResult) -> broker_pb2.ReceiveMessagesResponse:
         response = broker_pb2.ReceiveMessagesResponse()
@@ -288,12 +293,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def QueryTransactions(self, request: broker_pb2.QueryTransactionsRequest, context: Any) -> Any:
         rows, token = self.core.query_txns(request.producer_group, request.state, request.older_than_seconds,
                                            request.limit, request.page_token)
+        await self.bridge.settled()
         return broker_pb2.QueryTransactionsResponse(
             transactions=[txn_to_proto(self.core, r) for r in rows], next_page_token=token)
 
     async def GetTransaction(self, request: broker_pb2.GetTransactionRequest, context: Any) -> Any:
-        return broker_pb2.GetTransactionResponse(
-            transaction=txn_to_proto(self.core, self.core.get_txn(request.transaction_id)))
+        row = self.core.get_txn(request.transaction_id)
+        await self.bridge.settled()
+        return broker_pb2.GetTransactionResponse(transaction=txn_to_proto(self.core, row))
 
     async def GetBrokerStats(self, request: broker_pb2.GetBrokerStatsRequest, context: Any) -> Any:
         core = self.core
@@ -307,6 +314,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             response.groups.append(broker_pb2.GroupTransactionStats(
                 producer_group=group, pending=pending, discarded=discarded,
                 oldest_pending_prepared_at_ms=core.oldest_pending_ms(group) or 0))
+        await self.bridge.settled()
         return response
 
 

@@ -14,13 +14,11 @@ import collections
 import json
 import os
 import queue
-import re
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -29,6 +27,7 @@ import pytest
 
 import txmq
 from tests.support.cluster import Cluster
+from tests.support.metrics import metric
 from tests.support.waiting import wait_until
 from txmq.v1 import admin_pb2, checker_pb2, checker_pb2_grpc, common_pb2
 
@@ -114,18 +113,6 @@ def wait_state(cluster: Cluster, transaction_id: str, state: int, timeout: float
     return wait_until(lambda: (t := describe(cluster, transaction_id)).state == state and t, timeout,
                       message=lambda: f"{transaction_id} not {common_pb2.TransactionState.Name(state)}: "
                                       f"{describe(cluster, transaction_id)}")
-
-
-def metric(port: int, name: str, labels: dict[str, str] | None = None) -> float | None:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    want = ",".join(f'{k}="{v}"' for k, v in sorted((labels or {}).items()))
-    for line in text.splitlines():
-        m = re.match(r"^([a-zA-Z_:]+)(?:\{(.*)\})? (\S+)$", line)
-        if m and m.group(1) == name:
-            got = ",".join(sorted((m.group(2) or "").split(","))) if m.group(2) else ""
-            if got == want:
-                return float(m.group(3))
-    return None
 
 
 def received_bodies(cluster: Cluster, topic: str, group: str, until: Callable[[list[bytes]], bool],

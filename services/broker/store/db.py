@@ -1,23 +1,26 @@
-"""RocksDB (through rocksdict) with the broker's column families, and the group-commit
-writer every mutation goes through.
+"""RocksDB (through rocksdict) with the broker's column families, and how every mutation
+is applied.
 
-One writer thread applies operations in arrival order. Each operation reads what it needs,
-stages its writes in an :class:`OpWrites` and returns a result; the writer folds the staged
-writes of up to ``group_commit_max_ops`` operations into ONE WriteBatch and writes it once,
-syncing the WAL when any of them asked for durability and ``flush=sync``. So every request's
-state change is one atomic batch (never two writes a crash can separate), and concurrent
-requests share one fsync (group commit). Results are released only after the write.
+One thread owns the store (the broker's event loop; start-up code and tools before it
+runs). :meth:`Database.apply` runs an operation there: it reads what it needs, stages its
+writes in an :class:`OpWrites` and returns a result; the staged writes then go to RocksDB
+as ONE WriteBatch, so every request's state change is atomic (never two writes a crash can
+separate). An operation that raises has staged nothing that is written, so a refused
+request changes nothing.
 
-An operation that raises has staged nothing into the shared batch (its ``OpWrites`` is
-dropped), so a refused request changes nothing.
+Writes are not synced here. RocksDB appends each batch to its WAL with write(2), so once
+``apply`` returns the batch survives a crash of the broker process; surviving a crash of
+the machine takes an fdatasync of the WAL, which ``walsync`` does outside this process
+(see there for why). Each write is numbered (``written``); ``apply`` returns the number
+a caller must see durable before it answers (its *ticket*), and the caller (the broker's
+``StoreBridge``) holds the answer until then. Tools and tests use :meth:`Database.call`,
+which syncs in place.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -44,7 +47,11 @@ COLUMN_FAMILIES = (
 
 @dataclass(slots=True)
 class OpWrites:
-    """The writes one operation stages, plus work to run once they are durable."""
+    """The writes one operation stages, plus work to run once they are durable.
+
+    ``sync=False`` (receives, acks, retention): the operation's own writes need not be
+    durable before it is answered, only what it read (a lost receive or ack means a
+    redelivery, at least once)."""
 
     puts: list[tuple[str, bytes, bytes | None]] = field(default_factory=list)
     after: list[Callable[[], None]] = field(default_factory=list)
@@ -61,7 +68,16 @@ class OpWrites:
 
 
 Op = Callable[[OpWrites], Any]
-Done = Callable[[Any, BaseException | None], None]
+
+
+@dataclass(slots=True, frozen=True)
+class Applied:
+    """An operation's result, and the write number that must be durable before anyone
+    hears of it (or of the hooks in ``after``)."""
+
+    result: Any
+    ticket: int
+    after: list[Callable[[], None]]
 
 
 class StoreClosedError(Exception):
@@ -69,12 +85,12 @@ class StoreClosedError(Exception):
 
 
 class Database:
-    def __init__(self, path: str, *, sync: bool = True, group_commit_max_ops: int = 512,
+    def __init__(self, path: str, *, sync: bool = True,
                  on_fatal: Callable[[BaseException], None] | None = None) -> None:
         os.makedirs(path, exist_ok=True)
         self.path = path
+        #: ``flush=sync``: answers wait for the WAL sync of what they depend on.
         self.sync = sync
-        self.max_ops = group_commit_max_ops
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.create_missing_column_families(True)
@@ -82,23 +98,16 @@ class Database:
         self.db = Rdict(path, opts, column_families={name: Options(raw_mode=True) for name in COLUMN_FAMILIES})
         self.handles = {name: self.db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
         self.cf = {name: self.db.get_column_family(name) for name in COLUMN_FAMILIES}
-        self._sync_opts = WriteOptions()
-        self._sync_opts.sync = True
-        self._async_opts = WriteOptions()
-        self._queue: queue.SimpleQueue[tuple[Op, Done, bool] | None] = queue.SimpleQueue()
-        self._batch_listeners: list[Callable[[], None]] = []
+        self._write_opts = WriteOptions()
         self._on_fatal = on_fatal
         self._closed = False
-        # Writes staged by earlier operations of the batch being built: operations read
-        # through it (``read``) so the second of two requests in one batch sees the first.
-        self._overlay: dict[tuple[str, bytes], bytes | None] = {}
-        self.writes = 0
+        #: Write batches applied so far; a write's number is its ticket.
+        self.written = 0
         self.ops_written = 0
         self.bytes_written = 0
-        self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
-        self._thread.start()
+        self._synced_in_place = 0
 
-    # --- reads (any thread) --------------------------------------------------------------
+    # --- reads (any thread; they may see writes not yet durable) -------------------------
 
     def get(self, cf: str, key: bytes) -> bytes | None:
         return self.cf[cf].get(key)
@@ -128,13 +137,6 @@ class Database:
             yield key, it.value()
             it.prev()
 
-    def read(self, cf: str, key: bytes) -> bytes | None:
-        """Writer thread only: the value including writes staged in the current batch."""
-        staged = self._overlay.get((cf, key), _MISSING)
-        if staged is not _MISSING:
-            return staged  # type: ignore[return-value]
-        return self.cf[cf].get(key)
-
     def last_key(self, cf: str, prefix: bytes = b"") -> bytes | None:
         """The largest key starting with ``prefix``."""
         if not prefix:
@@ -151,110 +153,61 @@ class Database:
             return key
         return None
 
-    # --- writes (through the writer thread) ----------------------------------------------
+    # --- writes (the owner thread) ----------------------------------------------------
 
-    def submit(self, op: Op, done: Done, *, sync: bool = True) -> None:
-        """Runs ``op`` on the writer thread; ``done(result, error)`` is called there once
-        its writes are durable (or it failed)."""
+    def apply(self, op: Op, *, sync: bool = True) -> Applied:
+        """Runs ``op`` and writes what it staged as one batch (unsynced). Raises what the
+        operation raised, having written nothing. ``sync=False`` (or ``OpWrites.sync``
+        cleared by the operation) means only the writes before it must be durable before
+        it is answered, not its own."""
         if self._closed:
-            done(None, StoreClosedError("store is closed"))
-            return
-        self._queue.put((op, done, sync))
-
-    def call(self, op: Op, *, sync: bool = True, timeout: float | None = None) -> Any:
-        """Blocking ``submit`` for start-up, tools and tests."""
-        event = threading.Event()
-        box: list[Any] = [None, None]
-
-        def done(result: Any, error: BaseException | None) -> None:
-            box[0], box[1] = result, error
-            event.set()
-
-        self.submit(op, done, sync=sync)
-        if not event.wait(timeout):
-            raise TimeoutError("store operation timed out")
-        if box[1] is not None:
-            raise box[1]
-        return box[0]
-
-    def add_batch_listener(self, fn: Callable[[], None]) -> None:
-        """``fn`` runs on the writer thread after every batch's completions."""
-        self._batch_listeners.append(fn)
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            items = [item]
-            while len(items) < self.max_ops:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._queue.put(None)
-                    break
-                items.append(nxt)
-            self._write_group(items)
-
-    def _write_group(self, items: list[tuple[Op, Done, bool]]) -> None:
-        batch = WriteBatch(raw_mode=True)
-        handles = self.handles
-        outcomes: list[tuple[Done, Any, BaseException | None, OpWrites | None]] = []
-        need_sync = False
-        staged = 0
-        for op, done, sync in items:
-            writes = OpWrites(sync=sync)
-            try:
-                result = op(writes)
-            except Exception as exc:  # noqa: BLE001 - the op's own error goes to its caller
-                outcomes.append((done, None, exc, None))
-                continue
+            raise StoreClosedError("store is closed")
+        writes = OpWrites(sync=sync)
+        result = op(writes)
+        before = self.written
+        self.ops_written += 1
+        if writes.puts:
+            batch = WriteBatch(raw_mode=True)
+            handles = self.handles
+            size = 0
             for cf, key, value in writes.puts:
-                self._overlay[(cf, key)] = value
                 if value is None:
                     batch.delete(key, handles[cf])
                 else:
                     batch.put(key, value, handles[cf])
-                    self.bytes_written += len(key) + len(value)
-                staged += 1
-            need_sync |= writes.sync and bool(writes.puts)
-            outcomes.append((done, result, None, writes))
-        self._overlay.clear()
-        if staged:
+                    size += len(key) + len(value)
             try:
-                self.db.write(batch, self._sync_opts if (need_sync and self.sync) else self._async_opts)
-            except Exception as exc:  # noqa: BLE001
-                # In-memory state already moved with the operations: the only safe answer
-                # is to fail everything and stop (a restart recovers from the WAL).
+                self.db.write(batch, self._write_opts)
+            except Exception as exc:
+                # The operation already moved in-memory state: the only safe answer is to
+                # stop (a restart recovers from the WAL; nothing acknowledged is lost).
                 log.critical("store write failed; stopping", exc_info=True)
-                for done, _result, _error, _writes in outcomes:
-                    done(None, exc)
-                for listener in self._batch_listeners:
-                    listener()
                 if self._on_fatal is not None:
                     self._on_fatal(exc)
-                return
-            self.writes += 1
-        self.ops_written += len(items)
-        for done, result, error, writes in outcomes:
-            if writes is not None:
-                for fn in writes.after:
-                    try:
-                        fn()
-                    except Exception:  # noqa: BLE001
-                        log.exception("after-write hook failed")
-            done(result, error)
-        for listener in self._batch_listeners:
-            listener()
+                raise
+            self.written = before + 1
+            self.bytes_written += size
+        return Applied(result, self.written if writes.sync else before, writes.after)
+
+    def call(self, op: Op, *, sync: bool = True) -> Any:
+        """``apply`` then, with ``flush=sync``, a WAL sync in place and the hooks: for
+        start-up, tools and tests (it blocks the thread for the sync)."""
+        applied = self.apply(op, sync=sync)
+        if self.sync and applied.ticket > self._synced_in_place:
+            self.sync_wal()
+            self._synced_in_place = applied.ticket
+        for fn in applied.after:
+            fn()
+        return applied.result
+
+    def sync_wal(self) -> None:
+        """Blocking fdatasync of the WAL (holding the GIL: never on a busy event loop)."""
+        self.db.flush_wal(True)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._queue.put(None)
-        self._thread.join(timeout=30)
         try:
             self.db.flush_wal(True)
         except Exception:  # noqa: BLE001
@@ -272,9 +225,6 @@ class Database:
                 except FileNotFoundError:
                     pass
         return total
-
-
-_MISSING = object()
 
 
 def _prefix_upper_bound(prefix: bytes) -> bytes:
