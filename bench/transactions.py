@@ -9,7 +9,8 @@ loop while a consumer process receives and acknowledges. A transaction counts on
 consumed and acknowledged; its latency runs from before the half send to the consume.
 In the same run it measures the raw rate of an empty unary RPC (the stock health Check) on
 the same broker server stack with the same number of concurrent callers, and prints
-txn/s ÷ ping/s, which is what to compare across machines. Broker RSS is sampled at the end.
+txn/s ÷ ping/s, which is what to compare across machines. Broker RSS (with its WAL sync
+helper) is sampled at the end; broker CPU includes the helper's.
 
 Producers and callers run in separate processes (threads inside them) so the client side's
 GIL does not cap what the broker can do.
@@ -113,6 +114,7 @@ def _consumer_worker(nameserver: str, group: str, start: Any, stop: Any, window:
     counted = 0
     errors = 0
     slowest = 0.0
+    receives = 0
     with txmq.SimpleConsumer(nameserver, consumer_group=group, subscriptions={TOPIC: "*"},
                              await_duration_seconds=0.5) as consumer:
         consumer.receive(max_messages=1, invisible_duration_seconds=1)  # creates the group
@@ -123,6 +125,7 @@ def _consumer_worker(nameserver: str, group: str, start: Any, stop: Any, window:
             try:
                 batch = consumer.receive(max_messages=128, invisible_duration_seconds=60)
                 slowest = max(slowest, time.monotonic() - began)
+                receives += 1
             except txmq.TxmqError as exc:  # a slow answer on a loaded machine: count it, go on
                 if not exc.retryable:
                     raise
@@ -141,16 +144,42 @@ def _consumer_worker(nameserver: str, group: str, start: Any, stop: Any, window:
                 if begin <= born and (end == 0 or born <= end):
                     counted += 1
                     latencies.append(now - born)
-    out.put(("consumed", counted, latencies, time.process_time() - cpu, errors, slowest))
+    out.put(("consumed", counted, latencies, time.process_time() - cpu, errors, slowest, receives))
 
 
 # --- orchestration --------------------------------------------------------------------------
 
-def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid: int,
+def _cpu_with_children(process: Any) -> float:
+    """User + system CPU seconds of a process and its live children (the broker's WAL
+    sync helper)."""
+    total = sum(process.cpu_times()[:2])
+    for child in process.children():
+        total += sum(child.cpu_times()[:2])
+    return total
+
+
+def _produce_counts(metrics_port: int) -> dict[str, float]:
+    """The broker's Produce stream counters (messages in and out, entries)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    counts = {"in": 0.0, "out": 0.0, "entries": 0.0}
+    for line in text.splitlines():
+        if line.startswith('txmq_produce_stream_messages_total{direction="in"}'):
+            counts["in"] = float(line.split()[-1])
+        elif line.startswith('txmq_produce_stream_messages_total{direction="out"}'):
+            counts["out"] = float(line.split()[-1])
+        elif line.startswith("txmq_produce_entries_total "):
+            counts["entries"] = float(line.split()[-1])
+    return counts
+
+
+def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid: int, metrics_port: int,
                group: str = "") -> dict[str, Any]:
     import psutil
 
     broker = psutil.Process(broker_pid)
+    produce_before = _produce_counts(metrics_port)
     ctx = mp.get_context("spawn")
     start, stop, stop_consumer = ctx.Event(), ctx.Event(), ctx.Event()
     out = ctx.Queue()
@@ -168,14 +197,14 @@ def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid:
     time.sleep(2.0)  # let every worker connect and warm up before the clock starts
     window[0] = time.time()
     began = time.perf_counter()
-    broker_cpu = sum(broker.cpu_times()[:2])
+    broker_cpu = _cpu_with_children(broker)
     start.set()
     time.sleep(seconds)
     window[1] = time.time()
     stop.set()
     elapsed = time.perf_counter() - began
     results: dict[str, Any] = {"produced": 0, "errors": 0, "ping": 0, "client_cpu": 0.0,
-                               "broker_cpu": sum(broker.cpu_times()[:2]) - broker_cpu}
+                               "broker_cpu": _cpu_with_children(broker) - broker_cpu}
     for _ in procs:
         item = out.get(timeout=60)
         if item[0] == "ping":
@@ -191,7 +220,8 @@ def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid:
         # Drain what was committed inside the window, then stop the consumer.
         time.sleep(1.5)
         stop_consumer.set()
-        _, consumed, latencies, consumer_cpu, consumer_errors, slowest = out.get(timeout=60)
+        _, consumed, latencies, consumer_cpu, consumer_errors, slowest, receives = out.get(timeout=60)
+        results["receives"] = receives
         results["errors"] += consumer_errors
         results["slowest_receive"] = slowest
         consumer.join(30)
@@ -199,6 +229,7 @@ def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid:
         results["consumer_cpu"] = consumer_cpu
         results["latencies"] = latencies
     results["elapsed"] = elapsed
+    results["produce"] = {k: v - produce_before[k] for k, v in _produce_counts(metrics_port).items()}
     return results
 
 
@@ -246,12 +277,14 @@ def main(argv: list[str] | None = None) -> int:
                     raise
                 time.sleep(0.2)
         for n in counts:
-            ping = _run_phase("ping", broker.address, n, args.seconds, broker.pid)
+            ping = _run_phase("ping", broker.address, n, args.seconds, broker.pid, broker.metrics_port)
             ping_rate = ping["ping"] / ping["elapsed"]
-            txn = _run_phase("txn", nameserver.address, n, args.seconds, broker.pid, group=f"bench-consumers-{n}")
+            txn = _run_phase("txn", nameserver.address, n, args.seconds, broker.pid, broker.metrics_port,
+                             group=f"bench-consumers-{n}")
             rate = txn["consumed"] / txn["elapsed"]
             lat = txn["latencies"]
-            rss = psutil.Process(broker.pid).memory_info().rss
+            broker_process = psutil.Process(broker.pid)
+            rss = sum(p.memory_info().rss for p in [broker_process, *broker_process.children()])
             rows.append({
                 "producers": n, "txn_per_s": round(rate, 1), "ping_per_s": round(ping_rate, 1),
                 "ratio": round(rate / ping_rate, 3) if ping_rate else None,
@@ -264,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
                 "consumer_cpu_us_per_txn": round(txn["consumer_cpu"] / max(txn["consumed"], 1) * 1e6),
                 "broker_cpu_us_per_ping": round(ping["broker_cpu"] / max(ping["ping"], 1) * 1e6),
                 "slowest_receive_ms": round(txn["slowest_receive"] * 1000, 1),
+                "messages_per_receive": round(txn["consumed"] / max(txn["receives"], 1), 1),
+                "entries_per_produce_in": round(txn["produce"]["entries"] / max(txn["produce"]["in"], 1), 2),
+                "entries_per_produce_out": round(txn["produce"]["entries"] / max(txn["produce"]["out"], 1), 2),
             })
     finally:
         broker.stop(15)
@@ -276,10 +312,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['producers']:>9} {r['txn_per_s']:>8} {r['ping_per_s']:>8} {r['ratio']:>8} {r['p50_ms']:>8} "
               f"{r['p99_ms']:>8} {r['broker_rss_mib']:>15}")
     print("\nCPU per committed-and-consumed transaction (µs): broker / producers / consumer; "
-          "broker CPU per ping")
+          "broker CPU per ping; messages per consumer receive; entries per Produce message in / out")
     for r in rows:
         print(f"{r['producers']:>9} {r['broker_cpu_us_per_txn']:>8} {r['producer_cpu_us_per_txn']:>8} "
-              f"{r['consumer_cpu_us_per_txn']:>8} {r['broker_cpu_us_per_ping']:>8}")
+              f"{r['consumer_cpu_us_per_txn']:>8} {r['broker_cpu_us_per_ping']:>8} {r['messages_per_receive']:>8} "
+              f"{r['entries_per_produce_in']:>6} {r['entries_per_produce_out']:>6}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=2)

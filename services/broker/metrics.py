@@ -29,6 +29,14 @@ class BrokerMetrics(BaseMetrics):
         self.transactions_discarded = Counter(
             "txmq_transactions_discarded_total", "Transactions discarded (check budget or lifetime spent)",
             ["group"], registry=self.registry)
+        self.produce_messages = Counter(
+            "txmq_produce_stream_messages_total", "Produce stream messages, by direction (in: requests, "
+            "out: responses); entries per message is the batching clients get", ["direction"],
+            registry=self.registry)
+        self.produce_entries = Counter("txmq_produce_entries_total", "Sends and EndTransactions on Produce streams",
+                                       registry=self.registry)
+        self.produce_in = self.produce_messages.labels("in")
+        self.produce_out = self.produce_messages.labels("out")
         self.store_bytes_value = 0
 
     def record_end(self, group: str, state: int, source: int) -> None:

@@ -134,6 +134,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     batch = ready[:]
                     ready.clear()
                     await context.write(broker_pb2.ProduceResponse(results=batch))
+                    self.metrics.produce_out.inc()
             if not reader.cancelled() and reader.exception() is not None:
                 raise reader.exception()  # type: ignore[misc]
         finally:
@@ -144,6 +145,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         must be durable before any is told."""
         results = []
         ticket = 0
+        self.metrics.produce_in.inc()
+        self.metrics.produce_entries.inc(len(request.entries))
         for entry in request.entries:
             kind = entry.WhichOneof("request")
             try:
