@@ -412,7 +412,7 @@ class BrokerCore:
 
     def _tag_of(self, seq: int) -> str:
         value = self.db.get("log", codec.log_key(seq))
-        return codec.decode_log_record(value, codec.log_key(seq)).tag if value is not None else ""
+        return codec.decode_log_tag(value, codec.log_key(seq)) if value is not None else ""
 
     def discard(self, w: OpWrites, row: TxnRow, reason: str) -> None:
         """PREPARED → DISCARDED: the message goes to %DISCARD%<group>; it can still be decided."""

@@ -3,7 +3,7 @@ the broker's own counters and indexes, so they cannot drift from it."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 from prometheus_client import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -38,16 +38,36 @@ class BrokerMetrics(BaseMetrics):
         self.produce_in = self.produce_messages.labels("in")
         self.produce_out = self.produce_messages.labels("out")
         self.store_bytes_value = 0
+        self._ended: dict[tuple[str, int, int], Any] = {}
+        self._stored: dict[tuple[str, int], Any] = {}
+        self._delivered: dict[str, Any] = {}
+
+    # The per-message paths look their labelled child up in a dict: ``labels()`` costs
+    # microseconds on every call.
 
     def record_end(self, group: str, state: int, source: int) -> None:
-        resolution = "commit" if STATE_NAMES.get(state) == "COMMITTED" else "rollback"
-        self.transactions_ended.labels(group, resolution, _SOURCES.get(source, "unknown")).inc()
+        child = self._ended.get((group, state, source))
+        if child is None:
+            resolution = "commit" if STATE_NAMES.get(state) == "COMMITTED" else "rollback"
+            child = self._ended[(group, state, source)] = self.transactions_ended.labels(
+                group, resolution, _SOURCES.get(source, "unknown"))
+        child.inc()
 
     def record_discard(self, group: str) -> None:
         self.transactions_discarded.labels(group).inc()
 
     def record_stored(self, topic: str, kind: int) -> None:
-        self.messages_in.labels(topic, "transaction" if kind == KIND_HALF else "normal").inc()
+        child = self._stored.get((topic, kind))
+        if child is None:
+            child = self._stored[(topic, kind)] = self.messages_in.labels(
+                topic, "transaction" if kind == KIND_HALF else "normal")
+        child.inc()
+
+    def record_delivered(self, topic: str, count: int) -> None:
+        child = self._delivered.get(topic)
+        if child is None:
+            child = self._delivered[topic] = self.messages_out.labels(topic)
+        child.inc(count)
 
     def watch(self, core: "object", bridge: "object") -> None:
         self.registry.register(_StateCollector(core, bridge, self))

@@ -239,7 +239,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 transaction_id=self.core.txn_id(d.log_seq) if record.kind == codec.KIND_HALF else "",
                 stored_at_ms=record.stored_ms, visible_at_ms=d.visible_ms, delivery_attempt=d.attempt,
                 receipt_handle=d.receipt_handle, invisible_until_ms=d.deadline_ms))
-            self.metrics.messages_out.labels(d.topic).inc()
+            self.metrics.record_delivered(d.topic, 1)
         if gone:
             await self.bridge.run(self.core.ack_op(group, "", gone), sync=False)
         return response

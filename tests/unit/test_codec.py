@@ -30,7 +30,9 @@ def log_records(draw: st.DrawFn) -> LogRecord:
 @given(log_records())
 @settings(max_examples=200)
 def test_log_record_round_trip(record: LogRecord) -> None:
-    assert codec.decode_log_record(codec.encode_log_record(record)) == record
+    value = codec.encode_log_record(record)
+    assert codec.decode_log_record(value) == record
+    assert codec.decode_log_tag(value) == record.tag
 
 
 def test_log_record_with_max_body_round_trips() -> None:
@@ -89,6 +91,8 @@ def test_every_flipped_byte_is_detected() -> None:
         broken[i] ^= 0x40
         with pytest.raises(CorruptRecordError):
             codec.decode_log_record(bytes(broken), b"k")
+        with pytest.raises(CorruptRecordError):
+            codec.decode_log_tag(bytes(broken), b"k")
 
 
 def test_torn_record_is_detected() -> None:

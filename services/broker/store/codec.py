@@ -192,6 +192,20 @@ def decode_log_record(value: bytes, key: bytes = b"") -> LogRecord:
                      check_immunity_seconds=immunity, born_ms=born, born_host=born_host)
 
 
+def decode_log_tag(value: bytes, key: bytes = b"") -> str:
+    """Only the tag of a log record (a commit needs it for the queue entry; decoding the
+    whole record would copy the body). Checks the frame like :func:`decode_log_record`."""
+    payload = unframe(value, "log record", key)
+    try:
+        rd = _Reader(payload, _MSG_HEAD.size)
+        for _ in range(4):  # topic, message id, producer group, producer client id
+            (n,) = _U16.unpack_from(payload, rd.pos)
+            rd.pos += 2 + n
+        return rd.s16()
+    except (ValueError, struct.error, UnicodeDecodeError) as exc:
+        raise CorruptRecordError("log record", key, str(exc)) from None
+
+
 def log_key(seq: int) -> bytes:
     return _U64.pack(seq)
 
