@@ -31,9 +31,9 @@ from typing import Any
 TOPIC = "bench-orders"
 
 
-def _split(n: int) -> list[int]:
-    """n callers over at most 2 processes (the machine has 2 cores)."""
-    procs = 1 if n == 1 else 2
+def _split(n: int, processes: int) -> list[int]:
+    """n callers over at most ``processes`` processes."""
+    procs = max(1, min(n, processes))
     return [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
 
 
@@ -175,7 +175,7 @@ def _produce_counts(metrics_port: int) -> dict[str, float]:
 
 
 def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid: int, metrics_port: int,
-               group: str = "") -> dict[str, Any]:
+               processes: int, group: str = "") -> dict[str, Any]:
     import psutil
 
     broker = psutil.Process(broker_pid)
@@ -189,7 +189,7 @@ def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid:
     if kind == "txn":
         consumer = ctx.Process(target=_consumer_worker, args=(target, group, start, stop_consumer, window, out))
         consumer.start()
-    for threads in _split(callers):
+    for threads in _split(callers, processes):
         fn = _ping_worker if kind == "ping" else _producer_worker
         p = ctx.Process(target=fn, args=(target, threads, start, stop, out))
         p.start()
@@ -246,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--producers", default="1,8")
     parser.add_argument("--json", default="")
+    parser.add_argument("--client-processes", type=int, default=2,
+                        help="processes the producers (and the ping callers) are spread over, threads inside")
     args = parser.parse_args(argv)
     counts = [int(x) for x in args.producers.split(",")]
 
@@ -277,10 +279,11 @@ def main(argv: list[str] | None = None) -> int:
                     raise
                 time.sleep(0.2)
         for n in counts:
-            ping = _run_phase("ping", broker.address, n, args.seconds, broker.pid, broker.metrics_port)
+            ping = _run_phase("ping", broker.address, n, args.seconds, broker.pid, broker.metrics_port,
+                              args.client_processes)
             ping_rate = ping["ping"] / ping["elapsed"]
             txn = _run_phase("txn", nameserver.address, n, args.seconds, broker.pid, broker.metrics_port,
-                             group=f"bench-consumers-{n}")
+                             args.client_processes, group=f"bench-consumers-{n}")
             rate = txn["consumed"] / txn["elapsed"]
             lat = txn["latencies"]
             broker_process = psutil.Process(broker.pid)

@@ -62,6 +62,16 @@ def test_the_log_files_followed_are_the_directory_s_current_wals(tmp_path) -> No
     assert set(logs.files) == {"000009.log"}
 
 
+def test_the_directory_is_listed_again_unless_its_times_are_unchanged_and_settled() -> None:
+    second = 1_000_000_000
+    listed = (100 * second, 100 * second)
+    assert walsync.must_list((100 * second, 101 * second), listed, 200 * second)  # changed
+    assert walsync.must_list(listed, None, 200 * second)  # never listed
+    assert not walsync.must_list(listed, listed, 200 * second)  # unchanged, long ago
+    # Unchanged but recent: a change in the same clock tick would not have moved the times.
+    assert walsync.must_list(listed, listed, 100 * second + second // 2)
+
+
 def test_the_broker_side_handle_requests_reads_and_closes(tmp_path) -> None:
     syncer = WalSyncer(str(tmp_path))
     try:
