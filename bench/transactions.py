@@ -159,11 +159,11 @@ def _cpu_with_children(process: Any) -> float:
 
 
 def _produce_counts(metrics_port: int) -> dict[str, float]:
-    """The broker's Produce stream counters (messages in and out, entries)."""
+    """The broker's Produce stream and WAL sync counters."""
     import urllib.request
 
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-    counts = {"in": 0.0, "out": 0.0, "entries": 0.0}
+    counts = {"in": 0.0, "out": 0.0, "entries": 0.0, "syncs": 0.0, "sync_seconds": 0.0, "synced_writes": 0.0}
     for line in text.splitlines():
         if line.startswith('txmq_produce_stream_messages_total{direction="in"}'):
             counts["in"] = float(line.split()[-1])
@@ -171,6 +171,12 @@ def _produce_counts(metrics_port: int) -> dict[str, float]:
             counts["out"] = float(line.split()[-1])
         elif line.startswith("txmq_produce_entries_total "):
             counts["entries"] = float(line.split()[-1])
+        elif line.startswith("txmq_store_wal_sync_seconds_count "):
+            counts["syncs"] = float(line.split()[-1])
+        elif line.startswith("txmq_store_wal_sync_seconds_sum "):
+            counts["sync_seconds"] = float(line.split()[-1])
+        elif line.startswith("txmq_store_wal_synced_writes_total "):
+            counts["synced_writes"] = float(line.split()[-1])
     return counts
 
 
@@ -303,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
                 "messages_per_receive": round(txn["consumed"] / max(txn["receives"], 1), 1),
                 "entries_per_produce_in": round(txn["produce"]["entries"] / max(txn["produce"]["in"], 1), 2),
                 "entries_per_produce_out": round(txn["produce"]["entries"] / max(txn["produce"]["out"], 1), 2),
+                "wal_syncs_per_txn": round(txn["produce"]["syncs"] / max(txn["consumed"], 1), 2),
+                "wal_sync_mean_ms": round(txn["produce"]["sync_seconds"] / max(txn["produce"]["syncs"], 1) * 1000, 3),
+                "writes_per_wal_sync": round(txn["produce"]["synced_writes"] / max(txn["produce"]["syncs"], 1), 2),
             })
     finally:
         broker.stop(15)
@@ -320,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['producers']:>9} {r['broker_cpu_us_per_txn']:>8} {r['producer_cpu_us_per_txn']:>8} "
               f"{r['consumer_cpu_us_per_txn']:>8} {r['broker_cpu_us_per_ping']:>8} {r['messages_per_receive']:>8} "
               f"{r['entries_per_produce_in']:>6} {r['entries_per_produce_out']:>6}")
+    print("\nWAL syncs per transaction; mean sync wait (ms); writes per sync (group commit)")
+    for r in rows:
+        print(f"{r['producers']:>9} {r['wal_syncs_per_txn']:>8} {r['wal_sync_mean_ms']:>8} {r['writes_per_wal_sync']:>8}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=2)

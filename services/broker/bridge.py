@@ -30,8 +30,12 @@ log = logging.getLogger(__name__)
 
 class StoreBridge:
     def __init__(self, db: Database, loop: asyncio.AbstractEventLoop,
-                 on_fatal: Callable[[BaseException], None]) -> None:
+                 on_fatal: Callable[[BaseException], None],
+                 on_sync: Callable[[float, int], None] | None = None) -> None:
         self.db = db
+        # (seconds from request to answer, writes it made durable) for every WAL sync.
+        self._on_sync = on_sync
+        self._sync_started = 0.0
         self.loop = loop
         self._on_fatal = on_fatal
         self._durable = db.written  # what start-up wrote went through Database.call (synced)
@@ -96,6 +100,7 @@ class StoreBridge:
         if self._syncing or not self._waiting or self.syncer is None:
             return
         self._syncing = True
+        self._sync_started = self.loop.time()
         try:
             self.syncer.request(self.db.written)
         except WalSyncerGoneError as exc:
@@ -111,6 +116,8 @@ class StoreBridge:
         if ticket is None:
             return
         self._syncing = False
+        if self._on_sync is not None:
+            self._on_sync(self.loop.time() - self._sync_started, ticket - self._durable)
         self._durable = max(self._durable, ticket)
         waiting = self._waiting
         while waiting and waiting[0][0] <= self._durable:

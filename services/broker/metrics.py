@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -37,6 +37,12 @@ class BrokerMetrics(BaseMetrics):
                                        registry=self.registry)
         self.produce_in = self.produce_messages.labels("in")
         self.produce_out = self.produce_messages.labels("out")
+        self.wal_sync_seconds = Histogram(
+            "txmq_store_wal_sync_seconds", "WAL syncs from the request to the helper's answer (the wait a "
+            "flush=sync acknowledgement adds)", registry=self.registry,
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
+        self.wal_sync_writes = Counter("txmq_store_wal_synced_writes", "Write batches made durable by WAL syncs "
+                                       "(÷ syncs = writes per group commit)", registry=self.registry)
         self.store_bytes_value = 0
         self._ended: dict[tuple[str, int, int], Any] = {}
         self._stored: dict[tuple[str, int], Any] = {}
@@ -52,6 +58,10 @@ class BrokerMetrics(BaseMetrics):
             child = self._ended[(group, state, source)] = self.transactions_ended.labels(
                 group, resolution, _SOURCES.get(source, "unknown"))
         child.inc()
+
+    def record_sync(self, seconds: float, writes: int) -> None:
+        self.wal_sync_seconds.observe(seconds)
+        self.wal_sync_writes.inc(writes)
 
     def record_discard(self, group: str) -> None:
         self.transactions_discarded.labels(group).inc()

@@ -36,7 +36,7 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
     loop = asyncio.get_running_loop()
     metrics = BrokerMetrics()
     core = BrokerCore(config, on_fatal=_fatal)
-    bridge = StoreBridge(core.db, loop, on_fatal=_fatal)
+    bridge = StoreBridge(core.db, loop, on_fatal=_fatal, on_sync=metrics.record_sync)
     core.visible_listeners.append(bridge.note_visible)
     metrics.watch(core, bridge)
     core.end_listeners.append(metrics.record_end)

@@ -90,6 +90,9 @@ def test_a_send_and_a_receive_are_answered_only_after_the_sync(held) -> None:
     assert isinstance(sent[0], txmq.SendReceipt), sent
     assert [m.body for m in received[0]] == [b"held"]
     assert metric(broker.metrics_port, "txmq_store_wal_syncs_total") >= 1
+    # The held sync is in the latency histogram, and it made the held write durable.
+    assert metric(broker.metrics_port, "txmq_store_wal_sync_seconds_count") >= 1
+    assert metric(broker.metrics_port, "txmq_store_wal_synced_writes_total") >= 2
 
 
 def test_a_commit_and_a_query_of_it_are_answered_only_after_the_sync(held) -> None:
