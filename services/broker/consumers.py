@@ -1,8 +1,8 @@
 """Consumer-group delivery state: per (group, topic, queue) the next offset never delivered
 and the deliveries in flight with their invisibility deadlines.
 
-Owned by the store's writer thread (every change is staged in the same operation that
-persists it); other threads only read snapshots for metrics.
+Owned by the thread that owns the store, the broker's event loop (every change is made in
+the same operation that persists it); other threads only read snapshots for metrics.
 """
 
 from __future__ import annotations
