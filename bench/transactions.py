@@ -158,26 +158,24 @@ def _cpu_with_children(process: Any) -> float:
     return total
 
 
+#: The broker's samples the benchmark reads before and after a phase, by the name it uses.
+_BROKER_SAMPLES = {
+    "in": 'txmq_produce_stream_messages_total{direction="in"}',
+    "out": 'txmq_produce_stream_messages_total{direction="out"}',
+    "entries": "txmq_produce_entries_total",
+    "syncs": "txmq_store_wal_sync_seconds_count",
+    "sync_seconds": "txmq_store_wal_sync_seconds_sum",
+    "synced_writes": "txmq_store_wal_synced_writes_total",
+}
+
+
 def _produce_counts(metrics_port: int) -> dict[str, float]:
     """The broker's Produce stream and WAL sync counters."""
     import urllib.request
 
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-    counts = {"in": 0.0, "out": 0.0, "entries": 0.0, "syncs": 0.0, "sync_seconds": 0.0, "synced_writes": 0.0}
-    for line in text.splitlines():
-        if line.startswith('txmq_produce_stream_messages_total{direction="in"}'):
-            counts["in"] = float(line.split()[-1])
-        elif line.startswith('txmq_produce_stream_messages_total{direction="out"}'):
-            counts["out"] = float(line.split()[-1])
-        elif line.startswith("txmq_produce_entries_total "):
-            counts["entries"] = float(line.split()[-1])
-        elif line.startswith("txmq_store_wal_sync_seconds_count "):
-            counts["syncs"] = float(line.split()[-1])
-        elif line.startswith("txmq_store_wal_sync_seconds_sum "):
-            counts["sync_seconds"] = float(line.split()[-1])
-        elif line.startswith("txmq_store_wal_synced_writes_total "):
-            counts["synced_writes"] = float(line.split()[-1])
-    return counts
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    return {name: float(values.get(sample, 0.0)) for name, sample in _BROKER_SAMPLES.items()}
 
 
 def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid: int, metrics_port: int,
