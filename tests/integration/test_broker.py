@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 
 import grpc
 import pytest
 
+from tests.support.metrics import scrape
 from txmq._errors import (DETAILS_METADATA_KEY, REASON_METADATA_KEY)
 from txmq._ids import MessageId, TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
@@ -215,8 +215,7 @@ def test_metrics_describe_pending_transactions_and_lag(cluster, topic, unique_na
     half(s, topic, group=group)
     send(s, topic, b"lagging")
     receive(s, unique_name("lagger"), topic, n=1, invisible=60)
-    url = f"http://127.0.0.1:{cluster.brokers[0].metrics_port}/metrics"
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    text = scrape(cluster.brokers[0].metrics_port)
     assert f'txmq_transactions_pending{{group="{group}"}} 1.0' in text
     assert f'txmq_transaction_oldest_pending_age_seconds{{group="{group}"}}' in text
     assert 'txmq_rpc_duration_seconds_count{code="OK",method="SendMessage",service="broker"}' in text

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from concurrent import futures
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -21,6 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.errors import trailing_metadata
+from tests.support.metrics import scrape
 from txmq._errors import (BrokerNotFoundError, InvalidFieldError, InvalidIdError, InvalidNameError,
                           NoBrokerError, SystemTopicError, TopicExistsError, TopicNotFoundError,
                           TransactionNotFoundError, TransactionStateError, TxmqError,
@@ -94,8 +94,7 @@ class NameServerProcess:
         return self.proc.returncode
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as resp:
-            return resp.read().decode()
+        return scrape(self.metrics_port)
 
 
 @pytest.fixture

@@ -11,11 +11,9 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-from prometheus_client.parser import text_string_to_metric_families
 
 HERE = Path(__file__).resolve().parent
 NODE_DIR = HERE / "node"
@@ -164,15 +162,3 @@ class Clients:
 
     def report(self) -> str:
         return "\n".join(f"=== {c.name} ===\n{c.describe()}" for c in self.started)
-
-
-def metric_value(port: int, name: str, labels: dict[str, str] | None = None) -> float:
-    """The sum of a service's ``/metrics`` samples named ``name`` with these labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
-                total += sample.value
-    return total

@@ -12,11 +12,11 @@ import txmq
 from txmq._ids import TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from tests.support.cluster import Cluster
+from tests.support.metrics import metric_sum
+from tests.support.processes import ServiceProcess
 from tests.support.waiting import wait_until
 
-from tests.support.processes import ServiceProcess
-
-from .support import Clients, metric_value
+from .support import Clients
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -145,8 +145,8 @@ def test_push_consumer_auto_renew_keeps_a_slow_delivery_invisible(
     the handle the client got succeeds."""
     topic, group = unique_name("renew"), unique_name("g")
     port = renewing_proxy.metrics_port
-    acks_before = metric_value(port, "txmq_proxy_acks_total", {"result": "ok"})
-    renewals_before = metric_value(port, "txmq_proxy_renewals_total", {"result": "ok"})
+    acks_before = metric_sum(port, "txmq_proxy_acks_total", {"result": "ok"})
+    renewals_before = metric_sum(port, "txmq_proxy_renewals_total", {"result": "ok"})
     consumer = clients.python("push", endpoints=renewing_proxy.address, topic=topic, group=group,
                               hold_seconds=4.0)
     consumer.wait_event("started", timeout=60)
@@ -154,10 +154,10 @@ def test_push_consumer_auto_renew_keeps_a_slow_delivery_invisible(
     [done] = consumer.wait_event("consumed", timeout=60)
     assert done["body"] == "slow-1" and done["result"] == "SUCCESS" and done["delivery_attempt"] == 1
     # Acknowledged with the handle of the first delivery, after several renewals.
-    wait_until(lambda: metric_value(port, "txmq_proxy_acks_total", {"result": "ok"}) >= acks_before + 1, 30,
+    wait_until(lambda: metric_sum(port, "txmq_proxy_acks_total", {"result": "ok"}) >= acks_before + 1, 30,
                message="the push consumer's ack to succeed on the proxy")
-    assert metric_value(port, "txmq_proxy_renewals_total", {"result": "ok"}) >= renewals_before + 3
-    assert metric_value(port, "txmq_proxy_acks_total", {"result": "INVALID_RECEIPT_HANDLE"}) == 0
+    assert metric_sum(port, "txmq_proxy_renewals_total", {"result": "ok"}) >= renewals_before + 3
+    assert metric_sum(port, "txmq_proxy_acks_total", {"result": "INVALID_RECEIPT_HANDLE"}) == 0
     consumer.expect_success(60)
     # Never redelivered while the listener worked (a second delivery would start it again).
     assert [e["delivery_attempt"] for e in consumer.of("consuming")] == [1]

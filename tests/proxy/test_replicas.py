@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import urllib.request
 import uuid
 from typing import Any, Callable, Iterator
 
@@ -16,6 +15,7 @@ import pytest
 
 from services.proxy.protocol import definition_pb2 as pb, service_pb2 as spb, service_pb2_grpc
 from tests.support.cluster import Cluster
+from tests.support.metrics import scrape
 from tests.support.waiting import wait_until
 from txmq._ids import TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
@@ -168,13 +168,8 @@ def test_check_answered_through_a_replica_that_did_not_send_it(rmq_cluster: Clus
     # Counted as received once written to the stream: the checker records it at once (its
     # DELIVERED report to the broker may land after the decision, when it no longer matters).
     delivered = f'txmq_checks_total{{group="{topic}",result="delivered"}} 1.0'
-    wait_until(lambda: any(delivered in metrics(c.metrics_port) for c in rmq_cluster.checkers), 10.0,
+    wait_until(lambda: any(delivered in scrape(c.metrics_port) for c in rmq_cluster.checkers), 10.0,
                message=f"a checker's /metrics to show {delivered}")
-
-
-def metrics(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return response.read().decode()
 
 
 def test_errors_are_answered_in_band(rmq_cluster: Cluster, unique_name: Callable[[str], str]) -> None:

@@ -13,11 +13,11 @@ import pytest
 import txmq
 from services.proxy.protocol import definition_pb2 as pb, service_pb2 as spb
 from tests.support.cluster import Cluster
+from tests.support.metrics import metric_sum
 from tests.support.processes import ServiceProcess
 from tests.support.waiting import wait_until
 from txmq._ids import ReceiptHandle
 
-from .support import metric_value
 from .test_replicas import Telemetry, stub
 
 pytestmark = pytest.mark.timeout(120)
@@ -112,7 +112,7 @@ def test_auto_renew_ends_on_nack_and_on_client_termination(
     send_normal(proxy, topic, b"renew-me")
 
     def renewals() -> float:
-        return metric_value(port, "txmq_proxy_renewals_total", {"result": "ok"})
+        return metric_sum(port, "txmq_proxy_renewals_total", {"result": "ok"})
 
     first = receive_one(proxy, group, topic, client_id="client-a", auto_renew=True)
     assert first.system_properties.delivery_attempt == 1

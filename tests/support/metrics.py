@@ -1,19 +1,33 @@
-"""Reading one sample from a service's /metrics."""
+"""Reading a service's /metrics."""
 
 from __future__ import annotations
 
-import re
 import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def scrape(port: int) -> str:
+    """The /metrics text of the service whose metrics port is ``port``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
 
 
 def metric(port: int, name: str, labels: dict[str, str] | None = None) -> float | None:
-    """The value of ``name`` with exactly ``labels`` on the /metrics of ``port`` (None if absent)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    want = ",".join(f'{k}="{v}"' for k, v in sorted((labels or {}).items()))
-    for line in text.splitlines():
-        m = re.match(r"^([a-zA-Z_:]+)(?:\{(.*)\})? (\S+)$", line)
-        if m and m.group(1) == name:
-            got = ",".join(sorted((m.group(2) or "").split(","))) if m.group(2) else ""
-            if got == want:
-                return float(m.group(3))
+    """The sample ``name`` with exactly ``labels`` (None if there is none)."""
+    want = labels or {}
+    for family in text_string_to_metric_families(scrape(port)):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == want:
+                return sample.value
     return None
+
+
+def metric_sum(port: int, name: str, labels: dict[str, str] | None = None) -> float:
+    """The sum of the samples ``name`` whose labels include ``labels`` (0 if none)."""
+    total = 0.0
+    for family in text_string_to_metric_families(scrape(port)):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
+                total += sample.value
+    return total
