@@ -12,8 +12,10 @@ the same broker server stack with the same number of concurrent callers, and pri
 txn/s ÷ ping/s, which is what to compare across machines. Broker RSS (with its WAL sync
 helper) is sampled at the end; broker CPU includes the helper's.
 
-Producers and callers run in separate processes (threads inside them) so the client side's
-GIL does not cap what the broker can do.
+The producers are threads of one process sharing one ``TransactionProducer`` (a service
+with 8 worker threads), so they share one Produce stream and its batching; the consumer
+runs in a process of its own. ``--client-processes N`` spreads the producers (and the
+ping callers) over N processes instead.
 """
 
 from __future__ import annotations
@@ -250,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--producers", default="1,8")
     parser.add_argument("--json", default="")
-    parser.add_argument("--client-processes", type=int, default=2,
+    parser.add_argument("--client-processes", type=int, default=1,
                         help="processes the producers (and the ping callers) are spread over, threads inside")
     args = parser.parse_args(argv)
     counts = [int(x) for x in args.producers.split(",")]

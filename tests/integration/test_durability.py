@@ -17,6 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import txmq
+import txmq._pipeline
 from tests.support.metrics import metric
 from tests.support.waiting import wait_until
 from txmq.v1 import admin_pb2, common_pb2
@@ -126,6 +127,38 @@ def test_a_commit_and_a_query_of_it_are_answered_only_after_the_sync(held) -> No
     response = listed[0]
     assert not response.unreachable_brokers, response
     assert [t.state for t in response.transactions] == [common_pb2.TRANSACTION_STATE_COMMITTED]
+
+
+def test_requests_that_arrive_during_a_held_sync_leave_together_in_one_stream_message(held, monkeypatch) -> None:
+    """The producer keeps one Produce stream message in flight: what arrives meanwhile is
+    held by the client and sent as one message once it is answered."""
+    monkeypatch.setattr(txmq._pipeline, "HOLD_SECONDS", 60.0)  # never stop holding in this test
+    cluster, hold, release = held
+    broker = cluster.brokers[0]
+    port = broker.metrics_port
+    stream_in = {"direction": "in"}
+    with txmq.Producer(cluster.nameserver_address, send_timeout_seconds=30) as producer:
+        producer.send(txmq.Message("durable", b"warm-up"))  # opens the stream
+        messages = metric(port, "txmq_produce_stream_messages_total", stream_in)
+        entries = metric(port, "txmq_produce_entries_total")
+        session = producer._client.produce_stream(broker.address)._session
+        hold()
+        first, first_box = _in_thread(lambda: producer.send(txmq.Message("durable", b"first")))
+        wait_until(lambda: metric(port, "txmq_produce_stream_messages_total", stream_in) == messages + 1, 10,
+                   message="the first send never reached the broker")
+        others = []
+        for i in range(8):
+            others.append(_in_thread(lambda i=i: producer.send(txmq.Message("durable", b"other-%d" % i))))
+            # Each is queued on its own, with time to leave alone if nothing held it.
+            wait_until(lambda i=i: len(session.pending) == i + 2, 10, message="a send was never queued")
+        assert metric(port, "txmq_produce_stream_messages_total", stream_in) == messages + 1
+        release()
+        for thread, _box in [(first, first_box), *others]:
+            thread.join(30)
+    assert all(isinstance(box[0], txmq.SendReceipt) for _thread, box in [(first, first_box), *others])
+    # Nine sends, two stream messages: the first alone, the eight held ones together.
+    assert metric(port, "txmq_produce_stream_messages_total", stream_in) == messages + 2
+    assert metric(port, "txmq_produce_entries_total") == entries + 9
 
 
 def test_a_dead_sync_helper_stops_the_broker_and_a_restart_keeps_what_was_acknowledged(fresh_cluster_factory) -> None:
