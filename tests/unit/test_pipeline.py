@@ -1,6 +1,8 @@
 """The Produce stream's send policy (``txmq._pipeline._requests``): one stream message in
-flight, and what arrives meanwhile leaves together once it is answered. Driven directly,
-without gRPC: the generator is what gRPC's sending thread iterates."""
+flight, what arrives meanwhile leaves together once it is answered, after waiting briefly
+for the callers that answer woke. Driven directly, without gRPC: the generator is what
+gRPC's sending thread iterates, ``put`` is what callers do, ``answer`` what the reader
+thread does."""
 
 from __future__ import annotations
 
@@ -36,10 +38,15 @@ class _Sender:
     def next_message(self, timeout: float = 10.0) -> list[int]:
         return self.sent.get(timeout=timeout)
 
+    def put(self, *ids: int) -> None:
+        for i in ids:
+            self.session.put(_entry(i))
+
     def answer(self, count: int) -> None:
         """What the reader thread does when a response with ``count`` results arrives."""
         with self.session.answered:
             self.session.unanswered -= count
+            self.session.last_answer = count
             if self.session.unanswered <= 0:
                 self.session.answered.notify()
 
@@ -54,16 +61,15 @@ def sender():
 
 
 def test_an_idle_stream_sends_a_request_at_once(sender) -> None:
-    sender.session.queue.put(_entry(1))
+    sender.put(1)
     assert sender.next_message() == [1]
 
 
 def test_requests_arriving_while_a_message_is_unanswered_leave_together_when_it_is(sender, monkeypatch) -> None:
     monkeypatch.setattr(_pipeline, "HOLD_SECONDS", 60.0)
-    sender.session.queue.put(_entry(1))
+    sender.put(1)
     assert sender.next_message() == [1]
-    for i in range(2, 6):
-        sender.session.queue.put(_entry(i))
+    sender.put(2, 3, 4, 5)
     # Held: the sender took the first of them and waits for the answer to message [1].
     wait_until(lambda: sender.session.queue.qsize() == 3, 10, message="the sender never took a held request")
     assert sender.sent.empty()
@@ -74,9 +80,9 @@ def test_requests_arriving_while_a_message_is_unanswered_leave_together_when_it_
 
 def test_a_late_answer_stops_holding_after_hold_seconds(sender, monkeypatch) -> None:
     monkeypatch.setattr(_pipeline, "HOLD_SECONDS", 0.05)
-    sender.session.queue.put(_entry(1))
+    sender.put(1)
     assert sender.next_message() == [1]
-    sender.session.queue.put(_entry(2))
+    sender.put(2)
     # Never answered: the request leaves anyway once HOLD_SECONDS passed.
     assert sender.next_message() == [2]
     assert sender.session.unanswered == 2
@@ -84,9 +90,9 @@ def test_a_late_answer_stops_holding_after_hold_seconds(sender, monkeypatch) -> 
 
 def test_a_failed_stream_stops_holding(sender, monkeypatch) -> None:
     monkeypatch.setattr(_pipeline, "HOLD_SECONDS", 60.0)
-    sender.session.queue.put(_entry(1))
+    sender.put(1)
     assert sender.next_message() == [1]
-    sender.session.queue.put(_entry(2))
+    sender.put(2)
     wait_until(lambda: sender.session.queue.qsize() == 0, 10, message="the sender never took the request")
     with sender.session.answered:
         sender.session.dead = True
@@ -96,13 +102,50 @@ def test_a_failed_stream_stops_holding(sender, monkeypatch) -> None:
 
 def test_a_message_holds_at_most_max_batch_requests(sender, monkeypatch) -> None:
     monkeypatch.setattr(_pipeline, "HOLD_SECONDS", 60.0)
-    sender.session.queue.put(_entry(0))
+    sender.put(0)
     assert sender.next_message() == [0]
     for i in range(1, _pipeline.MAX_BATCH + 3):
-        sender.session.queue.put(_entry(i))
+        sender.put(i)
     wait_until(lambda: sender.session.queue.qsize() == _pipeline.MAX_BATCH + 1, 10,
                message="the sender never took a held request")
     sender.answer(1)
     assert sender.next_message() == list(range(1, _pipeline.MAX_BATCH + 1))
     sender.answer(_pipeline.MAX_BATCH)
     assert sender.next_message() == [_pipeline.MAX_BATCH + 1, _pipeline.MAX_BATCH + 2]
+
+
+def _in_flight_three(sender: _Sender) -> None:
+    """Leaves message [2, 3, 4] in flight (three callers waiting for one answer)."""
+    sender.put(1)
+    assert sender.next_message() == [1]
+    sender.put(2, 3, 4)
+    wait_until(lambda: sender.session.queue.qsize() == 2, 10, message="the sender never took a held request")
+    sender.answer(1)  # one caller answered: one is enough to send at once
+    assert sender.next_message() == [2, 3, 4]
+
+
+def test_after_a_held_message_the_next_waits_for_the_callers_its_answer_woke(sender, monkeypatch) -> None:
+    monkeypatch.setattr(_pipeline, "HOLD_SECONDS", 60.0)
+    monkeypatch.setattr(_pipeline, "LINGER_SECONDS", 60.0)
+    _in_flight_three(sender)
+    sender.put(5)  # an early caller: held behind [2, 3, 4]
+    wait_until(lambda: sender.session.queue.qsize() == 0, 10, message="the sender never took the request")
+    sender.answer(3)
+    # Three callers were answered: the sender lingers until three requests are queued.
+    wait_until(lambda: sender.session.lingering, 10, message="the sender did not linger")
+    sender.put(6)
+    assert sender.sent.empty()
+    sender.put(7)
+    assert sender.next_message() == [5, 6, 7]
+    assert not sender.session.lingering
+
+
+def test_lingering_ends_after_linger_seconds(sender, monkeypatch) -> None:
+    monkeypatch.setattr(_pipeline, "HOLD_SECONDS", 60.0)
+    monkeypatch.setattr(_pipeline, "LINGER_SECONDS", 0.05)
+    _in_flight_three(sender)
+    sender.put(5)
+    wait_until(lambda: sender.session.queue.qsize() == 0, 10, message="the sender never took the request")
+    sender.answer(3)
+    # The other two callers never come back: [5] leaves alone once the linger is over.
+    assert sender.next_message() == [5]
