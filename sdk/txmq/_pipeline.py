@@ -4,12 +4,12 @@ requests in flight.
 A unary call per message costs a round trip and a gRPC call object each (a few thousand a
 second from Python); a stream carries tens of thousands. The design::
 
-    caller threads ──submit──▶ SimpleQueue ──request iterator (batches)──▶ gRPC ──▶ broker
+    caller threads ──request─▶ SimpleQueue ──request iterator (batches)──▶ gRPC ──▶ broker
           ▲                                                                                │
-          └──── Future.set_result ◀── reader thread: pending.pop(request_id) ◀── responses ─┘
+          └──── _Reply.set_result ◀── reader thread: pending.pop(request_id) ◀── responses ─┘
 
-- ``submit`` assigns a request id, registers a ``concurrent.futures.Future`` under it and
-  puts the request on the queue; nothing else happens on the caller's thread.
+- ``request`` assigns a request id, registers a reply slot under it and puts the request
+  on the queue; then the caller's thread waits for the reply.
 - One stream message is in flight at a time (Nagle without a timer): the requests that
   arrive while the broker answers it leave together in the next. An idle stream sends a
   request at once; a busy one sends fewer, larger messages, which is what both sides pay
@@ -23,13 +23,13 @@ second from Python); a stream carries tens of thousands. The design::
   other's round trip. A stream that held nothing sends at once.
 - Measured with 8 producer threads on one stream (``bench.transactions``): ~6 requests per
   message instead of ~2, producer CPU −40 %, broker CPU −15 %, txn/s +15–20 %.
-- One reader thread per stream matches responses to futures by request id (the broker
+- One reader thread per stream matches responses to reply slots by request id (the broker
   answers out of order). A request's own error comes back in its response's EntryStatus
   and is raised by :meth:`ProduceStream.request` on the caller's thread.
 - When the stream fails (transport error, broker restart, server closing it), every
   request in flight on it fails with :class:`UnavailableError` (retryable: callers retry
   with the same message id, which the broker deduplicates) and the stream is reopened
-  lazily by the next ``submit``.
+  lazily by the next request.
 - A request that gets no answer within its timeout while the stream has answered nothing
   since it was sent marks the stream dead (a half-open connection): it is cancelled so the
   next request opens a fresh one.
@@ -42,8 +42,6 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any, Callable, Iterator
 
 import grpc
@@ -52,6 +50,32 @@ from ._errors import ClientClosedError, DeadlineExceededError, UnavailableError,
 from .v1 import broker_pb2
 
 log = logging.getLogger(__name__)
+
+
+class _Reply:
+    """One request's answer: set once by the reader thread, waited for by the caller. A
+    bare lock: a ``concurrent.futures.Future`` (condition, waiter list, callbacks) costs
+    several times more, and the reader thread sets the reply of every request in turn."""
+
+    __slots__ = ("_done", "result", "error")
+
+    def __init__(self) -> None:
+        self._done = threading.Lock()
+        self._done.acquire()
+        self.result: broker_pb2.ProduceResult | None = None
+        self.error: BaseException | None = None
+
+    def set_result(self, result: broker_pb2.ProduceResult) -> None:
+        self.result = result
+        self._done.release()
+
+    def set_exception(self, error: BaseException) -> None:
+        self.error = error
+        self._done.release()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the reply came within ``timeout`` seconds."""
+        return self._done.acquire(timeout=timeout)
 
 
 class _Session:
@@ -68,7 +92,7 @@ class _Session:
         # Results in the last response; whether the sender lingers for that many requests.
         self.last_answer = 0
         self.lingering = False
-        self.pending: dict[int, Future[broker_pb2.ProduceResult]] = {}
+        self.pending: dict[int, _Reply] = {}
         self.call: Any = None
         self.dead = False
         self.last_response = time.monotonic()
@@ -136,14 +160,10 @@ class ProduceStream:
         self._ids = itertools.count(1)
         self._closed = False
 
-    def submit(self, request: broker_pb2.ProduceEntry) -> Future[broker_pb2.ProduceResult]:
-        """Sends ``request`` (its request_id is assigned here); the future resolves to the
-        response whatever its status, or fails with UnavailableError if the stream fails."""
-        return self._submit(request)[0]
-
-    def _submit(self, request: broker_pb2.ProduceEntry
-                ) -> tuple[Future[broker_pb2.ProduceResult], _Session, int]:
-        future: Future[broker_pb2.ProduceResult] = Future()
+    def _submit(self, request: broker_pb2.ProduceEntry) -> tuple[_Reply, _Session, int]:
+        """Queues ``request`` (its request_id is assigned here); the reply gets the response
+        whatever its status, or UnavailableError if the stream fails."""
+        reply = _Reply()
         with self._lock:
             if self._closed:
                 raise ClientClosedError("producer")
@@ -152,25 +172,26 @@ class ProduceStream:
                 session = self._open_locked()
             request_id = next(self._ids)
             request.request_id = request_id
-            session.pending[request_id] = future
+            session.pending[request_id] = reply
             session.put(request)
-        return future, session, request_id
+        return reply, session, request_id
 
     def request(self, request: broker_pb2.ProduceEntry, timeout: float) -> broker_pb2.ProduceResult:
         """Sends ``request`` and waits for its response; a non-OK status raises the TxmqError
         it stands for, no answer within ``timeout`` raises DeadlineExceededError."""
         sent_at = time.monotonic()
-        future, session, request_id = self._submit(request)
-        try:
-            response = future.result(timeout)
-        except FutureTimeoutError:
+        reply, session, request_id = self._submit(request)
+        if not reply.wait(timeout):
             session.pending.pop(request_id, None)
             if session.last_response < sent_at and not session.dead:
                 log.warning("produce stream to %s answered nothing for %.1fs: reconnecting",
                             self.address, timeout)
                 session.call.cancel()
             raise DeadlineExceededError(
-                f"no answer from broker {self.address} within {timeout}s") from None
+                f"no answer from broker {self.address} within {timeout}s")
+        if reply.error is not None:
+            raise reply.error
+        response = reply.result
         status = response.status
         if status.code:
             raise error_from_entry(status)
@@ -208,9 +229,9 @@ class ProduceStream:
                     if session.unanswered <= 0:
                         answered.notify()
                 for result in response.results:
-                    future = pending.pop(result.request_id, None)
-                    if future is not None:
-                        future.set_result(result)
+                    reply = pending.pop(result.request_id, None)
+                    if reply is not None:
+                        reply.set_result(result)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             detail = f"{getattr(code, 'name', code)}: {exc.details() if hasattr(exc, 'details') else exc}"
@@ -231,9 +252,9 @@ class ProduceStream:
         session.queue.put(None)  # ends the request iterator, and gRPC's thread consuming it
         if failed:
             log.debug("produce stream to %s failed with %d in flight: %s", self.address, len(failed), detail)
-        for future in failed.values():
+        for reply in failed.values():
             if closed:
-                future.set_exception(ClientClosedError("producer"))
+                reply.set_exception(ClientClosedError("producer"))
             else:
-                future.set_exception(UnavailableError(
+                reply.set_exception(UnavailableError(
                     f"produce stream to {self.address} failed ({detail})", address=self.address))
