@@ -149,3 +149,27 @@ def test_lingering_ends_after_linger_seconds(sender, monkeypatch) -> None:
     sender.answer(3)
     # The other two callers never come back: [5] leaves alone once the linger is over.
     assert sender.next_message() == [5]
+
+
+def test_after_an_answer_to_several_an_idle_sender_waits_for_as_many_callers(sender, monkeypatch) -> None:
+    monkeypatch.setattr(_pipeline, "HOLD_SECONDS", 60.0)
+    monkeypatch.setattr(_pipeline, "LINGER_SECONDS", 60.0)
+    _in_flight_three(sender)
+    wait_until(lambda: sender.session.unanswered == 3, 10, message="[2, 3, 4] not in flight")
+    sender.answer(3)  # nothing was waiting to be sent: the sender is idle
+    sender.put(5)
+    # The first caller back does not leave alone: it waits for the other two.
+    wait_until(lambda: sender.session.lingering, 10, message="the sender did not linger")
+    sender.put(6)
+    assert sender.sent.empty()
+    sender.put(7)
+    assert sender.next_message() == [5, 6, 7]
+
+
+def test_after_an_answer_to_one_the_next_request_leaves_at_once(sender, monkeypatch) -> None:
+    monkeypatch.setattr(_pipeline, "LINGER_SECONDS", 60.0)
+    sender.put(1)
+    assert sender.next_message() == [1]
+    sender.answer(1)
+    sender.put(2)
+    assert sender.next_message() == [2]
