@@ -137,7 +137,7 @@ class Client:
                 stream = self._streams.get(address)
                 if stream is None:
                     stub = broker_pb2_grpc.BrokerServiceStub(self._channel_locked(address))
-                    stream = ProduceStream(stub.Produce, address)
+                    stream = ProduceStream(stub.Produce, address, sole=lambda: len(self._streams) == 1)
                     self._streams[address] = stream
         return stream
 

@@ -17,11 +17,11 @@ second from Python); a stream carries tens of thousands. The design::
   broker syncs its WAL once per message). A message whose answer is late by more than
   ``HOLD_SECONDS`` stops holding the next.
 - Once a message of several requests is answered, the next one waits up to
-  ``LINGER_SECONDS`` for as many requests as that answer carried: the callers it answered
-  usually send again at once (a commit follows its half message). Without the wait the
-  first caller back would leave alone and the others would wait for its round trip, and
-  the callers would split into groups, each waiting for the others' round trips. A stream
-  whose last answer carried one request (an idle one) sends at once.
+  ``LINGER_SECONDS`` for the callers that answer woke and that will send here again: a
+  commit follows its half message on the same broker, and on a client's only stream
+  every caller comes back. Without the wait the first caller back would leave alone and
+  the others would wait for its round trip, and the callers would split into groups, each
+  waiting for the others' round trips. A stream expecting one caller back sends at once.
 - Measured with 8 producer threads on one stream (``bench.transactions``): all 8 requests
   in every message instead of ~2, producer CPU −40 %, broker CPU −25 %, txn/s +35–45 %.
 - One reader thread per stream matches responses to reply slots by request id (the broker
@@ -43,7 +43,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import grpc
 
@@ -83,15 +83,16 @@ class _Session:
     """One opened Produce call and the requests in flight on it."""
 
     __slots__ = ("queue", "pending", "call", "dead", "last_response", "unanswered", "answered",
-                 "last_answer", "lingering")
+                 "returning", "lingering")
 
     def __init__(self) -> None:
         self.queue: queue.SimpleQueue[broker_pb2.ProduceEntry | None] = queue.SimpleQueue()
         # Requests sent and not yet answered; ``answered`` is notified when it drops to 0.
         self.unanswered = 0
         self.answered = threading.Condition(threading.Lock())
-        # Results in the last response; whether the sender lingers for that many requests.
-        self.last_answer = 0
+        # Callers the last response answered that will send here again (``_returning``);
+        # whether the sender lingers for that many requests.
+        self.returning = 0
         self.lingering = False
         self.pending: dict[int, _Reply] = {}
         self.call: Any = None
@@ -101,7 +102,7 @@ class _Session:
     def put(self, request: broker_pb2.ProduceEntry) -> None:
         """Queues ``request`` for the sender (waking it if it lingers for this one)."""
         self.queue.put(request)
-        if self.lingering and self.queue.qsize() + 1 >= self.last_answer:
+        if self.lingering and self.queue.qsize() + 1 >= self.returning:
             with self.answered:
                 self.answered.notify()
 
@@ -125,14 +126,14 @@ def _requests(session: _Session) -> Iterator[broker_pb2.ProduceRequest]:
         item = get()
         if item is None:
             return
-        if session.unanswered > 0 or session.last_answer > 1:
+        if session.unanswered > 0 or session.returning > 1:
             with answered:
                 answered.wait_for(lambda: session.unanswered <= 0 or session.dead, HOLD_SECONDS)
                 # ``item`` is out of the queue: it counts as one of the returning callers.
                 session.lingering = True
-                answered.wait_for(lambda: queued() + 1 >= session.last_answer or session.dead, LINGER_SECONDS)
+                answered.wait_for(lambda: queued() + 1 >= session.returning or session.dead, LINGER_SECONDS)
                 session.lingering = False
-                session.last_answer = 0
+                session.returning = 0
         batch = [item]
         ended = False
         while len(batch) < MAX_BATCH:
@@ -151,12 +152,26 @@ def _requests(session: _Session) -> Iterator[broker_pb2.ProduceRequest]:
             return
 
 
+def _returning(results: "Sequence[broker_pb2.ProduceResult]", sole: bool) -> int:
+    """How many of the callers ``results`` answer will send their next request on the same
+    stream: all of them on a client's only stream; otherwise those whose half message was
+    stored (their EndTransaction goes to the same broker), the others may go elsewhere."""
+    if sole:
+        return len(results)
+    return sum(1 for r in results if not r.status.code and r.WhichOneof("response") == "send_message"
+               and r.send_message.transaction_id)
+
+
 class ProduceStream:
     """The Produce stream to one broker address. Thread-safe; reopens itself after failure."""
 
-    def __init__(self, method: Callable[..., Any], address: str) -> None:
+    def __init__(self, method: Callable[..., Any], address: str,
+                 sole: Callable[[], bool] = lambda: True) -> None:
         self._method = method
         self.address = address
+        # Whether this is its client's only Produce stream (then every caller it answers
+        # sends its next request here too).
+        self._sole = sole
         self._lock = threading.Lock()
         self._session: _Session | None = None
         self._ids = itertools.count(1)
@@ -225,12 +240,14 @@ class ProduceStream:
             answered = session.answered
             for response in session.call:
                 session.last_response = time.monotonic()
+                results = response.results
+                returning = _returning(results, self._sole())
                 with answered:
-                    session.unanswered -= len(response.results)
-                    session.last_answer = len(response.results)
+                    session.unanswered -= len(results)
+                    session.returning = returning
                     if session.unanswered <= 0:
                         answered.notify()
-                for result in response.results:
+                for result in results:
                     reply = pending.pop(result.request_id, None)
                     if reply is not None:
                         reply.set_result(result)

@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.waiting import wait_until
 from txmq import _pipeline
-from txmq.v1 import broker_pb2
+from txmq.v1 import broker_pb2, common_pb2
 
 
 def _entry(i: int) -> broker_pb2.ProduceEntry:
@@ -46,7 +46,7 @@ class _Sender:
         """What the reader thread does when a response with ``count`` results arrives."""
         with self.session.answered:
             self.session.unanswered -= count
-            self.session.last_answer = count
+            self.session.returning = count
             if self.session.unanswered <= 0:
                 self.session.answered.notify()
 
@@ -173,3 +173,39 @@ def test_after_an_answer_to_one_the_next_request_leaves_at_once(sender, monkeypa
     sender.answer(1)
     sender.put(2)
     assert sender.next_message() == [2]
+
+
+def _result(kind: str, *, code: int = 0, transaction_id: str = "") -> broker_pb2.ProduceResult:
+    result = broker_pb2.ProduceResult(status=common_pb2.EntryStatus(code=code))
+    if kind == "send":
+        result.send_message.transaction_id = transaction_id
+    else:
+        result.end_transaction.transaction_id = "T1"
+    return result
+
+
+def test_callers_expected_back_on_a_clients_only_stream_are_all_it_answered() -> None:
+    results = [_result("send", transaction_id="T1"), _result("end"), _result("send"), _result("send", code=3)]
+    assert _pipeline._returning(results, sole=True) == 4
+
+
+def test_with_several_streams_only_stored_half_messages_bring_their_caller_back() -> None:
+    # A commit or a normal send may be followed by a send to another broker; a stored
+    # half message is followed by its EndTransaction on this stream.
+    results = [_result("send", transaction_id="T1"), _result("end"), _result("send"),
+               _result("send", code=3, transaction_id="T2"), _result("send", transaction_id="T3")]
+    assert _pipeline._returning(results, sole=False) == 2
+
+
+def test_a_clients_stream_knows_whether_it_is_the_only_one() -> None:
+    # No server is needed: gRPC channels connect lazily and no request is sent.
+    from txmq._client import Client
+
+    client = Client("127.0.0.1:1", request_timeout_seconds=1.0, route_refresh_seconds=30.0)
+    try:
+        first = client.produce_stream("127.0.0.1:2")
+        assert first._sole()
+        second = client.produce_stream("127.0.0.1:3")
+        assert not first._sole() and not second._sole()
+    finally:
+        client.close()
