@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from .store.db import Database, Op
+from .store.db import GROUP_TICKET, Database, Op, WriteGroup
 from .store.walsync import WalSyncer, WalSyncerGoneError
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class StoreBridge:
         if db.sync:
             self.syncer = WalSyncer(db.path)
             loop.add_reader(self.syncer.fileno(), self._on_synced)
+        self._group_hooks: list[Callable[[], None]] | None = None
         self._versions: dict[str, int] = {}
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
 
@@ -57,15 +59,36 @@ class StoreBridge:
 
     def apply(self, op: Op, *, sync: bool = True) -> tuple[Any, int]:
         """Runs ``op`` now; returns its result and ticket (raises what it refused with).
-        Its durable-hooks are queued behind the ticket."""
+        Its durable-hooks are queued behind the ticket. Inside :meth:`grouped` the ticket
+        is ``GROUP_TICKET``: the group's comes when it ends."""
         applied = self.db.apply(op, sync=sync)
-        for fn in applied.after:
-            self.when_durable(applied.ticket, fn)
+        if applied.ticket == GROUP_TICKET:
+            assert self._group_hooks is not None
+            self._group_hooks.extend(applied.after)
+        else:
+            for fn in applied.after:
+                self.when_durable(applied.ticket, fn)
         return applied.result, applied.ticket
+
+    @contextlib.contextmanager
+    def grouped(self) -> Iterator[WriteGroup]:
+        """:meth:`apply` calls inside write one batch (``Database.grouped``); on exit
+        ``group.ticket`` covers all of them, and their durable-hooks wait for it."""
+        hooks: list[Callable[[], None]] = []
+        self._group_hooks = hooks
+        try:
+            with self.db.grouped() as group:
+                yield group
+        finally:
+            self._group_hooks = None
+            for fn in hooks:
+                self.when_durable(group.ticket, fn)
 
     def run(self, op: Op, *, sync: bool = True) -> asyncio.Future[Any]:
         """``apply`` as a future resolved once the result may be told; a refusal is raised
         through it, once what the refusal was based on is durable."""
+        if self._group_hooks is not None:
+            raise RuntimeError("run() inside a write group: its ticket is not known yet")
         fut: asyncio.Future[Any] = self.loop.create_future()
         try:
             result, ticket = self.apply(op, sync=sync)

@@ -144,27 +144,27 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         """Applies one stream message's entries; returns their results and the ticket that
         must be durable before any is told."""
         results = []
-        ticket = 0
         self.metrics.produce_in.inc()
         self.metrics.produce_entries.inc(len(request.entries))
-        for entry in request.entries:
-            kind = entry.WhichOneof("request")
-            try:
-                if kind == "send_message":
-                    result, t = self.bridge.apply(self._send_op(entry.send_message))
-                    results.append(broker_pb2.ProduceResult(
-                        request_id=entry.request_id, status=OK, send_message=self._send_response(result)))
-                elif kind == "end_transaction":
-                    result, t = self.bridge.apply(self._end_op(entry.end_transaction))
-                    results.append(broker_pb2.ProduceResult(
-                        request_id=entry.request_id, status=OK, end_transaction=self._end_response(result)))
-                else:
-                    raise InvalidFieldError("request", "set send_message or end_transaction")
-            except Exception as exc:  # noqa: BLE001 - answered in the entry's result
-                results.append(self._produce_error(entry.request_id, exc))
-                t = self.bridge.db.written  # a refusal too is told only once what it saw is durable
-            ticket = max(ticket, t)
-        return results, ticket
+        # One write for the whole message; its ticket covers every entry's writes and
+        # reads, refusals included (a refusal is told only once what it saw is durable).
+        with self.bridge.grouped() as group:
+            for entry in request.entries:
+                kind = entry.WhichOneof("request")
+                try:
+                    if kind == "send_message":
+                        result, _ = self.bridge.apply(self._send_op(entry.send_message))
+                        results.append(broker_pb2.ProduceResult(
+                            request_id=entry.request_id, status=OK, send_message=self._send_response(result)))
+                    elif kind == "end_transaction":
+                        result, _ = self.bridge.apply(self._end_op(entry.end_transaction))
+                        results.append(broker_pb2.ProduceResult(
+                            request_id=entry.request_id, status=OK, end_transaction=self._end_response(result)))
+                    else:
+                        raise InvalidFieldError("request", "set send_message or end_transaction")
+                except Exception as exc:  # noqa: BLE001 - answered in the entry's result
+                    results.append(self._produce_error(entry.request_id, exc))
+        return results, group.ticket
 
     def _produce_error(self, request_id: int, error: BaseException) -> broker_pb2.ProduceResult:
         if not isinstance(error, TxmqError):

@@ -127,17 +127,25 @@ def test_produce_stream_answers_each_request_by_id(cluster, topic) -> None:
         yield broker_pb2.ProduceEntry(request_id=101, end_transaction=broker_pb2.EndTransactionRequest(
             transaction_id=first.transaction_id, resolution=C.TRANSACTION_RESOLUTION_COMMIT,
             source=C.TRANSACTION_SOURCE_CLIENT))
+        # The same half message twice in one stream message: the broker writes a message's
+        # entries as one batch, and the repeat must still see the first.
+        for request_id in (102, 103):
+            yield broker_pb2.ProduceEntry(request_id=request_id, send_message=broker_pb2.SendMessageRequest(
+                message=C.Message(topic=topic, body=b"twice", type=C.MESSAGE_TYPE_TRANSACTION,
+                                  producer_group="pg", message_id=f"twice-{topic}")))
 
     all_entries = list(entries())
     # Some requests alone, some batched in one stream message.
     requests = [broker_pb2.ProduceRequest(entries=[e]) for e in all_entries[:10]] + \
                [broker_pb2.ProduceRequest(entries=all_entries[10:])]
     responses = {r.request_id: r for response in s.Produce(iter(requests), timeout=30) for r in response.results}
-    assert sorted(responses) == [*range(50), 100, 101]
+    assert sorted(responses) == [*range(50), 100, 101, 102, 103]
     assert all(responses[i].status.code == 0 and responses[i].send_message.queue_offset >= 0 for i in range(50))
     assert responses[100].status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert responses[100].status.reason == "SYSTEM_TOPIC"
     assert responses[101].end_transaction.state == C.TRANSACTION_STATE_COMMITTED
+    once, twice = responses[102].send_message, responses[103].send_message
+    assert not once.duplicate and twice.duplicate and twice.transaction_id == once.transaction_id
 
 
 def test_long_poll_wakes_on_commit(cluster, topic, unique_name) -> None:

@@ -448,3 +448,39 @@ def test_dead_letter_on_request_moves_one_delivery_now(core) -> None:
         core.db.call(core.dead_letter_op("cg", "orders", first.receipt_handle))
     assert core.db.call(core.ack_op("cg", "orders", [second.receipt_handle])) == [None]
     assert core.last_txn_id() == ""
+
+
+def test_a_write_group_is_one_batch_whose_operations_read_each_other(core) -> None:
+    def half_op(message_id: str):
+        return core.send_op(core.validate_message(LogRecord(
+            kind=codec.KIND_HALF, topic="orders", body=b"g", message_id=message_id, queue_id=0, stored_ms=0,
+            producer_group="pg")))
+
+    written = core.db.written
+    mid = "group-dup-1"
+    with core.db.grouped() as group:
+        first = core.db.apply(half_op(mid))
+        # Nothing is in RocksDB yet, yet the repeat is a duplicate and the commit finds the row.
+        assert core.db.cf["dedup"].get(mid.encode()) is None
+        repeat = core.db.apply(half_op(mid))
+        committed = core.db.apply(core.end_op(first.result.transaction_id, "COMMIT", codec.SOURCE_CLIENT))
+        with pytest.raises(TransactionStateError):
+            core.db.apply(core.end_op(first.result.transaction_id, "ROLLBACK", codec.SOURCE_CLIENT))
+    assert repeat.result.duplicate and repeat.result.transaction_id == first.result.transaction_id
+    assert committed.result.state == codec.STATE_COMMITTED
+    # One batch for the group, and its ticket covers it.
+    assert core.db.written == written + 1 and group.ticket == core.db.written
+    assert [d.body for d in [core.read_message(x.log_seq) for x in receive(core)]] == [b"g"]
+    assert core.get_txn(first.result.transaction_id).state == codec.STATE_COMMITTED
+
+
+def test_a_write_group_that_wrote_nothing_has_the_current_ticket_and_groups_do_not_nest(core) -> None:
+    sent = half(core)
+    written = core.db.written
+    with core.db.grouped() as group:
+        with pytest.raises(RuntimeError):
+            with core.db.grouped():
+                pass
+        # A repeat decision reads and writes nothing new.
+        core.db.apply(core.end_op(sent.transaction_id, "UNKNOWN", codec.SOURCE_CLIENT))
+    assert core.db.written == written and group.ticket == written

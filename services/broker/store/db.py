@@ -19,6 +19,7 @@ which syncs in place.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -84,6 +85,23 @@ class StoreClosedError(Exception):
     pass
 
 
+#: The ticket :meth:`Database.apply` returns inside a write group: the group's own comes
+#: when it ends.
+GROUP_TICKET = -1
+_ABSENT = object()
+
+
+@dataclass(slots=True)
+class WriteGroup:
+    """The writes of the operations applied inside :meth:`Database.grouped`."""
+
+    puts: list[tuple[str, bytes, bytes | None]] = field(default_factory=list)
+    #: (column family, key) -> the staged value (None: deleted), for reads in the group.
+    overlay: dict[tuple[str, bytes], bytes | None] = field(default_factory=dict)
+    #: Set on exit: the write number covering the group.
+    ticket: int = 0
+
+
 class Database:
     def __init__(self, path: str, *, sync: bool = True,
                  on_fatal: Callable[[BaseException], None] | None = None) -> None:
@@ -106,10 +124,16 @@ class Database:
         self.ops_written = 0
         self.bytes_written = 0
         self._synced_in_place = 0
+        self._group: WriteGroup | None = None
 
     # --- reads (any thread; they may see writes not yet durable) -------------------------
 
     def get(self, cf: str, key: bytes) -> bytes | None:
+        group = self._group
+        if group is not None:
+            staged = group.overlay.get((cf, key), _ABSENT)
+            if staged is not _ABSENT:
+                return staged  # type: ignore[return-value]
         return self.cf[cf].get(key)
 
     def scan(self, cf: str, start: bytes = b"", stop: bytes | None = None,
@@ -159,35 +183,68 @@ class Database:
         """Runs ``op`` and writes what it staged as one batch (unsynced). Raises what the
         operation raised, having written nothing. ``sync=False`` (or ``OpWrites.sync``
         cleared by the operation) means only the writes before it must be durable before
-        it is answered, not its own."""
+        it is answered, not its own.
+
+        Inside :meth:`grouped` the operation's writes join the group's batch instead and
+        its ticket is the group's (``GROUP_TICKET`` until the group ends)."""
         if self._closed:
             raise StoreClosedError("store is closed")
         writes = OpWrites(sync=sync)
         result = op(writes)
-        before = self.written
         self.ops_written += 1
-        if writes.puts:
-            batch = WriteBatch(raw_mode=True)
-            handles = self.handles
-            size = 0
+        group = self._group
+        if group is not None:
+            overlay = group.overlay
             for cf, key, value in writes.puts:
-                if value is None:
-                    batch.delete(key, handles[cf])
-                else:
-                    batch.put(key, value, handles[cf])
-                    size += len(key) + len(value)
-            try:
-                self.db.write(batch, self._write_opts)
-            except Exception as exc:
-                # The operation already moved in-memory state: the only safe answer is to
-                # stop (a restart recovers from the WAL; nothing acknowledged is lost).
-                log.critical("store write failed; stopping", exc_info=True)
-                if self._on_fatal is not None:
-                    self._on_fatal(exc)
-                raise
-            self.written = before + 1
-            self.bytes_written += size
+                overlay[(cf, key)] = value
+            group.puts.extend(writes.puts)
+            return Applied(result, GROUP_TICKET, writes.after)
+        before = self.written
+        if writes.puts:
+            self._write(writes.puts)
         return Applied(result, self.written if writes.sync else before, writes.after)
+
+    def _write(self, puts: list[tuple[str, bytes, bytes | None]]) -> None:
+        batch = WriteBatch(raw_mode=True)
+        handles = self.handles
+        size = 0
+        for cf, key, value in puts:
+            if value is None:
+                batch.delete(key, handles[cf])
+            else:
+                batch.put(key, value, handles[cf])
+                size += len(key) + len(value)
+        try:
+            self.db.write(batch, self._write_opts)
+        except Exception as exc:
+            # The operations already moved in-memory state: the only safe answer is to
+            # stop (a restart recovers from the WAL; nothing acknowledged is lost).
+            log.critical("store write failed; stopping", exc_info=True)
+            if self._on_fatal is not None:
+                self._on_fatal(exc)
+            raise
+        self.written += 1
+        self.bytes_written += size
+
+    @contextlib.contextmanager
+    def grouped(self) -> Iterator[WriteGroup]:
+        """Operations applied inside write one batch between them, at the end (one WAL
+        append and one memtable insert instead of one per operation): the Produce stream
+        applies each message's entries so. They read each other's writes through
+        :meth:`get` (not :meth:`scan`). On exit ``group.ticket`` is the write number that
+        covers everything they wrote and read; the batch is written even if the block
+        raised, since the operations applied before already moved in-memory state."""
+        if self._group is not None:
+            raise RuntimeError("write groups do not nest")
+        group = WriteGroup()
+        self._group = group
+        try:
+            yield group
+        finally:
+            self._group = None
+            if group.puts:
+                self._write(group.puts)
+            group.ticket = self.written
 
     def call(self, op: Op, *, sync: bool = True) -> Any:
         """``apply`` then, with ``flush=sync``, a WAL sync in place and the hooks: for
