@@ -78,11 +78,17 @@ def test_requests_arriving_while_a_message_is_unanswered_leave_together_when_it_
     assert sender.session.unanswered == 4
 
 
-def test_a_late_answer_stops_holding_after_hold_seconds(sender, monkeypatch) -> None:
-    monkeypatch.setattr(_pipeline, "HOLD_SECONDS", 0.05)
+def _hold_one(sender: _Sender) -> None:
+    """Leaves message [1] in flight and request 2 taken by the sender, held behind it."""
     sender.put(1)
     assert sender.next_message() == [1]
     sender.put(2)
+    wait_until(lambda: sender.session.queue.qsize() == 0, 10, message="the sender never took the request")
+
+
+def test_a_late_answer_stops_holding_after_hold_seconds(sender, monkeypatch) -> None:
+    monkeypatch.setattr(_pipeline, "HOLD_SECONDS", 0.05)
+    _hold_one(sender)
     # Never answered: the request leaves anyway once HOLD_SECONDS passed.
     assert sender.next_message() == [2]
     assert sender.session.unanswered == 2
@@ -90,10 +96,7 @@ def test_a_late_answer_stops_holding_after_hold_seconds(sender, monkeypatch) -> 
 
 def test_a_failed_stream_stops_holding(sender, monkeypatch) -> None:
     monkeypatch.setattr(_pipeline, "HOLD_SECONDS", 60.0)
-    sender.put(1)
-    assert sender.next_message() == [1]
-    sender.put(2)
-    wait_until(lambda: sender.session.queue.qsize() == 0, 10, message="the sender never took the request")
+    _hold_one(sender)
     with sender.session.answered:
         sender.session.dead = True
         sender.session.answered.notify()
