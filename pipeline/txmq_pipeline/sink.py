@@ -49,7 +49,6 @@ import os
 import socket
 import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -189,19 +188,19 @@ class _Sender:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self.inflight: list[tuple[str, Any, Future, int, Any]] = []
+        self.inflight: list[tuple[str, Any, Any, int, Any]] = []
 
     def submit(self, address: str, entry: Any, tag: Any, attempt: int = 1) -> None:
-        future = self.client.produce_stream(address).submit(entry)
-        self.inflight.append((address, entry, future, attempt, tag))
+        reply = self.client.produce_stream(address).submit(entry)
+        self.inflight.append((address, entry, reply, attempt, tag))
 
     def drain(self, keep: int = 0) -> Iterator[tuple[Any, Any]]:
         """Waits for the oldest requests until at most ``keep`` are in flight; yields (tag,
         result) of each, or raises the error of one that failed for good."""
         while len(self.inflight) > keep:
-            address, entry, future, attempt, tag = self.inflight.pop(0)
+            address, entry, reply, attempt, tag = self.inflight.pop(0)
             try:
-                result = future.result(timeout=60)
+                result = reply.result(timeout=60)
                 if result.status.code:
                     raise error_from_entry(result.status)
             except TxmqError as err:

@@ -58,16 +58,19 @@ class _Reply:
     bare lock: a ``concurrent.futures.Future`` (condition, waiter list, callbacks) costs
     several times more, and the reader thread sets the reply of every request in turn."""
 
-    __slots__ = ("_done", "result", "error")
+    __slots__ = ("_done", "result_", "error", "waited")
 
-    def __init__(self) -> None:
+    def __init__(self, waited: bool) -> None:
+        # Whether a caller's thread blocks on this reply (``request``), so that it sends
+        # again once answered; ``submit`` callers collect replies later.
+        self.waited = waited
         self._done = threading.Lock()
         self._done.acquire()
-        self.result: broker_pb2.ProduceResult | None = None
+        self.result_: broker_pb2.ProduceResult | None = None
         self.error: BaseException | None = None
 
     def set_result(self, result: broker_pb2.ProduceResult) -> None:
-        self.result = result
+        self.result_ = result
         self._done.release()
 
     def set_exception(self, error: BaseException) -> None:
@@ -75,8 +78,21 @@ class _Reply:
         self._done.release()
 
     def wait(self, timeout: float) -> bool:
-        """Whether the reply came within ``timeout`` seconds."""
-        return self._done.acquire(timeout=timeout)
+        """Whether the reply came within ``timeout`` seconds (it stays come)."""
+        if not self._done.acquire(timeout=timeout):
+            return False
+        self._done.release()
+        return True
+
+    def result(self, timeout: float) -> broker_pb2.ProduceResult:
+        """The response whatever its status; raises the stream's failure, or
+        DeadlineExceededError when nothing came within ``timeout`` seconds."""
+        if not self.wait(timeout):
+            raise DeadlineExceededError(f"no answer within {timeout}s")
+        if self.error is not None:
+            raise self.error
+        assert self.result_ is not None
+        return self.result_
 
 
 class _Session:
@@ -152,14 +168,15 @@ def _requests(session: _Session) -> Iterator[broker_pb2.ProduceRequest]:
             return
 
 
-def _returning(results: "Sequence[broker_pb2.ProduceResult]", sole: bool) -> int:
+def _returning(results: "Sequence[broker_pb2.ProduceResult]", replies: "Sequence[_Reply | None]",
+               sole: bool) -> int:
     """How many of the callers ``results`` answer will send their next request on the same
-    stream: all of them on a client's only stream; otherwise those whose half message was
-    stored (their EndTransaction goes to the same broker), the others may go elsewhere."""
-    if sole:
-        return len(results)
-    return sum(1 for r in results if not r.status.code and r.WhichOneof("response") == "send_message"
-               and r.send_message.transaction_id)
+    stream. Only callers blocked on their reply count (``request``, not ``submit``); of
+    those, all on a client's only stream, otherwise those whose half message was stored
+    (their EndTransaction goes to the same broker; the others may go elsewhere)."""
+    return sum(1 for r, reply in zip(results, replies) if reply is not None and reply.waited and (
+        sole or (not r.status.code and r.WhichOneof("response") == "send_message"
+                 and r.send_message.transaction_id)))
 
 
 class ProduceStream:
@@ -177,10 +194,15 @@ class ProduceStream:
         self._ids = itertools.count(1)
         self._closed = False
 
-    def _submit(self, request: broker_pb2.ProduceEntry) -> tuple[_Reply, _Session, int]:
+    def submit(self, request: broker_pb2.ProduceEntry) -> _Reply:
+        """Sends ``request`` without waiting (its request_id is assigned here): many can be
+        in flight; ``reply.result(timeout)`` gives each response whatever its status."""
+        return self._submit(request, waited=False)[0]
+
+    def _submit(self, request: broker_pb2.ProduceEntry, waited: bool) -> tuple[_Reply, _Session, int]:
         """Queues ``request`` (its request_id is assigned here); the reply gets the response
         whatever its status, or UnavailableError if the stream fails."""
-        reply = _Reply()
+        reply = _Reply(waited)
         with self._lock:
             if self._closed:
                 raise ClientClosedError("producer")
@@ -197,7 +219,7 @@ class ProduceStream:
         """Sends ``request`` and waits for its response; a non-OK status raises the TxmqError
         it stands for, no answer within ``timeout`` raises DeadlineExceededError."""
         sent_at = time.monotonic()
-        reply, session, request_id = self._submit(request)
+        reply, session, request_id = self._submit(request, waited=True)
         if not reply.wait(timeout):
             session.pending.pop(request_id, None)
             if session.last_response < sent_at and not session.dead:
@@ -208,7 +230,8 @@ class ProduceStream:
                 f"no answer from broker {self.address} within {timeout}s")
         if reply.error is not None:
             raise reply.error
-        response = reply.result
+        response = reply.result_
+        assert response is not None
         status = response.status
         if status.code:
             raise error_from_entry(status)
@@ -241,14 +264,14 @@ class ProduceStream:
             for response in session.call:
                 session.last_response = time.monotonic()
                 results = response.results
-                returning = _returning(results, self._sole())
+                replies = [pending.pop(result.request_id, None) for result in results]
+                returning = _returning(results, replies, self._sole())
                 with answered:
                     session.unanswered -= len(results)
                     session.returning = returning
                     if session.unanswered <= 0:
                         answered.notify()
-                for result in results:
-                    reply = pending.pop(result.request_id, None)
+                for result, reply in zip(results, replies):
                     if reply is not None:
                         reply.set_result(result)
         except grpc.RpcError as exc:

@@ -187,9 +187,13 @@ def _result(kind: str, *, code: int = 0, transaction_id: str = "") -> broker_pb2
     return result
 
 
+def _waited(n: int) -> list:
+    return [_pipeline._Reply(waited=True) for _ in range(n)]
+
+
 def test_callers_expected_back_on_a_clients_only_stream_are_all_it_answered() -> None:
     results = [_result("send", transaction_id="T1"), _result("end"), _result("send"), _result("send", code=3)]
-    assert _pipeline._returning(results, sole=True) == 4
+    assert _pipeline._returning(results, _waited(4), sole=True) == 4
 
 
 def test_with_several_streams_only_stored_half_messages_bring_their_caller_back() -> None:
@@ -197,7 +201,15 @@ def test_with_several_streams_only_stored_half_messages_bring_their_caller_back(
     # half message is followed by its EndTransaction on this stream.
     results = [_result("send", transaction_id="T1"), _result("end"), _result("send"),
                _result("send", code=3, transaction_id="T2"), _result("send", transaction_id="T3")]
-    assert _pipeline._returning(results, sole=False) == 2
+    assert _pipeline._returning(results, _waited(5), sole=False) == 2
+
+
+def test_callers_that_do_not_wait_for_their_reply_are_not_expected_back() -> None:
+    # ``submit`` callers (the Spark sink) pipeline many requests from one thread and
+    # collect the replies later; a timed-out request's reply is gone.
+    results = [_result("end"), _result("end"), _result("end")]
+    replies = [_pipeline._Reply(waited=True), _pipeline._Reply(waited=False), None]
+    assert _pipeline._returning(results, replies, sole=True) == 1
 
 
 def test_a_clients_stream_knows_whether_it_is_the_only_one() -> None:
@@ -212,3 +224,19 @@ def test_a_clients_stream_knows_whether_it_is_the_only_one() -> None:
         assert not first._sole() and not second._sole()
     finally:
         client.close()
+
+
+def test_a_submitted_requests_reply_gives_its_response_or_its_failure() -> None:
+    from txmq._errors import DeadlineExceededError, UnavailableError
+
+    answered = _pipeline._Reply(waited=False)
+    with pytest.raises(DeadlineExceededError):
+        answered.result(timeout=0.01)
+    response = _result("end")
+    answered.set_result(response)
+    assert answered.result(timeout=1) is response
+    assert answered.result(timeout=1) is response  # it stays answered
+    failed = _pipeline._Reply(waited=False)
+    failed.set_exception(UnavailableError("stream failed"))
+    with pytest.raises(UnavailableError):
+        failed.result(timeout=1)
