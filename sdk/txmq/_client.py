@@ -69,11 +69,13 @@ class Client:
     """Name servers with failover, routes cached per topic, channels per broker address."""
 
     def __init__(self, nameservers: str | Sequence[str], *, request_timeout_seconds: float,
-                 route_refresh_seconds: float, what: str = "client") -> None:
+                 route_refresh_seconds: float, what: str = "client", linger_seconds: float | None = None) -> None:
         self._nameservers = parse_nameservers(nameservers)
         self.request_timeout_seconds = positive("request_timeout_seconds", request_timeout_seconds)
         self.route_refresh_seconds = positive("route_refresh_seconds", route_refresh_seconds)
         self._what = what
+        # Of the Produce streams (None: the module's LINGER_SECONDS).
+        self._linger_seconds = linger_seconds
         self._lock = threading.Lock()
         self._closed = False
         # Start at a random name server so clients spread over them; stay on one that works.
@@ -137,7 +139,8 @@ class Client:
                 stream = self._streams.get(address)
                 if stream is None:
                     stub = broker_pb2_grpc.BrokerServiceStub(self._channel_locked(address))
-                    stream = ProduceStream(stub.Produce, address, sole=lambda: len(self._streams) == 1)
+                    stream = ProduceStream(stub.Produce, address, sole=lambda: len(self._streams) == 1,
+                                           linger_seconds=self._linger_seconds)
                     self._streams[address] = stream
         return stream
 

@@ -99,9 +99,11 @@ class _Session:
     """One opened Produce call and the requests in flight on it."""
 
     __slots__ = ("queue", "pending", "call", "dead", "last_response", "unanswered", "answered",
-                 "returning", "lingering")
+                 "returning", "lingering", "linger_seconds")
 
-    def __init__(self) -> None:
+    def __init__(self, linger_seconds: float | None = None) -> None:
+        # None: the module's LINGER_SECONDS, read when lingering.
+        self.linger_seconds = linger_seconds
         self.queue: queue.SimpleQueue[broker_pb2.ProduceEntry | None] = queue.SimpleQueue()
         # Requests sent and not yet answered; ``answered`` is notified when it drops to 0.
         self.unanswered = 0
@@ -128,7 +130,8 @@ MAX_BATCH = 128
 #: Longest a request waits for the message in flight to be answered before it leaves
 #: anyway (the broker answers within one WAL sync; this bounds a stalled answer's effect).
 HOLD_SECONDS = 0.05
-#: Longest a message waits for the callers the previous answer woke.
+#: Longest a message waits for the callers the previous answer woke (the producers'
+#: ``linger_seconds`` default).
 LINGER_SECONDS = 0.002
 
 
@@ -147,7 +150,8 @@ def _requests(session: _Session) -> Iterator[broker_pb2.ProduceRequest]:
                 answered.wait_for(lambda: session.unanswered <= 0 or session.dead, HOLD_SECONDS)
                 # ``item`` is out of the queue: it counts as one of the returning callers.
                 session.lingering = True
-                answered.wait_for(lambda: queued() + 1 >= session.returning or session.dead, LINGER_SECONDS)
+                linger = LINGER_SECONDS if session.linger_seconds is None else session.linger_seconds
+                answered.wait_for(lambda: queued() + 1 >= session.returning or session.dead, linger)
                 session.lingering = False
                 session.returning = 0
         batch = [item]
@@ -183,9 +187,10 @@ class ProduceStream:
     """The Produce stream to one broker address. Thread-safe; reopens itself after failure."""
 
     def __init__(self, method: Callable[..., Any], address: str,
-                 sole: Callable[[], bool] = lambda: True) -> None:
+                 sole: Callable[[], bool] = lambda: True, linger_seconds: float | None = None) -> None:
         self._method = method
         self.address = address
+        self._linger_seconds = linger_seconds
         # Whether this is its client's only Produce stream (then every caller it answers
         # sends its next request here too).
         self._sole = sole
@@ -248,7 +253,7 @@ class ProduceStream:
     # --- the stream -----------------------------------------------------------------------
 
     def _open_locked(self) -> _Session:
-        session = _Session()
+        session = _Session(self._linger_seconds)
         session.call = self._method(_requests(session))
         self._session = session
         threading.Thread(target=self._read, args=(session,), daemon=True,

@@ -240,3 +240,18 @@ def test_a_submitted_requests_reply_gives_its_response_or_its_failure() -> None:
     failed.set_exception(UnavailableError("stream failed"))
     with pytest.raises(UnavailableError):
         failed.result(timeout=1)
+
+
+def test_a_session_with_no_linger_sends_the_first_caller_back_at_once(monkeypatch) -> None:
+    # A producer's linger_seconds=0 (the module default is patched high to show it wins).
+    monkeypatch.setattr(_pipeline, "HOLD_SECONDS", 60.0)
+    monkeypatch.setattr(_pipeline, "LINGER_SECONDS", 60.0)
+    s = _Sender(_pipeline._Session(linger_seconds=0.0))
+    try:
+        _in_flight_three(s)
+        s.answer(3)
+        s.put(5)
+        assert s.next_message() == [5]
+    finally:
+        s.session.queue.put(None)
+        s.thread.join(10)

@@ -165,11 +165,21 @@ def test_closed_producer_refuses_to_send():
     ({"request_timeout_seconds": -1.0}, txmq.InvalidFieldError),
     ({"max_attempts": 0}, txmq.InvalidFieldError),
     ({"max_body_bytes": 0}, txmq.InvalidFieldError),
+    ({"linger_seconds": -0.001}, txmq.InvalidFieldError),
+    ({"linger_seconds": 2.0}, txmq.InvalidFieldError),
+    ({"linger_seconds": "1ms"}, txmq.InvalidFieldError),
     ({"producer_group": "%DLQ%x"}, txmq.InvalidNameError),
 ])
 def test_producer_options_are_checked(kwargs, error):
     with pytest.raises(error):
         txmq.Producer(NOWHERE, **kwargs)
+
+
+def test_a_producers_linger_reaches_its_produce_streams():
+    with txmq.Producer(NOWHERE, linger_seconds=0.0) as producer:
+        assert producer._client.produce_stream("127.0.0.1:2")._linger_seconds == 0.0
+    with txmq.Producer(NOWHERE) as producer:
+        assert producer._client.produce_stream("127.0.0.1:2")._linger_seconds == txmq._pipeline.LINGER_SECONDS
 
 
 def test_name_server_list_is_required():
