@@ -127,6 +127,15 @@ def _in_flight_three(sender: _Sender) -> None:
     assert sender.next_message() == [2, 3, 4]
 
 
+def _lingers_for_5_6_7(sender: _Sender) -> None:
+    """With request 5 taken and three callers expected back, 5 waits for 6 and 7."""
+    wait_until(lambda: sender.session.lingering, 10, message="the sender did not linger")
+    sender.put(6)
+    assert sender.sent.empty()
+    sender.put(7)
+    assert sender.next_message() == [5, 6, 7]
+
+
 def test_after_a_held_message_the_next_waits_for_the_callers_its_answer_woke(sender, monkeypatch) -> None:
     monkeypatch.setattr(_pipeline, "HOLD_SECONDS", 60.0)
     monkeypatch.setattr(_pipeline, "LINGER_SECONDS", 60.0)
@@ -135,11 +144,7 @@ def test_after_a_held_message_the_next_waits_for_the_callers_its_answer_woke(sen
     wait_until(lambda: sender.session.queue.qsize() == 0, 10, message="the sender never took the request")
     sender.answer(3)
     # Three callers were answered: the sender lingers until three requests are queued.
-    wait_until(lambda: sender.session.lingering, 10, message="the sender did not linger")
-    sender.put(6)
-    assert sender.sent.empty()
-    sender.put(7)
-    assert sender.next_message() == [5, 6, 7]
+    _lingers_for_5_6_7(sender)
     assert not sender.session.lingering
 
 
@@ -162,11 +167,7 @@ def test_after_an_answer_to_several_an_idle_sender_waits_for_as_many_callers(sen
     sender.answer(3)  # nothing was waiting to be sent: the sender is idle
     sender.put(5)
     # The first caller back does not leave alone: it waits for the other two.
-    wait_until(lambda: sender.session.lingering, 10, message="the sender did not linger")
-    sender.put(6)
-    assert sender.sent.empty()
-    sender.put(7)
-    assert sender.next_message() == [5, 6, 7]
+    _lingers_for_5_6_7(sender)
 
 
 def test_after_an_answer_to_one_the_next_request_leaves_at_once(sender, monkeypatch) -> None:
