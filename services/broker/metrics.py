@@ -127,7 +127,7 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("txmq_disk_free_bytes", "Free bytes on the broker's data volume",
                                 value=core.free_disk_bytes)  # type: ignore[attr-defined]
         db = core.db  # type: ignore[attr-defined]
-        yield CounterMetricFamily("txmq_store_writes", "RocksDB write batches (one per state change)",
+        yield CounterMetricFamily("txmq_store_writes", "RocksDB write batches (one per request, or per Produce stream message)",
                                   value=db.written)
         yield CounterMetricFamily("txmq_store_operations", "Operations applied to the store",
                                   value=db.ops_written)
