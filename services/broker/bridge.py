@@ -74,15 +74,20 @@ class StoreBridge:
     def grouped(self) -> Iterator[WriteGroup]:
         """:meth:`apply` calls inside write one batch (``Database.grouped``); on exit
         ``group.ticket`` covers all of them, and their durable-hooks wait for it."""
+        if self._group_hooks is not None:
+            raise RuntimeError("write groups do not nest")
         hooks: list[Callable[[], None]] = []
         self._group_hooks = hooks
+        group: WriteGroup | None = None
         try:
             with self.db.grouped() as group:
                 yield group
         finally:
             self._group_hooks = None
-            for fn in hooks:
-                self.when_durable(group.ticket, fn)
+            if group is not None:
+                # Written even if the block raised: the hooks of what it applied wait for it.
+                for fn in hooks:
+                    self.when_durable(group.ticket, fn)
 
     def run(self, op: Op, *, sync: bool = True) -> asyncio.Future[Any]:
         """``apply`` as a future resolved once the result may be told; a refusal is raised

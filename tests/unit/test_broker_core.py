@@ -484,3 +484,28 @@ def test_a_write_group_that_wrote_nothing_has_the_current_ticket_and_groups_do_n
         # A repeat decision reads and writes nothing new.
         core.db.apply(core.end_op(sent.transaction_id, "UNKNOWN", codec.SOURCE_CLIENT))
     assert core.db.written == written and group.ticket == written
+
+
+def test_a_bridge_write_group_refuses_nesting_and_keeps_the_outer_groups_hooks(core) -> None:
+    import asyncio
+
+    from services.broker.bridge import StoreBridge
+
+    loop = asyncio.new_event_loop()
+    try:
+        bridge = StoreBridge(core.db, loop, on_fatal=lambda exc: None)  # flush=async: no sync helper
+        stored: list[str] = []
+        core.stored_listeners.append(lambda topic, kind: stored.append(topic))
+        record = core.validate_message(LogRecord(kind=codec.KIND_HALF, topic="orders", body=b"h",
+                                                 message_id="", queue_id=0, stored_ms=0, producer_group="pg"))
+        with bridge.grouped() as group:
+            bridge.apply(core.send_op(record))
+            with pytest.raises(RuntimeError):
+                with bridge.grouped():
+                    pass
+            # The outer group goes on after the refused nesting.
+            bridge.apply(core.send_op(dataclasses.replace(record, message_id="")))
+            assert stored == []  # the hooks wait for the group's write
+        assert stored == ["orders", "orders"] and group.ticket == core.db.written
+    finally:
+        loop.close()
