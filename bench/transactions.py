@@ -30,7 +30,9 @@ import tempfile
 import time
 from typing import Any
 
-TOPIC = "bench-orders"
+#: Each phase sends to a topic of its own, so its new consumer group starts with no backlog
+#: of the phases before it.
+TOPIC = "bench-orders-{producers}"
 
 
 def _split(n: int, processes: int) -> list[int]:
@@ -76,7 +78,7 @@ def _ping_worker(address: str, threads: int, start: Any, stop: Any, out: Any) ->
     out.put(("ping", sum(counts), cpu))
 
 
-def _producer_worker(nameserver: str, threads: int, start: Any, stop: Any, out: Any) -> None:
+def _producer_worker(nameserver: str, topic: str, threads: int, start: Any, stop: Any, out: Any) -> None:
     import txmq
 
     class Commit(txmq.TransactionListener):
@@ -89,14 +91,14 @@ def _producer_worker(nameserver: str, threads: int, start: Any, stop: Any, out: 
     counts = [0] * threads
     errors = [0] * threads
     producer = txmq.TransactionProducer(nameserver, producer_group="bench-producers", listener=Commit())
-    producer.send_in_transaction(txmq.Message(TOPIC, b"warm-up %f" % time.time()))
+    producer.send_in_transaction(txmq.Message(topic, b"warm-up %f" % time.time()))
 
     def run(i: int) -> None:
         start.wait()
         while not stop.is_set():
             body = b"%.6f" % time.time()
             try:
-                result = producer.send_in_transaction(txmq.Message(TOPIC, body))
+                result = producer.send_in_transaction(txmq.Message(topic, body))
                 if result.state is txmq.TransactionState.COMMITTED:
                     counts[i] += 1
                 else:
@@ -109,7 +111,8 @@ def _producer_worker(nameserver: str, threads: int, start: Any, stop: Any, out: 
     out.put(("produced", sum(counts), sum(errors), cpu))
 
 
-def _consumer_worker(nameserver: str, group: str, start: Any, stop: Any, window: Any, out: Any) -> None:
+def _consumer_worker(nameserver: str, topic: str, group: str, start: Any, stop: Any, window: Any,
+                     out: Any) -> None:
     import txmq
 
     latencies: list[float] = []
@@ -117,7 +120,7 @@ def _consumer_worker(nameserver: str, group: str, start: Any, stop: Any, window:
     errors = 0
     slowest = 0.0
     receives = 0
-    with txmq.SimpleConsumer(nameserver, consumer_group=group, subscriptions={TOPIC: "*"},
+    with txmq.SimpleConsumer(nameserver, consumer_group=group, subscriptions={topic: "*"},
                              await_duration_seconds=0.5) as consumer:
         consumer.receive(max_messages=1, invisible_duration_seconds=1)  # creates the group
         start.wait()
@@ -181,7 +184,7 @@ def _produce_counts(metrics_port: int) -> dict[str, float]:
 
 
 def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid: int, metrics_port: int,
-               processes: int, group: str = "") -> dict[str, Any]:
+               processes: int, topic: str = "", group: str = "") -> dict[str, Any]:
     import psutil
 
     broker = psutil.Process(broker_pid)
@@ -193,11 +196,14 @@ def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid:
     procs = []
     consumer = None
     if kind == "txn":
-        consumer = ctx.Process(target=_consumer_worker, args=(target, group, start, stop_consumer, window, out))
+        consumer = ctx.Process(target=_consumer_worker, args=(target, topic, group, start, stop_consumer,
+                                                                  window, out))
         consumer.start()
     for threads in _split(callers, processes):
-        fn = _ping_worker if kind == "ping" else _producer_worker
-        p = ctx.Process(target=fn, args=(target, threads, start, stop, out))
+        if kind == "ping":
+            p = ctx.Process(target=_ping_worker, args=(target, threads, start, stop, out))
+        else:
+            p = ctx.Process(target=_producer_worker, args=(target, topic, threads, start, stop, out))
         p.start()
         procs.append(p)
     time.sleep(2.0)  # let every worker connect and warm up before the clock starts
@@ -275,21 +281,26 @@ def main(argv: list[str] | None = None) -> int:
 
         from txmq.v1 import admin_pb2, admin_pb2_grpc
         admin = admin_pb2_grpc.AdminServiceStub(grpc.insecure_channel(nameserver.address))
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                admin.CreateTopic(admin_pb2.CreateTopicRequest(topic=TOPIC, queue_count=8), timeout=5)
-                break
-            except grpc.RpcError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+
+        def create_topic(topic: str) -> None:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    admin.CreateTopic(admin_pb2.CreateTopicRequest(topic=topic, queue_count=8), timeout=5)
+                    return
+                except grpc.RpcError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+
         for n in counts:
+            topic = TOPIC.format(producers=n)
+            create_topic(topic)
             ping = _run_phase("ping", broker.address, n, args.seconds, broker.pid, broker.metrics_port,
                               args.client_processes)
             ping_rate = ping["ping"] / ping["elapsed"]
             txn = _run_phase("txn", nameserver.address, n, args.seconds, broker.pid, broker.metrics_port,
-                             args.client_processes, group=f"bench-consumers-{n}")
+                             args.client_processes, topic=topic, group=f"bench-consumers-{n}")
             rate = txn["consumed"] / txn["elapsed"]
             lat = txn["latencies"]
             broker_process = psutil.Process(broker.pid)
