@@ -8,7 +8,7 @@ BUF := tools/node_modules/.bin/buf
 PROTOS := $(wildcard protos/txmq/v1/*.proto)
 DATA_DIR ?= ./data
 
-.PHONY: all venv tools proto proto-lint proto-check run demo test test-unit test-integration bench clean distclean
+.PHONY: all venv tools cc proto proto-lint proto-check run demo test test-unit test-integration bench clean distclean
 
 all: test
 
@@ -29,6 +29,10 @@ $(BUF): tools/package.json
 
 tools: $(BUF)
 
+# A C compiler: the durability tests build a fault injector for fsync (tests/support/holdsync.c).
+cc:
+	@command -v cc >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null)
+
 # The only producer of generated code: Python stubs into the SDK package.
 proto: venv
 	rm -f sdk/txmq/v1/*_pb2.py sdk/txmq/v1/*_pb2.pyi sdk/txmq/v1/*_pb2_grpc.py
@@ -44,13 +48,13 @@ proto-check: venv
 run: venv
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
-test: venv proto-lint proto-check pipeline-deps proxy-deps chart-tools
+test: venv cc proto-lint proto-check pipeline-deps proxy-deps chart-tools
 	$(PY) -m pytest tests
 
 test-unit: venv
 	$(PY) -m pytest tests/unit
 
-test-integration: venv
+test-integration: venv cc
 	$(PY) -m pytest tests/integration
 
 # --- data pipeline (pipeline/): PySpark 4.3, the `txmq` data source and the audit job.

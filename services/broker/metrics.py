@@ -38,7 +38,7 @@ class BrokerMetrics(BaseMetrics):
         self.produce_in = self.produce_messages.labels("in")
         self.produce_out = self.produce_messages.labels("out")
         self.wal_sync_seconds = Histogram(
-            "txmq_store_wal_sync_seconds", "WAL syncs from the request to the helper's answer (the wait a "
+            "txmq_store_wal_sync_seconds", "WAL syncs (fdatasync on the event loop: the wait a "
             "flush=sync acknowledgement adds)", registry=self.registry,
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
         self.wal_sync_writes = Counter("txmq_store_wal_synced_writes", "Write batches made durable by WAL syncs "

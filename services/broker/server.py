@@ -89,7 +89,6 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
 
     async def stop() -> None:
         await heartbeat.stop()
-        bridge.close()
         core.close()
 
     app.every("disk", config.disk_check_interval_seconds, disk)

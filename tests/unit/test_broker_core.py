@@ -509,3 +509,67 @@ def test_a_bridge_write_group_refuses_nesting_and_keeps_the_outer_groups_hooks(c
         assert stored == ["orders", "orders"] and group.ticket == core.db.written
     finally:
         loop.close()
+
+
+def _half_record(core: BrokerCore, body: bytes = b"h") -> LogRecord:
+    return core.validate_message(LogRecord(kind=codec.KIND_HALF, topic="orders", body=body, message_id="",
+                                           queue_id=0, stored_ms=0, producer_group="pg"))
+
+
+def test_requests_applied_in_one_loop_iteration_share_one_wal_sync_and_wait_for_it(make_core) -> None:
+    import asyncio
+
+    from services.broker.bridge import StoreBridge
+
+    core = make_core(flush="sync")
+    core.db.call(core.create_topic_op("orders", 1))
+    loop = asyncio.new_event_loop()
+    syncs: list[int] = []
+    try:
+        bridge = StoreBridge(core.db, loop, on_fatal=pytest.fail,
+                             on_sync=lambda seconds, writes: syncs.append(writes))
+
+        async def three_sends() -> list[Any]:
+            futures = [bridge.run(core.send_op(_half_record(core, b"%d" % i))) for i in range(3)]
+            # Applied (written to RocksDB) at once, answered only after the sync.
+            assert core.db.written >= 3 and not any(f.done() for f in futures) and syncs == []
+            return await asyncio.gather(*futures)
+
+        results = loop.run_until_complete(three_sends())
+    finally:
+        loop.close()
+    assert [r.state for r in results] == [codec.STATE_PREPARED] * 3
+    assert syncs == [3] and bridge.syncs == 1  # one fdatasync made the three writes durable
+
+
+def test_writes_that_need_no_sync_hold_no_answer(make_core) -> None:
+    import asyncio
+
+    from services.broker.bridge import StoreBridge
+
+    core = make_core(flush="sync")
+    core.db.call(core.create_topic_op("orders", 1))
+    sent = core.db.call(core.send_op(_half_record(core)))
+    core.db.call(core.end_op(sent.transaction_id, "COMMIT", codec.SOURCE_CLIENT))
+    loop = asyncio.new_event_loop()
+    try:
+        bridge = StoreBridge(core.db, loop, on_fatal=pytest.fail)
+
+        async def consume_then_send() -> tuple[int, int, int]:
+            written = core.db.written
+            # A receive writes its delivery (sync=False): answered without a sync ...
+            received = await bridge.run(core.receive_op("cg", "orders", -1, None, 8, 30.0), sync=False)
+            assert core.db.written == written + 1 and len(received.deliveries) == 1
+            handle = received.deliveries[0].receipt_handle
+            # ... so is the ack, and a read of the state they left,
+            assert await bridge.run(core.ack_op("cg", "orders", [handle]), sync=False) == [None]
+            await bridge.settled()
+            after_consuming = bridge.syncs
+            # while a send waits for the sync that covers it (and their writes with it).
+            await bridge.run(core.send_op(_half_record(core, b"next")))
+            return after_consuming, bridge.syncs, core.db.read_ticket
+
+        after_consuming, after_send, read_ticket = loop.run_until_complete(consume_then_send())
+    finally:
+        loop.close()
+    assert after_consuming == 0 and after_send == 1 and read_ticket == core.db.written

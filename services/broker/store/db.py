@@ -10,11 +10,11 @@ request changes nothing.
 
 Writes are not synced here. RocksDB appends each batch to its WAL with write(2), so once
 ``apply`` returns the batch survives a crash of the broker process; surviving a crash of
-the machine takes an fdatasync of the WAL, which ``walsync`` does outside this process
-(see there for why). Each write is numbered (``written``); ``apply`` returns the number
-a caller must see durable before it answers (its *ticket*), and the caller (the broker's
-``StoreBridge``) holds the answer until then. Tools and tests use :meth:`Database.call`,
-which syncs in place.
+the machine takes an fdatasync of the WAL (:meth:`Database.sync_wal`), which the broker's
+``StoreBridge`` does once for all the writes made since the last one. Each write is
+numbered (``written``); ``apply`` returns the number a caller must see durable before it
+answers (its *ticket*), and the caller holds the answer until then. Tools and tests use
+:meth:`Database.call`, which syncs in place.
 """
 
 from __future__ import annotations
@@ -98,6 +98,8 @@ class WriteGroup:
     puts: list[tuple[str, bytes, bytes | None]] = field(default_factory=list)
     #: (column family, key) -> the staged value (None: deleted), for reads in the group.
     overlay: dict[tuple[str, bytes], bytes | None] = field(default_factory=dict)
+    #: Whether an operation in it asked to be durable (``sync=True``).
+    sync: bool = False
     #: Set on exit: the write number covering the group.
     ticket: int = 0
 
@@ -121,6 +123,10 @@ class Database:
         self._closed = False
         #: Write batches applied so far; a write's number is its ticket.
         self.written = 0
+        #: The number of the last write that asked to be durable (``sync=True``): what an
+        #: answer based on the current state waits for. Writes made with ``sync=False``
+        #: (receives, acks) do not move it, so they never hold anyone's answer.
+        self.read_ticket = 0
         self.ops_written = 0
         self.bytes_written = 0
         self._synced_in_place = 0
@@ -182,8 +188,8 @@ class Database:
     def apply(self, op: Op, *, sync: bool = True) -> Applied:
         """Runs ``op`` and writes what it staged as one batch (unsynced). Raises what the
         operation raised, having written nothing. ``sync=False`` (or ``OpWrites.sync``
-        cleared by the operation) means only the writes before it must be durable before
-        it is answered, not its own.
+        cleared by the operation) means only the sync-requiring writes before it
+        (``read_ticket``) must be durable before it is answered, not its own.
 
         Inside :meth:`grouped` the operation's writes join the group's batch instead and
         its ticket is the group's (``GROUP_TICKET`` until the group ends)."""
@@ -198,11 +204,13 @@ class Database:
             for cf, key, value in writes.puts:
                 overlay[(cf, key)] = value
             group.puts.extend(writes.puts)
+            group.sync = group.sync or (writes.sync and bool(writes.puts))
             return Applied(result, GROUP_TICKET, writes.after)
-        before = self.written
         if writes.puts:
             self._write(writes.puts)
-        return Applied(result, self.written if writes.sync else before, writes.after)
+            if writes.sync:
+                self.read_ticket = self.written
+        return Applied(result, self.read_ticket, writes.after)
 
     def _write(self, puts: list[tuple[str, bytes, bytes | None]]) -> None:
         batch = WriteBatch(raw_mode=True)
@@ -244,7 +252,9 @@ class Database:
             self._group = None
             if group.puts:
                 self._write(group.puts)
-            group.ticket = self.written
+                if group.sync:
+                    self.read_ticket = self.written
+            group.ticket = self.read_ticket
 
     def call(self, op: Op, *, sync: bool = True) -> Any:
         """``apply`` then, with ``flush=sync``, a WAL sync in place and the hooks: for
@@ -258,7 +268,8 @@ class Database:
         return applied.result
 
     def sync_wal(self) -> None:
-        """Blocking fdatasync of the WAL (holding the GIL: never on a busy event loop)."""
+        """fdatasync of the WAL files RocksDB writes (and of their directory when a new one
+        appeared), blocking the calling thread; the GIL is released meanwhile."""
         self.db.flush_wal(True)
 
     def close(self) -> None:
