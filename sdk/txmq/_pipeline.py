@@ -24,6 +24,16 @@ second from Python); a stream carries tens of thousands. The design::
   waiting for the others' round trips. A stream expecting one caller back sends at once.
 - Measured with 8 producer threads on one stream (``bench.transactions``): all 8 requests
   in every message instead of ~2, producer CPU −40 %, broker CPU −25 %, txn/s +35–45 %.
+- Lanes: with one message in flight, each round trip is a relay in which nothing
+  overlaps. The callers an answer wakes run one after another (they share the GIL; ~50 µs
+  each on a 2-vCPU VM, mostly the cross-CPU wake-up), then the broker applies their
+  requests one after another, then syncs. Once ``SPLIT_AT`` callers wait at the same time,
+  the stream spreads them over two lanes, two gRPC calls each with its own message in
+  flight, so one lane's callers wake while the broker serves the other's (a caller thread
+  keeps its lane, so each lane's linger knows whom to wait for). Measured with
+  ``bench.transactions`` on 2 vCPUs: 6 producers +9 %, 8 +15 %, 12 +17 %, 32 +7 %; with 2
+  or 4 a second lane costs more than it overlaps (−22 %, −8 %: twice the messages and the
+  syncs), hence the threshold. It goes back to one lane once ``MERGE_AT`` or fewer wait.
 - One reader thread per stream matches responses to reply slots by request id (the broker
   answers out of order). A request's own error comes back in its response's EntryStatus
   and is raised by :meth:`ProduceStream.request` on the caller's thread.
@@ -133,6 +143,11 @@ HOLD_SECONDS = 0.05
 #: Longest a message waits for the callers the previous answer woke (the producers'
 #: ``linger_seconds`` default).
 LINGER_SECONDS = 0.002
+#: A stream spreads its callers over two lanes once this many wait on it at once ...
+SPLIT_AT = 6
+#: ... and goes back to one once no more than this many did for a whole window.
+MERGE_AT = 4
+LANE_WINDOW_SECONDS = 0.25
 
 
 def _requests(session: _Session) -> Iterator[broker_pb2.ProduceRequest]:
@@ -183,8 +198,41 @@ def _returning(results: "Sequence[broker_pb2.ProduceResult]", replies: "Sequence
                  and r.send_message.transaction_id)))
 
 
+class _Lanes:
+    """How many lanes (Produce calls) a stream spreads its callers over: one, or two once
+    ``SPLIT_AT`` callers wait on it at the same time, and one again once no more than
+    ``MERGE_AT`` did for a whole window of ``LANE_WINDOW_SECONDS``. Not thread-safe: the
+    stream calls it under its lock."""
+
+    __slots__ = ("count", "waiting", "peak", "window_ends")
+
+    def __init__(self) -> None:
+        self.count = 1
+        # Callers waiting for a reply now, and the most there were in this window.
+        self.waiting = 0
+        self.peak = 0
+        self.window_ends = 0.0
+
+    def enter(self, now: float) -> None:
+        """A caller starts waiting (``now``: time.monotonic())."""
+        self.waiting += 1
+        if self.waiting > self.peak:
+            self.peak = self.waiting
+        if now >= self.window_ends:
+            if self.peak >= SPLIT_AT:
+                self.count = 2
+            elif self.peak <= MERGE_AT:
+                self.count = 1
+            self.peak = self.waiting
+            self.window_ends = now + LANE_WINDOW_SECONDS
+
+    def leave(self) -> None:
+        self.waiting -= 1
+
+
 class ProduceStream:
-    """The Produce stream to one broker address. Thread-safe; reopens itself after failure."""
+    """The Produce stream to one broker address: one or two lanes (see ``_Lanes``), each a
+    gRPC call of its own. Thread-safe; a failed lane reopens itself."""
 
     def __init__(self, method: Callable[..., Any], address: str,
                  sole: Callable[[], bool] = lambda: True, linger_seconds: float | None = None) -> None:
@@ -195,25 +243,42 @@ class ProduceStream:
         # sends its next request here too).
         self._sole = sole
         self._lock = threading.Lock()
-        self._session: _Session | None = None
+        self._sessions: list[_Session | None] = [None, None]
+        self._lanes = _Lanes()
+        # A caller thread's place in the order threads first used this stream; with two
+        # lanes, even places use the first and odd ones the second, so a caller always
+        # comes back to the lane that answered it.
+        self._local = threading.local()
+        self._places = itertools.count()
         self._ids = itertools.count(1)
         self._closed = False
 
     def submit(self, request: broker_pb2.ProduceEntry) -> _Reply:
         """Sends ``request`` without waiting (its request_id is assigned here): many can be
-        in flight; ``reply.result(timeout)`` gives each response whatever its status."""
+        in flight; ``reply.result(timeout)`` gives each response whatever its status.
+        Submitted requests travel in the first lane."""
         return self._submit(request, waited=False)[0]
 
-    def _submit(self, request: broker_pb2.ProduceEntry, waited: bool) -> tuple[_Reply, _Session, int]:
+    def _submit(self, request: broker_pb2.ProduceEntry, waited: bool,
+                now: float = 0.0) -> tuple[_Reply, _Session, int]:
         """Queues ``request`` (its request_id is assigned here); the reply gets the response
-        whatever its status, or UnavailableError if the stream fails."""
+        whatever its status, or UnavailableError if the stream fails. A ``waited`` caller
+        counts as waiting (``_Lanes``) until it calls ``_Lanes.leave``."""
         reply = _Reply(waited)
+        lane = 0
+        if waited:
+            place = getattr(self._local, "place", None)
+            if place is None:
+                place = self._local.place = next(self._places)
         with self._lock:
             if self._closed:
                 raise ClientClosedError("producer")
-            session = self._session
+            if waited:
+                self._lanes.enter(now)
+                lane = place % self._lanes.count
+            session = self._sessions[lane]
             if session is None:
-                session = self._open_locked()
+                session = self._open_locked(lane)
             request_id = next(self._ids)
             request.request_id = request_id
             session.pending[request_id] = reply
@@ -224,8 +289,13 @@ class ProduceStream:
         """Sends ``request`` and waits for its response; a non-OK status raises the TxmqError
         it stands for, no answer within ``timeout`` raises DeadlineExceededError."""
         sent_at = time.monotonic()
-        reply, session, request_id = self._submit(request, waited=True)
-        if not reply.wait(timeout):
+        reply, session, request_id = self._submit(request, waited=True, now=sent_at)
+        try:
+            answered = reply.wait(timeout)
+        finally:
+            with self._lock:
+                self._lanes.leave()
+        if not answered:
             session.pending.pop(request_id, None)
             if session.last_response < sent_at and not session.dead:
                 log.warning("produce stream to %s answered nothing for %.1fs: reconnecting",
@@ -242,23 +312,29 @@ class ProduceStream:
             raise error_from_entry(status)
         return response
 
+    @property
+    def lanes(self) -> int:
+        """How many lanes callers are spread over now (1 or 2)."""
+        return self._lanes.count
+
     def close(self) -> None:
         """Fails every request in flight with ClientClosedError. Idempotent."""
         with self._lock:
             self._closed = True
-            session, self._session = self._session, None
-        if session is not None:
-            session.call.cancel()
+            sessions, self._sessions = self._sessions, [None, None]
+        for session in sessions:
+            if session is not None:
+                session.call.cancel()
 
     # --- the stream -----------------------------------------------------------------------
 
-    def _open_locked(self) -> _Session:
+    def _open_locked(self, lane: int) -> _Session:
         session = _Session(self._linger_seconds)
         session.call = self._method(_requests(session))
-        self._session = session
+        self._sessions[lane] = session
         threading.Thread(target=self._read, args=(session,), daemon=True,
-                         name=f"txmq-produce-{self.address}").start()
-        log.debug("produce stream to %s opened", self.address)
+                         name=f"txmq-produce-{self.address}-{lane}").start()
+        log.debug("produce stream to %s opened (lane %d)", self.address, lane)
         return session
 
     def _read(self, session: _Session) -> None:
@@ -290,8 +366,7 @@ class ProduceStream:
     def _fail(self, session: _Session, detail: str) -> None:
         with self._lock:
             session.dead = True
-            if self._session is session:
-                self._session = None
+            self._sessions = [None if s is session else s for s in self._sessions]
             failed, session.pending = session.pending, {}
             closed = self._closed
         with session.answered:

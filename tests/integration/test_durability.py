@@ -137,6 +137,7 @@ def test_requests_that_arrive_during_a_held_sync_leave_together_in_one_stream_me
     """The producer keeps one Produce stream message in flight: what arrives meanwhile is
     held by the client and sent as one message once it is answered."""
     monkeypatch.setattr(txmq._pipeline, "HOLD_SECONDS", 60.0)  # never stop holding in this test
+    monkeypatch.setattr(txmq._pipeline, "SPLIT_AT", 100)  # one lane: nine callers, one call
     cluster, gate = gated
     broker = cluster.brokers[0]
     port = broker.metrics_port
@@ -145,7 +146,7 @@ def test_requests_that_arrive_during_a_held_sync_leave_together_in_one_stream_me
         producer.send(txmq.Message("durable", b"warm-up"))  # opens the stream
         messages = metric(port, "txmq_produce_stream_messages_total", stream_in)
         entries = metric(port, "txmq_produce_entries_total")
-        session = producer._client.produce_stream(broker.address)._session
+        session = producer._client.produce_stream(broker.address)._sessions[0]
         gate.hold()
         first, first_box = _in_thread(lambda: producer.send(txmq.Message("durable", b"first")))
         wait_until(gate.holding_wal, 10, message="the first send never reached the broker's WAL sync")

@@ -155,6 +155,59 @@ def test_many_threads_share_one_producer(cluster, unique_name):
     assert {m.message_id for m in got} == {r.message_id for r in receipts}
 
 
+def test_threads_sharing_a_producer_split_into_two_lanes_and_merge_back(cluster, unique_name, monkeypatch):
+    """Eight threads in transactions at once: the stream spreads them over two lanes (two
+    Produce calls, so one lane's callers are woken while the other's are with the broker);
+    two threads: one lane again. Every transaction commits and is delivered once."""
+    import txmq._pipeline
+
+    monkeypatch.setattr(txmq._pipeline, "LANE_WINDOW_SECONDS", 0.05)
+    topic, group = unique_name("topic"), unique_name("group")
+    cluster.create_topic(topic, queue_count=2)
+    results: list[txmq.TransactionResult] = []
+    errors: list[BaseException] = []
+    running = [threading.Event() for _ in range(8)]
+    for event in running:
+        event.set()
+    listener = RecordingListener(lambda m: LocalState.COMMIT)
+    with txmq.TransactionProducer(cluster.nameserver_address, producer_group=unique_name("pg"),
+                                  listener=listener, answer_checks=False) as producer:
+        producer.send_in_transaction(txmq.Message(topic, b"warm-up"))
+        stream = producer._client.produce_stream(cluster.brokers[0].address)
+
+        def work(t: int) -> None:
+            try:
+                while running[t].is_set():
+                    results.append(producer.send_in_transaction(txmq.Message(topic, f"{t}".encode())))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        try:
+            wait_until(lambda: stream.lanes == 2 and all(stream._sessions), 30,
+                       message="eight threads never got two lanes")
+            lane_requests = len(results)
+            wait_until(lambda: len(results) > lane_requests + 50, 30)
+            for event in running[2:]:
+                event.clear()
+            for t in threads[2:]:
+                t.join(30)
+            wait_until(lambda: stream.lanes == 1, 30, message="two threads kept two lanes")
+        finally:
+            for event in running:
+                event.clear()
+            for t in threads:
+                t.join(30)
+    assert errors == []
+    assert {r.state for r in results} == {txmq.TransactionState.COMMITTED}
+    with consumer(cluster, group, {topic: "*"}) as c:
+        got = receive_until(c, lambda got: len(got) >= len(results) + 1)
+    assert sorted(m.message_id for m in got) == sorted([r.message_id for r in results] + [
+        listener.executed[0][0].message_id])
+
+
 def test_producer_fails_in_flight_sends_and_recovers_when_the_broker_restarts(fresh_cluster_factory, unique_name):
     cluster = fresh_cluster_factory()
     topic = unique_name("topic")

@@ -256,3 +256,65 @@ def test_a_session_with_no_linger_sends_the_first_caller_back_at_once(monkeypatc
     finally:
         s.session.queue.put(None)
         s.thread.join(10)
+
+
+# --- lanes ----------------------------------------------------------------------------------
+
+def test_a_second_lane_opens_when_enough_callers_wait_at_once_and_closes_when_few_do(monkeypatch) -> None:
+    monkeypatch.setattr(_pipeline, "SPLIT_AT", 6)
+    monkeypatch.setattr(_pipeline, "MERGE_AT", 4)
+    monkeypatch.setattr(_pipeline, "LANE_WINDOW_SECONDS", 1.0)
+    lanes = _pipeline._Lanes()
+    now = 100.0
+    lanes.enter(now)  # the first caller opens a window: one lane
+    for _ in range(5):
+        lanes.enter(now + 0.1)
+    assert lanes.count == 1  # six wait at once, but the window has not ended
+    lanes.enter(now + 1.0)  # the window ends with a peak of 7: a second lane
+    assert lanes.count == 2 and lanes.waiting == 7
+    for _ in range(2):
+        lanes.leave()
+    lanes.enter(now + 2.0)  # peak 7 in that window (it began at 7): still two
+    assert lanes.count == 2
+    for _ in range(2):
+        lanes.leave()  # four wait now
+    lanes.enter(now + 3.0)  # this window peaked at 6 (it began at 6): still two
+    assert lanes.count == 2
+    for _ in range(1):
+        lanes.leave()  # four
+    lanes.enter(now + 4.0)  # a window that peaked at 5: between the thresholds, unchanged
+    assert lanes.count == 2
+    lanes.leave()
+    lanes.leave()  # three
+    lanes.enter(now + 5.0)  # peak 5 (began at 5)
+    lanes.leave()
+    lanes.enter(now + 6.0)  # peak 4: back to one lane
+    assert lanes.count == 1 and lanes.waiting == 4
+
+
+def test_callers_keep_their_lane_and_two_lanes_split_the_threads_evenly() -> None:
+    # No server is needed: gRPC channels connect lazily, and requests wait unanswered.
+    from txmq._client import Client
+
+    client = Client("127.0.0.1:1", request_timeout_seconds=1.0, route_refresh_seconds=30.0)
+    try:
+        stream = client.produce_stream("127.0.0.1:2")
+        # As if SPLIT_AT callers had waited at once, in a window that does not end.
+        stream._lanes.count, stream._lanes.window_ends = 2, float("inf")
+        seen: dict[int, list[int]] = {}
+
+        def caller(i: int) -> None:
+            for _ in range(3):
+                _reply, session, _request_id = stream._submit(_entry(0), waited=True, now=0.0)
+                seen.setdefault(i, []).append(stream._sessions.index(session))
+                with stream._lock:
+                    stream._lanes.leave()
+
+        threads = [threading.Thread(target=caller, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+            t.join(10)  # in turn: the order of first use decides the lane
+        assert all(len(set(lanes)) == 1 for lanes in seen.values()), seen
+        assert sorted(lanes[0] for lanes in seen.values()) == [0] * 4 + [1] * 4
+    finally:
+        client.close()
