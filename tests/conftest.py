@@ -20,6 +20,8 @@ TEST_BROKER_ENV = {
     "TXMQ_TRANSACTION_TIMEOUT_SECONDS": "1.0",
     "TXMQ_CHECK_INTERVAL_SECONDS": "0.5",
     "TXMQ_MAX_DELIVERY_ATTEMPTS": "4",
+    # Each broker start pre-sizes its WAL; 64 MiB a start adds up over a test session.
+    "TXMQ_WAL_PREFILL_BYTES": str(1024 * 1024),
 }
 #: Lines of each service's log attached to a failing test's report.
 LOG_LINES_ON_FAILURE = 80

@@ -130,7 +130,10 @@ class BrokerCore:
         self.config = config
         self.name = config.broker_name
         self.clock = clock
-        self.db = Database(config.data_dir, sync=config.flush == "sync", on_fatal=on_fatal)
+        synced = config.flush == "sync"
+        self.db = Database(config.data_dir, sync=synced, on_fatal=on_fatal,
+                           wal_prefill_bytes=config.wal_prefill_bytes if synced else 0,
+                           max_wal_bytes=config.max_wal_bytes)
         self.consumers = ConsumerGroups()
         self.topics: dict[str, int] = {}
         self.queue_next: dict[tuple[str, int], int] = {}

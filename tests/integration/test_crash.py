@@ -77,8 +77,11 @@ def produce(nameserver: str, topic: str, index: int, ledger: Ledger, stop: threa
 
 
 def test_sigkill_during_transactional_load_loses_nothing_acknowledged(fresh_cluster_factory, unique_name) -> None:
+    # A 16 MiB pre-sized WAL (the tests' default is 1 MiB): every kill lands while the
+    # broker writes into a reused log file, whose old contents recovery must not replay.
     cluster = fresh_cluster_factory(broker_env={"TXMQ_FLUSH": "sync",
-                                                "TXMQ_TRANSACTION_TIMEOUT_SECONDS": "3600"})
+                                                "TXMQ_TRANSACTION_TIMEOUT_SECONDS": "3600",
+                                                "TXMQ_WAL_PREFILL_BYTES": str(16 * 1024 * 1024)})
     topic = unique_name("crash")
     cluster.create_topic(topic, queue_count=4)
     ledger = Ledger()

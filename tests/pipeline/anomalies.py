@@ -22,7 +22,7 @@ class Injected:
 
 
 def inject(data_dir: str, broker_name: str, *, topic: str, group: str, queue_id: int = 0) -> Injected:
-    core = BrokerCore(BrokerConfig(data_dir=data_dir, broker_name=broker_name, flush="sync"))
+    core = BrokerCore(BrokerConfig(data_dir=data_dir, broker_name=broker_name, flush="sync", wal_prefill_bytes=0))
     try:
         now = core.clock()
         # 1. A committed row with no log record and no queue entry. Its sequence is kept

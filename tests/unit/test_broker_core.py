@@ -573,3 +573,26 @@ def test_writes_that_need_no_sync_hold_no_answer(make_core) -> None:
     finally:
         loop.close()
     assert after_consuming == 0 and after_send == 1 and read_ticket == core.db.written
+
+
+def test_the_wal_in_use_is_pre_sized_and_synced_writes_overwrite_it(tmp_path) -> None:
+    from services.broker.store.db import Database
+
+    size = 4 * 1024 * 1024
+    db = Database(str(tmp_path / "store"), sync=True, wal_prefill_bytes=size)
+    try:
+        logs = db.wal_files()
+        assert max(logs.values()) >= size, logs
+        for i in range(200):
+            db.call(lambda w, i=i: w.put("meta", b"k%d" % i, b"v" * 1000))  # ~200 KB, synced
+        # Written into the blocks the file had: no log grew, none was added.
+        assert db.wal_files() == logs
+        # The filler is gone from the store, the data is there.
+        assert list(db.scan("walfill")) == [] and db.get("meta", b"k199") == b"v" * 1000
+    finally:
+        db.close()
+    reopened = Database(str(tmp_path / "store"), sync=True)
+    try:
+        assert reopened.get("meta", b"k0") == b"v" * 1000
+    finally:
+        reopened.close()

@@ -43,7 +43,15 @@ COLUMN_FAMILIES = (
     "inflight",   # group|topic|queue|offset -> (attempt, invisible until)
     "topics",     # topic -> queue count
     "meta",       # store identity and format
+    "walfill",    # scratch: the filler that pre-sizes the WAL at start (see Database)
 )
+
+#: Obsolete WAL files RocksDB keeps to reuse for new ones. Writing into a file whose blocks
+#: exist already (instead of appending) spares every fdatasync a journal commit for the
+#: file's size and allocation: on ext4 0.11 ms instead of 0.17 ms per sync idle, 0.13
+#: instead of 0.21 under bench.transactions.
+WAL_RECYCLE_FILES = 4
+_FILL_CHUNK = 1 << 20
 
 
 @dataclass(slots=True)
@@ -105,8 +113,14 @@ class WriteGroup:
 
 
 class Database:
+    """The store. ``max_wal_bytes`` (0: RocksDB's default, up to gigabytes with this many
+    column families) bounds the write-ahead logs kept: past it RocksDB flushes the column
+    families that hold the oldest log, so a restart replays at most about that much.
+    ``wal_prefill_bytes`` pre-sizes the log in use at start (see :meth:`_prefill_wal`)."""
+
     def __init__(self, path: str, *, sync: bool = True,
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None,
+                 wal_prefill_bytes: int = 0, max_wal_bytes: int = 0) -> None:
         os.makedirs(path, exist_ok=True)
         self.path = path
         #: ``flush=sync``: answers wait for the WAL sync of what they depend on.
@@ -115,6 +129,9 @@ class Database:
         opts.create_if_missing(True)
         opts.create_missing_column_families(True)
         opts.set_max_background_jobs(2)
+        opts.set_recycle_log_file_num(WAL_RECYCLE_FILES)
+        if max_wal_bytes > 0:
+            opts.set_max_total_wal_size(max_wal_bytes)
         self.db = Rdict(path, opts, column_families={name: Options(raw_mode=True) for name in COLUMN_FAMILIES})
         self.handles = {name: self.db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
         self.cf = {name: self.db.get_column_family(name) for name in COLUMN_FAMILIES}
@@ -131,6 +148,33 @@ class Database:
         self.bytes_written = 0
         self._synced_in_place = 0
         self._group: WriteGroup | None = None
+        if wal_prefill_bytes > 0:
+            self._prefill_wal(wal_prefill_bytes)
+
+    def _prefill_wal(self, size: int) -> None:
+        """Leaves a write-ahead log of at least ``size`` bytes in use, so the writes that
+        follow overwrite blocks it has (PostgreSQL zero-fills new WAL segments for the same
+        reason). RocksDB only reuses logs it retired, so: fill the current log with
+        ``size`` bytes of zeros in a scratch column family, flush (a new log starts, and
+        the filled one, no longer needed, is kept for reuse), flush again (the next new
+        log is the filled one), then drop the filler. Costs a write of ``size`` bytes at
+        start (~0.1 s for 64 MiB)."""
+        fill = self.cf["walfill"]
+        chunk = bytes(_FILL_CHUNK)
+        for i in range(max(1, -(-size // _FILL_CHUNK))):
+            fill[i.to_bytes(4, "big")] = chunk
+        self._flush_all()
+        fill.delete_range(b"", b"\xff" * 5)  # also the write that makes the second flush switch logs
+        self._flush_all()
+        fill.compact_range(None, None)
+
+    def _flush_all(self) -> None:
+        for cf in self.cf.values():
+            cf.flush()
+
+    def wal_files(self) -> dict[str, int]:
+        """The write-ahead logs in the store's directory, name → size in bytes."""
+        return {entry.name: entry.stat().st_size for entry in os.scandir(self.path) if entry.name.endswith(".log")}
 
     # --- reads (any thread; they may see writes not yet durable) -------------------------
 
