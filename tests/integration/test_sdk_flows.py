@@ -52,6 +52,20 @@ class RecordingListener(txmq.TransactionListener):
         return LocalState.UNKNOWN
 
 
+def start_workers(count: int, work: Callable[[int], None], errors: list[BaseException]) -> list[threading.Thread]:
+    """Runs ``work(i)`` on ``count`` started threads; what one raises goes to ``errors``."""
+    def run(i: int) -> None:
+        try:
+            work(i)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    return threads
+
+
 def consumer(cluster, group: str, subscriptions: dict[str, str]) -> txmq.SimpleConsumer:
     return txmq.SimpleConsumer(cluster.nameserver_address, consumer_group=group,
                                subscriptions=subscriptions, await_duration_seconds=AWAIT_SECONDS)
@@ -134,16 +148,10 @@ def test_many_threads_share_one_producer(cluster, unique_name):
 
     with txmq.Producer(cluster.nameserver_address) as producer:
         def work(t: int) -> None:
-            try:
-                for i in range(50):
-                    receipts.append(producer.send(txmq.Message(topic, f"{t}-{i}".encode())))
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
+            for i in range(50):
+                receipts.append(producer.send(txmq.Message(topic, f"{t}-{i}".encode())))
 
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
+        for t in start_workers(8, work, errors):
             t.join(60)
     assert errors == []
     assert len({r.message_id for r in receipts}) == 400
@@ -176,15 +184,10 @@ def test_threads_sharing_a_producer_split_into_two_lanes_and_merge_back(cluster,
         stream = producer._client.produce_stream(cluster.brokers[0].address)
 
         def work(t: int) -> None:
-            try:
-                while running[t].is_set():
-                    results.append(producer.send_in_transaction(txmq.Message(topic, f"{t}".encode())))
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
+            while running[t].is_set():
+                results.append(producer.send_in_transaction(txmq.Message(topic, f"{t}".encode())))
 
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
-        for t in threads:
-            t.start()
+        threads = start_workers(8, work, errors)
         try:
             wait_until(lambda: stream.lanes == 2 and all(stream._sessions), 30,
                        message="eight threads never got two lanes")
