@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -77,11 +78,13 @@ def produce(nameserver: str, topic: str, index: int, ledger: Ledger, stop: threa
 
 
 def test_sigkill_during_transactional_load_loses_nothing_acknowledged(fresh_cluster_factory, unique_name) -> None:
-    # A 16 MiB pre-sized WAL (the tests' default is 1 MiB): every kill lands while the
-    # broker writes into a reused log file, whose old contents recovery must not replay.
+    # Every kill lands while the broker writes into a reused log file, whose old contents
+    # recovery must not replay: a 4 MiB pre-sized WAL, and at most 1 MiB of WAL kept, so
+    # the logs switch every MiB or so and retired ones, full of earlier records, are reused.
     cluster = fresh_cluster_factory(broker_env={"TXMQ_FLUSH": "sync",
                                                 "TXMQ_TRANSACTION_TIMEOUT_SECONDS": "3600",
-                                                "TXMQ_WAL_PREFILL_BYTES": str(16 * 1024 * 1024)})
+                                                "TXMQ_WAL_PREFILL_BYTES": str(4 * 1024 * 1024),
+                                                "TXMQ_MAX_WAL_BYTES": str(256 * 1024)})
     topic = unique_name("crash")
     cluster.create_topic(topic, queue_count=4)
     ledger = Ledger()
@@ -145,6 +148,11 @@ def test_sigkill_during_transactional_load_loses_nothing_acknowledged(fresh_clus
     broker = cluster.brokers[0]
     data_dir = broker.env["TXMQ_DATA_DIR"]
     assert cluster.stop_broker(0) == 0
+    # The load ran on reused logs: RocksDB's own log (LOG, LOG.old.*) names each reuse; the
+    # pre-sizing at each of the KILLS + 1 starts accounts for one apiece.
+    reused = sum(path.read_text(errors="replace").count("reusing log")
+                 for path in Path(data_dir).glob("LOG*"))
+    assert reused - (KILLS + 1) >= KILLS, f"logs reused {reused} times over {KILLS + 1} starts"
     fsck = subprocess.run([sys.executable, "-m", "services.broker.fsck", "--data-dir", data_dir, "--json"],
                           capture_output=True, text=True, timeout=120)
     report = json.loads(fsck.stdout)
