@@ -147,6 +147,7 @@ LINGER_SECONDS = 0.002
 SPLIT_AT = 6
 #: ... and goes back to one once no more than this many did for a whole window.
 MERGE_AT = 4
+#: The window over which the most callers waiting at once is taken.
 LANE_WINDOW_SECONDS = 0.25
 
 
