@@ -60,6 +60,30 @@ class BrokerConfig(ServiceConfig):
     min_invisible_duration_seconds: float = 0.05
     max_long_polling_seconds: float = 30.0
     max_receive_batch: int = 256
+    # --- replication (docs/replication.md) -------------------------------------------------
+    #: Replicas of this shard (``broker_name``). 1: a single broker, no etcd (the embedded
+    #: default); 3 in production.
+    replication_factor: int = 1
+    #: This replica's stable id within its shard, 0 .. replication_factor-1.
+    replica_id: int = 0
+    #: A write that must not be lost is acknowledged only once durable on every in-sync
+    #: replica, and only while at least this many (the leader included) are in sync.
+    min_insync_replicas: int = 2
+    #: etcd client endpoints (host:port, comma-separated); required when replicated.
+    etcd_endpoints: tuple[str, ...] = ()
+    #: Key prefix of this cluster's keys in etcd.
+    etcd_prefix: str = "/txmq"
+    #: The leader's etcd lease (whole seconds, at least 1): a leader silent this long loses
+    #: its shard to an in-sync follower.
+    leader_lease_seconds: float = 4.0
+    #: How often a replica looks at etcd for its shard's leader and in-sync set.
+    election_poll_seconds: float = 0.25
+    #: A follower this far behind its leader (or silent this long) leaves the in-sync set.
+    replica_lag_max_seconds: float = 5.0
+    #: Largest batch of entries in one replication stream message.
+    replication_batch_bytes: int = 1024 * 1024
+    #: Replication log entries kept for followers catching up (older ones need a checkpoint).
+    replication_log_entries: int = 200_000
 
     def validate(self) -> None:
         if self.flush not in FLUSH_MODES:
@@ -72,6 +96,20 @@ class BrokerConfig(ServiceConfig):
         for name in ("wal_prefill_bytes", "max_wal_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if not 1 <= self.replication_factor <= 9:
+            raise ValueError(f"replication_factor must be 1..9, got {self.replication_factor}")
+        if self.replication_factor > 1:
+            if not 0 <= self.replica_id < self.replication_factor:
+                raise ValueError(f"replica_id must be 0..replication_factor-1={self.replication_factor - 1}, "
+                                 f"got {self.replica_id}")
+            if not 1 <= self.min_insync_replicas <= self.replication_factor:
+                raise ValueError(f"min_insync_replicas must be 1..replication_factor={self.replication_factor}, "
+                                 f"got {self.min_insync_replicas}")
+            if not self.etcd_endpoints:
+                raise ValueError("etcd_endpoints must be set when replication_factor > 1")
+            if not (self.leader_lease_seconds >= 1 and self.leader_lease_seconds == int(self.leader_lease_seconds)):
+                raise ValueError(f"leader_lease_seconds must be a whole number ≥ 1 (an etcd lease TTL), "
+                                 f"got {self.leader_lease_seconds}")
         for f in dataclasses.fields(self):
             if f.name.endswith("_seconds") and getattr(self, f.name) < 0:
                 raise ValueError(f"{f.name} must not be negative, got {getattr(self, f.name)}")
