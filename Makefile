@@ -8,7 +8,7 @@ BUF := tools/node_modules/.bin/buf
 PROTOS := $(wildcard protos/txmq/v1/*.proto)
 DATA_DIR ?= ./data
 
-.PHONY: all venv tools cc proto proto-lint proto-check run demo test test-unit test-integration bench clean distclean
+.PHONY: all venv tools cc etcd proto proto-lint proto-check run demo test test-unit test-integration bench clean distclean
 
 all: test
 
@@ -48,7 +48,12 @@ proto-check: venv
 run: venv
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
-test: venv cc proto-lint proto-check pipeline-deps proxy-deps chart-tools
+# etcd (Debian's etcd-server): replicated shards keep their leader and in-sync set in it;
+# the tests start it as a process (tests/support/etcd.py).
+etcd:
+	@command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null)
+
+test: venv cc etcd proto-lint proto-check pipeline-deps proxy-deps chart-tools
 	$(PY) -m pytest tests
 
 test-unit: venv
@@ -116,7 +121,7 @@ chart-lint: chart-tools
 	$(HELM) lint --strict $(CHART_DIR)
 	for f in $(CHART_DIR)/ci/*-values.yaml; do $(HELM) lint --strict $(CHART_DIR) -f $$f || exit 1; done
 
-test-chart: chart-tools proxy-deps
+test-chart: chart-tools proxy-deps etcd
 	$(PY) -m pytest tests/chart
 
 # Against a real cluster (KUBECONFIG, images pushed; see deploy/helm/txmq/README.md).
