@@ -49,6 +49,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import txmq
 from services.common.process import port_is_free
+from tests.support.etcd import EtcdProcess
 from tests.support.waiting import wait_until
 from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
@@ -80,9 +81,11 @@ class Pod:
 class LocalPods:
     """The pods of one rendered release as local processes."""
 
-    def __init__(self, r: Rendered, workdir: Path) -> None:
+    def __init__(self, r: Rendered, workdir: Path, external: dict[str, str] | None = None) -> None:
         self.r = r
         self.workdir = workdir
+        #: host:port of services outside the release (an existing etcd) -> where they run here.
+        self.external = dict(external or {})
         prefix = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}"
         self.pods: list[Pod] = []
         self.dns: dict[str, str] = {}
@@ -131,6 +134,8 @@ class LocalPods:
         if name.startswith("ETCD_LISTEN_"):  # etcd binds every address of the pod: its pod IP
             assert re.fullmatch(r"http://0\.0\.0\.0:\d+", value), f"{name}={value}"
             return value.replace("0.0.0.0", pod.ip)
+        for endpoint, local in self.external.items():
+            value = re.sub(rf"(?<![\w.-]){re.escape(endpoint)}(?![\w.-])", local, value)
         for host, ip in self.dns.items():
             value = re.sub(rf"(?<![\w.-]){re.escape(host)}(?=:)", ip, value)
         assert ".svc." not in value, f"{pod.name}: {name}={value} names a host no Service provides"
@@ -346,28 +351,40 @@ def test_rendered_pods_start_pass_their_probes_and_run_a_transaction(pods: Local
 
 
 # ---------------------------------------------------------------------------- replicated shards
-#: ci/replicated-values.yaml (3 replicas per shard, min in-sync 2, the bundled 3-member etcd,
-#: leader lease 5 s), down to one shard and one pod of the rest, volumes as emptyDirs.
+#: A replicated scenario down to one shard and one pod of the rest, volumes as emptyDirs:
+#: ci/replicated-values.yaml (3 replicas, min in-sync 2, the bundled 3-member etcd, leader
+#: lease 5 s), and ci/replicated-external-etcd-values.yaml (3 replicas, etcd.endpoints:
+#: here one Debian etcd process, tests/support/etcd.py, stands for that existing cluster).
 REPLICATED_LOCAL = {"nameserver.replicaCount": "1", "broker.replicaCount": "1", "checker.replicaCount": "1",
                     "proxy.enabled": "false", "broker.persistence.enabled": "false",
                     "etcd.persistence.enabled": "false"}
 
 
-@pytest.fixture
-def replicated_pods(helm_bin: Path, tmp_path: Path) -> Iterator[LocalPods]:
-    local = LocalPods(render(helm_bin, [scenario_file("replicated")], sets=REPLICATED_LOCAL), tmp_path)
+@pytest.fixture(params=["replicated", "replicated-external-etcd"])
+def replicated_pods(request: pytest.FixtureRequest, helm_bin: Path, tmp_path: Path) -> Iterator[LocalPods]:
+    r = render(helm_bin, [scenario_file(request.param)], sets=REPLICATED_LOCAL)
+    etcd = None
+    external: dict[str, str] = {}
+    if not any(w["metadata"]["labels"]["app.kubernetes.io/component"] == "etcd"
+               for w in r.docs if w["kind"] in WORKLOAD_KINDS):
+        etcd = EtcdProcess(tmp_path / "existing-etcd").start()
+        rendered = r.configmap_env(r.workload("broker"), r.workload("broker")["spec"]["template"]["spec"]["containers"][0])
+        external = {endpoint: etcd.endpoint for endpoint in rendered["TXMQ_ETCD_ENDPOINTS"].split(",")}
+    local = LocalPods(r, tmp_path, external)
     try:
         local.start()
         yield local
     finally:
         local.stop()
+        if etcd is not None:
+            etcd.stop()
 
 
 def test_a_rendered_replicated_shard_elects_a_leader_carries_transactions_and_fails_over(
         replicated_pods: LocalPods, unique_name) -> None:
     pods = replicated_pods
     replicas, etcd, (ns,) = pods.of("broker"), pods.of("etcd"), pods.of("nameserver")
-    assert len(replicas) == 3 and len(etcd) == 3
+    assert len(replicas) == 3 and len(etcd) in (0, 3)
     pods.wait_probes()  # etcd's /health passes once its three members formed a cluster
     shard = replicas[0].env["TXMQ_BROKER_NAME"]
     assert shard == "txmq-broker-0" and {p.env["TXMQ_BROKER_NAME"] for p in replicas} == {shard}
@@ -375,8 +392,11 @@ def test_a_rendered_replicated_shard_elects_a_leader_carries_transactions_and_fa
     # Each replica advertises its own pod (DNS name, resolved to its pod IP here).
     by_address = {p.env["TXMQ_ADVERTISE_ADDRESS"]: p for p in replicas}
     assert set(by_address) == {f"{p.ip}:{p.env['TXMQ_PORT']}" for p in replicas}
-    assert sorted(replicas[0].env["TXMQ_ETCD_ENDPOINTS"].split(",")) == \
-        sorted(p.env["ETCD_ADVERTISE_CLIENT_URLS"].removeprefix("http://") for p in etcd)
+    endpoints = replicas[0].env["TXMQ_ETCD_ENDPOINTS"].split(",")
+    if etcd:  # every member of the bundled etcd, as each advertises itself
+        assert sorted(endpoints) == sorted(p.env["ETCD_ADVERTISE_CLIENT_URLS"].removeprefix("http://") for p in etcd)
+    else:  # etcd.endpoints, all of them
+        assert len(endpoints) == 3 and set(endpoints) == set(pods.external.values())
     nameserver = f"{ns.ip}:{ns.env['TXMQ_PORT']}"
     min_insync = int(replicas[0].env["TXMQ_MIN_INSYNC_REPLICAS"])
     lag_max = float(replicas[0].env["TXMQ_REPLICA_LAG_MAX_SECONDS"])

@@ -65,7 +65,7 @@ def test_selectors_match_pod_labels(rendered: dict[str, Rendered], scenario: str
                    if sm["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]
         # One Service per component: each pod scraped once.
         assert sorted(s["metadata"]["labels"]["app.kubernetes.io/component"] for s in scraped) == \
-            sorted({w["metadata"]["labels"]["app.kubernetes.io/component"] for w in r.workloads()})
+            sorted({labels["app.kubernetes.io/component"] for labels in pods.values()})
         for s in scraped:
             assert {p["name"] for p in s["spec"]["ports"]} >= {e["port"] for e in sm["spec"]["endpoints"]}
 
