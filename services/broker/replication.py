@@ -114,6 +114,7 @@ class ReplicaNode:
         self._following: Leader | None = None
         self._follow_task: asyncio.Task[None] | None = None
         self._follow_commit = 0
+        self._last_session_error: tuple[int, str] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._tail: collections.deque[tuple[int, bytes]] = collections.deque()
         self._tail_bytes = 0
@@ -585,8 +586,13 @@ class ReplicaNode:
                 return
             if first.truncate_to < db.written:
                 raise RuntimeError(f"log end {db.written} after truncating to {first.truncate_to}")
-            await call.write(replication_pb2.ReplicateRequest(durable_lsn=db.written))
-            beat = asyncio.ensure_future(self._heartbeat(call))
+            writing = asyncio.Lock()  # one write at a time on a call (acks and heartbeats)
+
+            async def ack() -> None:
+                async with writing:
+                    await call.write(replication_pb2.ReplicateRequest(durable_lsn=db.written))
+            await ack()
+            beat = asyncio.ensure_future(self._heartbeat(ack))
             try:
                 while True:
                     response = await call.read()
@@ -598,7 +604,7 @@ class ReplicaNode:
                         db.append_entries(response.entries)
                         if db.sync:
                             db.sync_wal()
-                        await call.write(replication_pb2.ReplicateRequest(durable_lsn=db.written))
+                        await ack()
                     elif response.checkpoint_needed:
                         call.cancel()
                         await self._rebuild(stub, leader)
@@ -610,8 +616,13 @@ class ReplicaNode:
         except asyncio.CancelledError:
             raise
         except grpc.aio.AioRpcError as exc:
-            log.info("replication session ended", extra={"fields": {
-                "leader": leader.address, "code": exc.code().name, "error": (exc.details() or "")[:200]}})
+            code = exc.code().name
+            if (leader.epoch, code) != self._last_session_error:
+                # Once per leader and kind: a dead leader is retried every poll until etcd moves on.
+                self._last_session_error = (leader.epoch, code)
+                log.info("replication session ended", extra={"fields": {
+                    "leader": leader.address, "epoch": leader.epoch, "code": code,
+                    "error": (exc.details() or "")[:200], "debug": exc.debug_error_string()[:300]}})
         except Exception:  # noqa: BLE001 - the election loop starts a new session
             log.exception("replication session failed")
         finally:
@@ -619,10 +630,10 @@ class ReplicaNode:
             if self._following is leader:
                 self._following = None  # the next election round follows again
 
-    async def _heartbeat(self, call: Any) -> None:
+    async def _heartbeat(self, ack: Callable[[], Awaitable[None]]) -> None:
         while True:
             await asyncio.sleep(self.config.election_poll_seconds)
-            await call.write(replication_pb2.ReplicateRequest(durable_lsn=self.db.written))
+            await ack()
 
     async def _rebuild(self, stub: replication_pb2_grpc.ReplicationServiceStub, leader: Leader) -> None:
         """Replaces this replica's store with a checkpoint of the leader's."""
