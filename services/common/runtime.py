@@ -34,7 +34,9 @@ def describe_startup_failure(exc: BaseException, config: Any) -> str:
     port is the problem when there is one."""
     if isinstance(exc, StartupError):
         return " ".join(str(exc).split())
-    if isinstance(exc, OSError) and exc.filename:
+    if isinstance(exc, FileExistsError):
+        text = f"{exc.filename}: exists and is not a directory"
+    elif isinstance(exc, OSError) and exc.filename:
         text = f"{exc.filename}: {exc.strerror or exc}"
     else:
         text = str(exc) or type(exc).__name__
