@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.common.config import (DAY, GiB, HOUR, KiB, MiB, TiB, YEAR, ServiceConfig, bounded, choice,
+from services.common.config import (DAY, MINUTE, GiB, HOUR, KiB, MiB, TiB, YEAR, ServiceConfig, bounded, choice,
                                     count, nbytes, seconds)
 
 FLUSH_MODES = ("sync", "async")
+#: The most replicas of one shard.
+MAX_REPLICAS = 9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +70,30 @@ class BrokerConfig(ServiceConfig):
     min_invisible_duration_seconds: float = seconds(0.05, min=0, max=HOUR, zero="no floor")
     max_long_polling_seconds: float = seconds(30.0, min=0, max=HOUR, zero="no long polling: receives answer at once")
     max_receive_batch: int = count(256)
+    # --- replication (docs/replication.md) -------------------------------------------------
+    #: Replicas of this shard (``broker_name``). 1: a single broker, no etcd (the embedded
+    #: default); 3 in production.
+    replication_factor: int = count(1, max=MAX_REPLICAS)
+    #: This replica's stable id within its shard, 0 .. replication_factor-1.
+    replica_id: int = count(0, min=0, max=MAX_REPLICAS - 1, zero="the shard's first replica")
+    #: A write that must not be lost is acknowledged only once durable on every in-sync
+    #: replica, and only while at least this many (the leader included) are in sync.
+    min_insync_replicas: int = count(2, max=MAX_REPLICAS)
+    #: etcd client endpoints (host:port, comma-separated); required when replicated.
+    etcd_endpoints: tuple[str, ...] = ()
+    #: Key prefix of this cluster's keys in etcd.
+    etcd_prefix: str = "/txmq"
+    #: The leader's etcd lease (whole seconds, at least 1): a leader silent this long loses
+    #: its shard to an in-sync follower.
+    leader_lease_seconds: float = seconds(4.0, min=1, max=HOUR)
+    #: How often a replica looks at etcd for its shard's leader and in-sync set.
+    election_poll_seconds: float = seconds(0.25, max=MINUTE)
+    #: A follower this far behind its leader (or silent this long) leaves the in-sync set.
+    replica_lag_max_seconds: float = seconds(5.0, max=HOUR)
+    #: Largest batch of entries in one replication stream message.
+    replication_batch_bytes: int = nbytes(MiB, max=GiB)
+    #: Replication log entries kept for followers catching up (older ones need a checkpoint).
+    replication_log_entries: int = count(200_000, max=100_000_000)
 
     def validate(self) -> None:
         """Rules across fields (each field's own range is declared beside it)."""
@@ -85,3 +111,15 @@ class BrokerConfig(ServiceConfig):
             raise ValueError(f"default_invisible_duration_seconds ({self.default_invisible_duration_seconds:g}) must be "
                              f"within min_invisible_duration_seconds ({self.min_invisible_duration_seconds:g}) and "
                              f"max_invisible_duration_seconds ({self.max_invisible_duration_seconds:g})")
+        if self.replication_factor > 1:
+            if not 0 <= self.replica_id < self.replication_factor:
+                raise ValueError(f"replica_id must be 0..replication_factor-1={self.replication_factor - 1}, "
+                                 f"got {self.replica_id}")
+            if not 1 <= self.min_insync_replicas <= self.replication_factor:
+                raise ValueError(f"min_insync_replicas must be 1..replication_factor={self.replication_factor}, "
+                                 f"got {self.min_insync_replicas}")
+            if not self.etcd_endpoints:
+                raise ValueError("etcd_endpoints must be set when replication_factor > 1")
+            if self.leader_lease_seconds != int(self.leader_lease_seconds):
+                raise ValueError(f"leader_lease_seconds must be a whole number (an etcd lease TTL), "
+                                 f"got {self.leader_lease_seconds}")

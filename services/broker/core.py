@@ -46,6 +46,16 @@ class StoreIdentityError(Exception):
     """The data directory belongs to another broker name."""
 
 
+def open_database(config: BrokerConfig, on_fatal: Callable[[BaseException], None] | None = None) -> Database:
+    """The broker's store as its configuration says (replicated when the shard has more
+    than one replica)."""
+    synced = config.flush == "sync"
+    return Database(config.data_dir, sync=synced, on_fatal=on_fatal,
+                    wal_prefill_bytes=config.wal_prefill_bytes if synced else 0,
+                    max_wal_bytes=config.max_wal_bytes, replicated=config.replication_factor > 1,
+                    replog_keep_entries=config.replication_log_entries)
+
+
 @dataclass(slots=True, frozen=True)
 class SendResult:
     message_id: str
@@ -126,14 +136,13 @@ def parse_tag_filter(expression: str) -> frozenset[str] | None:
 
 class BrokerCore:
     def __init__(self, config: BrokerConfig, clock: Callable[[], int] = now_ms,
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None, db: Database | None = None) -> None:
         self.config = config
         self.name = config.broker_name
         self.clock = clock
-        synced = config.flush == "sync"
-        self.db = Database(config.data_dir, sync=synced, on_fatal=on_fatal,
-                           wal_prefill_bytes=config.wal_prefill_bytes if synced else 0,
-                           max_wal_bytes=config.max_wal_bytes)
+        #: The store: handed in by the server (which also gives it to the bridge and, on a
+        #: replicated shard, to replication), or opened here (tools and tests).
+        self.db = db if db is not None else open_database(config, on_fatal)
         self.consumers = ConsumerGroups()
         self.topics: dict[str, int] = {}
         self.queue_next: dict[tuple[str, int], int] = {}
