@@ -149,19 +149,16 @@ def _show_bytes(value: Any) -> str:
     return _show(value)
 
 
-def bounded(default: Any = dataclasses.MISSING, *, min: float, max: float, zero: str | None = None,
-            special: Mapping[float, str] | None = None, unit: str = "",
-            default_factory: Any = dataclasses.MISSING) -> Any:
-    """A numeric field accepting ``min..max`` (inclusive); ``zero`` says what 0 means when 0
-    is accepted (inside the range or not), ``special`` names other values with a meaning of
-    their own (``{-1: "disabled"}``). Every accepted value outside ``1..max`` must be one
-    of them: 0 and negatives need a documented meaning."""
+def bounded(default: float, *, min: float, max: float, zero: str | None = None,
+            special: Mapping[float, str] | None = None, unit: str = "") -> Any:
+    """A numeric field accepting ``min..max`` (inclusive). ``zero`` says what 0 means: a
+    range reaching 0 must say it (tests/unit/test_config_ranges.py checks). ``special``
+    names values outside the range that mean something of their own (``{-1: "disabled"}``)."""
     meanings = dict(special or {})
     if zero is not None:
         meanings[0] = zero
     accepts = Accepts(min=min, max=max, special=tuple(sorted(meanings.items())), unit=unit)
-    return dataclasses.field(default=default, default_factory=default_factory,
-                             metadata={_METADATA_KEY: accepts})
+    return dataclasses.field(default=default, metadata={_METADATA_KEY: accepts})
 
 
 def seconds(default: float, *, min: float = MIN_SECONDS, max: float, zero: str | None = None) -> Any:
@@ -180,7 +177,7 @@ def count(default: int, *, min: int = 1, max: int = MAX_COUNT, zero: str | None 
 
 
 def tcp_port(default: int, *, zero: str | None = "an ephemeral port",
-         special: Mapping[float, str] | None = None) -> Any:
+             special: Mapping[float, str] | None = None) -> Any:
     """A TCP port: 0..65535 (0 binds an ephemeral port unless ``zero=None``)."""
     return bounded(default, min=0 if zero is not None else 1, max=65535, zero=zero, special=special)
 
