@@ -396,11 +396,12 @@ def test_check_answer_commits_with_source_check_and_stale_claims_change_nothing(
 
 
 def test_a_check_writes_a_small_row_whatever_the_message_size(make_core, clock) -> None:
-    core = make_core(transaction_timeout_seconds=0.0, check_jitter=0.0)
+    core = make_core(transaction_timeout_seconds=0.001, check_jitter=0.0)
     core.db.call(core.create_topic_op("orders", 1))
     written = []
     for size in (100, 64 * 1024):
         half(core, b"x" * size, group=f"g{size}")
+        clock.advance(0.001)
         claimed = core.db.call(core.claim_op([f"g{size}"], 10, 5.0))
         before = core.db.bytes_written
         c = claimed[0]
