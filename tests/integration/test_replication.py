@@ -6,10 +6,7 @@ end equal (a digest per column family) and clean under fsck."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from typing import Any, Callable
@@ -21,8 +18,8 @@ import txmq
 from txmq import _errors
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
+from tests.support import replicas
 from tests.support.cluster import Cluster
-from tests.support.processes import ServiceProcess
 from tests.support.waiting import wait_until
 from tests.support.workload import Workload
 
@@ -53,44 +50,15 @@ def send_raw(address: str, topic: str, message_id: str = "", timeout: float = 3.
 
 
 def leader_status(cluster: Cluster) -> Any:
-    return {b.name: b for b in cluster.list_brokers()}[SHARD]
+    return replicas.leader_status(cluster, SHARD)
 
 
-def wait_in_sync(cluster: Cluster, replicas: int = 3, timeout: float = 60.0) -> None:
-    """Until the leader reports ``replicas`` in-sync members, every follower at its log end."""
-    def synced() -> bool:
-        info = leader_status(cluster)
-        r = info.replication
-        followers = [f for f in r.followers if f.in_sync and f.durable_lsn >= r.log_end]
-        return len(r.in_sync_replicas) == replicas and len(followers) == replicas - 1
-    wait_until(synced, timeout, interval=0.1, message=lambda: f"replicas not in sync: {leader_status(cluster)}",
-               ignore=(grpc.RpcError, KeyError))
-
-
-def fsck(proc: ServiceProcess) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "services.broker.fsck", "--data-dir",
-                          proc.env["TXMQ_DATA_DIR"], "--json"], capture_output=True, text=True, timeout=120)
-    assert out.returncode in (0, 1), out.stderr
-    return json.loads(out.stdout)
+def wait_in_sync(cluster: Cluster) -> None:
+    replicas.wait_in_sync(cluster, SHARD)
 
 
 def stop_and_compare(cluster: Cluster) -> list[dict[str, Any]]:
-    """Stops every replica cleanly, then: each store clean under fsck, all digests equal."""
-    for proc in cluster.shards[SHARD]:
-        if proc.running:
-            proc.send_term()
-    for proc in cluster.shards[SHARD]:
-        proc.stop(30)
-    reports = [fsck(p) for p in cluster.shards[SHARD]]
-    for proc, report in zip(cluster.shards[SHARD], reports):
-        assert report["problems"] == [], f"{proc.name}: {report['problems']}"
-    ends = {p.name: r["replication"]["log_end"] for p, r in zip(cluster.shards[SHARD], reports)}
-    assert len(set(ends.values())) == 1, f"replicas stopped at different log ends: {ends}"
-    digests = [r["digest"] for r in reports]
-    for proc, digest in zip(cluster.shards[SHARD][1:], digests[1:]):
-        differing = sorted(cf for cf in digest if digest[cf] != digests[0][cf])
-        assert not differing, f"{proc.name} differs from {cluster.shards[SHARD][0].name} in {differing}"
-    return reports
+    return replicas.stop_and_compare(cluster, SHARD)
 
 
 def test_failover_keeps_every_acknowledged_write_and_replicas_end_equal(fresh_cluster_factory, unique_name):
