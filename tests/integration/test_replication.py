@@ -6,7 +6,10 @@ end equal (a digest per column family) and clean under fsck."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -187,3 +190,40 @@ def test_a_wiped_replica_rebuilds_from_a_checkpoint_and_rejoins(fresh_cluster_fa
         send_raw(leader.address, topic, message_id=f"after-{i}")
     wait_in_sync(cluster)
     stop_and_compare(cluster)
+
+
+def test_operator_lists_replicas_and_moves_the_leadership(fresh_cluster_factory, unique_name):
+    cluster = replicated(fresh_cluster_factory)
+    topic = unique_name("topic")
+    cluster.create_topic(topic, 1)
+    leader = cluster.wait_leaders()[SHARD]
+    wait_in_sync(cluster)
+    send_raw(leader.address, topic)
+    txmq_cli = [sys.executable, "-m", "txmq", "--nameserver", cluster.nameserver_address, "--json"]
+
+    def listed() -> list[dict[str, Any]]:
+        out = subprocess.run([*txmq_cli, "broker", "list"], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["brokers"]
+    wait_until(lambda: len(listed()) == 3 and all(r["in_sync"] for r in listed()), 30,
+               message=lambda: f"not three in-sync replicas: {listed()}")
+    rows = {r["replica"]: r for r in listed()}
+    assert [r["role"] for _, r in sorted(rows.items())].count("leader") == 1
+    old_id = next(i for i, r in rows.items() if r["role"] == "leader")
+    target = (old_id + 1) % 3
+    out = subprocess.run([*txmq_cli, "broker", "elect", SHARD, "--replica", str(target)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    moved = json.loads(out.stdout)
+    assert moved["leader"] == target and moved["previous_leader"] == old_id
+    new = cluster.wait_leaders()[SHARD]
+    assert new is cluster.shards[SHARD][target]
+    assert send_raw(new.address, topic).message_id  # it serves, and the old leader follows
+    wait_in_sync(cluster)
+    # A replica out of sync cannot be elected: FAILED_PRECONDITION, nothing moves.
+    cluster.shards[SHARD][old_id].kill()
+    wait_until(lambda: old_id not in leader_status(cluster).replication.in_sync_replicas, 30)
+    out = subprocess.run([*txmq_cli, "broker", "elect", SHARD, "--replica", str(old_id)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "not in sync" in out.stderr
+    assert cluster.leader(SHARD) is new
