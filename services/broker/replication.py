@@ -304,6 +304,7 @@ class ReplicaNode:
         self.epoch = epoch
         self.isr = isr
         self.followers = {}
+        self._clear_tail()
         self.commit_lsn = self.db.commit_lsn
         self._leader_since = time.monotonic()
         self.db.read_ticket = self.db.written  # nothing on disk is shown before it is committed
@@ -328,6 +329,7 @@ class ReplicaNode:
             return
         self.term = None
         self.leadership_changes += 1
+        self._clear_tail()  # a truncation may rewrite these lsns before this replica leads again
         waiting = len(term.bridge._waiting)
         term.bridge.fail_all(LeadershipLostError(self.shard, self.replica_id))
         for event in list(self._wake):
@@ -452,6 +454,10 @@ class ReplicaNode:
             self._tail_bytes -= len(tail.popleft()[1])
         for event in self._wake:
             event.set()
+
+    def _clear_tail(self) -> None:
+        self._tail.clear()
+        self._tail_bytes = 0
 
     def _entries_from(self, first: int) -> list[tuple[int, bytes]]:
         limit = self.config.replication_batch_bytes
