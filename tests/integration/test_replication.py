@@ -247,3 +247,38 @@ def test_operator_lists_replicas_and_moves_the_leadership(fresh_cluster_factory,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "not in sync" in out.stderr
     assert cluster.leader(SHARD) is new
+
+
+def test_checks_follow_a_new_leader_without_waiting_for_the_directory_refresh(fresh_cluster_factory, unique_name):
+    # The checker looks at the name servers only every 60 s here: it must learn of the
+    # fail-over from the failing calls, not from its timer.
+    cluster = fresh_cluster_factory(brokers=1, replication_factor=3, checker=True,
+                                    checker_env={**CHECKER_ENV, "TXMQ_BROKER_REFRESH_SECONDS": "60"})
+    topic, group = unique_name("topic"), unique_name("group")
+    cluster.create_topic(topic, 1)
+    old = cluster.wait_leaders()[SHARD]
+    answers: list[str] = []
+
+    class Unknown(txmq.TransactionListener):
+        def execute_local_transaction(self, message: Any, arg: Any) -> Any:
+            return txmq.LocalTransactionState.UNKNOWN
+
+        def check_local_transaction(self, message: Any) -> Any:
+            answers.append(message.transaction_id)
+            return txmq.LocalTransactionState.COMMIT
+
+    with txmq.TransactionProducer(cluster.nameserver_address, producer_group=group, listener=Unknown()) as producer:
+        wait_until(lambda: cluster.checkers[0].log_text().count("producer subscribed") >= 1, 30)
+        old.kill()
+        cluster.wait_leaders(not_on=old)
+        started = time.monotonic()
+        result = producer.send_in_transaction(txmq.Message(topic, b"after-failover"))
+        assert result.state == txmq.TransactionState.PREPARED
+        with txmq.SimpleConsumer(cluster.nameserver_address, consumer_group=unique_name("c"),
+                                 subscriptions={topic: "*"}, await_duration_seconds=1.0) as consumer:
+            got: list[Any] = []
+            wait_until(lambda: got.extend(consumer.receive()) or got, 30,
+                       message="the UNKNOWN transaction was never checked on the new leader")
+        elapsed = time.monotonic() - started
+    assert got[0].body == b"after-failover" and result.transaction_id in answers
+    assert elapsed < 30, elapsed  # well below the 60 s directory refresh
