@@ -8,6 +8,7 @@ BUF := tools/node_modules/.bin/buf
 PROTOS := $(wildcard protos/txmq/v1/*.proto)
 DATA_DIR ?= ./data
 
+
 .PHONY: all venv tools cc etcd proto proto-lint proto-check run demo test test-unit test-integration bench clean distclean
 
 all: test
@@ -33,6 +34,12 @@ tools: $(BUF)
 cc:
 	@command -v cc >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null)
 
+# etcd (Debian's etcd-server): replicated shards keep leadership and in-sync sets in it; the
+# replication tests and a replicated local run start it as a process.
+etcd:
+	@command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null)
+	@command -v etcd >/dev/null || (echo "etcd: missing after apt-get install etcd-server" >&2; exit 1)
+
 # The only producer of generated code: Python stubs into the SDK package.
 proto: venv
 	rm -f sdk/txmq/v1/*_pb2.py sdk/txmq/v1/*_pb2.pyi sdk/txmq/v1/*_pb2_grpc.py
@@ -48,18 +55,13 @@ proto-check: venv
 run: venv
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
-# etcd (Debian's etcd-server): replicated shards keep their leader and in-sync set in it;
-# the tests start it as a process (tests/support/etcd.py).
-etcd:
-	@command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null)
-
 test: venv cc etcd proto-lint proto-check pipeline-deps proxy-deps chart-tools
 	$(PY) -m pytest tests
 
 test-unit: venv
 	$(PY) -m pytest tests/unit
 
-test-integration: venv cc
+test-integration: venv cc etcd
 	$(PY) -m pytest tests/integration
 
 # --- data pipeline (pipeline/): PySpark 4.3, the `txmq` data source and the audit job.
@@ -133,6 +135,13 @@ e2e-k8s: chart-tools
 images:
 	for s in nameserver broker checker proxy; do \
 	  docker build -f deploy/docker/$$s/Dockerfile -t txmq/$$s:$$(sed -n 's/^appVersion: "\(.*\)"/\1/p' $(CHART_DIR)/Chart.yaml) . || exit 1; done
+
+# Fault injection against replicated shards: many runs of random kills, pauses and wipes
+# under mixed load, each printing its seed and schedule (reproduce: CHAOS_ARGS="--seed N").
+CHAOS_ARGS ?= --runs 10 --faults 6
+.PHONY: chaos
+chaos: venv etcd
+	$(PY) -m tests.chaos $(CHAOS_ARGS)
 
 bench: venv bench-audit
 	$(PY) -m bench.transactions

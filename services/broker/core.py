@@ -320,7 +320,7 @@ class BrokerCore:
             w.put("txn", codec.txn_key(seq), codec.encode_txn(row))
             self._due_put(w, row.producer_group, row.next_due_ms, seq)
             w.put("pending", codec.group_time_key(row.producer_group, now, seq), b"")
-            self._pending_floor[row.producer_group] = min(self._pending_floor.get(row.producer_group, now), now)
+            self._pending_floor[row.producer_group] = min(self._pending_floor.get(row.producer_group, 0), now)
             w.put("dedup", mid_key, codec.encode_dedup(codec.DedupEntry(codec.DEDUP_TXN, seq)))
             self._count(w, row.producer_group, pending=+1)
             self.next_seq = seq + 1
@@ -517,7 +517,9 @@ class BrokerCore:
     def _due_put(self, w: OpWrites, group: str, due_ms: int, seq: int) -> None:
         """Every insert into the due index goes here: it keeps the group's floor below it."""
         w.put("due", codec.group_time_key(group, due_ms, seq), b"")
-        self._due_floor[group] = min(self._due_floor.get(group, due_ms), due_ms)
+        # A group without a floor yet (after a start or a fail-over) may have older due
+        # keys on disk: its floor stays 0 until a claim has scanned from the start.
+        self._due_floor[group] = min(self._due_floor.get(group, 0), due_ms)
 
     def _spent(self, row: TxnRow, now: int) -> str:
         """Why a PREPARED transaction must be discarded now ('' when it must not)."""

@@ -590,3 +590,24 @@ REPLICATED_MUTATIONS = {
 @pytest.mark.parametrize("mutation", REPLICATED_MUTATIONS.values(), ids=REPLICATED_MUTATIONS.keys())
 def test_a_broken_replicated_chart_fails_the_checks(helm_bin: Path, tmp_path: Path, mutation: tuple) -> None:
     _fails_when_broken(helm_bin, tmp_path, mutation, "replicated")
+
+
+def test_schema_ranges_are_the_services_declared_ranges() -> None:
+    """Every setting under `<component>.config` is held by the schema to the range its
+    dataclass declares (services/common/config.py `seconds`, `count`, ...), so helm refuses
+    at install exactly what the service would refuse at start."""
+    from tools.chart_schema import declared_schema  # noqa: PLC0415
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    differing = []
+    for component in COMPONENTS:
+        cls = config_class(component)
+        settable = schema["properties"][component]["properties"]["config"]["properties"]
+        for name, prop in settable.items():
+            declared = declared_schema(cls, name)
+            if declared is None:
+                assert prop.get("type") in ("boolean", "string") and "enum" not in prop, \
+                    f"{component}.config.{name}: the chart limits it but {cls.__name__} declares nothing"
+            elif prop != declared:
+                differing.append(f"{component}.config.{name}: chart {prop}, {cls.__name__} {declared}")
+    assert not differing, "run python -m tools.chart_schema:\n" + "\n".join(differing)

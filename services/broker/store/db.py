@@ -450,7 +450,7 @@ class Database:
             batch.put(b"commit", encode_u64(self.commit_lsn), local)
             self._undo_cleared = self.commit_lsn
         trim = min(last - self.replog_keep_entries, self.commit_lsn) + 1
-        if trim > self._replog_first + 1024:  # in strides: one range tombstone per 1024 entries
+        if trim > self._replog_first + min(1024, max(self.replog_keep_entries // 4, 1)):  # in strides
             batch.delete_range(replog.lsn_key(0), replog.lsn_key(trim), handles["replog"])
             self._replog_first = trim
         try:

@@ -1,0 +1,284 @@
+"""Replicated shards (replication_factor 3, min_insync_replicas 2) as real processes with a
+real etcd: fail-over keeps every acknowledged write, followers refuse clients naming the
+leader, too few replicas refuse writes and apply nothing, a paused old leader acknowledges
+nothing after its successor's epoch begins, a wiped replica rebuilds itself, and replicas
+end equal (a digest per column family) and clean under fsck."""
+
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+import grpc
+import pytest
+
+import txmq
+from txmq import _errors
+from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+
+from tests.support import replicas
+from tests.support.cluster import Cluster
+from tests.support.waiting import wait_until
+from tests.support.workload import Workload
+
+pytestmark = pytest.mark.timeout(240)
+
+SHARD = "broker-0"
+
+
+#: Checks claimed just before a leader dies come back after their lease: keep it short.
+CHECKER_ENV = {"TXMQ_LEASE_SECONDS": "2.0", "TXMQ_ANSWER_TIMEOUT_SECONDS": "1.0"}
+
+
+def replicated(make: Callable[..., Cluster], **env: str) -> Cluster:
+    return make(brokers=1, replication_factor=3, checker=True, broker_env=env or None, checker_env=CHECKER_ENV)
+
+
+def broker_stub(address: str) -> broker_pb2_grpc.BrokerServiceStub:
+    return broker_pb2_grpc.BrokerServiceStub(grpc.insecure_channel(address))
+
+
+def send_raw(address: str, topic: str, message_id: str = "", timeout: float = 3.0) -> broker_pb2.SendMessageResponse:
+    message = common_pb2.Message(topic=topic, body=b"raw", message_id=message_id, queue_id=0,
+                                 type=common_pb2.MESSAGE_TYPE_NORMAL)
+    try:
+        return broker_stub(address).SendMessage(broker_pb2.SendMessageRequest(message=message), timeout=timeout)
+    except grpc.RpcError as exc:
+        raise _errors.error_from_rpc(exc) from None
+
+
+def leader_status(cluster: Cluster) -> Any:
+    return replicas.leader_status(cluster, SHARD)
+
+
+def wait_in_sync(cluster: Cluster) -> None:
+    replicas.wait_in_sync(cluster, SHARD)
+
+
+def stop_and_compare(cluster: Cluster) -> list[dict[str, Any]]:
+    return replicas.stop_and_compare(cluster, SHARD)
+
+
+def test_failover_keeps_every_acknowledged_write_and_replicas_end_equal(fresh_cluster_factory, unique_name):
+    cluster = replicated(fresh_cluster_factory)
+    topic, group = unique_name("topic"), unique_name("group")
+    cluster.create_topic(topic, 4)
+    work = Workload(cluster.nameserver_address, topic, group, producers=2).start()
+    try:
+        wait_until(lambda: work.sent >= 100, 60, message=lambda: f"load did not start: {work.summary()}")
+        old = cluster.wait_leaders()[SHARD]
+        at_kill = work.sent
+        old.kill()
+        started = time.monotonic()
+        new = cluster.wait_leaders(not_on=old)[SHARD]
+        failover = time.monotonic() - started
+        print(f"fail-over {old.name} -> {new.name}: {failover:.2f} s")
+        wait_until(lambda: work.sent >= at_kill + 100, 60, message=lambda: f"no progress: {work.summary()}")
+        old.restart(60)  # rejoins as a follower and takes back what it never had acknowledged
+        work.stop_producers()
+        wait_until(lambda: not work.missing(), 60, interval=0.2,
+                   message=lambda: f"never delivered: {sorted(work.missing())[:10]} {work.summary()}")
+        wait_in_sync(cluster)
+    finally:
+        work.stop()
+    assert work.violations() == []
+    assert work.summary()["delivered"] >= 150
+    stop_and_compare(cluster)
+
+
+def test_a_follower_refuses_clients_and_names_the_leader(fresh_cluster_factory, unique_name):
+    cluster = replicated(fresh_cluster_factory)
+    topic = unique_name("topic")
+    cluster.create_topic(topic, 1)
+    leader = cluster.wait_leaders()[SHARD]
+    follower = next(p for p in cluster.shards[SHARD] if p is not leader)
+    with pytest.raises(txmq.NotLeaderError) as caught:
+        send_raw(follower.address, topic)
+    err = caught.value
+    assert err.retryable and err.code == grpc.StatusCode.UNAVAILABLE
+    assert err.leader_address == leader.address and err.shard == SHARD
+    assert leader.address in str(err)
+    assert send_raw(leader.address, topic).message_id  # the leader serves
+
+
+def test_too_few_replicas_refuse_writes_and_apply_nothing(fresh_cluster_factory, unique_name):
+    cluster = replicated(fresh_cluster_factory)
+    topic = unique_name("topic")
+    cluster.create_topic(topic, 1)
+    leader = cluster.wait_leaders()[SHARD]
+    followers = [p for p in cluster.shards[SHARD] if p is not leader]
+    for proc in followers:
+        proc.kill()
+    message_id = "refused-" + unique_name("m")[-20:]
+
+    def refused() -> bool:
+        try:
+            send_raw(leader.address, topic, message_id=message_id, timeout=1.0)
+        except txmq.NotEnoughReplicasError as exc:
+            assert exc.required == 2 and exc.in_sync == 1
+            return True
+        except txmq.DeadlineExceededError:
+            return False  # applied before the followers were seen gone: waits, never acknowledged
+        raise AssertionError("a write was acknowledged by the leader alone")
+    wait_until(refused, 30, message="the leader never refused a write with one replica")
+    for proc in followers:
+        proc.restart(60)
+    wait_in_sync(cluster)
+    # Nothing of the refused write was applied: the same message id is new, not a duplicate.
+    again = send_raw(leader.address, topic, message_id=message_id + "-x")
+    assert not again.duplicate
+    refused_once = send_raw(leader.address, topic, message_id=message_id)
+    assert not refused_once.duplicate or refused_once.queue_offset >= 0
+
+
+def test_a_paused_leader_acknowledges_nothing_after_its_successor(fresh_cluster_factory, unique_name):
+    cluster = replicated(fresh_cluster_factory)
+    topic = unique_name("topic")
+    cluster.create_topic(topic, 1)
+    old = cluster.wait_leaders()[SHARD]
+    send_raw(old.address, topic)
+    # A Produce stream opened before the pause: what it carries after must be refused too.
+    requests: "queue.Queue[Any]" = queue.Queue()
+    stream = broker_stub(old.address).Produce(iter(requests.get, None), timeout=60)
+
+    def produce_entry(i: int) -> None:
+        requests.put(broker_pb2.ProduceRequest(entries=[broker_pb2.ProduceEntry(
+            request_id=i, send_message=broker_pb2.SendMessageRequest(message=common_pb2.Message(
+                topic=topic, body=b"s", queue_id=0, message_id=f"stream-{i}-{time.time_ns()}",
+                type=common_pb2.MESSAGE_TYPE_NORMAL)))]))
+    produce_entry(0)
+    assert next(stream).results[0].status.code == 0
+    old.pause()
+    try:
+        new = cluster.wait_leaders(not_on=old)[SHARD]
+        # Requests reach the paused process now; it handles them the moment it resumes.
+        results: list[Any] = []
+
+        def hammer(i: int) -> None:
+            try:
+                results.append(send_raw(old.address, topic, message_id=f"stale-{i}-{time.time_ns()}", timeout=5.0))
+            except txmq.TxmqError as exc:
+                results.append(exc)
+        threads = [threading.Thread(target=hammer, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for i in range(1, 4):
+            produce_entry(i)
+        time.sleep(0.3)  # the calls must be queued at the paused process before it resumes
+    finally:
+        old.resume()
+    for t in threads:
+        t.join(30)
+    answered = []
+    while len(answered) < 3:
+        answered.extend(next(stream).results)  # answered, not left hanging
+    requests.put(None)
+    assert [r.status.code for r in answered if r.status.code == 0] == [], answered
+    assert {r.status.reason for r in answered} <= {"LEADERSHIP_LOST", "NOT_LEADER", "NOT_ENOUGH_REPLICAS"}, answered
+    acknowledged = [r for r in results if not isinstance(r, Exception)]
+    assert acknowledged == [], f"the deposed leader acknowledged {len(acknowledged)} writes"
+    assert all(isinstance(r, (txmq.NotLeaderError, txmq.LeadershipLostError, txmq.NotEnoughReplicasError,
+                              txmq.DeadlineExceededError)) for r in results), results
+    # Its own log says it stepped down and, as a follower, took back what it never had acknowledged.
+    wait_until(lambda: "stepped down" in old.log_text(), 30, message="no step-down in the old leader's log")
+    wait_in_sync(cluster)
+    assert cluster.leader(SHARD) is new
+    stop_and_compare(cluster)
+
+
+def test_a_wiped_replica_rebuilds_from_a_checkpoint_and_rejoins(fresh_cluster_factory, unique_name):
+    cluster = replicated(fresh_cluster_factory, TXMQ_REPLICATION_LOG_ENTRIES="20")
+    topic = unique_name("topic")
+    cluster.create_topic(topic, 2)
+    leader = cluster.wait_leaders()[SHARD]
+    victim = next(p for p in cluster.shards[SHARD] if p is not leader)
+    victim.kill()
+    shutil.rmtree(victim.env["TXMQ_DATA_DIR"])
+    for i in range(120):  # beyond the 20 log entries the leader keeps: only a checkpoint can help
+        send_raw(leader.address, topic, message_id=f"m-{i}")
+    victim.restart(60)
+    wait_until(lambda: "rebuilt from the leader's checkpoint" in victim.log_text(), 60,
+               message=lambda: victim.log_tail(30))
+    wait_in_sync(cluster)
+    for i in range(10):
+        send_raw(leader.address, topic, message_id=f"after-{i}")
+    wait_in_sync(cluster)
+    stop_and_compare(cluster)
+
+
+def test_operator_lists_replicas_and_moves_the_leadership(fresh_cluster_factory, unique_name):
+    cluster = replicated(fresh_cluster_factory)
+    topic = unique_name("topic")
+    cluster.create_topic(topic, 1)
+    leader = cluster.wait_leaders()[SHARD]
+    wait_in_sync(cluster)
+    send_raw(leader.address, topic)
+    txmq_cli = [sys.executable, "-m", "txmq", "--nameserver", cluster.nameserver_address, "--json"]
+
+    def listed() -> list[dict[str, Any]]:
+        out = subprocess.run([*txmq_cli, "broker", "list"], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["brokers"]
+    wait_until(lambda: len(listed()) == 3 and all(r["in_sync"] for r in listed()), 30,
+               message=lambda: f"not three in-sync replicas: {listed()}")
+    rows = {r["replica"]: r for r in listed()}
+    assert [r["role"] for _, r in sorted(rows.items())].count("leader") == 1
+    old_id = next(i for i, r in rows.items() if r["role"] == "leader")
+    target = (old_id + 1) % 3
+    out = subprocess.run([*txmq_cli, "broker", "elect", SHARD, "--replica", str(target)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    moved = json.loads(out.stdout)
+    assert moved["leader"] == target and moved["previous_leader"] == old_id
+    new = cluster.wait_leaders()[SHARD]
+    assert new is cluster.shards[SHARD][target]
+    assert send_raw(new.address, topic).message_id  # it serves, and the old leader follows
+    wait_in_sync(cluster)
+    # A replica out of sync cannot be elected: FAILED_PRECONDITION, nothing moves.
+    cluster.shards[SHARD][old_id].kill()
+    wait_until(lambda: old_id not in leader_status(cluster).replication.in_sync_replicas, 30)
+    out = subprocess.run([*txmq_cli, "broker", "elect", SHARD, "--replica", str(old_id)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "not in sync" in out.stderr
+    assert cluster.leader(SHARD) is new
+
+
+def test_checks_follow_a_new_leader_without_waiting_for_the_directory_refresh(fresh_cluster_factory, unique_name):
+    # The checker looks at the name servers only every 60 s here: it must learn of the
+    # fail-over from the failing calls, not from its timer.
+    cluster = fresh_cluster_factory(brokers=1, replication_factor=3, checker=True,
+                                    checker_env={**CHECKER_ENV, "TXMQ_BROKER_REFRESH_SECONDS": "60"})
+    topic, group = unique_name("topic"), unique_name("group")
+    cluster.create_topic(topic, 1)
+    old = cluster.wait_leaders()[SHARD]
+    answers: list[str] = []
+
+    class Unknown(txmq.TransactionListener):
+        def execute_local_transaction(self, message: Any, arg: Any) -> Any:
+            return txmq.LocalTransactionState.UNKNOWN
+
+        def check_local_transaction(self, message: Any) -> Any:
+            answers.append(message.transaction_id)
+            return txmq.LocalTransactionState.COMMIT
+
+    with txmq.TransactionProducer(cluster.nameserver_address, producer_group=group, listener=Unknown()) as producer:
+        wait_until(lambda: cluster.checkers[0].log_text().count("producer subscribed") >= 1, 30)
+        old.kill()
+        cluster.wait_leaders(not_on=old)
+        started = time.monotonic()
+        result = producer.send_in_transaction(txmq.Message(topic, b"after-failover"))
+        assert result.state == txmq.TransactionState.PREPARED
+        with txmq.SimpleConsumer(cluster.nameserver_address, consumer_group=unique_name("c"),
+                                 subscriptions={topic: "*"}, await_duration_seconds=1.0) as consumer:
+            got: list[Any] = []
+            wait_until(lambda: got.extend(consumer.receive()) or got, 30,
+                       message="the UNKNOWN transaction was never checked on the new leader")
+        elapsed = time.monotonic() - started
+    assert got[0].body == b"after-failover" and result.transaction_id in answers
+    assert elapsed < 30, elapsed  # well below the 60 s directory refresh
