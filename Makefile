@@ -143,8 +143,9 @@ CHAOS_ARGS ?= --runs 10 --faults 6
 chaos: venv etcd
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
 
-bench: venv bench-audit
+bench: venv etcd bench-audit
 	$(PY) -m bench.transactions
+	$(PY) -m bench.replication
 	$(PY) -m bench.checks
 
 clean:

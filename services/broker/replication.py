@@ -508,8 +508,15 @@ class ReplicaNode:
             "replica_id": hello.replica_id, "log_end": hello.log_end, "last_epoch": hello.last_epoch,
             "truncate_to": truncate_to, "epoch": epoch}})
 
+        # One message of entries in flight at a time, as on the Produce stream: what is
+        # written while the follower appends, syncs and acknowledges one message travels
+        # in the next, so each of its syncs and acks covers more entries under load.
+        acked = truncate_to  # where the follower's log ends once it has truncated
+
         async def acks() -> None:
+            nonlocal acked
             while (request := await context.read()) is not grpc.aio.EOF:
+                acked = max(acked, request.durable_lsn)
                 if self.followers.get(f.replica_id) is f:
                     self._on_ack(f, request.durable_lsn)
                 wake.set()
@@ -527,7 +534,7 @@ class ReplicaNode:
             sent_commit = -1
             idle = self.config.election_poll_seconds
             while self.term is not None and self.epoch == epoch and not reader.done():
-                if next_lsn <= db.written:
+                if next_lsn <= db.written and acked >= next_lsn - 1:
                     entries = self._entries_from(next_lsn)
                     if not entries or entries[0][0] != next_lsn:
                         await context.write(replication_pb2.ReplicateResponse(
