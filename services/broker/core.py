@@ -508,7 +508,10 @@ class BrokerCore:
     def _due_put(self, w: OpWrites, group: str, due_ms: int, seq: int) -> None:
         """Every insert into the due index goes here: it keeps the group's floor below it."""
         w.put("due", codec.group_time_key(group, due_ms, seq), b"")
-        self._due_floor[group] = min(self._due_floor.get(group, due_ms), due_ms)
+        # A group not claimed since start has no floor (0): entries from before a restart
+        # may lie below this one.
+        if group in self._due_floor:
+            self._due_floor[group] = min(self._due_floor[group], due_ms)
 
     def _spent(self, row: TxnRow, now: int) -> str:
         """Why a PREPARED transaction must be discarded now ('' when it must not)."""

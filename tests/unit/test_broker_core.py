@@ -257,6 +257,20 @@ def test_state_survives_a_restart(make_core, clock) -> None:
     assert second.recount() == {"pg": (1, 0)}
 
 
+def test_a_check_due_before_a_restart_is_claimed_after_a_later_send(make_core, clock) -> None:
+    """After a restart a new half message comes before the first claim (producers route to
+    the broker again at once): the claim still finds the checks due before the restart."""
+    first = make_core(transaction_timeout_seconds=1.0)
+    first.db.call(first.create_topic_op("orders", 1))
+    pending = half(first)
+    first.close()
+    clock.advance(5.0)
+    second = make_core(transaction_timeout_seconds=1.0)
+    half(second)
+    claimed = second.db.call(second.claim_op(["pg"], 10, 1.0))
+    assert [c.row.message_id for c in claimed] == [second.get_txn(pending.transaction_id).message_id]
+
+
 def test_store_belongs_to_one_broker_name(make_core, tmp_path) -> None:
     make_core().close()
     with pytest.raises(StoreIdentityError):
