@@ -18,6 +18,7 @@ import grpc
 
 from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError,
                       TxmqError, error_from_rpc)
+from ._faults import FaultTable
 from ._pipeline import ProduceStream
 from .v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
@@ -29,11 +30,16 @@ MAX_GRPC_MESSAGE_BYTES = 16 * 1024 * 1024
 CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
-    # Reconnect soon after a broker restarts (gRPC's default backoff grows to 120 s).
+    # Reconnect within about a second of a peer coming back (gRPC's default backoff grows
+    # to 120 s, which would turn a broker restart or a failover into minutes).
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 5000),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 )
+
+#: While a shard is avoided (see ``_faults``), cached routes are asked again this often at
+#: least, so a broker the name servers dropped or listed again is followed within a second.
+FAULT_ROUTE_REFRESH_SECONDS = 1.0
 
 Resp = TypeVar("Resp")
 
@@ -84,8 +90,11 @@ class Client:
         self._broker_stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
         self._ns_stubs: dict[str, nameserver_pb2_grpc.NameServerServiceStub] = {}
         self._streams: dict[str, ProduceStream] = {}
+        # topic → (queues, when fetched: time.monotonic()).
         self._routes: dict[str, tuple[tuple[QueueRoute, ...], float]] = {}
         self._broker_addresses: dict[str, str] = {}
+        #: Which shards new sends avoid (shared by this client's producers and consumers).
+        self.faults = FaultTable()
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -190,19 +199,24 @@ class Client:
     # --- routes ---------------------------------------------------------------------------
 
     def route(self, topic: str, *, refresh: bool = False) -> tuple[QueueRoute, ...]:
-        """The queues of a topic, cached for ``route_refresh_seconds``. Raises
-        TopicNotFoundError when the topic has no queue on a live broker."""
+        """The queues of a topic, cached for ``route_refresh_seconds`` (at most
+        ``FAULT_ROUTE_REFRESH_SECONDS`` while a shard is avoided). Raises TopicNotFoundError
+        when the topic has no queue on a live broker."""
         now = time.monotonic()
         cached = self._routes.get(topic)
-        if cached is not None and not refresh and cached[1] > now:
-            return cached[0]
+        if cached is not None and not refresh:
+            ttl = self.route_refresh_seconds
+            if ttl > FAULT_ROUTE_REFRESH_SECONDS and self.faults.any_avoided():
+                ttl = FAULT_ROUTE_REFRESH_SECONDS
+            if now - cached[1] < ttl:
+                return cached[0]
         response = self._nameserver_call("QueryRoute", nameserver_pb2.QueryRouteRequest(topic=topic))
         routes = tuple(QueueRoute(q.broker_name, q.broker_address, q.queue_id) for q in response.queues)
         if not routes:
             self._routes.pop(topic, None)
             raise TopicNotFoundError(topic)
         with self._lock:
-            self._routes[topic] = (routes, now + self.route_refresh_seconds)
+            self._routes[topic] = (routes, now)
             for r in routes:
                 self._broker_addresses[r.broker_name] = r.broker_address
         return routes
