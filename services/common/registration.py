@@ -14,6 +14,8 @@ import grpc
 
 from txmq.v1 import nameserver_pb2_grpc
 
+from .channels import ChannelPool
+
 log = logging.getLogger(__name__)
 
 Call = Callable[[nameserver_pb2_grpc.NameServerServiceStub], Awaitable[object]]
@@ -27,8 +29,8 @@ class Heartbeat:
         self.register = register
         self.unregister = unregister
         self.timeout = timeout_seconds
-        self._channels = {a: grpc.aio.insecure_channel(a) for a in nameservers}
-        self._stubs = {a: nameserver_pb2_grpc.NameServerServiceStub(c) for a, c in self._channels.items()}
+        self._channels = ChannelPool()
+        self._stubs = {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a)) for a in nameservers}
         self._kick: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._failing: set[str] = set()
@@ -78,5 +80,4 @@ class Heartbeat:
             except asyncio.CancelledError:
                 pass
         await asyncio.gather(*(self._one(a, self.unregister) for a in self.nameservers))
-        for channel in self._channels.values():
-            await channel.close()
+        await self._channels.close()
