@@ -24,20 +24,29 @@ from __future__ import annotations
 import enum
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Generic, Hashable, Sequence, TypeVar
 
-from ._errors import TxmqError
+from ._errors import BrokerNotFoundError, TxmqError
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 #: First avoidance of a shard after a failure; doubled at each failure in a row ...
 BASE_AVOID_SECONDS = 0.25
 #: ... up to this. A shard that comes back takes traffic again at most this long (plus a
 #: route refresh) after it does.
 MAX_AVOID_SECONDS = 2.0
+#: While a shard is avoided, cached routes are asked again this often at least, so a broker
+#: the name servers dropped or list again is followed within about a second.
+FAULT_ROUTE_REFRESH_SECONDS = 1.0
 #: Weight of the newest sample in a shard's latency average.
 LATENCY_EWMA_WEIGHT = 0.2
+#: Half messages given up on after a failed attempt are remembered this long, at most this
+#: many (newest kept): a check about one of them is answered ROLLBACK by the client.
+ABANDONED_KEEP_SECONDS = 24 * 3600.0
+ABANDONED_MAX = 100_000
 
 
 class RetryAction(enum.Enum):
@@ -56,7 +65,10 @@ class RetryAction(enum.Enum):
 def retry_action(error: TxmqError, *, bound: bool) -> RetryAction:
     """The one classification of failures for every client: ``bound`` requests (an id names
     their shard: EndTransaction, answers, acks, receipt handles; or a send that must keep its
-    message id) retry on their shard; unbound sends go elsewhere."""
+    message id) retry on their shard; unbound sends go elsewhere. For a bound request a
+    shard the name servers no longer list is down, not gone: it is retried too."""
+    if bound and isinstance(error, BrokerNotFoundError):
+        return RetryAction.SAME_SHARD
     if not error.retryable:
         return RetryAction.FAIL
     return RetryAction.SAME_SHARD if bound else RetryAction.ELSEWHERE
@@ -218,3 +230,41 @@ class FaultTable:
                 for name, s in sorted(self._shards.items()))
             return RoutingStats(rerouted=self._rerouted,
                                 avoided=tuple(s.shard for s in shards if s.avoided), shards=shards)
+
+
+class Abandoned(Generic[K]):
+    """Half message attempts a client gave up on (the send moved to another shard, or
+    failed): the broker may have stored one before its answer was lost, an orphan whose
+    local transaction never ran, so the client answers its check ROLLBACK. Keyed by what
+    names the attempt (the SDK: the message id, which names its shard; the proxy: shard
+    and the client's message id). Kept in memory only. Thread-safe."""
+
+    def __init__(self, keep_seconds: float = ABANDONED_KEEP_SECONDS, most: int = ABANDONED_MAX,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._keep = keep_seconds
+        self._most = most
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._keys: OrderedDict[K, float] = OrderedDict()
+
+    def add(self, key: K) -> None:
+        now = self._clock()
+        with self._lock:
+            self._keys[key] = now
+            self._keys.move_to_end(key)
+            while self._keys and (len(self._keys) > self._most
+                                  or next(iter(self._keys.values())) < now - self._keep):
+                self._keys.popitem(last=False)
+
+    def discard(self, key: K) -> None:
+        """The attempt turned out to be the one used (a retry with the same id succeeded)."""
+        with self._lock:
+            self._keys.pop(key, None)
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._keys
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._keys)

@@ -13,17 +13,15 @@ import itertools
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
-from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 from ._checks import CheckResponder, InProgress
 from ._client import Client, QueueRoute, positive
 from ._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeError, QueueNotFoundError,
                       TopicNotFoundError, TransactionStateError, TxmqError, WrongBrokerError)
-from ._faults import RetryAction, RoutingStats, retry_action
+from ._faults import Abandoned, RetryAction, RoutingStats, retry_action
 from ._ids import MessageId
 from ._names import validate_group, validate_send_topic
 from ._pipeline import LINGER_SECONDS
@@ -39,43 +37,8 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 _HOST = socket.gethostname()
 #: Refusals meaning the cached route is out of date: the next send asks a name server again.
 _STALE_ROUTE = (QueueNotFoundError, TopicNotFoundError, WrongBrokerError)
-#: Half messages given up on after a failed attempt are remembered this long, at most this
-#: many (newest kept): a check about one of them is answered ROLLBACK by the producer.
-ABANDONED_KEEP_SECONDS = 24 * 3600.0
-ABANDONED_MAX = 100_000
-
-
 def _shard_of(route: QueueRoute) -> str:
     return route.broker_name
-
-
-class _Abandoned:
-    """Message ids of half messages whose attempt failed and was given up on (the send moved
-    to another shard, or failed): the broker may have stored one before its answer was
-    lost, an orphan whose local transaction never ran. Thread-safe."""
-
-    def __init__(self, keep_seconds: float = ABANDONED_KEEP_SECONDS, most: int = ABANDONED_MAX) -> None:
-        self._keep = keep_seconds
-        self._most = most
-        self._lock = threading.Lock()
-        self._ids: OrderedDict[str, float] = OrderedDict()
-
-    def add(self, message_id: str) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._ids[message_id] = now
-            self._ids.move_to_end(message_id)
-            while self._ids and (len(self._ids) > self._most
-                                 or next(iter(self._ids.values())) < now - self._keep):
-                self._ids.popitem(last=False)
-
-    def __contains__(self, message_id: object) -> bool:
-        with self._lock:
-            return message_id in self._ids
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._ids)
 
 
 def new_client_id() -> str:
@@ -132,7 +95,7 @@ class Producer:
                               route_refresh_seconds=route_refresh_seconds, what="producer",
                               linger_seconds=float(linger_seconds))
         self._next_queue = itertools.count(int.from_bytes(os.urandom(2), "big"))
-        self._abandoned = _Abandoned()
+        self._abandoned: Abandoned[str] = Abandoned()
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -304,7 +267,7 @@ class TransactionProducer(Producer):
     another shard (or fails), the attempt may have been stored before its answer was lost.
     Its local transaction never ran, so this instance answers that orphan's check ROLLBACK
     itself, without asking the listener (it remembers the message ids it gave up on, in
-    memory, for ``ABANDONED_KEEP_SECONDS``). If the process is gone by then, the check goes
+    memory, for 24 hours: ``txmq._faults.ABANDONED_KEEP_SECONDS``). If the process is gone by then, the check goes
     to another instance of the group and the listener decides: record the local
     transaction under ``message.transaction_id`` and answer by it, and the orphan (a
     transaction id no local transaction used) is rolled back; answering by a business key

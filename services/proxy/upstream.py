@@ -18,6 +18,7 @@ import grpc
 
 from services.common.channels import ChannelPool
 from txmq._errors import BrokerNotFoundError, TxmqError, UnavailableError, error_from_rpc
+from txmq._faults import FAULT_ROUTE_REFRESH_SECONDS, Abandoned, FaultTable
 from txmq.v1 import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 from .config import ProxyConfig
@@ -60,6 +61,11 @@ class Upstream:
         #: checker address → name.
         self.checkers: dict[str, str] = {}
         self._routes: dict[str, tuple[float, list[nameserver_pb2.QueueRoute]]] = {}
+        #: Which shards new sends avoid (the SDK's fault table).
+        self.faults = FaultTable()
+        #: (shard, client message id) of half message attempts given up on: their orphans'
+        #: checks are answered ROLLBACK here (see ``relay`` and ``checks``).
+        self.abandoned: Abandoned[tuple[str, str]] = Abandoned()
         self.on_checkers_changed: list[Callable[[], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._failing: set[str] = set()
@@ -154,12 +160,15 @@ class Upstream:
         return self.limits
 
     async def route(self, topic: str) -> list[nameserver_pb2.QueueRoute]:
-        """The topic's queues (name server QueryRoute), reused for ``route_ttl_seconds``.
-        Raises TopicNotFoundError (or INVALID_NAME) as the name server does."""
+        """The topic's queues (name server QueryRoute), reused for ``route_ttl_seconds``
+        (at most ``FAULT_ROUTE_REFRESH_SECONDS`` while a shard is avoided). Raises
+        TopicNotFoundError (or INVALID_NAME) as the name server does."""
         now = self.clock()
         cached = self._routes.get(topic)
         if cached is not None and cached[0] > now:
-            return cached[1]
+            fetched = cached[0] - self.config.route_ttl_seconds
+            if not (now - fetched >= FAULT_ROUTE_REFRESH_SECONDS and self.faults.any_avoided()):
+                return cached[1]
         last: TxmqError | None = None
         for address, stub in self._ns.items():
             try:

@@ -15,7 +15,8 @@ import pytest
 import txmq
 from txmq.v1 import admin_pb2, common_pb2
 from tests.support import holdsync
-from tests.support.failover import CommitListener, CommitLoad, ratio, shard_successes, table
+from tests.support.failover import (CommitListener, CommitLoad, describe, drain, pending, ratio,
+                                    shard_successes, table)
 from tests.support.holdsync import SyncGate
 from tests.support.waiting import wait_until
 
@@ -27,33 +28,6 @@ WINDOW_DEADLINE_SECONDS = 30.0
 #: Each local transaction takes this long (a database write), as in a service: the load is
 #: the issue's (a few hundred transactions a second), which one broker can carry alone.
 LOCAL_TRANSACTION_SECONDS = 0.01
-
-
-def pending(cluster, group: str) -> list[common_pb2.Transaction]:
-    return list(cluster.admin_stub().ListTransactions(admin_pb2.ListTransactionsRequest(
-        producer_group=group, state=common_pb2.TRANSACTION_STATE_PREPARED), timeout=5).transactions)
-
-
-def describe(cluster, transaction_id: str) -> common_pb2.Transaction:
-    return cluster.admin_stub().DescribeTransaction(
-        admin_pb2.DescribeTransactionRequest(transaction_id=transaction_id), timeout=5).transaction
-
-
-def drain(cluster, topic: str, group: str, expected: set[bytes], timeout: float = 30.0) -> list[bytes]:
-    """Every body the group receives (acknowledged) until all of ``expected`` came and then
-    a receive of 0.5 s brought nothing more."""
-    bodies: list[bytes] = []
-    with txmq.SimpleConsumer(cluster.nameserver_address, consumer_group=group, subscriptions={topic: "*"},
-                             await_duration_seconds=0.5) as consumer:
-        def settled() -> bool:
-            batch = consumer.receive(max_messages=64)
-            bodies.extend(m.body for m in batch)
-            consumer.ack_many(batch)
-            return not batch and expected <= set(bodies)
-
-        wait_until(settled, timeout, interval=0.0, ignore=(txmq.UnavailableError,),
-                   message=lambda: f"{len(expected - set(bodies))} committed messages not delivered")
-    return bodies
 
 
 def test_one_shard_down_keeps_throughput_and_delivers_every_commit_once(fresh_cluster_factory, unique_name):

@@ -12,9 +12,12 @@ import bisect
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import txmq
+from txmq.v1 import admin_pb2, common_pb2
+
+from .waiting import wait_until
 
 LocalState = txmq.LocalTransactionState
 
@@ -104,16 +107,21 @@ class CommitLoad:
     def window(self, transactions: int, timeout: float) -> "Window":
         """Waits (up to ``timeout``) until ``transactions`` more calls returned; the window is
         from now to then."""
-        start_count, start = self.count, time.monotonic()
-        deadline = start + timeout
-        while self.count < start_count + transactions and time.monotonic() < deadline:
-            time.sleep(0.01)
-        end = time.monotonic()
-        return Window(self.count_between(start, end), end - start)
+        return measure(lambda: self.count, transactions, timeout)
 
     def per_second(self, start: float, end: float) -> list[int]:
         """Calls returned in each whole second from ``start`` to ``end``."""
         return [self.count_between(start + s, start + s + 1) for s in range(int(end - start))]
+
+
+def measure(count: Callable[[], int], transactions: int, timeout: float) -> "Window":
+    """Waits (up to ``timeout``) until ``count()`` grew by ``transactions``: the window from
+    now to then, with what it counted."""
+    first, start = count(), time.monotonic()
+    deadline = start + timeout
+    while count() < first + transactions and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return Window(count() - first, time.monotonic() - start)
 
 
 @dataclass(frozen=True)
@@ -141,3 +149,30 @@ def ratio(during: Window, before: Window) -> float:
 def table(rows: Sequence[tuple[str, Window]]) -> str:
     return "\n".join(f"  {name:<8} {w.transactions:6d} txn in {w.seconds:5.2f}s = {w.rate:7.1f} txn/s"
                      for name, w in rows)
+
+
+def pending(cluster, group: str) -> list[common_pb2.Transaction]:
+    return list(cluster.admin_stub().ListTransactions(admin_pb2.ListTransactionsRequest(
+        producer_group=group, state=common_pb2.TRANSACTION_STATE_PREPARED), timeout=5).transactions)
+
+
+def describe(cluster, transaction_id: str) -> common_pb2.Transaction:
+    return cluster.admin_stub().DescribeTransaction(
+        admin_pb2.DescribeTransactionRequest(transaction_id=transaction_id), timeout=5).transaction
+
+
+def drain(cluster, topic: str, group: str, expected: set[bytes], timeout: float = 30.0) -> list[bytes]:
+    """Every body the group receives (acknowledged) until all of ``expected`` came and then
+    a receive of 0.5 s brought nothing more."""
+    bodies: list[bytes] = []
+    with txmq.SimpleConsumer(cluster.nameserver_address, consumer_group=group, subscriptions={topic: "*"},
+                             await_duration_seconds=0.5) as consumer:
+        def settled() -> bool:
+            batch = consumer.receive(max_messages=64)
+            bodies.extend(m.body for m in batch)
+            consumer.ack_many(batch)
+            return not batch and expected <= set(bodies)
+
+        wait_until(settled, timeout, interval=0.0, ignore=(txmq.UnavailableError,),
+                   message=lambda: f"{len(expected - set(bodies))} committed messages not delivered")
+    return bodies
