@@ -18,7 +18,7 @@ import grpc
 
 from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError,
                       TxmqError, error_from_rpc)
-from ._faults import FaultTable
+from ._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable
 from ._pipeline import ProduceStream
 from .v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
@@ -36,10 +36,6 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
-
-#: While a shard is avoided (see ``_faults``), cached routes are asked again this often at
-#: least, so a broker the name servers dropped or listed again is followed within a second.
-FAULT_ROUTE_REFRESH_SECONDS = 1.0
 
 Resp = TypeVar("Resp")
 
