@@ -184,6 +184,11 @@ class FaultTable:
         s.probe_until = now + self.max_avoid_seconds
         return True
 
+    def usable(self, shard: str) -> bool:
+        """Whether a new request may go to ``shard`` now (a due probe is claimed for it)."""
+        with self._lock:
+            return self._usable_locked(shard, self._clock())
+
     def avoided(self, shard: str) -> bool:
         """Whether new sends avoid ``shard`` now (a due probe counts as avoided: read-only)."""
         with self._lock:

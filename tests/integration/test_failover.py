@@ -140,3 +140,32 @@ def test_half_message_stored_but_unanswered_is_rolled_back_by_the_producer(
         assert orphans, "no orphan was stored on broker-1: the test did not exercise a lost answer"
         assert all(t.resolution_source == common_pb2.TRANSACTION_SOURCE_CHECK for t in orphans)
         assert listener.checked == [], "the listener was asked about an orphan the producer knew"
+
+
+def test_a_consumer_of_two_shards_keeps_receiving_from_the_healthy_one(fresh_cluster_factory, unique_name):
+    """broker-1 is down: receive() neither raises nor waits on it, and what producers send
+    meanwhile (to broker-0, rerouted) arrives; once broker-1 is back its messages do too."""
+    cluster = fresh_cluster_factory(brokers=2, nameserver_env=NAMESERVER_ENV)
+    topic, group = unique_name("orders"), unique_name("billing")
+    cluster.create_topic(topic, 2)
+    with txmq.Producer(cluster.nameserver_address) as producer, \
+            txmq.SimpleConsumer(cluster.nameserver_address, consumer_group=group, subscriptions={topic: "*"},
+                                await_duration_seconds=0.5) as consumer:
+        before = [producer.send(txmq.Message(topic, f"before-{i}".encode())) for i in range(4)]
+        assert {r.broker_name for r in before} == {"broker-0", "broker-1"}
+        cluster.kill_broker(1)
+        sent = [producer.send(txmq.Message(topic, f"during-{i}".encode())) for i in range(20)]
+        assert {r.broker_name for r in sent} == {"broker-0"}
+        received: list[bytes] = []
+
+        def received_all(bodies: set[bytes]) -> bool:
+            batch = consumer.receive(max_messages=32)  # raising fails the test
+            consumer.ack_many(batch)
+            received.extend(m.body for m in batch)
+            return bodies <= set(received)
+
+        wait_until(lambda: received_all({f"during-{i}".encode() for i in range(20)}), 20, interval=0.0,
+                   message=lambda: f"received only {sorted(received)}")
+        cluster.restart_broker(1)
+        wait_until(lambda: received_all({f"before-{i}".encode() for i in range(4)}), 20, interval=0.0,
+                   message=lambda: f"broker-1's messages not received: {sorted(received)}")
