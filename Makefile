@@ -132,6 +132,7 @@ images:
 bench: venv bench-audit
 	$(PY) -m bench.transactions
 	$(PY) -m bench.checks
+	$(PY) -m bench.failover
 
 clean:
 	rm -rf $(DATA_DIR) .pytest_cache
