@@ -17,7 +17,7 @@ from .chart import Rendered
 HERE = Path(__file__).resolve().parent
 EXPECTED_ALERTS = {"TxmqCheckLagHigh", "TxmqCheckDueUndelivered", "TxmqTransactionsDiscarded",
                    "TxmqPendingTransactionsGrowing", "TxmqBrokerDown", "TxmqBrokersMissing",
-                   "TxmqProxiesMissing"}
+                   "TxmqProxiesMissing", "TxmqShardAvoided"}
 
 
 def _rules(rendered: dict[str, Rendered]) -> dict[str, Any]:
