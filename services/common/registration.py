@@ -2,6 +2,11 @@
 
 Each name server is independent (RocketMQ's design): a registration failing on one does
 not delay the others, and a name server that comes back learns everything at the next beat.
+
+A name server drops a member after ``expiry_seconds`` without a beat (a few missed beats),
+and says in every answer how often it expects one: a member beats at the shortest interval
+any name server asks for (or its own ``heartbeat_interval_seconds`` when that is shorter),
+so the name servers' settings alone decide how soon a dead broker leaves the routes.
 """
 
 from __future__ import annotations
@@ -52,7 +57,12 @@ class Heartbeat:
 
     async def _one(self, address: str, call: Call) -> None:
         try:
-            await asyncio.wait_for(call(self._stubs[address]), self.timeout)
+            answer = await asyncio.wait_for(call(self._stubs[address]), self.timeout)
+            asked = getattr(answer, "heartbeat_interval_seconds", 0.0)
+            if 0 < asked < self.interval:
+                log.info("beating at the interval a name server asks for", extra={"fields": {
+                    "nameserver": address, "interval_seconds": asked, "was_seconds": self.interval}})
+                self.interval = asked
             if address in self._failing:
                 self._failing.discard(address)
                 log.info("name server reachable again", extra={"fields": {"nameserver": address}})

@@ -169,3 +169,29 @@ def test_a_consumer_of_two_shards_keeps_receiving_from_the_healthy_one(fresh_clu
         cluster.restart_broker(1)
         wait_until(lambda: received_all({f"before-{i}".encode() for i in range(4)}), 20, interval=0.0,
                    message=lambda: f"broker-1's messages not received: {sorted(received)}")
+
+
+def test_the_name_servers_settings_decide_how_soon_a_dead_broker_leaves_the_routes(fresh_cluster_factory,
+                                                                                    unique_name):
+    """The name server asks for a beat every 0.2 s and drops a broker after 0.6 s without
+    one; a broker configured to beat every 5 s beats as asked, and leaves the routes within
+    a few beats of its SIGKILL."""
+    cluster = fresh_cluster_factory(brokers=2, nameserver_env={"TXMQ_HEARTBEAT_INTERVAL_SECONDS": "0.2",
+                                                                "TXMQ_BROKER_EXPIRY_SECONDS": "0.6"},
+                                    broker_env={"TXMQ_HEARTBEAT_INTERVAL_SECONDS": "5.0"})
+    topic = unique_name("orders")
+    cluster.create_topic(topic, 2)
+    beats: set[int] = set()
+
+    def beating() -> bool:
+        listed = {b.name: b for b in cluster.list_brokers()}
+        assert set(listed) == {"broker-0", "broker-1"}, "a live broker left the routes"
+        beats.add(listed["broker-1"].last_heartbeat_ms)
+        return len(beats) >= 6
+
+    wait_until(beating, 10, interval=0.05, message=lambda: f"broker-1 beat {len(beats)} times")
+    cluster.kill_broker(1)
+    killed = time.monotonic()
+    wait_until(lambda: {q.broker_name for q in cluster.query_route(topic)} == {"broker-0"}, 5,
+               message="the killed broker stays in the routes")
+    print(f"broker-1 left the routes {time.monotonic() - killed:.2f}s after its SIGKILL")
