@@ -24,7 +24,7 @@ EXPORTS = [
     "InvalidNameError", "LocalTransactionState", "Message", "MessageTooLargeError",
     "NoBrokerError", "NotFoundError", "Producer", "PropertiesTooLargeError", "PushConsumer",
     "QueueNotFoundError", "ReceiptHandleNotFoundError", "ReceivedMessage",
-    "ResourceExhaustedError", "SendReceipt", "SimpleConsumer", "StaleClaimError", "SystemTopicError",
+    "ResourceExhaustedError", "RoutingStats", "SendReceipt", "ShardStats", "SimpleConsumer", "StaleClaimError", "SystemTopicError",
     "TopicExistsError", "TopicNotFoundError", "TransactionListener", "TransactionMessage",
     "TransactionNotFoundError", "TransactionProducer", "TransactionResult", "TransactionState",
     "TransactionStateError", "TxmqError", "UnavailableError", "WrongBrokerError",
