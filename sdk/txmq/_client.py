@@ -18,7 +18,7 @@ import grpc
 
 from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError,
                       TxmqError, error_from_rpc)
-from ._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable
+from ._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, RetryAction, retry_action
 from ._pipeline import ProduceStream
 from .v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
@@ -36,6 +36,11 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
+
+#: Attempts of a call bound to its shard (:meth:`Client.call_bound`), the first retry after
+#: BOUND_BACKOFF_SECONDS, doubling.
+BOUND_ATTEMPTS = 3
+BOUND_BACKOFF_SECONDS = 0.1
 
 Resp = TypeVar("Resp")
 
@@ -162,6 +167,32 @@ class Client:
             if self._closed:
                 raise ClientClosedError(self._what) from None
             raise
+
+    def call_bound(self, shard: str, method_of: Callable[[broker_pb2_grpc.BrokerServiceStub], Callable[..., Resp]],
+                   request: Any, timeout: float | None = None) -> Resp:
+        """A unary call bound to ``shard`` by an id (an ack, an invisibility change): retried
+        on that shard with backoff while it fails transiently or the name servers do not
+        list it (see ``_faults.retry_action``), asking its address again before each retry;
+        recorded in the fault table."""
+        attempt = 1
+        while True:
+            try:
+                address = self.broker_address(shard, refresh=attempt > 1)
+                response = self.call(method_of(self.broker(address)), request, timeout)
+            except ClientClosedError:
+                raise
+            except TxmqError as err:
+                if err.retryable:
+                    self.faults.failed(shard)
+                if retry_action(err, bound=True) is RetryAction.FAIL or attempt >= BOUND_ATTEMPTS:
+                    raise
+                log.debug("call to %s failed (attempt %d of %d), retrying there: %s",
+                          shard, attempt, BOUND_ATTEMPTS, err)
+                time.sleep(BOUND_BACKOFF_SECONDS * 2 ** (attempt - 1))
+                attempt += 1
+                continue
+            self.faults.succeeded(shard)
+            return response
 
     def _nameserver_call(self, name: str, request: Any) -> Any:
         """Tries the name servers in turn, from the last one that answered; transient errors

@@ -273,8 +273,7 @@ class SimpleConsumer:
         request = broker_pb2.AckMessagesRequest(consumer_group=self.consumer_group, topic=topic,
                                                 receipt_handles=[m.receipt_handle for m in messages])
         try:
-            address = self._client.broker_address(broker_name)
-            response = self._client.call(self._client.broker(address).AckMessages, request)
+            response = self._client.call_bound(broker_name, lambda stub: stub.AckMessages, request)
         except ClientClosedError:
             raise
         except TxmqError as err:
@@ -294,8 +293,8 @@ class SimpleConsumer:
         request = broker_pb2.ChangeInvisibleDurationRequest(
             consumer_group=self.consumer_group, topic=message.topic,
             receipt_handle=message.receipt_handle, invisible_duration_seconds=seconds)
-        address = self._client.broker_address(message.broker_name)
-        response = self._client.call(self._client.broker(address).ChangeInvisibleDuration, request)
+        response = self._client.call_bound(message.broker_name, lambda stub: stub.ChangeInvisibleDuration,
+                                           request)
         return dataclasses.replace(message, receipt_handle=response.receipt_handle,
                                    invisible_until=ms_to_datetime(response.invisible_until_ms))
 

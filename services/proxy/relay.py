@@ -23,7 +23,7 @@ import hashlib
 import logging
 import random
 import time
-from typing import Sequence
+from typing import Awaitable, Callable, Sequence, TypeVar
 
 from txmq._errors import InvalidIdError, TopicNotFoundError, TxmqError, error_from_entry
 from txmq._faults import FaultTable, RetryAction, retry_action
@@ -37,12 +37,14 @@ from .upstream import Upstream, call
 _STALE_ROUTE = {"TOPIC_NOT_FOUND", "QUEUE_NOT_FOUND", "BROKER_NOT_FOUND"}
 #: Attempts of one send, over different shards while there are usable ones.
 SEND_ATTEMPTS = 3
-#: Attempts of an EndTransaction on the shard its transaction id names, the first retry
-#: after END_BACKOFF_SECONDS, doubling.
-END_ATTEMPTS = 3
-END_BACKOFF_SECONDS = 0.1
+#: Attempts of a call bound to the shard an id names (EndTransaction, acks, invisibility,
+#: dead-lettering), the first retry after BOUND_BACKOFF_SECONDS, doubling.
+BOUND_ATTEMPTS = 3
+BOUND_BACKOFF_SECONDS = 0.1
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 
 def _shard_of(queue: nameserver_pb2.QueueRoute) -> str:
@@ -118,20 +120,30 @@ class Relay:
         broker = TransactionId.decode(transaction_id).broker
         request = broker_pb2.EndTransactionRequest(
             transaction_id=transaction_id, message_id=message_id, resolution=resolution, source=source)
+        try:
+            return await self._bound(broker, lambda stub: stub.EndTransaction(
+                request, timeout=self.config.rpc_timeout_seconds))
+        except TxmqError as exc:
+            if retry_action(exc, bound=True) is RetryAction.FAIL:
+                raise
+            log.warning("EndTransaction not delivered: the check will decide", extra={"fields": {
+                "broker": broker, "transaction_id": transaction_id, "error": str(exc)[:200]}})
+            return None
+
+    async def _bound(self, broker: str, send: Callable[[broker_pb2_grpc.BrokerServiceStub], Awaitable[R]]) -> R:
+        """A call bound to ``broker`` by an id, retried there with backoff while it fails
+        transiently or the name servers do not list it (``retry_action(bound=True)``)."""
         attempt = 1
         while True:
             try:
                 stub = await self.upstream.broker(broker)
-                return await call(stub.EndTransaction(request, timeout=self.config.rpc_timeout_seconds))
+                return await call(send(stub))
             except TxmqError as exc:
-                if retry_action(exc, bound=True) is RetryAction.FAIL:
+                if exc.retryable:
+                    self.upstream.faults.failed(broker)
+                if retry_action(exc, bound=True) is RetryAction.FAIL or attempt >= BOUND_ATTEMPTS:
                     raise
-                self.upstream.faults.failed(broker)
-                if attempt >= END_ATTEMPTS:
-                    log.warning("EndTransaction not delivered: the check will decide", extra={"fields": {
-                        "broker": broker, "transaction_id": transaction_id, "error": str(exc)[:200]}})
-                    return None
-            await asyncio.sleep(END_BACKOFF_SECONDS * 2 ** (attempt - 1))
+            await asyncio.sleep(BOUND_BACKOFF_SECONDS * 2 ** (attempt - 1))
             attempt += 1
 
     async def brokers_of(self, topic: str) -> dict[str, str]:
@@ -161,11 +173,11 @@ class Relay:
             except InvalidIdError as exc:
                 results[i] = exc
         for broker, indexes in by_broker.items():
+            request = broker_pb2.AckMessagesRequest(
+                consumer_group=group, topic=topic, receipt_handles=[handles[i] for i in indexes])
             try:
-                stub = await self.upstream.broker(broker)
-                response = await call(stub.AckMessages(broker_pb2.AckMessagesRequest(
-                    consumer_group=group, topic=topic, receipt_handles=[handles[i] for i in indexes]),
-                    timeout=self.config.rpc_timeout_seconds))
+                response = await self._bound(broker, lambda stub: stub.AckMessages(
+                    request, timeout=self.config.rpc_timeout_seconds))
             except TxmqError as exc:
                 for i in indexes:
                     results[i] = exc
@@ -176,15 +188,15 @@ class Relay:
 
     async def change_invisible(self, group: str, topic: str, handle: str, seconds: float) -> str:
         broker = ReceiptHandle.decode(handle).broker
-        stub = await self.upstream.broker(broker)
-        response = await call(stub.ChangeInvisibleDuration(broker_pb2.ChangeInvisibleDurationRequest(
-            consumer_group=group, topic=topic, receipt_handle=handle, invisible_duration_seconds=seconds),
-            timeout=self.config.rpc_timeout_seconds))
+        request = broker_pb2.ChangeInvisibleDurationRequest(
+            consumer_group=group, topic=topic, receipt_handle=handle, invisible_duration_seconds=seconds)
+        response = await self._bound(broker, lambda stub: stub.ChangeInvisibleDuration(
+            request, timeout=self.config.rpc_timeout_seconds))
         return response.receipt_handle
 
     async def dead_letter(self, group: str, topic: str, handle: str) -> broker_pb2.DeadLetterMessageResponse:
         """Moves one in-flight delivery to ``%DLQ%<group>`` now, on the broker the handle names."""
         broker = ReceiptHandle.decode(handle).broker
-        stub = await self.upstream.broker(broker)
-        return await call(stub.DeadLetterMessage(broker_pb2.DeadLetterMessageRequest(
-            consumer_group=group, topic=topic, receipt_handle=handle), timeout=self.config.rpc_timeout_seconds))
+        request = broker_pb2.DeadLetterMessageRequest(consumer_group=group, topic=topic, receipt_handle=handle)
+        return await self._bound(broker, lambda stub: stub.DeadLetterMessage(
+            request, timeout=self.config.rpc_timeout_seconds))

@@ -2,8 +2,9 @@
 brokers and a checker; one broker SIGKILLed under a transactional load.
 
 Rates are compared as ratios of counts over windows of the same run (a window ends once a
-number of transactions returned, or at its deadline), never against absolute rates, so a
-loaded machine slows both sides alike.
+number of transactions returned, or at its deadline), never against absolute rates: the
+rate while one shard is down against the healthy rate, the windows before and after the
+outage taken together, so a loaded machine and its drift weigh on both sides alike.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 import txmq
 from txmq.v1 import admin_pb2, common_pb2
 from tests.support import holdsync
-from tests.support.failover import (CommitListener, CommitLoad, describe, drain, pending, ratio,
+from tests.support.failover import (CommitListener, CommitLoad, describe, drain, healthy, pending, ratio,
                                     shard_successes, table)
 from tests.support.holdsync import SyncGate
 from tests.support.waiting import wait_until
@@ -23,7 +24,7 @@ from tests.support.waiting import wait_until
 #: The name server drops a broker after three missed heartbeats (0.5 s each in tests).
 NAMESERVER_ENV = {"TXMQ_BROKER_EXPIRY_SECONDS": "1.5"}
 #: Each window lasts about this long at the rate measured while warming up.
-WINDOW_SECONDS = 3.0
+WINDOW_SECONDS = 4.0
 WINDOW_DEADLINE_SECONDS = 30.0
 #: Each local transaction takes this long (a database write), as in a service: the load is
 #: the issue's (a few hundred transactions a second), which one broker can carry alone.
@@ -62,7 +63,8 @@ def test_one_shard_down_keeps_throughput_and_delivers_every_commit_once(fresh_cl
         stats = producer.routing_stats()
         print(f"\n{report}\n  broker-1 sent to again {back_after:.2f}s after it registered; {stats}")
         assert load.errors == [], f"calls failed to the application: {load.errors[:3]}"
-        assert ratio(during, before) >= 0.8, f"throughput collapsed while broker-1 was down:\n{report}"
+        assert ratio(during, healthy(before, after)) >= 0.8, \
+            f"throughput collapsed while broker-1 was down:\n{report}"
         assert [s.failures > 0 for s in stats.shards] == [False, True], stats
         assert producer.routing_stats().avoided == ()
 

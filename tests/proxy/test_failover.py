@@ -11,7 +11,7 @@ from typing import Callable
 
 import pytest
 
-from tests.support.failover import drain, measure, pending, ratio, table
+from tests.support.failover import drain, healthy, measure, pending, ratio, table
 from tests.support.metrics import metric
 from tests.support.waiting import wait_until
 
@@ -21,9 +21,9 @@ from .support import Clients
 pytestmark = pytest.mark.timeout(240)
 
 NAMESERVER_ENV = {"TXMQ_AUTO_CREATE_TOPICS": "true", "TXMQ_BROKER_EXPIRY_SECONDS": "1.5"}
-WINDOW_SECONDS = 3.0
+WINDOW_SECONDS = 4.0
 WINDOW_DEADLINE_SECONDS = 40.0
-LOCAL_TRANSACTION_SECONDS = 0.01
+LOCAL_TRANSACTION_SECONDS = 0.02
 
 
 def test_official_client_keeps_throughput_through_the_proxy_when_a_shard_fails(
@@ -59,10 +59,13 @@ def test_official_client_keeps_throughput_through_the_proxy_when_a_shard_fails(
     load.proc.stdin.flush()
     load.wait_event("stopped", timeout=60)
 
-    report = table([("before", before), ("during", during), ("after", after)])
+    times = sorted(e["t"] for e in load.of("committed"))
+    seconds = [sum(1 for t in times if times[0] + s <= t < times[0] + s + 1) for s in range(int(times[-1] - times[0]))]
+    report = table([("before", before), ("during", during), ("after", after)]) + f"\n  per second: {seconds}"
     print(f"\n{report}")
     assert load.of("failed") == [], f"calls failed to the application: {load.of('failed')[:3]}"
-    assert ratio(during, before) >= 0.8, f"throughput collapsed while broker-1 was down:\n{report}"
+    assert ratio(during, healthy(before, after)) >= 0.8, \
+        f"throughput collapsed while broker-1 was down:\n{report}"
     assert (metric(proxy.metrics_port, "txmq_proxy_shard_avoided", {"shard": "broker-1"}) or 0.0) == 0.0
 
     # Commits deferred to the check while broker-1 was down are decided by the client's

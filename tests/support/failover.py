@@ -146,6 +146,12 @@ def ratio(during: Window, before: Window) -> float:
     return during.rate / before.rate if before.rate else 0.0
 
 
+def healthy(before: Window, after: Window) -> Window:
+    """The windows on both sides of an outage as one: drift of the machine's load during the
+    run weighs on both sides of the comparison alike."""
+    return Window(before.transactions + after.transactions, before.seconds + after.seconds)
+
+
 def table(rows: Sequence[tuple[str, Window]]) -> str:
     return "\n".join(f"  {name:<8} {w.transactions:6d} txn in {w.seconds:5.2f}s = {w.rate:7.1f} txn/s"
                      for name, w in rows)
