@@ -66,7 +66,12 @@ def retry_action(error: TxmqError, *, bound: bool) -> RetryAction:
     """The one classification of failures for every client: ``bound`` requests (an id names
     their shard: EndTransaction, answers, acks, receipt handles; or a send that must keep its
     message id) retry on their shard; unbound sends go elsewhere. For a bound request a
-    shard the name servers no longer list is down, not gone: it is retried too."""
+    shard the name servers no longer list is down, not gone: it is retried too.
+
+    Replication's "not leader" refusal (a follower naming its leader) belongs here as
+    SAME_SHARD whether bound or not: the shard is healthy, the request keeps its ids, and
+    the callers (``Producer._send_new``, ``Client.call_bound``, the proxy's ``Relay``) ask
+    the route again before retrying."""
     if bound and isinstance(error, BrokerNotFoundError):
         return RetryAction.SAME_SHARD
     if not error.retryable:

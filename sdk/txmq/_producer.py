@@ -194,12 +194,15 @@ class Producer:
                     if action is not RetryAction.FAIL:
                         self._abandon(pb)
                     raise
-                failed_on.add(route.broker_name)
-                try:
-                    moved = self._pick_queue(topic, failed_on)
-                except TxmqError as refresh_error:  # no route now: stay where it was
-                    log.debug("cannot refresh the route of %s: %s", topic, refresh_error)
-                    moved = route
+                if action is RetryAction.SAME_SHARD:
+                    moved = route  # the shard must keep it (same id): only its address is asked again
+                else:
+                    failed_on.add(route.broker_name)
+                    try:
+                        moved = self._pick_queue(topic, failed_on)
+                    except TxmqError as refresh_error:  # no route now: stay where it was
+                        log.debug("cannot refresh the route of %s: %s", topic, refresh_error)
+                        moved = route
                 log.debug("send of %s to %s failed (attempt %d of %d), retrying on %s: %s",
                           pb.message_id, route.broker_name, attempt, self.max_attempts,
                           moved.broker_name, err)

@@ -99,7 +99,7 @@ class Relay:
                     failed_on.add(queue.broker_name)
                     if half:
                         self.upstream.abandoned.add((queue.broker_name, message.message_id))
-                elif exc.reason not in _STALE_ROUTE:
+                elif action is RetryAction.FAIL and exc.reason not in _STALE_ROUTE:
                     raise
                 if attempt >= SEND_ATTEMPTS:
                     raise
