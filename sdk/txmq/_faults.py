@@ -28,7 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Generic, Hashable, Sequence, TypeVar
 
-from ._errors import BrokerNotFoundError, TxmqError
+from ._errors import BrokerNotFoundError, LeadershipLostError, NotLeaderError, TxmqError
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -68,10 +68,12 @@ def retry_action(error: TxmqError, *, bound: bool) -> RetryAction:
     message id) retry on their shard; unbound sends go elsewhere. For a bound request a
     shard the name servers no longer list is down, not gone: it is retried too.
 
-    Replication's "not leader" refusal (a follower naming its leader) belongs here as
-    SAME_SHARD whether bound or not: the shard is healthy, the request keeps its ids, and
-    the callers (``Producer._send_new``, ``Client.call_bound``, the proxy's ``Relay``) ask
-    the route again before retrying."""
+    A replicated shard's NOT_LEADER (a follower was asked) and LEADERSHIP_LOST (the outcome
+    is unknown: only the same id on the same shard is safe) are SAME_SHARD whether bound or
+    not: the request keeps its ids, and the callers (``Producer._send_new``,
+    ``Client.call_bound``, the proxy's ``Relay``) ask the route again before retrying."""
+    if isinstance(error, (NotLeaderError, LeadershipLostError)):
+        return RetryAction.SAME_SHARD
     if bound and isinstance(error, BrokerNotFoundError):
         return RetryAction.SAME_SHARD
     if not error.retryable:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from txmq._errors import (BrokerNotFoundError, DeadlineExceededError, InvalidFieldError, TransactionStateError,
-                          UnavailableError)
+from txmq._errors import (BrokerNotFoundError, DeadlineExceededError, InvalidFieldError, LeadershipLostError,
+                          NotEnoughReplicasError, NotLeaderError, TransactionStateError, UnavailableError)
 from txmq._faults import Abandoned, FaultTable, RetryAction, retry_action
 
 
@@ -121,6 +121,12 @@ def test_retry_action_is_the_one_classification() -> None:
     assert retry_action(BrokerNotFoundError("b"), bound=False) is RetryAction.FAIL
     assert retry_action(InvalidFieldError("f", "bad"), bound=False) is RetryAction.FAIL
     assert retry_action(TransactionStateError("t", "COMMITTED", "ROLLBACK"), bound=True) is RetryAction.FAIL
+    # Replicated shards: a follower asked, or the outcome unknown, stay on the shard with
+    # the same ids; a refusal that applied nothing may go elsewhere.
+    assert retry_action(NotLeaderError("b", 1, "h:1", 0), bound=False) is RetryAction.SAME_SHARD
+    assert retry_action(LeadershipLostError("b", 0), bound=False) is RetryAction.SAME_SHARD
+    assert retry_action(NotEnoughReplicasError("b", 1, 2), bound=False) is RetryAction.ELSEWHERE
+    assert retry_action(NotEnoughReplicasError("b", 1, 2), bound=True) is RetryAction.SAME_SHARD
 
 
 def test_abandoned_attempts_are_kept_for_a_while_and_bounded(clock: Clock) -> None:
