@@ -11,7 +11,9 @@ from typing import Callable
 
 import pytest
 
+from tests.support import holdsync
 from tests.support.failover import drain, healthy, measure, pending, ratio, table
+from tests.support.holdsync import SyncGate
 from tests.support.metrics import metric
 from tests.support.waiting import wait_until
 
@@ -78,3 +80,46 @@ def test_official_client_keeps_throughput_through_the_proxy_when_a_shard_fails(
     wait_until(lambda: not pending(cluster, topic), 20,
                message=lambda: f"transactions left pending: {pending(cluster, topic)[:3]}")
     load.expect_success(60)
+
+
+@pytest.fixture(scope="module")
+def gate_library(tmp_path_factory: pytest.TempPathFactory):
+    return holdsync.build(tmp_path_factory.mktemp("holdsync"))
+
+
+def test_an_orphan_left_by_a_moved_half_message_is_rolled_back_by_the_proxy(
+        fresh_cluster_factory, clients: Clients, unique_name: Callable[[str], str], gate_library, tmp_path,
+        monkeypatch) -> None:
+    """broker-1 stores half messages but never answers (its WAL sync is held): the proxy
+    moves each to broker-0 (same client message id), where it is committed. broker-1 then
+    crashes and restarts with the orphans: the proxy answers their checks ROLLBACK itself,
+    since the client's checker would find the message id committed and commit it twice."""
+    cluster = fresh_cluster_factory(brokers=2, checker=True, checker_env=CHECKER_ENV, proxies=1,
+                                    proxy_env={**PROXY_ENV, "TXMQ_RPC_TIMEOUT_SECONDS": "0.5"},
+                                    nameserver_env=NAMESERVER_ENV)
+    topic = unique_name("orders")
+    cluster.create_topic(topic, 2)
+    gate = SyncGate(gate_library, tmp_path / "gate")
+    gate.install(monkeypatch)
+    cluster.restart_broker(1)  # broker-1 alone loads the gate
+    monkeypatch.delenv("LD_PRELOAD")
+    proxy = cluster.proxies[0]
+    answering = clients.python("checker", endpoints=proxy.address, topic=topic)  # the group's live producer
+    answering.wait_event("started", timeout=60)
+    gate.hold()
+    bodies = [f"commit-{i}" for i in range(12)]
+    clients.python("transactional", endpoints=proxy.address, topic=topic, bodies=bodies).expect_success(90)
+    assert gate.holding_wal(), "no half message reached broker-1: the test did not exercise a lost answer"
+    cluster.kill_broker(1)
+    gate.release()
+    cluster.restart_broker(1)
+
+    def rolled_back() -> float:
+        return metric(proxy.metrics_port, "txmq_proxy_checks_total", {"result": "orphan_rolled_back"}) or 0.0
+
+    wait_until(lambda: rolled_back() >= 1 and not pending(cluster, topic), 30,
+               message=lambda: f"orphans: {rolled_back()} rolled back, pending {pending(cluster, topic)[:3]}")
+    delivered = drain(cluster, topic, unique_name("audit"), {b.encode() for b in bodies})
+    assert sorted(delivered) == sorted(b.encode() for b in bodies), "an orphan was delivered as a second copy"
+    assert answering.of("checked") == [], "the client was asked about an orphan the proxy knew"
+    answering.expect_success(60)
