@@ -37,6 +37,8 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 _HOST = socket.gethostname()
 #: Refusals meaning the cached route is out of date: the next send asks a name server again.
 _STALE_ROUTE = (QueueNotFoundError, TopicNotFoundError, WrongBrokerError)
+
+
 def _shard_of(route: QueueRoute) -> str:
     return route.broker_name
 

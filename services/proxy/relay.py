@@ -104,6 +104,8 @@ class Relay:
                 if attempt >= SEND_ATTEMPTS:
                     raise
                 self.upstream.forget_route(message.topic)
+                if action is RetryAction.SAME_SHARD:  # it must stay there: give it a moment
+                    await asyncio.sleep(BOUND_BACKOFF_SECONDS * 2 ** (attempt - 1))
                 attempt += 1
                 continue
             faults.succeeded(queue.broker_name, time.monotonic() - started)

@@ -26,9 +26,11 @@ NAMESERVER_ENV = {"TXMQ_BROKER_EXPIRY_SECONDS": "1.5"}
 #: Each window lasts about this long at the rate measured while warming up.
 WINDOW_SECONDS = 4.0
 WINDOW_DEADLINE_SECONDS = 30.0
-#: Each local transaction takes this long (a database write), as in a service: the load is
-#: the issue's (a few hundred transactions a second), which one broker can carry alone.
-LOCAL_TRANSACTION_SECONDS = 0.01
+#: Each local transaction takes this long (a database write), as in a service: the load (~80
+#: transactions a second) is one broker can carry alone even on a machine loaded many times
+#: over, so the comparison measures routing, not how much CPU one broker process gets
+#: against two (bench.failover measures the full-speed case).
+LOCAL_TRANSACTION_SECONDS = 0.05
 
 
 def test_one_shard_down_keeps_throughput_and_delivers_every_commit_once(fresh_cluster_factory, unique_name):
