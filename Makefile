@@ -147,6 +147,7 @@ bench: venv etcd bench-audit
 	$(PY) -m bench.transactions
 	$(PY) -m bench.replication
 	$(PY) -m bench.checks
+	$(PY) -m bench.failover
 
 clean:
 	rm -rf $(DATA_DIR) .pytest_cache

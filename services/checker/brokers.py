@@ -19,6 +19,7 @@ from typing import Callable
 
 import grpc
 
+from services.common.channels import ChannelPool, open_channel
 from txmq._errors import TxmqError, error_from_entry, error_from_rpc
 from txmq.v1 import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
@@ -50,12 +51,7 @@ class BrokerLink:
         self.address = address
         self.config = config
         self.dispatcher = dispatcher
-        self.channel = grpc.aio.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", config.max_grpc_message_bytes),
-            ("grpc.max_send_message_length", config.max_grpc_message_bytes),
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 2000)])
+        self.channel = open_channel(address, config.max_grpc_message_bytes)
         self.stub = broker_pb2_grpc.BrokerServiceStub(self.channel)
         self._reports: collections.deque[tuple[broker_pb2.CheckReport, OnError]] = collections.deque()
         self._report_ready = asyncio.Event()
@@ -187,8 +183,9 @@ class BrokerDirectory:
         self.config = config
         self.dispatcher = dispatcher
         self.links: dict[str, BrokerLink] = {}
-        self._channels = {a: grpc.aio.insecure_channel(a) for a in config.nameserver_addresses}
-        self._stubs = {a: nameserver_pb2_grpc.NameServerServiceStub(c) for a, c in self._channels.items()}
+        self._channels = ChannelPool()
+        self._stubs = {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a))
+                       for a in config.nameserver_addresses}
         self._task: asyncio.Task[None] | None = None
         self._failing: set[str] = set()
         self._kick = asyncio.Event()
@@ -291,5 +288,4 @@ class BrokerDirectory:
             await asyncio.gather(self._task, return_exceptions=True)
         links, self.links = list(self.links.values()), {}
         await asyncio.gather(*(link.stop(flush_seconds) for link in links))
-        for channel in self._channels.values():
-            await channel.close()
+        await self._channels.close()

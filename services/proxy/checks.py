@@ -33,7 +33,7 @@ from typing import AsyncIterator, Callable
 
 import grpc
 
-from txmq.v1 import checker_pb2, checker_pb2_grpc
+from txmq.v1 import checker_pb2, checker_pb2_grpc, common_pb2
 
 from .clients import ClientRegistry
 from .config import ProxyConfig
@@ -189,6 +189,14 @@ class CheckManager:
                 self.links[(client_id, address)] = CheckerLink(self, address, client_id, groups)
 
     def deliver(self, link: CheckerLink, check: checker_pb2.CheckRequest) -> None:
+        if (check.broker_name, check.message.message_id) in self.upstream.abandoned:
+            # An orphan of a send this replica moved to another shard: its local transaction
+            # never ran, and the client would find its message id committed (elsewhere).
+            link.send(Request(received=checker_pb2.CheckReceived(check_id=check.check_id)))
+            link.send(Request(answer=checker_pb2.CheckAnswer(check_id=check.check_id,
+                                                             result=common_pb2.CHECK_RESULT_ROLLBACK)))
+            self.metrics.checks.labels("orphan_rolled_back").inc()
+            return
         stream = self.registry.stream_for(link.client_id, check.message.topic)
         if stream is None:
             self.metrics.checks.labels("no_stream").inc()

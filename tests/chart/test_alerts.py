@@ -17,7 +17,7 @@ from .chart import Rendered
 HERE = Path(__file__).resolve().parent
 EXPECTED_ALERTS = {"TxmqCheckLagHigh", "TxmqCheckDueUndelivered", "TxmqTransactionsDiscarded",
                    "TxmqPendingTransactionsGrowing", "TxmqBrokerDown", "TxmqBrokersMissing",
-                   "TxmqProxiesMissing"}
+                   "TxmqProxiesMissing", "TxmqShardAvoided"}
 #: Rendered only for replicated shards (ci/replicated-values.yaml), tested by
 #: replication_alerts_test.yaml.
 REPLICATION_ALERTS = {"TxmqShardWithoutLeader", "TxmqShardUnderReplicated", "TxmqShardInsyncShrinking",
