@@ -713,13 +713,13 @@ class BrokerCore:
         return op
 
     def _apply_report(self, w: OpWrites, row: TxnRow, r: CheckReport, now: int) -> bool:
-        """Applies one report; True when it was a late answer (not on the current claim)."""
+        """Applies one report; True when it was a late answer (not on the current claim)
+        that decided the transaction."""
         if not r.claim_token or r.claim_token != row.claim_token:
             if r.outcome != OUTCOME_ANSWERED:
                 raise StaleClaimError(self.txn_id(row.seq), "not the transaction's current claim (never sent, "
                                       "superseded by a later claim, or the transaction was decided)")
-            self._late_answer(w, row, r)
-            return True
+            return self._late_answer(w, row, r)
         cfg = self.config
         if r.outcome == OUTCOME_ANSWERED:
             row.checks_answered += 1
@@ -762,12 +762,12 @@ class BrokerCore:
             self._reschedule(w, row, now)
         return False
 
-    def _late_answer(self, w: OpWrites, row: TxnRow, r: CheckReport) -> None:
+    def _late_answer(self, w: OpWrites, row: TxnRow, r: CheckReport) -> bool:
         """An answer on a claim that is no longer current (the answer timeout passed, the
         check was claimed again, the checker restarted) or on none (it reached another
         checker). COMMIT/ROLLBACK decide a transaction nobody decided yet, and are accepted
         as they are by one decided the same way; one decided otherwise refuses them. Nothing
-        is spent; a late UNKNOWN or IN_PROGRESS changes nothing."""
+        is spent; a late UNKNOWN or IN_PROGRESS changes nothing. True when it decided."""
         if r.producer_group and r.producer_group != row.producer_group:
             raise InvalidFieldError("producer_group", f"{r.producer_group!r} is not the group of "
                                                       f"{self.txn_id(row.seq)}")
@@ -775,14 +775,16 @@ class BrokerCore:
             raise InvalidFieldError("producer_group", "an answer without a claim token must name the "
                                                       "transaction's group")
         if r.result not in (CHECK_COMMIT, CHECK_ROLLBACK):
-            return
+            return False
         target = STATE_COMMITTED if r.result == CHECK_COMMIT else STATE_ROLLED_BACK
         if row.state in (STATE_PREPARED, STATE_DISCARDED):
             row.checks_answered += 1
             self._decide(w, row, target, codec.SOURCE_CHECK)
-        elif row.state != target:
+            return True
+        if row.state != target:
             raise TransactionStateError(self.txn_id(row.seq), STATE_NAMES[row.state],
                                         RESOLUTION_COMMIT if r.result == CHECK_COMMIT else RESOLUTION_ROLLBACK)
+        return False
 
     def _reschedule(self, w: OpWrites, row: TxnRow, due_ms: int) -> None:
         w.delete("due", codec.group_time_key(row.producer_group, row.next_due_ms, row.seq))

@@ -1,10 +1,15 @@
 """The checker's side of the brokers: which brokers are live (from the name servers), and
 per broker a claim loop and a reporter.
 
-A claim loop asks its broker for due checks only of the groups that have a live stream
-with room (``Dispatcher.claimable_groups``); a group nobody serves costs nothing. The claim
-is atomic and leased on the broker, so replicas of the checker need no coordination: a
-check claimed by one is not handed to another until its lease ends.
+A claim loop asks its broker for due checks in a claim session: the groups served (with
+their producers' capacity) are sent only when they change, and each claim names only the
+groups whose free credit is below their capacity, with that free credit as their limit
+(split between the brokers). So a group whose producers are busy is not claimed for (its
+checks stay due in the broker), and a claim costs nothing per idle group. A claim runs
+every ``claim_interval_seconds``, at once when a group's free credit reaches half its
+capacity, and again at once when the broker says more is due. The claim is atomic and
+leased on the broker, so replicas of the checker need no coordination: a check claimed by
+one is not handed to another until its lease ends.
 
 A reporter sends the reports about that broker's checks in batches (``ReportChecks``), one
 call at a time so a check's DELIVERED always reaches the broker before its ANSWERED.
@@ -14,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
+import os
 from typing import Callable
 
 import grpc
 
-from txmq._errors import TxmqError, error_from_entry, error_from_rpc
+from txmq._errors import BrokerNotFoundError, TxmqError, error_from_entry, error_from_rpc
 from txmq.v1 import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 from .config import CheckerConfig
@@ -35,8 +42,14 @@ OnError = Callable[[TxmqError], None] | None
 
 
 class BrokerLink:
-    def __init__(self, name: str, address: str, config: CheckerConfig, dispatcher: Dispatcher) -> None:
+    def __init__(self, name: str, address: str, config: CheckerConfig, dispatcher: Dispatcher,
+                 shares: Callable[[], int] = lambda: 1) -> None:
         self.name = name
+        #: How many brokers share the producers' credit (each claim asks for its share).
+        self.shares = shares
+        self.session_id = f"{config.checker_name}/{name}/{os.urandom(6).hex()}"
+        self._groups_version = 0
+        self._sent_key: tuple[int, int] | None = None
         self.address = address
         self.config = config
         self.dispatcher = dispatcher
@@ -84,28 +97,49 @@ class BrokerLink:
     async def _claim_loop(self) -> None:
         cfg = self.config
         while True:
-            groups = self.dispatcher.claimable_groups()
-            full = False
-            if groups:
+            again = False
+            if self.dispatcher.total_free > 0:
                 try:
-                    response = await self.stub.ClaimChecks(broker_pb2.ClaimChecksRequest(
-                        producer_groups=groups, max_checks=cfg.claim_batch, lease_seconds=cfg.lease_seconds,
-                        checker_id=cfg.checker_name), timeout=cfg.rpc_timeout_seconds)
+                    again = await self._claim()
                 except grpc.aio.AioRpcError as exc:
                     self._failed("claim", error_from_rpc(exc))
+                    self._sent_key = None
                 else:
                     self._recovered()
-                    if response.tasks:
-                        self.dispatcher.dispatch(self.name, response.tasks)
-                    full = len(response.tasks) >= cfg.claim_batch
-            if full:
-                await asyncio.sleep(0)  # a full batch: more is due, claim again at once
+            if again:
+                await asyncio.sleep(0)  # more is due and there is credit: claim again at once
                 continue
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), cfg.claim_interval_seconds)
             except asyncio.TimeoutError:
                 pass
+
+    async def _claim(self) -> bool:
+        """One claim in this link's session; True when it should be followed at once."""
+        cfg = self.config
+        dispatcher = self.dispatcher
+        shares = max(self.shares(), 1)
+        limits = dispatcher.claim_limits(shares)
+        request = broker_pb2.ClaimChecksRequest(
+            max_checks=cfg.claim_batch, lease_seconds=cfg.lease_seconds, checker_id=cfg.checker_name,
+            session_id=self.session_id,
+            limits=[broker_pb2.ClaimGroup(producer_group=g, max_checks=n) for g, n in limits.items()])
+        key = (dispatcher.version, shares)
+        if key != self._sent_key:
+            self._groups_version += 1
+            request.groups.extend(broker_pb2.ClaimGroup(producer_group=g, max_checks=n)
+                                  for g, n in dispatcher.claim_groups(shares).items())
+        request.groups_version = self._groups_version
+        response = await self.stub.ClaimChecks(request, timeout=cfg.rpc_timeout_seconds)
+        if response.groups_needed:
+            self._sent_key = None  # the broker forgot the session: send the groups again
+            return True
+        if request.groups:
+            self._sent_key = key
+        if response.tasks:
+            dispatcher.dispatch(self.name, response.tasks)
+        return (response.more_due or len(response.tasks) >= cfg.claim_batch) and dispatcher.total_free > 0
 
     def _failed(self, what: str, error: TxmqError) -> None:
         if not self._failing:
@@ -143,13 +177,22 @@ class BrokerLink:
             except grpc.aio.AioRpcError as exc:
                 error = error_from_rpc(exc)
                 if not error.retryable or attempt == REPORT_ATTEMPTS:
-                    # Dropped: the claims' leases make these checks due again on the broker.
+                    # Dropped: the claims' leases make these checks due again on the broker
+                    # (an answer dropped here is asked for again).
                     log.warning("check reports dropped", extra={"fields": {
                         "broker": self.name, "reports": len(batch), "error": str(error)[:300]}})
+                    for report, _ in batch:
+                        if report.outcome == broker_pb2.CHECK_OUTCOME_ANSWERED:
+                            self.dispatcher.metrics.answer_refused(report.producer_group, "unavailable")
                     return
                 await asyncio.sleep(cfg.claim_interval_seconds * attempt)
         self._recovered()
-        for (report, on_error), status in zip(batch, response.entries):
+        metrics = self.dispatcher.metrics
+        for (report, on_error), status, late in itertools.zip_longest(batch, response.entries, response.late):
+            if status is None:
+                break
+            if late:
+                metrics.late_answer(report.producer_group)
             if status.code == 0:
                 continue
             error = error_from_entry(status)
@@ -182,8 +225,11 @@ class BrokerDirectory:
     def report(self, broker: str, report: broker_pb2.CheckReport, on_error: OnError = None) -> None:
         link = self.links.get(broker)
         if link is None:
-            # The broker left; its lease makes the check due again when it is back.
-            log.debug("report for a broker that left", extra={"fields": {"broker": broker}})
+            # The broker left (its lease makes the check due again when it is back), or a
+            # late answer names a broker this checker does not know.
+            log.debug("report for a broker not linked", extra={"fields": {"broker": broker}})
+            if on_error is not None:
+                on_error(BrokerNotFoundError(broker))
             return
         link.report(report, on_error)
 
@@ -227,7 +273,8 @@ class BrokerDirectory:
                 await link.stop()
         for name, info in sorted(live.items()):
             if name not in self.links:
-                link = BrokerLink(name, info.address, self.config, self.dispatcher)
+                link = BrokerLink(name, info.address, self.config, self.dispatcher,
+                                  shares=lambda: len(self.links))
                 self.links[name] = link
                 link.start()
                 log.info("broker joined", extra={"fields": {"broker": name, "address": info.address}})

@@ -33,8 +33,11 @@ class CheckerConfig(ServiceConfig):
     lease_seconds: float = 10.0
     #: How long a producer has to acknowledge a check, and then to answer it.
     answer_timeout_seconds: float = 5.0
-    #: Checks queued for one producer stream; a full queue skips that stream.
+    #: Most checks one producer stream may be sent ahead (the most credit it may hold).
     stream_queue_size: int = 1024
+    #: Credit of a producer stream without flow control (an SDK that announces none):
+    #: checks sent to it and not yet answered, handed back or forgotten.
+    default_check_credit: int = 64
     #: Most reports in one ReportChecks call.
     report_batch: int = 512
     #: Deadline of each call to a broker or a name server.
@@ -56,6 +59,7 @@ class CheckerConfig(ServiceConfig):
             # another checker may already hold.
             raise ValueError(f"answer_timeout_seconds ({self.answer_timeout_seconds}) must not exceed "
                              f"lease_seconds ({self.lease_seconds})")
-        for name in ("claim_batch", "stream_queue_size", "report_batch", "max_groups_per_stream"):
+        for name in ("claim_batch", "stream_queue_size", "report_batch", "max_groups_per_stream",
+                     "default_check_credit"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
