@@ -43,6 +43,7 @@ class CheckerMetrics(BaseMetrics):
             "conflict (against the transaction's decision), stale (a claim no longer current), "
             "not_outstanding (a check id this stream does not hold), invalid, unavailable (the broker "
             "could not be reached)", ["group", "reason"], registry=self.registry)
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
 
     def _child(self, metric: Any, *labels: str) -> Any:
         # ``labels()`` costs microseconds; these run several times per check.
