@@ -652,6 +652,19 @@ class BrokerCore:
                 due.append(group)
         return due
 
+    def checks_waiting(self, group: str, now: int, limit: int = 100_000) -> int:
+        """Due checks of the group not claimed (waiting for a producer with free credit),
+        counted up to ``limit``; nothing is read for a group whose floor lies ahead."""
+        floor = self._due_floor.get(group, NO_DUE_MS)
+        if floor > now:
+            return 0
+        count = 0
+        for _ in self.db.scan("due", codec.group_time_key(group, floor, 0), codec.group_time_key(group, now + 1, 0)):
+            count += 1
+            if count >= limit:
+                break
+        return count
+
     def _load_due_floors(self) -> None:
         """At start: each group's earliest due time (one seek per group with due keys)."""
         start = b""

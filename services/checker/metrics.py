@@ -10,6 +10,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from services.common.metrics import BaseMetrics
 
+from .dispatcher import REFUSED_REASONS
+
 #: Check lag buckets, seconds: sub-second resolution where the target (p99 ≤ 1 s) lies.
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -61,7 +63,12 @@ class CheckerMetrics(BaseMetrics):
         self._child(self.lag, group).observe(seconds)
 
     def producers(self, group: str, count: int) -> None:
-        self.producers_connected.labels(group).set(count)
+        self._child(self.producers_connected, group).set(count)
+        if (self.late_answers, (group,)) not in self._children:
+            # Every series of the group from its first producer on, at 0 until it counts.
+            self._child(self.late_answers, group)
+            for reason in REFUSED_REASONS:
+                self._child(self.answers_refused, group, reason)
 
     def in_flight(self, group: str, count: int) -> None:
         self._child(self.checks_in_flight, group).set(count)
