@@ -98,6 +98,8 @@ class BrokerLink:
         cfg = self.config
         while True:
             again = False
+            # Cleared before the claim: credit granted while it runs wakes the next one.
+            self._wake.clear()
             if self.dispatcher.total_free > 0:
                 try:
                     again = await self._claim()
@@ -109,7 +111,6 @@ class BrokerLink:
             if again:
                 await asyncio.sleep(0)  # more is due and there is credit: claim again at once
                 continue
-            self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), cfg.claim_interval_seconds)
             except asyncio.TimeoutError:
@@ -139,7 +140,10 @@ class BrokerLink:
             self._sent_key = key
         if response.tasks:
             dispatcher.dispatch(self.name, response.tasks)
-        return (response.more_due or len(response.tasks) >= cfg.claim_batch) and dispatcher.total_free > 0
+        dispatcher.claimed(response.tasks, limits, shares)
+        if dispatcher.total_free <= 0:
+            return False
+        return response.more_due or len(response.tasks) >= cfg.claim_batch or dispatcher.backlog_has_credit()
 
     def _failed(self, what: str, error: TxmqError) -> None:
         if not self._failing:

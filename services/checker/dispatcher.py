@@ -239,6 +239,8 @@ class Dispatcher:
         self.free: dict[str, int] = {}
         #: Groups whose free credit is below their capacity (the claims name their limit).
         self.short: set[str] = set()
+        #: Groups whose last claim took all it asked for (more may be due).
+        self.backlogged: set[str] = set()
         self.total_free = 0
         #: Grows whenever a group or a capacity changes (the claim sessions resend their list).
         self.version = 1
@@ -295,6 +297,7 @@ class Dispatcher:
                     self.capacity.pop(group, None)
                     self.free.pop(group, None)
                     self.short.discard(group)
+                    self.backlogged.discard(group)
         stream.credit = 0
         self.version += 1
         log.info("producer unsubscribed", extra={"fields": {"client_id": stream.client_id, "stream": stream.id}})
@@ -316,7 +319,7 @@ class Dispatcher:
         for group in stream.groups:
             before = self.free.get(group, 0)
             self._move_credit(group, checks)
-            threshold = max(1, self.capacity.get(group, 0) // 2)
+            threshold = self._threshold(group)
             wake = wake or before < threshold <= self.free[group]
         if wake:
             self._wake()
@@ -347,6 +350,28 @@ class Dispatcher:
         """The groups whose free credit is below their capacity, with that free credit split
         between ``shares`` claimers: what one claim may take of them."""
         return {g: -(-max(self.free.get(g, 0), 0) // shares) for g in self.short}
+
+    def claimed(self, tasks: Sequence[broker_pb2.CheckTask], limits: dict[str, int], shares: int = 1) -> None:
+        """After a claim: a group that got as many checks as it asked for may have more due
+        (``backlogged``); one that got fewer has none left."""
+        counts = collections.Counter(t.message.producer_group for t in tasks)
+        for group in list(self.backlogged):
+            if counts[group] == 0:
+                self.backlogged.discard(group)
+        for group, count in counts.items():
+            limit = limits.get(group, -(-self.capacity.get(group, 0) // shares))
+            if count >= limit:
+                self.backlogged.add(group)
+            else:
+                self.backlogged.discard(group)
+
+    def backlog_has_credit(self) -> bool:
+        """A backlogged group has enough free credit for another claim now."""
+        return any(self.free.get(g, 0) >= self._threshold(g) for g in self.backlogged)
+
+    def _threshold(self, group: str) -> int:
+        """Free credit that makes a claim for the group worth it: half its capacity."""
+        return max(1, self.capacity.get(group, 0) // 2)
 
     # --- dispatch ------------------------------------------------------------------------
 
