@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 #: checks due again on the broker).
 REPORT_ATTEMPTS = 3
 
+#: How long the first report of a batch waits for others.
+REPORT_LINGER_SECONDS = 0.005
+
 OnError = Callable[[TxmqError], None] | None
 
 
@@ -163,6 +166,10 @@ class BrokerLink:
         while True:
             await self._report_ready.wait()
             self._report_ready.clear()
+            if len(self._reports) < cfg.report_batch:
+                # A few milliseconds gather the reports of checks answered together into one
+                # call (one write on the broker) instead of one call each.
+                await asyncio.sleep(REPORT_LINGER_SECONDS)
             while self._reports:
                 batch = [self._reports.popleft() for _ in range(min(len(self._reports), cfg.report_batch))]
                 self._sending = True
