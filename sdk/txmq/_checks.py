@@ -19,7 +19,9 @@ when it arrived.
 
 No answer is thrown away: an answer whose stream ended meanwhile (the checker restarted or
 left) names its transaction, broker and group and goes out on the next subscribed stream
-to any checker, where it still decides the transaction if nobody did.
+to any checker, where it still decides the transaction if nobody did. So do the decisions
+queued on a stream in the ``RESEND_WINDOW_SECONDS`` before it failed (gRPC says nothing of
+what reached the checker; a decision repeated changes nothing).
 
 A connection that fails is opened again with exponential backoff (with jitter) for as long
 as the checker is listed; a checker that leaves the list is disconnected.
@@ -42,6 +44,7 @@ import math
 import queue
 import random
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -68,6 +71,9 @@ RECONNECT_BACKOFF_MAX_SECONDS = 5.0
 CHECK_CREDIT_PER_THREAD = 4
 #: Answers kept while no checker stream is subscribed (the oldest goes first past it).
 MAX_UNSENT_ANSWERS = 10_000
+#: Decisions queued this long before their stream failed are sent again on the next one.
+RESEND_WINDOW_SECONDS = 10.0
+_DECISIONS = (common_pb2.CHECK_RESULT_COMMIT, common_pb2.CHECK_RESULT_ROLLBACK)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +275,8 @@ class _CheckerConnection:
         self._outbox: queue.SimpleQueue[checker_pb2.CheckTransactionStateRequest | None] | None = None
         #: Counts the streams opened: a check's CheckReceived and credit go only to its own.
         self._session = 0
+        #: Decisions queued on the current stream lately: (monotonic time, request).
+        self._recent: collections.deque[tuple[float, Request]] = collections.deque()
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = checker_pb2_grpc.CheckerServiceStub(self._channel)
         self._thread = threading.Thread(target=self._run, name=f"txmq-checker-{checker_name}", daemon=True)
@@ -282,7 +290,26 @@ class _CheckerConnection:
             if self._outbox is None or session != self._session:
                 return False
             self._outbox.put(request)
+            if request.answer.result in _DECISIONS:
+                now = time.monotonic()
+                self._recent.append((now, request))
+                while self._recent and self._recent[0][0] < now - RESEND_WINDOW_SECONDS:
+                    self._recent.popleft()
             return True
+
+    def _resend_recent(self) -> None:
+        """The stream ended: decisions queued on it lately may not have reached the checker
+        (gRPC gives no receipt), so they go again, as late answers, on the next stream. A
+        repeated decision changes nothing."""
+        with self._lock:
+            recent, self._recent = list(self._recent), collections.deque()
+        horizon = time.monotonic() - RESEND_WINDOW_SECONDS
+        for at, request in recent:
+            if at >= horizon:
+                again = Request()
+                again.CopyFrom(request)
+                again.answer.credit = 0
+                self.responder._send_late(again)
 
     def send_any(self, request: Request) -> bool:
         """Queues ``request`` on the current stream if it is subscribed."""
@@ -342,6 +369,7 @@ class _CheckerConnection:
                     self.subscribed.clear()
                     self._outbox = None
                 outbox.put(None)
+                self._resend_recent()
             self._stop.wait(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, RECONNECT_BACKOFF_MAX_SECONDS)
 
