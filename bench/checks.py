@@ -69,13 +69,23 @@ START_DELAY_SECONDS = 8.0
 
 # --- seeding -----------------------------------------------------------------------------------
 
+def seed_half(core: Any, topic: str, group: str, body: bytes, queue_id: int, immunity: float, due_ms: int) -> None:
+    """One half message applied straight to ``core`` (no fsync), its due time in a property."""
+    from services.broker.store import codec
+    from services.broker.store.codec import LogRecord
+
+    record = core.validate_message(LogRecord(
+        kind=codec.KIND_HALF, topic=topic, body=body, message_id="", queue_id=queue_id, stored_ms=0,
+        producer_group=group, producer_client_id="bench-seeder", check_immunity_seconds=immunity,
+        properties={"due_ms": str(due_ms)}))
+    core.db.apply(core.send_op(record), sync=False)
+
+
 def seed(data_dir: str, pending: int, due: int, body_size: int, window: float) -> float:
     """Writes ``pending`` half messages straight into a broker store; returns the epoch time
     at which the first of the ``due`` ones becomes due."""
     from services.broker.config import BrokerConfig
     from services.broker.core import BrokerCore
-    from services.broker.store import codec
-    from services.broker.store.codec import LogRecord
 
     core = BrokerCore(BrokerConfig(broker_name="broker-0", data_dir=data_dir, flush="async"))
     try:
@@ -91,11 +101,7 @@ def seed(data_dir: str, pending: int, due: int, body_size: int, window: float) -
             else:
                 target = first_due + (i - backlog) * window / max(due, 1)
                 immunity, due_ms = max(target - time.time(), 0.001), int(target * 1000)
-            record = core.validate_message(LogRecord(
-                kind=codec.KIND_HALF, topic=TOPIC, body=body, message_id="", queue_id=i % 8, stored_ms=0,
-                producer_group=GROUP, producer_client_id="bench-seeder", check_immunity_seconds=immunity,
-                properties={"due_ms": str(due_ms)}))
-            core.db.apply(core.send_op(record), sync=False)
+            seed_half(core, TOPIC, GROUP, body, i % 8, immunity, due_ms)
         if time.time() > first_due - 3:
             raise RuntimeError("seeding took longer than estimated: raise START_DELAY_SECONDS")
         return first_due
@@ -175,10 +181,42 @@ class Scenario:
     body_size: int
 
 
-def run(scenario: Scenario, window: float) -> dict[str, Any]:
-    import psutil
+def start_services(procs: list[Any], workdir: str, data_dir: str, broker_env: dict[str, str],
+                   checker_env: dict[str, str]) -> tuple[Any, Any, Any]:
+    """A name server, the broker (``flush=sync``) on ``data_dir`` and one checker, appended
+    to ``procs`` as they start; returns once the checker is registered."""
+    import grpc
 
     from services.common.process import ServiceProcess
+    from txmq.v1 import nameserver_pb2, nameserver_pb2_grpc
+
+    nameserver = ServiceProcess("services.nameserver", {}, workdir, "nameserver")
+    procs.append(nameserver)
+    nameserver.start_and_wait(30)
+    broker = ServiceProcess("services.broker", {
+        "TXMQ_NAMESERVER_ADDRESSES": nameserver.address, "TXMQ_DATA_DIR": data_dir, "TXMQ_FLUSH": "sync",
+        "TXMQ_BROKER_NAME": "broker-0", "TXMQ_HEARTBEAT_INTERVAL_SECONDS": "1", **broker_env}, workdir, "broker-0")
+    procs.append(broker)
+    broker.start_and_wait(60)
+    checker = ServiceProcess("services.checker", {
+        "TXMQ_NAMESERVER_ADDRESSES": nameserver.address, "TXMQ_CHECKER_NAME": "checker-0",
+        "TXMQ_HEARTBEAT_INTERVAL_SECONDS": "1", "TXMQ_BROKER_REFRESH_SECONDS": "1", **checker_env},
+        workdir, "checker-0")
+    procs.append(checker)
+    checker.start_and_wait(30)
+    deadline = time.time() + 30
+    while True:  # the checker lists brokers every second and registers on start
+        with grpc.insecure_channel(nameserver.address) as channel:
+            stub = nameserver_pb2_grpc.NameServerServiceStub(channel)
+            if stub.ListCheckers(nameserver_pb2.ListCheckersRequest(), timeout=5).checkers:
+                return nameserver, broker, checker
+        if time.time() > deadline:
+            raise RuntimeError("checker not registered")
+        time.sleep(0.1)
+
+
+def run(scenario: Scenario, window: float) -> dict[str, Any]:
+    import psutil
 
     workdir = tempfile.mkdtemp(prefix="txmq-bench-checks-")
     data_dir = os.path.join(workdir, "broker-0")
@@ -190,34 +228,9 @@ def run(scenario: Scenario, window: float) -> dict[str, Any]:
     stop, ready, out = ctx.Event(), ctx.Event(), ctx.Queue()
     answerer = None
     try:
-        nameserver = ServiceProcess("services.nameserver", {}, workdir, "nameserver")
-        procs.append(nameserver)
-        nameserver.start_and_wait(30)
-        broker = ServiceProcess("services.broker", {
-            "TXMQ_NAMESERVER_ADDRESSES": nameserver.address, "TXMQ_DATA_DIR": data_dir, "TXMQ_FLUSH": "sync",
-            "TXMQ_BROKER_NAME": "broker-0", "TXMQ_HEARTBEAT_INTERVAL_SECONDS": "1",
-            "TXMQ_CHECK_INTERVAL_SECONDS": "3600", "TXMQ_CHECK_INTERVAL_MAX_SECONDS": "3600",
-        }, workdir, "broker-0")
-        procs.append(broker)
-        broker.start_and_wait(60)
-        checker = ServiceProcess("services.checker", {
-            "TXMQ_NAMESERVER_ADDRESSES": nameserver.address, "TXMQ_CHECKER_NAME": "checker-0",
-            "TXMQ_HEARTBEAT_INTERVAL_SECONDS": "1", "TXMQ_BROKER_REFRESH_SECONDS": "1",
-            "TXMQ_CLAIM_INTERVAL_SECONDS": "0.05",
-        }, workdir, "checker-0")
-        procs.append(checker)
-        checker.start_and_wait(30)
-        deadline = time.time() + 30
-        while True:  # the checker lists brokers every second and registers on start
-            from txmq.v1 import nameserver_pb2, nameserver_pb2_grpc
-            import grpc
-            with grpc.insecure_channel(nameserver.address) as channel:
-                stub = nameserver_pb2_grpc.NameServerServiceStub(channel)
-                if stub.ListCheckers(nameserver_pb2.ListCheckersRequest(), timeout=5).checkers:
-                    break
-            if time.time() > deadline:
-                raise RuntimeError("checker not registered")
-            time.sleep(0.1)
+        nameserver, broker, checker = start_services(procs, workdir, data_dir, {
+            "TXMQ_CHECK_INTERVAL_SECONDS": "3600", "TXMQ_CHECK_INTERVAL_MAX_SECONDS": "3600"},
+            {"TXMQ_CLAIM_INTERVAL_SECONDS": "0.05"})
         answerer = ctx.Process(target=_answer, args=(nameserver.address, ready, stop, out))
         answerer.start()
         if not ready.wait(30):
@@ -286,8 +299,6 @@ def seed_burst(data_dir: str, burst: int, quiet: int) -> float:
     due one by one over QUIET_SPREAD_SECONDS after it; returns that instant (epoch)."""
     from services.broker.config import BrokerConfig
     from services.broker.core import BrokerCore
-    from services.broker.store import codec
-    from services.broker.store.codec import LogRecord
 
     core = BrokerCore(BrokerConfig(broker_name="broker-0", data_dir=data_dir, flush="async"))
     try:
@@ -296,12 +307,8 @@ def seed_burst(data_dir: str, burst: int, quiet: int) -> float:
         for i in range(burst + quiet):
             group, target = ((BURST_GROUP, due_at) if i < burst else
                              (QUIET_GROUP, due_at + (i - burst) * QUIET_SPREAD_SECONDS / max(quiet, 1)))
-            record = core.validate_message(LogRecord(
-                kind=codec.KIND_HALF, topic=BURST_TOPIC, body=b"x" * 100, message_id="", queue_id=i % 8,
-                stored_ms=0, producer_group=group, producer_client_id="bench-seeder",
-                check_immunity_seconds=max(target - time.time(), 0.001),
-                properties={"due_ms": str(int(target * 1000))}))
-            core.db.apply(core.send_op(record), sync=False)
+            seed_half(core, BURST_TOPIC, group, b"x" * 100, i % 8, max(target - time.time(), 0.001),
+                      int(target * 1000))
         if time.time() > due_at - 3:
             raise RuntimeError("seeding took longer than estimated: raise START_DELAY_SECONDS")
         return due_at
@@ -368,8 +375,6 @@ def _ended(metrics: dict[str, float], group: str) -> int:
 
 
 def run_burst(burst: int, lookup: float) -> dict[str, Any]:
-    from services.common.process import ServiceProcess
-
     workdir = tempfile.mkdtemp(prefix="txmq-bench-burst-")
     data_dir = os.path.join(workdir, "broker-0")
     due_at = seed_burst(data_dir, burst, QUIET_COUNT)
@@ -378,20 +383,8 @@ def run_burst(burst: int, lookup: float) -> dict[str, Any]:
     stop = ctx.Event()
     children: list[Any] = []
     try:
-        nameserver = ServiceProcess("services.nameserver", {}, workdir, "nameserver")
-        procs.append(nameserver)
-        nameserver.start_and_wait(30)
         # Default check settings (interval 30 s, check_max 15, answer timeout 5 s, lease 10 s).
-        broker = ServiceProcess("services.broker", {
-            "TXMQ_NAMESERVER_ADDRESSES": nameserver.address, "TXMQ_DATA_DIR": data_dir, "TXMQ_FLUSH": "sync",
-            "TXMQ_BROKER_NAME": "broker-0", "TXMQ_HEARTBEAT_INTERVAL_SECONDS": "1"}, workdir, "broker-0")
-        procs.append(broker)
-        broker.start_and_wait(60)
-        checker = ServiceProcess("services.checker", {
-            "TXMQ_NAMESERVER_ADDRESSES": nameserver.address, "TXMQ_CHECKER_NAME": "checker-0",
-            "TXMQ_HEARTBEAT_INTERVAL_SECONDS": "1", "TXMQ_BROKER_REFRESH_SECONDS": "1"}, workdir, "checker-0")
-        procs.append(checker)
-        checker.start_and_wait(30)
+        nameserver, broker, checker = start_services(procs, workdir, data_dir, {}, {})
         groups = {}
         for group, threads, delay in ((BURST_GROUP, BURST_THREADS, lookup), (QUIET_GROUP, BURST_THREADS, 0.0)):
             ready, go, out = ctx.Event(), ctx.Event(), ctx.Queue()

@@ -184,6 +184,9 @@ class BrokerCore:
         # Per group, a time below which the due (pending) index holds no key: scans start
         # there instead of at the group's prefix (see claim_op).
         self._due_floor: dict[str, int] = {}
+        # ... and the sequence at that time below which it holds none (a burst's keys share
+        # one due time: the claims start past the ones they took, not at their tombstones).
+        self._due_floor_seq: dict[str, int] = {}
         self._pending_floor: dict[str, int] = {}
         # The floors as a heap, so a claim finds the groups with due work without looking
         # at idle ones; claim sessions by id; the turn that orders the groups of a claim.
@@ -556,13 +559,13 @@ class BrokerCore:
             now = self.clock()
             batch = ClaimBatch([])
             scans: list[tuple[str, int, Iterator[ClaimedCheck]]] = []
-            floors: dict[str, int] = {}
+            floors: dict[str, tuple[int, int]] = {}
             for group in self._pop_due_groups(now):
                 limit = min(limits.get(group, capacity.get(group, 0)), capacity.get(group, 0))
                 if limit > 0:
                     scans.append((group, limit, self._claim_group(w, group, now, lease_ms, floors)))
                 else:  # due, but not served here (or no capacity now): it stays due
-                    self._set_floor(group, self._due_floor[group])
+                    self._set_floor(group, self._due_floor[group], self._due_floor_seq.get(group, 0))
             if scans:
                 turn = self._claim_turn % len(scans)
                 scans = scans[turn:] + scans[:turn]
@@ -588,27 +591,28 @@ class BrokerCore:
             for group, limit, _scan in scans:
                 floor = floors[group]
                 if taken.get(group):
-                    floor = min(floor, now + lease_ms)  # the leases staged, due at now + lease
-                self._set_floor(group, floor)
-                if floors[group] <= now and taken.get(group, 0) < limit:
+                    floor = min(floor, (now + lease_ms, 0))  # the leases staged, due at now + lease
+                self._set_floor(group, *floor)
+                if floors[group][0] <= now and taken.get(group, 0) < limit:
                     batch.more_due = True  # the batch was full before this group's limit
             return batch
         return op
 
     def _claim_group(self, w: OpWrites, group: str, now: int, lease_ms: int,
-                     floors: dict[str, int]) -> Iterator[ClaimedCheck]:
+                     floors: dict[str, tuple[int, int]]) -> Iterator[ClaimedCheck]:
         """Claims the group's due checks one by one, oldest first, as they are pulled;
-        ``floors[group]`` is kept at a time below every due key not yet claimed."""
+        ``floors[group]`` is kept at a (time, seq) below every due key not yet claimed."""
         # Start at the group's floor, not its prefix: the claimed keys before it are
         # deleted, and a scan from the prefix would walk their tombstones every time (a
         # claim's cost must grow with due work, never with work already done).
-        floors[group] = self._due_floor.get(group, 0)
-        start = codec.group_time_key(group, floors[group], 0)
+        floors[group] = (self._due_floor.get(group, 0), self._due_floor_seq.get(group, 0))
+        start = codec.group_time_key(group, *floors[group])
         for key, _ in self.db.scan("due", start, group.encode() + b"\x01"):
             _g, due_ms, seq = codec.split_group_time_key(key)
-            floors[group] = due_ms
             if due_ms > now:
+                floors[group] = (due_ms, seq)
                 return  # the earliest key left (the scan sees no key this batch staged)
+            floors[group] = (due_ms, seq + 1)
             row = self._read_txn(seq)
             if row is None or row.state != STATE_PREPARED or row.next_due_ms != due_ms:
                 w.delete("due", key)  # stale index entry
@@ -623,18 +627,19 @@ class BrokerCore:
             self._due_put(w, group, row.next_due_ms, seq)
             w.put("txn", codec.txn_key(seq), codec.encode_txn(row))
             yield ClaimedCheck(row, due_ms, row.checks_delivered + 1)
-        floors[group] = NO_DUE_MS
+        floors[group] = (NO_DUE_MS, 0)
 
     def _due_put(self, w: OpWrites, group: str, due_ms: int, seq: int) -> None:
         """Every insert into the due index goes here: it keeps the group's floor below it."""
         w.put("due", codec.group_time_key(group, due_ms, seq), b"")
-        if due_ms < self._due_floor.get(group, NO_DUE_MS):
-            self._set_floor(group, due_ms)
+        if (due_ms, seq) < (self._due_floor.get(group, NO_DUE_MS), self._due_floor_seq.get(group, 0)):
+            self._set_floor(group, due_ms, seq)
 
-    def _set_floor(self, group: str, floor_ms: int) -> None:
-        """The group's due floor (no due key below it), and its place in the heap of
-        floors the claims pop due groups from."""
+    def _set_floor(self, group: str, floor_ms: int, floor_seq: int = 0) -> None:
+        """The group's due floor (no due key below (time, seq)), and its place in the heap
+        of floors the claims pop due groups from."""
         self._due_floor[group] = floor_ms
+        self._due_floor_seq[group] = floor_seq
         if floor_ms < NO_DUE_MS:
             heap = self._floor_heap
             heapq.heappush(heap, (floor_ms, group))
@@ -659,7 +664,8 @@ class BrokerCore:
         if floor > now:
             return 0
         count = 0
-        for _ in self.db.scan("due", codec.group_time_key(group, floor, 0), codec.group_time_key(group, now + 1, 0)):
+        start = codec.group_time_key(group, floor, self._due_floor_seq.get(group, 0))
+        for _ in self.db.scan("due", start, codec.group_time_key(group, now + 1, 0)):
             count += 1
             if count >= limit:
                 break
@@ -672,8 +678,8 @@ class BrokerCore:
             first = next(iter(self.db.scan("due", start)), None)
             if first is None:
                 return
-            group, due_ms, _ = codec.split_group_time_key(first[0])
-            self._set_floor(group, due_ms)
+            group, due_ms, seq = codec.split_group_time_key(first[0])
+            self._set_floor(group, due_ms, seq)
             start = group.encode() + b"\x01"
 
     def _spent(self, row: TxnRow, now: int) -> str:

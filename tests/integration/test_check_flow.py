@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import grpc
 import pytest
@@ -50,24 +50,23 @@ FAST_BROKER_ENV = {
 SLOW_BROKER_ENV = {**FAST_BROKER_ENV, "TXMQ_CHECK_INTERVAL_SECONDS": "60", "TXMQ_CHECK_INTERVAL_MAX_SECONDS": "60"}
 
 
-@pytest.fixture(scope="module")
-def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("flow-fast"), broker_env=FAST_BROKER_ENV, checker=True,
-                checker_env=CHECKER_ENV)
+def _module_cluster(tmp_path_factory: pytest.TempPathFactory, name: str, broker_env: dict[str, str]
+                    ) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp(name), broker_env=broker_env, checker=True, checker_env=CHECKER_ENV)
     try:
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="module")
+def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    yield from _module_cluster(tmp_path_factory, "flow-fast", FAST_BROKER_ENV)
 
 
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("flow-slow"), broker_env=SLOW_BROKER_ENV, checker=True,
-                checker_env=CHECKER_ENV)
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from _module_cluster(tmp_path_factory, "flow-slow", SLOW_BROKER_ENV)
 
 
 def send_undecided(cluster: Cluster, group: str, topic: str, count: int, **message: Any) -> list[str]:
@@ -254,29 +253,10 @@ def first_check_waits(release: threading.Event) -> Any:
     return check
 
 
-def test_an_answer_after_a_reclaim_decides_once(fast, unique_name):
-    group, topic = unique_name("g"), unique_name("orders")
-    fast.create_topic(topic, 1)
-    release = threading.Event()
-    listener = Listener(check=first_check_waits(release))
-    answering = producer(fast, group, listener, check_threads=2)
-    try:
-        (transaction_id,) = send_undecided(fast, group, topic, 1)
-        # Claimed again while the first check runs: the second check answers UNKNOWN.
-        wait_until(lambda: any(a >= 2 for _, a, _ in listener.calls(transaction_id)), 10,
-                   message=lambda: f"no second check: {listener.calls(transaction_id)}")
-        assert describe(fast, transaction_id).state == PREPARED
-        release.set()
-        row = wait_state(fast, transaction_id, COMMITTED)
-        assert row.resolution_source == common_pb2.TRANSACTION_SOURCE_CHECK and row.checks_delivered >= 2
-        assert decisions(fast, group) == 1 and refused_answers(fast, group) == 0
-    finally:
-        release.set()
-        answering.close()
-
-
-def test_an_answer_after_the_checker_was_killed_decides_once(fresh_cluster_factory, unique_name):
-    cluster = fresh_cluster_factory(broker_env=FAST_BROKER_ENV, checker=True, checker_env=CHECKER_ENV)
+def decided_by_the_late_first_answer(cluster: Cluster, unique_name: Any,
+                                     meanwhile: Callable[[str, Listener, threading.Event], None]) -> None:
+    """One transaction whose first check answers COMMIT only after ``meanwhile`` (which
+    sets the release); it is decided by that late answer, once, with nothing refused."""
     group, topic = unique_name("g"), unique_name("orders")
     cluster.create_topic(topic, 1)
     release = threading.Event()
@@ -285,15 +265,36 @@ def test_an_answer_after_the_checker_was_killed_decides_once(fresh_cluster_facto
     try:
         (transaction_id,) = send_undecided(cluster, group, topic, 1)
         wait_until(lambda: listener.calls(transaction_id), 10, message="no check")
-        cluster.checkers[0].kill()
-        release.set()  # answered while no checker is there: kept by the SDK
-        cluster.checkers[0].restart()
+        meanwhile(transaction_id, listener, release)
         row = wait_state(cluster, transaction_id, COMMITTED, timeout=15)
         assert row.resolution_source == common_pb2.TRANSACTION_SOURCE_CHECK
         assert decisions(cluster, group) == 1 and refused_answers(cluster, group) == 0
     finally:
         release.set()
         answering.close()
+
+
+def test_an_answer_after_a_reclaim_decides_once(fast, unique_name):
+    def reclaimed(transaction_id: str, listener: Listener, release: threading.Event) -> None:
+        # Claimed again while the first check runs: the second check answers UNKNOWN.
+        wait_until(lambda: any(a >= 2 for _, a, _ in listener.calls(transaction_id)), 10,
+                   message=lambda: f"no second check: {listener.calls(transaction_id)}")
+        row = describe(fast, transaction_id)
+        assert row.state == PREPARED and row.checks_delivered >= 2
+        release.set()
+
+    decided_by_the_late_first_answer(fast, unique_name, reclaimed)
+
+
+def test_an_answer_after_the_checker_was_killed_decides_once(fresh_cluster_factory, unique_name):
+    cluster = fresh_cluster_factory(broker_env=FAST_BROKER_ENV, checker=True, checker_env=CHECKER_ENV)
+
+    def killed(transaction_id: str, listener: Listener, release: threading.Event) -> None:
+        cluster.checkers[0].kill()
+        release.set()  # answered while no checker is there: kept by the SDK
+        cluster.checkers[0].restart()
+
+    decided_by_the_late_first_answer(cluster, unique_name, killed)
 
 
 # ------------------------------------------------------------------------------ a producer that hangs
