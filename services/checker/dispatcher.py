@@ -491,12 +491,14 @@ class Dispatcher:
             stream.push(error_response(error, check_id))
         return refused
 
-    def refused(self, stream: ProducerStream, check_id: str, error: TxmqError) -> None:
-        """A request on the stream refused here (not outstanding, invalid)."""
-        delivery = self.deliveries.get(check_id) if check_id else None
-        group = delivery.group if delivery is not None else (stream.groups[0] if stream.groups else "")
-        reason = "not_outstanding" if isinstance(error, InvalidFieldError) and error.field == "check_id" else "invalid"
-        self.metrics.answer_refused(group, reason)
+    def refused(self, stream: ProducerStream, check_id: str, error: TxmqError, *, answer: bool = False) -> None:
+        """A request on the stream refused here (not outstanding, invalid); an answer among
+        them is counted."""
+        if answer:
+            delivery = self.deliveries.get(check_id) if check_id else None
+            group = delivery.group if delivery is not None else (stream.groups[0] if stream.groups else "")
+            field = getattr(error, "field", "")
+            self.metrics.answer_refused(group, "not_outstanding" if field == "check_id" else "invalid")
         stream.push(error_response(error, check_id))
 
     def _finish(self, d: Delivery) -> None:

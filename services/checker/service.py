@@ -132,4 +132,4 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
             else:
                 raise InvalidFieldError("command", "set received, answer or credit")
         except TxmqError as error:
-            self.dispatcher.refused(stream, check_id, error)
+            self.dispatcher.refused(stream, check_id, error, answer=kind == "answer")

@@ -146,8 +146,8 @@ class CheckManager:
         self.metrics = metrics
         self.monotonic = monotonic
         self.links: dict[tuple[str, str], CheckerLink] = {}
-        #: transaction id → (link, check id, forget-after), for checks written to a client here.
-        self.pending: dict[str, tuple[CheckerLink, str, float]] = {}
+        #: transaction id → (link, check, forget-after), for checks written to a client here.
+        self.pending: dict[str, tuple[CheckerLink, checker_pb2.CheckRequest, float]] = {}
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -215,7 +215,7 @@ class CheckManager:
             previous = self.pending.get(check.transaction_id)
             if previous is not None:  # checked again: the earlier check is over
                 previous[0].send(Request(credit=checker_pb2.CheckCredit(checks=1)))
-            self.pending[check.transaction_id] = (link, check.check_id, forget_after)
+            self.pending[check.transaction_id] = (link, check, forget_after)
             self.metrics.checks.labels("forwarded").inc()
 
         if not stream.offer(command, written):
@@ -229,8 +229,12 @@ class CheckManager:
         entry = self.pending.pop(transaction_id, None)
         if entry is None:
             return False
-        link, check_id, _ = entry
-        link.send(Request(answer=checker_pb2.CheckAnswer(check_id=check_id, result=result, credit=1)))
+        link, check, _ = entry
+        # Naming the transaction: the answer counts even if the link's stream was opened
+        # again meanwhile (the broker accepts it as it is: already decided the same way).
+        link.send(Request(answer=checker_pb2.CheckAnswer(
+            check_id=check.check_id, result=result, transaction_id=check.transaction_id,
+            broker_name=check.broker_name, producer_group=check.message.producer_group, credit=1)))
         return True
 
     def _expire(self) -> None:
