@@ -8,7 +8,8 @@ BUF := tools/node_modules/.bin/buf
 PROTOS := $(wildcard protos/txmq/v1/*.proto)
 DATA_DIR ?= ./data
 
-.PHONY: all venv tools cc proto proto-lint proto-check run demo test test-unit test-integration bench clean distclean
+
+.PHONY: all venv tools cc etcd proto proto-lint proto-check run demo test test-unit test-integration bench clean distclean
 
 all: test
 
@@ -33,6 +34,12 @@ tools: $(BUF)
 cc:
 	@command -v cc >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null)
 
+# etcd (Debian's etcd-server): replicated shards keep leadership and in-sync sets in it; the
+# replication tests and a replicated local run start it as a process.
+etcd:
+	@command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null)
+	@command -v etcd >/dev/null || (echo "etcd: missing after apt-get install etcd-server" >&2; exit 1)
+
 # The only producer of generated code: Python stubs into the SDK package.
 proto: venv
 	rm -f sdk/txmq/v1/*_pb2.py sdk/txmq/v1/*_pb2.pyi sdk/txmq/v1/*_pb2_grpc.py
@@ -48,13 +55,13 @@ proto-check: venv
 run: venv
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
-test: venv cc proto-lint proto-check pipeline-deps proxy-deps chart-tools
+test: venv cc etcd proto-lint proto-check pipeline-deps proxy-deps chart-tools
 	$(PY) -m pytest tests
 
 test-unit: venv
 	$(PY) -m pytest tests/unit
 
-test-integration: venv cc
+test-integration: venv cc etcd
 	$(PY) -m pytest tests/integration
 
 # --- data pipeline (pipeline/): PySpark 4.3, the `txmq` data source and the audit job.

@@ -213,6 +213,44 @@ class UnavailableError(TxmqError):
     retryable = True
 
 
+class NotLeaderError(UnavailableError):
+    """A follower of a replicated shard was asked to serve: retry on the shard's leader
+    (``leader_address``, empty while an election is under way) with the same request."""
+
+    reason = "NOT_LEADER"
+
+    def __init__(self, shard: str, replica_id: int, leader_address: str = "", leader_replica: int = -1) -> None:
+        where = (f"the leader is replica {leader_replica} at {leader_address}" if leader_address
+                 else "no leader is known yet (an election is under way)")
+        super().__init__(f"replica {replica_id} of {shard!r} is not its leader: {where}; retry there",
+                         shard=shard, replica_id=replica_id, leader_address=leader_address,
+                         leader_replica=leader_replica)
+
+
+class NotEnoughReplicasError(UnavailableError):
+    """A replicated shard refused a write it could not make durable on enough replicas;
+    nothing of it was applied. Retry (with the same message id) once replicas are back."""
+
+    reason = "NOT_ENOUGH_REPLICAS"
+
+    def __init__(self, shard: str, in_sync: int, required: int) -> None:
+        super().__init__(f"{shard!r} has {in_sync} in-sync replicas able to acknowledge, fewer than "
+                         f"min_insync_replicas={required}: write refused, nothing applied; retry later",
+                         shard=shard, in_sync=in_sync, required=required)
+
+
+class LeadershipLostError(UnavailableError):
+    """The replica lost its shard's leadership while the request waited for replicas: its
+    outcome is unknown. Retry on the new leader with the same message id (deduplicated)."""
+
+    reason = "LEADERSHIP_LOST"
+
+    def __init__(self, shard: str, replica_id: int) -> None:
+        super().__init__(f"replica {replica_id} of {shard!r} lost its leadership before the write was "
+                         "acknowledged by its replicas; outcome unknown: retry with the same ids",
+                         shard=shard, replica_id=replica_id)
+
+
 class DeadlineExceededError(TxmqError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
     reason = "DEADLINE_EXCEEDED"

@@ -20,6 +20,14 @@ helper did (measured in ``bench.transactions``: +10–37 % txn/s for 2 to 16 pro
 README "Performance"). A failed sync stops the broker: writes were applied that can no
 longer be made durable, and a restart recovers from what is on disk.
 With ``flush=async`` everything counts as durable once written.
+
+On a replicated shard "durable" also means *on every in-sync replica*: the replication
+leader (``replication.ReplicaNode``) sets :attr:`StoreBridge.commit_gate` and calls
+:meth:`StoreBridge.release` as followers report their durable positions, and an answer
+waits for the smaller of the local sync and that commit point. Waiters are kept in ticket
+order (tickets only grow), so a release runs a prefix of them. If the replica loses its
+leadership, :meth:`fail_all` answers every waiter with the error (outcome unknown to the
+client, which retries with the same ids on the new leader).
 """
 
 from __future__ import annotations
@@ -46,7 +54,19 @@ class StoreBridge:
         # (seconds the sync took, writes it made durable) for every WAL sync.
         self._on_sync = on_sync
         self._durable = db.written  # what start-up wrote went through Database.call (synced)
-        self._waiting: collections.deque[Callable[[], None]] = collections.deque()
+        #: (ticket, on durable, on failure) in ticket order.
+        self._waiting: collections.deque[tuple[int, Callable[[], None], Callable[[BaseException], None] | None]] = \
+            collections.deque()
+        #: Replicated shards: the commit point (entries on every in-sync replica); None
+        #: when the shard has one replica (local durability is enough).
+        self.commit_gate: Callable[[], int] | None = None
+        #: Replicated shards: raises (NotEnoughReplicasError) when a write that must be
+        #: durable cannot be acknowledged now; called before such a write is applied.
+        self.write_guard: Callable[[], None] | None = None
+        self._failed: BaseException | None = None
+        #: Called with the new durable position after every local sync (the replication
+        #: leader recomputes its commit point).
+        self.sync_listeners: list[Callable[[int], None]] = []
         self._sync_scheduled = False
         #: WAL syncs done (group commits).
         self.syncs = 0
@@ -60,6 +80,10 @@ class StoreBridge:
         """Runs ``op`` now; returns its result and ticket (raises what it refused with).
         Its durable-hooks are queued behind the ticket. Inside :meth:`grouped` the ticket
         is ``GROUP_TICKET``: the group's comes when it ends."""
+        if self._failed is not None:
+            raise self._failed
+        if sync and self.write_guard is not None:
+            self.write_guard()
         applied = self.db.apply(op, sync=sync)
         if applied.ticket == GROUP_TICKET:
             assert self._group_hooks is not None
@@ -97,38 +121,81 @@ class StoreBridge:
         try:
             result, ticket = self.apply(op, sync=sync)
         except Exception as exc:  # noqa: BLE001 - the caller gets it through the future
-            self.when_durable(self.db.read_ticket, lambda exc=exc: fut.done() or fut.set_exception(exc))
+            self.when_durable(self.db.read_ticket, lambda exc=exc: fut.done() or fut.set_exception(exc),
+                              _failer(fut))
             return fut
-        self.when_durable(ticket, lambda: fut.done() or fut.set_result(result))
+        self.when_durable(ticket, lambda: fut.done() or fut.set_result(result), _failer(fut))
         return fut
 
     def settled(self) -> asyncio.Future[None]:
         """Resolves once everything a read of the current state depends on is durable: a
         read-only RPC awaits it after reading, before answering."""
         fut: asyncio.Future[None] = self.loop.create_future()
-        self.when_durable(self.db.read_ticket, lambda: fut.done() or fut.set_result(None))
+        self.when_durable(self.db.read_ticket, lambda: fut.done() or fut.set_result(None), _failer(fut))
         return fut
 
     # --- durability -----------------------------------------------------------------------
 
-    def when_durable(self, ticket: int, fn: Callable[[], None]) -> None:
-        """Runs ``fn`` (on the loop) once write ``ticket`` is durable: now if it is."""
-        if ticket <= self._durable or not self.db.sync:
+    @property
+    def durable(self) -> int:
+        """Writes up to here are on this replica's disk."""
+        return self._durable if self.db.sync else self.db.written
+
+    def _released(self) -> int:
+        durable = self.durable
+        gate = self.commit_gate
+        return durable if gate is None else min(durable, gate())
+
+    def when_durable(self, ticket: int, fn: Callable[[], None],
+                     on_fail: Callable[[BaseException], None] | None = None) -> None:
+        """Runs ``fn`` (on the loop) once write ``ticket`` is durable (and, replicated, on
+        every in-sync replica): now if it is. ``on_fail`` runs instead if the replica
+        loses its leadership first (without it the waiter is dropped)."""
+        if self._failed is not None:
+            if on_fail is not None:
+                on_fail(self._failed)
+            return
+        if ticket <= self._released():
             fn()
             return
-        self._waiting.append(fn)
-        if not self._sync_scheduled:
+        self._waiting.append((ticket, fn, on_fail))
+        if ticket > self.durable and not self._sync_scheduled:
             # Later in this loop iteration more requests may be applied: one sync for all.
             self._sync_scheduled = True
             self.loop.call_soon(self._sync)
+
+    def release(self) -> None:
+        """Runs the waiters whose tickets are now durable (and committed)."""
+        upto = self._released()
+        waiting = self._waiting
+        while waiting and waiting[0][0] <= upto:
+            _ticket, fn, _fail = waiting.popleft()
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - one hook must not hold up the others
+                log.exception("durable hook failed")
+
+    def fail_all(self, error: BaseException) -> None:
+        """The replica lost its leadership: every waiter gets ``error``, and so does every
+        later request (this bridge is done)."""
+        self._failed = error
+        waiting, self._waiting = self._waiting, collections.deque()
+        for _ticket, _fn, fail in waiting:
+            if fail is not None:
+                try:
+                    fail(error)
+                except Exception:  # noqa: BLE001
+                    log.exception("failure hook failed")
 
     def _sync(self) -> None:
         """Makes every write so far durable (one fdatasync of the WAL) and runs what waited
         for it. Every waiting ticket is at most ``db.written``, so all of them run."""
         self._sync_scheduled = False
-        if not self._waiting:
+        if not self._waiting or not self.db.sync:
             return
         target = self.db.written
+        if target <= self._durable:
+            return
         started = time.perf_counter()
         try:
             self.db.sync_wal()
@@ -142,12 +209,9 @@ class StoreBridge:
         if self._on_sync is not None:
             self._on_sync(time.perf_counter() - started, target - self._durable)
         self._durable = target
-        waiting, self._waiting = self._waiting, collections.deque()
-        for fn in waiting:
-            try:
-                fn()
-            except Exception:  # noqa: BLE001 - one hook must not hold up the others
-                log.exception("durable hook failed")
+        for fn in self.sync_listeners:
+            fn(target)
+        self.release()
 
     # --- long polling ---------------------------------------------------------------------
 
@@ -175,3 +239,7 @@ class StoreBridge:
             waiters = self._waiters.get(topic)
             if waiters is not None:
                 waiters.discard(waiter)
+
+
+def _failer(fut: asyncio.Future[Any]) -> Callable[[BaseException], None]:
+    return lambda exc: fut.done() or fut.set_exception(exc)

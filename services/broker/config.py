@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.common.config import ServiceConfig
+from services.common.config import (DAY, MINUTE, GiB, HOUR, KiB, MiB, TiB, YEAR, ServiceConfig, bounded, choice,
+                                    count, nbytes, seconds)
 
 FLUSH_MODES = ("sync", "async")
+#: The most replicas of one shard.
+MAX_REPLICAS = 9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,60 +21,105 @@ class BrokerConfig(ServiceConfig):
     advertise_address: str = ""
     #: Every name server (comma-separated host:port); the broker registers with each.
     nameserver_addresses: tuple[str, ...] = ()
-    heartbeat_interval_seconds: float = 10.0
+    heartbeat_interval_seconds: float = seconds(10.0, max=HOUR)
     data_dir: str = "./data/broker-0"
     #: ``sync``: nothing is acknowledged before the WAL holding it is synced (the writes made
     #: during one sync share the next: group commit); ``async``: the OS flushes.
-    flush: str = "sync"
+    flush: str = choice("sync", FLUSH_MODES)
     #: With flush=sync, the write-ahead log in use is pre-sized to this at start, so syncs
     #: overwrite allocated blocks instead of growing the file (cheaper; 0: off).
-    wal_prefill_bytes: int = 64 * 1024 * 1024
+    wal_prefill_bytes: int = nbytes(64 * MiB, min=0, max=64 * GiB, zero="no pre-sizing")
     #: Write-ahead logs kept at most (older ones are flushed to tables and reused): bounds
-    #: what a restart replays. 0: RocksDB's default (four times all the memtables).
-    max_wal_bytes: int = 256 * 1024 * 1024
-    max_body_bytes: int = 4 * 1024 * 1024
-    max_properties: int = 128
-    max_properties_bytes: int = 32 * 1024
-    max_keys: int = 32
-    max_tag_bytes: int = 255
+    #: what a restart replays.
+    max_wal_bytes: int = nbytes(256 * MiB, min=0, max=TiB,
+                                zero="RocksDB's default (four times all the memtables)")
+    #: Largest message body (below max_grpc_message_bytes).
+    max_body_bytes: int = nbytes(4 * MiB, max=GiB)
+    max_properties: int = count(128, max=65535)
+    max_properties_bytes: int = nbytes(32 * KiB, max=GiB)
+    max_keys: int = count(32, max=65535)
+    max_tag_bytes: int = nbytes(255, max=65535)
     #: Records older than this are deleted once no consumer group needs them.
-    retention_seconds: float = 72 * 3600.0
-    retention_interval_seconds: float = 60.0
+    retention_seconds: float = seconds(72 * HOUR, min=0, max=YEAR,
+                                       zero="records are deleted as soon as no consumer group needs them")
+    retention_interval_seconds: float = seconds(60.0, max=DAY)
     #: How long a message id stays deduplicated after its transaction's decision.
-    dedup_retention_seconds: float = 24 * 3600.0
+    dedup_retention_seconds: float = seconds(DAY, min=0, max=YEAR,
+                                             zero="an id is forgotten at the next retention round")
     #: Sends are refused with RESOURCE_EXHAUSTED while free disk is below this.
-    min_free_disk_bytes: int = 512 * 1024 * 1024
-    disk_check_interval_seconds: float = 1.0
+    min_free_disk_bytes: int = nbytes(512 * MiB, min=0, max=2**63 - 1, zero="sends are never refused for disk space")
+    disk_check_interval_seconds: float = seconds(1.0, max=HOUR)
     #: First check of a transaction this long after it was prepared (broker clock).
-    transaction_timeout_seconds: float = 6.0
-    check_interval_seconds: float = 30.0
-    check_backoff_multiplier: float = 2.0
-    check_interval_max_seconds: float = 300.0
+    transaction_timeout_seconds: float = seconds(6.0, max=DAY)
+    check_interval_seconds: float = seconds(30.0, max=DAY)
+    #: Each further check waits this many times longer than the one before (1: no backoff).
+    check_backoff_multiplier: float = bounded(2.0, min=1, max=100)
+    check_interval_max_seconds: float = seconds(300.0, max=DAY)
     #: Fraction of random spread added to each check interval.
-    check_jitter: float = 0.1
+    check_jitter: float = bounded(0.1, min=0, max=1, zero="no jitter")
     #: Checks a producer received without deciding before a transaction is discarded.
-    check_max: int = 15
+    check_max: int = count(15)
     #: An IN_PROGRESS answer cannot defer a transaction beyond this age.
-    max_transaction_lifetime_seconds: float = 24 * 3600.0
+    max_transaction_lifetime_seconds: float = seconds(DAY, max=YEAR)
     #: Deliveries of one message to one group before it goes to %DLQ%<group>.
-    max_delivery_attempts: int = 16
-    default_invisible_duration_seconds: float = 30.0
-    max_invisible_duration_seconds: float = 12 * 3600.0
-    min_invisible_duration_seconds: float = 0.05
-    max_long_polling_seconds: float = 30.0
-    max_receive_batch: int = 256
+    max_delivery_attempts: int = count(16)
+    #: Invisibility of a delivery whose receive asks for none.
+    default_invisible_duration_seconds: float = seconds(30.0, max=DAY)
+    max_invisible_duration_seconds: float = seconds(12 * HOUR, max=DAY)
+    #: Shorter invisibilities asked for are raised to this.
+    min_invisible_duration_seconds: float = seconds(0.05, min=0, max=HOUR, zero="no floor")
+    max_long_polling_seconds: float = seconds(30.0, min=0, max=HOUR, zero="no long polling: receives answer at once")
+    max_receive_batch: int = count(256)
+    # --- replication (docs/replication.md) -------------------------------------------------
+    #: Replicas of this shard (``broker_name``). 1: a single broker, no etcd (the embedded
+    #: default); 3 in production.
+    replication_factor: int = count(1, max=MAX_REPLICAS)
+    #: This replica's stable id within its shard, 0 .. replication_factor-1.
+    replica_id: int = count(0, min=0, max=MAX_REPLICAS - 1, zero="the shard's first replica")
+    #: A write that must not be lost is acknowledged only once durable on every in-sync
+    #: replica, and only while at least this many (the leader included) are in sync.
+    min_insync_replicas: int = count(2, max=MAX_REPLICAS)
+    #: etcd client endpoints (host:port, comma-separated); required when replicated.
+    etcd_endpoints: tuple[str, ...] = ()
+    #: Key prefix of this cluster's keys in etcd.
+    etcd_prefix: str = "/txmq"
+    #: The leader's etcd lease (whole seconds, at least 1): a leader silent this long loses
+    #: its shard to an in-sync follower.
+    leader_lease_seconds: float = seconds(4.0, min=1, max=HOUR)
+    #: How often a replica looks at etcd for its shard's leader and in-sync set.
+    election_poll_seconds: float = seconds(0.25, max=MINUTE)
+    #: A follower this far behind its leader (or silent this long) leaves the in-sync set.
+    replica_lag_max_seconds: float = seconds(5.0, max=HOUR)
+    #: Largest batch of entries in one replication stream message.
+    replication_batch_bytes: int = nbytes(MiB, max=GiB)
+    #: Replication log entries kept for followers catching up (older ones need a checkpoint).
+    replication_log_entries: int = count(200_000, max=100_000_000)
 
     def validate(self) -> None:
-        if self.flush not in FLUSH_MODES:
-            raise ValueError(f"flush must be one of {FLUSH_MODES}, got {self.flush!r}")
+        """Rules across fields (each field's own range is declared beside it)."""
         if not self.broker_name:
             raise ValueError("broker_name must be set")
-        for name in ("max_body_bytes", "check_max", "max_delivery_attempts"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("wal_prefill_bytes", "max_wal_bytes"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
-        for f in dataclasses.fields(self):
-            if f.name.endswith("_seconds") and getattr(self, f.name) < 0:
-                raise ValueError(f"{f.name} must not be negative, got {getattr(self, f.name)}")
+        if self.max_body_bytes >= self.max_grpc_message_bytes:
+            raise ValueError(f"max_body_bytes ({self.max_body_bytes}) must be below max_grpc_message_bytes "
+                             f"({self.max_grpc_message_bytes}): a body travels in one gRPC message")
+        if self.max_transaction_lifetime_seconds < self.transaction_timeout_seconds:
+            raise ValueError(f"max_transaction_lifetime_seconds ({self.max_transaction_lifetime_seconds:g}) must not be "
+                             f"below transaction_timeout_seconds ({self.transaction_timeout_seconds:g}): every "
+                             "transaction would be discarded at its first check")
+        if not self.min_invisible_duration_seconds <= self.default_invisible_duration_seconds \
+                <= self.max_invisible_duration_seconds:
+            raise ValueError(f"default_invisible_duration_seconds ({self.default_invisible_duration_seconds:g}) must be "
+                             f"within min_invisible_duration_seconds ({self.min_invisible_duration_seconds:g}) and "
+                             f"max_invisible_duration_seconds ({self.max_invisible_duration_seconds:g})")
+        if self.replication_factor > 1:
+            if not 0 <= self.replica_id < self.replication_factor:
+                raise ValueError(f"replica_id must be 0..replication_factor-1={self.replication_factor - 1}, "
+                                 f"got {self.replica_id}")
+            if not 1 <= self.min_insync_replicas <= self.replication_factor:
+                raise ValueError(f"min_insync_replicas must be 1..replication_factor={self.replication_factor}, "
+                                 f"got {self.min_insync_replicas}")
+            if not self.etcd_endpoints:
+                raise ValueError("etcd_endpoints must be set when replication_factor > 1")
+            if self.leader_lease_seconds != int(self.leader_lease_seconds):
+                raise ValueError(f"leader_lease_seconds must be a whole number (an etcd lease TTL), "
+                                 f"got {self.leader_lease_seconds}")

@@ -48,6 +48,16 @@ class StoreIdentityError(Exception):
     """The data directory belongs to another broker name."""
 
 
+def open_database(config: BrokerConfig, on_fatal: Callable[[BaseException], None] | None = None) -> Database:
+    """The broker's store as its configuration says (replicated when the shard has more
+    than one replica)."""
+    synced = config.flush == "sync"
+    return Database(config.data_dir, sync=synced, on_fatal=on_fatal,
+                    wal_prefill_bytes=config.wal_prefill_bytes if synced else 0,
+                    max_wal_bytes=config.max_wal_bytes, replicated=config.replication_factor > 1,
+                    replog_keep_entries=config.replication_log_entries)
+
+
 @dataclass(slots=True, frozen=True)
 class SendResult:
     message_id: str
@@ -155,14 +165,13 @@ def parse_tag_filter(expression: str) -> frozenset[str] | None:
 
 class BrokerCore:
     def __init__(self, config: BrokerConfig, clock: Callable[[], int] = now_ms,
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None, db: Database | None = None) -> None:
         self.config = config
         self.name = config.broker_name
         self.clock = clock
-        synced = config.flush == "sync"
-        self.db = Database(config.data_dir, sync=synced, on_fatal=on_fatal,
-                           wal_prefill_bytes=config.wal_prefill_bytes if synced else 0,
-                           max_wal_bytes=config.max_wal_bytes)
+        #: The store: handed in by the server (which also gives it to the bridge and, on a
+        #: replicated shard, to replication), or opened here (tools and tests).
+        self.db = db if db is not None else open_database(config, on_fatal)
         self.consumers = ConsumerGroups()
         self.topics: dict[str, int] = {}
         self.queue_next: dict[tuple[str, int], int] = {}
@@ -349,7 +358,7 @@ class BrokerCore:
             w.put("txn", codec.txn_key(seq), codec.encode_txn(row))
             self._due_put(w, row.producer_group, row.next_due_ms, seq)
             w.put("pending", codec.group_time_key(row.producer_group, now, seq), b"")
-            self._pending_floor[row.producer_group] = min(self._pending_floor.get(row.producer_group, now), now)
+            self._pending_floor[row.producer_group] = min(self._pending_floor.get(row.producer_group, 0), now)
             w.put("dedup", mid_key, codec.encode_dedup(codec.DedupEntry(codec.DEDUP_TXN, seq)))
             self._count(w, row.producer_group, pending=+1)
             self.next_seq = seq + 1

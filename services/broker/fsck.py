@@ -3,6 +3,9 @@ against a recount of the transaction table, indexes against the rows they index.
 
     python -m services.broker.fsck --data-dir ./data/broker-0 [--broker-name broker-0] [--json]
 
+The report also carries a digest of the replicated state (sha256 per column family):
+replicas of one shard stopped at the same log end have equal digests.
+
 Exit status 0 when consistent, 1 when a problem is found, 2 on bad usage.
 """
 
@@ -15,7 +18,7 @@ from typing import Any
 
 from .config import BrokerConfig
 from .core import BrokerCore
-from .store import codec
+from .store import codec, replog
 from .store.codec import CorruptRecordError
 
 
@@ -55,8 +58,15 @@ def check(core: BrokerCore) -> dict[str, Any]:
         if previous is not None:
             problems.append(f"log record {entry.log_seq} appears twice in {topic!r} (offsets {previous}, {offset})")
         seen[(topic, entry.log_seq)] = offset
+    local = db.cf["replica"]
+    replication = {}
+    if local.get(b"lsn") is not None:
+        replication = {"log_end": codec.decode_u64(local.get(b"lsn"), "replica lsn"),
+                       "epochs": replog.decode_epochs(local.get(b"epochs")),
+                       "member": local.get(b"member") == b"1"}
     return {"records": counts, "counters": {g: list(c) for g, c in stored.items()},
-            "recount": {g: list(c) for g, c in recount.items()}, "problems": problems}
+            "recount": {g: list(c) for g, c in recount.items()}, "problems": problems,
+            "digest": db.digest(), "replication": replication}
 
 
 def main(argv: list[str] | None = None) -> int:

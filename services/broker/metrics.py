@@ -3,7 +3,7 @@ the broker's own counters and indexes, so they cannot drift from it."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -79,18 +79,67 @@ class BrokerMetrics(BaseMetrics):
             child = self._delivered[topic] = self.messages_out.labels(topic)
         child.inc(count)
 
-    def watch(self, core: "object", bridge: "object") -> None:
-        self.registry.register(_StateCollector(core, bridge, self))
+    def watch(self, current: Callable[[], "tuple[Any, Any] | None"]) -> None:
+        """Scrapes describe the state ``current()`` returns: (core, bridge), or None on a
+        replica that does not lead (it serves no state of its own)."""
+        self.registry.register(_StateCollector(current, self))
+
+    def watch_replication(self, node: Any) -> None:
+        self.registry.register(_ReplicationCollector(node))
+
+
+class _ReplicationCollector(Collector):
+    """Replication of a replicated shard, from this replica's point of view."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+
+    def collect(self) -> Iterator[object]:
+        node = self.node
+        status = node.status()
+        leader = node.is_leader
+        yield GaugeMetricFamily("txmq_replica_is_leader", "1 on the replica that leads its shard",
+                                value=1 if leader else 0)
+        yield GaugeMetricFamily("txmq_replica_leader_epoch", "The leader epoch this replica knows (etcd revision)",
+                                value=node.known_epoch())
+        yield CounterMetricFamily("txmq_replica_leadership_changes", "Times this replica became or stopped being "
+                                  "its shard's leader", value=node.leadership_changes)
+        yield GaugeMetricFamily("txmq_replica_log_end", "Last replication log entry on this replica",
+                                value=status.log_end)
+        yield GaugeMetricFamily("txmq_replica_commit_lsn", "Entries on every in-sync replica (acknowledged)",
+                                value=status.commit_lsn)
+        if not leader:
+            return
+        yield GaugeMetricFamily("txmq_replica_insync_replicas", "Members of the shard's in-sync set",
+                                value=len(status.in_sync_replicas))
+        yield GaugeMetricFamily("txmq_replica_min_insync_replicas", "min_insync_replicas of the shard",
+                                value=status.min_insync_replicas)
+        yield GaugeMetricFamily("txmq_replica_replication_factor", "Replicas of the shard",
+                                value=status.replication_factor)
+        yield CounterMetricFamily("txmq_replica_writes_refused", "Writes refused for too few in-sync replicas",
+                                  value=node.refused_writes)
+        records = GaugeMetricFamily("txmq_replica_lag_records", "Entries a follower lacks", labels=["replica"])
+        seconds = GaugeMetricFamily("txmq_replica_lag_seconds", "How long since a follower was caught up",
+                                    labels=["replica"])
+        in_sync = GaugeMetricFamily("txmq_replica_in_sync", "1 when a follower is in the in-sync set",
+                                    labels=["replica"])
+        for f in status.followers:
+            records.add_metric([str(f.replica_id)], f.lag_records)
+            seconds.add_metric([str(f.replica_id)], f.lag_seconds)
+            in_sync.add_metric([str(f.replica_id)], 1 if f.in_sync else 0)
+        yield from (records, seconds, in_sync)
 
 
 class _StateCollector(Collector):
-    def __init__(self, core: "object", bridge: "object", metrics: BrokerMetrics) -> None:
-        self.core = core
-        self.bridge = bridge
+    def __init__(self, current: Callable[[], "tuple[Any, Any] | None"], metrics: BrokerMetrics) -> None:
+        self.current = current
         self.metrics = metrics
 
     def collect(self) -> Iterator[object]:
-        core = self.core
+        pair = self.current()
+        if pair is None:
+            return
+        core, self.bridge = pair
         now = core.clock()  # type: ignore[attr-defined]
         pending = GaugeMetricFamily("txmq_transactions_pending", "PREPARED transactions, by producer group",
                                     labels=["group"])

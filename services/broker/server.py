@@ -1,4 +1,12 @@
-"""Builds the broker process: store, servicer, heartbeats, disk watch and retention."""
+"""Builds the broker process: store, servicer, heartbeats, disk watch and retention.
+
+With ``replication_factor`` 1 the broker is its shard: it opens the store and serves. With
+more, it is one replica of the shard (``replication.ReplicaNode``): the store is opened
+once and outlives leaderships; while this replica leads, a *term* (domain, bridge and
+servicer over that store) serves clients, and the BrokerService answers NotLeaderError
+naming the leader otherwise. The replicas talk to each other through ReplicationService
+on the same port.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +14,26 @@ import asyncio
 import logging
 import os
 import shutil
+from typing import Any, Callable
 
-from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2
+from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, replication_pb2, replication_pb2_grpc
 
 from services.common.registration import Heartbeat
 from services.common.server import ServiceApp
 
 from .bridge import StoreBridge
 from .config import BrokerConfig
-from .core import BrokerCore
+from .core import BrokerCore, StoreIdentityError, open_database
 from .metrics import BrokerMetrics
+from .replication import ReplicaNode, ReplicationServicer, Term
 from .service import BrokerServicer
+from .store import codec
+from .store.db import Database
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name
+REPLICATION_SERVICE_NAME = replication_pb2.DESCRIPTOR.services_by_name["ReplicationService"].full_name
 #: Records one retention round removes at most (a round holds the event loop).
 RETENTION_ROUND = 1000
 
@@ -32,41 +45,111 @@ def _fatal(exc: BaseException) -> None:
     os._exit(70)
 
 
-async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
-    loop = asyncio.get_running_loop()
-    metrics = BrokerMetrics()
-    core = BrokerCore(config, on_fatal=_fatal)
-    bridge = StoreBridge(core.db, loop, on_fatal=_fatal, on_sync=metrics.record_sync)
+def _build(config: BrokerConfig, db: Database, loop: asyncio.AbstractEventLoop,
+           metrics: BrokerMetrics) -> tuple[BrokerCore, StoreBridge, BrokerServicer]:
+    """The domain, the bridge and the servicer over an open store."""
+    core = BrokerCore(config, on_fatal=_fatal, db=db)
+    bridge = StoreBridge(db, loop, on_fatal=_fatal, on_sync=metrics.record_sync)
     core.visible_listeners.append(bridge.note_visible)
-    metrics.watch(core, bridge)
     core.end_listeners.append(metrics.record_end)
     core.stored_listeners.append(metrics.record_stored)
     core.discard_listeners.append(metrics.record_discard)
-    servicer = BrokerServicer(core, bridge, metrics)
-    app = ServiceApp("broker", config, metrics, [(broker_pb2_grpc.add_BrokerServiceServicer_to_server, servicer)],
-                     [SERVICE_NAME])
+    return core, bridge, BrokerServicer(core, bridge, metrics)
+
+
+def _leader_gate(node: ReplicaNode) -> broker_pb2_grpc.BrokerServiceServicer:
+    """A BrokerService whose every method runs on the current leadership's servicer, or
+    answers NotLeaderError (UNAVAILABLE, retryable, naming the leader)."""
+    methods: dict[str, Callable[..., Any]] = {}
+    for method in broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].methods:
+        name = method.name
+
+        async def call(self: Any, request: Any, context: Any, _name: str = name) -> Any:
+            return await getattr(node.serving().servicer, _name)(request, context)
+        methods[name] = call
+    return type("LeaderGate", (broker_pb2_grpc.BrokerServiceServicer,), methods)()
+
+
+async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
+    loop = asyncio.get_running_loop()
+    metrics = BrokerMetrics()
+    db = open_database(config, on_fatal=_fatal)
+    replicated = config.replication_factor > 1
+    owner = identity(db)
+    if owner and owner != config.broker_name:
+        db.close()
+        raise StoreIdentityError(f"data dir {config.data_dir} belongs to broker {owner!r}, not {config.broker_name!r}")
+    node: ReplicaNode | None = None
+    terms: list[tuple[BrokerCore, StoreBridge]] = []  # the one serving now (empty: not leading)
+
+    if not replicated:
+        core, bridge, servicer = _build(config, db, loop, metrics)
+        terms.append((core, bridge))
+        registered: list[tuple[Any, Any]] = [(broker_pb2_grpc.add_BrokerServiceServicer_to_server, servicer)]
+        names = [SERVICE_NAME]
+    else:
+        node = ReplicaNode(config, db, address=lambda: address, make_term=lambda epoch: make_term(epoch),
+                           on_role_change=lambda: heartbeat.kick(), metrics=metrics)
+        registered = [(broker_pb2_grpc.add_BrokerServiceServicer_to_server, _leader_gate(node)),
+                      (replication_pb2_grpc.add_ReplicationServiceServicer_to_server, ReplicationServicer(node))]
+        names = [SERVICE_NAME, REPLICATION_SERVICE_NAME]
+        metrics.watch_replication(node)
+    metrics.watch(lambda: terms[0] if terms else None)
+    app = ServiceApp("broker", config, metrics, registered, names)
     address = config.advertise_address or f"{'127.0.0.1' if config.host in ('0.0.0.0', '') else config.host}:{app.port}"
-    app.core = core  # type: ignore[attr-defined]  # tests and tools reach the domain through the app
+    if not replicated:
+        app.core = terms[0][0]  # type: ignore[attr-defined]  # tests and tools reach the domain through the app
+    app.node = node  # type: ignore[attr-defined]
+    free = {"bytes": -1, "full": False}
+
+    def current() -> tuple[BrokerCore, StoreBridge] | None:
+        return terms[0] if terms else None
+
+    async def make_term(epoch: int) -> Term:
+        assert node is not None
+        core, bridge, servicer = _build(config, node.db, loop, metrics)
+        core.free_disk_bytes, core.disk_full = free["bytes"], free["full"]
+        core.topic_listeners.append(lambda _topic: heartbeat.kick())
+        terms[:] = [(core, bridge)]
+
+        async def close() -> None:
+            if terms and terms[0][0] is core:
+                terms.clear()
+        return Term(epoch, servicer, bridge, core, close)
 
     def info() -> nameserver_pb2.BrokerInfo:
-        return nameserver_pb2.BrokerInfo(
+        pair = current()
+        topics = sorted(pair[0].topics.items()) if pair else []
+        broker = nameserver_pb2.BrokerInfo(
             name=config.broker_name, address=address,
-            topics=[common_pb2.TopicQueues(topic=t, queue_count=n) for t, n in sorted(core.topics.items())])
+            topics=[common_pb2.TopicQueues(topic=t, queue_count=n) for t, n in topics])
+        if node is not None:
+            broker.replica_id = config.replica_id
+            broker.role = node.role()
+            broker.leader_epoch = node.known_epoch()
+            broker.replication.CopyFrom(node.status())
+        return broker
 
     heartbeat = Heartbeat(
         config.nameserver_addresses, config.heartbeat_interval_seconds,
         register=lambda stub: stub.RegisterBroker(nameserver_pb2.RegisterBrokerRequest(broker=info())),
-        unregister=lambda stub: stub.UnregisterBroker(nameserver_pb2.UnregisterBrokerRequest(name=config.broker_name)))
-    core.topic_listeners.append(lambda _topic: heartbeat.kick())
+        unregister=lambda stub: stub.UnregisterBroker(nameserver_pb2.UnregisterBrokerRequest(
+            name=config.broker_name, replica_id=config.replica_id)))
+    if not replicated:
+        terms[0][0].topic_listeners.append(lambda _topic: heartbeat.kick())
+
     def watch_disk() -> None:
+        the_db = node.db if node is not None else db
         usage = shutil.disk_usage(config.data_dir)
-        core.free_disk_bytes = usage.free
         full = usage.free < config.min_free_disk_bytes
-        if full != core.disk_full:
+        if full != free["full"]:
             log.warning("free disk below floor: refusing sends" if full else "free disk back above floor",
                         extra={"fields": {"free_bytes": usage.free, "floor_bytes": config.min_free_disk_bytes}})
-        core.disk_full = full
-        metrics.store_bytes_value = core.db.size_bytes()
+        free["bytes"], free["full"] = usage.free, full
+        pair = current()
+        if pair is not None:
+            pair[0].free_disk_bytes, pair[0].disk_full = usage.free, full
+        metrics.store_bytes_value = the_db.size_bytes()
 
     async def disk() -> None:
         await asyncio.to_thread(watch_disk)
@@ -74,7 +157,8 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
     async def retention() -> None:
         # In rounds of a bounded size: each round runs on the event loop and holds it.
         totals = {"dedup_expired": 0, "records_deleted": 0}
-        while True:
+        while (pair := current()) is not None:
+            core, bridge = pair
             stats = await bridge.run(core.retention_op(RETENTION_ROUND), sync=False)
             for name, value in stats.items():
                 totals[name] += value
@@ -85,11 +169,15 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
 
     async def start() -> None:
         watch_disk()
+        if node is not None:
+            await node.start()
         await heartbeat.start()
 
     async def stop() -> None:
+        if node is not None:
+            await node.stop()
         await heartbeat.stop()
-        core.close()
+        (node.db if node is not None else db).close()
 
     app.every("disk", config.disk_check_interval_seconds, disk)
     app.every("retention", config.retention_interval_seconds, retention)
@@ -97,3 +185,9 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
     app.on_start.append(start)
     app.on_stop.append(stop)
     return app, app.port
+
+
+def identity(db: Database) -> str:
+    """The broker name a store belongs to ('' for a fresh one)."""
+    value = db.get("meta", b"broker_name")
+    return codec.unframe(value, "meta", b"broker_name").decode() if value else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 
-from services.common.config import ServiceConfig
+from services.common.config import HOUR, ServiceConfig, count, seconds
 
 
 def default_checker_name() -> str:
@@ -22,44 +22,37 @@ class CheckerConfig(ServiceConfig):
     advertise_address: str = ""
     #: Every name server (comma-separated host:port); the checker registers with each.
     nameserver_addresses: tuple[str, ...] = ()
-    heartbeat_interval_seconds: float = 10.0
+    heartbeat_interval_seconds: float = seconds(10.0, max=HOUR)
     #: How often the live brokers are listed again (brokers joining and leaving).
-    broker_refresh_seconds: float = 5.0
+    broker_refresh_seconds: float = seconds(5.0, max=HOUR)
     #: Pause between two claims of a broker that returned less than a full batch.
-    claim_interval_seconds: float = 0.2
+    claim_interval_seconds: float = seconds(0.2, max=HOUR)
     #: Most checks one ClaimChecks asks for; a full batch is followed by another claim at once.
-    claim_batch: int = 256
-    #: A claimed check nobody reported on becomes due again after this long (broker side).
-    lease_seconds: float = 10.0
-    #: How long a producer has to acknowledge a check, and then to answer it.
-    answer_timeout_seconds: float = 5.0
+    claim_batch: int = count(256)
+    #: A claimed check nobody reported on becomes due again after this long (broker side,
+    #: which takes at most an hour).
+    lease_seconds: float = seconds(10.0, max=HOUR)
+    #: How long a producer has to start a check it was sent, and then to answer it (at
+    #: most lease_seconds); a later answer still counts.
+    answer_timeout_seconds: float = seconds(5.0, max=HOUR)
     #: Most checks one producer stream may be sent ahead (the most credit it may hold).
-    stream_queue_size: int = 1024
+    stream_queue_size: int = count(1024, max=1_000_000)
     #: Credit of a producer stream without flow control (an SDK that announces none):
     #: checks sent to it and not yet answered, handed back or forgotten.
-    default_check_credit: int = 64
+    default_check_credit: int = count(64, max=1_000_000)
     #: Most reports in one ReportChecks call.
-    report_batch: int = 512
+    report_batch: int = count(512)
     #: Deadline of each call to a broker or a name server.
-    rpc_timeout_seconds: float = 5.0
+    rpc_timeout_seconds: float = seconds(5.0, max=HOUR)
     #: Most producer groups one Subscribe may name.
-    max_groups_per_stream: int = 64
+    max_groups_per_stream: int = count(64)
 
     def validate(self) -> None:
+        """Rules across fields (each field's own range is declared beside it)."""
         if not self.checker_name or any(ch.isspace() for ch in self.checker_name):
             raise ValueError(f"checker_name must be set, without spaces, got {self.checker_name!r}")
-        for name in ("heartbeat_interval_seconds", "broker_refresh_seconds", "claim_interval_seconds",
-                     "lease_seconds", "answer_timeout_seconds", "rpc_timeout_seconds"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.lease_seconds > 3600:
-            raise ValueError(f"lease_seconds must be at most 3600, got {self.lease_seconds}")
         if self.answer_timeout_seconds > self.lease_seconds:
             # An acknowledgement later than the lease would be reported on a claim that
             # another checker may already hold.
             raise ValueError(f"answer_timeout_seconds ({self.answer_timeout_seconds}) must not exceed "
                              f"lease_seconds ({self.lease_seconds})")
-        for name in ("claim_batch", "stream_queue_size", "report_batch", "max_groups_per_stream",
-                     "default_check_credit"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

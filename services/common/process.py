@@ -261,6 +261,16 @@ class ServiceProcess:
         self._reap()
         return self._proc.returncode
 
+    def pause(self) -> None:
+        """SIGSTOP: the process stops running but keeps its sockets (a long GC pause, a
+        frozen VM); :meth:`resume` continues it."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)
+
     def restart(self, timeout: float = 30.0, stop_timeout: float = 15.0) -> dict[str, Any]:
         """Stops the process if it still runs (SIGTERM), then starts it again with the same
         environment and the same gRPC port, and waits until it is ready.

@@ -5,7 +5,9 @@ own start/stop hooks."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
 from typing import Any, Awaitable, Callable, Iterable
 
 import grpc
@@ -15,10 +17,28 @@ from grpc_reflection.v1alpha import reflection
 from .config import ServiceConfig
 from .interceptors import ServerInterceptor
 from .metrics import BaseMetrics
+from .runtime import StartupError
 
 log = logging.getLogger(__name__)
 
 Hook = Callable[[], Awaitable[None]]
+
+
+def check_port_free(host: str, port: int, setting: str) -> None:
+    """Raises :class:`StartupError` naming ``setting`` when ``host:port`` cannot be bound
+    (gRPC would only say "failed to bind", or bind one of two wildcard addresses)."""
+    if port <= 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise StartupError(f"{setting}: port {port} on {host or '0.0.0.0'} is already in use") from exc
+            if exc.errno == errno.EACCES:
+                raise StartupError(f"{setting}: binding port {port} on {host or '0.0.0.0'} is not permitted") from exc
+            # An address this IPv4 check cannot take (IPv6, a name): gRPC decides.
 
 
 class ServiceApp:
@@ -40,9 +60,14 @@ class ServiceApp:
         self.service_names = list(service_names)
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
-        self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+        check_port_free(config.host, config.port, "port (TXMQ_PORT)")
+        check_port_free(config.host, config.metrics_port, "metrics_port (TXMQ_METRICS_PORT)")
+        try:
+            self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+        except RuntimeError as exc:
+            raise StartupError(f"port (TXMQ_PORT): cannot bind {config.host}:{config.port}") from exc
         if self.port == 0:
-            raise OSError(f"{name}: cannot bind {config.host}:{config.port}")
+            raise StartupError(f"port (TXMQ_PORT): cannot bind {config.host}:{config.port}")
         self.metrics_port = -1
         self.on_start: list[Hook] = []
         self.on_stop: list[Hook] = []

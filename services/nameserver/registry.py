@@ -13,9 +13,10 @@ until a registration lists the queues or the broker expiry time passes.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from txmq._errors import BrokerNotFoundError, InvalidFieldError, NoBrokerError, TopicExistsError
 from txmq._names import is_system_topic, validate_name
@@ -36,6 +37,18 @@ class BrokerRecord:
     topics: Mapping[str, int]
     #: Registry clock, seconds.
     last_heartbeat: float
+    #: Replicated shards: which replica, its role (ROLE_*) and the leader epoch it knows;
+    #: ``replication`` is what it reports of its shard (opaque here, shown to operators).
+    replica_id: int = 0
+    role: int = 0
+    epoch: int = 0
+    replication: Any = None
+
+
+#: BrokerInfo.role values (nameserver.proto BrokerRole).
+ROLE_SINGLE = 0
+ROLE_LEADER = 1
+ROLE_FOLLOWER = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +137,10 @@ class Registry:
         self.broker_expiry_seconds = broker_expiry_seconds
         self.checker_expiry_seconds = checker_expiry_seconds
         self._clock = clock
+        #: The replica serving each shard (a single broker, or its leader).
         self._brokers: dict[str, BrokerRecord] = {}
+        #: Every replica of replicated shards, leaders and followers.
+        self._replicas: dict[tuple[str, int], BrokerRecord] = {}
         self._checkers: dict[str, CheckerRecord] = {}
         # (broker, topic) → (queue count created through the Admin API, when).
         self._created: dict[tuple[str, str], tuple[int, float]] = {}
@@ -135,9 +151,16 @@ class Registry:
     # brokers
 
     def register_broker(self, name: str, address: str,
-                        topics: Iterable[tuple[str, int]] = ()) -> BrokerRecord:
-        """Registers or refreshes a broker (its heartbeat) with the topics it holds now."""
+                        topics: Iterable[tuple[str, int]] = (), *, replica_id: int = 0, role: int = ROLE_SINGLE,
+                        epoch: int = 0, replication: Any = None) -> BrokerRecord:
+        """Registers or refreshes a broker (its heartbeat) with the topics it holds now. A
+        replica of a replicated shard serves the shard while it is the leader with the
+        highest epoch registered; a follower is listed but never routed to."""
         validate_member_name("broker.name", name)
+        if role not in (ROLE_SINGLE, ROLE_LEADER, ROLE_FOLLOWER):
+            raise InvalidFieldError("broker.role", f"unknown role {role}")
+        if role == ROLE_SINGLE and replica_id:
+            raise InvalidFieldError("broker.replica_id", "set only with a role (replicated shards)")
         validate_address("broker.address", address)
         held: dict[str, int] = {}
         for topic, count in topics:
@@ -157,14 +180,42 @@ class Registry:
                 del self._created[(broker, topic)]
             else:
                 held[topic] = count
-        record = BrokerRecord(name, address, held, now)
-        self._brokers[name] = record
+        record = BrokerRecord(name, address, held, now, replica_id, role, epoch, replication)
+        if role == ROLE_SINGLE:
+            self._brokers[name] = record
+            return record
+        self._replicas[(name, replica_id)] = record
+        serving = self._brokers.get(name)
+        if role == ROLE_LEADER:
+            if serving is None or serving.replica_id == replica_id or serving.epoch <= epoch:
+                self._brokers[name] = record
+        elif serving is not None and serving.replica_id == replica_id:
+            del self._brokers[name]  # it stepped down: serve a leader still registered, if any
+            self._promote(name)
         return record
 
-    def unregister_broker(self, name: str) -> bool:
-        """Removes a broker at once; False if it was not registered (not an error)."""
+    def _promote(self, name: str) -> None:
+        leaders = [r for (n, _i), r in self._replicas.items() if n == name and r.role == ROLE_LEADER]
+        if leaders:
+            self._brokers[name] = max(leaders, key=lambda r: (r.epoch, r.last_heartbeat))
+
+    def unregister_broker(self, name: str, replica_id: int = 0) -> bool:
+        """Removes a broker (a replica) at once; False if it was not registered (not an error)."""
+        replica = self._replicas.pop((name, replica_id), None)
+        serving = self._brokers.get(name)
+        if serving is None or serving.replica_id != replica_id:
+            return replica is not None
         self._forget_created(name)
-        return self._brokers.pop(name, None) is not None
+        del self._brokers[name]
+        self._promote(name)
+        return True
+
+    def all_replicas(self) -> list[BrokerRecord]:
+        """Every live broker and replica (followers too), by name then replica id."""
+        self._expire()
+        out = {(b.name, b.replica_id): b for b in self._brokers.values()}
+        out.update(self._replicas)
+        return [out[k] for k in sorted(out)]
 
     def live_brokers(self) -> list[BrokerRecord]:
         """Live brokers sorted by name."""
@@ -244,8 +295,7 @@ class Registry:
         if record.topics.get(topic, 0) >= queue_count:
             return
         self._created[(broker_name, topic)] = (queue_count, self.now())
-        self._brokers[broker_name] = BrokerRecord(
-            record.name, record.address, {**record.topics, topic: queue_count}, record.last_heartbeat)
+        self._brokers[broker_name] = dataclasses.replace(record, topics={**record.topics, topic: queue_count})
 
     # expiry
 
@@ -255,6 +305,9 @@ class Registry:
             if now - broker.last_heartbeat >= self.broker_expiry_seconds:
                 del self._brokers[name]
                 self._forget_created(name)
+        for key, replica in list(self._replicas.items()):
+            if now - replica.last_heartbeat >= self.broker_expiry_seconds:
+                del self._replicas[key]
         for name, checker in list(self._checkers.items()):
             if now - checker.last_heartbeat >= self.checker_expiry_seconds:
                 del self._checkers[name]

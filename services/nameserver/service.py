@@ -16,9 +16,13 @@ def _ms(seconds: float) -> int:
 
 
 def broker_info(record: BrokerRecord) -> nameserver_pb2.BrokerInfo:
-    return nameserver_pb2.BrokerInfo(
+    info = nameserver_pb2.BrokerInfo(
         name=record.name, address=record.address, last_heartbeat_ms=_ms(record.last_heartbeat),
-        topics=[common_pb2.TopicQueues(topic=t, queue_count=n) for t, n in sorted(record.topics.items())])
+        topics=[common_pb2.TopicQueues(topic=t, queue_count=n) for t, n in sorted(record.topics.items())],
+        replica_id=record.replica_id, role=record.role, leader_epoch=record.epoch)
+    if record.replication is not None:
+        info.replication.CopyFrom(record.replication)
+    return info
 
 
 def checker_info(record: CheckerRecord) -> nameserver_pb2.CheckerInfo:
@@ -40,14 +44,16 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServiceServicer):
                              context: Any) -> nameserver_pb2.RegisterBrokerResponse:
         broker = request.broker
         self.registry.register_broker(broker.name, broker.address,
-                                      [(t.topic, t.queue_count) for t in broker.topics])
+                                      [(t.topic, t.queue_count) for t in broker.topics],
+                                      replica_id=broker.replica_id, role=broker.role, epoch=broker.leader_epoch,
+                                      replication=broker.replication if broker.HasField("replication") else None)
         return nameserver_pb2.RegisterBrokerResponse(
             heartbeat_interval_seconds=self.heartbeat_interval_seconds,
             expiry_seconds=self.registry.broker_expiry_seconds)
 
     async def UnregisterBroker(self, request: nameserver_pb2.UnregisterBrokerRequest,
                                context: Any) -> nameserver_pb2.UnregisterBrokerResponse:
-        self.registry.unregister_broker(request.name)
+        self.registry.unregister_broker(request.name, request.replica_id)
         return nameserver_pb2.UnregisterBrokerResponse()
 
     async def RegisterChecker(self, request: nameserver_pb2.RegisterCheckerRequest,
@@ -72,7 +78,8 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServiceServicer):
     async def ListBrokers(self, request: nameserver_pb2.ListBrokersRequest,
                           context: Any) -> nameserver_pb2.ListBrokersResponse:
         return nameserver_pb2.ListBrokersResponse(
-            brokers=[broker_info(b) for b in self.registry.live_brokers()])
+            brokers=[broker_info(b) for b in (self.registry.all_replicas() if request.include_followers
+                                              else self.registry.live_brokers())])
 
     async def ListCheckers(self, request: nameserver_pb2.ListCheckersRequest,
                            context: Any) -> nameserver_pb2.ListCheckersResponse:

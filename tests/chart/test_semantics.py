@@ -393,3 +393,24 @@ def test_a_broken_chart_fails_the_checks(helm_bin: Path, tmp_path: Path, mutatio
     broken = render(helm_bin, [scenario_file("minimal")], chart=chart)
     with pytest.raises(AssertionError):
         check({"minimal": broken}, "minimal")
+
+
+def test_schema_ranges_are_the_services_declared_ranges() -> None:
+    """Every setting under `<component>.config` is held by the schema to the range its
+    dataclass declares (services/common/config.py `seconds`, `count`, ...), so helm refuses
+    at install exactly what the service would refuse at start."""
+    from tools.chart_schema import declared_schema  # noqa: PLC0415
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    differing = []
+    for component in COMPONENTS:
+        cls = config_class(component)
+        settable = schema["properties"][component]["properties"]["config"]["properties"]
+        for name, prop in settable.items():
+            declared = declared_schema(cls, name)
+            if declared is None:
+                assert prop.get("type") in ("boolean", "string") and "enum" not in prop, \
+                    f"{component}.config.{name}: the chart limits it but {cls.__name__} declares nothing"
+            elif prop != declared:
+                differing.append(f"{component}.config.{name}: chart {prop}, {cls.__name__} {declared}")
+    assert not differing, "run python -m tools.chart_schema:\n" + "\n".join(differing)

@@ -13,6 +13,7 @@ import grpc
 
 from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
+from .etcd import EtcdProcess
 from .processes import ServiceProcess
 from .waiting import wait_until
 
@@ -26,6 +27,13 @@ NAMESERVER_DEFAULTS = {
 BROKER_DEFAULTS = {
     "TXMQ_HEARTBEAT_INTERVAL_SECONDS": "0.5",
     "TXMQ_SHUTDOWN_GRACE_SECONDS": "1.0",
+}
+#: Settings of every replica of a replicated test shard (sub-second failover).
+REPLICA_DEFAULTS = {
+    "TXMQ_LEADER_LEASE_SECONDS": "1",
+    "TXMQ_ELECTION_POLL_SECONDS": "0.05",
+    "TXMQ_REPLICA_LAG_MAX_SECONDS": "1.0",
+    "TXMQ_WAL_PREFILL_BYTES": "0",
 }
 CHECKER_DEFAULTS = {
     "TXMQ_HEARTBEAT_INTERVAL_SECONDS": "0.5",
@@ -66,7 +74,8 @@ class Cluster:
                  nameserver_env: Mapping[str, str] | None = None,
                  checker: bool = False, checker_env: Mapping[str, str] | None = None,
                  ready_timeout: float = 30.0, proxies: int = 0,
-                 proxy_env: Mapping[str, str] | None = None) -> None:
+                 proxy_env: Mapping[str, str] | None = None, replication_factor: int = 1,
+                 min_insync_replicas: int = 2) -> None:
         if nameservers < 1:
             raise ValueError("a cluster needs at least one name server")
         self.workdir = Path(workdir)
@@ -80,6 +89,11 @@ class Cluster:
         self._broker_env = dict(broker_env or {})
         self._channels: dict[str, grpc.Channel] = {}
         self._stopped = False
+        self.replication_factor = replication_factor
+        self.min_insync_replicas = min_insync_replicas
+        #: Replicated shards: etcd, and each shard's replicas by shard name.
+        self.etcd: EtcdProcess | None = None
+        self.shards: dict[str, list[ServiceProcess]] = {}
         with _CLUSTERS_LOCK:
             _CLUSTERS.add(self)
         try:
@@ -91,16 +105,25 @@ class Cluster:
                 proc.start()
             for proc in self.nameservers:
                 proc.wait_ready(ready_timeout)
+            if replication_factor > 1:
+                self.etcd = EtcdProcess(self.workdir).start(ready_timeout)
             for i in range(brokers):
-                name = f"broker-{i}"
-                env = {**BROKER_DEFAULTS,
-                       "TXMQ_BROKER_NAME": name,
-                       "TXMQ_DATA_DIR": str(self.workdir / name),
-                       **(broker_env or {}),
-                       "TXMQ_NAMESERVER_ADDRESSES": ",".join(self.nameserver_addresses)}
-                proc = ServiceProcess("services.broker", env, self.workdir, name)
-                self.brokers.append(proc)
-                proc.start()
+                shard = f"broker-{i}"
+                for r in range(replication_factor):
+                    name = shard if replication_factor == 1 else f"{shard}-r{r}"
+                    env = {**BROKER_DEFAULTS,
+                           "TXMQ_BROKER_NAME": shard,
+                           "TXMQ_DATA_DIR": str(self.workdir / name)}
+                    if replication_factor > 1:
+                        assert self.etcd is not None
+                        env.update({**REPLICA_DEFAULTS, "TXMQ_REPLICATION_FACTOR": str(replication_factor),
+                                    "TXMQ_REPLICA_ID": str(r), "TXMQ_MIN_INSYNC_REPLICAS": str(min_insync_replicas),
+                                    "TXMQ_ETCD_ENDPOINTS": self.etcd.endpoint})
+                    env.update({**(broker_env or {}), "TXMQ_NAMESERVER_ADDRESSES": ",".join(self.nameserver_addresses)})
+                    proc = ServiceProcess("services.broker", env, self.workdir, name)
+                    self.brokers.append(proc)
+                    self.shards.setdefault(shard, []).append(proc)
+                    proc.start()
             for proc in self.brokers:
                 proc.wait_ready(ready_timeout)
             self.wait_brokers_registered()
@@ -171,6 +194,10 @@ class Cluster:
         address, with a heartbeat at or after ``heartbeat_after_ms`` (name server wall clock)."""
         expected = brokers if brokers is not None else self.brokers
 
+        if self.replication_factor > 1:
+            self.wait_leaders(timeout)
+            return
+
         def registered() -> bool:
             for ns in self.nameserver_addresses:
                 listed = {b.name: b for b in self.list_brokers(ns)}
@@ -186,6 +213,44 @@ class Cluster:
                    message=lambda: f"brokers {[p.name for p in expected]} not registered with "
                                    f"every name server {self.nameserver_addresses}\n{self._describe()}",
                    ignore=(grpc.RpcError,))
+
+    def list_replicas(self, nameserver: str | None = None) -> list[nameserver_pb2.BrokerInfo]:
+        response = self.nameserver_stub(nameserver).ListBrokers(
+            nameserver_pb2.ListBrokersRequest(include_followers=True), timeout=RPC_TIMEOUT_SECONDS)
+        return list(response.brokers)
+
+    def leader(self, shard: str = "broker-0") -> ServiceProcess | None:
+        """The replica of ``shard`` every name server routes to while its in-sync set can
+        acknowledge writes (None while there is none)."""
+        found = None
+        for ns in self.nameserver_addresses:
+            listed = {b.name: b for b in self.list_brokers(ns)}
+            info = listed.get(shard)
+            if info is None or len(info.replication.in_sync_replicas) < self.min_insync_replicas:
+                return None
+            match = [p for p in self.shards[shard] if p.running and p.address == info.address]
+            if not match or (found is not None and match[0] is not found):
+                return None
+            found = match[0]
+        return found
+
+    def wait_leaders(self, timeout: float | None = None, shards: list[str] | None = None,
+                     not_on: ServiceProcess | None = None) -> dict[str, ServiceProcess]:
+        """Until every shard has a leader routed by every name server (not ``not_on``)."""
+        names = shards or list(self.shards)
+        out: dict[str, ServiceProcess] = {}
+
+        def led() -> bool:
+            for shard in names:
+                proc = self.leader(shard)
+                if proc is None or proc is not_on:
+                    return False
+                out[shard] = proc
+            return True
+        wait_until(led, timeout or self.ready_timeout, interval=0.05,
+                   message=lambda: f"shards {names} have no leader routed\n{self._describe()}",
+                   ignore=(grpc.RpcError,))
+        return out
 
     def _describe(self) -> str:
         return "\n".join(f"  {p!r}" for p in self.processes)
@@ -292,6 +357,8 @@ class Cluster:
                     proc.send_term()
             for proc in group:
                 codes[proc.name] = proc.stop(timeout)
+        if self.etcd is not None:
+            self.etcd.stop()
         self._stopped = True
         with _CLUSTERS_LOCK:
             _CLUSTERS.discard(self)

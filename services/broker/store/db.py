@@ -26,7 +26,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+
+from . import replog
+from .codec import decode_u64, encode_u64
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,9 @@ COLUMN_FAMILIES = (
     "topics",     # topic -> queue count
     "meta",       # store identity and format
     "walfill",    # scratch: the filler that pre-sizes the WAL at start (see Database)
+    "replog",     # lsn -> replication entry (replicated shards only; see store/replog.py)
+    "undo",       # lsn -> undo record: the entry's keys as they were before it
+    "replica",    # this replica's own bookkeeping: log end, epoch history, membership
 )
 
 #: Obsolete WAL files RocksDB keeps to reuse for new ones. Writing into a file whose blocks
@@ -93,6 +99,10 @@ class StoreClosedError(Exception):
     pass
 
 
+class CannotTruncateError(Exception):
+    """A replica cannot take back its log to a point: it must be rebuilt from its leader."""
+
+
 #: The ticket :meth:`Database.apply` returns inside a write group: the group's own comes
 #: when it ends.
 GROUP_TICKET = -1
@@ -120,9 +130,12 @@ class Database:
 
     def __init__(self, path: str, *, sync: bool = True,
                  on_fatal: Callable[[BaseException], None] | None = None,
-                 wal_prefill_bytes: int = 0, max_wal_bytes: int = 0) -> None:
+                 wal_prefill_bytes: int = 0, max_wal_bytes: int = 0, replicated: bool = False,
+                 replog_keep_entries: int = 100_000) -> None:
         os.makedirs(path, exist_ok=True)
         self.path = path
+        self._reopen = {"sync": sync, "on_fatal": on_fatal, "wal_prefill_bytes": 0, "max_wal_bytes": max_wal_bytes,
+                        "replicated": replicated, "replog_keep_entries": replog_keep_entries}
         #: ``flush=sync``: answers wait for the WAL sync of what they depend on.
         self.sync = sync
         opts = Options(raw_mode=True)
@@ -148,6 +161,24 @@ class Database:
         self.bytes_written = 0
         self._synced_in_place = 0
         self._group: WriteGroup | None = None
+        #: Replicated shard (replication_factor > 1): every write is also a numbered entry
+        #: of the replication log with its undo record (see :meth:`_append`), and
+        #: ``written`` is the log's last lsn.
+        self.replicated = replicated
+        self.replog_keep_entries = replog_keep_entries
+        #: The epoch this replica's own writes are stamped with (set when it leads).
+        self.epoch = 0
+        #: (epoch, first lsn) of every epoch in this replica's log, ascending.
+        self.epochs: list[tuple[int, int]] = []
+        #: Entries up to here are known to be on every in-sync replica: their undo records
+        #: can go (they will never be taken back).
+        self.commit_lsn = 0
+        self._undo_cleared = 0
+        self._replog_first = 0
+        #: Called with [(lsn, encoded entry)] after every replicated write.
+        self.append_listeners: list[Callable[[list[tuple[int, bytes]]], None]] = []
+        if replicated:
+            self._load_replica_state()
         if wal_prefill_bytes > 0:
             self._prefill_wal(wal_prefill_bytes)
 
@@ -257,6 +288,9 @@ class Database:
         return Applied(result, self.read_ticket, writes.after)
 
     def _write(self, puts: list[tuple[str, bytes, bytes | None]]) -> None:
+        if self.replicated:
+            self._append([(self.written + 1, replog.encode_entry(self.epoch, puts), puts)])
+            return
         batch = WriteBatch(raw_mode=True)
         handles = self.handles
         size = 0
@@ -299,6 +333,218 @@ class Database:
                 if group.sync:
                     self.read_ticket = self.written
             group.ticket = self.read_ticket
+
+    # --- the replication log (replicated shards) ----------------------------------------
+
+    def _load_replica_state(self) -> None:
+        local = self.cf["replica"]
+        self.epochs = replog.decode_epochs(local.get(b"epochs"))
+        stored = local.get(b"lsn")
+        last = self.last_key("replog")
+        self.written = max(decode_u64(stored, "replica lsn") if stored else 0,
+                           replog.key_lsn(last) if last else 0)
+        committed = local.get(b"commit")
+        self.commit_lsn = min(decode_u64(committed, "replica commit") if committed else 0, self.written)
+        self._undo_cleared = self.commit_lsn
+        first = self.first_key("replog")
+        self._replog_first = replog.key_lsn(first) if first else self.written + 1
+        # What is on disk may not be on the other replicas yet: a read of it waits until it is.
+        self.read_ticket = self.written
+
+    def reopen_args(self) -> dict[str, Any]:
+        """What opens a store like this one (another directory, e.g. after a rebuild)."""
+        return dict(self._reopen)
+
+    @property
+    def last_epoch(self) -> int:
+        return self.epochs[-1][0] if self.epochs else 0
+
+    @property
+    def replog_first(self) -> int:
+        """The oldest lsn this replica can still ship (``written + 1`` when none)."""
+        return self._replog_first
+
+    @property
+    def is_member(self) -> bool:
+        """Whether this replica holds a complete copy of its shard (not a fresh or wiped
+        store, not a rebuild in progress): only a member may lead."""
+        return self.cf["replica"].get(b"member") == b"1"
+
+    def set_member(self, member: bool) -> None:
+        if member:
+            self.cf["replica"][b"member"] = b"1"
+        else:
+            self.cf["replica"].delete(b"member")
+        self.sync_wal()
+
+    def begin_epoch(self, epoch: int) -> None:
+        """This replica leads from now on with ``epoch``: its writes carry it, and its
+        history records that the epoch starts at the next lsn (durably, before anything is
+        written in it)."""
+        if epoch <= self.last_epoch:
+            raise ValueError(f"epoch {epoch} is not above {self.last_epoch}")
+        self.epoch = epoch
+        self.epochs.append((epoch, self.written + 1))
+        self.cf["replica"][b"epochs"] = replog.encode_epochs(self.epochs)
+        self.sync_wal()
+
+    def append_entries(self, data: bytes) -> int:
+        """A follower appends what its leader shipped (``replog.pack_entries``): each entry
+        is applied as the leader applied it, with its undo record, all in one batch
+        (unsynced). Returns the new log end."""
+        entries = []
+        expect = self.written + 1
+        last_epoch = self.last_epoch
+        for lsn, value in replog.unpack_entries(data):
+            if lsn != expect:
+                raise ValueError(f"replication entry {lsn} does not follow {expect - 1}")
+            epoch, puts = replog.decode_entry(value, replog.lsn_key(lsn))
+            if epoch < last_epoch:
+                raise ValueError(f"entry {lsn} has epoch {epoch}, older than {last_epoch}")
+            last_epoch = epoch
+            entries.append((lsn, value, puts))
+            expect += 1
+        if entries:
+            self._append(entries)
+        return self.written
+
+    def _append(self, entries: list[tuple[int, bytes, list[tuple[str, bytes, bytes | None]]]]) -> None:
+        """Writes entries (lsn, encoded, puts) as one batch: their state, the entries
+        themselves, their undo records (the keys' values before them), the epoch history
+        and log end; plus the cleanup of undo records now committed and of the oldest
+        log entries beyond ``replog_keep_entries``."""
+        batch = WriteBatch(raw_mode=True)
+        handles = self.handles
+        cf = self.cf
+        before: dict[tuple[str, bytes], bytes | None] = {}
+        size = 0
+        epochs_changed = False
+        for lsn, encoded, puts in entries:
+            undo: list[tuple[str, bytes, bytes | None]] = []
+            seen: set[tuple[str, bytes]] = set()
+            for name, key, value in puts:
+                ref = (name, key)
+                if ref not in seen:
+                    seen.add(ref)
+                    undo.append((name, key, before[ref] if ref in before else cf[name].get(key)))
+                before[ref] = value
+                if value is None:
+                    batch.delete(key, handles[name])
+                else:
+                    batch.put(key, value, handles[name])
+                    size += len(key) + len(value)
+            lkey = replog.lsn_key(lsn)
+            batch.put(lkey, encoded, handles["replog"])
+            batch.put(lkey, replog.encode_entry(0, undo), handles["undo"])
+            epoch = replog.entry_epoch(encoded)
+            if epoch > self.last_epoch:
+                self.epochs.append((epoch, lsn))
+                epochs_changed = True
+        last = entries[-1][0]
+        local = handles["replica"]
+        batch.put(b"lsn", encode_u64(last), local)
+        if epochs_changed:
+            batch.put(b"epochs", replog.encode_epochs(self.epochs), local)
+        if self.commit_lsn > self._undo_cleared:
+            batch.delete_range(replog.lsn_key(0), replog.lsn_key(self.commit_lsn + 1), handles["undo"])
+            batch.put(b"commit", encode_u64(self.commit_lsn), local)
+            self._undo_cleared = self.commit_lsn
+        trim = min(last - self.replog_keep_entries, self.commit_lsn) + 1
+        if trim > self._replog_first + min(1024, max(self.replog_keep_entries // 4, 1)):  # in strides
+            batch.delete_range(replog.lsn_key(0), replog.lsn_key(trim), handles["replog"])
+            self._replog_first = trim
+        try:
+            self.db.write(batch, self._write_opts)
+        except Exception as exc:
+            log.critical("store write failed; stopping", exc_info=True)
+            if self._on_fatal is not None:
+                self._on_fatal(exc)
+            raise
+        self.written = last
+        self.bytes_written += size
+        if self._replog_first > last:
+            self._replog_first = entries[0][0]
+        shipped = [(lsn, encoded) for lsn, encoded, _ in entries]
+        for fn in self.append_listeners:
+            fn(shipped)
+
+    def read_entries(self, first: int, max_bytes: int) -> list[tuple[int, bytes]]:
+        """Entries from ``first`` on, at least one, about ``max_bytes`` in all."""
+        out: list[tuple[int, bytes]] = []
+        size = 0
+        for key, value in self.scan("replog", replog.lsn_key(first)):
+            out.append((replog.key_lsn(key), value))
+            size += len(value)
+            if size >= max_bytes:
+                break
+        return out
+
+    def truncate(self, to_lsn: int) -> int:
+        """Takes back every entry after ``to_lsn`` (a tail its leader never had
+        acknowledged): their undo records are applied newest first, the entries, undo
+        records and the epochs that began after ``to_lsn`` dropped, in one synced batch.
+        Returns how many entries went. Raises :class:`CannotTruncateError` when an undo
+        record is missing (the replica must be rebuilt)."""
+        if to_lsn >= self.written:
+            return 0
+        if to_lsn < self.commit_lsn:
+            raise CannotTruncateError(f"lsn {to_lsn} is below the commit point {self.commit_lsn}")
+        batch = WriteBatch(raw_mode=True)
+        handles = self.handles
+        undo_cf = self.cf["undo"]
+        for lsn in range(self.written, to_lsn, -1):
+            value = undo_cf.get(replog.lsn_key(lsn))
+            if value is None:
+                raise CannotTruncateError(f"no undo record for lsn {lsn}")
+            _epoch, puts = replog.decode_entry(value, replog.lsn_key(lsn))
+            for name, key, old in puts:
+                if old is None:
+                    batch.delete(key, handles[name])
+                else:
+                    batch.put(key, old, handles[name])
+        end = replog.lsn_key(self.written + 1)
+        batch.delete_range(replog.lsn_key(to_lsn + 1), end, handles["replog"])
+        batch.delete_range(replog.lsn_key(to_lsn + 1), end, handles["undo"])
+        dropped = self.written - to_lsn
+        self.epochs = [(e, s) for e, s in self.epochs if s <= to_lsn]
+        local = handles["replica"]
+        batch.put(b"epochs", replog.encode_epochs(self.epochs), local)
+        batch.put(b"lsn", encode_u64(to_lsn), local)
+        self.db.write(batch, self._write_opts)
+        self.sync_wal()
+        self.written = to_lsn
+        self.read_ticket = min(self.read_ticket, to_lsn)
+        if self._replog_first > to_lsn:
+            self._replog_first = to_lsn + 1
+        log.warning("replication log truncated", extra={"fields": {"to_lsn": to_lsn, "entries_dropped": dropped}})
+        return dropped
+
+    def note_commit(self, lsn: int) -> None:
+        """Entries up to ``lsn`` are on every in-sync replica (recorded with the next write)."""
+        if lsn > self.commit_lsn:
+            self.commit_lsn = min(lsn, self.written)
+
+    def checkpoint(self, path: str) -> int:
+        """A consistent copy of the whole store in ``path`` (hard links where it can);
+        returns the log end it holds. Call it on the thread that writes."""
+        self.db.flush_wal(True)
+        Checkpoint(self.db).create_checkpoint(path)
+        return self.written
+
+    def digest(self) -> dict[str, str]:
+        """sha256 of every replicated column family's keys and values: replicas of one
+        shard at the same lsn have equal digests."""
+        import hashlib
+        out = {}
+        for name in replog.REPLICATED_CFS:
+            h = hashlib.sha256()
+            for key, value in self.scan(name):
+                h.update(len(key).to_bytes(4, "big"))
+                h.update(key)
+                h.update(len(value).to_bytes(4, "big"))
+                h.update(value)
+            out[name] = h.hexdigest()
+        return out
 
     def call(self, op: Op, *, sync: bool = True) -> Any:
         """``apply`` then, with ``flush=sync``, a WAL sync in place and the hooks: for

@@ -1,0 +1,231 @@
+"""A replicated shard's state in etcd: who leads it (under a lease) and its in-sync set.
+
+etcd is the only consensus in txmq. Per shard, under ``<prefix>/shards/<shard>/``:
+
+- ``leader``: ``{"replica": id, "address": "host:port"}``, attached to the leader's lease,
+  so it disappears when the leader stops renewing it. Its create revision is the
+  **leader epoch**: a fencing token that grows with every election (etcd revisions only
+  grow), carried on every replication message.
+- ``isr``: ``{"members": [ids], "epoch": E}``, the in-sync replicas, written only by a
+  compare-and-swap on its mod revision that also requires the writer still to lead.
+
+A replica campaigns with one transaction: the leader key is absent, the in-sync set is the
+one it read (and names it); then it creates the leader key under its lease and removes the
+old leader from the in-sync set (while at least ``min_insync`` members remain). Founding a
+shard (no in-sync set yet) is the same transaction with the set created as {itself}.
+
+The client is aetcd's generated etcd v3 stubs on our own channel, so reconnection is fast
+(gRPC's default backoff grows to two minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import grpc
+from aetcd import rpc
+
+log = logging.getLogger(__name__)
+
+_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+
+class EtcdUnavailable(Exception):
+    """etcd did not answer (the replica cannot tell whether it may lead)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Leader:
+    replica: int
+    address: str
+    #: The leader key's create revision: the leader epoch.
+    epoch: int
+    lease: int
+
+
+@dataclass(frozen=True, slots=True)
+class InSync:
+    members: tuple[int, ...]
+    #: The key's mod revision (0: the shard was never founded).
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShardState:
+    leader: Leader | None
+    isr: InSync
+
+
+class ShardCoordinator:
+    """One replica's view of its shard in etcd. Every method raises
+    :class:`EtcdUnavailable` when etcd cannot be reached within ``timeout``."""
+
+    def __init__(self, endpoints: tuple[str, ...], prefix: str, shard: str, replica_id: int,
+                 timeout_seconds: float = 2.0) -> None:
+        self.endpoints = endpoints
+        self.shard = shard
+        self.replica_id = replica_id
+        self.timeout = timeout_seconds
+        base = f"{prefix.rstrip('/')}/shards/{shard}/".encode()
+        self.leader_key = base + b"leader"
+        self.isr_key = base + b"isr"
+        self._endpoint = 0
+        self._channel: grpc.aio.Channel | None = None
+        self._kv: rpc.KVStub | None = None
+        self._lease: rpc.LeaseStub | None = None
+        self.lease_id = 0
+
+    # --- connection -------------------------------------------------------------------------
+
+    def _stubs(self) -> tuple[rpc.KVStub, rpc.LeaseStub]:
+        if self._channel is None:
+            address = self.endpoints[self._endpoint % len(self.endpoints)]
+            self._channel = grpc.aio.insecure_channel(address.removeprefix("http://"), options=_CHANNEL_OPTIONS)
+            self._kv = rpc.KVStub(self._channel)
+            self._lease = rpc.LeaseStub(self._channel)
+        assert self._kv is not None and self._lease is not None
+        return self._kv, self._lease
+
+    async def _failed(self, exc: BaseException) -> EtcdUnavailable:
+        # Try the next endpoint next time.
+        if len(self.endpoints) > 1 and self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+            self._endpoint += 1
+        return EtcdUnavailable(f"etcd {self.endpoints}: {exc}")
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    # --- lease ------------------------------------------------------------------------------
+
+    async def grant_lease(self, ttl_seconds: int) -> int:
+        _kv, lease = self._stubs()
+        try:
+            reply = await lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=ttl_seconds), timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise await self._failed(exc) from None
+        self.lease_id = reply.ID
+        return reply.ID
+
+    async def keep_alive(self) -> int:
+        """Renews the lease once; returns its remaining TTL (≤ 0: it is gone)."""
+        _kv, lease = self._stubs()
+        try:
+            call = lease.LeaseKeepAlive(timeout=self.timeout)
+            await call.write(rpc.LeaseKeepAliveRequest(ID=self.lease_id))
+            reply = await call.read()
+            await call.done_writing()
+            call.cancel()
+        except grpc.aio.AioRpcError as exc:
+            raise await self._failed(exc) from None
+        if reply is grpc.aio.EOF:
+            raise EtcdUnavailable("lease keep-alive stream closed")
+        return int(reply.TTL)
+
+    async def revoke_lease(self) -> None:
+        if not self.lease_id:
+            return
+        _kv, lease = self._stubs()
+        try:
+            await lease.LeaseRevoke(rpc.LeaseRevokeRequest(ID=self.lease_id), timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("lease revoke failed", extra={"fields": {"error": str(exc)[:200]}})
+        self.lease_id = 0
+
+    # --- shard state ------------------------------------------------------------------------
+
+    async def read(self) -> ShardState:
+        kv, _lease = self._stubs()
+        request = rpc.TxnRequest(success=[
+            rpc.RequestOp(request_range=rpc.RangeRequest(key=self.leader_key)),
+            rpc.RequestOp(request_range=rpc.RangeRequest(key=self.isr_key))])
+        try:
+            reply = await kv.Txn(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise await self._failed(exc) from None
+        leader_kvs = reply.responses[0].response_range.kvs
+        isr_kvs = reply.responses[1].response_range.kvs
+        leader = None
+        if leader_kvs:
+            kv0 = leader_kvs[0]
+            body = json.loads(kv0.value)
+            leader = Leader(int(body["replica"]), str(body["address"]), kv0.create_revision, kv0.lease)
+        if isr_kvs:
+            body = json.loads(isr_kvs[0].value)
+            isr = InSync(tuple(sorted(int(m) for m in body["members"])), isr_kvs[0].mod_revision)
+        else:
+            isr = InSync((), 0)
+        return ShardState(leader, isr)
+
+    async def campaign(self, address: str, isr: InSync, new_members: tuple[int, ...]) -> int | None:
+        """Takes the leadership if nobody holds it and the in-sync set is still ``isr``;
+        writes ``new_members`` as the set. Returns the new epoch, or None when another
+        replica won or the set changed."""
+        kv, _lease = self._stubs()
+        compare = [rpc.Compare(key=self.leader_key, target=rpc.Compare.VERSION, result=rpc.Compare.EQUAL,
+                               version=0)]
+        if isr.revision:
+            compare.append(rpc.Compare(key=self.isr_key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL,
+                                       mod_revision=isr.revision))
+        else:
+            compare.append(rpc.Compare(key=self.isr_key, target=rpc.Compare.VERSION, result=rpc.Compare.EQUAL,
+                                       version=0))
+        value = json.dumps({"replica": self.replica_id, "address": address}).encode()
+        request = rpc.TxnRequest(compare=compare, success=[
+            rpc.RequestOp(request_put=rpc.PutRequest(key=self.leader_key, value=value, lease=self.lease_id)),
+            rpc.RequestOp(request_put=rpc.PutRequest(key=self.isr_key, value=_isr_value(new_members, 0))),
+        ])
+        try:
+            reply = await kv.Txn(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise await self._failed(exc) from None
+        if not reply.succeeded:
+            return None
+        # Both keys were written at this revision: the leader key's create revision.
+        return int(reply.header.revision)
+
+    async def set_isr(self, epoch: int, isr: InSync, members: tuple[int, ...]) -> InSync | None:
+        """Compare-and-swap of the in-sync set by the leader of ``epoch``: succeeds only if
+        that leader still holds the key and nobody changed the set since ``isr``."""
+        kv, _lease = self._stubs()
+        request = rpc.TxnRequest(
+            compare=[
+                rpc.Compare(key=self.leader_key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
+                            create_revision=epoch),
+                rpc.Compare(key=self.isr_key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL,
+                            mod_revision=isr.revision),
+            ],
+            success=[rpc.RequestOp(request_put=rpc.PutRequest(key=self.isr_key, value=_isr_value(members, epoch)))])
+        try:
+            reply = await kv.Txn(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise await self._failed(exc) from None
+        if not reply.succeeded:
+            return None
+        return InSync(tuple(sorted(members)), int(reply.header.revision))
+
+    async def resign(self, epoch: int) -> bool:
+        """Deletes the leader key if it is still this leader's (a clean hand-over)."""
+        kv, _lease = self._stubs()
+        request = rpc.TxnRequest(
+            compare=[rpc.Compare(key=self.leader_key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
+                                 create_revision=epoch)],
+            success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=self.leader_key))])
+        try:
+            reply = await kv.Txn(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise await self._failed(exc) from None
+        return bool(reply.succeeded)
+
+
+def _isr_value(members: tuple[int, ...], epoch: int) -> bytes:
+    return json.dumps({"members": sorted(members), "epoch": epoch}).encode()
