@@ -12,7 +12,10 @@ leased on the broker, so replicas of the checker need no coordination: a check c
 one is not handed to another until its lease ends.
 
 A reporter sends the reports about that broker's checks in batches (``ReportChecks``), one
-call at a time so a check's DELIVERED always reaches the broker before its ANSWERED.
+call at a time so a check's DELIVERED always reaches the broker before its ANSWERED. An
+answer it cannot deliver (the broker is down, or failing over to another replica) is kept
+for ``ANSWER_KEEP_SECONDS`` and tried again, and goes with the broker's name when its
+address changes: it still decides the transaction there.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import collections
 import itertools
 import logging
 import os
+import time
+from dataclasses import dataclass
 from typing import Callable
 
 import grpc
@@ -40,8 +45,25 @@ REPORT_ATTEMPTS = 3
 
 #: How long the first report of a batch waits for others.
 REPORT_LINGER_SECONDS = 0.005
+#: How long an answer that could not be reported is kept and tried again.
+ANSWER_KEEP_SECONDS = 60.0
+#: Answers kept per broker while it is away.
+MAX_KEPT_ANSWERS = 10_000
 
 OnError = Callable[[TxmqError], None] | None
+
+
+@dataclass(slots=True)
+class Pending:
+    """A report waiting to be sent; an answer is kept until ``keep_until`` (monotonic)."""
+
+    report: broker_pb2.CheckReport
+    on_error: OnError
+    keep_until: float = 0.0
+
+    @property
+    def kept(self) -> bool:
+        return self.report.outcome == broker_pb2.CHECK_OUTCOME_ANSWERED and self.keep_until > time.monotonic()
 
 
 class BrokerLink:
@@ -63,7 +85,8 @@ class BrokerLink:
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2000)])
         self.stub = broker_pb2_grpc.BrokerServiceStub(self.channel)
-        self._reports: collections.deque[tuple[broker_pb2.CheckReport, OnError]] = collections.deque()
+        self._reports: collections.deque[Pending] = collections.deque()
+        self._in_flight: list[Pending] = []
         self._report_ready = asyncio.Event()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -78,8 +101,18 @@ class BrokerLink:
         self._wake.set()
 
     def report(self, report: broker_pb2.CheckReport, on_error: OnError = None) -> None:
-        self._reports.append((report, on_error))
+        self.enqueue(Pending(report, on_error, time.monotonic() + ANSWER_KEEP_SECONDS))
+
+    def enqueue(self, pending: Pending) -> None:
+        self._reports.append(pending)
         self._report_ready.set()
+
+    def take_kept(self) -> list[Pending]:
+        """After stop: the answers not yet reported that are still worth reporting."""
+        kept = [p for p in [*self._in_flight, *self._reports] if p.kept]
+        self._reports.clear()
+        self._in_flight = []
+        return kept
 
     async def stop(self, flush_seconds: float = 0.0) -> None:
         """Stops claiming; sends the reports queued so far (up to ``flush_seconds``)."""
@@ -173,14 +206,20 @@ class BrokerLink:
             while self._reports:
                 batch = [self._reports.popleft() for _ in range(min(len(self._reports), cfg.report_batch))]
                 self._sending = True
+                self._in_flight = batch  # left set if cancelled: stop() hands its answers on
                 try:
-                    await self._send(batch)
+                    kept = await self._send(batch)
                 finally:
                     self._sending = False
+                self._in_flight = []
+                if kept:
+                    self._reports.extend(kept)
+                    await asyncio.sleep(cfg.claim_interval_seconds * REPORT_ATTEMPTS)
 
-    async def _send(self, batch: list[tuple[broker_pb2.CheckReport, OnError]]) -> None:
+    async def _send(self, batch: list[Pending]) -> list[Pending]:
+        """Sends one batch; returns the answers to try again (the broker was unreachable)."""
         cfg = self.config
-        request = broker_pb2.ReportChecksRequest(reports=[r for r, _ in batch], checker_id=cfg.checker_name)
+        request = broker_pb2.ReportChecksRequest(reports=[p.report for p in batch], checker_id=cfg.checker_name)
         for attempt in range(1, REPORT_ATTEMPTS + 1):
             try:
                 response = await self.stub.ReportChecks(request, timeout=cfg.rpc_timeout_seconds)
@@ -188,20 +227,21 @@ class BrokerLink:
             except grpc.aio.AioRpcError as exc:
                 error = error_from_rpc(exc)
                 if not error.retryable or attempt == REPORT_ATTEMPTS:
-                    # Dropped: the claims' leases make these checks due again on the broker
-                    # (an answer dropped here is asked for again).
-                    log.warning("check reports dropped", extra={"fields": {
-                        "broker": self.name, "reports": len(batch), "error": str(error)[:300]}})
-                    for report, _ in batch:
-                        if report.outcome == broker_pb2.CHECK_OUTCOME_ANSWERED:
-                            self.dispatcher.metrics.answer_refused(report.producer_group, "unavailable")
-                    return
+                    # The others are dropped: the claims' leases make those checks due again.
+                    kept = [p for p in batch if error.retryable and p.kept]
+                    self._failed("report", error)
+                    kept_ids = {id(p) for p in kept}
+                    for p in batch:
+                        if p.report.outcome == broker_pb2.CHECK_OUTCOME_ANSWERED and id(p) not in kept_ids:
+                            self.dispatcher.metrics.answer_refused(p.report.producer_group, "unavailable")
+                    return kept
                 await asyncio.sleep(cfg.claim_interval_seconds * attempt)
         self._recovered()
         metrics = self.dispatcher.metrics
-        for (report, on_error), status, late in itertools.zip_longest(batch, response.entries, response.late):
-            if status is None:
+        for pending, status, late in itertools.zip_longest(batch, response.entries, response.late):
+            if status is None or pending is None:
                 break
+            report, on_error = pending.report, pending.on_error
             if late:
                 metrics.late_answer(report.producer_group)
             if status.code == 0:
@@ -212,6 +252,7 @@ class BrokerLink:
                 "outcome": broker_pb2.CheckOutcome.Name(report.outcome), "reason": error.reason}})
             if on_error is not None:
                 on_error(error)
+        return []
 
 
 class BrokerDirectory:
@@ -227,6 +268,8 @@ class BrokerDirectory:
         self._stubs = {a: nameserver_pb2_grpc.NameServerServiceStub(c) for a, c in self._channels.items()}
         self._task: asyncio.Task[None] | None = None
         self._failing: set[str] = set()
+        #: Per broker name, answers not yet reported while it has no link.
+        self._kept: dict[str, list[Pending]] = {}
         dispatcher.on_groups_changed.append(self._wake_all)
 
     def _wake_all(self) -> None:
@@ -235,6 +278,9 @@ class BrokerDirectory:
 
     def report(self, broker: str, report: broker_pb2.CheckReport, on_error: OnError = None) -> None:
         link = self.links.get(broker)
+        if link is None and broker in self._kept and report.outcome == broker_pb2.CHECK_OUTCOME_ANSWERED:
+            self._keep(broker, [Pending(report, on_error, time.monotonic() + ANSWER_KEEP_SECONDS)])
+            return
         if link is None:
             # The broker left (its lease makes the check due again when it is back), or a
             # late answer names a broker this checker does not know.
@@ -282,6 +328,7 @@ class BrokerDirectory:
                 del self.links[name]
                 log.info("broker left", extra={"fields": {"broker": name, "address": link.address}})
                 await link.stop()
+                self._keep(name, link.take_kept())  # for its next address (a fail-over)
         for name, info in sorted(live.items()):
             if name not in self.links:
                 link = BrokerLink(name, info.address, self.config, self.dispatcher,
@@ -289,6 +336,16 @@ class BrokerDirectory:
                 self.links[name] = link
                 link.start()
                 log.info("broker joined", extra={"fields": {"broker": name, "address": info.address}})
+                for pending in self._kept.pop(name, []):
+                    if pending.kept:
+                        link.enqueue(pending)
+
+    def _keep(self, name: str, kept: list[Pending]) -> None:
+        if not kept and name not in self._kept:
+            return
+        now = time.monotonic()
+        held = [p for p in self._kept.get(name, []) if p.keep_until > now] + kept
+        self._kept[name] = held[-MAX_KEPT_ANSWERS:]
 
     async def stop(self, flush_seconds: float = 1.0) -> None:
         if self._task is not None:
