@@ -169,9 +169,9 @@ def test_a_burst_is_checked_once_per_transaction_and_a_quiet_group_keeps_its_pac
     assert refused_answers(fast, burst_group) == 0 and refused_answers(fast, quiet_group) == 0
     assert decisions(fast, burst_group) == size  # each decided once
     quiet_lags.sort()
-    # Unloaded, a quiet check comes within a claim interval; bounded well below the burst's
-    # own drain time (~2 s at the producer's capacity), whatever the machine's load.
-    assert quiet_lags[-1] <= 1.0, quiet_lags[-5:]
+    # Unloaded, a quiet check comes within a claim interval (0.05 s here); while the burst
+    # drains (~2 s at its producer's capacity) all but a stray one within a second.
+    assert quiet_lags[int(len(quiet_lags) * 0.95) - 1] <= 1.0 and quiet_lags[-1] <= 3.0, quiet_lags[-5:]
 
 
 # ------------------------------------------------------------------------------ late answers

@@ -296,6 +296,24 @@ def test_a_stream_gets_no_more_than_its_credit_and_credit_comes_from_the_produce
     assert d.version > version and d.claim_groups(2) == {"g": 4} and d.claim_limits(2) == {"g": 3}
 
 
+def test_a_group_that_got_its_whole_limit_is_claimed_again_once_it_has_credit(env):
+    d, _, _, _ = env
+    d.queue_size = 100
+    s = d.subscribe("a", ["g"], credit=4)
+    d.subscribe("b", ["h"], credit=4)
+    tasks = [task(f"T{i}") for i in range(4)] + [task("U1", group="h")]
+    d.dispatch("broker-0", tasks)
+    d.claimed(tasks, {})  # g got all 4 it could take (more may be due), h only 1 of 4
+    assert d.backlogged == {"g"}
+    assert not d.backlog_has_credit()  # g has no credit left
+    d.grant(s, 1)
+    assert not d.backlog_has_credit()  # less than half its capacity: not worth a claim yet
+    d.grant(s, 1)
+    assert d.backlog_has_credit()
+    d.claimed([], {"g": 2})  # the next claim found nothing more
+    assert d.backlogged == set() and not d.backlog_has_credit()
+
+
 def test_a_stream_without_flow_control_gets_the_default_credit_back_as_checks_end(env):
     d, reports, clock, _ = env
     s = d.subscribe("old", ["g"])  # credit 0: the default (2 here)
