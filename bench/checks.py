@@ -294,6 +294,8 @@ QUIET_SPREAD_SECONDS = 5.0
 BURST_THREADS = 4
 #: Transactions the burst producer then commits itself, for CPU per transaction.
 TXN_PHASE = 2000
+#: Seconds between the end of seeding and the burst (four processes start meanwhile).
+BURST_START_DELAY_SECONDS = 20.0
 
 
 def seed_burst(data_dir: str, burst: int, quiet: int) -> float:
@@ -305,7 +307,7 @@ def seed_burst(data_dir: str, burst: int, quiet: int) -> float:
     core = BrokerCore(BrokerConfig(broker_name="broker-0", data_dir=data_dir, flush="async"))
     try:
         core.db.call(core.create_topic_op(BURST_TOPIC, 8))
-        due_at = time.time() + (burst + quiet) * 0.0003 + START_DELAY_SECONDS
+        due_at = time.time() + (burst + quiet) * 0.0005 + BURST_START_DELAY_SECONDS
         for i in range(burst + quiet):
             group, target = ((BURST_GROUP, due_at) if i < burst else
                              (QUIET_GROUP, due_at + (i - burst) * QUIET_SPREAD_SECONDS / max(quiet, 1)))
@@ -401,7 +403,7 @@ def run_burst(burst: int, lookup: float) -> dict[str, Any]:
             if not ready.wait(60):
                 raise RuntimeError(f"the producer of {group} did not subscribe")
         if time.time() > due_at - 0.5:
-            raise RuntimeError("services started after the burst was due: raise START_DELAY_SECONDS")
+            raise RuntimeError("services started after the burst was due: raise BURST_START_DELAY_SECONDS")
         while time.time() < due_at - 0.5:
             time.sleep(0.05)
         pids = {"broker": broker.pid, "checker": checker.pid,

@@ -68,7 +68,7 @@ RECONNECT_BACKOFF_SECONDS = 0.1
 RECONNECT_BACKOFF_MAX_SECONDS = 5.0
 #: Credit per check thread each checker stream grants: the running checks plus a short
 #: queue, so a worker that frees up finds the next check waiting while more are claimed.
-CHECK_CREDIT_PER_THREAD = 4
+CHECK_CREDIT_PER_THREAD = 8
 #: Answers kept while no checker stream is subscribed (the oldest goes first past it).
 MAX_UNSENT_ANSWERS = 10_000
 #: Decisions queued this long before their stream failed are sent again on the next one.

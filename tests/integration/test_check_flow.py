@@ -232,7 +232,8 @@ def test_a_late_commit_after_a_rollback_is_refused_and_changes_nothing(slow, uni
         resolved = run_cli(slow, "txn", "resolve", transaction_id, "--rollback", "--reason", "test")
         assert resolved.returncode == 0, resolved.stderr
         assert describe(slow, transaction_id).state == ROLLED_BACK
-        raw.send(answer=checker_pb2.CheckAnswer(check_id=check.check_id, result=common_pb2.CHECK_RESULT_COMMIT))
+        # Late: the operator's decision came first (the check may be forgotten by now).
+        raw.send(**late_answer(check, common_pb2.CHECK_RESULT_COMMIT))
         error = raw.next().error
         assert error.reason == "TRANSACTION_STATE_CONFLICT" and "ROLLED_BACK" in error.message
         row = describe(slow, transaction_id)
@@ -282,8 +283,10 @@ def test_an_answer_after_a_reclaim_decides_once(fast, unique_name):
         # Claimed again while the first check runs: the second check answers UNKNOWN.
         wait_until(lambda: any(a >= 2 for _, a, _ in listener.calls(transaction_id)), 10,
                    message=lambda: f"no second check: {listener.calls(transaction_id)}")
-        row = describe(fast, transaction_id)
-        assert row.state == PREPARED and row.checks_delivered >= 2
+        # Its DELIVERED reaches the broker just after the listener starts.
+        row = wait_until(lambda: (r := describe(fast, transaction_id)).checks_delivered >= 2 and r, 5,
+                         message=lambda: f"second check not reported: {describe(fast, transaction_id)}")
+        assert row.state == PREPARED
         release.set()
 
     decided_by_the_late_first_answer(fast, unique_name, reclaimed)
