@@ -572,6 +572,8 @@ class BrokerCore:
             for group in self._pop_due_groups(now):
                 limit = min(limits.get(group, capacity.get(group, 0)), capacity.get(group, 0))
                 if limit > 0:
+                    # Set here: a scan the batch fills up before never runs a line.
+                    floors[group] = (self._due_floor[group], self._due_floor_seq.get(group, 0))
                     scans.append((group, limit, self._claim_group(w, group, now, lease_ms, floors)))
                 else:  # due, but not served here (or no capacity now): it stays due
                     self._set_floor(group, self._due_floor[group], self._due_floor_seq.get(group, 0))
@@ -610,11 +612,11 @@ class BrokerCore:
     def _claim_group(self, w: OpWrites, group: str, now: int, lease_ms: int,
                      floors: dict[str, tuple[int, int]]) -> Iterator[ClaimedCheck]:
         """Claims the group's due checks one by one, oldest first, as they are pulled;
-        ``floors[group]`` is kept at a (time, seq) below every due key not yet claimed."""
+        ``floors[group]`` (where the scan starts) is kept at a (time, seq) below every due
+        key not yet claimed."""
         # Start at the group's floor, not its prefix: the claimed keys before it are
         # deleted, and a scan from the prefix would walk their tombstones every time (a
         # claim's cost must grow with due work, never with work already done).
-        floors[group] = (self._due_floor.get(group, 0), self._due_floor_seq.get(group, 0))
         start = codec.group_time_key(group, *floors[group])
         for key, _ in self.db.scan("due", start, group.encode() + b"\x01"):
             _g, due_ms, seq = codec.split_group_time_key(key)

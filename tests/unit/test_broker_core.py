@@ -442,6 +442,18 @@ def test_claims_share_the_batch_between_groups_and_respect_limits(checked, clock
     assert batch.checks == [] and not batch.groups_needed
 
 
+def test_a_batch_smaller_than_the_groups_due_serves_them_in_turn(checked, clock) -> None:
+    for group in ("a", "b", "c"):
+        half(checked, group=group)
+    clock.advance(1.0)
+    groups = {"a": 4, "b": 4, "c": 4}
+    first = checked.db.call(checked.session_claim_op("s1", 1, groups, {}, 2, 5.0))
+    assert len(first.checks) == 2 and first.more_due
+    second = checked.db.call(checked.session_claim_op("s1", 1, None, {}, 2, 5.0))
+    served = {c.row.producer_group for c in first.checks + second.checks}
+    assert served == {"a", "b", "c"} and not second.more_due
+
+
 def test_a_claim_session_is_sent_once_and_asked_for_again_when_unknown(make_core, clock) -> None:
     core = make_core(transaction_timeout_seconds=1.0)
     core.db.call(core.create_topic_op("orders", 1))
