@@ -136,6 +136,13 @@ images:
 	for s in nameserver broker checker proxy; do \
 	  docker build -f deploy/docker/$$s/Dockerfile -t txmq/$$s:$$(sed -n 's/^appVersion: "\(.*\)"/\1/p' $(CHART_DIR)/Chart.yaml) . || exit 1; done
 
+# Fault injection against replicated shards: many runs of random kills, pauses and wipes
+# under mixed load, each printing its seed and schedule (reproduce: CHAOS_ARGS="--seed N").
+CHAOS_ARGS ?= --runs 10 --faults 6
+.PHONY: chaos
+chaos: venv etcd
+	$(PY) -m tests.chaos $(CHAOS_ARGS)
+
 bench: venv bench-audit
 	$(PY) -m bench.transactions
 	$(PY) -m bench.checks

@@ -12,10 +12,9 @@ leased on the broker, so replicas of the checker need no coordination: a check c
 one is not handed to another until its lease ends.
 
 A reporter sends the reports about that broker's checks in batches (``ReportChecks``), one
-call at a time so a check's DELIVERED always reaches the broker before its ANSWERED. An
-answer it cannot deliver (the broker is down, or failing over to another replica) is kept
-for ``ANSWER_KEEP_SECONDS`` and tried again, and goes with the broker's name when its
-address changes: it still decides the transaction there.
+call at a time so a check's DELIVERED always reaches the broker before its ANSWERED.
+Reports it cannot deliver (the broker is down, or its shard failing over) are parked and
+go to the shard's next address: a late answer still decides the transaction there.
 """
 
 from __future__ import annotations
@@ -25,8 +24,6 @@ import collections
 import itertools
 import logging
 import os
-import time
-from dataclasses import dataclass
 from typing import Callable
 
 import grpc
@@ -42,39 +39,31 @@ log = logging.getLogger(__name__)
 #: Attempts of one ReportChecks batch before it is dropped (the lease then makes the
 #: checks due again on the broker).
 REPORT_ATTEMPTS = 3
-
+#: Reports kept per shard while it has no reachable leader.
+MAX_PARKED_REPORTS = 10_000
 #: How long the first report of a batch waits for others.
 REPORT_LINGER_SECONDS = 0.005
-#: How long an answer that could not be reported is kept and tried again.
-ANSWER_KEEP_SECONDS = 60.0
-#: Answers kept per broker while it is away.
-MAX_KEPT_ANSWERS = 10_000
 
 OnError = Callable[[TxmqError], None] | None
 
 
-@dataclass(slots=True)
-class Pending:
-    """A report waiting to be sent; an answer is kept until ``keep_until`` (monotonic)."""
-
-    report: broker_pb2.CheckReport
-    on_error: OnError
-    keep_until: float = 0.0
-
-    @property
-    def kept(self) -> bool:
-        return self.report.outcome == broker_pb2.CHECK_OUTCOME_ANSWERED and self.keep_until > time.monotonic()
-
-
 class BrokerLink:
     def __init__(self, name: str, address: str, config: CheckerConfig, dispatcher: Dispatcher,
+                 on_unavailable: Callable[[], None] = lambda: None,
+                 reroute: Callable[[str, list[tuple[broker_pb2.CheckReport, OnError]]], None] | None = None,
                  shares: Callable[[], int] = lambda: 1) -> None:
-        self.name = name
+        #: Called when the broker is unreachable or no longer leads its shard: the
+        #: directory looks at the name servers again at once (a fail-over moved it).
+        self._on_unavailable = on_unavailable
+        #: Reports this link could not deliver go back to the directory, which sends them
+        #: to the shard's current address (None: dropped; the lease makes them due again).
+        self._reroute = reroute
         #: How many brokers share the producers' credit (each claim asks for its share).
         self.shares = shares
         self.session_id = f"{config.checker_name}/{name}/{os.urandom(6).hex()}"
         self._groups_version = 0
         self._sent_key: tuple[int, int] | None = None
+        self.name = name
         self.address = address
         self.config = config
         self.dispatcher = dispatcher
@@ -85,8 +74,8 @@ class BrokerLink:
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2000)])
         self.stub = broker_pb2_grpc.BrokerServiceStub(self.channel)
-        self._reports: collections.deque[Pending] = collections.deque()
-        self._in_flight: list[Pending] = []
+        self._reports: collections.deque[tuple[broker_pb2.CheckReport, OnError]] = collections.deque()
+        self._in_flight: list[tuple[broker_pb2.CheckReport, OnError]] = []
         self._report_ready = asyncio.Event()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -101,18 +90,17 @@ class BrokerLink:
         self._wake.set()
 
     def report(self, report: broker_pb2.CheckReport, on_error: OnError = None) -> None:
-        self.enqueue(Pending(report, on_error, time.monotonic() + ANSWER_KEEP_SECONDS))
-
-    def enqueue(self, pending: Pending) -> None:
-        self._reports.append(pending)
+        self._reports.append((report, on_error))
         self._report_ready.set()
 
-    def take_kept(self) -> list[Pending]:
-        """After stop: the answers not yet reported that are still worth reporting."""
-        kept = [p for p in [*self._in_flight, *self._reports] if p.kept]
+    def take_unsent(self) -> list[tuple[broker_pb2.CheckReport, OnError]]:
+        """After stop: the reports not sent, and the answers of a batch cut off in flight
+        (a repeated answer changes nothing; a repeated DELIVERED would spend twice)."""
+        unsent = [r for r in self._in_flight if r[0].outcome == broker_pb2.CHECK_OUTCOME_ANSWERED]
+        unsent += self._reports
         self._reports.clear()
         self._in_flight = []
-        return kept
+        return unsent
 
     async def stop(self, flush_seconds: float = 0.0) -> None:
         """Stops claiming; sends the reports queued so far (up to ``flush_seconds``)."""
@@ -182,6 +170,8 @@ class BrokerLink:
         return response.more_due or len(response.tasks) >= cfg.claim_batch or dispatcher.backlog_has_credit()
 
     def _failed(self, what: str, error: TxmqError) -> None:
+        if error.retryable:
+            self._on_unavailable()
         if not self._failing:
             self._failing = True
             log.warning("broker call failed", extra={"fields": {
@@ -206,42 +196,44 @@ class BrokerLink:
             while self._reports:
                 batch = [self._reports.popleft() for _ in range(min(len(self._reports), cfg.report_batch))]
                 self._sending = True
-                self._in_flight = batch  # left set if cancelled: stop() hands its answers on
+                self._in_flight = batch  # left set if cancelled: take_unsent() hands its answers on
                 try:
-                    kept = await self._send(batch)
+                    await self._send(batch)
                 finally:
                     self._sending = False
                 self._in_flight = []
-                if kept:
-                    self._reports.extend(kept)
-                    await asyncio.sleep(cfg.claim_interval_seconds * REPORT_ATTEMPTS)
 
-    async def _send(self, batch: list[Pending]) -> list[Pending]:
-        """Sends one batch; returns the answers to try again (the broker was unreachable)."""
+    async def _send(self, batch: list[tuple[broker_pb2.CheckReport, OnError]]) -> None:
         cfg = self.config
-        request = broker_pb2.ReportChecksRequest(reports=[p.report for p in batch], checker_id=cfg.checker_name)
+        request = broker_pb2.ReportChecksRequest(reports=[r for r, _ in batch], checker_id=cfg.checker_name)
         for attempt in range(1, REPORT_ATTEMPTS + 1):
             try:
                 response = await self.stub.ReportChecks(request, timeout=cfg.rpc_timeout_seconds)
                 break
             except grpc.aio.AioRpcError as exc:
                 error = error_from_rpc(exc)
+                if error.retryable:
+                    self._on_unavailable()
                 if not error.retryable or attempt == REPORT_ATTEMPTS:
-                    # The others are dropped: the claims' leases make those checks due again.
-                    kept = [p for p in batch if error.retryable and p.kept]
-                    self._failed("report", error)
-                    kept_ids = {id(p) for p in kept}
-                    for p in batch:
-                        if p.report.outcome == broker_pb2.CHECK_OUTCOME_ANSWERED and id(p) not in kept_ids:
-                            self.dispatcher.metrics.answer_refused(p.report.producer_group, "unavailable")
-                    return kept
+                    if error.retryable and self._reroute is not None:
+                        # The shard may have a new leader by now: the directory sends them there.
+                        self._reroute(self.name, batch)
+                        return
+                    # Dropped: the claims' leases make these checks due again on the broker
+                    # (an answer dropped here is asked for again).
+                    log.warning("check reports dropped", extra={"fields": {
+                        "broker": self.name, "reports": len(batch), "error": str(error)[:300]}})
+                    for report, _ in batch:
+                        if report.outcome == broker_pb2.CHECK_OUTCOME_ANSWERED:
+                            self.dispatcher.metrics.answer_refused(report.producer_group, "unavailable")
+                    return
                 await asyncio.sleep(cfg.claim_interval_seconds * attempt)
         self._recovered()
         metrics = self.dispatcher.metrics
-        for pending, status, late in itertools.zip_longest(batch, response.entries, response.late):
-            if status is None or pending is None:
+        for entry, status, late in itertools.zip_longest(batch, response.entries, response.late):
+            if entry is None or status is None:
                 break
-            report, on_error = pending.report, pending.on_error
+            report, on_error = entry
             if late:
                 metrics.late_answer(report.producer_group)
             if status.code == 0:
@@ -252,7 +244,6 @@ class BrokerLink:
                 "outcome": broker_pb2.CheckOutcome.Name(report.outcome), "reason": error.reason}})
             if on_error is not None:
                 on_error(error)
-        return []
 
 
 class BrokerDirectory:
@@ -268,8 +259,9 @@ class BrokerDirectory:
         self._stubs = {a: nameserver_pb2_grpc.NameServerServiceStub(c) for a, c in self._channels.items()}
         self._task: asyncio.Task[None] | None = None
         self._failing: set[str] = set()
-        #: Per broker name, answers not yet reported while it has no link.
-        self._kept: dict[str, list[Pending]] = {}
+        self._kick = asyncio.Event()
+        #: Reports waiting for their shard to be reachable again (by shard name).
+        self._parked: dict[str, list[tuple[broker_pb2.CheckReport, OnError]]] = {}
         dispatcher.on_groups_changed.append(self._wake_all)
 
     def _wake_all(self) -> None:
@@ -278,8 +270,8 @@ class BrokerDirectory:
 
     def report(self, broker: str, report: broker_pb2.CheckReport, on_error: OnError = None) -> None:
         link = self.links.get(broker)
-        if link is None and broker in self._kept and report.outcome == broker_pb2.CHECK_OUTCOME_ANSWERED:
-            self._keep(broker, [Pending(report, on_error, time.monotonic() + ANSWER_KEEP_SECONDS)])
+        if link is None and broker in self._parked:  # its shard is failing over
+            self._reroute(broker, [(report, on_error)])
             return
         if link is None:
             # The broker left (its lease makes the check due again when it is back), or a
@@ -294,9 +286,28 @@ class BrokerDirectory:
         await self.refresh()
         self._task = asyncio.create_task(self._run(), name="broker-refresh")
 
+    def kick(self) -> None:
+        """Look at the name servers now (a broker failed: its shard may have a new leader)."""
+        self._kick.set()
+
+    def _reroute(self, broker: str, batch: list[tuple[broker_pb2.CheckReport, OnError]]) -> None:
+        parked = self._parked.setdefault(broker, [])
+        parked.extend(batch)
+        if len(parked) > MAX_PARKED_REPORTS:
+            # The shard stays away: its claims' leases make these checks due again anyway.
+            log.warning("check reports dropped", extra={"fields": {
+                "broker": broker, "reports": len(parked) - MAX_PARKED_REPORTS, "error": "shard unreachable"}})
+            del parked[:len(parked) - MAX_PARKED_REPORTS]
+        self.kick()
+
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.config.broker_refresh_seconds)
+            try:
+                await asyncio.wait_for(self._kick.wait(), self.config.broker_refresh_seconds)
+                await asyncio.sleep(min(0.1, self.config.broker_refresh_seconds))  # let the routes settle
+            except asyncio.TimeoutError:
+                pass
+            self._kick.clear()
             await self.refresh()
 
     async def _list(self, address: str) -> list[nameserver_pb2.BrokerInfo] | None:
@@ -320,32 +331,33 @@ class BrokerDirectory:
         for brokers in answers:
             for info in brokers or ():
                 known = live.get(info.name)
-                if known is None or info.last_heartbeat_ms > known.last_heartbeat_ms:
+                # A replicated shard: the leader of the newest epoch any name server routes.
+                if known is None or (info.leader_epoch, info.last_heartbeat_ms) > (
+                        known.leader_epoch, known.last_heartbeat_ms):
                     live[info.name] = info
+        moved: dict[str, list[tuple[broker_pb2.CheckReport, OnError]]] = {}
         for name, link in list(self.links.items()):
             info = live.get(name)
             if info is None or info.address != link.address:
                 del self.links[name]
                 log.info("broker left", extra={"fields": {"broker": name, "address": link.address}})
                 await link.stop()
-                self._keep(name, link.take_kept())  # for its next address (a fail-over)
+                # Reports not yet sent go to the shard's next address (its new leader).
+                moved[name] = link.take_unsent()
         for name, info in sorted(live.items()):
             if name not in self.links:
-                link = BrokerLink(name, info.address, self.config, self.dispatcher,
+                link = BrokerLink(name, info.address, self.config, self.dispatcher, self.kick, self._reroute,
                                   shares=lambda: len(self.links))
                 self.links[name] = link
                 link.start()
                 log.info("broker joined", extra={"fields": {"broker": name, "address": info.address}})
-                for pending in self._kept.pop(name, []):
-                    if pending.kept:
-                        link.enqueue(pending)
-
-    def _keep(self, name: str, kept: list[Pending]) -> None:
-        if not kept and name not in self._kept:
-            return
-        now = time.monotonic()
-        held = [p for p in self._kept.get(name, []) if p.keep_until > now] + kept
-        self._kept[name] = held[-MAX_KEPT_ANSWERS:]
+        for name in list(self._parked) + list(moved):
+            link = self.links.get(name)
+            if link is not None:
+                for report, on_error in [*self._parked.pop(name, []), *moved.pop(name, [])]:
+                    link.report(report, on_error)
+            else:
+                self._parked.setdefault(name, []).extend(moved.pop(name, []))
 
     async def stop(self, flush_seconds: float = 1.0) -> None:
         if self._task is not None:

@@ -1,0 +1,19 @@
+"""A few fault-injection runs against a replicated shard inside ``make test`` (``make
+chaos`` runs many more with random seeds; see tests/chaos.py for the faults and the
+invariants). Fixed seeds, so a failure here reproduces with ``python -m tests.chaos --seed``."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.chaos import report, run_once
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.mark.parametrize("seed", [6, 1])
+def test_chaos_run_keeps_every_invariant(seed, tmp_path):
+    result = run_once(seed, faults=4, workdir=tmp_path / f"chaos-{seed}")
+    report([result])
+    assert result.violations == [], f"seed {seed} schedule {result.schedule}: {result.violations[:10]}"
+    assert result.failovers, "the schedule killed or paused no leader"

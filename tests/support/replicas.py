@@ -1,0 +1,71 @@
+"""Helpers for replicated shards in tests: waiting for the in-sync set, fsck and digests of
+stopped replicas, and the check budget read back from a stopped store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import grpc
+
+from .cluster import Cluster
+from .processes import ServiceProcess
+from .waiting import wait_until
+
+
+def leader_status(cluster: Cluster, shard: str) -> Any:
+    """The BrokerInfo the name server routes for ``shard`` (its leader's registration)."""
+    return {b.name: b for b in cluster.list_brokers()}[shard]
+
+
+def wait_in_sync(cluster: Cluster, shard: str, replicas: int = 3, timeout: float = 60.0) -> None:
+    """Until the leader reports ``replicas`` in-sync members, every follower at its log end."""
+    def synced() -> bool:
+        r = leader_status(cluster, shard).replication
+        followers = [f for f in r.followers if f.in_sync and f.durable_lsn >= r.log_end]
+        return len(r.in_sync_replicas) == replicas and len(followers) == replicas - 1
+    wait_until(synced, timeout, interval=0.1,
+               message=lambda: f"replicas of {shard} not in sync: {leader_status(cluster, shard)}",
+               ignore=(grpc.RpcError, KeyError))
+
+
+def fsck(proc: ServiceProcess) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "services.broker.fsck", "--data-dir",
+                          proc.env["TXMQ_DATA_DIR"], "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode in (0, 1), out.stderr
+    return json.loads(out.stdout)
+
+
+def stop_and_compare(cluster: Cluster, shard: str) -> list[dict[str, Any]]:
+    """Stops every replica of ``shard`` cleanly, then asserts: each store clean under fsck,
+    all at the same log end, all digests (per column family) equal."""
+    procs = cluster.shards[shard]
+    for proc in procs:
+        if proc.running:
+            proc.send_term()
+    for proc in procs:
+        proc.stop(30)
+    reports = [fsck(p) for p in procs]
+    for proc, report in zip(procs, reports):
+        assert report["problems"] == [], f"{proc.name}: {report['problems']}"
+    ends = {p.name: r["replication"]["log_end"] for p, r in zip(procs, reports)}
+    assert len(set(ends.values())) == 1, f"replicas stopped at different log ends: {ends}"
+    digests = [r["digest"] for r in reports]
+    for proc, digest in zip(procs[1:], digests[1:]):
+        differing = sorted(cf for cf in digest if digest[cf] != digests[0][cf])
+        assert not differing, f"{proc.name} differs from {procs[0].name} in {differing}"
+    return reports
+
+
+def max_checks_spent(proc: ServiceProcess) -> int:
+    """The largest checks_delivered of any transaction in a stopped replica's store."""
+    from services.broker.store import codec
+    from services.broker.store.db import Database
+
+    db = Database(proc.env["TXMQ_DATA_DIR"], sync=False, replicated=True)
+    try:
+        return max((codec.decode_txn(v, k).checks_delivered for k, v in db.scan("txn")), default=0)
+    finally:
+        db.close()
