@@ -262,11 +262,12 @@ class TransactionProducer(Producer):
 
     Checks: the producer opens a ``CheckTransactionState`` stream to every checker the
     name servers list (listed again every ``checker_refresh_seconds``, following checkers
-    joining and leaving; a failed stream is opened again with backoff), acknowledges each
-    check at once and answers it with ``listener.check_local_transaction`` run on a pool
-    of ``check_threads`` threads. ``answer_checks=False`` makes an instance that only sends
+    joining and leaving; a failed stream is opened again with backoff), takes no more
+    checks than its ``check_threads`` threads can start soon (flow control), and answers
+    each with ``listener.check_local_transaction`` on that pool; a check counts as received
+    when a thread starts it. ``answer_checks=False`` makes an instance that only sends
     (its group's other instances answer). :meth:`close` unsubscribes: checks this instance
-    has not acknowledged go to another instance at once.
+    has not started go to another instance at once.
 
     Orphans of a moved send: when a half message's attempt fails and the send moves to
     another shard (or fails), the attempt may have been stored before its answer was lost.

@@ -15,7 +15,8 @@ import yaml
 from .chart import Rendered
 
 HERE = Path(__file__).resolve().parent
-EXPECTED_ALERTS = {"TxmqCheckLagHigh", "TxmqCheckDueUndelivered", "TxmqTransactionsDiscarded",
+EXPECTED_ALERTS = {"TxmqCheckLagHigh", "TxmqCheckDueUndelivered", "TxmqChecksWaitingForProducers",
+                   "TxmqCheckAnswersRefused", "TxmqTransactionsDiscarded",
                    "TxmqPendingTransactionsGrowing", "TxmqBrokerDown", "TxmqBrokersMissing",
                    "TxmqProxiesMissing", "TxmqShardAvoided"}
 #: Rendered only for replicated shards (ci/replicated-values.yaml), tested by
