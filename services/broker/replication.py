@@ -46,6 +46,8 @@ from txmq._errors import (FailedPreconditionError, InvalidFieldError, Leadership
                           NotLeaderError)
 from txmq.v1 import nameserver_pb2, replication_pb2, replication_pb2_grpc
 
+from services.common.channels import open_channel
+
 from .config import BrokerConfig
 from .coordination import EtcdUnavailable, InSync, Leader, ShardCoordinator, ShardState
 from .store import replog
@@ -53,13 +55,9 @@ from .store.db import CannotTruncateError, Database
 
 log = logging.getLogger(__name__)
 
-CHANNEL_OPTIONS = (
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-)
+#: Largest replication stream message a follower accepts (a batch is at most
+#: replication_batch_bytes plus one entry).
+MAX_REPLICATION_MESSAGE_BYTES = 64 * 1024 * 1024
 #: Recent entries kept in memory for shipping (older ones are read back from the store).
 TAIL_BYTES = 16 * 1024 * 1024
 CHECKPOINT_CHUNK = 1024 * 1024
@@ -610,7 +608,7 @@ class ReplicaNode:
                 await task
 
     async def _follow(self, leader: Leader) -> None:
-        channel = grpc.aio.insecure_channel(leader.address, options=CHANNEL_OPTIONS)
+        channel = open_channel(leader.address, MAX_REPLICATION_MESSAGE_BYTES)
         try:
             stub = replication_pb2_grpc.ReplicationServiceStub(channel)
             call = stub.Replicate()

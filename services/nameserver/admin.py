@@ -41,8 +41,7 @@ class BrokerClients:
         self._stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
 
     def replication_stub(self, address: str) -> replication_pb2_grpc.ReplicationServiceStub:
-        self.stub(address)
-        return replication_pb2_grpc.ReplicationServiceStub(self._channels[address])
+        return replication_pb2_grpc.ReplicationServiceStub(self._channels.get(address))
 
     def stub(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
         stub = self._stubs.get(address)
