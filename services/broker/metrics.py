@@ -98,6 +98,11 @@ class _ReplicationCollector(Collector):
         node = self.node
         status = node.status()
         leader = node.is_leader
+        info = GaugeMetricFamily("txmq_replica_info", "1, labelled with this replica's shard and replica id "
+                                 "(join on it to group the other replica metrics by shard)",
+                                 labels=["shard", "replica"])
+        info.add_metric([node.shard, str(node.replica_id)], 1)
+        yield info
         yield GaugeMetricFamily("txmq_replica_is_leader", "1 on the replica that leads its shard",
                                 value=1 if leader else 0)
         yield GaugeMetricFamily("txmq_replica_leader_epoch", "The leader epoch this replica knows (etcd revision)",

@@ -192,7 +192,9 @@ class ReplicaNode:
             if r == self.replica_id:
                 continue
             f = self.followers.get(r)
-            if f is not None and f.connected and now - f.caught_up_at <= self.config.replica_lag_max_seconds:
+            if f is None and now - self._leader_since < self.config.replica_lag_max_seconds:
+                able += 1  # a new leader's followers are still connecting: writes wait for them
+            elif f is not None and f.connected and now - f.caught_up_at <= self.config.replica_lag_max_seconds:
                 able += 1
         return able
 
