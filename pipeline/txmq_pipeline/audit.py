@@ -11,11 +11,13 @@ or on a cluster (see pipeline/README.md for Kubernetes)::
 
 Output (``--output``):
 
-- ``tables/state_counts``, ``tables/latency``, ``tables/checks``, ``tables/anomalies``:
+- ``tables/state_counts``, ``tables/latency``, ``tables/latency_histogram``,
+  ``tables/checks``, ``tables/anomalies``:
   Parquet, per producer group and topic;
 - ``summary.json``: totals, per group/topic figures, anomaly counts and example ids;
-- ``report.md`` (or ``report.html``) with ``state_counts.png`` and ``latency.png``
-  (written where Python can write: a local path, the driver's filesystem).
+- ``report.html`` (self-contained: styles and charts inside) and ``report.md`` with
+  ``state_counts.png`` and ``latency.png`` (written where Python can write: a local path,
+  the driver's filesystem). The job ends by printing the reports' paths.
 
 Anomalies (each listed with its ids): ``committed_missing`` (a committed transaction whose
 message is not in its topic), ``uncommitted_in_topic`` (a message in a topic whose
@@ -35,7 +37,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
@@ -71,6 +73,13 @@ def read_messages(spark: SparkSession, nameserver: str, topics: str = "*",
             .option("maxMessagesPerPartition", str(max_messages_per_partition)).load())
 
 
+def of_topics(transactions: DataFrame, topics: str) -> DataFrame:
+    """The transactions of ``topics`` (``*``: all): with ``--topics orders`` a committed
+    transaction of another topic is not "missing" from the topics read."""
+    names = [t.strip() for t in topics.split(",") if t.strip()]
+    return transactions if names in ([], ["*"]) else transactions.filter(F.col("topic").isin(names))
+
+
 # ----------------------------------------------------------------------------- transforms
 
 def state_counts(transactions: DataFrame) -> DataFrame:
@@ -99,6 +108,27 @@ def latency(transactions: DataFrame) -> DataFrame:
             .select("producer_group", "topic", "resolved",
                     F.col("q")[0].alias("p50_seconds"), F.col("q")[1].alias("p90_seconds"),
                     F.col("q")[2].alias("p99_seconds"), "mean_seconds", "max_seconds"))
+
+
+#: Latency histogram buckets: this many per decade of seconds, from 1 ms (everything
+#: faster lands in the first) to 10^5 s.
+BUCKETS_PER_DECADE = 4
+_FIRST_BUCKET, _LAST_BUCKET = -3 * BUCKETS_PER_DECADE, 5 * BUCKETS_PER_DECADE
+
+
+def latency_histogram(transactions: DataFrame) -> DataFrame:
+    """Per (producer_group, topic, bucket): resolved transactions whose time to resolution
+    is at most ``upper_seconds`` (log-spaced buckets, 4 per decade), for a CDF."""
+    seconds = (F.col("ended_at_ms") - F.col("prepared_at_ms")) / F.lit(1000.0)
+    bucket = F.ceil(F.log10(F.greatest(seconds, F.lit(1e-3))) * BUCKETS_PER_DECADE)
+    bucket = F.least(F.greatest(bucket, F.lit(_FIRST_BUCKET)), F.lit(_LAST_BUCKET)).cast("int")
+    return (transactions.select("producer_group", "topic", "state", "prepared_at_ms", "ended_at_ms")
+            .filter(F.col("state").isin("COMMITTED", "ROLLED_BACK") & F.col("ended_at_ms").isNotNull())
+            .groupBy("producer_group", "topic", bucket.alias("bucket"))
+            .agg(F.count(F.lit(1)).alias("transactions"))
+            .select("producer_group", "topic", "bucket",
+                    F.pow(F.lit(10.0), F.col("bucket") / F.lit(float(BUCKETS_PER_DECADE))).alias("upper_seconds"),
+                    "transactions"))
 
 
 def checks_distribution(transactions: DataFrame) -> DataFrame:
@@ -175,6 +205,9 @@ class AuditResult:
     transactions: int
     messages: int
     seconds: float
+    latency_histogram: list[dict[str, Any]] = field(default_factory=list)
+    generated_at_ms: int = 0
+    reports: list[str] = field(default_factory=list)
 
     @property
     def anomalies(self) -> int:
@@ -190,21 +223,25 @@ def _rows(df: DataFrame) -> list[dict[str, Any]]:
 
 
 def run(spark: SparkSession, *, nameserver: str, output: str, topics: str = "*",
-        pending_threshold_seconds: float = DEFAULT_PENDING_THRESHOLD_SECONDS, report_format: str = "md",
+        pending_threshold_seconds: float = DEFAULT_PENDING_THRESHOLD_SECONDS, report_format: str = "both",
         partitions_per_broker: int = 4, max_messages_per_partition: int = 200_000,
         now_ms: int | None = None) -> AuditResult:
     started = time.monotonic()
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
-    txns = read_transactions(spark, nameserver, partitions_per_broker).cache()
+    txns = of_topics(read_transactions(spark, nameserver, partitions_per_broker), topics).cache()
     msgs = read_messages(spark, nameserver, topics, max_messages_per_partition).cache()
     try:
+        log.info("reading the transaction tables through %s", nameserver)
         transactions = txns.count()
+        log.info("%d transactions; reading the messages of topics %s", transactions, topics)
         messages = msgs.count()
+        log.info("%d messages; reconciling", messages)
         tables = {"state_counts": state_counts(txns), "latency": latency(txns),
-                  "checks": checks_distribution(txns),
+                  "latency_histogram": latency_histogram(txns), "checks": checks_distribution(txns),
                   "anomalies": anomalies(txns, msgs, now_ms, pending_threshold_seconds)}
         for name, df in tables.items():
             df.write.mode("overwrite").parquet(os.path.join(output, "tables", name))
+            log.info("wrote %s", os.path.join(output, "tables", name))
         read_back = {name: spark.read.parquet(os.path.join(output, "tables", name)) for name in tables}
         found = read_back["anomalies"]
         counts = {kind: 0 for kind in ANOMALY_KINDS}
@@ -219,13 +256,16 @@ def run(spark: SparkSession, *, nameserver: str, output: str, topics: str = "*",
             latency=_rows(read_back["latency"].orderBy("producer_group", "topic")),
             checks=_rows(read_back["checks"].orderBy("producer_group", "topic", "checks_delivered")),
             anomaly_counts=counts, anomaly_examples=examples, transactions=transactions, messages=messages,
-            seconds=time.monotonic() - started)
+            seconds=time.monotonic() - started,
+            latency_histogram=_rows(read_back["latency_histogram"].orderBy("producer_group", "topic", "bucket")),
+            generated_at_ms=now_ms)
     finally:
         txns.unpersist()
         msgs.unpersist()
     _write_summary(result, output, nameserver, now_ms, pending_threshold_seconds)
     from txmq_pipeline import report
-    report.write(result, output, report_format)
+    result.reports = report.write(result, output, report_format, nameserver=nameserver,
+                                  threshold=pending_threshold_seconds)
     return result
 
 
@@ -259,7 +299,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--output", required=True, help="output directory (Parquet tables, summary.json, report)")
     p.add_argument("--topics", default="*", help="topics to reconcile (comma-separated; default: every user topic)")
     p.add_argument("--pending-threshold-seconds", type=float, default=DEFAULT_PENDING_THRESHOLD_SECONDS)
-    p.add_argument("--report-format", choices=("md", "html"), default="md")
+    p.add_argument("--report-format", choices=("both", "html", "md"), default="both",
+                   help="report.html (self-contained) and/or report.md (default both)")
     p.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else local[*])")
     p.add_argument("--transaction-partitions-per-broker", type=int, default=4)
     p.add_argument("--max-messages-per-partition", type=int, default=200_000)
@@ -268,14 +309,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     args = parse_args(argv)
-    builder = SparkSession.builder.appName("txmq-audit")
-    if args.master:
-        builder = builder.master(args.master)
-    spark = builder.getOrCreate()
+    from txmq_pipeline.session import session
+
+    spark = session("txmq-audit", args.master)
+    spark.sparkContext.setLogLevel("WARN")
     try:
-        import txmq_pipeline
-        txmq_pipeline.register(spark)
         result = run(spark, nameserver=args.nameserver, output=args.output, topics=args.topics,
                      pending_threshold_seconds=args.pending_threshold_seconds, report_format=args.report_format,
                      partitions_per_broker=args.transaction_partitions_per_broker,
@@ -288,6 +328,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("audited %d transactions and %d messages in %.1f s: %d anomalies %s", result.transactions,
              result.messages, result.seconds, result.anomalies,
              {k: v for k, v in result.anomaly_counts.items() if v})
+    from txmq_pipeline.report import summary_line
+    print(summary_line(result))
+    for path in result.reports:
+        print(f"report: {os.path.abspath(path)}")
+    if not result.reports:
+        print(f"tables: {args.output}/tables (the report is written on local paths only)")
     return result.exit_status
 
 
