@@ -143,14 +143,28 @@ _ANOMALY_COLUMNS = ("kind", "broker", "producer_group", "topic", "transaction_id
 
 
 def anomalies(transactions: DataFrame, messages: DataFrame, now_ms: int,
-              pending_threshold_seconds: float) -> DataFrame:
-    """One row per anomaly: kind, broker, producer_group, topic, transaction_id, message_id, detail."""
+              pending_threshold_seconds: float, *, in_topic_messages: DataFrame | None = None,
+              missing_unless: tuple[DataFrame, int] | None = None) -> DataFrame:
+    """One row per anomaly: kind, broker, producer_group, topic, transaction_id, message_id, detail.
+
+    The continuous audit passes ``in_topic_messages`` (the messages still retained, for
+    "in a topic, not committed") and ``missing_unless`` = (``reached``: topic, broker,
+    queue, reached offset; ``committed_before_ms``): a committed transaction is missing
+    only when its offset is below what was read of its queue or it ended before
+    ``committed_before_ms`` — not when its message is merely in a batch still to come."""
     txns = transactions.select("transaction_id", "message_id", "broker", "producer_group", "topic", "queue",
-                               "state", "prepared_at_ms", "queue_offset", "discard_reason")
+                               "state", "prepared_at_ms", "ended_at_ms", "queue_offset", "discard_reason")
     msgs = messages.select("topic", "broker", "queue", "offset", "message_id", "transaction_id", "producer_group")
     in_topics = msgs.filter(F.col("transaction_id").isNotNull()).select("transaction_id").distinct()
 
-    committed_missing = (txns.filter(F.col("state") == "COMMITTED")
+    committed = txns.filter(F.col("state") == "COMMITTED")
+    if missing_unless is not None:
+        reached, committed_before_ms = missing_unless
+        committed = (committed.join(reached, on=["topic", "broker", "queue"], how="left")
+                     .filter((F.col("queue_offset") < F.coalesce(F.col("reached"), F.lit(0)))
+                             | (F.col("ended_at_ms") < F.lit(committed_before_ms)))
+                     .drop("reached"))
+    committed_missing = (committed
                          .join(in_topics, on="transaction_id", how="left_anti")
                          .select(F.lit("committed_missing").alias("kind"), "broker", "producer_group", "topic",
                                  "transaction_id", "message_id",
@@ -158,7 +172,8 @@ def anomalies(transactions: DataFrame, messages: DataFrame, now_ms: int,
                                                  F.col("queue"), F.col("queue_offset")).alias("detail")))
 
     states = txns.select("transaction_id", F.col("state").alias("txn_state"))
-    uncommitted = (msgs.filter(F.col("transaction_id").isNotNull())
+    retained = msgs if in_topic_messages is None else in_topic_messages.select(*msgs.columns)
+    uncommitted = (retained.filter(F.col("transaction_id").isNotNull())
                    .join(states, on="transaction_id", how="left")
                    .filter(F.col("txn_state").isNull() | (F.col("txn_state") != "COMMITTED"))
                    .select(F.lit("uncommitted_in_topic").alias("kind"), "broker", "producer_group", "topic",
@@ -304,6 +319,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else local[*])")
     p.add_argument("--transaction-partitions-per-broker", type=int, default=4)
     p.add_argument("--max-messages-per-partition", type=int, default=200_000)
+    f = p.add_argument_group("continuous audit (--follow)")
+    f.add_argument("--follow", action="store_true",
+                   help="run as a streaming job: keep tables/anomalies, summary.json and Prometheus metrics "
+                        "up to date until stopped (SIGTERM/Ctrl-C)")
+    f.add_argument("--checkpoint", default=None, help="checkpoint directory (default OUTPUT/_checkpoint)")
+    f.add_argument("--interval-seconds", type=float, default=30.0, help="trigger and refresh interval")
+    f.add_argument("--missing-grace-seconds", type=float, default=60.0,
+                   help="a committed transaction whose message has not been read yet counts as missing after this")
+    f.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    f.add_argument("--max-offsets-per-trigger", type=int, default=None)
     return p.parse_args(argv)
 
 
@@ -315,6 +340,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     spark = session("txmq-audit", args.master)
     spark.sparkContext.setLogLevel("WARN")
+    if args.follow:
+        from txmq_pipeline.follow import follow, stop_on_signals
+        try:
+            return follow(spark, nameserver=args.nameserver, output=args.output,
+                          checkpoint=args.checkpoint or os.path.join(args.output, "_checkpoint"),
+                          topics=args.topics, pending_threshold_seconds=args.pending_threshold_seconds,
+                          missing_grace_seconds=args.missing_grace_seconds, interval_seconds=args.interval_seconds,
+                          metrics_port=args.metrics_port, max_offsets_per_trigger=args.max_offsets_per_trigger,
+                          stop=stop_on_signals())
+        except Exception:
+            log.exception("the continuous audit failed")
+            return EXIT_ERROR
+        finally:
+            spark.stop()
     try:
         result = run(spark, nameserver=args.nameserver, output=args.output, topics=args.topics,
                      pending_threshold_seconds=args.pending_threshold_seconds, report_format=args.report_format,
