@@ -17,7 +17,7 @@ from .chart import Rendered
 HERE = Path(__file__).resolve().parent
 EXPECTED_ALERTS = {"TxmqCheckLagHigh", "TxmqCheckDueUndelivered", "TxmqTransactionsDiscarded",
                    "TxmqPendingTransactionsGrowing", "TxmqBrokerDown", "TxmqBrokersMissing",
-                   "TxmqProxiesMissing"}
+                   "TxmqProxiesMissing", "TxmqAuditAnomalies"}
 
 
 def _rules(rendered: dict[str, Rendered]) -> dict[str, Any]:
@@ -57,7 +57,7 @@ def test_promtool_unit_tests_fire_the_expected_alerts(promtool: Path, rendered: 
     assert tested == EXPECTED_ALERTS, "every alert has a case where it fires"
 
 
-@pytest.mark.parametrize("alert", ["TxmqBrokerDown", "TxmqPendingTransactionsGrowing"])
+@pytest.mark.parametrize("alert", ["TxmqBrokerDown", "TxmqPendingTransactionsGrowing", "TxmqAuditAnomalies"])
 def test_unit_tests_fail_when_a_rule_breaks(promtool: Path, rendered: dict[str, Rendered], tmp_path: Path,
                                             alert: str) -> None:
     rules = _rules(rendered)
