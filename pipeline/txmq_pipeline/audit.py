@@ -223,6 +223,8 @@ class AuditResult:
     latency_histogram: list[dict[str, Any]] = field(default_factory=list)
     generated_at_ms: int = 0
     reports: list[str] = field(default_factory=list)
+    #: Wall seconds per step: read_transactions, read_messages, tables, report.
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def anomalies(self) -> int:
@@ -245,11 +247,22 @@ def run(spark: SparkSession, *, nameserver: str, output: str, topics: str = "*",
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     txns = of_topics(read_transactions(spark, nameserver, partitions_per_broker), topics).cache()
     msgs = read_messages(spark, nameserver, topics, max_messages_per_partition).cache()
+    phases: dict[str, float] = {}
+    mark = time.monotonic()
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        phases[name] = round(now - mark, 3)
+        mark = now
+
     try:
         log.info("reading the transaction tables through %s", nameserver)
         transactions = txns.count()
+        phase("read_transactions")
         log.info("%d transactions; reading the messages of topics %s", transactions, topics)
         messages = msgs.count()
+        phase("read_messages")
         log.info("%d messages; reconciling", messages)
         tables = {"state_counts": state_counts(txns), "latency": latency(txns),
                   "latency_histogram": latency_histogram(txns), "checks": checks_distribution(txns),
@@ -273,7 +286,8 @@ def run(spark: SparkSession, *, nameserver: str, output: str, topics: str = "*",
             anomaly_counts=counts, anomaly_examples=examples, transactions=transactions, messages=messages,
             seconds=time.monotonic() - started,
             latency_histogram=_rows(read_back["latency_histogram"].orderBy("producer_group", "topic", "bucket")),
-            generated_at_ms=now_ms)
+            generated_at_ms=now_ms, phases=phases)
+        phase("tables")
     finally:
         txns.unpersist()
         msgs.unpersist()
@@ -281,6 +295,7 @@ def run(spark: SparkSession, *, nameserver: str, output: str, topics: str = "*",
     from txmq_pipeline import report
     result.reports = report.write(result, output, report_format, nameserver=nameserver,
                                   threshold=pending_threshold_seconds)
+    phase("report")
     return result
 
 
@@ -301,6 +316,7 @@ def _write_summary(result: AuditResult, output: str, nameserver: str, now_ms: in
         "anomalies": result.anomalies, "anomaly_counts": result.anomaly_counts,
         "anomaly_examples": result.anomaly_examples, "state_counts": result.state_counts,
         "latency": result.latency, "checks": result.checks, "exit_status": result.exit_status,
+        "phases_seconds": result.phases,
     }
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "summary.json"), "w") as f:

@@ -30,7 +30,6 @@ import os
 import signal
 import threading
 import time
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F

@@ -5,7 +5,6 @@ store: the job lists them by id and exits non-zero."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -17,7 +16,7 @@ from txmq_pipeline import audit
 from .anomalies import inject
 from .browser import look_at
 from .conftest import PIPELINE_BROKER_ENV, PIPELINE_CHECKER_ENV
-from .helpers import producer, Scripted, send_workload, wait_settled
+from .helpers import clean_env, producer, Scripted, send_workload, wait_settled
 
 N, M, K, D, P = 9, 5, 3, 2, 1
 
@@ -129,7 +128,5 @@ def test_audit_counts_known_outcomes_then_finds_injected_anomalies(spark, fresh_
 def run_as_a_user(args, cwd):
     """``python -m txmq_pipeline.audit ARGS`` with the venv's interpreter, from ``cwd``, in
     an environment holding nothing that points Spark or Python at our code."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYSPARK_", "SPARK_", "PYTHON")) and k not in ("VIRTUAL_ENV",)}
-    return subprocess.run([sys.executable, "-m", "txmq_pipeline.audit", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "txmq_pipeline.audit", *args], cwd=cwd, env=clean_env(),
                           capture_output=True, text=True, timeout=300)

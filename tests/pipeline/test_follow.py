@@ -6,7 +6,6 @@ finds what was injected meanwhile."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
@@ -21,7 +20,7 @@ from tests.support.waiting import wait_until
 
 from .anomalies import inject
 from .conftest import PIPELINE_BROKER_ENV, PIPELINE_CHECKER_ENV
-from .helpers import producer, Scripted, send_workload, wait_settled
+from .helpers import clean_env, producer, Scripted, send_workload, wait_settled
 
 
 def _free_port() -> int:
@@ -31,13 +30,12 @@ def _free_port() -> int:
 
 
 def _start(cluster, topic, out, port, log_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_", "PYTHON"))}
     log = open(log_path, "ab")
     return subprocess.Popen(
         [sys.executable, "-m", "txmq_pipeline.audit", "--follow", "--nameserver", cluster.nameserver_address,
          "--output", str(out), "--topics", topic, "--master", "local[2]", "--interval-seconds", "0.5",
          "--pending-threshold-seconds", "2", "--missing-grace-seconds", "2", "--metrics-port", str(port)],
-        cwd=out.parent, env=env, stdout=log, stderr=subprocess.STDOUT)
+        cwd=out.parent, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
 
 
 def _metrics(port: int) -> dict[str, float]:
