@@ -34,9 +34,12 @@ def effective_master(master: str | None) -> str:
     else PySpark's own default ``local[*]``."""
     if master:
         return master
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
 
-    return SparkConf().get("spark.master", None) or os.environ.get("MASTER") or "local[*]"
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        # Under spark-submit: its --master/--conf are in the JVM it started; connect to read them.
+        SparkContext._ensure_initialized()
+    return SparkConf().get("spark.master", None) or "local[*]"
 
 
 def is_local(master: str) -> bool:

@@ -24,10 +24,13 @@ Batch read of the transaction table: ``option("table", "transactions")`` (option
 ``producerGroup``, ``state``); each broker's table is split into sequence ranges
 (``transactionPartitionsPerBroker``).
 
-Streaming read: ``spark.readStream.format("txmq")`` with ``topic``/``topics`` and
-``startingOffsets`` ("earliest" or "latest"); offsets are per (topic, broker, queue) in
-Spark's checkpoint; queues and brokers that appear later are read from their oldest
-retained offset.
+Streaming read: ``spark.readStream.format("txmq")`` with ``topic``/``topics``/``topicPattern``,
+``startingOffsets`` ("latest", the default as in spark-sql-kafka, "earliest" or JSON),
+``maxOffsetsPerTrigger`` and ``failOnDataLoss`` (default true); offsets are per (topic,
+broker, queue) in Spark's checkpoint; queues and brokers that appear later are read from
+offset 0. See :class:`MessageStreamReader`.
+
+Every use refuses options it does not know (:data:`VALID_OPTIONS`), naming the valid ones.
 
 Streaming write: see :mod:`txmq_pipeline.sink`.
 """
