@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pyarrow.parquet as pq
+import pytest
 
 from txmq.v1 import admin_pb2, common_pb2
 from txmq_pipeline import audit
@@ -25,6 +26,7 @@ def _only(rows, group):
     return [r for r in rows if r["producer_group"] == group]
 
 
+@pytest.mark.timeout(300)  # a second Spark driver starts (the job as a user runs it), then Chromium
 def test_audit_counts_known_outcomes_then_finds_injected_anomalies(spark, fresh_cluster_factory, unique_name,
                                                                    tmp_path):
     cluster = fresh_cluster_factory(brokers=2, broker_env=PIPELINE_BROKER_ENV, checker=True,
