@@ -78,7 +78,7 @@ def _series_label(row: dict[str, Any]) -> str:
 def state_chart(rows: list[dict[str, Any]]) -> bytes:
     """Horizontal stacked bars, one per producer group and topic (labels stay readable
     however many there are)."""
-    fig, ax = plt.subplots(figsize=(9, max(2.2, 0.45 * len(rows) + 1.4)))
+    fig, ax = plt.subplots(figsize=(9, max(2.6, 0.45 * len(rows) + 1.8)))
     labels = [_series_label(r) for r in rows] or ["(no transactions)"]
     left = [0] * len(labels)
     for column in _STATE_COLUMNS:
@@ -87,8 +87,7 @@ def state_chart(rows: list[dict[str, Any]]) -> bytes:
         left = [a + b for a, b in zip(left, values)]
     ax.invert_yaxis()
     ax.set_xlabel("transactions")
-    ax.set_title("Final state per producer group / topic")
-    ax.legend(ncol=4, fontsize=8, loc="lower right")
+    ax.legend(ncol=4, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     ax.tick_params(axis="y", labelsize=8)
     return _png(fig)
 
@@ -229,7 +228,8 @@ h3{font-size:15px;margin:14px 0 6px}
 .scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;width:100%;font-size:12.5px;table-layout:auto}
 th,td{border-bottom:1px solid #e6ebf0;padding:5px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
-th{background:#f0f3f6;font-weight:600;white-space:nowrap}
+th{background:#f0f3f6;font-weight:600;overflow-wrap:normal}
+td:not(.num){min-width:8ch}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.id,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
 pre{background:#f6f8fa;border:1px solid #e1e6eb;border-radius:6px;padding:8px 10px;white-space:pre-wrap;
