@@ -148,10 +148,11 @@ def anomalies(transactions: DataFrame, messages: DataFrame, now_ms: int,
     """One row per anomaly: kind, broker, producer_group, topic, transaction_id, message_id, detail.
 
     The continuous audit passes ``in_topic_messages`` (the messages still retained, for
-    "in a topic, not committed") and ``missing_unless`` = (``reached``: topic, broker,
-    queue, reached offset; ``committed_before_ms``): a committed transaction is missing
-    only when its offset is below what was read of its queue or it ended before
-    ``committed_before_ms`` — not when its message is merely in a batch still to come."""
+    "in a topic, not committed") and ``missing_unless`` = (``progress``: topic, broker,
+    queue, ``reached`` offset, ``caught_up``; ``committed_before_ms``): a committed
+    transaction is missing only when its offset is below what was read of its queue, or it
+    ended before ``committed_before_ms`` and its queue is read to the end — not when its
+    message is merely in a batch still to come."""
     txns = transactions.select("transaction_id", "message_id", "broker", "producer_group", "topic", "queue",
                                "state", "prepared_at_ms", "ended_at_ms", "queue_offset", "discard_reason")
     msgs = messages.select("topic", "broker", "queue", "offset", "message_id", "transaction_id", "producer_group")
@@ -159,11 +160,12 @@ def anomalies(transactions: DataFrame, messages: DataFrame, now_ms: int,
 
     committed = txns.filter(F.col("state") == "COMMITTED")
     if missing_unless is not None:
-        reached, committed_before_ms = missing_unless
-        committed = (committed.join(reached, on=["topic", "broker", "queue"], how="left")
+        progress, committed_before_ms = missing_unless
+        committed = (committed.join(progress, on=["topic", "broker", "queue"], how="left")
                      .filter((F.col("queue_offset") < F.coalesce(F.col("reached"), F.lit(0)))
-                             | (F.col("ended_at_ms") < F.lit(committed_before_ms)))
-                     .drop("reached"))
+                             | ((F.col("ended_at_ms") < F.lit(committed_before_ms))
+                                & F.coalesce(F.col("caught_up"), F.lit(False))))
+                     .drop("reached", "caught_up"))
     committed_missing = (committed
                          .join(in_topics, on="transaction_id", how="left_anti")
                          .select(F.lit("committed_missing").alias("kind"), "broker", "producer_group", "topic",
@@ -335,6 +337,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else local[*])")
     p.add_argument("--transaction-partitions-per-broker", type=int, default=4)
     p.add_argument("--max-messages-per-partition", type=int, default=200_000)
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="of the job's own log (txmq_pipeline.*)")
     f = p.add_argument_group("continuous audit (--follow)")
     f.add_argument("--follow", action="store_true",
                    help="run as a streaming job: keep tables/anomalies, summary.json and Prometheus metrics "
@@ -349,9 +353,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    args = parse_args(argv)
+    logging.getLogger("txmq_pipeline").setLevel(args.log_level)
     from txmq_pipeline.session import session
 
     spark = session("txmq-audit", args.master)
@@ -364,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           topics=args.topics, pending_threshold_seconds=args.pending_threshold_seconds,
                           missing_grace_seconds=args.missing_grace_seconds, interval_seconds=args.interval_seconds,
                           metrics_port=args.metrics_port, max_offsets_per_trigger=args.max_offsets_per_trigger,
-                          stop=stop_on_signals())
+                          partitions_per_broker=args.transaction_partitions_per_broker, stop=stop_on_signals())
         except Exception:
             log.exception("the continuous audit failed")
             return EXIT_ERROR

@@ -16,9 +16,10 @@ Between batches (a quiet topic makes none) the reconciliation runs again every
 
 "Committed but missing from the topic" needs care while messages stream in: a
 transaction committed after the current batch was planned has its message in a later
-batch. A committed transaction counts as missing when its queue offset is below the
-highest offset read from its queue, or when it was committed more than
-``--missing-grace-seconds`` ago. "In a topic, not committed" ignores messages retention has
+batch, and at start the stream may be far behind. A committed transaction counts as
+missing when its queue offset is below the highest offset read from its queue, or when it
+was committed more than ``--missing-grace-seconds`` ago and the stream has read all its
+queue held (its recorded offset points nowhere). "In a topic, not committed" ignores messages retention has
 since deleted (their transaction rows go with them).
 """
 
@@ -63,18 +64,24 @@ class AuditMetrics:
 
 class Follower:
     def __init__(self, spark: SparkSession, *, nameserver: str, output: str, checkpoint: str, topics: str,
-                 pending_threshold_seconds: float, missing_grace_seconds: float, metrics: AuditMetrics) -> None:
+                 pending_threshold_seconds: float, missing_grace_seconds: float, metrics: AuditMetrics,
+                 partitions_per_broker: int = 4) -> None:
+        self.partitions_per_broker = partitions_per_broker
         self.spark, self.nameserver, self.output, self.topics = spark, nameserver, output, topics
         self.seen_dir = os.path.join(checkpoint, "seen")
         self.threshold, self.grace = pending_threshold_seconds, missing_grace_seconds
         self.metrics = metrics
         self.lock = threading.Lock()
+        self.batches_waiting = 0  # a micro-batch waiting for the lock goes before a refresh
         self.last_batch: int | None = None
         self.last_evaluated = 0.0
+        self.last_duration = 0.0
 
     # ------------------------------------------------------------------ per micro-batch
     def batch(self, df: DataFrame, batch_id: int) -> None:
+        self.batches_waiting += 1
         with self.lock:
+            self.batches_waiting -= 1
             path = os.path.join(self.seen_dir, f"batch={batch_id:012d}")
             df.select(*SEEN_COLUMNS).write.mode("overwrite").parquet(path)
             self.last_batch = batch_id
@@ -83,8 +90,11 @@ class Follower:
             self._evaluate()
 
     def refresh(self) -> None:
+        """Reconciles again (no new messages, but time passes: pending transactions age),
+        unless a micro-batch is waiting to do it."""
         with self.lock:
-            self._evaluate()
+            if not self.batches_waiting:
+                self._evaluate()
 
     # ------------------------------------------------------------------ reconciliation
     def _seen(self) -> DataFrame | None:
@@ -94,24 +104,22 @@ class Follower:
             return None
         return self.spark.read.parquet(self.seen_dir).select(*SEEN_COLUMNS)
 
-    def _retained(self) -> DataFrame:
-        """(topic, broker, queue, low): the oldest offset each queue still holds."""
+    def _queues(self) -> DataFrame:
+        """(topic, broker, queue, low, high) of every queue of the audited topics now: the
+        oldest offset it still holds and its next offset."""
         client = _broker.connect(self.nameserver)
         try:
+            names = [t.strip() for t in self.topics.split(",") if t.strip()]
             rows = []
-            for topic in sorted({r[0] for r in self._topics_seen()}):
+            for topic in (_broker.user_topics(client) if names in ([], ["*"]) else names):
                 try:
                     found = _broker.queue_offsets(client, topic)
                 except _broker.TxmqError:
                     continue
-                rows += [(topic, broker, queue, low) for (broker, queue), (_a, low, _h) in found.items()]
+                rows += [(topic, broker, queue, low, high) for (broker, queue), (_a, low, high) in found.items()]
         finally:
             client.close()
-        return self.spark.createDataFrame(rows, "topic STRING, broker STRING, queue INT, low BIGINT")
-
-    def _topics_seen(self) -> list[tuple[str]]:
-        seen = self._seen()
-        return [] if seen is None else [(r.topic,) for r in seen.select("topic").distinct().collect()]
+        return self.spark.createDataFrame(rows, "topic STRING, broker STRING, queue INT, low BIGINT, high BIGINT")
 
     def _evaluate(self) -> None:
         started = time.monotonic()
@@ -120,16 +128,26 @@ class Follower:
         if seen is None:
             seen = self.spark.createDataFrame([], "topic STRING, broker STRING, queue INT, offset BIGINT, "
                                                   "message_id STRING, transaction_id STRING, producer_group STRING")
-        txns = of_topics(read_transactions(self.spark, self.nameserver), self.topics).cache()
+        keys = ["topic", "broker", "queue"]
+        log.debug("reconciling: queue offsets")
+        queues = self._queues().cache()  # before the transactions: offsets below high are older
+        txns = of_topics(read_transactions(self.spark, self.nameserver, self.partitions_per_broker), self.topics).cache()
         seen = seen.cache()
         try:
-            reached = seen.groupBy("topic", "broker", "queue").agg((F.max("offset") + 1).alias("reached"))
-            retained = seen.join(self._retained(), ["topic", "broker", "queue"], "left") \
-                .filter(F.col("low").isNull() | (F.col("offset") >= F.col("low"))).drop("low")
+            # How far the stream has read each queue, and whether it has read all it held
+            # when this reconciliation began.
+            reached = seen.groupBy(*keys).agg((F.max("offset") + 1).alias("reached"))
+            progress = (queues.join(reached, keys, "left")
+                        .select(*keys, F.coalesce(F.col("reached"), F.lit(0)).alias("reached"),
+                                (F.coalesce(F.col("reached"), F.col("low")) >= F.col("high")).alias("caught_up")))
+            retained = (seen.join(queues.select(*keys, "low"), keys, "left")
+                        .filter(F.col("low").isNull() | (F.col("offset") >= F.col("low"))).drop("low"))
             found = anomalies(txns, seen, now_ms, self.threshold, in_topic_messages=retained,
-                              missing_unless=(reached, now_ms - int(self.grace * 1000)))
+                              missing_unless=(progress, now_ms - int(self.grace * 1000)))
             tables = os.path.join(self.output, "tables", "anomalies")
+            log.debug("reconciling: writing %s (%.1f s in)", tables, time.monotonic() - started)
             found.write.mode("overwrite").parquet(tables)
+            log.debug("reconciling: counting (%.1f s in)", time.monotonic() - started)
             found = self.spark.read.parquet(tables)
             counts = {kind: 0 for kind in ANOMALY_KINDS}
             counts.update({r["kind"]: r["count"] for r in found.groupBy("kind").count().collect()})
@@ -137,6 +155,7 @@ class Follower:
         finally:
             txns.unpersist()
             seen.unpersist()
+            queues.unpersist()
         for kind, n in counts.items():
             self.metrics.anomalies.labels(kind=kind).set(n)
         self.metrics.messages.set(messages)
@@ -144,6 +163,7 @@ class Follower:
         self.metrics.evaluated.set(time.time())
         self.metrics.seconds.set(time.monotonic() - started)
         self.last_evaluated = time.monotonic()
+        self.last_duration = self.last_evaluated - started
         summary = {"evaluated_at_ms": now_ms, "nameserver": self.nameserver, "last_batch_id": self.last_batch,
                    "messages": messages, "transactions": transactions, "anomaly_counts": counts,
                    "anomalies": sum(counts.values())}
@@ -158,7 +178,7 @@ class Follower:
 def follow(spark: SparkSession, *, nameserver: str, output: str, checkpoint: str, topics: str = "*",
            pending_threshold_seconds: float, missing_grace_seconds: float = 60.0, interval_seconds: float = 30.0,
            metrics_port: int | None = None, max_offsets_per_trigger: int | None = None,
-           stop: threading.Event | None = None) -> int:
+           partitions_per_broker: int = 4, stop: threading.Event | None = None) -> int:
     """Runs the continuous audit until ``stop`` is set (SIGTERM/SIGINT from ``main``) or
     the query fails (then raises)."""
     if "://" in output or "://" in checkpoint:
@@ -172,7 +192,8 @@ def follow(spark: SparkSession, *, nameserver: str, output: str, checkpoint: str
         log.info("metrics on :%d/metrics", metrics_port)
     follower = Follower(spark, nameserver=nameserver, output=output, checkpoint=checkpoint, topics=topics,
                         pending_threshold_seconds=pending_threshold_seconds,
-                        missing_grace_seconds=missing_grace_seconds, metrics=metrics)
+                        missing_grace_seconds=missing_grace_seconds, metrics=metrics,
+                        partitions_per_broker=partitions_per_broker)
     reader = (spark.readStream.format("txmq").option("nameserver", nameserver).option("topics", topics)
               .option("startingOffsets", "earliest").option("includeBody", "false"))
     if max_offsets_per_trigger:
@@ -186,7 +207,10 @@ def follow(spark: SparkSession, *, nameserver: str, output: str, checkpoint: str
         while not stop.is_set():
             if query.awaitTermination(interval_seconds):
                 break  # ended (awaitTermination raised if it failed)
-            if time.monotonic() - follower.last_evaluated >= interval_seconds:
+            # After the first batch's reconciliation (the stream starts with one), and never
+            # busier than half the time: a reconciliation slower than the interval spaces them.
+            idle = time.monotonic() - follower.last_evaluated
+            if follower.last_evaluated and idle >= max(interval_seconds, follower.last_duration):
                 follower.refresh()
     finally:
         if query.isActive:

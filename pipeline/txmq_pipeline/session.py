@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 LOCAL_DEFAULTS = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
+    # 200 shuffle partitions are made for clusters; on one machine they are 200 tasks per
+    # shuffle for a handful of cores (the continuous audit shuffles every interval).
+    "spark.sql.shuffle.partitions": "8",
 }
 
 
