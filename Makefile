@@ -55,7 +55,7 @@ proto-check: venv
 run: venv
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
-test: venv cc etcd proto-lint proto-check pipeline-deps proxy-deps chart-tools
+test: venv cc etcd proto-lint proto-check pipeline-deps browser proxy-deps chart-tools
 	$(PY) -m pytest tests
 
 test-unit: venv
@@ -71,10 +71,15 @@ $(VENV)/.pipeline-installed: $(VENV)/.installed requirements/pipeline.txt pipeli
 	$(PY) -m pip install --quiet --no-deps -e pipeline
 	touch $@
 
-.PHONY: pipeline-deps test-pipeline bench-audit
+.PHONY: pipeline-deps browser test-pipeline bench-audit
 pipeline-deps: $(VENV)/.pipeline-installed
 
-test-pipeline: pipeline-deps
+# Headless Chromium (Debian's package): the pipeline tests look at the audit's HTML report in it.
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+	@command -v chromium >/dev/null || (echo "browser: chromium missing after apt-get install chromium" >&2; exit 1)
+
+test-pipeline: pipeline-deps browser
 	$(PY) -m pytest tests/pipeline
 
 bench-audit: pipeline-deps

@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 EXPECTED_ALERTS = {"TxmqCheckLagHigh", "TxmqCheckDueUndelivered", "TxmqChecksWaitingForProducers",
                    "TxmqCheckAnswersRefused", "TxmqTransactionsDiscarded",
                    "TxmqPendingTransactionsGrowing", "TxmqBrokerDown", "TxmqBrokersMissing",
-                   "TxmqProxiesMissing", "TxmqShardAvoided"}
+                   "TxmqProxiesMissing", "TxmqShardAvoided", "TxmqAuditAnomalies"}
 #: Rendered only for replicated shards (ci/replicated-values.yaml), tested by
 #: replication_alerts_test.yaml.
 REPLICATION_ALERTS = {"TxmqShardWithoutLeader", "TxmqShardUnderReplicated", "TxmqShardInsyncShrinking",
@@ -75,6 +75,7 @@ def test_promtool_unit_tests_fire_the_expected_alerts(promtool: Path, rendered: 
 
 @pytest.mark.parametrize(("scenario", "alert"), [
     ("ha-monitoring", "TxmqBrokerDown"), ("ha-monitoring", "TxmqPendingTransactionsGrowing"),
+    ("ha-monitoring", "TxmqAuditAnomalies"),
     *[("replicated", a) for a in sorted(REPLICATION_ALERTS)]])
 def test_unit_tests_fail_when_a_rule_breaks(promtool: Path, rendered: dict[str, Rendered], tmp_path: Path,
                                             scenario: str, alert: str) -> None:
