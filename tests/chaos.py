@@ -117,7 +117,7 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
             log(f"  fault {step}/{len(schedule)} {fault} done; {work.summary()}")
         work.stop_producers()
         wait_until(lambda: not work.missing(), 90, interval=0.2,
-                   message=lambda: f"never delivered: {sorted(work.missing())[:10]} {work.summary()}")
+                   message=lambda: f"never delivered: {describe_missing(cluster, work)} {work.summary()}")
         replicas.wait_in_sync(cluster, SHARD, timeout=90)
         time.sleep(1.0)  # late redeliveries would show a duplicate
         work.stop()
@@ -141,6 +141,27 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
     for v in result.violations[:20]:
         log(f"  VIOLATION {v}")
     return result
+
+
+def describe_missing(cluster: Cluster, work: Workload) -> list[str]:
+    """What the shard says of each transaction that should have been delivered and was not
+    (a lost write shows as NOT_FOUND, a slow check as PREPARED with its next check time)."""
+    from txmq._errors import TxmqError, error_from_rpc
+    from txmq.v1 import admin_pb2
+
+    out = []
+    for body in sorted(work.missing())[:10]:
+        tid = work.transaction_ids.get(body, "")
+        try:
+            t = cluster.admin_stub().DescribeTransaction(admin_pb2.DescribeTransactionRequest(transaction_id=tid),
+                                                         timeout=5).transaction
+            out.append(f"{body} {tid} state={t.state} checks={t.checks_delivered}/{t.checks_answered} "
+                       f"next_check_in={(t.next_check_at_ms - time.time() * 1000) / 1000:.1f}s "
+                       f"source={t.resolution_source} discard={t.discard_reason!r}")
+        except Exception as exc:  # noqa: BLE001 - a description, best effort
+            err = error_from_rpc(exc) if hasattr(exc, "code") else exc
+            out.append(f"{body} {tid} {type(err).__name__}: {err}"[:300])
+    return out
 
 
 def report(results: list[RunResult], log=print) -> bool:

@@ -179,7 +179,8 @@ class Workload:
             acknowledged = dict(self.acknowledged)
         for body in sorted(self.expected_delivered()):
             if body not in delivered:
-                problems.append(f"{body}: committed (ack {acknowledged.get(body)}) but never delivered")
+                problems.append(f"{body}: committed (ack {acknowledged.get(body)}, transaction "
+                                f"{self.transaction_ids.get(body, '?')}) but never delivered")
         for body, places in sorted(delivered.items()):
             if not ran.get(body):
                 problems.append(f"{body}: delivered but its local transaction "
