@@ -28,6 +28,8 @@ from txmq._names import (dlq_topic, discard_topic, validate_group, validate_name
 
 from .config import BrokerConfig
 from .consumers import ConsumerGroups, Cursor
+from .model import (RESOLUTION_COMMIT, RESOLUTION_ROLLBACK, RESOLUTION_UNKNOWN,  # noqa: F401 - re-exported
+                    Delivery, EndResult, ReceiveResult, SendResult)
 from .store import codec
 from .store.codec import (STATE_COMMITTED, STATE_DISCARDED, STATE_NAMES, STATE_PREPARED,
                           STATE_ROLLED_BACK, CqEntry, LogRecord, TxnRow)
@@ -35,9 +37,6 @@ from .store.db import Database, OpWrites, now_ms
 
 log = logging.getLogger(__name__)
 
-RESOLUTION_COMMIT = "COMMIT"
-RESOLUTION_ROLLBACK = "ROLLBACK"
-RESOLUTION_UNKNOWN = "UNKNOWN"
 _FOREIGN_ID = re.compile(r"[A-Za-z0-9_.:=+/-]{1,128}")
 _MAX_KEY_BYTES = 1024
 
@@ -54,44 +53,6 @@ def open_database(config: BrokerConfig, on_fatal: Callable[[BaseException], None
                     wal_prefill_bytes=config.wal_prefill_bytes if synced else 0,
                     max_wal_bytes=config.max_wal_bytes, replicated=config.replication_factor > 1,
                     replog_keep_entries=config.replication_log_entries)
-
-
-@dataclass(slots=True, frozen=True)
-class SendResult:
-    message_id: str
-    queue_id: int
-    queue_offset: int
-    transaction_id: str = ""
-    state: int = 0
-    duplicate: bool = False
-
-
-@dataclass(slots=True, frozen=True)
-class EndResult:
-    transaction_id: str
-    state: int
-    source: int
-    ended_ms: int
-    queue_offset: int
-
-
-@dataclass(slots=True, frozen=True)
-class Delivery:
-    topic: str
-    queue_id: int
-    offset: int
-    log_seq: int
-    attempt: int
-    deadline_ms: int
-    visible_ms: int
-    receipt_handle: str
-
-
-@dataclass(slots=True, frozen=True)
-class ReceiveResult:
-    deliveries: list[Delivery]
-    # When the earliest in-flight delivery of the polled queues becomes visible again.
-    next_deadline_ms: int | None
 
 
 OUTCOME_DELIVERED = 1
