@@ -16,12 +16,13 @@ from services.common.errors import OK, entry_status
 
 from . import core as domain
 from .bridge import StoreBridge
-from .core import BrokerCore, parse_tag_filter
+from .core import BrokerCore
 from .metrics import BrokerMetrics
 from .model import EndResult, ReceiveResult, Resolution, SendResult, Source, TxnState
 from .store import codec
 from .store.codec import LogRecord, TxnRow
 from .store.db import Op
+from .validation import parse_tag_filter
 
 log = logging.getLogger(__name__)
 
