@@ -123,7 +123,7 @@ chart-lint: chart-tools
 	$(HELM) lint --strict $(CHART_DIR)
 	for f in $(CHART_DIR)/ci/*-values.yaml; do $(HELM) lint --strict $(CHART_DIR) -f $$f || exit 1; done
 
-test-chart: chart-tools proxy-deps
+test-chart: chart-tools proxy-deps etcd
 	$(PY) -m pytest tests/chart
 
 # Against a real cluster (KUBECONFIG, images pushed; see deploy/helm/txmq/README.md).
@@ -143,9 +143,11 @@ CHAOS_ARGS ?= --runs 10 --faults 6
 chaos: venv etcd
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
 
-bench: venv bench-audit
+bench: venv etcd bench-audit
 	$(PY) -m bench.transactions
+	$(PY) -m bench.replication
 	$(PY) -m bench.checks
+	$(PY) -m bench.failover
 
 clean:
 	rm -rf $(DATA_DIR) .pytest_cache

@@ -304,6 +304,7 @@ class ReplicaNode:
         self.epoch = epoch
         self.isr = isr
         self.followers = {}
+        self._clear_tail()
         self.commit_lsn = self.db.commit_lsn
         self._leader_since = time.monotonic()
         self.db.read_ticket = self.db.written  # nothing on disk is shown before it is committed
@@ -328,6 +329,7 @@ class ReplicaNode:
             return
         self.term = None
         self.leadership_changes += 1
+        self._clear_tail()  # a truncation may rewrite these lsns before this replica leads again
         waiting = len(term.bridge._waiting)
         term.bridge.fail_all(LeadershipLostError(self.shard, self.replica_id))
         for event in list(self._wake):
@@ -453,6 +455,10 @@ class ReplicaNode:
         for event in self._wake:
             event.set()
 
+    def _clear_tail(self) -> None:
+        self._tail.clear()
+        self._tail_bytes = 0
+
     def _entries_from(self, first: int) -> list[tuple[int, bytes]]:
         limit = self.config.replication_batch_bytes
         tail = self._tail
@@ -502,8 +508,15 @@ class ReplicaNode:
             "replica_id": hello.replica_id, "log_end": hello.log_end, "last_epoch": hello.last_epoch,
             "truncate_to": truncate_to, "epoch": epoch}})
 
+        # One message of entries in flight at a time, as on the Produce stream: what is
+        # written while the follower appends, syncs and acknowledges one message travels
+        # in the next, so each of its syncs and acks covers more entries under load.
+        acked = truncate_to  # where the follower's log ends once it has truncated
+
         async def acks() -> None:
+            nonlocal acked
             while (request := await context.read()) is not grpc.aio.EOF:
+                acked = max(acked, request.durable_lsn)
                 if self.followers.get(f.replica_id) is f:
                     self._on_ack(f, request.durable_lsn)
                 wake.set()
@@ -521,7 +534,7 @@ class ReplicaNode:
             sent_commit = -1
             idle = self.config.election_poll_seconds
             while self.term is not None and self.epoch == epoch and not reader.done():
-                if next_lsn <= db.written:
+                if next_lsn <= db.written and acked >= next_lsn - 1:
                     entries = self._entries_from(next_lsn)
                     if not entries or entries[0][0] != next_lsn:
                         await context.write(replication_pb2.ReplicateResponse(
