@@ -346,7 +346,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         response = broker_pb2.ReportChecksResponse()
         for error, state, late in results:
             response.entries.append(OK if error is None else entry_status(error))
-            response.states.append(state)
+            response.states.append(state_to_proto(state))
             response.late.append(late)
         return response
 
