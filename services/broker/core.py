@@ -1,5 +1,13 @@
-"""The broker's domain: messages, transactions and their state machine, consumer
-deliveries, the check schedule, retention.
+"""The broker's domain, assembled: ``BrokerCore`` opens the store and holds the shared state,
+issues sends, runs the transaction state machine (end, decide, discard), creates topics and
+schedules the checks; the other parts are mixed in from their modules:
+
+- ``base.py``: the shared state, identifiers and small staging helpers every part uses;
+- ``model.py``: states, sources, resolutions and kinds as named types, and the results;
+- ``validation.py``: a message's fields against the limits, the tag filter;
+- ``delivery.py``: receive, redelivery, DLQ, ack, change-invisible, dead-letter, queue reads;
+- ``retention.py``: expiring dedup entries and old records;
+- ``queries.py``: transactions, counters and records read back.
 
 Request methods validate their input (raising ``TxmqError`` before anything runs) and
 return an *operation*, which the store applies on the thread that owns it (the event
@@ -16,32 +24,32 @@ import heapq
 import logging
 import os
 import random
-import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping
 
-from txmq._errors import (DiskFullError, InvalidFieldError, InvalidIdError, MessageTooLargeError,
-                          PropertiesTooLargeError, QueueNotFoundError, ReceiptHandleNotFoundError,
-                          StaleClaimError, TopicNotFoundError, TransactionNotFoundError,
-                          TransactionStateError, TxmqError, WrongBrokerError)
-from txmq._ids import MessageId, ReceiptHandle, TransactionId
-from txmq._names import (dlq_topic, discard_topic, validate_group, validate_name,
-                         validate_receive_topic, validate_send_topic)
+from txmq._errors import (DiskFullError, InvalidFieldError, StaleClaimError, TransactionNotFoundError,
+                          TransactionStateError, TxmqError)
+from txmq._names import discard_topic, validate_group, validate_send_topic
 
+from . import validation
 from .config import BrokerConfig
-from .consumers import ConsumerGroups, Cursor
+from .consumers import ConsumerGroups
+from .delivery import DeliveryPart
+from .model import (RESOLUTION_COMMIT, RESOLUTION_ROLLBACK, RESOLUTION_UNKNOWN, STATE_COMMITTED,
+                    STATE_DISCARDED, STATE_NAMES, STATE_PREPARED, STATE_ROLLED_BACK, Delivery, EndResult,
+                    ReceiveResult, SendResult)
+from .queries import QueriesPart
+from .retention import RetentionPart
 from .store import codec
-from .store.codec import (STATE_COMMITTED, STATE_DISCARDED, STATE_NAMES, STATE_PREPARED,
-                          STATE_ROLLED_BACK, CqEntry, LogRecord, TxnRow)
+from .store.codec import CqEntry, LogRecord, TxnRow
 from .store.db import Database, OpWrites, now_ms
+from .validation import parse_tag_filter
+
+# Where they were before the split (service.py, tools and tests import them from here).
+__all__ = ["BrokerCore", "CheckReport", "ClaimedCheck", "Delivery", "EndResult", "ReceiveResult",
+           "SendResult", "StoreIdentityError", "open_database", "parse_tag_filter"]
 
 log = logging.getLogger(__name__)
-
-RESOLUTION_COMMIT = "COMMIT"
-RESOLUTION_ROLLBACK = "ROLLBACK"
-RESOLUTION_UNKNOWN = "UNKNOWN"
-_FOREIGN_ID = re.compile(r"[A-Za-z0-9_.:=+/-]{1,128}")
-_MAX_KEY_BYTES = 1024
 
 
 class StoreIdentityError(Exception):
@@ -56,44 +64,6 @@ def open_database(config: BrokerConfig, on_fatal: Callable[[BaseException], None
                     wal_prefill_bytes=config.wal_prefill_bytes if synced else 0,
                     max_wal_bytes=config.max_wal_bytes, replicated=config.replication_factor > 1,
                     replog_keep_entries=config.replication_log_entries)
-
-
-@dataclass(slots=True, frozen=True)
-class SendResult:
-    message_id: str
-    queue_id: int
-    queue_offset: int
-    transaction_id: str = ""
-    state: int = 0
-    duplicate: bool = False
-
-
-@dataclass(slots=True, frozen=True)
-class EndResult:
-    transaction_id: str
-    state: int
-    source: int
-    ended_ms: int
-    queue_offset: int
-
-
-@dataclass(slots=True, frozen=True)
-class Delivery:
-    topic: str
-    queue_id: int
-    offset: int
-    log_seq: int
-    attempt: int
-    deadline_ms: int
-    visible_ms: int
-    receipt_handle: str
-
-
-@dataclass(slots=True, frozen=True)
-class ReceiveResult:
-    deliveries: list[Delivery]
-    # When the earliest in-flight delivery of the polled queues becomes visible again.
-    next_deadline_ms: int | None
 
 
 OUTCOME_DELIVERED = 1
@@ -152,18 +122,7 @@ MAX_SESSION_GROUPS = 100_000
 NO_DUE_MS = 2**62
 
 
-def parse_tag_filter(expression: str) -> frozenset[str] | None:
-    """``"*"`` or empty → None (everything); ``"A || B"`` → {"A", "B"}."""
-    text = (expression or "").strip()
-    if text in ("", "*"):
-        return None
-    tags = frozenset(part.strip() for part in text.split("||"))
-    if not tags or any(not t for t in tags):
-        raise InvalidFieldError("filter_expression", f"{expression!r} is not '*' or 'TagA || TagB'")
-    return tags
-
-
-class BrokerCore:
+class BrokerCore(DeliveryPart, RetentionPart, QueriesPart):
     def __init__(self, config: BrokerConfig, clock: Callable[[], int] = now_ms,
                  on_fatal: Callable[[BaseException], None] | None = None, db: Database | None = None) -> None:
         self.config = config
@@ -241,79 +200,11 @@ class BrokerCore:
     def close(self) -> None:
         self.db.close()
 
-    # --- identifiers ---------------------------------------------------------------------
-
-    def txn_id(self, seq: int) -> str:
-        return TransactionId(self.name, self.store_id, seq).encode()
-
-    def parse_txn_id(self, text: str) -> int:
-        tid = TransactionId.decode(text)
-        if tid.broker != self.name:
-            raise WrongBrokerError("transaction id", text, tid.broker, self.name)
-        if tid.store_id != self.store_id:
-            raise InvalidIdError("transaction id", text, "issued by an earlier store of this broker")
-        return tid.sequence
-
-    def receipt(self, topic: str, queue_id: int, offset: int, attempt: int) -> str:
-        return ReceiptHandle(self.name, self.store_id, topic, queue_id, offset, attempt).encode()
-
-    def parse_receipt(self, text: str) -> ReceiptHandle:
-        handle = ReceiptHandle.decode(text)
-        if handle.broker != self.name:
-            raise WrongBrokerError("receipt handle", text, handle.broker, self.name)
-        if handle.store_id != self.store_id:
-            raise ReceiptHandleNotFoundError(text)
-        return handle
-
     # --- validation ----------------------------------------------------------------------
 
     def validate_message(self, r: LogRecord) -> LogRecord:
-        cfg = self.config
-        validate_send_topic(r.topic)
-        count = self.topics.get(r.topic)
-        if count is None:
-            raise TopicNotFoundError(r.topic)
-        if not 0 <= r.queue_id < count:
-            raise QueueNotFoundError(r.topic, r.queue_id)
-        if len(r.body) > cfg.max_body_bytes:
-            raise MessageTooLargeError(len(r.body), cfg.max_body_bytes)
-        if len(r.tag.encode()) > cfg.max_tag_bytes:
-            raise PropertiesTooLargeError("tag bytes", len(r.tag.encode()), cfg.max_tag_bytes)
-        if "||" in r.tag or r.tag.strip() != r.tag:
-            raise InvalidFieldError("tag", "must not contain '||' or surrounding spaces")
-        if len(r.keys) > cfg.max_keys:
-            raise PropertiesTooLargeError("key count", len(r.keys), cfg.max_keys)
-        for key in r.keys:
-            if len(key.encode()) > _MAX_KEY_BYTES:
-                raise PropertiesTooLargeError("key bytes", len(key.encode()), _MAX_KEY_BYTES)
-        if len(r.properties) > cfg.max_properties:
-            raise PropertiesTooLargeError("property count", len(r.properties), cfg.max_properties)
-        size = sum(len(k.encode()) + len(v.encode()) for k, v in r.properties.items())
-        if size > cfg.max_properties_bytes:
-            raise PropertiesTooLargeError("properties bytes", size, cfg.max_properties_bytes)
-        if any(not k or len(k.encode()) > 0xFFFF for k in r.properties):
-            raise InvalidFieldError("properties", "property names must be 1-65535 bytes")
-        if r.message_id:
-            if MessageId.looks_like(r.message_id):
-                mid = MessageId.decode(r.message_id)
-                if mid.broker != self.name:
-                    raise WrongBrokerError("message id", r.message_id, mid.broker, self.name)
-            elif not _FOREIGN_ID.fullmatch(r.message_id):
-                raise InvalidIdError("message id", r.message_id, "use 1-128 characters [A-Za-z0-9_.:=+/-]")
-        else:
-            r.message_id = MessageId.new(self.name, r.queue_id).encode()
-        if r.kind == codec.KIND_HALF:
-            validate_group("producer_group", r.producer_group)
-            if len(r.producer_client_id.encode()) > 255:
-                raise InvalidFieldError("producer_client_id", "longer than 255 bytes")
-            if not 0 <= r.check_immunity_seconds <= cfg.max_transaction_lifetime_seconds:
-                raise InvalidFieldError(
-                    "check_immunity_seconds",
-                    f"{r.check_immunity_seconds} is outside 0..max_transaction_lifetime_seconds="
-                    f"{cfg.max_transaction_lifetime_seconds}")
-        if len(r.born_host.encode()) > 255:
-            raise InvalidFieldError("born_host", "longer than 255 bytes")
-        return r
+        """See :func:`validation.validate_message` (against this broker's topics)."""
+        return validation.validate_message(r, self.config, self.topics, self.name)
 
     def check_disk(self) -> None:
         if self.disk_full:
@@ -373,24 +264,6 @@ class BrokerCore:
         state = row.state if row is not None else STATE_ROLLED_BACK
         return SendResult(record.message_id, row.queue_id if row else record.queue_id,
                           row.queue_offset if row else -1, self.txn_id(entry.seq), state, duplicate=True)
-
-    def _count(self, w: OpWrites, group: str, pending: int = 0, discarded: int = 0) -> None:
-        counts = self.counters.setdefault(group, [0, 0])
-        counts[0] += pending
-        counts[1] += discarded
-        w.put("counters", group.encode(), codec.encode_counters(counts[0], counts[1]))
-
-    def _read_txn(self, seq: int) -> TxnRow | None:
-        value = self.db.get("txn", codec.txn_key(seq))
-        return codec.decode_txn(value, codec.txn_key(seq)) if value is not None else None
-
-    def _notify_stored(self, topic: str, kind: int) -> None:
-        for fn in self.stored_listeners:
-            fn(topic, kind)
-
-    def _notify_visible(self, topic: str) -> None:
-        for fn in self.visible_listeners:
-            fn(topic)
 
     # --- transactions --------------------------------------------------------------------
 
@@ -484,17 +357,6 @@ class BrokerCore:
         self._count(w, row.producer_group, pending=-1, discarded=+1)
         group = row.producer_group
         w.on_durable(lambda: (self._notify_visible(topic), [fn(group) for fn in self.discard_listeners]))
-
-    def _ensure_topic(self, w: OpWrites, topic: str, queue_count: int) -> bool:
-        if self.topics.get(topic, 0) >= queue_count:
-            return False
-        old = self.topics.get(topic, 0)
-        self.topics[topic] = queue_count
-        for q in range(old, queue_count):
-            self.queue_next.setdefault((topic, q), 0)
-        w.put("topics", topic.encode(), codec.encode_u64(queue_count))
-        w.on_durable(lambda: [fn(topic) for fn in self.topic_listeners])
-        return True
 
     def create_topic_op(self, topic: str, queue_count: int) -> Callable[[OpWrites], int]:
         validate_send_topic(topic)
@@ -828,386 +690,10 @@ class BrokerCore:
         base = min(base, max(cfg.check_interval_max_seconds, cfg.check_interval_seconds))
         return int(base * (1 + cfg.check_jitter * self._random.random()) * 1000)
 
-    # --- consumers -----------------------------------------------------------------------
-
-    def receive_op(self, group: str, topic: str, queue_id: int, tags: frozenset[str] | None,
-                   max_messages: int, invisible_seconds: float) -> Callable[[OpWrites], ReceiveResult]:
-        cfg = self.config
-        validate_group("consumer_group", group)
-        validate_receive_topic(topic)
-        count = self.topics.get(topic)
-        if count is None:
-            raise TopicNotFoundError(topic)
-        if queue_id >= count or queue_id < -1:
-            raise QueueNotFoundError(topic, queue_id)
-        if max_messages <= 0:
-            raise InvalidFieldError("max_messages", "must be positive")
-        max_messages = min(max_messages, cfg.max_receive_batch)
-        if invisible_seconds == 0:
-            invisible_seconds = cfg.default_invisible_duration_seconds
-        if not 0 < invisible_seconds <= cfg.max_invisible_duration_seconds:
-            raise InvalidFieldError("invisible_duration_seconds",
-                                    f"{invisible_seconds} is outside (0, max_invisible_duration_seconds="
-                                    f"{cfg.max_invisible_duration_seconds}]")
-        invisible_ms = int(max(invisible_seconds, cfg.min_invisible_duration_seconds) * 1000)
-        queues = [queue_id] if queue_id >= 0 else list(range(count))
-        if len(queues) > 1:
-            start = self._random.randrange(len(queues))
-            queues = queues[start:] + queues[:start]
-
-        def op(w: OpWrites) -> ReceiveResult:
-            w.sync = False  # a lost receive only means an earlier redelivery
-            now = self.clock()
-            out: list[Delivery] = []
-            next_deadline: int | None = None
-            for q in queues:
-                cursor = self._cursor(w, group, topic, q)
-                if len(out) < max_messages:
-                    self._redeliver(w, group, topic, q, cursor, now, invisible_ms, max_messages, out)
-                if len(out) < max_messages:
-                    self._deliver_new(w, group, topic, q, cursor, now, invisible_ms, tags, max_messages, out)
-                d = cursor.next_deadline_ms()
-                if d is not None and (next_deadline is None or d < next_deadline):
-                    next_deadline = d
-            return ReceiveResult(out, next_deadline)
-        return op
-
-    def _cursor(self, w: OpWrites, group: str, topic: str, q: int) -> Cursor:
-        cursor = self.consumers.get(group, topic, q)
-        if cursor is None:
-            first = self.db.first_key("cq", codec.queue_prefix(topic, q))
-            start = codec.split_cq_key(first)[2] if first else self.queue_next.get((topic, q), 0)
-            cursor = Cursor(start)
-            self.consumers.cursors[(group, topic, q)] = cursor
-            w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(start))
-        return cursor
-
-    def _redeliver(self, w: OpWrites, group: str, topic: str, q: int, cursor: Cursor, now: int,
-                   invisible_ms: int, limit: int, out: list[Delivery]) -> None:
-        expired = cursor.pop_expired(now)
-        for i, (offset, entry) in enumerate(expired):
-            if len(out) >= limit:
-                for rest_offset, rest in expired[i:]:
-                    cursor.push_back(rest_offset, rest)
-                return
-            key = codec.inflight_key(group, topic, q, offset)
-            value = self.db.get("cq", codec.cq_key(topic, q, offset))
-            if value is None:  # expired by retention: nothing left to deliver
-                del cursor.inflight[offset]
-                w.delete("inflight", key)
-                continue
-            cq = codec.decode_cq_entry(value)
-            if entry.attempt >= self.config.max_delivery_attempts:
-                self._to_dlq(w, group, cq)
-                del cursor.inflight[offset]
-                w.delete("inflight", key)
-                continue
-            attempt = entry.attempt + 1
-            cursor.track(offset, attempt, now + invisible_ms)
-            w.put("inflight", key, codec.encode_inflight(attempt, now + invisible_ms))
-            out.append(Delivery(topic, q, offset, cq.log_seq, attempt, now + invisible_ms, cq.visible_ms,
-                                self.receipt(topic, q, offset, attempt)))
-
-    def _to_dlq(self, w: OpWrites, group: str, cq: CqEntry) -> None:
-        topic = dlq_topic(group)
-        self._ensure_topic(w, topic, 1)
-        offset = self.queue_next[(topic, 0)]
-        w.put("cq", codec.cq_key(topic, 0, offset), codec.encode_cq_entry(
-            CqEntry(cq.log_seq, self.clock(), cq.tag)))
-        self.queue_next[(topic, 0)] = offset + 1
-        w.on_durable(lambda: self._notify_visible(topic))
-
-    def _deliver_new(self, w: OpWrites, group: str, topic: str, q: int, cursor: Cursor, now: int,
-                     invisible_ms: int, tags: frozenset[str] | None, limit: int,
-                     out: list[Delivery]) -> None:
-        end = self.queue_next.get((topic, q), 0)
-        start = cursor.next_offset
-        if start >= end:
-            return
-        offset = start
-        for key, value in self.db.scan("cq", codec.cq_key(topic, q, start), codec.cq_key(topic, q, end)):
-            if len(out) >= limit:
-                break
-            o = codec.split_cq_key(key)[2]
-            cq = codec.decode_cq_entry(value, key)
-            offset = o + 1
-            if tags is not None and cq.tag not in tags:
-                continue  # filtered out: never delivered to this group
-            deadline = now + invisible_ms
-            cursor.track(o, 1, deadline)
-            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline))
-            out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms,
-                                self.receipt(topic, q, o, 1)))
-        if offset != start:
-            cursor.next_offset = offset
-            w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(offset))
-
-    def ack_op(self, group: str, topic: str, handles: list[str],
-               ) -> Callable[[OpWrites], list[Exception | None]]:
-        validate_group("consumer_group", group)
-        parsed: list[ReceiptHandle | Exception] = []
-        for text in handles:
-            try:
-                handle = self.parse_receipt(text)
-                if topic and handle.topic != topic:
-                    raise InvalidFieldError("topic", f"receipt handle is for topic {handle.topic!r}")
-                parsed.append(handle)
-            except Exception as exc:  # noqa: BLE001 - reported per entry
-                parsed.append(exc)
-
-        def op(w: OpWrites) -> list[Exception | None]:
-            w.sync = False  # a lost ack only means a redelivery (at least once)
-            results: list[Exception | None] = []
-            for text, handle in zip(handles, parsed):
-                if isinstance(handle, Exception):
-                    results.append(handle)
-                    continue
-                cursor = self.consumers.get(group, handle.topic, handle.queue_id)
-                entry = cursor.inflight.get(handle.offset) if cursor else None
-                if cursor is None or entry is None or entry.attempt != handle.attempt:
-                    results.append(ReceiptHandleNotFoundError(text))
-                    continue
-                del cursor.inflight[handle.offset]
-                w.delete("inflight", codec.inflight_key(group, handle.topic, handle.queue_id, handle.offset))
-                results.append(None)
-            return results
-        return op
-
-    def change_invisible_op(self, group: str, topic: str, handle_text: str, seconds: float,
-                            ) -> Callable[[OpWrites], tuple[str, int]]:
-        validate_group("consumer_group", group)
-        handle = self.parse_receipt(handle_text)
-        cfg = self.config
-        if not 0 <= seconds <= cfg.max_invisible_duration_seconds:
-            raise InvalidFieldError("invisible_duration_seconds",
-                                    f"{seconds} is outside 0..max_invisible_duration_seconds="
-                                    f"{cfg.max_invisible_duration_seconds}")
-        delay_ms = int(max(seconds, cfg.min_invisible_duration_seconds) * 1000)
-
-        def op(w: OpWrites) -> tuple[str, int]:
-            w.sync = False
-            cursor = self.consumers.get(group, handle.topic, handle.queue_id)
-            entry = cursor.inflight.get(handle.offset) if cursor else None
-            if cursor is None or entry is None or entry.attempt != handle.attempt:
-                raise ReceiptHandleNotFoundError(handle_text)
-            deadline = self.clock() + delay_ms
-            cursor.track(handle.offset, entry.attempt, deadline)
-            w.put("inflight", codec.inflight_key(group, handle.topic, handle.queue_id, handle.offset),
-                  codec.encode_inflight(entry.attempt, deadline))
-            topic_ = handle.topic
-            w.on_durable(lambda: self._notify_visible(topic_))
-            return self.receipt(handle.topic, handle.queue_id, handle.offset, entry.attempt), deadline
-        return op
-
-    def queue_offsets(self, topic: str) -> list[tuple[int, int, int]]:
-        """(queue, oldest retained offset, next offset) for each queue of ``topic``."""
-        validate_receive_topic(topic)
-        count = self.topics.get(topic)
-        if count is None:
-            raise TopicNotFoundError(topic)
-        out = []
-        for q in range(count):
-            first = self.db.first_key("cq", codec.queue_prefix(topic, q))
-            end = self.queue_next.get((topic, q), 0)
-            out.append((q, codec.split_cq_key(first)[2] if first else end, end))
-        return out
-
-    def read_queue(self, topic: str, queue_id: int, start: int, end: int, limit: int,
-                   ) -> tuple[list[tuple[int, CqEntry]], int]:
-        """Committed entries of one queue from ``start`` (by offset, touching no group);
-        returns them and the offset to continue from."""
-        validate_receive_topic(topic)
-        count = self.topics.get(topic)
-        if count is None:
-            raise TopicNotFoundError(topic)
-        if not 0 <= queue_id < count:
-            raise QueueNotFoundError(topic, queue_id)
-        if start < 0 or end < 0:
-            raise InvalidFieldError("start_offset/end_offset", "must not be negative")
-        if limit <= 0:
-            raise InvalidFieldError("max_messages", "must be positive")
-        limit = min(limit, self.config.max_receive_batch * 4)
-        stop = self.queue_next.get((topic, queue_id), 0)
-        if end:
-            stop = min(stop, end)
-        entries: list[tuple[int, CqEntry]] = []
-        next_offset = start
-        if start < stop:
-            for key, value in self.db.scan("cq", codec.cq_key(topic, queue_id, start),
-                                           codec.cq_key(topic, queue_id, stop)):
-                if len(entries) >= limit:
-                    break
-                offset = codec.split_cq_key(key)[2]
-                entries.append((offset, codec.decode_cq_entry(value, key)))
-                next_offset = offset + 1
-            else:
-                next_offset = max(next_offset, stop)
-        return entries, next_offset
-
-    def dead_letter_op(self, group: str, topic: str, handle_text: str) -> Callable[[OpWrites], tuple[str, int]]:
-        """Moves one in-flight delivery to %DLQ%<group> now (the consumer gave up on it)."""
-        validate_group("consumer_group", group)
-        handle = self.parse_receipt(handle_text)
-        if topic and handle.topic != topic:
-            raise InvalidFieldError("topic", f"receipt handle is for topic {handle.topic!r}")
-
-        def op(w: OpWrites) -> tuple[str, int]:
-            cursor = self.consumers.get(group, handle.topic, handle.queue_id)
-            entry = cursor.inflight.get(handle.offset) if cursor else None
-            if cursor is None or entry is None or entry.attempt != handle.attempt:
-                raise ReceiptHandleNotFoundError(handle_text)
-            value = self.db.get("cq", codec.cq_key(handle.topic, handle.queue_id, handle.offset))
-            if value is None:
-                raise ReceiptHandleNotFoundError(handle_text)  # expired by retention
-            dlq = dlq_topic(group)
-            self._ensure_topic(w, dlq, 1)
-            offset = self.queue_next[(dlq, 0)]
-            self._to_dlq(w, group, codec.decode_cq_entry(value))
-            del cursor.inflight[handle.offset]
-            w.delete("inflight", codec.inflight_key(group, handle.topic, handle.queue_id, handle.offset))
-            return dlq, offset
-        return op
-
-    def last_txn_id(self) -> str:
-        key = self.db.last_key("txn")
-        return self.txn_id(codec.log_seq(key)) if key else ""
-
-    def read_message(self, seq: int) -> LogRecord | None:
-        value = self.db.get("log", codec.log_key(seq))
-        return codec.decode_log_record(value, codec.log_key(seq)) if value is not None else None
-
-    # --- retention -----------------------------------------------------------------------
-
-    def retention_op(self, max_records: int = 10_000) -> Callable[[OpWrites], dict[str, int]]:
-        def op(w: OpWrites) -> dict[str, int]:
-            w.sync = False
-            now = self.clock()
-            stats = {"dedup_expired": 0, "records_deleted": 0}
-            for key, _ in self.db.scan("dedup_exp", b"", codec.expiry_key(now, "")):
-                if stats["dedup_expired"] >= max_records:
-                    break
-                _t, mid = codec.split_expiry_key(key)
-                w.delete("dedup_exp", key)
-                w.delete("dedup", mid.encode())
-                stats["dedup_expired"] += 1
-            cutoff = now - int(self.config.retention_seconds * 1000)
-            max_deleted = 0
-            scanned = 0
-            for key, value in self.db.scan("log"):
-                scanned += 1
-                if scanned > max_records:
-                    break
-                record = codec.decode_log_record(value, key)
-                if record.stored_ms >= cutoff:
-                    break
-                seq = codec.log_seq(key)
-                if not self._expirable(w, seq, record):
-                    continue
-                w.delete("log", key)
-                max_deleted = max(max_deleted, seq)
-                stats["records_deleted"] += 1
-            if max_deleted:
-                w.put("meta", b"seq_floor", codec.encode_u64(max(max_deleted + 1, self.next_seq)))
-            return stats
-        return op
-
-    def _expirable(self, w: OpWrites, seq: int, record: LogRecord) -> bool:
-        """Stages the removal of a record's queue entry and row when no one needs it."""
-        if record.kind == codec.KIND_NORMAL:
-            topic, queue_id, offset = record.topic, record.queue_id, record.queue_offset
-        else:
-            row = self._read_txn(seq)
-            if row is not None and row.state in (STATE_PREPARED, STATE_DISCARDED):
-                return False
-            if row is not None and row.state == STATE_COMMITTED:
-                topic, queue_id, offset = row.topic, row.queue_id, row.queue_offset
-            else:
-                w.delete("txn", codec.txn_key(seq))
-                return True
-        if offset >= self.queue_next.get((topic, queue_id), 0) - 1:
-            return False  # the newest entry of a queue stays: it carries the next offset
-        for cursor in self.consumers.groups_of(topic, queue_id):
-            if cursor.ack_offset() <= offset:
-                return False
-        w.delete("cq", codec.cq_key(topic, queue_id, offset))
-        if record.kind == codec.KIND_HALF:
-            w.delete("txn", codec.txn_key(seq))
-        return True
-
-    # --- queries (any thread; committed state) -------------------------------------------
-
-    def get_txn(self, transaction_id: str) -> TxnRow:
-        seq = self.parse_txn_id(transaction_id)
-        value = self.db.get("txn", codec.txn_key(seq))
-        if value is None:
-            raise TransactionNotFoundError(transaction_id)
-        return codec.decode_txn(value, codec.txn_key(seq))
-
-    def query_txns(self, group: str, state: int, older_than_seconds: float, limit: int,
-                   page_token: str) -> tuple[list[TxnRow], str]:
-        if group:
-            validate_name("producer_group", group)
-        limit = min(limit if limit > 0 else 100, 10_000)
-        now = self.clock()
-        max_prepared = now - int(older_than_seconds * 1000) if older_than_seconds > 0 else None
-        rows: list[TxnRow] = []
-        after = self.parse_txn_id(page_token) if page_token else 0
-        if group and state == STATE_PREPARED:
-            upper = codec.group_time_key(group, (max_prepared if max_prepared is not None else now) + 1, 0)
-            start = codec.group_time_key(group, self._pending_floor.get(group, 0), 0)
-            source: Iterable[int] = (codec.split_group_time_key(k)[2]
-                                     for k, _ in self.db.scan("pending", start, upper))
-        else:
-            source = (codec.log_seq(k) for k, _ in self.db.scan("txn", codec.txn_key(after + 1)))
-        for seq in source:
-            if seq <= after and not (group and state == STATE_PREPARED):
-                continue
-            value = self.db.get("txn", codec.txn_key(seq))
-            if value is None:
-                continue
-            row = codec.decode_txn(value, codec.txn_key(seq))
-            if group and row.producer_group != group:
-                continue
-            if state and row.state != state:
-                continue
-            if max_prepared is not None and row.prepared_ms > max_prepared:
-                continue
-            if group and state == STATE_PREPARED and seq <= after:
-                continue
-            rows.append(row)
-            if len(rows) >= limit:
-                return rows, self.txn_id(seq)
-        return rows, ""
-
+    # A query of the check schedule (the due index and its floors), so it stays beside it.
     def oldest_due_ms(self, group: str) -> int | None:
         return self._first_time("due", group, self._due_floor.get(group, NO_DUE_MS))
-
-    def oldest_pending_ms(self, group: str) -> int | None:
-        found = self._first_time("pending", group, self._pending_floor.get(group, 0))
-        if found is not None:
-            self._pending_floor[group] = found  # nothing older remains: start there next time
-        return found
-
-    def _first_time(self, cf: str, group: str, floor: int) -> int | None:
-        start = codec.group_time_key(group, floor, 0)
-        for key, _ in self.db.scan(cf, start, codec.group_time_key(group, 2**63, 0)):
-            return codec.split_group_time_key(key)[1]
-        return None
-
-    def recount(self) -> dict[str, tuple[int, int]]:
-        """(pending, discarded) per group from the transaction table: what the counters
-        must equal."""
-        out: dict[str, list[int]] = {}
-        for key, value in self.db.scan("txn"):
-            row = codec.decode_txn(value, key)
-            counts = out.setdefault(row.producer_group, [0, 0])
-            if row.state == STATE_PREPARED:
-                counts[0] += 1
-            elif row.state == STATE_DISCARDED:
-                counts[1] += 1
-        return {g: (c[0], c[1]) for g, c in out.items()}
 
 
 def _target(resolution: str) -> int:
     return STATE_COMMITTED if resolution == RESOLUTION_COMMIT else STATE_ROLLED_BACK
-

@@ -16,19 +16,57 @@ from services.common.errors import OK, entry_status
 
 from . import core as domain
 from .bridge import StoreBridge
-from .core import BrokerCore, ReceiveResult, parse_tag_filter
+from .core import BrokerCore
 from .metrics import BrokerMetrics
+from .model import EndResult, ReceiveResult, Resolution, SendResult, Source, TxnState
 from .store import codec
 from .store.codec import LogRecord, TxnRow
 from .store.db import Op
+from .validation import parse_tag_filter
 
 log = logging.getLogger(__name__)
 
+# The proto enums ⇄ the domain's types (model.py), here and nowhere else: their numbers
+# are not assumed equal.
 _RESOLUTIONS = {
-    common_pb2.TRANSACTION_RESOLUTION_COMMIT: domain.RESOLUTION_COMMIT,
-    common_pb2.TRANSACTION_RESOLUTION_ROLLBACK: domain.RESOLUTION_ROLLBACK,
-    common_pb2.TRANSACTION_RESOLUTION_UNKNOWN: domain.RESOLUTION_UNKNOWN,
+    common_pb2.TRANSACTION_RESOLUTION_COMMIT: Resolution.COMMIT,
+    common_pb2.TRANSACTION_RESOLUTION_ROLLBACK: Resolution.ROLLBACK,
+    common_pb2.TRANSACTION_RESOLUTION_UNKNOWN: Resolution.UNKNOWN,
 }
+_STATES_TO_PROTO = {
+    TxnState.PREPARED: common_pb2.TRANSACTION_STATE_PREPARED,
+    TxnState.COMMITTED: common_pb2.TRANSACTION_STATE_COMMITTED,
+    TxnState.ROLLED_BACK: common_pb2.TRANSACTION_STATE_ROLLED_BACK,
+    TxnState.DISCARDED: common_pb2.TRANSACTION_STATE_DISCARDED,
+}
+_STATES_FROM_PROTO = {v: k for k, v in _STATES_TO_PROTO.items()}
+_SOURCES_TO_PROTO = {
+    Source.NONE: common_pb2.TRANSACTION_SOURCE_UNSPECIFIED,
+    Source.CLIENT: common_pb2.TRANSACTION_SOURCE_CLIENT,
+    Source.CHECK: common_pb2.TRANSACTION_SOURCE_CHECK,
+    Source.OPERATOR: common_pb2.TRANSACTION_SOURCE_OPERATOR,
+    Source.BROKER: common_pb2.TRANSACTION_SOURCE_BROKER,
+}
+_SOURCES_FROM_PROTO = {v: k for k, v in _SOURCES_TO_PROTO.items()}
+
+
+def state_to_proto(state: int) -> int:
+    """A transaction state as TransactionState (UNSPECIFIED for none: a normal message)."""
+    return _STATES_TO_PROTO.get(state, common_pb2.TRANSACTION_STATE_UNSPECIFIED)
+
+
+def source_to_proto(source: int) -> int:
+    return _SOURCES_TO_PROTO.get(source, common_pb2.TRANSACTION_SOURCE_UNSPECIFIED)
+
+
+def state_from_proto(state: int) -> int:
+    """A TransactionState filter as the domain's state (0: any)."""
+    if state == common_pb2.TRANSACTION_STATE_UNSPECIFIED:
+        return 0
+    found = _STATES_FROM_PROTO.get(state)
+    if found is None:
+        raise InvalidFieldError("state", f"{state} is not a TransactionState")
+    return found
 
 
 def record_from_proto(m: common_pb2.Message) -> LogRecord:
@@ -53,8 +91,9 @@ def message_to_proto(r: LogRecord) -> common_pb2.Message:
 def txn_to_proto(core: BrokerCore, t: TxnRow) -> common_pb2.Transaction:
     return common_pb2.Transaction(
         transaction_id=core.txn_id(t.seq), message_id=t.message_id, producer_group=t.producer_group,
-        producer_client_id=t.producer_client_id, topic=t.topic, queue_id=t.queue_id, state=t.state,
-        prepared_at_ms=t.prepared_ms, ended_at_ms=t.ended_ms, resolution_source=t.source,
+        producer_client_id=t.producer_client_id, topic=t.topic, queue_id=t.queue_id,
+        state=state_to_proto(t.state), prepared_at_ms=t.prepared_ms, ended_at_ms=t.ended_ms,
+        resolution_source=source_to_proto(t.source),
         checks_delivered=t.checks_delivered, checks_answered=t.checks_answered,
         next_check_at_ms=t.next_due_ms, discard_reason=t.discard_reason, operator=t.operator,
         reason=t.reason, queue_offset=t.queue_offset, broker_name=core.name,
@@ -73,25 +112,27 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     def _send_op(self, request: broker_pb2.SendMessageRequest) -> Op:
         return self.core.send_op(self.core.validate_message(record_from_proto(request.message)))
 
-    def _send_response(self, result: domain.SendResult) -> broker_pb2.SendMessageResponse:
+    def _send_response(self, result: SendResult) -> broker_pb2.SendMessageResponse:
         return broker_pb2.SendMessageResponse(
             message_id=result.message_id, transaction_id=result.transaction_id, queue_id=result.queue_id,
-            queue_offset=result.queue_offset, transaction_state=result.state, duplicate=result.duplicate,
-            broker_name=self.core.name)
+            queue_offset=result.queue_offset, transaction_state=state_to_proto(result.state),
+            duplicate=result.duplicate, broker_name=self.core.name)
 
     def _end_op(self, request: broker_pb2.EndTransactionRequest) -> Op:
         resolution = _RESOLUTIONS.get(request.resolution)
         if resolution is None:
             raise InvalidFieldError("resolution", "must be COMMIT, ROLLBACK or UNKNOWN")
-        return self.core.end_op(request.transaction_id, resolution, request.source,
+        source = _SOURCES_FROM_PROTO.get(request.source, Source.NONE)  # NONE is refused
+        return self.core.end_op(request.transaction_id, resolution, source,
                                 message_id=request.message_id, producer_group=request.producer_group,
                                 operator=request.operator, reason=request.reason)
 
     @staticmethod
-    def _end_response(result: domain.EndResult) -> broker_pb2.EndTransactionResponse:
+    def _end_response(result: EndResult) -> broker_pb2.EndTransactionResponse:
         return broker_pb2.EndTransactionResponse(
-            transaction_id=result.transaction_id, state=result.state, resolution_source=result.source,
-            ended_at_ms=result.ended_ms, queue_offset=result.queue_offset)
+            transaction_id=result.transaction_id, state=state_to_proto(result.state),
+            resolution_source=source_to_proto(result.source), ended_at_ms=result.ended_ms,
+            queue_offset=result.queue_offset)
 
     async def SendMessage(self, request: broker_pb2.SendMessageRequest, context: Any) -> Any:
         return self._send_response(await self.bridge.run(self._send_op(request)))
@@ -305,13 +346,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         response = broker_pb2.ReportChecksResponse()
         for error, state, late in results:
             response.entries.append(OK if error is None else entry_status(error))
-            response.states.append(state)
+            response.states.append(state_to_proto(state))
             response.late.append(late)
         return response
 
     async def QueryTransactions(self, request: broker_pb2.QueryTransactionsRequest, context: Any) -> Any:
-        rows, token = self.core.query_txns(request.producer_group, request.state, request.older_than_seconds,
-                                           request.limit, request.page_token)
+        rows, token = self.core.query_txns(request.producer_group, state_from_proto(request.state),
+                                           request.older_than_seconds, request.limit, request.page_token)
         await self.bridge.settled()
         return broker_pb2.QueryTransactionsResponse(
             transactions=[txn_to_proto(self.core, r) for r in rows], next_page_token=token)

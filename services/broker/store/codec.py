@@ -22,6 +22,10 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
+# The kinds, states and sources stored here are the domain's named values (one byte each).
+from ..model import (KIND_HALF, KIND_NORMAL, SOURCE_BROKER, SOURCE_CHECK,  # noqa: F401 - re-exported
+                     SOURCE_CLIENT, SOURCE_NONE, SOURCE_OPERATOR, STATE_COMMITTED, STATE_DISCARDED,
+                     STATE_NAMES, STATE_PREPARED, STATE_ROLLED_BACK)
 
 VERSION = 1
 _FRAME = struct.Struct(">BI")
@@ -120,9 +124,6 @@ class _Reader:
 
 
 # --- the commit log ----------------------------------------------------------------------
-
-KIND_NORMAL = 1
-KIND_HALF = 2
 
 # kind u8 | born_ms i64 | stored_ms i64 | queue_id i32 | queue_offset i64 |
 # check_immunity_seconds f64 | n_keys u16 | n_props u16
@@ -267,19 +268,6 @@ def split_cq_key(key: bytes) -> tuple[str, int, int]:
 # prepared_ms i64 | ended_ms i64 | next_due_ms i64 | queue_offset i64 | body_size i64 |
 # discarded_ms i64 | unknown_answers u16 | in_progress_until_ms i64
 _TXN_HEAD = struct.Struct(">BBHHiqqqqqqHq")
-
-STATE_PREPARED = 1
-STATE_COMMITTED = 2
-STATE_ROLLED_BACK = 3
-STATE_DISCARDED = 4
-STATE_NAMES = {STATE_PREPARED: "PREPARED", STATE_COMMITTED: "COMMITTED",
-               STATE_ROLLED_BACK: "ROLLED_BACK", STATE_DISCARDED: "DISCARDED"}
-
-SOURCE_NONE = 0
-SOURCE_CLIENT = 1
-SOURCE_CHECK = 2
-SOURCE_OPERATOR = 3
-SOURCE_BROKER = 4
 
 
 @dataclass(slots=True)

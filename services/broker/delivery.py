@@ -1,0 +1,264 @@
+"""Consumer deliveries: receiving (new messages and redeliveries of those whose
+invisibility ran out), acknowledgements, invisibility changes, dead-lettering to
+%DLQ%<group>, and reading a queue by offset.
+
+A delivery is at least once: the in-flight entries and cursors these operations stage are
+written without waiting for the disk (``w.sync = False``), because losing one only means
+a message is delivered again.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from txmq._errors import InvalidFieldError, QueueNotFoundError, ReceiptHandleNotFoundError
+from txmq._ids import ReceiptHandle
+from txmq._names import dlq_topic, validate_group
+
+from .base import BrokerBase
+from .consumers import Cursor, Inflight
+from .model import Delivery, ReceiveResult
+from .store import codec
+from .store.codec import CqEntry
+from .store.db import OpWrites
+
+
+class DeliveryPart(BrokerBase):
+    """Receive, redelivery, DLQ, ack, change-invisible, dead-letter, queue offsets and reads."""
+
+    def receive_op(self, group: str, topic: str, queue_id: int, tags: frozenset[str] | None,
+                   max_messages: int, invisible_seconds: float) -> Callable[[OpWrites], ReceiveResult]:
+        cfg = self.config
+        validate_group("consumer_group", group)
+        count = self._queue_count(topic)
+        if queue_id >= count or queue_id < -1:
+            raise QueueNotFoundError(topic, queue_id)
+        if max_messages <= 0:
+            raise InvalidFieldError("max_messages", "must be positive")
+        max_messages = min(max_messages, cfg.max_receive_batch)
+        if invisible_seconds == 0:
+            invisible_seconds = cfg.default_invisible_duration_seconds
+        if not 0 < invisible_seconds <= cfg.max_invisible_duration_seconds:
+            raise InvalidFieldError("invisible_duration_seconds",
+                                    f"{invisible_seconds} is outside (0, max_invisible_duration_seconds="
+                                    f"{cfg.max_invisible_duration_seconds}]")
+        invisible_ms = int(max(invisible_seconds, cfg.min_invisible_duration_seconds) * 1000)
+        queues = [queue_id] if queue_id >= 0 else list(range(count))
+        if len(queues) > 1:
+            start = self._random.randrange(len(queues))
+            queues = queues[start:] + queues[:start]
+
+        def op(w: OpWrites) -> ReceiveResult:
+            w.sync = False  # a lost receive only means an earlier redelivery
+            now = self.clock()
+            out: list[Delivery] = []
+            next_deadline: int | None = None
+            for q in queues:
+                cursor = self._cursor(w, group, topic, q)
+                if len(out) < max_messages:
+                    self._redeliver(w, group, topic, q, cursor, now, invisible_ms, max_messages, out)
+                if len(out) < max_messages:
+                    self._deliver_new(w, group, topic, q, cursor, now, invisible_ms, tags, max_messages, out)
+                d = cursor.next_deadline_ms()
+                if d is not None and (next_deadline is None or d < next_deadline):
+                    next_deadline = d
+            return ReceiveResult(out, next_deadline)
+        return op
+
+    def _cursor(self, w: OpWrites, group: str, topic: str, q: int) -> Cursor:
+        cursor = self.consumers.get(group, topic, q)
+        if cursor is None:
+            first = self.db.first_key("cq", codec.queue_prefix(topic, q))
+            start = codec.split_cq_key(first)[2] if first else self.queue_next.get((topic, q), 0)
+            cursor = Cursor(start)
+            self.consumers.cursors[(group, topic, q)] = cursor
+            w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(start))
+        return cursor
+
+    def _redeliver(self, w: OpWrites, group: str, topic: str, q: int, cursor: Cursor, now: int,
+                   invisible_ms: int, limit: int, out: list[Delivery]) -> None:
+        expired = cursor.pop_expired(now)
+        for i, (offset, entry) in enumerate(expired):
+            if len(out) >= limit:
+                for rest_offset, rest in expired[i:]:
+                    cursor.push_back(rest_offset, rest)
+                return
+            key = codec.inflight_key(group, topic, q, offset)
+            value = self.db.get("cq", codec.cq_key(topic, q, offset))
+            if value is None:  # expired by retention: nothing left to deliver
+                del cursor.inflight[offset]
+                w.delete("inflight", key)
+                continue
+            cq = codec.decode_cq_entry(value)
+            if entry.attempt >= self.config.max_delivery_attempts:
+                self._to_dlq(w, group, cq)
+                del cursor.inflight[offset]
+                w.delete("inflight", key)
+                continue
+            attempt = entry.attempt + 1
+            cursor.track(offset, attempt, now + invisible_ms)
+            w.put("inflight", key, codec.encode_inflight(attempt, now + invisible_ms))
+            out.append(Delivery(topic, q, offset, cq.log_seq, attempt, now + invisible_ms, cq.visible_ms,
+                                self.receipt(topic, q, offset, attempt)))
+
+    def _to_dlq(self, w: OpWrites, group: str, cq: CqEntry) -> None:
+        topic = dlq_topic(group)
+        self._ensure_topic(w, topic, 1)
+        offset = self.queue_next[(topic, 0)]
+        w.put("cq", codec.cq_key(topic, 0, offset), codec.encode_cq_entry(
+            CqEntry(cq.log_seq, self.clock(), cq.tag)))
+        self.queue_next[(topic, 0)] = offset + 1
+        w.on_durable(lambda: self._notify_visible(topic))
+
+    def _deliver_new(self, w: OpWrites, group: str, topic: str, q: int, cursor: Cursor, now: int,
+                     invisible_ms: int, tags: frozenset[str] | None, limit: int,
+                     out: list[Delivery]) -> None:
+        end = self.queue_next.get((topic, q), 0)
+        start = cursor.next_offset
+        if start >= end:
+            return
+        offset = start
+        for key, value in self.db.scan("cq", codec.cq_key(topic, q, start), codec.cq_key(topic, q, end)):
+            if len(out) >= limit:
+                break
+            o = codec.split_cq_key(key)[2]
+            cq = codec.decode_cq_entry(value, key)
+            offset = o + 1
+            if tags is not None and cq.tag not in tags:
+                continue  # filtered out: never delivered to this group
+            deadline = now + invisible_ms
+            cursor.track(o, 1, deadline)
+            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline))
+            out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms,
+                                self.receipt(topic, q, o, 1)))
+        if offset != start:
+            cursor.next_offset = offset
+            w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(offset))
+
+    def _inflight(self, group: str, handle: ReceiptHandle) -> tuple[Cursor, Inflight] | None:
+        """The group's in-flight delivery a receipt handle names, while it is that delivery
+        (not acknowledged, dead-lettered or redelivered since)."""
+        cursor = self.consumers.get(group, handle.topic, handle.queue_id)
+        entry = cursor.inflight.get(handle.offset) if cursor else None
+        if cursor is None or entry is None or entry.attempt != handle.attempt:
+            return None
+        return cursor, entry
+
+    def _settle(self, w: OpWrites, group: str, handle: ReceiptHandle, cursor: Cursor) -> None:
+        """Ends an in-flight delivery (acknowledged or dead-lettered)."""
+        del cursor.inflight[handle.offset]
+        w.delete("inflight", codec.inflight_key(group, handle.topic, handle.queue_id, handle.offset))
+
+    def _parse_receipt_for(self, topic: str, text: str) -> ReceiptHandle:
+        handle = self.parse_receipt(text)
+        if topic and handle.topic != topic:
+            raise InvalidFieldError("topic", f"receipt handle is for topic {handle.topic!r}")
+        return handle
+
+    def ack_op(self, group: str, topic: str, handles: list[str],
+               ) -> Callable[[OpWrites], list[Exception | None]]:
+        validate_group("consumer_group", group)
+        parsed: list[ReceiptHandle | Exception] = []
+        for text in handles:
+            try:
+                parsed.append(self._parse_receipt_for(topic, text))
+            except Exception as exc:  # noqa: BLE001 - reported per entry
+                parsed.append(exc)
+
+        def op(w: OpWrites) -> list[Exception | None]:
+            w.sync = False  # a lost ack only means a redelivery (at least once)
+            results: list[Exception | None] = []
+            for text, handle in zip(handles, parsed):
+                if isinstance(handle, Exception):
+                    results.append(handle)
+                    continue
+                found = self._inflight(group, handle)
+                if found is None:
+                    results.append(ReceiptHandleNotFoundError(text))
+                    continue
+                self._settle(w, group, handle, found[0])
+                results.append(None)
+            return results
+        return op
+
+    def change_invisible_op(self, group: str, topic: str, handle_text: str, seconds: float,
+                            ) -> Callable[[OpWrites], tuple[str, int]]:
+        validate_group("consumer_group", group)
+        handle = self.parse_receipt(handle_text)
+        cfg = self.config
+        if not 0 <= seconds <= cfg.max_invisible_duration_seconds:
+            raise InvalidFieldError("invisible_duration_seconds",
+                                    f"{seconds} is outside 0..max_invisible_duration_seconds="
+                                    f"{cfg.max_invisible_duration_seconds}")
+        delay_ms = int(max(seconds, cfg.min_invisible_duration_seconds) * 1000)
+
+        def op(w: OpWrites) -> tuple[str, int]:
+            w.sync = False
+            found = self._inflight(group, handle)
+            if found is None:
+                raise ReceiptHandleNotFoundError(handle_text)
+            cursor, entry = found
+            deadline = self.clock() + delay_ms
+            cursor.track(handle.offset, entry.attempt, deadline)
+            w.put("inflight", codec.inflight_key(group, handle.topic, handle.queue_id, handle.offset),
+                  codec.encode_inflight(entry.attempt, deadline))
+            topic_ = handle.topic
+            w.on_durable(lambda: self._notify_visible(topic_))
+            return self.receipt(handle.topic, handle.queue_id, handle.offset, entry.attempt), deadline
+        return op
+
+    def dead_letter_op(self, group: str, topic: str, handle_text: str) -> Callable[[OpWrites], tuple[str, int]]:
+        """Moves one in-flight delivery to %DLQ%<group> now (the consumer gave up on it)."""
+        validate_group("consumer_group", group)
+        handle = self._parse_receipt_for(topic, handle_text)
+
+        def op(w: OpWrites) -> tuple[str, int]:
+            found = self._inflight(group, handle)
+            if found is None:
+                raise ReceiptHandleNotFoundError(handle_text)
+            value = self.db.get("cq", codec.cq_key(handle.topic, handle.queue_id, handle.offset))
+            if value is None:
+                raise ReceiptHandleNotFoundError(handle_text)  # expired by retention
+            dlq = dlq_topic(group)
+            self._ensure_topic(w, dlq, 1)
+            offset = self.queue_next[(dlq, 0)]
+            self._to_dlq(w, group, codec.decode_cq_entry(value))
+            self._settle(w, group, handle, found[0])
+            return dlq, offset
+        return op
+
+    def queue_offsets(self, topic: str) -> list[tuple[int, int, int]]:
+        """(queue, oldest retained offset, next offset) for each queue of ``topic``."""
+        out = []
+        for q in range(self._queue_count(topic)):
+            first = self.db.first_key("cq", codec.queue_prefix(topic, q))
+            end = self.queue_next.get((topic, q), 0)
+            out.append((q, codec.split_cq_key(first)[2] if first else end, end))
+        return out
+
+    def read_queue(self, topic: str, queue_id: int, start: int, end: int, limit: int,
+                   ) -> tuple[list[tuple[int, CqEntry]], int]:
+        """Committed entries of one queue from ``start`` (by offset, touching no group);
+        returns them and the offset to continue from."""
+        self._queue_count(topic, queue_id)
+        if start < 0 or end < 0:
+            raise InvalidFieldError("start_offset/end_offset", "must not be negative")
+        if limit <= 0:
+            raise InvalidFieldError("max_messages", "must be positive")
+        limit = min(limit, self.config.max_receive_batch * 4)
+        stop = self.queue_next.get((topic, queue_id), 0)
+        if end:
+            stop = min(stop, end)
+        entries: list[tuple[int, CqEntry]] = []
+        next_offset = start
+        if start < stop:
+            for key, value in self.db.scan("cq", codec.cq_key(topic, queue_id, start),
+                                           codec.cq_key(topic, queue_id, stop)):
+                if len(entries) >= limit:
+                    break
+                offset = codec.split_cq_key(key)[2]
+                entries.append((offset, codec.decode_cq_entry(value, key)))
+                next_offset = offset + 1
+            else:
+                next_offset = max(next_offset, stop)
+        return entries, next_offset

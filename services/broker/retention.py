@@ -1,0 +1,73 @@
+"""Retention: expiring deduplication entries and removing commit-log records (with their
+queue entries and transaction rows) older than ``retention_seconds`` that nobody needs
+any more: no pending or discarded transaction, no consumer group that has not
+acknowledged past them, never the newest entry of a queue (it carries the next offset).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .base import BrokerBase
+from .model import KIND_HALF, KIND_NORMAL, STATE_COMMITTED, STATE_DISCARDED, STATE_PREPARED
+from .store import codec
+from .store.codec import LogRecord
+from .store.db import OpWrites
+
+
+class RetentionPart(BrokerBase):
+    def retention_op(self, max_records: int = 10_000) -> Callable[[OpWrites], dict[str, int]]:
+        def op(w: OpWrites) -> dict[str, int]:
+            w.sync = False
+            now = self.clock()
+            stats = {"dedup_expired": 0, "records_deleted": 0}
+            for key, _ in self.db.scan("dedup_exp", b"", codec.expiry_key(now, "")):
+                if stats["dedup_expired"] >= max_records:
+                    break
+                _t, mid = codec.split_expiry_key(key)
+                w.delete("dedup_exp", key)
+                w.delete("dedup", mid.encode())
+                stats["dedup_expired"] += 1
+            cutoff = now - int(self.config.retention_seconds * 1000)
+            max_deleted = 0
+            scanned = 0
+            for key, value in self.db.scan("log"):
+                scanned += 1
+                if scanned > max_records:
+                    break
+                record = codec.decode_log_record(value, key)
+                if record.stored_ms >= cutoff:
+                    break
+                seq = codec.log_seq(key)
+                if not self._expirable(w, seq, record):
+                    continue
+                w.delete("log", key)
+                max_deleted = max(max_deleted, seq)
+                stats["records_deleted"] += 1
+            if max_deleted:
+                w.put("meta", b"seq_floor", codec.encode_u64(max(max_deleted + 1, self.next_seq)))
+            return stats
+        return op
+
+    def _expirable(self, w: OpWrites, seq: int, record: LogRecord) -> bool:
+        """Stages the removal of a record's queue entry and row when no one needs it."""
+        if record.kind == KIND_NORMAL:
+            topic, queue_id, offset = record.topic, record.queue_id, record.queue_offset
+        else:
+            row = self._read_txn(seq)
+            if row is not None and row.state in (STATE_PREPARED, STATE_DISCARDED):
+                return False
+            if row is not None and row.state == STATE_COMMITTED:
+                topic, queue_id, offset = row.topic, row.queue_id, row.queue_offset
+            else:
+                w.delete("txn", codec.txn_key(seq))
+                return True
+        if offset >= self.queue_next.get((topic, queue_id), 0) - 1:
+            return False  # the newest entry of a queue stays: it carries the next offset
+        for cursor in self.consumers.groups_of(topic, queue_id):
+            if cursor.ack_offset() <= offset:
+                return False
+        w.delete("cq", codec.cq_key(topic, queue_id, offset))
+        if record.kind == KIND_HALF:
+            w.delete("txn", codec.txn_key(seq))
+        return True
