@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support import replicas
+from tests.support import netns, replicas
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
 from tests.support.workload import Workload
@@ -69,7 +69,7 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
     result = RunResult(seed, schedule)
     started = time.monotonic()
     cluster = Cluster(workdir, brokers=1, replication_factor=3, checker=True, broker_env=BROKER_ENV,
-                      checker_env=CHECKER_ENV)
+                      checker_env=CHECKER_ENV, netns=partitions)
     work: Workload | None = None
     try:
         topic, group = f"chaos-{seed}", f"chaos-{seed}"
@@ -108,7 +108,6 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
                 time.sleep(rnd.uniform(0.0, 0.5))
                 victim.restart(60)
             elif fault == "partition-leader":
-                from tests.support import netns
                 with netns.isolated(leader):
                     t0 = time.monotonic()
                     cluster.wait_leaders(60, not_on=leader)
@@ -161,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", type=int, default=6)
     parser.add_argument("--partitions", action="store_true", help="also cut the leader off (network namespaces)")
     args = parser.parse_args(argv)
+    if args.partitions:
+        problem = netns.available()
+        if problem:
+            parser.error(f"--partitions: {problem}")
+        netns.cleanup_leftovers()
     seeds = [args.seed] if args.seed is not None else [random.randrange(1, 10**9) for _ in range(args.runs)]
     results = []
     base = Path(tempfile.mkdtemp(prefix="txmq-chaos-"))
