@@ -7,8 +7,10 @@ Each run starts a name server, etcd, a checker and one shard of three replicas
 rolling back and answering UNKNOWN, 2 consumers) and applies a fault schedule drawn from
 the run's seed: SIGKILL the leader (restarted later), SIGSTOP the leader past its lease
 then SIGCONT it, SIGKILL a follower, wipe a follower's data and restart it, and — with
-``--partitions`` on a machine where network namespaces work — cut the leader off from
-everyone. Every run prints its seed and schedule first; a failure is reproduced with
+``--partitions`` (root, network namespaces; at least one per run) — cut the leader off with
+a real network partition (tests/support/netns.py): from everyone, or from etcd, the other
+replicas and the name server while its clients still reach it; the cut-off leader must step
+down by itself, and the partition heals after its successor serves. Every run prints its seed and schedule first; a failure is reproduced with
 ``--seed``. After the schedule the load stops and the run checks:
 
 - nothing acknowledged lost: every transaction acknowledged COMMITTED, and every UNKNOWN
@@ -56,10 +58,18 @@ class RunResult:
     seconds: float = 0.0
 
 
+#: With ``--partitions``: the leader cut off from everyone, or from etcd, the other replicas
+#: and the name server while its clients (producers, consumers, the checker) still reach it.
+PARTITIONS = ("partition-leader", "partition-leader-from-cluster")
+
+
 def schedule_for(seed: int, faults: int, partitions: bool = False) -> list[str]:
     rnd = random.Random(seed)
-    kinds = FAULTS + (("partition-leader",) if partitions else ())
-    return [rnd.choice(kinds) for _ in range(faults)]
+    kinds = FAULTS + (PARTITIONS if partitions else ())
+    schedule = [rnd.choice(kinds) for _ in range(faults)]
+    if partitions and faults and not any(f in PARTITIONS for f in schedule):
+        schedule[rnd.randrange(faults)] = rnd.choice(PARTITIONS)  # every partition run partitions
+    return schedule
 
 
 def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False, log=print) -> RunResult:
@@ -107,11 +117,15 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
                 shutil.rmtree(victim.env["TXMQ_DATA_DIR"], ignore_errors=True)
                 time.sleep(rnd.uniform(0.0, 0.5))
                 victim.restart(60)
-            elif fault == "partition-leader":
-                with netns.isolated(leader):
+            elif fault in PARTITIONS:
+                since = leader.log_size()
+                with netns.isolated(leader, clients=fault == "partition-leader-from-cluster"):
                     t0 = time.monotonic()
                     cluster.wait_leaders(60, not_on=leader)
                     result.failovers.append(time.monotonic() - t0)
+                    # Cut off, it must find out by itself that it leads no more.
+                    wait_until(lambda: "stepped down" in leader.log_text(since), 30,
+                               message=lambda: f"the partitioned leader {leader.name} never stepped down")
                     time.sleep(rnd.uniform(0.0, 1.0))
             log(f"  fault {step}/{len(schedule)} {fault} done; {work.summary()}")
         work.stop_producers()
