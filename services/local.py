@@ -12,7 +12,9 @@ environment reach every service (``TXMQ_LOG_LEVEL=DEBUG make run``), except the 
 runner sets itself (ports, addresses, names, directories).
 
 Flags: ``--ports auto`` binds ephemeral ports instead of the fixed ones (tests),
-``--no-demo``, ``--exit-after-demo``.
+``--no-demo``, ``--exit-after-demo``, ``--replication-factor 3`` (the broker as a shard of
+three replicas, ``broker-0-r0..2``: gRPC 10911-10913, metrics 9411-9413, data in
+``<data-dir>/broker-0-r<N>``, with a local etcd started first; see docs/replication.md).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
+from services.common.etcd import EtcdProcess
 from services.common.process import ServiceError, ServiceProcess, port_is_free
 
 HOST = "127.0.0.1"
@@ -95,15 +98,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-demo", action="store_true", help="start the services without running the demo")
     parser.add_argument("--exit-after-demo", action="store_true",
                         help="stop the services after the demo; exit 0 only if it succeeded")
+    parser.add_argument("--replication-factor", type=int, default=1, choices=range(1, 10), metavar="N",
+                        help="replicas of the broker's shard (default 1: a single broker, no etcd; "
+                             "N > 1 starts a local etcd and N replicas, min_insync_replicas 2)")
     return parser.parse_args(argv)
 
 
 class LocalServices:
     """The processes, started in dependency order and stopped in reverse."""
 
-    def __init__(self, data_dir: Path, fixed_ports: bool) -> None:
+    def __init__(self, data_dir: Path, fixed_ports: bool, replication_factor: int = 1) -> None:
         self.data_dir = data_dir
         self.fixed_ports = fixed_ports
+        self.replication_factor = replication_factor
+        self.etcd: EtcdProcess | None = None
+        self.replicas: list[ServiceProcess] = []
         self.inherited = {k: v for k, v in os.environ.items()
                           if k.startswith("TXMQ_") and k not in RUNNER_OWNED}
         self.started: list[ServiceProcess] = []
@@ -135,12 +144,33 @@ class LocalServices:
     def start(self, with_checker: bool) -> None:
         self.nameserver = self._start(NAMESERVER, self._env(NAMESERVER, TXMQ_AUTO_CREATE_TOPICS="true"))
         addresses = self.nameserver.address
-        self.broker = self._start(BROKER, self._env(
-            BROKER, TXMQ_BROKER_NAME=BROKER.name, TXMQ_DATA_DIR=str(self.data_dir / BROKER.name),
-            TXMQ_NAMESERVER_ADDRESSES=addresses))
-        wait_broker_registered(self.nameserver.address, BROKER.name, self.broker.address)
+        if self.replication_factor > 1:
+            self._start_replicas(addresses)
+        else:
+            self.broker = self._start(BROKER, self._env(
+                BROKER, TXMQ_BROKER_NAME=BROKER.name, TXMQ_DATA_DIR=str(self.data_dir / BROKER.name),
+                TXMQ_NAMESERVER_ADDRESSES=addresses))
+            wait_broker_registered(self.nameserver.address, BROKER.name, self.broker.address)
         if with_checker:
             self.checker = self._start(CHECKER, self._env(CHECKER, TXMQ_NAMESERVER_ADDRESSES=addresses))
+
+    def _start_replicas(self, nameservers: str) -> None:
+        """etcd, then the replicas of broker-0; returns once one leads with enough in sync."""
+        say(f"txmq local: starting etcd and {self.replication_factor} replicas of {BROKER.name}")
+        self.etcd = EtcdProcess(self.data_dir).start(READY_TIMEOUT_SECONDS)
+        for r in range(self.replication_factor):
+            role = Role(f"{BROKER.name}-r{r}", BROKER.module, BROKER.port + r, 9411 + r)
+            proc = ServiceProcess(role.module, self._env(
+                role, TXMQ_BROKER_NAME=BROKER.name, TXMQ_DATA_DIR=str(self.data_dir / role.name),
+                TXMQ_NAMESERVER_ADDRESSES=nameservers, TXMQ_REPLICATION_FACTOR=str(self.replication_factor),
+                TXMQ_REPLICA_ID=str(r), TXMQ_MIN_INSYNC_REPLICAS="2", TXMQ_ETCD_ENDPOINTS=self.etcd.endpoint),
+                self.data_dir, role.name)
+            self.started.append(proc)
+            self.replicas.append(proc)
+            proc.start()
+        for proc in self.replicas:
+            proc.wait_ready(READY_TIMEOUT_SECONDS)
+        self.broker = wait_leader(nameservers, BROKER.name, self.replicas)
 
     def dead(self) -> list[ServiceProcess]:
         return [p for p in self.started if not p.running]
@@ -164,6 +194,33 @@ class LocalServices:
                 say(f"txmq local: stopped {proc.name} (exit code {code})")
             else:
                 proc.stop()
+        if self.etcd is not None:
+            self.etcd.stop()
+
+
+def wait_leader(nameserver: str, shard: str, replicas: Sequence[ServiceProcess],
+                timeout: float = READY_TIMEOUT_SECONDS) -> ServiceProcess:
+    """The replica of ``shard`` the name server routes to, once its in-sync set can
+    acknowledge writes (at least two members)."""
+    import grpc
+
+    from txmq.v1 import nameserver_pb2, nameserver_pb2_grpc
+
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(nameserver) as channel:
+        stub = nameserver_pb2_grpc.NameServerServiceStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                listed = stub.ListBrokers(nameserver_pb2.ListBrokersRequest(), timeout=2.0).brokers
+            except grpc.RpcError:
+                listed = []
+            for info in listed:
+                if info.name == shard and len(info.replication.in_sync_replicas) >= 2:
+                    for proc in replicas:
+                        if proc.address == info.address:
+                            return proc
+            time.sleep(0.1)
+    raise TimeoutError(f"no replica of {shard} leads with two in sync after {timeout:g} s")
 
 
 def wait_broker_registered(nameserver: str, broker_name: str, broker_address: str,
@@ -291,8 +348,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     with_checker = checker_available()
-    roles = [NAMESERVER, BROKER, *([CHECKER] if with_checker else [])]
-    services = LocalServices(data_dir, fixed_ports=args.ports == "fixed")
+    rf = args.replication_factor
+    brokers = [BROKER] if rf == 1 else [Role(f"{BROKER.name}-r{r}", BROKER.module, BROKER.port + r, 9411 + r)
+                                        for r in range(rf)]
+    roles = [NAMESERVER, *brokers, *([CHECKER] if with_checker else [])]
+    services = LocalServices(data_dir, fixed_ports=args.ports == "fixed", replication_factor=rf)
     services.check_ports(roles)
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -334,7 +394,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def show_services(services: LocalServices, data_dir_arg: str) -> None:
     shown = Path(data_dir_arg)
     for proc in services.started:
-        extra = f"  data {shown / proc.name}" if proc is services.broker else ""
+        extra = f"  data {shown / proc.name}" if proc is services.broker or proc in services.replicas else ""
+        if proc is services.broker and services.replicas:
+            extra += "  (leader)"
         say(f"txmq local: {proc.name:<10} {proc.address:<16} metrics http://{HOST}:{proc.metrics_port}/metrics"
             f"  log {shown / (proc.name + '.log')}{extra}")
     if services.checker is None:

@@ -9,8 +9,9 @@ driver while planning, on an executor inside ``read``/``write``) and closed ther
 from __future__ import annotations
 
 import datetime as dt
+import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from txmq._client import Client
 from txmq._errors import TxmqError
@@ -89,14 +90,37 @@ def queue_offsets(client: Client, topic: str) -> dict[tuple[str, int], tuple[str
     return out
 
 
+#: How long a read keeps retrying a shard that is failing over (its leader moving).
+FOLLOW_LEADER_SECONDS = 30.0
+
+
+def on_shard(client: Client, broker: str, address: str, method: str, request: Any) -> Any:
+    """One call to shard ``broker``: while it answers retryably (unreachable, NOT_LEADER
+    during a fail-over of a replicated shard), its address is looked up again and the call
+    retried, for up to FOLLOW_LEADER_SECONDS. Reads are idempotent, so retrying is safe."""
+    deadline = time.monotonic() + FOLLOW_LEADER_SECONDS
+    delay = 0.05
+    while True:
+        try:
+            return client.call(getattr(client.broker(address), method), request)
+        except TxmqError as exc:
+            if not exc.retryable or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+        try:
+            address = client.broker_address(broker, refresh=True)
+        except TxmqError:
+            pass  # no leader routed yet: try the last address again
+
+
 def read_queue(client: Client, r: QueueRange, max_messages: int = READ_BATCH
                ) -> Iterator[common_pb2.DeliveredMessage]:
     """Committed messages of ``r`` in offset order (from the oldest retained one when
-    ``r.start`` is below it)."""
-    stub = client.broker(r.address)
+    ``r.start`` is below it); follows the shard's leader if it moves meanwhile."""
     offset = r.start
     while offset < r.end:
-        response = client.call(stub.ReadQueue, broker_pb2.ReadQueueRequest(
+        response = on_shard(client, r.broker, r.address, "ReadQueue", broker_pb2.ReadQueueRequest(
             topic=r.topic, queue_id=r.queue, start_offset=offset, end_offset=r.end,
             max_messages=min(max_messages, r.end - offset)))
         yield from response.messages
@@ -122,11 +146,10 @@ def read_transactions(client: Client, broker: str, address: str, store_id: int, 
                       last_seq: int, producer_group: str = "", state: int = 0,
                       ) -> Iterator[common_pb2.Transaction]:
     """Transaction rows with sequences in [first_seq, last_seq], paged in order."""
-    stub = client.broker(address)
     after = first_seq - 1
     while after < last_seq:
         token = TransactionId(broker, store_id, after).encode() if after > 0 else ""
-        page = client.call(stub.QueryTransactions, broker_pb2.QueryTransactionsRequest(
+        page = on_shard(client, broker, address, "QueryTransactions", broker_pb2.QueryTransactionsRequest(
             producer_group=producer_group, state=state, page_token=token,
             limit=max(1, min(TXN_PAGE, last_seq - after))))
         for t in page.transactions:
@@ -140,5 +163,5 @@ def read_transactions(client: Client, broker: str, address: str, store_id: int, 
         after = max(after, TransactionId.decode(page.next_page_token).sequence)
 
 
-__all__ = ["Broker", "QueueRange", "TxmqError", "connect", "list_brokers", "queue_offsets", "read_queue",
+__all__ = ["Broker", "QueueRange", "TxmqError", "connect", "list_brokers", "on_shard", "queue_offsets", "read_queue",
            "read_transactions", "store_id_and_sequences", "timestamp", "user_topics"]

@@ -10,6 +10,7 @@ NameServerService for listings), so it needs only the name server address.
     txmq topic list
     txmq topic create NAME [--queues N]
     txmq broker list
+    txmq broker elect SHARD --replica R
     txmq checker list
 
 ``--nameserver`` defaults to ``$TXMQ_NAMESERVER``, else 127.0.0.1:9876; with several
@@ -28,6 +29,7 @@ import math
 import os
 import re
 import sys
+import time
 from typing import Any, Callable, Sequence, TextIO
 
 import grpc
@@ -252,16 +254,66 @@ def _topic_create(admin: Admin, args: argparse.Namespace, out: Output) -> None:
                       + ", ".join(f"{b} {n} queue(s)" for b, n in sorted(data["brokers"].items())))
 
 
+_ROLES = {nameserver_pb2.BROKER_ROLE_UNSPECIFIED: "single", nameserver_pb2.BROKER_ROLE_LEADER: "leader",
+          nameserver_pb2.BROKER_ROLE_FOLLOWER: "follower"}
+
+
 def _broker_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
-    response = admin.call("nameserver", "ListBrokers", nameserver_pb2.ListBrokersRequest())
+    """Every broker, and every replica of replicated shards: role, epoch, in-sync state and
+    lag as the shard's leader reports them."""
+    response = admin.call("nameserver", "ListBrokers", nameserver_pb2.ListBrokersRequest(include_followers=True))
     now = _now_ms()
-    brokers = [{"name": b.name, "address": b.address, "topics": len(b.topics),
-                "last_heartbeat": _iso(b.last_heartbeat_ms),
-                "heartbeat_age_seconds": max(now - b.last_heartbeat_ms, 0) / 1000} for b in response.brokers]
-    out({"brokers": brokers}, lambda: format_table(
-        ["BROKER", "ADDRESS", "TOPICS", "LAST HEARTBEAT"],
-        [[b["name"], b["address"], b["topics"], format_duration(b["heartbeat_age_seconds"]) + " ago"]
-         for b in brokers]))
+    # What each shard's leader says of its followers.
+    seen_by_leader: dict[tuple[str, int], Any] = {}
+    in_sync: dict[str, set[int]] = {}
+    for b in response.brokers:
+        if b.role == nameserver_pb2.BROKER_ROLE_LEADER:
+            in_sync[b.name] = set(b.replication.in_sync_replicas)
+            for f in b.replication.followers:
+                seen_by_leader[(b.name, f.replica_id)] = f
+    brokers = []
+    for b in response.brokers:
+        row: dict[str, Any] = {
+            "name": b.name, "address": b.address, "topics": len(b.topics), "last_heartbeat": _iso(b.last_heartbeat_ms),
+            "heartbeat_age_seconds": max(now - b.last_heartbeat_ms, 0) / 1000}
+        if b.role != nameserver_pb2.BROKER_ROLE_UNSPECIFIED:
+            f = seen_by_leader.get((b.name, b.replica_id))
+            row.update({"replica": b.replica_id, "role": _ROLES[b.role], "epoch": b.leader_epoch,
+                        "in_sync": b.replica_id in in_sync.get(b.name, set()), "log_end": b.replication.log_end,
+                        "lag_records": f.lag_records if f is not None else 0,
+                        "lag_seconds": f.lag_seconds if f is not None else 0.0})
+        brokers.append(row)
+
+    def text() -> str:
+        return format_table(
+            ["SHARD", "REPLICA", "ROLE", "EPOCH", "IN SYNC", "LAG", "ADDRESS", "TOPICS", "LAST HEARTBEAT"],
+            [[b["name"], b.get("replica", "-"), b.get("role", "single"), b.get("epoch", "-"),
+              ("yes" if b["in_sync"] else "NO") if "in_sync" in b else "-",
+              (f"{b['lag_records']} rec / {format_duration(b['lag_seconds'])}" if b.get("role") == "follower"
+               else "-"),
+              b["address"], b["topics"], format_duration(b["heartbeat_age_seconds"]) + " ago"] for b in brokers])
+    out({"brokers": brokers}, text)
+
+
+def _broker_elect(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+    """Moves a replicated shard's leadership to ``--replica`` and waits until it serves."""
+    response = admin.call("admin", "ElectLeader", admin_pb2.ElectLeaderRequest(shard=args.shard,
+                                                                                 replica_id=args.replica))
+    deadline = time.monotonic() + args.wait
+    leader = None
+    while time.monotonic() < deadline:
+        listed = admin.call("nameserver", "ListBrokers", nameserver_pb2.ListBrokersRequest())
+        leader = next((b for b in listed.brokers if b.name == args.shard), None)
+        if leader is not None and leader.replica_id == args.replica and leader.role == nameserver_pb2.BROKER_ROLE_LEADER:
+            break
+        time.sleep(0.1)
+    else:
+        raise TxmqError(f"{args.shard}: replica {args.replica} did not take over within {args.wait:g} s "
+                        f"(routed now: {'replica ' + str(leader.replica_id) if leader else 'none'})")
+    data = {"shard": args.shard, "leader": args.replica, "previous_leader": response.previous_replica_id,
+            "epoch": leader.leader_epoch, "address": leader.address, "log_end": response.log_end}
+    out(data, lambda: f"{args.shard}: replica {args.replica} leads (epoch {data['epoch']}, {data['address']}); "
+                      f"replica {data['previous_leader']} handed over at log end {data['log_end']}")
 
 
 def _checker_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
@@ -319,7 +371,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_topic_create)
 
     broker = commands.add_parser("broker", help="brokers").add_subparsers(dest="verb", required=True)
-    broker.add_parser("list", parents=[common], help="live brokers").set_defaults(run=_broker_list)
+    broker.add_parser("list", parents=[common], help="live brokers and replicas (role, epoch, in sync, lag)"
+                      ).set_defaults(run=_broker_list)
+    p = broker.add_parser("elect", parents=[common], help="move a replicated shard's leadership to a replica")
+    p.add_argument("shard", help="the shard (broker name)")
+    p.add_argument("--replica", type=int, required=True, help="the in-sync replica id to lead")
+    p.add_argument("--wait", type=_duration_arg, default=15.0, help="how long to wait for it to serve (default 15s)")
+    p.set_defaults(run=_broker_elect)
     checker = commands.add_parser("checker", help="checkers").add_subparsers(dest="verb", required=True)
     checker.add_parser("list", parents=[common], help="live checkers").set_defaults(run=_checker_list)
     return parser

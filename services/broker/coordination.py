@@ -8,6 +8,9 @@ etcd is the only consensus in txmq. Per shard, under ``<prefix>/shards/<shard>/`
   grow), carried on every replication message.
 - ``isr``: ``{"members": [ids], "epoch": E}``, the in-sync replicas, written only by a
   compare-and-swap on its mod revision that also requires the writer still to lead.
+- ``handover``: ``{"to": id}``, under a short lease: a leader moving its leadership on
+  purpose (``txmq broker elect``) deletes its key and names the replica that should
+  campaign; the others hold back while it exists.
 
 A replica campaigns with one transaction: the leader key is absent, the in-sync set is the
 one it read (and names it); then it creates the leader key under its lease and removes the
@@ -60,6 +63,8 @@ class InSync:
 class ShardState:
     leader: Leader | None
     isr: InSync
+    #: The replica a leader handed its leadership to (None: no hand-over under way).
+    handover_to: int | None = None
 
 
 class ShardCoordinator:
@@ -75,6 +80,7 @@ class ShardCoordinator:
         base = f"{prefix.rstrip('/')}/shards/{shard}/".encode()
         self.leader_key = base + b"leader"
         self.isr_key = base + b"isr"
+        self.handover_key = base + b"handover"
         self._endpoint = 0
         self._channel: grpc.aio.Channel | None = None
         self._kv: rpc.KVStub | None = None
@@ -147,7 +153,8 @@ class ShardCoordinator:
         kv, _lease = self._stubs()
         request = rpc.TxnRequest(success=[
             rpc.RequestOp(request_range=rpc.RangeRequest(key=self.leader_key)),
-            rpc.RequestOp(request_range=rpc.RangeRequest(key=self.isr_key))])
+            rpc.RequestOp(request_range=rpc.RangeRequest(key=self.isr_key)),
+            rpc.RequestOp(request_range=rpc.RangeRequest(key=self.handover_key))])
         try:
             reply = await kv.Txn(request, timeout=self.timeout)
         except grpc.aio.AioRpcError as exc:
@@ -164,7 +171,9 @@ class ShardCoordinator:
             isr = InSync(tuple(sorted(int(m) for m in body["members"])), isr_kvs[0].mod_revision)
         else:
             isr = InSync((), 0)
-        return ShardState(leader, isr)
+        handover_kvs = reply.responses[2].response_range.kvs
+        handover = int(json.loads(handover_kvs[0].value)["to"]) if handover_kvs else None
+        return ShardState(leader, isr, handover)
 
     async def campaign(self, address: str, isr: InSync, new_members: tuple[int, ...]) -> int | None:
         """Takes the leadership if nobody holds it and the in-sync set is still ``isr``;
@@ -212,6 +221,23 @@ class ShardCoordinator:
         if not reply.succeeded:
             return None
         return InSync(tuple(sorted(members)), int(reply.header.revision))
+
+    async def hand_over(self, epoch: int, to: int, ttl_seconds: int) -> bool:
+        """Deletes this leader's key and names ``to`` as the replica to campaign, for
+        ``ttl_seconds`` (then anyone in sync may campaign again)."""
+        kv, lease = self._stubs()
+        try:
+            grant = await lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=ttl_seconds), timeout=self.timeout)
+            request = rpc.TxnRequest(
+                compare=[rpc.Compare(key=self.leader_key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
+                                     create_revision=epoch)],
+                success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=self.leader_key)),
+                         rpc.RequestOp(request_put=rpc.PutRequest(
+                             key=self.handover_key, value=json.dumps({"to": to}).encode(), lease=grant.ID))])
+            reply = await kv.Txn(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise await self._failed(exc) from None
+        return bool(reply.succeeded)
 
     async def resign(self, epoch: int) -> bool:
         """Deletes the leader key if it is still this leader's (a clean hand-over)."""

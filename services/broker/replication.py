@@ -42,7 +42,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from txmq._errors import LeadershipLostError, NotEnoughReplicasError, NotLeaderError
+from txmq._errors import (FailedPreconditionError, InvalidFieldError, LeadershipLostError, NotEnoughReplicasError,
+                          NotLeaderError)
 from txmq.v1 import nameserver_pb2, replication_pb2, replication_pb2_grpc
 
 from .config import BrokerConfig
@@ -121,6 +122,7 @@ class ReplicaNode:
         self._wake: set[asyncio.Event] = set()
         self._sessions = 0
         self._stopping = False
+        self._handing_over: int | None = None
         self.leadership_changes = 0
         self.refused_writes = 0
         db.append_listeners.append(self._appended)
@@ -176,7 +178,10 @@ class ReplicaNode:
 
     def write_guard(self) -> None:
         """Refuses a write that must be durable while fewer than ``min_insync_replicas``
-        replicas (this leader included) can acknowledge it now."""
+        replicas (this leader included) can acknowledge it now, or while the leadership is
+        being handed over."""
+        if self._handing_over is not None:
+            raise NotLeaderError(self.shard, self.replica_id)
         able = self._able_replicas()
         if able < self.config.min_insync_replicas:
             self.refused_writes += 1
@@ -265,6 +270,8 @@ class ReplicaNode:
         await self._campaign(state)
 
     def _eligible(self, state: ShardState) -> bool:
+        if state.handover_to is not None and state.handover_to != self.replica_id:
+            return False  # the leader handed the shard to another replica: let it take over
         if state.isr.revision == 0:
             # Founding: a shard never started. A replica holding data of it must have been a
             # member (etcd lost its keys); a fresh store may found an empty shard.
@@ -297,6 +304,7 @@ class ReplicaNode:
         self.epoch = epoch
         self.isr = isr
         self.followers = {}
+        self._clear_tail()
         self.commit_lsn = self.db.commit_lsn
         self._leader_since = time.monotonic()
         self.db.read_ticket = self.db.written  # nothing on disk is shown before it is committed
@@ -321,6 +329,7 @@ class ReplicaNode:
             return
         self.term = None
         self.leadership_changes += 1
+        self._clear_tail()  # a truncation may rewrite these lsns before this replica leads again
         waiting = len(term.bridge._waiting)
         term.bridge.fail_all(LeadershipLostError(self.shard, self.replica_id))
         for event in list(self._wake):
@@ -333,6 +342,36 @@ class ReplicaNode:
         except Exception:  # noqa: BLE001
             log.exception("closing the term failed")
         self._on_role_change()
+
+    async def transfer(self, shard: str, to: int) -> tuple[int, int]:
+        """Hands the leadership to in-sync replica ``to``: refuses new writes, waits until
+        ``to`` holds the whole log, then deletes the leader key naming ``to`` as the
+        replica to campaign, and steps down. Returns (this replica, the log end)."""
+        if shard != self.shard:
+            raise InvalidFieldError("shard", f"this is {self.shard!r}, not {shard!r}")
+        if self.term is None:
+            self.serving()  # raises NotLeaderError naming the leader
+        if to == self.replica_id:
+            return self.replica_id, self.db.written
+        f = self.followers.get(to)
+        if to not in self.isr.members or f is None or not f.connected:
+            raise ReplicaNotInSyncError(self.shard, to, list(self.isr.members))
+        epoch = self.epoch
+        self._handing_over = to
+        try:
+            deadline = time.monotonic() + max(self.config.replica_lag_max_seconds, 1.0)
+            while f.durable < self.db.written or self.commit_lsn < self.db.written:
+                if time.monotonic() > deadline or self.term is None or not f.connected:
+                    raise ReplicaNotInSyncError(self.shard, to, list(self.isr.members))
+                await asyncio.sleep(0.01)
+            log_end = self.db.written
+            ttl = max(int(self.config.leader_lease_seconds), 2)
+            if not await self.coord.hand_over(epoch, to, ttl):
+                raise ReplicaNotInSyncError(self.shard, to, list(self.isr.members))
+            await self._step_down(f"leadership handed to replica {to}")
+            return self.replica_id, log_end
+        finally:
+            self._handing_over = None
 
     # --- the commit point and the in-sync set (leader) ----------------------------------
 
@@ -415,6 +454,10 @@ class ReplicaNode:
             self._tail_bytes -= len(tail.popleft()[1])
         for event in self._wake:
             event.set()
+
+    def _clear_tail(self) -> None:
+        self._tail.clear()
+        self._tail_bytes = 0
 
     def _entries_from(self, first: int) -> list[tuple[int, bytes]]:
         limit = self.config.replication_batch_bytes
@@ -717,6 +760,15 @@ class ReplicaNode:
         return self.epoch if self.term is not None else (leader.epoch if leader else self.db.last_epoch)
 
 
+class ReplicaNotInSyncError(FailedPreconditionError):
+    reason = "REPLICA_NOT_IN_SYNC"
+
+    def __init__(self, shard: str, replica_id: int, in_sync: list[int]) -> None:
+        super().__init__(f"replica {replica_id} of {shard!r} is not in sync with its leader (in-sync set "
+                         f"{in_sync}): it cannot take the leadership now", shard=shard, replica_id=replica_id,
+                         in_sync=in_sync)
+
+
 class _Refused(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
@@ -734,6 +786,10 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
     async def FetchCheckpoint(self, request: Any, context: Any) -> AsyncIterator[Any]:
         async for chunk in self.node.fetch_checkpoint(request, context):
             yield chunk
+
+    async def TransferLeadership(self, request: Any, context: Any) -> Any:
+        previous, log_end = await self.node.transfer(request.shard, request.replica_id)
+        return replication_pb2.TransferLeadershipResponse(previous_replica_id=previous, log_end=log_end)
 
 
 def _close_synced(fh: Any) -> None:

@@ -122,7 +122,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 while (request := await context.read()) is not grpc.aio.EOF:
                     results, ticket = self._produce(request)
                     waiting += 1
-                    self.bridge.when_durable(ticket, lambda r=results: release(r))
+                    self.bridge.when_durable(
+                        ticket, lambda r=results: release(r),
+                        # Leadership lost before the replicas had them: each entry fails
+                        # retryably (its outcome is unknown; the same ids deduplicate).
+                        lambda exc, r=results: release([self._produce_error(x.request_id, exc) for x in r]))
             finally:
                 reading = False
                 wake.set()

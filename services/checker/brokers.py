@@ -30,12 +30,22 @@ log = logging.getLogger(__name__)
 #: Attempts of one ReportChecks batch before it is dropped (the lease then makes the
 #: checks due again on the broker).
 REPORT_ATTEMPTS = 3
+#: Reports kept per shard while it has no reachable leader.
+MAX_PARKED_REPORTS = 10_000
 
 OnError = Callable[[TxmqError], None] | None
 
 
 class BrokerLink:
-    def __init__(self, name: str, address: str, config: CheckerConfig, dispatcher: Dispatcher) -> None:
+    def __init__(self, name: str, address: str, config: CheckerConfig, dispatcher: Dispatcher,
+                 on_unavailable: Callable[[], None] = lambda: None,
+                 reroute: Callable[[str, list[tuple[broker_pb2.CheckReport, OnError]]], None] | None = None) -> None:
+        #: Called when the broker is unreachable or no longer leads its shard: the
+        #: directory looks at the name servers again at once (a fail-over moved it).
+        self._on_unavailable = on_unavailable
+        #: Reports this link could not deliver go back to the directory, which sends them
+        #: to the shard's current address (None: dropped; the lease makes them due again).
+        self._reroute = reroute
         self.name = name
         self.address = address
         self.config = config
@@ -108,6 +118,8 @@ class BrokerLink:
                 pass
 
     def _failed(self, what: str, error: TxmqError) -> None:
+        if error.retryable:
+            self._on_unavailable()
         if not self._failing:
             self._failing = True
             log.warning("broker call failed", extra={"fields": {
@@ -142,7 +154,13 @@ class BrokerLink:
                 break
             except grpc.aio.AioRpcError as exc:
                 error = error_from_rpc(exc)
+                if error.retryable:
+                    self._on_unavailable()
                 if not error.retryable or attempt == REPORT_ATTEMPTS:
+                    if error.retryable and self._reroute is not None:
+                        # The shard may have a new leader by now: the directory sends them there.
+                        self._reroute(self.name, batch)
+                        return
                     # Dropped: the claims' leases make these checks due again on the broker.
                     log.warning("check reports dropped", extra={"fields": {
                         "broker": self.name, "reports": len(batch), "error": str(error)[:300]}})
@@ -173,6 +191,9 @@ class BrokerDirectory:
         self._stubs = {a: nameserver_pb2_grpc.NameServerServiceStub(c) for a, c in self._channels.items()}
         self._task: asyncio.Task[None] | None = None
         self._failing: set[str] = set()
+        self._kick = asyncio.Event()
+        #: Reports waiting for their shard to be reachable again (by shard name).
+        self._parked: dict[str, list[tuple[broker_pb2.CheckReport, OnError]]] = {}
         dispatcher.on_groups_changed.append(self._wake_all)
 
     def _wake_all(self) -> None:
@@ -191,9 +212,28 @@ class BrokerDirectory:
         await self.refresh()
         self._task = asyncio.create_task(self._run(), name="broker-refresh")
 
+    def kick(self) -> None:
+        """Look at the name servers now (a broker failed: its shard may have a new leader)."""
+        self._kick.set()
+
+    def _reroute(self, broker: str, batch: list[tuple[broker_pb2.CheckReport, OnError]]) -> None:
+        parked = self._parked.setdefault(broker, [])
+        parked.extend(batch)
+        if len(parked) > MAX_PARKED_REPORTS:
+            # The shard stays away: its claims' leases make these checks due again anyway.
+            log.warning("check reports dropped", extra={"fields": {
+                "broker": broker, "reports": len(parked) - MAX_PARKED_REPORTS, "error": "shard unreachable"}})
+            del parked[:len(parked) - MAX_PARKED_REPORTS]
+        self.kick()
+
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.config.broker_refresh_seconds)
+            try:
+                await asyncio.wait_for(self._kick.wait(), self.config.broker_refresh_seconds)
+                await asyncio.sleep(min(0.1, self.config.broker_refresh_seconds))  # let the routes settle
+            except asyncio.TimeoutError:
+                pass
+            self._kick.clear()
             await self.refresh()
 
     async def _list(self, address: str) -> list[nameserver_pb2.BrokerInfo] | None:
@@ -217,20 +257,33 @@ class BrokerDirectory:
         for brokers in answers:
             for info in brokers or ():
                 known = live.get(info.name)
-                if known is None or info.last_heartbeat_ms > known.last_heartbeat_ms:
+                # A replicated shard: the leader of the newest epoch any name server routes.
+                if known is None or (info.leader_epoch, info.last_heartbeat_ms) > (
+                        known.leader_epoch, known.last_heartbeat_ms):
                     live[info.name] = info
+        moved: dict[str, list[tuple[broker_pb2.CheckReport, OnError]]] = {}
         for name, link in list(self.links.items()):
             info = live.get(name)
             if info is None or info.address != link.address:
                 del self.links[name]
                 log.info("broker left", extra={"fields": {"broker": name, "address": link.address}})
+                # Reports not yet sent go to the shard's next address (its new leader).
+                moved[name] = list(link._reports)
+                link._reports.clear()
                 await link.stop()
         for name, info in sorted(live.items()):
             if name not in self.links:
-                link = BrokerLink(name, info.address, self.config, self.dispatcher)
+                link = BrokerLink(name, info.address, self.config, self.dispatcher, self.kick, self._reroute)
                 self.links[name] = link
                 link.start()
                 log.info("broker joined", extra={"fields": {"broker": name, "address": info.address}})
+        for name in list(self._parked) + list(moved):
+            link = self.links.get(name)
+            if link is not None:
+                for report, on_error in [*self._parked.pop(name, []), *moved.pop(name, [])]:
+                    link.report(report, on_error)
+            else:
+                self._parked.setdefault(name, []).extend(moved.pop(name, []))
 
     async def stop(self, flush_seconds: float = 1.0) -> None:
         if self._task is not None:

@@ -19,7 +19,7 @@ from txmq._errors import (InvalidFieldError, TopicNotFoundError, TxmqError, Unav
                           error_from_rpc)
 from txmq._ids import TransactionId
 from txmq._names import validate_group, validate_receive_topic, validate_send_topic
-from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, replication_pb2, replication_pb2_grpc
 
 from .registry import (BrokerRecord, QueueRoute, Registry, resolve_queue_count,
                        should_auto_create)
@@ -40,6 +40,10 @@ class BrokerClients:
                          ("grpc.max_send_message_length", max_message_bytes)]
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
+
+    def replication_stub(self, address: str) -> replication_pb2_grpc.ReplicationServiceStub:
+        self.stub(address)
+        return replication_pb2_grpc.ReplicationServiceStub(self._channels[address])
 
     def stub(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
         stub = self._stubs.get(address)
@@ -203,6 +207,18 @@ class Admin:
         response = await self._call(broker.address, "GetTransaction",
                                     broker_pb2.GetTransactionRequest(transaction_id=transaction_id))
         return response.transaction
+
+    async def elect_leader(self, shard: str, replica_id: int) -> tuple[int, int]:
+        """Asks ``shard``'s leader to hand its leadership to ``replica_id``."""
+        broker = self.registry.live_broker(shard)
+        try:
+            response = await self.clients.replication_stub(broker.address).TransferLeadership(
+                replication_pb2.TransferLeadershipRequest(shard=shard, replica_id=replica_id), timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from None
+        log.info("leadership moved on request", extra={"fields": {
+            "shard": shard, "from": response.previous_replica_id, "to": replica_id, "log_end": response.log_end}})
+        return response.previous_replica_id, response.log_end
 
     # plumbing
 

@@ -118,3 +118,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         row = await self.admin.resolve_transaction(
             request.transaction_id, request.resolution, request.operator, request.reason)
         return admin_pb2.ResolveTransactionResponse(transaction=row)
+
+    async def ElectLeader(self, request: admin_pb2.ElectLeaderRequest, context: Any) -> admin_pb2.ElectLeaderResponse:
+        previous, log_end = await self.admin.elect_leader(request.shard, request.replica_id)
+        return admin_pb2.ElectLeaderResponse(previous_replica_id=previous, log_end=log_end)

@@ -109,3 +109,16 @@ def test_sigterm_stops_every_service_and_exits_zero(tmp_path):
     assert proc.returncode == 0, output
     gone, alive = psutil.wait_procs(children, timeout=5)
     assert alive == [], output
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_SECONDS + 60)
+def test_replicated_run_serves_the_demo_from_a_shard_of_three_replicas(tmp_path):
+    data_dir = tmp_path / "data"
+    result = _run_local(data_dir, "--exit-after-demo", "--replication-factor", "3")
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{_service_logs(data_dir)}"
+    assert "demo: ok: the consumer received the committed message only" in result.stdout
+    assert re.search(r"broker-0-r\d .*\(leader\)", result.stdout), result.stdout
+    for r in range(3):
+        assert (data_dir / f"broker-0-r{r}").is_dir() and f"stopped broker-0-r{r} (exit code 0)" in result.stdout
+    assert (data_dir / "etcd.log").exists()
+    assert _services_started_in(data_dir) == []

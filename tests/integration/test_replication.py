@@ -6,7 +6,11 @@ end equal (a digest per column family) and clean under fsck."""
 
 from __future__ import annotations
 
+import json
+import queue
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -139,6 +143,17 @@ def test_a_paused_leader_acknowledges_nothing_after_its_successor(fresh_cluster_
     cluster.create_topic(topic, 1)
     old = cluster.wait_leaders()[SHARD]
     send_raw(old.address, topic)
+    # A Produce stream opened before the pause: what it carries after must be refused too.
+    requests: "queue.Queue[Any]" = queue.Queue()
+    stream = broker_stub(old.address).Produce(iter(requests.get, None), timeout=60)
+
+    def produce_entry(i: int) -> None:
+        requests.put(broker_pb2.ProduceRequest(entries=[broker_pb2.ProduceEntry(
+            request_id=i, send_message=broker_pb2.SendMessageRequest(message=common_pb2.Message(
+                topic=topic, body=b"s", queue_id=0, message_id=f"stream-{i}-{time.time_ns()}",
+                type=common_pb2.MESSAGE_TYPE_NORMAL)))]))
+    produce_entry(0)
+    assert next(stream).results[0].status.code == 0
     old.pause()
     try:
         new = cluster.wait_leaders(not_on=old)[SHARD]
@@ -153,11 +168,19 @@ def test_a_paused_leader_acknowledges_nothing_after_its_successor(fresh_cluster_
         threads = [threading.Thread(target=hammer, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
+        for i in range(1, 4):
+            produce_entry(i)
         time.sleep(0.3)  # the calls must be queued at the paused process before it resumes
     finally:
         old.resume()
     for t in threads:
         t.join(30)
+    answered = []
+    while len(answered) < 3:
+        answered.extend(next(stream).results)  # answered, not left hanging
+    requests.put(None)
+    assert [r.status.code for r in answered if r.status.code == 0] == [], answered
+    assert {r.status.reason for r in answered} <= {"LEADERSHIP_LOST", "NOT_LEADER", "NOT_ENOUGH_REPLICAS"}, answered
     acknowledged = [r for r in results if not isinstance(r, Exception)]
     assert acknowledged == [], f"the deposed leader acknowledged {len(acknowledged)} writes"
     assert all(isinstance(r, (txmq.NotLeaderError, txmq.LeadershipLostError, txmq.NotEnoughReplicasError,
@@ -187,3 +210,75 @@ def test_a_wiped_replica_rebuilds_from_a_checkpoint_and_rejoins(fresh_cluster_fa
         send_raw(leader.address, topic, message_id=f"after-{i}")
     wait_in_sync(cluster)
     stop_and_compare(cluster)
+
+
+def test_operator_lists_replicas_and_moves_the_leadership(fresh_cluster_factory, unique_name):
+    cluster = replicated(fresh_cluster_factory)
+    topic = unique_name("topic")
+    cluster.create_topic(topic, 1)
+    leader = cluster.wait_leaders()[SHARD]
+    wait_in_sync(cluster)
+    send_raw(leader.address, topic)
+    txmq_cli = [sys.executable, "-m", "txmq", "--nameserver", cluster.nameserver_address, "--json"]
+
+    def listed() -> list[dict[str, Any]]:
+        out = subprocess.run([*txmq_cli, "broker", "list"], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["brokers"]
+    wait_until(lambda: len(listed()) == 3 and all(r["in_sync"] for r in listed()), 30,
+               message=lambda: f"not three in-sync replicas: {listed()}")
+    rows = {r["replica"]: r for r in listed()}
+    assert [r["role"] for _, r in sorted(rows.items())].count("leader") == 1
+    old_id = next(i for i, r in rows.items() if r["role"] == "leader")
+    target = (old_id + 1) % 3
+    out = subprocess.run([*txmq_cli, "broker", "elect", SHARD, "--replica", str(target)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    moved = json.loads(out.stdout)
+    assert moved["leader"] == target and moved["previous_leader"] == old_id
+    new = cluster.wait_leaders()[SHARD]
+    assert new is cluster.shards[SHARD][target]
+    assert send_raw(new.address, topic).message_id  # it serves, and the old leader follows
+    wait_in_sync(cluster)
+    # A replica out of sync cannot be elected: FAILED_PRECONDITION, nothing moves.
+    cluster.shards[SHARD][old_id].kill()
+    wait_until(lambda: old_id not in leader_status(cluster).replication.in_sync_replicas, 30)
+    out = subprocess.run([*txmq_cli, "broker", "elect", SHARD, "--replica", str(old_id)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "not in sync" in out.stderr
+    assert cluster.leader(SHARD) is new
+
+
+def test_checks_follow_a_new_leader_without_waiting_for_the_directory_refresh(fresh_cluster_factory, unique_name):
+    # The checker looks at the name servers only every 60 s here: it must learn of the
+    # fail-over from the failing calls, not from its timer.
+    cluster = fresh_cluster_factory(brokers=1, replication_factor=3, checker=True,
+                                    checker_env={**CHECKER_ENV, "TXMQ_BROKER_REFRESH_SECONDS": "60"})
+    topic, group = unique_name("topic"), unique_name("group")
+    cluster.create_topic(topic, 1)
+    old = cluster.wait_leaders()[SHARD]
+    answers: list[str] = []
+
+    class Unknown(txmq.TransactionListener):
+        def execute_local_transaction(self, message: Any, arg: Any) -> Any:
+            return txmq.LocalTransactionState.UNKNOWN
+
+        def check_local_transaction(self, message: Any) -> Any:
+            answers.append(message.transaction_id)
+            return txmq.LocalTransactionState.COMMIT
+
+    with txmq.TransactionProducer(cluster.nameserver_address, producer_group=group, listener=Unknown()) as producer:
+        wait_until(lambda: cluster.checkers[0].log_text().count("producer subscribed") >= 1, 30)
+        old.kill()
+        cluster.wait_leaders(not_on=old)
+        started = time.monotonic()
+        result = producer.send_in_transaction(txmq.Message(topic, b"after-failover"))
+        assert result.state == txmq.TransactionState.PREPARED
+        with txmq.SimpleConsumer(cluster.nameserver_address, consumer_group=unique_name("c"),
+                                 subscriptions={topic: "*"}, await_duration_seconds=1.0) as consumer:
+            got: list[Any] = []
+            wait_until(lambda: got.extend(consumer.receive()) or got, 30,
+                       message="the UNKNOWN transaction was never checked on the new leader")
+        elapsed = time.monotonic() - started
+    assert got[0].body == b"after-failover" and result.transaction_id in answers
+    assert elapsed < 30, elapsed  # well below the 60 s directory refresh

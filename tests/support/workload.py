@@ -85,6 +85,9 @@ class Workload:
     sending: set[str] = field(default_factory=set)
     checks_answered: int = 0
     sent: int = 0
+    #: Deliveries in all (more than ``len(delivered)``: redeliveries, e.g. of messages
+    #: whose ack or receive a fail-over took back).
+    deliveries: int = 0
 
     def __post_init__(self) -> None:
         self._stop_producing = threading.Event()
@@ -148,6 +151,7 @@ class Workload:
                 body = m.body.decode()
                 with self.lock:
                     self.delivered.setdefault(body, set()).add((m.broker_name, m.queue_id, m.queue_offset))
+                    self.deliveries += 1
                 try:
                     consumer.ack(m)
                 except txmq.TxmqError:
@@ -208,4 +212,5 @@ class Workload:
         with self.lock:
             return {"acknowledged": len(self.acknowledged), "failed_calls": len(self.failed),
                     "committed_locally": sum(1 for v in self.ran.values() if v),
-                    "delivered": len(self.delivered), "checks_answered": self.checks_answered}
+                    "delivered": len(self.delivered), "redeliveries": self.deliveries - len(self.delivered),
+                    "checks_answered": self.checks_answered}

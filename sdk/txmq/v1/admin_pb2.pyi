@@ -98,3 +98,19 @@ class ResolveTransactionResponse(_message.Message):
     TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     transaction: _common_pb2.Transaction
     def __init__(self, transaction: _Optional[_Union[_common_pb2.Transaction, _Mapping]] = ...) -> None: ...
+
+class ElectLeaderRequest(_message.Message):
+    __slots__ = ("shard", "replica_id")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    replica_id: int
+    def __init__(self, shard: _Optional[str] = ..., replica_id: _Optional[int] = ...) -> None: ...
+
+class ElectLeaderResponse(_message.Message):
+    __slots__ = ("previous_replica_id", "log_end")
+    PREVIOUS_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_FIELD_NUMBER: _ClassVar[int]
+    previous_replica_id: int
+    log_end: int
+    def __init__(self, previous_replica_id: _Optional[int] = ..., log_end: _Optional[int] = ...) -> None: ...

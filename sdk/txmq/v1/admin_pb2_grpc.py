@@ -61,6 +61,11 @@ class AdminServiceStub:
                 request_serializer=txmq_dot_v1_dot_admin__pb2.ResolveTransactionRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_admin__pb2.ResolveTransactionResponse.FromString,
                 _registered_method=True)
+        self.ElectLeader = channel.unary_unary(
+                '/txmq.v1.AdminService/ElectLeader',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.ElectLeaderRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.ElectLeaderResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -103,6 +108,16 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ElectLeader(self, request, context):
+        """Moves the leadership of a replicated shard to one of its in-sync replicas (draining a
+        node): the leader stops taking writes, waits until the replica has everything, then
+        hands over. FAILED_PRECONDITION when the replica is not in sync; NOT_FOUND for an
+        unknown shard.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +145,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ResolveTransaction,
                     request_deserializer=txmq_dot_v1_dot_admin__pb2.ResolveTransactionRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_admin__pb2.ResolveTransactionResponse.SerializeToString,
+            ),
+            'ElectLeader': grpc.unary_unary_rpc_method_handler(
+                    servicer.ElectLeader,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.ElectLeaderRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.ElectLeaderResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +289,33 @@ class AdminService:
             '/txmq.v1.AdminService/ResolveTransaction',
             txmq_dot_v1_dot_admin__pb2.ResolveTransactionRequest.SerializeToString,
             txmq_dot_v1_dot_admin__pb2.ResolveTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ElectLeader(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/ElectLeader',
+            txmq_dot_v1_dot_admin__pb2.ElectLeaderRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.ElectLeaderResponse.FromString,
             options,
             channel_credentials,
             insecure,

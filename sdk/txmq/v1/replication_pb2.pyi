@@ -62,3 +62,19 @@ class FetchCheckpointResponse(_message.Message):
     data: bytes
     log_end: int
     def __init__(self, file_name: _Optional[str] = ..., file_size: _Optional[int] = ..., data: _Optional[bytes] = ..., log_end: _Optional[int] = ...) -> None: ...
+
+class TransferLeadershipRequest(_message.Message):
+    __slots__ = ("shard", "replica_id")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    replica_id: int
+    def __init__(self, shard: _Optional[str] = ..., replica_id: _Optional[int] = ...) -> None: ...
+
+class TransferLeadershipResponse(_message.Message):
+    __slots__ = ("previous_replica_id", "log_end")
+    PREVIOUS_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_FIELD_NUMBER: _ClassVar[int]
+    previous_replica_id: int
+    log_end: int
+    def __init__(self, previous_replica_id: _Optional[int] = ..., log_end: _Optional[int] = ...) -> None: ...

@@ -48,6 +48,11 @@ class ReplicationServiceStub:
                 request_serializer=txmq_dot_v1_dot_replication__pb2.FetchCheckpointRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_replication__pb2.FetchCheckpointResponse.FromString,
                 _registered_method=True)
+        self.TransferLeadership = channel.unary_unary(
+                '/txmq.v1.ReplicationService/TransferLeadership',
+                request_serializer=txmq_dot_v1_dot_replication__pb2.TransferLeadershipRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_replication__pb2.TransferLeadershipResponse.FromString,
+                _registered_method=True)
 
 
 class ReplicationServiceServicer:
@@ -75,6 +80,14 @@ class ReplicationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TransferLeadership(self, request, context):
+        """Asked of the leader: hand the leadership to an in-sync replica once it holds the whole
+        log (new writes are refused meanwhile, as during any fail-over).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReplicationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -87,6 +100,11 @@ def add_ReplicationServiceServicer_to_server(servicer, server):
                     servicer.FetchCheckpoint,
                     request_deserializer=txmq_dot_v1_dot_replication__pb2.FetchCheckpointRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_replication__pb2.FetchCheckpointResponse.SerializeToString,
+            ),
+            'TransferLeadership': grpc.unary_unary_rpc_method_handler(
+                    servicer.TransferLeadership,
+                    request_deserializer=txmq_dot_v1_dot_replication__pb2.TransferLeadershipRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_replication__pb2.TransferLeadershipResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -147,6 +165,33 @@ class ReplicationService:
             '/txmq.v1.ReplicationService/FetchCheckpoint',
             txmq_dot_v1_dot_replication__pb2.FetchCheckpointRequest.SerializeToString,
             txmq_dot_v1_dot_replication__pb2.FetchCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TransferLeadership(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.ReplicationService/TransferLeadership',
+            txmq_dot_v1_dot_replication__pb2.TransferLeadershipRequest.SerializeToString,
+            txmq_dot_v1_dot_replication__pb2.TransferLeadershipResponse.FromString,
             options,
             channel_credentials,
             insecure,
