@@ -61,7 +61,7 @@ proto-check: venv
 run: venv
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
-test: venv cc etcd netns-tools proto-lint proto-check pipeline-deps proxy-deps chart-tools
+test: venv cc etcd netns-tools proto-lint proto-check pipeline-deps browser proxy-deps chart-tools
 	$(PY) -m pytest tests
 
 test-unit: venv
@@ -77,10 +77,15 @@ $(VENV)/.pipeline-installed: $(VENV)/.installed requirements/pipeline.txt pipeli
 	$(PY) -m pip install --quiet --no-deps -e pipeline
 	touch $@
 
-.PHONY: pipeline-deps test-pipeline bench-audit
+.PHONY: pipeline-deps browser test-pipeline bench-audit
 pipeline-deps: $(VENV)/.pipeline-installed
 
-test-pipeline: pipeline-deps
+# Headless Chromium (Debian's package): the pipeline tests look at the audit's HTML report in it.
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+	@command -v chromium >/dev/null || (echo "browser: chromium missing after apt-get install chromium" >&2; exit 1)
+
+test-pipeline: pipeline-deps browser
 	$(PY) -m pytest tests/pipeline
 
 bench-audit: pipeline-deps
@@ -129,7 +134,7 @@ chart-lint: chart-tools
 	$(HELM) lint --strict $(CHART_DIR)
 	for f in $(CHART_DIR)/ci/*-values.yaml; do $(HELM) lint --strict $(CHART_DIR) -f $$f || exit 1; done
 
-test-chart: chart-tools proxy-deps
+test-chart: chart-tools proxy-deps etcd
 	$(PY) -m pytest tests/chart
 
 # Against a real cluster (KUBECONFIG, images pushed; see deploy/helm/txmq/README.md).
@@ -149,9 +154,11 @@ CHAOS_ARGS ?= --runs 10 --faults 6
 chaos: venv etcd netns-tools
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
 
-bench: venv bench-audit
+bench: venv etcd bench-audit
 	$(PY) -m bench.transactions
+	$(PY) -m bench.replication
 	$(PY) -m bench.checks
+	$(PY) -m bench.failover
 
 clean:
 	rm -rf $(DATA_DIR) .pytest_cache

@@ -184,10 +184,14 @@ def _produce_counts(metrics_port: int) -> dict[str, float]:
 
 
 def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid: int, metrics_port: int,
-               processes: int, topic: str = "", group: str = "") -> dict[str, Any]:
+               processes: int, topic: str = "", group: str = "",
+               watch: dict[str, int] | None = None) -> dict[str, Any]:
+    """One timed phase. ``watch`` names more processes (a replicated shard's followers,
+    etcd) whose CPU seconds over the timed window come back in ``results["cpu"]``."""
     import psutil
 
     broker = psutil.Process(broker_pid)
+    watched = {name: psutil.Process(pid) for name, pid in (watch or {}).items()}
     produce_before = _produce_counts(metrics_port)
     ctx = mp.get_context("spawn")
     start, stop, stop_consumer = ctx.Event(), ctx.Event(), ctx.Event()
@@ -210,13 +214,18 @@ def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid:
     window[0] = time.time()
     began = time.perf_counter()
     broker_cpu = _cpu_with_children(broker)
+    watched_cpu = {name: _cpu_with_children(p) for name, p in watched.items()}
+    machine = psutil.cpu_times()
     start.set()
     time.sleep(seconds)
     window[1] = time.time()
     stop.set()
     elapsed = time.perf_counter() - began
+    machine_after = psutil.cpu_times()
     results: dict[str, Any] = {"produced": 0, "errors": 0, "ping": 0, "client_cpu": 0.0,
-                               "broker_cpu": _cpu_with_children(broker) - broker_cpu}
+                               "broker_cpu": _cpu_with_children(broker) - broker_cpu,
+                               "cpu": {name: _cpu_with_children(p) - watched_cpu[name] for name, p in watched.items()},
+                               "machine_busy": _busy_fraction(machine, machine_after)}
     for _ in procs:
         item = out.get(timeout=60)
         if item[0] == "ping":
@@ -243,6 +252,14 @@ def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid:
     results["elapsed"] = elapsed
     results["produce"] = {k: v - produce_before[k] for k, v in _produce_counts(metrics_port).items()}
     return results
+
+
+def _busy_fraction(before: Any, after: Any) -> float:
+    """The share of the machine's CPU time (all cores) that was not idle between two
+    ``psutil.cpu_times()`` samples."""
+    idle = (after.idle + getattr(after, "iowait", 0.0)) - (before.idle + getattr(before, "iowait", 0.0))
+    total = sum(after) - sum(before)
+    return max(0.0, 1.0 - idle / total) if total > 0 else 0.0
 
 
 def _percentile(values: list[float], q: float) -> float:

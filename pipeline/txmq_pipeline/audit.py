@@ -11,11 +11,13 @@ or on a cluster (see pipeline/README.md for Kubernetes)::
 
 Output (``--output``):
 
-- ``tables/state_counts``, ``tables/latency``, ``tables/checks``, ``tables/anomalies``:
+- ``tables/state_counts``, ``tables/latency``, ``tables/latency_histogram``,
+  ``tables/checks``, ``tables/anomalies``:
   Parquet, per producer group and topic;
 - ``summary.json``: totals, per group/topic figures, anomaly counts and example ids;
-- ``report.md`` (or ``report.html``) with ``state_counts.png`` and ``latency.png``
-  (written where Python can write: a local path, the driver's filesystem).
+- ``report.html`` (self-contained: styles and charts inside) and ``report.md`` with
+  ``state_counts.png`` and ``latency.png`` (written where Python can write: a local path,
+  the driver's filesystem). The job ends by printing the reports' paths.
 
 Anomalies (each listed with its ids): ``committed_missing`` (a committed transaction whose
 message is not in its topic), ``uncommitted_in_topic`` (a message in a topic whose
@@ -35,7 +37,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
@@ -71,6 +73,13 @@ def read_messages(spark: SparkSession, nameserver: str, topics: str = "*",
             .option("maxMessagesPerPartition", str(max_messages_per_partition)).load())
 
 
+def of_topics(transactions: DataFrame, topics: str) -> DataFrame:
+    """The transactions of ``topics`` (``*``: all): with ``--topics orders`` a committed
+    transaction of another topic is not "missing" from the topics read."""
+    names = [t.strip() for t in topics.split(",") if t.strip()]
+    return transactions if names in ([], ["*"]) else transactions.filter(F.col("topic").isin(names))
+
+
 # ----------------------------------------------------------------------------- transforms
 
 def state_counts(transactions: DataFrame) -> DataFrame:
@@ -101,6 +110,27 @@ def latency(transactions: DataFrame) -> DataFrame:
                     F.col("q")[2].alias("p99_seconds"), "mean_seconds", "max_seconds"))
 
 
+#: Latency histogram buckets: this many per decade of seconds, from 1 ms (everything
+#: faster lands in the first) to 10^5 s.
+BUCKETS_PER_DECADE = 4
+_FIRST_BUCKET, _LAST_BUCKET = -3 * BUCKETS_PER_DECADE, 5 * BUCKETS_PER_DECADE
+
+
+def latency_histogram(transactions: DataFrame) -> DataFrame:
+    """Per (producer_group, topic, bucket): resolved transactions whose time to resolution
+    is at most ``upper_seconds`` (log-spaced buckets, 4 per decade), for a CDF."""
+    seconds = (F.col("ended_at_ms") - F.col("prepared_at_ms")) / F.lit(1000.0)
+    bucket = F.ceil(F.log10(F.greatest(seconds, F.lit(1e-3))) * BUCKETS_PER_DECADE)
+    bucket = F.least(F.greatest(bucket, F.lit(_FIRST_BUCKET)), F.lit(_LAST_BUCKET)).cast("int")
+    return (transactions.select("producer_group", "topic", "state", "prepared_at_ms", "ended_at_ms")
+            .filter(F.col("state").isin("COMMITTED", "ROLLED_BACK") & F.col("ended_at_ms").isNotNull())
+            .groupBy("producer_group", "topic", bucket.alias("bucket"))
+            .agg(F.count(F.lit(1)).alias("transactions"))
+            .select("producer_group", "topic", "bucket",
+                    F.pow(F.lit(10.0), F.col("bucket") / F.lit(float(BUCKETS_PER_DECADE))).alias("upper_seconds"),
+                    "transactions"))
+
+
 def checks_distribution(transactions: DataFrame) -> DataFrame:
     """Per (producer_group, topic, checks delivered): how many transactions."""
     return (transactions.select("producer_group", "topic", "checks_delivered", "checks_answered")
@@ -113,14 +143,30 @@ _ANOMALY_COLUMNS = ("kind", "broker", "producer_group", "topic", "transaction_id
 
 
 def anomalies(transactions: DataFrame, messages: DataFrame, now_ms: int,
-              pending_threshold_seconds: float) -> DataFrame:
-    """One row per anomaly: kind, broker, producer_group, topic, transaction_id, message_id, detail."""
+              pending_threshold_seconds: float, *, in_topic_messages: DataFrame | None = None,
+              missing_unless: tuple[DataFrame, int] | None = None) -> DataFrame:
+    """One row per anomaly: kind, broker, producer_group, topic, transaction_id, message_id, detail.
+
+    The continuous audit passes ``in_topic_messages`` (the messages still retained, for
+    "in a topic, not committed") and ``missing_unless`` = (``progress``: topic, broker,
+    queue, ``reached`` offset, ``caught_up``; ``committed_before_ms``): a committed
+    transaction is missing only when its offset is below what was read of its queue, or it
+    ended before ``committed_before_ms`` and its queue is read to the end — not when its
+    message is merely in a batch still to come."""
     txns = transactions.select("transaction_id", "message_id", "broker", "producer_group", "topic", "queue",
-                               "state", "prepared_at_ms", "queue_offset", "discard_reason")
+                               "state", "prepared_at_ms", "ended_at_ms", "queue_offset", "discard_reason")
     msgs = messages.select("topic", "broker", "queue", "offset", "message_id", "transaction_id", "producer_group")
     in_topics = msgs.filter(F.col("transaction_id").isNotNull()).select("transaction_id").distinct()
 
-    committed_missing = (txns.filter(F.col("state") == "COMMITTED")
+    committed = txns.filter(F.col("state") == "COMMITTED")
+    if missing_unless is not None:
+        progress, committed_before_ms = missing_unless
+        committed = (committed.join(progress, on=["topic", "broker", "queue"], how="left")
+                     .filter((F.col("queue_offset") < F.coalesce(F.col("reached"), F.lit(0)))
+                             | ((F.col("ended_at_ms") < F.lit(committed_before_ms))
+                                & F.coalesce(F.col("caught_up"), F.lit(False))))
+                     .drop("reached", "caught_up"))
+    committed_missing = (committed
                          .join(in_topics, on="transaction_id", how="left_anti")
                          .select(F.lit("committed_missing").alias("kind"), "broker", "producer_group", "topic",
                                  "transaction_id", "message_id",
@@ -128,7 +174,8 @@ def anomalies(transactions: DataFrame, messages: DataFrame, now_ms: int,
                                                  F.col("queue"), F.col("queue_offset")).alias("detail")))
 
     states = txns.select("transaction_id", F.col("state").alias("txn_state"))
-    uncommitted = (msgs.filter(F.col("transaction_id").isNotNull())
+    retained = msgs if in_topic_messages is None else in_topic_messages.select(*msgs.columns)
+    uncommitted = (retained.filter(F.col("transaction_id").isNotNull())
                    .join(states, on="transaction_id", how="left")
                    .filter(F.col("txn_state").isNull() | (F.col("txn_state") != "COMMITTED"))
                    .select(F.lit("uncommitted_in_topic").alias("kind"), "broker", "producer_group", "topic",
@@ -175,6 +222,11 @@ class AuditResult:
     transactions: int
     messages: int
     seconds: float
+    latency_histogram: list[dict[str, Any]] = field(default_factory=list)
+    generated_at_ms: int = 0
+    reports: list[str] = field(default_factory=list)
+    #: Wall seconds per step: read_transactions, read_messages, tables, report.
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def anomalies(self) -> int:
@@ -190,21 +242,36 @@ def _rows(df: DataFrame) -> list[dict[str, Any]]:
 
 
 def run(spark: SparkSession, *, nameserver: str, output: str, topics: str = "*",
-        pending_threshold_seconds: float = DEFAULT_PENDING_THRESHOLD_SECONDS, report_format: str = "md",
+        pending_threshold_seconds: float = DEFAULT_PENDING_THRESHOLD_SECONDS, report_format: str = "both",
         partitions_per_broker: int = 4, max_messages_per_partition: int = 200_000,
         now_ms: int | None = None) -> AuditResult:
     started = time.monotonic()
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
-    txns = read_transactions(spark, nameserver, partitions_per_broker).cache()
+    txns = of_topics(read_transactions(spark, nameserver, partitions_per_broker), topics).cache()
     msgs = read_messages(spark, nameserver, topics, max_messages_per_partition).cache()
+    phases: dict[str, float] = {}
+    mark = time.monotonic()
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        phases[name] = round(now - mark, 3)
+        mark = now
+
     try:
+        log.info("reading the transaction tables through %s", nameserver)
         transactions = txns.count()
+        phase("read_transactions")
+        log.info("%d transactions; reading the messages of topics %s", transactions, topics)
         messages = msgs.count()
+        phase("read_messages")
+        log.info("%d messages; reconciling", messages)
         tables = {"state_counts": state_counts(txns), "latency": latency(txns),
-                  "checks": checks_distribution(txns),
+                  "latency_histogram": latency_histogram(txns), "checks": checks_distribution(txns),
                   "anomalies": anomalies(txns, msgs, now_ms, pending_threshold_seconds)}
         for name, df in tables.items():
             df.write.mode("overwrite").parquet(os.path.join(output, "tables", name))
+            log.info("wrote %s", os.path.join(output, "tables", name))
         read_back = {name: spark.read.parquet(os.path.join(output, "tables", name)) for name in tables}
         found = read_back["anomalies"]
         counts = {kind: 0 for kind in ANOMALY_KINDS}
@@ -219,13 +286,18 @@ def run(spark: SparkSession, *, nameserver: str, output: str, topics: str = "*",
             latency=_rows(read_back["latency"].orderBy("producer_group", "topic")),
             checks=_rows(read_back["checks"].orderBy("producer_group", "topic", "checks_delivered")),
             anomaly_counts=counts, anomaly_examples=examples, transactions=transactions, messages=messages,
-            seconds=time.monotonic() - started)
+            seconds=time.monotonic() - started,
+            latency_histogram=_rows(read_back["latency_histogram"].orderBy("producer_group", "topic", "bucket")),
+            generated_at_ms=now_ms, phases=phases)
+        phase("tables")
     finally:
         txns.unpersist()
         msgs.unpersist()
     _write_summary(result, output, nameserver, now_ms, pending_threshold_seconds)
     from txmq_pipeline import report
-    report.write(result, output, report_format)
+    result.reports = report.write(result, output, report_format, nameserver=nameserver,
+                                  threshold=pending_threshold_seconds)
+    phase("report")
     return result
 
 
@@ -246,6 +318,7 @@ def _write_summary(result: AuditResult, output: str, nameserver: str, now_ms: in
         "anomalies": result.anomalies, "anomaly_counts": result.anomaly_counts,
         "anomaly_examples": result.anomaly_examples, "state_counts": result.state_counts,
         "latency": result.latency, "checks": result.checks, "exit_status": result.exit_status,
+        "phases_seconds": result.phases,
     }
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "summary.json"), "w") as f:
@@ -259,23 +332,50 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--output", required=True, help="output directory (Parquet tables, summary.json, report)")
     p.add_argument("--topics", default="*", help="topics to reconcile (comma-separated; default: every user topic)")
     p.add_argument("--pending-threshold-seconds", type=float, default=DEFAULT_PENDING_THRESHOLD_SECONDS)
-    p.add_argument("--report-format", choices=("md", "html"), default="md")
+    p.add_argument("--report-format", choices=("both", "html", "md"), default="both",
+                   help="report.html (self-contained) and/or report.md (default both)")
     p.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else local[*])")
     p.add_argument("--transaction-partitions-per-broker", type=int, default=4)
     p.add_argument("--max-messages-per-partition", type=int, default=200_000)
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="of the job's own log (txmq_pipeline.*)")
+    f = p.add_argument_group("continuous audit (--follow)")
+    f.add_argument("--follow", action="store_true",
+                   help="run as a streaming job: keep tables/anomalies, summary.json and Prometheus metrics "
+                        "up to date until stopped (SIGTERM/Ctrl-C)")
+    f.add_argument("--checkpoint", default=None, help="checkpoint directory (default OUTPUT/_checkpoint)")
+    f.add_argument("--interval-seconds", type=float, default=30.0, help="trigger and refresh interval")
+    f.add_argument("--missing-grace-seconds", type=float, default=60.0,
+                   help="a committed transaction whose message has not been read yet counts as missing after this")
+    f.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    f.add_argument("--max-offsets-per-trigger", type=int, default=None)
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     args = parse_args(argv)
-    builder = SparkSession.builder.appName("txmq-audit")
-    if args.master:
-        builder = builder.master(args.master)
-    spark = builder.getOrCreate()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    logging.getLogger("txmq_pipeline").setLevel(args.log_level)
+    from txmq_pipeline.session import session
+
+    spark = session("txmq-audit", args.master)
+    spark.sparkContext.setLogLevel("WARN")
+    if args.follow:
+        from txmq_pipeline.follow import follow, stop_on_signals
+        try:
+            return follow(spark, nameserver=args.nameserver, output=args.output,
+                          checkpoint=args.checkpoint or os.path.join(args.output, "_checkpoint"),
+                          topics=args.topics, pending_threshold_seconds=args.pending_threshold_seconds,
+                          missing_grace_seconds=args.missing_grace_seconds, interval_seconds=args.interval_seconds,
+                          metrics_port=args.metrics_port, max_offsets_per_trigger=args.max_offsets_per_trigger,
+                          partitions_per_broker=args.transaction_partitions_per_broker, stop=stop_on_signals())
+        except Exception:
+            log.exception("the continuous audit failed")
+            return EXIT_ERROR
+        finally:
+            spark.stop()
     try:
-        import txmq_pipeline
-        txmq_pipeline.register(spark)
         result = run(spark, nameserver=args.nameserver, output=args.output, topics=args.topics,
                      pending_threshold_seconds=args.pending_threshold_seconds, report_format=args.report_format,
                      partitions_per_broker=args.transaction_partitions_per_broker,
@@ -288,6 +388,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("audited %d transactions and %d messages in %.1f s: %d anomalies %s", result.transactions,
              result.messages, result.seconds, result.anomalies,
              {k: v for k, v in result.anomaly_counts.items() if v})
+    from txmq_pipeline.report import summary_line
+    print(summary_line(result))
+    for path in result.reports:
+        print(f"report: {os.path.abspath(path)}")
+    if not result.reports:
+        print(f"tables: {args.output}/tables (the report is written on local paths only)")
     return result.exit_status
 
 

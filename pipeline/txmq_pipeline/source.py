@@ -24,10 +24,13 @@ Batch read of the transaction table: ``option("table", "transactions")`` (option
 ``producerGroup``, ``state``); each broker's table is split into sequence ranges
 (``transactionPartitionsPerBroker``).
 
-Streaming read: ``spark.readStream.format("txmq")`` with ``topic``/``topics`` and
-``startingOffsets`` ("earliest" or "latest"); offsets are per (topic, broker, queue) in
-Spark's checkpoint; queues and brokers that appear later are read from their oldest
-retained offset.
+Streaming read: ``spark.readStream.format("txmq")`` with ``topic``/``topics``/``topicPattern``,
+``startingOffsets`` ("latest", the default as in spark-sql-kafka, "earliest" or JSON),
+``maxOffsetsPerTrigger`` and ``failOnDataLoss`` (default true); offsets are per (topic,
+broker, queue) in Spark's checkpoint; queues and brokers that appear later are read from
+offset 0. See :class:`MessageStreamReader`.
+
+Every use refuses options it does not know (:data:`VALID_OPTIONS`), naming the valid ones.
 
 Streaming write: see :mod:`txmq_pipeline.sink`.
 """
@@ -36,6 +39,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+import re
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -43,10 +48,14 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStre
                                     DataSourceStreamWriter, EqualTo, Filter, GreaterThan,
                                     GreaterThanOrEqual, In, InputPartition, LessThan,
                                     LessThanOrEqual)
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
+                                              SupportsTriggerAvailableNow)
 from pyspark.sql.types import StructType
 
 from . import _broker
 from ._broker import QueueRange
+
+log = logging.getLogger(__name__)
 
 MESSAGE_SCHEMA = (
     "topic STRING, broker STRING, queue INT, offset BIGINT, message_id STRING, "
@@ -67,7 +76,49 @@ DEFAULT_TXN_PARTITIONS_PER_BROKER = 4
 
 
 class TxmqOptionError(ValueError):
-    """An option of the ``txmq`` data source is missing or malformed."""
+    """An option of the ``txmq`` data source is missing, malformed or unknown."""
+
+
+class TxmqDataLossError(RuntimeError):
+    """Offsets the query needs are gone (retention deleted them) and ``failOnDataLoss``
+    is true."""
+
+
+# ----------------------------------------------------------------------------- the options each use accepts
+
+_TOPICS = ("topic", "topics", "topicPattern")
+#: Every option per use (names as users write them; Spark matches them case-insensitively).
+VALID_OPTIONS = {
+    "read": ("nameserver", "table", *_TOPICS, "startingOffsets", "endingOffsets", "startTime", "endTime",
+             "brokers", "queues", "includeBody", "maxMessagesPerPartition", "pushFilters", "failOnDataLoss"),
+    "read transactions": ("nameserver", "table", "producerGroup", "state", "transactionPartitionsPerBroker"),
+    "stream": ("nameserver", "table", *_TOPICS, "startingOffsets", "includeBody", "maxOffsetsPerTrigger",
+               "maxMessagesPerTrigger", "failOnDataLoss"),
+    "sink": ("nameserver", "topic", "producerGroup", "checkpointLocation", "checkImmunitySeconds", "sinkLogPath"),
+}
+#: spark-sql-kafka names a user may bring, and ours.
+KAFKA_EQUIVALENTS = {"kafka.bootstrap.servers": "nameserver", "subscribe": "topics", "assign": "startingOffsets",
+                     "subscribePattern": "topicPattern", "startingTimestamp": "startTime",
+                     "endingTimestamp": "endTime", "minPartitions": "maxMessagesPerPartition"}
+#: Options Spark itself adds to a source's or sink's options.
+_SPARK_OPTIONS = {"path"}
+
+
+def check_options(options: dict[str, str], use: str) -> None:
+    """Refuses options ``use`` does not know (a typo such as ``startingOffset`` would
+    otherwise be ignored without a word), naming the valid ones."""
+    valid = {name.lower(): name for name in VALID_OPTIONS[use]}
+    unknown = sorted(k for k in options if k.lower() not in valid and k.lower() not in _SPARK_OPTIONS)
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        ours = {k.lower(): v for k, v in KAFKA_EQUIVALENTS.items()}.get(name.lower())
+        if ours:
+            hints.append(f"{name!r} is spark-sql-kafka's; txmq's is {ours!r}")
+    raise TxmqOptionError(
+        f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(repr(u) for u in unknown)} for a txmq {use}; "
+        f"valid: {', '.join(VALID_OPTIONS[use])}" + (f" ({'; '.join(hints)})" if hints else ""))
 
 
 # ----------------------------------------------------------------------------- options
@@ -122,10 +173,29 @@ def _csv(options: dict[str, str], name: str) -> list[str]:
     return [v.strip() for v in (options.get(name) or "").split(",") if v.strip()]
 
 
+def _pattern(options: dict[str, str]) -> re.Pattern[str] | None:
+    value = options.get("topicPattern")
+    if not value:
+        return None
+    if _csv(options, "topics") or _csv(options, "topic"):
+        raise TxmqOptionError("give one of option('topic'/'topics', ...) and option('topicPattern', ...), not both")
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        raise TxmqOptionError(f"option 'topicPattern' is not a regular expression ({exc}): {value!r}") from None
+
+
 def _topics(options: dict[str, str], client: Any) -> list[str]:
+    """The topics to read: ``topic``/``topics`` (``*``: every user topic), or the user
+    topics whose whole name matches ``topicPattern`` (looked up again at every trigger of
+    a stream, so topics created later join)."""
+    pattern = _pattern(options)
+    if pattern is not None:
+        return [t for t in _broker.user_topics(client) if pattern.fullmatch(t)]
     names = _csv(options, "topics") or _csv(options, "topic")
     if not names:
-        raise TxmqOptionError("the txmq data source needs option('topic', ...) or option('topics', 'a,b' or '*')")
+        raise TxmqOptionError("the txmq data source needs option('topic', ...), option('topics', 'a,b' or '*') "
+                              "or option('topicPattern', regex)")
     if names == ["*"]:
         return _broker.user_topics(client)
     return names
@@ -295,6 +365,7 @@ class MessageReader(DataSourceReader):
         if b.time_high is not None:
             max_time = b.time_high if max_time is None else min(max_time, b.time_high)
         size = _int(options, "maxMessagesPerPartition", DEFAULT_MAX_MESSAGES_PER_PARTITION)
+        fail_on_data_loss = _bool(options, "failOnDataLoss", True)
         client = _broker.connect(self.nameserver)
         try:
             out: list[InputPartition] = []
@@ -306,7 +377,13 @@ class MessageReader(DataSourceReader):
                         continue
                     if not (b.allows("broker", broker) and b.allows("queue", queue)):
                         continue
-                    start = max(low, _lookup(starting, topic, broker, queue) or 0, b.offset_low)
+                    asked = _lookup(starting, topic, broker, queue)
+                    if asked is not None and asked < low and fail_on_data_loss:
+                        raise TxmqDataLossError(
+                            f"startingOffsets asks for {topic}/{broker}/{queue} at {asked}, the oldest retained "
+                            f"offset is {low}: messages were deleted. Set option('failOnDataLoss', 'false') "
+                            "to read from the oldest retained offset")
+                    start = max(low, asked or 0, b.offset_low)
                     end = min([high, *(v for v in (_lookup(ending, topic, broker, queue), b.offset_high)
                                        if v is not None)])
                     if start >= end:
@@ -377,18 +454,34 @@ class TransactionReader(DataSourceReader):
 
 # ----------------------------------------------------------------------------- streaming read
 
-class MessageStreamReader(DataSourceStreamReader):
-    """Offsets: ``{topic: {broker: {queue: next offset}}}``."""
+class MessageStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets: ``{topic: {broker: {queue: next offset}}}``.
+
+    - ``startingOffsets``: ``latest`` (default, as Kafka), ``earliest``, or JSON
+      ``{topic: {broker: {queue: offset}}}`` (queues it leaves out start at ``latest``);
+      only for a query without a checkpoint, which otherwise says where to resume.
+    - ``maxOffsetsPerTrigger`` (alias ``maxMessagesPerTrigger``): at most this many
+      messages per micro-batch, shared across queues in proportion to their backlog.
+    - ``failOnDataLoss`` (default true): fail the query when retention deleted offsets it
+      has not read yet (or a queue that appeared later no longer starts at 0); false skips
+      to the oldest retained offset with a warning.
+    """
 
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
         self.nameserver = _required(options, "nameserver")
         self.include_body = _bool(options, "includeBody", True)
-        starting = (options.get("startingOffsets") or "earliest").lower()
-        if starting not in ("earliest", "latest"):
-            raise TxmqOptionError("streaming option 'startingOffsets' must be 'earliest' or 'latest'")
-        self.starting = starting
+        value = (options.get("startingOffsets") or "latest").strip()
+        self.starting = value.lower() if value.lower() in ("earliest", "latest") else "json"
+        self.starting_json = _offsets_option(options, "startingOffsets", "latest") if self.starting == "json" else None
+        self.fail_on_data_loss = _bool(options, "failOnDataLoss", True)
+        limit = options.get("maxOffsetsPerTrigger") or options.get("maxMessagesPerTrigger")
+        self.max_per_trigger = _int({"maxOffsetsPerTrigger": limit}, "maxOffsetsPerTrigger", 0) if limit else None
+        if self.max_per_trigger is not None and self.max_per_trigger <= 0:
+            raise TxmqOptionError(f"option 'maxOffsetsPerTrigger' must be a positive integer, got {limit!r}")
+        _pattern(options)  # a malformed pattern fails at start, not at the first trigger
         self._client: Any = None
+        self._available_now: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -400,29 +493,68 @@ class MessageStreamReader(DataSourceStreamReader):
             self._client = _broker.connect(self.nameserver)
         return self._client
 
-    def _current(self, use_min: bool) -> dict[str, Any]:
+    def _bounds(self) -> dict[tuple[str, str, str], tuple[int, int]]:
+        """(topic, broker, queue) → (oldest retained offset, next offset)."""
         client = self._connected()
-        offsets: dict[str, Any] = {}
+        out: dict[tuple[str, str, str], tuple[int, int]] = {}
         for topic in _topics(self.options, client):
             try:
                 found = _broker.queue_offsets(client, topic)
             except _broker.TxmqError:
                 found = {}
             for (broker, queue), (_address, low, high) in found.items():
-                offsets.setdefault(topic, {}).setdefault(broker, {})[str(queue)] = low if use_min else high
-        return offsets
+                out[(topic, broker, str(queue))] = (low, high)
+        return out
 
     def initialOffset(self) -> dict[str, Any]:
-        return self._current(use_min=self.starting == "earliest")
+        offsets: dict[str, Any] = {}
+        for (topic, broker, queue), (low, high) in self._bounds().items():
+            chosen = _lookup(self.starting_json, topic, broker, int(queue))
+            if chosen is None:
+                chosen = low if self.starting == "earliest" else high
+            elif chosen < low:
+                self._data_loss(f"startingOffsets asks for {topic}/{broker}/{queue} at {chosen}, "
+                                f"the oldest retained offset is {low}")
+            offsets.setdefault(topic, {}).setdefault(broker, {})[queue] = max(min(chosen, high), low)
+        return offsets
+
+    def _data_loss(self, what: str) -> None:
+        if self.fail_on_data_loss:
+            raise TxmqDataLossError(f"{what}: messages were deleted before this query read them. Set "
+                                    "option('failOnDataLoss', 'false') to skip to the oldest retained offset")
+        log.warning("%s; skipping to the oldest retained offset (failOnDataLoss=false)", what)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_per_trigger) if self.max_per_trigger else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now = {f"{t}\0{b}\0{q}": high for (t, b, q), (_low, high) in self._bounds().items()}
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
-        latest = self._current(use_min=False)
-        merged: dict[str, Any] = json.loads(json.dumps(start or {}))
-        for topic, brokers in latest.items():
-            for broker, queues in brokers.items():
-                for queue, high in queues.items():
-                    known = merged.setdefault(topic, {}).setdefault(broker, {})
-                    known[queue] = max(int(known.get(queue, 0)), int(high))
+        start = start or {}
+        bounds = self._bounds()
+        begin: dict[tuple[str, str, str], int] = {}
+        target: dict[tuple[str, str, str], int] = {}
+        for key, (low, high) in bounds.items():
+            topic, broker, queue = key
+            known = _lookup(start, topic, broker, int(queue))
+            if known is None:
+                known = 0  # a queue that appeared later: from its start
+                if low > 0:
+                    self._data_loss(f"new queue {topic}/{broker}/{queue} starts at offset {low}, not 0")
+            elif known < low:
+                self._data_loss(f"{topic}/{broker}/{queue} needs offset {known}, the oldest retained is {low}")
+            if not self.fail_on_data_loss:
+                known = max(known, low)
+            if self._available_now is not None:
+                high = min(high, self._available_now.get("\0".join(key), 0))
+            begin[key], target[key] = known, max(known, high)
+        if isinstance(limit, ReadMaxRows):
+            target = _share(begin, target, limit.max_rows)
+        merged: dict[str, Any] = json.loads(json.dumps(start))
+        for (topic, broker, queue), end in target.items():
+            known = merged.setdefault(topic, {}).setdefault(broker, {})
+            known[queue] = max(int(known.get(queue, 0)), end)
         return merged
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
@@ -448,6 +580,25 @@ class MessageStreamReader(DataSourceStreamReader):
             self._client = None
 
 
+def _share(begin: dict[Any, int], target: dict[Any, int], budget: int) -> dict[Any, int]:
+    """Ends that read at most ``budget`` messages in all, each queue getting a share in
+    proportion to its backlog (as spark-sql-kafka's maxOffsetsPerTrigger); what rounding
+    leaves goes to the largest backlogs first."""
+    backlog = {k: target[k] - begin[k] for k in target}
+    total = sum(backlog.values())
+    if total <= budget:
+        return target
+    take = {k: budget * n // total for k, n in backlog.items()}
+    left = budget - sum(take.values())
+    for k in sorted(backlog, key=lambda k: (-(backlog[k] - take[k]), k)):
+        if left <= 0:
+            break
+        if take[k] < backlog[k]:
+            take[k] += 1
+            left -= 1
+    return {k: begin[k] + take[k] for k in target}
+
+
 # ----------------------------------------------------------------------------- the source
 
 class TxmqDataSource(DataSource):
@@ -469,7 +620,9 @@ class TxmqDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         options = self.options.copy()
         if self._table() == "transactions":
+            check_options(options, "read transactions")
             return TransactionReader(options)
+        check_options(options, "read")
         if _bool(options, "pushFilters", False):
             return PushdownMessageReader(options)
         return MessageReader(options)
@@ -477,8 +630,10 @@ class TxmqDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if self._table() != "messages":
             raise TxmqOptionError("streaming reads are of topics only (table 'messages')")
+        check_options(self.options, "stream")
         return MessageStreamReader(self.options.copy())
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from .sink import TxmqStreamWriter
+        check_options(self.options, "sink")
         return TxmqStreamWriter(self.options.copy(), schema)

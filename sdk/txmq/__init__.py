@@ -35,6 +35,7 @@ from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, C
                       StaleClaimError, SystemTopicError, TopicExistsError, TopicNotFoundError,
                       TransactionNotFoundError, TransactionStateError, TxmqError, UnavailableError,
                       WrongBrokerError)
+from ._faults import RoutingStats, ShardStats
 from ._producer import Producer, TransactionListener, TransactionProducer
 from ._types import (ConsumeResult, LocalTransactionState, Message, ReceivedMessage, SendReceipt,
                      TransactionMessage, TransactionResult, TransactionState)
@@ -53,7 +54,9 @@ __all__ = [
     "LocalTransactionState",
     "Message",
     "ReceivedMessage",
+    "RoutingStats",
     "SendReceipt",
+    "ShardStats",
     "TransactionMessage",
     "TransactionResult",
     "TransactionState",

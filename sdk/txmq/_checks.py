@@ -5,10 +5,23 @@ the name servers (RocketMQ's broker dials the producer; here the producer dials 
 checkers, so the broker never needs a route to it)::
 
     discovery thread ── ListCheckers every checker_refresh_seconds ──▶ one connection per checker
-    connection thread ── Subscribe ──▶ checker
-                      ◀── CheckRequest ──   CheckReceived at once ──▶
-                      worker pool (check_threads) runs listener.check_local_transaction
-                                            CheckAnswer ──▶
+    connection thread ── Subscribe(check_credit) ──▶ checker
+                      ◀── CheckRequest ──  (never more than the credit granted)
+    worker pool (check_threads) ── CheckReceived when it starts a check ──▶
+                                   runs listener.check_local_transaction
+                                   CheckAnswer (+1 credit) ──▶
+
+Flow control: each stream grants ``CHECK_CREDIT_PER_THREAD × check_threads`` credit at
+subscribe and one more with every answer, so a checker never sends more checks than the
+workers can start soon; the rest stay due in the broker. A check counts against the
+broker's ``check_max`` (and its answer timeout runs) from when a worker starts it, not from
+when it arrived.
+
+No answer is thrown away: an answer whose stream ended meanwhile (the checker restarted or
+left) names its transaction, broker and group and goes out on the next subscribed stream
+to any checker, where it still decides the transaction if nobody did. So do the decisions
+queued on a stream in the ``RESEND_WINDOW_SECONDS`` before it failed (gRPC says nothing of
+what reached the checker; a decision repeated changes nothing).
 
 A connection that fails is opened again with exponential backoff (with jitter) for as long
 as the checker is listed; a checker that leaves the list is disconnected.
@@ -25,11 +38,13 @@ What ``check_local_transaction`` may return:
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import queue
 import random
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -51,6 +66,14 @@ _RESULTS = {
 #: First and longest pause before opening a failed checker stream again.
 RECONNECT_BACKOFF_SECONDS = 0.1
 RECONNECT_BACKOFF_MAX_SECONDS = 5.0
+#: Credit per check thread each checker stream grants: the running checks plus a short
+#: queue, so a worker that frees up finds the next check waiting while more are claimed.
+CHECK_CREDIT_PER_THREAD = 8
+#: Answers kept while no checker stream is subscribed (the oldest goes first past it).
+MAX_UNSENT_ANSWERS = 10_000
+#: Decisions queued this long before their stream failed are sent again on the next one.
+RESEND_WINDOW_SECONDS = 10.0
+_DECISIONS = (common_pb2.CHECK_RESULT_COMMIT, common_pb2.CHECK_RESULT_ROLLBACK)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +120,9 @@ def check_message(check: checker_pb2.CheckRequest, checker_name: str) -> CheckMe
                         queue_id=check.message.queue_id, attempt=check.attempt, checker_name=checker_name)
 
 
+Request = checker_pb2.CheckTransactionStateRequest
+
+
 class CheckResponder:
     """Keeps a stream open to every live checker and answers its checks."""
 
@@ -107,9 +133,13 @@ class CheckResponder:
         self.client_id = client_id
         self._check = check
         self.refresh_seconds = refresh_seconds
+        #: Credit each checker stream grants at subscribe (see the module's docstring).
+        self.check_credit = CHECK_CREDIT_PER_THREAD * check_threads
         self._executor = ThreadPoolExecutor(max_workers=check_threads, thread_name_prefix="txmq-check")
         self._lock = threading.Lock()
         self._connections: dict[str, _CheckerConnection] = {}
+        #: Answers whose stream ended, waiting for any subscribed stream.
+        self._unsent: collections.deque[Request] = collections.deque()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._discover, name="txmq-checker-discovery", daemon=True)
 
@@ -156,16 +186,18 @@ class CheckResponder:
             log.info("checker %s (%s) left: disconnecting", connection.checker_name, connection.address)
             connection.close()
 
-    def submit(self, check: checker_pb2.CheckRequest, checker_name: str,
-               reply: Callable[[checker_pb2.CheckTransactionStateRequest], None]) -> None:
+    def submit(self, check: checker_pb2.CheckRequest, connection: "_CheckerConnection", session: int) -> None:
         try:
-            self._executor.submit(self._run_check, check, checker_name, reply)
+            self._executor.submit(self._run_check, check, connection, session)
         except RuntimeError:  # shut down: the checker hands the check to another producer
             pass
 
-    def _run_check(self, check: checker_pb2.CheckRequest, checker_name: str,
-                   reply: Callable[[checker_pb2.CheckTransactionStateRequest], None]) -> None:
-        message = check_message(check, checker_name)
+    def _run_check(self, check: checker_pb2.CheckRequest, connection: "_CheckerConnection", session: int) -> None:
+        if self._stop.is_set():
+            return  # closing: not started, so the checker hands it to another producer
+        # Started now: the check counts against the budget and its answer timeout runs.
+        connection.send(Request(received=checker_pb2.CheckReceived(check_id=check.check_id)), session)
+        message = check_message(check, connection.checker_name)
         try:
             outcome = self._check(message)
         except Exception:  # noqa: BLE001 - the user's failure is an answer: UNKNOWN
@@ -177,8 +209,35 @@ class CheckResponder:
                         "LocalTransactionState nor txmq.InProgress: answering UNKNOWN",
                         outcome, check.transaction_id)
         result, retry_after = answer_for(outcome)
-        reply(checker_pb2.CheckTransactionStateRequest(answer=checker_pb2.CheckAnswer(
-            check_id=check.check_id, result=result, retry_after_seconds=retry_after)))
+        answer = checker_pb2.CheckAnswer(
+            check_id=check.check_id, result=result, retry_after_seconds=retry_after,
+            transaction_id=check.transaction_id, broker_name=check.broker_name,
+            producer_group=check.message.producer_group or self.producer_group, credit=1)
+        if connection.send(Request(answer=answer), session):
+            return
+        # The stream that sent the check ended; a new one started with fresh credit.
+        if result in (common_pb2.CHECK_RESULT_COMMIT, common_pb2.CHECK_RESULT_ROLLBACK):
+            answer.credit = 0
+            self._send_late(Request(answer=answer))
+
+    def _send_late(self, request: Request) -> None:
+        """On any subscribed stream, or kept until one is."""
+        with self._lock:
+            connections = list(self._connections.values())
+        for connection in connections:
+            if connection.send_any(request):
+                return
+        with self._lock:
+            self._unsent.append(request)
+            while len(self._unsent) > MAX_UNSENT_ANSWERS:
+                dropped = self._unsent.popleft()
+                log.warning("no checker reachable: check answer for transaction %s dropped (it is "
+                            "asked for again)", dropped.answer.transaction_id)
+
+    def take_unsent(self) -> list[Request]:
+        with self._lock:
+            unsent, self._unsent = list(self._unsent), collections.deque()
+        return unsent
 
     def close(self) -> None:
         """Unsubscribes from every checker; checks being answered finish, later ones are
@@ -214,6 +273,10 @@ class _CheckerConnection:
         self._lock = threading.Lock()
         self._call: Any = None
         self._outbox: queue.SimpleQueue[checker_pb2.CheckTransactionStateRequest | None] | None = None
+        #: Counts the streams opened: a check's CheckReceived and credit go only to its own.
+        self._session = 0
+        #: Decisions queued on the current stream lately: (monotonic time, request).
+        self._recent: collections.deque[tuple[float, Request]] = collections.deque()
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = checker_pb2_grpc.CheckerServiceStub(self._channel)
         self._thread = threading.Thread(target=self._run, name=f"txmq-checker-{checker_name}", daemon=True)
@@ -221,35 +284,78 @@ class _CheckerConnection:
     def start(self) -> None:
         self._thread.start()
 
+    def send(self, request: Request, session: int) -> bool:
+        """Queues ``request`` on the stream ``session`` (False when that stream ended)."""
+        with self._lock:
+            if self._outbox is None or session != self._session:
+                return False
+            self._outbox.put(request)
+            if request.answer.result in _DECISIONS:
+                now = time.monotonic()
+                self._recent.append((now, request))
+                while self._recent and self._recent[0][0] < now - RESEND_WINDOW_SECONDS:
+                    self._recent.popleft()
+            return True
+
+    def _resend_recent(self) -> None:
+        """The stream ended: decisions queued on it lately may not have reached the checker
+        (gRPC gives no receipt), so they go again, as late answers, on the next stream. A
+        repeated decision changes nothing."""
+        with self._lock:
+            recent, self._recent = list(self._recent), collections.deque()
+        horizon = time.monotonic() - RESEND_WINDOW_SECONDS
+        for at, request in recent:
+            if at >= horizon:
+                again = Request()
+                again.CopyFrom(request)
+                again.answer.credit = 0
+                self.responder._send_late(again)
+
+    def send_any(self, request: Request) -> bool:
+        """Queues ``request`` on the current stream if it is subscribed."""
+        with self._lock:
+            if self._outbox is None or not self.subscribed.is_set():
+                return False
+            self._outbox.put(request)
+            return True
+
     def _run(self) -> None:
         backoff = RECONNECT_BACKOFF_SECONDS
         failing = False
+        responder = self.responder
         while not self._stop.is_set():
             outbox: queue.SimpleQueue[checker_pb2.CheckTransactionStateRequest | None] = queue.SimpleQueue()
             outbox.put(checker_pb2.CheckTransactionStateRequest(subscribe=checker_pb2.Subscribe(
-                producer_groups=[self.responder.producer_group], client_id=self.responder.client_id)))
+                producer_groups=[responder.producer_group], client_id=responder.client_id,
+                check_credit=responder.check_credit)))
             with self._lock:
                 if self._stop.is_set():
                     return
                 call = self._stub.CheckTransactionState(_requests(outbox))
+                self._session += 1
+                session = self._session
                 self._call, self._outbox = call, outbox
             try:
                 for response in call:
                     kind = response.WhichOneof("command")
                     if kind == "check":
-                        outbox.put(checker_pb2.CheckTransactionStateRequest(
-                            received=checker_pb2.CheckReceived(check_id=response.check.check_id)))
-                        self.responder.submit(response.check, self.checker_name, outbox.put)
+                        responder.submit(response.check, self, session)
                     elif kind == "subscribed":
                         self.checker_name = response.subscribed.checker_name or self.checker_name
                         self.subscribed.set()
+                        for late in responder.take_unsent():
+                            outbox.put(late)
                         backoff = RECONNECT_BACKOFF_SECONDS
                         if failing:
                             log.info("checker %s (%s) reachable again", self.checker_name, self.address)
                         failing = False
                     elif kind == "error":
-                        log.warning("checker %s refused a request: %s", self.checker_name,
-                                    error_from_entry(response.error))
+                        error = error_from_entry(response.error)
+                        if getattr(error, "field", "") == "check_id":
+                            # A check the checker handed back before a worker started it.
+                            log.debug("checker %s refused a request: %s", self.checker_name, error)
+                        else:
+                            log.warning("checker %s refused a request: %s", self.checker_name, error)
             except grpc.RpcError as exc:
                 if self._stop.is_set():
                     return
@@ -259,8 +365,11 @@ class _CheckerConnection:
                                 self.checker_name, self.address, code, exc.details() if hasattr(exc, "details") else exc)
                 failing = True
             finally:
-                self.subscribed.clear()
+                with self._lock:
+                    self.subscribed.clear()
+                    self._outbox = None
                 outbox.put(None)
+                self._resend_recent()
             self._stop.wait(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, RECONNECT_BACKOFF_MAX_SECONDS)
 

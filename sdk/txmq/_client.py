@@ -18,6 +18,7 @@ import grpc
 
 from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError,
                       TxmqError, error_from_rpc)
+from ._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, RetryAction, retry_action
 from ._pipeline import ProduceStream
 from .v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
@@ -29,11 +30,17 @@ MAX_GRPC_MESSAGE_BYTES = 16 * 1024 * 1024
 CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
-    # Reconnect soon after a broker restarts (gRPC's default backoff grows to 120 s).
+    # Reconnect within about a second of a peer coming back (gRPC's default backoff grows
+    # to 120 s, which would turn a broker restart or a failover into minutes).
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 5000),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 )
+
+#: Attempts of a call bound to its shard (:meth:`Client.call_bound`), the first retry after
+#: BOUND_BACKOFF_SECONDS, doubling.
+BOUND_ATTEMPTS = 3
+BOUND_BACKOFF_SECONDS = 0.1
 
 Resp = TypeVar("Resp")
 
@@ -84,8 +91,11 @@ class Client:
         self._broker_stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
         self._ns_stubs: dict[str, nameserver_pb2_grpc.NameServerServiceStub] = {}
         self._streams: dict[str, ProduceStream] = {}
+        # topic → (queues, when fetched: time.monotonic()).
         self._routes: dict[str, tuple[tuple[QueueRoute, ...], float]] = {}
         self._broker_addresses: dict[str, str] = {}
+        #: Which shards new sends avoid (shared by this client's producers and consumers).
+        self.faults = FaultTable()
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -158,6 +168,32 @@ class Client:
                 raise ClientClosedError(self._what) from None
             raise
 
+    def call_bound(self, shard: str, method_of: Callable[[broker_pb2_grpc.BrokerServiceStub], Callable[..., Resp]],
+                   request: Any, timeout: float | None = None) -> Resp:
+        """A unary call bound to ``shard`` by an id (an ack, an invisibility change): retried
+        on that shard with backoff while it fails transiently or the name servers do not
+        list it (see ``_faults.retry_action``), asking its address again before each retry;
+        recorded in the fault table."""
+        attempt = 1
+        while True:
+            try:
+                address = self.broker_address(shard, refresh=attempt > 1)
+                response = self.call(method_of(self.broker(address)), request, timeout)
+            except ClientClosedError:
+                raise
+            except TxmqError as err:
+                if err.retryable:
+                    self.faults.failed(shard)
+                if retry_action(err, bound=True) is RetryAction.FAIL or attempt >= BOUND_ATTEMPTS:
+                    raise
+                log.debug("call to %s failed (attempt %d of %d), retrying there: %s",
+                          shard, attempt, BOUND_ATTEMPTS, err)
+                time.sleep(BOUND_BACKOFF_SECONDS * 2 ** (attempt - 1))
+                attempt += 1
+                continue
+            self.faults.succeeded(shard)
+            return response
+
     def _nameserver_call(self, name: str, request: Any) -> Any:
         """Tries the name servers in turn, from the last one that answered; transient errors
         move to the next, other errors are the answer."""
@@ -190,19 +226,24 @@ class Client:
     # --- routes ---------------------------------------------------------------------------
 
     def route(self, topic: str, *, refresh: bool = False) -> tuple[QueueRoute, ...]:
-        """The queues of a topic, cached for ``route_refresh_seconds``. Raises
-        TopicNotFoundError when the topic has no queue on a live broker."""
+        """The queues of a topic, cached for ``route_refresh_seconds`` (at most
+        ``FAULT_ROUTE_REFRESH_SECONDS`` while a shard is avoided). Raises TopicNotFoundError
+        when the topic has no queue on a live broker."""
         now = time.monotonic()
         cached = self._routes.get(topic)
-        if cached is not None and not refresh and cached[1] > now:
-            return cached[0]
+        if cached is not None and not refresh:
+            ttl = self.route_refresh_seconds
+            if ttl > FAULT_ROUTE_REFRESH_SECONDS and self.faults.any_avoided():
+                ttl = FAULT_ROUTE_REFRESH_SECONDS
+            if now - cached[1] < ttl:
+                return cached[0]
         response = self._nameserver_call("QueryRoute", nameserver_pb2.QueryRouteRequest(topic=topic))
         routes = tuple(QueueRoute(q.broker_name, q.broker_address, q.queue_id) for q in response.queues)
         if not routes:
             self._routes.pop(topic, None)
             raise TopicNotFoundError(topic)
         with self._lock:
-            self._routes[topic] = (routes, now + self.route_refresh_seconds)
+            self._routes[topic] = (routes, now)
             for r in routes:
                 self._broker_addresses[r.broker_name] = r.broker_address
         return routes

@@ -16,6 +16,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -104,9 +105,11 @@ class SimpleConsumer:
 
         First a pass over every (subscribed topic, broker) that returns at once, starting
         at a different one each call; if that finds nothing, the brokers are long-polled
-        concurrently and the call returns as soon as one of them answers. Long polls still
-        running then keep going: what they bring is returned by the next ``receive`` (and
-        is redelivered after its invisible duration if there is no next call).
+        concurrently and the call returns as soon as one of them answers with messages or
+        its poll ends. Long polls still running then keep going: what they bring is returned
+        by the next ``receive`` (and is redelivered after its invisible duration if there is
+        no next call). A broker that failed lately (the client's fault table) is skipped
+        until its next probe, so a shard that is down costs the others no latency.
         """
         if not isinstance(max_messages, int) or max_messages < 1:
             raise InvalidFieldError("max_messages", f"must be an integer >= 1, got {max_messages!r}")
@@ -121,8 +124,9 @@ class SimpleConsumer:
         errors: list[TxmqError] = []
         with self._lock:
             polled = set(self._polls)
+        faults = self._client.faults
         for target in targets:
-            if target in polled:
+            if target in polled or not faults.usable(target.broker_name):
                 continue
             try:
                 out.extend(self._receive_from(target, max_messages - len(out), invisible_duration_seconds, 0.0))
@@ -148,20 +152,29 @@ class SimpleConsumer:
 
     def _long_poll(self, targets: list[_Target], max_messages: int,
                    invisible_duration_seconds: float) -> list[ReceivedMessage]:
+        faults = self._client.faults
+        usable = [t for t in targets if faults.usable(t.broker_name)] or targets
         with self._lock:
             if self._pool is None:
                 self._client.check_open()
                 self._pool = cf.ThreadPoolExecutor(max_workers=64, thread_name_prefix="txmq-receive")
-            for target in targets:
+            for target in usable:
                 if target not in self._polls:
                     self._polls[target] = self._pool.submit(
                         self._receive_from, target, max_messages, invisible_duration_seconds,
                         self.await_duration_seconds)
             polls = dict(self._polls)
-        cf.wait(polls.values(), timeout=self.await_duration_seconds + self._client.request_timeout_seconds,
-                return_when=cf.FIRST_COMPLETED)
+        # Until a poll answers (a failed one does not count while others still run).
+        deadline = time.monotonic() + self.await_duration_seconds + self._client.request_timeout_seconds
+        running = set(polls.values())
+        while running:
+            done, running = cf.wait(running, timeout=max(0.0, deadline - time.monotonic()),
+                                    return_when=cf.FIRST_COMPLETED)
+            if not done or any(not f.cancelled() and f.exception() is None for f in done):
+                break
         out: list[ReceivedMessage] = []
         errors: list[TxmqError] = []
+        answered = False
         with self._lock:
             for target, future in polls.items():
                 if not future.done() or self._polls.get(target) is not future:
@@ -171,6 +184,7 @@ class SimpleConsumer:
                     continue
                 error = future.exception()
                 if error is None:
+                    answered = True
                     out.extend(future.result())
                 elif isinstance(error, TxmqError):
                     errors.append(error)
@@ -178,7 +192,7 @@ class SimpleConsumer:
                     errors.append(InternalError(f"receive failed: {error!r}"))
             out, rest = out[:max_messages], out[max_messages:]
             self._buffer.extend(rest)
-        if not out and errors:
+        if not out and errors and not answered:
             raise errors[-1]
         return out
 
@@ -216,10 +230,13 @@ class SimpleConsumer:
             response = self._client.call(self._client.broker(address).ReceiveMessages, request,
                                          timeout=wait_seconds + self._client.request_timeout_seconds)
         except TxmqError as err:
+            if err.retryable:
+                self._client.faults.failed(target.broker_name)
             self._client.invalidate_route(target.topic)
             if not isinstance(err, ClientClosedError):
                 log.debug("receive %s from %s failed: %s", target.topic, target.broker_name, err)
             raise
+        self._client.faults.succeeded(target.broker_name)
         return [received_from_pb(m, self.consumer_group) for m in response.messages]
 
     # --- acknowledge ----------------------------------------------------------------------
@@ -256,8 +273,7 @@ class SimpleConsumer:
         request = broker_pb2.AckMessagesRequest(consumer_group=self.consumer_group, topic=topic,
                                                 receipt_handles=[m.receipt_handle for m in messages])
         try:
-            address = self._client.broker_address(broker_name)
-            response = self._client.call(self._client.broker(address).AckMessages, request)
+            response = self._client.call_bound(broker_name, lambda stub: stub.AckMessages, request)
         except ClientClosedError:
             raise
         except TxmqError as err:
@@ -277,8 +293,8 @@ class SimpleConsumer:
         request = broker_pb2.ChangeInvisibleDurationRequest(
             consumer_group=self.consumer_group, topic=message.topic,
             receipt_handle=message.receipt_handle, invisible_duration_seconds=seconds)
-        address = self._client.broker_address(message.broker_name)
-        response = self._client.call(self._client.broker(address).ChangeInvisibleDuration, request)
+        response = self._client.call_bound(message.broker_name, lambda stub: stub.ChangeInvisibleDuration,
+                                           request)
         return dataclasses.replace(message, receipt_handle=response.receipt_handle,
                                    invisible_until=ms_to_datetime(response.invisible_until_ms))
 

@@ -15,12 +15,13 @@ import os
 import socket
 import time
 import uuid
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ._checks import CheckResponder, InProgress
 from ._client import Client, QueueRoute, positive
-from ._errors import (InvalidFieldError, MessageTooLargeError, QueueNotFoundError, TopicNotFoundError,
-                      TransactionStateError, TxmqError, WrongBrokerError)
+from ._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeError, QueueNotFoundError,
+                      TopicNotFoundError, TransactionStateError, TxmqError, WrongBrokerError)
+from ._faults import Abandoned, RetryAction, RoutingStats, retry_action
 from ._ids import MessageId
 from ._names import validate_group, validate_send_topic
 from ._pipeline import LINGER_SECONDS
@@ -38,6 +39,10 @@ _HOST = socket.gethostname()
 _STALE_ROUTE = (QueueNotFoundError, TopicNotFoundError, WrongBrokerError)
 
 
+def _shard_of(route: QueueRoute) -> str:
+    return route.broker_name
+
+
 def new_client_id() -> str:
     """``host@pid@random``: unique per producer instance, readable in the checker's logs."""
     return f"{_HOST}@{os.getpid()}@{uuid.uuid4().hex[:12]}"
@@ -47,11 +52,22 @@ class Producer:
     """Sends normal messages. Thread-safe; share one per process and close it (or use it as
     a context manager).
 
-    A send picks a queue of the topic round-robin and creates the message id once; the id
-    names that broker and queue. Transient failures (``err.retryable``: the broker or the
-    connection unavailable, no answer in time) are retried up to ``max_attempts`` times with
-    the same id on the same broker and queue, where the broker deduplicates it, so a retried
-    send is stored once. ``send_timeout_seconds`` bounds each attempt.
+    A send picks a queue of the topic round-robin, skipping the shards (brokers) that failed
+    lately (the client's fault table, see ``txmq._faults``: a failing shard is avoided for
+    a growing interval, then probed by one send before it takes traffic again), and creates
+    the message id, which names that broker and queue. A transient failure
+    (``err.retryable``: the broker or the connection unavailable, no answer in time) is
+    retried, up to ``max_attempts`` attempts in all: on a queue of **another** shard with a
+    new message id when one is usable (nothing was acknowledged, so the send is free to
+    move), else on the same shard with the same id, which the broker deduplicates. The
+    topic's route is asked again at the first such failure. ``send_timeout_seconds``
+    bounds each attempt.
+
+    An attempt that failed may still have been stored (its answer was lost). A normal
+    message moved to another shard may then exist twice, as in RocketMQ (consumers see
+    at-least-once delivery anyway). A half message left behind is an orphan nobody
+    commits: the transaction producer remembers the message ids it gave up on and answers
+    that orphan's check ROLLBACK itself (see :class:`TransactionProducer`).
 
     Threads sharing a producer share one Produce stream per broker: under load their
     requests travel together, one stream message in flight at a time, and after an answer
@@ -81,6 +97,7 @@ class Producer:
                               route_refresh_seconds=route_refresh_seconds, what="producer",
                               linger_seconds=float(linger_seconds))
         self._next_queue = itertools.count(int.from_bytes(os.urandom(2), "big"))
+        self._abandoned: Abandoned[str] = Abandoned()
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -94,18 +111,20 @@ class Producer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def routing_stats(self) -> RoutingStats:
+        """The fault table's counters: sends rerouted to another shard, shards avoided now,
+        and per shard its failures and send latency."""
+        return self._client.faults.stats()
+
     # --- sending --------------------------------------------------------------------------
 
     def send(self, message: Message) -> SendReceipt:
         """Stores a normal message, visible to consumers at once. Raises the TxmqError the
         broker (or the client's own validation) refused it with."""
         self._validate(message)
-        route = self._pick_queue(message.topic)
-        message_id = MessageId.new(route.broker_name, route.queue_id).encode()
-        pb = message_to_pb(message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_NORMAL,
-                           int(time.time() * 1000), _HOST)
-        response = self._send_bound(route, message.topic, pb)
-        return SendReceipt(message_id=response.message_id or message_id, topic=message.topic,
+        route, pb, response = self._send_new(message.topic, lambda route, message_id: message_to_pb(
+            message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_NORMAL, int(time.time() * 1000), _HOST))
+        return SendReceipt(message_id=response.message_id or pb.message_id, topic=message.topic,
                            broker_name=response.broker_name or route.broker_name,
                            queue_id=response.queue_id, queue_offset=response.queue_offset)
 
@@ -118,9 +137,11 @@ class Producer:
         if len(message.body) > self.max_body_bytes:
             raise MessageTooLargeError(len(message.body), self.max_body_bytes)
 
-    def _pick_queue(self, topic: str) -> QueueRoute:
+    def _pick_queue(self, topic: str, exclude: frozenset[str] | set[str] = frozenset()) -> QueueRoute:
+        """The next queue round-robin whose shard the fault table does not avoid (and not in
+        ``exclude``: the shards this send failed on)."""
         routes = self._client.route(topic)
-        return routes[next(self._next_queue) % len(routes)]
+        return self._client.faults.choose(routes, _shard_of, next(self._next_queue), exclude)
 
     def _backoff(self, attempt: int) -> None:
         time.sleep(min(self.retry_backoff_seconds * 2 ** (attempt - 1), 2.0))
@@ -135,25 +156,72 @@ class Producer:
             log.debug("cannot refresh the route of %s: %s", topic, err)
             return address
 
-    def _send_bound(self, route: QueueRoute, topic: str, pb: common_pb2.Message) -> broker_pb2.SendMessageResponse:
-        """Sends on the bound broker, retrying transient errors with the same message id."""
+    def _request(self, shard: str, address: str, entry: broker_pb2.ProduceEntry,
+                 *, send: bool = False) -> broker_pb2.ProduceResult:
+        """One request on the Produce stream of ``address``, recorded in the fault table:
+        a transient failure counts against ``shard``, any answer clears it (a send's
+        latency is recorded too)."""
+        started = time.monotonic()
+        try:
+            result = self._client.produce_stream(address).request(entry, self.send_timeout_seconds)
+        except TxmqError as err:
+            if err.retryable:
+                self._client.faults.failed(shard)
+            elif not isinstance(err, ClientClosedError):  # a refusal is an answer: the shard is up
+                self._client.faults.succeeded(shard, None)
+            raise
+        self._client.faults.succeeded(shard, time.monotonic() - started if send else None)
+        return result
+
+    def _send_new(self, topic: str, build: Callable[[QueueRoute, str], common_pb2.Message],
+                  ) -> tuple[QueueRoute, common_pb2.Message, broker_pb2.SendMessageResponse]:
+        """Sends a new message built by ``build(queue, message_id)`` on a queue the fault
+        table picks; a transient failure moves it to another shard with a new id, or, with
+        no other shard usable, retries it on the same one with the same id (see the class
+        docstring). Returns the queue and message it was stored as, and the answer."""
+        route = self._pick_queue(topic)
+        pb = build(route, MessageId.new(route.broker_name, route.queue_id).encode())
         address = route.broker_address
+        failed_on: set[str] = set()
         attempt = 1
         while True:
-            request = broker_pb2.ProduceEntry(send_message=broker_pb2.SendMessageRequest(message=pb))
+            entry = broker_pb2.ProduceEntry(send_message=broker_pb2.SendMessageRequest(message=pb))
             try:
-                stream = self._client.produce_stream(address)
-                return stream.request(request, self.send_timeout_seconds).send_message
+                return route, pb, self._request(route.broker_name, address, entry, send=True).send_message
             except TxmqError as err:
-                if not err.retryable or attempt >= self.max_attempts:
-                    if err.retryable or isinstance(err, _STALE_ROUTE):
-                        self._client.invalidate_route(topic)
+                action = retry_action(err, bound=False)
+                if action is not RetryAction.FAIL or isinstance(err, _STALE_ROUTE):
+                    self._client.invalidate_route(topic)
+                if action is RetryAction.FAIL or attempt >= self.max_attempts:
+                    if action is not RetryAction.FAIL:
+                        self._abandon(pb)
                     raise
-                log.debug("send of %s to %s failed (attempt %d of %d), retrying: %s",
-                          pb.message_id, route.broker_name, attempt, self.max_attempts, err)
-            self._backoff(attempt)
-            address = self._rebind(topic, route, address)
+                if action is RetryAction.SAME_SHARD:
+                    moved = route  # the shard must keep it (same id): only its address is asked again
+                else:
+                    failed_on.add(route.broker_name)
+                    try:
+                        moved = self._pick_queue(topic, failed_on)
+                    except TxmqError as refresh_error:  # no route now: stay where it was
+                        log.debug("cannot refresh the route of %s: %s", topic, refresh_error)
+                        moved = route
+                log.debug("send of %s to %s failed (attempt %d of %d), retrying on %s: %s",
+                          pb.message_id, route.broker_name, attempt, self.max_attempts,
+                          moved.broker_name, err)
+            if moved.broker_name != route.broker_name:
+                self._client.faults.rerouted()
+                self._abandon(pb)
+                route, address = moved, moved.broker_address
+                pb = build(route, MessageId.new(route.broker_name, route.queue_id).encode())
+            else:
+                self._backoff(attempt)
+                address = self._rebind(topic, route, address)
             attempt += 1
+
+    def _abandon(self, pb: common_pb2.Message) -> None:
+        """A half message attempt given up on: its orphan, if stored, is answered ROLLBACK."""
+        if pb.type == common_pb2.MESSAGE_TYPE_TRANSACTION:
+            self._abandoned.add(pb.message_id)
 
 
 class TransactionListener(abc.ABC):
@@ -194,11 +262,22 @@ class TransactionProducer(Producer):
 
     Checks: the producer opens a ``CheckTransactionState`` stream to every checker the
     name servers list (listed again every ``checker_refresh_seconds``, following checkers
-    joining and leaving; a failed stream is opened again with backoff), acknowledges each
-    check at once and answers it with ``listener.check_local_transaction`` run on a pool
-    of ``check_threads`` threads. ``answer_checks=False`` makes an instance that only sends
+    joining and leaving; a failed stream is opened again with backoff), takes no more
+    checks than its ``check_threads`` threads can start soon (flow control), and answers
+    each with ``listener.check_local_transaction`` on that pool; a check counts as received
+    when a thread starts it. ``answer_checks=False`` makes an instance that only sends
     (its group's other instances answer). :meth:`close` unsubscribes: checks this instance
-    has not acknowledged go to another instance at once.
+    has not started go to another instance at once.
+
+    Orphans of a moved send: when a half message's attempt fails and the send moves to
+    another shard (or fails), the attempt may have been stored before its answer was lost.
+    Its local transaction never ran, so this instance answers that orphan's check ROLLBACK
+    itself, without asking the listener (it remembers the message ids it gave up on, in
+    memory, for 24 hours: ``txmq._faults.ABANDONED_KEEP_SECONDS``). If the process is gone by then, the check goes
+    to another instance of the group and the listener decides: record the local
+    transaction under ``message.transaction_id`` and answer by it, and the orphan (a
+    transaction id no local transaction used) is rolled back; answering by a business key
+    would commit it as a second copy of the message.
     """
 
     def __init__(self, nameservers: str | Sequence[str], *, producer_group: str,
@@ -227,7 +306,7 @@ class TransactionProducer(Producer):
         self._checks: CheckResponder | None = None
         if answer_checks:
             self._checks = CheckResponder(self._client, producer_group=producer_group,
-                                          client_id=self.client_id, check=listener.check_local_transaction,
+                                          client_id=self.client_id, check=self._check_local_transaction,
                                           check_threads=check_threads,
                                           refresh_seconds=float(checker_refresh_seconds))
             self._checks.start()
@@ -246,12 +325,22 @@ class TransactionProducer(Producer):
         ``answer_checks=False``)."""
         return self._checks.connected if self._checks is not None else []
 
+    def _check_local_transaction(self, message: TransactionMessage) -> "LocalTransactionState | InProgress":
+        """A check: ROLLBACK for an orphan of an attempt this producer gave up on (its local
+        transaction never ran), else the listener's answer."""
+        if message.message_id in self._abandoned:
+            log.info("check of transaction %s: its half message %s was an attempt given up on, "
+                     "the local transaction never ran: ROLLBACK", message.transaction_id, message.message_id)
+            return LocalTransactionState.ROLLBACK
+        return self.listener.check_local_transaction(message)
+
     def send_in_transaction(self, message: Message, arg: Any = None) -> TransactionResult:
         """Sends ``message`` as a half message, runs the local transaction, then ends the
         transaction with its outcome.
 
-        1. The half message is stored (invisible). If that fails the error is raised and
-           the local transaction is **not** run.
+        1. The half message is stored (invisible), on another shard if the first fails
+           (see :class:`Producer`). If that fails the error is raised and the local
+           transaction is **not** run.
         2. ``listener.execute_local_transaction(message, arg)`` runs on the calling thread;
            ``message`` is a :class:`TransactionMessage` carrying the transaction id. If it
            raises or returns None the outcome is UNKNOWN (the exception is logged).
@@ -264,17 +353,19 @@ class TransactionProducer(Producer):
            ``result.state`` is that decision and ``result.end_error`` the refusal.
         """
         self._validate(message)
-        route = self._pick_queue(message.topic)
-        message_id = MessageId.new(route.broker_name, route.queue_id).encode()
-        pb = message_to_pb(message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_TRANSACTION,
-                           int(time.time() * 1000), _HOST)
-        pb.producer_group = self.producer_group
-        pb.producer_client_id = self.client_id
-        if message.check_immunity_seconds:
-            pb.check_immunity_seconds = message.check_immunity_seconds
-        sent = self._send_bound(route, message.topic, pb)
+
+        def build(route: QueueRoute, message_id: str) -> common_pb2.Message:
+            pb = message_to_pb(message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_TRANSACTION,
+                               int(time.time() * 1000), _HOST)
+            pb.producer_group = self.producer_group
+            pb.producer_client_id = self.client_id
+            if message.check_immunity_seconds:
+                pb.check_immunity_seconds = message.check_immunity_seconds
+            return pb
+
+        route, pb, sent = self._send_new(message.topic, build)
         broker_name = sent.broker_name or route.broker_name
-        half = TransactionMessage(message=message, message_id=sent.message_id or message_id,
+        half = TransactionMessage(message=message, message_id=sent.message_id or pb.message_id,
                                   transaction_id=sent.transaction_id, broker_name=broker_name,
                                   queue_id=route.queue_id)
         local_state = self._execute(half, arg)
@@ -308,9 +399,7 @@ class TransactionProducer(Producer):
         attempt = 1
         while True:
             try:
-                stream = self._client.produce_stream(address)
-                response = stream.request(broker_pb2.ProduceEntry(end_transaction=end),
-                                          self.send_timeout_seconds)
+                response = self._request(half.broker_name, address, broker_pb2.ProduceEntry(end_transaction=end))
                 return state_from_pb(response.end_transaction.state), None
             except TransactionStateError as err:
                 state = state_from_name(getattr(err, "state", None))
@@ -319,7 +408,8 @@ class TransactionProducer(Producer):
                             state.name if state else "decided", err)
                 return state, err
             except TxmqError as err:
-                if not err.retryable or attempt >= self.max_attempts:
+                # Bound to the shard its transaction id names: retried there, never elsewhere.
+                if retry_action(err, bound=True) is RetryAction.FAIL or attempt >= self.max_attempts:
                     log.warning("EndTransaction %s of transaction %s failed after %d attempt(s): %s; "
                                 "it stays PREPARED until the checker resolves it",
                                 local_state.name, half.transaction_id, attempt, err)

@@ -17,8 +17,9 @@ one it read (and names it); then it creates the leader key under its lease and r
 old leader from the in-sync set (while at least ``min_insync`` members remain). Founding a
 shard (no in-sync set yet) is the same transaction with the set created as {itself}.
 
-The client is aetcd's generated etcd v3 stubs on our own channel, so reconnection is fast
-(gRPC's default backoff grows to two minutes).
+The client is aetcd's generated etcd v3 stubs on a channel with the services' shared options
+(``services.common.channels``), so reconnection is fast (gRPC's default backoff grows to
+two minutes).
 """
 
 from __future__ import annotations
@@ -30,13 +31,10 @@ from dataclasses import dataclass
 import grpc
 from aetcd import rpc
 
+from services.common.channels import open_channel
+
 log = logging.getLogger(__name__)
 
-_CHANNEL_OPTIONS = (
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-)
 
 
 class EtcdUnavailable(Exception):
@@ -92,7 +90,7 @@ class ShardCoordinator:
     def _stubs(self) -> tuple[rpc.KVStub, rpc.LeaseStub]:
         if self._channel is None:
             address = self.endpoints[self._endpoint % len(self.endpoints)]
-            self._channel = grpc.aio.insecure_channel(address.removeprefix("http://"), options=_CHANNEL_OPTIONS)
+            self._channel = open_channel(address.removeprefix("http://"))
             self._kv = rpc.KVStub(self._channel)
             self._lease = rpc.LeaseStub(self._channel)
         assert self._kv is not None and self._lease is not None

@@ -98,6 +98,11 @@ class _ReplicationCollector(Collector):
         node = self.node
         status = node.status()
         leader = node.is_leader
+        info = GaugeMetricFamily("txmq_replica_info", "1, labelled with this replica's shard and replica id "
+                                 "(join on it to group the other replica metrics by shard)",
+                                 labels=["shard", "replica"])
+        info.add_metric([node.shard, str(node.replica_id)], 1)
+        yield info
         yield GaugeMetricFamily("txmq_replica_is_leader", "1 on the replica that leads its shard",
                                 value=1 if leader else 0)
         yield GaugeMetricFamily("txmq_replica_leader_epoch", "The leader epoch this replica knows (etcd revision)",
@@ -152,6 +157,9 @@ class _StateCollector(Collector):
         due = GaugeMetricFamily("txmq_check_due_oldest_age_seconds",
                                 "How long the oldest due check has waited (0 when none is due)",
                                 labels=["group"])
+        waiting = GaugeMetricFamily("txmq_checks_waiting",
+                                    "Checks due and not claimed: waiting for capacity of the group's "
+                                    "producers (or for a producer), counted up to 100,000", labels=["group"])
         for group, (p, d) in sorted(list(core.counters.items())):  # type: ignore[attr-defined]
             pending.add_metric([group], p)
             discarded.add_metric([group], d)
@@ -159,7 +167,8 @@ class _StateCollector(Collector):
             oldest.add_metric([group], max(now - first, 0) / 1000 if first else 0.0)
             first_due = core.oldest_due_ms(group)  # type: ignore[attr-defined]
             due.add_metric([group], max(now - first_due, 0) / 1000 if first_due else 0.0)
-        yield from (pending, discarded, oldest, due)
+            waiting.add_metric([group], core.checks_waiting(group, now))  # type: ignore[attr-defined]
+        yield from (pending, discarded, oldest, due, waiting)
         lag = GaugeMetricFamily("txmq_consumer_lag_messages",
                                 "Messages not yet acknowledged by a consumer group, by topic",
                                 labels=["group", "topic"])

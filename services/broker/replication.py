@@ -46,6 +46,8 @@ from txmq._errors import (FailedPreconditionError, InvalidFieldError, Leadership
                           NotLeaderError)
 from txmq.v1 import nameserver_pb2, replication_pb2, replication_pb2_grpc
 
+from services.common.channels import open_channel
+
 from .config import BrokerConfig
 from .coordination import EtcdUnavailable, InSync, Leader, ShardCoordinator, ShardState
 from .store import replog
@@ -53,13 +55,9 @@ from .store.db import CannotTruncateError, Database
 
 log = logging.getLogger(__name__)
 
-CHANNEL_OPTIONS = (
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-)
+#: Largest replication stream message a follower accepts (a batch is at most
+#: replication_batch_bytes plus one entry).
+MAX_REPLICATION_MESSAGE_BYTES = 64 * 1024 * 1024
 #: Recent entries kept in memory for shipping (older ones are read back from the store).
 TAIL_BYTES = 16 * 1024 * 1024
 CHECKPOINT_CHUNK = 1024 * 1024
@@ -194,7 +192,9 @@ class ReplicaNode:
             if r == self.replica_id:
                 continue
             f = self.followers.get(r)
-            if f is not None and f.connected and now - f.caught_up_at <= self.config.replica_lag_max_seconds:
+            if f is None and now - self._leader_since < self.config.replica_lag_max_seconds:
+                able += 1  # a new leader's followers are still connecting: writes wait for them
+            elif f is not None and f.connected and now - f.caught_up_at <= self.config.replica_lag_max_seconds:
                 able += 1
         return able
 
@@ -508,8 +508,15 @@ class ReplicaNode:
             "replica_id": hello.replica_id, "log_end": hello.log_end, "last_epoch": hello.last_epoch,
             "truncate_to": truncate_to, "epoch": epoch}})
 
+        # One message of entries in flight at a time, as on the Produce stream: what is
+        # written while the follower appends, syncs and acknowledges one message travels
+        # in the next, so each of its syncs and acks covers more entries under load.
+        acked = truncate_to  # where the follower's log ends once it has truncated
+
         async def acks() -> None:
+            nonlocal acked
             while (request := await context.read()) is not grpc.aio.EOF:
+                acked = max(acked, request.durable_lsn)
                 if self.followers.get(f.replica_id) is f:
                     self._on_ack(f, request.durable_lsn)
                 wake.set()
@@ -527,7 +534,7 @@ class ReplicaNode:
             sent_commit = -1
             idle = self.config.election_poll_seconds
             while self.term is not None and self.epoch == epoch and not reader.done():
-                if next_lsn <= db.written:
+                if next_lsn <= db.written and acked >= next_lsn - 1:
                     entries = self._entries_from(next_lsn)
                     if not entries or entries[0][0] != next_lsn:
                         await context.write(replication_pb2.ReplicateResponse(
@@ -603,7 +610,7 @@ class ReplicaNode:
                 await task
 
     async def _follow(self, leader: Leader) -> None:
-        channel = grpc.aio.insecure_channel(leader.address, options=CHANNEL_OPTIONS)
+        channel = open_channel(leader.address, MAX_REPLICATION_MESSAGE_BYTES)
         try:
             stub = replication_pb2_grpc.ReplicationServiceStub(channel)
             call = stub.Replicate()

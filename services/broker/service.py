@@ -277,10 +277,19 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             topic=common_pb2.TopicQueues(topic=request.topic, queue_count=count))
 
     async def ClaimChecks(self, request: broker_pb2.ClaimChecksRequest, context: Any) -> Any:
-        op = self.core.claim_op(request.producer_groups, request.max_checks, request.lease_seconds)
-        claimed: list[domain.ClaimedCheck] = await self.bridge.run(op)
-        response = broker_pb2.ClaimChecksResponse()
-        for c in claimed:
+        if request.session_id:
+            groups = ({g.producer_group: g.max_checks for g in request.groups}
+                      if request.groups or not request.groups_version else None)
+            op = self.core.session_claim_op(
+                request.session_id, request.groups_version, groups,
+                {g.producer_group: g.max_checks for g in request.limits}, request.max_checks, request.lease_seconds)
+            batch: domain.ClaimBatch = await self.bridge.run(op)
+        else:
+            checks = await self.bridge.run(self.core.claim_op(request.producer_groups, request.max_checks,
+                                                              request.lease_seconds))
+            batch = domain.ClaimBatch(checks)
+        response = broker_pb2.ClaimChecksResponse(groups_needed=batch.groups_needed, more_due=batch.more_due)
+        for c in batch.checks:
             record = self.core.read_message(c.row.seq)
             response.tasks.append(broker_pb2.CheckTask(
                 transaction_id=self.core.txn_id(c.row.seq),
@@ -291,12 +300,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     async def ReportChecks(self, request: broker_pb2.ReportChecksRequest, context: Any) -> Any:
         reports = [domain.CheckReport(r.transaction_id, r.claim_token, r.outcome, r.result, r.retry_after_seconds,
-                                      r.answer_timeout_seconds) for r in request.reports]
+                                      r.answer_timeout_seconds, r.producer_group) for r in request.reports]
         results = await self.bridge.run(self.core.report_op(reports))
         response = broker_pb2.ReportChecksResponse()
-        for error, state in results:
+        for error, state, late in results:
             response.entries.append(OK if error is None else entry_status(error))
             response.states.append(state)
+            response.late.append(late)
         return response
 
     async def QueryTransactions(self, request: broker_pb2.QueryTransactionsRequest, context: Any) -> Any:

@@ -1,25 +1,35 @@
 """The checker's side of the brokers: which brokers are live (from the name servers), and
 per broker a claim loop and a reporter.
 
-A claim loop asks its broker for due checks only of the groups that have a live stream
-with room (``Dispatcher.claimable_groups``); a group nobody serves costs nothing. The claim
-is atomic and leased on the broker, so replicas of the checker need no coordination: a
-check claimed by one is not handed to another until its lease ends.
+A claim loop asks its broker for due checks in a claim session: the groups served (with
+their producers' capacity) are sent only when they change, and each claim names only the
+groups whose free credit is below their capacity, with that free credit as their limit
+(split between the brokers). So a group whose producers are busy is not claimed for (its
+checks stay due in the broker), and a claim costs nothing per idle group. A claim runs
+every ``claim_interval_seconds``, at once when a group's free credit reaches half its
+capacity, and again at once when the broker says more is due. The claim is atomic and
+leased on the broker, so replicas of the checker need no coordination: a check claimed by
+one is not handed to another until its lease ends.
 
 A reporter sends the reports about that broker's checks in batches (``ReportChecks``), one
 call at a time so a check's DELIVERED always reaches the broker before its ANSWERED.
+Reports it cannot deliver (the broker is down, or its shard failing over) are parked and
+go to the shard's next address: a late answer still decides the transaction there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
+import os
 from typing import Callable
 
 import grpc
 
-from txmq._errors import TxmqError, error_from_entry, error_from_rpc
+from services.common.channels import ChannelPool, open_channel
+from txmq._errors import BrokerNotFoundError, TxmqError, error_from_entry, error_from_rpc
 from txmq.v1 import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 from .config import CheckerConfig
@@ -32,6 +42,8 @@ log = logging.getLogger(__name__)
 REPORT_ATTEMPTS = 3
 #: Reports kept per shard while it has no reachable leader.
 MAX_PARKED_REPORTS = 10_000
+#: How long the first report of a batch waits for others.
+REPORT_LINGER_SECONDS = 0.005
 
 OnError = Callable[[TxmqError], None] | None
 
@@ -39,25 +51,27 @@ OnError = Callable[[TxmqError], None] | None
 class BrokerLink:
     def __init__(self, name: str, address: str, config: CheckerConfig, dispatcher: Dispatcher,
                  on_unavailable: Callable[[], None] = lambda: None,
-                 reroute: Callable[[str, list[tuple[broker_pb2.CheckReport, OnError]]], None] | None = None) -> None:
+                 reroute: Callable[[str, list[tuple[broker_pb2.CheckReport, OnError]]], None] | None = None,
+                 shares: Callable[[], int] = lambda: 1) -> None:
         #: Called when the broker is unreachable or no longer leads its shard: the
         #: directory looks at the name servers again at once (a fail-over moved it).
         self._on_unavailable = on_unavailable
         #: Reports this link could not deliver go back to the directory, which sends them
         #: to the shard's current address (None: dropped; the lease makes them due again).
         self._reroute = reroute
+        #: How many brokers share the producers' credit (each claim asks for its share).
+        self.shares = shares
+        self.session_id = f"{config.checker_name}/{name}/{os.urandom(6).hex()}"
+        self._groups_version = 0
+        self._sent_key: tuple[int, int] | None = None
         self.name = name
         self.address = address
         self.config = config
         self.dispatcher = dispatcher
-        self.channel = grpc.aio.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", config.max_grpc_message_bytes),
-            ("grpc.max_send_message_length", config.max_grpc_message_bytes),
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 2000)])
+        self.channel = open_channel(address, config.max_grpc_message_bytes)
         self.stub = broker_pb2_grpc.BrokerServiceStub(self.channel)
         self._reports: collections.deque[tuple[broker_pb2.CheckReport, OnError]] = collections.deque()
+        self._in_flight: list[tuple[broker_pb2.CheckReport, OnError]] = []
         self._report_ready = asyncio.Event()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -74,6 +88,15 @@ class BrokerLink:
     def report(self, report: broker_pb2.CheckReport, on_error: OnError = None) -> None:
         self._reports.append((report, on_error))
         self._report_ready.set()
+
+    def take_unsent(self) -> list[tuple[broker_pb2.CheckReport, OnError]]:
+        """After stop: the reports not sent, and the answers of a batch cut off in flight
+        (a repeated answer changes nothing; a repeated DELIVERED would spend twice)."""
+        unsent = [r for r in self._in_flight if r[0].outcome == broker_pb2.CHECK_OUTCOME_ANSWERED]
+        unsent += self._reports
+        self._reports.clear()
+        self._in_flight = []
+        return unsent
 
     async def stop(self, flush_seconds: float = 0.0) -> None:
         """Stops claiming; sends the reports queued so far (up to ``flush_seconds``)."""
@@ -94,28 +117,53 @@ class BrokerLink:
     async def _claim_loop(self) -> None:
         cfg = self.config
         while True:
-            groups = self.dispatcher.claimable_groups()
-            full = False
-            if groups:
+            again = False
+            # Cleared before the claim: credit granted while it runs wakes the next one.
+            self._wake.clear()
+            if self.dispatcher.total_free > 0:
                 try:
-                    response = await self.stub.ClaimChecks(broker_pb2.ClaimChecksRequest(
-                        producer_groups=groups, max_checks=cfg.claim_batch, lease_seconds=cfg.lease_seconds,
-                        checker_id=cfg.checker_name), timeout=cfg.rpc_timeout_seconds)
+                    again = await self._claim()
                 except grpc.aio.AioRpcError as exc:
                     self._failed("claim", error_from_rpc(exc))
+                    self._sent_key = None
                 else:
                     self._recovered()
-                    if response.tasks:
-                        self.dispatcher.dispatch(self.name, response.tasks)
-                    full = len(response.tasks) >= cfg.claim_batch
-            if full:
-                await asyncio.sleep(0)  # a full batch: more is due, claim again at once
+            if again:
+                await asyncio.sleep(0)  # more is due and there is credit: claim again at once
                 continue
-            self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), cfg.claim_interval_seconds)
             except asyncio.TimeoutError:
                 pass
+
+    async def _claim(self) -> bool:
+        """One claim in this link's session; True when it should be followed at once."""
+        cfg = self.config
+        dispatcher = self.dispatcher
+        shares = max(self.shares(), 1)
+        limits = dispatcher.claim_limits(shares)
+        request = broker_pb2.ClaimChecksRequest(
+            max_checks=cfg.claim_batch, lease_seconds=cfg.lease_seconds, checker_id=cfg.checker_name,
+            session_id=self.session_id,
+            limits=[broker_pb2.ClaimGroup(producer_group=g, max_checks=n) for g, n in limits.items()])
+        key = (dispatcher.version, shares)
+        if key != self._sent_key:
+            self._groups_version += 1
+            request.groups.extend(broker_pb2.ClaimGroup(producer_group=g, max_checks=n)
+                                  for g, n in dispatcher.claim_groups(shares).items())
+        request.groups_version = self._groups_version
+        response = await self.stub.ClaimChecks(request, timeout=cfg.rpc_timeout_seconds)
+        if response.groups_needed:
+            self._sent_key = None  # the broker forgot the session: send the groups again
+            return True
+        if request.groups:
+            self._sent_key = key
+        if response.tasks:
+            dispatcher.dispatch(self.name, response.tasks)
+        dispatcher.claimed(response.tasks, limits, shares)
+        if dispatcher.total_free <= 0:
+            return False
+        return response.more_due or len(response.tasks) >= cfg.claim_batch or dispatcher.backlog_has_credit()
 
     def _failed(self, what: str, error: TxmqError) -> None:
         if error.retryable:
@@ -137,13 +185,19 @@ class BrokerLink:
         while True:
             await self._report_ready.wait()
             self._report_ready.clear()
+            if len(self._reports) < cfg.report_batch:
+                # A few milliseconds gather the reports of checks answered together into one
+                # call (one write on the broker) instead of one call each.
+                await asyncio.sleep(REPORT_LINGER_SECONDS)
             while self._reports:
                 batch = [self._reports.popleft() for _ in range(min(len(self._reports), cfg.report_batch))]
                 self._sending = True
+                self._in_flight = batch  # left set if cancelled: take_unsent() hands its answers on
                 try:
                     await self._send(batch)
                 finally:
                     self._sending = False
+                self._in_flight = []
 
     async def _send(self, batch: list[tuple[broker_pb2.CheckReport, OnError]]) -> None:
         cfg = self.config
@@ -161,13 +215,23 @@ class BrokerLink:
                         # The shard may have a new leader by now: the directory sends them there.
                         self._reroute(self.name, batch)
                         return
-                    # Dropped: the claims' leases make these checks due again on the broker.
+                    # Dropped: the claims' leases make these checks due again on the broker
+                    # (an answer dropped here is asked for again).
                     log.warning("check reports dropped", extra={"fields": {
                         "broker": self.name, "reports": len(batch), "error": str(error)[:300]}})
+                    for report, _ in batch:
+                        if report.outcome == broker_pb2.CHECK_OUTCOME_ANSWERED:
+                            self.dispatcher.metrics.answer_refused(report.producer_group, "unavailable")
                     return
                 await asyncio.sleep(cfg.claim_interval_seconds * attempt)
         self._recovered()
-        for (report, on_error), status in zip(batch, response.entries):
+        metrics = self.dispatcher.metrics
+        for entry, status, late in itertools.zip_longest(batch, response.entries, response.late):
+            if entry is None or status is None:
+                break
+            report, on_error = entry
+            if late:
+                metrics.late_answer(report.producer_group)
             if status.code == 0:
                 continue
             error = error_from_entry(status)
@@ -187,8 +251,9 @@ class BrokerDirectory:
         self.config = config
         self.dispatcher = dispatcher
         self.links: dict[str, BrokerLink] = {}
-        self._channels = {a: grpc.aio.insecure_channel(a) for a in config.nameserver_addresses}
-        self._stubs = {a: nameserver_pb2_grpc.NameServerServiceStub(c) for a, c in self._channels.items()}
+        self._channels = ChannelPool()
+        self._stubs = {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a))
+                       for a in config.nameserver_addresses}
         self._task: asyncio.Task[None] | None = None
         self._failing: set[str] = set()
         self._kick = asyncio.Event()
@@ -202,9 +267,15 @@ class BrokerDirectory:
 
     def report(self, broker: str, report: broker_pb2.CheckReport, on_error: OnError = None) -> None:
         link = self.links.get(broker)
+        if link is None and broker in self._parked:  # its shard is failing over
+            self._reroute(broker, [(report, on_error)])
+            return
         if link is None:
-            # The broker left; its lease makes the check due again when it is back.
-            log.debug("report for a broker that left", extra={"fields": {"broker": broker}})
+            # The broker left (its lease makes the check due again when it is back), or a
+            # late answer names a broker this checker does not know.
+            log.debug("report for a broker not linked", extra={"fields": {"broker": broker}})
+            if on_error is not None:
+                on_error(BrokerNotFoundError(broker))
             return
         link.report(report, on_error)
 
@@ -267,13 +338,13 @@ class BrokerDirectory:
             if info is None or info.address != link.address:
                 del self.links[name]
                 log.info("broker left", extra={"fields": {"broker": name, "address": link.address}})
-                # Reports not yet sent go to the shard's next address (its new leader).
-                moved[name] = list(link._reports)
-                link._reports.clear()
                 await link.stop()
+                # Reports not yet sent go to the shard's next address (its new leader).
+                moved[name] = link.take_unsent()
         for name, info in sorted(live.items()):
             if name not in self.links:
-                link = BrokerLink(name, info.address, self.config, self.dispatcher, self.kick, self._reroute)
+                link = BrokerLink(name, info.address, self.config, self.dispatcher, self.kick, self._reroute,
+                                  shares=lambda: len(self.links))
                 self.links[name] = link
                 link.start()
                 log.info("broker joined", extra={"fields": {"broker": name, "address": info.address}})
@@ -291,5 +362,4 @@ class BrokerDirectory:
             await asyncio.gather(self._task, return_exceptions=True)
         links, self.links = list(self.links.values()), {}
         await asyncio.gather(*(link.stop(flush_seconds) for link in links))
-        for channel in self._channels.values():
-            await channel.close()
+        await self._channels.close()

@@ -32,11 +32,14 @@ class CheckerConfig(ServiceConfig):
     #: A claimed check nobody reported on becomes due again after this long (broker side,
     #: which takes at most an hour).
     lease_seconds: float = seconds(10.0, max=HOUR)
-    #: How long a producer has to acknowledge a check, and then to answer it (at most
-    #: lease_seconds).
+    #: How long a producer has to start a check it was sent, and then to answer it (at
+    #: most lease_seconds); a later answer still counts.
     answer_timeout_seconds: float = seconds(5.0, max=HOUR)
-    #: Checks queued for one producer stream; a full queue skips that stream.
+    #: Most checks one producer stream may be sent ahead (the most credit it may hold).
     stream_queue_size: int = count(1024, max=1_000_000)
+    #: Credit of a producer stream without flow control (an SDK that announces none):
+    #: checks sent to it and not yet answered, handed back or forgotten.
+    default_check_credit: int = count(64, max=1_000_000)
     #: Most reports in one ReportChecks call.
     report_batch: int = count(512)
     #: Deadline of each call to a broker or a name server.

@@ -1,24 +1,30 @@
-"""The checker's domain: which producer streams serve which groups, where each claimed
-check goes, and what to report to its broker about it.
+"""The checker's domain: which producer streams serve which groups, how many checks each
+can take (its credit), where each claimed check goes, and what to report to its broker.
 
-Everything here runs on the checker's event loop and never blocks: a check is handed to a
-stream's bounded outbox (a full outbox means that stream is skipped, so a slow producer
-never holds up the others), and reports go to the broker's reporter, which batches them.
+Everything here runs on the checker's event loop and never blocks. A producer stream is
+sent no more checks than the credit it granted (``Subscribe.check_credit`` plus every
+``CheckCredit`` since): the claim loops ask the broker for no more than a group's free
+credit, so checks a group's producers cannot start soon stay due in the broker, unclaimed.
+A stream without flow control (``check_credit`` 0, an older SDK) gets ``default_credit``,
+given back as its checks end here (answered, handed back or forgotten).
 
 A check's life, from the claim to the broker's report:
 
-    claimed ──no live stream with room──────────────────────────────▶ UNDELIVERED
+    claimed ──no live stream with credit────────────────────────────▶ UNDELIVERED
        │
-       ▼ queued on a stream  ──stream closed / no CheckReceived in answer_timeout──▶ UNDELIVERED
+       ▼ sent on a stream   ──stream closed / not started in answer_timeout──▶ UNDELIVERED
     SENT
-       │ CheckReceived                                 (DELIVERED: one unit of check_max spent)
+       │ CheckReceived: the producer started it     (DELIVERED: one unit of check_max spent)
        ▼
     RECEIVED ──CheckAnswer──▶ ANSWERED (COMMIT / ROLLBACK / UNKNOWN / IN_PROGRESS)
-       │ no answer in answer_timeout
+       │ no answer in answer_timeout (from the start)
        ▼
-    LATE (counted as a timeout; a late answer is still reported until lease_seconds more)
+    LATE (counted as a timeout; forgotten lease_seconds later)
 
-A CheckAnswer without a CheckReceived counts as both (DELIVERED, then ANSWERED).
+A CheckAnswer without a CheckReceived counts as both (DELIVERED, then ANSWERED). An answer
+for a check this stream no longer holds (LATE and forgotten, handed back, sent by a checker
+that restarted) that names its transaction, broker and group is a late answer: reported
+without a claim, it decides the transaction if nobody did (broker.proto CheckOutcome).
 """
 
 from __future__ import annotations
@@ -53,6 +59,10 @@ RESULT_NAMES = {
 SENT, RECEIVED, LATE = "sent", "received", "late"
 
 
+#: Why an answer was refused (the ``reason`` label of txmq_check_answers_refused_total).
+REFUSED_REASONS = ("conflict", "stale", "not_outstanding", "invalid", "unavailable")
+
+
 class Reporter(Protocol):
     """Where reports about a broker's checks go (batched per broker, in order)."""
 
@@ -64,7 +74,10 @@ class Metrics(Protocol):
     def check_result(self, group: str, result: str) -> None: ...
     def check_lag(self, group: str, seconds: float) -> None: ...
     def producers(self, group: str, count: int) -> None: ...
-    def in_flight(self, count: int) -> None: ...
+    def in_flight(self, group: str, count: int) -> None: ...
+    def credit(self, group: str, free: int) -> None: ...
+    def late_answer(self, group: str) -> None: ...
+    def answer_refused(self, group: str, reason: str) -> None: ...
 
 
 class NullMetrics:
@@ -77,7 +90,16 @@ class NullMetrics:
     def producers(self, group: str, count: int) -> None:
         pass
 
-    def in_flight(self, count: int) -> None:
+    def in_flight(self, group: str, count: int) -> None:
+        pass
+
+    def credit(self, group: str, free: int) -> None:
+        pass
+
+    def late_answer(self, group: str) -> None:
+        pass
+
+    def answer_refused(self, group: str, reason: str) -> None:
         pass
 
 
@@ -85,34 +107,39 @@ Response = checker_pb2.CheckTransactionStateResponse
 
 
 class ProducerStream:
-    """One subscribed CheckTransactionState stream: its producer instance, its groups and
-    the responses waiting to be written. Checks are bounded by ``queue_size``; errors and
-    the Subscribed reply are not (they are one per request the producer sent)."""
+    """One subscribed CheckTransactionState stream: its producer instance, its groups, the
+    checks it can still be sent (``credit``) and the responses waiting to be written.
+    ``capacity`` is the credit it announced (at most ``max_credit``; the default for a
+    stream without flow control, ``legacy``): credit granted later only refills it, so a
+    stream never holds more checks not yet answered than its capacity."""
 
-    def __init__(self, stream_id: int, client_id: str, groups: tuple[str, ...], queue_size: int) -> None:
+    def __init__(self, stream_id: int, client_id: str, groups: tuple[str, ...], credit: int,
+                 max_credit: int, legacy: bool = False) -> None:
         self.id = stream_id
         self.client_id = client_id
         self.groups = groups
-        self.queue_size = queue_size
+        self.max_credit = max_credit
+        self.capacity = min(credit, max_credit)
+        self.credit = self.capacity
+        self.legacy = legacy
         self.closed = False
         #: Check ids sent on this stream and not finished.
         self.checks: set[str] = set()
         self._outbox: collections.deque[Response] = collections.deque()
-        self._queued_checks = 0
         self._waiter: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
-        return f"<ProducerStream {self.id} {self.client_id!r} {list(self.groups)}>"
+        return f"<ProducerStream {self.id} {self.client_id!r} {list(self.groups)} credit={self.credit}>"
 
     @property
     def has_room(self) -> bool:
-        return not self.closed and self._queued_checks < self.queue_size
+        return not self.closed and self.credit > 0
 
     def offer_check(self, response: Response) -> bool:
-        """Queues a check unless the stream is closed or its queue is full."""
+        """Sends a check against one unit of credit, unless closed or out of credit."""
         if not self.has_room:
             return False
-        self._queued_checks += 1
+        self.credit -= 1
         self._push(response)
         return True
 
@@ -130,10 +157,7 @@ class ProducerStream:
         """The next response to write, or None when nothing is queued."""
         if not self._outbox:
             return None
-        response = self._outbox.popleft()
-        if response.WhichOneof("command") == "check":
-            self._queued_checks -= 1
-        return response
+        return self._outbox.popleft()
 
     def set_waiter(self, wake: Callable[[], None] | None) -> None:
         self._waiter = wake
@@ -141,7 +165,6 @@ class ProducerStream:
     def close(self) -> None:
         self.closed = True
         self._outbox.clear()
-        self._queued_checks = 0
         if self._waiter is not None:
             self._waiter()
 
@@ -169,7 +192,7 @@ class Delivery:
     task: broker_pb2.CheckTask
     group: str
     stream: ProducerStream
-    #: Monotonic deadline of the current step (acknowledgement, then answer, then forget).
+    #: Monotonic deadline of the current step (start, then answer, then forget).
     deadline: float
     state: str = SENT
 
@@ -179,16 +202,29 @@ def _new_check_id() -> str:
     return os.urandom(12).hex()
 
 
+def refused_reason(error: TxmqError) -> str:
+    """The txmq_check_answers_refused_total reason of a broker's refusal of an answer."""
+    if error.reason == "TRANSACTION_STATE_CONFLICT":
+        return "conflict"
+    if error.reason == "STALE_CLAIM":
+        return "stale"
+    if error.retryable or error.reason == "BROKER_NOT_FOUND":
+        return "unavailable"
+    return "invalid"
+
+
 class Dispatcher:
     def __init__(self, *, checker_name: str, reporter: Reporter, answer_timeout_seconds: float,
-                 lease_seconds: float, queue_size: int, metrics: Metrics | None = None,
-                 clock: Callable[[], float] = time.time,
+                 lease_seconds: float, queue_size: int, default_credit: int = 64,
+                 metrics: Metrics | None = None, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.checker_name = checker_name
         self.reporter = reporter
         self.answer_timeout = answer_timeout_seconds
         self.lease = lease_seconds
+        #: Most credit one stream may hold (bounds what is queued for it).
         self.queue_size = queue_size
+        self.default_credit = min(default_credit, queue_size)
         self.metrics: Metrics = metrics or NullMetrics()
         self.clock = clock
         self.monotonic = monotonic
@@ -198,58 +234,150 @@ class Dispatcher:
         self.by_group: dict[str, dict[int, ProducerStream]] = {}
         self._rr: dict[str, int] = {}
         self.deliveries: dict[str, Delivery] = {}
-        #: Called when a group gains its first stream (claim loops wake up).
+        #: Per group: the credit its streams announced, and what of it is free now.
+        self.capacity: dict[str, int] = {}
+        self.free: dict[str, int] = {}
+        #: Groups whose free credit is below their capacity (the claims name their limit).
+        self.short: set[str] = set()
+        #: Groups whose last claim took all it asked for (more may be due).
+        self.backlogged: set[str] = set()
+        self.total_free = 0
+        #: Grows whenever a group or a capacity changes (the claim sessions resend their list).
+        self.version = 1
+        self._flight: collections.Counter[str] = collections.Counter()
+        #: Called when a group gains its first stream or enough free credit for a claim.
         self.on_groups_changed: list[Callable[[], None]] = []
 
-    # --- subscriptions -------------------------------------------------------------------
+    # --- subscriptions and credit --------------------------------------------------------
 
-    def subscribe(self, client_id: str, groups: Iterable[str]) -> ProducerStream:
-        stream = ProducerStream(next(self._ids), client_id, tuple(dict.fromkeys(groups)), self.queue_size)
+    def subscribe(self, client_id: str, groups: Iterable[str], credit: int = 0) -> ProducerStream:
+        """``credit`` 0: a producer without flow control (the default credit)."""
+        if credit < 0:
+            raise InvalidFieldError("check_credit", f"must not be negative, got {credit}")
+        legacy = credit == 0
+        stream = ProducerStream(next(self._ids), client_id, tuple(dict.fromkeys(groups)),
+                                self.default_credit if legacy else credit, self.queue_size, legacy)
         self.streams[stream.id] = stream
-        new_group = False
         for group in stream.groups:
             members = self.by_group.setdefault(group, {})
-            new_group = new_group or not members
             members[stream.id] = stream
             self.metrics.producers(group, len(members))
+            self.capacity[group] = self.capacity.get(group, 0) + stream.capacity
+            self._move_credit(group, stream.credit)
+        self.version += 1
         log.info("producer subscribed", extra={"fields": {"client_id": client_id, "groups": list(stream.groups),
-                                                           "stream": stream.id}})
-        if new_group:
-            for wake in self.on_groups_changed:
-                wake()
+                                                           "stream": stream.id, "credit": stream.capacity,
+                                                           "flow_control": not legacy}})
+        self._wake()
         return stream
 
     def unsubscribe(self, stream: ProducerStream) -> None:
-        """The stream ended: checks it had not acknowledged are reported UNDELIVERED (due
-        again at once, nothing spent); acknowledged ones were already reported."""
+        """The stream ended: checks it had not started are reported UNDELIVERED (due again
+        at once, nothing spent); started ones were already reported."""
         if self.streams.pop(stream.id, None) is None:
             return
         stream.close()
+        for check_id in list(stream.checks):
+            delivery = self.deliveries.pop(check_id)
+            if delivery.state != LATE:
+                self._flight_change(delivery, -1)
+            if delivery.state == SENT:
+                self._undelivered(delivery.broker, delivery.task, delivery.group)
+        stream.checks.clear()
         for group in stream.groups:
             members = self.by_group.get(group)
             if members is not None:
                 members.pop(stream.id, None)
                 self.metrics.producers(group, len(members))
+                self.capacity[group] -= stream.capacity
+                self._move_credit(group, -stream.credit)
                 if not members:
                     del self.by_group[group]
                     self._rr.pop(group, None)
-        for check_id in list(stream.checks):
-            delivery = self.deliveries.pop(check_id)
-            if delivery.state == SENT:
-                self._undelivered(delivery.broker, delivery.task, delivery.group)
-        stream.checks.clear()
-        self._count_in_flight()
+                    self.capacity.pop(group, None)
+                    self.free.pop(group, None)
+                    self.short.discard(group)
+                    self.backlogged.discard(group)
+        stream.credit = 0
+        self.version += 1
         log.info("producer unsubscribed", extra={"fields": {"client_id": stream.client_id, "stream": stream.id}})
 
+    def grant(self, stream: ProducerStream, checks: int) -> None:
+        """More credit for the stream (CheckCredit); raises InvalidFieldError when not positive."""
+        if checks <= 0:
+            raise InvalidFieldError("credit", f"must be positive, got {checks}")
+        self._give_back(stream, checks)
+
+    def _give_back(self, stream: ProducerStream, checks: int) -> None:
+        if stream.closed:
+            return
+        checks = min(checks, stream.capacity - stream.credit)
+        if checks <= 0:
+            return
+        stream.credit += checks
+        wake = False
+        for group in stream.groups:
+            before = self.free.get(group, 0)
+            self._move_credit(group, checks)
+            threshold = self._threshold(group)
+            wake = wake or before < threshold <= self.free[group]
+        if wake:
+            self._wake()
+
+    def _move_credit(self, group: str, delta: int) -> None:
+        free = self.free.get(group, 0) + delta
+        self.free[group] = free
+        self.total_free += delta
+        if free < self.capacity.get(group, 0):
+            self.short.add(group)
+        else:
+            self.short.discard(group)
+        self.metrics.credit(group, free)
+
+    def _wake(self) -> None:
+        for wake in self.on_groups_changed:
+            wake()
+
     def claimable_groups(self) -> list[str]:
-        """Groups with at least one live stream that has room for a check."""
-        return sorted(g for g, members in self.by_group.items() if any(s.has_room for s in members.values()))
+        """Groups with free credit now."""
+        return sorted(g for g, free in self.free.items() if free > 0)
+
+    def claim_groups(self, shares: int = 1) -> dict[str, int]:
+        """Every group served, with its capacity split between ``shares`` claimers (brokers)."""
+        return {g: -(-c // shares) for g, c in self.capacity.items() if c > 0}
+
+    def claim_limits(self, shares: int = 1) -> dict[str, int]:
+        """The groups whose free credit is below their capacity, with that free credit split
+        between ``shares`` claimers: what one claim may take of them."""
+        return {g: -(-max(self.free.get(g, 0), 0) // shares) for g in self.short}
+
+    def claimed(self, tasks: Sequence[broker_pb2.CheckTask], limits: dict[str, int], shares: int = 1) -> None:
+        """After a claim: a group that got as many checks as it asked for may have more due
+        (``backlogged``); one that got fewer has none left."""
+        counts = collections.Counter(t.message.producer_group for t in tasks)
+        for group in list(self.backlogged):
+            if counts[group] == 0:
+                self.backlogged.discard(group)
+        for group, count in counts.items():
+            limit = limits.get(group, -(-self.capacity.get(group, 0) // shares))
+            if count >= limit:
+                self.backlogged.add(group)
+            else:
+                self.backlogged.discard(group)
+
+    def backlog_has_credit(self) -> bool:
+        """A backlogged group has enough free credit for another claim now."""
+        return any(self.free.get(g, 0) >= self._threshold(g) for g in self.backlogged)
+
+    def _threshold(self, group: str) -> int:
+        """Free credit that makes a claim for the group worth it: half its capacity."""
+        return max(1, self.capacity.get(group, 0) // 2)
 
     # --- dispatch ------------------------------------------------------------------------
 
     def dispatch(self, broker: str, tasks: Iterable[broker_pb2.CheckTask]) -> int:
-        """Offers each claimed check to a stream of its group; returns how many were queued.
-        A check no stream takes is reported UNDELIVERED at once."""
+        """Sends each claimed check to a stream of its group with credit; returns how many
+        were sent. A check no stream can take is reported UNDELIVERED at once."""
         queued = 0
         now = self.monotonic()
         for task in tasks:
@@ -264,14 +392,16 @@ class Dispatcher:
                 answer_timeout_seconds=self.answer_timeout))
             for stream in route_order(members, lambda s: s.client_id, task.message.producer_client_id, start):
                 if stream.offer_check(request):
-                    self.deliveries[check_id] = Delivery(check_id, broker, task, group, stream,
-                                                         deadline=now + self.answer_timeout)
+                    for g in stream.groups:
+                        self._move_credit(g, -1)
+                    delivery = Delivery(check_id, broker, task, group, stream, deadline=now + self.answer_timeout)
+                    self.deliveries[check_id] = delivery
+                    self._flight_change(delivery, +1)
                     stream.checks.add(check_id)
                     queued += 1
                     break
             else:
                 self._undelivered(broker, task, group)
-        self._count_in_flight()
         return queued
 
     def _undelivered(self, broker: str, task: broker_pb2.CheckTask, group: str, result: str = "undelivered") -> None:
@@ -292,8 +422,9 @@ class Dispatcher:
         return delivery
 
     def received(self, stream: ProducerStream, check_id: str) -> None:
-        """CheckReceived: reported DELIVERED (spends one unit of check_max). Repeating it is
-        harmless. Raises a TxmqError (and changes nothing) for a check not outstanding here."""
+        """CheckReceived (the producer started the check): reported DELIVERED (spends one
+        unit of check_max); the answer timeout starts. Repeating it is harmless. Raises a
+        TxmqError (and changes nothing) for a check not outstanding here."""
         delivery = self._outstanding(stream, check_id)
         if delivery.state == SENT:
             self._delivered(delivery)
@@ -308,10 +439,12 @@ class Dispatcher:
             outcome=broker_pb2.CHECK_OUTCOME_DELIVERED, producer_client_id=d.stream.client_id,
             answer_timeout_seconds=self.answer_timeout))
 
-    def answered(self, stream: ProducerStream, check_id: str, result: int, retry_after_seconds: float) -> None:
-        """CheckAnswer: reported ANSWERED. A refusal by the broker (a stale claim, a decision
-        against the first one) comes back on the stream as an error."""
-        delivery = self._outstanding(stream, check_id)
+    def answered(self, stream: ProducerStream, check_id: str, result: int, retry_after_seconds: float, *,
+                 transaction_id: str = "", broker_name: str = "", producer_group: str = "") -> None:
+        """CheckAnswer: reported ANSWERED. An answer for a check this stream does not hold
+        that names its transaction, broker and group goes to the broker as a late answer.
+        A refusal by the broker (a decision against the first one) comes back on the
+        stream as an error."""
         name = RESULT_NAMES.get(result)
         if name is None:
             raise InvalidFieldError("result", f"must be COMMIT, ROLLBACK, UNKNOWN or IN_PROGRESS, got {result}")
@@ -322,30 +455,72 @@ class Dispatcher:
                                         f"seconds, got {retry_after_seconds}")
         elif retry_after_seconds:
             raise InvalidFieldError("retry_after_seconds", "only IN_PROGRESS carries a retry-after")
+        delivery = self.deliveries.get(check_id) if check_id else None
+        if delivery is None or delivery.stream is not stream:
+            if not transaction_id:
+                self._outstanding(stream, check_id)  # raises: not outstanding here
+            self._late_answer(stream, check_id, result, transaction_id, broker_name, producer_group)
+            return
         if delivery.state == SENT:
             self._delivered(delivery)
         self._finish(delivery)
         self.metrics.check_result(delivery.group, name)
-
-        def refused(error: TxmqError, stream: ProducerStream = stream) -> None:
-            stream.push(error_response(error, check_id))
-
         self.reporter.report(delivery.broker, broker_pb2.CheckReport(
             transaction_id=delivery.task.transaction_id, claim_token=delivery.task.claim_token,
             outcome=broker_pb2.CHECK_OUTCOME_ANSWERED, result=result,
-            retry_after_seconds=retry_after_seconds, producer_client_id=stream.client_id), refused)
+            retry_after_seconds=retry_after_seconds, producer_client_id=stream.client_id,
+            producer_group=delivery.group), self._refusal_to(stream, check_id, delivery.group))
+
+    def _late_answer(self, stream: ProducerStream, check_id: str, result: int, transaction_id: str,
+                     broker_name: str, producer_group: str) -> None:
+        if producer_group not in stream.groups:
+            raise InvalidFieldError("producer_group", f"{producer_group!r} is not a group this stream serves")
+        if not broker_name:
+            raise InvalidFieldError("broker_name", "required with transaction_id")
+        if result not in (common_pb2.CHECK_RESULT_COMMIT, common_pb2.CHECK_RESULT_ROLLBACK):
+            return  # a late UNKNOWN or IN_PROGRESS changes nothing
+        self.metrics.check_result(producer_group, RESULT_NAMES[result])
+        self.reporter.report(broker_name, broker_pb2.CheckReport(
+            transaction_id=transaction_id, outcome=broker_pb2.CHECK_OUTCOME_ANSWERED, result=result,
+            producer_client_id=stream.client_id, producer_group=producer_group),
+            self._refusal_to(stream, check_id, producer_group))
+
+    def _refusal_to(self, stream: ProducerStream, check_id: str, group: str) -> Callable[[TxmqError], None]:
+        def refused(error: TxmqError) -> None:
+            self.metrics.answer_refused(group, refused_reason(error))
+            stream.push(error_response(error, check_id))
+        return refused
+
+    def refused(self, stream: ProducerStream, check_id: str, error: TxmqError, *, answer: bool = False) -> None:
+        """A request on the stream refused here (not outstanding, invalid); an answer among
+        them is counted."""
+        if answer:
+            delivery = self.deliveries.get(check_id) if check_id else None
+            group = delivery.group if delivery is not None else (stream.groups[0] if stream.groups else "")
+            field = getattr(error, "field", "")
+            self.metrics.answer_refused(group, "not_outstanding" if field == "check_id" else "invalid")
+        stream.push(error_response(error, check_id))
 
     def _finish(self, d: Delivery) -> None:
-        self.deliveries.pop(d.check_id, None)
+        if self.deliveries.pop(d.check_id, None) is None:
+            return
         d.stream.checks.discard(d.check_id)
-        self._count_in_flight()
+        if d.state != LATE:
+            self._flight_change(d, -1)
+        if d.stream.legacy:
+            self._give_back(d.stream, 1)  # no flow control: its credit comes back here
+
+    def _flight_change(self, d: Delivery, delta: int) -> None:
+        self._flight[d.group] += delta
+        self.metrics.in_flight(d.group, self._flight[d.group])
 
     # --- time ----------------------------------------------------------------------------
 
     def expire(self) -> None:
-        """Checks past their deadline: unacknowledged ones are reported UNDELIVERED (the
-        stream is too slow or gone), unanswered ones count as timeouts and are forgotten
-        ``lease_seconds`` later."""
+        """Checks past their deadline: ones not started are reported UNDELIVERED (the
+        producer is stuck or gone; another one of the group gets them), unanswered ones
+        count as timeouts and are forgotten ``lease_seconds`` later (a later answer that
+        names its transaction still counts)."""
         now = self.monotonic()
         for d in [d for d in self.deliveries.values() if d.deadline <= now]:
             if d.state == SENT:
@@ -355,7 +530,7 @@ class Dispatcher:
                 d.state = LATE
                 d.deadline = now + self.lease
                 self.metrics.check_result(d.group, "timeout")
-                self._count_in_flight()
+                self._flight_change(d, -1)
             else:
                 self._finish(d)
 
@@ -363,12 +538,9 @@ class Dispatcher:
         return min((d.deadline for d in self.deliveries.values()), default=None)
 
     def close(self) -> None:
-        """Shutdown: every stream ends and its unacknowledged checks are reported UNDELIVERED."""
+        """Shutdown: every stream ends and its unstarted checks are reported UNDELIVERED."""
         for stream in list(self.streams.values()):
             self.unsubscribe(stream)
-
-    def _count_in_flight(self) -> None:
-        self.metrics.in_flight(sum(1 for d in self.deliveries.values() if d.state != LATE))
 
 
 def error_response(error: TxmqError, check_id: str = "") -> Response:

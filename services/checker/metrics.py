@@ -1,11 +1,16 @@
-"""Checker metrics: check lag (due → acknowledged by a producer), checks by result,
-producers connected per group and checks in flight. Labels are groups and results only."""
+"""Checker metrics: check lag (due → started by a producer), checks by result, producers
+connected, checks in flight, free producer credit, late answers accepted and answers
+refused (by reason), per group. Labels are groups, results and reasons only."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.common.metrics import BaseMetrics
+
+from .dispatcher import REFUSED_REASONS
 
 #: Check lag buckets, seconds: sub-second resolution where the target (p99 ≤ 1 s) lies.
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30, 60, 300)
@@ -15,29 +20,64 @@ class CheckerMetrics(BaseMetrics):
     def __init__(self) -> None:
         super().__init__("checker")
         self.lag = Histogram(
-            "txmq_check_lag_seconds", "From when a check was due (broker clock) to its acknowledgement "
-            "by a producer, by producer group", ["group"], buckets=LAG_BUCKETS, registry=self.registry)
+            "txmq_check_lag_seconds", "From when a check was due (broker clock) to when a producer "
+            "started it, by producer group", ["group"], buckets=LAG_BUCKETS, registry=self.registry)
         self.checks = Counter(
-            "txmq_checks_total", "Checks by producer group and result: delivered (acknowledged), "
+            "txmq_checks_total", "Checks by producer group and result: delivered (started by a producer), "
             "commit, rollback, unknown, in_progress (answers), undelivered (no live producer took it), "
-            "timeout (not acknowledged or not answered in answer_timeout_seconds)",
+            "timeout (not started or not answered in answer_timeout_seconds)",
             ["group", "result"], registry=self.registry)
         self.producers_connected = Gauge(
             "txmq_producers_connected", "Producer streams subscribed, by producer group", ["group"],
             registry=self.registry)
         self.checks_in_flight = Gauge(
-            "txmq_checks_in_flight", "Checks sent to producers and not yet answered or timed out",
-            registry=self.registry)
+            "txmq_checks_in_flight", "Checks sent to producers and not yet answered or timed out, by "
+            "producer group", ["group"], registry=self.registry)
+        self.credit_free = Gauge(
+            "txmq_check_credit_free", "Checks the group's producers can take now (credit they granted "
+            "and this checker has not used), by producer group", ["group"], registry=self.registry)
+        self.late_answers = Counter(
+            "txmq_check_answers_late_total", "Answers accepted after their check's answer timeout, "
+            "re-claim or checker restart (they still decide the transaction), by producer group",
+            ["group"], registry=self.registry)
+        self.answers_refused = Counter(
+            "txmq_check_answers_refused_total", "Producer answers refused, by producer group and reason: "
+            "conflict (against the transaction's decision), stale (a claim no longer current), "
+            "not_outstanding (a check id this stream does not hold), invalid, unavailable (the broker "
+            "could not be reached)", ["group", "reason"], registry=self.registry)
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        # ``labels()`` costs microseconds; these run several times per check.
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     # The dispatcher's Metrics protocol.
     def check_result(self, group: str, result: str) -> None:
-        self.checks.labels(group, result).inc()
+        self._child(self.checks, group, result).inc()
 
     def check_lag(self, group: str, seconds: float) -> None:
-        self.lag.labels(group).observe(seconds)
+        self._child(self.lag, group).observe(seconds)
 
     def producers(self, group: str, count: int) -> None:
-        self.producers_connected.labels(group).set(count)
+        self._child(self.producers_connected, group).set(count)
+        if (self.late_answers, (group,)) not in self._children:
+            # Every series of the group from its first producer on, at 0 until it counts.
+            self._child(self.late_answers, group)
+            for reason in REFUSED_REASONS:
+                self._child(self.answers_refused, group, reason)
 
-    def in_flight(self, count: int) -> None:
-        self.checks_in_flight.set(count)
+    def in_flight(self, group: str, count: int) -> None:
+        self._child(self.checks_in_flight, group).set(count)
+
+    def credit(self, group: str, free: int) -> None:
+        self._child(self.credit_free, group).set(free)
+
+    def late_answer(self, group: str) -> None:
+        self._child(self.late_answers, group).inc()
+
+    def answer_refused(self, group: str, reason: str) -> None:
+        self._child(self.answers_refused, group, reason).inc()

@@ -37,7 +37,7 @@ async def create_server(config: CheckerConfig) -> tuple[ServiceApp, int]:
     dispatcher = Dispatcher(checker_name=config.checker_name, reporter=reporter,
                             answer_timeout_seconds=config.answer_timeout_seconds,
                             lease_seconds=config.lease_seconds, queue_size=config.stream_queue_size,
-                            metrics=metrics)
+                            default_credit=config.default_check_credit, metrics=metrics)
     directory = BrokerDirectory(config, dispatcher)
     reporter.directory = directory
     servicer = CheckerServicer(dispatcher, max_groups_per_stream=config.max_groups_per_stream)

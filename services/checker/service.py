@@ -3,19 +3,24 @@
 The protocol on one stream:
 
 1. The producer's first request must be a ``Subscribe`` (producer groups: 1 to
-   ``max_groups_per_stream`` valid group names; ``client_id``: 1-255 bytes). Anything
-   else ends the stream with INVALID_ARGUMENT (reason INVALID_FIELD or INVALID_NAME).
-2. The checker answers ``Subscribed`` and then pushes ``CheckRequest``s.
-3. For each check the producer sends ``CheckReceived`` at once and ``CheckAnswer`` when it
-   knows. A request the checker refuses — a check id not outstanding on this stream
-   (unknown, sent on another stream, already answered, expired), an answer without a
-   valid result, a second ``Subscribe``, a request with no command set — comes back as
+   ``max_groups_per_stream`` valid group names; ``client_id``: 1-255 bytes;
+   ``check_credit`` ≥ 0). Anything else ends the stream with INVALID_ARGUMENT (reason
+   INVALID_FIELD or INVALID_NAME).
+2. The checker answers ``Subscribed`` and then pushes ``CheckRequest``s, never more than
+   the credit the producer granted (``check_credit``, then ``CheckCredit`` and
+   ``CheckAnswer.credit``; 0 in Subscribe: ``default_check_credit``, given back as checks end).
+3. For each check the producer sends ``CheckReceived`` when it starts it and
+   ``CheckAnswer`` when it knows. A request the checker refuses — a check id not
+   outstanding on this stream (unknown, sent on another stream, already answered, expired)
+   in a request that does not name its transaction, an answer without a valid result, a
+   late answer for a group the stream does not serve, a credit that is not positive, a
+   second ``Subscribe``, a request with no command set — comes back as
    ``CheckTransactionStateResponse.error`` (an ``EntryStatus``, reason INVALID_FIELD,
    details naming the ``check_id``) and changes nothing; the stream stays open. An answer
-   the broker refuses (STALE_CLAIM: the claim expired and was taken again;
-   TRANSACTION_STATE_CONFLICT: decided otherwise already) comes back the same way.
-4. The producer ends its side (half-close) to unsubscribe; checks it had not acknowledged
-   are handed back to the broker at once (UNDELIVERED, nothing spent).
+   the broker refuses (TRANSACTION_STATE_CONFLICT: decided otherwise already) comes back
+   the same way.
+4. The producer ends its side (half-close) to unsubscribe; checks it had not started are
+   handed back to the broker at once (UNDELIVERED, nothing spent).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from txmq._errors import InvalidFieldError, TxmqError
 from txmq._names import validate_group
 from txmq.v1 import checker_pb2, checker_pb2_grpc
 
-from .dispatcher import Dispatcher, ProducerStream, error_response
+from .dispatcher import Dispatcher, ProducerStream
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +41,7 @@ MAX_CLIENT_ID_BYTES = 255
 
 
 def validate_subscribe(request: checker_pb2.CheckTransactionStateRequest,
-                       max_groups: int) -> tuple[str, tuple[str, ...]]:
+                       max_groups: int) -> tuple[str, tuple[str, ...], int]:
     """The client id and groups of a stream's first request; raises the TxmqError that
     ends the stream otherwise."""
     if request.WhichOneof("command") != "subscribe":
@@ -54,7 +59,9 @@ def validate_subscribe(request: checker_pb2.CheckTransactionStateRequest,
         raise InvalidFieldError("producer_groups", f"at most {max_groups} groups per stream, got {len(groups)}")
     for group in groups:
         validate_group("producer_groups", group)
-    return client_id, groups
+    if subscribe.check_credit < 0:
+        raise InvalidFieldError("check_credit", f"must not be negative, got {subscribe.check_credit}")
+    return client_id, groups, subscribe.check_credit
 
 
 class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
@@ -69,8 +76,8 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
             first = await requests.__anext__()
         except StopAsyncIteration:
             return
-        client_id, groups = validate_subscribe(first, self.max_groups)
-        stream = self.dispatcher.subscribe(client_id, groups)
+        client_id, groups, credit = validate_subscribe(first, self.max_groups)
+        stream = self.dispatcher.subscribe(client_id, groups, credit)
         ready = asyncio.Event()
         stream.set_waiter(ready.set)
         reader = asyncio.ensure_future(self._read(requests, stream))
@@ -110,13 +117,19 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
                 check_id = request.received.check_id
                 self.dispatcher.received(stream, check_id)
             elif kind == "answer":
-                check_id = request.answer.check_id
-                self.dispatcher.answered(stream, check_id, request.answer.result,
-                                         request.answer.retry_after_seconds)
+                answer = request.answer
+                check_id = answer.check_id
+                if answer.credit:
+                    self.dispatcher.grant(stream, answer.credit)
+                self.dispatcher.answered(stream, check_id, answer.result, answer.retry_after_seconds,
+                                         transaction_id=answer.transaction_id, broker_name=answer.broker_name,
+                                         producer_group=answer.producer_group)
+            elif kind == "credit":
+                self.dispatcher.grant(stream, request.credit.checks)
             elif kind == "subscribe":
                 raise InvalidFieldError("subscribe", "this stream is already subscribed; open another "
                                                      "stream to serve other groups")
             else:
-                raise InvalidFieldError("command", "set received or answer")
+                raise InvalidFieldError("command", "set received, answer or credit")
         except TxmqError as error:
-            stream.push(error_response(error, check_id))
+            self.dispatcher.refused(stream, check_id, error, answer=kind == "answer")

@@ -2,6 +2,11 @@
 
 Each name server is independent (RocketMQ's design): a registration failing on one does
 not delay the others, and a name server that comes back learns everything at the next beat.
+
+A name server drops a member after ``expiry_seconds`` without a beat (a few missed beats),
+and says in every answer how often it expects one: a member beats at the shortest interval
+any name server asks for (or its own ``heartbeat_interval_seconds`` when that is shorter),
+so the name servers' settings alone decide how soon a dead broker leaves the routes.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from typing import Awaitable, Callable
 import grpc
 
 from txmq.v1 import nameserver_pb2_grpc
+
+from .channels import ChannelPool
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +34,8 @@ class Heartbeat:
         self.register = register
         self.unregister = unregister
         self.timeout = timeout_seconds
-        self._channels = {a: grpc.aio.insecure_channel(a) for a in nameservers}
-        self._stubs = {a: nameserver_pb2_grpc.NameServerServiceStub(c) for a, c in self._channels.items()}
+        self._channels = ChannelPool()
+        self._stubs = {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a)) for a in nameservers}
         self._kick: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._failing: set[str] = set()
@@ -50,7 +57,12 @@ class Heartbeat:
 
     async def _one(self, address: str, call: Call) -> None:
         try:
-            await asyncio.wait_for(call(self._stubs[address]), self.timeout)
+            answer = await asyncio.wait_for(call(self._stubs[address]), self.timeout)
+            asked = getattr(answer, "heartbeat_interval_seconds", 0.0)
+            if 0 < asked < self.interval:
+                log.info("beating at the interval a name server asks for", extra={"fields": {
+                    "nameserver": address, "interval_seconds": asked, "was_seconds": self.interval}})
+                self.interval = asked
             if address in self._failing:
                 self._failing.discard(address)
                 log.info("name server reachable again", extra={"fields": {"nameserver": address}})
@@ -78,5 +90,4 @@ class Heartbeat:
             except asyncio.CancelledError:
                 pass
         await asyncio.gather(*(self._one(a, self.unregister) for a in self.nameservers))
-        for channel in self._channels.values():
-            await channel.close()
+        await self._channels.close()

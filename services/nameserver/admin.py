@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from services.common.channels import ChannelPool
 from txmq._errors import (InvalidFieldError, TopicNotFoundError, TxmqError, UnavailableError,
                           error_from_rpc)
 from txmq._ids import TransactionId
@@ -36,36 +37,26 @@ class BrokerClients:
     """One grpc.aio channel per broker address, opened on first use."""
 
     def __init__(self, max_message_bytes: int) -> None:
-        self._options = [("grpc.max_receive_message_length", max_message_bytes),
-                         ("grpc.max_send_message_length", max_message_bytes)]
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = ChannelPool(max_message_bytes)
         self._stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
 
     def replication_stub(self, address: str) -> replication_pb2_grpc.ReplicationServiceStub:
-        self.stub(address)
-        return replication_pb2_grpc.ReplicationServiceStub(self._channels[address])
+        return replication_pb2_grpc.ReplicationServiceStub(self._channels.get(address))
 
     def stub(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
-            self._channels[address] = channel
-            stub = self._stubs[address] = broker_pb2_grpc.BrokerServiceStub(channel)
+            stub = self._stubs[address] = broker_pb2_grpc.BrokerServiceStub(self._channels.get(address))
         return stub
 
     async def retain(self, addresses: set[str]) -> None:
         """Closes the channels of addresses no live broker has any more."""
-        for address in [a for a in self._channels if a not in addresses]:
-            channel = self._channels.pop(address)
-            del self._stubs[address]
-            await channel.close()
+        for address in await self._channels.retain(addresses):
+            self._stubs.pop(address, None)
 
     async def close(self) -> None:
-        channels = list(self._channels.values())
-        self._channels.clear()
         self._stubs.clear()
-        for channel in channels:
-            await channel.close()
+        await self._channels.close()
 
 
 @dataclass(frozen=True, slots=True)

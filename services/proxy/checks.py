@@ -21,6 +21,13 @@ If the client has no live stream when a check comes, nothing is acknowledged: th
 reports the check undelivered after its timeout and nothing is spent. A client's
 subscriptions end when its last Telemetry stream ends (unacknowledged checks go back to
 the broker at once).
+
+Flow control on the client's behalf: an official client announces no check capacity, so
+each subscription grants ``CHECK_CREDIT_PER_CLIENT`` and gives one back when a check it
+holds ends here — answered through this replica, not written (no live stream), or
+forgotten ``PENDING_SLACK_SECONDS`` past its answer timeout (answered through another
+replica, or never). A client that stops answering is thus sent at most that many checks
+per checker until they are forgotten; the rest stay due in the broker.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from typing import AsyncIterator, Callable
 
 import grpc
 
-from txmq.v1 import checker_pb2, checker_pb2_grpc
+from txmq.v1 import checker_pb2, checker_pb2_grpc, common_pb2
 
 from .clients import ClientRegistry
 from .config import ProxyConfig
@@ -48,6 +55,8 @@ RECONNECT_BACKOFF_SECONDS = 0.1
 RECONNECT_BACKOFF_MAX_SECONDS = 5.0
 #: Kept this long past a check's answer timeout, for a late EndTransaction.
 PENDING_SLACK_SECONDS = 30.0
+#: Checks one client's subscription at one checker may hold (see the module docstring).
+CHECK_CREDIT_PER_CLIENT = 32
 
 Request = checker_pb2.CheckTransactionStateRequest
 
@@ -69,7 +78,8 @@ class CheckerLink:
             self._outbox.put_nowait(request)
 
     async def _requests(self, outbox: "asyncio.Queue[Request | None]") -> AsyncIterator[Request]:
-        yield Request(subscribe=checker_pb2.Subscribe(producer_groups=list(self.groups), client_id=self.client_id))
+        yield Request(subscribe=checker_pb2.Subscribe(producer_groups=list(self.groups), client_id=self.client_id,
+                                                      check_credit=CHECK_CREDIT_PER_CLIENT))
         while True:
             item = await outbox.get()
             if item is None:
@@ -136,8 +146,8 @@ class CheckManager:
         self.metrics = metrics
         self.monotonic = monotonic
         self.links: dict[tuple[str, str], CheckerLink] = {}
-        #: transaction id → (link, check id, forget-after), for checks written to a client here.
-        self.pending: dict[str, tuple[CheckerLink, str, float]] = {}
+        #: transaction id → (link, check, forget-after), for checks written to a client here.
+        self.pending: dict[str, tuple[CheckerLink, checker_pb2.CheckRequest, float]] = {}
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -189,9 +199,18 @@ class CheckManager:
                 self.links[(client_id, address)] = CheckerLink(self, address, client_id, groups)
 
     def deliver(self, link: CheckerLink, check: checker_pb2.CheckRequest) -> None:
+        if (check.broker_name, check.message.message_id) in self.upstream.abandoned:
+            # An orphan of a send this replica moved to another shard: its local transaction
+            # never ran, and the client would find its message id committed (elsewhere).
+            link.send(Request(received=checker_pb2.CheckReceived(check_id=check.check_id)))
+            link.send(Request(answer=checker_pb2.CheckAnswer(check_id=check.check_id,
+                                                             result=common_pb2.CHECK_RESULT_ROLLBACK)))
+            self.metrics.checks.labels("orphan_rolled_back").inc()
+            return
         stream = self.registry.stream_for(link.client_id, check.message.topic)
         if stream is None:
             self.metrics.checks.labels("no_stream").inc()
+            link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
             return
         command = service_pb2.TelemetryCommand(
             recover_orphaned_transaction_command=service_pb2.RecoverOrphanedTransactionCommand(
@@ -201,11 +220,15 @@ class CheckManager:
         def written() -> None:
             # A check counts as received once written to a live Telemetry stream.
             link.send(Request(received=checker_pb2.CheckReceived(check_id=check.check_id)))
-            self.pending[check.transaction_id] = (link, check.check_id, forget_after)
+            previous = self.pending.get(check.transaction_id)
+            if previous is not None:  # checked again: the earlier check is over
+                previous[0].send(Request(credit=checker_pb2.CheckCredit(checks=1)))
+            self.pending[check.transaction_id] = (link, check, forget_after)
             self.metrics.checks.labels("forwarded").inc()
 
         if not stream.offer(command, written):
             self.metrics.checks.labels("no_stream").inc()
+            link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
 
     def answered(self, transaction_id: str, result: int) -> bool:
         """The client answered a check through this replica (already applied on the
@@ -214,8 +237,12 @@ class CheckManager:
         entry = self.pending.pop(transaction_id, None)
         if entry is None:
             return False
-        link, check_id, _ = entry
-        link.send(Request(answer=checker_pb2.CheckAnswer(check_id=check_id, result=result)))
+        link, check, _ = entry
+        # Naming the transaction: the answer counts even if the link's stream was opened
+        # again meanwhile (the broker accepts it as it is: already decided the same way).
+        link.send(Request(answer=checker_pb2.CheckAnswer(
+            check_id=check.check_id, result=result, transaction_id=check.transaction_id,
+            broker_name=check.broker_name, producer_group=check.message.producer_group, credit=1)))
         return True
 
     def _expire(self) -> None:
@@ -223,6 +250,7 @@ class CheckManager:
         for txn, (link, _, forget_after) in list(self.pending.items()):
             if forget_after <= now or link.closed:
                 del self.pending[txn]
+                link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -5,9 +5,37 @@ results and topics only."""
 
 from __future__ import annotations
 
+from typing import Iterator
+
 from prometheus_client import Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.registry import Collector
 
 from services.common.metrics import BaseMetrics
+from txmq._faults import FaultTable
+
+
+class FaultTableCollector(Collector):
+    """The routing fault table's counters, read at scrape time: sends rerouted, shards
+    avoided (1) or not (0), and per shard the send latency (count and sum: rate(sum) /
+    rate(count) is the mean). Labelled by shard (a broker name) only."""
+
+    def __init__(self, faults: FaultTable) -> None:
+        self.faults = faults
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.faults.stats()
+        yield CounterMetricFamily("txmq_proxy_sends_rerouted", "Sends that failed on one shard and were "
+                                  "sent again to another", value=stats.rerouted)
+        avoided = GaugeMetricFamily("txmq_proxy_shard_avoided", "1 while new sends avoid the shard (it "
+                                    "failed and no probe has succeeded since)", labels=["shard"])
+        latency = SummaryMetricFamily("txmq_proxy_shard_send_seconds", "Latency of sends answered by each "
+                                      "shard", labels=["shard"])
+        for shard in stats.shards:
+            avoided.add_metric([shard.shard], 1.0 if shard.avoided else 0.0)
+            latency.add_metric([shard.shard], count_value=shard.successes, sum_value=shard.latency_seconds_sum)
+        yield avoided
+        yield latency
 
 
 class ProxyMetrics(BaseMetrics):
@@ -22,10 +50,12 @@ class ProxyMetrics(BaseMetrics):
         self.checks = Counter(
             "txmq_proxy_checks_total", "Checks from the checkers by result: forwarded (written to the "
             "client's Telemetry stream), no_stream (the client has no live stream here), answered "
-            "(answer relayed to the checker)", ["result"], registry=self.registry)
+            "(answer relayed to the checker), orphan_rolled_back (the orphan of a send this proxy moved "
+            "to another shard, answered ROLLBACK without asking the client)", ["result"], registry=self.registry)
         self.end_transactions = Counter(
             "txmq_proxy_end_transactions_total", "EndTransaction calls by resolution, source "
-            "(client, server_check) and result (ok or the RocketMQ code name)",
+            "(client, server_check) and result (ok, deferred: its shard was down, the check decides, or the "
+            "RocketMQ code name)",
             ["resolution", "source", "result"], registry=self.registry)
         self.messages_in = Counter(
             "txmq_proxy_messages_in_total", "Messages sent through the proxy, by topic", ["topic"],
@@ -46,3 +76,7 @@ class ProxyMetrics(BaseMetrics):
         self.renewing = Gauge(
             "txmq_proxy_renewing_deliveries", "Deliveries whose invisibility the proxy is renewing",
             registry=self.registry)
+
+    def watch_faults(self, faults: FaultTable) -> None:
+        """Exposes the routing fault table (``FaultTableCollector``)."""
+        self.registry.register(FaultTableCollector(faults))

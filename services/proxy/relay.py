@@ -1,7 +1,13 @@
 """The proxy's domain: what each RocketMQ operation does on the native services.
 
 - A send goes to the queue chosen from a hash of the client's message id, so a retried
-  send (same id, any replica) reaches the same broker, which deduplicates it.
+  send (same id, any replica) reaches the same broker, which deduplicates it, unless that
+  broker's shard is failing: the upstream's fault table (``txmq._faults``, the SDK's) makes
+  new sends skip it, and a send that fails with a retryable error (nothing acknowledged) is
+  sent again to another shard (the client's message id does not name a shard, so it is
+  kept). A half message attempt left behind may have been stored with its answer lost:
+  that orphan's check is answered ROLLBACK by this replica (``CheckManager``), never asked
+  of the client, whose checker would find the message id committed and commit it twice.
 - EndTransaction goes to the broker the transaction id names; Ack, ChangeInvisibleDuration
   and dead-lettering to the broker the receipt handle names. No state is kept here: any
   replica serves any of them.
@@ -12,27 +18,53 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import random
-from typing import Sequence
+import time
+from typing import Awaitable, Callable, Sequence, TypeVar
 
 from txmq._errors import InvalidIdError, TopicNotFoundError, TxmqError, error_from_entry
+from txmq._faults import FaultTable, RetryAction, retry_action
 from txmq._ids import ReceiptHandle, TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2
 
 from .config import ProxyConfig
 from .upstream import Upstream, call
 
-#: Errors after which a send is retried once with a fresh route (the route was stale).
-_STALE_ROUTE = {"TOPIC_NOT_FOUND", "QUEUE_NOT_FOUND", "BROKER_NOT_FOUND", "UNAVAILABLE"}
+#: Refusals after which a send is retried with a fresh route (the route was stale).
+_STALE_ROUTE = {"TOPIC_NOT_FOUND", "QUEUE_NOT_FOUND", "BROKER_NOT_FOUND"}
+#: Attempts of one send, over different shards while there are usable ones.
+SEND_ATTEMPTS = 3
+#: Attempts of a call bound to the shard an id names (EndTransaction, acks, invisibility,
+#: dead-lettering), the first retry after BOUND_BACKOFF_SECONDS, doubling.
+BOUND_ATTEMPTS = 3
+BOUND_BACKOFF_SECONDS = 0.1
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 
-def pick_queue(queues: Sequence[nameserver_pb2.QueueRoute], message_id: str) -> nameserver_pb2.QueueRoute:
-    """The queue of a send: stable for a message id (retries meet their first attempt)."""
+def _shard_of(queue: nameserver_pb2.QueueRoute) -> str:
+    return queue.broker_name
+
+
+def pick_queue(queues: Sequence[nameserver_pb2.QueueRoute], message_id: str,
+               faults: FaultTable | None = None,
+               exclude: frozenset[str] | set[str] = frozenset()) -> nameserver_pb2.QueueRoute:
+    """The queue of a send: stable for a message id (retries meet their first attempt)
+    while its shard is healthy; the next usable one (``faults``, not in ``exclude``)
+    otherwise."""
     if not message_id:
-        return random.choice(list(queues))
-    digest = hashlib.sha256(message_id.encode()).digest()
-    return queues[int.from_bytes(digest[:8], "big") % len(queues)]
+        start = random.randrange(len(queues))
+    else:
+        digest = hashlib.sha256(message_id.encode()).digest()
+        start = int.from_bytes(digest[:8], "big") % len(queues)
+    if faults is None:
+        return queues[start]
+    return faults.choose(queues, _shard_of, start, exclude)
 
 
 class Relay:
@@ -44,28 +76,77 @@ class Relay:
         return broker_pb2_grpc.BrokerServiceStub(self.upstream.channel(address))
 
     async def send(self, message: common_pb2.Message) -> broker_pb2.SendMessageResponse:
-        for attempt in (1, 2):
+        faults = self.upstream.faults
+        half = message.type == common_pb2.MESSAGE_TYPE_TRANSACTION
+        failed_on: set[str] = set()
+        attempt = 1
+        while True:
             queues = await self.upstream.route(message.topic)
             if not queues:
                 raise TopicNotFoundError(message.topic)
-            queue = pick_queue(queues, message.message_id)
+            queue = pick_queue(queues, message.message_id, faults, failed_on)
+            if failed_on and queue.broker_name not in failed_on:
+                faults.rerouted()
             message.queue_id = queue.queue_id
+            started = time.monotonic()
             try:
-                return await call(self._stub(queue.broker_address).SendMessage(
+                response = await call(self._stub(queue.broker_address).SendMessage(
                     broker_pb2.SendMessageRequest(message=message), timeout=self.config.rpc_timeout_seconds))
             except TxmqError as exc:
-                if attempt == 2 or exc.reason not in _STALE_ROUTE:
+                action = retry_action(exc, bound=False)
+                if action is RetryAction.ELSEWHERE:
+                    faults.failed(queue.broker_name)
+                    failed_on.add(queue.broker_name)
+                    if half:
+                        self.upstream.abandoned.add((queue.broker_name, message.message_id))
+                elif action is RetryAction.FAIL and exc.reason not in _STALE_ROUTE:
+                    raise
+                if attempt >= SEND_ATTEMPTS:
                     raise
                 self.upstream.forget_route(message.topic)
-        raise AssertionError("unreachable")
+                if action is RetryAction.SAME_SHARD:  # it must stay there: give it a moment
+                    await asyncio.sleep(BOUND_BACKOFF_SECONDS * 2 ** (attempt - 1))
+                attempt += 1
+                continue
+            faults.succeeded(queue.broker_name, time.monotonic() - started)
+            if half:
+                self.upstream.abandoned.discard((queue.broker_name, message.message_id))
+            return response
 
     async def end(self, transaction_id: str, message_id: str, resolution: int,
-                  source: int) -> broker_pb2.EndTransactionResponse:
+                  source: int) -> broker_pb2.EndTransactionResponse | None:
+        """EndTransaction on the shard the transaction id names, retried there with backoff
+        while it is down. None when it still was: the decision is left to the check, which
+        asks the producer again (RocketMQ's proxy sends EndTransaction one-way for the same
+        reason); a refusal is raised."""
         broker = TransactionId.decode(transaction_id).broker
-        stub = await self.upstream.broker(broker)
-        return await call(stub.EndTransaction(broker_pb2.EndTransactionRequest(
-            transaction_id=transaction_id, message_id=message_id, resolution=resolution, source=source),
-            timeout=self.config.rpc_timeout_seconds))
+        request = broker_pb2.EndTransactionRequest(
+            transaction_id=transaction_id, message_id=message_id, resolution=resolution, source=source)
+        try:
+            return await self._bound(broker, lambda stub: stub.EndTransaction(
+                request, timeout=self.config.rpc_timeout_seconds))
+        except TxmqError as exc:
+            if retry_action(exc, bound=True) is RetryAction.FAIL:
+                raise
+            log.warning("EndTransaction not delivered: the check will decide", extra={"fields": {
+                "broker": broker, "transaction_id": transaction_id, "error": str(exc)[:200]}})
+            return None
+
+    async def _bound(self, broker: str, send: Callable[[broker_pb2_grpc.BrokerServiceStub], Awaitable[R]]) -> R:
+        """A call bound to ``broker`` by an id, retried there with backoff while it fails
+        transiently or the name servers do not list it (``retry_action(bound=True)``)."""
+        attempt = 1
+        while True:
+            try:
+                stub = await self.upstream.broker(broker)
+                return await call(send(stub))
+            except TxmqError as exc:
+                if exc.retryable:
+                    self.upstream.faults.failed(broker)
+                if retry_action(exc, bound=True) is RetryAction.FAIL or attempt >= BOUND_ATTEMPTS:
+                    raise
+            await asyncio.sleep(BOUND_BACKOFF_SECONDS * 2 ** (attempt - 1))
+            attempt += 1
 
     async def brokers_of(self, topic: str) -> dict[str, str]:
         """Broker name → address of the brokers holding ``topic``, in name order."""
@@ -94,11 +175,11 @@ class Relay:
             except InvalidIdError as exc:
                 results[i] = exc
         for broker, indexes in by_broker.items():
+            request = broker_pb2.AckMessagesRequest(
+                consumer_group=group, topic=topic, receipt_handles=[handles[i] for i in indexes])
             try:
-                stub = await self.upstream.broker(broker)
-                response = await call(stub.AckMessages(broker_pb2.AckMessagesRequest(
-                    consumer_group=group, topic=topic, receipt_handles=[handles[i] for i in indexes]),
-                    timeout=self.config.rpc_timeout_seconds))
+                response = await self._bound(broker, lambda stub: stub.AckMessages(
+                    request, timeout=self.config.rpc_timeout_seconds))
             except TxmqError as exc:
                 for i in indexes:
                     results[i] = exc
@@ -109,15 +190,15 @@ class Relay:
 
     async def change_invisible(self, group: str, topic: str, handle: str, seconds: float) -> str:
         broker = ReceiptHandle.decode(handle).broker
-        stub = await self.upstream.broker(broker)
-        response = await call(stub.ChangeInvisibleDuration(broker_pb2.ChangeInvisibleDurationRequest(
-            consumer_group=group, topic=topic, receipt_handle=handle, invisible_duration_seconds=seconds),
-            timeout=self.config.rpc_timeout_seconds))
+        request = broker_pb2.ChangeInvisibleDurationRequest(
+            consumer_group=group, topic=topic, receipt_handle=handle, invisible_duration_seconds=seconds)
+        response = await self._bound(broker, lambda stub: stub.ChangeInvisibleDuration(
+            request, timeout=self.config.rpc_timeout_seconds))
         return response.receipt_handle
 
     async def dead_letter(self, group: str, topic: str, handle: str) -> broker_pb2.DeadLetterMessageResponse:
         """Moves one in-flight delivery to ``%DLQ%<group>`` now, on the broker the handle names."""
         broker = ReceiptHandle.decode(handle).broker
-        stub = await self.upstream.broker(broker)
-        return await call(stub.DeadLetterMessage(broker_pb2.DeadLetterMessageRequest(
-            consumer_group=group, topic=topic, receipt_handle=handle), timeout=self.config.rpc_timeout_seconds))
+        request = broker_pb2.DeadLetterMessageRequest(consumer_group=group, topic=topic, receipt_handle=handle)
+        return await self._bound(broker, lambda stub: stub.DeadLetterMessage(
+            request, timeout=self.config.rpc_timeout_seconds))

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 async def create_server(config: ProxyConfig) -> tuple[ServiceApp, int]:
     metrics = ProxyMetrics()
     upstream = Upstream(config)
+    metrics.watch_faults(upstream.faults)
     relay = Relay(config, upstream)
     registry = ClientRegistry(config.client_idle_expiry_seconds)
     checks = CheckManager(config, upstream, registry, metrics)

@@ -156,12 +156,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             if not request.transaction_id:
                 raise ProxyError(Code.INVALID_TRANSACTION_ID, "transaction_id is required")
-            await self.relay.end(request.transaction_id, request.message_id, resolution,
-                                 common_pb2.TRANSACTION_SOURCE_CHECK if from_check
-                                 else common_pb2.TRANSACTION_SOURCE_CLIENT)
+            ended = await self.relay.end(request.transaction_id, request.message_id, resolution,
+                                         common_pb2.TRANSACTION_SOURCE_CHECK if from_check
+                                         else common_pb2.TRANSACTION_SOURCE_CLIENT)
         except Exception as exc:  # noqa: BLE001
             self.metrics.end_transactions.labels(label, source_label, Code.Name(code_for(exc))).inc()
             return _failed(spb.EndTransactionResponse, exc, "EndTransaction")
+        if ended is None:  # its shard is down: the check decides (see Relay.end)
+            self.metrics.end_transactions.labels(label, source_label, "deferred").inc()
+            return spb.EndTransactionResponse(status=status())
         self.metrics.end_transactions.labels(label, source_label, "ok").inc()
         if from_check and self.checks.answered(request.transaction_id, check_result):
             self.metrics.checks.labels("answered").inc()

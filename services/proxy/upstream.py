@@ -16,7 +16,9 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import grpc
 
+from services.common.channels import ChannelPool
 from txmq._errors import BrokerNotFoundError, TxmqError, UnavailableError, error_from_rpc
+from txmq._faults import FAULT_ROUTE_REFRESH_SECONDS, Abandoned, FaultTable
 from txmq.v1 import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 from .config import ProxyConfig
@@ -24,14 +26,6 @@ from .config import ProxyConfig
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", -1),
-    ("grpc.max_send_message_length", -1),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-]
 
 
 @dataclass(frozen=True)
@@ -57,15 +51,21 @@ class Upstream:
     def __init__(self, config: ProxyConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.clock = clock
-        self._ns_channels = {a: grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS)
-                             for a in config.nameserver_addresses}
-        self._ns = {a: nameserver_pb2_grpc.NameServerServiceStub(c) for a, c in self._ns_channels.items()}
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        # Name servers, brokers and checkers; no message size limit of its own (the brokers
+        # and the proxy's own server enforce theirs).
+        self._channels = ChannelPool(max_message_bytes=-1)
+        self._ns = {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a))
+                    for a in config.nameserver_addresses}
         #: broker name → address, from ListBrokers and routes.
         self.brokers: dict[str, str] = {}
         #: checker address → name.
         self.checkers: dict[str, str] = {}
         self._routes: dict[str, tuple[float, list[nameserver_pb2.QueueRoute]]] = {}
+        #: Which shards new sends avoid (the SDK's fault table).
+        self.faults = FaultTable()
+        #: (shard, client message id) of half message attempts given up on: their orphans'
+        #: checks are answered ROLLBACK here (see ``relay`` and ``checks``).
+        self.abandoned: Abandoned[tuple[str, str]] = Abandoned()
         self.on_checkers_changed: list[Callable[[], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._failing: set[str] = set()
@@ -93,8 +93,7 @@ class Upstream:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for channel in [*self._channels.values(), *self._ns_channels.values()]:
-            await channel.close()
+        await self._channels.close()
 
     # --- name servers --------------------------------------------------------------------
 
@@ -161,12 +160,15 @@ class Upstream:
         return self.limits
 
     async def route(self, topic: str) -> list[nameserver_pb2.QueueRoute]:
-        """The topic's queues (name server QueryRoute), reused for ``route_ttl_seconds``.
-        Raises TopicNotFoundError (or INVALID_NAME) as the name server does."""
+        """The topic's queues (name server QueryRoute), reused for ``route_ttl_seconds``
+        (at most ``FAULT_ROUTE_REFRESH_SECONDS`` while a shard is avoided). Raises
+        TopicNotFoundError (or INVALID_NAME) as the name server does."""
         now = self.clock()
         cached = self._routes.get(topic)
         if cached is not None and cached[0] > now:
-            return cached[1]
+            fetched = cached[0] - self.config.route_ttl_seconds
+            if not (now - fetched >= FAULT_ROUTE_REFRESH_SECONDS and self.faults.any_avoided()):
+                return cached[1]
         last: TxmqError | None = None
         for address, stub in self._ns.items():
             try:
@@ -192,10 +194,7 @@ class Upstream:
     # --- brokers -------------------------------------------------------------------------
 
     def _channel(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        return channel
+        return self._channels.get(address)
 
     async def broker(self, name: str) -> broker_pb2_grpc.BrokerServiceStub:
         """A stub for the broker ``name`` (listed again once if it is not known yet)."""

@@ -22,11 +22,18 @@ COMPONENTS = {
     "checker": ("services.checker", "services.checker.config", "CheckerConfig"),
     "proxy": ("services.proxy", "services.proxy.config", "ProxyConfig"),
 }
-#: Settings the chart sets itself (names, addresses, ports, paths), not from `<component>.config`.
+#: Settings the chart sets itself (names, addresses, ports, paths, the shape of replica
+#: groups and their etcd), not from `<component>.config`.
 CHART_OWNED = {"host", "port", "metrics_port", "nameserver_addresses", "broker_name", "checker_name",
-               "proxy_name", "advertise_address", "data_dir"}
-#: Pod names (the downward API's metadata.name), not settable.
-POD_NAMED = {"broker_name", "checker_name", "proxy_name"}
+               "proxy_name", "advertise_address", "data_dir", "replication_factor", "min_insync_replicas",
+               "replica_id", "etcd_endpoints"}
+#: Pod names and indexes (the downward API), not settable.
+POD_NAMED = {"broker_name", "checker_name", "proxy_name", "replica_id"}
+#: Broker settings only replicated shards read: with broker.replicationFactor 1 the chart
+#: leaves them out of the pods (so such a release renders as before replication existed).
+REPLICATION_ONLY = {"replication_factor", "min_insync_replicas", "replica_id", "etcd_endpoints", "etcd_prefix",
+                    "leader_lease_seconds", "election_poll_seconds", "replica_lag_max_seconds",
+                    "replication_batch_bytes", "replication_log_entries"}
 #: Settings of a component the chart takes from another component's `config`, so the two
 #: always agree: the proxy advertises the brokers' limits to RocketMQ clients.
 FROM_OTHER = {"proxy": {"max_body_bytes": "broker", "max_delivery_attempts": "broker"}}
@@ -79,16 +86,22 @@ class Rendered:
                 return d
         raise KeyError(f"no {kind} {name!r} rendered; have {[(d['kind'], d['metadata']['name']) for d in self.docs]}")
 
-    def workloads(self) -> Iterator[dict[str, Any]]:
+    def workloads(self, component: str | None = None) -> Iterator[dict[str, Any]]:
+        """The txmq workloads (not the bundled etcd), or those of one component (a
+        replicated broker has one StatefulSet per shard)."""
         for d in self.docs:
             if d["kind"] in WORKLOAD_KINDS:
-                yield d
+                kind = d["metadata"]["labels"].get("app.kubernetes.io/component")
+                if (component is None and kind in COMPONENTS) or kind == component:
+                    yield d
 
     def workload(self, component: str) -> dict[str, Any]:
-        for d in self.workloads():
-            if d["metadata"]["labels"].get("app.kubernetes.io/component") == component:
-                return d
+        for d in self.workloads(component):
+            return d
         raise KeyError(component)
+
+    def replicated(self) -> bool:
+        return any("txmq.io/shard" in w["metadata"]["labels"] for w in self.workloads("broker"))
 
     def configmap_env(self, workload: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
         env: dict[str, str] = {}

@@ -20,6 +20,12 @@ at its advertised pod DNS name), asks the proxy Service what RocketMQ 5 clients 
 (QueryRoute for that topic: the proxy reaches the name servers the chart gave it) and stops
 every pod with SIGTERM, as the kubelet does,
 expecting a clean exit within terminationGracePeriodSeconds.
+
+A replicated render (broker.replicationFactor 3, the bundled etcd) boots the same way: the
+etcd StatefulSet's pods run Debian's etcd (`make etcd`) with the rendered environment (the
+static initial cluster of pod DNS names, listening on each pod's address), the broker
+replicas take their replica id from the pod index label and register their own pod DNS
+names; a leader must be elected, carry a transaction, and be replaced when it dies.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -41,10 +49,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import txmq
 from services.common.process import port_is_free
+from tests.support.etcd import EtcdProcess
 from tests.support.waiting import wait_until
 from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
-from .chart import NAMESPACE, REPO, Rendered, render, scenario_file
+from .chart import NAMESPACE, REPO, WORKLOAD_KINDS, Rendered, render, scenario_file
 
 LocalState = txmq.LocalTransactionState
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -57,6 +66,8 @@ class Pod:
     ip: str
     workload: dict[str, Any]
     container: dict[str, Any]
+    #: The StatefulSet pod index (apps.kubernetes.io/pod-index), None for a Deployment's pod.
+    index: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
@@ -70,19 +81,23 @@ class Pod:
 class LocalPods:
     """The pods of one rendered release as local processes."""
 
-    def __init__(self, r: Rendered, workdir: Path) -> None:
+    def __init__(self, r: Rendered, workdir: Path, external: dict[str, str] | None = None) -> None:
         self.r = r
         self.workdir = workdir
+        #: host:port of services outside the release (an existing etcd) -> where they run here.
+        self.external = dict(external or {})
         prefix = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}"
         self.pods: list[Pod] = []
         self.dns: dict[str, str] = {}
         n = 1
-        for w in r.workloads():
+        for w in [d for d in r.docs if d["kind"] in WORKLOAD_KINDS]:  # the bundled etcd too
             component = w["metadata"]["labels"]["app.kubernetes.io/component"]
             (container,) = w["spec"]["template"]["spec"]["containers"]
             for i in range(w["spec"]["replicas"]):
-                suffix = str(i) if w["kind"] == "StatefulSet" else f"local{i}"
-                pod = Pod(f"{w['metadata']['name']}-{suffix}", component, f"{prefix}.{n}", w, container)
+                stateful = w["kind"] == "StatefulSet"
+                suffix = str(i) if stateful else f"local{i}"
+                pod = Pod(f"{w['metadata']['name']}-{suffix}", component, f"{prefix}.{n}", w, container,
+                          i if stateful else None)
                 n += 1
                 self.pods.append(pod)
                 if w["kind"] == "StatefulSet":
@@ -98,7 +113,10 @@ class LocalPods:
 
     # -------------------------------------------------------------- what the kubelet does
     def _field(self, pod: Pod, path: str) -> str:
-        return {"metadata.name": pod.name, "status.podIP": pod.ip, "metadata.namespace": NAMESPACE}[path]
+        fields = {"metadata.name": pod.name, "status.podIP": pod.ip, "metadata.namespace": NAMESPACE}
+        if pod.index is not None:  # the StatefulSet controller's label (Kubernetes 1.28+)
+            fields["metadata.labels['apps.kubernetes.io/pod-index']"] = str(pod.index)
+        return fields[path]
 
     def _environment(self, pod: Pod) -> dict[str, str]:
         env = dict(self.r.configmap_env(pod.workload, pod.container))
@@ -113,10 +131,15 @@ class LocalPods:
         if name == "TXMQ_HOST":
             assert value == "0.0.0.0"
             return pod.ip
+        if name.startswith("ETCD_LISTEN_"):  # etcd binds every address of the pod: its pod IP
+            assert re.fullmatch(r"http://0\.0\.0\.0:\d+", value), f"{name}={value}"
+            return value.replace("0.0.0.0", pod.ip)
+        for endpoint, local in self.external.items():
+            value = re.sub(rf"(?<![\w.-]){re.escape(endpoint)}(?![\w.-])", local, value)
         for host, ip in self.dns.items():
             value = re.sub(rf"(?<![\w.-]){re.escape(host)}(?=:)", ip, value)
         assert ".svc." not in value, f"{pod.name}: {name}={value} names a host no Service provides"
-        if name == "TXMQ_DATA_DIR":
+        if name in ("TXMQ_DATA_DIR", "ETCD_DATA_DIR"):
             mounts = {m["mountPath"] for m in pod.container["volumeMounts"]}
             assert any(value.startswith(m.rstrip("/") + "/") for m in mounts), f"{value} is on no volume"
             value = str(self.workdir / pod.name / value.lstrip("/"))
@@ -135,11 +158,20 @@ class LocalPods:
         # As Kubernetes does with podManagementPolicy Parallel: every pod at once.
         for pod in self.pods:
             command = list(pod.container["command"]) + list(pod.container.get("args", []))
-            assert command[0] == "python"
-            command[0] = sys.executable
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("TXMQ_", "ETCD_"))}
+            if pod.component == "etcd":
+                # The official image's binary; here Debian's etcd-server (`make etcd`).
+                assert command[0] == "/usr/local/bin/etcd", command
+                binary = shutil.which("etcd")
+                if binary is None:
+                    pytest.fail("etcd is not installed: run `make etcd` (apt-get install etcd-server)")
+                command[0] = binary
+                env["ETCD_UNSUPPORTED_ARCH"] = os.uname().machine
+            else:
+                assert command[0] == "python"
+                command[0] = sys.executable
             cwd = self.workdir / pod.name
             cwd.mkdir(parents=True, exist_ok=True)
-            env = {k: v for k, v in os.environ.items() if not k.startswith("TXMQ_")}
             env.update(pod.env)
             env["PYTHONPATH"] = str(REPO)
             pod.log_path = cwd / "container.log"
@@ -152,11 +184,23 @@ class LocalPods:
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
                 probe = pod.container[kind]
                 deadline = probe.get("failureThreshold", 3) * probe.get("periodSeconds", 10)
-                target = f"{pod.ip}:{probe['grpc']['port']}"
+                if "httpGet" in probe:
+                    port = probe["httpGet"]["port"]
+                    if isinstance(port, str):  # a named container port
+                        port = next(p["containerPort"] for p in pod.container["ports"] if p["name"] == port)
+                    target = f"http://{pod.ip}:{port}{probe['httpGet'].get('path', '/')}"
+                else:
+                    target = f"{pod.ip}:{probe['grpc']['port']}"
 
                 def serving() -> bool:
                     if pod.proc is not None and pod.proc.poll() is not None:
                         raise AssertionError(f"{pod.name} exited with {pod.proc.returncode}\n{pod.log_tail()}")
+                    if "httpGet" in probe:  # the kubelet's rule: a status in 200..399 passes
+                        try:
+                            with urllib.request.urlopen(target, timeout=probe.get("timeoutSeconds", 1)) as r:
+                                return 200 <= r.status < 400
+                        except OSError:
+                            return False
                     with grpc.insecure_channel(target) as channel:
                         response = health_pb2_grpc.HealthStub(channel).Check(
                             health_pb2.HealthCheckRequest(service=probe["grpc"].get("service", "")),
@@ -212,6 +256,43 @@ def _service_address(pods: LocalPods, component: str) -> str:
     return f"{pods.dns[svc['metadata']['name'] + '.' + NAMESPACE + '.svc.cluster.local']}:{svc['spec']['ports'][0]['port']}"
 
 
+def _checked_transaction(pods: LocalPods, nameserver: str, topic: str, unique_name: Any,
+                         body: bytes = b"through the chart") -> None:
+    """A transaction left undecided, committed by a check through the checkers, consumed."""
+    checkers = pods.of("checker")
+    group, consumers = unique_name("producers"), unique_name("consumers")
+    checked = threading.Event()
+
+    class Listener(txmq.TransactionListener):
+        def execute_local_transaction(self, message, arg):
+            return LocalState.UNKNOWN  # leave it to a check
+
+        def check_local_transaction(self, message):
+            checked.set()
+            return LocalState.COMMIT
+
+    # The chart's transaction timeout is 6 s by default: the check comes through the checker.
+    with txmq.TransactionProducer(nameserver, producer_group=group, listener=Listener(),
+                                  checker_refresh_seconds=0.5) as producer:
+        wait_until(lambda: len(producer.connected_checkers()) == len(checkers), 20,
+                   message=lambda: f"producer not connected to every checker\n{pods.logs()}")
+        result = producer.send_in_transaction(txmq.Message(topic, body))
+        assert result.state == txmq.TransactionState.PREPARED
+        received: list[bytes] = []
+        with txmq.SimpleConsumer(nameserver, consumer_group=consumers, subscriptions={topic: "*"},
+                                 await_duration_seconds=0.5) as consumer:
+            def consumed() -> bool:
+                for m in consumer.receive(16):
+                    received.append(m.body)
+                    consumer.ack(m)
+                return bool(received)
+
+            wait_until(consumed, 40, interval=0.05,
+                       message=lambda: f"the checked transaction was never delivered\n{pods.logs()}")
+    assert checked.is_set()
+    assert received == [body]
+
+
 def test_rendered_pods_start_pass_their_probes_and_run_a_transaction(pods: LocalPods, unique_name) -> None:
     pods.wait_probes()
     nameserver = _service_address(pods, "nameserver")
@@ -234,41 +315,12 @@ def test_rendered_pods_start_pass_their_probes_and_run_a_transaction(pods: Local
     wait_until(registered, 30, interval=0.1, ignore=(grpc.RpcError,),
                message=lambda: f"not every broker/checker registered with every name server\n{pods.logs()}")
 
-    topic, group, consumers = unique_name("orders"), unique_name("producers"), unique_name("consumers")
+    topic = unique_name("orders")
     with grpc.insecure_channel(nameserver) as channel:
         admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(
             admin_pb2.CreateTopicRequest(topic=topic, queue_count=2 * len(brokers)), timeout=10)
+    _checked_transaction(pods, nameserver, topic, unique_name)
 
-    checked = threading.Event()
-
-    class Listener(txmq.TransactionListener):
-        def execute_local_transaction(self, message, arg):
-            return LocalState.UNKNOWN  # leave it to a check
-
-        def check_local_transaction(self, message):
-            checked.set()
-            return LocalState.COMMIT
-
-    # The chart's transaction timeout is 6 s by default: the check comes through the checker.
-    with txmq.TransactionProducer(nameserver, producer_group=group, listener=Listener(),
-                                  checker_refresh_seconds=0.5) as producer:
-        wait_until(lambda: len(producer.connected_checkers()) == len(checkers), 20,
-                   message=lambda: f"producer not connected to every checker\n{pods.logs()}")
-        result = producer.send_in_transaction(txmq.Message(topic, b"through the chart"))
-        assert result.state == txmq.TransactionState.PREPARED
-        received: list[bytes] = []
-        with txmq.SimpleConsumer(nameserver, consumer_group=consumers, subscriptions={topic: "*"},
-                                 await_duration_seconds=0.5) as consumer:
-            def consumed() -> bool:
-                for m in consumer.receive(16):
-                    received.append(m.body)
-                    consumer.ack(m)
-                return bool(received)
-
-            wait_until(consumed, 40, interval=0.05,
-                       message=lambda: f"the checked transaction was never delivered\n{pods.logs()}")
-    assert checked.is_set()
-    assert received == [b"through the chart"]
 
     # The proxy Service, as a RocketMQ 5 client uses it (its configured endpoint): every
     # replica serves MessagingService, and a route query reaches the name servers the chart
@@ -296,3 +348,112 @@ def test_rendered_pods_start_pass_their_probes_and_run_a_transaction(pods: Local
 
     codes = pods.stop()
     assert all(code == 0 for code in codes.values()), f"unclean exits {codes}\n{pods.logs()}"
+
+
+# ---------------------------------------------------------------------------- replicated shards
+#: A replicated scenario down to one shard and one pod of the rest, volumes as emptyDirs:
+#: ci/replicated-values.yaml (3 replicas, min in-sync 2, the bundled 3-member etcd, leader
+#: lease 5 s), and ci/replicated-external-etcd-values.yaml (3 replicas, etcd.endpoints:
+#: here one Debian etcd process, tests/support/etcd.py, stands for that existing cluster).
+REPLICATED_LOCAL = {"nameserver.replicaCount": "1", "broker.replicaCount": "1", "checker.replicaCount": "1",
+                    "proxy.enabled": "false", "broker.persistence.enabled": "false",
+                    "etcd.persistence.enabled": "false"}
+
+
+@pytest.fixture(params=["replicated", "replicated-external-etcd"])
+def replicated_pods(request: pytest.FixtureRequest, helm_bin: Path, tmp_path: Path) -> Iterator[LocalPods]:
+    r = render(helm_bin, [scenario_file(request.param)], sets=REPLICATED_LOCAL)
+    etcd = None
+    external: dict[str, str] = {}
+    if not any(w["metadata"]["labels"]["app.kubernetes.io/component"] == "etcd"
+               for w in r.docs if w["kind"] in WORKLOAD_KINDS):
+        etcd = EtcdProcess(tmp_path / "existing-etcd").start()
+        rendered = r.configmap_env(r.workload("broker"), r.workload("broker")["spec"]["template"]["spec"]["containers"][0])
+        external = {endpoint: etcd.endpoint for endpoint in rendered["TXMQ_ETCD_ENDPOINTS"].split(",")}
+    local = LocalPods(r, tmp_path, external)
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+        if etcd is not None:
+            etcd.stop()
+
+
+def test_a_rendered_replicated_shard_elects_a_leader_carries_transactions_and_fails_over(
+        replicated_pods: LocalPods, unique_name) -> None:
+    pods = replicated_pods
+    replicas, etcd, (ns,) = pods.of("broker"), pods.of("etcd"), pods.of("nameserver")
+    assert len(replicas) == 3 and len(etcd) in (0, 3)
+    pods.wait_probes()  # etcd's /health passes once its three members formed a cluster
+    shard = replicas[0].env["TXMQ_BROKER_NAME"]
+    assert shard == "txmq-broker-0" and {p.env["TXMQ_BROKER_NAME"] for p in replicas} == {shard}
+    assert [p.env["TXMQ_REPLICA_ID"] for p in replicas] == ["0", "1", "2"]  # from the pod index
+    # Each replica advertises its own pod (DNS name, resolved to its pod IP here).
+    by_address = {p.env["TXMQ_ADVERTISE_ADDRESS"]: p for p in replicas}
+    assert set(by_address) == {f"{p.ip}:{p.env['TXMQ_PORT']}" for p in replicas}
+    endpoints = replicas[0].env["TXMQ_ETCD_ENDPOINTS"].split(",")
+    if etcd:  # every member of the bundled etcd, as each advertises itself
+        assert sorted(endpoints) == sorted(p.env["ETCD_ADVERTISE_CLIENT_URLS"].removeprefix("http://") for p in etcd)
+    else:  # etcd.endpoints, all of them
+        assert len(endpoints) == 3 and set(endpoints) == set(pods.external.values())
+    nameserver = f"{ns.ip}:{ns.env['TXMQ_PORT']}"
+    min_insync = int(replicas[0].env["TXMQ_MIN_INSYNC_REPLICAS"])
+    lag_max = float(replicas[0].env["TXMQ_REPLICA_LAG_MAX_SECONDS"])
+
+    def routed_leader(above_epoch: int = 0) -> tuple[Pod, int] | None:
+        """The live replica the name server routes the shard to, as leader of an in-sync
+        set that can acknowledge writes (None while there is none)."""
+        with grpc.insecure_channel(nameserver) as channel:
+            stub = nameserver_pb2_grpc.NameServerServiceStub(channel)
+            routed = {b.name: b for b in stub.ListBrokers(nameserver_pb2.ListBrokersRequest(), timeout=5).brokers}
+            every = stub.ListBrokers(nameserver_pb2.ListBrokersRequest(include_followers=True), timeout=5).brokers
+        for b in every:  # every replica registered under the shard, with the id of its pod
+            assert b.name == shard and by_address[b.address].env["TXMQ_REPLICA_ID"] == str(b.replica_id), b
+        info = routed.get(shard)
+        if info is None or info.role != nameserver_pb2.BROKER_ROLE_LEADER or info.leader_epoch <= above_epoch:
+            return None
+        pod = by_address[info.address]
+        if pod.proc is None or pod.proc.poll() is not None:
+            return None
+        # Able to acknowledge: itself and enough connected, caught-up in-sync followers.
+        able = 1 + sum(1 for f in info.replication.followers if f.connected and f.in_sync and f.lag_seconds < lag_max)
+        return (pod, info.leader_epoch) if able >= min_insync else None
+
+    def registered_all() -> bool:
+        with grpc.insecure_channel(nameserver) as channel:
+            listed = nameserver_pb2_grpc.NameServerServiceStub(channel).ListBrokers(
+                nameserver_pb2.ListBrokersRequest(include_followers=True), timeout=5).brokers
+        return sorted(b.replica_id for b in listed) == [0, 1, 2]
+
+    wait_until(registered_all, 30, interval=0.1, ignore=(grpc.RpcError,),
+               message=lambda: f"not every replica registered\n{pods.logs()}")
+    found = wait_until(routed_leader, 30, interval=0.1, ignore=(grpc.RpcError,),
+                       message=lambda: f"no leader elected\n{pods.logs()}")
+    leader, epoch = found
+
+    topic = unique_name("orders")
+    with grpc.insecure_channel(nameserver) as channel:
+        admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(
+            admin_pb2.CreateTopicRequest(topic=topic, queue_count=2), timeout=10)
+    _checked_transaction(pods, nameserver, topic, unique_name, b"replicated")
+
+    # The leader's node dies: an in-sync follower takes over with a higher epoch (after
+    # the leader's lease, leader_lease_seconds) and serves writes with the other follower.
+    leader.proc.send_signal(signal.SIGKILL)
+    leader.proc.wait()
+    successor, new_epoch = wait_until(lambda: routed_leader(epoch), 60, interval=0.1, ignore=(grpc.RpcError,),
+                                      message=lambda: f"no leader after {leader.name} died\n{pods.logs()}")
+    assert successor is not leader and new_epoch > epoch
+    topic = unique_name("after-failover")
+    with grpc.insecure_channel(nameserver) as channel:
+        admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(
+            admin_pb2.CreateTopicRequest(topic=topic, queue_count=2), timeout=10)
+    _checked_transaction(pods, nameserver, topic, unique_name, b"after fail-over")
+
+    codes = pods.stop()
+    codes.pop(leader.name)  # killed on purpose
+    # etcd stops gracefully on SIGTERM and then re-raises it: it exits "killed by SIGTERM".
+    clean = {p.name: (0, -signal.SIGTERM) if p.component == "etcd" else (0,) for p in pods.pods}
+    unclean = {name: code for name, code in codes.items() if code not in clean[name]}
+    assert not unclean, f"unclean exits {unclean}\n{pods.logs()}"

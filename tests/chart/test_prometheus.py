@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
+import grpc
 import psutil
 import pytest
 import yaml
@@ -29,6 +30,7 @@ import txmq
 from tests.proxy.support import Clients
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
+from txmq.v1 import admin_pb2
 
 from .chart import CHART, NAMESPACE
 
@@ -75,7 +77,9 @@ def test_dashboard_is_well_formed() -> None:
     assert len(ids) == len(set(ids))
     titles = " ".join(p["title"].lower() for p in _panels())
     for wanted in ("p50", "p99", "pending", "oldest pending", "checks by result", "discards",
-                   "commits and rollbacks", "rpc latency", "disk"):
+                   "commits and rollbacks", "rpc latency", "disk", "replication lag (seconds)",
+                   "replication lag (records)", "in-sync replicas vs replication factor", "leader epoch",
+                   "leadership changes", "writes refused"):
         assert wanted in titles, wanted
     for p in _panels():
         assert p["datasource"]["uid"] == "${datasource}"
@@ -158,14 +162,34 @@ def checked_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
         c.stop()
 
 
+#: The replicated shard's name and pods as the chart would name them (a StatefulSet per
+#: shard, pod = <shard>-<replica id>), with the `shard` label its ServiceMonitor adds.
+SHARD = "txmq-broker-7"
+
+
+@pytest.fixture(scope="module")
+def replicated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One shard of three replicas (min in-sync 2) on a real etcd, beside checked_cluster."""
+    c = Cluster(tmp_path_factory.mktemp("prom-replicated"), replication_factor=3, min_insync_replicas=2)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
 @pytest.fixture
-def prometheus(prometheus_bin: Path, checked_cluster: Cluster, tmp_path: Path) -> Iterator[Prometheus]:
+def prometheus(prometheus_bin: Path, checked_cluster: Cluster, replicated_cluster: Cluster,
+               tmp_path: Path) -> Iterator[Prometheus]:
     targets = []
     for proc in checked_cluster.processes:
         component = proc.module.rsplit(".", 1)[-1]
         targets.append({"targets": [f"127.0.0.1:{proc.metrics_port}"],
                         "labels": {"job": component, "namespace": NAMESPACE, "pod": f"txmq-{proc.name}",
                                    "service": f"txmq-{component}-headless"}})
+    for r, proc in enumerate(replicated_cluster.shards["broker-0"]):
+        targets.append({"targets": [f"127.0.0.1:{proc.metrics_port}"],
+                        "labels": {"job": "broker", "namespace": NAMESPACE, "pod": f"{SHARD}-{r}",
+                                   "service": "txmq-broker-headless", "shard": SHARD}})
     p = Prometheus(prometheus_bin, tmp_path, targets)
     try:
         yield p
@@ -295,3 +319,77 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
         clients.close()
         for p in producers:
             p.close()
+
+
+# ---------------------------------------------------------------------------- replication
+def _replication_alerts(helm_bin: Path) -> dict[str, str]:
+    """The replication alerts' expressions as the chart renders them for a replicated release."""
+    from .chart import render, scenario_file  # noqa: PLC0415
+
+    (rule,) = render(helm_bin, [scenario_file("replicated")]).of_kind("PrometheusRule")
+    return {r["alert"]: r["expr"] for g in rule["spec"]["groups"] if g["name"] == "txmq.replication"
+            for r in g["rules"]}
+
+
+def test_replication_panels_and_alerts_follow_a_live_replicated_shard(
+        prometheus: Prometheus, replicated_cluster: Cluster, helm_bin: Path) -> None:
+    """The replication panels and alert expressions on a real 3-replica shard: healthy, then
+    with a follower stopped (under-replicated, in-sync set shrunk), then with both stopped
+    and a write refused."""
+    cluster = replicated_cluster
+    replicas = cluster.shards["broker-0"]
+    leader = cluster.wait_leaders()["broker-0"]
+    leader_id = replicas.index(leader)
+    followers = [i for i in range(3) if i != leader_id]
+
+    def values(expr: str) -> dict[tuple[str, ...], float]:
+        return {tuple(v for k, v in sorted(s["metric"].items())): float(s["value"][1])
+                for s in prometheus.query(_substitute(expr))}
+
+    queries = [(title, expr) for title, expr in _queries() if "txmq_replica_" in expr]
+    assert len(queries) >= 7
+    wait_until(lambda: all(values(expr) for _title, expr in queries), 30, interval=0.3,
+               message=lambda: "replication panels without data: "
+                               f"{[t for t, e in queries if not values(e)]}")
+    ns = 'namespace=~"$namespace"'
+    wait_until(lambda: values(f"max by (shard) (txmq_replica_insync_replicas{{{ns}}})") == {(SHARD,): 3.0}, 20,
+               interval=0.3, message="the in-sync set never reached 3")
+    assert values(f"max by (shard) (txmq_replica_replication_factor{{{ns}}})") == {(SHARD,): 3.0}
+    assert values(f"max by (shard) (txmq_replica_min_insync_replicas{{{ns}}})") == {(SHARD,): 2.0}
+    assert values(f"sum by (shard) (txmq_replica_is_leader{{{ns}}})") == {(SHARD,): 1.0}
+    assert values(f"max by (shard) (txmq_replica_leader_epoch{{{ns}}})")[(SHARD,)] > 0
+    # Lag is reported by the leader, per follower.
+    lag = prometheus.query(_substitute(f"max by (replica) (txmq_replica_lag_seconds{{{ns}}})"))
+    assert sorted(int(s["metric"]["replica"]) for s in lag) == followers
+    alerts = _replication_alerts(helm_bin)
+    assert set(alerts) == {"TxmqShardWithoutLeader", "TxmqShardUnderReplicated", "TxmqShardInsyncShrinking",
+                           "TxmqWritesRefused"}
+    for name, expr in alerts.items():
+        assert prometheus.query(expr) == [], f"{name} on a healthy shard"
+
+    def firing(name: str) -> bool:
+        return [s["metric"].get("shard") for s in prometheus.query(alerts[name])] == [SHARD]
+
+    try:
+        # One follower stops: the leader drops it from the in-sync set (replica_lag_max_seconds).
+        replicas[followers[0]].stop()
+        wait_until(lambda: firing("TxmqShardUnderReplicated") and firing("TxmqShardInsyncShrinking"), 30,
+                   interval=0.3, message=lambda: f"no under-replication seen: {values(alerts['TxmqShardUnderReplicated'])}")
+        assert not firing("TxmqShardWithoutLeader") and not firing("TxmqWritesRefused")
+        # The other stops too: fewer than min_insync_replicas, so writes are refused.
+        replicas[followers[1]].stop()
+
+        def refused() -> bool:
+            try:
+                cluster.admin_stub(cluster.nameserver_address).CreateTopic(
+                    admin_pb2.CreateTopicRequest(topic=f"refused-{time.monotonic_ns()}", queue_count=1), timeout=5)
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+            return firing("TxmqWritesRefused")
+
+        wait_until(refused, 30, interval=0.5, message="refused writes never showed")
+        assert values(f"sum by (shard) (rate(txmq_replica_writes_refused_total{{{ns}}}[1m]))")[(SHARD,)] > 0
+    finally:
+        for i in followers:
+            if not replicas[i].running:
+                cluster.restart_broker(cluster.brokers.index(replicas[i]))

@@ -18,11 +18,14 @@ from .chart import CHART, SCENARIOS, Rendered, helm, render, scenario_file, temp
 
 #: Chart.yaml's kubeVersion floor and the newest version kubernetes-validate knows.
 KUBE_VERSIONS = ["1.25.0", "1.37.0"]
+#: Replicated shards take each replica's id from the pod-index label (Kubernetes 1.28+).
+REPLICATED_FLOOR = "1.28.0"
+REPLICATED_SCENARIOS = {"replicated", "replicated-external-etcd"}
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 
 def test_scenarios_exist() -> None:
-    assert {"minimal", "ha-monitoring"} <= set(SCENARIOS)
+    assert {"minimal", "ha-monitoring"} | REPLICATED_SCENARIOS <= set(SCENARIOS)
 
 
 @pytest.mark.parametrize("scenario", [None, *SCENARIOS])
@@ -84,14 +87,42 @@ BAD_VALUES = {
     "proxy advertise address without port": {"proxy.advertiseAddress": "mq.example.com"},
     "proxy grace longer than termination": {"proxy.config.shutdown_grace_seconds": "45"},
     "metrics port clashes with the proxy": {"metrics.port": "8081"},
+    # Replicated shards.
+    "replicated without an etcd": {"broker.replicationFactor": "3"},
+    "bundled etcd and endpoints both": {"etcd.endpoints[0]": "etcd:2379", "broker.replicationFactor": "3",
+                                        "etcd.enabled": "true"},
+    "replication factor above 9": {"broker.replicationFactor": "10", "etcd.enabled": "true"},
+    "replication factor 0": {"broker.replicationFactor": "0"},
+    "min in-sync above the factor": {"broker.minInsyncReplicas": "4", "broker.replicationFactor": "3",
+                                     "etcd.enabled": "true"},
+    "pdb below min in-sync": {"broker.pdb.maxUnavailable": "2", "broker.replicationFactor": "3",
+                              "etcd.enabled": "true"},
+    "fractional leader lease": {"broker.config.leader_lease_seconds": "2.5"},
+    "election poll not below the lease": {"broker.config.election_poll_seconds": "4", "broker.replicationFactor": "3",
+                                          "etcd.enabled": "true"},
+    "etcd endpoint without port": {"etcd.endpoints[0]": "etcd.example.com", "broker.replicationFactor": "3"},
+    "even etcd members": {"etcd.replicaCount": "2", "etcd.enabled": "true"},
+    "etcd ports clash": {"etcd.peerPort": "2379", "etcd.enabled": "true"},
+    "etcd prefix not a path": {"broker.config.etcd_prefix": "txmq"},
+}
+
+#: What the refusal must name (the key that is wrong), when not the first key's last part.
+BAD_VALUES_NAMED = {
+    "replicated without an etcd": "etcd.endpoints",
+    "bundled etcd and endpoints both": "etcd.endpoints",
+    "min in-sync above the factor": "minInsyncReplicas",
+    "pdb below min in-sync": "maxUnavailable",
+    "election poll not below the lease": "election_poll_seconds",
 }
 
 
-@pytest.mark.parametrize("sets", BAD_VALUES.values(), ids=BAD_VALUES.keys())
-def test_bad_values_are_rejected(helm_bin: Path, sets: dict[str, str]) -> None:
+@pytest.mark.parametrize(("case", "sets"), BAD_VALUES.items(), ids=BAD_VALUES.keys())
+def test_bad_values_are_rejected(helm_bin: Path, case: str, sets: dict[str, str]) -> None:
     proc = helm(helm_bin, *template_args(sets=sets), check=False)
     assert proc.returncode != 0, f"helm accepted {sets}"
-    key = next(iter(sets)).split(".")[-1]
+    if case in BAD_VALUES_NAMED:
+        assert BAD_VALUES_NAMED[case] in proc.stderr, proc.stderr
+    key = next(iter(sets)).split(".")[-1].split("[")[0]
     assert key.split("_")[0].lower() in (proc.stderr + proc.stdout).lower() or "schema" in proc.stderr.lower(), \
         proc.stderr
 
@@ -105,7 +136,17 @@ def test_schema_is_valid_json_schema() -> None:
 
 # ---------------------------------------------------------------------------- layer 2
 def _documents() -> list[tuple[str, str]]:
-    return [(s, v) for s in SCENARIOS for v in KUBE_VERSIONS]
+    return [(s, REPLICATED_FLOOR if s in REPLICATED_SCENARIOS and v == KUBE_VERSIONS[0] else v)
+            for s in SCENARIOS for v in KUBE_VERSIONS]
+
+
+@pytest.mark.parametrize("kube_version", ["1.25.0", "1.27.9"])
+def test_replicated_shards_need_the_pod_index_label(helm_bin: Path, kube_version: str) -> None:
+    """Below 1.28 no pod carries apps.kubernetes.io/pod-index: the chart says so instead of
+    starting replicas without an id."""
+    proc = helm(helm_bin, *template_args([scenario_file("replicated")], kube_version=kube_version), check=False)
+    assert proc.returncode != 0
+    assert "1.28" in proc.stderr and "pod-index" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize(("scenario", "kube_version"), _documents())

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from services.common.config import env_name
-from .chart import CHART, CHART_OWNED, COMPONENTS, FROM_OTHER, POD_NAMED, SCENARIOS, Rendered, config_class, render
+from .chart import (CHART, CHART_OWNED, COMPONENTS, FROM_OTHER, NAMESPACE, POD_NAMED, REPLICATION_ONLY, SCENARIOS,
+                    Rendered, config_class, render, scenario_file)
 
 DOCKER = Path(__file__).resolve().parents[2] / "deploy" / "docker"
 
@@ -41,15 +42,22 @@ def _env(r: Rendered, workload: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_selectors_match_pod_labels(rendered: dict[str, Rendered], scenario: str) -> None:
     r = rendered[scenario]
-    pods = {w["metadata"]["name"]: w["spec"]["template"]["metadata"]["labels"] for w in r.workloads()}
+    every = [d for d in r.docs if d["kind"] in ("StatefulSet", "Deployment")]  # the bundled etcd too
+    pods = {w["metadata"]["name"]: w["spec"]["template"]["metadata"]["labels"] for w in every}
 
     def selected(selector: dict[str, str]) -> list[str]:
         return [name for name, labels in pods.items() if selector.items() <= labels.items()]
 
-    for w in r.workloads():
+    def component(names: list[str]) -> set[str]:
+        return {pods[n]["app.kubernetes.io/component"] for n in names}
+
+    for w in every:
         assert selected(w["spec"]["selector"]["matchLabels"]) == [w["metadata"]["name"]]
     for svc in r.of_kind("Service"):
-        assert len(selected(svc["spec"]["selector"])) == 1, svc["metadata"]["name"]
+        # One component's pods (a replicated broker's: every shard's StatefulSet).
+        chosen = selected(svc["spec"]["selector"])
+        assert len(component(chosen)) == 1, svc["metadata"]["name"]
+        assert len(chosen) == (len(list(r.workloads("broker"))) if component(chosen) == {"broker"} else 1)
     for pdb in r.of_kind("PodDisruptionBudget"):
         assert len(selected(pdb["spec"]["selector"]["matchLabels"])) == 1, pdb["metadata"]["name"]
     for sm in r.of_kind("ServiceMonitor"):
@@ -57,7 +65,7 @@ def test_selectors_match_pod_labels(rendered: dict[str, Rendered], scenario: str
                    if sm["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]
         # One Service per component: each pod scraped once.
         assert sorted(s["metadata"]["labels"]["app.kubernetes.io/component"] for s in scraped) == \
-            sorted(w["metadata"]["labels"]["app.kubernetes.io/component"] for w in r.workloads())
+            sorted({labels["app.kubernetes.io/component"] for labels in pods.values()})
         for s in scraped:
             assert {p["name"] for p in s["spec"]["ports"]} >= {e["port"] for e in sm["spec"]["endpoints"]}
 
@@ -124,8 +132,13 @@ def test_every_variable_is_a_setting_the_service_reads(rendered: dict[str, Rende
         assert {"TXMQ_HOST", "TXMQ_PORT", "TXMQ_METRICS_PORT"} <= set(env)
         if component != "nameserver":
             assert "TXMQ_NAMESERVER_ADDRESSES" in env and "TXMQ_ADVERTISE_ADDRESS" in env
-        # The whole configuration is the chart's: every field has a value in the pod.
-        missing = fields - set(env) - {env_name(n) for n in POD_NAMED}
+        # The whole configuration is the chart's: every field has a value in the pod (the
+        # replication settings only in replicated shards, which must have every one).
+        unset = {env_name(n) for n in POD_NAMED - {"replica_id"}}
+        if component == "broker" and not r.replicated():
+            unset |= {env_name(n) for n in REPLICATION_ONLY}
+            assert not set(env) & {env_name(n) for n in REPLICATION_ONLY}, "replication settings in a lone broker"
+        missing = fields - set(env) - unset
         assert not missing, f"{component}: not set by the chart: {sorted(missing)}"
 
 
@@ -161,6 +174,9 @@ def test_every_setting_can_be_set_from_values(helm_bin: Path, tmp_path: Path) ->
     sets["checker.config.answer_timeout_seconds"] = 5.5
     for component in COMPONENTS:
         sets[f"{component}.terminationGracePeriodSeconds"] = 60
+    # Replicated shards, so the replication settings reach the pods too.
+    sets.update({"broker.replicationFactor": 3, "broker.minInsyncReplicas": 3, "broker.pdb.maxUnavailable": 0,
+                 "etcd.endpoints": ["etcd-a:2379", "etcd-b:2379"]})
     tree: dict[str, Any] = {}
     for key, value in sets.items():
         node = tree
@@ -176,7 +192,11 @@ def test_every_setting_can_be_set_from_values(helm_bin: Path, tmp_path: Path) ->
     for component in COMPONENTS:
         w = r.workload(component)
         env = {k: v for k, v in _env(r, w).items() if isinstance(v, str) and "$(" not in v}
-        config = load_config(config_class(component), [], env={**env, **{env_name(n): "pod" for n in POD_NAMED}})
+        pod = {env_name(n): "pod" for n in POD_NAMED - {"replica_id"}} | {env_name("replica_id"): "2"}
+        config = load_config(config_class(component), [], env={**env, **pod})
+        if component == "broker":  # the chart-owned shape of the replica group
+            assert (config.replication_factor, config.min_insync_replicas, config.etcd_endpoints) == \
+                (3, 3, ("etcd-a:2379", "etcd-b:2379"))
         # Settings taken from another component arrive with that component's value.
         expected = {f"{component}.config.{name}": sets[f"{source}.config.{name}"]
                     for name, source in FROM_OTHER.get(component, {}).items()}
@@ -201,14 +221,21 @@ def test_peers_are_addressed_through_the_headless_services(rendered: dict[str, R
     for component in sorted(set(COMPONENTS) - {"nameserver"}):
         env = _env(r, r.workload(component))
         assert env["TXMQ_NAMESERVER_ADDRESSES"].split(",") == expected
-    broker = r.workload("broker")
-    headless = r.get("Service", broker["spec"]["serviceName"])
-    assert headless["spec"]["clusterIP"] == "None"
-    env = _env(r, broker)
-    assert env["TXMQ_BROKER_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    port = _container(broker)["ports"][0]["containerPort"]
-    assert env["TXMQ_ADVERTISE_ADDRESS"] == \
-        f"$(TXMQ_BROKER_NAME).{headless['metadata']['name']}.{namespace}.svc.cluster.local:{port}"
+    for broker in r.workloads("broker"):
+        headless = r.get("Service", broker["spec"]["serviceName"])
+        assert headless["spec"]["clusterIP"] == "None"
+        env = _env(r, broker)
+        port = _container(broker)["ports"][0]["containerPort"]
+        if r.replicated():
+            # Every replica of a shard has the shard's name, and its own address (pod DNS).
+            assert env["TXMQ_BROKER_NAME"] == broker["metadata"]["name"]
+            assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+            assert env["TXMQ_ADVERTISE_ADDRESS"] == \
+                f"$(POD_NAME).{headless['metadata']['name']}.{namespace}.svc.cluster.local:{port}"
+        else:
+            assert env["TXMQ_BROKER_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+            assert env["TXMQ_ADVERTISE_ADDRESS"] == \
+                f"$(TXMQ_BROKER_NAME).{headless['metadata']['name']}.{namespace}.svc.cluster.local:{port}"
     checker = r.workload("checker")
     env = _env(r, checker)
     assert env["TXMQ_CHECKER_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
@@ -381,18 +408,188 @@ MUTATIONS = {
 }
 
 
-@pytest.mark.parametrize("mutation", MUTATIONS.values(), ids=MUTATIONS.keys())
-def test_a_broken_chart_fails_the_checks(helm_bin: Path, tmp_path: Path, mutation: tuple) -> None:
-    from .chart import copy_chart, scenario_file  # noqa: PLC0415
+def _fails_when_broken(helm_bin: Path, tmp_path: Path, mutation: tuple, scenario: str) -> None:
+    """Replace ``old`` by ``new`` in a copy of the chart: ``check`` must fail on its render."""
+    from .chart import copy_chart  # noqa: PLC0415
 
     path, old, new, check = mutation
     chart = copy_chart(tmp_path)
     text = (chart / path).read_text()
     assert old in text, f"{path} no longer contains {old!r}: update the mutation"
     (chart / path).write_text(text.replace(old, new))
-    broken = render(helm_bin, [scenario_file("minimal")], chart=chart)
+    broken = render(helm_bin, [scenario_file(scenario)], chart=chart)
     with pytest.raises(AssertionError):
-        check({"minimal": broken}, "minimal")
+        check({scenario: broken}, scenario)
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS.values(), ids=MUTATIONS.keys())
+def test_a_broken_chart_fails_the_checks(helm_bin: Path, tmp_path: Path, mutation: tuple) -> None:
+    _fails_when_broken(helm_bin, tmp_path, mutation, "minimal")
+
+
+# ---------------------------------------------------------------------------- replicated shards
+REPLICATED = ["replicated", "replicated-external-etcd"]
+POD_INDEX = {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
+
+
+def _values(scenario: str) -> dict[str, Any]:
+    """values.yaml under the scenario's values (deep-merged, as helm does)."""
+    def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        return out
+    return merge(yaml.safe_load((CHART / "values.yaml").read_text()),
+                 yaml.safe_load(scenario_file(scenario).read_text()))
+
+
+def _expand(value: str, env: dict[str, Any], pod: str) -> str:
+    """$(VAR) as the kubelet expands it, for a pod named ``pod``."""
+    return re.sub(r"\$\((\w+)\)", lambda m: pod if env.get(m.group(1)) == {"fieldRef": {"fieldPath": "metadata.name"}}
+                  else str(env[m.group(1)]), value)
+
+
+def test_unreplicated_release_keeps_its_layout(helm_bin: Path, rendered: dict[str, Rendered]) -> None:
+    """replicationFactor 1 (the default): one broker StatefulSet, its pods the shards, no
+    etcd, no replication setting, rule or relabeling: what releases rendered before."""
+    for r in (render(helm_bin), rendered["minimal"], rendered["ha-monitoring"]):
+        (sts,) = r.workloads("broker")
+        assert sts["metadata"]["name"] == "txmq-broker" and not r.replicated()
+        assert [p["metadata"]["name"] for p in r.of_kind("PodDisruptionBudget")
+                if p["metadata"]["labels"]["app.kubernetes.io/component"] == "broker"] == ["txmq-broker"]
+        assert not [d for d in r.docs if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "etcd"]
+        env = _env(r, sts)
+        assert not {k for k in env if "ETCD" in k or "REPLICA" in k or "INSYNC" in k or "LEADER" in k}
+    r = rendered["ha-monitoring"]
+    (sm,) = r.of_kind("ServiceMonitor")
+    assert "relabelings" not in sm["spec"]["endpoints"][0]
+    (rule,) = r.of_kind("PrometheusRule")
+    assert "txmq.replication" not in {g["name"] for g in rule["spec"]["groups"]}
+
+
+@pytest.mark.parametrize("scenario", REPLICATED)
+def test_each_shard_is_a_replica_group(rendered: dict[str, Rendered], scenario: str) -> None:
+    r, values = rendered[scenario], _values(scenario)
+    rf, shards = values["broker"]["replicationFactor"], values["broker"]["replicaCount"]
+    sets = list(r.workloads("broker"))
+    assert [w["metadata"]["name"] for w in sets] == [f"txmq-broker-{i}" for i in range(shards)]
+    addresses = set()
+    for sts in sets:
+        shard = sts["metadata"]["name"]
+        assert sts["kind"] == "StatefulSet" and sts["spec"]["replicas"] == rf
+        assert sts["spec"]["template"]["metadata"]["labels"]["txmq.io/shard"] == shard
+        env = _env(r, sts)
+        # Replica id = pod index (the StatefulSet controller's label), name = the shard.
+        assert env["TXMQ_REPLICA_ID"] == POD_INDEX and env["TXMQ_BROKER_NAME"] == shard
+        assert env["TXMQ_REPLICATION_FACTOR"] == str(rf)
+        assert env["TXMQ_MIN_INSYNC_REPLICAS"] == str(values["broker"]["minInsyncReplicas"])
+        assert env["TXMQ_LEADER_LEASE_SECONDS"] == str(int(values["broker"]["config"]["leader_lease_seconds"]))
+        for i in range(rf):
+            addresses.add(_expand(env["TXMQ_ADVERTISE_ADDRESS"], env, f"{shard}-{i}"))
+        # Every replica its own volume: a claim per pod.
+        assert [t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]] == ["data"]
+    assert len(addresses) == rf * shards, "every replica registers its own address"
+    # The etcd the replicas use.
+    endpoints = _env(r, sets[0])["TXMQ_ETCD_ENDPOINTS"].split(",")
+    if values["etcd"]["enabled"]:
+        (etcd,) = list(r.workloads("etcd"))
+        etcd_env = _env(r, etcd)
+        assert endpoints == [_expand(etcd_env["ETCD_ADVERTISE_CLIENT_URLS"], etcd_env, f"txmq-etcd-{i}")
+                             .removeprefix("http://") for i in range(etcd["spec"]["replicas"])]
+    else:
+        assert endpoints == values["etcd"]["endpoints"]
+        assert not list(r.workloads("etcd"))
+
+
+@pytest.mark.parametrize("scenario", REPLICATED)
+def test_replicas_of_a_shard_spread_over_nodes_and_a_drain_keeps_min_insync(
+        rendered: dict[str, Rendered], scenario: str) -> None:
+    r, values = rendered[scenario], _values(scenario)
+    hard = values["broker"]["podAntiAffinityPreset"] == "hard"
+    pdbs = {p["metadata"]["name"]: p for p in r.of_kind("PodDisruptionBudget")}
+    for sts in r.workloads("broker"):
+        shard = sts["metadata"]["name"]
+        own = sts["spec"]["template"]["metadata"]["labels"]
+        others = [w["spec"]["template"]["metadata"]["labels"] for w in r.workloads("broker") if w is not sts]
+        anti = _pod_spec(sts)["affinity"]["podAntiAffinity"]
+        if hard:
+            (term,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+        else:
+            (weighted,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+            term = weighted["podAffinityTerm"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        # Against this shard's replicas only: two shards may share a node.
+        selector = term["labelSelector"]["matchLabels"]
+        assert selector.items() <= own.items() and not any(selector.items() <= o.items() for o in others)
+        if values["broker"]["replicaTopologySpread"]["enabled"]:
+            (spread,) = _pod_spec(sts)["topologySpreadConstraints"]
+            assert spread["topologyKey"] == values["broker"]["replicaTopologySpread"]["topologyKey"]
+            assert spread["labelSelector"]["matchLabels"] == selector
+        # A budget per shard: a drain leaves minInsyncReplicas of it running.
+        pdb = pdbs[shard]
+        assert pdb["spec"]["selector"]["matchLabels"] == sts["spec"]["selector"]["matchLabels"]
+        assert sts["spec"]["replicas"] - pdb["spec"]["maxUnavailable"] >= values["broker"]["minInsyncReplicas"]
+
+
+def test_bundled_etcd_is_a_three_member_cluster(rendered: dict[str, Rendered]) -> None:
+    r = rendered["replicated"]
+    (etcd,) = list(r.workloads("etcd"))
+    assert etcd["kind"] == "StatefulSet" and etcd["spec"]["replicas"] == 3
+    assert etcd["spec"]["podManagementPolicy"] == "Parallel"
+    c = _container(etcd)
+    repository, tag = c["image"].rsplit(":", 1)
+    assert repository in ("gcr.io/etcd-development/etcd", "quay.io/coreos/etcd")
+    assert re.fullmatch(r"v3\.\d+\.\d+", tag), f"{c['image']}: pin an etcd release"
+    env = _env(r, etcd)
+    headless = r.get("Service", etcd["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert {p["name"]: p["port"] for p in headless["spec"]["ports"]} == ports
+    domain = f"{headless['metadata']['name']}.{NAMESPACE}.svc.cluster.local"
+    members = [f"txmq-etcd-{i}" for i in range(3)]
+    # The static initial cluster names every member at the peer URL it advertises.
+    assert env["ETCD_INITIAL_CLUSTER"] == ",".join(f"{m}=http://{m}.{domain}:{ports['peer']}" for m in members)
+    for m in members:
+        assert _expand(env["ETCD_NAME"], env, m) == m
+        assert _expand(env["ETCD_INITIAL_ADVERTISE_PEER_URLS"], env, m) == f"http://{m}.{domain}:{ports['peer']}"
+        assert _expand(env["ETCD_ADVERTISE_CLIENT_URLS"], env, m) == f"http://{m}.{domain}:{ports['client']}"
+    assert env["ETCD_LISTEN_CLIENT_URLS"] == f"http://0.0.0.0:{ports['client']}"
+    assert env["ETCD_LISTEN_PEER_URLS"] == f"http://0.0.0.0:{ports['peer']}"
+    assert env["ETCD_LISTEN_METRICS_URLS"] == f"http://0.0.0.0:{ports['metrics']}"
+    # Data on a claim per member; probes on the health endpoint (liveness: this member only).
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert env["ETCD_DATA_DIR"].startswith(mounts["data"] + "/")
+    assert [t["metadata"]["name"] for t in etcd["spec"]["volumeClaimTemplates"]] == ["data"]
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[kind]["httpGet"]["port"] == "metrics" and c[kind]["httpGet"]["path"].startswith("/health")
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health?serializable=true"
+    assert c["securityContext"]["readOnlyRootFilesystem"] and _pod_spec(etcd)["securityContext"]["runAsNonRoot"]
+    pdb = r.get("PodDisruptionBudget", "txmq-etcd")
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": etcd["spec"]["selector"]}
+    # Scraped replicas carry their shard: the replication alerts and panels group by it.
+    (sm,) = r.of_kind("ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["relabelings"] == [
+        {"sourceLabels": ["__meta_kubernetes_pod_label_txmq_io_shard"], "targetLabel": "shard"}]
+
+
+REPLICATED_MUTATIONS = {
+    "replica id from the pod name": ("templates/broker/statefulset.yaml",
+                                     "fieldPath: metadata.labels['apps.kubernetes.io/pod-index']",
+                                     "fieldPath: metadata.name", test_each_shard_is_a_replica_group),
+    "replicas share one advertised address": ("templates/broker/statefulset.yaml", 'value: "$(POD_NAME).',
+                                              'value: "$(TXMQ_BROKER_NAME).', test_each_shard_is_a_replica_group),
+    "anti-affinity across every shard": ("templates/_helpers.tpl", "{{- if .shard }}\ntxmq.io/shard",
+                                         "{{- if false }}\ntxmq.io/shard",
+                                         test_replicas_of_a_shard_spread_over_nodes_and_a_drain_keeps_min_insync),
+    "a member missing from the initial cluster": ("templates/etcd/statefulset.yaml",
+                                                  "until (int $v.replicaCount)", "until 2",
+                                                  lambda r, _s: test_bundled_etcd_is_a_three_member_cluster(r)),
+}
+
+
+@pytest.mark.parametrize("mutation", REPLICATED_MUTATIONS.values(), ids=REPLICATED_MUTATIONS.keys())
+def test_a_broken_replicated_chart_fails_the_checks(helm_bin: Path, tmp_path: Path, mutation: tuple) -> None:
+    _fails_when_broken(helm_bin, tmp_path, mutation, "replicated")
 
 
 def test_schema_ranges_are_the_services_declared_ranges() -> None:

@@ -19,9 +19,15 @@ class Injected:
     #: A committed message given a second offset in its queue (same message id twice).
     duplicate_message_id: str
     duplicate_transaction_id: str
+    #: A PREPARED transaction whose half message was entered into its queue (visible,
+    #: not committed); None unless ``expose`` named one.
+    exposed_transaction_id: str | None = None
 
 
-def inject(data_dir: str, broker_name: str, *, topic: str, group: str, queue_id: int = 0) -> Injected:
+def inject(data_dir: str, broker_name: str, *, topic: str, group: str, queue_id: int = 0,
+           expose: str | None = None) -> Injected:
+    """The anomalies above into ``broker_name``'s stopped store; with ``expose`` (the id of
+    a PREPARED transaction of ``topic`` on this broker) also its half message into its queue."""
     core = BrokerCore(BrokerConfig(data_dir=data_dir, broker_name=broker_name, flush="sync", wal_prefill_bytes=0))
     try:
         now = core.clock()
@@ -44,6 +50,14 @@ def inject(data_dir: str, broker_name: str, *, topic: str, group: str, queue_id:
         assert record is not None and record.kind == codec.KIND_HALF
         offset = core.queue_next[(topic, queue_id)]
         core.db.call(lambda w: w.put("cq", codec.cq_key(topic, queue_id, offset), value))
-        return Injected(core.txn_id(seq), message_id, record.message_id, core.txn_id(entry.log_seq))
+        # 3. A PREPARED transaction's half message entered into its queue.
+        if expose is not None:
+            half = core.parse_txn_id(expose)
+            row = core._read_txn(half)
+            assert row is not None and row.state == codec.STATE_PREPARED and row.topic == topic, row
+            at = offset + 1 if row.queue_id == queue_id else core.queue_next[(topic, row.queue_id)]
+            exposed = codec.encode_cq_entry(codec.CqEntry(half, now, ""))
+            core.db.call(lambda w: w.put("cq", codec.cq_key(topic, row.queue_id, at), exposed))
+        return Injected(core.txn_id(seq), message_id, record.message_id, core.txn_id(entry.log_seq), expose)
     finally:
         core.close()

@@ -85,5 +85,13 @@ def committed_offsets(cluster: Cluster, results: list[Any]) -> dict[str, tuple[s
     return out
 
 
+def clean_env() -> dict[str, str]:
+    """This environment without anything that points Spark or Python at our code (no
+    PYSPARK_PYTHON, SPARK_*, PYTHONPATH): what a user's shell has."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_", "PYTHON"))}
+
+
 def run_until(predicate: Callable[[], Any], timeout: float, message: str) -> Any:
     return wait_until(predicate, timeout, interval=0.2, message=message)

@@ -5,28 +5,28 @@ store: the job lists them by id and exits non-zero."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from txmq.v1 import admin_pb2, common_pb2
 from txmq_pipeline import audit
 
 from .anomalies import inject
+from .browser import look_at
 from .conftest import PIPELINE_BROKER_ENV, PIPELINE_CHECKER_ENV
-from .helpers import producer, Scripted, send_workload, wait_settled
+from .helpers import clean_env, producer, Scripted, send_workload, wait_settled
 
 N, M, K, D, P = 9, 5, 3, 2, 1
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _only(rows, group):
     return [r for r in rows if r["producer_group"] == group]
 
 
+@pytest.mark.timeout(300)  # a second Spark driver starts (the job as a user runs it), then Chromium
 def test_audit_counts_known_outcomes_then_finds_injected_anomalies(spark, fresh_cluster_factory, unique_name,
                                                                    tmp_path):
     cluster = fresh_cluster_factory(brokers=2, broker_env=PIPELINE_BROKER_ENV, checker=True,
@@ -70,7 +70,8 @@ def test_audit_counts_known_outcomes_then_finds_injected_anomalies(spark, fresh_
         cluster.admin_stub().ResolveTransaction(admin_pb2.ResolveTransactionRequest(
             transaction_id=r.transaction_id, resolution=common_pb2.TRANSACTION_RESOLUTION_ROLLBACK,
             operator="test", reason="audit test"), timeout=10)
-    r2 = audit.run(spark, nameserver=cluster.nameserver_address, output=str(tmp_path / "run2"), topics=topic,
+    out2 = tmp_path / "run2"
+    r2 = audit.run(spark, nameserver=cluster.nameserver_address, output=str(out2), topics=topic,
                    pending_threshold_seconds=3600)
     [counts] = _only(r2.state_counts, group)
     assert (counts["rolled_back"], counts["discarded"], counts["source_operator"]) == (M + D, 0, D)
@@ -78,18 +79,20 @@ def test_audit_counts_known_outcomes_then_finds_injected_anomalies(spark, fresh_
 
     # 3. Anomalies injected into broker-0's stopped store: a committed row whose message is
     #    missing and a message entered twice in its queue. The job, run as a user runs it
-    #    (its own Spark, local[1]), lists them by id and exits non-zero.
+    #    (the README's command from another directory, in an environment with no
+    #    PYSPARK_PYTHON and no PYTHONPATH: its own Spark, local[*]), lists them by id,
+    #    prints where its report is and exits non-zero.
     cluster.stop_broker(0)
     injected = inject(str(cluster.workdir / "broker-0"), "broker-0", topic=topic, group=group)
     cluster.restart_broker(0)
     cluster.wait_route(topic, 2)
-    out3 = tmp_path / "run3"
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
-    job = subprocess.run([sys.executable, "-m", "txmq_pipeline.audit", "--nameserver", cluster.nameserver_address,
-                          "--output", str(out3), "--topics", topic, "--master", "local[1]",
-                          "--pending-threshold-seconds", "0", "--report-format", "html"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    job = run_as_a_user(["--nameserver", cluster.nameserver_address, "--output", "./audit-out",
+                         "--topics", topic, "--pending-threshold-seconds", "0"], cwd=tmp_path)
     assert job.returncode == audit.EXIT_ANOMALIES, job.stderr[-3000:]
+    out3 = tmp_path / "audit-out"
+    assert f"report: {out3 / 'report.html'}" in job.stdout and f"report: {out3 / 'report.md'}" in job.stdout
+    assert "Attention: 3 anomalies" in job.stdout, job.stdout
+    assert "reading the transaction tables" in job.stderr  # it says what it is doing
     summary = json.loads((out3 / "summary.json").read_text())
     assert summary["anomaly_counts"] == {"committed_missing": 1, "uncommitted_in_topic": 0,
                                          "duplicate_message_id": 1, "pending_too_old": P,
@@ -101,4 +104,31 @@ def test_audit_counts_known_outcomes_then_finds_injected_anomalies(spark, fresh_
     assert [a["transaction_id"] for a in examples["pending_too_old"]] == [r.transaction_id for r in results["pending"]]
     anomalies = pq.read_table(out3 / "tables" / "anomalies").to_pylist()
     assert {a["kind"] for a in anomalies} == {"committed_missing", "duplicate_message_id", "pending_too_old"}
-    assert injected.missing_transaction_id in (out3 / "report.html").read_text()
+    assert injected.missing_transaction_id in (out3 / "report.md").read_text()
+
+    # 4. The HTML reports as a person sees them in a browser.
+    seen = look_at(out3 / "report.html")
+    assert seen["summary"].startswith("Attention: 3 anomalies"), seen["summary"]
+    assert 0 <= seen["summaryBox"]["top"] < seen["innerHeight"] / 2  # at the top, no scrolling
+    assert cluster.nameserver_address in seen["header"] and " UTC" in seen["header"]
+    assert [(i["id"], i["complete"], i["naturalWidth"] > 0) for i in seen["images"]] \
+        == [("chart-states", True, True), ("chart-latency", True, True)]
+    tables = {t["id"]: t for t in seen["tables"]}
+    assert set(tables) == {"anomalies-committed_missing", "anomalies-duplicate_message_id",
+                           "anomalies-pending_too_old", "table-states", "table-latency", "table-checks"}
+    assert all(t["rows"] >= 1 and t["width"] <= seen["innerWidth"] for t in tables.values()), tables
+    assert seen["scrollWidth"] <= seen["innerWidth"]  # nothing wider than the page
+    assert injected.missing_transaction_id in tables["anomalies-committed_missing"]["text"]
+    [pending_id] = [r.transaction_id for r in results["pending"]]
+    assert any(f"txmq --nameserver {cluster.nameserver_address} txn resolve {pending_id} --rollback" in p
+               for p in seen["pre"]), seen["pre"]
+    clean = look_at(out2 / "report.html")
+    assert clean["summary"].startswith("All is well"), clean["summary"]
+    assert all(i["naturalWidth"] > 0 for i in clean["images"]) and len(clean["images"]) == 2
+
+
+def run_as_a_user(args, cwd):
+    """``python -m txmq_pipeline.audit ARGS`` with the venv's interpreter, from ``cwd``, in
+    an environment holding nothing that points Spark or Python at our code."""
+    return subprocess.run([sys.executable, "-m", "txmq_pipeline.audit", *args], cwd=cwd, env=clean_env(),
+                          capture_output=True, text=True, timeout=300)

@@ -28,7 +28,7 @@ def _read_all(spark, cluster, topic):
 
 def _stream_to_parquet(spark, cluster, topic, out: Path, checkpoint: Path) -> None:
     query = (spark.readStream.format("txmq").option("nameserver", cluster.nameserver_address)
-             .option("topic", topic).load()
+             .option("topic", topic).option("startingOffsets", "earliest").load()
              .select("broker", "queue", "offset", "message_id", "body")
              .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(checkpoint))
              .trigger(availableNow=True).start())
@@ -86,7 +86,7 @@ def _sink_query(spark, cluster, source_topic, sink_topic, group, checkpoint: Pat
 
     checked = F.udf(guard, StringType())
     source = (spark.readStream.format("txmq").option("nameserver", cluster.nameserver_address)
-              .option("topic", source_topic).load())
+              .option("topic", source_topic).option("startingOffsets", "earliest").load())
     return (source.select(F.col("message_id").alias("key"), checked(F.col("body").cast("string")).alias("body"),
                           F.lit("from-stream").alias("tag"),
                           F.create_map(F.lit("source_offset"), F.col("offset").cast("string")).alias("properties"))

@@ -86,11 +86,18 @@ def test_orphan_recovered_by_a_second_producer_through_another_replica(
     assert checked["body"] == "orphan-commit" and checked["topic"] == topic and not checked["corrupted"]
     second.expect_success(60)
 
-    txn = transaction_of(rmq_cluster, sent["transaction_id"])
-    assert txn.state == common_pb2.TRANSACTION_STATE_COMMITTED
+    # The answer travels on (client → proxy → checker → broker) after the client is done.
+    txn = wait_until(lambda: (t := transaction_of(rmq_cluster, sent["transaction_id"])).state
+                     == common_pb2.TRANSACTION_STATE_COMMITTED and t, 30,
+                     message=lambda: f"not committed: {transaction_of(rmq_cluster, sent['transaction_id'])}")
     assert txn.resolution_source == common_pb2.TRANSACTION_SOURCE_CHECK
     [m] = receive_native(rmq_cluster, unique_name("g"), topic, 1)
     assert m.body == b"orphan-commit" and m.message_id == sent["message_id"]
+    # The proxy told the checker (answer and credit back), and nothing it sent was refused.
+    port = rmq_cluster.checkers[0].metrics_port
+    wait_until(lambda: metric_sum(port, "txmq_checks_total", {"group": topic, "result": "commit"}) >= 1, 10,
+               message="the checker heard no answer from the proxy")
+    assert metric_sum(port, "txmq_check_answers_refused_total", {"group": topic}) == 0
 
 
 def test_simple_consumer_ack_and_change_invisibility(rmq_cluster: Cluster, clients: Clients,

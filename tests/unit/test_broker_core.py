@@ -293,9 +293,9 @@ def test_query_transactions_by_group_state_and_age(core, clock) -> None:
 
 # --- checks: budget, refunds, discards (the broker's half of the checker) ---------------
 
-from services.broker.core import (CHECK_COMMIT, CHECK_IN_PROGRESS, CHECK_UNKNOWN, OUTCOME_ANSWERED,  # noqa: E402
+from services.broker.core import (CHECK_COMMIT, CHECK_IN_PROGRESS, CHECK_ROLLBACK, CHECK_UNKNOWN, OUTCOME_ANSWERED,  # noqa: E402
                                   OUTCOME_DELIVERED, OUTCOME_UNDELIVERED, CheckReport)
-from txmq._errors import StaleClaimError  # noqa: E402
+from txmq._errors import InvalidFieldError, InvalidNameError, StaleClaimError, TransactionStateError  # noqa: E402
 
 
 @pytest.fixture
@@ -313,8 +313,9 @@ def claim_one(core, clock, lease: float = 5.0):
 
 
 def report(core, claim, outcome: int, result: int = 0, retry: float = 0.0):
-    (error, state), = core.db.call(core.report_op([CheckReport(core.txn_id(claim.row.seq), claim.row.claim_token,
-                                                               outcome, result, retry, 0.5)]))
+    (error, state, _late), = core.db.call(core.report_op([CheckReport(core.txn_id(claim.row.seq),
+                                                                      claim.row.claim_token, outcome, result,
+                                                                      retry, 0.5)]))
     if error is not None:
         raise error
     return state
@@ -380,19 +381,104 @@ def test_in_progress_refunds_and_the_lifetime_cap_discards(checked, clock) -> No
     assert row.state == codec.STATE_DISCARDED and "max_transaction_lifetime_seconds" in row.discard_reason
 
 
-def test_check_answer_commits_with_source_check_and_stale_claims_change_nothing(checked, clock) -> None:
+def test_a_late_answer_decides_once_and_a_contradicting_one_is_refused(checked, clock) -> None:
     sent = half(checked)
     clock.advance(1.0)
     first = claim_one(checked, clock, lease=1.0)
-    clock.advance(1.0)
-    second = claim_one(checked, clock)  # the first lease ran out: a new claim
-    with pytest.raises(StaleClaimError):
-        report(checked, first, OUTCOME_ANSWERED, CHECK_COMMIT)
-    assert checked.get_txn(sent.transaction_id).state == codec.STATE_PREPARED
+    report(checked, first, OUTCOME_DELIVERED)
+    clock.advance(2.0)
+    second = claim_one(checked, clock)  # no answer in time: claimed again, spending another unit
+    report(checked, second, OUTCOME_DELIVERED)
+    with pytest.raises(StaleClaimError):  # only answers count on a stale claim
+        report(checked, first, OUTCOME_DELIVERED)
+    # The first check's answer comes late: it decides, and spends nothing more.
+    (error, state, late), = checked.db.call(checked.report_op([CheckReport(
+        sent.transaction_id, first.row.claim_token, OUTCOME_ANSWERED, CHECK_COMMIT)]))
+    assert (error, state, late) == (None, codec.STATE_COMMITTED, True)
+    row = checked.get_txn(sent.transaction_id)
+    assert row.source == codec.SOURCE_CHECK and row.checks_delivered == 2
+    # The current claim's answer agrees: accepted, nothing changes; a contradicting one
+    # (also without a token, through another checker) is refused with the state.
     assert report(checked, second, OUTCOME_ANSWERED, CHECK_COMMIT) == codec.STATE_COMMITTED
-    assert checked.get_txn(sent.transaction_id).source == codec.SOURCE_CHECK
-    with pytest.raises(StaleClaimError):
-        report(checked, second, OUTCOME_ANSWERED, CHECK_COMMIT)
+    (error, state, _), = checked.db.call(checked.report_op([CheckReport(
+        sent.transaction_id, "", OUTCOME_ANSWERED, CHECK_ROLLBACK, producer_group="pg")]))
+    assert isinstance(error, TransactionStateError) and state == codec.STATE_COMMITTED
+    assert "COMMITTED" in str(error)
+    # A late answer without a token must name the transaction's group.
+    for group in ("", "other"):
+        (error, _, _), = checked.db.call(checked.report_op([CheckReport(
+            sent.transaction_id, "", OUTCOME_ANSWERED, CHECK_COMMIT, producer_group=group)]))
+        assert isinstance(error, InvalidFieldError)
+    assert checked.get_txn(sent.transaction_id).state == codec.STATE_COMMITTED
+
+
+def test_a_late_answer_without_a_token_decides_a_discarded_transaction(checked, clock) -> None:
+    sent = half(checked)
+    clock.advance(1.0)
+    for _ in range(3):
+        c = claim_one(checked, clock)
+        report(checked, c, OUTCOME_DELIVERED)
+        report(checked, c, OUTCOME_ANSWERED, CHECK_UNKNOWN)
+        clock.advance(3.0)
+    assert checked.get_txn(sent.transaction_id).state == codec.STATE_DISCARDED
+    (error, state, late), = checked.db.call(checked.report_op([CheckReport(
+        sent.transaction_id, "", OUTCOME_ANSWERED, CHECK_ROLLBACK, producer_group="pg")]))
+    assert (error, state, late) == (None, codec.STATE_ROLLED_BACK, True)
+
+
+def test_claims_share_the_batch_between_groups_and_respect_limits(checked, clock) -> None:
+    for _ in range(50):
+        half(checked, group="aaa-burst")
+    for _ in range(3):
+        half(checked, group="zzz-quiet")
+    clock.advance(1.0)
+    batch = checked.db.call(checked.session_claim_op("s1", 1, {"aaa-burst": 8, "zzz-quiet": 8}, {}, 10, 5.0))
+    groups = [c.row.producer_group for c in batch.checks]
+    assert groups.count("zzz-quiet") == 3 and groups.count("aaa-burst") == 7 and batch.more_due
+    # A limit below the capacity (credit in use) caps the group; 0 skips it.
+    batch = checked.db.call(checked.session_claim_op("s1", 1, None, {"aaa-burst": 2}, 10, 5.0))
+    assert [c.row.producer_group for c in batch.checks] == ["aaa-burst"] * 2
+    batch = checked.db.call(checked.session_claim_op("s1", 1, None, {"aaa-burst": 0}, 10, 5.0))
+    assert batch.checks == [] and not batch.groups_needed
+
+
+def test_a_batch_smaller_than_the_groups_due_serves_them_in_turn(checked, clock) -> None:
+    for group in ("a", "b", "c"):
+        half(checked, group=group)
+    clock.advance(1.0)
+    groups = {"a": 4, "b": 4, "c": 4}
+    first = checked.db.call(checked.session_claim_op("s1", 1, groups, {}, 2, 5.0))
+    assert len(first.checks) == 2 and first.more_due
+    second = checked.db.call(checked.session_claim_op("s1", 1, None, {}, 2, 5.0))
+    served = {c.row.producer_group for c in first.checks + second.checks}
+    assert served == {"a", "b", "c"} and not second.more_due
+
+
+def test_a_claim_session_is_sent_once_and_asked_for_again_when_unknown(make_core, clock) -> None:
+    core = make_core(transaction_timeout_seconds=1.0)
+    core.db.call(core.create_topic_op("orders", 1))
+    half(core, group="pg")
+    clock.advance(1.0)
+    assert core.db.call(core.session_claim_op("s1", 1, None, {}, 10, 5.0)).groups_needed  # never sent
+    assert core.db.call(core.session_claim_op("s1", 1, {"idle": 4}, {}, 10, 5.0)).checks == []
+    # The list changed: a new version with it; an old version is asked for again.
+    assert len(core.db.call(core.session_claim_op("s1", 2, {"idle": 4, "pg": 4}, {}, 10, 5.0)).checks) == 1
+    assert core.db.call(core.session_claim_op("s1", 1, None, {}, 10, 5.0)).groups_needed
+    assert not core.db.call(core.session_claim_op("s1", 2, None, {}, 10, 5.0)).groups_needed
+    with pytest.raises(InvalidNameError):
+        core.session_claim_op("s1", 3, {"bad group": 1}, {}, 10, 5.0)
+
+
+def test_due_floors_are_known_after_a_restart(make_core, clock) -> None:
+    core = make_core(transaction_timeout_seconds=1.0)
+    core.db.call(core.create_topic_op("orders", 1))
+    half(core, group="a")
+    half(core, group="b")
+    core.close()
+    again = make_core(transaction_timeout_seconds=1.0)
+    clock.advance(1.0)
+    claimed = again.db.call(again.claim_op(["a", "b"], 10, 5.0))
+    assert sorted(c.row.producer_group for c in claimed) == ["a", "b"]
 
 
 def test_a_check_writes_a_small_row_whatever_the_message_size(make_core, clock) -> None:

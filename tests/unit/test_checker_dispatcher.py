@@ -7,7 +7,7 @@ import pytest
 
 from services.checker.dispatcher import Dispatcher, route_order
 from services.checker.service import validate_subscribe
-from txmq._errors import InvalidFieldError, InvalidNameError, StaleClaimError
+from txmq._errors import InvalidFieldError, InvalidNameError, StaleClaimError, TransactionStateError
 from txmq.v1 import broker_pb2, checker_pb2, common_pb2
 
 DELIVERED, ANSWERED, UNDELIVERED = (broker_pb2.CHECK_OUTCOME_DELIVERED, broker_pb2.CHECK_OUTCOME_ANSWERED,
@@ -39,6 +39,18 @@ class Metrics:
         self.lags: list[float] = []
         self.connected: dict[str, int] = {}
         self.flight = 0
+        self.free: dict[str, int] = {}
+        self.late: list[str] = []
+        self.refused: list[tuple[str, str]] = []
+
+    def credit(self, group, free):
+        self.free[group] = free
+
+    def late_answer(self, group):
+        self.late.append(group)
+
+    def answer_refused(self, group, reason):
+        self.refused.append((group, reason))
 
     def check_result(self, group, result):
         self.results.append((group, result))
@@ -49,7 +61,7 @@ class Metrics:
     def producers(self, group, count):
         self.connected[group] = count
 
-    def in_flight(self, count):
+    def in_flight(self, group, count):
         self.flight = count
 
 
@@ -104,17 +116,17 @@ def test_dispatch_round_robins_when_the_sender_is_gone(env):
     assert len(sent_checks(a)) == 1 and len(sent_checks(b)) == 1
 
 
-def test_a_full_stream_is_skipped_and_no_room_anywhere_is_undelivered(env):
+def test_a_stream_out_of_credit_is_skipped_and_no_credit_anywhere_is_undelivered(env):
     d, reports, _, _ = env
     slow = d.subscribe("slow", ["g"])
-    d.dispatch("broker-0", [task("T1", client="slow"), task("T2", client="slow")])  # fills its queue of 2
+    d.dispatch("broker-0", [task("T1", client="slow"), task("T2", client="slow")])  # spends its credit of 2
     fast = d.subscribe("fast", ["g"])
     d.dispatch("broker-0", [task("T3", client="slow")])
     assert [c.transaction_id for c in sent_checks(fast)] == ["T3"]
-    assert d.claimable_groups() == ["g"]  # fast has room again
-    d.dispatch("broker-0", [task("T4"), task("T5"), task("T6")])  # fast takes 2, nobody the third
-    assert reports.outcomes() == [("T6", UNDELIVERED)]
-    assert len(sent_checks(slow)) == 2
+    assert d.claimable_groups() == ["g"] and d.free["g"] == 1  # fast has one more
+    d.dispatch("broker-0", [task("T4"), task("T5"), task("T6")])  # fast takes 1, nobody the others
+    assert reports.outcomes() == [("T5", UNDELIVERED), ("T6", UNDELIVERED)]
+    assert len(sent_checks(slow)) == 2 and d.claimable_groups() == []
 
 
 def test_no_stream_for_the_group_is_undelivered_at_once(env):
@@ -223,6 +235,7 @@ def test_a_stream_that_ends_hands_back_unacknowledged_checks_only(env):
     d.unsubscribe(s)
     assert reports.outcomes() == [("T1", DELIVERED), ("T2", UNDELIVERED)]
     assert d.deliveries == {} and metrics.connected == {"g": 0} and d.claimable_groups() == []
+    assert d.total_free == 0 and d.capacity == {}
     d.unsubscribe(s)  # idempotent
     assert len(reports.sent) == 2
 
@@ -254,15 +267,103 @@ def test_timeouts(env):
         d.answered(s, late.check_id, common_pb2.CHECK_RESULT_COMMIT, 0)
 
 
+# --------------------------------------------------------------------------- flow control
+
+def test_a_stream_gets_no_more_than_its_credit_and_credit_comes_from_the_producer(env):
+    d, reports, clock, _ = env
+    d.queue_size = 100
+    s = d.subscribe("a", ["g"], credit=3)
+    assert d.claim_groups() == {"g": 3} and d.claim_limits() == {}  # idle: the capacity
+    d.dispatch("broker-0", [task(f"T{i}") for i in range(5)])
+    checks = sent_checks(s)
+    assert len(checks) == 3 and reports.outcomes() == [("T3", UNDELIVERED), ("T4", UNDELIVERED)]
+    assert d.claim_limits() == {"g": 0} and d.claim_limits(2) == {"g": 0}
+    # Answering gives nothing back by itself; the producer's credit does.
+    d.answered(s, checks[0].check_id, common_pb2.CHECK_RESULT_COMMIT, 0)
+    assert d.free["g"] == 0
+    d.grant(s, 1)
+    assert d.claim_limits() == {"g": 1}
+    with pytest.raises(InvalidFieldError):
+        d.grant(s, 0)
+    # A check the producer never starts is handed back after the answer timeout; its
+    # credit stays spent (the producer still holds it) — a stuck producer gets no more.
+    clock.now += 1.01
+    d.expire()
+    assert reports.outcomes()[-2:] == [("T1", UNDELIVERED), ("T2", UNDELIVERED)] and d.free["g"] == 1
+    # Capacities are split between brokers, and a new stream changes the claim version.
+    version = d.version
+    d.subscribe("b", ["g"], credit=4)
+    assert d.version > version and d.claim_groups(2) == {"g": 4} and d.claim_limits(2) == {"g": 3}
+
+
+def test_a_group_that_got_its_whole_limit_is_claimed_again_once_it_has_credit(env):
+    d, _, _, _ = env
+    d.queue_size = 100
+    s = d.subscribe("a", ["g"], credit=4)
+    d.subscribe("b", ["h"], credit=4)
+    tasks = [task(f"T{i}") for i in range(4)] + [task("U1", group="h")]
+    d.dispatch("broker-0", tasks)
+    d.claimed(tasks, {})  # g got all 4 it could take (more may be due), h only 1 of 4
+    assert d.backlogged == {"g"}
+    assert not d.backlog_has_credit()  # g has no credit left
+    d.grant(s, 1)
+    assert not d.backlog_has_credit()  # less than half its capacity: not worth a claim yet
+    d.grant(s, 1)
+    assert d.backlog_has_credit()
+    d.claimed([], {"g": 2})  # the next claim found nothing more
+    assert d.backlogged == set() and not d.backlog_has_credit()
+
+
+def test_a_stream_without_flow_control_gets_the_default_credit_back_as_checks_end(env):
+    d, reports, clock, _ = env
+    s = d.subscribe("old", ["g"])  # credit 0: the default (2 here)
+    d.dispatch("broker-0", [task("T1"), task("T2"), task("T3")])
+    first, second = sent_checks(s)
+    assert reports.outcomes() == [("T3", UNDELIVERED)]
+    d.answered(s, first.check_id, common_pb2.CHECK_RESULT_COMMIT, 0)
+    assert d.free["g"] == 1
+    clock.now += 1.01
+    d.expire()  # never started: handed back, and its credit with it
+    assert d.free["g"] == 2
+
+
+def test_a_late_answer_naming_its_transaction_goes_to_the_broker_without_a_claim(env):
+    d, reports, clock, metrics = env
+    s = d.subscribe("a", ["g"], credit=2)
+    d.dispatch("broker-0", [task("T1")])
+    (check,) = sent_checks(s)
+    d.received(s, check.check_id)
+    clock.now += 1.01
+    d.expire()
+    clock.now += 5.01
+    d.expire()  # forgotten
+    late = dict(transaction_id="T1", broker_name="broker-0", producer_group="g")
+    d.answered(s, check.check_id, common_pb2.CHECK_RESULT_COMMIT, 0, **late)
+    _, report, on_error = reports.sent[-1]
+    assert report.outcome == ANSWERED and report.claim_token == "" and report.producer_group == "g"
+    on_error(TransactionStateError("T1", "ROLLED_BACK", "COMMIT"))
+    assert metrics.refused == [("g", "conflict")] and s.pop().error.reason == "TRANSACTION_STATE_CONFLICT"
+    count = len(reports.sent)
+    d.answered(s, "gone", common_pb2.CHECK_RESULT_UNKNOWN, 0, **late)  # late UNKNOWN: nothing to do
+    assert len(reports.sent) == count
+    for bad in (dict(late, producer_group="h"), dict(late, broker_name="")):
+        with pytest.raises(InvalidFieldError):
+            d.answered(s, "gone", common_pb2.CHECK_RESULT_COMMIT, 0, **bad)
+    assert len(reports.sent) == count
+
+
 # --------------------------------------------------------------------------- subscribe validation
 
-def sub(groups, client_id="c"):
+def sub(groups, client_id="c", credit=0):
     return checker_pb2.CheckTransactionStateRequest(
-        subscribe=checker_pb2.Subscribe(producer_groups=groups, client_id=client_id))
+        subscribe=checker_pb2.Subscribe(producer_groups=groups, client_id=client_id, check_credit=credit))
 
 
 def test_validate_subscribe():
-    assert validate_subscribe(sub(["g", "h", "g"]), 8) == ("c", ("g", "h"))
+    assert validate_subscribe(sub(["g", "h", "g"]), 8) == ("c", ("g", "h"), 0)
+    assert validate_subscribe(sub(["g"], credit=16), 8) == ("c", ("g",), 16)
+    with pytest.raises(InvalidFieldError):
+        validate_subscribe(sub(["g"], credit=-1), 8)
     with pytest.raises(InvalidFieldError):
         validate_subscribe(checker_pb2.CheckTransactionStateRequest(
             received=checker_pb2.CheckReceived(check_id="x")), 8)

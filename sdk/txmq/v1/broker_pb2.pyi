@@ -253,17 +253,33 @@ class CreateTopicQueuesResponse(_message.Message):
     topic: _common_pb2.TopicQueues
     def __init__(self, topic: _Optional[_Union[_common_pb2.TopicQueues, _Mapping]] = ...) -> None: ...
 
+class ClaimGroup(_message.Message):
+    __slots__ = ("producer_group", "max_checks")
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHECKS_FIELD_NUMBER: _ClassVar[int]
+    producer_group: str
+    max_checks: int
+    def __init__(self, producer_group: _Optional[str] = ..., max_checks: _Optional[int] = ...) -> None: ...
+
 class ClaimChecksRequest(_message.Message):
-    __slots__ = ("producer_groups", "max_checks", "lease_seconds", "checker_id")
+    __slots__ = ("producer_groups", "max_checks", "lease_seconds", "checker_id", "session_id", "groups_version", "groups", "limits")
     PRODUCER_GROUPS_FIELD_NUMBER: _ClassVar[int]
     MAX_CHECKS_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CHECKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     producer_groups: _containers.RepeatedScalarFieldContainer[str]
     max_checks: int
     lease_seconds: float
     checker_id: str
-    def __init__(self, producer_groups: _Optional[_Iterable[str]] = ..., max_checks: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., checker_id: _Optional[str] = ...) -> None: ...
+    session_id: str
+    groups_version: int
+    groups: _containers.RepeatedCompositeFieldContainer[ClaimGroup]
+    limits: _containers.RepeatedCompositeFieldContainer[ClaimGroup]
+    def __init__(self, producer_groups: _Optional[_Iterable[str]] = ..., max_checks: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., checker_id: _Optional[str] = ..., session_id: _Optional[str] = ..., groups_version: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[ClaimGroup, _Mapping]]] = ..., limits: _Optional[_Iterable[_Union[ClaimGroup, _Mapping]]] = ...) -> None: ...
 
 class CheckTask(_message.Message):
     __slots__ = ("transaction_id", "message", "due_at_ms", "attempt", "broker_name", "claim_token", "prepared_at_ms")
@@ -284,13 +300,17 @@ class CheckTask(_message.Message):
     def __init__(self, transaction_id: _Optional[str] = ..., message: _Optional[_Union[_common_pb2.Message, _Mapping]] = ..., due_at_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., broker_name: _Optional[str] = ..., claim_token: _Optional[str] = ..., prepared_at_ms: _Optional[int] = ...) -> None: ...
 
 class ClaimChecksResponse(_message.Message):
-    __slots__ = ("tasks",)
+    __slots__ = ("tasks", "groups_needed", "more_due")
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_NEEDED_FIELD_NUMBER: _ClassVar[int]
+    MORE_DUE_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[CheckTask]
-    def __init__(self, tasks: _Optional[_Iterable[_Union[CheckTask, _Mapping]]] = ...) -> None: ...
+    groups_needed: bool
+    more_due: bool
+    def __init__(self, tasks: _Optional[_Iterable[_Union[CheckTask, _Mapping]]] = ..., groups_needed: _Optional[bool] = ..., more_due: _Optional[bool] = ...) -> None: ...
 
 class CheckReport(_message.Message):
-    __slots__ = ("transaction_id", "claim_token", "outcome", "result", "retry_after_seconds", "producer_client_id", "answer_timeout_seconds")
+    __slots__ = ("transaction_id", "claim_token", "outcome", "result", "retry_after_seconds", "producer_client_id", "answer_timeout_seconds", "producer_group")
     TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
     CLAIM_TOKEN_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
@@ -298,6 +318,7 @@ class CheckReport(_message.Message):
     RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     ANSWER_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
     transaction_id: str
     claim_token: str
     outcome: CheckOutcome
@@ -305,7 +326,8 @@ class CheckReport(_message.Message):
     retry_after_seconds: float
     producer_client_id: str
     answer_timeout_seconds: float
-    def __init__(self, transaction_id: _Optional[str] = ..., claim_token: _Optional[str] = ..., outcome: _Optional[_Union[CheckOutcome, str]] = ..., result: _Optional[_Union[_common_pb2.CheckResult, str]] = ..., retry_after_seconds: _Optional[float] = ..., producer_client_id: _Optional[str] = ..., answer_timeout_seconds: _Optional[float] = ...) -> None: ...
+    producer_group: str
+    def __init__(self, transaction_id: _Optional[str] = ..., claim_token: _Optional[str] = ..., outcome: _Optional[_Union[CheckOutcome, str]] = ..., result: _Optional[_Union[_common_pb2.CheckResult, str]] = ..., retry_after_seconds: _Optional[float] = ..., producer_client_id: _Optional[str] = ..., answer_timeout_seconds: _Optional[float] = ..., producer_group: _Optional[str] = ...) -> None: ...
 
 class ReportChecksRequest(_message.Message):
     __slots__ = ("reports", "checker_id")
@@ -316,12 +338,14 @@ class ReportChecksRequest(_message.Message):
     def __init__(self, reports: _Optional[_Iterable[_Union[CheckReport, _Mapping]]] = ..., checker_id: _Optional[str] = ...) -> None: ...
 
 class ReportChecksResponse(_message.Message):
-    __slots__ = ("entries", "states")
+    __slots__ = ("entries", "states", "late")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
+    LATE_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[_common_pb2.EntryStatus]
     states: _containers.RepeatedScalarFieldContainer[_common_pb2.TransactionState]
-    def __init__(self, entries: _Optional[_Iterable[_Union[_common_pb2.EntryStatus, _Mapping]]] = ..., states: _Optional[_Iterable[_Union[_common_pb2.TransactionState, str]]] = ...) -> None: ...
+    late: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, entries: _Optional[_Iterable[_Union[_common_pb2.EntryStatus, _Mapping]]] = ..., states: _Optional[_Iterable[_Union[_common_pb2.TransactionState, str]]] = ..., late: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class QueryTransactionsRequest(_message.Message):
     __slots__ = ("producer_group", "state", "older_than_seconds", "limit", "page_token")

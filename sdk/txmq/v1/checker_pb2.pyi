@@ -8,12 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Subscribe(_message.Message):
-    __slots__ = ("producer_groups", "client_id")
+    __slots__ = ("producer_groups", "client_id", "check_credit")
     PRODUCER_GROUPS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECK_CREDIT_FIELD_NUMBER: _ClassVar[int]
     producer_groups: _containers.RepeatedScalarFieldContainer[str]
     client_id: str
-    def __init__(self, producer_groups: _Optional[_Iterable[str]] = ..., client_id: _Optional[str] = ...) -> None: ...
+    check_credit: int
+    def __init__(self, producer_groups: _Optional[_Iterable[str]] = ..., client_id: _Optional[str] = ..., check_credit: _Optional[int] = ...) -> None: ...
+
+class CheckCredit(_message.Message):
+    __slots__ = ("checks",)
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    checks: int
+    def __init__(self, checks: _Optional[int] = ...) -> None: ...
 
 class CheckReceived(_message.Message):
     __slots__ = ("check_id",)
@@ -22,24 +30,34 @@ class CheckReceived(_message.Message):
     def __init__(self, check_id: _Optional[str] = ...) -> None: ...
 
 class CheckAnswer(_message.Message):
-    __slots__ = ("check_id", "result", "retry_after_seconds")
+    __slots__ = ("check_id", "result", "retry_after_seconds", "transaction_id", "broker_name", "producer_group", "credit")
     CHECK_ID_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
     check_id: str
     result: _common_pb2.CheckResult
     retry_after_seconds: float
-    def __init__(self, check_id: _Optional[str] = ..., result: _Optional[_Union[_common_pb2.CheckResult, str]] = ..., retry_after_seconds: _Optional[float] = ...) -> None: ...
+    transaction_id: str
+    broker_name: str
+    producer_group: str
+    credit: int
+    def __init__(self, check_id: _Optional[str] = ..., result: _Optional[_Union[_common_pb2.CheckResult, str]] = ..., retry_after_seconds: _Optional[float] = ..., transaction_id: _Optional[str] = ..., broker_name: _Optional[str] = ..., producer_group: _Optional[str] = ..., credit: _Optional[int] = ...) -> None: ...
 
 class CheckTransactionStateRequest(_message.Message):
-    __slots__ = ("subscribe", "received", "answer")
+    __slots__ = ("subscribe", "received", "answer", "credit")
     SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_FIELD_NUMBER: _ClassVar[int]
     ANSWER_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
     subscribe: Subscribe
     received: CheckReceived
     answer: CheckAnswer
-    def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., received: _Optional[_Union[CheckReceived, _Mapping]] = ..., answer: _Optional[_Union[CheckAnswer, _Mapping]] = ...) -> None: ...
+    credit: CheckCredit
+    def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., received: _Optional[_Union[CheckReceived, _Mapping]] = ..., answer: _Optional[_Union[CheckAnswer, _Mapping]] = ..., credit: _Optional[_Union[CheckCredit, _Mapping]] = ...) -> None: ...
 
 class Subscribed(_message.Message):
     __slots__ = ("checker_name", "producer_groups")

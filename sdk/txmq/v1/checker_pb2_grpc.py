@@ -53,9 +53,11 @@ class CheckerServiceServicer:
     """
 
     def CheckTransactionState(self, request_iterator, context):
-        """Producer → checker: first a Subscribe, then for each check a CheckReceived at once
-        and a CheckAnswer when the local transaction's state is known.
-        Checker → producer: Subscribed, then CheckRequests.
+        """Producer → checker: first a Subscribe (with the checks it can take: its credit), then
+        for each check a CheckReceived when it starts the check (the budget is spent and the
+        answer timeout starts then) and a CheckAnswer when the local transaction's state is
+        known; credit again (CheckCredit, or CheckAnswer.credit) as its check workers free up.
+        Checker → producer: Subscribed, then CheckRequests, never more than the credit granted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -91,6 +91,48 @@ def transactional(args: dict) -> None:
     emit("done")
 
 
+def commit_load(args: dict) -> None:
+    """``threads`` threads committing transactions in a loop (each local transaction takes
+    ``local_seconds``) until a line comes on stdin: a ``committed`` event per commit, a
+    ``failed`` event per exception, each with its wall-clock time ``t``. The producer then
+    stays up, answering checks, until stdin closes."""
+    topic = args["topic"]
+    producer = Producer(config(args), topics=[topic], checker=Checker())
+    producer.startup()
+    stop = threading.Event()
+
+    def work(i: int) -> None:
+        n = 0
+        while not stop.is_set():
+            body = f"{i}-{n}"
+            n += 1
+            try:
+                tx = producer.begin_transaction()
+                receipt = producer.send(message(topic, body), tx)
+                time.sleep(args.get("local_seconds", 0.0))
+                tx.commit()
+            except Exception as exc:  # noqa: BLE001 - reported to the test
+                emit("failed", body=body, error=repr(exc)[:300], t=time.time())
+                continue
+            emit("committed", body=body, message_id=receipt.message_id, t=time.time())
+
+    workers = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(args.get("threads", 4))]
+    for w in workers:
+        w.start()
+    emit("started")
+    try:
+        sys.stdin.readline()
+        stop.set()
+        for w in workers:
+            w.join(30)
+        emit("stopped")
+        wait_for_stdin_eof()
+    finally:
+        stop.set()
+        producer.shutdown()
+    emit("done")
+
+
 def orphan(args: dict) -> None:
     """Sends a half message and dies (SIGKILL) before deciding it."""
     topic = args["topic"]
@@ -181,7 +223,7 @@ def push(args: dict) -> None:
     emit("done")
 
 
-SCENARIOS = {f.__name__: f for f in (transactional, orphan, checker, send, simple, push)}
+SCENARIOS = {f.__name__: f for f in (transactional, commit_load, orphan, checker, send, simple, push)}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]](json.loads(sys.argv[2]))

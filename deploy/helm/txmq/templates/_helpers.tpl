@@ -50,6 +50,9 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 {{- if .component }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
+{{- if .shard }}
+txmq.io/shard: {{ .shard }}
+{{- end }}
 {{- end }}
 
 {{- define "txmq.serviceAccountName" -}}
@@ -150,7 +153,11 @@ Native gRPC probes on the gRPC port (the stock grpc.health.v1 service).
 {{- end }}
 {{- end }}
 
-{{/* Scheduling fields of a pod spec: (dict "root" $ "values" .Values.broker "component" "broker"). */}}
+{{/*
+Scheduling fields of a pod spec: (dict "root" $ "values" .Values.broker "component" "broker"),
+optionally with "shard" (anti-affinity among that shard's replicas only) and "extraSpread"
+(topologySpreadConstraints added to the values' own).
+*/}}
 {{- define "txmq.scheduling" -}}
 {{- with .values.nodeSelector }}
 nodeSelector:
@@ -182,7 +189,11 @@ affinity:
           matchLabels:
             {{- include "txmq.selectorLabels" . | nindent 12 }}
 {{- end }}
-{{- with .values.topologySpreadConstraints }}
+{{- $spread := .values.topologySpreadConstraints }}
+{{- with .extraSpread }}
+{{- $spread = concat $spread . }}
+{{- end }}
+{{- with $spread }}
 topologySpreadConstraints:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -192,5 +203,42 @@ priorityClassName: {{ . }}
 {{- with .root.Values.image.pullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+Replicated shards (broker.replicationFactor > 1): every shard's name, which is also the
+name of its StatefulSet ("<fullname>-broker-<N>", as the broker pods of an unreplicated
+release are named), comma-separated.
+*/}}
+{{- define "txmq.brokerShards" -}}
+{{- $base := include "txmq.componentName" (dict "root" . "component" "broker") }}
+{{- $shards := list }}
+{{- range $i := until (int .Values.broker.replicaCount) }}
+{{- $shards = append $shards (printf "%s-%d" $base $i) }}
+{{- end }}
+{{- join "," $shards }}
+{{- end }}
+
+{{/* The broker settings read only by replicated shards (left out of the pods otherwise). */}}
+{{- define "txmq.replicationSettings" -}}
+etcd_prefix,leader_lease_seconds,election_poll_seconds,replica_lag_max_seconds,replication_batch_bytes,replication_log_entries
+{{- end }}
+
+{{/*
+The etcd client endpoints the brokers use (comma-separated host:port): every member of the
+bundled etcd through its headless Service, or etcd.endpoints.
+*/}}
+{{- define "txmq.etcdEndpoints" -}}
+{{- if .Values.etcd.enabled }}
+{{- $headless := include "txmq.headlessName" (dict "root" . "component" "etcd") }}
+{{- $pod := include "txmq.componentName" (dict "root" . "component" "etcd") }}
+{{- $endpoints := list }}
+{{- range $i := until (int .Values.etcd.replicaCount) }}
+{{- $endpoints = append $endpoints (printf "%s-%d.%s.%s:%d" $pod $i $headless (include "txmq.svcDomain" $) (int $.Values.etcd.clientPort)) }}
+{{- end }}
+{{- join "," $endpoints }}
+{{- else }}
+{{- join "," .Values.etcd.endpoints }}
 {{- end }}
 {{- end }}

@@ -1,0 +1,231 @@
+"""The continuous audit: ``python -m txmq_pipeline.audit --follow``.
+
+A Structured Streaming query reads every committed message of the audited topics through
+the ``txmq`` source (from the earliest retained offset, without bodies). Each micro-batch
+
+1. stores the batch's messages (topic, broker, queue, offset, ids) under
+   ``<checkpoint>/seen/batch=<id>``, overwriting that batch's directory: Spark re-runs a
+   batch that was planned but not committed before a crash with the same id and the same
+   offsets, so a restart never stores a message twice;
+2. reconciles everything stored so far with a fresh read of the transaction tables and
+   rewrites ``<output>/tables/anomalies`` (Parquet) and ``<output>/summary.json``;
+3. sets the Prometheus gauges ``txmq_audit_anomalies{kind}`` and friends.
+
+Between batches (a quiet topic makes none) the reconciliation runs again every
+``--interval-seconds``, so a transaction left pending shows up without new messages.
+
+"Committed but missing from the topic" needs care while messages stream in: a
+transaction committed after the current batch was planned has its message in a later
+batch, and at start the stream may be far behind. A committed transaction counts as
+missing when its queue offset is below the highest offset read from its queue, or when it
+was committed more than ``--missing-grace-seconds`` ago and the stream has read all its
+queue held (its recorded offset points nowhere). "In a topic, not committed" ignores messages retention has
+since deleted (their transaction rows go with them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from . import _broker
+from .audit import ANOMALY_KINDS, anomalies, of_topics, read_transactions
+
+log = logging.getLogger(__name__)
+
+SEEN_COLUMNS = ("topic", "broker", "queue", "offset", "message_id", "transaction_id", "producer_group")
+
+
+class AuditMetrics:
+    """The follower's Prometheus metrics (one process: the default registry)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge
+
+        self.anomalies = Gauge("txmq_audit_anomalies", "Anomalies the continuous audit sees now, by kind",
+                               ["kind"])
+        for kind in ANOMALY_KINDS:
+            self.anomalies.labels(kind=kind).set(0)
+        self.messages = Gauge("txmq_audit_messages", "Messages (topic offsets) the continuous audit has read")
+        self.transactions = Gauge("txmq_audit_transactions", "Transactions in the last reconciliation")
+        self.batches = Counter("txmq_audit_batches", "Micro-batches this process reconciled")
+        self.last_batch = Gauge("txmq_audit_last_batch_id", "Id of the last micro-batch reconciled")
+        self.evaluated = Gauge("txmq_audit_last_reconciliation_timestamp_seconds",
+                               "When the anomaly tables were last brought up to date")
+        self.seconds = Gauge("txmq_audit_reconciliation_seconds", "How long the last reconciliation took")
+
+
+class Follower:
+    def __init__(self, spark: SparkSession, *, nameserver: str, output: str, checkpoint: str, topics: str,
+                 pending_threshold_seconds: float, missing_grace_seconds: float, metrics: AuditMetrics,
+                 partitions_per_broker: int = 4) -> None:
+        self.partitions_per_broker = partitions_per_broker
+        self.spark, self.nameserver, self.output, self.topics = spark, nameserver, output, topics
+        self.seen_dir = os.path.join(checkpoint, "seen")
+        self.threshold, self.grace = pending_threshold_seconds, missing_grace_seconds
+        self.metrics = metrics
+        self.lock = threading.Lock()
+        self.batches_waiting = 0  # a micro-batch waiting for the lock goes before a refresh
+        self.last_batch: int | None = None
+        self.last_evaluated = 0.0
+        self.last_duration = 0.0
+
+    # ------------------------------------------------------------------ per micro-batch
+    def batch(self, df: DataFrame, batch_id: int) -> None:
+        self.batches_waiting += 1
+        with self.lock:
+            self.batches_waiting -= 1
+            path = os.path.join(self.seen_dir, f"batch={batch_id:012d}")
+            df.select(*SEEN_COLUMNS).write.mode("overwrite").parquet(path)
+            self.last_batch = batch_id
+            self.metrics.batches.inc()
+            self.metrics.last_batch.set(batch_id)
+            self._evaluate()
+
+    def refresh(self) -> None:
+        """Reconciles again (no new messages, but time passes: pending transactions age),
+        unless a micro-batch is waiting to do it."""
+        with self.lock:
+            if not self.batches_waiting:
+                self._evaluate()
+
+    # ------------------------------------------------------------------ reconciliation
+    def _seen(self) -> DataFrame | None:
+        if not os.path.isdir(self.seen_dir):
+            return None
+        if not any(os.path.exists(os.path.join(self.seen_dir, d, "_SUCCESS")) for d in os.listdir(self.seen_dir)):
+            return None
+        return self.spark.read.parquet(self.seen_dir).select(*SEEN_COLUMNS)
+
+    def _queues(self) -> DataFrame:
+        """(topic, broker, queue, low, high) of every queue of the audited topics now: the
+        oldest offset it still holds and its next offset."""
+        client = _broker.connect(self.nameserver)
+        try:
+            names = [t.strip() for t in self.topics.split(",") if t.strip()]
+            rows = []
+            for topic in (_broker.user_topics(client) if names in ([], ["*"]) else names):
+                try:
+                    found = _broker.queue_offsets(client, topic)
+                except _broker.TxmqError:
+                    continue
+                rows += [(topic, broker, queue, low, high) for (broker, queue), (_a, low, high) in found.items()]
+        finally:
+            client.close()
+        return self.spark.createDataFrame(rows, "topic STRING, broker STRING, queue INT, low BIGINT, high BIGINT")
+
+    def _evaluate(self) -> None:
+        started = time.monotonic()
+        now_ms = int(time.time() * 1000)
+        seen = self._seen()
+        if seen is None:
+            seen = self.spark.createDataFrame([], "topic STRING, broker STRING, queue INT, offset BIGINT, "
+                                                  "message_id STRING, transaction_id STRING, producer_group STRING")
+        keys = ["topic", "broker", "queue"]
+        log.debug("reconciling: queue offsets")
+        queues = self._queues().cache()  # before the transactions: offsets below high are older
+        txns = of_topics(read_transactions(self.spark, self.nameserver, self.partitions_per_broker), self.topics).cache()
+        seen = seen.cache()
+        try:
+            # How far the stream has read each queue, and whether it has read all it held
+            # when this reconciliation began.
+            reached = seen.groupBy(*keys).agg((F.max("offset") + 1).alias("reached"))
+            progress = (queues.join(reached, keys, "left")
+                        .select(*keys, F.coalesce(F.col("reached"), F.lit(0)).alias("reached"),
+                                (F.coalesce(F.col("reached"), F.col("low")) >= F.col("high")).alias("caught_up")))
+            retained = (seen.join(queues.select(*keys, "low"), keys, "left")
+                        .filter(F.col("low").isNull() | (F.col("offset") >= F.col("low"))).drop("low"))
+            found = anomalies(txns, seen, now_ms, self.threshold, in_topic_messages=retained,
+                              missing_unless=(progress, now_ms - int(self.grace * 1000)))
+            tables = os.path.join(self.output, "tables", "anomalies")
+            log.debug("reconciling: writing %s (%.1f s in)", tables, time.monotonic() - started)
+            found.write.mode("overwrite").parquet(tables)
+            log.debug("reconciling: counting (%.1f s in)", time.monotonic() - started)
+            found = self.spark.read.parquet(tables)
+            counts = {kind: 0 for kind in ANOMALY_KINDS}
+            counts.update({r["kind"]: r["count"] for r in found.groupBy("kind").count().collect()})
+            messages, transactions = seen.count(), txns.count()
+        finally:
+            txns.unpersist()
+            seen.unpersist()
+            queues.unpersist()
+        for kind, n in counts.items():
+            self.metrics.anomalies.labels(kind=kind).set(n)
+        self.metrics.messages.set(messages)
+        self.metrics.transactions.set(transactions)
+        self.metrics.evaluated.set(time.time())
+        self.metrics.seconds.set(time.monotonic() - started)
+        self.last_evaluated = time.monotonic()
+        self.last_duration = self.last_evaluated - started
+        summary = {"evaluated_at_ms": now_ms, "nameserver": self.nameserver, "last_batch_id": self.last_batch,
+                   "messages": messages, "transactions": transactions, "anomaly_counts": counts,
+                   "anomalies": sum(counts.values())}
+        tmp = os.path.join(self.output, "summary.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(summary, f, indent=2, sort_keys=True)
+        os.replace(tmp, os.path.join(self.output, "summary.json"))
+        log.info("batch %s: %d messages, %d transactions, anomalies %s (%.1f s)", self.last_batch, messages,
+                 transactions, {k: v for k, v in counts.items() if v} or "none", time.monotonic() - started)
+
+
+def follow(spark: SparkSession, *, nameserver: str, output: str, checkpoint: str, topics: str = "*",
+           pending_threshold_seconds: float, missing_grace_seconds: float = 60.0, interval_seconds: float = 30.0,
+           metrics_port: int | None = None, max_offsets_per_trigger: int | None = None,
+           partitions_per_broker: int = 4, stop: threading.Event | None = None) -> int:
+    """Runs the continuous audit until ``stop`` is set (SIGTERM/SIGINT from ``main``) or
+    the query fails (then raises)."""
+    if "://" in output or "://" in checkpoint:
+        raise ValueError("--follow writes its tables and checkpoint on local (or mounted) paths")
+    os.makedirs(output, exist_ok=True)
+    metrics = AuditMetrics()
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port)
+        log.info("metrics on :%d/metrics", metrics_port)
+    follower = Follower(spark, nameserver=nameserver, output=output, checkpoint=checkpoint, topics=topics,
+                        pending_threshold_seconds=pending_threshold_seconds,
+                        missing_grace_seconds=missing_grace_seconds, metrics=metrics,
+                        partitions_per_broker=partitions_per_broker)
+    reader = (spark.readStream.format("txmq").option("nameserver", nameserver).option("topics", topics)
+              .option("startingOffsets", "earliest").option("includeBody", "false"))
+    if max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    query = (reader.load().select(*SEEN_COLUMNS).writeStream.queryName("txmq-audit-follow")
+             .foreachBatch(follower.batch).option("checkpointLocation", os.path.join(checkpoint, "stream"))
+             .trigger(processingTime=f"{max(interval_seconds, 0.1)} seconds").start())
+    log.info("following %s on %s: tables in %s, checkpoint %s", topics, nameserver, output, checkpoint)
+    stop = stop or threading.Event()
+    try:
+        while not stop.is_set():
+            if query.awaitTermination(interval_seconds):
+                break  # ended (awaitTermination raised if it failed)
+            # After the first batch's reconciliation (the stream starts with one), and never
+            # busier than half the time: a reconciliation slower than the interval spaces them.
+            idle = time.monotonic() - follower.last_evaluated
+            if follower.last_evaluated and idle >= max(interval_seconds, follower.last_duration):
+                follower.refresh()
+    finally:
+        if query.isActive:
+            query.stop()
+    exc = query.exception()
+    if exc is not None:
+        raise exc
+    return 0
+
+
+def stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+__all__ = ["AuditMetrics", "Follower", "follow", "stop_on_signals"]

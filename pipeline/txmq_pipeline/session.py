@@ -1,0 +1,93 @@
+"""The SparkSession of txmq_pipeline's entry points, with Python workers that can import
+``txmq_pipeline`` and ``txmq``.
+
+Spark starts its Python workers (and the processes that plan Python data sources) with
+``spark.pyspark.python``, else ``$PYSPARK_PYTHON``, else ``python3`` from ``PATH`` — for a
+user in a virtual environment, a system interpreter without our packages, so every task
+dies with ``ModuleNotFoundError: No module named 'txmq_pipeline'``. For a local master the
+workers run on this machine, so the interpreter running the driver is the right one:
+:func:`session` sets both to ``sys.executable`` unless the user chose one.
+
+For a cluster master (``k8s://``, ``spark://``, ``yarn``) the executors' interpreter is
+the image's: nothing is set here; ship the packages in the image or with ``--py-files``
+(see pipeline/README.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, Mapping
+
+log = logging.getLogger(__name__)
+
+#: Quiet defaults for a local run (only keys the user's --conf / spark-defaults left unset).
+LOCAL_DEFAULTS = {
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    # 200 shuffle partitions are made for clusters; on one machine they are 200 tasks per
+    # shuffle for a handful of cores (the continuous audit shuffles every interval).
+    "spark.sql.shuffle.partitions": "8",
+}
+
+
+def effective_master(master: str | None) -> str:
+    """The master the session will use: ``master``, else what spark-submit/--conf set,
+    else PySpark's own default ``local[*]``."""
+    if master:
+        return master
+    from pyspark import SparkConf, SparkContext
+
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        # Under spark-submit: its --master/--conf are in the JVM it started; connect to read them.
+        SparkContext._ensure_initialized()
+    return SparkConf().get("spark.master", None) or "local[*]"
+
+
+def is_local(master: str) -> bool:
+    return master == "local" or master.startswith("local[") or master.startswith("local-cluster[")
+
+
+def python_for_workers(master: str) -> str | None:
+    """The interpreter the workers should run for ``master`` (None: leave Spark's choice)."""
+    if not is_local(master):
+        return None
+    from pyspark import SparkConf
+
+    chosen = SparkConf().get("spark.pyspark.python", None) or os.environ.get("PYSPARK_PYTHON")
+    return chosen or sys.executable
+
+
+def session(app_name: str, master: str | None = None, conf: Mapping[str, str] | None = None) -> Any:
+    """A SparkSession for ``app_name`` with the ``txmq`` data source registered; for a
+    local master its Python workers run this interpreter (``sys.executable``) unless
+    ``spark.pyspark.python``/``PYSPARK_PYTHON`` say otherwise."""
+    from pyspark.sql import SparkSession
+
+    import txmq_pipeline
+
+    resolved = effective_master(master)
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    python = python_for_workers(resolved)
+    if python is not None:
+        # The environment variable reaches the JVM (started below, it inherits it) and
+        # the Python side; the conf is what executors and data source planners read.
+        os.environ.setdefault("PYSPARK_PYTHON", python)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.config("spark.pyspark.python", python)
+        from pyspark import SparkConf
+
+        given = SparkConf()
+        for key, value in LOCAL_DEFAULTS.items():
+            if not given.contains(key):
+                builder = builder.config(key, value)
+        log.info("Spark master %s: Python workers run %s", resolved, python)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    txmq_pipeline.register(spark)
+    return spark

@@ -1,0 +1,62 @@
+"""The services' gRPC channels to name servers, brokers and checkers: one pool, one set of
+options, the SDK's ``CHANNEL_OPTIONS``.
+
+What matters most is reconnecting: gRPC's default backoff grows to 120 s, so a channel
+that saw its peer die would keep failing for up to two minutes after the peer came back
+(a broker restart or a failover would cost minutes, not seconds). With the shared options
+a channel tries again within about a second.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import grpc
+
+from txmq._client import CHANNEL_OPTIONS
+
+_SIZE_OPTIONS = ("grpc.max_send_message_length", "grpc.max_receive_message_length")
+
+
+def channel_options(max_message_bytes: int | None = None) -> tuple[tuple[str, Any], ...]:
+    """The shared options; ``max_message_bytes`` replaces the SDK's message size limit
+    (-1: none)."""
+    if max_message_bytes is None:
+        return CHANNEL_OPTIONS
+    return tuple((k, max_message_bytes if k in _SIZE_OPTIONS else v) for k, v in CHANNEL_OPTIONS)
+
+
+def open_channel(address: str, max_message_bytes: int | None = None) -> grpc.aio.Channel:
+    """One asyncio channel with the shared options (its owner closes it)."""
+    return grpc.aio.insecure_channel(address, options=channel_options(max_message_bytes))
+
+
+class ChannelPool:
+    """asyncio channels by address, opened on first use, closed together (or as the
+    addresses leave, :meth:`retain`). Use from one event loop."""
+
+    def __init__(self, max_message_bytes: int | None = None) -> None:
+        self._max_message_bytes = max_message_bytes
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def get(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = open_channel(address, self._max_message_bytes)
+        return channel
+
+    def __contains__(self, address: object) -> bool:
+        return address in self._channels
+
+    async def retain(self, addresses: Iterable[str]) -> list[str]:
+        """Closes the channels of every address not in ``addresses``; returns those."""
+        keep = set(addresses)
+        gone = [a for a in self._channels if a not in keep]
+        for address in gone:
+            await self._channels.pop(address).close()
+        return gone
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()

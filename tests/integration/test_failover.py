@@ -1,0 +1,201 @@
+"""Producers keep their throughput when one shard fails (issue 21): real name server, two
+brokers and a checker; one broker SIGKILLed under a transactional load.
+
+Rates are compared as ratios of counts over windows of the same run (a window ends once a
+number of transactions returned, or at its deadline), never against absolute rates: the
+rate while one shard is down against the healthy rate, the windows before and after the
+outage taken together, so a loaded machine and its drift weigh on both sides alike.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import txmq
+from txmq.v1 import admin_pb2, common_pb2
+from tests.support import holdsync
+from tests.support.failover import (CommitListener, CommitLoad, describe, drain, healthy, pending, ratio,
+                                    shard_successes, table)
+from tests.support.holdsync import SyncGate
+from tests.support.waiting import wait_until
+
+#: The name server drops a broker after three missed heartbeats (0.5 s each in tests).
+NAMESERVER_ENV = {"TXMQ_BROKER_EXPIRY_SECONDS": "1.5"}
+#: Each window lasts about this long at the rate measured while warming up.
+WINDOW_SECONDS = 4.0
+WINDOW_DEADLINE_SECONDS = 30.0
+#: Each local transaction takes this long (a database write), as in a service: the load (~80
+#: transactions a second) is one broker can carry alone even on a machine loaded many times
+#: over, so the comparison measures routing, not how much CPU one broker process gets
+#: against two (bench.failover measures the full-speed case).
+LOCAL_TRANSACTION_SECONDS = 0.05
+
+
+def test_one_shard_down_keeps_throughput_and_delivers_every_commit_once(fresh_cluster_factory, unique_name):
+    cluster = fresh_cluster_factory(brokers=2, checker=True, nameserver_env=NAMESERVER_ENV)
+    topic, group = unique_name("orders"), unique_name("orders-producers")
+    cluster.create_topic(topic, 4)
+    assert {q.broker_name for q in cluster.query_route(topic)} == {"broker-0", "broker-1"}
+    listener = CommitListener(LOCAL_TRANSACTION_SECONDS)
+    with txmq.TransactionProducer(cluster.nameserver_address, producer_group=group, listener=listener,
+                                  checker_refresh_seconds=0.5) as producer:
+        wait_until(lambda: producer.connected_checkers(), 10, message="producer not subscribed to the checker")
+        load = CommitLoad(producer, topic, threads=4).start()
+        try:
+            load.window(100, WINDOW_DEADLINE_SECONDS)  # streams open, routes cached
+            size = max(200, int(load.window(200, WINDOW_DEADLINE_SECONDS).rate * WINDOW_SECONDS))
+            before = load.window(size, WINDOW_DEADLINE_SECONDS)
+            assert shard_successes(producer, "broker-1") > 0
+            cluster.kill_broker(1)
+            during = load.window(size, WINDOW_DEADLINE_SECONDS)
+            assert producer.routing_stats().avoided == ("broker-1",) or not any(
+                q.broker_name == "broker-1" for q in cluster.query_route(topic))
+            cluster.restart_broker(1)
+            returned_at = time.monotonic()
+            served = shard_successes(producer, "broker-1")
+            wait_until(lambda: shard_successes(producer, "broker-1") > served + 10, 10,
+                       message="the restarted broker gets no new sends")
+            back_after = time.monotonic() - returned_at
+            after = load.window(size, WINDOW_DEADLINE_SECONDS)
+        finally:
+            load.stop()
+        report = table([("before", before), ("during", during), ("after", after)])
+        stats = producer.routing_stats()
+        print(f"\n{report}\n  broker-1 sent to again {back_after:.2f}s after it registered; {stats}")
+        assert load.errors == [], f"calls failed to the application: {load.errors[:3]}"
+        assert ratio(during, healthy(before, after)) >= 0.8, \
+            f"throughput collapsed while broker-1 was down:\n{report}"
+        assert [s.failures > 0 for s in stats.shards] == [False, True], stats
+        assert producer.routing_stats().avoided == ()
+
+        # Every committed transaction is delivered once once broker-1 is back, including
+        # those whose EndTransaction was lost (the check commits them); the attempts left
+        # behind on broker-1 (stored, answer lost) are rolled back, never delivered.
+        expected = set(load.committed)
+        try:
+            bodies = drain(cluster, topic, unique_name("audit"), expected)
+        except AssertionError:
+            print([(t, describe(cluster, t)) for t in load.end_errors])
+            raise
+        duplicates = {b for b in bodies if bodies.count(b) > 1}
+        assert not duplicates, f"{len(duplicates)} messages delivered twice"
+        assert set(bodies) == expected, f"not committed yet delivered: {sorted(set(bodies) - expected)[:5]}"
+        wait_until(lambda: not pending(cluster, group), 15,
+                   message=lambda: f"transactions left pending: {pending(cluster, group)[:3]}")
+
+
+@pytest.fixture(scope="module")
+def gate_library(tmp_path_factory: pytest.TempPathFactory):
+    return holdsync.build(tmp_path_factory.mktemp("holdsync"))
+
+
+class BusinessKeyListener(txmq.TransactionListener):
+    """Answers checks by the message body (a business key), as an application that does not
+    record transaction ids would: an orphan of a committed key would be committed too."""
+
+    def __init__(self) -> None:
+        self.committed: set[bytes] = set()
+        self.checked: list[str] = []
+
+    def execute_local_transaction(self, message: txmq.TransactionMessage, arg: object) -> txmq.LocalTransactionState:
+        self.committed.add(message.body)
+        return txmq.LocalTransactionState.COMMIT
+
+    def check_local_transaction(self, message: txmq.TransactionMessage) -> txmq.LocalTransactionState:
+        self.checked.append(message.message_id)
+        return (txmq.LocalTransactionState.COMMIT if message.body in self.committed
+                else txmq.LocalTransactionState.ROLLBACK)
+
+
+def test_half_message_stored_but_unanswered_is_rolled_back_by_the_producer(
+        fresh_cluster_factory, unique_name, gate_library, tmp_path, monkeypatch):
+    """broker-1 stores the half message but its answer never comes (its WAL sync is held);
+    the send moves to broker-0 and commits there. broker-1 then crashes and restarts with
+    the orphan: the producer answers its check ROLLBACK itself, so the message is delivered
+    once although the listener would have said COMMIT for its key."""
+    cluster = fresh_cluster_factory(brokers=2, checker=True, nameserver_env=NAMESERVER_ENV)
+    topic, group = unique_name("orders"), unique_name("orders-producers")
+    cluster.create_topic(topic, 2)
+    gate = SyncGate(gate_library, tmp_path / "gate")
+    gate.install(monkeypatch)
+    cluster.restart_broker(1)  # broker-1 alone loads the gate
+    monkeypatch.delenv("LD_PRELOAD")
+    listener = BusinessKeyListener()
+    with txmq.TransactionProducer(cluster.nameserver_address, producer_group=group, listener=listener,
+                                  checker_refresh_seconds=0.5, send_timeout_seconds=1.0) as producer:
+        wait_until(lambda: producer.connected_checkers(), 10, message="producer not subscribed to the checker")
+        gate.hold()
+        results = [producer.send_in_transaction(txmq.Message(topic, f"key-{i}".encode())) for i in range(4)]
+        assert all(r.state is txmq.TransactionState.COMMITTED and r.broker_name == "broker-0" for r in results)
+        assert producer.routing_stats().rerouted >= 1
+        assert gate.holding_wal()
+        cluster.kill_broker(1)
+        gate.release()
+        cluster.restart_broker(1)
+        wait_until(lambda: not pending(cluster, group), 20,
+                   message=lambda: f"orphans left pending: {pending(cluster, group)}")
+        expected = {f"key-{i}".encode() for i in range(4)}
+        bodies = drain(cluster, topic, unique_name("audit"), expected)
+        assert sorted(bodies) == sorted(expected), "an orphan was delivered as a second copy"
+        orphans = [t for t in cluster.admin_stub().ListTransactions(admin_pb2.ListTransactionsRequest(
+            producer_group=group, state=common_pb2.TRANSACTION_STATE_ROLLED_BACK), timeout=5).transactions]
+        assert orphans, "no orphan was stored on broker-1: the test did not exercise a lost answer"
+        assert all(t.resolution_source == common_pb2.TRANSACTION_SOURCE_CHECK for t in orphans)
+        assert listener.checked == [], "the listener was asked about an orphan the producer knew"
+
+
+def test_a_consumer_of_two_shards_keeps_receiving_from_the_healthy_one(fresh_cluster_factory, unique_name):
+    """broker-1 is down: receive() neither raises nor waits on it, and what producers send
+    meanwhile (to broker-0, rerouted) arrives; once broker-1 is back its messages do too."""
+    cluster = fresh_cluster_factory(brokers=2, nameserver_env=NAMESERVER_ENV)
+    topic, group = unique_name("orders"), unique_name("billing")
+    cluster.create_topic(topic, 2)
+    with txmq.Producer(cluster.nameserver_address) as producer, \
+            txmq.SimpleConsumer(cluster.nameserver_address, consumer_group=group, subscriptions={topic: "*"},
+                                await_duration_seconds=0.5) as consumer:
+        before = [producer.send(txmq.Message(topic, f"before-{i}".encode())) for i in range(4)]
+        assert {r.broker_name for r in before} == {"broker-0", "broker-1"}
+        cluster.kill_broker(1)
+        sent = [producer.send(txmq.Message(topic, f"during-{i}".encode())) for i in range(20)]
+        assert {r.broker_name for r in sent} == {"broker-0"}
+        received: list[bytes] = []
+
+        def received_all(bodies: set[bytes]) -> bool:
+            batch = consumer.receive(max_messages=32)  # raising fails the test
+            consumer.ack_many(batch)
+            received.extend(m.body for m in batch)
+            return bodies <= set(received)
+
+        wait_until(lambda: received_all({f"during-{i}".encode() for i in range(20)}), 20, interval=0.0,
+                   message=lambda: f"received only {sorted(received)}")
+        cluster.restart_broker(1)
+        wait_until(lambda: received_all({f"before-{i}".encode() for i in range(4)}), 20, interval=0.0,
+                   message=lambda: f"broker-1's messages not received: {sorted(received)}")
+
+
+def test_the_name_servers_settings_decide_how_soon_a_dead_broker_leaves_the_routes(fresh_cluster_factory,
+                                                                                    unique_name):
+    """The name server asks for a beat every 0.2 s and drops a broker after 0.6 s without
+    one; a broker configured to beat every 5 s beats as asked, and leaves the routes within
+    a few beats of its SIGKILL."""
+    cluster = fresh_cluster_factory(brokers=2, nameserver_env={"TXMQ_HEARTBEAT_INTERVAL_SECONDS": "0.2",
+                                                                "TXMQ_BROKER_EXPIRY_SECONDS": "0.6"},
+                                    broker_env={"TXMQ_HEARTBEAT_INTERVAL_SECONDS": "5.0"})
+    topic = unique_name("orders")
+    cluster.create_topic(topic, 2)
+    beats: set[int] = set()
+
+    def beating() -> bool:
+        listed = {b.name: b for b in cluster.list_brokers()}
+        assert set(listed) == {"broker-0", "broker-1"}, "a live broker left the routes"
+        beats.add(listed["broker-1"].last_heartbeat_ms)
+        return len(beats) >= 6
+
+    wait_until(beating, 10, interval=0.05, message=lambda: f"broker-1 beat {len(beats)} times")
+    cluster.kill_broker(1)
+    killed = time.monotonic()
+    wait_until(lambda: {q.broker_name for q in cluster.query_route(topic)} == {"broker-0"}, 5,
+               message="the killed broker stays in the routes")
+    print(f"broker-1 left the routes {time.monotonic() - killed:.2f}s after its SIGKILL")

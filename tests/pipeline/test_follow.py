@@ -1,0 +1,143 @@
+"""The continuous audit (``python -m txmq_pipeline.audit --follow``) run as a user runs
+it: anomalies appear in its Prometheus metrics and tables while it runs; killed and
+started again on the same checkpoint, it resumes without reading anything twice and
+finds what was injected meanwhile."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.support.waiting import wait_until
+
+from .anomalies import inject
+from .conftest import PIPELINE_BROKER_ENV, PIPELINE_CHECKER_ENV
+from .helpers import clean_env, producer, Scripted, send_workload, wait_settled
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(cluster, topic, out, port, log_path):
+    log = open(log_path, "ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "txmq_pipeline.audit", "--follow", "--nameserver", cluster.nameserver_address,
+         "--output", str(out), "--topics", topic, "--master", "local[2]", "--interval-seconds", "0.5",
+         "--pending-threshold-seconds", "2", "--missing-grace-seconds", "2", "--metrics-port", str(port),
+         "--transaction-partitions-per-broker", "1", "--log-level", "DEBUG"],
+        cwd=out.parent, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
+
+
+def _metrics(port: int) -> dict[str, float]:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'^(txmq_audit_\w+)(?:\{kind="(\w+)"\})? ([0-9.e+-]+)$', line)
+        if m:
+            out[m.group(2) or m.group(1)] = float(m.group(3))
+    return out
+
+
+def _wait_metrics(port, expected: dict[str, float], proc, log_path, timeout=300.0) -> dict[str, float]:
+    def matches():
+        assert proc.poll() is None, f"the follower exited {proc.returncode}: {log_path.read_text()[-3000:]}"
+        m = _metrics(port)
+        assert m.get("txmq_audit_messages", 0) <= expected.get("txmq_audit_messages", float("inf")), \
+            f"more messages than there are: {m}"  # read twice
+        return m if m and all(m.get(k) == v for k, v in expected.items()) else None
+
+    return wait_until(matches, timeout, interval=0.3,
+                      message=lambda: f"metrics never matched {expected}: {_metrics(port)}; the follower's log: "
+                                      + "\n".join(line for line in log_path.read_text().splitlines()
+                                                   if "txmq_pipeline" in line)[-4000:])
+
+
+@pytest.mark.timeout(900)  # two Spark drivers start, one after the other (slow on a loaded machine)
+def test_follow_updates_anomalies_as_they_happen_and_resumes_after_a_crash(fresh_cluster_factory, unique_name,
+                                                                         tmp_path):
+    cluster = fresh_cluster_factory(brokers=1, broker_env=PIPELINE_BROKER_ENV, checker=True,
+                                    checker_env=PIPELINE_CHECKER_ENV)
+    topic, group = unique_name("follow"), unique_name("g")
+    cluster.create_topic(topic, 2)
+    out, port, log_path = tmp_path / "audit", _free_port(), tmp_path / "follow.log"
+    with producer(cluster, group, Scripted()) as p:
+        send_workload(p, topic, {"commit": 6, "rollback": 2})
+        wait_settled(cluster, group, 8)
+
+        proc = _start(cluster, topic, out, port, log_path)
+        try:
+            _wait_metrics(port, {"txmq_audit_messages": 6, "txmq_audit_transactions": 8, "committed_missing": 0,
+                                 "uncommitted_in_topic": 0, "duplicate_message_id": 0, "pending_too_old": 0,
+                                 "discarded_unresolved": 0}, proc, log_path)
+
+            # While it runs: a discarded transaction, one left pending, more commits.
+            results = send_workload(p, topic, {"discard": 1, "pending": 1, "commit": 3})
+            wait_settled(cluster, group, 13, pending=1)
+            _wait_metrics(port, {"txmq_audit_messages": 9, "discarded_unresolved": 1, "pending_too_old": 1,
+                                 "committed_missing": 0, "duplicate_message_id": 0, "uncommitted_in_topic": 0},
+                          proc, log_path)
+            found = pq.read_table(out / "tables" / "anomalies").to_pylist()
+            assert {(a["kind"], a["transaction_id"]) for a in found} == {
+                ("discarded_unresolved", results["discard"][0].transaction_id),
+                ("pending_too_old", results["pending"][0].transaction_id)}
+            assert json.loads((out / "summary.json").read_text())["anomalies"] == 2
+        finally:
+            proc.send_signal(signal.SIGKILL)  # a crash, not a clean stop
+            proc.wait(30)
+    # Not even for a moment did it report what was not there (e.g. committed messages the
+    # stream had not read yet as missing).
+    reported = re.findall(r"anomalies (\{.*?\}|none)", log_path.read_text())
+    assert reported and all(r == "none" or set(ast.literal_eval(r)) <= {"discarded_unresolved", "pending_too_old"}
+                            for r in reported), reported
+
+    # Make the crash land between the follower's write of its last batch and Spark's commit
+    # of it: Spark then runs that batch again, with the same id and offsets.
+    commits = sorted((out / "_checkpoint" / "stream" / "commits").glob("[0-9]*"), key=lambda f: int(f.name))
+    assert commits, "no micro-batch committed"
+    commits[-1].unlink()
+    commits[-1].with_name(f".{commits[-1].name}.crc").unlink(missing_ok=True)
+
+    # Meanwhile: a committed transaction whose message is gone, one message entered twice and
+    # the pending transaction's half message made visible in its queue.
+    cluster.stop_broker(0)
+    pending_id = results["pending"][0].transaction_id
+    injected = inject(str(cluster.workdir / "broker-0"), "broker-0", topic=topic, group=group, expose=pending_id)
+    cluster.restart_broker(0)
+    cluster.wait_route(topic, 2)
+
+    proc = _start(cluster, topic, out, port, log_path)
+    try:
+        # 9 messages + the duplicate's second offset + the exposed half message: nothing read
+        # twice across the restart.
+        m = _wait_metrics(port, {"txmq_audit_messages": 11, "committed_missing": 1, "duplicate_message_id": 1,
+                                 "discarded_unresolved": 1, "pending_too_old": 1, "uncommitted_in_topic": 1},
+                          proc, log_path)
+        assert m["txmq_audit_batches_total"] >= 1
+        assert f"batch {int(commits[-1].name)}:" in log_path.read_text().split("following")[-1]  # re-run
+        found = pq.read_table(out / "tables" / "anomalies").to_pylist()
+        assert {(a["kind"], a["message_id"]) for a in found if a["kind"] in ("committed_missing",
+                                                                               "duplicate_message_id")} \
+            == {("committed_missing", injected.missing_message_id),
+                ("duplicate_message_id", injected.duplicate_message_id)}
+        assert [a["transaction_id"] for a in found if a["kind"] == "uncommitted_in_topic"] == [pending_id]
+        proc.send_signal(signal.SIGTERM)  # a clean stop
+        assert proc.wait(60) == 0, log_path.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)

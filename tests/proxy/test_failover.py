@@ -1,0 +1,129 @@
+"""The official RocketMQ 5 Python client through the proxy while one of two shards is down
+(issue 21): the proxy routes new sends around the failing shard, so the client keeps its
+throughput, sees no failed call, and every commit is delivered once after the shard returns.
+
+Rates are ratios of counts over windows of the same run (see tests/integration/test_failover.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+
+from tests.support import holdsync
+from tests.support.failover import drain, healthy, measure, pending, ratio, table
+from tests.support.holdsync import SyncGate
+from tests.support.metrics import metric
+from tests.support.waiting import wait_until
+
+from .conftest import CHECKER_ENV, PROXY_ENV
+from .support import Clients
+
+pytestmark = pytest.mark.timeout(240)
+
+NAMESERVER_ENV = {"TXMQ_AUTO_CREATE_TOPICS": "true", "TXMQ_BROKER_EXPIRY_SECONDS": "1.5"}
+WINDOW_SECONDS = 4.0
+WINDOW_DEADLINE_SECONDS = 40.0
+#: As in tests/integration/test_failover.py, a load one broker carries alone on a loaded
+#: machine; longer than there: each transaction makes two unary calls through the proxy,
+#: whose latency on one broker carrying both shards' calls doubled (6 → 12 ms) at a load
+#: average of 15 on 2 cores.
+LOCAL_TRANSACTION_SECONDS = 0.1
+
+
+def test_official_client_keeps_throughput_through_the_proxy_when_a_shard_fails(
+        fresh_cluster_factory, clients: Clients, unique_name: Callable[[str], str]) -> None:
+    cluster = fresh_cluster_factory(brokers=2, checker=True, checker_env=CHECKER_ENV, proxies=1,
+                                    proxy_env=PROXY_ENV, nameserver_env=NAMESERVER_ENV)
+    topic = unique_name("orders")
+    cluster.create_topic(topic, 4)
+    proxy = cluster.proxies[0]
+    load = clients.python("commit_load", timeout=220, endpoints=proxy.address, topic=topic, threads=4,
+                          local_seconds=LOCAL_TRANSACTION_SECONDS)
+    load.wait_event("started", timeout=60)
+
+    def committed() -> int:
+        return len(load.of("committed"))
+
+    def sent_to(shard: str) -> float:
+        return metric(proxy.metrics_port, "txmq_proxy_shard_send_seconds_count", {"shard": shard}) or 0.0
+
+    measure(committed, 50, WINDOW_DEADLINE_SECONDS)  # connections open, routes cached
+    size = max(100, int(measure(committed, 100, WINDOW_DEADLINE_SECONDS).rate * WINDOW_SECONDS))
+    before = measure(committed, size, WINDOW_DEADLINE_SECONDS)
+    assert sent_to("broker-1") > 0
+    cluster.kill_broker(1)
+    during = measure(committed, size, WINDOW_DEADLINE_SECONDS)
+    cluster.restart_broker(1)
+    served = sent_to("broker-1")
+    wait_until(lambda: sent_to("broker-1") > served + 10, 10,
+               message="the proxy sends nothing to the restarted broker")
+    after = measure(committed, size, WINDOW_DEADLINE_SECONDS)
+    assert load.proc.stdin is not None
+    load.proc.stdin.write(b"stop\n")
+    load.proc.stdin.flush()
+    load.wait_event("stopped", timeout=60)
+
+    times = sorted(e["t"] for e in load.of("committed"))
+    seconds = [sum(1 for t in times if times[0] + s <= t < times[0] + s + 1) for s in range(int(times[-1] - times[0]))]
+    report = table([("before", before), ("during", during), ("after", after)]) + f"\n  per second: {seconds}"
+    print(f"\n{report}")
+    assert load.of("failed") == [], f"calls failed to the application: {load.of('failed')[:3]}"
+    assert ratio(during, healthy(before, after)) >= 0.8, \
+        f"throughput collapsed while broker-1 was down:\n{report}"
+    assert (metric(proxy.metrics_port, "txmq_proxy_shard_avoided", {"shard": "broker-1"}) or 0.0) == 0.0
+
+    # Commits deferred to the check while broker-1 was down are decided by the client's
+    # checker; attempts left behind on broker-1 are rolled back by the proxy.
+    expected = {e["body"].encode() for e in load.of("committed")}
+    bodies = drain(cluster, topic, unique_name("audit"), expected, timeout=60)
+    duplicates = {b for b in bodies if bodies.count(b) > 1}
+    assert not duplicates, f"{len(duplicates)} messages delivered twice"
+    assert set(bodies) == expected, f"not committed yet delivered: {sorted(set(bodies) - expected)[:5]}"
+    wait_until(lambda: not pending(cluster, topic), 20,
+               message=lambda: f"transactions left pending: {pending(cluster, topic)[:3]}")
+    load.expect_success(60)
+
+
+@pytest.fixture(scope="module")
+def gate_library(tmp_path_factory: pytest.TempPathFactory):
+    return holdsync.build(tmp_path_factory.mktemp("holdsync"))
+
+
+def test_an_orphan_left_by_a_moved_half_message_is_rolled_back_by_the_proxy(
+        fresh_cluster_factory, clients: Clients, unique_name: Callable[[str], str], gate_library, tmp_path,
+        monkeypatch) -> None:
+    """broker-1 stores half messages but never answers (its WAL sync is held): the proxy
+    moves each to broker-0 (same client message id), where it is committed. broker-1 then
+    crashes and restarts with the orphans: the proxy answers their checks ROLLBACK itself,
+    since the client's checker would find the message id committed and commit it twice."""
+    cluster = fresh_cluster_factory(brokers=2, checker=True, checker_env=CHECKER_ENV, proxies=1,
+                                    proxy_env={**PROXY_ENV, "TXMQ_RPC_TIMEOUT_SECONDS": "0.5"},
+                                    nameserver_env=NAMESERVER_ENV)
+    topic = unique_name("orders")
+    cluster.create_topic(topic, 2)
+    gate = SyncGate(gate_library, tmp_path / "gate")
+    gate.install(monkeypatch)
+    cluster.restart_broker(1)  # broker-1 alone loads the gate
+    monkeypatch.delenv("LD_PRELOAD")
+    proxy = cluster.proxies[0]
+    answering = clients.python("checker", endpoints=proxy.address, topic=topic)  # the group's live producer
+    answering.wait_event("started", timeout=60)
+    gate.hold()
+    bodies = [f"commit-{i}" for i in range(12)]
+    clients.python("transactional", endpoints=proxy.address, topic=topic, bodies=bodies).expect_success(90)
+    assert gate.holding_wal(), "no half message reached broker-1: the test did not exercise a lost answer"
+    cluster.kill_broker(1)
+    gate.release()
+    cluster.restart_broker(1)
+
+    def rolled_back() -> float:
+        return metric(proxy.metrics_port, "txmq_proxy_checks_total", {"result": "orphan_rolled_back"}) or 0.0
+
+    wait_until(lambda: rolled_back() >= 1 and not pending(cluster, topic), 30,
+               message=lambda: f"orphans: {rolled_back()} rolled back, pending {pending(cluster, topic)[:3]}")
+    delivered = drain(cluster, topic, unique_name("audit"), {b.encode() for b in bodies})
+    assert sorted(delivered) == sorted(b.encode() for b in bodies), "an orphan was delivered as a second copy"
+    assert answering.of("checked") == [], "the client was asked about an orphan the proxy knew"
+    answering.expect_success(60)

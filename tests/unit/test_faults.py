@@ -1,0 +1,141 @@
+"""The routing fault table (txmq._faults), with a controllable clock: which shards new sends
+avoid, for how long, the single probe, and the one classification of failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from txmq._errors import (BrokerNotFoundError, DeadlineExceededError, InvalidFieldError, LeadershipLostError,
+                          NotEnoughReplicasError, NotLeaderError, TransactionStateError, UnavailableError)
+from txmq._faults import Abandoned, FaultTable, RetryAction, retry_action
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def table(clock: Clock) -> FaultTable:
+    return FaultTable(base_avoid_seconds=0.25, max_avoid_seconds=2.0, clock=clock)
+
+
+QUEUES = ["a0", "a1", "b0", "b1"]
+
+
+def shard(queue: str) -> str:
+    return queue[0]
+
+
+def chosen(table: FaultTable, starts: range = range(4)) -> list[str]:
+    return [table.choose(QUEUES, shard, start) for start in starts]
+
+
+def test_a_failing_shard_is_skipped_round_robin_goes_on_over_the_others(table: FaultTable) -> None:
+    assert chosen(table) == QUEUES
+    assert table.failed("b") == 0.25
+    assert chosen(table) == ["a0", "a1", "a0", "a0"]
+    assert table.stats().avoided == ("b",)
+
+
+def test_the_interval_doubles_with_each_failure_in_a_row_up_to_the_cap(table: FaultTable) -> None:
+    assert [table.failed("b") for _ in range(6)] == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
+    table.succeeded("b", 0.002)
+    assert table.failed("b") == 0.25  # a success starts over
+
+
+def test_one_probe_once_the_interval_is_over_then_traffic_again_if_it_answers(table: FaultTable,
+                                                                             clock: Clock) -> None:
+    table.failed("b")
+    clock.now += 0.3
+    assert table.choose(QUEUES, shard, 2) == "b0"  # the probe
+    assert chosen(table) == ["a0", "a1", "a0", "a0"]  # the others wait for its answer
+    table.succeeded("b", 0.001)
+    assert chosen(table) == QUEUES
+    assert table.stats().avoided == ()
+
+
+def test_a_failed_probe_doubles_the_interval(table: FaultTable, clock: Clock) -> None:
+    table.failed("b")
+    clock.now += 0.3
+    assert table.choose(QUEUES, shard, 2) == "b0"
+    assert table.failed("b") == 0.5
+    clock.now += 0.3
+    assert chosen(table) == ["a0", "a1", "a0", "a0"]
+    clock.now += 0.3
+    assert table.choose(QUEUES, shard, 3) == "b1"
+
+
+def test_a_probe_that_never_answers_is_replaced_after_the_longest_interval(table: FaultTable,
+                                                                          clock: Clock) -> None:
+    table.failed("b")
+    clock.now += 0.3
+    assert table.choose(QUEUES, shard, 2) == "b0"
+    clock.now += 2.1
+    assert table.choose(QUEUES, shard, 2) == "b0"
+
+
+def test_with_every_shard_avoided_the_one_back_soonest_is_used(table: FaultTable) -> None:
+    table.failed("a")
+    table.failed("a")
+    table.failed("b")
+    assert chosen(table) == ["b0", "b0", "b0", "b1"]
+
+
+def test_excluded_shards_are_last_resorts(table: FaultTable) -> None:
+    assert table.choose(QUEUES, shard, 0, exclude={"a"}) == "b0"
+    table.failed("b")
+    assert table.choose(QUEUES, shard, 0, exclude={"a"}) == "b0"  # nothing else: avoided, not refused
+    with pytest.raises(ValueError):
+        table.choose([], shard)
+
+
+def test_stats_count_reroutes_failures_and_send_latency(table: FaultTable) -> None:
+    table.succeeded("a", 0.010)
+    table.succeeded("a", 0.020)
+    table.succeeded("a")  # an answer without a latency sample (EndTransaction, a refusal)
+    table.failed("b")
+    table.rerouted()
+    stats = table.stats()
+    assert stats.rerouted == 1 and stats.avoided == ("b",)
+    a, b = stats.shards
+    assert (a.shard, a.successes, a.failures, a.avoided) == ("a", 2, 0, False)
+    assert a.latency_seconds_sum == pytest.approx(0.030)
+    assert 0.010 < a.latency_seconds < 0.020
+    assert (b.shard, b.consecutive_failures, b.failures, b.avoided) == ("b", 1, 1, True)
+
+
+def test_retry_action_is_the_one_classification() -> None:
+    assert retry_action(UnavailableError("down"), bound=False) is RetryAction.ELSEWHERE
+    assert retry_action(DeadlineExceededError("late"), bound=False) is RetryAction.ELSEWHERE
+    assert retry_action(UnavailableError("down"), bound=True) is RetryAction.SAME_SHARD
+    assert retry_action(BrokerNotFoundError("b"), bound=True) is RetryAction.SAME_SHARD
+    assert retry_action(BrokerNotFoundError("b"), bound=False) is RetryAction.FAIL
+    assert retry_action(InvalidFieldError("f", "bad"), bound=False) is RetryAction.FAIL
+    assert retry_action(TransactionStateError("t", "COMMITTED", "ROLLBACK"), bound=True) is RetryAction.FAIL
+    # Replicated shards: a follower asked, or the outcome unknown, stay on the shard with
+    # the same ids; a refusal that applied nothing may go elsewhere.
+    assert retry_action(NotLeaderError("b", 1, "h:1", 0), bound=False) is RetryAction.SAME_SHARD
+    assert retry_action(LeadershipLostError("b", 0), bound=False) is RetryAction.SAME_SHARD
+    assert retry_action(NotEnoughReplicasError("b", 1, 2), bound=False) is RetryAction.ELSEWHERE
+    assert retry_action(NotEnoughReplicasError("b", 1, 2), bound=True) is RetryAction.SAME_SHARD
+
+
+def test_abandoned_attempts_are_kept_for_a_while_and_bounded(clock: Clock) -> None:
+    abandoned: Abandoned[str] = Abandoned(keep_seconds=10.0, most=3, clock=clock)
+    for key in ("m1", "m2", "m3", "m4"):
+        abandoned.add(key)
+    assert "m1" not in abandoned and {"m2", "m3", "m4"} == {k for k in ("m2", "m3", "m4") if k in abandoned}
+    abandoned.discard("m2")
+    assert "m2" not in abandoned and len(abandoned) == 2
+    clock.now += 11.0
+    abandoned.add("m5")
+    assert len(abandoned) == 1 and "m5" in abandoned
