@@ -9,7 +9,7 @@ PROTOS := $(wildcard protos/txmq/v1/*.proto)
 DATA_DIR ?= ./data
 
 
-.PHONY: all venv tools cc etcd proto proto-lint proto-check run demo test test-unit test-integration bench clean distclean
+.PHONY: all venv tools cc etcd netns-tools proto proto-lint proto-check run demo test test-unit test-integration bench clean distclean
 
 all: test
 
@@ -40,6 +40,12 @@ etcd:
 	@command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null)
 	@command -v etcd >/dev/null || (echo "etcd: missing after apt-get install etcd-server" >&2; exit 1)
 
+# ip (iproute2) and iptables: the partition tests put replicas in network namespaces and cut
+# them off with DROP rules (tests/support/netns.py).
+netns-tools:
+	@(command -v ip && command -v iptables) >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 iptables >/dev/null)
+	@(command -v ip && command -v iptables) >/dev/null || (echo "netns-tools: ip or iptables missing after apt-get install" >&2; exit 1)
+
 # The only producer of generated code: Python stubs into the SDK package.
 proto: venv
 	rm -f sdk/txmq/v1/*_pb2.py sdk/txmq/v1/*_pb2.pyi sdk/txmq/v1/*_pb2_grpc.py
@@ -55,13 +61,13 @@ proto-check: venv
 run: venv
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
-test: venv cc etcd proto-lint proto-check pipeline-deps browser proxy-deps chart-tools
+test: venv cc etcd netns-tools proto-lint proto-check pipeline-deps browser proxy-deps chart-tools
 	$(PY) -m pytest tests
 
 test-unit: venv
 	$(PY) -m pytest tests/unit
 
-test-integration: venv cc etcd
+test-integration: venv cc etcd netns-tools
 	$(PY) -m pytest tests/integration
 
 # --- data pipeline (pipeline/): PySpark 4.3, the `txmq` data source and the audit job.
@@ -145,7 +151,7 @@ images:
 # under mixed load, each printing its seed and schedule (reproduce: CHAOS_ARGS="--seed N").
 CHAOS_ARGS ?= --runs 10 --faults 6
 .PHONY: chaos
-chaos: venv etcd
+chaos: venv etcd netns-tools
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
 
 bench: venv etcd bench-audit

@@ -7,8 +7,10 @@ Each run starts a name server, etcd, a checker and one shard of three replicas
 rolling back and answering UNKNOWN, 2 consumers) and applies a fault schedule drawn from
 the run's seed: SIGKILL the leader (restarted later), SIGSTOP the leader past its lease
 then SIGCONT it, SIGKILL a follower, wipe a follower's data and restart it, and — with
-``--partitions`` on a machine where network namespaces work — cut the leader off from
-everyone. Every run prints its seed and schedule first; a failure is reproduced with
+``--partitions`` (root, network namespaces; at least one per run) — cut the leader off with
+a real network partition (tests/support/netns.py): from everyone, or from etcd, the other
+replicas and the name server while its clients still reach it; the cut-off leader must step
+down by itself, and the partition heals after its successor serves. Every run prints its seed and schedule first; a failure is reproduced with
 ``--seed``. After the schedule the load stops and the run checks:
 
 - nothing acknowledged lost: every transaction acknowledged COMMITTED, and every UNKNOWN
@@ -33,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support import replicas
+from tests.support import netns, replicas
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
 from tests.support.workload import Workload
@@ -56,10 +58,18 @@ class RunResult:
     seconds: float = 0.0
 
 
+#: With ``--partitions``: the leader cut off from everyone, or from etcd, the other replicas
+#: and the name server while its clients (producers, consumers, the checker) still reach it.
+PARTITIONS = ("partition-leader", "partition-leader-from-cluster")
+
+
 def schedule_for(seed: int, faults: int, partitions: bool = False) -> list[str]:
     rnd = random.Random(seed)
-    kinds = FAULTS + (("partition-leader",) if partitions else ())
-    return [rnd.choice(kinds) for _ in range(faults)]
+    kinds = FAULTS + (PARTITIONS if partitions else ())
+    schedule = [rnd.choice(kinds) for _ in range(faults)]
+    if partitions and faults and not any(f in PARTITIONS for f in schedule):
+        schedule[rnd.randrange(faults)] = rnd.choice(PARTITIONS)  # every partition run partitions
+    return schedule
 
 
 def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False, log=print) -> RunResult:
@@ -69,7 +79,7 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
     result = RunResult(seed, schedule)
     started = time.monotonic()
     cluster = Cluster(workdir, brokers=1, replication_factor=3, checker=True, broker_env=BROKER_ENV,
-                      checker_env=CHECKER_ENV)
+                      checker_env=CHECKER_ENV, netns=partitions)
     work: Workload | None = None
     try:
         topic, group = f"chaos-{seed}", f"chaos-{seed}"
@@ -107,12 +117,15 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
                 shutil.rmtree(victim.env["TXMQ_DATA_DIR"], ignore_errors=True)
                 time.sleep(rnd.uniform(0.0, 0.5))
                 victim.restart(60)
-            elif fault == "partition-leader":
-                from tests.support import netns
-                with netns.isolated(leader):
+            elif fault in PARTITIONS:
+                since = leader.log_size()
+                with netns.isolated(leader, clients=fault == "partition-leader-from-cluster"):
                     t0 = time.monotonic()
                     cluster.wait_leaders(60, not_on=leader)
                     result.failovers.append(time.monotonic() - t0)
+                    # Cut off, it must find out by itself that it leads no more.
+                    wait_until(lambda: "stepped down" in leader.log_text(since), 30,
+                               message=lambda: f"the partitioned leader {leader.name} never stepped down")
                     time.sleep(rnd.uniform(0.0, 1.0))
             log(f"  fault {step}/{len(schedule)} {fault} done; {work.summary()}")
         work.stop_producers()
@@ -182,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", type=int, default=6)
     parser.add_argument("--partitions", action="store_true", help="also cut the leader off (network namespaces)")
     args = parser.parse_args(argv)
+    if args.partitions:
+        problem = netns.available()
+        if problem:
+            parser.error(f"--partitions: {problem}")
+        netns.cleanup_leftovers()
     seeds = [args.seed] if args.seed is not None else [random.randrange(1, 10**9) for _ in range(args.runs)]
     results = []
     base = Path(tempfile.mkdtemp(prefix="txmq-chaos-"))

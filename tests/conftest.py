@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from tests.support import netns
 from tests.support.cluster import Cluster, live_clusters
 
 #: Sub-second timings every test cluster runs with unless the test asks otherwise.
@@ -146,6 +147,11 @@ def pytest_configure(config: pytest.Config) -> None:
             raise KeyboardInterrupt(f"signal {signum}")
 
         signal.signal(signal.SIGTERM, interrupt)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # Network namespaces and links a crashed earlier run left behind (its pid is gone).
+    netns.cleanup_leftovers()
 
 
 @pytest.hookimpl(trylast=True)

@@ -17,8 +17,10 @@ _SERVING = re.compile(r"serving insecure client requests on ([0-9.]+:\d+)")
 
 
 class EtcdProcess:
-    def __init__(self, workdir: str | Path, name: str = "etcd") -> None:
+    def __init__(self, workdir: str | Path, name: str = "etcd", host: str = "127.0.0.1") -> None:
         self.workdir = Path(workdir)
+        #: The address clients dial (a bridge address when replicas run in network namespaces).
+        self.host = host
         self.name = name
         self.data_dir = self.workdir / f"{name}.data"
         self.log_path = self.workdir / f"{name}.log"
@@ -33,7 +35,7 @@ class EtcdProcess:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [binary, "--name", self.name, "--data-dir", str(self.data_dir),
-             "--listen-client-urls", "http://127.0.0.1:0", "--advertise-client-urls", "http://127.0.0.1:2379",
+             "--listen-client-urls", f"http://{self.host}:0", "--advertise-client-urls", f"http://{self.host}:2379",
              "--listen-peer-urls", "http://127.0.0.1:0", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
              "--initial-cluster", f"{self.name}=http://127.0.0.1:2380",
              "--heartbeat-interval", "20", "--election-timeout", "200", "--log-level", "info"],

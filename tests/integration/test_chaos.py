@@ -4,6 +4,8 @@ invariants). Fixed seeds, so a failure here reproduces with ``python -m tests.ch
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.chaos import report, run_once
@@ -17,3 +19,13 @@ def test_chaos_run_keeps_every_invariant(seed, tmp_path):
     report([result])
     assert result.violations == [], f"seed {seed} schedule {result.schedule}: {result.violations[:10]}"
     assert result.failovers, "the schedule killed or paused no leader"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
+def test_chaos_run_with_network_partitions_keeps_every_invariant(tmp_path):
+    seed = 116  # the leader cut off from the cluster while clients reach it, then from everyone
+    result = run_once(seed, faults=2, workdir=tmp_path / f"chaos-partitions-{seed}", partitions=True)
+    report([result])
+    assert result.schedule == ["partition-leader-from-cluster", "partition-leader"]
+    assert result.violations == [], f"seed {seed} schedule {result.schedule}: {result.violations[:10]}"
+    assert len(result.failovers) == 2

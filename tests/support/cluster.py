@@ -13,6 +13,7 @@ import grpc
 
 from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
+from . import netns as _netns
 from .etcd import EtcdProcess
 from .processes import ServiceProcess
 from .waiting import wait_until
@@ -75,7 +76,7 @@ class Cluster:
                  checker: bool = False, checker_env: Mapping[str, str] | None = None,
                  ready_timeout: float = 30.0, proxies: int = 0,
                  proxy_env: Mapping[str, str] | None = None, replication_factor: int = 1,
-                 min_insync_replicas: int = 2) -> None:
+                 min_insync_replicas: int = 2, netns: bool = False) -> None:
         if nameservers < 1:
             raise ValueError("a cluster needs at least one name server")
         self.workdir = Path(workdir)
@@ -94,19 +95,27 @@ class Cluster:
         #: Replicated shards: etcd, and each shard's replicas by shard name.
         self.etcd: EtcdProcess | None = None
         self.shards: dict[str, list[ServiceProcess]] = {}
+        #: ``netns=True``: every broker replica in a network namespace of its own on one
+        #: bridge; etcd, name servers, checkers and proxies listen on the bridge address in
+        #: this namespace (see tests/support/netns.py; ``netns.isolated(proc)`` partitions).
+        self.network: _netns.Network | None = None
         with _CLUSTERS_LOCK:
             _CLUSTERS.add(self)
         try:
+            if netns:
+                self.network = _netns.Network()
             for i in range(nameservers):
                 name = "nameserver" if nameservers == 1 else f"nameserver-{i}"
-                proc = ServiceProcess("services.nameserver", {**NAMESERVER_DEFAULTS, **(nameserver_env or {})},
+                proc = ServiceProcess("services.nameserver", {**NAMESERVER_DEFAULTS, **(nameserver_env or {}),
+                                                              **self._outer_host()},
                                       self.workdir, name)
                 self.nameservers.append(proc)
                 proc.start()
             for proc in self.nameservers:
                 proc.wait_ready(ready_timeout)
             if replication_factor > 1:
-                self.etcd = EtcdProcess(self.workdir).start(ready_timeout)
+                self.etcd = EtcdProcess(self.workdir, host=self.network.gateway if self.network else "127.0.0.1")
+                self.etcd.start(ready_timeout)
             for i in range(brokers):
                 shard = f"broker-{i}"
                 for r in range(replication_factor):
@@ -120,7 +129,13 @@ class Cluster:
                                     "TXMQ_REPLICA_ID": str(r), "TXMQ_MIN_INSYNC_REPLICAS": str(min_insync_replicas),
                                     "TXMQ_ETCD_ENDPOINTS": self.etcd.endpoint})
                     env.update({**(broker_env or {}), "TXMQ_NAMESERVER_ADDRESSES": ",".join(self.nameserver_addresses)})
-                    proc = ServiceProcess("services.broker", env, self.workdir, name)
+                    host = self.network.add_host() if self.network else None
+                    if host is not None:
+                        env["TXMQ_HOST"] = host.address
+                    proc = ServiceProcess("services.broker", env, self.workdir, name,
+                                          command_prefix=host.exec_prefix if host else ())
+                    if host is not None:
+                        _netns.attach(proc, host)
                     self.brokers.append(proc)
                     self.shards.setdefault(shard, []).append(proc)
                     proc.start()
@@ -146,6 +161,11 @@ class Cluster:
         self.stop()
 
     # ------------------------------------------------------------------ addresses
+    def _outer_host(self) -> dict[str, str]:
+        """Where services outside the replicas' namespaces listen: the bridge address, so
+        replicas in their namespaces reach them (nothing to set without netns)."""
+        return {"TXMQ_HOST": self.network.gateway} if self.network else {}
+
     @property
     def nameserver_address(self) -> str:
         return self.nameservers[0].address
@@ -278,7 +298,8 @@ class Cluster:
         name = f"checker-{len(self.checkers)}"
         proc = ServiceProcess("services.checker",
                               {**CHECKER_DEFAULTS, "TXMQ_CHECKER_NAME": name, **(env or {}),
-                               "TXMQ_NAMESERVER_ADDRESSES": ",".join(self.nameserver_addresses)},
+                               "TXMQ_NAMESERVER_ADDRESSES": ",".join(self.nameserver_addresses),
+                               **self._outer_host()},
                               self.workdir, name)
         self.checkers.append(proc)
         proc.start_and_wait(self.ready_timeout)
@@ -308,7 +329,8 @@ class Cluster:
         mirrored = {k: v for k, v in self._broker_env.items() if k in _PROXY_MIRRORS_BROKER}
         proc = ServiceProcess("services.proxy",
                               {**PROXY_DEFAULTS, **mirrored, "TXMQ_PROXY_NAME": name, **(env or {}),
-                               "TXMQ_NAMESERVER_ADDRESSES": ",".join(self.nameserver_addresses)},
+                               "TXMQ_NAMESERVER_ADDRESSES": ",".join(self.nameserver_addresses),
+                               **self._outer_host()},
                               self.workdir, name)
         self.proxies.append(proc)
         proc.start_and_wait(self.ready_timeout)
@@ -359,6 +381,8 @@ class Cluster:
                 codes[proc.name] = proc.stop(timeout)
         if self.etcd is not None:
             self.etcd.stop()
+        if self.network is not None:
+            self.network.close()
         self._stopped = True
         with _CLUSTERS_LOCK:
             _CLUSTERS.discard(self)

@@ -5,8 +5,9 @@ Producers run ``send_in_transaction`` with bodies that say what the local transa
 decides: ``c`` commits, ``r`` rolls back, ``uc``/``ur`` answer UNKNOWN and leave the
 decision to the check, which answers from the "local database" — the set of local
 transactions that really ran in this process — so a half message whose local transaction
-never ran (its send failed) is rolled back, as a real service would. Consumers receive
-everything and remember every delivery.
+never ran (its send failed) is rolled back, as a real service would; while the send is
+still waiting for its answer (held up by a fail-over) the check answers UNKNOWN, since the
+local transaction may still run. Consumers receive everything and remember every delivery.
 
 Invariants (:meth:`Workload.violations`):
 - every transaction acknowledged COMMITTED is delivered;
@@ -51,7 +52,13 @@ class _Listener(txmq.TransactionListener):
         body = message.message.body.decode()
         with self.workload.lock:
             committed = self.workload.ran.get(body)
+            sending = body in self.workload.sending and body not in self.workload.ran
             self.workload.checks_answered += 1
+        if sending:
+            # The half message is stored but its send has not returned yet (its answer was
+            # held up by a fail-over): the local transaction has not run *yet*. A careful
+            # service answers "don't know" here, never ROLLBACK — it may still commit.
+            return txmq.LocalTransactionState.UNKNOWN
         return txmq.LocalTransactionState.COMMIT if committed else txmq.LocalTransactionState.ROLLBACK
 
 
@@ -74,6 +81,8 @@ class Workload:
     delivered: dict[str, set[tuple[str, int, int]]] = field(default_factory=dict)
     #: body -> its transaction id (acknowledged half messages).
     transaction_ids: dict[str, str] = field(default_factory=dict)
+    #: bodies whose send_in_transaction has not returned yet.
+    sending: set[str] = field(default_factory=set)
     checks_answered: int = 0
     sent: int = 0
     #: Deliveries in all (more than ``len(delivered)``: redeliveries, e.g. of messages
@@ -114,6 +123,8 @@ class Workload:
             n = next(self._counter)
             kind = rnd.choice(KINDS)
             body = f"{kind}:{n}"
+            with self.lock:
+                self.sending.add(body)
             try:
                 result = producer.send_in_transaction(txmq.Message(self.topic, body.encode()))
             except txmq.TxmqError as exc:
@@ -121,6 +132,9 @@ class Workload:
                     self.failed[body] = type(exc).__name__
                 time.sleep(0.02)  # a failing shard: don't spin
                 continue
+            finally:
+                with self.lock:
+                    self.sending.discard(body)
             with self.lock:
                 self.acknowledged[body] = result.state
                 self.transaction_ids[body] = result.transaction_id
