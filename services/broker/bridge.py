@@ -164,6 +164,11 @@ class StoreBridge:
             self._sync_scheduled = True
             self.loop.call_soon(self._sync)
 
+    @property
+    def waiting(self) -> int:
+        """Answers waiting for durability (or for the replicas)."""
+        return len(self._waiting)
+
     def release(self) -> None:
         """Runs the waiters whose tickets are now durable (and committed)."""
         upto = self._released()

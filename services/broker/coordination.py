@@ -109,6 +109,13 @@ class ShardCoordinator:
             await self._channel.close()
             self._channel = None
 
+    async def _txn(self, request: rpc.TxnRequest) -> rpc.TxnResponse:
+        kv, _lease = self._stubs()
+        try:
+            return await kv.Txn(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise await self._failed(exc) from None
+
     # --- lease ------------------------------------------------------------------------------
 
     async def grant_lease(self, ttl_seconds: int) -> int:
@@ -148,15 +155,11 @@ class ShardCoordinator:
     # --- shard state ------------------------------------------------------------------------
 
     async def read(self) -> ShardState:
-        kv, _lease = self._stubs()
         request = rpc.TxnRequest(success=[
             rpc.RequestOp(request_range=rpc.RangeRequest(key=self.leader_key)),
             rpc.RequestOp(request_range=rpc.RangeRequest(key=self.isr_key)),
             rpc.RequestOp(request_range=rpc.RangeRequest(key=self.handover_key))])
-        try:
-            reply = await kv.Txn(request, timeout=self.timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise await self._failed(exc) from None
+        reply = await self._txn(request)
         leader_kvs = reply.responses[0].response_range.kvs
         isr_kvs = reply.responses[1].response_range.kvs
         leader = None
@@ -177,7 +180,6 @@ class ShardCoordinator:
         """Takes the leadership if nobody holds it and the in-sync set is still ``isr``;
         writes ``new_members`` as the set. Returns the new epoch, or None when another
         replica won or the set changed."""
-        kv, _lease = self._stubs()
         compare = [rpc.Compare(key=self.leader_key, target=rpc.Compare.VERSION, result=rpc.Compare.EQUAL,
                                version=0)]
         if isr.revision:
@@ -191,10 +193,7 @@ class ShardCoordinator:
             rpc.RequestOp(request_put=rpc.PutRequest(key=self.leader_key, value=value, lease=self.lease_id)),
             rpc.RequestOp(request_put=rpc.PutRequest(key=self.isr_key, value=_isr_value(new_members, 0))),
         ])
-        try:
-            reply = await kv.Txn(request, timeout=self.timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise await self._failed(exc) from None
+        reply = await self._txn(request)
         if not reply.succeeded:
             return None
         # Both keys were written at this revision: the leader key's create revision.
@@ -203,7 +202,6 @@ class ShardCoordinator:
     async def set_isr(self, epoch: int, isr: InSync, members: tuple[int, ...]) -> InSync | None:
         """Compare-and-swap of the in-sync set by the leader of ``epoch``: succeeds only if
         that leader still holds the key and nobody changed the set since ``isr``."""
-        kv, _lease = self._stubs()
         request = rpc.TxnRequest(
             compare=[
                 rpc.Compare(key=self.leader_key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
@@ -212,10 +210,7 @@ class ShardCoordinator:
                             mod_revision=isr.revision),
             ],
             success=[rpc.RequestOp(request_put=rpc.PutRequest(key=self.isr_key, value=_isr_value(members, epoch)))])
-        try:
-            reply = await kv.Txn(request, timeout=self.timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise await self._failed(exc) from None
+        reply = await self._txn(request)
         if not reply.succeeded:
             return None
         return InSync(tuple(sorted(members)), int(reply.header.revision))
@@ -223,31 +218,26 @@ class ShardCoordinator:
     async def hand_over(self, epoch: int, to: int, ttl_seconds: int) -> bool:
         """Deletes this leader's key and names ``to`` as the replica to campaign, for
         ``ttl_seconds`` (then anyone in sync may campaign again)."""
-        kv, lease = self._stubs()
+        _kv, lease = self._stubs()
         try:
             grant = await lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=ttl_seconds), timeout=self.timeout)
-            request = rpc.TxnRequest(
-                compare=[rpc.Compare(key=self.leader_key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
-                                     create_revision=epoch)],
-                success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=self.leader_key)),
-                         rpc.RequestOp(request_put=rpc.PutRequest(
-                             key=self.handover_key, value=json.dumps({"to": to}).encode(), lease=grant.ID))])
-            reply = await kv.Txn(request, timeout=self.timeout)
         except grpc.aio.AioRpcError as exc:
             raise await self._failed(exc) from None
-        return bool(reply.succeeded)
+        request = rpc.TxnRequest(
+            compare=[rpc.Compare(key=self.leader_key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
+                                 create_revision=epoch)],
+            success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=self.leader_key)),
+                     rpc.RequestOp(request_put=rpc.PutRequest(
+                         key=self.handover_key, value=json.dumps({"to": to}).encode(), lease=grant.ID))])
+        return bool((await self._txn(request)).succeeded)
 
     async def resign(self, epoch: int) -> bool:
         """Deletes the leader key if it is still this leader's (a clean hand-over)."""
-        kv, _lease = self._stubs()
         request = rpc.TxnRequest(
             compare=[rpc.Compare(key=self.leader_key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
                                  create_revision=epoch)],
             success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=self.leader_key))])
-        try:
-            reply = await kv.Txn(request, timeout=self.timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise await self._failed(exc) from None
+        reply = await self._txn(request)
         return bool(reply.succeeded)
 
 

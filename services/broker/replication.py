@@ -330,7 +330,7 @@ class ReplicaNode:
         self.term = None
         self.leadership_changes += 1
         self._clear_tail()  # a truncation may rewrite these lsns before this replica leads again
-        waiting = len(term.bridge._waiting)
+        waiting = term.bridge.waiting
         term.bridge.fail_all(LeadershipLostError(self.shard, self.replica_id))
         for event in list(self._wake):
             event.set()

@@ -300,17 +300,21 @@ class Database:
             else:
                 batch.put(key, value, handles[cf])
                 size += len(key) + len(value)
+        self._commit_batch(batch)
+        self.written += 1
+        self.bytes_written += size
+
+    def _commit_batch(self, batch: WriteBatch) -> None:
+        """Writes one batch. A failure stops the process: the operations (or the replicated
+        entries) already moved in-memory state, and a restart recovers from the WAL with
+        nothing acknowledged lost."""
         try:
             self.db.write(batch, self._write_opts)
         except Exception as exc:
-            # The operations already moved in-memory state: the only safe answer is to
-            # stop (a restart recovers from the WAL; nothing acknowledged is lost).
             log.critical("store write failed; stopping", exc_info=True)
             if self._on_fatal is not None:
                 self._on_fatal(exc)
             raise
-        self.written += 1
-        self.bytes_written += size
 
     @contextlib.contextmanager
     def grouped(self) -> Iterator[WriteGroup]:
@@ -453,13 +457,7 @@ class Database:
         if trim > self._replog_first + min(1024, max(self.replog_keep_entries // 4, 1)):  # in strides
             batch.delete_range(replog.lsn_key(0), replog.lsn_key(trim), handles["replog"])
             self._replog_first = trim
-        try:
-            self.db.write(batch, self._write_opts)
-        except Exception as exc:
-            log.critical("store write failed; stopping", exc_info=True)
-            if self._on_fatal is not None:
-                self._on_fatal(exc)
-            raise
+        self._commit_batch(batch)
         self.written = last
         self.bytes_written += size
         if self._replog_first > last:
@@ -510,7 +508,7 @@ class Database:
         local = handles["replica"]
         batch.put(b"epochs", replog.encode_epochs(self.epochs), local)
         batch.put(b"lsn", encode_u64(to_lsn), local)
-        self.db.write(batch, self._write_opts)
+        self._commit_batch(batch)
         self.sync_wal()
         self.written = to_lsn
         self.read_ticket = min(self.read_ticket, to_lsn)
