@@ -1,14 +1,16 @@
 """The user's own job, side by side: change a row in PostgreSQL and publish a message,
 atomically and durably, and have a consumer receive it.
 
-    python -m bench.outbox [--seconds 5] [--callers 1,8,64] [--runs 3] [--systems txmq,txmq-threads,outbox,rabbitmq]
+    python -m bench.outbox [--seconds 5] [--callers 1,8,64] [--runs 3] [--systems txmq,txmq-asyncio,outbox,rabbitmq]
 
 Every system runs the same job against the same private PostgreSQL (``fsync=on``,
 ``synchronous_commit=on``; see ``bench/peers.py``), started for the run:
 
 - **txmq** (``txmq``: one process per caller, each with its own ``TransactionProducer``,
-  the layout of a multi-process Python service; ``txmq-threads``: the callers are threads
-  of one process sharing one producer): half message → the business row INSERTed and
+  the layout of a multi-process Python service; ``txmq-asyncio``: the callers are
+  coroutines of one process sharing one ``txmq.aio.AsyncTransactionProducer``, each with
+  its own asyncio PostgreSQL connection; ``txmq-threads``: threads of one process sharing
+  one producer): half message → the business row INSERTed and
   committed in PostgreSQL in ``execute_local_transaction``, keyed by the transaction id,
   which ``check_local_transaction`` looks up → EndTransaction; a ``SimpleConsumer``
   process receives and acknowledges. Name server, broker (``flush=sync``) and checker are
@@ -146,6 +148,70 @@ def txmq_caller(nameserver: str, dsn: str, topic: str, threads: int, start: Any,
         _loop(job, threads, start, stop, out, "caller", exit_)
     finally:
         producer.close()
+
+
+def txmq_async_caller(nameserver: str, dsn: str, topic: str, callers: int, start: Any, stop: Any, out: Any,
+                      exit_: Any) -> None:
+    """``callers`` coroutines of one process sharing one ``AsyncTransactionProducer``, each
+    with its own asyncio PostgreSQL connection (the layout of an asyncio service)."""
+    import asyncio
+
+    import psycopg
+
+    import txmq
+    from txmq.aio import AsyncTransactionListener, AsyncTransactionProducer
+
+    async def main() -> None:
+        conns = [await psycopg.AsyncConnection.connect(dsn) for _ in range(callers)]
+        check_conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        check_lock = asyncio.Lock()
+
+        class Orders(AsyncTransactionListener):
+            async def execute_local_transaction(self, message: Any, conn: Any) -> txmq.LocalTransactionState:
+                async with conn.transaction():
+                    await conn.execute("INSERT INTO orders (ref, body) VALUES (%s, %s)",
+                                       (message.transaction_id, BODY))
+                return txmq.LocalTransactionState.COMMIT
+
+            async def check_local_transaction(self, message: Any) -> txmq.LocalTransactionState:
+                async with check_lock:
+                    cursor = await check_conn.execute("SELECT 1 FROM orders WHERE ref = %s",
+                                                      (message.transaction_id,))
+                    found = await cursor.fetchone()
+                return txmq.LocalTransactionState.COMMIT if found else txmq.LocalTransactionState.ROLLBACK
+
+        committed, errors = [0] * callers, []
+        latencies: list[list[float]] = [[] for _ in range(callers)]
+        stopped = False
+
+        async def run(i: int) -> None:
+            while not stopped:
+                began = time.perf_counter()
+                try:
+                    result = await producer.send_in_transaction(txmq.Message(topic, BODY), conns[i])
+                    if result.state is txmq.TransactionState.COMMITTED:
+                        committed[i] += 1
+                        if len(latencies[i]) < MAX_SAMPLES:
+                            latencies[i].append(time.perf_counter() - began)
+                    else:
+                        errors.append("not committed")
+                except Exception as exc:  # noqa: BLE001 - counted and reported, the loop goes on
+                    errors.append(f"{type(exc).__name__}: {exc}")
+
+        async with AsyncTransactionProducer(nameserver, producer_group="bench-outbox", listener=Orders()) as producer:
+            await producer.send_in_transaction(txmq.Message(topic, WARM_UP), conns[0])
+            out.put(("ready",))
+            await asyncio.to_thread(start.wait)
+            cpu, wall = time.process_time(), time.monotonic()
+            tasks = [asyncio.ensure_future(run(i)) for i in range(callers)]
+            await asyncio.to_thread(stop.wait)
+            stopped = True
+            await asyncio.gather(*tasks)
+            out.put(("caller", sum(committed), errors[:5], len(errors), [x for lat in latencies for x in lat],
+                     time.process_time() - cpu, time.monotonic() - wall))
+            await asyncio.to_thread(exit_.wait, 120)
+
+    asyncio.run(main())
 
 
 def outbox_caller(dsn: str, threads: int, start: Any, stop: Any, out: Any, exit_: Any) -> None:
@@ -401,6 +467,9 @@ class Bench:
             procs.append(ctx.Process(target=txmq_consumer, args=(ns, topic, group, start, done, out, exit_)))
             if system == "txmq-threads":
                 procs.append(ctx.Process(target=txmq_caller, args=(ns, dsn, topic, callers, start, stop, out, exit_)))
+            elif system == "txmq-asyncio":
+                procs.append(ctx.Process(target=txmq_async_caller,
+                                         args=(ns, dsn, topic, callers, start, stop, out, exit_)))
             else:
                 procs += [ctx.Process(target=txmq_caller, args=(ns, dsn, topic, 1, start, stop, out, exit_))
                           for _ in range(callers)]
@@ -462,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="each run's length")
     parser.add_argument("--callers", default="1,8,64", help="concurrent callers, comma-separated")
     parser.add_argument("--runs", type=int, default=3, help="runs of each row (the median is printed)")
-    parser.add_argument("--systems", default="txmq,txmq-threads,outbox,rabbitmq")
+    parser.add_argument("--systems", default="txmq,txmq-asyncio,outbox,rabbitmq",
+                        help="of txmq, txmq-asyncio, txmq-threads, outbox, rabbitmq")
     parser.add_argument("--json", default="", help="also write every run here")
     args = parser.parse_args(argv)
     args.callers = [int(x) for x in args.callers.split(",") if x]
