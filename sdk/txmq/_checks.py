@@ -114,6 +114,19 @@ def answer_for(outcome: Any) -> tuple[int, float]:
     return common_pb2.CHECK_RESULT_UNKNOWN, 0.0
 
 
+def check_answer(check: checker_pb2.CheckRequest, outcome: Any, producer_group: str) -> checker_pb2.CheckAnswer:
+    """The answer to ``check`` for what ``check_local_transaction`` returned (anything but a
+    LocalTransactionState or InProgress is UNKNOWN, and logged), granting one credit back."""
+    if outcome is not None and not isinstance(outcome, (LocalTransactionState, InProgress)):
+        log.warning("check_local_transaction returned %r for transaction %s, neither a "
+                    "LocalTransactionState nor txmq.InProgress: answering UNKNOWN", outcome, check.transaction_id)
+    result, retry_after = answer_for(outcome)
+    return checker_pb2.CheckAnswer(
+        check_id=check.check_id, result=result, retry_after_seconds=retry_after,
+        transaction_id=check.transaction_id, broker_name=check.broker_name,
+        producer_group=check.message.producer_group or producer_group, credit=1)
+
+
 def check_message(check: checker_pb2.CheckRequest, checker_name: str) -> CheckMessage:
     return CheckMessage(message=message_from_pb(check.message), message_id=check.message.message_id,
                         transaction_id=check.transaction_id, broker_name=check.broker_name,
@@ -204,19 +217,11 @@ class CheckResponder:
             log.exception("check_local_transaction raised for transaction %s: answering UNKNOWN",
                           check.transaction_id)
             outcome = None
-        if outcome is not None and not isinstance(outcome, (LocalTransactionState, InProgress)):
-            log.warning("check_local_transaction returned %r for transaction %s, neither a "
-                        "LocalTransactionState nor txmq.InProgress: answering UNKNOWN",
-                        outcome, check.transaction_id)
-        result, retry_after = answer_for(outcome)
-        answer = checker_pb2.CheckAnswer(
-            check_id=check.check_id, result=result, retry_after_seconds=retry_after,
-            transaction_id=check.transaction_id, broker_name=check.broker_name,
-            producer_group=check.message.producer_group or self.producer_group, credit=1)
+        answer = check_answer(check, outcome, self.producer_group)
         if connection.send(Request(answer=answer), session):
             return
         # The stream that sent the check ended; a new one started with fresh credit.
-        if result in (common_pb2.CHECK_RESULT_COMMIT, common_pb2.CHECK_RESULT_ROLLBACK):
+        if answer.result in _DECISIONS:
             answer.credit = 0
             self._send_late(Request(answer=answer))
 

@@ -25,10 +25,10 @@ from typing import Any, Awaitable, Callable
 import grpc
 
 from .._checks import (CHECK_CREDIT_PER_THREAD, MAX_UNSENT_ANSWERS, RECONNECT_BACKOFF_MAX_SECONDS,
-                       RECONNECT_BACKOFF_SECONDS, RESEND_WINDOW_SECONDS, InProgress, answer_for, check_message)
+                       RECONNECT_BACKOFF_SECONDS, RESEND_WINDOW_SECONDS, check_answer, check_message)
 from .._client import CHANNEL_OPTIONS
 from .._errors import TxmqError, error_from_entry
-from .._types import LocalTransactionState, TransactionMessage
+from .._types import TransactionMessage
 from ..v1 import checker_pb2, checker_pb2_grpc, common_pb2, nameserver_pb2
 from ._client import AsyncClient
 
@@ -114,17 +114,10 @@ class AsyncCheckResponder:
                 log.exception("check_local_transaction raised for transaction %s: answering UNKNOWN",
                               check.transaction_id)
                 outcome = None
-        if outcome is not None and not isinstance(outcome, (LocalTransactionState, InProgress)):
-            log.warning("check_local_transaction returned %r for transaction %s, neither a "
-                        "LocalTransactionState nor txmq.InProgress: answering UNKNOWN", outcome, check.transaction_id)
-        result, retry_after = answer_for(outcome)
-        answer = checker_pb2.CheckAnswer(
-            check_id=check.check_id, result=result, retry_after_seconds=retry_after,
-            transaction_id=check.transaction_id, broker_name=check.broker_name,
-            producer_group=check.message.producer_group or self.producer_group, credit=1)
+        answer = check_answer(check, outcome, self.producer_group)
         if connection.send(Request(answer=answer), session):
             return
-        if result in _DECISIONS:
+        if answer.result in _DECISIONS:
             answer.credit = 0
             self.send_late(Request(answer=answer))
 
