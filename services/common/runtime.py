@@ -16,6 +16,7 @@ import uvloop
 
 from .config import env_name, load_config
 from .logs import configure_logging
+from . import tls
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ async def serve(config: Any, create_server: Callable[[Any], Awaitable[tuple[Any,
     :class:`StartupError`."""
     stopping = asyncio.Event()
     try:
+        tls.use_config(config)  # before any channel is opened
         app, port = await create_server(config)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -18,6 +18,7 @@ from .config import ServiceConfig
 from .interceptors import ServerInterceptor
 from .metrics import BaseMetrics
 from .runtime import StartupError
+from .tls import server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,14 @@ class ServiceApp:
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
         check_port_free(config.host, config.port, "port (TXMQ_PORT)")
         check_port_free(config.host, config.metrics_port, "metrics_port (TXMQ_METRICS_PORT)")
+        secure = server_credentials(config)
+        #: The TLS certificates of the port (None: plaintext).
+        self.certificates = secure[1] if secure is not None else None
         try:
-            self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+            if secure is None:
+                self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+            else:
+                self.port = self.server.add_secure_port(f"{config.host}:{config.port}", secure[0])
         except RuntimeError as exc:
             raise StartupError(f"port (TXMQ_PORT): cannot bind {config.host}:{config.port}") from exc
         if self.port == 0:
