@@ -86,7 +86,11 @@ class ServerCertificates:
         self._files = PemFiles((cert_file, key_file, ca_file))
         cert, key, ca = self._files.read()
         assert cert is not None and key is not None
-        _check_pair(cert, key)  # a mismatched pair at start-up: the service does not start
+        try:
+            _check_pair(cert, key)
+        except ssl.SSLError as exc:  # at start-up the service does not start
+            raise ValueError(f"tls_cert_file ({cert_file}) and tls_key_file ({key_file}): not a PEM certificate "
+                             f"and its private key ({exc.reason or exc})") from None
         self.initial = _certificate_configuration(cert, key, ca)
         #: How many times a changed set of files was taken.
         self.reloads = 0
