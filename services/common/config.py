@@ -246,6 +246,9 @@ class ServiceConfig:
     port: int = tcp_port(0)
     #: Prometheus /metrics port.
     metrics_port: int = tcp_port(9400, special={-1: "no /metrics endpoint"})
+    #: A second, plaintext gRPC port serving only grpc.health.v1 (Kubernetes' gRPC probes
+    #: cannot speak TLS): for probes when the gRPC port serves TLS.
+    health_port: int = tcp_port(-1, special={-1: "none (health is on the gRPC port only)"})
     #: When set, a JSON file {"port", "metrics_port", "pid"} is written here once serving.
     ready_file: str = ""
     log_level: str = choice("INFO", LOG_LEVELS, ignore_case=True)

@@ -25,6 +25,8 @@ from tests.integration.test_checks import COMMITTED, describe, wait_state
 from tests.support.certs import CertificateAuthority, install, served_serial
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from txmq.v1 import common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 LocalState = txmq.LocalTransactionState
@@ -38,8 +40,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory: pytest.TempPathFactory, pki: CertificateAuthority) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("tls"), broker_env=TEST_BROKER_ENV, checker=True,
-                checker_env=CHECKER_ENV, tls=pki)
+    c = Cluster(tmp_path_factory.mktemp("tls"), broker_env={**TEST_BROKER_ENV, "TXMQ_HEALTH_PORT": "0"},
+                checker=True, checker_env=CHECKER_ENV, tls=pki)
     try:
         yield c
     finally:
@@ -217,3 +219,20 @@ def test_a_replicated_shard_replicates_and_elects_over_mutual_tls(tmp_path, pki,
         assert new is not leader
         with txmq.Producer(c.nameserver_address, tls=c.client_tls()) as producer:
             producer.send(txmq.Message(topic, b"after failover"))
+
+
+def test_the_health_port_answers_probes_in_plaintext_and_serves_nothing_else(secure):
+    """Kubernetes' gRPC probes cannot speak TLS: TXMQ_HEALTH_PORT serves grpc.health.v1 alone."""
+    broker = secure.brokers[0]
+    health = f"127.0.0.1:{broker.ready_info['health_port']}"
+    with grpc.insecure_channel(health) as channel:
+        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as info:
+            nameserver_pb2_grpc.NameServerServiceStub(channel).ListBrokers(nameserver_pb2.ListBrokersRequest(),
+                                                                           timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with pytest.raises(grpc.RpcError) as info:  # the gRPC port itself: TLS only
+        with grpc.insecure_channel(broker.address) as channel:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
