@@ -52,7 +52,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import txmq
 from services.common.process import port_is_free
-from tests.support.certs import CertificateAuthority
+from tests.support.certs import CertificateAuthority, channel_credentials
 from tests.support.etcd import EtcdProcess
 from tests.support.waiting import wait_until
 from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
@@ -258,10 +258,7 @@ class LocalPods:
         when the chart turned TLS on, plaintext otherwise."""
         if self.ca is None:
             return grpc.insecure_channel(target)
-        cert = self.certificates["test-client"]
-        read = lambda path: Path(path).read_bytes()  # noqa: E731
-        return grpc.secure_channel(target, grpc.ssl_channel_credentials(
-            read(self.ca.cert_file), read(cert.key_file), read(cert.cert_file)))
+        return grpc.secure_channel(target, channel_credentials(self.ca.cert_file, self.certificates["test-client"]))
 
     def client_tls(self) -> txmq.TLS | None:
         if self.ca is None:

@@ -23,6 +23,7 @@ import txmq
 from tests.conftest import TEST_BROKER_ENV
 from tests.integration.test_checks import COMMITTED, describe, wait_state
 from tests.support.certs import CertificateAuthority, install, served_serial
+from tests.support.certs import channel_credentials as credentials
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -66,15 +67,6 @@ def list_brokers(address: str, credentials: grpc.ChannelCredentials | None) -> l
     with channel:
         stub = nameserver_pb2_grpc.NameServerServiceStub(channel)
         return [b.name for b in stub.ListBrokers(nameserver_pb2.ListBrokersRequest(), timeout=5).brokers]
-
-
-def credentials(ca_file: str, cert=None) -> grpc.ChannelCredentials:
-    def read(path: str) -> bytes:
-        with open(path, "rb") as fh:
-            return fh.read()
-    if cert is None:
-        return grpc.ssl_channel_credentials(read(ca_file))
-    return grpc.ssl_channel_credentials(read(ca_file), read(cert.key_file), read(cert.cert_file))
 
 
 def test_a_transaction_runs_end_to_end_over_mutual_tls(secure, unique_name):

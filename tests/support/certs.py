@@ -67,6 +67,16 @@ class CertificateAuthority:
         return Certificate(name, cert, key, serial)
 
 
+def channel_credentials(ca_file: str, cert: Certificate | None = None) -> "grpc.ChannelCredentials":
+    """gRPC credentials trusting ``ca_file`` and presenting ``cert`` (None: no client certificate)."""
+    import grpc
+
+    ca = Path(ca_file).read_bytes()
+    if cert is None:
+        return grpc.ssl_channel_credentials(ca)
+    return grpc.ssl_channel_credentials(ca, Path(cert.key_file).read_bytes(), Path(cert.cert_file).read_bytes())
+
+
 def install(cert: Certificate, cert_file: str | Path, key_file: str | Path) -> None:
     """Writes ``cert`` over the files a service reads (key first, then the certificate, each
     replaced at once, as a Secret update would)."""

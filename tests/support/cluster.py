@@ -14,7 +14,7 @@ import grpc
 from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 from . import netns as _netns
-from .certs import Certificate, CertificateAuthority
+from .certs import Certificate, CertificateAuthority, channel_credentials
 from .etcd import EtcdProcess
 from .processes import ServiceProcess
 from .waiting import wait_until
@@ -219,10 +219,7 @@ class Cluster:
             if self.ca is None or self.client_certificate is None:
                 channel = grpc.insecure_channel(address)
             else:
-                with open(self.ca.cert_file, "rb") as ca, open(self.client_certificate.key_file, "rb") as key, \
-                        open(self.client_certificate.cert_file, "rb") as cert:
-                    credentials = grpc.ssl_channel_credentials(ca.read(), key.read(), cert.read())
-                channel = grpc.secure_channel(address, credentials)
+                channel = grpc.secure_channel(address, channel_credentials(self.ca.cert_file, self.client_certificate))
             self._channels[address] = channel
         return channel
 
