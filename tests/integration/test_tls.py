@@ -42,7 +42,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory: pytest.TempPathFactory, pki: CertificateAuthority) -> Iterator[Cluster]:
     c = Cluster(tmp_path_factory.mktemp("tls"), broker_env={**TEST_BROKER_ENV, "TXMQ_HEALTH_PORT": "0"},
-                checker=True, checker_env=CHECKER_ENV, tls=pki)
+                checker=True, checker_env=CHECKER_ENV, tls=pki, proxies=1)
     try:
         yield c
     finally:
@@ -227,4 +227,26 @@ def test_the_health_port_answers_probes_in_plaintext_and_serves_nothing_else(sec
     with pytest.raises(grpc.RpcError) as info:  # the gRPC port itself: TLS only
         with grpc.insecure_channel(broker.address) as channel:
             health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_proxy_serves_tls_and_reaches_the_cluster_over_mutual_tls(secure, pki, unique_name):
+    """A RocketMQ 5 client's first call, over TLS: the proxy answers it from the name servers
+    it reaches over mutual TLS, presenting its own certificate."""
+    from services.proxy.protocol import Code, definition_pb2, service_pb2, service_pb2_grpc
+
+    topic = unique_name("t")
+    secure.create_topic(topic, 2)
+    host, port = secure.proxy_addresses[0].rsplit(":", 1)
+    request = service_pb2.QueryRouteRequest(
+        topic=definition_pb2.Resource(name=topic),
+        endpoints=definition_pb2.Endpoints(scheme=definition_pb2.IPv4,
+                                           addresses=[definition_pb2.Address(host=host, port=int(port))]))
+    with grpc.secure_channel(secure.proxy_addresses[0], credentials(pki.cert_file, secure.client_certificate)) as ch:
+        route = service_pb2_grpc.MessagingServiceStub(ch).QueryRoute(request, timeout=10)
+    assert route.status.code == Code.OK, route.status
+    assert len(route.message_queues) == 2
+    with pytest.raises(grpc.RpcError) as info:
+        with grpc.insecure_channel(secure.proxy_addresses[0]) as ch:
+            service_pb2_grpc.MessagingServiceStub(ch).QueryRoute(request, timeout=5)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
