@@ -11,7 +11,9 @@ negotiated.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import ssl
 import threading
 import time
 from dataclasses import dataclass
@@ -20,6 +22,8 @@ from typing import Any, Sequence
 import grpc
 
 from ._errors import InvalidFieldError
+
+log = logging.getLogger(__name__)
 
 #: How often a client looks at its TLS files for a change (seconds).
 RELOAD_CHECK_SECONDS = 1.0
@@ -78,6 +82,11 @@ class PemFiles:
         self._digest = _digest(contents)
         return contents
 
+    def forget(self) -> None:
+        """The next :meth:`changed` reads the files again and gives what it finds."""
+        self._stat = ()
+        self._digest = b""
+
     def changed(self) -> tuple[bytes | None, ...] | None:
         """The new contents when a file changed since the last :meth:`read` or
         :meth:`changed`, else None (also while a file cannot be read: the old contents stay)."""
@@ -94,6 +103,34 @@ class PemFiles:
             return None
         self._digest = digest
         return contents
+
+
+def check_pair(cert_file: str, key_file: str) -> None:
+    """Raises ssl.SSLError when the key in ``key_file`` is not the key of the certificate in
+    ``cert_file`` (or either is not PEM). Reads the files themselves: no copy of the key."""
+    ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_file, key_file)
+
+
+def changed_pair(files: PemFiles, cert_index: int, key_index: int) -> tuple[bytes | None, ...] | None:
+    """:meth:`PemFiles.changed`, and only when the certificate and key it gives belong
+    together (a rotation caught half-written gives None with a warning, and is looked at
+    again at the next call)."""
+    contents = files.changed()
+    if contents is None:
+        return None
+    cert_file, key_file = files.paths[cert_index], files.paths[key_index]
+    if cert_file:
+        try:
+            check_pair(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("TLS files changed but cannot be used; keeping the previous certificate",
+                        extra={"fields": {"error": str(exc)[:200]}})
+            files.forget()
+            return None
+        if files.read() != contents:  # changed again while checked: look next time
+            files.forget()
+            return None
+    return contents
 
 
 def _read(path: str) -> bytes:
@@ -129,7 +166,7 @@ class ChannelTLS:
         with self._lock:
             if now - self._checked >= RELOAD_CHECK_SECONDS:
                 self._checked = now
-                contents = self._files.changed()
+                contents = changed_pair(self._files, 1, 2)
                 if contents is not None:
                     self._credentials = _channel_credentials(contents)
                     self.generation += 1

@@ -23,12 +23,11 @@ from __future__ import annotations
 import logging
 import os
 import ssl
-import tempfile
 from typing import Any
 
 import grpc
 
-from txmq._tls import TLS, ChannelTLS, PemFiles
+from txmq._tls import TLS, ChannelTLS, PemFiles, changed_pair, check_pair
 
 from .config import ConfigError, env_name, flag_name
 
@@ -50,6 +49,9 @@ def check_tls_settings(config: Any) -> None:
     if bool(config.tls_cert_file) != bool(config.tls_key_file):
         name = "tls_key_file" if config.tls_cert_file else "tls_cert_file"
         raise refuse(name, "tls_cert_file and tls_key_file go together (both set, or neither)")
+    if (config.tls_ca_file or config.tls_server_name) and not config.tls_cert_file:
+        name = "tls_ca_file" if config.tls_ca_file else "tls_server_name"
+        raise refuse(name, "TLS is on only with tls_cert_file and tls_key_file (this would be ignored)")
     if config.tls_client_auth == "require" and not (config.tls_cert_file and config.tls_ca_file):
         raise refuse("tls_client_auth", "require needs tls_cert_file, tls_key_file and tls_ca_file")
     for name in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
@@ -84,30 +86,24 @@ class ServerCertificates:
 
     def __init__(self, cert_file: str, key_file: str, ca_file: str) -> None:
         self._files = PemFiles((cert_file, key_file, ca_file))
-        cert, key, ca = self._files.read()
-        assert cert is not None and key is not None
         try:
-            _check_pair(cert, key)
+            check_pair(cert_file, key_file)
         except ssl.SSLError as exc:  # at start-up the service does not start
             raise ValueError(f"tls_cert_file ({cert_file}) and tls_key_file ({key_file}): not a PEM certificate "
                              f"and its private key ({exc.reason or exc})") from None
+        cert, key, ca = self._files.read()
+        assert cert is not None and key is not None
         self.initial = _certificate_configuration(cert, key, ca)
         #: How many times a changed set of files was taken.
         self.reloads = 0
 
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:
         """gRPC's certificate_configuration_fetcher: None keeps the current configuration."""
-        try:
-            contents = self._files.changed()
-            if contents is None:
-                return None
-            cert, key, ca = contents
-            if cert is None or key is None:
-                return None
-            _check_pair(cert, key)
-        except (OSError, ssl.SSLError, ValueError) as exc:
-            log.warning("TLS files changed but cannot be used; keeping the previous certificate",
-                        extra={"fields": {"error": str(exc)[:200]}})
+        contents = changed_pair(self._files, 0, 1)
+        if contents is None:
+            return None
+        cert, key, ca = contents
+        if cert is None or key is None:
             return None
         self.reloads += 1
         log.info("TLS certificate reloaded", extra={"fields": {"files": list(self._files.paths)}})
@@ -127,14 +123,3 @@ def server_credentials(config: Any) -> tuple[grpc.ServerCredentials, ServerCerti
 
 def _certificate_configuration(cert: bytes, key: bytes, ca: bytes | None) -> grpc.ServerCertificateConfiguration:
     return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
-
-
-def _check_pair(cert: bytes, key: bytes) -> None:
-    """Raises ssl.SSLError when ``key`` is not the key of ``cert`` (or either is not PEM)."""
-    with tempfile.TemporaryDirectory(prefix="txmq-tls-") as tmp:
-        cert_path, key_path = os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem")
-        for path, data in ((cert_path, cert), (key_path, key)):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_path, key_path)

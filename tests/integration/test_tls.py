@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Iterator
 
 import grpc
@@ -250,3 +251,23 @@ def test_the_proxy_serves_tls_and_reaches_the_cluster_over_mutual_tls(secure, pk
         with grpc.insecure_channel(secure.proxy_addresses[0]) as ch:
             service_pb2_grpc.MessagingServiceStub(ch).QueryRoute(request, timeout=5)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_half_written_rotation_keeps_the_previous_certificate_until_the_key_matches(secure, pki, tmp_path):
+    checker = secure.checkers[0]
+    current = secure.certificates[checker.name]
+    admin = secure.client_certificate
+    old = served_serial(checker.address, pki.cert_file, admin)
+    new = pki.issue("checker-next", directory=tmp_path)
+    log_start = checker.log_size()
+    Path(current.cert_file).write_bytes(Path(new.cert_file).read_bytes())  # the key not yet
+    # Each new handshake (and the checker's own channels) sees the mismatch, keeps the old pair.
+    wait_until(lambda: served_serial(checker.address, pki.cert_file, admin) == old
+               and "cannot be used" in checker.log_tail(50, since=log_start), 10,
+               message="the mismatched pair was not noticed")
+    registered_at = int(time.time() * 1000)
+    secure.wait_brokers_registered(heartbeat_after_ms=registered_at)
+    assert "Failed to create security handshaker" not in checker.log_tail(200, since=log_start)
+    Path(current.key_file).write_bytes(Path(new.key_file).read_bytes())
+    wait_until(lambda: served_serial(checker.address, pki.cert_file, admin) == new.serial, 10,
+               message="the completed rotation was not taken")

@@ -42,6 +42,8 @@ def test_valid_settings_load(pki):
     ({"cert_file": "CERT", "key_file": "KEY", "client_auth": "request"}, "tls_client_auth"),
     ({"cert_file": "/nonexistent/cert.pem", "key_file": "KEY"}, "tls_cert_file"),
     ({"cert_file": "CERT", "key_file": "KEY", "ca_file": "/nonexistent/ca.pem"}, "tls_ca_file"),
+    ({"ca_file": "CERT"}, "tls_ca_file"),
+    ({"server_name": "localhost"}, "tls_server_name"),
 ])
 def test_settings_that_cannot_work_are_refused_naming_the_setting(pki, settings, field):
     _ca, a, _b = pki
