@@ -9,7 +9,10 @@ Ctrl-C or SIGTERM, which stops them cleanly.
 
 Service logs (JSON lines) go to ``<data-dir>/<service>.log``. ``TXMQ_*`` variables in the
 environment reach every service (``TXMQ_LOG_LEVEL=DEBUG make run``), except the ones this
-runner sets itself (ports, addresses, names, directories).
+runner sets itself (ports, addresses, names, directories). With ``TXMQ_TLS_CERT_FILE``,
+``TXMQ_TLS_KEY_FILE`` and ``TXMQ_TLS_CA_FILE`` set, every service serves TLS with that
+certificate (one for all, valid for 127.0.0.1) and the runner's own calls and the demo use
+it too (README.md, "Security").
 
 Flags: ``--ports auto`` binds ephemeral ports instead of the fixed ones (tests),
 ``--no-demo``, ``--exit-after-demo``, ``--replication-factor 3`` (the broker as a shard of
@@ -207,7 +210,7 @@ def wait_leader(nameserver: str, shard: str, replicas: Sequence[ServiceProcess],
     from txmq.v1 import nameserver_pb2, nameserver_pb2_grpc
 
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(nameserver) as channel:
+    with _channel(nameserver) as channel:
         stub = nameserver_pb2_grpc.NameServerServiceStub(channel)
         while time.monotonic() < deadline:
             try:
@@ -230,7 +233,7 @@ def wait_broker_registered(nameserver: str, broker_name: str, broker_address: st
     from txmq.v1 import nameserver_pb2, nameserver_pb2_grpc
 
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(nameserver) as channel:
+    with _channel(nameserver) as channel:
         stub = nameserver_pb2_grpc.NameServerServiceStub(channel)
         while True:
             try:
@@ -245,13 +248,32 @@ def wait_broker_registered(nameserver: str, broker_name: str, broker_address: st
             time.sleep(0.05)
 
 
+def client_tls() -> Any:
+    """The SDK's ``txmq.TLS`` for the runner's own calls when the services run with TLS
+    (``TXMQ_TLS_*`` in the environment: they present the services' certificate), else None."""
+    cert, key, ca = (os.environ.get(f"TXMQ_TLS_{n}_FILE", "") for n in ("CERT", "KEY", "CA"))
+    if not cert:
+        return None
+    from txmq import TLS
+
+    return TLS(ca_file=ca, cert_file=cert, key_file=key, server_name=os.environ.get("TXMQ_TLS_SERVER_NAME", ""))
+
+
+def _channel(address: str) -> Any:
+    """A channel to a local service, with TLS when the services have it."""
+    from txmq._tls import ChannelTLS, sync_channel
+
+    tls = client_tls()
+    return sync_channel(address, (), ChannelTLS(tls) if tls is not None else None)
+
+
 # ---------------------------------------------------------------------------- the demo
 def create_demo_topic(nameserver: str) -> None:
     import grpc
 
     from txmq.v1 import admin_pb2, admin_pb2_grpc
 
-    with grpc.insecure_channel(nameserver) as channel:
+    with _channel(nameserver) as channel:
         try:
             admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(
                 admin_pb2.CreateTopicRequest(topic=DEMO_TOPIC, queue_count=4), timeout=10.0)
@@ -294,7 +316,7 @@ def run_demo(nameserver: str) -> bool:
 
     say(f"demo: producer group {DEMO_PRODUCER_GROUP!r} sends three transactional messages to {DEMO_TOPIC!r}")
     results: dict[str, Any] = {}
-    with TransactionProducer(nameservers=[nameserver], producer_group=DEMO_PRODUCER_GROUP,
+    with TransactionProducer(nameservers=[nameserver], producer_group=DEMO_PRODUCER_GROUP, tls=client_tls(),
                              listener=DemoListener()) as producer:
         for key, local_state in plan:
             full_key = f"{key}-{run}"
@@ -313,7 +335,7 @@ def run_demo(nameserver: str) -> bool:
     say(f"demo: consumer group {DEMO_CONSUMER_GROUP!r} receives from {DEMO_TOPIC!r}")
     ok = True
     seen_committed = False
-    with SimpleConsumer(nameservers=[nameserver], consumer_group=DEMO_CONSUMER_GROUP,
+    with SimpleConsumer(nameservers=[nameserver], consumer_group=DEMO_CONSUMER_GROUP, tls=client_tls(),
                         subscriptions={DEMO_TOPIC: "*"}, await_duration_seconds=1.0) as consumer:
         deadline = time.monotonic() + DEMO_RECEIVE_SECONDS
         drained = False

@@ -17,6 +17,7 @@ from txmq._client import Client
 from txmq._errors import TxmqError
 from txmq._ids import TransactionId
 from txmq._names import is_system_topic
+from txmq._tls import TLS
 from txmq.v1 import broker_pb2, common_pb2, nameserver_pb2
 
 #: Messages asked for per ReadQueue call (the broker caps it at 4 x max_receive_batch).
@@ -35,8 +36,22 @@ SOURCE_NAMES = {common_pb2.TRANSACTION_SOURCE_CLIENT: "CLIENT",
                 common_pb2.TRANSACTION_SOURCE_BROKER: "BROKER"}
 
 
-def connect(nameserver: str) -> Client:
-    return Client(nameserver, request_timeout_seconds=30.0, route_refresh_seconds=5.0, what="txmq-pipeline")
+#: The options giving the connector TLS material (the CLI's --tls-* flags), as txmq.TLS fields.
+TLS_OPTIONS = {"tls.ca": "ca_file", "tls.cert": "cert_file", "tls.key": "key_file", "tls.serverName": "server_name"}
+
+
+def tls_from_options(options: Any) -> TLS | None:
+    """The TLS the options ask for (None: plaintext). Read on the driver; a TLS value is
+    pickled to the tasks, which read the files (the same paths must exist on executors)."""
+    lowered = {str(k).lower(): v for k, v in dict(options).items()}
+    fields = {field: lowered.get(name.lower()) or "" for name, field in TLS_OPTIONS.items()}
+    if not (fields["ca_file"] or fields["cert_file"] or fields["key_file"]):
+        return None
+    return TLS(**fields)
+
+
+def connect(nameserver: str, tls: TLS | None = None) -> Client:
+    return Client(nameserver, request_timeout_seconds=30.0, route_refresh_seconds=5.0, what="txmq-pipeline", tls=tls)
 
 
 def timestamp(ms: int) -> dt.datetime | None:

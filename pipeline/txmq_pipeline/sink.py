@@ -219,6 +219,7 @@ class TxmqStreamWriter(DataSourceStreamWriter):
 
     def __init__(self, options: Any, schema: StructType) -> None:
         self.nameserver = options.get("nameserver") or ""
+        self.tls = _broker.tls_from_options(options)
         if not self.nameserver:
             raise ValueError("the txmq sink needs option('nameserver', ...)")
         self.producer_group = options.get("producerGroup") or ""
@@ -243,7 +244,7 @@ class TxmqStreamWriter(DataSourceStreamWriter):
         partition = context.partitionId() if context is not None else 0
         batch = int(_local_property("streaming.sql.batchId") or -1)
         query = _local_property("sql.streaming.queryId") or "no-query"
-        client = _broker.connect(self.nameserver)
+        client = _broker.connect(self.nameserver, self.tls)
         sender = _Sender(client)
         out = SinkCommitMessage(self.epoch, batch, partition, 0)
         client_id = f"spark-sink-{query}"[:255]
@@ -296,7 +297,7 @@ class TxmqStreamWriter(DataSourceStreamWriter):
     # --- the driver -------------------------------------------------------------------
 
     def _end(self, messages: Sequence[SinkCommitMessage | None], resolution: int) -> list[TxmqError]:
-        client = _broker.connect(self.nameserver)
+        client = _broker.connect(self.nameserver, self.tls)
         sender = _Sender(client)
         errors: list[TxmqError] = []
         try:
@@ -364,10 +365,11 @@ class SinkCheckResponder:
     long as it is open (a context manager; run it on the driver beside the query)."""
 
     def __init__(self, *, nameserver: str, producer_group: str, checkpoint_location: str,
-                 sink_log_path: str | None = None, checker_refresh_seconds: float = 5.0) -> None:
+                 sink_log_path: str | None = None, checker_refresh_seconds: float = 5.0,
+                 tls: txmq.TLS | None = None) -> None:
         self.listener = _CheckpointListener(SinkLog(checkpoint_location, sink_log_path))
         self.producer = txmq.TransactionProducer(nameserver, producer_group=producer_group, listener=self.listener,
-                                                 checker_refresh_seconds=checker_refresh_seconds)
+                                                 checker_refresh_seconds=checker_refresh_seconds, tls=tls)
 
     @property
     def answers(self) -> dict[str, int]:

@@ -88,13 +88,14 @@ class TxmqDataLossError(RuntimeError):
 
 _TOPICS = ("topic", "topics", "topicPattern")
 #: Every option per use (names as users write them; Spark matches them case-insensitively).
+_TLS = tuple(_broker.TLS_OPTIONS)
 VALID_OPTIONS = {
-    "read": ("nameserver", "table", *_TOPICS, "startingOffsets", "endingOffsets", "startTime", "endTime",
+    "read": ("nameserver", *_TLS, "table", *_TOPICS, "startingOffsets", "endingOffsets", "startTime", "endTime",
              "brokers", "queues", "includeBody", "maxMessagesPerPartition", "pushFilters", "failOnDataLoss"),
-    "read transactions": ("nameserver", "table", "producerGroup", "state", "transactionPartitionsPerBroker"),
-    "stream": ("nameserver", "table", *_TOPICS, "startingOffsets", "includeBody", "maxOffsetsPerTrigger",
+    "read transactions": ("nameserver", *_TLS, "table", "producerGroup", "state", "transactionPartitionsPerBroker"),
+    "stream": ("nameserver", *_TLS, "table", *_TOPICS, "startingOffsets", "includeBody", "maxOffsetsPerTrigger",
                "maxMessagesPerTrigger", "failOnDataLoss"),
-    "sink": ("nameserver", "topic", "producerGroup", "checkpointLocation", "checkImmunitySeconds", "sinkLogPath"),
+    "sink": ("nameserver", *_TLS, "topic", "producerGroup", "checkpointLocation", "checkImmunitySeconds", "sinkLogPath"),
 }
 #: spark-sql-kafka names a user may bring, and ours.
 KAFKA_EQUIVALENTS = {"kafka.bootstrap.servers": "nameserver", "subscribe": "topics", "assign": "startingOffsets",
@@ -272,8 +273,9 @@ def _split(r: QueueRange, size: int) -> list[QueueRange]:
             for s in range(r.start, r.end, size)]
 
 
-def read_partition(nameserver: str, p: QueuePartition, include_body: bool) -> Iterator[tuple]:
-    client = _broker.connect(nameserver)
+def read_partition(nameserver: str, p: QueuePartition, include_body: bool,
+                   tls: _broker.TLS | None = None) -> Iterator[tuple]:
+    client = _broker.connect(nameserver, tls)
     try:
         r = p.range
         if not r.address:
@@ -348,6 +350,7 @@ class MessageReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
         self.nameserver = _required(options, "nameserver")
+        self.tls = _broker.tls_from_options(options)
         self.include_body = _bool(options, "includeBody", True)
         self.bounds = _Bounds()
 
@@ -366,7 +369,7 @@ class MessageReader(DataSourceReader):
             max_time = b.time_high if max_time is None else min(max_time, b.time_high)
         size = _int(options, "maxMessagesPerPartition", DEFAULT_MAX_MESSAGES_PER_PARTITION)
         fail_on_data_loss = _bool(options, "failOnDataLoss", True)
-        client = _broker.connect(self.nameserver)
+        client = _broker.connect(self.nameserver, self.tls)
         try:
             out: list[InputPartition] = []
             for topic in _topics(options, client):
@@ -398,7 +401,7 @@ class MessageReader(DataSourceReader):
         assert isinstance(partition, QueuePartition)
         if partition.range.end <= partition.range.start:
             return iter(())
-        return read_partition(self.nameserver, partition, self.include_body)
+        return read_partition(self.nameserver, partition, self.include_body, self.tls)
 
 
 class PushdownMessageReader(MessageReader):
@@ -414,6 +417,7 @@ class TransactionReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
         self.nameserver = _required(options, "nameserver")
+        self.tls = _broker.tls_from_options(options)
         self.producer_group = options.get("producerGroup") or ""
         state = (options.get("state") or "").upper()
         if state and state not in _broker.STATE_VALUES:
@@ -422,7 +426,7 @@ class TransactionReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         per_broker = max(1, _int(self.options, "transactionPartitionsPerBroker", DEFAULT_TXN_PARTITIONS_PER_BROKER))
-        client = _broker.connect(self.nameserver)
+        client = _broker.connect(self.nameserver, self.tls)
         try:
             out: list[InputPartition] = []
             for broker in _broker.list_brokers(client):
@@ -442,7 +446,7 @@ class TransactionReader(DataSourceReader):
         assert isinstance(partition, TransactionPartition)
         if partition.last_seq < partition.first_seq:
             return
-        client = _broker.connect(self.nameserver)
+        client = _broker.connect(self.nameserver, self.tls)
         try:
             for t in _broker.read_transactions(client, partition.broker, partition.address, partition.store_id,
                                                partition.first_seq, partition.last_seq,
@@ -470,6 +474,7 @@ class MessageStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
         self.nameserver = _required(options, "nameserver")
+        self.tls = _broker.tls_from_options(options)
         self.include_body = _bool(options, "includeBody", True)
         value = (options.get("startingOffsets") or "latest").strip()
         self.starting = value.lower() if value.lower() in ("earliest", "latest") else "json"
@@ -490,7 +495,7 @@ class MessageStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _connected(self) -> Any:
         if self._client is None:
-            self._client = _broker.connect(self.nameserver)
+            self._client = _broker.connect(self.nameserver, self.tls)
         return self._client
 
     def _bounds(self) -> dict[tuple[str, str, str], tuple[int, int]]:
@@ -569,7 +574,7 @@ class MessageStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         assert isinstance(partition, QueuePartition)
-        return read_partition(self.nameserver, partition, self.include_body)
+        return read_partition(self.nameserver, partition, self.include_body, self.tls)
 
     def commit(self, end: dict[str, Any]) -> None:
         pass

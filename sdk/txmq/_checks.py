@@ -142,6 +142,7 @@ class CheckResponder:
     def __init__(self, client: Client, *, producer_group: str, client_id: str, check: CheckFn,
                  check_threads: int, refresh_seconds: float) -> None:
         self._client = client
+        self.client = client
         self.producer_group = producer_group
         self.client_id = client_id
         self._check = check
@@ -282,7 +283,9 @@ class _CheckerConnection:
         self._session = 0
         #: Decisions queued on the current stream lately: (monotonic time, request).
         self._recent: collections.deque[tuple[float, Request]] = collections.deque()
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._client = responder.client
+        self._tls_generation = self._client.tls_generation()
+        self._channel = self._client.new_channel(address)
         self._stub = checker_pb2_grpc.CheckerServiceStub(self._channel)
         self._thread = threading.Thread(target=self._run, name=f"txmq-checker-{checker_name}", daemon=True)
 
@@ -336,6 +339,12 @@ class _CheckerConnection:
             with self._lock:
                 if self._stop.is_set():
                     return
+                generation = self._client.tls_generation()
+                if generation != self._tls_generation:  # rotated TLS files: a new channel
+                    self._channel.close()
+                    self._tls_generation = generation
+                    self._channel = self._client.new_channel(self.address)
+                    self._stub = checker_pb2_grpc.CheckerServiceStub(self._channel)
                 call = self._stub.CheckTransactionState(_requests(outbox))
                 self._session += 1
                 session = self._session

@@ -3,7 +3,7 @@
 
 A service is started as ``python -m <module>`` with its configuration in ``TXMQ_*``
 variables. It is *ready* once it has written its ready file (``TXMQ_READY_FILE``,
-``{"port", "metrics_port", "pid"}``, see ``runtime.write_ready_file``): the port is
+``{"port", "metrics_port", "health_port", "pid"}``, see ``runtime.write_ready_file``): the port is
 learned from the server, never guessed. Its stdout and stderr go to ``<workdir>/<name>.log``,
 appended across restarts.
 

@@ -26,7 +26,11 @@ COMPONENTS = {
 #: groups and their etcd), not from `<component>.config`.
 CHART_OWNED = {"host", "port", "metrics_port", "nameserver_addresses", "broker_name", "checker_name",
                "proxy_name", "advertise_address", "data_dir", "replication_factor", "min_insync_replicas",
-               "replica_id", "etcd_endpoints"}
+               "replica_id", "etcd_endpoints", "health_port", "tls_cert_file", "tls_key_file", "tls_ca_file",
+               "tls_client_auth", "tls_server_name"}
+#: TLS settings the chart sets only with tls.enabled (and tls_server_name never: pods dial
+#: DNS names their peers' certificates carry).
+TLS_ONLY = {"health_port", "tls_cert_file", "tls_key_file", "tls_ca_file", "tls_client_auth", "tls_server_name"}
 #: Pod names and indexes (the downward API), not settable.
 POD_NAMED = {"broker_name", "checker_name", "proxy_name", "replica_id"}
 #: Broker settings only replicated shards read: with broker.replicationFactor 1 the chart

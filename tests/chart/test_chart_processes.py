@@ -10,8 +10,11 @@ The only rewrites, each what Kubernetes would provide:
   rendered, so the ports the chart declares are the ports that must answer;
 - `metadata.name` is the pod name the workload would give (`<statefulset>-<ordinal>`,
   `<deployment>-local<N>`);
-- paths (the broker's data directory, the proxy's HOME) move under a temporary directory,
-  and `python` is this virtualenv's interpreter.
+- paths (the broker's data directory, the proxy's HOME, the TLS Secret's mount) move under
+  a temporary directory, and `python` is this virtualenv's interpreter;
+- with TLS on (the chart's default), each component's Secret holds a certificate made here
+  by a test CA for every pod IP (what cert-manager would issue for the pods' DNS names),
+  and the test's own calls present a client certificate from that CA.
 
 Then it waits for the probes the chart declares (native gRPC: grpc.health.v1 Check on the
 declared port and service), runs a transaction end to end with the txmq SDK (undecided,
@@ -49,6 +52,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import txmq
 from services.common.process import port_is_free
+from tests.support.certs import CertificateAuthority, channel_credentials
 from tests.support.etcd import EtcdProcess
 from tests.support.waiting import wait_until
 from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
@@ -56,6 +60,9 @@ from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_gr
 from .chart import NAMESPACE, REPO, WORKLOAD_KINDS, Rendered, render, scenario_file
 
 LocalState = txmq.LocalTransactionState
+#: Settings naming a file of the TLS Secret (the services' and the bundled etcd's).
+_TLS_FILES = {"TXMQ_TLS_CERT_FILE", "TXMQ_TLS_KEY_FILE", "TXMQ_TLS_CA_FILE",
+              *(p + f for p in ("ETCD_", "ETCD_PEER_") for f in ("CERT_FILE", "KEY_FILE", "TRUSTED_CA_FILE"))}
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
@@ -108,6 +115,14 @@ class LocalPods:
             backends = [p for p in self.pods
                         if svc["spec"]["selector"].items() <= p.workload["spec"]["template"]["metadata"]["labels"].items()]
             self.dns[f"{svc['metadata']['name']}.{NAMESPACE}.svc.cluster.local"] = backends[0].ip
+        #: TLS (a pod mounts a Secret named "tls"): the test CA, certificates by component.
+        self.ca: CertificateAuthority | None = None
+        self.certificates: dict[str, Any] = {}
+        if any(v["name"] == "tls" and "secret" in v for p in self.pods for v in p.workload["spec"]["template"]["spec"].get("volumes", [])):
+            self.ca = CertificateAuthority(workdir / "pki")
+            sans = ("DNS:localhost", *(f"IP:{p.ip}" for p in self.pods))
+            for component in {p.component for p in self.pods} | {"test-client"}:
+                self.certificates[component] = self.ca.issue(component, sans=sans, directory=workdir / "pki" / component)
         for pod in self.pods:
             pod.env = self._environment(pod)
 
@@ -132,7 +147,7 @@ class LocalPods:
             assert value == "0.0.0.0"
             return pod.ip
         if name.startswith("ETCD_LISTEN_"):  # etcd binds every address of the pod: its pod IP
-            assert re.fullmatch(r"http://0\.0\.0\.0:\d+", value), f"{name}={value}"
+            assert re.fullmatch(r"https?://0\.0\.0\.0:\d+", value), f"{name}={value}"
             return value.replace("0.0.0.0", pod.ip)
         for endpoint, local in self.external.items():
             value = re.sub(rf"(?<![\w.-]){re.escape(endpoint)}(?![\w.-])", local, value)
@@ -143,6 +158,17 @@ class LocalPods:
             mounts = {m["mountPath"] for m in pod.container["volumeMounts"]}
             assert any(value.startswith(m.rstrip("/") + "/") for m in mounts), f"{value} is on no volume"
             value = str(self.workdir / pod.name / value.lstrip("/"))
+        if name in _TLS_FILES:  # the Secret's file, as the kubelet mounts it
+            (volume,) = [v for v in pod.workload["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+            (mount,) = [m["mountPath"] for m in pod.container["volumeMounts"] if m["name"] == "tls"]
+            assert value.startswith(mount.rstrip("/") + "/"), f"{name}={value} is not on the TLS Secret's mount"
+            assert self.ca is not None and volume["secret"]["secretName"]
+            key = value[len(mount.rstrip("/")) + 1:]
+            cert = self.certificates[pod.component]
+            source = {"tls.crt": cert.cert_file, "tls.key": cert.key_file, "ca.crt": self.ca.cert_file}[key]
+            value = str(self.workdir / pod.name / value.lstrip("/"))
+            Path(value).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, value)
         if name == "HOME":
             assert value in {m["mountPath"] for m in pod.container["volumeMounts"]}, f"HOME={value} is on no volume"
             value = str(self.workdir / pod.name / value.lstrip("/"))
@@ -227,6 +253,19 @@ class LocalPods:
                 codes[pod.name] = None  # the kubelet would have killed it
         return codes
 
+    def channel(self, target: str) -> grpc.Channel:
+        """A channel as a client of the release: TLS with the test client's certificate
+        when the chart turned TLS on, plaintext otherwise."""
+        if self.ca is None:
+            return grpc.insecure_channel(target)
+        return grpc.secure_channel(target, channel_credentials(self.ca.cert_file, self.certificates["test-client"]))
+
+    def client_tls(self) -> txmq.TLS | None:
+        if self.ca is None:
+            return None
+        cert = self.certificates["test-client"]
+        return txmq.TLS(ca_file=self.ca.cert_file, cert_file=cert.cert_file, key_file=cert.key_file)
+
     def of(self, component: str) -> list[Pod]:
         return [p for p in self.pods if p.component == component]
 
@@ -234,7 +273,8 @@ class LocalPods:
         return "\n".join(f"--- {p.name} ---\n{p.log_tail()}" for p in self.pods)
 
 
-SCENARIOS = {"minimal": lambda: [scenario_file("minimal")], "defaults": lambda: []}
+SCENARIOS = {"minimal": lambda: [scenario_file("minimal")], "defaults": lambda: [],
+             "plaintext": lambda: [scenario_file("plaintext")]}
 
 
 @pytest.fixture(params=list(SCENARIOS))
@@ -273,14 +313,14 @@ def _checked_transaction(pods: LocalPods, nameserver: str, topic: str, unique_na
 
     # The chart's transaction timeout is 6 s by default: the check comes through the checker.
     with txmq.TransactionProducer(nameserver, producer_group=group, listener=Listener(),
-                                  checker_refresh_seconds=0.5) as producer:
+                                  checker_refresh_seconds=0.5, tls=pods.client_tls()) as producer:
         wait_until(lambda: len(producer.connected_checkers()) == len(checkers), 20,
                    message=lambda: f"producer not connected to every checker\n{pods.logs()}")
         result = producer.send_in_transaction(txmq.Message(topic, body))
         assert result.state == txmq.TransactionState.PREPARED
         received: list[bytes] = []
         with txmq.SimpleConsumer(nameserver, consumer_group=consumers, subscriptions={topic: "*"},
-                                 await_duration_seconds=0.5) as consumer:
+                                 await_duration_seconds=0.5, tls=pods.client_tls()) as consumer:
             def consumed() -> bool:
                 for m in consumer.receive(16):
                     received.append(m.body)
@@ -302,7 +342,7 @@ def test_rendered_pods_start_pass_their_probes_and_run_a_transaction(pods: Local
     # Every broker and checker registered with every name server, at its advertised address.
     def registered() -> bool:
         for ns in nameservers:
-            with grpc.insecure_channel(f"{ns.ip}:{ns.env['TXMQ_PORT']}") as channel:
+            with pods.channel(f"{ns.ip}:{ns.env['TXMQ_PORT']}") as channel:
                 stub = nameserver_pb2_grpc.NameServerServiceStub(channel)
                 listed = {b.name: b.address for b in stub.ListBrokers(nameserver_pb2.ListBrokersRequest(), timeout=5).brokers}
                 checkers_listed = stub.ListCheckers(nameserver_pb2.ListCheckersRequest(), timeout=5).checkers
@@ -315,8 +355,15 @@ def test_rendered_pods_start_pass_their_probes_and_run_a_transaction(pods: Local
     wait_until(registered, 30, interval=0.1, ignore=(grpc.RpcError,),
                message=lambda: f"not every broker/checker registered with every name server\n{pods.logs()}")
 
+    if pods.ca is not None:  # TLS on (the default): a plaintext client is refused on every gRPC port
+        for pod in [*nameservers, *brokers, *checkers]:
+            with grpc.insecure_channel(f"{pod.ip}:{pod.env['TXMQ_PORT']}") as channel:
+                with pytest.raises(grpc.RpcError) as info:
+                    health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE, pod.name
+
     topic = unique_name("orders")
-    with grpc.insecure_channel(nameserver) as channel:
+    with pods.channel(nameserver) as channel:
         admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(
             admin_pb2.CreateTopicRequest(topic=topic, queue_count=2 * len(brokers)), timeout=10)
     _checked_transaction(pods, nameserver, topic, unique_name)
@@ -328,13 +375,13 @@ def test_rendered_pods_start_pass_their_probes_and_run_a_transaction(pods: Local
     from services.proxy.protocol import SERVICE_NAME, Code, definition_pb2, service_pb2, service_pb2_grpc  # noqa: PLC0415
 
     for proxy in pods.of("proxy"):
-        with grpc.insecure_channel(f"{proxy.ip}:{proxy.env['TXMQ_PORT']}") as channel:
+        with pods.channel(f"{proxy.ip}:{proxy.env['TXMQ_PORT']}") as channel:
             status = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=5).status
         assert status == health_pb2.HealthCheckResponse.SERVING, proxy.name
     endpoint = _service_address(pods, "proxy")
     host, _, port = endpoint.rpartition(":")
-    with grpc.insecure_channel(endpoint) as channel:
+    with pods.channel(endpoint) as channel:
         route = service_pb2_grpc.MessagingServiceStub(channel).QueryRoute(service_pb2.QueryRouteRequest(
             topic=definition_pb2.Resource(name=topic),
             endpoints=definition_pb2.Endpoints(scheme=definition_pb2.IPv4, addresses=[
@@ -404,7 +451,7 @@ def test_a_rendered_replicated_shard_elects_a_leader_carries_transactions_and_fa
     def routed_leader(above_epoch: int = 0) -> tuple[Pod, int] | None:
         """The live replica the name server routes the shard to, as leader of an in-sync
         set that can acknowledge writes (None while there is none)."""
-        with grpc.insecure_channel(nameserver) as channel:
+        with pods.channel(nameserver) as channel:
             stub = nameserver_pb2_grpc.NameServerServiceStub(channel)
             routed = {b.name: b for b in stub.ListBrokers(nameserver_pb2.ListBrokersRequest(), timeout=5).brokers}
             every = stub.ListBrokers(nameserver_pb2.ListBrokersRequest(include_followers=True), timeout=5).brokers
@@ -421,7 +468,7 @@ def test_a_rendered_replicated_shard_elects_a_leader_carries_transactions_and_fa
         return (pod, info.leader_epoch) if able >= min_insync else None
 
     def registered_all() -> bool:
-        with grpc.insecure_channel(nameserver) as channel:
+        with pods.channel(nameserver) as channel:
             listed = nameserver_pb2_grpc.NameServerServiceStub(channel).ListBrokers(
                 nameserver_pb2.ListBrokersRequest(include_followers=True), timeout=5).brokers
         return sorted(b.replica_id for b in listed) == [0, 1, 2]
@@ -433,7 +480,7 @@ def test_a_rendered_replicated_shard_elects_a_leader_carries_transactions_and_fa
     leader, epoch = found
 
     topic = unique_name("orders")
-    with grpc.insecure_channel(nameserver) as channel:
+    with pods.channel(nameserver) as channel:
         admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(
             admin_pb2.CreateTopicRequest(topic=topic, queue_count=2), timeout=10)
     _checked_transaction(pods, nameserver, topic, unique_name, b"replicated")
@@ -446,7 +493,7 @@ def test_a_rendered_replicated_shard_elects_a_leader_carries_transactions_and_fa
                                       message=lambda: f"no leader after {leader.name} died\n{pods.logs()}")
     assert successor is not leader and new_epoch > epoch
     topic = unique_name("after-failover")
-    with grpc.insecure_channel(nameserver) as channel:
+    with pods.channel(nameserver) as channel:
         admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(
             admin_pb2.CreateTopicRequest(topic=topic, queue_count=2), timeout=10)
     _checked_transaction(pods, nameserver, topic, unique_name, b"after fail-over")

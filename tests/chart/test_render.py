@@ -20,8 +20,8 @@ from .chart import CHART, SCENARIOS, Rendered, helm, render, scenario_file, temp
 KUBE_VERSIONS = ["1.25.0", "1.37.0"]
 #: Replicated shards take each replica's id from the pod-index label (Kubernetes 1.28+).
 REPLICATED_FLOOR = "1.28.0"
-REPLICATED_SCENARIOS = {"replicated", "replicated-external-etcd"}
-CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+REPLICATED_SCENARIOS = {"replicated", "replicated-external-etcd", "cert-manager"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate"}
 
 
 def test_scenarios_exist() -> None:
@@ -104,6 +104,11 @@ BAD_VALUES = {
     "even etcd members": {"etcd.replicaCount": "2", "etcd.enabled": "true"},
     "etcd ports clash": {"etcd.peerPort": "2379", "etcd.enabled": "true"},
     "etcd prefix not a path": {"broker.config.etcd_prefix": "txmq"},
+    # TLS.
+    "cert-manager without an issuer": {"tls.certManager.enabled": "true"},
+    "client auth gRPC cannot do": {"tls.clientAuth.broker": "request"},
+    "TLS mount not a path": {"tls.mountPath": "tls"},
+    "etcd endpoint of another scheme": {"etcd.endpoints[0]": "ftp://etcd:2379", "broker.replicationFactor": "3"},
 }
 
 #: What the refusal must name (the key that is wrong), when not the first key's last part.
@@ -113,6 +118,8 @@ BAD_VALUES_NAMED = {
     "min in-sync above the factor": "minInsyncReplicas",
     "pdb below min in-sync": "maxUnavailable",
     "election poll not below the lease": "election_poll_seconds",
+    "cert-manager without an issuer": "issuerRef",
+    "etcd endpoint of another scheme": "etcd.endpoints",
 }
 
 
@@ -201,6 +208,26 @@ CRD_SCHEMAS = {
                         "port": {"type": "string"}, "path": {"type": "string"},
                         "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
                         "interval": _DURATION, "scrapeTimeout": _DURATION}}}}}}},
+    # cert-manager.io/v1 Certificate: the fields cert-manager requires, and the names the
+    # services are dialed by.
+    "Certificate": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "cert-manager.io/v1"}, "metadata": _META,
+            "spec": {"type": "object", "required": ["secretName", "issuerRef", "dnsNames"], "properties": {
+                "secretName": {"type": "string", "minLength": 1},
+                "commonName": {"type": "string", "maxLength": 64},
+                "dnsNames": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+                "duration": _DURATION, "renewBefore": _DURATION,
+                "usages": {"type": "array", "items": {"enum": [
+                    "server auth", "client auth", "digital signature", "key encipherment"]}},
+                "privateKey": {"type": "object", "properties": {
+                    "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]}, "size": {"type": "integer"},
+                    "rotationPolicy": {"enum": ["Always", "Never"]}}},
+                "issuerRef": {"type": "object", "required": ["name"], "properties": {
+                    "name": {"type": "string", "minLength": 1}, "kind": {"type": "string"},
+                    "group": {"type": "string"}}, "additionalProperties": False}},
+                "additionalProperties": False}}},
     "PrometheusRule": {
         "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
         "properties": {
@@ -222,7 +249,7 @@ CRD_SCHEMAS = {
 
 def test_crd_kinds_have_their_required_fields(rendered: dict[str, Rendered]) -> None:
     seen = set()
-    for doc in rendered["ha-monitoring"].docs:
+    for doc in [*rendered["ha-monitoring"].docs, *rendered["cert-manager"].docs]:
         if doc["kind"] in CRD_KINDS:
             jsonschema.validate(doc, CRD_SCHEMAS[doc["kind"]])
             seen.add(doc["kind"])

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from services.common.config import env_name
-from .chart import (CHART, CHART_OWNED, COMPONENTS, FROM_OTHER, NAMESPACE, POD_NAMED, REPLICATION_ONLY, SCENARIOS,
+from .chart import (CHART, CHART_OWNED, COMPONENTS, TLS_ONLY, FROM_OTHER, NAMESPACE, POD_NAMED, REPLICATION_ONLY, SCENARIOS,
                     Rendered, config_class, render, scenario_file)
 
 DOCKER = Path(__file__).resolve().parents[2] / "deploy" / "docker"
@@ -85,7 +85,10 @@ def test_service_ports_reach_container_ports_the_processes_listen_on(rendered: d
     for w in r.workloads():
         env = _env(r, w)
         ports = {p["name"]: p["containerPort"] for p in _container(w)["ports"]}
-        assert set(ports) == {"grpc", "metrics"}
+        # With TLS on, the plaintext health-only port the probes use (TXMQ_HEALTH_PORT).
+        assert set(ports) == {"grpc", "metrics"} | ({"health"} if "TXMQ_HEALTH_PORT" in env else set())
+        if "TXMQ_HEALTH_PORT" in env:
+            assert int(env["TXMQ_HEALTH_PORT"]) == ports["health"]
         assert int(env["TXMQ_PORT"]) == ports["grpc"]
         assert int(env["TXMQ_METRICS_PORT"]) == ports["metrics"]
         assert env["TXMQ_HOST"] == "0.0.0.0"  # reachable on the pod IP and through port-forward
@@ -96,7 +99,9 @@ def test_probes_are_native_grpc_on_the_health_port(rendered: dict[str, Rendered]
     r = rendered[scenario]
     for w in r.workloads():
         c = _container(w)
-        grpc_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
+        # The kubelet's gRPC probes cannot speak TLS: with TLS on, the health-only port.
+        name = "health" if "TXMQ_TLS_CERT_FILE" in _env(r, w) else "grpc"
+        grpc_port = next(p["containerPort"] for p in c["ports"] if p["name"] == name)
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
             probe = c[kind]
             assert set(probe) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"}, kind
@@ -134,7 +139,10 @@ def test_every_variable_is_a_setting_the_service_reads(rendered: dict[str, Rende
             assert "TXMQ_NAMESERVER_ADDRESSES" in env and "TXMQ_ADVERTISE_ADDRESS" in env
         # The whole configuration is the chart's: every field has a value in the pod (the
         # replication settings only in replicated shards, which must have every one).
-        unset = {env_name(n) for n in POD_NAMED - {"replica_id"}}
+        unset = {env_name(n) for n in POD_NAMED - {"replica_id"}} | {env_name("tls_server_name")}
+        if not any(v["name"] == "tls" and "secret" in v for v in _pod_spec(w).get("volumes", [])):  # TLS off
+            unset |= {env_name(n) for n in TLS_ONLY}
+            assert not set(env) & {env_name(n) for n in TLS_ONLY}, "TLS settings with tls.enabled false"
         if component == "broker" and not r.replicated():
             unset |= {env_name(n) for n in REPLICATION_ONLY}
             assert not set(env) & {env_name(n) for n in REPLICATION_ONLY}, "replication settings in a lone broker"
@@ -177,6 +185,12 @@ def test_every_setting_can_be_set_from_values(helm_bin: Path, tmp_path: Path) ->
     # Replicated shards, so the replication settings reach the pods too.
     sets.update({"broker.replicationFactor": 3, "broker.minInsyncReplicas": 3, "broker.pdb.maxUnavailable": 0,
                  "etcd.endpoints": ["etcd-a:2379", "etcd-b:2379"]})
+    # TLS (on by default): the Secret's files, here where this test can make them readable.
+    mount = tmp_path / "tls"
+    mount.mkdir()
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        (mount / name).write_text("PEM\n")
+    sets.update({"tls.mountPath": str(mount), "tls.clientAuth.proxy": "require", "tls.healthPort": 9499})
     tree: dict[str, Any] = {}
     for key, value in sets.items():
         node = tree
@@ -197,6 +211,9 @@ def test_every_setting_can_be_set_from_values(helm_bin: Path, tmp_path: Path) ->
         if component == "broker":  # the chart-owned shape of the replica group
             assert (config.replication_factor, config.min_insync_replicas, config.etcd_endpoints) == \
                 (3, 3, ("etcd-a:2379", "etcd-b:2379"))
+        assert (config.tls_cert_file, config.tls_key_file, config.tls_ca_file) == \
+            tuple(str(mount / n) for n in ("tls.crt", "tls.key", "ca.crt"))
+        assert (config.tls_client_auth, config.health_port) == ("require", 9499)
         # Settings taken from another component arrive with that component's value.
         expected = {f"{component}.config.{name}": sets[f"{source}.config.{name}"]
                     for name, source in FROM_OTHER.get(component, {}).items()}
@@ -547,14 +564,23 @@ def test_bundled_etcd_is_a_three_member_cluster(rendered: dict[str, Rendered]) -
     assert {p["name"]: p["port"] for p in headless["spec"]["ports"]} == ports
     domain = f"{headless['metadata']['name']}.{NAMESPACE}.svc.cluster.local"
     members = [f"txmq-etcd-{i}" for i in range(3)]
-    # The static initial cluster names every member at the peer URL it advertises.
-    assert env["ETCD_INITIAL_CLUSTER"] == ",".join(f"{m}=http://{m}.{domain}:{ports['peer']}" for m in members)
+    # The static initial cluster names every member at the peer URL it advertises; clients
+    # and peers speak TLS (tls.enabled, the default) and must present certificates.
+    s = "https"
+    assert env["ETCD_INITIAL_CLUSTER"] == ",".join(f"{m}={s}://{m}.{domain}:{ports['peer']}" for m in members)
     for m in members:
         assert _expand(env["ETCD_NAME"], env, m) == m
-        assert _expand(env["ETCD_INITIAL_ADVERTISE_PEER_URLS"], env, m) == f"http://{m}.{domain}:{ports['peer']}"
-        assert _expand(env["ETCD_ADVERTISE_CLIENT_URLS"], env, m) == f"http://{m}.{domain}:{ports['client']}"
-    assert env["ETCD_LISTEN_CLIENT_URLS"] == f"http://0.0.0.0:{ports['client']}"
-    assert env["ETCD_LISTEN_PEER_URLS"] == f"http://0.0.0.0:{ports['peer']}"
+        assert _expand(env["ETCD_INITIAL_ADVERTISE_PEER_URLS"], env, m) == f"{s}://{m}.{domain}:{ports['peer']}"
+        assert _expand(env["ETCD_ADVERTISE_CLIENT_URLS"], env, m) == f"{s}://{m}.{domain}:{ports['client']}"
+    assert env["ETCD_LISTEN_CLIENT_URLS"] == f"{s}://0.0.0.0:{ports['client']}"
+    assert env["ETCD_LISTEN_PEER_URLS"] == f"{s}://0.0.0.0:{ports['peer']}"
+    mount = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "tls")
+    for prefix in ("ETCD_", "ETCD_PEER_"):
+        assert (env[prefix + "CERT_FILE"], env[prefix + "KEY_FILE"], env[prefix + "TRUSTED_CA_FILE"]) == \
+            (f"{mount}/tls.crt", f"{mount}/tls.key", f"{mount}/ca.crt")
+        assert env[prefix + "CLIENT_CERT_AUTH"] == "true"
+    brokers = r.configmap_env(r.workload("broker"), _container(r.workload("broker")))
+    assert brokers["TXMQ_ETCD_ENDPOINTS"].split(",") == [f"https://{m}.{domain}:{ports['client']}" for m in members]
     assert env["ETCD_LISTEN_METRICS_URLS"] == f"http://0.0.0.0:{ports['metrics']}"
     # Data on a claim per member; probes on the health endpoint (liveness: this member only).
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}

@@ -16,8 +16,9 @@ REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_SECONDS = 120
 
 
-def _run_local(data_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TXMQ_")}
+def _run_local(data_dir: Path, *flags: str, env_extra: dict[str, str] | None = None
+               ) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXMQ_")} | (env_extra or {})
     env["PYTHONUNBUFFERED"] = "1"
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.local", "--data-dir", str(data_dir), "--ports", "auto", *flags],
@@ -122,3 +123,22 @@ def test_replicated_run_serves_the_demo_from_a_shard_of_three_replicas(tmp_path)
         assert (data_dir / f"broker-0-r{r}").is_dir() and f"stopped broker-0-r{r} (exit code 0)" in result.stdout
     assert (data_dir / "etcd.log").exists()
     assert _services_started_in(data_dir) == []
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_SECONDS + 60)
+def test_with_tls_settings_every_service_serves_tls_and_the_demo_runs_over_it(tmp_path):
+    """README "Security": TXMQ_TLS_* exported before `make run` turn TLS (mutual) on."""
+    from tests.support.certs import CertificateAuthority
+
+    ca = CertificateAuthority(tmp_path / "pki")
+    cert = ca.issue("local")
+    data_dir = tmp_path / "data"
+    result = _run_local(data_dir, "--exit-after-demo", env_extra={
+        "TXMQ_TLS_CERT_FILE": cert.cert_file, "TXMQ_TLS_KEY_FILE": cert.key_file,
+        "TXMQ_TLS_CA_FILE": ca.cert_file, "TXMQ_TLS_CLIENT_AUTH": "require"})
+    context = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}\n{_service_logs(data_dir)}"
+    assert result.returncode == 0, context
+    assert re.findall(r"^demo: consumed (\S+?):", result.stdout, re.M) == ["order-1"], context
+    serving = [line for log in data_dir.glob("*.log") for line in log.read_text().splitlines()
+               if '"msg": "serving"' in line]
+    assert len(serving) >= 3 and all('"tls": true' in line for line in serving), serving

@@ -119,6 +119,9 @@ TXMQ_METRICS_PORT: {{ .root.Values.metrics.port | int | quote }}
 {{- range $field, $value := .values.config }}
 {{ printf "TXMQ_%s" (upper $field) }}: {{ include "txmq.settingValue" $value | quote }}
 {{- end }}
+{{- if .component }}
+{{- include "txmq.tlsSettings" . }}
+{{- end }}
 {{- end }}
 
 {{/* Pod-level securityContext, shared. */}}
@@ -137,11 +140,12 @@ securityContext:
 {{- end }}
 
 {{/*
-Native gRPC probes on the gRPC port (the stock grpc.health.v1 service).
-(dict "port" 10911 "probes" .Values.broker.probes)
+Native gRPC probes on the gRPC port (the stock grpc.health.v1 service); with TLS on, on the
+plaintext health port (the kubelet's gRPC probes cannot speak TLS).
+(dict "root" $ "port" 10911 "probes" .Values.broker.probes)
 */}}
 {{- define "txmq.probes" -}}
-{{- $port := .port | int }}
+{{- $port := ternary .root.Values.tls.healthPort .port .root.Values.tls.enabled | int }}
 {{- range $kind := list "startup" "readiness" "liveness" }}
 {{- $p := index $.probes $kind }}
 {{- if $p.enabled }}
@@ -227,18 +231,70 @@ etcd_prefix,leader_lease_seconds,election_poll_seconds,replica_lag_max_seconds,r
 
 {{/*
 The etcd client endpoints the brokers use (comma-separated host:port): every member of the
-bundled etcd through its headless Service, or etcd.endpoints.
+bundled etcd through its headless Service (https:// with TLS on: the brokers present their
+certificates), or etcd.endpoints (https://host:port for an existing etcd with TLS).
 */}}
 {{- define "txmq.etcdEndpoints" -}}
 {{- if .Values.etcd.enabled }}
 {{- $headless := include "txmq.headlessName" (dict "root" . "component" "etcd") }}
 {{- $pod := include "txmq.componentName" (dict "root" . "component" "etcd") }}
 {{- $endpoints := list }}
+{{- $scheme := ternary "https://" "" .Values.tls.enabled }}
 {{- range $i := until (int .Values.etcd.replicaCount) }}
-{{- $endpoints = append $endpoints (printf "%s-%d.%s.%s:%d" $pod $i $headless (include "txmq.svcDomain" $) (int $.Values.etcd.clientPort)) }}
+{{- $endpoints = append $endpoints (printf "%s%s-%d.%s.%s:%d" $scheme $pod $i $headless (include "txmq.svcDomain" $) (int $.Values.etcd.clientPort)) }}
 {{- end }}
 {{- join "," $endpoints }}
 {{- else }}
 {{- join "," .Values.etcd.endpoints }}
+{{- end }}
+{{- end }}
+
+{{/*
+TLS (values "tls"). Each component's certificate is a Secret of type kubernetes.io/tls with
+ca.crt (cert-manager's layout), "<fullname>-<component>-tls" unless tls.secretNames names
+another, mounted at tls.mountPath. (dict "root" $ "component" "broker")
+*/}}
+{{- define "txmq.tlsSecretName" -}}
+{{- $named := index .root.Values.tls.secretNames .component | default "" }}
+{{- $named | default (printf "%s-tls" (include "txmq.componentName" .)) }}
+{{- end }}
+
+{{/* The TLS settings of a component's ConfigMap (nothing with TLS off). */}}
+{{- define "txmq.tlsSettings" -}}
+{{- $tls := .root.Values.tls }}
+{{- if $tls.enabled }}
+TXMQ_TLS_CERT_FILE: {{ printf "%s/tls.crt" $tls.mountPath | quote }}
+TXMQ_TLS_KEY_FILE: {{ printf "%s/tls.key" $tls.mountPath | quote }}
+TXMQ_TLS_CA_FILE: {{ printf "%s/ca.crt" $tls.mountPath | quote }}
+TXMQ_TLS_CLIENT_AUTH: {{ index $tls.clientAuth .component | quote }}
+TXMQ_HEALTH_PORT: {{ $tls.healthPort | int | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret volume of a component's certificate: (dict "root" $ "component" "broker"). */}}
+{{- define "txmq.tlsVolume" -}}
+{{- if .root.Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "txmq.tlsSecretName" . }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+
+{{/* Its mount (no subPath: Kubernetes updates the files in place when the Secret changes). */}}
+{{- define "txmq.tlsVolumeMount" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: {{ .Values.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* The plaintext health-only port the probes use with TLS on (a container port entry). */}}
+{{- define "txmq.healthContainerPort" -}}
+{{- if .Values.tls.enabled }}
+- name: health
+  containerPort: {{ .Values.tls.healthPort }}
+  protocol: TCP
 {{- end }}
 {{- end }}
