@@ -100,6 +100,46 @@ def test_a_transaction_runs_end_to_end_over_mutual_tls(secure, unique_name):
     assert describe(secure, direct.transaction_id).state == COMMITTED
 
 
+def test_the_asyncio_sdk_runs_a_checked_transaction_over_mutual_tls(secure, unique_name):
+    import asyncio
+
+    from txmq.aio import AsyncSimpleConsumer, AsyncTransactionListener, AsyncTransactionProducer
+
+    group, topic = unique_name("g"), unique_name("orders")
+    secure.create_topic(topic, 1)
+    tls = secure.client_tls()
+    checked: list[str] = []
+
+    class AsyncListener(AsyncTransactionListener):
+        async def execute_local_transaction(self, message, arg):
+            return LocalState.UNKNOWN
+
+        async def check_local_transaction(self, message):
+            checked.append(message.transaction_id)
+            return LocalState.COMMIT
+
+    async def main() -> tuple[txmq.TransactionResult, list[bytes]]:
+        async with AsyncTransactionProducer(secure.nameserver_address, producer_group=group, listener=AsyncListener(),
+                                            checker_refresh_seconds=0.5, tls=tls) as producer:
+            pending = await producer.send_in_transaction(txmq.Message(topic, b"async-checked"))
+            bodies: list[bytes] = []
+            async with AsyncSimpleConsumer(secure.nameserver_address, consumer_group=unique_name("c"),
+                                           subscriptions={topic: "*"}, await_duration_seconds=0.5,
+                                           tls=tls) as consumer:
+                deadline = time.monotonic() + 20
+                while not bodies:
+                    assert time.monotonic() < deadline, "the checked transaction never arrived"
+                    for m in await consumer.receive(8):
+                        bodies.append(m.body)
+                        await consumer.ack(m)
+            return pending, bodies
+
+    pending, bodies = asyncio.run(main())
+    assert pending.state is txmq.TransactionState.PREPARED
+    assert bodies == [b"async-checked"]
+    assert checked == [pending.transaction_id]  # answered over the TLS check stream
+
+
 def test_clients_without_a_valid_certificate_are_refused(secure, pki, tmp_path, unique_name):
     address = secure.nameserver_address
     # The control: a certificate from the cluster's CA is accepted.

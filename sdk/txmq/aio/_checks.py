@@ -26,7 +26,6 @@ import grpc
 
 from .._checks import (CHECK_CREDIT_PER_THREAD, MAX_UNSENT_ANSWERS, RECONNECT_BACKOFF_MAX_SECONDS,
                        RECONNECT_BACKOFF_SECONDS, RESEND_WINDOW_SECONDS, check_answer, check_message)
-from .._client import CHANNEL_OPTIONS
 from .._errors import TxmqError, error_from_entry
 from .._types import TransactionMessage
 from ..v1 import checker_pb2, checker_pb2_grpc, common_pb2, nameserver_pb2
@@ -44,6 +43,7 @@ class AsyncCheckResponder:
 
     def __init__(self, client: AsyncClient, *, producer_group: str, client_id: str, check: CheckFn,
                  check_concurrency: int, refresh_seconds: float) -> None:
+        self.client = client
         self._client = client
         self.producer_group = producer_group
         self.client_id = client_id
@@ -162,7 +162,9 @@ class _CheckerConnection:
         self._outbox: asyncio.Queue[Request | None] | None = None
         self._session = 0
         self._recent: collections.deque[tuple[float, Request]] = collections.deque()
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._client = responder.client
+        self._tls_generation = self._client.tls_generation()
+        self._channel = self._client.new_channel(address)
         self._stub = checker_pb2_grpc.CheckerServiceStub(self._channel)
         self._task: asyncio.Task[None] | None = None
 
@@ -213,6 +215,12 @@ class _CheckerConnection:
             outbox.put_nowait(Request(subscribe=checker_pb2.Subscribe(
                 producer_groups=[responder.producer_group], client_id=responder.client_id,
                 check_credit=responder.check_credit)))
+            generation = self._client.tls_generation()
+            if generation != self._tls_generation:  # rotated TLS files: a new channel
+                await self._channel.close()
+                self._tls_generation = generation
+                self._channel = self._client.new_channel(self.address)
+                self._stub = checker_pb2_grpc.CheckerServiceStub(self._channel)
             call = self._stub.CheckTransactionState(self._requests(outbox))
             self._session += 1
             session = self._session

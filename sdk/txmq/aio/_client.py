@@ -17,8 +17,10 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 import grpc
 
 from .._client import BOUND_ATTEMPTS, BOUND_BACKOFF_SECONDS, CHANNEL_OPTIONS, QueueRoute, parse_nameservers, positive
-from .._errors import BrokerNotFoundError, ClientClosedError, TopicNotFoundError, TxmqError, error_from_rpc
+from .._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError, TxmqError,
+                       error_from_rpc)
 from .._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, RetryAction, retry_action
+from .._tls import TLS, ChannelTLS
 from ..v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 from ._stream import AsyncProduceStream
 
@@ -31,8 +33,15 @@ class AsyncClient:
     """Name servers with failover, routes cached per topic, channels per address."""
 
     def __init__(self, nameservers: str | Sequence[str], *, request_timeout_seconds: float,
-                 route_refresh_seconds: float, what: str = "client") -> None:
+                 route_refresh_seconds: float, what: str = "client", tls: TLS | None = None) -> None:
         self._nameservers = parse_nameservers(nameservers)
+        if tls is not None and not isinstance(tls, TLS):
+            raise InvalidFieldError("tls", f"must be a txmq.TLS, got {type(tls).__name__}")
+        #: TLS material of every channel (None: plaintext), reread when its files change.
+        self._tls = ChannelTLS(tls) if tls is not None else None
+        self._tls_generation = 0
+        # Channels opened with older TLS files: calls in flight on them finish.
+        self._retired: list[grpc.aio.Channel] = []
         self.request_timeout_seconds = positive("request_timeout_seconds", request_timeout_seconds)
         self.route_refresh_seconds = positive("route_refresh_seconds", route_refresh_seconds)
         self._what = what
@@ -65,7 +74,8 @@ class AsyncClient:
             return
         self._closed = True
         streams, self._streams = list(self._streams.values()), {}
-        channels, self._channels = list(self._channels.values()), {}
+        channels, self._channels = [*self._channels.values(), *self._retired], {}
+        self._retired = []
         for stream in streams:
             await stream.close()
         for channel in channels:
@@ -75,12 +85,35 @@ class AsyncClient:
 
     def channel(self, address: str) -> grpc.aio.Channel:
         self.check_open()
+        self._check_tls()
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = self._channels[address] = self.new_channel(address)
         return channel
 
+    def new_channel(self, address: str) -> grpc.aio.Channel:
+        """A channel of its own (its caller closes it), with this client's TLS material."""
+        if self._tls is None:
+            return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._tls.current()
+        return self._tls.aio_channel(address, CHANNEL_OPTIONS)
+
+    def tls_generation(self) -> int:
+        """Grows when the TLS files change on disk (0 without TLS)."""
+        return 0 if self._tls is None else self._tls.current()
+
+    def _check_tls(self) -> None:
+        """When the TLS files changed on disk, new calls go on new channels made with them
+        (as the sync client does)."""
+        if self._tls is None or self._tls.current() == self._tls_generation:
+            return
+        self._tls_generation = self._tls.generation
+        self._retired.extend(self._channels.values())
+        self._channels, self._broker_stubs, self._ns_stubs = {}, {}, {}
+        log.info("TLS files changed: new channels use them")
+
     def broker(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
+        self._check_tls()
         stub = self._broker_stubs.get(address)
         if stub is None:
             stub = self._broker_stubs[address] = broker_pb2_grpc.BrokerServiceStub(self.channel(address))
@@ -135,6 +168,7 @@ class AsyncClient:
         """Tries the name servers in turn, from the last one that answered; transient errors
         move to the next, other errors are the answer."""
         self.check_open()
+        self._check_tls()
         count = len(self._nameservers)
         error: TxmqError | None = None
         for i in range(count):

@@ -13,6 +13,7 @@ from .._client import positive
 from .._consumer import _subscriptions, _Target
 from .._errors import ClientClosedError, InternalError, InvalidFieldError, TopicNotFoundError, TxmqError, error_from_entry
 from .._names import validate_group
+from .._tls import TLS
 from .._types import ReceivedMessage, ms_to_datetime, received_from_pb
 from ..v1 import broker_pb2
 from ._client import AsyncClient
@@ -27,13 +28,14 @@ class AsyncSimpleConsumer:
 
     def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
                  subscriptions: Mapping[str, str], await_duration_seconds: float = 20.0,
-                 request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0) -> None:
+                 request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
+                 tls: TLS | None = None) -> None:
         validate_group("consumer_group", consumer_group)
         self.consumer_group = consumer_group
         self.subscriptions = _subscriptions(subscriptions)
         self.await_duration_seconds = positive("await_duration_seconds", await_duration_seconds)
         self._client = AsyncClient(nameservers, request_timeout_seconds=request_timeout_seconds,
-                                   route_refresh_seconds=route_refresh_seconds, what="consumer")
+                                   route_refresh_seconds=route_refresh_seconds, what="consumer", tls=tls)
         self._round_robin = itertools.count()
         # Long polls still running after a receive returned; what they brought since comes first.
         self._polls: dict[_Target, asyncio.Task[list[ReceivedMessage]]] = {}
