@@ -254,6 +254,14 @@ class ServiceConfig:
     #: Largest gRPC message accepted (must exceed the largest body plus headers); at least
     #: gRPC's own default, 4 MiB.
     max_grpc_message_bytes: int = nbytes(16 * MiB, min=4 * MiB, max=MAX_GRPC_BYTES)
+    #: Unary calls served at once; one more is refused at once with a retryable
+    #: RESOURCE_EXHAUSTED (reason OVERLOADED, nothing applied) that clients back off on.
+    max_concurrent_rpcs: int = count(2000, max=1_000_000)
+    #: Calls gRPC queues before the service picks them up; beyond it gRPC itself cancels
+    #: them (CANCELLED), so this is sized well above ``max_concurrent_rpcs``.
+    max_pending_rpcs: int = count(20_000, min=100, max=1_000_000)
+    #: Streams one connection may hold open (RESOURCE_EXHAUSTED naming this beyond).
+    max_streams_per_connection: int = count(1000, max=1_000_000)
 
     def __post_init__(self) -> None:
         check_fields(self)
