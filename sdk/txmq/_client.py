@@ -16,9 +16,10 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import grpc
 
-from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError,
-                      TxmqError, error_from_rpc)
-from ._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, RetryAction, retry_action
+from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, OverloadedError,
+                      TopicNotFoundError, TxmqError, error_from_rpc)
+from ._faults import (FAULT_ROUTE_REFRESH_SECONDS, OVERLOAD_RETRIES, FaultTable, RetryAction,
+                      overload_backoff_seconds, retry_action)
 from ._pipeline import ProduceStream
 from .v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
@@ -175,6 +176,7 @@ class Client:
         list it (see ``_faults.retry_action``), asking its address again before each retry;
         recorded in the fault table."""
         attempt = 1
+        overloaded = 0
         while True:
             try:
                 address = self.broker_address(shard, refresh=attempt > 1)
@@ -182,6 +184,10 @@ class Client:
             except ClientClosedError:
                 raise
             except TxmqError as err:
+                if isinstance(err, OverloadedError) and overloaded < OVERLOAD_RETRIES:
+                    overloaded += 1  # nothing applied: the same request again, later
+                    time.sleep(overload_backoff_seconds(overloaded))
+                    continue
                 if err.retryable:
                     self.faults.failed(shard)
                 if retry_action(err, bound=True) is RetryAction.FAIL or attempt >= BOUND_ATTEMPTS:

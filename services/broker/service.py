@@ -13,6 +13,7 @@ from txmq._errors import InvalidFieldError, TxmqError
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
 from services.common.errors import OK, entry_status
+from services.common.limits import ConnectionLimit
 
 from . import core as domain
 from .bridge import StoreBridge
@@ -106,6 +107,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self.bridge = bridge
         self.metrics = metrics
         self.config = core.config
+        self.long_polls = ConnectionLimit("max_long_polls_per_connection", self.config.max_long_polls_per_connection)
 
     # --- producing -----------------------------------------------------------------------
 
@@ -229,6 +231,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         if remaining is not None:
             # Answer (possibly empty) before the caller's deadline, never after it.
             wait = max(0.0, min(wait, remaining - 0.2))
+        if wait <= 0:
+            return await self._receive(request, tags, 0.0)
+        with self.long_polls.hold(context.peer()):
+            return await self._receive(request, tags, wait)
+
+    async def _receive(self, request: broker_pb2.ReceiveMessagesRequest, tags: frozenset[str] | None,
+                       wait: float) -> broker_pb2.ReceiveMessagesResponse:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         topic = request.topic

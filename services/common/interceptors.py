@@ -76,6 +76,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         async def fail(context: Any, exc: BaseException) -> grpc.StatusCode:
             if isinstance(exc, TxmqError):
                 await abort_with(context, exc)
+            if isinstance(exc, NotImplementedError):  # e.g. the stock health service's List
+                await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented")
             log.exception("unexpected error in %s", method)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}")
             raise AssertionError("unreachable")
