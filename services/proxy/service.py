@@ -323,11 +323,16 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 await context.write(command)
                 if on_written is not None:
                     on_written()
+            # A command that did not decode ends the stream with its status (INVALID_ARGUMENT).
+            if reader.done() and not reader.cancelled() and reader.result() is not None:
+                raise reader.result()
         finally:
             reader.cancel()
             self.registry.close_stream(stream)
 
-    async def _read_telemetry(self, requests: AsyncIterator[spb.TelemetryCommand], stream: TelemetryStream) -> None:
+    async def _read_telemetry(self, requests: AsyncIterator[spb.TelemetryCommand],
+                              stream: TelemetryStream) -> TxmqError | None:
+        refused: TxmqError | None = None
         try:
             async for command in requests:
                 if command.WhichOneof("command") == "settings":
@@ -338,7 +343,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 # Other commands (thread stack traces, verify results, statuses) need no reply.
         except asyncio.CancelledError:
             raise
+        except TxmqError as exc:
+            refused = exc
         except Exception as exc:  # noqa: BLE001 - the client went away mid-read
             log.debug("telemetry read ended", extra={"fields": {"client_id": stream.client_id,
                                                                  "error": str(exc)[:200]}})
         self.registry.close_stream(stream)
+        return refused

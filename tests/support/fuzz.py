@@ -163,8 +163,11 @@ class Fuzzer:
     """Fuzzes the methods of ``services`` (descriptor → address) over raw channels."""
 
     def __init__(self, targets: Iterable[tuple[ServiceDescriptor, str]], census: Census | None = None,
-                 threads: int = 16) -> None:
+                 threads: int = 16, timeout: float = CALL_TIMEOUT_SECONDS) -> None:
         self.targets = list(targets)
+        self.timeout = timeout
+        #: Sent with every call: the proxy binds streams to the RocketMQ client id header.
+        self.metadata = (("x-mq-client-id", "fuzz-client"),)
         self.census = census or Census()
         self._channels: dict[str, grpc.Channel] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(threads)
@@ -200,11 +203,15 @@ class Fuzzer:
         pool = self._pool
         streaming = method.client_streaming
 
+        metadata = self.metadata
+
         def send(bodies: list[Any]) -> None:
             if streaming:
-                jobs = [pool.submit(_outcome, lambda b=b: stub(iter(b), timeout=CALL_TIMEOUT_SECONDS)) for b in bodies]
+                jobs = [pool.submit(_outcome, lambda b=b: stub(iter(b), timeout=self.timeout, metadata=metadata))
+                        for b in bodies]
             else:
-                jobs = [pool.submit(_outcome, lambda b=b: stub(b, timeout=CALL_TIMEOUT_SECONDS)) for b in bodies]
+                jobs = [pool.submit(_outcome, lambda b=b: stub(b, timeout=self.timeout, metadata=metadata))
+                        for b in bodies]
             for job in jobs:
                 code, details = job.result()
                 census.add(rpc, code, details)
