@@ -9,7 +9,7 @@ PROTOS := $(wildcard protos/txmq/v1/*.proto)
 DATA_DIR ?= ./data
 
 
-.PHONY: all venv tools cc etcd netns-tools proto proto-lint proto-check run demo test test-unit test-integration bench clean distclean
+.PHONY: all venv tools cc etcd netns-tools proto proto-lint proto-check run demo test test-unit test-integration bench fuzz clean distclean
 
 all: test
 
@@ -153,6 +153,12 @@ CHAOS_ARGS ?= --runs 10 --faults 6
 .PHONY: chaos
 chaos: venv etcd netns-tools
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
+
+# Every RPC of every service fuzzed (hypothesis): ≥ 10,000 requests per RPC, the status census
+# per RPC, then health and fsck (reproduce a subset: FUZZ_ARGS="--calls 500 --only BrokerService/Produce").
+FUZZ_ARGS ?= --calls 10000
+fuzz: venv proxy-deps
+	$(PY) -m tests.fuzz $(FUZZ_ARGS)
 
 bench: venv etcd bench-audit
 	$(PY) -m bench.transactions

@@ -16,6 +16,7 @@ import time
 from tests.conftest import TEST_BROKER_ENV
 from tests.support.cluster import Cluster
 from tests.support.fuzz import Census, Fuzzer, cluster_targets, fsck, serving
+from txmq.v1 import admin_pb2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="txmq-fuzz-") as workdir:
         cluster = Cluster(workdir, broker_env=TEST_BROKER_ENV, checker=True, proxies=1)
         try:
+            # A topic the generated requests name now and then ("fuzz"), so they reach past
+            # the name checks into the broker's domain code.
+            cluster.admin_stub().CreateTopic(admin_pb2.CreateTopicRequest(topic="fuzz", queue_count=2), timeout=5)
             fuzzer = Fuzzer(cluster_targets(cluster), census)
             started = time.monotonic()
             try:

@@ -163,8 +163,10 @@ class Fuzzer:
     """Fuzzes the methods of ``services`` (descriptor → address) over raw channels."""
 
     def __init__(self, targets: Iterable[tuple[ServiceDescriptor, str]], census: Census | None = None,
-                 threads: int = 16, timeout: float = CALL_TIMEOUT_SECONDS) -> None:
+                 threads: int = 16, timeout: float = CALL_TIMEOUT_SECONDS, batch: int = BATCH) -> None:
         self.targets = list(targets)
+        #: Requests per hypothesis example (sent concurrently): smaller batches, more examples.
+        self.batch = batch
         self.timeout = timeout
         #: Sent with every call: the proxy binds streams to the RocketMQ client id header.
         self.metadata = (("x-mq-client-id", "fuzz-client"),)
@@ -218,11 +220,11 @@ class Fuzzer:
 
         one = requests(method)
         body = st.lists(one, min_size=1, max_size=3) if streaming else one
-        examples = max(1, math.ceil(calls / BATCH))
+        examples = max(1, math.ceil(calls / self.batch))
 
         @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
                   suppress_health_check=list(HealthCheck))
-        @given(st.lists(body, min_size=BATCH, max_size=BATCH))
+        @given(st.lists(body, min_size=self.batch, max_size=self.batch))
         def batch(bodies: list[Any]) -> None:
             send(bodies)
 
