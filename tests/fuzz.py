@@ -9,14 +9,14 @@ CANCELLED, a service stopped serving or fsck found a problem.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 import time
 
 from tests.conftest import TEST_BROKER_ENV
 from tests.support.cluster import Cluster
-from tests.support.fuzz import Census, Fuzzer, cluster_targets, fsck, serving
-from txmq.v1 import admin_pb2
+from tests.support.fuzz import Census, Fuzzer, cluster_targets, fsck, seed, serving
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,13 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=10_000, help="requests per RPC (default 10,000)")
     parser.add_argument("--only", action="append", default=[], help="fuzz only this Service/Method (repeatable)")
     args = parser.parse_args(argv)
+    # SIGTERM stops the cluster too (the finally blocks run).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     census = Census()
     with tempfile.TemporaryDirectory(prefix="txmq-fuzz-") as workdir:
         cluster = Cluster(workdir, broker_env=TEST_BROKER_ENV, checker=True, proxies=1)
         try:
-            # A topic the generated requests name now and then ("fuzz"), so they reach past
-            # the name checks into the broker's domain code.
-            cluster.admin_stub().CreateTopic(admin_pb2.CreateTopicRequest(topic="fuzz", queue_count=2), timeout=5)
+            print("seeds:", seed(cluster), flush=True)
             fuzzer = Fuzzer(cluster_targets(cluster), census)
             started = time.monotonic()
             try:

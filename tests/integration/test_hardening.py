@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from services.proxy.protocol import Code, definition_pb2, service_pb2
-from tests.support.fuzz import Census, Fuzzer, cluster_targets, fsck, serving
+from tests.support.fuzz import Census, Fuzzer, cluster_targets, fsck, seed, serving
 from tests.support.waiting import wait_until
 from txmq.v1 import admin_pb2, broker_pb2, broker_pb2_grpc, checker_pb2, checker_pb2_grpc, common_pb2
 
@@ -250,7 +250,7 @@ def test_fuzz_every_rpc_of_every_service(fresh_cluster_factory: Any) -> None:
     """A bounded budget of ``make fuzz``: 0 INTERNAL/UNKNOWN/CANCELLED, everything serving
     afterwards, the broker's store consistent."""
     c = fresh_cluster_factory(checker=True, proxies=1)
-    c.admin_stub().CreateTopic(admin_pb2.CreateTopicRequest(topic="fuzz", queue_count=2), timeout=5)
+    seed(c)
     census = Census()
     fuzzer = Fuzzer(cluster_targets(c), census, timeout=1.0, batch=4)
     try:

@@ -31,6 +31,8 @@ FORBIDDEN = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.S
 BATCH = 25
 #: A call's deadline: long polls and streams that stay open end with DEADLINE_EXCEEDED.
 CALL_TIMEOUT_SECONDS = 3.0
+#: The deadline of a call whose responses are a stream.
+STREAM_TIMEOUT_SECONDS = 0.5
 MAX_DEPTH = 3
 
 _FLOATS = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, -1.0, 0.001, 1e-300, 5e-324, 1e300, -1e300,
@@ -44,6 +46,12 @@ _INT_BOUNDS = {
 }
 _WORDS = ["", "a", "fuzz", "broker-0", "%HALF%", "%DLQ%g", "*", "TagA || TagB", "-1", "\x00", "é" * 3,
           "x" * 256, "y" * 100_000]
+
+
+#: Strings that name real things in the fuzzed cluster (a topic, groups, ids of stored
+#: messages and transactions, a receipt handle: ``seed``), so generated requests also reach
+#: past the name and id checks.
+SEEDS: list[str] = []
 
 
 def _int_values(kind: int) -> st.SearchStrategy[int]:
@@ -62,7 +70,7 @@ def _scalar(fd: FieldDescriptor) -> st.SearchStrategy[Any]:
     if t == FieldDescriptor.TYPE_BOOL:
         return st.booleans()
     if t == FieldDescriptor.TYPE_STRING:
-        return st.sampled_from(_WORDS) | st.text(max_size=24)
+        return st.sampled_from(_WORDS + SEEDS) | st.text(max_size=24)
     if t == FieldDescriptor.TYPE_BYTES:
         return st.sampled_from([b"", b"\x00", b"z" * 100_000]) | st.binary(max_size=64)
     if t == FieldDescriptor.TYPE_ENUM:
@@ -206,13 +214,16 @@ class Fuzzer:
         streaming = method.client_streaming
 
         metadata = self.metadata
+        # A server stream that stays open by design (Health/Watch, a long poll) ends at its
+        # deadline: keep that short so it does not dominate the budget.
+        timeout = min(self.timeout, STREAM_TIMEOUT_SECONDS) if method.server_streaming else self.timeout
 
         def send(bodies: list[Any]) -> None:
             if streaming:
-                jobs = [pool.submit(_outcome, lambda b=b: stub(iter(b), timeout=self.timeout, metadata=metadata))
+                jobs = [pool.submit(_outcome, lambda b=b: stub(iter(b), timeout=timeout, metadata=metadata))
                         for b in bodies]
             else:
-                jobs = [pool.submit(_outcome, lambda b=b: stub(b, timeout=self.timeout, metadata=metadata))
+                jobs = [pool.submit(_outcome, lambda b=b: stub(b, timeout=timeout, metadata=metadata))
                         for b in bodies]
             for job in jobs:
                 code, details = job.result()
@@ -252,6 +263,25 @@ def cluster_targets(cluster: Any) -> list[tuple[ServiceDescriptor, str]]:
     for proc in cluster.proxies:
         targets += [(service_pb2.DESCRIPTOR.services_by_name["MessagingService"], proc.address), (health, proc.address)]
     return targets
+
+
+def seed(cluster: Any, topic: str = "fuzz", group: str = "fuzz") -> list[str]:
+    """Stores a normal and a half message in ``cluster`` (topic ``topic``, two queues) and
+    receives one; returns the names and ids that name them (also added to :data:`SEEDS`)."""
+    from txmq.v1 import admin_pb2, broker_pb2, broker_pb2_grpc, common_pb2
+
+    cluster.admin_stub().CreateTopic(admin_pb2.CreateTopicRequest(topic=topic, queue_count=2), timeout=5)
+    stub = broker_pb2_grpc.BrokerServiceStub(cluster.channel(cluster.brokers[0].address))
+    words = [topic, group, cluster.brokers[0].name]
+    for kind in (common_pb2.MESSAGE_TYPE_NORMAL, common_pb2.MESSAGE_TYPE_TRANSACTION):
+        sent = stub.SendMessage(broker_pb2.SendMessageRequest(message=common_pb2.Message(
+            topic=topic, body=b"seed", type=kind, producer_group=group, producer_client_id="fuzz")), timeout=5)
+        words += [sent.message_id] + ([sent.transaction_id] if sent.transaction_id else [])
+    received = stub.ReceiveMessages(broker_pb2.ReceiveMessagesRequest(
+        consumer_group=group, topic=topic, queue_id=-1, max_messages=1, invisible_duration_seconds=60), timeout=5)
+    words += [m.receipt_handle for m in received.messages]
+    SEEDS[:] = words
+    return words
 
 
 def serving(cluster: Any) -> dict[str, str]:
