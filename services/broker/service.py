@@ -360,6 +360,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return response
 
     async def QueryTransactions(self, request: broker_pb2.QueryTransactionsRequest, context: Any) -> Any:
+        if request.limit < 0:
+            raise InvalidFieldError("limit", f"{request.limit} is negative (0: the default page size)")
         rows, token = self.core.query_txns(request.producer_group, state_from_proto(request.state),
                                            request.older_than_seconds, request.limit, request.page_token)
         await self.bridge.settled()

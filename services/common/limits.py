@@ -33,6 +33,8 @@ WARN_INTERVAL_SECONDS = 10.0
 MAX_REQUEST_SECONDS = 366 * 86400.0
 #: google.protobuf.Duration's own range (duration.proto: ±10,000 years).
 MAX_DURATION_SECONDS = 315_576_000_000
+#: google.protobuf.Timestamp's own range (timestamp.proto: 0001-01-01 to 9999-12-31).
+MIN_TIMESTAMP_SECONDS, MAX_TIMESTAMP_SECONDS = -62_135_596_800, 253_402_300_799
 
 
 class RateLimitedWarning:
@@ -80,6 +82,8 @@ def _numeric_plan(descriptor: Descriptor) -> tuple[tuple[str, str, bool, Descrip
             sub = field.message_type
             if sub.full_name == "google.protobuf.Duration":
                 plan.append((field.name, "duration", repeated, None))
+            elif sub.full_name == "google.protobuf.Timestamp":
+                plan.append((field.name, "timestamp", repeated, None))
             elif sub.GetOptions().map_entry:
                 value = sub.fields_by_name["value"]
                 if value.type in _FLOATS or (value.type == FieldDescriptor.TYPE_MESSAGE
@@ -115,10 +119,18 @@ def _check_duration(path: str, value: Any) -> None:
         raise InvalidFieldError(path, f"{value.seconds} s {value.nanos} ns is not a valid Duration")
 
 
+def _check_timestamp(path: str, value: Any) -> None:
+    if not (MIN_TIMESTAMP_SECONDS <= value.seconds <= MAX_TIMESTAMP_SECONDS and 0 <= value.nanos <= 999_999_999):
+        raise InvalidFieldError(path, f"{value.seconds} s {value.nanos} ns is not a valid Timestamp")
+
+
+_CHECK_WELL_KNOWN = {"duration": _check_duration, "timestamp": _check_timestamp}
+
+
 def check_numbers(message: Any, prefix: str = "") -> None:
     """Raises ``InvalidFieldError`` naming the first floating-point field of ``message``
     (nested messages included) that is NaN or infinite, a ``*_seconds`` field outside
-    0..366 days, or a Duration outside its range."""
+    0..366 days, or a Duration or Timestamp outside its range."""
     for name, kind, repeated, sub in _numeric_plan(message.DESCRIPTOR):
         path = prefix + name
         if kind == "float":
@@ -135,13 +147,13 @@ def check_numbers(message: Any, prefix: str = "") -> None:
                     check_numbers(v, f"{path}[{key!r}].")
         elif repeated:
             for i, item in enumerate(getattr(message, name)):
-                if kind == "duration":
-                    _check_duration(f"{path}[{i}]", item)
+                if kind in _CHECK_WELL_KNOWN:
+                    _CHECK_WELL_KNOWN[kind](f"{path}[{i}]", item)
                 else:
                     check_numbers(item, f"{path}[{i}].")
         elif message.HasField(name):
-            if kind == "duration":
-                _check_duration(path, getattr(message, name))
+            if kind in _CHECK_WELL_KNOWN:
+                _CHECK_WELL_KNOWN[kind](path, getattr(message, name))
             else:
                 check_numbers(getattr(message, name), path + ".")
 

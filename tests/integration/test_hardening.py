@@ -58,8 +58,20 @@ def test_numbers_that_are_not_numbers_are_refused_naming_the_field(cluster: Any,
             consumer_group=unique_name("g"), topic=unique_name("t"), invisible_duration_seconds=math.nan), timeout=5)
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "invisible_duration_seconds" in failed.value.details()
-    # A sane value still works.
-    stub.QueryTransactions(broker_pb2.QueryTransactionsRequest(older_than_seconds=60), timeout=5)
+    for request, field in ((broker_pb2.QueryTransactionsRequest(limit=-1), "limit"),):
+        with pytest.raises(grpc.RpcError) as failed:
+            stub.QueryTransactions(request, timeout=5)
+        assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in failed.value.details()
+    topic = unique_name("t")
+    cluster.admin_stub().CreateTopic(admin_pb2.CreateTopicRequest(topic=topic, queue_count=1), timeout=5)
+    with pytest.raises(grpc.RpcError) as failed:
+        stub.SendMessage(broker_pb2.SendMessageRequest(message=common_pb2.Message(
+            topic=topic, body=b"x", born_timestamp_ms=-1)), timeout=5)
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "born_timestamp_ms" in failed.value.details()
+    # Sane values still work.
+    stub.QueryTransactions(broker_pb2.QueryTransactionsRequest(older_than_seconds=60, limit=5), timeout=5)
+    stub.SendMessage(broker_pb2.SendMessageRequest(message=common_pb2.Message(
+        topic=topic, body=b"x", born_timestamp_ms=1_700_000_000_000)), timeout=5)
 
 
 def _stream_outcome(address: str, method: str, bodies: list[bytes], metadata: Any = ()) -> tuple[grpc.StatusCode, str]:

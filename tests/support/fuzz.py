@@ -27,6 +27,8 @@ from hypothesis import strategies as st
 
 #: Statuses that mean the server failed (its own error, or it dropped the call).
 FORBIDDEN = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED})
+#: RocketMQ in-band codes that mean the same as INTERNAL (rocketmq-apis definition.proto).
+IN_BAND_INTERNAL = frozenset({50000, 50001})
 #: Unary requests sent concurrently per hypothesis example.
 BATCH = 25
 #: A call's deadline: long polls and streams that stay open end with DEADLINE_EXCEEDED.
@@ -135,10 +137,10 @@ class Census:
     #: Forbidden outcomes, distinct (RPC, code, first words of the details), with a count.
     failures: collections.Counter[str] = field(default_factory=collections.Counter)
 
-    def add(self, rpc: str, code: grpc.StatusCode, details: str) -> None:
-        self.counts[rpc][code.name] += 1
-        if code in FORBIDDEN:
-            self.failures[f"{rpc}: {code.name}: {details[:160]}"] += 1
+    def add(self, rpc: str, code: str, details: str, forbidden: bool) -> None:
+        self.counts[rpc][code] += 1
+        if forbidden:
+            self.failures[f"{rpc}: {code}: {details[:160]}"] += 1
 
     def calls(self, rpc: str) -> int:
         return sum(self.counts[rpc].values())
@@ -156,15 +158,22 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
-def _outcome(call: Callable[[], Any]) -> tuple[grpc.StatusCode, str]:
+def _outcome(call: Callable[[], Any], in_band: Callable[[bytes], int] | None) -> tuple[str, str, bool]:
+    """(status name, details, forbidden) of one call: the gRPC status, or for a service that
+    answers errors in band (the proxy) the worst in-band code of its responses."""
+    worst = 0
     try:
         result = call()
-        if hasattr(result, "__iter__") and not isinstance(result, (bytes, bytearray)):
-            for _ in result:
-                pass
-        return grpc.StatusCode.OK, ""
+        responses = [result] if isinstance(result, (bytes, bytearray)) else result
+        for response in responses:
+            if in_band is not None:
+                code = in_band(response)
+                worst = code if code in IN_BAND_INTERNAL else max(worst, code) if worst not in IN_BAND_INTERNAL else worst
     except grpc.RpcError as exc:
-        return exc.code(), exc.details() or ""
+        return exc.code().name, exc.details() or "", exc.code() in FORBIDDEN
+    if in_band is not None and worst not in (0, 20000):
+        return f"rmq {worst}", "", worst in IN_BAND_INTERNAL
+    return "OK", "", False
 
 
 class Fuzzer:
@@ -194,6 +203,19 @@ class Fuzzer:
                                   ("grpc.max_receive_message_length", 64 << 20)])
         return self._channels[address]
 
+    @staticmethod
+    def _in_band(method: MethodDescriptor) -> Callable[[bytes], int] | None:
+        """The RocketMQ services answer errors in a ``status`` field of their responses."""
+        output = method.output_type
+        if not method.containing_service.full_name.startswith("apache.rocketmq.") or "status" not in output.fields_by_name:
+            return None
+        cls = message_factory.GetMessageClass(output)
+
+        def code(data: bytes) -> int:
+            response = cls.FromString(data)
+            return response.status.code if response.HasField("status") else 0
+        return code
+
     def methods(self) -> list[tuple[str, MethodDescriptor, str]]:
         return [(f"{service.name}/{method.name}", method, address)
                 for service, address in self.targets for method in service.methods]
@@ -218,16 +240,17 @@ class Fuzzer:
         # deadline: keep that short so it does not dominate the budget.
         timeout = min(self.timeout, STREAM_TIMEOUT_SECONDS) if method.server_streaming else self.timeout
 
+        in_band = self._in_band(method)
+
         def send(bodies: list[Any]) -> None:
             if streaming:
-                jobs = [pool.submit(_outcome, lambda b=b: stub(iter(b), timeout=timeout, metadata=metadata))
+                jobs = [pool.submit(_outcome, lambda b=b: stub(iter(b), timeout=timeout, metadata=metadata), in_band)
                         for b in bodies]
             else:
-                jobs = [pool.submit(_outcome, lambda b=b: stub(b, timeout=timeout, metadata=metadata))
+                jobs = [pool.submit(_outcome, lambda b=b: stub(b, timeout=timeout, metadata=metadata), in_band)
                         for b in bodies]
             for job in jobs:
-                code, details = job.result()
-                census.add(rpc, code, details)
+                census.add(rpc, *job.result())
 
         one = requests(method)
         body = st.lists(one, min_size=1, max_size=3) if streaming else one

@@ -100,3 +100,22 @@ def test_connection_limits_are_per_connection_and_given_back() -> None:
     assert limit.held == {"ipv4:10.0.0.1:1001": 1}
     with pytest.raises(ConnectionLimitError):
         limit.take("ipv4:10.0.0.2:5", 3)
+
+
+def test_a_timestamp_outside_its_range_is_refused() -> None:
+    protocol = pytest.importorskip("services.proxy.protocol")  # make proxy-deps
+    from google.protobuf import timestamp_pb2
+    message = protocol.definition_pb2.Message(system_properties=protocol.definition_pb2.SystemProperties(
+        born_timestamp=timestamp_pb2.Timestamp(seconds=2**62)))
+    request = protocol.service_pb2.SendMessageRequest(messages=[message])
+    with pytest.raises(InvalidFieldError, match=r"messages\[0\].system_properties.born_timestamp"):
+        check_numbers(request)
+
+
+def test_a_gzip_body_is_inflated_only_up_to_the_limit() -> None:
+    convert = pytest.importorskip("services.proxy.convert")  # make proxy-deps
+    import zlib
+    bomb = zlib.compress(b"\0" * (64 << 20), 9)  # 64 MiB of zeros in ~64 KiB
+    assert len(bomb) < 100_000
+    assert len(convert.inflate(bomb, 1000)) == 1001  # stopped one byte past the limit
+    assert convert.inflate(zlib.compress(b"hello"), 1000) == b"hello"
