@@ -23,6 +23,9 @@ class ProxyConfig(ServiceConfig):
     #: and backs off on the brokers' own OVERLOADED refusals itself.
     max_concurrent_rpcs: int = count(20_000, max=1_000_000)
     max_pending_rpcs: int = count(40_000, min=100, max=1_000_000)
+    #: ReceiveMessage long polls waiting at once on one client connection; one more is
+    #: answered 42900 TOO_MANY_REQUESTS naming this.
+    max_long_polls_per_connection: int = count(1000, max=1_000_000)
     #: Every name server (comma-separated host:port).
     nameserver_addresses: tuple[str, ...] = ()
     #: host:port the clients are told to dial for data and Telemetry (a route's broker

@@ -171,6 +171,31 @@ def test_long_polls_per_connection_are_limited(fresh_cluster_factory: Any, uniqu
         first.result()
 
 
+def test_proxy_long_polls_per_connection_are_limited_in_band(fresh_cluster_factory: Any, unique_name: Any) -> None:
+    from google.protobuf import duration_pb2
+    c = fresh_cluster_factory(proxies=1, proxy_env={"TXMQ_MAX_LONG_POLLS_PER_CONNECTION": "1"})
+    topic, group = unique_name("t"), unique_name("g")
+    c.admin_stub().CreateTopic(admin_pb2.CreateTopicRequest(topic=topic, queue_count=1), timeout=5)
+    request = service_pb2.ReceiveMessageRequest(
+        group=definition_pb2.Resource(name=group), batch_size=1,
+        message_queue=definition_pb2.MessageQueue(topic=definition_pb2.Resource(name=topic), id=-1,
+                                                  broker=definition_pb2.Broker(name="broker-0")),
+        long_polling_timeout=duration_pb2.Duration(seconds=3))
+    metadata = (("x-mq-client-id", "poller"),)
+    with grpc.insecure_channel(c.proxies[0].address) as channel:
+        receive = channel.unary_stream("/apache.rocketmq.v2.MessagingService/ReceiveMessage",
+                                       request_serializer=service_pb2.ReceiveMessageRequest.SerializeToString,
+                                       response_deserializer=service_pb2.ReceiveMessageResponse.FromString)
+        first = receive(request, timeout=10, metadata=metadata)
+
+        def refused() -> bool:
+            statuses = [r.status for r in receive(request, timeout=10, metadata=metadata) if r.HasField("status")]
+            return any(s.code == Code.TOO_MANY_REQUESTS and "max_long_polls_per_connection=1" in s.message
+                       for s in statuses)
+        wait_until(refused, timeout=3, message="a second long poll on the connection was not refused")
+        assert [r.status.code for r in first if r.HasField("status")] == [Code.MESSAGE_NOT_FOUND]
+
+
 def test_pending_checks_per_connection_are_limited(fresh_cluster_factory: Any) -> None:
     c = fresh_cluster_factory(checker=True, checker_env={"TXMQ_MAX_PENDING_CHECKS_PER_CONNECTION": "100"})
     with grpc.insecure_channel(c.checkers[0].address) as channel:

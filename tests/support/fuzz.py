@@ -56,6 +56,25 @@ _WORDS = ["", "a", "fuzz", "broker-0", "%HALF%", "%DLQ%g", "*", "TagA || TagB", 
 SEEDS: list[str] = []
 
 
+def _openings() -> dict[str, bytes]:
+    from txmq.v1 import checker_pb2
+    subscribe = checker_pb2.CheckTransactionStateRequest(subscribe=checker_pb2.Subscribe(
+        client_id="fuzz", producer_groups=["fuzz"], check_credit=8))
+    out = {"txmq.v1.CheckerService/CheckTransactionState": subscribe.SerializeToString()}
+    try:
+        from services.proxy.protocol import definition_pb2, service_pb2
+    except ImportError:  # the proxy's protocol package is not installed
+        return out
+    settings = service_pb2.TelemetryCommand(settings=definition_pb2.Settings(
+        client_type=definition_pb2.PRODUCER, publishing=definition_pb2.Publishing(
+            topics=[definition_pb2.Resource(name="fuzz")])))
+    out["apache.rocketmq.v2.MessagingService/Telemetry"] = settings.SerializeToString()
+    return out
+
+
+OPENINGS = _openings()
+
+
 def _int_values(kind: int) -> st.SearchStrategy[int]:
     low, high = _INT_BOUNDS[kind]
     picks = sorted({v for v in (low, high, 0, 1, -1, 2, 1000, high // 2, low // 2) if low <= v <= high})
@@ -185,6 +204,8 @@ class Fuzzer:
         #: Requests per hypothesis example (sent concurrently): smaller batches, more examples.
         self.batch = batch
         self.timeout = timeout
+        #: A valid first message per client-streaming method ("package.Service/Method").
+        self.openings: dict[str, bytes] = dict(OPENINGS)
         #: Sent with every call: the proxy binds streams to the RocketMQ client id header.
         self.metadata = (("x-mq-client-id", "fuzz-client"),)
         self.census = census or Census()
@@ -254,6 +275,11 @@ class Fuzzer:
 
         one = requests(method)
         body = st.lists(one, min_size=1, max_size=3) if streaming else one
+        opening = self.openings.get(f"{method.containing_service.full_name}/{method.name}")
+        if streaming and opening is not None:
+            # Half the streams open as a real client would, so the rest reaches past the
+            # first-message checks.
+            body = body | st.lists(one, min_size=1, max_size=3).map(lambda rest: [opening, *rest])
         examples = max(1, math.ceil(calls / self.batch))
 
         @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
