@@ -154,18 +154,15 @@ def _nothing() -> Iterator[None]:
     yield
 
 
+_KINDS = (("unary_unary", grpc.unary_unary_rpc_method_handler),
+          ("unary_stream", grpc.unary_stream_rpc_method_handler),
+          ("stream_unary", grpc.stream_unary_rpc_method_handler),
+          ("stream_stream", grpc.stream_stream_rpc_method_handler))
+
+
 def _rebuild(handler: Any, request_deserializer: Any, behaviors: Any) -> Any:
     """``handler`` with the guarded request deserializer and the behaviours of ``behaviors``."""
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(
-            behaviors.unary_unary, request_deserializer, handler.response_serializer)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(
-            behaviors.unary_stream, request_deserializer, handler.response_serializer)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(
-            behaviors.stream_unary, request_deserializer, handler.response_serializer)
-    if handler.stream_stream:
-        return grpc.stream_stream_rpc_method_handler(
-            behaviors.stream_stream, request_deserializer, handler.response_serializer)
+    for kind, make in _KINDS:
+        if getattr(handler, kind):
+            return make(getattr(behaviors, kind), request_deserializer, handler.response_serializer)
     return handler
