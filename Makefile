@@ -160,8 +160,25 @@ FUZZ_ARGS ?= --calls 10000
 fuzz: venv proxy-deps
 	$(PY) -m tests.fuzz $(FUZZ_ARGS)
 
-bench: venv etcd bench-audit
+# The side-by-side benchmark of the user's job (bench/outbox.py): PostgreSQL and RabbitMQ from
+# Debian (private instances on loopback ports, started by the benchmark), their Python clients.
+.PHONY: bench-deps bench-outbox
+$(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt
+	$(PY) -m pip install --quiet -r requirements/bench.txt
+	touch $@
+
+bench-deps: $(VENV)/.bench-installed
+	@(test -x "$$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | tail -1)" && command -v rabbitmq-server) >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql rabbitmq-server >/dev/null)
+	@command -v rabbitmq-server >/dev/null || (echo "bench-deps: rabbitmq-server missing after apt-get install" >&2; exit 1)
+
+bench-outbox: venv bench-deps
+	$(PY) -m bench.outbox
+
+bench: venv etcd bench-audit bench-deps proxy-deps
+	$(PY) -m bench.outbox
 	$(PY) -m bench.transactions
+	$(PY) -m bench.burst
 	$(PY) -m bench.replication
 	$(PY) -m bench.checks
 	$(PY) -m bench.failover
