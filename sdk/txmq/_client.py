@@ -16,10 +16,9 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import grpc
 
-from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, OverloadedError,
-                      TopicNotFoundError, TxmqError, error_from_rpc)
-from ._faults import (FAULT_ROUTE_REFRESH_SECONDS, OVERLOAD_RETRIES, FaultTable, RetryAction,
-                      overload_backoff_seconds, retry_action)
+from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError,
+                      TxmqError, error_from_rpc)
+from ._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, OverloadBackoff, RetryAction, retry_action
 from ._pipeline import ProduceStream
 from .v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
@@ -176,7 +175,7 @@ class Client:
         list it (see ``_faults.retry_action``), asking its address again before each retry;
         recorded in the fault table."""
         attempt = 1
-        overloaded = 0
+        overload = OverloadBackoff()
         while True:
             try:
                 address = self.broker_address(shard, refresh=attempt > 1)
@@ -184,9 +183,9 @@ class Client:
             except ClientClosedError:
                 raise
             except TxmqError as err:
-                if isinstance(err, OverloadedError) and overloaded < OVERLOAD_RETRIES:
-                    overloaded += 1  # nothing applied: the same request again, later
-                    time.sleep(overload_backoff_seconds(overloaded))
+                pause = overload.delay(err)
+                if pause is not None:  # nothing applied: the same request again, later
+                    time.sleep(pause)
                     continue
                 if err.retryable:
                     self.faults.failed(shard)

@@ -75,6 +75,22 @@ def overload_backoff_seconds(retry: int) -> float:
     return min(0.05 * 2 ** (retry - 1), 2.0) * (0.5 + random.random())
 
 
+class OverloadBackoff:
+    """One request's OVERLOADED refusals: ``delay(error)`` is the pause before sending it
+    again, or None when ``error`` is not such a refusal or :data:`OVERLOAD_RETRIES` are spent."""
+
+    __slots__ = ("retries",)
+
+    def __init__(self) -> None:
+        self.retries = 0
+
+    def delay(self, error: TxmqError) -> float | None:
+        if not isinstance(error, OverloadedError) or self.retries >= OVERLOAD_RETRIES:
+            return None
+        self.retries += 1
+        return overload_backoff_seconds(self.retries)
+
+
 def retry_action(error: TxmqError, *, bound: bool) -> RetryAction:
     """The one classification of failures for every client: ``bound`` requests (an id names
     their shard: EndTransaction, answers, acks, receipt handles; or a send that must keep its

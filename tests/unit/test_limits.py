@@ -12,7 +12,7 @@ from google.protobuf import duration_pb2
 from services.common.limits import (Admission, ConnectionLimit, RateLimitedWarning, Refused, check_numbers,
                                     guard_deserializer)
 from txmq._errors import ConnectionLimitError, InvalidFieldError, OverloadedError, UndecodableRequestError
-from txmq._faults import RetryAction, overload_backoff_seconds, retry_action
+from txmq._faults import OVERLOAD_RETRIES, OverloadBackoff, RetryAction, overload_backoff_seconds, retry_action
 from txmq.v1 import broker_pb2, checker_pb2, common_pb2
 
 
@@ -86,6 +86,10 @@ def test_admission_sheds_beyond_its_limit_with_a_retryable_error() -> None:
     # Nothing was applied: the same request goes to the same shard again, after a backoff.
     assert retry_action(shed.value, bound=False) is RetryAction.SAME_SHARD
     assert 0.025 <= overload_backoff_seconds(1) <= 0.075 and overload_backoff_seconds(20) <= 3.0
+    backoff = OverloadBackoff()
+    pauses = [backoff.delay(shed.value) for _ in range(OVERLOAD_RETRIES + 1)]
+    assert all(p is not None for p in pauses[:-1]) and pauses[-1] is None  # then the caller's own rules
+    assert OverloadBackoff().delay(ConnectionLimitError("max_streams_per_connection", 1, 1)) is None
     admission.exit()
     admission.enter()
     assert admission.shed == 1
