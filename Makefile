@@ -9,7 +9,7 @@ PROTOS := $(wildcard protos/txmq/v1/*.proto)
 DATA_DIR ?= ./data
 
 
-.PHONY: all venv tools cc etcd netns-tools proto proto-lint proto-check run demo test test-unit test-integration bench clean distclean
+.PHONY: all venv tools cc etcd netns-tools proto proto-lint proto-check run demo test test-unit test-integration bench fuzz clean distclean
 
 all: test
 
@@ -154,6 +154,12 @@ CHAOS_ARGS ?= --runs 10 --faults 6
 chaos: venv etcd netns-tools
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
 
+# Every RPC of every service fuzzed (hypothesis): ≥ 10,000 requests per RPC, the status census
+# per RPC, then health and fsck (reproduce a subset: FUZZ_ARGS="--calls 500 --only BrokerService/Produce").
+FUZZ_ARGS ?= --calls 10000
+fuzz: venv proxy-deps
+	$(PY) -m tests.fuzz $(FUZZ_ARGS)
+
 # The side-by-side benchmark of the user's job (bench/outbox.py): PostgreSQL and RabbitMQ from
 # Debian (private instances on loopback ports, started by the benchmark), their Python clients.
 .PHONY: bench-deps bench-outbox
@@ -169,9 +175,10 @@ bench-deps: $(VENV)/.bench-installed
 bench-outbox: venv bench-deps
 	$(PY) -m bench.outbox
 
-bench: venv etcd bench-audit bench-deps
+bench: venv etcd bench-audit bench-deps proxy-deps
 	$(PY) -m bench.outbox
 	$(PY) -m bench.transactions
+	$(PY) -m bench.burst
 	$(PY) -m bench.replication
 	$(PY) -m bench.checks
 	$(PY) -m bench.failover

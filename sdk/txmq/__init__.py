@@ -27,14 +27,14 @@ The generated stubs live in ``txmq.v1``.
 from ._checks import CheckMessage, InProgress
 from ._consumer import PushConsumer, SimpleConsumer
 from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, ClientClosedError,
-                      DeadlineExceededError, DiskFullError, FailedPreconditionError, InternalError,
+                      ConnectionLimitError, DeadlineExceededError, DiskFullError, FailedPreconditionError, InternalError,
                       InvalidArgumentError, InvalidFieldError, InvalidIdError, InvalidNameError,
                       LeadershipLostError, MessageTooLargeError, NoBrokerError, NotEnoughReplicasError,
-                      NotFoundError, NotLeaderError, PropertiesTooLargeError,
+                      NotFoundError, NotLeaderError, OverloadedError, PropertiesTooLargeError,
                       QueueNotFoundError, ReceiptHandleNotFoundError, ResourceExhaustedError,
                       StaleClaimError, SystemTopicError, TopicExistsError, TopicNotFoundError,
                       TransactionNotFoundError, TransactionStateError, TxmqError, UnavailableError,
-                      WrongBrokerError)
+                      UndecodableRequestError, WrongBrokerError)
 from ._faults import RoutingStats, ShardStats
 from ._producer import Producer, TransactionListener, TransactionProducer
 from ._tls import TLS
@@ -68,6 +68,7 @@ __all__ = [
     "BrokerNotFoundError",
     "CancelledError",
     "ClientClosedError",
+    "ConnectionLimitError",
     "DeadlineExceededError",
     "DiskFullError",
     "FailedPreconditionError",
@@ -82,6 +83,7 @@ __all__ = [
     "NotEnoughReplicasError",
     "NotFoundError",
     "NotLeaderError",
+    "OverloadedError",
     "PropertiesTooLargeError",
     "QueueNotFoundError",
     "ReceiptHandleNotFoundError",
@@ -94,5 +96,6 @@ __all__ = [
     "TransactionStateError",
     "TxmqError",
     "UnavailableError",
+    "UndecodableRequestError",
     "WrongBrokerError",
 ]

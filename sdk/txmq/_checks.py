@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterator
 
 import grpc
 
-from ._client import CHANNEL_OPTIONS, Client
+from ._client import Client
 from ._errors import InvalidFieldError, TxmqError, error_from_entry
 from ._types import LocalTransactionState, TransactionMessage, message_from_pb
 from .v1 import checker_pb2, checker_pb2_grpc, common_pb2, nameserver_pb2

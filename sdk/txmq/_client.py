@@ -18,7 +18,7 @@ import grpc
 
 from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError,
                       TxmqError, error_from_rpc)
-from ._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, RetryAction, retry_action
+from ._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, OverloadBackoff, RetryAction, retry_action
 from ._pipeline import ProduceStream
 from ._tls import TLS, ChannelTLS, sync_channel
 from .v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
@@ -212,6 +212,7 @@ class Client:
         list it (see ``_faults.retry_action``), asking its address again before each retry;
         recorded in the fault table."""
         attempt = 1
+        overload = OverloadBackoff()
         while True:
             try:
                 address = self.broker_address(shard, refresh=attempt > 1)
@@ -219,6 +220,10 @@ class Client:
             except ClientClosedError:
                 raise
             except TxmqError as err:
+                pause = overload.delay(err)
+                if pause is not None:  # nothing applied: the same request again, later
+                    time.sleep(pause)
+                    continue
                 if err.retryable:
                     self.faults.failed(shard)
                 if retry_action(err, bound=True) is RetryAction.FAIL or attempt >= BOUND_ATTEMPTS:

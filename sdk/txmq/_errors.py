@@ -100,6 +100,15 @@ class WrongBrokerError(InvalidArgumentError):
                          kind=kind, value=value, named=named, broker=broker)
 
 
+class UndecodableRequestError(InvalidArgumentError):
+    """A request body that is not the method's message (refused before any code ran)."""
+
+    reason = "UNDECODABLE_REQUEST"
+
+    def __init__(self, method: str, problem: str) -> None:
+        super().__init__(f"{method}: the request body does not decode: {problem}", method=method, problem=problem)
+
+
 # --- NOT_FOUND / ALREADY_EXISTS ---------------------------------------------------------
 
 class NotFoundError(TxmqError):
@@ -205,6 +214,29 @@ class DiskFullError(ResourceExhaustedError):
         super().__init__(f"free disk {free_bytes} bytes is below min_free_disk_bytes={floor_bytes}: "
                          "sends are refused until space is freed", free_bytes=free_bytes,
                          floor_bytes=floor_bytes)
+
+
+class OverloadedError(ResourceExhaustedError):
+    """The server had ``limit`` calls in flight and refused this one before running it
+    (nothing applied): retry after a backoff with the same request (same ids)."""
+
+    reason = "OVERLOADED"
+    retryable = True
+
+    def __init__(self, setting: str, limit: int) -> None:
+        super().__init__(f"server overloaded: {setting}={limit} calls in flight; nothing applied, retry later",
+                         setting=setting, limit=limit)
+
+
+class ConnectionLimitError(ResourceExhaustedError):
+    """One connection holds ``limit`` streams, long polls or pending checks already
+    (``setting`` names the limit): close some, or spread the load over connections."""
+
+    reason = "CONNECTION_LIMIT"
+
+    def __init__(self, setting: str, limit: int, held: int) -> None:
+        super().__init__(f"this connection holds {held} already: {setting}={limit} reached",
+                         setting=setting, limit=limit, held=held)
 
 
 class UnavailableError(TxmqError):

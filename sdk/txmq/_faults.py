@@ -22,13 +22,14 @@ Thread-safe; the asyncio proxy calls it from its loop (no await inside).
 from __future__ import annotations
 
 import enum
+import random
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Generic, Hashable, Sequence, TypeVar
 
-from ._errors import BrokerNotFoundError, LeadershipLostError, NotLeaderError, TxmqError
+from ._errors import BrokerNotFoundError, LeadershipLostError, NotLeaderError, OverloadedError, TxmqError
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -62,6 +63,34 @@ class RetryAction(enum.Enum):
     SAME_SHARD = "same_shard"
 
 
+#: Refusals by an overloaded server (``OverloadedError``: nothing applied) one request
+#: retries, with :func:`overload_backoff_seconds` before each; they do not count against the
+#: caller's attempts.
+OVERLOAD_RETRIES = 12
+
+
+def overload_backoff_seconds(retry: int) -> float:
+    """The pause before the ``retry``-th retry of a request an overloaded server refused:
+    50 ms doubling up to 2 s, with jitter (0.5-1.5x) so a refused burst comes back spread."""
+    return min(0.05 * 2 ** (retry - 1), 2.0) * (0.5 + random.random())
+
+
+class OverloadBackoff:
+    """One request's OVERLOADED refusals: ``delay(error)`` is the pause before sending it
+    again, or None when ``error`` is not such a refusal or :data:`OVERLOAD_RETRIES` are spent."""
+
+    __slots__ = ("retries",)
+
+    def __init__(self) -> None:
+        self.retries = 0
+
+    def delay(self, error: TxmqError) -> float | None:
+        if not isinstance(error, OverloadedError) or self.retries >= OVERLOAD_RETRIES:
+            return None
+        self.retries += 1
+        return overload_backoff_seconds(self.retries)
+
+
 def retry_action(error: TxmqError, *, bound: bool) -> RetryAction:
     """The one classification of failures for every client: ``bound`` requests (an id names
     their shard: EndTransaction, answers, acks, receipt handles; or a send that must keep its
@@ -70,9 +99,10 @@ def retry_action(error: TxmqError, *, bound: bool) -> RetryAction:
 
     A replicated shard's NOT_LEADER (a follower was asked) and LEADERSHIP_LOST (the outcome
     is unknown: only the same id on the same shard is safe) are SAME_SHARD whether bound or
-    not: the request keeps its ids, and the callers (``Producer._send_new``,
+    not: the request keeps its ids (so does an OVERLOADED refusal: the shard is up, only busy;
+    callers retry it after :func:`overload_backoff_seconds` without spending an attempt), and the callers (``Producer._send_new``,
     ``Client.call_bound``, the proxy's ``Relay``) ask the route again before retrying."""
-    if isinstance(error, (NotLeaderError, LeadershipLostError)):
+    if isinstance(error, (NotLeaderError, LeadershipLostError, OverloadedError)):
         return RetryAction.SAME_SHARD
     if bound and isinstance(error, BrokerNotFoundError):
         return RetryAction.SAME_SHARD

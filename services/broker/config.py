@@ -70,6 +70,9 @@ class BrokerConfig(ServiceConfig):
     min_invisible_duration_seconds: float = seconds(0.05, min=0, max=HOUR, zero="no floor")
     max_long_polling_seconds: float = seconds(30.0, min=0, max=HOUR, zero="no long polling: receives answer at once")
     max_receive_batch: int = count(256)
+    #: Receives waiting (long polling) at once on one connection; one more is refused with
+    #: RESOURCE_EXHAUSTED naming this (a proxy multiplexes its clients' polls on one).
+    max_long_polls_per_connection: int = count(1000, max=1_000_000)
     # --- replication (docs/replication.md) -------------------------------------------------
     #: Replicas of this shard (``broker_name``). 1: a single broker, no etcd (the embedded
     #: default); 3 in production.

@@ -95,7 +95,8 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
         names = [SERVICE_NAME, REPLICATION_SERVICE_NAME]
         metrics.watch_replication(node)
     metrics.watch(lambda: terms[0] if terms else None)
-    app = ServiceApp("broker", config, metrics, registered, names)
+    # A long poll waits by design: limited per connection, not by max_concurrent_rpcs.
+    app = ServiceApp("broker", config, metrics, registered, names, unmetered=("ReceiveMessages",))
     address = config.advertise_address or f"{'127.0.0.1' if config.host in ('0.0.0.0', '') else config.host}:{app.port}"
     if not replicated:
         app.core = terms[0][0]  # type: ignore[attr-defined]  # tests and tools reach the domain through the app

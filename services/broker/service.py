@@ -13,6 +13,7 @@ from txmq._errors import InvalidFieldError, TxmqError
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
 from services.common.errors import OK, entry_status
+from services.common.limits import ConnectionLimit
 
 from .bridge import StoreBridge
 from .checks import CheckReport, ClaimBatch
@@ -117,6 +118,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self.bridge = bridge
         self.metrics = metrics
         self.config = core.config
+        self.long_polls = ConnectionLimit("max_long_polls_per_connection", self.config.max_long_polls_per_connection)
 
     # --- producing -----------------------------------------------------------------------
 
@@ -240,6 +242,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         if remaining is not None:
             # Answer (possibly empty) before the caller's deadline, never after it.
             wait = max(0.0, min(wait, remaining - 0.2))
+        if wait <= 0:
+            return await self._receive(request, tags, 0.0)
+        with self.long_polls.hold(context.peer()):
+            return await self._receive(request, tags, wait)
+
+    async def _receive(self, request: broker_pb2.ReceiveMessagesRequest, tags: frozenset[str] | None,
+                       wait: float) -> broker_pb2.ReceiveMessagesResponse:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         topic = request.topic
@@ -364,6 +373,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return response
 
     async def QueryTransactions(self, request: broker_pb2.QueryTransactionsRequest, context: Any) -> Any:
+        if request.limit < 0:
+            raise InvalidFieldError("limit", f"{request.limit} is negative (0: the default page size)")
         rows, token = self.core.query_txns(request.producer_group, state_from_proto(request.state),
                                            request.older_than_seconds, request.limit, request.page_token)
         await self.bridge.settled()

@@ -73,6 +73,8 @@ def validate_message(r: LogRecord, config: BrokerConfig, topics: Mapping[str, in
                 "check_immunity_seconds",
                 f"{r.check_immunity_seconds} is outside 0..max_transaction_lifetime_seconds="
                 f"{cfg.max_transaction_lifetime_seconds}")
+    if r.born_ms < 0:
+        raise InvalidFieldError("born_timestamp_ms", f"{r.born_ms} is negative (milliseconds since the epoch)")
     if len(r.born_host.encode()) > 255:
         raise InvalidFieldError("born_host", "longer than 255 bytes")
     return r

@@ -40,6 +40,9 @@ class CheckerConfig(ServiceConfig):
     #: Credit of a producer stream without flow control (an SDK that announces none):
     #: checks sent to it and not yet answered, handed back or forgotten.
     default_check_credit: int = count(64, max=1_000_000)
+    #: Checks one connection's streams may be owed at once (the credit they announce, added
+    #: up); a stream announcing more is refused with RESOURCE_EXHAUSTED naming this.
+    max_pending_checks_per_connection: int = count(16_384, max=100_000_000)
     #: Most reports in one ReportChecks call.
     report_batch: int = count(512)
     #: Deadline of each call to a broker or a name server.

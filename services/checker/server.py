@@ -40,7 +40,8 @@ async def create_server(config: CheckerConfig) -> tuple[ServiceApp, int]:
                             default_credit=config.default_check_credit, metrics=metrics)
     directory = BrokerDirectory(config, dispatcher)
     reporter.directory = directory
-    servicer = CheckerServicer(dispatcher, max_groups_per_stream=config.max_groups_per_stream)
+    servicer = CheckerServicer(dispatcher, max_groups_per_stream=config.max_groups_per_stream,
+                               max_pending_checks_per_connection=config.max_pending_checks_per_connection)
     app = ServiceApp("checker", config, metrics,
                      [(checker_pb2_grpc.add_CheckerServiceServicer_to_server, servicer)], [SERVICE_NAME])
     address = config.advertise_address or f"{'127.0.0.1' if config.host in ('0.0.0.0', '') else config.host}:{app.port}"

@@ -33,6 +33,8 @@ from txmq._errors import InvalidFieldError, TxmqError
 from txmq._names import validate_group
 from txmq.v1 import checker_pb2, checker_pb2_grpc
 
+from services.common.limits import ConnectionLimit
+
 from .dispatcher import Dispatcher, ProducerStream
 
 log = logging.getLogger(__name__)
@@ -65,9 +67,12 @@ def validate_subscribe(request: checker_pb2.CheckTransactionStateRequest,
 
 
 class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
-    def __init__(self, dispatcher: Dispatcher, *, max_groups_per_stream: int) -> None:
+    def __init__(self, dispatcher: Dispatcher, *, max_groups_per_stream: int,
+                 max_pending_checks_per_connection: int = 16_384) -> None:
         self.dispatcher = dispatcher
         self.max_groups = max_groups_per_stream
+        #: The credit (checks owed) of one connection's streams together.
+        self.pending = ConnectionLimit("max_pending_checks_per_connection", max_pending_checks_per_connection)
 
     async def CheckTransactionState(self, request_iterator: AsyncIterator[checker_pb2.CheckTransactionStateRequest],
                                     context: Any) -> None:
@@ -77,7 +82,16 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
         except StopAsyncIteration:
             return
         client_id, groups, credit = validate_subscribe(first, self.max_groups)
-        stream = self.dispatcher.subscribe(client_id, groups, credit)
+        peer = context.peer()
+        owed = min(credit or self.dispatcher.default_credit, self.dispatcher.queue_size)
+        self.pending.take(peer, owed)
+        try:
+            await self._serve(requests, context, self.dispatcher.subscribe(client_id, groups, credit), groups)
+        finally:
+            self.pending.give_back(peer, owed)
+
+    async def _serve(self, requests: AsyncIterator[checker_pb2.CheckTransactionStateRequest], context: Any,
+                     stream: ProducerStream, groups: tuple[str, ...]) -> None:
         ready = asyncio.Event()
         stream.set_waiter(ready.set)
         reader = asyncio.ensure_future(self._read(requests, stream))
@@ -93,21 +107,29 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
                     await ready.wait()
                     continue
                 await context.write(response)
+            # A request that did not decode (or carried a bad number) ends the stream with
+            # its status (INVALID_ARGUMENT).
+            if reader.done() and not reader.cancelled() and reader.result() is not None:
+                raise reader.result()
         finally:
             reader.cancel()
             self.dispatcher.unsubscribe(stream)
 
     async def _read(self, requests: AsyncIterator[checker_pb2.CheckTransactionStateRequest],
-                    stream: ProducerStream) -> None:
+                    stream: ProducerStream) -> TxmqError | None:
+        refused: TxmqError | None = None
         try:
             async for request in requests:
                 self._handle(request, stream)
         except asyncio.CancelledError:
             raise
+        except TxmqError as exc:
+            refused = exc
         except Exception as exc:  # noqa: BLE001 - the producer went away mid-read
             log.debug("stream read ended", extra={"fields": {"stream": stream.id, "error": str(exc)[:200]}})
         # The producer half-closed (or is gone): end the stream.
         self.dispatcher.unsubscribe(stream)
+        return refused
 
     def _handle(self, request: checker_pb2.CheckTransactionStateRequest, stream: ProducerStream) -> None:
         kind = request.WhichOneof("command")

@@ -272,6 +272,14 @@ class ServiceConfig:
     #: The name the other services' certificates are checked against when it is not the host
     #: dialed (e.g. addresses are IPs). Empty: the host dialed.
     tls_server_name: str = ""
+    #: Unary calls served at once; one more is refused at once with a retryable
+    #: RESOURCE_EXHAUSTED (reason OVERLOADED, nothing applied) that clients back off on.
+    max_concurrent_rpcs: int = count(2000, max=1_000_000)
+    #: Calls gRPC queues before the service picks them up; beyond it gRPC itself cancels
+    #: them (CANCELLED), so this is sized well above ``max_concurrent_rpcs``.
+    max_pending_rpcs: int = count(20_000, min=100, max=1_000_000)
+    #: Streams one connection may hold open (RESOURCE_EXHAUSTED naming this beyond).
+    max_streams_per_connection: int = count(1000, max=1_000_000)
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -1,20 +1,25 @@
-"""The one interceptor chain every RPC of every service passes through: timing and status
+"""The one interceptor chain every RPC of every service passes through: request bodies
+decoded and their numbers checked (``limits.guard_deserializer``), load shed beyond
+``max_concurrent_rpcs`` and streams limited per connection (``limits``), timing and status
 codes for metrics, and domain error → status mapping. Security (TLS, authentication,
 ACLs) will be added here, in one place."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
-from typing import Any, Callable
+import types
+from typing import Any, Callable, Iterator
 
 import grpc
 
 from txmq._errors import TxmqError
 
 from .errors import abort_with
+from .limits import Admission, ConnectionLimit, Refused, guard_deserializer
 from .metrics import BaseMetrics
 
 log = logging.getLogger(__name__)
@@ -24,9 +29,24 @@ def _short_method(full: str) -> str:
     return full.rsplit("/", 1)[-1]
 
 
+#: Answers a refusal made before a unary method ran (overload, a bad number) in band, as
+#: the method's own response: the proxy's RocketMQ clients read errors from a ``Status``
+#: inside the response. None: answer with a gRPC status.
+InBand = Callable[[str, TxmqError], Any]
+
+
 class ServerInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, metrics: BaseMetrics) -> None:
+    def __init__(self, metrics: BaseMetrics, admission: Admission | None = None,
+                 streams: ConnectionLimit | None = None, unmetered: frozenset[str] = frozenset(),
+                 in_band: InBand | None = None) -> None:
         self.metrics = metrics
+        #: Unary calls in flight (``max_concurrent_rpcs``); ``unmetered`` methods (long
+        #: polls, which wait by design) are limited per connection instead.
+        self.admission = admission
+        #: Open streams per connection (``max_streams_per_connection``).
+        self.streams = streams
+        self.unmetered = unmetered
+        self.in_band = in_band
 
     async def intercept_service(self, continuation: Callable[..., Any],
                                 handler_call_details: grpc.HandlerCallDetails) -> Any:
@@ -34,12 +54,19 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         method = _short_method(handler_call_details.method)
-        if method == "Check" or method == "Watch" or "ServerReflection" in handler_call_details.method:
-            return handler
+        request_deserializer = guard_deserializer(handler.request_deserializer, method,
+                                                  streaming=handler.request_streaming)
+        # Health and reflection: decoded and mapped like the rest, neither limited nor timed.
+        quiet = method == "Check" or method == "Watch" or "ServerReflection" in handler_call_details.method
+        admission = self.admission if not quiet and method not in self.unmetered else None
+        streams = self.streams if not quiet else None
+        in_band = self.in_band
         observe = self.metrics.rpc_duration
         service = self.metrics.service
 
         def record(start: float, context: Any, code: grpc.StatusCode | None) -> None:
+            if quiet:
+                return
             if code is None:
                 code = context.code() if context.code() is not None else grpc.StatusCode.OK
                 if isinstance(code, int):
@@ -49,16 +76,35 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         async def fail(context: Any, exc: BaseException) -> grpc.StatusCode:
             if isinstance(exc, TxmqError):
                 await abort_with(context, exc)
+            if isinstance(exc, NotImplementedError):  # e.g. the stock health service's List
+                await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented")
             log.exception("unexpected error in %s", method)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}")
             raise AssertionError("unreachable")
 
-        def wrap_unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
+        def wrap_unary(behavior: Callable[..., Any], streaming: bool) -> Callable[..., Any]:
             async def wrapper(request_or_iterator: Any, context: Any) -> Any:
                 start = time.perf_counter()
                 code: grpc.StatusCode | None = None
                 try:
-                    return await behavior(request_or_iterator, context)
+                    if isinstance(request_or_iterator, Refused):
+                        raise request_or_iterator.error
+                    if streaming:
+                        with streams.hold(context.peer()) if streams else _nothing():
+                            return await behavior(request_or_iterator, context)
+                    if admission is None:
+                        return await behavior(request_or_iterator, context)
+                    try:
+                        admission.enter()
+                    except TxmqError as exc:
+                        if in_band is None:
+                            raise
+                        code = exc.code
+                        return in_band(method, exc)
+                    try:
+                        return await behavior(request_or_iterator, context)
+                    finally:
+                        admission.exit()
                 except (asyncio.CancelledError, grpc.aio.AbortError):
                     raise
                 except TxmqError as exc:
@@ -73,14 +119,17 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
         def wrap_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
             if not inspect.isasyncgenfunction(behavior):
-                return wrap_unary(behavior)
+                return wrap_unary(behavior, streaming=True)
 
             async def wrapper(request_or_iterator: Any, context: Any) -> Any:
                 start = time.perf_counter()
                 code: grpc.StatusCode | None = None
                 try:
-                    async for item in behavior(request_or_iterator, context):
-                        yield item
+                    if isinstance(request_or_iterator, Refused):
+                        raise request_or_iterator.error
+                    with streams.hold(context.peer()) if streams else _nothing():
+                        async for item in behavior(request_or_iterator, context):
+                            yield item
                 except (asyncio.CancelledError, grpc.aio.AbortError):
                     raise
                 except TxmqError as exc:
@@ -93,16 +142,27 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     record(start, context, code)
             return wrapper
 
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer)
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer)
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
-                wrap_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer)
-        if handler.stream_stream:
-            return grpc.stream_stream_rpc_method_handler(
-                wrap_stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer)
-        return handler
+        return _rebuild(handler, request_deserializer, types.SimpleNamespace(
+            unary_unary=handler.unary_unary and wrap_unary(handler.unary_unary, streaming=False),
+            unary_stream=handler.unary_stream and wrap_stream(handler.unary_stream),
+            stream_unary=handler.stream_unary and wrap_unary(handler.stream_unary, streaming=True),
+            stream_stream=handler.stream_stream and wrap_stream(handler.stream_stream)))
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+_KINDS = (("unary_unary", grpc.unary_unary_rpc_method_handler),
+          ("unary_stream", grpc.unary_stream_rpc_method_handler),
+          ("stream_unary", grpc.stream_unary_rpc_method_handler),
+          ("stream_stream", grpc.stream_stream_rpc_method_handler))
+
+
+def _rebuild(handler: Any, request_deserializer: Any, behaviors: Any) -> Any:
+    """``handler`` with the guarded request deserializer and the behaviours of ``behaviors``."""
+    for kind, make in _KINDS:
+        if getattr(handler, kind):
+            return make(getattr(behaviors, kind), request_deserializer, handler.response_serializer)
+    return handler

@@ -15,7 +15,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from .config import ServiceConfig
-from .interceptors import ServerInterceptor
+from .interceptors import InBand, ServerInterceptor
+from .limits import Admission, ConnectionLimit
 from .metrics import BaseMetrics
 from .runtime import StartupError
 from .tls import server_credentials
@@ -45,15 +46,25 @@ def check_port_free(host: str, port: int, setting: str) -> None:
 class ServiceApp:
     def __init__(self, name: str, config: ServiceConfig, metrics: BaseMetrics,
                  register: Iterable[tuple[Callable[[Any, Any], None], Any]],
-                 service_names: Iterable[str]) -> None:
+                 service_names: Iterable[str], *, unmetered: Iterable[str] = (),
+                 in_band: InBand | None = None) -> None:
+        """``unmetered``: methods that wait by design (long polls), not counted against
+        ``max_concurrent_rpcs``; ``in_band``: answers a refusal as the method's response."""
         self.name = name
         self.config = config
         self.metrics = metrics
+        self.admission = Admission(config.max_concurrent_rpcs)
         self.server = grpc.aio.server(
-            interceptors=[ServerInterceptor(metrics)],
+            interceptors=[ServerInterceptor(
+                metrics, self.admission, ConnectionLimit("max_streams_per_connection", config.max_streams_per_connection),
+                frozenset(unmetered), in_band)],
             options=[("grpc.max_receive_message_length", config.max_grpc_message_bytes),
                      ("grpc.max_send_message_length", config.max_grpc_message_bytes),
-                     ("grpc.so_reuseport", 0)])
+                     ("grpc.so_reuseport", 0),
+                     # gRPC cancels calls queued beyond its pending cap (1,000 by default):
+                     # the queue is sized here and the excess shed by the interceptor.
+                     ("grpc.server.max_pending_requests", config.max_pending_rpcs),
+                     ("grpc.server.max_pending_requests_hard_limit", config.max_pending_rpcs)])
         for add, servicer in register:
             add(servicer, self.server)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()

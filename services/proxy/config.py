@@ -18,6 +18,14 @@ class ProxyConfig(ServiceConfig):
     #: RocketMQ's own proxy port, so a client's default access point works unchanged.
     port: int = 8081
     proxy_name: str = dataclasses.field(default_factory=default_proxy_name)
+    #: A proxy call mostly waits on a broker, and the official Python client gives a send
+    #: up at once on 42900 TOO_MANY_REQUESTS: the proxy takes a burst of this many calls
+    #: and backs off on the brokers' own OVERLOADED refusals itself.
+    max_concurrent_rpcs: int = count(20_000, max=1_000_000)
+    max_pending_rpcs: int = count(40_000, min=100, max=1_000_000)
+    #: ReceiveMessage long polls waiting at once on one client connection; one more is
+    #: answered 42900 TOO_MANY_REQUESTS naming this.
+    max_long_polls_per_connection: int = count(1000, max=1_000_000)
     #: Every name server (comma-separated host:port).
     nameserver_addresses: tuple[str, ...] = ()
     #: host:port the clients are told to dial for data and Telemetry (a route's broker

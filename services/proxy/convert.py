@@ -67,10 +67,16 @@ def md5_digest(body: bytes) -> definition_pb2.Digest:
     return definition_pb2.Digest(type=definition_pb2.MD5, checksum=hashlib.md5(body).hexdigest().upper())
 
 
-def inflate(body: bytes) -> bytes:
-    """A GZIP-encoded body (the clients use gzip or zlib framing)."""
+def inflate(body: bytes, max_bytes: int | None = None) -> bytes:
+    """A GZIP-encoded body (the clients use gzip or zlib framing), inflated to at most
+    ``max_bytes`` + 1 bytes: a small body that inflates to gigabytes (a zip bomb) is
+    stopped there, not held in memory."""
     try:
-        return zlib.decompress(body, 47)  # 32 + 15: detect gzip or zlib headers
+        inflater = zlib.decompressobj(47)  # 32 + 15: detect gzip or zlib headers
+        out = inflater.decompress(body, (max_bytes + 1) if max_bytes is not None else 0)
+        if max_bytes is None or len(out) <= max_bytes:
+            out += inflater.flush()
+        return out
     except zlib.error as exc:
         raise ProxyError(Code.MESSAGE_CORRUPTED, f"body is marked GZIP but does not inflate: {exc}") from None
 
@@ -92,7 +98,7 @@ def to_native(message: definition_pb2.Message, *, client_id: str, max_body_bytes
         raise unsupported("message groups (FIFO messages)")
     body = message.body
     if sp.body_encoding == definition_pb2.GZIP:
-        body = inflate(body)
+        body = inflate(body, max_body_bytes)
     if not body:
         raise ProxyError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
     if len(body) > max_body_bytes:

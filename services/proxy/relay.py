@@ -26,7 +26,7 @@ import time
 from typing import Awaitable, Callable, Sequence, TypeVar
 
 from txmq._errors import InvalidIdError, TopicNotFoundError, TxmqError, error_from_entry
-from txmq._faults import FaultTable, RetryAction, retry_action
+from txmq._faults import FaultTable, OverloadBackoff, RetryAction, retry_action
 from txmq._ids import ReceiptHandle, TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2
 
@@ -80,6 +80,7 @@ class Relay:
         half = message.type == common_pb2.MESSAGE_TYPE_TRANSACTION
         failed_on: set[str] = set()
         attempt = 1
+        overload = OverloadBackoff()
         while True:
             queues = await self.upstream.route(message.topic)
             if not queues:
@@ -93,6 +94,10 @@ class Relay:
                 response = await call(self._stub(queue.broker_address).SendMessage(
                     broker_pb2.SendMessageRequest(message=message), timeout=self.config.rpc_timeout_seconds))
             except TxmqError as exc:
+                pause = overload.delay(exc)
+                if pause is not None:  # nothing applied: the same request again, later
+                    await asyncio.sleep(pause)
+                    continue
                 action = retry_action(exc, bound=False)
                 if action is RetryAction.ELSEWHERE:
                     faults.failed(queue.broker_name)
@@ -136,11 +141,16 @@ class Relay:
         """A call bound to ``broker`` by an id, retried there with backoff while it fails
         transiently or the name servers do not list it (``retry_action(bound=True)``)."""
         attempt = 1
+        overload = OverloadBackoff()
         while True:
             try:
                 stub = await self.upstream.broker(broker)
                 return await call(send(stub))
             except TxmqError as exc:
+                pause = overload.delay(exc)
+                if pause is not None:
+                    await asyncio.sleep(pause)
+                    continue
                 if exc.retryable:
                     self.upstream.faults.failed(broker)
                 if retry_action(exc, bound=True) is RetryAction.FAIL or attempt >= BOUND_ATTEMPTS:

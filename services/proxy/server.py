@@ -5,6 +5,11 @@ consumers' deliveries."""
 from __future__ import annotations
 
 import logging
+from typing import Any
+
+from google.protobuf import message_factory
+
+from txmq._errors import TxmqError
 
 from services.common.server import ServiceApp
 
@@ -12,13 +17,23 @@ from .checks import CheckManager
 from .clients import ClientRegistry
 from .config import ProxyConfig
 from .metrics import ProxyMetrics
-from .protocol import SERVICE_NAME, service_pb2_grpc
+from .codes import status
+from .protocol import SERVICE_NAME, service_pb2, service_pb2_grpc
 from .relay import Relay
 from .renew import Renewer
 from .service import MessagingServicer
 from .upstream import Upstream
 
 log = logging.getLogger(__name__)
+
+_METHODS = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].methods_by_name
+
+
+def refusal_in_band(method: str, error: TxmqError) -> Any:
+    """A refusal before a method ran (OVERLOADED → 42900 TOO_MANY_REQUESTS, a bad number →
+    40000 BAD_REQUEST) as the method's response: the official clients read errors in band."""
+    response_cls = message_factory.GetMessageClass(_METHODS[method].output_type)
+    return response_cls(status=status(error))
 
 
 async def create_server(config: ProxyConfig) -> tuple[ServiceApp, int]:
@@ -31,7 +46,8 @@ async def create_server(config: ProxyConfig) -> tuple[ServiceApp, int]:
     renewer = Renewer(config, relay, metrics)
     servicer = MessagingServicer(config, upstream, relay, registry, checks, metrics, renewer=renewer)
     app = ServiceApp("proxy", config, metrics,
-                     [(service_pb2_grpc.add_MessagingServiceServicer_to_server, servicer)], [SERVICE_NAME])
+                     [(service_pb2_grpc.add_MessagingServiceServicer_to_server, servicer)], [SERVICE_NAME],
+                     in_band=refusal_in_band)
     servicer.bound_port = app.port  # routes fall back to it when a client names no access point
     app.servicer = servicer  # type: ignore[attr-defined]  # tests and tools reach the domain
 

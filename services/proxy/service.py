@@ -12,12 +12,15 @@ docs/rocketmq-compat.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any, AsyncIterator, Callable
 
 from txmq._errors import TxmqError
 from txmq.v1 import common_pb2
+
+from services.common.limits import ConnectionLimit
 
 from . import settings as settings_mod
 from .checks import CheckManager
@@ -73,6 +76,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.checks = checks
         self.metrics = metrics
         self.bound_port = bound_port
+        self.long_polls = ConnectionLimit("max_long_polls_per_connection", config.max_long_polls_per_connection)
         self.renewer = renewer or Renewer(config, relay, metrics)
         registry.on_gone.append(self.renewer.client_gone)
 
@@ -199,10 +203,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 seconds(request.invisible_duration) if request.HasField("invisible_duration")
                 else self.config.default_invisible_duration_seconds)
             batch = min(max(request.batch_size, 1), self.config.max_receive_batch)
-            deliveries = await self.relay.receive(
-                group=group, topic=topic, broker=queue.broker.name, filter_expression=expression,
-                max_messages=batch, invisible_seconds=invisible,
-                wait_seconds=self._long_poll_seconds(request, context))
+            wait = self._long_poll_seconds(request, context)
+            # A long poll counts against its connection's limit (42900 TOO_MANY_REQUESTS beyond).
+            with self.long_polls.hold(context.peer()) if wait > 0 else contextlib.nullcontext():
+                deliveries = await self.relay.receive(
+                    group=group, topic=topic, broker=queue.broker.name, filter_expression=expression,
+                    max_messages=batch, invisible_seconds=invisible, wait_seconds=wait)
         except Exception as exc:  # noqa: BLE001
             await context.write(_failed(spb.ReceiveMessageResponse, exc, "ReceiveMessage"))
             return
@@ -323,11 +329,16 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 await context.write(command)
                 if on_written is not None:
                     on_written()
+            # A command that did not decode ends the stream with its status (INVALID_ARGUMENT).
+            if reader.done() and not reader.cancelled() and reader.result() is not None:
+                raise reader.result()
         finally:
             reader.cancel()
             self.registry.close_stream(stream)
 
-    async def _read_telemetry(self, requests: AsyncIterator[spb.TelemetryCommand], stream: TelemetryStream) -> None:
+    async def _read_telemetry(self, requests: AsyncIterator[spb.TelemetryCommand],
+                              stream: TelemetryStream) -> TxmqError | None:
+        refused: TxmqError | None = None
         try:
             async for command in requests:
                 if command.WhichOneof("command") == "settings":
@@ -338,7 +349,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 # Other commands (thread stack traces, verify results, statuses) need no reply.
         except asyncio.CancelledError:
             raise
+        except TxmqError as exc:
+            refused = exc
         except Exception as exc:  # noqa: BLE001 - the client went away mid-read
             log.debug("telemetry read ended", extra={"fields": {"client_id": stream.client_id,
                                                                  "error": str(exc)[:200]}})
         self.registry.close_stream(stream)
+        return refused

@@ -18,17 +18,17 @@ NOWHERE = "127.0.0.1:1"
 
 EXPORTS = [
     "AlreadyExistsError", "BrokerNotFoundError", "CancelledError", "CheckMessage",
-    "ClientClosedError", "ConsumeResult", "DeadlineExceededError", "DiskFullError",
+    "ClientClosedError", "ConnectionLimitError", "ConsumeResult", "DeadlineExceededError", "DiskFullError",
     "FailedPreconditionError", "InProgress", "InternalError", "InvalidArgumentError",
     "InvalidFieldError", "InvalidIdError",
     "InvalidNameError", "LeadershipLostError", "LocalTransactionState", "Message", "MessageTooLargeError",
-    "NoBrokerError", "NotEnoughReplicasError", "NotFoundError", "NotLeaderError", "Producer",
+    "NoBrokerError", "NotEnoughReplicasError", "NotFoundError", "NotLeaderError", "OverloadedError", "Producer",
     "PropertiesTooLargeError", "PushConsumer",
     "QueueNotFoundError", "ReceiptHandleNotFoundError", "ReceivedMessage",
     "ResourceExhaustedError", "RoutingStats", "SendReceipt", "ShardStats", "SimpleConsumer", "StaleClaimError", "SystemTopicError",
     "TLS", "TopicExistsError", "TopicNotFoundError", "TransactionListener", "TransactionMessage",
     "TransactionNotFoundError", "TransactionProducer", "TransactionResult", "TransactionState",
-    "TransactionStateError", "TxmqError", "UnavailableError", "WrongBrokerError",
+    "TransactionStateError", "TxmqError", "UnavailableError", "UndecodableRequestError", "WrongBrokerError",
 ]
 
 

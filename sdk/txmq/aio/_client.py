@@ -19,7 +19,7 @@ import grpc
 from .._client import BOUND_ATTEMPTS, BOUND_BACKOFF_SECONDS, CHANNEL_OPTIONS, QueueRoute, parse_nameservers, positive
 from .._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError, TxmqError,
                        error_from_rpc)
-from .._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, RetryAction, retry_action
+from .._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, OverloadBackoff, RetryAction, retry_action
 from .._tls import TLS, ChannelTLS
 from ..v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 from ._stream import AsyncProduceStream
@@ -147,6 +147,7 @@ class AsyncClient:
         """A unary call bound to ``shard`` by an id (an ack, an invisibility change): retried
         there with backoff while it fails transiently (``txmq._faults.retry_action``)."""
         attempt = 1
+        overload = OverloadBackoff()
         while True:
             try:
                 address = await self.broker_address(shard, refresh=attempt > 1)
@@ -154,6 +155,10 @@ class AsyncClient:
             except ClientClosedError:
                 raise
             except TxmqError as err:
+                pause = overload.delay(err)
+                if pause is not None:  # nothing applied: the same request again, later
+                    await asyncio.sleep(pause)
+                    continue
                 if err.retryable:
                     self.faults.failed(shard)
                 if retry_action(err, bound=True) is RetryAction.FAIL or attempt >= BOUND_ATTEMPTS:

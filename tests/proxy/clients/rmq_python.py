@@ -169,6 +169,29 @@ def send(args: dict) -> None:
     emit("done")
 
 
+def burst(args: dict) -> None:
+    """``count`` concurrent ``send_async`` calls, then one ``burst`` event: how many were
+    sent, the failures by exception type (with a sample message) and the message ids sent."""
+    topic, count = args["topic"], args["count"]
+    producer = Producer(config(args), topics=[topic])
+    producer.startup()
+    try:
+        started = time.monotonic()
+        futures = [producer.send_async(message(topic, f"burst-{i}")) for i in range(count)]
+        sent, failed, samples = [], {}, {}
+        for future in futures:
+            try:
+                sent.append(future.result(timeout=args.get("timeout_seconds", 120)).message_id)
+            except Exception as exc:  # noqa: BLE001 - counted by type
+                name = type(exc).__name__
+                failed[name] = failed.get(name, 0) + 1
+                samples.setdefault(name, str(exc)[:300])
+        emit("burst", sent=len(sent), failed=failed, samples=samples, message_ids=sent,
+             seconds=round(time.monotonic() - started, 3))
+    finally:
+        producer.shutdown()
+
+
 def simple(args: dict) -> None:
     """Receives until ``count`` acknowledgements. Messages whose body starts with "postpone"
     get change_invisible_duration(``postpone_seconds``) on their first delivery instead of
@@ -223,7 +246,7 @@ def push(args: dict) -> None:
     emit("done")
 
 
-SCENARIOS = {f.__name__: f for f in (transactional, commit_load, orphan, checker, send, simple, push)}
+SCENARIOS = {f.__name__: f for f in (transactional, commit_load, orphan, checker, send, burst, simple, push)}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]](json.loads(sys.argv[2]))

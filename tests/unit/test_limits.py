@@ -1,0 +1,125 @@
+"""services/common/limits.py: number checks of requests, guarded deserializers, the
+rate-limited warning, admission and limits per connection (pure, no server)."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+from google.protobuf import duration_pb2
+
+from services.common.limits import (Admission, ConnectionLimit, RateLimitedWarning, Refused, check_numbers,
+                                    guard_deserializer)
+from txmq._errors import ConnectionLimitError, InvalidFieldError, OverloadedError, UndecodableRequestError
+from txmq._faults import OVERLOAD_RETRIES, OverloadBackoff, RetryAction, overload_backoff_seconds, retry_action
+from txmq.v1 import broker_pb2, checker_pb2, common_pb2
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -0.5, 366 * 86400.0 + 1])
+def test_a_seconds_field_must_be_finite_and_in_range(value: float) -> None:
+    with pytest.raises(InvalidFieldError) as refused:
+        check_numbers(broker_pb2.QueryTransactionsRequest(older_than_seconds=value))
+    assert refused.value.field == "older_than_seconds"
+
+
+def test_nested_and_repeated_numbers_are_named_by_their_path() -> None:
+    nested = broker_pb2.ProduceRequest(entries=[
+        broker_pb2.ProduceEntry(),
+        broker_pb2.ProduceEntry(send_message=broker_pb2.SendMessageRequest(
+            message=common_pb2.Message(check_immunity_seconds=math.inf)))])
+    with pytest.raises(InvalidFieldError) as refused:
+        check_numbers(nested)
+    assert refused.value.field == "entries[1].send_message.message.check_immunity_seconds"
+    answer = checker_pb2.CheckTransactionStateRequest(answer=checker_pb2.CheckAnswer(retry_after_seconds=math.nan))
+    with pytest.raises(InvalidFieldError, match="answer.retry_after_seconds"):
+        check_numbers(answer)
+
+
+def test_a_duration_outside_its_range_is_refused() -> None:
+    service_pb2 = pytest.importorskip("services.proxy.protocol").service_pb2  # make proxy-deps
+    request = service_pb2.ReceiveMessageRequest(long_polling_timeout=duration_pb2.Duration(seconds=2**62))
+    with pytest.raises(InvalidFieldError, match="long_polling_timeout"):
+        check_numbers(request)
+    check_numbers(service_pb2.ReceiveMessageRequest(long_polling_timeout=duration_pb2.Duration(seconds=20)))
+
+
+def test_sane_requests_pass() -> None:
+    check_numbers(broker_pb2.QueryTransactionsRequest(older_than_seconds=60, limit=10))
+    check_numbers(broker_pb2.ReceiveMessagesRequest(invisible_duration_seconds=0.05, long_polling_timeout_seconds=20))
+
+
+def test_guarded_deserializers_refuse_without_raising_for_unary_and_raise_for_streams() -> None:
+    unary = guard_deserializer(broker_pb2.SendMessageRequest.FromString, "SendMessage", streaming=False)
+    refused = unary(b"\xff\xff\xff")
+    assert isinstance(refused, Refused) and isinstance(refused.error, UndecodableRequestError)
+    bad_number = unary(broker_pb2.SendMessageRequest(message=common_pb2.Message(
+        check_immunity_seconds=math.nan)).SerializeToString())
+    assert isinstance(bad_number, Refused) and isinstance(bad_number.error, InvalidFieldError)
+    good = broker_pb2.SendMessageRequest(message=common_pb2.Message(topic="t"))
+    assert unary(good.SerializeToString()) == good
+    stream = guard_deserializer(broker_pb2.ProduceRequest.FromString, "Produce", streaming=True)
+    with pytest.raises(UndecodableRequestError, match="Produce: the request body does not decode"):
+        stream(b"\xff\xff\xff")
+
+
+def test_the_warning_is_rate_limited_per_key_and_counts_what_it_held_back(caplog: pytest.LogCaptureFixture) -> None:
+    warning = RateLimitedWarning(logging.getLogger("test.limits"), interval_seconds=0.05)
+    with caplog.at_level(logging.WARNING, "test.limits"):
+        assert warning.warn("a", "first")
+        assert not any(warning.warn("a", "again") for _ in range(10))
+        assert warning.warn("b", "other key")
+        import time
+        time.sleep(0.06)
+        assert warning.warn("a", "later")
+    assert [r.getMessage() for r in caplog.records] == [
+        "first", "other key", "later (10 more like it in the last 0.05 s not logged)"]
+
+
+def test_admission_sheds_beyond_its_limit_with_a_retryable_error() -> None:
+    admission = Admission(2)
+    admission.enter()
+    admission.enter()
+    with pytest.raises(OverloadedError) as shed:
+        admission.enter()
+    assert shed.value.retryable and "max_concurrent_rpcs=2" in shed.value.message
+    # Nothing was applied: the same request goes to the same shard again, after a backoff.
+    assert retry_action(shed.value, bound=False) is RetryAction.SAME_SHARD
+    assert 0.025 <= overload_backoff_seconds(1) <= 0.075 and overload_backoff_seconds(20) <= 3.0
+    backoff = OverloadBackoff()
+    pauses = [backoff.delay(shed.value) for _ in range(OVERLOAD_RETRIES + 1)]
+    assert all(p is not None for p in pauses[:-1]) and pauses[-1] is None  # then the caller's own rules
+    assert OverloadBackoff().delay(ConnectionLimitError("max_streams_per_connection", 1, 1)) is None
+    admission.exit()
+    admission.enter()
+    assert admission.shed == 1
+
+
+def test_connection_limits_are_per_connection_and_given_back() -> None:
+    limit = ConnectionLimit("max_long_polls_per_connection", 2)
+    with limit.hold("ipv4:10.0.0.1:1000"), limit.hold("ipv4:10.0.0.1:1000"):
+        with pytest.raises(ConnectionLimitError, match="max_long_polls_per_connection=2"):
+            limit.take("ipv4:10.0.0.1:1000")
+        limit.take("ipv4:10.0.0.1:1001")  # another connection
+    assert limit.held == {"ipv4:10.0.0.1:1001": 1}
+    with pytest.raises(ConnectionLimitError):
+        limit.take("ipv4:10.0.0.2:5", 3)
+
+
+def test_a_timestamp_outside_its_range_is_refused() -> None:
+    protocol = pytest.importorskip("services.proxy.protocol")  # make proxy-deps
+    from google.protobuf import timestamp_pb2
+    message = protocol.definition_pb2.Message(system_properties=protocol.definition_pb2.SystemProperties(
+        born_timestamp=timestamp_pb2.Timestamp(seconds=2**62)))
+    request = protocol.service_pb2.SendMessageRequest(messages=[message])
+    with pytest.raises(InvalidFieldError, match=r"messages\[0\].system_properties.born_timestamp"):
+        check_numbers(request)
+
+
+def test_a_gzip_body_is_inflated_only_up_to_the_limit() -> None:
+    convert = pytest.importorskip("services.proxy.convert")  # make proxy-deps
+    import zlib
+    bomb = zlib.compress(b"\0" * (64 << 20), 9)  # 64 MiB of zeros in ~64 KiB
+    assert len(bomb) < 100_000
+    assert len(convert.inflate(bomb, 1000)) == 1001  # stopped one byte past the limit
+    assert convert.inflate(zlib.compress(b"hello"), 1000) == b"hello"
