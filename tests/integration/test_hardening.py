@@ -156,17 +156,20 @@ def test_long_polls_per_connection_are_limited(fresh_cluster_factory: Any, uniqu
         stub = broker_pb2_grpc.BrokerServiceStub(channel)
         request = broker_pb2.ReceiveMessagesRequest(consumer_group=group, topic=topic, max_messages=1,
                                                     long_polling_timeout_seconds=3)
+        immediate = broker_pb2.ReceiveMessagesRequest(consumer_group=group, topic=topic, max_messages=1)
+        stub.ReceiveMessages(immediate, timeout=5)  # connected: the calls below reach the broker in order
         first = stub.ReceiveMessages.future(request, timeout=10)
+
         # The first poll is waiting once a second one is refused; an immediate receive is not.
+        # (A second poll that got in first answers empty within its 1 s deadline, and is tried again.)
         def refused() -> bool:
             try:
-                stub.ReceiveMessages(request, timeout=10)
+                stub.ReceiveMessages(request, timeout=1)
             except grpc.RpcError as exc:
                 return exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and \
                     "max_long_polls_per_connection=1" in exc.details()
             return False
-        wait_until(refused, timeout=3, message="a second long poll on the connection was not refused")
-        immediate = broker_pb2.ReceiveMessagesRequest(consumer_group=group, topic=topic, max_messages=1)
+        wait_until(refused, timeout=10, message="a second long poll on the connection was not refused")
         stub.ReceiveMessages(immediate, timeout=5)
         first.result()
 
