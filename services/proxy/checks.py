@@ -29,9 +29,10 @@ forgotten; then it ends.
 
 Flow control on the client's behalf: an official client announces no check capacity, so
 each subscription grants ``CHECK_CREDIT_PER_CLIENT`` and gives one back when a check it
-holds ends here — answered through this replica, not written (no live stream), or
-forgotten ``PENDING_SLACK_SECONDS`` past its answer timeout (answered through another
-replica, or never). A client that stops answering is thus sent at most that many checks
+holds ends here — answered through this replica, answered ROLLBACK by the proxy itself
+(an orphan of a send it moved), not written (no live stream), or forgotten
+``PENDING_SLACK_SECONDS`` past its answer timeout (answered through another replica, or
+never). A client that stops answering is thus sent at most that many checks
 per checker until they are forgotten; the rest stay due in the broker.
 """
 
@@ -236,7 +237,7 @@ class CheckManager:
             # never ran, and the client would find its message id committed (elsewhere).
             link.send(Request(received=checker_pb2.CheckReceived(check_id=check.check_id)))
             link.send(Request(answer=checker_pb2.CheckAnswer(check_id=check.check_id,
-                                                             result=common_pb2.CHECK_RESULT_ROLLBACK)))
+                                                             result=common_pb2.CHECK_RESULT_ROLLBACK, credit=1)))
             self.metrics.checks.labels("orphan_rolled_back").inc()
             return
         stream = self.registry.stream_for(link.client_id, check.message.topic)
