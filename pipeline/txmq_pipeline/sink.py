@@ -2,12 +2,14 @@
 
 Each micro-batch is one set of txmq transactions::
 
-    executor tasks (write)     every row → a half message with a deterministic message id
-                               (unique bytes = sha256(query id, sink epoch, batch id,
-                               partition, row index)), bound to a broker queue chosen from
-                               the same hash; returns the transaction ids
-    driver commit(batchId)     records "batch B committed with epoch E" in the sink log, then
-                               EndTransaction COMMIT for every transaction of the batch
+    executor tasks (write)     every row → a half message on a queue chosen from a hash of
+                               (query id, sink epoch, batch id, partition, row index), on a
+                               shard the fault table does not avoid, with a deterministic
+                               message id (unique bytes = sha256(that row key, the shard));
+                               returns the transactions it stored
+    driver commit(batchId)     records "batch B committed with epoch E: these message ids"
+                               in the sink log, then EndTransaction COMMIT for every
+                               transaction of the batch, then "batch B settled"
     driver abort(batchId)      records "batch B of epoch E aborted" and moves to epoch E+1,
                                then EndTransaction ROLLBACK for what the tasks reported
 
@@ -19,12 +21,31 @@ repeated COMMIT is idempotent. Only an **abort** changes the ids of a re-run: it
 transactions were rolled back, and the broker would answer the same ids with
 ROLLED_BACK forever, so the sink's epoch (part of the id) moves on.
 
-Half messages a task wrote but never reported (it failed, or its batch never reached
-commit or abort) are resolved by checks: :class:`SinkCheckResponder` answers for the
-sink's producer group from the sink log kept inside the query's checkpoint — batch
-committed with that epoch → COMMIT; batch aborted, or committed with another epoch, or an
-epoch that is over → ROLLBACK; the running batch → IN_PROGRESS (asked again later, nothing
-spent). Run it on the driver while the query runs::
+A failing shard (issue 21): a send that fails transiently before it was acknowledged
+(the shard is down or unreachable) marks the shard in the fault table (``txmq._faults``,
+the one the SDK and the RocketMQ proxy use), and the row goes to a queue of another
+shard, with the id its row key and *that* shard give; later rows avoid the shard until a
+probe finds it back. The attempt left behind may have been stored (the answer was lost):
+it is an orphan with an id of its own, never reported, so the batch's commit record does
+not name it and its check is answered ROLLBACK. A row is thus committed once, on the
+shard whose copy a task reported. Only what an id binds to its shard waits for it: a
+NOT_LEADER/LEADERSHIP_LOST answer (a replicated shard failing over) keeps the send and
+its id on the shard, retried at the leader's new address; and the commit's
+EndTransactions for rows a shard had acknowledged before it failed are retried there,
+then left to the check, which commits them from the commit record once the shard is back
+(the batch is committed, and the query goes on meanwhile). A task fails only when every
+shard of the topic keeps failing (after ``ATTEMPTS`` sends of one row).
+
+Half messages a task wrote but never reported (it failed, its batch never reached commit
+or abort, or the row moved to another shard) are resolved by checks:
+:class:`SinkCheckResponder` answers for the sink's producer group from the sink log kept
+inside the query's checkpoint — batch committed with that epoch → COMMIT if the commit
+record names the message id (a reported transaction), ROLLBACK otherwise (an attempt left
+behind), and ROLLBACK once the batch is settled (every reported one committed); batch
+aborted, or committed with another epoch, or an epoch that is over → ROLLBACK; the running
+batch → IN_PROGRESS (asked again later, nothing spent). The commit record costs 8 bytes
+per row until the batch settles (the file is removed then). Run the responder on the
+driver while the query runs::
 
     with SinkCheckResponder(nameserver=ns, producer_group="orders-sink", checkpoint_location=ckpt):
         query = (df.writeStream.format("txmq").option("nameserver", ns)
@@ -42,6 +63,7 @@ Kubernetes a PersistentVolume), or set ``option("sinkLogPath", ...)`` to one.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import logging
@@ -58,7 +80,8 @@ from pyspark.sql.types import StructType
 
 import txmq
 from txmq._errors import TransactionStateError, TxmqError, error_from_entry
-from txmq._ids import MessageId
+from txmq._faults import RetryAction, retry_action
+from txmq._ids import MessageId, TransactionId
 from txmq.v1 import broker_pb2, common_pb2
 
 from . import _broker
@@ -88,14 +111,28 @@ def _local_path(location: str) -> Path:
     return Path(location)
 
 
+#: Batches whose commit record a responder keeps in memory.
+RECORDS_CACHED = 8
+
+
+def id_digest(message_id: str) -> bytes:
+    """What the commit record keeps of a reported message id (8 bytes)."""
+    return hashlib.blake2b(message_id.encode(), digest_size=8).digest()
+
+
 class SinkLog:
     """``<checkpoint>/txmq-sink``: ``epoch`` (the current one), ``committed/<batch>`` (the
-    epoch it committed with), ``aborted/<batch>-<epoch>``. Every file is written whole
-    and renamed into place, so a reader never sees a torn one."""
+    epoch it committed with, then ``ids`` while ``committed/<batch>.ids`` names the
+    reported message ids — sorted 8-byte digests — or ``settled`` once every reported
+    transaction is committed; a bare epoch, written before rerouting existed, commits
+    every message of that epoch), ``aborted/<batch>-<epoch>``. Every file is written
+    whole and renamed into place, so a reader never sees a torn one; the ids file is in
+    place before the record that points to it."""
 
     def __init__(self, checkpoint_location: str, sink_log_path: str | None = None) -> None:
         self.checkpoint = _local_path(checkpoint_location)
         self.root = _local_path(sink_log_path) if sink_log_path else self.checkpoint / "txmq-sink"
+        self._ids: collections.OrderedDict[tuple[int, int], frozenset[bytes]] = collections.OrderedDict()
 
     @classmethod
     def from_options(cls, options: Any) -> "SinkLog":
@@ -104,11 +141,11 @@ class SinkLog:
             raise ValueError("the txmq sink needs option('checkpointLocation', ...) (its log lives there)")
         return cls(checkpoint, options.get("sinkLogPath"))
 
-    def _write(self, path: Path, text: str) -> None:
+    def _write(self, path: Path, text: str | bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -119,17 +156,47 @@ class SinkLog:
         except FileNotFoundError:
             return 0
 
-    def committed_epoch(self, batch: int) -> int | None:
+    def _record(self, batch: int) -> tuple[int, str] | None:
+        """(epoch, ``all`` | ``ids`` | ``settled``) of a committed batch."""
         try:
-            return int((self.root / "committed" / str(batch)).read_text().strip())
+            words = (self.root / "committed" / str(batch)).read_text().split()
         except FileNotFoundError:
             return None
+        return int(words[0]), (words[1] if len(words) > 1 else "all")
+
+    def committed_epoch(self, batch: int) -> int | None:
+        record = self._record(batch)
+        return record[0] if record is not None else None
 
     def aborted(self, batch: int, epoch: int) -> bool:
         return (self.root / "aborted" / f"{batch}-{epoch}").exists()
 
-    def mark_committed(self, batch: int, epoch: int) -> None:
-        self._write(self.root / "committed" / str(batch), str(epoch))
+    def mark_committed(self, batch: int, epoch: int, message_ids: Sequence[str]) -> None:
+        """Batch ``batch`` commits with ``epoch``, and exactly the transactions of these
+        message ids (what the tasks reported)."""
+        ids = b"".join(sorted({id_digest(m) for m in message_ids}))
+        self._write(self.root / "committed" / f"{batch}.ids", ids)
+        self._write(self.root / "committed" / str(batch), f"{epoch} ids")
+
+    def mark_settled(self, batch: int, epoch: int) -> None:
+        """Every reported transaction of the batch is committed: what a check still asks
+        about is an attempt left behind."""
+        self._write(self.root / "committed" / str(batch), f"{epoch} settled")
+        (self.root / "committed" / f"{batch}.ids").unlink(missing_ok=True)
+
+    def _reported(self, batch: int, epoch: int) -> frozenset[bytes]:
+        key = (batch, epoch)
+        ids = self._ids.get(key)
+        if ids is None:
+            try:
+                raw = (self.root / "committed" / f"{batch}.ids").read_bytes()
+            except FileNotFoundError:  # settled meanwhile
+                return frozenset()
+            ids = frozenset(raw[i:i + 8] for i in range(0, len(raw), 8))
+            self._ids[key] = ids
+            while len(self._ids) > RECORDS_CACHED:
+                self._ids.popitem(last=False)
+        return ids
 
     def mark_aborted(self, batch: int, epoch: int) -> None:
         self._write(self.root / "aborted" / f"{batch}-{epoch}", "")
@@ -143,17 +210,21 @@ class SinkLog:
         except (FileNotFoundError, ValueError, IndexError):
             return None
 
-    def decide(self, query: str, epoch: int, batch: int) -> "txmq.LocalTransactionState | txmq.InProgress":
+    def decide(self, query: str, epoch: int, batch: int,
+               message_id: str) -> "txmq.LocalTransactionState | txmq.InProgress":
         """The answer to a check of a half message the sink wrote."""
         own = self.query_id()
         if own is not None and query != own:
             return txmq.LocalTransactionState.UNKNOWN  # another query's message: not ours to decide
         if self.aborted(batch, epoch):
             return txmq.LocalTransactionState.ROLLBACK
-        committed = self.committed_epoch(batch)
-        if committed is not None:
-            return (txmq.LocalTransactionState.COMMIT if committed == epoch
-                    else txmq.LocalTransactionState.ROLLBACK)
+        record = self._record(batch)
+        if record is not None:
+            committed, mode = record
+            if committed == epoch and (mode == "all" or (
+                    mode == "ids" and id_digest(message_id) in self._reported(batch, epoch))):
+                return txmq.LocalTransactionState.COMMIT
+            return txmq.LocalTransactionState.ROLLBACK
         if epoch < self.epoch():
             return txmq.LocalTransactionState.ROLLBACK  # an aborted epoch never commits again
         return txmq.InProgress(retry_after_seconds=IN_PROGRESS_RETRY_SECONDS)
@@ -169,10 +240,19 @@ class SinkCommitMessage(WriterCommitMessage):
     rows: int
     #: (broker address, transaction id, message id, state after the send)
     transactions: list[tuple[str, str, str, int]] = field(default_factory=list)
+    #: Rows whose send failed on one shard and went to another.
+    rerouted: int = 0
 
 
-def message_unique(query: str, epoch: int, batch: int, partition: int, row: int) -> bytes:
-    return hashlib.sha256(f"{query}\x00{epoch}\x00{batch}\x00{partition}\x00{row}".encode()).digest()[:16]
+def row_key(query: str, epoch: int, batch: int, partition: int, row: int) -> bytes:
+    """Which queue a row goes to first (a hash of its place in the query)."""
+    return hashlib.sha256(f"{query}\x00{epoch}\x00{batch}\x00{partition}\x00{row}".encode()).digest()
+
+
+def message_unique(key: bytes, shard: str) -> bytes:
+    """The unique bytes of the message id a row gets on ``shard``: the same on every
+    attempt there (the broker deduplicates it), another one on another shard."""
+    return hashlib.sha256(key + b"\x00" + shard.encode()).digest()[:16]
 
 
 def _local_property(name: str) -> str | None:
@@ -181,36 +261,100 @@ def _local_property(name: str) -> str | None:
     return context.getLocalProperty(name) if context is not None else None
 
 
+@dataclass
+class _Request:
+    shard: str
+    address: str
+    entry: Any
+    tag: Any
+    attempt: int
+    #: Shards this row's send failed on (sends only).
+    failed_on: frozenset[str]
+    reply: Any = None
+    started: float = 0.0
+
+
+#: Builds a row's send again for a shard outside the given ones: (shard, address, entry).
+Reroute = Any
+
+
 class _Sender:
-    """Pipelines requests on the Produce streams of one client, retrying transient failures
-    with the same request (the broker deduplicates sends by message id; decisions are
-    idempotent)."""
+    """Pipelines requests on the Produce streams of one client and records every answer in
+    the client's fault table. A transient failure of a request bound to its shard (an
+    EndTransaction; a send answered NOT_LEADER or LEADERSHIP_LOST) is retried there, the
+    same request at the shard's current address (the broker deduplicates sends by message
+    id; decisions are idempotent). A send that failed otherwise before it was acknowledged
+    goes to ``reroute`` (given for sends), which builds it for another shard. Retries on a
+    shard wait out their backoff side by side (the requests of a shard that is down all
+    back off at once, not one after the other)."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, reroute: Reroute | None = None) -> None:
         self.client = client
-        self.inflight: list[tuple[str, Any, Any, int, Any]] = []
+        self.reroute = reroute
+        self.inflight: collections.deque[_Request] = collections.deque()
+        #: (when, request): requests to send again on their shard once their backoff is over.
+        self.deferred: list[tuple[float, _Request]] = []
 
-    def submit(self, address: str, entry: Any, tag: Any, attempt: int = 1) -> None:
-        reply = self.client.produce_stream(address).submit(entry)
-        self.inflight.append((address, entry, reply, attempt, tag))
+    def submit(self, shard: str, address: str, entry: Any, tag: Any, attempt: int = 1,
+               failed_on: frozenset[str] = frozenset()) -> None:
+        request = _Request(shard, address, entry, tag, attempt, failed_on, started=time.monotonic())
+        request.reply = self.client.produce_stream(address).submit(entry)
+        self.inflight.append(request)
 
-    def drain(self, keep: int = 0) -> Iterator[tuple[Any, Any]]:
-        """Waits for the oldest requests until at most ``keep`` are in flight; yields (tag,
-        result) of each, or raises the error of one that failed for good."""
-        while len(self.inflight) > keep:
-            address, entry, reply, attempt, tag = self.inflight.pop(0)
+    def drain(self, keep: int = 0) -> Iterator[tuple[str, Any, Any]]:
+        """Waits for the oldest requests until at most ``keep`` are in flight (and takes
+        the oldest ones answered already, so a failing shard is known soon); yields
+        (address, tag, result) of each, or the error of one that failed for good."""
+        faults = self.client.faults
+        while (len(self.inflight) + len(self.deferred) > keep
+               or (self.inflight and self.inflight[0].reply.wait(0))):
+            self._resubmit_due()
+            if not self.inflight:
+                time.sleep(max(0.0, min(when for when, _ in self.deferred) - time.monotonic()))
+                continue
+            r = self.inflight.popleft()
             try:
-                result = reply.result(timeout=60)
+                result = r.reply.result(timeout=60)
                 if result.status.code:
                     raise error_from_entry(result.status)
             except TxmqError as err:
-                if err.retryable and attempt < ATTEMPTS:
-                    time.sleep(min(0.1 * 2 ** attempt, 2.0))
-                    self.submit(address, entry, tag, attempt + 1)
+                if err.retryable:
+                    faults.failed(r.shard)
+                else:
+                    faults.succeeded(r.shard)  # a refusal is an answer: the shard is up
+                action = retry_action(err, bound=self.reroute is None)
+                if action is RetryAction.FAIL or r.attempt >= ATTEMPTS:
+                    yield r.address, r.tag, err
                     continue
-                yield tag, err
+                if action is RetryAction.ELSEWHERE:
+                    shard, address, entry = self.reroute(r.tag, r.failed_on | {r.shard})
+                    if shard != r.shard:
+                        faults.rerouted()
+                        self.submit(shard, address, entry, r.tag, r.attempt + 1, r.failed_on | {r.shard})
+                        continue
+                self.deferred.append((time.monotonic() + min(0.1 * 2 ** r.attempt, 2.0), r))
                 continue
-            yield tag, result
+            faults.succeeded(r.shard, time.monotonic() - r.started if self.reroute is not None else None)
+            yield r.address, r.tag, result
+
+    def _resubmit_due(self) -> None:
+        now = time.monotonic()
+        due = [r for when, r in self.deferred if when <= now]
+        if not due:
+            return
+        self.deferred = [(when, r) for when, r in self.deferred if when > now]
+        addresses: dict[str, str] = {}
+        for r in due:
+            if r.shard not in addresses:
+                addresses[r.shard] = self._address(r.shard, r.address)
+            self.submit(r.shard, addresses[r.shard], r.entry, r.tag, r.attempt + 1, r.failed_on)
+
+    def _address(self, shard: str, address: str) -> str:
+        """The shard's current address (its leader may have moved), else the last one."""
+        try:
+            return self.client.broker_address(shard, refresh=True)
+        except TxmqError:
+            return address
 
 
 class TxmqStreamWriter(DataSourceStreamWriter):
@@ -245,29 +389,45 @@ class TxmqStreamWriter(DataSourceStreamWriter):
         batch = int(_local_property("streaming.sql.batchId") or -1)
         query = _local_property("sql.streaming.queryId") or "no-query"
         client = _broker.connect(self.nameserver, self.tls)
-        sender = _Sender(client)
         out = SinkCommitMessage(self.epoch, batch, partition, 0)
         client_id = f"spark-sink-{query}"[:255]
         host = socket.gethostname()
+
+        def send(values: dict[str, Any], index: int, failed_on: frozenset[str]) -> tuple[str, str, Any]:
+            route, pb = self._message(client, values, query, batch, partition, index, client_id, host, failed_on)
+            return route.broker_name, route.broker_address, broker_pb2.ProduceEntry(
+                send_message=broker_pb2.SendMessageRequest(message=pb))
+
+        def reroute(tag: tuple[dict[str, Any], int], failed_on: frozenset[str]) -> tuple[str, str, Any]:
+            moved = send(*tag, failed_on)
+            if moved[0] not in failed_on:
+                out.rerouted += 1
+            return moved
+
+        sender = _Sender(client, reroute)
         try:
             for index, row in enumerate(iterator):
-                address, pb = self._message(client, row, query, batch, partition, index, client_id, host)
-                sender.submit(address, broker_pb2.ProduceEntry(
-                    send_message=broker_pb2.SendMessageRequest(message=pb)), address)
+                values = row.asDict() if hasattr(row, "asDict") else dict(row)
+                sender.submit(*send(values, index, frozenset()), (values, index))
                 out.rows += 1
                 self._collect(sender.drain(WINDOW), out)
             self._collect(sender.drain(0), out)
         finally:
             client.close()
+        if out.rerouted:
+            log.warning("txmq sink: %d rows of batch %d partition %d went to another shard (theirs failed)",
+                        out.rerouted, batch, partition)
         return out
 
-    def _message(self, client: Any, row: Any, query: str, batch: int, partition: int, index: int,
-                 client_id: str, host: str) -> tuple[str, common_pb2.Message]:
-        values = row.asDict() if hasattr(row, "asDict") else dict(row)
+    def _message(self, client: Any, values: dict[str, Any], query: str, batch: int, partition: int, index: int,
+                 client_id: str, host: str, failed_on: frozenset[str]) -> tuple[Any, common_pb2.Message]:
+        """The row's half message on the queue its key picks among the shards the fault
+        table does not avoid (and not ``failed_on``), with the id it has there."""
         topic = values.get("topic") or self.topic
-        unique = message_unique(query, self.epoch, batch, partition, index)
+        key = row_key(query, self.epoch, batch, partition, index)
         routes = client.route(topic)
-        route = routes[int.from_bytes(unique[:4], "big") % len(routes)]
+        route = client.faults.choose(routes, lambda q: q.broker_name, int.from_bytes(key[:4], "big"), failed_on)
+        unique = message_unique(key, route.broker_name)
         body = values.get("body")
         if body is None:
             body = b""
@@ -284,11 +444,11 @@ class TxmqStreamWriter(DataSourceStreamWriter):
             type=common_pb2.MESSAGE_TYPE_TRANSACTION, producer_group=self.producer_group,
             producer_client_id=client_id, check_immunity_seconds=self.check_immunity_seconds,
             born_timestamp_ms=int(time.time() * 1000), born_host=host, queue_id=route.queue_id)
-        return route.broker_address, pb
+        return route, pb
 
     @staticmethod
-    def _collect(results: Iterator[tuple[Any, Any]], out: SinkCommitMessage) -> None:
-        for address, result in results:
+    def _collect(results: Iterator[tuple[str, Any, Any]], out: SinkCommitMessage) -> None:
+        for address, _, result in results:
             if isinstance(result, Exception):
                 raise result
             sent = result.send_message
@@ -305,12 +465,13 @@ class TxmqStreamWriter(DataSourceStreamWriter):
                 if message is None:
                     continue
                 for address, transaction_id, message_id, _state in message.transactions:
-                    sender.submit(address, broker_pb2.ProduceEntry(end_transaction=broker_pb2.EndTransactionRequest(
-                        transaction_id=transaction_id, message_id=message_id, resolution=resolution,
-                        source=common_pb2.TRANSACTION_SOURCE_CLIENT, producer_group=self.producer_group)),
+                    sender.submit(TransactionId.decode(transaction_id).broker, address, broker_pb2.ProduceEntry(
+                        end_transaction=broker_pb2.EndTransactionRequest(
+                            transaction_id=transaction_id, message_id=message_id, resolution=resolution,
+                            source=common_pb2.TRANSACTION_SOURCE_CLIENT, producer_group=self.producer_group)),
                         transaction_id)
-                    errors.extend(e for _, e in sender.drain(WINDOW) if isinstance(e, Exception))
-            errors.extend(e for _, e in sender.drain(0) if isinstance(e, Exception))
+                    errors.extend(e for _, _, e in sender.drain(WINDOW) if isinstance(e, Exception))
+            errors.extend(e for _, _, e in sender.drain(0) if isinstance(e, Exception))
         finally:
             client.close()
         return errors
@@ -321,13 +482,20 @@ class TxmqStreamWriter(DataSourceStreamWriter):
 
     def commit(self, messages: Sequence[SinkCommitMessage | None], batchId: int) -> None:
         epoch = self._epoch_of(messages)
-        self.log.mark_committed(batchId, epoch)
+        self.log.mark_committed(batchId, epoch, [t[2] for m in messages if m is not None for t in m.transactions])
         errors = [e for e in self._end(messages, common_pb2.TRANSACTION_RESOLUTION_COMMIT)
                   if not (isinstance(e, TransactionStateError) and getattr(e, "state", None) == "COMMITTED")]
-        if errors:
+        if not errors:
+            self.log.mark_settled(batchId, epoch)
+            return
+        refused = [e for e in errors if not e.retryable]
+        if refused:
             # Recorded as committed: checks commit what this call could not reach.
-            raise RuntimeError(f"txmq sink: batch {batchId} recorded as committed but {len(errors)} "
-                               f"EndTransaction(COMMIT) failed, first: {errors[0]!r}")
+            raise RuntimeError(f"txmq sink: batch {batchId} recorded as committed but {len(refused)} "
+                               f"EndTransaction(COMMIT) were refused, first: {refused[0]!r}")
+        # Their shards are down: the check commits them from the record once they are back.
+        log.warning("txmq sink: batch %d committed; %d EndTransaction(COMMIT) could not reach their shard "
+                    "and are left to the check, first: %r", batchId, len(errors), errors[0])
 
     def abort(self, messages: Sequence[SinkCommitMessage | None], batchId: int) -> None:
         epoch = self._epoch_of(messages)
@@ -351,7 +519,8 @@ class _CheckpointListener(txmq.TransactionListener):
     def check_local_transaction(self, message: Any) -> Any:
         props = message.properties
         try:
-            decision = self.sink_log.decide(props[PROP_QUERY], int(props[PROP_EPOCH]), int(props[PROP_BATCH]))
+            decision = self.sink_log.decide(props[PROP_QUERY], int(props[PROP_EPOCH]), int(props[PROP_BATCH]),
+                                            message.message_id)
         except (KeyError, ValueError):
             decision = txmq.LocalTransactionState.UNKNOWN  # not written by this sink
         name = decision.name if isinstance(decision, txmq.LocalTransactionState) else "IN_PROGRESS"

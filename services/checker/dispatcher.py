@@ -123,6 +123,8 @@ class ProducerStream:
         self.credit = self.capacity
         self.legacy = legacy
         self.closed = False
+        #: Sent CheckDrain: no more checks, answers still welcome (see Dispatcher.drain).
+        self.draining = False
         #: Check ids sent on this stream and not finished.
         self.checks: set[str] = set()
         self._outbox: collections.deque[Response] = collections.deque()
@@ -133,7 +135,7 @@ class ProducerStream:
 
     @property
     def has_room(self) -> bool:
-        return not self.closed and self.credit > 0
+        return not (self.closed or self.draining) and self.credit > 0
 
     def offer_check(self, response: Response) -> bool:
         """Sends a check against one unit of credit, unless closed or out of credit."""
@@ -284,6 +286,30 @@ class Dispatcher:
             if delivery.state == SENT:
                 self._undelivered(delivery.broker, delivery.task, delivery.group)
         stream.checks.clear()
+        if not stream.draining:
+            self._leave_groups(stream)
+        log.info("producer unsubscribed", extra={"fields": {"client_id": stream.client_id, "stream": stream.id}})
+
+    def drain(self, stream: ProducerStream) -> None:
+        """CheckDrain (the producer is leaving but owes answers): the stream gets no more
+        checks, the ones it has not started are reported UNDELIVERED at once (nothing
+        spent), and the started ones stay outstanding here until answered or expired, so
+        their answers still count as answers to them. Repeating it is harmless."""
+        if stream.closed or stream.draining:
+            return
+        for check_id in list(stream.checks):
+            delivery = self.deliveries[check_id]
+            if delivery.state == SENT:
+                self._finish(delivery)
+                self._undelivered(delivery.broker, delivery.task, delivery.group)
+        self._leave_groups(stream)
+        stream.draining = True
+        log.info("producer draining", extra={"fields": {"client_id": stream.client_id, "stream": stream.id,
+                                                         "answers_owed": len(stream.checks)}})
+
+    def _leave_groups(self, stream: ProducerStream) -> None:
+        """The stream serves its groups no more: no routing to it, its capacity and free
+        credit leave the groups' sums."""
         for group in stream.groups:
             members = self.by_group.get(group)
             if members is not None:
@@ -300,7 +326,6 @@ class Dispatcher:
                     self.backlogged.discard(group)
         stream.credit = 0
         self.version += 1
-        log.info("producer unsubscribed", extra={"fields": {"client_id": stream.client_id, "stream": stream.id}})
 
     def grant(self, stream: ProducerStream, checks: int) -> None:
         """More credit for the stream (CheckCredit); raises InvalidFieldError when not positive."""
@@ -309,7 +334,7 @@ class Dispatcher:
         self._give_back(stream, checks)
 
     def _give_back(self, stream: ProducerStream, checks: int) -> None:
-        if stream.closed:
+        if stream.closed or stream.draining:
             return
         checks = min(checks, stream.capacity - stream.credit)
         if checks <= 0:

@@ -20,7 +20,9 @@ The protocol on one stream:
    the broker refuses (TRANSACTION_STATE_CONFLICT: decided otherwise already) comes back
    the same way.
 4. The producer ends its side (half-close) to unsubscribe; checks it had not started are
-   handed back to the broker at once (UNDELIVERED, nothing spent).
+   handed back to the broker at once (UNDELIVERED, nothing spent). A producer leaving
+   while it still owes answers sends ``CheckDrain`` first: no more checks, unstarted ones
+   handed back at once, the stream open for the answers it owes until it half-closes.
 """
 
 from __future__ import annotations
@@ -148,10 +150,12 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
                                          producer_group=answer.producer_group)
             elif kind == "credit":
                 self.dispatcher.grant(stream, request.credit.checks)
+            elif kind == "drain":
+                self.dispatcher.drain(stream)
             elif kind == "subscribe":
                 raise InvalidFieldError("subscribe", "this stream is already subscribed; open another "
                                                      "stream to serve other groups")
             else:
-                raise InvalidFieldError("command", "set received, answer or credit")
+                raise InvalidFieldError("command", "set received, answer, credit or drain")
         except TxmqError as error:
             self.dispatcher.refused(stream, check_id, error, answer=kind == "answer")

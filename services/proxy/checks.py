@@ -19,14 +19,20 @@ after its answer timeout, and the broker state is final already.
 
 If the client has no live stream when a check comes, nothing is acknowledged: the checker
 reports the check undelivered after its timeout and nothing is spent. A client's
-subscriptions end when its last Telemetry stream ends (unacknowledged checks go back to
-the broker at once).
+subscriptions end when its last Telemetry stream ends or it announces its termination
+(unacknowledged checks go back to the broker at once). A subscription holding checks
+written to the client drains instead of ending: ``CheckDrain`` tells the checker to send
+it nothing more and hand back what was not written, and the stream stays open until the
+answers the client owes came (the official clients answer from their check thread pool
+and may send the EndTransaction after they shut their Telemetry stream down) or were
+forgotten; then it ends.
 
 Flow control on the client's behalf: an official client announces no check capacity, so
 each subscription grants ``CHECK_CREDIT_PER_CLIENT`` and gives one back when a check it
-holds ends here — answered through this replica, not written (no live stream), or
-forgotten ``PENDING_SLACK_SECONDS`` past its answer timeout (answered through another
-replica, or never). A client that stops answering is thus sent at most that many checks
+holds ends here — answered through this replica, answered ROLLBACK by the proxy itself
+(an orphan of a send it moved), not written (no live stream), or forgotten
+``PENDING_SLACK_SECONDS`` past its answer timeout (answered through another replica, or
+never). A client that stops answering is thus sent at most that many checks
 per checker until they are forgotten; the rest stay due in the broker.
 """
 
@@ -70,12 +76,19 @@ class CheckerLink:
         self.client_id = client_id
         self.groups = groups
         self.closed = False
+        #: Sent CheckDrain: only answers to checks already written go on this link.
+        self.draining = False
         self._outbox: asyncio.Queue[Request | None] | None = None
         self._task = asyncio.create_task(self._run(), name=f"check-link-{client_id}@{address}")
 
     def send(self, request: Request) -> None:
         if not self.closed and self._outbox is not None:
             self._outbox.put_nowait(request)
+
+    def drain(self) -> None:
+        """No more checks for this link; it stays open for the answers owed on it."""
+        self.draining = True
+        self.send(Request(drain=checker_pb2.CheckDrain()))
 
     async def _requests(self, outbox: "asyncio.Queue[Request | None]") -> AsyncIterator[Request]:
         yield Request(subscribe=checker_pb2.Subscribe(producer_groups=list(self.groups), client_id=self.client_id,
@@ -119,7 +132,8 @@ class CheckerLink:
             finally:
                 outbox.put_nowait(None)
                 self._outbox = None
-            if self.closed:
+            if self.closed or self.draining:  # a reopened stream would subscribe again
+                self.closed = True
                 return
             await asyncio.sleep(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, RECONNECT_BACKOFF_MAX_SECONDS)
@@ -146,6 +160,8 @@ class CheckManager:
         self.metrics = metrics
         self.monotonic = monotonic
         self.links: dict[tuple[str, str], CheckerLink] = {}
+        #: Links whose client left while owing answers (closed once nothing is owed).
+        self.draining: set[CheckerLink] = set()
         #: transaction id → (link, check, forget-after), for checks written to a client here.
         self.pending: dict[str, tuple[CheckerLink, checker_pb2.CheckRequest, float]] = {}
         self._dirty: set[str] = set()
@@ -178,6 +194,7 @@ class CheckManager:
             for client_id in dirty:
                 await self._sync(client_id)
             self._expire()
+            await self._close_drained()
             self.registry.sweep()
             self.metrics.subscriptions.set(len(self.links))
             for client_type, count in self.registry.stream_count().items():
@@ -193,18 +210,34 @@ class CheckManager:
                 continue
             if address not in wanted or link.groups != groups:
                 del self.links[(cid, address)]
-                await link.close()
+                if self._owes(link):
+                    link.drain()
+                    self.draining.add(link)
+                else:
+                    await link.close()
         for address in wanted:
             if (client_id, address) not in self.links:
                 self.links[(client_id, address)] = CheckerLink(self, address, client_id, groups)
 
+    def _owes(self, link: CheckerLink) -> bool:
+        """Checks written to the client through this link are still waiting for answers."""
+        return any(entry[0] is link for entry in self.pending.values())
+
+    async def _close_drained(self) -> None:
+        for link in [link for link in self.draining if link.closed or not self._owes(link)]:
+            self.draining.discard(link)
+            await link.close()
+
     def deliver(self, link: CheckerLink, check: checker_pb2.CheckRequest) -> None:
+        if link.draining:  # sent before the checker read the drain; it hands the check back
+            self.metrics.checks.labels("no_stream").inc()
+            return
         if (check.broker_name, check.message.message_id) in self.upstream.abandoned:
             # An orphan of a send this replica moved to another shard: its local transaction
             # never ran, and the client would find its message id committed (elsewhere).
             link.send(Request(received=checker_pb2.CheckReceived(check_id=check.check_id)))
             link.send(Request(answer=checker_pb2.CheckAnswer(check_id=check.check_id,
-                                                             result=common_pb2.CHECK_RESULT_ROLLBACK)))
+                                                             result=common_pb2.CHECK_RESULT_ROLLBACK, credit=1)))
             self.metrics.checks.labels("orphan_rolled_back").inc()
             return
         stream = self.registry.stream_for(link.client_id, check.message.topic)
@@ -243,6 +276,8 @@ class CheckManager:
         link.send(Request(answer=checker_pb2.CheckAnswer(
             check_id=check.check_id, result=result, transaction_id=check.transaction_id,
             broker_name=check.broker_name, producer_group=check.message.producer_group, credit=1)))
+        if link.draining:
+            self._wake.set()  # closed by the loop once it owes nothing
         return True
 
     def _expire(self) -> None:
@@ -256,5 +291,6 @@ class CheckManager:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        links, self.links = list(self.links.values()), {}
+        links, self.links = [*self.links.values(), *self.draining], {}
+        self.draining = set()
         await asyncio.gather(*(link.close() for link in links))

@@ -79,7 +79,8 @@ def test_dashboard_is_well_formed() -> None:
     for wanted in ("p50", "p99", "pending", "oldest pending", "checks by result", "discards",
                    "commits and rollbacks", "rpc latency", "disk", "replication lag (seconds)",
                    "replication lag (records)", "in-sync replicas vs replication factor", "leader epoch",
-                   "leadership changes", "writes refused"):
+                   "leadership changes", "writes refused", "sends rerouted", "shards avoided",
+                   "send latency per shard"):
         assert wanted in titles, wanted
     for p in _panels():
         assert p["datasource"]["uid"] == "${datasource}"

@@ -14,6 +14,7 @@ from pyspark.sql.types import StringType
 
 import txmq
 from tests.support.waiting import wait_until
+from txmq._ids import TransactionId
 from txmq.v1 import admin_pb2, common_pb2
 from txmq_pipeline import SinkCheckResponder
 from txmq_pipeline.sink import PROP_EPOCH, SinkLog
@@ -176,3 +177,76 @@ def test_sink_batch_rerun_after_a_crash_before_the_commit_log_is_deduplicated(sp
     assert sorted(r.body.decode() for r in out) == sorted(f"row-{i}" for i in range(30))
     rows = transactions(cluster, group)
     assert len(rows) == 30 and all(t.state == common_pb2.TRANSACTION_STATE_COMMITTED for t in rows)
+
+
+# ------------------------------------------------------------------- a shard failing mid-write
+
+@pytest.mark.timeout(300)
+def test_sink_write_survives_a_shard_killed_mid_write_and_delivers_every_row_once(spark, fresh_cluster_factory,
+                                                                                   unique_name, tmp_path):
+    """A batch of 400 rows trickles into the sink (20 ms per row, 20 rows per batch handed
+    to the writer); broker-1 is SIGKILLed once it stored some of them and stays down
+    until the query is done: later rows whose queue was on broker-1 go to broker-0, the
+    batch commits (the EndTransactions broker-1 cannot take are left to the check), and
+    once broker-1 is back every row is delivered exactly once."""
+    from .conftest import PIPELINE_BROKER_ENV, PIPELINE_CHECKER_ENV
+
+    cluster = fresh_cluster_factory(brokers=2, checker=True, broker_env=PIPELINE_BROKER_ENV,
+                                    checker_env=PIPELINE_CHECKER_ENV,
+                                    nameserver_env={"TXMQ_BROKER_EXPIRY_SECONDS": "1.5"})
+    sink_topic, group = unique_name("sink"), unique_name("sink-g")
+    cluster.create_topic(sink_topic, 4)
+    source, checkpoint = tmp_path / "source", tmp_path / "checkpoint"
+    source.mkdir()
+    bodies = [f"row-{i}" for i in range(400)]
+    (source / "rows.txt").write_text("\n".join(bodies) + "\n")
+    nameserver = cluster.nameserver_address
+
+    def slowly(body):
+        import time
+        time.sleep(0.02)
+        return body
+
+    def on_broker_1() -> list[common_pb2.Transaction]:
+        return [t for t in transactions(cluster, group) if TransactionId.decode(t.transaction_id).broker == "broker-1"]
+
+    trickle = F.udf(slowly, StringType())
+    batch_rows = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "20")
+    try:
+        with SinkCheckResponder(nameserver=nameserver, producer_group=group, checkpoint_location=str(checkpoint),
+                                checker_refresh_seconds=0.5) as responder:
+            wait_until(lambda: responder.connected_checkers(), 15, message="responder not subscribed")
+            query = (spark.readStream.text(str(source)).select(trickle(F.col("value")).alias("body"))
+                     .writeStream.format("txmq").option("nameserver", nameserver).option("topic", sink_topic)
+                     .option("producerGroup", group).option("checkpointLocation", str(checkpoint))
+                     .trigger(availableNow=True).start())
+            stored_before = len(wait_until(on_broker_1, 60, interval=0.02, message="the sink stored nothing on broker-1"))
+            cluster.kill_broker(1)
+            query.awaitTermination(180)
+            assert query.exception() is None, query.exception()
+            log = SinkLog(str(checkpoint))
+            assert log.committed_epoch(0) == 0
+
+            cluster.restart_broker(1)
+
+            def decided():
+                rows = transactions(cluster, group)
+                return rows if len(rows) >= len(bodies) and all(
+                    t.state in (common_pb2.TRANSACTION_STATE_COMMITTED, common_pb2.TRANSACTION_STATE_ROLLED_BACK)
+                    for t in rows) else None
+            rows = wait_until(decided, 60, interval=0.2, message=lambda: "sink transactions undecided: "
+                              f"{[common_pb2.TransactionState.Name(t.state) for t in transactions(cluster, group)]}")
+    finally:
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", batch_rows)
+
+    out = _read_all(spark, cluster, sink_topic).collect()
+    assert sorted(r.body.decode() for r in out) == sorted(bodies)  # each row exactly once
+    committed = [t for t in rows if t.state == common_pb2.TRANSACTION_STATE_COMMITTED]
+    shards = [TransactionId.decode(t.transaction_id).broker for t in committed]
+    print(f"\n{stored_before} stored on broker-1 before it was killed; committed per shard: "
+          f"broker-0 {shards.count('broker-0')}, broker-1 {shards.count('broker-1')}")
+    assert len(committed) == len(bodies)
+    # Rows broker-1 stored before it died were committed by the check once it was back.
+    assert any(s == "broker-1" and t.resolution_source == common_pb2.TRANSACTION_SOURCE_CHECK
+               for s, t in zip(shards, committed))

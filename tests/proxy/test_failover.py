@@ -11,6 +11,7 @@ from typing import Callable
 
 import pytest
 
+from services.proxy.checks import CHECK_CREDIT_PER_CLIENT
 from tests.support import holdsync
 from tests.support.failover import drain, healthy, measure, pending, ratio, table
 from tests.support.holdsync import SyncGate
@@ -126,4 +127,7 @@ def test_an_orphan_left_by_a_moved_half_message_is_rolled_back_by_the_proxy(
     delivered = drain(cluster, topic, unique_name("audit"), {b.encode() for b in bodies})
     assert sorted(delivered) == sorted(b.encode() for b in bodies), "an orphan was delivered as a second copy"
     assert answering.of("checked") == [], "the client was asked about an orphan the proxy knew"
+    # Each orphan's credit came back with its answer: the client can still take a full window.
+    wait_until(lambda: metric(cluster.checkers[0].metrics_port, "txmq_check_credit_free", {"group": topic})
+               == CHECK_CREDIT_PER_CLIENT, 10, message="credit of the orphans answered by the proxy lost")
     answering.expect_success(60)

@@ -13,9 +13,10 @@ import grpc
 from google.protobuf import duration_pb2
 import pytest
 
+from services.proxy.checks import CHECK_CREDIT_PER_CLIENT
 from services.proxy.protocol import definition_pb2 as pb, service_pb2 as spb, service_pb2_grpc
 from tests.support.cluster import Cluster
-from tests.support.metrics import scrape
+from tests.support.metrics import metric_sum, scrape
 from tests.support.waiting import wait_until
 from txmq._ids import TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
@@ -170,6 +171,51 @@ def test_check_answered_through_a_replica_that_did_not_send_it(rmq_cluster: Clus
     delivered = f'txmq_checks_total{{group="{topic}",result="delivered"}} 1.0'
     wait_until(lambda: any(delivered in scrape(c.metrics_port) for c in rmq_cluster.checkers), 10.0,
                message=f"a checker's /metrics to show {delivered}")
+
+
+def _checker_metric(cluster: Cluster, name: str, labels: dict[str, str]) -> float:
+    return sum(metric_sum(c.metrics_port, name, labels) for c in cluster.checkers)
+
+
+@pytest.mark.parametrize("client_leaves_first", [False, True], ids=["client-stays", "client-left"])
+def test_a_check_answer_reaches_the_checker_with_its_credit(rmq_cluster: Cluster, unique_name: Callable[[str], str],
+                                                            client_leaves_first: bool) -> None:
+    """The official clients answer a check with EndTransaction(SOURCE_SERVER_CHECK) from a
+    thread pool, possibly after their Telemetry stream ended (shutdown). Either way the
+    checker counts the answer as the answer to its check, and the proxy's credit comes back
+    with it (not by expiry, answer timeout + 30 s later)."""
+    proxy = rmq_cluster.proxy_addresses[0]
+    topic = unique_name("answer")
+    group = {"group": topic}
+    telemetry = Telemetry(proxy, f"wire-{uuid.uuid4().hex[:8]}", topic)
+    try:
+        telemetry.next("settings", 10)
+        wait_until(lambda: _checker_metric(rmq_cluster, "txmq_check_credit_free", group) == CHECK_CREDIT_PER_CLIENT,
+                   10, message="the proxy's subscription for the client")
+        _, entry = send_half(proxy, topic, b"answer-me", "wire-sender")
+        check = telemetry.next("recover_orphaned_transaction_command", 30).recover_orphaned_transaction_command
+        assert check.transaction_id == entry.transaction_id
+        wait_until(lambda: _checker_metric(rmq_cluster, "txmq_checks_in_flight", group) == 1, 10,
+                   message="the check in flight at the checker")
+        if client_leaves_first:
+            telemetry.close()
+            wait_until(lambda: _checker_metric(rmq_cluster, "txmq_producers_connected", group) == 0, 10,
+                       message="the checker to see the client's subscription go")
+        answer = stub(proxy).EndTransaction(spb.EndTransactionRequest(
+            topic=pb.Resource(name=topic), message_id=entry.message_id, transaction_id=entry.transaction_id,
+            resolution=pb.COMMIT, source=pb.SOURCE_SERVER_CHECK), timeout=10)
+        assert answer.status.code == pb.OK, answer.status
+        wait_until(lambda: _checker_metric(rmq_cluster, "txmq_checks_total", {**group, "result": "commit"}) == 1, 10,
+                   message="the checker heard the answer through the proxy")
+        assert _checker_metric(rmq_cluster, "txmq_checks_in_flight", group) == 0
+        if not client_leaves_first:  # the credit came back with the answer
+            wait_until(lambda: _checker_metric(rmq_cluster, "txmq_check_credit_free", group)
+                       == CHECK_CREDIT_PER_CLIENT, 5, message="the proxy's credit back with the answer")
+    finally:
+        telemetry.close()
+    assert transaction(rmq_cluster, entry.transaction_id).state == common_pb2.TRANSACTION_STATE_COMMITTED
+    assert _checker_metric(rmq_cluster, "txmq_check_answers_refused_total", group) == 0
+    assert _checker_metric(rmq_cluster, "txmq_checks_total", {**group, "result": "timeout"}) == 0
 
 
 def test_errors_are_answered_in_band(rmq_cluster: Cluster, unique_name: Callable[[str], str]) -> None:

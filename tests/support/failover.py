@@ -142,6 +142,16 @@ def shard_successes(producer: txmq.Producer, shard: str) -> int:
     return 0
 
 
+def sent_to_again(producer: txmq.Producer, shard: str, timeout: float = 10.0) -> float:
+    """Seconds until ``shard`` answered 10 more of the producer's sends (it takes traffic
+    again), counted from now."""
+    since = time.monotonic()
+    served = shard_successes(producer, shard)
+    wait_until(lambda: shard_successes(producer, shard) > served + 10, timeout,
+               message=f"{shard} gets no new sends")
+    return time.monotonic() - since
+
+
 def ratio(during: Window, before: Window) -> float:
     return during.rate / before.rate if before.rate else 0.0
 

@@ -240,6 +240,31 @@ def test_a_stream_that_ends_hands_back_unacknowledged_checks_only(env):
     assert len(reports.sent) == 2
 
 
+def test_a_draining_stream_gets_no_checks_hands_back_unstarted_ones_and_still_answers(env):
+    d, reports, _, metrics = env
+    d.queue_size = 10
+    leaving = d.subscribe("a", ["g"], credit=3)
+    staying = d.subscribe("b", ["g"], credit=3)
+    d.dispatch("broker-0", [task("T1", client="a"), task("T2", client="a")])
+    started, unstarted = sent_checks(leaving)
+    d.received(leaving, started.check_id)
+    d.drain(leaving)
+    # The unstarted check goes back at once; the group's capacity is the other stream's.
+    assert reports.outcomes() == [("T1", DELIVERED), ("T2", UNDELIVERED)]
+    assert metrics.connected == {"g": 1} and d.capacity == {"g": 3} and d.free == {"g": 3}
+    d.grant(leaving, 2)  # ignored: it takes no more checks
+    assert d.free == {"g": 3}
+    d.dispatch("broker-0", [task("T3", client="a")])
+    assert sent_checks(leaving) == [] and [c.transaction_id for c in sent_checks(staying)] == ["T3"]
+    # The answer it owed still counts as the answer to its check.
+    d.answered(leaving, started.check_id, common_pb2.CHECK_RESULT_COMMIT, 0)
+    assert reports.outcomes()[-1] == ("T1", ANSWERED) and ("g", "commit") in metrics.results
+    assert set(d.deliveries) == staying.checks and metrics.late == []
+    d.drain(leaving)  # idempotent
+    d.unsubscribe(leaving)
+    assert d.capacity == {"g": 3} and d.free == {"g": 2} and d.total_free == 2 and metrics.connected == {"g": 1}
+
+
 def test_timeouts(env):
     d, reports, clock, metrics = env
     s = d.subscribe("a", ["g"])

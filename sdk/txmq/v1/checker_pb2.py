@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from txmq.v1 import common_pb2 as txmq_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15txmq/v1/checker.proto\x12\x07txmq.v1\x1a\x14txmq/v1/common.proto\"M\n\tSubscribe\x12\x17\n\x0fproducer_groups\x18\x01 \x03(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x14\n\x0c\x63heck_credit\x18\x03 \x01(\x05\"\x1d\n\x0b\x43heckCredit\x12\x0e\n\x06\x63hecks\x18\x01 \x01(\x05\"!\n\rCheckReceived\x12\x10\n\x08\x63heck_id\x18\x01 \x01(\t\"\xb7\x01\n\x0b\x43heckAnswer\x12\x10\n\x08\x63heck_id\x18\x01 \x01(\t\x12$\n\x06result\x18\x02 \x01(\x0e\x32\x14.txmq.v1.CheckResult\x12\x1b\n\x13retry_after_seconds\x18\x03 \x01(\x01\x12\x16\n\x0etransaction_id\x18\x04 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x05 \x01(\t\x12\x16\n\x0eproducer_group\x18\x06 \x01(\t\x12\x0e\n\x06\x63redit\x18\x07 \x01(\x05\"\xce\x01\n\x1c\x43heckTransactionStateRequest\x12\'\n\tsubscribe\x18\x01 \x01(\x0b\x32\x12.txmq.v1.SubscribeH\x00\x12*\n\x08received\x18\x02 \x01(\x0b\x32\x16.txmq.v1.CheckReceivedH\x00\x12&\n\x06\x61nswer\x18\x03 \x01(\x0b\x32\x14.txmq.v1.CheckAnswerH\x00\x12&\n\x06\x63redit\x18\x04 \x01(\x0b\x32\x14.txmq.v1.CheckCreditH\x00\x42\t\n\x07\x63ommand\";\n\nSubscribed\x12\x14\n\x0c\x63hecker_name\x18\x01 \x01(\t\x12\x17\n\x0fproducer_groups\x18\x02 \x03(\t\"\xa1\x01\n\x0c\x43heckRequest\x12\x10\n\x08\x63heck_id\x18\x01 \x01(\t\x12\x16\n\x0etransaction_id\x18\x02 \x01(\t\x12!\n\x07message\x18\x03 \x01(\x0b\x32\x10.txmq.v1.Message\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x13\n\x0b\x62roker_name\x18\x05 \x01(\t\x12\x1e\n\x16\x61nswer_timeout_seconds\x18\x06 \x01(\x01\"\xa4\x01\n\x1d\x43heckTransactionStateResponse\x12)\n\nsubscribed\x18\x01 \x01(\x0b\x32\x13.txmq.v1.SubscribedH\x00\x12&\n\x05\x63heck\x18\x02 \x01(\x0b\x32\x15.txmq.v1.CheckRequestH\x00\x12%\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x14.txmq.v1.EntryStatusH\x00\x42\t\n\x07\x63ommand2|\n\x0e\x43heckerService\x12j\n\x15\x43heckTransactionState\x12%.txmq.v1.CheckTransactionStateRequest\x1a&.txmq.v1.CheckTransactionStateResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15txmq/v1/checker.proto\x12\x07txmq.v1\x1a\x14txmq/v1/common.proto\"M\n\tSubscribe\x12\x17\n\x0fproducer_groups\x18\x01 \x03(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x14\n\x0c\x63heck_credit\x18\x03 \x01(\x05\"\x1d\n\x0b\x43heckCredit\x12\x0e\n\x06\x63hecks\x18\x01 \x01(\x05\"!\n\rCheckReceived\x12\x10\n\x08\x63heck_id\x18\x01 \x01(\t\"\x0c\n\nCheckDrain\"\xb7\x01\n\x0b\x43heckAnswer\x12\x10\n\x08\x63heck_id\x18\x01 \x01(\t\x12$\n\x06result\x18\x02 \x01(\x0e\x32\x14.txmq.v1.CheckResult\x12\x1b\n\x13retry_after_seconds\x18\x03 \x01(\x01\x12\x16\n\x0etransaction_id\x18\x04 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x05 \x01(\t\x12\x16\n\x0eproducer_group\x18\x06 \x01(\t\x12\x0e\n\x06\x63redit\x18\x07 \x01(\x05\"\xf4\x01\n\x1c\x43heckTransactionStateRequest\x12\'\n\tsubscribe\x18\x01 \x01(\x0b\x32\x12.txmq.v1.SubscribeH\x00\x12*\n\x08received\x18\x02 \x01(\x0b\x32\x16.txmq.v1.CheckReceivedH\x00\x12&\n\x06\x61nswer\x18\x03 \x01(\x0b\x32\x14.txmq.v1.CheckAnswerH\x00\x12&\n\x06\x63redit\x18\x04 \x01(\x0b\x32\x14.txmq.v1.CheckCreditH\x00\x12$\n\x05\x64rain\x18\x05 \x01(\x0b\x32\x13.txmq.v1.CheckDrainH\x00\x42\t\n\x07\x63ommand\";\n\nSubscribed\x12\x14\n\x0c\x63hecker_name\x18\x01 \x01(\t\x12\x17\n\x0fproducer_groups\x18\x02 \x03(\t\"\xa1\x01\n\x0c\x43heckRequest\x12\x10\n\x08\x63heck_id\x18\x01 \x01(\t\x12\x16\n\x0etransaction_id\x18\x02 \x01(\t\x12!\n\x07message\x18\x03 \x01(\x0b\x32\x10.txmq.v1.Message\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x13\n\x0b\x62roker_name\x18\x05 \x01(\t\x12\x1e\n\x16\x61nswer_timeout_seconds\x18\x06 \x01(\x01\"\xa4\x01\n\x1d\x43heckTransactionStateResponse\x12)\n\nsubscribed\x18\x01 \x01(\x0b\x32\x13.txmq.v1.SubscribedH\x00\x12&\n\x05\x63heck\x18\x02 \x01(\x0b\x32\x15.txmq.v1.CheckRequestH\x00\x12%\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x14.txmq.v1.EntryStatusH\x00\x42\t\n\x07\x63ommand2|\n\x0e\x43heckerService\x12j\n\x15\x43heckTransactionState\x12%.txmq.v1.CheckTransactionStateRequest\x1a&.txmq.v1.CheckTransactionStateResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,16 +38,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHECKCREDIT']._serialized_end=164
   _globals['_CHECKRECEIVED']._serialized_start=166
   _globals['_CHECKRECEIVED']._serialized_end=199
-  _globals['_CHECKANSWER']._serialized_start=202
-  _globals['_CHECKANSWER']._serialized_end=385
-  _globals['_CHECKTRANSACTIONSTATEREQUEST']._serialized_start=388
-  _globals['_CHECKTRANSACTIONSTATEREQUEST']._serialized_end=594
-  _globals['_SUBSCRIBED']._serialized_start=596
-  _globals['_SUBSCRIBED']._serialized_end=655
-  _globals['_CHECKREQUEST']._serialized_start=658
-  _globals['_CHECKREQUEST']._serialized_end=819
-  _globals['_CHECKTRANSACTIONSTATERESPONSE']._serialized_start=822
-  _globals['_CHECKTRANSACTIONSTATERESPONSE']._serialized_end=986
-  _globals['_CHECKERSERVICE']._serialized_start=988
-  _globals['_CHECKERSERVICE']._serialized_end=1112
+  _globals['_CHECKDRAIN']._serialized_start=201
+  _globals['_CHECKDRAIN']._serialized_end=213
+  _globals['_CHECKANSWER']._serialized_start=216
+  _globals['_CHECKANSWER']._serialized_end=399
+  _globals['_CHECKTRANSACTIONSTATEREQUEST']._serialized_start=402
+  _globals['_CHECKTRANSACTIONSTATEREQUEST']._serialized_end=646
+  _globals['_SUBSCRIBED']._serialized_start=648
+  _globals['_SUBSCRIBED']._serialized_end=707
+  _globals['_CHECKREQUEST']._serialized_start=710
+  _globals['_CHECKREQUEST']._serialized_end=871
+  _globals['_CHECKTRANSACTIONSTATERESPONSE']._serialized_start=874
+  _globals['_CHECKTRANSACTIONSTATERESPONSE']._serialized_end=1038
+  _globals['_CHECKERSERVICE']._serialized_start=1040
+  _globals['_CHECKERSERVICE']._serialized_end=1164
 # @@protoc_insertion_point(module_scope)

@@ -29,6 +29,10 @@ class CheckReceived(_message.Message):
     check_id: str
     def __init__(self, check_id: _Optional[str] = ...) -> None: ...
 
+class CheckDrain(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class CheckAnswer(_message.Message):
     __slots__ = ("check_id", "result", "retry_after_seconds", "transaction_id", "broker_name", "producer_group", "credit")
     CHECK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -48,16 +52,18 @@ class CheckAnswer(_message.Message):
     def __init__(self, check_id: _Optional[str] = ..., result: _Optional[_Union[_common_pb2.CheckResult, str]] = ..., retry_after_seconds: _Optional[float] = ..., transaction_id: _Optional[str] = ..., broker_name: _Optional[str] = ..., producer_group: _Optional[str] = ..., credit: _Optional[int] = ...) -> None: ...
 
 class CheckTransactionStateRequest(_message.Message):
-    __slots__ = ("subscribe", "received", "answer", "credit")
+    __slots__ = ("subscribe", "received", "answer", "credit", "drain")
     SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_FIELD_NUMBER: _ClassVar[int]
     ANSWER_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
     subscribe: Subscribe
     received: CheckReceived
     answer: CheckAnswer
     credit: CheckCredit
-    def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., received: _Optional[_Union[CheckReceived, _Mapping]] = ..., answer: _Optional[_Union[CheckAnswer, _Mapping]] = ..., credit: _Optional[_Union[CheckCredit, _Mapping]] = ...) -> None: ...
+    drain: CheckDrain
+    def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., received: _Optional[_Union[CheckReceived, _Mapping]] = ..., answer: _Optional[_Union[CheckAnswer, _Mapping]] = ..., credit: _Optional[_Union[CheckCredit, _Mapping]] = ..., drain: _Optional[_Union[CheckDrain, _Mapping]] = ...) -> None: ...
 
 class Subscribed(_message.Message):
     __slots__ = ("checker_name", "producer_groups")
