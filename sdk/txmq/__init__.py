@@ -37,7 +37,7 @@ from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, C
                       WrongBrokerError)
 from ._faults import RoutingStats, ShardStats
 from ._producer import Producer, TransactionListener, TransactionProducer
-from ._types import (ConsumeResult, LocalTransactionState, Message, ReceivedMessage, SendReceipt,
+from ._types import (ConsumeResult, LocalTransactionState, Message, ReceivedMessage, SendReceipt, SqlFilter,
                      TransactionMessage, TransactionResult, TransactionState)
 
 __all__ = [
@@ -57,6 +57,7 @@ __all__ = [
     "RoutingStats",
     "SendReceipt",
     "ShardStats",
+    "SqlFilter",
     "TransactionMessage",
     "TransactionResult",
     "TransactionState",

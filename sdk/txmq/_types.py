@@ -23,6 +23,7 @@ __all__ = [
     "Message",
     "ReceivedMessage",
     "SendReceipt",
+    "SqlFilter",
     "TransactionMessage",
     "TransactionResult",
     "TransactionState",
@@ -81,6 +82,25 @@ class Message:
         if self.check_immunity_seconds is not None and not self.check_immunity_seconds > 0:
             raise InvalidFieldError("check_immunity_seconds",
                                     f"must be positive or None, got {self.check_immunity_seconds!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SqlFilter:
+    """A SQL92 property filter for a subscription, in RocketMQ's syntax (its
+    ``MessageSelector.bySql``): ``{"orders": txmq.SqlFilter("region = 'eu' AND amount > 100")}``.
+
+    Comparisons (``= <> > >= < <=``), ``BETWEEN``, ``IN``, ``IS [NOT] NULL``,
+    ``[NOT] CONTAINS/STARTSWITH/ENDSWITH``, ``AND``/``OR``/``NOT`` over the message's
+    properties, ``TAGS`` (its tag) and ``KEYS``. The broker evaluates it, so messages it
+    rejects are never sent to the consumer; a message missing a property the expression
+    needs does not match (SQL's NULL). A malformed expression is refused by the broker at
+    the first receive with :class:`InvalidFieldError` naming the column."""
+
+    expression: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.expression, str) or not self.expression.strip():
+            raise InvalidFieldError("subscriptions", "a SqlFilter needs a non-empty expression")
 
 
 @dataclass(frozen=True, slots=True)

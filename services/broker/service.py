@@ -17,12 +17,12 @@ from services.common.errors import OK, entry_status
 from .bridge import StoreBridge
 from .checks import CheckReport, ClaimBatch
 from .core import BrokerCore
+from .filters import parse_filter
 from .metrics import BrokerMetrics
 from .model import CheckAnswer, CheckOutcome, EndResult, ReceiveResult, Resolution, SendResult, Source, TxnState
 from .store import codec
 from .store.codec import LogRecord, TxnRow
 from .store.db import Op
-from .validation import parse_tag_filter
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     # --- consuming -----------------------------------------------------------------------
 
     async def ReceiveMessages(self, request: broker_pb2.ReceiveMessagesRequest, context: Any) -> Any:
-        tags = parse_tag_filter(request.filter_expression)
+        if request.filter_type not in broker_pb2.FilterType.values():
+            raise InvalidFieldError("filter_type", f"unknown filter type {request.filter_type}")
+        tags = parse_filter(request.filter_expression, request.filter_type == broker_pb2.FILTER_TYPE_SQL92)
         wait = min(max(request.long_polling_timeout_seconds, 0.0), self.config.max_long_polling_seconds)
         remaining = context.time_remaining()
         if remaining is not None:
