@@ -503,12 +503,11 @@ class SqlFilter:
     __slots__ = ("expression", "_root")
 
     def __init__(self, expression: str) -> None:
-        text = expression.strip()
-        if len(text) > MAX_EXPRESSION_CHARS:
-            raise InvalidFieldError(_FIELD, f"SQL92 expression is {len(text)} characters, above the limit "
-                                            f"{MAX_EXPRESSION_CHARS}")
-        self.expression = text
-        self._root = _Parser(text).parse()
+        if len(expression) > MAX_EXPRESSION_CHARS:
+            raise InvalidFieldError(_FIELD, f"SQL92 expression is {len(expression)} characters, above the "
+                                            f"limit {MAX_EXPRESSION_CHARS}")
+        self.expression = expression
+        self._root = _Parser(expression).parse()  # columns count from the first character sent
 
     def evaluate(self, properties: Props) -> bool | None:
         """TRUE, FALSE or None (NULL: unknown); a conversion failure is None too."""
