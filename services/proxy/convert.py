@@ -9,6 +9,7 @@ RocketMQ (SystemProperties)       txmq
 topic.name                        topic (namespaces other than "" are refused)
 message_id (client-chosen)        message_id (kept as is: the broker deduplicates by it)
 message_type NORMAL/TRANSACTION   type NORMAL/TRANSACTION (FIFO, DELAY, ... refused)
+FilterExpression TAG / SQL        filter_type TAG / SQL92 (ReceiveMessage)
 tag, keys, user_properties        tag, keys, properties
 born_timestamp, born_host         born_timestamp_ms, born_host
 orphaned_transaction_recovery_    check_immunity_seconds (first check after this long)
@@ -149,12 +150,15 @@ def check_to_rmq(m: common_pb2.Message) -> definition_pb2.Message:
     return _base(m.topic, m, MessageType.TRANSACTION)
 
 
-def validate_filter(expression: definition_pb2.FilterExpression) -> str:
-    """The tag filter for the broker ("*" or "A || B"); SQL92 filters are not supported."""
+def validate_filter(expression: definition_pb2.FilterExpression) -> tuple[str, bool]:
+    """The filter for the broker and whether it is SQL92 (else a tag filter, "*" or
+    "A || B"). The broker parses a SQL92 expression; its INVALID_ARGUMENT (naming the
+    column) comes back as ILLEGAL_FILTER_EXPRESSION."""
     if expression.type == definition_pb2.SQL:
-        raise ProxyError(Code.ILLEGAL_FILTER_EXPRESSION, "SQL92 filters are not supported by txmq: "
-                                                         "use a tag expression ('*' or 'TagA || TagB')")
-    return expression.expression.strip() or "*"
+        if not expression.expression.strip():
+            raise ProxyError(Code.ILLEGAL_FILTER_EXPRESSION, "the SQL92 filter expression is empty")
+        return expression.expression, True
+    return expression.expression.strip() or "*", False
 
 
 def publishing_topics(settings: definition_pb2.Settings) -> tuple[str, ...]:

@@ -194,13 +194,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             group = resource_name(request.group, "group")
             queue = request.message_queue
             topic = resource_name(queue.topic, "topic")
-            expression = validate_filter(request.filter_expression)
+            expression, sql = validate_filter(request.filter_expression)
             invisible = self._invisible_seconds(
                 seconds(request.invisible_duration) if request.HasField("invisible_duration")
                 else self.config.default_invisible_duration_seconds)
             batch = min(max(request.batch_size, 1), self.config.max_receive_batch)
             deliveries = await self.relay.receive(
-                group=group, topic=topic, broker=queue.broker.name, filter_expression=expression,
+                group=group, topic=topic, broker=queue.broker.name, filter_expression=expression, sql=sql,
                 max_messages=batch, invisible_seconds=invisible,
                 wait_seconds=self._long_poll_seconds(request, context))
         except Exception as exc:  # noqa: BLE001

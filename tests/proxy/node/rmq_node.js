@@ -3,7 +3,8 @@
 // Prints JSON lines ({"event": ...}) on stdout. Its log goes under $HOME/logs/rocketmq/.
 'use strict';
 
-const { Producer, SimpleConsumer } = require('rocketmq-client-nodejs');
+const { Producer, SimpleConsumer, FilterExpression } = require('rocketmq-client-nodejs');
+const { FilterType } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
 const { TransactionResolution } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
 
 function emit(event, fields) {
@@ -76,11 +77,12 @@ async function checkerOnly(args) {
 }
 
 // Receives until `count` acknowledgements; "postpone*" bodies get changeInvisibleDuration
-// on their first delivery and are acknowledged when redelivered.
+// on their first delivery and are acknowledged when redelivered. `sql`: `filter` is SQL92.
 async function simple(args) {
+  const filter = args.sql ? new FilterExpression(args.filter, FilterType.SQL) : (args.filter || '*');
   const consumer = new SimpleConsumer({
     endpoints: args.endpoints, namespace: '', consumerGroup: args.group,
-    subscriptions: new Map([[args.topic, args.filter || '*']]), awaitDuration: (args.await_seconds || 2) * 1000,
+    subscriptions: new Map([[args.topic, filter]]), awaitDuration: (args.await_seconds || 2) * 1000,
   });
   await consumer.startup();
   let acked = 0;
