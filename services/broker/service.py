@@ -86,7 +86,7 @@ def record_from_proto(m: common_pb2.Message) -> LogRecord:
                      stored_ms=0, tag=m.tag, keys=tuple(m.keys), properties=dict(m.properties),
                      producer_group=m.producer_group, producer_client_id=m.producer_client_id,
                      check_immunity_seconds=m.check_immunity_seconds, born_ms=m.born_timestamp_ms,
-                     born_host=m.born_host)
+                     born_host=m.born_host, deliver_at_ms=m.deliver_at_ms, delay_seconds=m.delay_seconds)
 
 
 def message_to_proto(r: LogRecord) -> common_pb2.Message:
@@ -96,7 +96,7 @@ def message_to_proto(r: LogRecord) -> common_pb2.Message:
         type=common_pb2.MESSAGE_TYPE_TRANSACTION if r.kind == codec.KIND_HALF else common_pb2.MESSAGE_TYPE_NORMAL,
         producer_group=r.producer_group, producer_client_id=r.producer_client_id,
         check_immunity_seconds=r.check_immunity_seconds, born_timestamp_ms=r.born_ms,
-        born_host=r.born_host, queue_id=r.queue_id)
+        born_host=r.born_host, queue_id=r.queue_id, deliver_at_ms=r.deliver_at_ms)
 
 
 def txn_to_proto(core: BrokerCore, t: TxnRow) -> common_pb2.Transaction:
