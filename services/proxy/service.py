@@ -38,7 +38,7 @@ spb = service_pb2
 
 CLIENT_ID_HEADER = "x-mq-client-id"
 #: Message types every topic accepts (txmq topics take normal and transactional messages).
-ACCEPTED_TYPES = (pb.NORMAL, pb.TRANSACTION)
+ACCEPTED_TYPES = (pb.NORMAL, pb.DELAY, pb.TRANSACTION)
 #: A long poll ends this long before the client's deadline.
 DEADLINE_MARGIN_SECONDS = 1.0
 

@@ -126,3 +126,20 @@ def test_node_simple_consumer_with_a_sql92_filter(rmq_cluster: Cluster, clients:
                             await_seconds=1, sql=True, filter="n BETWEEN 1 AND 2 AND region IS NOT NULL")
     consumer.expect_success(60)
     assert sorted(m["body"] for m in consumer.of("received")) == ["m1", "m2"]
+
+
+def test_node_delay_message_is_delivered_at_its_time(rmq_cluster: Cluster, clients: Clients,
+                                                     unique_name: Callable[[str], str]) -> None:
+    topic, group = unique_name("nodedelay"), unique_name("g")
+    proxy = rmq_cluster.proxy_addresses[1]
+    sender = clients.node("rmq_node.js", "send", endpoints=proxy, topic=topic, bodies=["d1", "d2"], delay_ms=2000)
+    sender.expect_success(60)
+    due = {e["body"]: e["due_ms"] for e in sender.of("sent")}
+    consumer = clients.node("rmq_node.js", "simple", endpoints=proxy, topic=topic, group=group, count=2,
+                            await_seconds=1)
+    consumer.expect_success(60)
+    received = consumer.of("received")
+    assert sorted(m["body"] for m in received) == ["d1", "d2"]
+    for m in received:
+        assert m["received_ms"] >= due[m["body"]], (m, due)
+        assert m["delivery_timestamp"] == due[m["body"]]

@@ -234,3 +234,21 @@ def test_simple_consumer_with_a_sql92_filter(rmq_cluster: Cluster, clients: Clie
     bad.expect_success(30)
     failed = bad.of("failed")
     assert failed and "column 6" in failed[0]["error"], bad.describe()
+
+
+def test_delay_message_is_delivered_at_its_time(rmq_cluster: Cluster, clients: Clients,
+                                                unique_name: Callable[[str], str]) -> None:
+    """The official client's delivery_timestamp (a DELAY message) keeps the message from
+    the consumer until then; it arrives carrying its delivery timestamp."""
+    topic, group = unique_name("delay"), unique_name("g")
+    proxy = rmq_cluster.proxy_addresses[0]
+    sender = clients.python("send", endpoints=proxy, topic=topic, bodies=["d1", "d2"], delay_ms=2000)
+    sender.expect_success(60)
+    due = {e["body"]: e["due_ms"] for e in sender.of("sent")}
+    consumer = clients.python("simple", endpoints=proxy, topic=topic, group=group, count=2, await_seconds=1)
+    consumer.expect_success(60)
+    received = consumer.of("received")
+    assert sorted(m["body"] for m in received) == ["d1", "d2"]
+    for m in received:
+        assert m["received_ms"] >= due[m["body"]], (m, due)
+        assert m["delivery_timestamp"] == due[m["body"]]

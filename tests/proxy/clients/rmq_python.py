@@ -33,7 +33,8 @@ def view(m: Message) -> dict:
     body = m.body
     return {"message_id": m.message_id, "topic": m.topic, "body": body.decode() if body is not None else None,
             "tag": m.tag, "keys": sorted(m.keys or ()), "properties": dict(m.properties or {}),
-            "delivery_attempt": m.delivery_attempt, "corrupted": m.corrupted}
+            "delivery_attempt": m.delivery_attempt, "corrupted": m.corrupted,
+            "delivery_timestamp": m.delivery_timestamp, "received_ms": int(time.time() * 1000)}
 
 
 def message(topic: str, body: str, tag: str = "", key: str = "", props: dict | None = None) -> Message:
@@ -164,8 +165,12 @@ def send(args: dict) -> None:
     try:
         for i, body in enumerate(args["bodies"]):
             props = {"n": str(i), **args.get("props", {})}
-            receipt = producer.send(message(topic, body, tag=args.get("tag", "TagA"), key=f"k{i}", props=props))
-            emit("sent", message_id=receipt.message_id, body=body)
+            m = message(topic, body, tag=args.get("tag", "TagA"), key=f"k{i}", props=props)
+            due = int(time.time() * 1000) + args["delay_ms"] if args.get("delay_ms") else None
+            if due:
+                m.delivery_timestamp = due  # ms, as the client documents it
+            receipt = producer.send(m)
+            emit("sent", message_id=receipt.message_id, body=body, due_ms=due)
     finally:
         producer.shutdown()
     emit("done")
