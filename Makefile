@@ -159,6 +159,7 @@ bench: venv etcd bench-audit
 	$(PY) -m bench.replication
 	$(PY) -m bench.checks
 	$(PY) -m bench.failover
+	$(PY) -m bench.delay
 
 clean:
 	rm -rf $(DATA_DIR) .pytest_cache
