@@ -23,6 +23,11 @@ from .store import codec
 from .store.codec import CqEntry
 from .store.db import OpWrites
 
+#: Queue entries one receive passes over for a filter at most (per queue) before it answers;
+#: a longer run of filtered-out messages is scanned by the next receive (the long poll
+#: comes back at once), so a selective filter never holds the event loop for long.
+MAX_FILTERED_SCAN = 4096
+
 
 class DeliveryPart(BrokerBase):
     """Receive, redelivery, DLQ, ack, change-invisible, dead-letter, queue offsets and reads."""
@@ -58,8 +63,9 @@ class DeliveryPart(BrokerBase):
                 cursor = self._cursor(w, group, topic, q)
                 if len(out) < max_messages:
                     self._redeliver(w, group, topic, q, cursor, now, invisible_ms, max_messages, out)
-                if len(out) < max_messages:
-                    self._deliver_new(w, group, topic, q, cursor, now, invisible_ms, tags, max_messages, out)
+                if len(out) < max_messages and self._deliver_new(w, group, topic, q, cursor, now, invisible_ms,
+                                                                 tags, max_messages, out):
+                    next_deadline = now  # more to scan: the long poll comes back at once
                 d = cursor.next_deadline_ms()
                 if d is not None and (next_deadline is None or d < next_deadline):
                     next_deadline = d
@@ -113,19 +119,27 @@ class DeliveryPart(BrokerBase):
 
     def _deliver_new(self, w: OpWrites, group: str, topic: str, q: int, cursor: Cursor, now: int,
                      invisible_ms: int, tags: MessageFilter, limit: int,
-                     out: list[Delivery]) -> None:
+                     out: list[Delivery]) -> bool:
+        """Delivers new messages of one queue; returns whether it stopped at
+        MAX_FILTERED_SCAN filtered-out entries with more left to scan."""
         end = self.queue_next.get((topic, q), 0)
         start = cursor.next_offset
         if start >= end:
-            return
+            return False
         offset = start
+        skipped = 0
+        truncated = False
         for key, value in self.db.scan("cq", codec.cq_key(topic, q, start), codec.cq_key(topic, q, end)):
             if len(out) >= limit:
+                break
+            if skipped >= MAX_FILTERED_SCAN:
+                truncated = True
                 break
             o = codec.split_cq_key(key)[2]
             cq = codec.decode_cq_entry(value, key)
             offset = o + 1
             if tags is not None and not self._passes(tags, cq):
+                skipped += 1
                 continue  # filtered out: never delivered to this group
             deadline = now + invisible_ms
             cursor.track(o, 1, deadline)
@@ -135,6 +149,7 @@ class DeliveryPart(BrokerBase):
         if offset != start:
             cursor.next_offset = offset
             w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(offset))
+        return truncated
 
     def _passes(self, tags: frozenset[str] | SqlFilter, cq: CqEntry) -> bool:
         """Whether a queue entry passes a tag or SQL92 filter (a SQL92 filter reads the
