@@ -51,6 +51,7 @@ def _build(config: BrokerConfig, db: Database, loop: asyncio.AbstractEventLoop,
     """The domain, the bridge and the servicer over an open store."""
     core = BrokerCore(config, on_fatal=_fatal, db=db)
     core.timer_listeners.append(pump.wake)
+    core.timer_moved_listeners.append(metrics.record_timer_moved)
     pump.wake()  # a new term: its store may hold due timers
     bridge = StoreBridge(db, loop, on_fatal=_fatal, on_sync=metrics.record_sync)
     core.visible_listeners.append(bridge.note_visible)

@@ -42,9 +42,12 @@ class TimersPart(BrokerBase):
     _timer_next: int | None
     #: Called (once durable) with a due time earlier than the one the pump knew of.
     timer_listeners: list[Callable[[int], None]]
+    #: Called (once durable) with the lateness (ms: moved − due) of each message moved.
+    timer_moved_listeners: list[Callable[[list[int]], None]]
 
     def _load_timers(self) -> None:
         self.timer_listeners = []
+        self.timer_moved_listeners = []
         first = self.db.first_key("timer")
         self._timer_next = codec.split_timer_key(first)[0] if first else None
 
@@ -75,20 +78,24 @@ class TimersPart(BrokerBase):
             now = self.clock()
             moved = 0
             visible: set[str] = set()
+            lateness: list[int] = []
             for key, _ in self.db.scan("timer", b"", codec.timer_key(now + 1, 0)):
                 if moved >= limit:
                     break
                 if self.db.get("timer", key) is None:
                     continue  # moved by an earlier operation of this write group
-                _due, seq = codec.split_timer_key(key)
+                due, seq = codec.split_timer_key(key)
                 w.delete("timer", key)
                 moved += 1
+                lateness.append(now - due)
                 topic = self._move(w, seq, now)
                 if topic:
                     visible.add(topic)
             self._timer_next = self._next_due(now, moved >= limit)
             if visible:
                 w.on_durable(lambda: [self._notify_visible(t) for t in visible])
+            if lateness:
+                w.on_durable(lambda: [fn(lateness) for fn in self.timer_moved_listeners])
             return moved
         return op
 

@@ -18,6 +18,7 @@ import grpc
 import pytest
 
 import txmq
+from tests.support.metrics import metric
 from tests.support.waiting import wait_until
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
@@ -68,6 +69,9 @@ def test_delayed_and_timed_messages_wait_for_their_time(cluster, unique_name) ->
             assert ms(m.visible_at) >= due, (body, ms(m.visible_at) - due)
             assert received_ms >= due, (body, received_ms - due)
             assert m.delivery_attempt == 1
+    # The broker's histogram of the timer's lateness saw them.
+    count = metric(cluster.brokers[0].metrics_port, "txmq_timer_lateness_seconds_count")
+    assert count is not None and count >= 2
 
 
 def test_out_of_range_delivery_times_are_refused(fresh_cluster_factory, unique_name) -> None:
