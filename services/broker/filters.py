@@ -164,40 +164,31 @@ def _java_double(text: str) -> float:
     return float(stripped.rstrip("fFdD").replace("Infinity", "inf"))
 
 
+#: (left type, right type) → how each side converts before comparing (None: as is).
+_CONVERSIONS: dict[tuple[type, type], tuple[Callable[[Any], Any] | None, Callable[[Any], Any] | None]] = {
+    (int, float): (float, None),
+    (int, str): (None, _java_long),
+    (float, int): (None, float),
+    (float, str): (None, _java_double),
+    (str, bool): (lambda v: v.lower() == "true", None),
+    (str, int): (_java_long, None),
+    (str, float): (_java_double, None),
+}
+
+
 def _cmp(lv: Any, rv: Any) -> int:
     """RocketMQ's ``__compare`` with string conversion on: values of different types are
     converted towards the literal's type; types that do not convert compare as -1."""
     lt, rt = type(lv), type(rv)
     if lt is not rt:
-        if lt is bool:
-            if rt is str:
-                raise _EvaluationError("a boolean compared with a string")
+        if lt is bool and rt is str:
+            raise _EvaluationError("a boolean compared with a string")
+        conversion = _CONVERSIONS.get((lt, rt))
+        if conversion is None:
             return -1
-        if lt is int:
-            if rt is float:
-                lv = float(lv)
-            elif rt is str:
-                rv = _java_long(rv)
-            else:
-                return -1
-        elif lt is float:
-            if rt is int:
-                rv = float(rv)
-            elif rt is str:
-                rv = _java_double(rv)
-            else:
-                return -1
-        elif lt is str:
-            if rt is bool:
-                lv = lv.lower() == "true"
-            elif rt is int:
-                lv = _java_long(lv)
-            elif rt is float:
-                lv = _java_double(lv)
-            else:
-                return -1
-        else:
-            return -1
+        left, right = conversion
+        lv = left(lv) if left else lv
+        rv = right(rv) if right else rv
     return (lv > rv) - (lv < rv)
 
 
@@ -233,28 +224,26 @@ def _not(operand: _Node, pos: int | None = None) -> _Node:
     return _Node(ev, boolean=True, pos=operand.pos if pos is None else pos)
 
 
-def _and(left: _Node, right: _Node) -> _Node:
+def _logic(left: _Node, right: _Node, decisive: bool) -> _Node:
+    """AND (``decisive`` FALSE) or OR (TRUE): either side decisive decides; else NULL if
+    either side is NULL."""
     def ev(p: Props) -> bool | None:
         lv = left.eval(p)
-        if lv is False:
-            return False
+        if lv is decisive:
+            return decisive
         rv = right.eval(p)
-        if rv is False:
-            return False
-        return None if lv is None or rv is None else True
+        if rv is decisive:
+            return decisive
+        return None if lv is None or rv is None else not decisive
     return _Node(ev, boolean=True, pos=left.pos)
+
+
+def _and(left: _Node, right: _Node) -> _Node:
+    return _logic(left, right, False)
 
 
 def _or(left: _Node, right: _Node) -> _Node:
-    def ev(p: Props) -> bool | None:
-        lv = left.eval(p)
-        if lv is True:
-            return True
-        rv = right.eval(p)
-        if rv is True:
-            return True
-        return None if lv is None or rv is None else False
-    return _Node(ev, boolean=True, pos=left.pos)
+    return _logic(left, right, True)
 
 
 def _in(left: _Node, items: frozenset[str], negated: bool) -> _Node:

@@ -18,18 +18,9 @@ from services.broker.model import RESOLUTION_COMMIT
 from services.broker.store import codec
 from services.broker.store.codec import LogRecord
 
-START_MS = 1_700_000_000_000
+from tests.unit.test_broker_core import Clock
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = START_MS
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += int(seconds * 1000)
+START_MS = Clock().ms
 
 
 @pytest.fixture
@@ -72,9 +63,9 @@ def received(core: BrokerCore, group: str = "cg", expression: str = "*", sql: bo
 def test_the_timer_moves_nothing_early_and_everything_due(open_core, clock) -> None:
     core = open_core()
     assert send(core, b"in-2s", delay_seconds=2.0).queue_offset == -1
-    send(core, b"at-1s", deliver_at_ms=clock.now + 1000)
+    send(core, b"at-1s", deliver_at_ms=clock.ms + 1000)
     send(core, b"now")
-    assert core.timer_next_ms() == clock.now + 1000
+    assert core.timer_next_ms() == clock.ms + 1000
     assert core.db.call(core.timer_op()) == 0
     assert received(core) == [b"now"]
     clock.advance(0.999)
@@ -145,6 +136,6 @@ def test_a_long_filtered_out_run_is_scanned_in_bounded_steps(open_core, clock) -
     send(core, b"wanted", properties={"n": "-1"})
     f = parse_filter("n < 0", sql=True)
     first = core.db.call(core.receive_op("cg", "orders", -1, f, 16, 30.0))
-    assert first.deliveries == [] and first.next_deadline_ms == clock.now  # come back at once
+    assert first.deliveries == [] and first.next_deadline_ms == clock.ms  # come back at once
     second = core.db.call(core.receive_op("cg", "orders", -1, f, 16, 30.0))
     assert [core.read_message(d.log_seq).body for d in second.deliveries] == [b"wanted"]
