@@ -182,6 +182,7 @@ bench: venv etcd bench-audit bench-deps proxy-deps
 	$(PY) -m bench.replication
 	$(PY) -m bench.checks
 	$(PY) -m bench.failover
+	$(PY) -m bench.delay
 
 clean:
 	rm -rf $(DATA_DIR) .pytest_cache

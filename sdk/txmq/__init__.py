@@ -38,7 +38,7 @@ from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, C
 from ._faults import RoutingStats, ShardStats
 from ._producer import Producer, TransactionListener, TransactionProducer
 from ._tls import TLS
-from ._types import (ConsumeResult, LocalTransactionState, Message, ReceivedMessage, SendReceipt,
+from ._types import (ConsumeResult, LocalTransactionState, Message, ReceivedMessage, SendReceipt, SqlFilter,
                      TransactionMessage, TransactionResult, TransactionState)
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "RoutingStats",
     "SendReceipt",
     "ShardStats",
+    "SqlFilter",
     "TransactionMessage",
     "TransactionResult",
     "TransactionState",

@@ -27,7 +27,7 @@ from ._errors import (ClientClosedError, InternalError, InvalidFieldError, Topic
                       TxmqError, error_from_entry, error_from_rpc)
 from ._names import validate_group, validate_receive_topic
 from ._tls import TLS
-from ._types import ConsumeResult, ReceivedMessage, ms_to_datetime, received_from_pb
+from ._types import ConsumeResult, ReceivedMessage, SqlFilter, ms_to_datetime, received_from_pb
 from .v1 import broker_pb2
 
 log = logging.getLogger(__name__)
@@ -38,11 +38,24 @@ class _Target:
     """What one receive call asks: a subscribed topic on one broker (any of its queues)."""
 
     topic: str
-    filter_expression: str
+    filter_expression: str | SqlFilter
     broker_name: str
 
 
-def _subscriptions(subscriptions: Mapping[str, str]) -> dict[str, str]:
+def receive_request(consumer_group: str, target: _Target, max_messages: int, invisible_duration_seconds: float,
+                    wait_seconds: float) -> broker_pb2.ReceiveMessagesRequest:
+    """The ReceiveMessages of one (topic, broker) target, its filter a tag expression or SQL92."""
+    expression = target.filter_expression
+    sql = isinstance(expression, SqlFilter)
+    return broker_pb2.ReceiveMessagesRequest(
+        consumer_group=consumer_group, topic=target.topic, queue_id=-1,
+        filter_expression=expression.expression if sql else expression,
+        filter_type=broker_pb2.FILTER_TYPE_SQL92 if sql else broker_pb2.FILTER_TYPE_TAG,
+        max_messages=max_messages, invisible_duration_seconds=invisible_duration_seconds,
+        long_polling_timeout_seconds=wait_seconds)
+
+
+def _subscriptions(subscriptions: Mapping[str, str | SqlFilter]) -> dict[str, str | SqlFilter]:
     if not isinstance(subscriptions, Mapping) or not subscriptions:
         raise InvalidFieldError("subscriptions", "must map at least one topic to a filter expression")
     out = {}
@@ -50,8 +63,11 @@ def _subscriptions(subscriptions: Mapping[str, str]) -> dict[str, str]:
         validate_receive_topic(topic)
         if expression is None:
             expression = "*"
+        if isinstance(expression, SqlFilter):
+            out[topic] = expression
+            continue
         if not isinstance(expression, str):
-            raise InvalidFieldError("subscriptions", f"filter expression of {topic!r} must be a str")
+            raise InvalidFieldError("subscriptions", f"filter expression of {topic!r} must be a str or SqlFilter")
         out[topic] = expression.strip() or "*"
     return out
 
@@ -60,11 +76,11 @@ class SimpleConsumer:
     """Receives messages for a consumer group on the caller's schedule. Thread-safe.
 
     ``subscriptions`` maps each topic to a tag filter: ``"*"`` for every message, or
-    ``"TagA || TagB"``. A dead-letter topic (``%DLQ%<group>``) may be subscribed explicitly.
+    ``"TagA || TagB"``; or to a :class:`SqlFilter` (a SQL92 property filter). A dead-letter topic (``%DLQ%<group>``) may be subscribed explicitly.
     """
 
     def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
-                 subscriptions: Mapping[str, str], await_duration_seconds: float = 20.0,
+                 subscriptions: Mapping[str, str | SqlFilter], await_duration_seconds: float = 20.0,
                  request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
                  tls: TLS | None = None) -> None:
         validate_group("consumer_group", consumer_group)
@@ -218,11 +234,7 @@ class SimpleConsumer:
 
     def _receive_request(self, target: _Target, max_messages: int, invisible_duration_seconds: float,
                          wait_seconds: float) -> broker_pb2.ReceiveMessagesRequest:
-        return broker_pb2.ReceiveMessagesRequest(
-            consumer_group=self.consumer_group, topic=target.topic, queue_id=-1,
-            filter_expression=target.filter_expression, max_messages=max_messages,
-            invisible_duration_seconds=invisible_duration_seconds,
-            long_polling_timeout_seconds=wait_seconds)
+        return receive_request(self.consumer_group, target, max_messages, invisible_duration_seconds, wait_seconds)
 
     def _receive_from(self, target: _Target, max_messages: int, invisible_duration_seconds: float,
                       wait_seconds: float) -> list[ReceivedMessage]:
@@ -319,7 +331,7 @@ class PushConsumer:
     """
 
     def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
-                 subscriptions: Mapping[str, str], listener: Callable[[ReceivedMessage], ConsumeResult],
+                 subscriptions: Mapping[str, str | SqlFilter], listener: Callable[[ReceivedMessage], ConsumeResult],
                  consume_threads: int = 4, invisible_duration_seconds: float = 30.0,
                  await_duration_seconds: float = 20.0, retry_backoff_seconds: float = 1.0,
                  max_retry_backoff_seconds: float = 60.0, request_timeout_seconds: float = 3.0,

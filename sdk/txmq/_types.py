@@ -23,6 +23,7 @@ __all__ = [
     "Message",
     "ReceivedMessage",
     "SendReceipt",
+    "SqlFilter",
     "TransactionMessage",
     "TransactionResult",
     "TransactionState",
@@ -67,6 +68,12 @@ class Message:
     #: Transactional messages only: delay of the first check instead of the broker's
     #: transaction_timeout_seconds (RocketMQ's CHECK_IMMUNITY_TIME_IN_SECONDS).
     check_immunity_seconds: float | None = None
+    #: A delay / timer message: invisible to consumers until this time (timezone-aware; the
+    #: broker's clock decides), then delivered as normal. A transactional message committed
+    #: earlier becomes visible then. At most the broker's max_delivery_delay_seconds ahead.
+    delivery_time: _dt.datetime | None = None
+    #: The same as a delay from when the broker stores the message (not with delivery_time).
+    delay_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.body, (bytearray, memoryview)):
@@ -81,6 +88,32 @@ class Message:
         if self.check_immunity_seconds is not None and not self.check_immunity_seconds > 0:
             raise InvalidFieldError("check_immunity_seconds",
                                     f"must be positive or None, got {self.check_immunity_seconds!r}")
+        if self.delivery_time is not None and self.delay_seconds is not None:
+            raise InvalidFieldError("delivery_time/delay_seconds", "set one of them, not both")
+        if self.delivery_time is not None and (not isinstance(self.delivery_time, _dt.datetime)
+                                               or self.delivery_time.tzinfo is None):
+            raise InvalidFieldError("delivery_time", "must be a timezone-aware datetime")
+        if self.delay_seconds is not None and not self.delay_seconds > 0:
+            raise InvalidFieldError("delay_seconds", f"must be positive or None, got {self.delay_seconds!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SqlFilter:
+    """A SQL92 property filter for a subscription, in RocketMQ's syntax (its
+    ``MessageSelector.bySql``): ``{"orders": txmq.SqlFilter("region = 'eu' AND amount > 100")}``.
+
+    Comparisons (``= <> > >= < <=``), ``BETWEEN``, ``IN``, ``IS [NOT] NULL``,
+    ``[NOT] CONTAINS/STARTSWITH/ENDSWITH``, ``AND``/``OR``/``NOT`` over the message's
+    properties, ``TAGS`` (its tag) and ``KEYS``. The broker evaluates it, so messages it
+    rejects are never sent to the consumer; a message missing a property the expression
+    needs does not match (SQL's NULL). A malformed expression is refused by the broker at
+    the first receive with :class:`InvalidFieldError` naming the column."""
+
+    expression: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.expression, str) or not self.expression.strip():
+            raise InvalidFieldError("subscriptions", "a SqlFilter needs a non-empty expression")
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,13 +247,16 @@ def message_to_pb(message: Message, message_id: str, queue_id: int, type_: int,
     return common_pb2.Message(
         topic=message.topic, body=message.body, tag=message.tag, keys=message.keys,
         properties=message.properties, message_id=message_id, type=type_,
-        born_timestamp_ms=born_timestamp_ms, born_host=born_host, queue_id=queue_id)
+        born_timestamp_ms=born_timestamp_ms, born_host=born_host, queue_id=queue_id,
+        deliver_at_ms=round(message.delivery_time.timestamp() * 1000) if message.delivery_time else 0,
+        delay_seconds=message.delay_seconds or 0.0)
 
 
 def message_from_pb(pb: common_pb2.Message) -> Message:
     return Message(topic=pb.topic, body=pb.body, tag=pb.tag, keys=tuple(pb.keys),
                    properties=dict(pb.properties),
-                   check_immunity_seconds=pb.check_immunity_seconds or None)
+                   check_immunity_seconds=pb.check_immunity_seconds or None,
+                   delivery_time=ms_to_datetime(pb.deliver_at_ms) if pb.deliver_at_ms else None)
 
 
 def received_from_pb(pb: common_pb2.DeliveredMessage, consumer_group: str) -> ReceivedMessage:

@@ -61,6 +61,9 @@ class BrokerConfig(ServiceConfig):
     check_max: int = count(15)
     #: An IN_PROGRESS answer cannot defer a transaction beyond this age.
     max_transaction_lifetime_seconds: float = seconds(DAY, max=YEAR)
+    #: The furthest ahead a delay / timer message may be scheduled (RocketMQ's
+    #: timerMaxDelaySec, 3 days).
+    max_delivery_delay_seconds: float = seconds(3 * DAY, max=10 * YEAR)
     #: Deliveries of one message to one group before it goes to %DLQ%<group>.
     max_delivery_attempts: int = count(16)
     #: Invisibility of a delivery whose receive asks for none.

@@ -134,6 +134,7 @@ class BrokerCore(ChecksPart, DeliveryPart, RetentionPart, QueriesPart):
             self.counters[key.decode()] = list(codec.decode_counters(value, key))
         self.consumers.load(list(db.scan("consumers")), list(db.scan("inflight")))
         self._load_due_floors()
+        self._load_timers()
         log.info("store opened", extra={"fields": {
             "data_dir": self.config.data_dir, "next_seq": self.next_seq, "topics": len(self.topics),
             "store_id": self.store_id}})
@@ -145,7 +146,7 @@ class BrokerCore(ChecksPart, DeliveryPart, RetentionPart, QueriesPart):
 
     def validate_message(self, r: LogRecord) -> LogRecord:
         """See :func:`validation.validate_message` (against this broker's topics)."""
-        return validation.validate_message(r, self.config, self.topics, self.name)
+        return validation.validate_message(r, self.config, self.topics, self.name, self.clock())
 
     def check_disk(self) -> None:
         if self.disk_full:
@@ -166,6 +167,10 @@ class BrokerCore(ChecksPart, DeliveryPart, RetentionPart, QueriesPart):
             seq = self.next_seq
             record.stored_ms = now
             mid_key = record.message_id.encode()
+            if record.kind == codec.KIND_NORMAL and record.deliver_at_ms > now:  # see timers.py
+                self._send_scheduled(w, record, seq)
+                self.next_seq = seq + 1
+                return SendResult(record.message_id, record.queue_id, -1)
             if record.kind == codec.KIND_NORMAL:
                 offset = self.queue_next[(record.topic, record.queue_id)]
                 record.queue_offset = offset

@@ -17,16 +17,22 @@ from txmq._names import dlq_topic, validate_group
 
 from .base import BrokerBase
 from .consumers import Cursor, Inflight
+from .filters import MessageFilter, SqlFilter, message_properties
 from .model import Delivery, ReceiveResult
 from .store import codec
 from .store.codec import CqEntry
 from .store.db import OpWrites
 
+#: Queue entries one receive passes over for a filter at most (per queue) before it answers;
+#: a longer run of filtered-out messages is scanned by the next receive (the long poll
+#: comes back at once), so a selective filter never holds the event loop for long.
+MAX_FILTERED_SCAN = 4096
+
 
 class DeliveryPart(BrokerBase):
     """Receive, redelivery, DLQ, ack, change-invisible, dead-letter, queue offsets and reads."""
 
-    def receive_op(self, group: str, topic: str, queue_id: int, tags: frozenset[str] | None,
+    def receive_op(self, group: str, topic: str, queue_id: int, tags: MessageFilter,
                    max_messages: int, invisible_seconds: float) -> Callable[[OpWrites], ReceiveResult]:
         cfg = self.config
         validate_group("consumer_group", group)
@@ -57,8 +63,9 @@ class DeliveryPart(BrokerBase):
                 cursor = self._cursor(w, group, topic, q)
                 if len(out) < max_messages:
                     self._redeliver(w, group, topic, q, cursor, now, invisible_ms, max_messages, out)
-                if len(out) < max_messages:
-                    self._deliver_new(w, group, topic, q, cursor, now, invisible_ms, tags, max_messages, out)
+                if len(out) < max_messages and self._deliver_new(w, group, topic, q, cursor, now, invisible_ms,
+                                                                 tags, max_messages, out):
+                    next_deadline = now  # more to scan: the long poll comes back at once
                 d = cursor.next_deadline_ms()
                 if d is not None and (next_deadline is None or d < next_deadline):
                     next_deadline = d
@@ -111,20 +118,28 @@ class DeliveryPart(BrokerBase):
         w.on_durable(lambda: self._notify_visible(topic))
 
     def _deliver_new(self, w: OpWrites, group: str, topic: str, q: int, cursor: Cursor, now: int,
-                     invisible_ms: int, tags: frozenset[str] | None, limit: int,
-                     out: list[Delivery]) -> None:
+                     invisible_ms: int, tags: MessageFilter, limit: int,
+                     out: list[Delivery]) -> bool:
+        """Delivers new messages of one queue; returns whether it stopped at
+        MAX_FILTERED_SCAN filtered-out entries with more left to scan."""
         end = self.queue_next.get((topic, q), 0)
         start = cursor.next_offset
         if start >= end:
-            return
+            return False
         offset = start
+        skipped = 0
+        truncated = False
         for key, value in self.db.scan("cq", codec.cq_key(topic, q, start), codec.cq_key(topic, q, end)):
             if len(out) >= limit:
+                break
+            if skipped >= MAX_FILTERED_SCAN:
+                truncated = True
                 break
             o = codec.split_cq_key(key)[2]
             cq = codec.decode_cq_entry(value, key)
             offset = o + 1
-            if tags is not None and cq.tag not in tags:
+            if tags is not None and not self._passes(tags, cq):
+                skipped += 1
                 continue  # filtered out: never delivered to this group
             deadline = now + invisible_ms
             cursor.track(o, 1, deadline)
@@ -134,6 +149,19 @@ class DeliveryPart(BrokerBase):
         if offset != start:
             cursor.next_offset = offset
             w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(offset))
+        return truncated
+
+    def _passes(self, tags: frozenset[str] | SqlFilter, cq: CqEntry) -> bool:
+        """Whether a queue entry passes a tag or SQL92 filter (a SQL92 filter reads the
+        message's properties from the log; a record gone to retention passes, and the
+        delivery then finds it gone)."""
+        if not isinstance(tags, SqlFilter):
+            return cq.tag in tags
+        value = self.db.get("log", codec.log_key(cq.log_seq))
+        if value is None:
+            return True
+        r = codec.decode_log_record(value, codec.log_key(cq.log_seq))
+        return tags.matches(message_properties(r.tag, r.keys, r.properties))
 
     def _inflight(self, group: str, handle: ReceiptHandle) -> tuple[Cursor, Inflight] | None:
         """The group's in-flight delivery a receipt handle names, while it is that delivery

@@ -43,6 +43,10 @@ class BrokerMetrics(BaseMetrics):
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
         self.wal_sync_writes = Counter("txmq_store_wal_synced_writes", "Write batches made durable by WAL syncs "
                                        "(÷ syncs = writes per group commit)", registry=self.registry)
+        self.timer_lateness = Histogram(
+            "txmq_timer_lateness_seconds", "Delay / timer messages: due time → moved into their queue "
+            "(visible)", registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0))
         self.store_bytes_value = 0
         self._ended: dict[tuple[str, int, int], Any] = {}
         self._stored: dict[tuple[str, int], Any] = {}
@@ -65,6 +69,10 @@ class BrokerMetrics(BaseMetrics):
 
     def record_discard(self, group: str) -> None:
         self.transactions_discarded.labels(group).inc()
+
+    def record_timer_moved(self, lateness_ms: list[int]) -> None:
+        for ms in lateness_ms:
+            self.timer_lateness.observe(ms / 1000)
 
     def record_stored(self, topic: str, kind: int) -> None:
         child = self._stored.get((topic, kind))

@@ -29,6 +29,7 @@ from .replication import ReplicaNode, ReplicationServicer, Term
 from .service import BrokerServicer
 from .store import codec
 from .store.db import Database
+from .timers import TimerPump
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +47,12 @@ def _fatal(exc: BaseException) -> None:
 
 
 def _build(config: BrokerConfig, db: Database, loop: asyncio.AbstractEventLoop,
-           metrics: BrokerMetrics) -> tuple[BrokerCore, StoreBridge, BrokerServicer]:
+           metrics: BrokerMetrics, pump: TimerPump) -> tuple[BrokerCore, StoreBridge, BrokerServicer]:
     """The domain, the bridge and the servicer over an open store."""
     core = BrokerCore(config, on_fatal=_fatal, db=db)
+    core.timer_listeners.append(pump.wake)
+    core.timer_moved_listeners.append(metrics.record_timer_moved)
+    pump.wake()  # a new term: its store may hold due timers
     bridge = StoreBridge(db, loop, on_fatal=_fatal, on_sync=metrics.record_sync)
     core.visible_listeners.append(bridge.note_visible)
     core.end_listeners.append(metrics.record_end)
@@ -81,9 +85,10 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
         raise StoreIdentityError(f"data dir {config.data_dir} belongs to broker {owner!r}, not {config.broker_name!r}")
     node: ReplicaNode | None = None
     terms: list[tuple[BrokerCore, StoreBridge]] = []  # the one serving now (empty: not leading)
+    pump = TimerPump(lambda: terms[0] if terms else None)
 
     if not replicated:
-        core, bridge, servicer = _build(config, db, loop, metrics)
+        core, bridge, servicer = _build(config, db, loop, metrics, pump)
         terms.append((core, bridge))
         registered: list[tuple[Any, Any]] = [(broker_pb2_grpc.add_BrokerServiceServicer_to_server, servicer)]
         names = [SERVICE_NAME]
@@ -108,7 +113,7 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
 
     async def make_term(epoch: int) -> Term:
         assert node is not None
-        core, bridge, servicer = _build(config, node.db, loop, metrics)
+        core, bridge, servicer = _build(config, node.db, loop, metrics, pump)
         core.free_disk_bytes, core.disk_full = free["bytes"], free["full"]
         core.topic_listeners.append(lambda _topic: heartbeat.kick())
         terms[:] = [(core, bridge)]
@@ -173,8 +178,10 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
         if node is not None:
             await node.start()
         await heartbeat.start()
+        await pump.start()
 
     async def stop() -> None:
+        await pump.stop()
         if node is not None:
             await node.stop()
         await heartbeat.stop()

@@ -18,12 +18,12 @@ from services.common.limits import ConnectionLimit
 from .bridge import StoreBridge
 from .checks import CheckReport, ClaimBatch
 from .core import BrokerCore
+from .filters import parse_filter
 from .metrics import BrokerMetrics
 from .model import CheckAnswer, CheckOutcome, EndResult, ReceiveResult, Resolution, SendResult, Source, TxnState
 from .store import codec
 from .store.codec import LogRecord, TxnRow
 from .store.db import Op
-from .validation import parse_tag_filter
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def record_from_proto(m: common_pb2.Message) -> LogRecord:
                      stored_ms=0, tag=m.tag, keys=tuple(m.keys), properties=dict(m.properties),
                      producer_group=m.producer_group, producer_client_id=m.producer_client_id,
                      check_immunity_seconds=m.check_immunity_seconds, born_ms=m.born_timestamp_ms,
-                     born_host=m.born_host)
+                     born_host=m.born_host, deliver_at_ms=m.deliver_at_ms, delay_seconds=m.delay_seconds)
 
 
 def message_to_proto(r: LogRecord) -> common_pb2.Message:
@@ -97,7 +97,7 @@ def message_to_proto(r: LogRecord) -> common_pb2.Message:
         type=common_pb2.MESSAGE_TYPE_TRANSACTION if r.kind == codec.KIND_HALF else common_pb2.MESSAGE_TYPE_NORMAL,
         producer_group=r.producer_group, producer_client_id=r.producer_client_id,
         check_immunity_seconds=r.check_immunity_seconds, born_timestamp_ms=r.born_ms,
-        born_host=r.born_host, queue_id=r.queue_id)
+        born_host=r.born_host, queue_id=r.queue_id, deliver_at_ms=r.deliver_at_ms)
 
 
 def txn_to_proto(core: BrokerCore, t: TxnRow) -> common_pb2.Transaction:
@@ -236,7 +236,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     # --- consuming -----------------------------------------------------------------------
 
     async def ReceiveMessages(self, request: broker_pb2.ReceiveMessagesRequest, context: Any) -> Any:
-        tags = parse_tag_filter(request.filter_expression)
+        if request.filter_type not in broker_pb2.FilterType.values():
+            raise InvalidFieldError("filter_type", f"unknown filter type {request.filter_type}")
+        tags = parse_filter(request.filter_expression, request.filter_type == broker_pb2.FILTER_TYPE_SQL92)
         wait = min(max(request.long_polling_timeout_seconds, 0.0), self.config.max_long_polling_seconds)
         remaining = context.time_remaining()
         if remaining is not None:

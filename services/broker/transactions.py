@@ -14,12 +14,13 @@ from txmq._names import discard_topic
 from .model import (RESOLUTION_COMMIT, RESOLUTION_ROLLBACK, RESOLUTION_UNKNOWN, STATE_COMMITTED,
                     STATE_DISCARDED, STATE_NAMES, STATE_PREPARED, STATE_ROLLED_BACK, EndResult)
 from .schedule import SchedulePart
+from .timers import TimersPart
 from .store import codec
 from .store.codec import CqEntry, TxnRow
 from .store.db import OpWrites
 
 
-class TransactionsPart(SchedulePart):
+class TransactionsPart(SchedulePart, TimersPart):
     """End, decide, discard."""
 
     def end_op(self, transaction_id: str, resolution: str, source: int, *, message_id: str = "",
@@ -64,13 +65,17 @@ class TransactionsPart(SchedulePart):
             w.delete("due", codec.group_time_key(row.producer_group, row.next_due_ms, row.seq))
             w.delete("pending", codec.group_time_key(row.producer_group, row.prepared_ms, row.seq))
         if state == STATE_COMMITTED:
-            offset = self.queue_next[(row.topic, row.queue_id)]
-            w.put("cq", codec.cq_key(row.topic, row.queue_id, offset),
-                  codec.encode_cq_entry(CqEntry(row.seq, now, self._tag_of(row.seq))))
-            self.queue_next[(row.topic, row.queue_id)] = offset + 1
-            row.queue_offset = offset
-            topic = row.topic
-            w.on_durable(lambda: self._notify_visible(topic))
+            tag, deliver_at = self._visibility_of(row.seq)
+            if deliver_at > now:  # a timer message: visible at its delivery time
+                self._schedule(w, deliver_at, row.seq)
+            else:
+                offset = self.queue_next[(row.topic, row.queue_id)]
+                w.put("cq", codec.cq_key(row.topic, row.queue_id, offset),
+                      codec.encode_cq_entry(CqEntry(row.seq, now, tag)))
+                self.queue_next[(row.topic, row.queue_id)] = offset + 1
+                row.queue_offset = offset
+                topic = row.topic
+                w.on_durable(lambda: self._notify_visible(topic))
         row.state = state
         row.source = source
         row.ended_ms = now
@@ -91,6 +96,11 @@ class TransactionsPart(SchedulePart):
     def _tag_of(self, seq: int) -> str:
         value = self.db.get("log", codec.log_key(seq))
         return codec.decode_log_tag(value, codec.log_key(seq)) if value is not None else ""
+
+    def _visibility_of(self, seq: int) -> tuple[str, int]:
+        """The tag and delivery time (0: at once) of a message in the log."""
+        value = self.db.get("log", codec.log_key(seq))
+        return codec.decode_log_visibility(value, codec.log_key(seq)) if value is not None else ("", 0)
 
     def discard(self, w: OpWrites, row: TxnRow, reason: str) -> None:
         """PREPARED → DISCARDED: the message goes to %DISCARD%<group>; it can still be decided."""

@@ -27,9 +27,11 @@ MAX_KEY_BYTES = 1024
 
 
 def validate_message(r: LogRecord, config: BrokerConfig, topics: Mapping[str, int], broker_name: str,
-                     ) -> LogRecord:
+                     now_ms: int = 0) -> LogRecord:
     """Checks a message to send to ``broker_name`` (whose topics are ``topics``: name →
-    queue count) and gives it a message id when it has none; returns it."""
+    queue count) and gives it a message id when it has none; returns it. A delay becomes
+    a delivery time from ``now_ms`` (the broker's clock), and a delivery time not in the
+    future becomes 0 (at once)."""
     cfg = config
     validate_send_topic(r.topic)
     count = topics.get(r.topic)
@@ -77,7 +79,29 @@ def validate_message(r: LogRecord, config: BrokerConfig, topics: Mapping[str, in
         raise InvalidFieldError("born_timestamp_ms", f"{r.born_ms} is negative (milliseconds since the epoch)")
     if len(r.born_host.encode()) > 255:
         raise InvalidFieldError("born_host", "longer than 255 bytes")
+    _delivery_time(r, cfg, now_ms)
     return r
+
+
+def _delivery_time(r: LogRecord, cfg: BrokerConfig, now_ms: int) -> None:
+    limit_ms = int(cfg.max_delivery_delay_seconds * 1000)
+    if r.delay_seconds and r.deliver_at_ms:
+        raise InvalidFieldError("deliver_at_ms/delay_seconds", "set one of them, not both")
+    if r.delay_seconds:
+        if not 0 < r.delay_seconds <= cfg.max_delivery_delay_seconds:
+            raise InvalidFieldError("delay_seconds", f"{r.delay_seconds} is outside (0, max_delivery_delay_seconds="
+                                                     f"{cfg.max_delivery_delay_seconds:g}]")
+        r.deliver_at_ms = now_ms + max(int(r.delay_seconds * 1000), 1)
+        r.delay_seconds = 0.0
+    elif r.deliver_at_ms:
+        if r.deliver_at_ms < 0:
+            raise InvalidFieldError("deliver_at_ms", f"{r.deliver_at_ms} is negative")
+        if r.deliver_at_ms - now_ms > limit_ms:
+            raise InvalidFieldError("deliver_at_ms", f"{r.deliver_at_ms} is {(r.deliver_at_ms - now_ms) / 1000:g} s "
+                                                     f"ahead, beyond max_delivery_delay_seconds="
+                                                     f"{cfg.max_delivery_delay_seconds:g}")
+        if r.deliver_at_ms <= now_ms:
+            r.deliver_at_ms = 0  # due already: delivered at once
 
 
 def parse_tag_filter(expression: str) -> frozenset[str] | None:

@@ -8,7 +8,11 @@ RocketMQ (SystemProperties)       txmq
 ================================  ======================================================
 topic.name                        topic (namespaces other than "" are refused)
 message_id (client-chosen)        message_id (kept as is: the broker deduplicates by it)
-message_type NORMAL/TRANSACTION   type NORMAL/TRANSACTION (FIFO, DELAY, ... refused)
+message_type NORMAL/TRANSACTION   type NORMAL/TRANSACTION (FIFO, LITE, PRIORITY refused)
+message_type DELAY,               type NORMAL (or TRANSACTION) with deliver_at_ms; the
+delivery_timestamp                Python client (5.1.2) writes the milliseconds into the
+                                  seconds field: a value past year 5000 is read as ms
+FilterExpression TAG / SQL        filter_type TAG / SQL92 (ReceiveMessage)
 tag, keys, user_properties        tag, keys, properties
 born_timestamp, born_host         born_timestamp_ms, born_host
 orphaned_transaction_recovery_    check_immunity_seconds (first check after this long)
@@ -86,14 +90,15 @@ def to_native(message: definition_pb2.Message, *, client_id: str, max_body_bytes
     topic = resource_name(message.topic, "topic")
     sp = message.system_properties
     kind = sp.message_type
-    if kind in (MessageType.MESSAGE_TYPE_UNSPECIFIED, MessageType.NORMAL):
+    if kind in (MessageType.MESSAGE_TYPE_UNSPECIFIED, MessageType.NORMAL, MessageType.DELAY):
         native_type = common_pb2.MESSAGE_TYPE_NORMAL
     elif kind == MessageType.TRANSACTION:
         native_type = common_pb2.MESSAGE_TYPE_TRANSACTION
     else:
         raise unsupported(f"message type {MessageType.Name(kind)}")
-    if sp.HasField("delivery_timestamp") and kind != MessageType.TRANSACTION and sp.delivery_timestamp.seconds:
-        raise unsupported("delivery timestamps (delay messages)")
+    deliver_at_ms = delivery_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else 0
+    if kind == MessageType.DELAY and deliver_at_ms <= 0:
+        raise ProxyError(Code.ILLEGAL_DELIVERY_TIME, "a DELAY message needs a delivery_timestamp")
     if sp.HasField("message_group") and sp.message_group:
         raise unsupported("message groups (FIFO messages)")
     body = message.body
@@ -108,13 +113,24 @@ def to_native(message: definition_pb2.Message, *, client_id: str, max_body_bytes
         topic=topic, body=body, tag=sp.tag if sp.HasField("tag") else "", keys=list(sp.keys),
         properties=dict(message.user_properties), message_id=sp.message_id, type=native_type,
         born_timestamp_ms=sp.born_timestamp.seconds * 1000 + sp.born_timestamp.nanos // 1_000_000,
-        born_host=sp.born_host)
+        born_host=sp.born_host, deliver_at_ms=max(deliver_at_ms, 0))
     if native_type == common_pb2.MESSAGE_TYPE_TRANSACTION:
         native.producer_group = topic
         native.producer_client_id = client_id
         if sp.HasField("orphaned_transaction_recovery_duration"):
             native.check_immunity_seconds = max(seconds(sp.orphaned_transaction_recovery_duration), 0.0)
     return native
+
+
+#: A delivery_timestamp whose seconds field is past this (year 5138) holds milliseconds.
+_SECONDS_THAT_ARE_MS = 10**11
+
+
+def delivery_ms(ts: timestamp_pb2.Timestamp) -> int:
+    """A delivery timestamp in ms since the epoch (see _SECONDS_THAT_ARE_MS)."""
+    if ts.seconds >= _SECONDS_THAT_ARE_MS:
+        return ts.seconds
+    return ts.seconds * 1000 + ts.nanos // 1_000_000
 
 
 def _base(topic: str, m: common_pb2.Message, message_type: int) -> definition_pb2.Message:
@@ -131,6 +147,10 @@ def _base(topic: str, m: common_pb2.Message, message_type: int) -> definition_pb
     sp.born_timestamp.CopyFrom(timestamp_ms(m.born_timestamp_ms))
     sp.born_host = m.born_host
     sp.queue_id = m.queue_id
+    if m.deliver_at_ms:
+        sp.delivery_timestamp.CopyFrom(timestamp_ms(m.deliver_at_ms))
+        if message_type == MessageType.NORMAL:
+            sp.message_type = MessageType.DELAY
     return out
 
 
@@ -155,12 +175,15 @@ def check_to_rmq(m: common_pb2.Message) -> definition_pb2.Message:
     return _base(m.topic, m, MessageType.TRANSACTION)
 
 
-def validate_filter(expression: definition_pb2.FilterExpression) -> str:
-    """The tag filter for the broker ("*" or "A || B"); SQL92 filters are not supported."""
+def validate_filter(expression: definition_pb2.FilterExpression) -> tuple[str, bool]:
+    """The filter for the broker and whether it is SQL92 (else a tag filter, "*" or
+    "A || B"). The broker parses a SQL92 expression; its INVALID_ARGUMENT (naming the
+    column) comes back as ILLEGAL_FILTER_EXPRESSION."""
     if expression.type == definition_pb2.SQL:
-        raise ProxyError(Code.ILLEGAL_FILTER_EXPRESSION, "SQL92 filters are not supported by txmq: "
-                                                         "use a tag expression ('*' or 'TagA || TagB')")
-    return expression.expression.strip() or "*"
+        if not expression.expression.strip():
+            raise ProxyError(Code.ILLEGAL_FILTER_EXPRESSION, "the SQL92 filter expression is empty")
+        return expression.expression, True
+    return expression.expression.strip() or "*", False
 
 
 def publishing_topics(settings: definition_pb2.Settings) -> tuple[str, ...]:

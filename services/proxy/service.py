@@ -41,7 +41,7 @@ spb = service_pb2
 
 CLIENT_ID_HEADER = "x-mq-client-id"
 #: Message types every topic accepts (txmq topics take normal and transactional messages).
-ACCEPTED_TYPES = (pb.NORMAL, pb.TRANSACTION)
+ACCEPTED_TYPES = (pb.NORMAL, pb.DELAY, pb.TRANSACTION)
 #: A long poll ends this long before the client's deadline.
 DEADLINE_MARGIN_SECONDS = 1.0
 
@@ -198,7 +198,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             group = resource_name(request.group, "group")
             queue = request.message_queue
             topic = resource_name(queue.topic, "topic")
-            expression = validate_filter(request.filter_expression)
+            expression, sql = validate_filter(request.filter_expression)
             invisible = self._invisible_seconds(
                 seconds(request.invisible_duration) if request.HasField("invisible_duration")
                 else self.config.default_invisible_duration_seconds)
@@ -207,7 +207,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             # A long poll counts against its connection's limit (42900 TOO_MANY_REQUESTS beyond).
             with self.long_polls.hold(context.peer()) if wait > 0 else contextlib.nullcontext():
                 deliveries = await self.relay.receive(
-                    group=group, topic=topic, broker=queue.broker.name, filter_expression=expression,
+                    group=group, topic=topic, broker=queue.broker.name, filter_expression=expression, sql=sql,
                     max_messages=batch, invisible_seconds=invisible, wait_seconds=wait)
         except Exception as exc:  # noqa: BLE001
             await context.write(_failed(spb.ReceiveMessageResponse, exc, "ReceiveMessage"))

@@ -101,3 +101,32 @@ def test_transaction_table(spark, txmq_cluster, unique_name):
             assert (row.ended_at is None) == (state == "PREPARED")
             assert (row.queue_offset is not None) == (state == "COMMITTED")
     assert all(rows[r.transaction_id].checks_answered >= 1 for r in results["check-commit"])
+
+
+def test_delay_messages_carry_their_delivery_time(spark, txmq_cluster, unique_name):
+    """A delay / timer message is read once it is visible, with its delivery time in
+    ``deliver_at`` (null for other messages) and ``committed_at`` not before it."""
+    import txmq
+
+    cluster = txmq_cluster
+    topic = unique_name("delayed")
+    cluster.create_topic(topic, 1)
+    with txmq.Producer(cluster.nameserver_address) as p:
+        due_ms = int(time.time() * 1000) + 500
+        p.send(txmq.Message(topic, b"timed", delay_seconds=0.5))
+        p.send(txmq.Message(topic, b"plain"))
+
+    def read():
+        return spark.read.format("txmq").option("nameserver", cluster.nameserver_address) \
+            .option("topic", topic).load() \
+            .withColumn("deliver_ms", F.unix_millis("deliver_at")) \
+            .withColumn("committed_ms", F.unix_millis("committed_at")).collect()
+    def both():
+        rows = read()
+        return rows if len(rows) == 2 else None
+    rows = wait_until(both, 30, interval=0.5, message="the timed message never became visible")
+    by_body = {r.body: r for r in rows}
+    assert by_body[b"plain"].deliver_at is None
+    timed = by_body[b"timed"]
+    assert due_ms <= timed.deliver_ms <= due_ms + 1000
+    assert timed.committed_ms >= timed.deliver_ms

@@ -162,3 +162,14 @@ class Clients:
 
     def report(self) -> str:
         return "\n".join(f"=== {c.name} ===\n{c.describe()}" for c in self.started)
+
+
+def assert_delivered_at_their_time(sender: ClientProcess, consumer: ClientProcess) -> None:
+    """Every body the sender sent with a ``due_ms`` was received (once per body) no earlier,
+    carrying that delivery timestamp."""
+    due = {e["body"]: e["due_ms"] for e in sender.of("sent")}
+    received = consumer.of("received")
+    assert sorted(m["body"] for m in received) == sorted(due)
+    for m in received:
+        assert m["received_ms"] >= due[m["body"]], (m, due)
+        assert m["delivery_timestamp"] == due[m["body"]]

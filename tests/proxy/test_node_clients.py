@@ -14,7 +14,7 @@ from tests.support.waiting import wait_until
 from txmq._ids import TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
-from .support import Clients, node_ready
+from .support import Clients, assert_delivered_at_their_time, node_ready
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(node_ready() is not None, reason=node_ready() or "")]
@@ -114,3 +114,27 @@ def test_generated_node_client_on_the_native_protos(rmq_cluster: Cluster, client
         broker_pb2.GetTransactionRequest(transaction_id=sent["transaction_id"]), timeout=5).transaction
     assert txn.state == common_pb2.TRANSACTION_STATE_COMMITTED
     assert txn.resolution_source == common_pb2.TRANSACTION_SOURCE_CLIENT
+
+
+def test_node_simple_consumer_with_a_sql92_filter(rmq_cluster: Cluster, clients: Clients,
+                                                  unique_name: Callable[[str], str]) -> None:
+    topic, group = unique_name("nodesql"), unique_name("g")
+    proxy = rmq_cluster.proxy_addresses[1]
+    clients.python("send", endpoints=proxy, topic=topic, bodies=[f"m{i}" for i in range(5)],
+                   props={"region": "eu"}).expect_success(60)
+    consumer = clients.node("rmq_node.js", "simple", endpoints=proxy, topic=topic, group=group, count=2,
+                            await_seconds=1, sql=True, filter="n BETWEEN 1 AND 2 AND region IS NOT NULL")
+    consumer.expect_success(60)
+    assert sorted(m["body"] for m in consumer.of("received")) == ["m1", "m2"]
+
+
+def test_node_delay_message_is_delivered_at_its_time(rmq_cluster: Cluster, clients: Clients,
+                                                     unique_name: Callable[[str], str]) -> None:
+    topic, group = unique_name("nodedelay"), unique_name("g")
+    proxy = rmq_cluster.proxy_addresses[1]
+    sender = clients.node("rmq_node.js", "send", endpoints=proxy, topic=topic, bodies=["d1", "d2"], delay_ms=2000)
+    sender.expect_success(60)
+    consumer = clients.node("rmq_node.js", "simple", endpoints=proxy, topic=topic, group=group, count=2,
+                            await_seconds=1)
+    consumer.expect_success(60)
+    assert_delivered_at_their_time(sender, consumer)

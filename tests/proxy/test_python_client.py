@@ -16,7 +16,7 @@ from tests.support.metrics import metric_sum
 from tests.support.processes import ServiceProcess
 from tests.support.waiting import wait_until
 
-from .support import Clients
+from .support import Clients, assert_delivered_at_their_time
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -209,3 +209,43 @@ def test_native_producer_to_official_consumer_and_back(rmq_cluster: Cluster, cli
     official = by_body[b"from-official"]
     assert official.message_id == sent["message_id"]
     assert official.tag == "TagA" and official.keys == ("k0",) and dict(official.properties) == {"n": "0"}
+
+
+def test_simple_consumer_with_a_sql92_filter(rmq_cluster: Cluster, clients: Clients,
+                                             unique_name: Callable[[str], str]) -> None:
+    """The official client's FilterExpression(type SQL92) reaches the broker's filter: only
+    matching messages are delivered (the others are settled for the group), and a malformed
+    expression comes back as an error naming the column."""
+    topic, group = unique_name("sql"), unique_name("g")
+    proxy = rmq_cluster.proxy_addresses[0]
+    clients.python("send", endpoints=proxy, topic=topic, bodies=[f"m{i}" for i in range(6)],
+                   props={"region": "eu"}).expect_success(60)
+    clients.python("send", endpoints=proxy, topic=topic, bodies=["other"], tag="TagB").expect_success(60)
+    consumer = clients.python("simple", endpoints=proxy, topic=topic, group=group, count=3, await_seconds=1,
+                              sql=True, filter="n >= 3 AND region = 'eu' AND TAGS = 'TagA'")
+    consumer.expect_success(60)
+    assert sorted(m["body"] for m in consumer.of("received")) == ["m3", "m4", "m5"]
+    assert consumer.of("failed") == []
+    # The group has nothing left: what the filter refused was settled, not left behind.
+    again = clients.python("simple", endpoints=proxy, topic=topic, group=group, count=1, await_seconds=1,
+                           timeout_seconds=3, sql=True, filter="TRUE")
+    again.expect_success(30)
+    assert again.of("received") == []
+    bad = clients.python("simple", endpoints=proxy, topic=topic, group=unique_name("g"), count=1,
+                         await_seconds=1, timeout_seconds=10, sql=True, filter="n >= ")
+    bad.expect_success(30)
+    failed = bad.of("failed")
+    assert failed and "column 6" in failed[0]["error"], bad.describe()
+
+
+def test_delay_message_is_delivered_at_its_time(rmq_cluster: Cluster, clients: Clients,
+                                                unique_name: Callable[[str], str]) -> None:
+    """The official client's delivery_timestamp (a DELAY message) keeps the message from
+    the consumer until then; it arrives carrying its delivery timestamp."""
+    topic, group = unique_name("delay"), unique_name("g")
+    proxy = rmq_cluster.proxy_addresses[0]
+    sender = clients.python("send", endpoints=proxy, topic=topic, bodies=["d1", "d2"], delay_ms=2000)
+    sender.expect_success(60)
+    consumer = clients.python("simple", endpoints=proxy, topic=topic, group=group, count=2, await_seconds=1)
+    consumer.expect_success(60)
+    assert_delivered_at_their_time(sender, consumer)

@@ -24,7 +24,7 @@ def log_records(draw: st.DrawFn) -> LogRecord:
         properties=draw(st.dictionaries(text, st.text(max_size=200), max_size=8)),
         producer_group=draw(text), producer_client_id=draw(text),
         check_immunity_seconds=draw(st.floats(0, 1e6)), born_ms=draw(st.integers(-2**62, 2**62)),
-        born_host=draw(text))
+        born_host=draw(text), deliver_at_ms=draw(st.sampled_from([0, 1, 2**62])))
 
 
 @given(log_records())
@@ -33,6 +33,27 @@ def test_log_record_round_trip(record: LogRecord) -> None:
     value = codec.encode_log_record(record)
     assert codec.decode_log_record(value) == record
     assert codec.decode_log_tag(value) == record.tag
+    assert codec.decode_log_visibility(value) == (record.tag, record.deliver_at_ms)
+
+
+def test_a_record_without_a_delivery_time_has_no_trailer() -> None:
+    plain = LogRecord(kind=codec.KIND_NORMAL, topic="t", body=b"b", message_id="m", queue_id=0, stored_ms=1)
+    timed = LogRecord(kind=codec.KIND_NORMAL, topic="t", body=b"b", message_id="m", queue_id=0, stored_ms=1,
+                      deliver_at_ms=1234)
+    assert len(codec.encode_log_record(timed)) == len(codec.encode_log_record(plain)) + 8
+    # A trailer of another size, or a non-positive time, is corruption.
+    payload = codec.unframe(codec.encode_log_record(plain))
+    for tail in (b"\x00" * 4, (0).to_bytes(8, "big"), b"\x00" * 9):
+        with pytest.raises(CorruptRecordError):
+            codec.decode_log_record(codec.frame(payload + tail))
+        with pytest.raises(CorruptRecordError):
+            codec.decode_log_visibility(codec.frame(payload + tail))
+
+
+def test_timer_keys_sort_by_due_time() -> None:
+    keys = [codec.timer_key(t, s) for t, s in ((5, 9), (5, 10), (6, 1), (2**40, 0))]
+    assert keys == sorted(keys)
+    assert codec.split_timer_key(codec.timer_key(77, 3)) == (77, 3)
 
 
 def test_log_record_with_max_body_round_trips() -> None:

@@ -25,7 +25,7 @@ EXPORTS = [
     "NoBrokerError", "NotEnoughReplicasError", "NotFoundError", "NotLeaderError", "OverloadedError", "Producer",
     "PropertiesTooLargeError", "PushConsumer",
     "QueueNotFoundError", "ReceiptHandleNotFoundError", "ReceivedMessage",
-    "ResourceExhaustedError", "RoutingStats", "SendReceipt", "ShardStats", "SimpleConsumer", "StaleClaimError", "SystemTopicError",
+    "ResourceExhaustedError", "RoutingStats", "SendReceipt", "ShardStats", "SimpleConsumer", "SqlFilter", "StaleClaimError", "SystemTopicError",
     "TLS", "TopicExistsError", "TopicNotFoundError", "TransactionListener", "TransactionMessage",
     "TransactionNotFoundError", "TransactionProducer", "TransactionResult", "TransactionState",
     "TransactionStateError", "TxmqError", "UnavailableError", "UndecodableRequestError", "WrongBrokerError",

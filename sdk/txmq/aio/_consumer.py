@@ -10,11 +10,11 @@ import logging
 from typing import Iterable, Mapping, Sequence
 
 from .._client import positive
-from .._consumer import _subscriptions, _Target
+from .._consumer import _subscriptions, _Target, receive_request
 from .._errors import ClientClosedError, InternalError, InvalidFieldError, TopicNotFoundError, TxmqError, error_from_entry
 from .._names import validate_group
 from .._tls import TLS
-from .._types import ReceivedMessage, ms_to_datetime, received_from_pb
+from .._types import ReceivedMessage, SqlFilter, ms_to_datetime, received_from_pb
 from ..v1 import broker_pb2
 from ._client import AsyncClient
 
@@ -24,10 +24,11 @@ log = logging.getLogger(__name__)
 class AsyncSimpleConsumer:
     """Receives messages for a consumer group from coroutines. Use it as ``async with``.
 
-    ``subscriptions`` maps each topic to a tag filter (``"*"`` or ``"TagA || TagB"``)."""
+    ``subscriptions`` maps each topic to a tag filter (``"*"`` or ``"TagA || TagB"``) or a
+    :class:`txmq.SqlFilter`."""
 
     def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
-                 subscriptions: Mapping[str, str], await_duration_seconds: float = 20.0,
+                 subscriptions: Mapping[str, "str | SqlFilter"], await_duration_seconds: float = 20.0,
                  request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
                  tls: TLS | None = None) -> None:
         validate_group("consumer_group", consumer_group)
@@ -149,10 +150,7 @@ class AsyncSimpleConsumer:
 
     async def _receive_from(self, target: _Target, max_messages: int, invisible_duration_seconds: float,
                             wait_seconds: float) -> list[ReceivedMessage]:
-        request = broker_pb2.ReceiveMessagesRequest(
-            consumer_group=self.consumer_group, topic=target.topic, queue_id=-1,
-            filter_expression=target.filter_expression, max_messages=max_messages,
-            invisible_duration_seconds=invisible_duration_seconds, long_polling_timeout_seconds=wait_seconds)
+        request = receive_request(self.consumer_group, target, max_messages, invisible_duration_seconds, wait_seconds)
         try:
             address = await self._client.broker_address(target.broker_name)
             response = await self._client.call(self._client.broker(address).ReceiveMessages, request,

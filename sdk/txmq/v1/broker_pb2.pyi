@@ -8,12 +8,21 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FilterType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FILTER_TYPE_UNSPECIFIED: _ClassVar[FilterType]
+    FILTER_TYPE_TAG: _ClassVar[FilterType]
+    FILTER_TYPE_SQL92: _ClassVar[FilterType]
+
 class CheckOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CHECK_OUTCOME_UNSPECIFIED: _ClassVar[CheckOutcome]
     CHECK_OUTCOME_DELIVERED: _ClassVar[CheckOutcome]
     CHECK_OUTCOME_ANSWERED: _ClassVar[CheckOutcome]
     CHECK_OUTCOME_UNDELIVERED: _ClassVar[CheckOutcome]
+FILTER_TYPE_UNSPECIFIED: FilterType
+FILTER_TYPE_TAG: FilterType
+FILTER_TYPE_SQL92: FilterType
 CHECK_OUTCOME_UNSPECIFIED: CheckOutcome
 CHECK_OUTCOME_DELIVERED: CheckOutcome
 CHECK_OUTCOME_ANSWERED: CheckOutcome
@@ -110,7 +119,7 @@ class ProduceResult(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., status: _Optional[_Union[_common_pb2.EntryStatus, _Mapping]] = ..., send_message: _Optional[_Union[SendMessageResponse, _Mapping]] = ..., end_transaction: _Optional[_Union[EndTransactionResponse, _Mapping]] = ...) -> None: ...
 
 class ReceiveMessagesRequest(_message.Message):
-    __slots__ = ("consumer_group", "topic", "queue_id", "filter_expression", "max_messages", "invisible_duration_seconds", "long_polling_timeout_seconds")
+    __slots__ = ("consumer_group", "topic", "queue_id", "filter_expression", "max_messages", "invisible_duration_seconds", "long_polling_timeout_seconds", "filter_type")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +127,7 @@ class ReceiveMessagesRequest(_message.Message):
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     INVISIBLE_DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LONG_POLLING_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_TYPE_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
     topic: str
     queue_id: int
@@ -125,7 +135,8 @@ class ReceiveMessagesRequest(_message.Message):
     max_messages: int
     invisible_duration_seconds: float
     long_polling_timeout_seconds: float
-    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., filter_expression: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_duration_seconds: _Optional[float] = ..., long_polling_timeout_seconds: _Optional[float] = ...) -> None: ...
+    filter_type: FilterType
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., filter_expression: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_duration_seconds: _Optional[float] = ..., long_polling_timeout_seconds: _Optional[float] = ..., filter_type: _Optional[_Union[FilterType, str]] = ...) -> None: ...
 
 class ReceiveMessagesResponse(_message.Message):
     __slots__ = ("messages",)

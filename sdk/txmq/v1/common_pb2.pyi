@@ -88,7 +88,7 @@ class EntryStatus(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., transaction_state: _Optional[_Union[TransactionState, str]] = ..., reason: _Optional[str] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("topic", "body", "tag", "keys", "properties", "message_id", "type", "producer_group", "producer_client_id", "check_immunity_seconds", "born_timestamp_ms", "born_host", "queue_id")
+    __slots__ = ("topic", "body", "tag", "keys", "properties", "message_id", "type", "producer_group", "producer_client_id", "check_immunity_seconds", "born_timestamp_ms", "born_host", "queue_id", "deliver_at_ms", "delay_seconds")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,8 @@ class Message(_message.Message):
     BORN_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     BORN_HOST_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    DELAY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     body: bytes
     tag: str
@@ -122,7 +124,9 @@ class Message(_message.Message):
     born_timestamp_ms: int
     born_host: str
     queue_id: int
-    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., message_id: _Optional[str] = ..., type: _Optional[_Union[MessageType, str]] = ..., producer_group: _Optional[str] = ..., producer_client_id: _Optional[str] = ..., check_immunity_seconds: _Optional[float] = ..., born_timestamp_ms: _Optional[int] = ..., born_host: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+    deliver_at_ms: int
+    delay_seconds: float
+    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., message_id: _Optional[str] = ..., type: _Optional[_Union[MessageType, str]] = ..., producer_group: _Optional[str] = ..., producer_client_id: _Optional[str] = ..., check_immunity_seconds: _Optional[float] = ..., born_timestamp_ms: _Optional[int] = ..., born_host: _Optional[str] = ..., queue_id: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ..., delay_seconds: _Optional[float] = ...) -> None: ...
 
 class DeliveredMessage(_message.Message):
     __slots__ = ("topic", "message", "broker_name", "queue_id", "queue_offset", "transaction_id", "stored_at_ms", "visible_at_ms", "delivery_attempt", "receipt_handle", "invisible_until_ms")

@@ -126,8 +126,12 @@ class _Reader:
 # --- the commit log ----------------------------------------------------------------------
 
 # kind u8 | born_ms i64 | stored_ms i64 | queue_id i32 | queue_offset i64 |
-# check_immunity_seconds f64 | n_keys u16 | n_props u16
+# check_immunity_seconds f64 | n_keys u16 | n_props u16, then
+# topic s16 | message_id s16 | producer_group s16 | producer_client_id s16 | tag s16 |
+# born_host s16 | keys s16 × n_keys | (name s16, value s32) × n_props | body b32
+# [ | deliver_at_ms i64 ]   -- only a delay / timer message has this trailer
 _MSG_HEAD = struct.Struct(">BqqiqdHH")
+_I64 = struct.Struct(">q")
 
 
 @dataclass(slots=True)
@@ -150,6 +154,10 @@ class LogRecord:
     check_immunity_seconds: float = 0.0
     born_ms: int = 0
     born_host: str = ""
+    #: A delay / timer message: invisible until then (broker clock, ms); 0 = at once.
+    deliver_at_ms: int = 0
+    #: Request only (never stored): validation turns a delay into ``deliver_at_ms``.
+    delay_seconds: float = 0.0
 
 
 def encode_log_record(r: LogRecord) -> bytes:
@@ -168,6 +176,8 @@ def encode_log_record(r: LogRecord) -> bytes:
         w.s16(name)
         w.s32(value)
     w.b32(r.body)
+    if r.deliver_at_ms:
+        w.raw(_I64.pack(r.deliver_at_ms))
     return frame(w.bytes())
 
 
@@ -183,14 +193,54 @@ def decode_log_record(value: bytes, key: bytes = b"") -> LogRecord:
             name = rd.s16()
             props[name] = rd.s32()
         body = rd.b32()
-        if rd.pos != len(payload):
-            raise ValueError(f"{len(payload) - rd.pos} trailing bytes")
+        deliver_at = _trailer(rd, payload)
     except (ValueError, struct.error, UnicodeDecodeError) as exc:
         raise CorruptRecordError("log record", key, str(exc)) from None
     return LogRecord(kind=kind, topic=topic, body=body, message_id=message_id, queue_id=queue_id,
                      stored_ms=stored, queue_offset=offset, tag=tag, keys=keys, properties=props,
                      producer_group=group, producer_client_id=client_id,
-                     check_immunity_seconds=immunity, born_ms=born, born_host=born_host)
+                     check_immunity_seconds=immunity, born_ms=born, born_host=born_host,
+                     deliver_at_ms=deliver_at)
+
+
+def _trailer(rd: _Reader, payload: bytes) -> int:
+    """The optional deliver_at_ms after the body (0 when absent)."""
+    rest = len(payload) - rd.pos
+    if rest == 0:
+        return 0
+    if rest != _I64.size:
+        raise ValueError(f"{rest} trailing bytes")
+    (deliver_at,) = rd.fixed(_I64)
+    if deliver_at <= 0:
+        raise ValueError(f"deliver_at_ms {deliver_at} in the trailer")
+    return deliver_at
+
+
+def decode_log_visibility(value: bytes, key: bytes = b"") -> tuple[str, int]:
+    """Only the tag and deliver_at_ms of a log record (a commit needs them for the queue
+    entry or the timer; decoding the whole record would copy the body)."""
+    payload = unframe(value, "log record", key)
+    try:
+        rd = _Reader(payload)
+        head = rd.fixed(_MSG_HEAD)
+        n_keys, n_props = head[6], head[7]
+        for _ in range(4):  # topic, message id, producer group, producer client id
+            (n,) = _U16.unpack_from(payload, rd.pos)
+            rd.pos += 2 + n
+        tag = rd.s16()
+        for _ in range(1 + n_keys):  # born host, keys
+            (n,) = _U16.unpack_from(payload, rd.pos)
+            rd.pos += 2 + n
+        for _ in range(n_props):
+            (n,) = _U16.unpack_from(payload, rd.pos)
+            rd.pos += 2 + n
+            (n,) = _U32.unpack_from(payload, rd.pos)
+            rd.pos += 4 + n
+        (n,) = _U32.unpack_from(payload, rd.pos)
+        rd.pos += 4 + n
+        return tag, _trailer(rd, payload)
+    except (ValueError, struct.error, UnicodeDecodeError) as exc:
+        raise CorruptRecordError("log record", key, str(exc)) from None
 
 
 def decode_log_tag(value: bytes, key: bytes = b"") -> str:
@@ -385,6 +435,19 @@ def expiry_key(expire_ms: int, message_id: str) -> bytes:
 
 def split_expiry_key(key: bytes) -> tuple[int, str]:
     return _U64.unpack_from(key)[0], key[8:].decode()
+
+
+# --- the timer (delay / timer messages) --------------------------------------------------
+
+def timer_key(due_ms: int, seq: int) -> bytes:
+    """``timer`` index keys: due_ms u64 | seq u64 (the value is empty: the log record at
+    ``seq`` says where the message goes)."""
+    return _U64.pack(max(due_ms, 0)) + _U64.pack(seq)
+
+
+def split_timer_key(key: bytes) -> tuple[int, int]:
+    due, seq = struct.unpack(">QQ", key)
+    return due, seq
 
 
 # --- small fixed values ------------------------------------------------------------------

@@ -45,6 +45,7 @@ COLUMN_FAMILIES = (
     "consumers",  # group|topic|queue -> next offset never delivered
     "inflight",   # group|topic|queue|offset -> (attempt, invisible until)
     "topics",     # topic -> queue count
+    "timer",      # due_ms|seq -> b"": delay / timer messages not yet in their queue
     "meta",       # store identity and format
     "walfill",    # scratch: the filler that pre-sizes the WAL at start (see Database)
     "replog",     # lsn -> replication entry (replicated shards only; see store/replog.py)

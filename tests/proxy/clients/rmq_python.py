@@ -21,6 +21,7 @@ import time
 from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExpression, Message,
                       MessageListener, Producer, PushConsumer, SimpleConsumer, TransactionChecker,
                       TransactionResolution)
+from rocketmq.grpc_protocol import FilterType
 
 
 def emit(event: str, **fields: object) -> None:
@@ -32,7 +33,8 @@ def view(m: Message) -> dict:
     body = m.body
     return {"message_id": m.message_id, "topic": m.topic, "body": body.decode() if body is not None else None,
             "tag": m.tag, "keys": sorted(m.keys or ()), "properties": dict(m.properties or {}),
-            "delivery_attempt": m.delivery_attempt, "corrupted": m.corrupted}
+            "delivery_attempt": m.delivery_attempt, "corrupted": m.corrupted,
+            "delivery_timestamp": m.delivery_timestamp, "received_ms": int(time.time() * 1000)}
 
 
 def message(topic: str, body: str, tag: str = "", key: str = "", props: dict | None = None) -> Message:
@@ -162,8 +164,13 @@ def send(args: dict) -> None:
     producer.startup()
     try:
         for i, body in enumerate(args["bodies"]):
-            receipt = producer.send(message(topic, body, tag="TagA", key=f"k{i}", props={"n": str(i)}))
-            emit("sent", message_id=receipt.message_id, body=body)
+            props = {"n": str(i), **args.get("props", {})}
+            m = message(topic, body, tag=args.get("tag", "TagA"), key=f"k{i}", props=props)
+            due = int(time.time() * 1000) + args["delay_ms"] if args.get("delay_ms") else None
+            if due:
+                m.delivery_timestamp = due  # ms, as the client documents it
+            receipt = producer.send(m)
+            emit("sent", message_id=receipt.message_id, body=body, due_ms=due)
     finally:
         producer.shutdown()
     emit("done")
@@ -195,15 +202,23 @@ def burst(args: dict) -> None:
 def simple(args: dict) -> None:
     """Receives until ``count`` acknowledgements. Messages whose body starts with "postpone"
     get change_invisible_duration(``postpone_seconds``) on their first delivery instead of
-    an ack, and are acknowledged when redelivered."""
-    consumer = SimpleConsumer(config(args), args["group"], {args["topic"]: FilterExpression(args.get("filter", "*"))},
+    an ack, and are acknowledged when redelivered. ``sql``: ``filter`` is a SQL92 expression;
+    a receive that fails emits "failed" with the error and ends the scenario."""
+    filter_type = FilterType.SQL if args.get("sql") else FilterType.TAG
+    consumer = SimpleConsumer(config(args), args["group"],
+                              {args["topic"]: FilterExpression(args.get("filter", "*"), filter_type)},
                               await_duration=args.get("await_seconds", 2))
     consumer.startup()
     acked = 0
     deadline = time.monotonic() + args.get("timeout_seconds", 60)
     try:
         while acked < args["count"] and time.monotonic() < deadline:
-            for m in consumer.receive(16, args.get("invisible_seconds", 10)):
+            try:
+                batch = consumer.receive(16, args.get("invisible_seconds", 10))
+            except Exception as exc:  # noqa: BLE001 - reported to the test
+                emit("failed", error=f"{type(exc).__name__}: {exc}")
+                break
+            for m in batch:
                 emit("received", **view(m))
                 if m.body.startswith(b"postpone") and m.delivery_attempt == 1:
                     consumer.change_invisible_duration(m, args.get("postpone_seconds", 1))

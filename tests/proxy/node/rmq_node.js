@@ -3,7 +3,8 @@
 // Prints JSON lines ({"event": ...}) on stdout. Its log goes under $HOME/logs/rocketmq/.
 'use strict';
 
-const { Producer, SimpleConsumer } = require('rocketmq-client-nodejs');
+const { Producer, SimpleConsumer, FilterExpression } = require('rocketmq-client-nodejs');
+const { FilterType } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
 const { TransactionResolution } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
 
 function emit(event, fields) {
@@ -15,6 +16,7 @@ function view(m) {
     message_id: m.messageId, topic: m.topic, body: m.body.toString(), tag: m.tag || '',
     keys: [...(m.keys || [])].sort(), properties: Object.fromEntries(m.properties || new Map()),
     delivery_attempt: m.deliveryAttempt, corrupted: m.corrupted,
+    delivery_timestamp: m.deliveryTimestamp ? m.deliveryTimestamp.getTime() : null, received_ms: Date.now(),
   };
 }
 
@@ -41,6 +43,25 @@ async function transactional(args) {
       if (body.startsWith('rollback')) await tx.rollback(); else await tx.commit();
       emit('ended', { message_id: receipt.messageId, body });
       i += 1;
+    }
+  } finally {
+    await producer.shutdown();
+  }
+  emit('done');
+}
+
+// Normal messages; with `delay_ms` each is a delay message due that long after its send.
+async function send(args) {
+  const producer = new Producer({ endpoints: args.endpoints, namespace: '', topics: [args.topic] });
+  await producer.startup();
+  try {
+    for (const body of args.bodies) {
+      const due = args.delay_ms ? Date.now() + args.delay_ms : null;
+      const receipt = await producer.send({
+        topic: args.topic, tag: 'TagA', body: Buffer.from(body),
+        ...(due ? { deliveryTimestamp: new Date(due) } : {}),
+      });
+      emit('sent', { message_id: receipt.messageId, body, due_ms: due });
     }
   } finally {
     await producer.shutdown();
@@ -76,11 +97,12 @@ async function checkerOnly(args) {
 }
 
 // Receives until `count` acknowledgements; "postpone*" bodies get changeInvisibleDuration
-// on their first delivery and are acknowledged when redelivered.
+// on their first delivery and are acknowledged when redelivered. `sql`: `filter` is SQL92.
 async function simple(args) {
+  const filter = args.sql ? new FilterExpression(args.filter, FilterType.SQL) : (args.filter || '*');
   const consumer = new SimpleConsumer({
     endpoints: args.endpoints, namespace: '', consumerGroup: args.group,
-    subscriptions: new Map([[args.topic, args.filter || '*']]), awaitDuration: (args.await_seconds || 2) * 1000,
+    subscriptions: new Map([[args.topic, filter]]), awaitDuration: (args.await_seconds || 2) * 1000,
   });
   await consumer.startup();
   let acked = 0;
@@ -106,7 +128,7 @@ async function simple(args) {
   emit('done', { acked });
 }
 
-const scenarios = { transactional, simple, orphan, checker: checkerOnly };
+const scenarios = { transactional, send, simple, orphan, checker: checkerOnly };
 
 scenarios[process.argv[2]](JSON.parse(process.argv[3])).then(
   () => process.exit(0),
