@@ -30,11 +30,11 @@ from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, C
                       DeadlineExceededError, DiskFullError, FailedPreconditionError, InternalError,
                       InvalidArgumentError, InvalidFieldError, InvalidIdError, InvalidNameError,
                       LeadershipLostError, MessageTooLargeError, NoBrokerError, NotEnoughReplicasError,
-                      NotFoundError, NotLeaderError, PropertiesTooLargeError,
+                      NotFoundError, NotLeaderError, PermissionDeniedError, PropertiesTooLargeError,
                       QueueNotFoundError, ReceiptHandleNotFoundError, ResourceExhaustedError,
                       StaleClaimError, SystemTopicError, TopicExistsError, TopicNotFoundError,
-                      TransactionNotFoundError, TransactionStateError, TxmqError, UnavailableError,
-                      WrongBrokerError)
+                      TransactionNotFoundError, TransactionStateError, TxmqError, UnauthenticatedError,
+                      UnavailableError, WrongBrokerError)
 from ._faults import RoutingStats, ShardStats
 from ._producer import Producer, TransactionListener, TransactionProducer
 from ._types import (ConsumeResult, LocalTransactionState, Message, ReceivedMessage, SendReceipt,
@@ -79,6 +79,7 @@ __all__ = [
     "NotEnoughReplicasError",
     "NotFoundError",
     "NotLeaderError",
+    "PermissionDeniedError",
     "PropertiesTooLargeError",
     "QueueNotFoundError",
     "ReceiptHandleNotFoundError",
@@ -90,6 +91,7 @@ __all__ = [
     "TransactionNotFoundError",
     "TransactionStateError",
     "TxmqError",
+    "UnauthenticatedError",
     "UnavailableError",
     "WrongBrokerError",
 ]

@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterator
 
 import grpc
 
-from ._client import CHANNEL_OPTIONS, Client
+from ._client import Client
 from ._errors import InvalidFieldError, TxmqError, error_from_entry
 from ._types import LocalTransactionState, TransactionMessage, message_from_pb
 from .v1 import checker_pb2, checker_pb2_grpc, common_pb2, nameserver_pb2
@@ -138,6 +138,8 @@ class CheckResponder:
         self._executor = ThreadPoolExecutor(max_workers=check_threads, thread_name_prefix="txmq-check")
         self._lock = threading.Lock()
         self._connections: dict[str, _CheckerConnection] = {}
+        #: A channel to a checker, with the client's credentials.
+        self.open_channel = client.open_channel
         #: Answers whose stream ended, waiting for any subscribed stream.
         self._unsent: collections.deque[Request] = collections.deque()
         self._stop = threading.Event()
@@ -277,7 +279,7 @@ class _CheckerConnection:
         self._session = 0
         #: Decisions queued on the current stream lately: (monotonic time, request).
         self._recent: collections.deque[tuple[float, Request]] = collections.deque()
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = responder.open_channel(address)
         self._stub = checker_pb2_grpc.CheckerServiceStub(self._channel)
         self._thread = threading.Thread(target=self._run, name=f"txmq-checker-{checker_name}", daemon=True)
 

@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence, TextIO
 
 import grpc
 
+from ._auth import open_channel
 from ._errors import TxmqError, error_from_rpc
 from .v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
@@ -152,11 +153,12 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 class Admin:
     """Calls on the first name server that answers (the next on UNAVAILABLE)."""
 
-    def __init__(self, nameservers: str, timeout: float) -> None:
+    def __init__(self, nameservers: str, timeout: float, token: str | None = None) -> None:
         self.addresses = [a.strip() for a in nameservers.replace(";", ",").split(",") if a.strip()]
         if not self.addresses:
             raise TxmqError("no name server address given")
         self.timeout = timeout
+        self.token = token
         self._channels: dict[str, grpc.Channel] = {}
 
     def call(self, service: str, method: str, request: Any) -> Any:
@@ -164,7 +166,7 @@ class Admin:
         for address in self.addresses:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = grpc.insecure_channel(address)
+                channel = self._channels[address] = open_channel(address, (), self.token)
             stub: Any = (admin_pb2_grpc.AdminServiceStub(channel) if service == "admin"
                          else nameserver_pb2_grpc.NameServerServiceStub(channel))
             try:
@@ -338,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     common.add_argument("--timeout", type=_duration_arg, default=argparse.SUPPRESS,
                         help="deadline of each call (default 10s)")
+    common.add_argument("--token", default=argparse.SUPPRESS,
+                        help="bearer token for a cluster with auth on (default $TXMQ_TOKEN); "
+                             "with auth on, txn resolve records this token's principal as the operator")
 
     parser = argparse.ArgumentParser(prog="txmq", parents=[common],
                                      description="Operate a txmq cluster through its name servers.")
@@ -410,7 +415,8 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         stdout.write((json.dumps(data, indent=2, sort_keys=False) if as_json else table()) + "\n")
 
     try:
-        admin = Admin(nameserver, getattr(args, "timeout", 10.0))
+        admin = Admin(nameserver, getattr(args, "timeout", 10.0),
+                      getattr(args, "token", None) or os.environ.get("TXMQ_TOKEN") or None)
     except TxmqError as err:
         stderr.write(f"txmq: {err.message}\n")
         return 2

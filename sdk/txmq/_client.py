@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import grpc
 
+from ._auth import BearerToken, open_channel
 from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError,
                       TxmqError, error_from_rpc)
 from ._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, RetryAction, retry_action
@@ -76,8 +77,13 @@ class Client:
     """Name servers with failover, routes cached per topic, channels per broker address."""
 
     def __init__(self, nameservers: str | Sequence[str], *, request_timeout_seconds: float,
-                 route_refresh_seconds: float, what: str = "client", linger_seconds: float | None = None) -> None:
+                 route_refresh_seconds: float, what: str = "client", linger_seconds: float | None = None,
+                 token: str | None = None) -> None:
         self._nameservers = parse_nameservers(nameservers)
+        if token is not None:
+            BearerToken(token)  # refuses a malformed token here, not at the first call
+        #: Sent as ``authorization: Bearer`` on every call (clusters with auth on).
+        self._token = token
         self.request_timeout_seconds = positive("request_timeout_seconds", request_timeout_seconds)
         self.route_refresh_seconds = positive("route_refresh_seconds", route_refresh_seconds)
         self._what = what
@@ -125,9 +131,12 @@ class Client:
     def _channel_locked(self, address: str) -> grpc.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-            self._channels[address] = channel
+            channel = self._channels[address] = self.open_channel(address)
         return channel
+
+    def open_channel(self, address: str) -> grpc.Channel:
+        """A new channel with the client's options and credentials (its caller closes it)."""
+        return open_channel(address, CHANNEL_OPTIONS, self._token)
 
     def broker(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
         stub = self._broker_stubs.get(address)

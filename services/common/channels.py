@@ -17,6 +17,15 @@ from txmq._client import CHANNEL_OPTIONS
 
 _SIZE_OPTIONS = ("grpc.max_send_message_length", "grpc.max_receive_message_length")
 
+#: Client interceptors every channel of this process gets: the service identity's
+#: credentials (``services.common.auth.service_credentials``), set once at start-up.
+_interceptors: list[Any] = []
+
+
+def use_credentials(interceptors: list[Any]) -> None:
+    """Channels opened from now on carry these credentials on their txmq calls."""
+    _interceptors[:] = interceptors
+
 
 def channel_options(max_message_bytes: int | None = None) -> tuple[tuple[str, Any], ...]:
     """The shared options; ``max_message_bytes`` replaces the SDK's message size limit
@@ -28,7 +37,8 @@ def channel_options(max_message_bytes: int | None = None) -> tuple[tuple[str, An
 
 def open_channel(address: str, max_message_bytes: int | None = None) -> grpc.aio.Channel:
     """One asyncio channel with the shared options (its owner closes it)."""
-    return grpc.aio.insecure_channel(address, options=channel_options(max_message_bytes))
+    return grpc.aio.insecure_channel(address, options=channel_options(max_message_bytes),
+                                     interceptors=list(_interceptors) or None)
 
 
 class ChannelPool:

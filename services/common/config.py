@@ -254,6 +254,15 @@ class ServiceConfig:
     #: Largest gRPC message accepted (must exceed the largest body plus headers); at least
     #: gRPC's own default, 4 MiB.
     max_grpc_message_bytes: int = nbytes(16 * MiB, min=4 * MiB, max=MAX_GRPC_BYTES)
+    #: Credential files (principals, hashed tokens, access keys, ACL; see README "Security").
+    #: Empty: no authentication, everything allowed (the embedded default of ``make run``);
+    #: set: every call needs credentials and the ACL's permission (default deny).
+    auth_files: tuple[str, ...] = ()
+    #: This service's own bearer token (a file holding it), sent on its calls to the other
+    #: services; empty with mTLS (the certificate is the identity) or with auth off.
+    auth_token_file: str = ""
+    #: How often the credential and token files are looked at for changes.
+    auth_reload_seconds: float = seconds(1.0, max=HOUR)
 
     def __post_init__(self) -> None:
         check_fields(self)

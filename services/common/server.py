@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from .auth import server_interceptor
 from .config import ServiceConfig
 from .interceptors import ServerInterceptor
 from .metrics import BaseMetrics
@@ -44,12 +45,14 @@ def check_port_free(host: str, port: int, setting: str) -> None:
 class ServiceApp:
     def __init__(self, name: str, config: ServiceConfig, metrics: BaseMetrics,
                  register: Iterable[tuple[Callable[[Any, Any], None], Any]],
-                 service_names: Iterable[str]) -> None:
+                 service_names: Iterable[str], auth_options: dict[str, Any] | None = None) -> None:
         self.name = name
+        # Authentication and ACLs (None unless config.auth_files); auth_options: the proxy's.
+        self.auth = server_interceptor(config, **(auth_options or {}))
         self.config = config
         self.metrics = metrics
         self.server = grpc.aio.server(
-            interceptors=[ServerInterceptor(metrics)],
+            interceptors=[ServerInterceptor(metrics), *([self.auth] if self.auth else [])],
             options=[("grpc.max_receive_message_length", config.max_grpc_message_bytes),
                      ("grpc.max_send_message_length", config.max_grpc_message_bytes),
                      ("grpc.so_reuseport", 0)])

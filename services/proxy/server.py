@@ -8,6 +8,7 @@ import logging
 
 from services.common.server import ServiceApp
 
+from .access import AUTH_OPTIONS
 from .checks import CheckManager
 from .clients import ClientRegistry
 from .config import ProxyConfig
@@ -31,7 +32,8 @@ async def create_server(config: ProxyConfig) -> tuple[ServiceApp, int]:
     renewer = Renewer(config, relay, metrics)
     servicer = MessagingServicer(config, upstream, relay, registry, checks, metrics, renewer=renewer)
     app = ServiceApp("proxy", config, metrics,
-                     [(service_pb2_grpc.add_MessagingServiceServicer_to_server, servicer)], [SERVICE_NAME])
+                     [(service_pb2_grpc.add_MessagingServiceServicer_to_server, servicer)], [SERVICE_NAME],
+                     auth_options=AUTH_OPTIONS)
     servicer.bound_port = app.port  # routes fall back to it when a client names no access point
     app.servicer = servicer  # type: ignore[attr-defined]  # tests and tools reach the domain
 

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 import grpc
 
+from txmq._auth import open_channel
 from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 from . import netns as _netns
@@ -76,7 +77,7 @@ class Cluster:
                  checker: bool = False, checker_env: Mapping[str, str] | None = None,
                  ready_timeout: float = 30.0, proxies: int = 0,
                  proxy_env: Mapping[str, str] | None = None, replication_factor: int = 1,
-                 min_insync_replicas: int = 2, netns: bool = False) -> None:
+                 min_insync_replicas: int = 2, netns: bool = False, token: str | None = None) -> None:
         if nameservers < 1:
             raise ValueError("a cluster needs at least one name server")
         self.workdir = Path(workdir)
@@ -89,6 +90,8 @@ class Cluster:
         self.proxies: list[ServiceProcess] = []
         self._broker_env = dict(broker_env or {})
         self._channels: dict[str, grpc.Channel] = {}
+        #: The bearer token of the cluster's own helper calls (a cluster with auth on).
+        self.token = token
         self._stopped = False
         self.replication_factor = replication_factor
         self.min_insync_replicas = min_insync_replicas
@@ -187,7 +190,7 @@ class Cluster:
         address = address or self.nameserver_address
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.insecure_channel(address)
+            channel = self._channels[address] = open_channel(address, (), self.token)
         return channel
 
     def nameserver_stub(self, address: str | None = None) -> nameserver_pb2_grpc.NameServerServiceStub:

@@ -22,13 +22,13 @@ EXPORTS = [
     "FailedPreconditionError", "InProgress", "InternalError", "InvalidArgumentError",
     "InvalidFieldError", "InvalidIdError",
     "InvalidNameError", "LeadershipLostError", "LocalTransactionState", "Message", "MessageTooLargeError",
-    "NoBrokerError", "NotEnoughReplicasError", "NotFoundError", "NotLeaderError", "Producer",
+    "NoBrokerError", "NotEnoughReplicasError", "NotFoundError", "NotLeaderError", "PermissionDeniedError", "Producer",
     "PropertiesTooLargeError", "PushConsumer",
     "QueueNotFoundError", "ReceiptHandleNotFoundError", "ReceivedMessage",
     "ResourceExhaustedError", "RoutingStats", "SendReceipt", "ShardStats", "SimpleConsumer", "StaleClaimError", "SystemTopicError",
     "TopicExistsError", "TopicNotFoundError", "TransactionListener", "TransactionMessage",
     "TransactionNotFoundError", "TransactionProducer", "TransactionResult", "TransactionState",
-    "TransactionStateError", "TxmqError", "UnavailableError", "WrongBrokerError",
+    "TransactionStateError", "TxmqError", "UnauthenticatedError", "UnavailableError", "WrongBrokerError",
 ]
 
 
