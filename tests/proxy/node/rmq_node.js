@@ -26,8 +26,13 @@ const checker = {
   },
 };
 
+// The access key and secret the client signs its requests with (none by default).
+function credentials(args) {
+  return args.access_key ? { sessionCredentials: { accessKey: args.access_key, accessSecret: args.secret } } : {};
+}
+
 async function transactional(args) {
-  const producer = new Producer({ endpoints: args.endpoints, namespace: '', topics: [args.topic], checker });
+  const producer = new Producer({ endpoints: args.endpoints, namespace: '', ...credentials(args), topics: [args.topic], checker });
   await producer.startup();
   try {
     let i = 0;
@@ -50,7 +55,7 @@ async function transactional(args) {
 
 // Sends one half message and dies (SIGKILL) before deciding it: an orphan for the checker.
 async function orphan(args) {
-  const producer = new Producer({ endpoints: args.endpoints, namespace: '', topics: [args.topic], checker });
+  const producer = new Producer({ endpoints: args.endpoints, namespace: '', ...credentials(args), topics: [args.topic], checker });
   await producer.startup();
   const tx = producer.beginTransaction();
   const receipt = await producer.send({
@@ -63,7 +68,7 @@ async function orphan(args) {
 // A transactional producer that only answers orphan checks (through `checker`), until
 // stdin closes.
 async function checkerOnly(args) {
-  const producer = new Producer({ endpoints: args.endpoints, namespace: '', topics: [args.topic], checker });
+  const producer = new Producer({ endpoints: args.endpoints, namespace: '', ...credentials(args), topics: [args.topic], checker });
   await producer.startup();
   emit('started');
   await new Promise((resolve) => {
@@ -79,7 +84,7 @@ async function checkerOnly(args) {
 // on their first delivery and are acknowledged when redelivered.
 async function simple(args) {
   const consumer = new SimpleConsumer({
-    endpoints: args.endpoints, namespace: '', consumerGroup: args.group,
+    endpoints: args.endpoints, namespace: '', ...credentials(args), consumerGroup: args.group,
     subscriptions: new Map([[args.topic, args.filter || '*']]), awaitDuration: (args.await_seconds || 2) * 1000,
   });
   await consumer.startup();
