@@ -14,6 +14,7 @@ import pytest
 
 from services.common.auth import hash_token
 from tests.support.cluster import Cluster
+from tests.support.metrics import metric_sum
 from tests.support.waiting import wait_until
 from txmq.v1 import admin_pb2, common_pb2
 
@@ -25,6 +26,8 @@ pytestmark = pytest.mark.timeout(180)
 SERVICES = ("nameserver", "broker", "checker", "proxy", "operator")
 ACCESS_KEY = "AK-APP"
 SECRET = "app-secret-0123456789"
+#: A principal that may publish to the topics but not answer their checks.
+PUBLISHER_KEY = "AK-PUBLISHER"
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +37,18 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     creds = workdir / "credentials.json"
     creds.write_text(json.dumps({
         "principals": {**{name: {"service": name != "operator", "tokens": [hash_token(t)]}
-                          for name, t in tokens.items()}, "app": {}},
+                          for name, t in tokens.items()}, "app": {}, "publisher": {}},
         "acl": [
             {"principal": "operator", "resource": "cluster", "actions": ["admin-read", "admin-write", "subscribe"]},
             {"principal": "app", "resource": "topic:auth-*", "actions": ["publish", "subscribe"]},
             {"principal": "app", "resource": "producer_group:auth-*", "actions": ["check"]},
             {"principal": "app", "resource": "consumer_group:auth-*", "actions": ["subscribe"]},
+            {"principal": "publisher", "resource": "topic:auth-*", "actions": ["publish"]},
         ]}))
     # The secrets are in a file of their own, which only the proxy reads.
     keys = workdir / "access-keys.json"
-    keys.write_text(json.dumps({"access_keys": {ACCESS_KEY: {"principal": "app", "secret": SECRET}}}))
+    keys.write_text(json.dumps({"access_keys": {ACCESS_KEY: {"principal": "app", "secret": SECRET},
+                                                PUBLISHER_KEY: {"principal": "publisher", "secret": SECRET}}}))
     env = {}
     for name in SERVICES:
         (workdir / f"{name}.token").write_text(tokens[name])
@@ -97,6 +102,31 @@ def test_signed_orphan_recovered_through_another_proxy(secured: Cluster, clients
     second.expect_success(60)
     wait_until(lambda: state_of(secured, sent["transaction_id"]) == common_pb2.TRANSACTION_STATE_COMMITTED, 30,
                message="the orphan was not committed")
+
+
+def test_checks_go_only_to_producers_that_may_answer_them(secured: Cluster, clients: Clients,
+                                                          unique_name: Callable[[str], str]) -> None:
+    """A producer allowed to publish to a topic but without ``check`` on its group is sent
+    none of its checks (which carry the half message): the check stays due until a producer
+    that may answer connects."""
+    topic = unique_name("auth-pub")
+    publisher = clients.python("checker", endpoints=secured.proxy_addresses[0], topic=topic,
+                               access_key=PUBLISHER_KEY, secret=SECRET)
+    publisher.wait_event("started", timeout=60)
+    first = clients.python("orphan", **signed(endpoints=secured.proxy_addresses[0], topic=topic, body="orphan"))
+    sent = first.wait_event("sent", timeout=60)[0]
+    assert first.finish(30, close_stdin=False) == -9
+    port = secured.brokers[0].metrics_port
+    wait_until(lambda: metric_sum(port, "txmq_check_due_oldest_age_seconds", {"group": topic}) >= 2.0, 30,
+               message="the check never stayed due: someone took it")
+    assert publisher.of("checked") == []
+    answering = clients.python("checker", **signed(endpoints=secured.proxy_addresses[0], topic=topic))
+    answering.wait_event("checked", timeout=60)
+    wait_until(lambda: state_of(secured, sent["transaction_id"]) == common_pb2.TRANSACTION_STATE_COMMITTED, 30,
+               message="the orphan was not committed")
+    assert publisher.of("checked") == []
+    answering.expect_success(60)
+    publisher.expect_success(60)
 
 
 def refusals(clients: Clients, client: Any, code: int) -> int:

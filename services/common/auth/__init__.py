@@ -10,12 +10,12 @@ from typing import Any, Mapping
 
 from ..runtime import StartupError
 from .client import TokenFile, bearer_interceptors
-from .interceptor import PRINCIPAL, AuthInterceptor, Refuse, current_principal
+from .interceptor import CALLER, AuthInterceptor, Refuse, current_principal, may
 from .policy import NATIVE, Policy
 from .store import CredentialsError, CredentialStore, hash_token
 
-__all__ = ["AuthInterceptor", "CredentialStore", "CredentialsError", "NATIVE", "PRINCIPAL", "Policy",
-           "TokenFile", "bearer_interceptors", "current_principal", "hash_token", "server_interceptor",
+__all__ = ["CALLER", "AuthInterceptor", "CredentialStore", "CredentialsError", "NATIVE", "Policy",
+           "TokenFile", "bearer_interceptors", "current_principal", "hash_token", "may", "server_interceptor",
            "service_credentials"]
 
 

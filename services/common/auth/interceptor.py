@@ -1,7 +1,7 @@
 """The authentication and authorization interceptor: who is calling (a bearer token, an mTLS
 client certificate, or — on the proxy — a RocketMQ signed request), and may they do what the
 request asks (``policy``). Every RPC of a service with auth on passes it; the handler runs
-only for an allowed call, with the principal in :data:`PRINCIPAL`.
+only for an allowed call, with its caller in :data:`CALLER`.
 
 Refusals: UNAUTHENTICATED when no principal has the credentials (or none came),
 PERMISSION_DENIED for a known principal without the right, each naming what was missing.
@@ -28,8 +28,18 @@ from .store import CredentialStore, Credentials, Principal
 
 log = logging.getLogger(__name__)
 
-#: The principal of the call being served (None when auth is off).
-PRINCIPAL: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("txmq_principal", default=None)
+class Caller:
+    """Who the call being served is for, and the store that said so."""
+
+    __slots__ = ("principal", "store")
+
+    def __init__(self, principal: Principal, store: CredentialStore) -> None:
+        self.principal = principal
+        self.store = store
+
+
+#: The caller of the call being served (None when auth is off or the method is open).
+CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("txmq_caller", default=None)
 
 SIGNATURE_SCHEME = "MQv2-HMAC-SHA1"
 DATE_HEADER = "x-mq-date-time"
@@ -41,7 +51,18 @@ Refuse = Callable[[str, TxmqError], Any]
 
 
 def current_principal() -> Principal | None:
-    return PRINCIPAL.get()
+    caller = CALLER.get()
+    return caller.principal if caller is not None else None
+
+
+def may(action: str, kind: str, name: str) -> bool:
+    """Whether the caller of the call being served may do ``action`` on a resource (always,
+    with auth off): for what a handler decides beyond the policy table, such as which of a
+    producer's topics it may be sent checks for."""
+    caller = CALLER.get()
+    if caller is None or caller.principal.service:
+        return True
+    return allows(caller.store.current().rules, caller.principal.name, action, kind, name)
 
 
 def _metadata(context: Any) -> dict[str, str]:
@@ -178,12 +199,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                         if answer is not None:
                             yield answer
                         return
-                    token = PRINCIPAL.set(principal)
+                    token = CALLER.set(Caller(principal, self.store) if principal else None)
                     try:
                         async for item in behavior(request, context):
                             yield item
                     finally:
-                        PRINCIPAL.reset(token)
+                        CALLER.reset(token)
                 return gen_wrapper
 
             async def wrapper(request: Any, context: Any) -> Any:
@@ -195,11 +216,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                         await context.write(answer)
                         return None
                     return answer
-                token = PRINCIPAL.set(principal)
+                token = CALLER.set(Caller(principal, self.store) if principal else None)
                 try:
                     return await behavior(request, context)
                 finally:
-                    PRINCIPAL.reset(token)
+                    CALLER.reset(token)
             return wrapper
 
         def stream_request(behavior: Callable[..., Any], streaming_response: bool) -> Callable[..., Any]:
@@ -218,7 +239,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                         if answer is not None:
                             yield answer
                         return
-                    token = PRINCIPAL.set(principal)
+                    token = CALLER.set(Caller(principal, self.store) if principal else None)
                     args = prepare(request_iterator, context, principal)
                     try:
                         async for item in behavior(*args):
@@ -227,7 +248,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                         await _StreamGuard.refuse_if_violated(args[1])
                         raise
                     finally:
-                        PRINCIPAL.reset(token)
+                        CALLER.reset(token)
                 return gen_wrapper
 
             async def wrapper(request_iterator: Any, context: Any) -> Any:
@@ -239,7 +260,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                         await context.write(answer)
                         return None
                     return answer
-                token = PRINCIPAL.set(principal)
+                token = CALLER.set(Caller(principal, self.store) if principal else None)
                 args = prepare(request_iterator, context, principal)
                 try:
                     return await behavior(*args)
@@ -247,7 +268,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     await _StreamGuard.refuse_if_violated(args[1])
                     raise
                 finally:
-                    PRINCIPAL.reset(token)
+                    CALLER.reset(token)
             return wrapper
 
         if handler.unary_unary:
