@@ -37,6 +37,7 @@ from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, C
                       UnavailableError, WrongBrokerError)
 from ._faults import RoutingStats, ShardStats
 from ._producer import Producer, TransactionListener, TransactionProducer
+from ._tls import TLS
 from ._types import (ConsumeResult, LocalTransactionState, Message, ReceivedMessage, SendReceipt,
                      TransactionMessage, TransactionResult, TransactionState)
 
@@ -60,6 +61,8 @@ __all__ = [
     "TransactionMessage",
     "TransactionResult",
     "TransactionState",
+    # settings
+    "TLS",
     # errors
     "AlreadyExistsError",
     "BrokerNotFoundError",

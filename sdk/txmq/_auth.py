@@ -43,7 +43,6 @@ class BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterc
         return continuation(self._details(details), request_iterator)
 
 
-def open_channel(address: str, options: Any, token: str | None) -> grpc.Channel:
-    """A sync channel, carrying ``token`` on every call when one is given."""
-    channel = grpc.insecure_channel(address, options=options)
+def with_token(channel: grpc.Channel, token: str | None) -> grpc.Channel:
+    """``channel`` carrying ``token`` on every call when one is given."""
     return grpc.intercept_channel(channel, BearerToken(token)) if token else channel

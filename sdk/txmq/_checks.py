@@ -129,6 +129,7 @@ class CheckResponder:
     def __init__(self, client: Client, *, producer_group: str, client_id: str, check: CheckFn,
                  check_threads: int, refresh_seconds: float) -> None:
         self._client = client
+        self.client = client
         self.producer_group = producer_group
         self.client_id = client_id
         self._check = check
@@ -138,8 +139,6 @@ class CheckResponder:
         self._executor = ThreadPoolExecutor(max_workers=check_threads, thread_name_prefix="txmq-check")
         self._lock = threading.Lock()
         self._connections: dict[str, _CheckerConnection] = {}
-        #: A channel to a checker, with the client's credentials.
-        self.open_channel = client.open_channel
         #: Answers whose stream ended, waiting for any subscribed stream.
         self._unsent: collections.deque[Request] = collections.deque()
         self._stop = threading.Event()
@@ -279,7 +278,9 @@ class _CheckerConnection:
         self._session = 0
         #: Decisions queued on the current stream lately: (monotonic time, request).
         self._recent: collections.deque[tuple[float, Request]] = collections.deque()
-        self._channel = responder.open_channel(address)
+        self._client = responder.client
+        self._tls_generation = self._client.tls_generation()
+        self._channel = self._client.new_channel(address)
         self._stub = checker_pb2_grpc.CheckerServiceStub(self._channel)
         self._thread = threading.Thread(target=self._run, name=f"txmq-checker-{checker_name}", daemon=True)
 
@@ -333,6 +334,12 @@ class _CheckerConnection:
             with self._lock:
                 if self._stop.is_set():
                     return
+                generation = self._client.tls_generation()
+                if generation != self._tls_generation:  # rotated TLS files: a new channel
+                    self._channel.close()
+                    self._tls_generation = generation
+                    self._channel = self._client.new_channel(self.address)
+                    self._stub = checker_pb2_grpc.CheckerServiceStub(self._channel)
                 call = self._stub.CheckTransactionState(_requests(outbox))
                 self._session += 1
                 session = self._session

@@ -14,7 +14,10 @@ NameServerService for listings), so it needs only the name server address.
     txmq checker list
 
 ``--nameserver`` defaults to ``$TXMQ_NAMESERVER``, else 127.0.0.1:9876; with several
-addresses the next is tried when one is unavailable. Output is a table, or JSON with
+addresses the next is tried when one is unavailable. ``--tls-ca FILE`` dials the name
+servers with TLS (``--tls-cert FILE --tls-key FILE``: presenting a client certificate, for
+mutual TLS); they default to ``$TXMQ_TLS_CA_FILE``, ``$TXMQ_TLS_CERT_FILE``,
+``$TXMQ_TLS_KEY_FILE``, and ``--tls-server-name`` to ``$TXMQ_TLS_SERVER_NAME``. Output is a table, or JSON with
 ``--json``. Exit status: 0 done, 1 the request failed (the error on stderr), 2 bad usage.
 Durations are ``500ms``, ``60s``, ``5m``, ``1h``, ``2d`` or plain seconds.
 """
@@ -34,8 +37,9 @@ from typing import Any, Callable, Sequence, TextIO
 
 import grpc
 
-from ._auth import open_channel
+from ._auth import with_token
 from ._errors import TxmqError, error_from_rpc
+from ._tls import TLS, ChannelTLS, sync_channel
 from .v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 DEFAULT_NAMESERVER = "127.0.0.1:9876"
@@ -153,7 +157,8 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 class Admin:
     """Calls on the first name server that answers (the next on UNAVAILABLE)."""
 
-    def __init__(self, nameservers: str, timeout: float, token: str | None = None) -> None:
+    def __init__(self, nameservers: str, timeout: float, tls: TLS | None = None, token: str | None = None) -> None:
+        self._tls = ChannelTLS(tls) if tls is not None else None
         self.addresses = [a.strip() for a in nameservers.replace(";", ",").split(",") if a.strip()]
         if not self.addresses:
             raise TxmqError("no name server address given")
@@ -166,7 +171,7 @@ class Admin:
         for address in self.addresses:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = open_channel(address, (), self.token)
+                channel = self._channels[address] = with_token(sync_channel(address, (), self._tls), self.token)
             stub: Any = (admin_pb2_grpc.AdminServiceStub(channel) if service == "admin"
                          else nameserver_pb2_grpc.NameServerServiceStub(channel))
             try:
@@ -330,6 +335,24 @@ def _checker_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
 
 # --- the parser ------------------------------------------------------------------------------
 
+#: (flag, environment variable, what): the TLS options, named like the services' settings.
+_TLS_FLAGS = (
+    ("--tls-ca", "TXMQ_TLS_CA_FILE", "CA bundle (PEM) to trust: the name servers are dialed with TLS"),
+    ("--tls-cert", "TXMQ_TLS_CERT_FILE", "client certificate (PEM) to present, for mutual TLS"),
+    ("--tls-key", "TXMQ_TLS_KEY_FILE", "key (PEM) of --tls-cert"),
+    ("--tls-server-name", "TXMQ_TLS_SERVER_NAME", "name the server certificates carry when not the host dialed"),
+)
+
+
+def tls_from_args(args: argparse.Namespace, env: Any = os.environ) -> TLS | None:
+    """The TLS the flags (else the environment) ask for; None when no file is named."""
+    values = [getattr(args, flag[2:].replace("-", "_"), None) or env.get(name) or "" for flag, name, _w in _TLS_FLAGS]
+    ca, cert, key, server_name = values
+    if not (ca or cert or key):
+        return None
+    return TLS(ca_file=ca, cert_file=cert, key_file=key, server_name=server_name)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Common options are accepted before or after the command (``txmq --json txn list`` and
     # ``txmq txn list --json``); SUPPRESS keeps a subcommand from resetting what came before.
@@ -338,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"name server host:port, comma-separated for several "
                              f"(default $TXMQ_NAMESERVER or {DEFAULT_NAMESERVER})")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+    for flag, env, what in _TLS_FLAGS:
+        common.add_argument(flag, default=argparse.SUPPRESS, metavar="FILE" if env.endswith("FILE") else "NAME",
+                            help=f"{what} (default ${env})")
     common.add_argument("--timeout", type=_duration_arg, default=argparse.SUPPRESS,
                         help="deadline of each call (default 10s)")
     common.add_argument("--token", default=argparse.SUPPRESS,
@@ -415,7 +441,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         stdout.write((json.dumps(data, indent=2, sort_keys=False) if as_json else table()) + "\n")
 
     try:
-        admin = Admin(nameserver, getattr(args, "timeout", 10.0),
+        admin = Admin(nameserver, getattr(args, "timeout", 10.0), tls_from_args(args),
                       getattr(args, "token", None) or os.environ.get("TXMQ_TOKEN") or None)
     except TxmqError as err:
         stderr.write(f"txmq: {err.message}\n")

@@ -16,11 +16,12 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import grpc
 
-from ._auth import BearerToken, open_channel
+from ._auth import BearerToken, with_token
 from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError,
                       TxmqError, error_from_rpc)
 from ._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, RetryAction, retry_action
 from ._pipeline import ProduceStream
+from ._tls import TLS, ChannelTLS, sync_channel
 from .v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -78,12 +79,20 @@ class Client:
 
     def __init__(self, nameservers: str | Sequence[str], *, request_timeout_seconds: float,
                  route_refresh_seconds: float, what: str = "client", linger_seconds: float | None = None,
-                 token: str | None = None) -> None:
+                 tls: TLS | None = None, token: str | None = None) -> None:
         self._nameservers = parse_nameservers(nameservers)
+        if tls is not None and not isinstance(tls, TLS):
+            raise InvalidFieldError("tls", f"must be a txmq.TLS, got {type(tls).__name__}")
         if token is not None:
             BearerToken(token)  # refuses a malformed token here, not at the first call
         #: Sent as ``authorization: Bearer`` on every call (clusters with auth on).
         self._token = token
+        #: TLS material of every channel (None: plaintext).
+        self._tls = ChannelTLS(tls) if tls is not None else None
+        self._tls_generation = 0
+        # Channels opened with older TLS files: calls in flight on them finish; closed with
+        # the client (dropping a channel would cancel its calls).
+        self._retired: list[grpc.Channel] = []
         self.request_timeout_seconds = positive("request_timeout_seconds", request_timeout_seconds)
         self.route_refresh_seconds = positive("route_refresh_seconds", route_refresh_seconds)
         self._what = what
@@ -120,7 +129,8 @@ class Client:
                 return
             self._closed = True
             streams, self._streams = list(self._streams.values()), {}
-            channels, self._channels = list(self._channels.values()), {}
+            channels, self._channels = [*self._channels.values(), *self._retired], {}
+            self._retired = []
         for stream in streams:
             stream.close()
         for channel in channels:
@@ -131,14 +141,37 @@ class Client:
     def _channel_locked(self, address: str) -> grpc.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = self.open_channel(address)
+            channel = with_token(sync_channel(address, CHANNEL_OPTIONS, self._tls), self._token)
+            self._channels[address] = channel
         return channel
 
-    def open_channel(self, address: str) -> grpc.Channel:
-        """A new channel with the client's options and credentials (its caller closes it)."""
-        return open_channel(address, CHANNEL_OPTIONS, self._token)
+    def new_channel(self, address: str) -> grpc.Channel:
+        """A channel of its own (its caller closes it), with this client's TLS material and token."""
+        return with_token(sync_channel(address, CHANNEL_OPTIONS, self._tls), self._token)
+
+    def tls_generation(self) -> int:
+        """Grows when the TLS files change on disk (0 without TLS): a holder of a channel of
+        its own (:meth:`new_channel`) opens a new one when it does."""
+        return 0 if self._tls is None else self._tls.current()
+
+    def _check_tls(self) -> None:
+        """When the TLS files changed on disk: new calls go on new channels made with them
+        (the old ones are dropped, calls in flight on them finish; a Produce stream keeps its
+        connection until it ends)."""
+        if self._tls is None or self._tls.current() == self._tls_generation:
+            return
+        with self._lock:
+            if self._tls.generation == self._tls_generation:
+                return
+            self._tls_generation = self._tls.generation
+            self._retired.extend(self._channels.values())
+            self._channels = {}
+            self._broker_stubs = {}
+            self._ns_stubs = {}
+        log.info("TLS files changed: new channels use them")
 
     def broker(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
+        self._check_tls()
         stub = self._broker_stubs.get(address)
         if stub is None:
             with self._lock:
@@ -207,6 +240,7 @@ class Client:
         """Tries the name servers in turn, from the last one that answered; transient errors
         move to the next, other errors are the answer."""
         self.check_open()
+        self._check_tls()
         count = len(self._nameservers)
         start = self._ns_index
         error: TxmqError | None = None

@@ -26,6 +26,7 @@ from ._client import Client, positive
 from ._errors import (ClientClosedError, InternalError, InvalidFieldError, TopicNotFoundError,
                       TxmqError, error_from_entry, error_from_rpc)
 from ._names import validate_group, validate_receive_topic
+from ._tls import TLS
 from ._types import ConsumeResult, ReceivedMessage, ms_to_datetime, received_from_pb
 from .v1 import broker_pb2
 
@@ -65,13 +66,13 @@ class SimpleConsumer:
     def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
                  subscriptions: Mapping[str, str], await_duration_seconds: float = 20.0,
                  request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
-                 token: str | None = None) -> None:
+                 tls: TLS | None = None, token: str | None = None) -> None:
         validate_group("consumer_group", consumer_group)
         self.consumer_group = consumer_group
         self.subscriptions = _subscriptions(subscriptions)
         self.await_duration_seconds = positive("await_duration_seconds", await_duration_seconds)
         self._client = Client(nameservers, request_timeout_seconds=request_timeout_seconds,
-                              route_refresh_seconds=route_refresh_seconds, what="consumer", token=token)
+                              route_refresh_seconds=route_refresh_seconds, what="consumer", tls=tls, token=token)
         self._round_robin = itertools.count()
         self._lock = threading.Lock()
         # Long polls still running after a receive() returned, and what they brought since:
@@ -322,7 +323,7 @@ class PushConsumer:
                  consume_threads: int = 4, invisible_duration_seconds: float = 30.0,
                  await_duration_seconds: float = 20.0, retry_backoff_seconds: float = 1.0,
                  max_retry_backoff_seconds: float = 60.0, request_timeout_seconds: float = 3.0,
-                 route_refresh_seconds: float = 30.0, token: str | None = None) -> None:
+                 route_refresh_seconds: float = 30.0, tls: TLS | None = None, token: str | None = None) -> None:
         if not callable(listener):
             raise InvalidFieldError("listener", "must be callable: (ReceivedMessage) -> ConsumeResult")
         if not isinstance(consume_threads, int) or consume_threads < 1:
@@ -336,7 +337,7 @@ class PushConsumer:
                                         subscriptions=subscriptions,
                                         await_duration_seconds=await_duration_seconds,
                                         request_timeout_seconds=request_timeout_seconds,
-                                        route_refresh_seconds=route_refresh_seconds, token=token)
+                                        route_refresh_seconds=route_refresh_seconds, tls=tls, token=token)
         self.consumer_group = consumer_group
         self._max_inflight = 2 * consume_threads
         self._inflight = 0

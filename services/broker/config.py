@@ -80,6 +80,7 @@ class BrokerConfig(ServiceConfig):
     #: replica, and only while at least this many (the leader included) are in sync.
     min_insync_replicas: int = count(2, max=MAX_REPLICAS)
     #: etcd client endpoints (host:port, comma-separated); required when replicated.
+    #: https://host:port: TLS, presenting the broker's certificate (TXMQ_TLS_*).
     etcd_endpoints: tuple[str, ...] = ()
     #: Key prefix of this cluster's keys in etcd.
     etcd_prefix: str = "/txmq"

@@ -19,7 +19,9 @@ shard (no in-sync set yet) is the same transaction with the set created as {itse
 
 The client is aetcd's generated etcd v3 stubs on a channel with the services' shared options
 (``services.common.channels``), so reconnection is fast (gRPC's default backoff grows to
-two minutes).
+two minutes). An ``https://`` endpoint is dialed with TLS, presenting the broker's own
+certificate (``TXMQ_TLS_*``; etcd's ``--client-cert-auth`` checks it); ``http://`` or none is
+plaintext. The channel is opened again when the TLS files change.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 import grpc
 from aetcd import rpc
 
-from services.common.channels import open_channel
+from services.common.channels import open_channel, tls_generation
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +85,21 @@ class ShardCoordinator:
         self._channel: grpc.aio.Channel | None = None
         self._kv: rpc.KVStub | None = None
         self._lease: rpc.LeaseStub | None = None
+        self._tls_generation = 0
+        self._retired: list[grpc.aio.Channel] = []
         self.lease_id = 0
 
     # --- connection -------------------------------------------------------------------------
 
     def _stubs(self) -> tuple[rpc.KVStub, rpc.LeaseStub]:
+        if self._channel is not None and self._tls_generation != tls_generation():
+            self._retired.append(self._channel)  # rotated TLS files: calls in flight finish on it
+            self._channel = None
         if self._channel is None:
             address = self.endpoints[self._endpoint % len(self.endpoints)]
-            self._channel = open_channel(address.removeprefix("http://"))
+            self._tls_generation = tls_generation()
+            secure = address.startswith("https://")  # else plaintext, whatever the broker's TLS
+            self._channel = open_channel(address.removeprefix("https://").removeprefix("http://"), secure=secure)
             self._kv = rpc.KVStub(self._channel)
             self._lease = rpc.LeaseStub(self._channel)
         assert self._kv is not None and self._lease is not None
@@ -105,6 +114,9 @@ class ShardCoordinator:
         return EtcdUnavailable(f"etcd {self.endpoints}: {exc}")
 
     async def close(self) -> None:
+        retired, self._retired = self._retired, []
+        for channel in retired:
+            await channel.close()
         if self._channel is not None:
             await self._channel.close()
             self._channel = None

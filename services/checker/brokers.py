@@ -252,8 +252,6 @@ class BrokerDirectory:
         self.dispatcher = dispatcher
         self.links: dict[str, BrokerLink] = {}
         self._channels = ChannelPool()
-        self._stubs = {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a))
-                       for a in config.nameserver_addresses}
         self._task: asyncio.Task[None] | None = None
         self._failing: set[str] = set()
         self._kick = asyncio.Event()
@@ -306,6 +304,12 @@ class BrokerDirectory:
                 pass
             self._kick.clear()
             await self.refresh()
+
+    @property
+    def _stubs(self) -> dict[str, nameserver_pb2_grpc.NameServerServiceStub]:
+        # From the pool at each use: it opens new channels when the TLS files change.
+        return {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a))
+                for a in self.config.nameserver_addresses}
 
     async def _list(self, address: str) -> list[nameserver_pb2.BrokerInfo] | None:
         try:

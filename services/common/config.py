@@ -246,6 +246,9 @@ class ServiceConfig:
     port: int = tcp_port(0)
     #: Prometheus /metrics port.
     metrics_port: int = tcp_port(9400, special={-1: "no /metrics endpoint"})
+    #: A second, plaintext gRPC port serving only grpc.health.v1 (Kubernetes' gRPC probes
+    #: cannot speak TLS): for probes when the gRPC port serves TLS.
+    health_port: int = tcp_port(-1, special={-1: "none (health is on the gRPC port only)"})
     #: When set, a JSON file {"port", "metrics_port", "pid"} is written here once serving.
     ready_file: str = ""
     log_level: str = choice("INFO", LOG_LEVELS, ignore_case=True)
@@ -254,6 +257,21 @@ class ServiceConfig:
     #: Largest gRPC message accepted (must exceed the largest body plus headers); at least
     #: gRPC's own default, 4 MiB.
     max_grpc_message_bytes: int = nbytes(16 * MiB, min=4 * MiB, max=MAX_GRPC_BYTES)
+    #: TLS (services/common/tls.py): this service's certificate chain (PEM). Set: the gRPC
+    #: port serves TLS only, and every channel this service opens to another (name servers,
+    #: brokers, checkers, etcd at https://) is TLS presenting this certificate. Empty: plaintext.
+    tls_cert_file: str = ""
+    #: The private key of tls_cert_file (PEM).
+    tls_key_file: str = ""
+    #: The CAs (PEM bundle) this service trusts: for the certificates of the services it dials
+    #: and, with tls_client_auth=require, of its clients. Empty: the system's roots.
+    tls_ca_file: str = ""
+    #: none: clients need no certificate; require: every client presents one signed by
+    #: tls_ca_file (mutual TLS). The files are read again when they change (no restart).
+    tls_client_auth: str = choice("none", ("none", "require"))
+    #: The name the other services' certificates are checked against when it is not the host
+    #: dialed (e.g. addresses are IPs). Empty: the host dialed.
+    tls_server_name: str = ""
     #: Credential files (principals, hashed tokens, access keys, ACL; see README "Security").
     #: Empty: no authentication, everything allowed (the embedded default of ``make run``);
     #: set: every call needs credentials and the ACL's permission (default deny).
@@ -266,6 +284,8 @@ class ServiceConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        from .tls import check_tls_settings  # the TLS rules live with the TLS code
+        check_tls_settings(self)
 
 
 @functools.lru_cache(maxsize=None)

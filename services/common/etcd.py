@@ -1,6 +1,8 @@
 """A real etcd (Debian's ``etcd-server``) as a local process, for ``services.local``'s
 replicated run and the tests: one member, its own data directory, ephemeral ports learned
-from its log, sub-second Raft timings so leases of one second hold."""
+from its log, sub-second Raft timings so leases of one second hold. Given a certificate, it
+serves clients over TLS and requires theirs (``--client-cert-auth``): ``endpoint`` is then
+``https://host:port``."""
 
 from __future__ import annotations
 
@@ -13,12 +15,15 @@ import time
 from pathlib import Path
 
 
-_SERVING = re.compile(r"serving insecure client requests on ([0-9.]+:\d+)")
+_SERVING = re.compile(r"serving (?:insecure )?client requests on ([0-9.]+:\d+)")
 
 
 class EtcdProcess:
-    def __init__(self, workdir: str | Path, name: str = "etcd", host: str = "127.0.0.1") -> None:
+    def __init__(self, workdir: str | Path, name: str = "etcd", host: str = "127.0.0.1", *,
+                 cert_file: str = "", key_file: str = "", ca_file: str = "") -> None:
         self.workdir = Path(workdir)
+        #: TLS for clients (all three, or none: plaintext).
+        self.tls = (cert_file, key_file, ca_file) if cert_file else None
         #: The address clients dial (a bridge address when replicas run in network namespaces).
         self.host = host
         self.name = name
@@ -33,9 +38,15 @@ class EtcdProcess:
             raise RuntimeError("etcd is not installed: `make test` installs Debian's etcd-server")
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
+        scheme = "https" if self.tls else "http"
+        tls_args: list[str] = []
+        if self.tls:
+            cert, key, ca = self.tls
+            tls_args = ["--cert-file", cert, "--key-file", key, "--trusted-ca-file", ca, "--client-cert-auth"]
         self.proc = subprocess.Popen(
-            [binary, "--name", self.name, "--data-dir", str(self.data_dir),
-             "--listen-client-urls", f"http://{self.host}:0", "--advertise-client-urls", f"http://{self.host}:2379",
+            [binary, "--name", self.name, "--data-dir", str(self.data_dir), *tls_args,
+             "--listen-client-urls", f"{scheme}://{self.host}:0",
+             "--advertise-client-urls", f"{scheme}://{self.host}:2379",
              "--listen-peer-urls", "http://127.0.0.1:0", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
              "--initial-cluster", f"{self.name}=http://127.0.0.1:2380",
              "--heartbeat-interval", "20", "--election-timeout", "200", "--log-level", "info"],
@@ -49,7 +60,7 @@ class EtcdProcess:
                 raise RuntimeError(f"etcd exited with {self.proc.returncode}:\n{self.log_tail()}")
             match = _SERVING.search(self.log_path.read_text(errors="replace"))
             if match:
-                self.endpoint = match.group(1)
+                self.endpoint = f"https://{match.group(1)}" if self.tls else match.group(1)
                 return self
             if time.monotonic() > deadline:
                 raise RuntimeError(f"etcd not serving after {timeout:g} s:\n{self.log_tail()}")

@@ -35,11 +35,15 @@ class Heartbeat:
         self.unregister = unregister
         self.timeout = timeout_seconds
         self._channels = ChannelPool()
-        self._stubs = {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a)) for a in nameservers}
         self._kick: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._failing: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def _stubs(self) -> dict[str, nameserver_pb2_grpc.NameServerServiceStub]:
+        # From the pool at each use: it opens new channels when the TLS files change.
+        return {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a)) for a in self.nameservers}
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -16,6 +16,7 @@ import uvloop
 
 from .config import env_name, load_config
 from .logs import configure_logging
+from . import tls
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ async def serve(config: Any, create_server: Callable[[Any], Awaitable[tuple[Any,
 
     stopping = asyncio.Event()
     try:
+        tls.use_config(config)  # before any channel is opened
         use_credentials(service_credentials(config))
         app, port = await create_server(config)
         loop = asyncio.get_running_loop()
@@ -70,7 +72,8 @@ async def serve(config: Any, create_server: Callable[[Any], Awaitable[tuple[Any,
             loop.add_signal_handler(sig, stopping.set)
         await app.start()
         if config.ready_file:
-            write_ready_file(config.ready_file, port=port, metrics_port=app.metrics_port)
+            write_ready_file(config.ready_file, port=port, metrics_port=app.metrics_port,
+                             health_port=getattr(app, "health_port", -1))
     except Exception as exc:
         raise StartupError(describe_startup_failure(exc, config)) from exc
     await stopping.wait()

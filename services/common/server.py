@@ -19,6 +19,7 @@ from .config import ServiceConfig
 from .interceptors import ServerInterceptor
 from .metrics import BaseMetrics
 from .runtime import StartupError
+from .tls import server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,30 @@ class ServiceApp:
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
         check_port_free(config.host, config.port, "port (TXMQ_PORT)")
         check_port_free(config.host, config.metrics_port, "metrics_port (TXMQ_METRICS_PORT)")
+        check_port_free(config.host, config.health_port, "health_port (TXMQ_HEALTH_PORT)")
+        secure = server_credentials(config)
+        #: The TLS certificates of the port (None: plaintext).
+        self.certificates = secure[1] if secure is not None else None
         try:
-            self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+            if secure is None:
+                self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+            else:
+                self.port = self.server.add_secure_port(f"{config.host}:{config.port}", secure[0])
         except RuntimeError as exc:
             raise StartupError(f"port (TXMQ_PORT): cannot bind {config.host}:{config.port}") from exc
         if self.port == 0:
             raise StartupError(f"port (TXMQ_PORT): cannot bind {config.host}:{config.port}")
+        #: The plaintext health-only server (None unless health_port is set).
+        self.health_server: grpc.aio.Server | None = None
+        self.health_port = -1
+        if config.health_port >= 0:
+            self.health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+            try:
+                self.health_port = self.health_server.add_insecure_port(f"{config.host}:{config.health_port}")
+            except RuntimeError as exc:
+                raise StartupError(f"health_port (TXMQ_HEALTH_PORT): cannot bind {config.host}:{config.health_port}") \
+                    from exc
         self.metrics_port = -1
         self.on_start: list[Hook] = []
         self.on_stop: list[Hook] = []
@@ -101,13 +120,17 @@ class ServiceApp:
 
     async def start(self) -> None:
         await self.server.start()
+        if self.health_server is not None:
+            await self.health_server.start()
         self.metrics_port = self.metrics.serve(self.config.host, self.config.metrics_port)
         for hook in self.on_start:
             await hook()
         self._tasks = [asyncio.create_task(self._repeat(name, interval, job), name=name)
                        for name, interval, job in self._periodic]
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving", extra={"fields": {"port": self.port, "metrics_port": self.metrics_port}})
+        log.info("serving", extra={"fields": {"port": self.port, "metrics_port": self.metrics_port,
+                                              "health_port": self.health_port,
+                                              "tls": self.certificates is not None}})
 
     async def stop(self, grace: float | None = None) -> None:
         """NOT_SERVING first (load balancers stop sending), then the service's own hooks,
@@ -115,6 +138,8 @@ class ServiceApp:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         grace = self.config.shutdown_grace_seconds if grace is None else grace
         await self.server.stop(grace)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

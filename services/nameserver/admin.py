@@ -38,16 +38,17 @@ class BrokerClients:
 
     def __init__(self, max_message_bytes: int) -> None:
         self._channels = ChannelPool(max_message_bytes)
-        self._stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
+        self._stubs: dict[str, tuple[grpc.aio.Channel, broker_pb2_grpc.BrokerServiceStub]] = {}
 
     def replication_stub(self, address: str) -> replication_pb2_grpc.ReplicationServiceStub:
         return replication_pb2_grpc.ReplicationServiceStub(self._channels.get(address))
 
     def stub(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
+        channel = self._channels.get(address)  # a new one when the TLS files changed
         stub = self._stubs.get(address)
-        if stub is None:
-            stub = self._stubs[address] = broker_pb2_grpc.BrokerServiceStub(self._channels.get(address))
-        return stub
+        if stub is None or stub[0] is not channel:
+            stub = self._stubs[address] = (channel, broker_pb2_grpc.BrokerServiceStub(channel))
+        return stub[1]
 
     async def retain(self, addresses: set[str]) -> None:
         """Closes the channels of addresses no live broker has any more."""

@@ -54,8 +54,6 @@ class Upstream:
         # Name servers, brokers and checkers; no message size limit of its own (the brokers
         # and the proxy's own server enforce theirs).
         self._channels = ChannelPool(max_message_bytes=-1)
-        self._ns = {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a))
-                    for a in config.nameserver_addresses}
         #: broker name → address, from ListBrokers and routes.
         self.brokers: dict[str, str] = {}
         #: checker address → name.
@@ -71,6 +69,12 @@ class Upstream:
         self._failing: set[str] = set()
         self.limits = Limits(config.max_body_bytes, config.max_delivery_attempts, "config")
         self._limits_due = 0.0
+
+    @property
+    def _ns(self) -> dict[str, nameserver_pb2_grpc.NameServerServiceStub]:
+        # From the pool at each use: it opens new channels when the TLS files change.
+        return {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a))
+                for a in self.config.nameserver_addresses}
 
     # --- lifecycle -----------------------------------------------------------------------
 

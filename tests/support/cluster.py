@@ -11,10 +11,11 @@ from typing import Any, Mapping
 
 import grpc
 
-from txmq._auth import open_channel
+from txmq._auth import with_token
 from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 from . import netns as _netns
+from .certs import Certificate, CertificateAuthority
 from .etcd import EtcdProcess
 from .processes import ServiceProcess
 from .waiting import wait_until
@@ -77,7 +78,8 @@ class Cluster:
                  checker: bool = False, checker_env: Mapping[str, str] | None = None,
                  ready_timeout: float = 30.0, proxies: int = 0,
                  proxy_env: Mapping[str, str] | None = None, replication_factor: int = 1,
-                 min_insync_replicas: int = 2, netns: bool = False, token: str | None = None) -> None:
+                 min_insync_replicas: int = 2, netns: bool = False,
+                 tls: CertificateAuthority | None = None, token: str | None = None) -> None:
         if nameservers < 1:
             raise ValueError("a cluster needs at least one name server")
         self.workdir = Path(workdir)
@@ -102,6 +104,11 @@ class Cluster:
         #: bridge; etcd, name servers, checkers and proxies listen on the bridge address in
         #: this namespace (see tests/support/netns.py; ``netns.isolated(proc)`` partitions).
         self.network: _netns.Network | None = None
+        #: ``tls=ca``: every service (and etcd) gets a certificate of its own from ``ca`` and
+        #: requires one from its clients (mutual TLS); the helpers below present "test-admin".
+        self.ca = tls
+        self.certificates: dict[str, Certificate] = {}
+        self.client_certificate = tls.issue("test-admin", directory=self.workdir / "tls") if tls else None
         with _CLUSTERS_LOCK:
             _CLUSTERS.add(self)
         try:
@@ -109,21 +116,26 @@ class Cluster:
                 self.network = _netns.Network()
             for i in range(nameservers):
                 name = "nameserver" if nameservers == 1 else f"nameserver-{i}"
-                proc = ServiceProcess("services.nameserver", {**NAMESERVER_DEFAULTS, **(nameserver_env or {}),
-                                                              **self._outer_host()},
+                proc = ServiceProcess("services.nameserver", {**NAMESERVER_DEFAULTS, **self._tls_env(name),
+                                                              **(nameserver_env or {}), **self._outer_host()},
                                       self.workdir, name)
                 self.nameservers.append(proc)
                 proc.start()
             for proc in self.nameservers:
                 proc.wait_ready(ready_timeout)
             if replication_factor > 1:
-                self.etcd = EtcdProcess(self.workdir, host=self.network.gateway if self.network else "127.0.0.1")
+                etcd_tls = {}
+                if tls is not None:
+                    cert = self.certificates["etcd"] = tls.issue("etcd", directory=self.workdir / "tls")
+                    etcd_tls = {"cert_file": cert.cert_file, "key_file": cert.key_file, "ca_file": tls.cert_file}
+                self.etcd = EtcdProcess(self.workdir, host=self.network.gateway if self.network else "127.0.0.1",
+                                        **etcd_tls)
                 self.etcd.start(ready_timeout)
             for i in range(brokers):
                 shard = f"broker-{i}"
                 for r in range(replication_factor):
                     name = shard if replication_factor == 1 else f"{shard}-r{r}"
-                    env = {**BROKER_DEFAULTS,
+                    env = {**BROKER_DEFAULTS, **self._tls_env(name),
                            "TXMQ_BROKER_NAME": shard,
                            "TXMQ_DATA_DIR": str(self.workdir / name)}
                     if replication_factor > 1:
@@ -163,6 +175,23 @@ class Cluster:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
+    def _tls_env(self, name: str) -> dict[str, str]:
+        """A certificate for service ``name`` and the settings that make it serve (and dial)
+        with mutual TLS; nothing without ``tls``."""
+        if self.ca is None:
+            return {}
+        cert = self.certificates[name] = self.ca.issue(name, directory=self.workdir / "tls")
+        return {"TXMQ_TLS_CERT_FILE": cert.cert_file, "TXMQ_TLS_KEY_FILE": cert.key_file,
+                "TXMQ_TLS_CA_FILE": self.ca.cert_file, "TXMQ_TLS_CLIENT_AUTH": "require"}
+
+    def client_tls(self) -> Any:
+        """The SDK's ``txmq.TLS`` for a client of this cluster (None without TLS)."""
+        import txmq
+        if self.ca is None or self.client_certificate is None:
+            return None
+        return txmq.TLS(ca_file=self.ca.cert_file, cert_file=self.client_certificate.cert_file,
+                        key_file=self.client_certificate.key_file)
+
     # ------------------------------------------------------------------ addresses
     def _outer_host(self) -> dict[str, str]:
         """Where services outside the replicas' namespaces listen: the bridge address, so
@@ -190,7 +219,14 @@ class Cluster:
         address = address or self.nameserver_address
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = open_channel(address, (), self.token)
+            if self.ca is None or self.client_certificate is None:
+                channel = grpc.insecure_channel(address)
+            else:
+                with open(self.ca.cert_file, "rb") as ca, open(self.client_certificate.key_file, "rb") as key, \
+                        open(self.client_certificate.cert_file, "rb") as cert:
+                    credentials = grpc.ssl_channel_credentials(ca.read(), key.read(), cert.read())
+                channel = grpc.secure_channel(address, credentials)
+            self._channels[address] = channel = with_token(channel, self.token)
         return channel
 
     def nameserver_stub(self, address: str | None = None) -> nameserver_pb2_grpc.NameServerServiceStub:
@@ -300,7 +336,7 @@ class Cluster:
             raise RuntimeError("services.checker has no __main__ yet: no checker can be started")
         name = f"checker-{len(self.checkers)}"
         proc = ServiceProcess("services.checker",
-                              {**CHECKER_DEFAULTS, "TXMQ_CHECKER_NAME": name, **(env or {}),
+                              {**CHECKER_DEFAULTS, **self._tls_env(name), "TXMQ_CHECKER_NAME": name, **(env or {}),
                                "TXMQ_NAMESERVER_ADDRESSES": ",".join(self.nameserver_addresses),
                                **self._outer_host()},
                               self.workdir, name)
@@ -331,7 +367,8 @@ class Cluster:
         name = f"proxy-{len(self.proxies)}"
         mirrored = {k: v for k, v in self._broker_env.items() if k in _PROXY_MIRRORS_BROKER}
         proc = ServiceProcess("services.proxy",
-                              {**PROXY_DEFAULTS, **mirrored, "TXMQ_PROXY_NAME": name, **(env or {}),
+                              {**PROXY_DEFAULTS, **mirrored, **self._tls_env(name), "TXMQ_PROXY_NAME": name,
+                               **(env or {}),
                                "TXMQ_NAMESERVER_ADDRESSES": ",".join(self.nameserver_addresses),
                                **self._outer_host()},
                               self.workdir, name)

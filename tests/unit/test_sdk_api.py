@@ -26,7 +26,7 @@ EXPORTS = [
     "PropertiesTooLargeError", "PushConsumer",
     "QueueNotFoundError", "ReceiptHandleNotFoundError", "ReceivedMessage",
     "ResourceExhaustedError", "RoutingStats", "SendReceipt", "ShardStats", "SimpleConsumer", "StaleClaimError", "SystemTopicError",
-    "TopicExistsError", "TopicNotFoundError", "TransactionListener", "TransactionMessage",
+    "TLS", "TopicExistsError", "TopicNotFoundError", "TransactionListener", "TransactionMessage",
     "TransactionNotFoundError", "TransactionProducer", "TransactionResult", "TransactionState",
     "TransactionStateError", "TxmqError", "UnauthenticatedError", "UnavailableError", "WrongBrokerError",
 ]

@@ -1,0 +1,162 @@
+"""TLS for gRPC channels: the CA bundle to trust and, for mutual TLS, the certificate and key
+to present, read from PEM files.
+
+The files are read when a channel is opened and looked at again (at most once every
+``RELOAD_CHECK_SECONDS``) whenever a channel is about to be used: when their content
+changed on disk (a rotated certificate, a Kubernetes Secret updated in place), the client
+opens new channels with the new files. Connections already open keep the session they
+negotiated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import grpc
+
+from ._errors import InvalidFieldError
+
+#: How often a client looks at its TLS files for a change (seconds).
+RELOAD_CHECK_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class TLS:
+    """TLS settings of a client: ``ca_file`` (PEM bundle of the CAs whose server certificates
+    are trusted; empty: the system's roots), ``cert_file`` and ``key_file`` (the client
+    certificate and its key, for servers that require mutual TLS; both or neither), and
+    ``server_name`` (the name the server certificates must carry when it is not the host
+    dialed, e.g. when dialing by IP address)."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    server_name: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise InvalidFieldError("tls", "cert_file and key_file go together (both or neither)")
+        for name in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, name)
+            if path and not os.access(path, os.R_OK):
+                raise InvalidFieldError(f"tls.{name}", f"{path!r} is not a readable file")
+
+
+class PemFiles:
+    """A set of PEM files watched for changes: :meth:`read` gives their contents,
+    :meth:`changed` the new contents once they differ from what was last read (by content:
+    a file rewritten with the same bytes is no change)."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.paths = tuple(paths)
+        self._digest = b""
+        self._stat: tuple[Any, ...] = ()
+
+    def _stats(self) -> tuple[Any, ...]:
+        out = []
+        for path in self.paths:
+            if not path:
+                out.append(None)
+                continue
+            try:
+                st = os.stat(path)
+            except OSError:
+                out.append(None)
+                continue
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        return tuple(out)
+
+    def read(self) -> tuple[bytes | None, ...]:
+        """The contents (None for an unset path); OSError when a file cannot be read."""
+        self._stat = self._stats()
+        contents = tuple(_read(p) if p else None for p in self.paths)
+        self._digest = _digest(contents)
+        return contents
+
+    def changed(self) -> tuple[bytes | None, ...] | None:
+        """The new contents when a file changed since the last :meth:`read` or
+        :meth:`changed`, else None (also while a file cannot be read: the old contents stay)."""
+        stat = self._stats()
+        if stat == self._stat:
+            return None
+        self._stat = stat
+        try:
+            contents = tuple(_read(p) if p else None for p in self.paths)
+        except OSError:
+            return None
+        digest = _digest(contents)
+        if digest == self._digest:
+            return None
+        self._digest = digest
+        return contents
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _digest(contents: tuple[bytes | None, ...]) -> bytes:
+    h = hashlib.sha256()
+    for item in contents:
+        h.update(b"-" if item is None else len(item).to_bytes(8, "big") + item)
+    return h.digest()
+
+
+class ChannelTLS:
+    """A client's TLS material: credentials for new channels, and a generation number that
+    grows when the files change (whoever holds channels opens new ones then). Thread-safe."""
+
+    def __init__(self, tls: TLS) -> None:
+        self.tls = tls
+        self._files = PemFiles((tls.ca_file, tls.cert_file, tls.key_file))
+        self._lock = threading.Lock()
+        self._credentials = _channel_credentials(self._files.read())
+        self._checked = time.monotonic()
+        #: Grows by one each time the files change.
+        self.generation = 0
+
+    def current(self) -> int:
+        """The generation after looking at the files (at most once a RELOAD_CHECK_SECONDS)."""
+        now = time.monotonic()
+        if now - self._checked < RELOAD_CHECK_SECONDS:
+            return self.generation
+        with self._lock:
+            if now - self._checked >= RELOAD_CHECK_SECONDS:
+                self._checked = now
+                contents = self._files.changed()
+                if contents is not None:
+                    self._credentials = _channel_credentials(contents)
+                    self.generation += 1
+        return self.generation
+
+    def options(self) -> tuple[tuple[str, Any], ...]:
+        if self.tls.server_name:
+            return (("grpc.ssl_target_name_override", self.tls.server_name),)
+        return ()
+
+    def sync_channel(self, address: str, options: Sequence[tuple[str, Any]]) -> grpc.Channel:
+        return grpc.secure_channel(address, self._credentials, options=(*options, *self.options()))
+
+    def aio_channel(self, address: str, options: Sequence[tuple[str, Any]],
+                    interceptors: Sequence[Any] | None = None) -> grpc.aio.Channel:
+        return grpc.aio.secure_channel(address, self._credentials, options=(*options, *self.options()),
+                                       interceptors=interceptors)
+
+
+def _channel_credentials(contents: tuple[bytes | None, ...]) -> grpc.ChannelCredentials:
+    ca, cert, key = contents
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def sync_channel(address: str, options: Sequence[tuple[str, Any]], tls: ChannelTLS | None) -> grpc.Channel:
+    """A sync channel to ``address``: TLS with ``tls``' current files, plaintext without."""
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    tls.current()
+    return tls.sync_channel(address, options)
