@@ -325,3 +325,24 @@ def test_credential_file_is_reloaded(secured: tuple[Cluster, Path]) -> None:
     write_json(creds, credentials())
     wait_until(lambda: outcome(TOKENS["mallory"]) == grpc.StatusCode.PERMISSION_DENIED, 10.0,
                message="the restored file was not picked up")
+
+
+def test_the_spark_connector_sends_the_token_from_its_environment(secured: tuple[Cluster, Path],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connector's client (driver and executors) authenticates with ``$TXMQ_TOKEN``."""
+    from txmq_pipeline import _broker
+
+    cluster, _creds = secured
+    request = broker_pb2.GetQueueOffsetsRequest(topic="orders")
+    address = cluster.leader("broker-0").address
+    monkeypatch.delenv("TXMQ_TOKEN", raising=False)
+    anonymous = _broker.connect(cluster.nameserver_address)
+    with pytest.raises(txmq.UnauthenticatedError):
+        anonymous.call(anonymous.broker(address).GetQueueOffsets, request)
+    anonymous.close()
+    monkeypatch.setenv("TXMQ_TOKEN", TOKENS["orders"])
+    client = _broker.connect(cluster.nameserver_address)
+    try:
+        assert client.call(client.broker(address).GetQueueOffsets, request).topic == "orders"
+    finally:
+        client.close()
