@@ -69,7 +69,7 @@ POLICIES: Mapping[str, Policy] = {
     _PREFIX + "AckMessage": Policy(lambda r: _consume(r.group, r.topic)),
     _PREFIX + "ChangeInvisibleDuration": Policy(lambda r: _consume(r.group, r.topic)),
     _PREFIX + "ForwardMessageToDeadLetterQueue": Policy(lambda r: _consume(r.group, r.topic)),
-    _PREFIX + "Telemetry": Policy(_telemetry, each=True),
+    _PREFIX + "Telemetry": Policy(_telemetry),
     "/grpc.health.v1.Health/Check": Policy(OPEN),
     "/grpc.health.v1.Health/Watch": Policy(OPEN),
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": Policy(ANY),

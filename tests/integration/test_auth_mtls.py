@@ -14,15 +14,9 @@ import txmq
 from tests.conftest import TEST_BROKER_ENV
 from tests.support.certs import CertificateAuthority
 from tests.support.cluster import Cluster
+from tests.integration.test_tls import CHECKER_ENV, pki  # noqa: F401 - the module's CA fixture
 from tests.support.waiting import wait_until
 from txmq.v1 import admin_pb2, common_pb2, nameserver_pb2, nameserver_pb2_grpc
-
-CHECKER_ENV = {"TXMQ_CLAIM_INTERVAL_SECONDS": "0.05", "TXMQ_BROKER_REFRESH_SECONDS": "0.5"}
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
-    return CertificateAuthority(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")

@@ -171,7 +171,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         policy = self.policies.get(method)
         short = method.rsplit("/", 1)[-1]
-        each = policy is not None and policy.each
         check = self._check
         refuse = self.refuse
         noted = self._noted
@@ -189,58 +188,28 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     yield message
             return gen()
 
-        def unary_request(behavior: Callable[..., Any], streaming_response: bool) -> Callable[..., Any]:
+        def prepare(request: Any, context: Any, principal: Principal | None, streamed: bool) -> tuple[Any, Any]:
+            """The handler's arguments: a stream of requests whose every message is checked
+            when the policy says so (through the iterator and ``context.read()`` alike)."""
+            if not streamed or principal is None or policy is None or not callable(policy.rights):
+                return request, context
+            guard = _StreamGuard(self, method, policy.rights, context, principal)
+            return checked_requests(request, guard), _CheckedContext(context, guard)
+
+        def wrap(behavior: Callable[..., Any], streamed: bool, streaming_response: bool) -> Callable[..., Any]:
+            """The handler behind the check: ``streamed`` requests are checked as they come
+            (the opening only authenticates), a single request before the handler runs."""
             if streaming_response and inspect.isasyncgenfunction(behavior):
                 async def gen_wrapper(request: Any, context: Any) -> Any:
                     try:
-                        principal = check(context, method, policy, request)
+                        principal = check(context, method, policy, None if streamed else request)
                     except (UnauthenticatedError, PermissionDeniedError) as error:
                         answer = await refused(context, error)
                         if answer is not None:
                             yield answer
                         return
                     token = CALLER.set(Caller(principal, self.store) if principal else None)
-                    try:
-                        async for item in behavior(request, context):
-                            yield item
-                    finally:
-                        CALLER.reset(token)
-                return gen_wrapper
-
-            async def wrapper(request: Any, context: Any) -> Any:
-                try:
-                    principal = check(context, method, policy, request)
-                except (UnauthenticatedError, PermissionDeniedError) as error:
-                    answer = await refused(context, error)
-                    if answer is not None and streaming_response:
-                        await context.write(answer)
-                        return None
-                    return answer
-                token = CALLER.set(Caller(principal, self.store) if principal else None)
-                try:
-                    return await behavior(request, context)
-                finally:
-                    CALLER.reset(token)
-            return wrapper
-
-        def stream_request(behavior: Callable[..., Any], streaming_response: bool) -> Callable[..., Any]:
-            def prepare(request_iterator: Any, context: Any, principal: Principal | None) -> tuple[Any, Any]:
-                if not each or principal is None or policy is None or not callable(policy.rights):
-                    return request_iterator, context
-                guard = _StreamGuard(self, method, policy.rights, context, principal)
-                return checked_requests(request_iterator, guard), _CheckedContext(context, guard)
-
-            if streaming_response and inspect.isasyncgenfunction(behavior):
-                async def gen_wrapper(request_iterator: Any, context: Any) -> Any:
-                    try:
-                        principal = check(context, method, policy, None)
-                    except (UnauthenticatedError, PermissionDeniedError) as error:
-                        answer = await refused(context, error)
-                        if answer is not None:
-                            yield answer
-                        return
-                    token = CALLER.set(Caller(principal, self.store) if principal else None)
-                    args = prepare(request_iterator, context, principal)
+                    args = prepare(request, context, principal, streamed)
                     try:
                         async for item in behavior(*args):
                             yield item
@@ -251,9 +220,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                         CALLER.reset(token)
                 return gen_wrapper
 
-            async def wrapper(request_iterator: Any, context: Any) -> Any:
+            async def wrapper(request: Any, context: Any) -> Any:
                 try:
-                    principal = check(context, method, policy, None)
+                    principal = check(context, method, policy, None if streamed else request)
                 except (UnauthenticatedError, PermissionDeniedError) as error:
                     answer = await refused(context, error)
                     if answer is not None and streaming_response:
@@ -261,7 +230,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                         return None
                     return answer
                 token = CALLER.set(Caller(principal, self.store) if principal else None)
-                args = prepare(request_iterator, context, principal)
+                args = prepare(request, context, principal, streamed)
                 try:
                     return await behavior(*args)
                 except asyncio.CancelledError:
@@ -273,18 +242,16 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                unary_request(handler.unary_unary, False), handler.request_deserializer, handler.response_serializer)
+                wrap(handler.unary_unary, False, False), handler.request_deserializer, handler.response_serializer)
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                unary_request(handler.unary_stream, True), handler.request_deserializer, handler.response_serializer)
+                wrap(handler.unary_stream, False, True), handler.request_deserializer, handler.response_serializer)
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
-                stream_request(handler.stream_unary, False), handler.request_deserializer,
-                handler.response_serializer)
+                wrap(handler.stream_unary, True, False), handler.request_deserializer, handler.response_serializer)
         if handler.stream_stream:
             return grpc.stream_stream_rpc_method_handler(
-                stream_request(handler.stream_stream, True), handler.request_deserializer,
-                handler.response_serializer)
+                wrap(handler.stream_stream, True, True), handler.request_deserializer, handler.response_serializer)
         return handler
 
 

@@ -4,8 +4,8 @@ A policy maps the full method name to either ``INTERNAL`` (service identities on
 ``ANY`` (any authenticated principal), ``OPEN`` (no credentials: health checks), or a
 function from the request to the rights it needs — ``Need(actions, kind, name)``, one of
 ``actions`` on that resource. For a stream of requests the function is applied to every
-message the client sends (``each=True``); for one request, to it alone. A method missing
-from the table is refused (default deny).
+message the client sends; for one request, to it alone. A method missing from the table is
+refused to all but service identities (default deny).
 """
 
 from __future__ import annotations
@@ -41,8 +41,6 @@ Rights = Callable[[Any], list[Need]]
 @dataclasses.dataclass(frozen=True)
 class Policy:
     rights: Union[str, Rights]
-    #: Apply ``rights`` to every message of a client stream (else: unary request).
-    each: bool = False
 
 
 def internal(why: str) -> Need:
@@ -125,7 +123,7 @@ NATIVE: Mapping[str, Policy] = {
     _ADMIN + "ElectLeader": Policy(lambda r: [Need((ADMIN_WRITE,), CLUSTER)]),
     _BROKER + "SendMessage": Policy(lambda r: send_needs(r.message)),
     _BROKER + "EndTransaction": Policy(end_needs),
-    _BROKER + "Produce": Policy(_produce, each=True),
+    _BROKER + "Produce": Policy(_produce),
     _BROKER + "ReceiveMessages": Policy(_consume),
     _BROKER + "AckMessages": Policy(_consume),
     _BROKER + "ChangeInvisibleDuration": Policy(_consume),
@@ -138,7 +136,7 @@ NATIVE: Mapping[str, Policy] = {
     _BROKER + "QueryTransactions": Policy(lambda r: _admin_group(ADMIN_READ, r.producer_group)),
     _BROKER + "GetTransaction": Policy(lambda r: [Need((ADMIN_READ,), CLUSTER)]),
     _BROKER + "GetBrokerStats": Policy(ANY),
-    _CHECKER + "CheckTransactionState": Policy(_check_stream, each=True),
+    _CHECKER + "CheckTransactionState": Policy(_check_stream),
     _REPLICATION + "Replicate": Policy(INTERNAL),
     _REPLICATION + "FetchCheckpoint": Policy(INTERNAL),
     _REPLICATION + "TransferLeadership": Policy(INTERNAL),

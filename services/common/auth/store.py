@@ -225,8 +225,7 @@ class CredentialStore:
         self._credentials = self._load()  # raises: a service does not start on a bad file
         self._checked = clock()
         self._failed_signatures: tuple[tuple[int, int, int], ...] | None = None
-        #: Called with the new snapshot after each successful reload (metrics, tests).
-        self.on_reload: list[Callable[[Credentials], None]] = []
+        #: Successful reloads so far.
         self.reloads = 0
 
     def _load(self) -> Credentials:
@@ -264,5 +263,3 @@ class CredentialStore:
         log.info("credential files reloaded", extra={"fields": {
             "principals": len(credentials.principals), "rules": len(credentials.rules),
             "access_keys": len(credentials.access_keys)}})
-        for hook in self.on_reload:
-            hook(credentials)
