@@ -26,7 +26,7 @@ COMPONENTS = {
 #: groups and their etcd), not from `<component>.config`.
 CHART_OWNED = {"host", "port", "metrics_port", "nameserver_addresses", "broker_name", "checker_name",
                "proxy_name", "advertise_address", "data_dir", "replication_factor", "min_insync_replicas",
-               "replica_id", "etcd_endpoints"}
+               "replica_id", "etcd_endpoints", "auth_files", "auth_token_file", "auth_reload_seconds"}
 #: Pod names and indexes (the downward API), not settable.
 POD_NAMED = {"broker_name", "checker_name", "proxy_name", "replica_id"}
 #: Broker settings only replicated shards read: with broker.replicationFactor 1 the chart

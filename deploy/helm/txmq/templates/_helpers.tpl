@@ -256,9 +256,15 @@ proxy only. (dict "root" $ "component" "broker")
   value: {{ printf "/etc/txmq/auth/credentials/%s" $a.credentials.key }}{{ if and (eq .component "proxy") $a.accessKeys.secretName }}{{ printf ",/etc/txmq/auth/access-keys/%s" $a.accessKeys.key }}{{ end }}
 - name: TXMQ_AUTH_TOKEN_FILE
   value: {{ printf "/etc/txmq/auth/token/%s" $a.serviceTokens.key }}
+{{- else }}
+# auth.enabled false: no authentication, every call allowed.
+- name: TXMQ_AUTH_FILES
+  value: ""
+- name: TXMQ_AUTH_TOKEN_FILE
+  value: ""
+{{- end }}
 - name: TXMQ_AUTH_RELOAD_SECONDS
   value: {{ include "txmq.settingValue" $a.reloadSeconds | quote }}
-{{- end }}
 {{- end }}
 
 {{- define "txmq.authMounts" -}}
