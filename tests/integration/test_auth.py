@@ -346,3 +346,40 @@ def test_the_spark_connector_sends_the_token_from_its_environment(secured: tuple
         assert client.call(client.broker(address).GetQueueOffsets, request).topic == "orders"
     finally:
         client.close()
+
+
+def test_cli_token_and_the_operator_on_record(secured: tuple[Cluster, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``txmq --token`` (or ``$TXMQ_TOKEN``): a principal without admin-write is refused; with
+    it, the resolution records the token's principal, not the free-text --operator."""
+    import io
+
+    from txmq._cli import main
+
+    cluster, _creds = secured
+
+    class Unknown(txmq.TransactionListener):
+        def execute_local_transaction(self, message: Any, arg: Any) -> Any:
+            return txmq.LocalTransactionState.UNKNOWN
+
+        def check_local_transaction(self, message: Any) -> Any:
+            return txmq.LocalTransactionState.UNKNOWN
+
+    with txmq.TransactionProducer(cluster.nameserver_address, producer_group="orders", listener=Unknown(),
+                                  answer_checks=False, token=TOKENS["orders"]) as producer:
+        pending = producer.send_in_transaction(txmq.Message("orders", b"for the operator"))
+
+    def txmq_cli(*argv: str) -> tuple[int, str]:
+        out, err = io.StringIO(), io.StringIO()
+        code = main(["--nameserver", cluster.nameserver_address, "--json", *argv], stdout=out, stderr=err)
+        return code, out.getvalue() + err.getvalue()
+
+    resolve = ("txn", "resolve", pending.transaction_id, "--commit", "--operator", "alice", "--reason", "cli test")
+    monkeypatch.delenv("TXMQ_TOKEN", raising=False)
+    code, text = txmq_cli(*resolve)
+    assert code == 1 and "credentials required" in text
+    code, text = txmq_cli("--token", TOKENS["mallory"], *resolve)
+    assert code == 1 and "'mallory' may not admin-write cluster" in text
+    monkeypatch.setenv("TXMQ_TOKEN", TOKENS["operator"])
+    code, text = txmq_cli(*resolve)
+    assert code == 0, text
+    assert json.loads(text)["operator"] == "operator"
