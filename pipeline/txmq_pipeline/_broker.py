@@ -9,6 +9,7 @@ driver while planning, on an executor inside ``read``/``write``) and closed ther
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -51,7 +52,11 @@ def tls_from_options(options: Any) -> TLS | None:
 
 
 def connect(nameserver: str, tls: TLS | None = None) -> Client:
-    return Client(nameserver, request_timeout_seconds=30.0, route_refresh_seconds=5.0, what="txmq-pipeline", tls=tls)
+    """A client of the cluster; on a cluster with auth on it sends the bearer token in
+    ``TXMQ_TOKEN`` (set it on the driver and, with ``spark.executorEnv.TXMQ_TOKEN``, on the
+    executors: the token never travels inside Spark plans or partitions)."""
+    return Client(nameserver, request_timeout_seconds=30.0, route_refresh_seconds=5.0, what="txmq-pipeline",
+                  tls=tls, token=os.environ.get("TXMQ_TOKEN") or None)
 
 
 def timestamp(ms: int) -> dt.datetime | None:

@@ -30,11 +30,11 @@ from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, C
                       ConnectionLimitError, DeadlineExceededError, DiskFullError, FailedPreconditionError, InternalError,
                       InvalidArgumentError, InvalidFieldError, InvalidIdError, InvalidNameError,
                       LeadershipLostError, MessageTooLargeError, NoBrokerError, NotEnoughReplicasError,
-                      NotFoundError, NotLeaderError, OverloadedError, PropertiesTooLargeError,
+                      NotFoundError, NotLeaderError, OverloadedError, PermissionDeniedError, PropertiesTooLargeError,
                       QueueNotFoundError, ReceiptHandleNotFoundError, ResourceExhaustedError,
                       StaleClaimError, SystemTopicError, TopicExistsError, TopicNotFoundError,
-                      TransactionNotFoundError, TransactionStateError, TxmqError, UnavailableError,
-                      UndecodableRequestError, WrongBrokerError)
+                      TransactionNotFoundError, TransactionStateError, TxmqError, UnauthenticatedError,
+                      UnavailableError, UndecodableRequestError, WrongBrokerError)
 from ._faults import RoutingStats, ShardStats
 from ._producer import Producer, TransactionListener, TransactionProducer
 from ._tls import TLS
@@ -85,6 +85,7 @@ __all__ = [
     "NotFoundError",
     "NotLeaderError",
     "OverloadedError",
+    "PermissionDeniedError",
     "PropertiesTooLargeError",
     "QueueNotFoundError",
     "ReceiptHandleNotFoundError",
@@ -96,6 +97,7 @@ __all__ = [
     "TransactionNotFoundError",
     "TransactionStateError",
     "TxmqError",
+    "UnauthenticatedError",
     "UnavailableError",
     "UndecodableRequestError",
     "WrongBrokerError",

@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence, TextIO
 
 import grpc
 
+from ._auth import with_token
 from ._errors import TxmqError, error_from_rpc
 from ._tls import TLS, ChannelTLS, sync_channel
 from .v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
@@ -156,12 +157,13 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 class Admin:
     """Calls on the first name server that answers (the next on UNAVAILABLE)."""
 
-    def __init__(self, nameservers: str, timeout: float, tls: TLS | None = None) -> None:
+    def __init__(self, nameservers: str, timeout: float, tls: TLS | None = None, token: str | None = None) -> None:
         self._tls = ChannelTLS(tls) if tls is not None else None
         self.addresses = [a.strip() for a in nameservers.replace(";", ",").split(",") if a.strip()]
         if not self.addresses:
             raise TxmqError("no name server address given")
         self.timeout = timeout
+        self.token = token
         self._channels: dict[str, grpc.Channel] = {}
 
     def call(self, service: str, method: str, request: Any) -> Any:
@@ -169,7 +171,7 @@ class Admin:
         for address in self.addresses:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = sync_channel(address, (), self._tls)
+                channel = self._channels[address] = with_token(sync_channel(address, (), self._tls), self.token)
             stub: Any = (admin_pb2_grpc.AdminServiceStub(channel) if service == "admin"
                          else nameserver_pb2_grpc.NameServerServiceStub(channel))
             try:
@@ -364,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help=f"{what} (default ${env})")
     common.add_argument("--timeout", type=_duration_arg, default=argparse.SUPPRESS,
                         help="deadline of each call (default 10s)")
+    common.add_argument("--token", default=argparse.SUPPRESS,
+                        help="bearer token for a cluster with auth on (default $TXMQ_TOKEN); "
+                             "with auth on, txn resolve records this token's principal as the operator")
 
     parser = argparse.ArgumentParser(prog="txmq", parents=[common],
                                      description="Operate a txmq cluster through its name servers.")
@@ -436,7 +441,8 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         stdout.write((json.dumps(data, indent=2, sort_keys=False) if as_json else table()) + "\n")
 
     try:
-        admin = Admin(nameserver, getattr(args, "timeout", 10.0), tls_from_args(args))
+        admin = Admin(nameserver, getattr(args, "timeout", 10.0), tls_from_args(args),
+                      getattr(args, "token", None) or os.environ.get("TXMQ_TOKEN") or None)
     except TxmqError as err:
         stderr.write(f"txmq: {err.message}\n")
         return 2

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import grpc
 
+from ._auth import BearerToken, with_token
 from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError,
                       TxmqError, error_from_rpc)
 from ._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, OverloadBackoff, RetryAction, retry_action
@@ -78,10 +79,14 @@ class Client:
 
     def __init__(self, nameservers: str | Sequence[str], *, request_timeout_seconds: float,
                  route_refresh_seconds: float, what: str = "client", linger_seconds: float | None = None,
-                 tls: TLS | None = None) -> None:
+                 tls: TLS | None = None, token: str | None = None) -> None:
         self._nameservers = parse_nameservers(nameservers)
         if tls is not None and not isinstance(tls, TLS):
             raise InvalidFieldError("tls", f"must be a txmq.TLS, got {type(tls).__name__}")
+        if token is not None:
+            BearerToken(token)  # refuses a malformed token here, not at the first call
+        #: Sent as ``authorization: Bearer`` on every call (clusters with auth on).
+        self._token = token
         #: TLS material of every channel (None: plaintext).
         self._tls = ChannelTLS(tls) if tls is not None else None
         self._tls_generation = 0
@@ -136,13 +141,13 @@ class Client:
     def _channel_locked(self, address: str) -> grpc.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = sync_channel(address, CHANNEL_OPTIONS, self._tls)
+            channel = with_token(sync_channel(address, CHANNEL_OPTIONS, self._tls), self._token)
             self._channels[address] = channel
         return channel
 
     def new_channel(self, address: str) -> grpc.Channel:
-        """A channel of its own (its caller closes it), with this client's TLS material."""
-        return sync_channel(address, CHANNEL_OPTIONS, self._tls)
+        """A channel of its own (its caller closes it), with this client's TLS material and token."""
+        return with_token(sync_channel(address, CHANNEL_OPTIONS, self._tls), self._token)
 
     def tls_generation(self) -> int:
         """Grows when the TLS files change on disk (0 without TLS): a holder of a channel of

@@ -82,13 +82,13 @@ class SimpleConsumer:
     def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
                  subscriptions: Mapping[str, str | SqlFilter], await_duration_seconds: float = 20.0,
                  request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
-                 tls: TLS | None = None) -> None:
+                 tls: TLS | None = None, token: str | None = None) -> None:
         validate_group("consumer_group", consumer_group)
         self.consumer_group = consumer_group
         self.subscriptions = _subscriptions(subscriptions)
         self.await_duration_seconds = positive("await_duration_seconds", await_duration_seconds)
         self._client = Client(nameservers, request_timeout_seconds=request_timeout_seconds,
-                              route_refresh_seconds=route_refresh_seconds, what="consumer", tls=tls)
+                              route_refresh_seconds=route_refresh_seconds, what="consumer", tls=tls, token=token)
         self._round_robin = itertools.count()
         self._lock = threading.Lock()
         # Long polls still running after a receive() returned, and what they brought since:
@@ -335,7 +335,7 @@ class PushConsumer:
                  consume_threads: int = 4, invisible_duration_seconds: float = 30.0,
                  await_duration_seconds: float = 20.0, retry_backoff_seconds: float = 1.0,
                  max_retry_backoff_seconds: float = 60.0, request_timeout_seconds: float = 3.0,
-                 route_refresh_seconds: float = 30.0, tls: TLS | None = None) -> None:
+                 route_refresh_seconds: float = 30.0, tls: TLS | None = None, token: str | None = None) -> None:
         if not callable(listener):
             raise InvalidFieldError("listener", "must be callable: (ReceivedMessage) -> ConsumeResult")
         if not isinstance(consume_threads, int) or consume_threads < 1:
@@ -349,7 +349,7 @@ class PushConsumer:
                                         subscriptions=subscriptions,
                                         await_duration_seconds=await_duration_seconds,
                                         request_timeout_seconds=request_timeout_seconds,
-                                        route_refresh_seconds=route_refresh_seconds, tls=tls)
+                                        route_refresh_seconds=route_refresh_seconds, tls=tls, token=token)
         self.consumer_group = consumer_group
         self._max_inflight = 2 * consume_threads
         self._inflight = 0

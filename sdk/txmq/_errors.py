@@ -307,6 +307,26 @@ class ClientClosedError(TxmqError):
         super().__init__(f"{what} is closed", what=what)
 
 
+# --- UNAUTHENTICATED / PERMISSION_DENIED -------------------------------------------------
+
+class UnauthenticatedError(TxmqError):
+    """No credentials, or credentials no principal has (a wrong token, a bad signature)."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDeniedError(TxmqError):
+    """A known ``principal`` without the right: ``action`` on ``resource``."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "PERMISSION_DENIED"
+
+    def __init__(self, principal: str, action: str, resource: str) -> None:
+        super().__init__(f"principal {principal!r} may not {action} {resource}",
+                         principal=principal, action=action, resource=resource)
+
+
 # --- status <-> error -------------------------------------------------------------------
 
 def _all_subclasses(cls: type[TxmqError]) -> list[type[TxmqError]]:
@@ -329,6 +349,8 @@ _BY_CODE: dict[grpc.StatusCode, type[TxmqError]] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
     grpc.StatusCode.CANCELLED: CancelledError,
     grpc.StatusCode.INTERNAL: InternalError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
 }
 _CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 

@@ -80,7 +80,7 @@ class Producer:
                  send_timeout_seconds: float = 3.0, max_attempts: int = 3,
                  retry_backoff_seconds: float = 0.1, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
-                 linger_seconds: float = LINGER_SECONDS, tls: TLS | None = None) -> None:
+                 linger_seconds: float = LINGER_SECONDS, tls: TLS | None = None, token: str | None = None) -> None:
         if producer_group:
             validate_group("producer_group", producer_group)
         if not isinstance(max_attempts, int) or max_attempts < 1:
@@ -96,7 +96,7 @@ class Producer:
             raise InvalidFieldError("linger_seconds", f"must be between 0 and 1 second, got {linger_seconds!r}")
         self._client = Client(nameservers, request_timeout_seconds=request_timeout_seconds,
                               route_refresh_seconds=route_refresh_seconds, what="producer",
-                              linger_seconds=float(linger_seconds), tls=tls)
+                              linger_seconds=float(linger_seconds), tls=tls, token=token)
         self._next_queue = itertools.count(int.from_bytes(os.urandom(2), "big"))
         self._abandoned: Abandoned[str] = Abandoned()
 
@@ -293,7 +293,7 @@ class TransactionProducer(Producer):
                  request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
                  answer_checks: bool = True, check_threads: int = 4,
                  checker_refresh_seconds: float = 5.0, linger_seconds: float = LINGER_SECONDS,
-                 tls: TLS | None = None) -> None:
+                 tls: TLS | None = None, token: str | None = None) -> None:
         validate_group("producer_group", producer_group)
         for method in ("execute_local_transaction", "check_local_transaction"):
             if not callable(getattr(listener, method, None)):
@@ -307,7 +307,7 @@ class TransactionProducer(Producer):
                          send_timeout_seconds=send_timeout_seconds, max_attempts=max_attempts,
                          retry_backoff_seconds=retry_backoff_seconds, max_body_bytes=max_body_bytes,
                          request_timeout_seconds=request_timeout_seconds,
-                         route_refresh_seconds=route_refresh_seconds, linger_seconds=linger_seconds, tls=tls)
+                         route_refresh_seconds=route_refresh_seconds, linger_seconds=linger_seconds, tls=tls, token=token)
         self.listener = listener
         self.client_id = client_id or new_client_id()
         self._checks: CheckResponder | None = None

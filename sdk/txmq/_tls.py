@@ -180,8 +180,10 @@ class ChannelTLS:
     def sync_channel(self, address: str, options: Sequence[tuple[str, Any]]) -> grpc.Channel:
         return grpc.secure_channel(address, self._credentials, options=(*options, *self.options()))
 
-    def aio_channel(self, address: str, options: Sequence[tuple[str, Any]]) -> grpc.aio.Channel:
-        return grpc.aio.secure_channel(address, self._credentials, options=(*options, *self.options()))
+    def aio_channel(self, address: str, options: Sequence[tuple[str, Any]],
+                    interceptors: Sequence[Any] | None = None) -> grpc.aio.Channel:
+        return grpc.aio.secure_channel(address, self._credentials, options=(*options, *self.options()),
+                                       interceptors=interceptors)
 
 
 def _channel_credentials(contents: tuple[bytes | None, ...]) -> grpc.ChannelCredentials:

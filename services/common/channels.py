@@ -20,6 +20,15 @@ from . import tls
 
 _SIZE_OPTIONS = ("grpc.max_send_message_length", "grpc.max_receive_message_length")
 
+#: Client interceptors every channel of this process gets: the service identity's
+#: credentials (``services.common.auth.service_credentials``), set once at start-up.
+_interceptors: list[Any] = []
+
+
+def use_credentials(interceptors: list[Any]) -> None:
+    """Channels opened from now on carry these credentials on their txmq calls."""
+    _interceptors[:] = interceptors
+
 
 def channel_options(max_message_bytes: int | None = None) -> tuple[tuple[str, Any], ...]:
     """The shared options; ``max_message_bytes`` replaces the SDK's message size limit
@@ -35,13 +44,15 @@ def open_channel(address: str, max_message_bytes: int | None = None, *,
     TLS with the process's current files when it has TLS, else plaintext; False, plaintext;
     True, TLS (with the system's roots and no client certificate when the process has no TLS)."""
     options = channel_options(max_message_bytes)
+    interceptors = list(_interceptors) or None
     material = tls.client_tls() if secure is not False else None
     if material is not None:
         material.current()
-        return material.aio_channel(address, options)
+        return material.aio_channel(address, options, interceptors)
     if secure:
-        return grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(), options=options)
-    return grpc.aio.insecure_channel(address, options=options)
+        return grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(), options=options,
+                                       interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
 
 
 def tls_generation() -> int:

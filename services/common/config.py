@@ -280,6 +280,15 @@ class ServiceConfig:
     max_pending_rpcs: int = count(20_000, min=100, max=1_000_000)
     #: Streams one connection may hold open (RESOURCE_EXHAUSTED naming this beyond).
     max_streams_per_connection: int = count(1000, max=1_000_000)
+    #: Credential files (principals, hashed tokens, access keys, ACL; see README "Security").
+    #: Empty: no authentication, everything allowed (the embedded default of ``make run``);
+    #: set: every call needs credentials and the ACL's permission (default deny).
+    auth_files: tuple[str, ...] = ()
+    #: This service's own bearer token (a file holding it), sent on its calls to the other
+    #: services; empty with mTLS (the certificate is the identity) or with auth off.
+    auth_token_file: str = ""
+    #: How often the credential and token files are looked at for changes.
+    auth_reload_seconds: float = seconds(1.0, max=HOUR)
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -59,9 +59,13 @@ def write_ready_file(path: str, **fields: Any) -> None:
 async def serve(config: Any, create_server: Callable[[Any], Awaitable[tuple[Any, int]]]) -> None:
     """Runs the service until SIGTERM/SIGINT; whatever fails before it is ready is a
     :class:`StartupError`."""
+    from .auth import service_credentials  # noqa: PLC0415 - auth imports StartupError from here
+    from .channels import use_credentials  # noqa: PLC0415
+
     stopping = asyncio.Event()
     try:
         tls.use_config(config)  # before any channel is opened
+        use_credentials(service_credentials(config))
         app, port = await create_server(config)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from .auth import server_interceptor
 from .config import ServiceConfig
 from .interceptors import InBand, ServerInterceptor
 from .limits import Admission, ConnectionLimit
@@ -47,17 +48,20 @@ class ServiceApp:
     def __init__(self, name: str, config: ServiceConfig, metrics: BaseMetrics,
                  register: Iterable[tuple[Callable[[Any, Any], None], Any]],
                  service_names: Iterable[str], *, unmetered: Iterable[str] = (),
-                 in_band: InBand | None = None) -> None:
+                 in_band: InBand | None = None, auth_options: dict[str, Any] | None = None) -> None:
         """``unmetered``: methods that wait by design (long polls), not counted against
-        ``max_concurrent_rpcs``; ``in_band``: answers a refusal as the method's response."""
+        ``max_concurrent_rpcs``; ``in_band``: answers a refusal as the method's response;
+        ``auth_options``: the proxy's authentication options."""
         self.name = name
+        # Authentication and ACLs (None unless config.auth_files); auth_options: the proxy's.
+        self.auth = server_interceptor(config, **(auth_options or {}))
         self.config = config
         self.metrics = metrics
         self.admission = Admission(config.max_concurrent_rpcs)
         self.server = grpc.aio.server(
             interceptors=[ServerInterceptor(
                 metrics, self.admission, ConnectionLimit("max_streams_per_connection", config.max_streams_per_connection),
-                frozenset(unmetered), in_band)],
+                frozenset(unmetered), in_band), *([self.auth] if self.auth else [])],
             options=[("grpc.max_receive_message_length", config.max_grpc_message_bytes),
                      ("grpc.max_send_message_length", config.max_grpc_message_bytes),
                      ("grpc.so_reuseport", 0),

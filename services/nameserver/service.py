@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.common.auth import current_principal
 from txmq.v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 from .admin import Admin
@@ -115,8 +116,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     async def ResolveTransaction(self, request: admin_pb2.ResolveTransactionRequest,
                                  context: Any) -> admin_pb2.ResolveTransactionResponse:
-        row = await self.admin.resolve_transaction(
-            request.transaction_id, request.resolution, request.operator, request.reason)
+        # With auth on, the authenticated principal is the operator on record, not a free text.
+        principal = current_principal()
+        operator = principal.name if principal is not None else request.operator
+        row = await self.admin.resolve_transaction(request.transaction_id, request.resolution, operator,
+                                                   request.reason)
         return admin_pb2.ResolveTransactionResponse(transaction=row)
 
     async def ElectLeader(self, request: admin_pb2.ElectLeaderRequest, context: Any) -> admin_pb2.ElectLeaderResponse:

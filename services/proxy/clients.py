@@ -19,6 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from services.common.auth import may
+from services.common.auth.acl import CHECK, PRODUCER_GROUP
+
 from .convert import publishing_topics
 from .protocol import definition_pb2, service_pb2
 
@@ -98,7 +101,8 @@ class ClientRegistry:
 
     def update_settings(self, stream: TelemetryStream, settings: definition_pb2.Settings) -> None:
         state = self.clients.setdefault(stream.client_id, ClientState(stream.client_id))
-        topics = publishing_topics(settings)
+        # Checks (with their half messages) only for the topics the client may answer for.
+        topics = tuple(t for t in publishing_topics(settings) if may(CHECK, PRODUCER_GROUP, t))
         changed = topics != state.topics
         state.settings = settings
         state.client_type = settings.client_type

@@ -13,6 +13,7 @@ from txmq._errors import TxmqError
 
 from services.common.server import ServiceApp
 
+from .access import AUTH_OPTIONS
 from .checks import CheckManager
 from .clients import ClientRegistry
 from .config import ProxyConfig
@@ -47,7 +48,7 @@ async def create_server(config: ProxyConfig) -> tuple[ServiceApp, int]:
     servicer = MessagingServicer(config, upstream, relay, registry, checks, metrics, renewer=renewer)
     app = ServiceApp("proxy", config, metrics,
                      [(service_pb2_grpc.add_MessagingServiceServicer_to_server, servicer)], [SERVICE_NAME],
-                     in_band=refusal_in_band)
+                     in_band=refusal_in_band, auth_options=AUTH_OPTIONS)
     servicer.bound_port = app.port  # routes fall back to it when a client names no access point
     app.servicer = servicer  # type: ignore[attr-defined]  # tests and tools reach the domain
 

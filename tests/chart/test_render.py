@@ -20,7 +20,7 @@ from .chart import CHART, SCENARIOS, Rendered, helm, render, scenario_file, temp
 KUBE_VERSIONS = ["1.25.0", "1.37.0"]
 #: Replicated shards take each replica's id from the pod-index label (Kubernetes 1.28+).
 REPLICATED_FLOOR = "1.28.0"
-REPLICATED_SCENARIOS = {"replicated", "replicated-external-etcd", "cert-manager"}
+REPLICATED_SCENARIOS = {"replicated", "replicated-external-etcd", "cert-manager", "secured"}
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate"}
 
 

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 import grpc
 
+from txmq._auth import with_token
 from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 from . import netns as _netns
@@ -78,7 +79,7 @@ class Cluster:
                  ready_timeout: float = 30.0, proxies: int = 0,
                  proxy_env: Mapping[str, str] | None = None, replication_factor: int = 1,
                  min_insync_replicas: int = 2, netns: bool = False,
-                 tls: CertificateAuthority | None = None) -> None:
+                 tls: CertificateAuthority | None = None, token: str | None = None) -> None:
         if nameservers < 1:
             raise ValueError("a cluster needs at least one name server")
         self.workdir = Path(workdir)
@@ -91,6 +92,8 @@ class Cluster:
         self.proxies: list[ServiceProcess] = []
         self._broker_env = dict(broker_env or {})
         self._channels: dict[str, grpc.Channel] = {}
+        #: The bearer token of the cluster's own helper calls (a cluster with auth on).
+        self.token = token
         self._stopped = False
         self.replication_factor = replication_factor
         self.min_insync_replicas = min_insync_replicas
@@ -220,7 +223,7 @@ class Cluster:
                 channel = grpc.insecure_channel(address)
             else:
                 channel = grpc.secure_channel(address, channel_credentials(self.ca.cert_file, self.client_certificate))
-            self._channels[address] = channel
+            self._channels[address] = channel = with_token(channel, self.token)
         return channel
 
     def nameserver_stub(self, address: str | None = None) -> nameserver_pb2_grpc.NameServerServiceStub:

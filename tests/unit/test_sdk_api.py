@@ -22,13 +22,15 @@ EXPORTS = [
     "FailedPreconditionError", "InProgress", "InternalError", "InvalidArgumentError",
     "InvalidFieldError", "InvalidIdError",
     "InvalidNameError", "LeadershipLostError", "LocalTransactionState", "Message", "MessageTooLargeError",
-    "NoBrokerError", "NotEnoughReplicasError", "NotFoundError", "NotLeaderError", "OverloadedError", "Producer",
+    "NoBrokerError", "NotEnoughReplicasError", "NotFoundError", "NotLeaderError", "OverloadedError",
+    "PermissionDeniedError", "Producer",
     "PropertiesTooLargeError", "PushConsumer",
     "QueueNotFoundError", "ReceiptHandleNotFoundError", "ReceivedMessage",
     "ResourceExhaustedError", "RoutingStats", "SendReceipt", "ShardStats", "SimpleConsumer", "SqlFilter", "StaleClaimError", "SystemTopicError",
     "TLS", "TopicExistsError", "TopicNotFoundError", "TransactionListener", "TransactionMessage",
     "TransactionNotFoundError", "TransactionProducer", "TransactionResult", "TransactionState",
-    "TransactionStateError", "TxmqError", "UnavailableError", "UndecodableRequestError", "WrongBrokerError",
+    "TransactionStateError", "TxmqError", "UnauthenticatedError", "UnavailableError", "UndecodableRequestError",
+    "WrongBrokerError",
 ]
 
 

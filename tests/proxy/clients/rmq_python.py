@@ -68,7 +68,10 @@ class Checker(TransactionChecker):
 
 
 def config(args: dict) -> ClientConfiguration:
-    return ClientConfiguration(args["endpoints"], Credentials(), request_timeout=args.get("request_timeout", 3))
+    """The access point, and the access key and secret the client signs its requests with
+    (none by default: the proxy runs with auth off)."""
+    credentials = Credentials(args.get("access_key", ""), args.get("secret", ""))
+    return ClientConfiguration(args["endpoints"], credentials, request_timeout=args.get("request_timeout", 3))
 
 
 # --- scenarios ---------------------------------------------------------------------------
@@ -264,4 +267,8 @@ def push(args: dict) -> None:
 SCENARIOS = {f.__name__: f for f in (transactional, commit_load, orphan, checker, send, burst, simple, push)}
 
 if __name__ == "__main__":
-    SCENARIOS[sys.argv[1]](json.loads(sys.argv[2]))
+    try:
+        SCENARIOS[sys.argv[1]](json.loads(sys.argv[2]))
+    except Exception as exc:  # noqa: BLE001 - reported to the test, then the exit status says it failed
+        emit("error", type=type(exc).__name__, message=str(exc)[:500], code=getattr(exc, "code", None))
+        raise

@@ -28,8 +28,13 @@ const checker = {
   },
 };
 
+// The access key and secret the client signs its requests with (none by default).
+function credentials(args) {
+  return args.access_key ? { sessionCredentials: { accessKey: args.access_key, accessSecret: args.secret } } : {};
+}
+
 async function transactional(args) {
-  const producer = new Producer({ endpoints: args.endpoints, namespace: '', topics: [args.topic], checker });
+  const producer = new Producer({ endpoints: args.endpoints, namespace: '', ...credentials(args), topics: [args.topic], checker });
   await producer.startup();
   try {
     let i = 0;
@@ -71,7 +76,7 @@ async function send(args) {
 
 // Sends one half message and dies (SIGKILL) before deciding it: an orphan for the checker.
 async function orphan(args) {
-  const producer = new Producer({ endpoints: args.endpoints, namespace: '', topics: [args.topic], checker });
+  const producer = new Producer({ endpoints: args.endpoints, namespace: '', ...credentials(args), topics: [args.topic], checker });
   await producer.startup();
   const tx = producer.beginTransaction();
   const receipt = await producer.send({
@@ -84,7 +89,7 @@ async function orphan(args) {
 // A transactional producer that only answers orphan checks (through `checker`), until
 // stdin closes.
 async function checkerOnly(args) {
-  const producer = new Producer({ endpoints: args.endpoints, namespace: '', topics: [args.topic], checker });
+  const producer = new Producer({ endpoints: args.endpoints, namespace: '', ...credentials(args), topics: [args.topic], checker });
   await producer.startup();
   emit('started');
   await new Promise((resolve) => {
@@ -101,7 +106,7 @@ async function checkerOnly(args) {
 async function simple(args) {
   const filter = args.sql ? new FilterExpression(args.filter, FilterType.SQL) : (args.filter || '*');
   const consumer = new SimpleConsumer({
-    endpoints: args.endpoints, namespace: '', consumerGroup: args.group,
+    endpoints: args.endpoints, namespace: '', ...credentials(args), consumerGroup: args.group,
     subscriptions: new Map([[args.topic, filter]]), awaitDuration: (args.await_seconds || 2) * 1000,
   });
   await consumer.startup();

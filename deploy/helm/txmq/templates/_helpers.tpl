@@ -298,3 +298,103 @@ TXMQ_HEALTH_PORT: {{ $tls.healthPort | int | quote }}
   protocol: TCP
 {{- end }}
 {{- end }}
+
+{{/*
+Authentication (auth.enabled): the credential files and the component's own token,
+mounted from Secrets as directories (never subPath: a Secret update then reaches the
+running pod, and the services reload the files). Access keys (HMAC secrets) go to the
+proxy only. (dict "root" $ "component" "broker")
+*/}}
+{{- define "txmq.authEnv" -}}
+{{- $a := .root.Values.auth }}
+{{- if $a.enabled }}
+- name: TXMQ_AUTH_FILES
+  value: {{ printf "/etc/txmq/auth/credentials/%s" $a.credentials.key }}{{ if and (eq .component "proxy") $a.accessKeys.secretName }}{{ printf ",/etc/txmq/auth/access-keys/%s" $a.accessKeys.key }}{{ end }}
+- name: TXMQ_AUTH_TOKEN_FILE
+  value: {{ printf "/etc/txmq/auth/token/%s" $a.serviceTokens.key }}
+{{- else }}
+# auth.enabled false: no authentication, every call allowed.
+- name: TXMQ_AUTH_FILES
+  value: ""
+- name: TXMQ_AUTH_TOKEN_FILE
+  value: ""
+{{- end }}
+- name: TXMQ_AUTH_RELOAD_SECONDS
+  value: {{ include "txmq.settingValue" $a.reloadSeconds | quote }}
+{{- end }}
+
+{{- define "txmq.authMounts" -}}
+{{- $a := .root.Values.auth }}
+{{- if $a.enabled }}
+- name: auth-credentials
+  mountPath: /etc/txmq/auth/credentials
+  readOnly: true
+- name: auth-token
+  mountPath: /etc/txmq/auth/token
+  readOnly: true
+{{- if and (eq .component "proxy") $a.accessKeys.secretName }}
+- name: auth-access-keys
+  mountPath: /etc/txmq/auth/access-keys
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "txmq.authVolumes" -}}
+{{- $a := .root.Values.auth }}
+{{- if $a.enabled }}
+- name: auth-credentials
+  secret:
+    secretName: {{ $a.credentials.secretName }}
+    defaultMode: 0400
+- name: auth-token
+  secret:
+    secretName: {{ index $a.serviceTokens.secretNames .component }}
+    defaultMode: 0400
+{{- if and (eq .component "proxy") $a.accessKeys.secretName }}
+- name: auth-access-keys
+  secret:
+    secretName: {{ $a.accessKeys.secretName }}
+    defaultMode: 0400
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A NetworkPolicy of one component (networkPolicy.enabled): its gRPC port from the peers
+given (clients; nobody else reaches other ports), /metrics only from the monitoring
+namespace. (dict "root" $ "component" "proxy" "port" 8081 "from" <peers or nil>)
+*/}}
+{{- define "txmq.networkPolicy" -}}
+{{- $np := .root.Values.networkPolicy }}
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: {{ include "txmq.componentName" . }}
+  labels:
+    {{- include "txmq.labels" (dict "root" .root "component" .component) | nindent 4 }}
+spec:
+  podSelector:
+    matchLabels:
+      {{- include "txmq.selectorLabels" (dict "root" .root "component" .component) | nindent 6 }}
+  policyTypes: [Ingress]
+  ingress:
+    - ports:
+        - port: {{ .port }}
+          protocol: TCP
+      {{- with .from }}
+      from:
+        {{- toYaml . | nindent 8 }}
+        # txmq's own pods (services call each other on these ports).
+        - podSelector:
+            matchLabels:
+              {{- include "txmq.selectorLabels" (dict "root" $.root) | nindent 14 }}
+      {{- end }}
+    - ports:
+        - port: {{ .root.Values.metrics.port }}
+          protocol: TCP
+      from:
+        - namespaceSelector:
+            matchLabels:
+              {{- toYaml $np.monitoringNamespaceLabels | nindent 14 }}
+{{- end }}

@@ -1,0 +1,42 @@
+"""Authentication and authorization: the credential store (:mod:`.store`), the ACL
+(:mod:`.acl`), what each RPC needs (:mod:`.policy`), the one interceptor that enforces it
+(:mod:`.interceptor`) and the services' own credentials on their calls (:mod:`.client`).
+
+Off unless ``auth_files`` is set (the embedded default); see README "Security"."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..runtime import StartupError
+from .client import TokenFile, bearer_interceptors
+from .interceptor import CALLER, AuthInterceptor, Refuse, current_principal, may
+from .policy import NATIVE, Policy
+from .store import CredentialsError, CredentialStore, hash_token
+
+__all__ = ["CALLER", "AuthInterceptor", "CredentialStore", "CredentialsError", "NATIVE", "Policy",
+           "TokenFile", "bearer_interceptors", "current_principal", "hash_token", "may", "server_interceptor",
+           "service_credentials"]
+
+
+def server_interceptor(config: Any, policies: Mapping[str, Policy] | None = None,
+                       refuse: Refuse | None = None, accept_signatures: bool = False) -> AuthInterceptor | None:
+    """The service's auth interceptor, or None when ``config.auth_files`` is empty."""
+    if not config.auth_files:
+        return None
+    try:
+        store = CredentialStore(config.auth_files, config.auth_reload_seconds)
+    except CredentialsError as exc:
+        raise StartupError(f"auth_files (TXMQ_AUTH_FILES): {exc}") from exc
+    return AuthInterceptor(store, NATIVE if policies is None else policies, refuse, accept_signatures)
+
+
+def service_credentials(config: Any) -> list[Any]:
+    """Client interceptors carrying this service's token (none without ``auth_token_file``)."""
+    if not config.auth_token_file:
+        return []
+    try:
+        source = TokenFile(config.auth_token_file, config.auth_reload_seconds)
+    except (OSError, ValueError) as exc:
+        raise StartupError(f"auth_token_file (TXMQ_AUTH_TOKEN_FILE): {exc}") from exc
+    return bearer_interceptors(source.token)

@@ -1,0 +1,306 @@
+"""The authentication and authorization interceptor: who is calling (a bearer token, an mTLS
+client certificate, or — on the proxy — a RocketMQ signed request), and may they do what the
+request asks (``policy``). Every RPC of a service with auth on passes it; the handler runs
+only for an allowed call, with its caller in :data:`CALLER`.
+
+Refusals: UNAUTHENTICATED when no principal has the credentials (or none came),
+PERMISSION_DENIED for a known principal without the right, each naming what was missing.
+The proxy answers them in band (``refuse``), as the official clients expect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import time
+from typing import Any, Callable, Mapping
+
+import grpc
+
+from txmq._errors import PermissionDeniedError, TxmqError, UnauthenticatedError
+
+from ..errors import abort_with
+from .acl import allows, describe
+from .policy import ANY, INTERNAL, INTERNAL_ACTION, OPEN, Need, Policy
+from .store import CredentialStore, Credentials, Principal
+
+log = logging.getLogger(__name__)
+
+class Caller:
+    """Who the call being served is for, and the store that said so."""
+
+    __slots__ = ("principal", "store")
+
+    def __init__(self, principal: Principal, store: CredentialStore) -> None:
+        self.principal = principal
+        self.store = store
+
+
+#: The caller of the call being served (None when auth is off or the method is open).
+CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("txmq_caller", default=None)
+
+SIGNATURE_SCHEME = "MQv2-HMAC-SHA1"
+DATE_HEADER = "x-mq-date-time"
+#: Names in a client certificate that identify it (gRPC's auth context keys).
+CERTIFICATE_NAME_KEYS = ("x509_common_name", "x509_subject_alternative_name")
+
+#: method, error → the response that refuses in band (the proxy); None: a gRPC status.
+Refuse = Callable[[str, TxmqError], Any]
+
+
+def current_principal() -> Principal | None:
+    caller = CALLER.get()
+    return caller.principal if caller is not None else None
+
+
+def may(action: str, kind: str, name: str) -> bool:
+    """Whether the caller of the call being served may do ``action`` on a resource (always,
+    with auth off): for what a handler decides beyond the policy table, such as which of a
+    producer's topics it may be sent checks for."""
+    caller = CALLER.get()
+    if caller is None or caller.principal.service:
+        return True
+    return allows(caller.store.current().rules, caller.principal.name, action, kind, name)
+
+
+def _metadata(context: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in context.invocation_metadata() or ():
+        out.setdefault(key.lower(), value if isinstance(value, str) else value.decode(errors="replace"))
+    return out
+
+
+def _signature_fields(text: str) -> dict[str, str]:
+    fields = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition("=")
+        if sep:
+            fields[key.strip()] = value.strip()
+    return fields
+
+
+def authenticate(credentials: Credentials, context: Any, accept_signatures: bool) -> Principal:
+    metadata = _metadata(context)
+    header = metadata.get("authorization", "")
+    scheme, _, rest = header.strip().partition(" ")
+    if scheme.lower() == "bearer":
+        principal = credentials.principal_for_token(rest.strip())
+        if principal is None:
+            raise UnauthenticatedError("the bearer token is not known (revoked, mistyped, or from another cluster)")
+        return principal
+    if scheme == SIGNATURE_SCHEME and accept_signatures:
+        fields = _signature_fields(rest)
+        access_key = fields.get("Credential", "")
+        if access_key:  # the official clients sign with an empty key when none is configured
+            if fields.get("SignedHeaders", "").lower() != DATE_HEADER:
+                raise UnauthenticatedError(f"signed request: SignedHeaders must be {DATE_HEADER}")
+            principal = credentials.principal_for_signature(
+                access_key, metadata.get(DATE_HEADER, ""), fields.get("Signature", ""))
+            if principal is None:
+                raise UnauthenticatedError(f"signed request: access key {access_key!r} is not known or the "
+                                           "signature does not match its secret")
+            return principal
+    elif header and scheme.lower() != "bearer":
+        raise UnauthenticatedError(f"authorization scheme {scheme!r} is not accepted here "
+                                   f"(use Bearer <token>{' or ' + SIGNATURE_SCHEME if accept_signatures else ''})")
+    names: list[str] = []
+    auth_context = context.auth_context() or {}
+    for key in CERTIFICATE_NAME_KEYS:
+        names.extend(v.decode() if isinstance(v, bytes) else v for v in auth_context.get(key, ()))
+    if names:
+        principal = credentials.principal_for_certificate(names)
+        if principal is None:
+            raise UnauthenticatedError(f"client certificate {names[0]!r} is not a known principal")
+        return principal
+    raise UnauthenticatedError("credentials required: an 'authorization: Bearer <token>' header"
+                               + (", a signed request" if accept_signatures else "")
+                               + " or a client certificate")
+
+
+def authorize(credentials: Credentials, principal: Principal, method: str, needs: list[Need]) -> None:
+    if principal.service:
+        return
+    for need in needs:
+        if INTERNAL_ACTION in need.actions:
+            raise PermissionDeniedError(principal.name, "call", f"{method} (for service identities only"
+                                        + (f": {need.why})" if need.why else ")"))
+        if not any(allows(credentials.rules, principal.name, a, need.kind, need.name) for a in need.actions):
+            raise PermissionDeniedError(principal.name, " or ".join(need.actions), describe(need.kind, need.name))
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, store: CredentialStore, policies: Mapping[str, Policy],
+                 refuse: Refuse | None = None, accept_signatures: bool = False) -> None:
+        self.store = store
+        self.policies = policies
+        self.refuse = refuse
+        self.accept_signatures = accept_signatures
+        self._last_log = 0.0
+        #: Refusals so far (UNAUTHENTICATED, PERMISSION_DENIED).
+        self.refused = {"UNAUTHENTICATED": 0, "PERMISSION_DENIED": 0}
+
+    def _check(self, context: Any, method: str, policy: Policy | None, request: Any) -> Principal | None:
+        """The caller's principal if ``request`` (None: a stream's opening) is allowed."""
+        if policy is not None and policy.rights == OPEN:
+            return None
+        credentials = self.store.current()
+        principal = authenticate(credentials, context, self.accept_signatures)
+        if policy is None:
+            authorize(credentials, principal, method, [Need((INTERNAL_ACTION,), "cluster", why="no policy")])
+        elif policy.rights == INTERNAL:
+            authorize(credentials, principal, method, [Need((INTERNAL_ACTION,), "cluster")])
+        elif policy.rights != ANY and request is not None:
+            authorize(credentials, principal, method, policy.rights(request))  # type: ignore[operator]
+        return principal
+
+    def _noted(self, method: str, error: TxmqError) -> None:
+        self.refused[error.reason] = self.refused.get(error.reason, 0) + 1
+        now = time.monotonic()
+        if now - self._last_log >= 1.0:  # one line a second at most: refusals are cheap to cause
+            self._last_log = now
+            log.warning("call refused", extra={"fields": {"method": method, "reason": error.reason,
+                                                          "error": error.message, "refused": dict(self.refused)}})
+
+    async def intercept_service(self, continuation: Callable[..., Any],
+                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        policy = self.policies.get(method)
+        short = method.rsplit("/", 1)[-1]
+        check = self._check
+        refuse = self.refuse
+        noted = self._noted
+
+        async def refused(context: Any, error: TxmqError) -> Any:
+            noted(method, error)
+            if refuse is not None:
+                return refuse(short, error)
+            await abort_with(context, error)
+
+        def checked_requests(iterator: Any, guard: "_StreamGuard") -> Any:
+            async def gen() -> Any:
+                async for message in iterator:
+                    await guard.check(message)
+                    yield message
+            return gen()
+
+        def prepare(request: Any, context: Any, principal: Principal | None, streamed: bool) -> tuple[Any, Any]:
+            """The handler's arguments: a stream of requests whose every message is checked
+            when the policy says so (through the iterator and ``context.read()`` alike)."""
+            if not streamed or principal is None or policy is None or not callable(policy.rights):
+                return request, context
+            guard = _StreamGuard(self, method, policy.rights, context, principal)
+            return checked_requests(request, guard), _CheckedContext(context, guard)
+
+        def wrap(behavior: Callable[..., Any], streamed: bool, streaming_response: bool) -> Callable[..., Any]:
+            """The handler behind the check: ``streamed`` requests are checked as they come
+            (the opening only authenticates), a single request before the handler runs."""
+            if streaming_response and inspect.isasyncgenfunction(behavior):
+                async def gen_wrapper(request: Any, context: Any) -> Any:
+                    try:
+                        principal = check(context, method, policy, None if streamed else request)
+                    except (UnauthenticatedError, PermissionDeniedError) as error:
+                        answer = await refused(context, error)
+                        if answer is not None:
+                            yield answer
+                        return
+                    token = CALLER.set(Caller(principal, self.store) if principal else None)
+                    args = prepare(request, context, principal, streamed)
+                    try:
+                        async for item in behavior(*args):
+                            yield item
+                    except asyncio.CancelledError:
+                        await _StreamGuard.refuse_if_violated(args[1])
+                        raise
+                    finally:
+                        CALLER.reset(token)
+                return gen_wrapper
+
+            async def wrapper(request: Any, context: Any) -> Any:
+                try:
+                    principal = check(context, method, policy, None if streamed else request)
+                except (UnauthenticatedError, PermissionDeniedError) as error:
+                    answer = await refused(context, error)
+                    if answer is not None and streaming_response:
+                        await context.write(answer)
+                        return None
+                    return answer
+                token = CALLER.set(Caller(principal, self.store) if principal else None)
+                args = prepare(request, context, principal, streamed)
+                try:
+                    return await behavior(*args)
+                except asyncio.CancelledError:
+                    await _StreamGuard.refuse_if_violated(args[1])
+                    raise
+                finally:
+                    CALLER.reset(token)
+            return wrapper
+
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                wrap(handler.unary_unary, False, False), handler.request_deserializer, handler.response_serializer)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                wrap(handler.unary_stream, False, True), handler.request_deserializer, handler.response_serializer)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                wrap(handler.stream_unary, True, False), handler.request_deserializer, handler.response_serializer)
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(
+                wrap(handler.stream_stream, True, True), handler.request_deserializer, handler.response_serializer)
+        return handler
+
+
+class _StreamGuard:
+    """Checks each message of one stream. A message refused while the handler reads in a
+    task of its own (the checker and the broker do) cannot end the call from there: the
+    guard cancels the handler's task, whose wrapper then answers PERMISSION_DENIED."""
+
+    def __init__(self, interceptor: AuthInterceptor, method: str, rights: Any, context: Any,
+                 principal: Principal) -> None:
+        self.interceptor = interceptor
+        self.method = method
+        self.rights = rights
+        self.context = context
+        self.principal = principal
+        self.task = asyncio.current_task()
+        self.violation: PermissionDeniedError | None = None
+
+    async def check(self, message: Any) -> None:
+        try:
+            authorize(self.interceptor.store.current(), self.principal, self.method, self.rights(message))
+        except PermissionDeniedError as error:
+            self.interceptor._noted(self.method, error)
+            self.violation = error
+            if self.task is not None and asyncio.current_task() is not self.task:
+                self.task.cancel()
+                raise asyncio.CancelledError from None
+            await abort_with(self.context, error)
+
+    @staticmethod
+    async def refuse_if_violated(context: Any) -> None:
+        guard = getattr(context, "guard", None)
+        if isinstance(guard, _StreamGuard) and guard.violation is not None:
+            await abort_with(guard.context, guard.violation)
+
+
+class _CheckedContext:
+    """The servicer context of a stream whose every message is checked: handlers that read
+    with ``context.read()`` instead of the request iterator are held to the same policy."""
+
+    def __init__(self, context: Any, guard: _StreamGuard) -> None:
+        self._context = context
+        self.guard = guard
+
+    async def read(self) -> Any:
+        message = await self._context.read()
+        if message is not grpc.aio.EOF:
+            await self.guard.check(message)
+        return message
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)

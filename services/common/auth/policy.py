@@ -1,0 +1,146 @@
+"""What each RPC needs, read from its request: the one table the interceptor enforces.
+
+A policy maps the full method name to either ``INTERNAL`` (service identities only),
+``ANY`` (any authenticated principal), ``OPEN`` (no credentials: health checks), or a
+function from the request to the rights it needs — ``Need(actions, kind, name)``, one of
+``actions`` on that resource. For a stream of requests the function is applied to every
+message the client sends; for one request, to it alone. A method missing from the table is
+refused to all but service identities (default deny).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Union
+
+from txmq.v1 import common_pb2
+
+from .acl import (ADMIN_READ, ADMIN_WRITE, CHECK, CLUSTER, CONSUMER_GROUP, PRODUCER_GROUP,
+                  PUBLISH, SUBSCRIBE, TOPIC)
+
+#: A pseudo-action only service identities hold.
+INTERNAL_ACTION = "internal"
+
+
+@dataclasses.dataclass(frozen=True)
+class Need:
+    actions: tuple[str, ...]
+    kind: str
+    name: str = ""
+    #: Why, when the resource alone does not say it (shown in the refusal).
+    why: str = ""
+
+
+INTERNAL = "internal"
+ANY = "any"
+OPEN = "open"
+
+Rights = Callable[[Any], list[Need]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    rights: Union[str, Rights]
+
+
+def internal(why: str) -> Need:
+    return Need((INTERNAL_ACTION,), CLUSTER, why=why)
+
+
+def _topic(actions: tuple[str, ...], name: str) -> Need:
+    return Need(actions, TOPIC, name)
+
+
+def _admin_group(action: str, group: str) -> list[Need]:
+    return [Need((action,), PRODUCER_GROUP, group) if group else Need((action,), CLUSTER)]
+
+
+# --- txmq.v1 ------------------------------------------------------------------------------
+_TRANSACTION = common_pb2.MESSAGE_TYPE_TRANSACTION
+_OPERATOR = common_pb2.TRANSACTION_SOURCE_OPERATOR
+
+
+def send_needs(message: Any) -> list[Need]:
+    needs = [_topic((PUBLISH,), message.topic)]
+    if message.type == _TRANSACTION:
+        needs.append(Need((CHECK,), PRODUCER_GROUP, message.producer_group))
+    return needs
+
+
+def end_needs(request: Any) -> list[Need]:
+    if request.source == _OPERATOR:
+        return [internal("an operator's resolution goes through AdminService.ResolveTransaction")]
+    if not request.producer_group:
+        return [internal("an EndTransaction that names no producer_group")]
+    return [Need((CHECK,), PRODUCER_GROUP, request.producer_group)]
+
+
+def _produce(request: Any) -> list[Need]:
+    needs: list[Need] = []
+    for entry in request.entries:
+        which = entry.WhichOneof("request")
+        if which == "send_message":
+            needs.extend(send_needs(entry.send_message.message))
+        elif which == "end_transaction":
+            needs.extend(end_needs(entry.end_transaction))
+    return needs
+
+
+def _consume(request: Any) -> list[Need]:
+    return [Need((SUBSCRIBE,), CONSUMER_GROUP, request.consumer_group), _topic((SUBSCRIBE,), request.topic)]
+
+
+def _check_stream(request: Any) -> list[Need]:
+    which = request.WhichOneof("command")
+    if which == "subscribe":
+        return [Need((CHECK,), PRODUCER_GROUP, g) for g in request.subscribe.producer_groups]
+    if which == "answer" and request.answer.producer_group:
+        return [Need((CHECK,), PRODUCER_GROUP, request.answer.producer_group)]
+    # Receipts, credit, and answers naming no group: the checker accepts an answer only for
+    # a check it sent on this stream, so for a group the opening message was allowed.
+    return []
+
+
+_NS = "/txmq.v1.NameServerService/"
+_ADMIN = "/txmq.v1.AdminService/"
+_BROKER = "/txmq.v1.BrokerService/"
+_CHECKER = "/txmq.v1.CheckerService/"
+_REPLICATION = "/txmq.v1.ReplicationService/"
+
+NATIVE: Mapping[str, Policy] = {
+    _NS + "RegisterBroker": Policy(INTERNAL),
+    _NS + "UnregisterBroker": Policy(INTERNAL),
+    _NS + "RegisterChecker": Policy(INTERNAL),
+    _NS + "UnregisterChecker": Policy(INTERNAL),
+    _NS + "QueryRoute": Policy(lambda r: [_topic((PUBLISH, SUBSCRIBE), r.topic)]),
+    _NS + "ListBrokers": Policy(ANY),
+    _NS + "ListCheckers": Policy(ANY),
+    _ADMIN + "CreateTopic": Policy(lambda r: [_topic((ADMIN_WRITE,), r.topic)]),
+    _ADMIN + "ListTopics": Policy(lambda r: [Need((ADMIN_READ,), CLUSTER)]),
+    _ADMIN + "ListTransactions": Policy(lambda r: _admin_group(ADMIN_READ, r.producer_group)),
+    _ADMIN + "DescribeTransaction": Policy(lambda r: [Need((ADMIN_READ,), CLUSTER)]),
+    _ADMIN + "ResolveTransaction": Policy(lambda r: [Need((ADMIN_WRITE,), CLUSTER)]),
+    _ADMIN + "ElectLeader": Policy(lambda r: [Need((ADMIN_WRITE,), CLUSTER)]),
+    _BROKER + "SendMessage": Policy(lambda r: send_needs(r.message)),
+    _BROKER + "EndTransaction": Policy(end_needs),
+    _BROKER + "Produce": Policy(_produce),
+    _BROKER + "ReceiveMessages": Policy(_consume),
+    _BROKER + "AckMessages": Policy(_consume),
+    _BROKER + "ChangeInvisibleDuration": Policy(_consume),
+    _BROKER + "DeadLetterMessage": Policy(_consume),
+    _BROKER + "ReadQueue": Policy(lambda r: [_topic((SUBSCRIBE,), r.topic)]),
+    _BROKER + "GetQueueOffsets": Policy(lambda r: [_topic((SUBSCRIBE,), r.topic)]),
+    _BROKER + "CreateTopicQueues": Policy(INTERNAL),
+    _BROKER + "ClaimChecks": Policy(INTERNAL),
+    _BROKER + "ReportChecks": Policy(INTERNAL),
+    _BROKER + "QueryTransactions": Policy(lambda r: _admin_group(ADMIN_READ, r.producer_group)),
+    _BROKER + "GetTransaction": Policy(lambda r: [Need((ADMIN_READ,), CLUSTER)]),
+    _BROKER + "GetBrokerStats": Policy(ANY),
+    _CHECKER + "CheckTransactionState": Policy(_check_stream),
+    _REPLICATION + "Replicate": Policy(INTERNAL),
+    _REPLICATION + "FetchCheckpoint": Policy(INTERNAL),
+    _REPLICATION + "TransferLeadership": Policy(INTERNAL),
+    "/grpc.health.v1.Health/Check": Policy(OPEN),
+    "/grpc.health.v1.Health/Watch": Policy(OPEN),
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": Policy(ANY),
+}
