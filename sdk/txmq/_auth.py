@@ -4,7 +4,7 @@ channel (the services check it when the cluster runs with auth on; see README "S
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 
@@ -46,3 +46,48 @@ class BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterc
 def with_token(channel: grpc.Channel, token: str | None) -> grpc.Channel:
     """``channel`` carrying ``token`` on every call when one is given."""
     return grpc.intercept_channel(channel, BearerToken(token)) if token else channel
+
+
+# --- asyncio channels (txmq.aio, and the services' own calls) ------------------------------
+
+def _aio_details(details: Any, token: str) -> Any:
+    metadata = [(k, v) for k, v in (details.metadata or ()) if k != "authorization"]
+    metadata.append(("authorization", f"Bearer {token}"))
+    return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata,
+                                      details.credentials, details.wait_for_ready)
+
+
+class _AioBearer:
+    def __init__(self, token: Callable[[], str], prefix: str) -> None:
+        self._token = token
+        self._prefix = prefix
+
+    def _details(self, details: Any) -> Any:
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        return _aio_details(details, self._token()) if method.startswith(self._prefix) else details
+
+
+class _AioUnaryUnary(_AioBearer, grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
+class _AioUnaryStream(_AioBearer, grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
+class _AioStreamUnary(_AioBearer, grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
+        return await continuation(self._details(details), request_iterator)
+
+
+class _AioStreamStream(_AioBearer, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
+        return await continuation(self._details(details), request_iterator)
+
+
+def aio_bearer_interceptors(token: Callable[[], str], prefix: str = "") -> list[Any]:
+    """asyncio client interceptors putting ``authorization: Bearer <token()>`` on every call
+    of a channel whose method starts with ``prefix``."""
+    return [cls(token, prefix) for cls in (_AioUnaryUnary, _AioUnaryStream, _AioStreamUnary, _AioStreamStream)]

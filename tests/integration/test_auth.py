@@ -289,6 +289,43 @@ def test_sdk_flows_with_the_right_credentials(secured: tuple[Cluster, Path]) -> 
         wait_until(committed, 30.0, message="the check never committed the transaction")
 
 
+def test_the_asyncio_sdk_carries_its_token(secured: tuple[Cluster, Path]) -> None:
+    """txmq.aio with the group's token: the half message, the check over the asyncio check
+    stream and the commit all pass the ACL; without a token the send is refused."""
+    import asyncio
+
+    from txmq.aio import AsyncProducer, AsyncTransactionListener, AsyncTransactionProducer
+
+    cluster, _creds = secured
+
+    class CommitOnCheck(AsyncTransactionListener):
+        async def execute_local_transaction(self, message: Any, arg: Any) -> Any:
+            return txmq.LocalTransactionState.UNKNOWN
+
+        async def check_local_transaction(self, message: Any) -> Any:
+            return txmq.LocalTransactionState.COMMIT
+
+    admin = cluster.admin_stub()
+
+    def state(transaction_id: str) -> int:
+        return admin.DescribeTransaction(admin_pb2.DescribeTransactionRequest(
+            transaction_id=transaction_id), timeout=RPC_TIMEOUT).transaction.state
+
+    async def main() -> None:
+        async with AsyncProducer(cluster.nameserver_address) as anonymous:
+            with pytest.raises(txmq.UnauthenticatedError):
+                await anonymous.send(txmq.Message("orders", b"anonymous"))
+        async with AsyncTransactionProducer(cluster.nameserver_address, producer_group="orders",
+                                            listener=CommitOnCheck(), token=TOKENS["orders"]) as producer:
+            result = await producer.send_in_transaction(txmq.Message("orders", b"checked-async"))
+            deadline = asyncio.get_running_loop().time() + 30
+            while state(result.transaction_id) != common_pb2.TRANSACTION_STATE_COMMITTED:
+                assert asyncio.get_running_loop().time() < deadline, "the async check never committed it"
+                await asyncio.sleep(0.1)
+
+    asyncio.run(main())
+
+
 def test_credential_file_is_reloaded(secured: tuple[Cluster, Path]) -> None:
     """A token added, a token revoked and a rule granted take effect without a restart; a
     broken file leaves the previous one in force."""

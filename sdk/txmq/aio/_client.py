@@ -20,6 +20,7 @@ from .._client import BOUND_ATTEMPTS, BOUND_BACKOFF_SECONDS, CHANNEL_OPTIONS, Qu
 from .._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError, TxmqError,
                        error_from_rpc)
 from .._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, OverloadBackoff, RetryAction, retry_action
+from .._auth import BearerToken, aio_bearer_interceptors
 from .._tls import TLS, ChannelTLS
 from ..v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 from ._stream import AsyncProduceStream
@@ -33,12 +34,17 @@ class AsyncClient:
     """Name servers with failover, routes cached per topic, channels per address."""
 
     def __init__(self, nameservers: str | Sequence[str], *, request_timeout_seconds: float,
-                 route_refresh_seconds: float, what: str = "client", tls: TLS | None = None) -> None:
+                 route_refresh_seconds: float, what: str = "client", tls: TLS | None = None,
+                 token: str | None = None) -> None:
         self._nameservers = parse_nameservers(nameservers)
         if tls is not None and not isinstance(tls, TLS):
             raise InvalidFieldError("tls", f"must be a txmq.TLS, got {type(tls).__name__}")
         #: TLS material of every channel (None: plaintext), reread when its files change.
         self._tls = ChannelTLS(tls) if tls is not None else None
+        if token is not None:
+            BearerToken(token)  # refuses a malformed token here, not at the first call
+        #: ``authorization: Bearer`` on every call when the cluster runs with auth on.
+        self._interceptors = aio_bearer_interceptors(lambda: token.strip()) if token else None
         self._tls_generation = 0
         # Channels opened with older TLS files: calls in flight on them finish.
         self._retired: list[grpc.aio.Channel] = []
@@ -94,9 +100,9 @@ class AsyncClient:
     def new_channel(self, address: str) -> grpc.aio.Channel:
         """A channel of its own (its caller closes it), with this client's TLS material."""
         if self._tls is None:
-            return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=self._interceptors)
         self._tls.current()
-        return self._tls.aio_channel(address, CHANNEL_OPTIONS)
+        return self._tls.aio_channel(address, CHANNEL_OPTIONS, self._interceptors)
 
     def tls_generation(self) -> int:
         """Grows when the TLS files change on disk (0 without TLS)."""

@@ -30,13 +30,13 @@ class AsyncSimpleConsumer:
     def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
                  subscriptions: Mapping[str, "str | SqlFilter"], await_duration_seconds: float = 20.0,
                  request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
-                 tls: TLS | None = None) -> None:
+                 tls: TLS | None = None, token: str | None = None) -> None:
         validate_group("consumer_group", consumer_group)
         self.consumer_group = consumer_group
         self.subscriptions = _subscriptions(subscriptions)
         self.await_duration_seconds = positive("await_duration_seconds", await_duration_seconds)
         self._client = AsyncClient(nameservers, request_timeout_seconds=request_timeout_seconds,
-                                   route_refresh_seconds=route_refresh_seconds, what="consumer", tls=tls)
+                                   route_refresh_seconds=route_refresh_seconds, what="consumer", tls=tls, token=token)
         self._round_robin = itertools.count()
         # Long polls still running after a receive returned; what they brought since comes first.
         self._polls: dict[_Target, asyncio.Task[list[ReceivedMessage]]] = {}

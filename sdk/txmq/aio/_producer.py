@@ -45,7 +45,7 @@ class AsyncProducer:
     def __init__(self, nameservers: str | Sequence[str], *, producer_group: str = "",
                  send_timeout_seconds: float = 3.0, max_attempts: int = 3, retry_backoff_seconds: float = 0.1,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, request_timeout_seconds: float = 3.0,
-                 route_refresh_seconds: float = 30.0, tls: TLS | None = None) -> None:
+                 route_refresh_seconds: float = 30.0, tls: TLS | None = None, token: str | None = None) -> None:
         if producer_group:
             validate_group("producer_group", producer_group)
         if not isinstance(max_attempts, int) or max_attempts < 1:
@@ -58,7 +58,8 @@ class AsyncProducer:
         self.max_attempts = max_attempts
         self.max_body_bytes = max_body_bytes
         self._client = AsyncClient(nameservers, request_timeout_seconds=request_timeout_seconds,
-                                   route_refresh_seconds=route_refresh_seconds, what="producer", tls=tls)
+                                   route_refresh_seconds=route_refresh_seconds, what="producer", tls=tls,
+                                   token=token)
         self._next_queue = itertools.count(int.from_bytes(os.urandom(2), "big"))
         self._abandoned: Abandoned[str] = Abandoned()
 
@@ -203,7 +204,7 @@ class AsyncTransactionProducer(AsyncProducer):
                  send_timeout_seconds: float = 3.0, max_attempts: int = 3, retry_backoff_seconds: float = 0.1,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, request_timeout_seconds: float = 3.0,
                  route_refresh_seconds: float = 30.0, answer_checks: bool = True, check_concurrency: int = 16,
-                 checker_refresh_seconds: float = 5.0, tls: TLS | None = None) -> None:
+                 checker_refresh_seconds: float = 5.0, tls: TLS | None = None, token: str | None = None) -> None:
         validate_group("producer_group", producer_group)
         for method in ("execute_local_transaction", "check_local_transaction"):
             if not asyncio.iscoroutinefunction(getattr(listener, method, None)):
@@ -216,7 +217,7 @@ class AsyncTransactionProducer(AsyncProducer):
         super().__init__(nameservers, producer_group=producer_group, send_timeout_seconds=send_timeout_seconds,
                          max_attempts=max_attempts, retry_backoff_seconds=retry_backoff_seconds,
                          max_body_bytes=max_body_bytes, request_timeout_seconds=request_timeout_seconds,
-                         route_refresh_seconds=route_refresh_seconds, tls=tls)
+                         route_refresh_seconds=route_refresh_seconds, tls=tls, token=token)
         self.listener = listener
         self.client_id = client_id or new_client_id()
         self._checks: AsyncCheckResponder | None = None

@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import grpc
+
+from txmq._auth import aio_bearer_interceptors
 
 #: Only txmq's own services get the token (not etcd, which has its own authentication).
 NATIVE_METHOD_PREFIX = "/txmq.v1."
@@ -54,43 +56,7 @@ class TokenFile:
         return self._token
 
 
-def _with_token(details: Any, token: str) -> Any:
-    metadata = [(k, v) for k, v in (details.metadata or ()) if k != "authorization"]
-    metadata.append(("authorization", f"Bearer {token}"))
-    return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata,
-                                      details.credentials, details.wait_for_ready)
-
-
-class _Bearer:
-    def __init__(self, token: Callable[[], str]) -> None:
-        self._token = token
-
-    def _details(self, details: Any) -> Any:
-        method = details.method.decode() if isinstance(details.method, bytes) else details.method
-        return _with_token(details, self._token()) if method.startswith(NATIVE_METHOD_PREFIX) else details
-
-
-class _UnaryUnary(_Bearer, grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
-
-
-class _UnaryStream(_Bearer, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
-
-
-class _StreamUnary(_Bearer, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
-        return await continuation(self._details(details), request_iterator)
-
-
-class _StreamStream(_Bearer, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
-        return await continuation(self._details(details), request_iterator)
-
-
 def bearer_interceptors(token: Callable[[], str]) -> list[grpc.aio.ClientInterceptor]:
     """asyncio client interceptors putting ``authorization: Bearer <token()>`` on every
     txmq call of a channel."""
-    return [cls(token) for cls in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)]
+    return aio_bearer_interceptors(token, NATIVE_METHOD_PREFIX)
