@@ -144,6 +144,14 @@ class BrokerNotFoundError(NotFoundError):
         super().__init__(f"broker {broker!r} is not registered", broker=broker)
 
 
+class ConsumerGroupNotFoundError(NotFoundError):
+    reason = "CONSUMER_GROUP_NOT_FOUND"
+
+    def __init__(self, group: str) -> None:
+        super().__init__(f"consumer group {group!r} has received nothing from any live broker",
+                         consumer_group=group)
+
+
 class AlreadyExistsError(TxmqError):
     code = grpc.StatusCode.ALREADY_EXISTS
     reason = "ALREADY_EXISTS"
@@ -265,6 +273,19 @@ class CancelledError(TxmqError):
 class InternalError(TxmqError):
     code = grpc.StatusCode.INTERNAL
     reason = "INTERNAL"
+
+
+class NotANameServerError(TxmqError):
+    """The address answers gRPC but not the name server's services: a broker, a checker, a
+    proxy, or a name server older than the call."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+    reason = "NOT_A_NAMESERVER"
+
+    def __init__(self, address: str, method: str) -> None:
+        super().__init__(f"{address} does not serve {method}: it is not a txmq name server (a broker, checker "
+                         f"or proxy?) or an older one; give the name server's address (port 9876 by default)",
+                         address=address, method=method)
 
 
 class ClientClosedError(TxmqError):
