@@ -24,9 +24,11 @@ Every error is a :class:`TxmqError`; ``err.retryable`` says whether repeating ma
 The generated stubs live in ``txmq.v1``.
 """
 
+from ._admin import Admin
 from ._checks import CheckMessage, InProgress
 from ._consumer import PushConsumer, SimpleConsumer
 from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, ClientClosedError,
+                      ConsumerGroupNotFoundError, NotANameServerError,
                       DeadlineExceededError, DiskFullError, FailedPreconditionError, InternalError,
                       InvalidArgumentError, InvalidFieldError, InvalidIdError, InvalidNameError,
                       LeadershipLostError, MessageTooLargeError, NoBrokerError, NotEnoughReplicasError,
@@ -42,6 +44,7 @@ from ._types import (ConsumeResult, LocalTransactionState, Message, ReceivedMess
 
 __all__ = [
     # clients
+    "Admin",
     "Producer",
     "PushConsumer",
     "SimpleConsumer",
@@ -65,6 +68,7 @@ __all__ = [
     "BrokerNotFoundError",
     "CancelledError",
     "ClientClosedError",
+    "ConsumerGroupNotFoundError",
     "DeadlineExceededError",
     "DiskFullError",
     "FailedPreconditionError",
@@ -76,6 +80,7 @@ __all__ = [
     "LeadershipLostError",
     "MessageTooLargeError",
     "NoBrokerError",
+    "NotANameServerError",
     "NotEnoughReplicasError",
     "NotFoundError",
     "NotLeaderError",

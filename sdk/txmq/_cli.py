@@ -171,7 +171,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], width: i
         cuttable = [i for i, h in enumerate(headers) if h not in _UNCUT]
         while sum(widths) + 2 * (len(widths) - 1) > width:
             i = max(cuttable, key=lambda c: widths[c], default=None)
-            if i is None or widths[i] <= max(_MIN_CUT_WIDTH, len(cells[0][i])):
+            if i is None or widths[i] <= _MIN_CUT_WIDTH:
                 break
             widths[i] -= 1
         cells = [[v if len(v) <= w else v[:w - 1] + "…" for v, w in zip(r, widths)] for r in cells]
@@ -266,11 +266,11 @@ def _txn_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
         if not r["next_check_at"]:
             return ""
         late = r["next_check_overdue_seconds"]
-        return r["next_check_at"][11:23] + (f" OVERDUE {format_duration(late)}" if late else "")
+        return f"OVERDUE {format_duration(late)}" if late else r["next_check_at"][11:19]
 
     def text() -> str:
         body = table(
-            ["TRANSACTION", "STATE", "GROUP", "TOPIC", "AGE", "CHECKS SENT/ANSWERED", "NEXT CHECK (UTC)", "REASON"],
+            ["TRANSACTION", "STATE", "GROUP", "TOPIC", "AGE", "CHECKS", "NEXT CHECK", "REASON"],
             [[r["transaction_id"], r["state"], r["producer_group"], r["topic"],
               format_duration(r["age_seconds"] or 0), f"{r['checks_delivered']}/{r['checks_answered']}",
               next_check(r), r["discard_reason"] or r["reason"]] for r in rows])
@@ -280,6 +280,9 @@ def _txn_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
                      f"more match (raise --limit, or narrow with --group/--state/--older-than)")
         if response.unreachable_brokers:
             body += f"; unreachable brokers (list incomplete): {', '.join(response.unreachable_brokers)}"
+        if rows:
+            body += ("\nCHECKS: sent to a producer / answered (check_max counts the sent ones); "
+                     "NEXT CHECK: when it is due (UTC)")
         if any(r["next_check_overdue_seconds"] for r in rows):
             body += ("\nOVERDUE: the check was due that long ago and no producer of the group took it "
                      "(none connected, or all busy); see txmq checker list and the group's producers")
