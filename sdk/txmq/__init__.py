@@ -38,7 +38,7 @@ from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, C
                       TransactionNotFoundError, TransactionStateError, TxmqError, UnavailableError,
                       WrongBrokerError)
 from ._faults import RoutingStats, ShardStats
-from ._producer import Producer, TransactionListener, TransactionProducer
+from ._producer import Producer, Transaction, TransactionListener, TransactionProducer
 from ._types import (ConsumeResult, LocalTransactionState, Message, ReceivedMessage, SendReceipt,
                      TransactionMessage, TransactionResult, TransactionState)
 
@@ -48,6 +48,7 @@ __all__ = [
     "Producer",
     "PushConsumer",
     "SimpleConsumer",
+    "Transaction",
     "TransactionListener",
     "TransactionProducer",
     # values

@@ -17,6 +17,7 @@ from txmq import _errors
 NOWHERE = "127.0.0.1:1"
 
 EXPORTS = [
+    "Admin", "ConsumerGroupNotFoundError", "NotANameServerError", "Transaction",
     "AlreadyExistsError", "BrokerNotFoundError", "CancelledError", "CheckMessage",
     "ClientClosedError", "ConsumeResult", "DeadlineExceededError", "DiskFullError",
     "FailedPreconditionError", "InProgress", "InternalError", "InvalidArgumentError",
@@ -30,6 +31,7 @@ EXPORTS = [
     "TransactionNotFoundError", "TransactionProducer", "TransactionResult", "TransactionState",
     "TransactionStateError", "TxmqError", "UnavailableError", "WrongBrokerError",
 ]
+EXPORTS.sort()
 
 
 class Listener(txmq.TransactionListener):
