@@ -278,3 +278,15 @@ def test_push_consumer_starts_and_shuts_down_without_a_name_server():
         pass
     with pytest.raises(txmq.ClientClosedError):
         consumer.start()
+
+
+def test_examples_use_only_the_public_api():
+    """The examples are what users copy: no private module (``txmq._x``), no raw stubs."""
+    import re
+    from pathlib import Path
+
+    examples = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.py"))
+    assert examples
+    for path in examples:
+        text = path.read_text()
+        assert not re.search(r"\btxmq\._|from txmq\.v1|_pb2", text), f"{path.name} reaches past the public API"
