@@ -80,13 +80,14 @@ class Admin:
 
     # topics
 
-    async def route(self, topic: str) -> list[QueueRoute]:
-        """QueryRoute: the topic's queues, auto-creating a user topic when configured."""
+    async def route(self, topic: str, *, for_send: bool = False) -> list[QueueRoute]:
+        """QueryRoute: the topic's queues, auto-creating a user topic when configured and
+        the caller is about to send (never for a subscription)."""
         validate_receive_topic(topic)
         queues = self.registry.route(topic)
         if queues:
             return queues
-        if not should_auto_create(topic, enabled=self.auto_create_topics):
+        if not for_send or not should_auto_create(topic, enabled=self.auto_create_topics):
             raise TopicNotFoundError(topic)
         async with self._creating:
             queues = self.registry.route(topic)

@@ -70,7 +70,7 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServiceServicer):
 
     async def QueryRoute(self, request: nameserver_pb2.QueryRouteRequest,
                          context: Any) -> nameserver_pb2.QueryRouteResponse:
-        queues = await self.admin.route(request.topic)
+        queues = await self.admin.route(request.topic, for_send=request.for_send)
         return nameserver_pb2.QueryRouteResponse(topic=request.topic, queues=[
             nameserver_pb2.QueueRoute(broker_name=q.broker_name, broker_address=q.broker_address,
                                       queue_id=q.queue_id) for q in queues])

@@ -246,3 +246,16 @@ def test_version_and_completion():
     check = subprocess.run(["bash", "-c", script.stdout + '\nCOMP_WORDS=(txmq dlq re); COMP_CWORD=2; _txmq; '
                                                          'echo "${COMPREPLY[@]}"'], capture_output=True, text=True)
     assert check.stdout.strip() == "redrive"
+
+
+def test_a_consumer_of_a_missing_topic_gets_topic_not_found_and_creates_nothing(cluster, admin, unique_name):
+    """The test cluster auto-creates topics: only a producer's first send may."""
+    typo = unique_name("ordres")
+    with txmq.SimpleConsumer(cluster.nameserver_address, consumer_group=unique_name("g"),
+                             subscriptions={typo: "*"}, await_duration_seconds=0.2) as consumer:
+        with pytest.raises(txmq.TopicNotFoundError):
+            consumer.receive(1)
+    assert typo not in {t.topic for t in admin.list_topics().topics}
+    with txmq.Producer(cluster.nameserver_address) as producer:
+        producer.send(txmq.Message(typo, b"first"))
+    assert typo in {t.topic for t in admin.list_topics().topics}
