@@ -15,6 +15,7 @@ contiguous and the DLQ's next offset survives a restart.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -51,17 +52,22 @@ class Returned:
     expired: list[str]
 
 
-def describe_groups(core: BrokerCore, group: str = "", topic: str = "",
+#: Dead letters of one group counted at most (a metrics scrape reads them all).
+MAX_DEAD_COUNTED = 100_000
+
+
+def describe_groups(core: BrokerCore, group: str = "", topic: str = "", max_dead: int = MAX_DEAD_COUNTED,
                     ) -> tuple[list[QueueStatus], dict[str, int]]:
     """Every (group, topic, queue) position on this broker matching the filters, and the
-    number of dead letters (not re-driven) per group."""
+    number of dead letters (not re-driven, counted up to ``max_dead``) per group. Safe on
+    another thread than the loop's (the metrics scrape): it copies what it iterates."""
     if group:
         validate_group("consumer_group", group)
     if topic:
         validate_receive_topic(topic)
     now = core.clock()
     out = []
-    for (g, t, q), cursor in sorted(core.consumers.cursors.items()):
+    for (g, t, q), cursor in sorted(list(core.consumers.cursors.items())):
         if (group and g != group) or (topic and t != topic):
             continue
         ack = cursor.ack_offset()
@@ -69,15 +75,15 @@ def describe_groups(core: BrokerCore, group: str = "", topic: str = "",
         out.append(QueueStatus(
             g, t, q, ack, cursor.next_offset, end, max(end - ack, 0),
             _oldest_unacked_age(core, t, q, ack, end, now),
-            len(cursor.inflight), sum(1 for e in cursor.inflight.values() if e.attempt > 1)))
+            len(cursor.inflight), sum(1 for e in list(cursor.inflight.values()) if e.attempt > 1)))
     dead = {}
-    for name in core.topics:
+    for name in list(core.topics):
         if not name.startswith(DLQ_PREFIX):
             continue
         g = name[len(DLQ_PREFIX):]
         if group and g != group:
             continue
-        dead[g] = sum(1 for _ in _dead_letters(core, g))
+        dead[g] = sum(1 for _ in itertools.islice(_dead_letters(core, g), max_dead))
     return out, dead
 
 

@@ -14,6 +14,7 @@ import pytest
 
 import txmq
 from tests.support.cluster import Cluster
+from tests.support.metrics import metric
 from tests.support.waiting import wait_until
 
 CLI_TIMEOUT_SECONDS = 30
@@ -66,6 +67,8 @@ def test_group_describe_dlq_list_and_redrive_to_the_group_alone(cluster, admin, 
         c.ack_many(got)
 
     dead_letter(cluster, group, topic)
+    port = cluster.brokers[0].metrics_port
+    assert metric(port, "txmq_dead_letters", {"group": group}) == 3
     described = cli_json(cluster, "group", "describe", group)
     assert sum(described["dead_letters"].values()) == 3
     queues = [q for q in described["queues"] if q["topic"] == topic]
@@ -98,6 +101,7 @@ def test_group_describe_dlq_list_and_redrive_to_the_group_alone(cluster, admin, 
     # The rest with --all; then nothing is left, and re-driving again says so (exit 1).
     assert len(cli_json(cluster, "dlq", "redrive", group, "--all")["redriven"]) == 2
     assert cli_json(cluster, "dlq", "list", group)["messages"] == []
+    assert metric(port, "txmq_dead_letters", {"group": group}) == 0
     empty = cli(cluster, "dlq", "redrive", group, "--all")
     assert empty.returncode == 1 and "no dead letters" in empty.stderr
     missing = cli(cluster, "dlq", "redrive", group, "--ids", one)
@@ -121,6 +125,8 @@ def test_group_lag_in_flight_and_retrying(cluster, admin, unique_name):
         q = queues[0]
         assert (q.lag_messages, q.ack_offset, q.max_offset) == (5, 0, 5)
         assert q.inflight >= 2 and q.retrying >= 1 and q.lag_seconds > 0
+        assert metric(cluster.brokers[0].metrics_port, "txmq_consumer_lag_seconds",
+                      {"group": group, "topic": topic}) > 0
         c.ack_many(retried)
     text = cli(cluster, "group", "describe", group).stdout
     assert "LAG AGE" in text and topic in text
