@@ -194,6 +194,12 @@ class Client:
             self.faults.succeeded(shard)
             return response
 
+    def nameserver_call(self, name: str, request: Any) -> Any:
+        """A NameServerService call (``name``: the method) on the name servers in turn, from
+        the last one that answered; transient errors move to the next, other errors are the
+        answer."""
+        return self._nameserver_call(name, request)
+
     def _nameserver_call(self, name: str, request: Any) -> Any:
         """Tries the name servers in turn, from the last one that answered; transient errors
         move to the next, other errors are the answer."""

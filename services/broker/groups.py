@@ -19,7 +19,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from txmq._names import DLQ_PREFIX, dlq_topic, validate_group, validate_receive_topic
+from txmq.names import DLQ_PREFIX, dlq_topic, validate_group, validate_receive_topic
 
 from .core import BrokerCore
 from .model import KIND_HALF

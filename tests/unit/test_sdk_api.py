@@ -290,3 +290,16 @@ def test_examples_use_only_the_public_api():
     for path in examples:
         text = path.read_text()
         assert not re.search(r"\btxmq\._|from txmq\.v1|_pb2", text), f"{path.name} reaches past the public API"
+
+
+@pytest.mark.parametrize("name", ["errors", "ids", "names", "client"])
+def test_the_shared_kernel_has_public_homes(name):
+    """Services, the pipeline and tools import ``txmq.errors``/``ids``/``names``/``client``
+    (the same objects as the private modules), never an underscore module."""
+    import importlib
+
+    public = importlib.import_module(f"txmq.{name}")
+    private = importlib.import_module(f"txmq._{name}")
+    assert public.__all__
+    for attr in public.__all__:
+        assert getattr(public, attr) is getattr(private, attr), attr
