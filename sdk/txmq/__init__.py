@@ -34,7 +34,7 @@ from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, C
                       LeadershipLostError, MessageTooLargeError, NoBrokerError, NotEnoughReplicasError,
                       NotFoundError, NotLeaderError, PropertiesTooLargeError,
                       QueueNotFoundError, ReceiptHandleNotFoundError, ResourceExhaustedError,
-                      StaleClaimError, SystemTopicError, TopicExistsError, TopicNotFoundError,
+                      StaleClaimError, SystemTopicError, TopicExistsError, TopicInUseError, TopicNotFoundError,
                       TransactionNotFoundError, TransactionStateError, TxmqError, UnavailableError,
                       WrongBrokerError)
 from ._faults import RoutingStats, ShardStats
@@ -92,6 +92,7 @@ __all__ = [
     "StaleClaimError",
     "SystemTopicError",
     "TopicExistsError",
+    "TopicInUseError",
     "TopicNotFoundError",
     "TransactionNotFoundError",
     "TransactionStateError",

@@ -59,6 +59,11 @@ class Admin:
     def list_topics(self) -> admin_pb2.ListTopicsResponse:
         return self.call("admin", "ListTopics", admin_pb2.ListTopicsRequest())
 
+    def delete_topic(self, topic: str, *, force: bool = False) -> admin_pb2.DeleteTopicResponse:
+        """Deletes a user topic on every broker. Refused (TopicInUseError) while consumer
+        groups still read it, unless ``force``, and while transactions of it are undecided."""
+        return self.call("admin", "DeleteTopic", admin_pb2.DeleteTopicRequest(topic=topic, force=force))
+
     def describe_topic(self, topic: str) -> admin_pb2.DescribeTopicResponse:
         """The topic's queues (offsets per broker) and every consumer group's position in them."""
         return self.call("admin", "DescribeTopic", admin_pb2.DescribeTopicRequest(topic=topic))

@@ -10,6 +10,7 @@ NameServerService for listings), so it needs only the name server address.
     txmq topic list
     txmq topic create NAME [--queues N]
     txmq topic describe NAME
+    txmq topic delete NAME [--force]
     txmq group list [--topic T]
     txmq group describe GROUP [--topic T]
     txmq dlq list GROUP [--limit N]
@@ -390,6 +391,15 @@ def _topic_describe(admin: Admin, args: argparse.Namespace, out: Output) -> None
     out(data, text)
 
 
+def _topic_delete(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+    response = admin.call("admin", "DeleteTopic", admin_pb2.DeleteTopicRequest(topic=args.name, force=args.force))
+    data = {"topic": response.topic, "brokers": list(response.brokers), "entries_deleted": response.entries_deleted,
+            "consumer_groups": list(response.consumer_groups)}
+    out(data, lambda: f"deleted {data['topic']} on {', '.join(data['brokers'])} ({data['entries_deleted']} queue "
+                      f"entries)" + (f"; dropped the positions of {', '.join(data['consumer_groups'])}"
+                                     if data["consumer_groups"] else ""))
+
+
 def _queue_status(q: Any) -> dict[str, Any]:
     return {"consumer_group": q.consumer_group, "topic": q.topic, "broker": q.broker_name, "queue_id": q.queue_id,
             "ack_offset": q.ack_offset, "next_offset": q.next_offset, "max_offset": q.max_offset,
@@ -683,6 +693,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = topic.add_parser("describe", parents=[common], help="queues (offsets per broker) and the groups reading it")
     p.add_argument("name")
     p.set_defaults(run=_topic_describe)
+    p = topic.add_parser("delete", parents=[common], help="delete a topic (refused while groups read it)")
+    p.add_argument("name")
+    p.add_argument("--force", action="store_true", help="delete even while consumer groups read it")
+    p.set_defaults(run=_topic_delete)
 
     group = commands.add_parser("group", help="consumer groups").add_subparsers(dest="verb", required=True)
     p = group.add_parser("list", parents=[common], help="every consumer group: lag, in flight, retrying, "

@@ -199,6 +199,23 @@ class NoBrokerError(FailedPreconditionError):
         super().__init__(f"no live broker: {what}", what=what)
 
 
+class TopicInUseError(FailedPreconditionError):
+    """A topic deletion refused: consumer groups still read it (unless forced), or
+    transactions still wait to be decided into it (always)."""
+
+    reason = "TOPIC_IN_USE"
+
+    def __init__(self, topic: str, groups: list[str], undecided: int) -> None:
+        parts = []
+        if groups:
+            parts.append(f"consumer groups still read it: {', '.join(groups)} (force to delete anyway)")
+        if undecided:
+            parts.append(f"{undecided} transaction(s) of it are pending or discarded: decide them first "
+                         "(txmq txn list)")
+        super().__init__(f"topic {topic!r} is in use: {'; '.join(parts)}", topic=topic, groups=groups,
+                         undecided=undecided)
+
+
 # --- RESOURCE_EXHAUSTED / UNAVAILABLE / DEADLINE ----------------------------------------
 
 class ResourceExhaustedError(TxmqError):

@@ -15,7 +15,7 @@ from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.common.errors import OK, entry_status
 
 from . import core as domain
-from . import groups
+from . import groups, topics
 from .bridge import StoreBridge
 from .core import BrokerCore
 from .metrics import BrokerMetrics
@@ -404,3 +404,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             self.core, request.consumer_group, list(request.message_ids), request.all))
         return broker_pb2.ReturnDeadLettersResponse(redriven=result.redriven, not_found=result.not_found,
                                                     expired=result.expired)
+
+    async def DeleteTopicQueues(self, request: broker_pb2.DeleteTopicQueuesRequest, context: Any) -> Any:
+        deleted = await self.bridge.run(topics.delete_topic_op(self.core, request.topic, request.force))
+        return broker_pb2.DeleteTopicQueuesResponse(entries_deleted=deleted.entries, consumer_groups=deleted.groups)

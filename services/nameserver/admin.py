@@ -136,6 +136,28 @@ class Admin:
                 failed_brokers=[n for n, _a, _e in failures])
         return TopicCreation(topic, sorted(counts.items()))
 
+    async def delete_topic(self, topic: str, force: bool) -> tuple[list[str], int, list[str]]:
+        """Every live broker holding ``topic`` deletes its queues; (brokers, entries deleted,
+        consumer groups whose positions went). A broker refusing (TOPIC_IN_USE) refuses it all
+        only when it refuses first: the check runs on each before any deletes."""
+        validate_send_topic(topic)
+        holders = {b.name for b in self.registry.live_brokers() if topic in b.topics}
+        if not holders:
+            raise TopicNotFoundError(topic)
+        async with self._creating:
+            answers, unreachable = await self._fan_out(
+                "DeleteTopicQueues", broker_pb2.DeleteTopicQueuesRequest(topic=topic, force=force), only=holders)
+        for broker, _r in answers:
+            self.registry.forget_topic_queues(broker.name, topic)
+        if unreachable:
+            raise UnavailableError(f"brokers {', '.join(unreachable)} did not delete their queues of topic "
+                                   f"{topic!r}; retry DeleteTopic to complete it", topic=topic,
+                                   failed_brokers=unreachable)
+        groups = sorted({g for _b, r in answers for g in r.consumer_groups})
+        log.info("deleted topic", extra={"fields": {"topic": topic, "brokers": [b.name for b, _r in answers],
+                                                    "force": force, "consumer_groups": groups}})
+        return sorted(b.name for b, _r in answers), sum(r.entries_deleted for _b, r in answers), groups
+
     def list_topics(self) -> list[tuple[str, list[tuple[str, int]]]]:
         return self.registry.topics()
 

@@ -156,3 +156,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             request.consumer_group, list(request.message_ids), request.all)
         return admin_pb2.RedriveDeadLettersResponse(redriven=redriven, not_found=missing, expired=expired,
                                                     unreachable_brokers=unreachable)
+
+    async def DeleteTopic(self, request: admin_pb2.DeleteTopicRequest, context: Any) -> admin_pb2.DeleteTopicResponse:
+        brokers, entries, groups = await self.admin.delete_topic(request.topic, request.force)
+        return admin_pb2.DeleteTopicResponse(topic=request.topic, brokers=brokers, entries_deleted=entries,
+                                             consumer_groups=groups)

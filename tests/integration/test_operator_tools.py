@@ -265,3 +265,48 @@ def test_a_consumer_of_a_missing_topic_gets_topic_not_found_and_creates_nothing(
     with txmq.Producer(cluster.nameserver_address) as producer:
         producer.send(txmq.Message(typo, b"first"))
     assert typo in {t.topic for t in admin.list_topics().topics}
+
+
+def test_topic_delete_refuses_while_groups_read_it_unless_forced(cluster, admin, unique_name):
+    topic, group, other = unique_name("old"), unique_name("reader"), unique_name("unread")
+    admin.create_topic(topic, queue_count=2)
+    admin.create_topic(other, queue_count=1)
+    with txmq.Producer(cluster.nameserver_address) as producer:
+        producer.send(txmq.Message(topic, b"x"))
+    with txmq.SimpleConsumer(cluster.nameserver_address, consumer_group=group, subscriptions={topic: "*"},
+                             await_duration_seconds=0.5) as c:
+        c.ack_many(wait_until(lambda: c.receive(16)))
+    refused = cli(cluster, "topic", "delete", topic)
+    assert refused.returncode == 1 and group in refused.stderr and "force" in refused.stderr
+    assert topic in {t.topic for t in admin.list_topics().topics}
+    deleted = cli_json(cluster, "topic", "delete", topic, "--force")
+    assert deleted["brokers"] == ["broker-0"] and deleted["consumer_groups"] == [group]
+    assert deleted["entries_deleted"] == 1
+    assert topic not in {t.topic for t in admin.list_topics().topics}
+    with pytest.raises(txmq.TopicNotFoundError):
+        admin.describe_topic(topic)
+    with pytest.raises(txmq.ConsumerGroupNotFoundError):
+        admin.consumer_groups(group)
+    # Nobody read it: deleted without force. Deleting it again: not found.
+    assert cli_json(cluster, "topic", "delete", other)["brokers"] == ["broker-0"]
+    again = cli(cluster, "topic", "delete", other)
+    assert again.returncode == 1 and "does not exist" in again.stderr
+
+
+def test_topic_delete_refuses_while_transactions_of_it_are_undecided(cluster, admin, unique_name):
+    topic = unique_name("pending")
+
+    class Unknown(txmq.TransactionListener):
+        def execute_local_transaction(self, message, arg):
+            return txmq.LocalTransactionState.UNKNOWN
+
+        def check_local_transaction(self, message):
+            return txmq.LocalTransactionState.UNKNOWN
+
+    with txmq.TransactionProducer(cluster.nameserver_address, producer_group=unique_name("g"), listener=Unknown(),
+                                  answer_checks=False) as producer:
+        result = producer.send_in_transaction(txmq.Message(topic, b"undecided"))
+    with pytest.raises(txmq.TopicInUseError, match="pending or discarded"):
+        admin.delete_topic(topic, force=True)
+    admin.resolve_transaction(result.transaction_id, "rollback", operator="test", reason="cleanup")
+    assert admin.delete_topic(topic).brokers == ["broker-0"]

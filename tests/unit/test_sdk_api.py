@@ -17,7 +17,7 @@ from txmq import _errors
 NOWHERE = "127.0.0.1:1"
 
 EXPORTS = [
-    "Admin", "ConsumerGroupNotFoundError", "NotANameServerError", "Transaction",
+    "Admin", "ConsumerGroupNotFoundError", "NotANameServerError", "TopicInUseError", "Transaction",
     "AlreadyExistsError", "BrokerNotFoundError", "CancelledError", "CheckMessage",
     "ClientClosedError", "ConsumeResult", "DeadlineExceededError", "DiskFullError",
     "FailedPreconditionError", "InProgress", "InternalError", "InvalidArgumentError",

@@ -217,3 +217,23 @@ class RedriveDeadLettersResponse(_message.Message):
     expired: _containers.RepeatedScalarFieldContainer[str]
     unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, redriven: _Optional[_Iterable[str]] = ..., not_found: _Optional[_Iterable[str]] = ..., expired: _Optional[_Iterable[str]] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteTopicRequest(_message.Message):
+    __slots__ = ("topic", "force")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    force: bool
+    def __init__(self, topic: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DeleteTopicResponse(_message.Message):
+    __slots__ = ("topic", "brokers", "entries_deleted", "consumer_groups")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_DELETED_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    brokers: _containers.RepeatedScalarFieldContainer[str]
+    entries_deleted: int
+    consumer_groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topic: _Optional[str] = ..., brokers: _Optional[_Iterable[str]] = ..., entries_deleted: _Optional[int] = ..., consumer_groups: _Optional[_Iterable[str]] = ...) -> None: ...

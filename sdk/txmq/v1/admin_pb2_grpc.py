@@ -76,6 +76,11 @@ class AdminServiceStub:
                 request_serializer=txmq_dot_v1_dot_admin__pb2.DescribeTopicRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_admin__pb2.DescribeTopicResponse.FromString,
                 _registered_method=True)
+        self.DeleteTopic = channel.unary_unary(
+                '/txmq.v1.AdminService/DeleteTopic',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.DeleteTopicRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.DeleteTopicResponse.FromString,
+                _registered_method=True)
         self.ListConsumerGroups = channel.unary_unary(
                 '/txmq.v1.AdminService/ListConsumerGroups',
                 request_serializer=txmq_dot_v1_dot_admin__pb2.ListConsumerGroupsRequest.SerializeToString,
@@ -158,6 +163,15 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteTopic(self, request, context):
+        """Deletes a user topic on every broker holding it. FAILED_PRECONDITION (TOPIC_IN_USE)
+        while consumer groups still read it (unless force) or transactions of it are undecided;
+        NOT_FOUND (TOPIC_NOT_FOUND) for a topic no live broker holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListConsumerGroups(self, request, context):
         """Consumer groups' positions on every live broker (see BrokerService.DescribeConsumerGroups).
         NOT_FOUND (CONSUMER_GROUP_NOT_FOUND) when a named group is known to no broker.
@@ -223,6 +237,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DescribeTopic,
                     request_deserializer=txmq_dot_v1_dot_admin__pb2.DescribeTopicRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_admin__pb2.DescribeTopicResponse.SerializeToString,
+            ),
+            'DeleteTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTopic,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.DeleteTopicRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.DeleteTopicResponse.SerializeToString,
             ),
             'ListConsumerGroups': grpc.unary_unary_rpc_method_handler(
                     servicer.ListConsumerGroups,
@@ -458,6 +477,33 @@ class AdminService:
             '/txmq.v1.AdminService/DescribeTopic',
             txmq_dot_v1_dot_admin__pb2.DescribeTopicRequest.SerializeToString,
             txmq_dot_v1_dot_admin__pb2.DescribeTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/DeleteTopic',
+            txmq_dot_v1_dot_admin__pb2.DeleteTopicRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.DeleteTopicResponse.FromString,
             options,
             channel_credentials,
             insecure,

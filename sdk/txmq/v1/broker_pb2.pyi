@@ -490,3 +490,19 @@ class ReturnDeadLettersResponse(_message.Message):
     not_found: _containers.RepeatedScalarFieldContainer[str]
     expired: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, redriven: _Optional[_Iterable[str]] = ..., not_found: _Optional[_Iterable[str]] = ..., expired: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteTopicQueuesRequest(_message.Message):
+    __slots__ = ("topic", "force")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    force: bool
+    def __init__(self, topic: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DeleteTopicQueuesResponse(_message.Message):
+    __slots__ = ("entries_deleted", "consumer_groups")
+    ENTRIES_DELETED_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    entries_deleted: int
+    consumer_groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, entries_deleted: _Optional[int] = ..., consumer_groups: _Optional[_Iterable[str]] = ...) -> None: ...

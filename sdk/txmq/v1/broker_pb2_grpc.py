@@ -123,6 +123,11 @@ class BrokerServiceStub:
                 request_serializer=txmq_dot_v1_dot_broker__pb2.ReturnDeadLettersRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_broker__pb2.ReturnDeadLettersResponse.FromString,
                 _registered_method=True)
+        self.DeleteTopicQueues = channel.unary_unary(
+                '/txmq.v1.BrokerService/DeleteTopicQueues',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -265,6 +270,15 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteTopicQueues(self, request, context):
+        """Deletes this broker's queues of a user topic with their entries and every group's
+        position in them. FAILED_PRECONDITION (TOPIC_IN_USE) while consumer groups have a
+        position in it (unless force) or transactions of it are pending or discarded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -352,6 +366,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.ReturnDeadLetters,
                     request_deserializer=txmq_dot_v1_dot_broker__pb2.ReturnDeadLettersRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_broker__pb2.ReturnDeadLettersResponse.SerializeToString,
+            ),
+            'DeleteTopicQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTopicQueues,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -817,6 +836,33 @@ class BrokerService:
             '/txmq.v1.BrokerService/ReturnDeadLetters',
             txmq_dot_v1_dot_broker__pb2.ReturnDeadLettersRequest.SerializeToString,
             txmq_dot_v1_dot_broker__pb2.ReturnDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTopicQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/DeleteTopicQueues',
+            txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesResponse.FromString,
             options,
             channel_credentials,
             insecure,
