@@ -24,7 +24,7 @@ NameServerService for listings), so it needs only the name server address.
 
 ``--nameserver`` defaults to ``$TXMQ_NAMESERVER``, else 127.0.0.1:9876; with several
 addresses the next is tried when one is unavailable. Output is a table cut to the terminal's width
-(``$COLUMNS``; ids are never cut), or JSON with ``--json``. Exit status: 0 done, 1 the
+(``$COLUMNS``; ids are never cut; not cut when piped), or JSON with ``--json``. Exit status: 0 done, 1 the
 request failed (the error on stderr), 2 bad usage. A reader that stops early (``| head``)
 ends the output quietly.
 Durations are ``500ms``, ``60s``, ``5m``, ``1h``, ``2d`` or plain seconds.
@@ -154,12 +154,20 @@ def transaction_dict(t: common_pb2.Transaction, now_ms: int | None = None) -> di
 
 
 #: Columns a table never cuts (what an operator copies into the next command).
-_UNCUT = {"TRANSACTION", "MESSAGE ID"}
+_UNCUT = {"TRANSACTION", "MESSAGE ID", "STATE"}
 _MIN_CUT_WIDTH = 8
 
 
-def terminal_width() -> int:
-    """``$COLUMNS``, else the terminal's width, else 100 (output to a pipe or a file)."""
+def terminal_width() -> int | None:
+    """``$COLUMNS``, else the terminal's width; None (no cutting) when the output goes to a
+    pipe or a file, where whole values matter more than the line's width."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    try:
+        if not os.isatty(sys.stdout.fileno()):
+            return None
+    except (AttributeError, OSError, ValueError):
+        return None
     return shutil.get_terminal_size((100, 24)).columns
 
 
