@@ -154,7 +154,23 @@ CHAOS_ARGS ?= --runs 10 --faults 6
 chaos: venv etcd netns-tools
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
 
-bench: venv etcd bench-audit
+# The side-by-side benchmark of the user's job (bench/outbox.py): PostgreSQL and RabbitMQ from
+# Debian (private instances on loopback ports, started by the benchmark), their Python clients.
+.PHONY: bench-deps bench-outbox
+$(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt
+	$(PY) -m pip install --quiet -r requirements/bench.txt
+	touch $@
+
+bench-deps: $(VENV)/.bench-installed
+	@(test -x "$$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | tail -1)" && command -v rabbitmq-server) >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql rabbitmq-server >/dev/null)
+	@command -v rabbitmq-server >/dev/null || (echo "bench-deps: rabbitmq-server missing after apt-get install" >&2; exit 1)
+
+bench-outbox: venv bench-deps
+	$(PY) -m bench.outbox
+
+bench: venv etcd bench-audit bench-deps
+	$(PY) -m bench.outbox
 	$(PY) -m bench.transactions
 	$(PY) -m bench.replication
 	$(PY) -m bench.checks

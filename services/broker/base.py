@@ -2,10 +2,11 @@
 the small helpers each part stages writes with.
 
 ``BrokerCore`` (``core.py``) is assembled from parts, one module each, all over this
-base: ``delivery.py`` (consumers), ``retention.py``, ``queries.py``, and ``core.py`` itself
-(start-up, sends, the transaction state machine, topics, checks). The parts import this
-module and ``model.py``, never each other, so there are no import cycles; ``core.py``
-sets the state declared here when it opens the store.
+base: ``delivery.py`` (consumers), ``retention.py``, ``queries.py``, the checks stacked in
+layers — ``schedule.py`` (the due index) under ``transactions.py`` (end, decide, discard)
+under ``checks.py`` (claims, reports) — and ``core.py`` itself (start-up, sends, topics).
+A part imports this module, ``model.py`` and only the layer below it, so there are no
+import cycles; ``core.py`` sets the state declared here when it opens the store.
 
 Helpers that stage writes take the operation's ``OpWrites`` (see ``store/db.py``) and
 change in-memory state only as the operation commits to them (see ``core.py``).

@@ -44,6 +44,28 @@ class Resolution(enum.StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
+class CheckOutcome(enum.IntEnum):
+    """What became of a claimed check, as its checker reports it."""
+
+    #: A producer took the check: one unit of check_max is spent.
+    DELIVERED = 1
+    #: The producer answered (with a :class:`CheckAnswer`).
+    ANSWERED = 2
+    #: Nobody took it: nothing is spent and it is due again at once.
+    UNDELIVERED = 3
+
+
+class CheckAnswer(enum.IntEnum):
+    """A producer's answer to a check."""
+
+    COMMIT = 1
+    ROLLBACK = 2
+    #: It does not know: the check stays spent.
+    UNKNOWN = 3
+    #: Its local transaction still runs: ask again later, spending nothing.
+    IN_PROGRESS = 4
+
+
 class MessageKind(enum.IntEnum):
     """A commit-log record's kind (stored as one byte)."""
 

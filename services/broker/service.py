@@ -14,12 +14,12 @@ from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
 from services.common.errors import OK, entry_status
 
-from . import core as domain
 from . import groups, topics
 from .bridge import StoreBridge
+from .checks import CheckReport, ClaimBatch
 from .core import BrokerCore
 from .metrics import BrokerMetrics
-from .model import EndResult, ReceiveResult, Resolution, SendResult, Source, TxnState
+from .model import CheckAnswer, CheckOutcome, EndResult, ReceiveResult, Resolution, SendResult, Source, TxnState
 from .store import codec
 from .store.codec import LogRecord, TxnRow
 from .store.db import Op
@@ -49,6 +49,17 @@ _SOURCES_TO_PROTO = {
     Source.BROKER: common_pb2.TRANSACTION_SOURCE_BROKER,
 }
 _SOURCES_FROM_PROTO = {v: k for k, v in _SOURCES_TO_PROTO.items()}
+_OUTCOMES_FROM_PROTO = {
+    broker_pb2.CHECK_OUTCOME_DELIVERED: CheckOutcome.DELIVERED,
+    broker_pb2.CHECK_OUTCOME_ANSWERED: CheckOutcome.ANSWERED,
+    broker_pb2.CHECK_OUTCOME_UNDELIVERED: CheckOutcome.UNDELIVERED,
+}
+_ANSWERS_FROM_PROTO = {
+    common_pb2.CHECK_RESULT_COMMIT: CheckAnswer.COMMIT,
+    common_pb2.CHECK_RESULT_ROLLBACK: CheckAnswer.ROLLBACK,
+    common_pb2.CHECK_RESULT_UNKNOWN: CheckAnswer.UNKNOWN,
+    common_pb2.CHECK_RESULT_IN_PROGRESS: CheckAnswer.IN_PROGRESS,
+}
 
 
 def state_to_proto(state: int) -> int:
@@ -325,11 +336,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             op = self.core.session_claim_op(
                 request.session_id, request.groups_version, groups,
                 {g.producer_group: g.max_checks for g in request.limits}, request.max_checks, request.lease_seconds)
-            batch: domain.ClaimBatch = await self.bridge.run(op)
+            batch: ClaimBatch = await self.bridge.run(op)
         else:
             checks = await self.bridge.run(self.core.claim_op(request.producer_groups, request.max_checks,
                                                               request.lease_seconds))
-            batch = domain.ClaimBatch(checks)
+            batch = ClaimBatch(checks)
         response = broker_pb2.ClaimChecksResponse(groups_needed=batch.groups_needed, more_due=batch.more_due)
         for c in batch.checks:
             record = self.core.read_message(c.row.seq)
@@ -341,8 +352,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return response
 
     async def ReportChecks(self, request: broker_pb2.ReportChecksRequest, context: Any) -> Any:
-        reports = [domain.CheckReport(r.transaction_id, r.claim_token, r.outcome, r.result, r.retry_after_seconds,
-                                      r.answer_timeout_seconds, r.producer_group) for r in request.reports]
+        # An unknown enum number becomes 0, which the report refuses (per entry, naming the field).
+        reports = [CheckReport(r.transaction_id, r.claim_token, _OUTCOMES_FROM_PROTO.get(r.outcome, 0),
+                               _ANSWERS_FROM_PROTO.get(r.result, 0), r.retry_after_seconds,
+                               r.answer_timeout_seconds, r.producer_group) for r in request.reports]
         results = await self.bridge.run(self.core.report_op(reports))
         response = broker_pb2.ReportChecksResponse()
         for error, state, late in results:

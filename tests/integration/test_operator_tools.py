@@ -4,6 +4,7 @@ message, the rough edges: a closed pipe, a cut list, a broker's address) and ``t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -261,6 +262,16 @@ def test_a_consumer_of_a_missing_topic_gets_topic_not_found_and_creates_nothing(
                              subscriptions={typo: "*"}, await_duration_seconds=0.2) as consumer:
         with pytest.raises(txmq.TopicNotFoundError):
             consumer.receive(1)
+    assert typo not in {t.topic for t in admin.list_topics().topics}
+
+    async def receive_async() -> None:
+        from txmq.aio import AsyncSimpleConsumer
+
+        async with AsyncSimpleConsumer(cluster.nameserver_address, consumer_group=unique_name("g"),
+                                       subscriptions={typo: "*"}, await_duration_seconds=0.2) as consumer:
+            await consumer.receive(1)
+    with pytest.raises(txmq.TopicNotFoundError):
+        asyncio.run(receive_async())
     assert typo not in {t.topic for t in admin.list_topics().topics}
     with txmq.Producer(cluster.nameserver_address) as producer:
         producer.send(txmq.Message(typo, b"first"))

@@ -293,8 +293,8 @@ def test_query_transactions_by_group_state_and_age(core, clock) -> None:
 
 # --- checks: budget, refunds, discards (the broker's half of the checker) ---------------
 
-from services.broker.core import (CHECK_COMMIT, CHECK_IN_PROGRESS, CHECK_ROLLBACK, CHECK_UNKNOWN, OUTCOME_ANSWERED,  # noqa: E402
-                                  OUTCOME_DELIVERED, OUTCOME_UNDELIVERED, CheckReport)
+from services.broker.checks import (CHECK_COMMIT, CHECK_IN_PROGRESS, CHECK_ROLLBACK, CHECK_UNKNOWN,  # noqa: E402
+                                    OUTCOME_ANSWERED, OUTCOME_DELIVERED, OUTCOME_UNDELIVERED, CheckReport)
 from txmq._errors import InvalidFieldError, InvalidNameError, StaleClaimError, TransactionStateError  # noqa: E402
 
 

@@ -1,0 +1,32 @@
+"""txmq for asyncio: the same producers, transactions, checks and consumers as ``txmq``, as
+coroutines on one event loop::
+
+    import txmq
+    from txmq.aio import AsyncTransactionListener, AsyncTransactionProducer
+
+    class Listener(AsyncTransactionListener):
+        async def execute_local_transaction(self, message, arg):
+            async with db.transaction():          # your asyncio database driver
+                await db.execute("INSERT ...", message.transaction_id)
+            return txmq.LocalTransactionState.COMMIT
+
+        async def check_local_transaction(self, message):
+            found = await db.fetchval("SELECT 1 FROM orders WHERE txn = $1", message.transaction_id)
+            return txmq.LocalTransactionState.COMMIT if found else txmq.LocalTransactionState.ROLLBACK
+
+    async with AsyncTransactionProducer("127.0.0.1:9876", producer_group="orders",
+                                        listener=Listener()) as producer:
+        results = await asyncio.gather(*(producer.send_in_transaction(txmq.Message("orders", body))
+                                         for body in bodies))
+
+Every coroutine of the process shares one connection and one Produce stream per broker, so
+many concurrent transactions travel in few stream messages. Errors, ids, routing and check
+answering are those of the sync SDK (``txmq``); values (``txmq.Message``, results,
+``txmq.InProgress``) are shared with it. A client belongs to the event loop it was first
+used on.
+"""
+
+from ._consumer import AsyncSimpleConsumer
+from ._producer import AsyncProducer, AsyncTransactionListener, AsyncTransactionProducer
+
+__all__ = ["AsyncProducer", "AsyncSimpleConsumer", "AsyncTransactionListener", "AsyncTransactionProducer"]

@@ -1,0 +1,214 @@
+"""What the asyncio producers and consumers share: the name servers, the route cache, one
+``grpc.aio`` channel per address, the pipelined Produce stream per broker and the error
+mapping of every call — the asyncio twin of ``txmq._client`` (same constants, same
+routes, same fault table).
+
+Not thread-safe: use a client from the event loop it was first used on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
+
+import grpc
+
+from .._client import BOUND_ATTEMPTS, BOUND_BACKOFF_SECONDS, CHANNEL_OPTIONS, QueueRoute, parse_nameservers, positive
+from .._errors import BrokerNotFoundError, ClientClosedError, TopicNotFoundError, TxmqError, error_from_rpc
+from .._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, RetryAction, retry_action
+from ..v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+from ._stream import AsyncProduceStream
+
+log = logging.getLogger(__name__)
+
+Resp = TypeVar("Resp")
+
+
+class AsyncClient:
+    """Name servers with failover, routes cached per topic, channels per address."""
+
+    def __init__(self, nameservers: str | Sequence[str], *, request_timeout_seconds: float,
+                 route_refresh_seconds: float, what: str = "client") -> None:
+        self._nameservers = parse_nameservers(nameservers)
+        self.request_timeout_seconds = positive("request_timeout_seconds", request_timeout_seconds)
+        self.route_refresh_seconds = positive("route_refresh_seconds", route_refresh_seconds)
+        self._what = what
+        self._closed = False
+        self._ns_index = random.randrange(len(self._nameservers))
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._broker_stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
+        self._ns_stubs: dict[str, nameserver_pb2_grpc.NameServerServiceStub] = {}
+        self._streams: dict[str, AsyncProduceStream] = {}
+        self._routes: dict[str, tuple[tuple[QueueRoute, ...], float]] = {}
+        # A route being asked for: concurrent callers wait for the same answer.
+        self._route_fetches: dict[str, asyncio.Future[tuple[QueueRoute, ...]]] = {}
+        self._broker_addresses: dict[str, str] = {}
+        #: Which shards new sends avoid (shared by this client's producers and consumers).
+        self.faults = FaultTable()
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError(self._what)
+
+    async def close(self) -> None:
+        """Fails requests in flight with ClientClosedError and closes every channel. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        streams, self._streams = list(self._streams.values()), {}
+        channels, self._channels = list(self._channels.values()), {}
+        for stream in streams:
+            await stream.close()
+        for channel in channels:
+            await channel.close()
+
+    # --- channels and calls ---------------------------------------------------------------
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        self.check_open()
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return channel
+
+    def broker(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
+        stub = self._broker_stubs.get(address)
+        if stub is None:
+            stub = self._broker_stubs[address] = broker_pb2_grpc.BrokerServiceStub(self.channel(address))
+        return stub
+
+    def produce_stream(self, address: str) -> AsyncProduceStream:
+        """The one pipelined Produce stream of this client to a broker address."""
+        self.check_open()
+        stream = self._streams.get(address)
+        if stream is None:
+            stream = self._streams[address] = AsyncProduceStream(self.broker(address).Produce, address)
+        return stream
+
+    async def call(self, method: Callable[..., Awaitable[Resp]], request: Any, timeout: float | None = None) -> Resp:
+        """One unary call; a failure raises the TxmqError it stands for."""
+        self.check_open()
+        try:
+            return await method(request, timeout=self.request_timeout_seconds if timeout is None else timeout)
+        except grpc.RpcError as exc:
+            if self._closed:
+                raise ClientClosedError(self._what) from None
+            raise error_from_rpc(exc) from None
+        except asyncio.CancelledError:
+            if self._closed:
+                raise ClientClosedError(self._what) from None
+            raise
+
+    async def call_bound(self, shard: str,
+                         method_of: Callable[[broker_pb2_grpc.BrokerServiceStub], Callable[..., Awaitable[Resp]]],
+                         request: Any, timeout: float | None = None) -> Resp:
+        """A unary call bound to ``shard`` by an id (an ack, an invisibility change): retried
+        there with backoff while it fails transiently (``txmq._faults.retry_action``)."""
+        attempt = 1
+        while True:
+            try:
+                address = await self.broker_address(shard, refresh=attempt > 1)
+                response = await self.call(method_of(self.broker(address)), request, timeout)
+            except ClientClosedError:
+                raise
+            except TxmqError as err:
+                if err.retryable:
+                    self.faults.failed(shard)
+                if retry_action(err, bound=True) is RetryAction.FAIL or attempt >= BOUND_ATTEMPTS:
+                    raise
+                await asyncio.sleep(BOUND_BACKOFF_SECONDS * 2 ** (attempt - 1))
+                attempt += 1
+                continue
+            self.faults.succeeded(shard)
+            return response
+
+    async def nameserver_call(self, name: str, request: Any) -> Any:
+        """Tries the name servers in turn, from the last one that answered; transient errors
+        move to the next, other errors are the answer."""
+        self.check_open()
+        count = len(self._nameservers)
+        error: TxmqError | None = None
+        for i in range(count):
+            index = (self._ns_index + i) % count
+            address = self._nameservers[index]
+            stub = self._ns_stubs.get(address)
+            if stub is None:
+                stub = self._ns_stubs[address] = nameserver_pb2_grpc.NameServerServiceStub(self.channel(address))
+            try:
+                response = await self.call(getattr(stub, name), request)
+            except TxmqError as err:
+                if not err.retryable:
+                    raise
+                log.debug("name server %s failed %s: %s", address, name, err)
+                error = err
+                continue
+            self._ns_index = index
+            return response
+        assert error is not None
+        raise error
+
+    # --- routes ---------------------------------------------------------------------------
+
+    async def route(self, topic: str, *, refresh: bool = False, for_send: bool = True) -> tuple[QueueRoute, ...]:
+        """The queues of a topic, cached like the sync client's (``txmq._client.Client.route``);
+        ``for_send=False`` (consumers): a missing topic is never auto-created."""
+        cached = self._routes.get(topic)
+        if cached is not None and not refresh:
+            ttl = self.route_refresh_seconds
+            if ttl > FAULT_ROUTE_REFRESH_SECONDS and self.faults.any_avoided():
+                ttl = FAULT_ROUTE_REFRESH_SECONDS
+            if time.monotonic() - cached[1] < ttl:
+                return cached[0]
+        fetching = self._route_fetches.get(topic)
+        if fetching is not None:
+            return await asyncio.shield(fetching)
+        fetching = self._route_fetches[topic] = asyncio.get_running_loop().create_future()
+        try:
+            routes = await self._fetch_route(topic, for_send)
+        except BaseException as exc:
+            fetching.set_exception(exc)
+            fetching.exception()  # retrieved: nobody else may be waiting
+            raise
+        else:
+            fetching.set_result(routes)
+            return routes
+        finally:
+            del self._route_fetches[topic]
+
+    async def _fetch_route(self, topic: str, for_send: bool) -> tuple[QueueRoute, ...]:
+        now = time.monotonic()
+        response = await self.nameserver_call("QueryRoute", nameserver_pb2.QueryRouteRequest(topic=topic,
+                                                                                              for_send=for_send))
+        routes = tuple(QueueRoute(q.broker_name, q.broker_address, q.queue_id) for q in response.queues)
+        if not routes:
+            self._routes.pop(topic, None)
+            raise TopicNotFoundError(topic)
+        self._routes[topic] = (routes, now)
+        for r in routes:
+            self._broker_addresses[r.broker_name] = r.broker_address
+        return routes
+
+    def invalidate_route(self, topic: str) -> None:
+        self._routes.pop(topic, None)
+
+    async def broker_address(self, broker_name: str, *, refresh: bool = False) -> str:
+        """The address of a broker by name (from the routes seen, else ListBrokers)."""
+        address = None if refresh else self._broker_addresses.get(broker_name)
+        if address is not None:
+            return address
+        response = await self.nameserver_call("ListBrokers", nameserver_pb2.ListBrokersRequest())
+        live = {broker.name: broker.address for broker in response.brokers}
+        self._broker_addresses.update(live)
+        if broker_name not in live:
+            self._broker_addresses.pop(broker_name, None)
+            raise BrokerNotFoundError(broker_name)
+        return live[broker_name]

@@ -1,0 +1,213 @@
+""":class:`AsyncSimpleConsumer`: ``txmq.SimpleConsumer`` for an event loop (same
+subscriptions, receive passes and long polls, acks and invisibility changes)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+from typing import Iterable, Mapping, Sequence
+
+from .._client import positive
+from .._consumer import _subscriptions, _Target
+from .._errors import ClientClosedError, InternalError, InvalidFieldError, TopicNotFoundError, TxmqError, error_from_entry
+from .._names import validate_group
+from .._types import ReceivedMessage, ms_to_datetime, received_from_pb
+from ..v1 import broker_pb2
+from ._client import AsyncClient
+
+log = logging.getLogger(__name__)
+
+
+class AsyncSimpleConsumer:
+    """Receives messages for a consumer group from coroutines. Use it as ``async with``.
+
+    ``subscriptions`` maps each topic to a tag filter (``"*"`` or ``"TagA || TagB"``)."""
+
+    def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
+                 subscriptions: Mapping[str, str], await_duration_seconds: float = 20.0,
+                 request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0) -> None:
+        validate_group("consumer_group", consumer_group)
+        self.consumer_group = consumer_group
+        self.subscriptions = _subscriptions(subscriptions)
+        self.await_duration_seconds = positive("await_duration_seconds", await_duration_seconds)
+        self._client = AsyncClient(nameservers, request_timeout_seconds=request_timeout_seconds,
+                                   route_refresh_seconds=route_refresh_seconds, what="consumer")
+        self._round_robin = itertools.count()
+        # Long polls still running after a receive returned; what they brought since comes first.
+        self._polls: dict[_Target, asyncio.Task[list[ReceivedMessage]]] = {}
+        self._buffer: list[ReceivedMessage] = []
+
+    async def close(self) -> None:
+        """Closes the connections; messages received and not acknowledged are redelivered
+        after their invisible duration."""
+        polls, self._polls = list(self._polls.values()), {}
+        for task in polls:
+            task.cancel()
+        await asyncio.gather(*polls, return_exceptions=True)
+        self._buffer.clear()
+        await self._client.close()
+
+    async def __aenter__(self) -> "AsyncSimpleConsumer":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- receive --------------------------------------------------------------------------
+
+    async def receive(self, max_messages: int = 16, invisible_duration_seconds: float = 30.0) -> list[ReceivedMessage]:
+        """Up to ``max_messages`` messages, or ``[]`` if none arrived within
+        ``await_duration_seconds`` (see :meth:`txmq.SimpleConsumer.receive`)."""
+        if not isinstance(max_messages, int) or max_messages < 1:
+            raise InvalidFieldError("max_messages", f"must be an integer >= 1, got {max_messages!r}")
+        positive("invisible_duration_seconds", invisible_duration_seconds)
+        self._client.check_open()
+        if self._buffer:
+            out, self._buffer = self._buffer[:max_messages], self._buffer[max_messages:]
+            return out
+        targets = await self._targets()
+        start = next(self._round_robin) % len(targets)
+        targets = targets[start:] + targets[:start]
+        faults = self._client.faults
+        out: list[ReceivedMessage] = []
+        errors: list[TxmqError] = []
+        for target in targets:
+            if target in self._polls or not faults.usable(target.broker_name):
+                continue
+            try:
+                out.extend(await self._receive_from(target, max_messages - len(out), invisible_duration_seconds, 0.0))
+            except TxmqError as err:
+                if not err.retryable:
+                    raise
+                errors.append(err)
+                continue
+            if len(out) >= max_messages:
+                return out
+        if out:
+            return out
+        if errors and len(errors) == len(targets):
+            raise errors[-1]
+        return await self._long_poll(targets, max_messages, invisible_duration_seconds)
+
+    async def _long_poll(self, targets: list[_Target], max_messages: int,
+                         invisible_duration_seconds: float) -> list[ReceivedMessage]:
+        faults = self._client.faults
+        usable = [t for t in targets if faults.usable(t.broker_name)] or targets
+        for target in usable:
+            if target not in self._polls:
+                self._polls[target] = asyncio.ensure_future(self._receive_from(
+                    target, max_messages, invisible_duration_seconds, self.await_duration_seconds))
+        polls = dict(self._polls)
+        deadline = asyncio.get_running_loop().time() + self.await_duration_seconds + self._client.request_timeout_seconds
+        running = set(polls.values())
+        while running:
+            timeout = max(0.0, deadline - asyncio.get_running_loop().time())
+            done, running = await asyncio.wait(running, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if not done or any(not t.cancelled() and t.exception() is None for t in done):
+                break
+        out: list[ReceivedMessage] = []
+        errors: list[TxmqError] = []
+        answered = False
+        for target, task in polls.items():
+            if not task.done() or self._polls.get(target) is not task:
+                continue
+            del self._polls[target]
+            if task.cancelled():
+                continue
+            error = task.exception()
+            if error is None:
+                answered = True
+                out.extend(task.result())
+            elif isinstance(error, TxmqError):
+                errors.append(error)
+            else:
+                errors.append(InternalError(f"receive failed: {error!r}"))
+        out, rest = out[:max_messages], out[max_messages:]
+        self._buffer.extend(rest)
+        if not out and errors and not answered:
+            raise errors[-1]
+        return out
+
+    async def _targets(self) -> list[_Target]:
+        targets: list[_Target] = []
+        missing: TopicNotFoundError | None = None
+        for topic, expression in self.subscriptions.items():
+            try:
+                routes = await self._client.route(topic, for_send=False)
+            except TopicNotFoundError as err:
+                missing = err
+                continue
+            for broker in dict.fromkeys(r.broker_name for r in routes):
+                targets.append(_Target(topic, expression, broker))
+        if not targets and missing is not None:
+            raise missing
+        return targets
+
+    async def _receive_from(self, target: _Target, max_messages: int, invisible_duration_seconds: float,
+                            wait_seconds: float) -> list[ReceivedMessage]:
+        request = broker_pb2.ReceiveMessagesRequest(
+            consumer_group=self.consumer_group, topic=target.topic, queue_id=-1,
+            filter_expression=target.filter_expression, max_messages=max_messages,
+            invisible_duration_seconds=invisible_duration_seconds, long_polling_timeout_seconds=wait_seconds)
+        try:
+            address = await self._client.broker_address(target.broker_name)
+            response = await self._client.call(self._client.broker(address).ReceiveMessages, request,
+                                               timeout=wait_seconds + self._client.request_timeout_seconds)
+        except TxmqError as err:
+            if err.retryable:
+                self._client.faults.failed(target.broker_name)
+            self._client.invalidate_route(target.topic)
+            raise
+        self._client.faults.succeeded(target.broker_name)
+        return [received_from_pb(m, self.consumer_group) for m in response.messages]
+
+    # --- acknowledge ----------------------------------------------------------------------
+
+    async def ack(self, message: ReceivedMessage) -> None:
+        """Acknowledges one delivery (see :meth:`txmq.SimpleConsumer.ack`)."""
+        error = (await self._ack_group(message.broker_name, message.topic, [message]))[0]
+        if error is not None:
+            raise error
+
+    async def ack_many(self, messages: Iterable[ReceivedMessage]) -> list[TxmqError | None]:
+        """One AckMessages per (broker, topic), concurrently; per message None or its error."""
+        messages = list(messages)
+        self._client.check_open()
+        groups: dict[tuple[str, str], list[int]] = {}
+        for index, message in enumerate(messages):
+            groups.setdefault((message.broker_name, message.topic), []).append(index)
+        results: list[TxmqError | None] = [None] * len(messages)
+        answers = await asyncio.gather(*(self._ack_group(b, t, [messages[i] for i in idx])
+                                         for (b, t), idx in groups.items()))
+        for indexes, errors in zip(groups.values(), answers):
+            for index, error in zip(indexes, errors):
+                results[index] = error
+        return results
+
+    async def _ack_group(self, broker_name: str, topic: str, messages: list[ReceivedMessage]) -> list[TxmqError | None]:
+        request = broker_pb2.AckMessagesRequest(consumer_group=self.consumer_group, topic=topic,
+                                                receipt_handles=[m.receipt_handle for m in messages])
+        try:
+            response = await self._client.call_bound(broker_name, lambda stub: stub.AckMessages, request)
+        except ClientClosedError:
+            raise
+        except TxmqError as err:
+            return [err] * len(messages)
+        if len(response.entries) != len(messages):
+            error = InternalError(f"broker {broker_name} answered {len(response.entries)} entries "
+                                  f"for {len(messages)} receipt handles")
+            return [error] * len(messages)
+        return [error_from_entry(e) if e.code else None for e in response.entries]
+
+    async def change_invisible_duration(self, message: ReceivedMessage, seconds: float) -> ReceivedMessage:
+        """See :meth:`txmq.SimpleConsumer.change_invisible_duration`."""
+        positive("seconds", seconds)
+        request = broker_pb2.ChangeInvisibleDurationRequest(
+            consumer_group=self.consumer_group, topic=message.topic,
+            receipt_handle=message.receipt_handle, invisible_duration_seconds=seconds)
+        response = await self._client.call_bound(message.broker_name, lambda stub: stub.ChangeInvisibleDuration,
+                                                 request)
+        return dataclasses.replace(message, receipt_handle=response.receipt_handle,
+                                   invisible_until=ms_to_datetime(response.invisible_until_ms))

@@ -1,0 +1,190 @@
+"""The pipelined Produce stream for asyncio: one bidirectional call per broker carrying every
+request of the process's coroutines (the design of ``txmq._pipeline``, without threads).
+
+- ``request`` gives the entry a request id, registers a future under it, queues the entry
+  and awaits the future.
+- One writer task sends: one stream message in flight at a time; what the coroutines
+  queue meanwhile leaves together in the next. Once an answer comes, the writer lets the
+  event loop run the coroutines it woke (``LINGER_TURNS`` loop turns, no timer) before it
+  sends, so a caller whose next request follows at once (a commit after its half message)
+  joins the next message instead of waiting for a round trip. A message whose answer is
+  later than ``HOLD_SECONDS`` stops holding the next.
+- One reader task resolves the futures by request id (the broker answers out of order).
+- When the call fails, every request in flight fails with :class:`UnavailableError`
+  (retryable: the caller retries with the same message id, which the broker
+  deduplicates); the next request opens a new call.
+- A request with no answer within its timeout while the call answered nothing since it
+  was sent marks the call dead (a half-open connection): it is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Any, Callable
+
+import grpc
+
+from .._errors import ClientClosedError, DeadlineExceededError, UnavailableError, error_from_entry
+from .._pipeline import HOLD_SECONDS, MAX_BATCH
+from ..v1 import broker_pb2
+
+log = logging.getLogger(__name__)
+
+#: Event-loop turns the writer yields after an answer, for the coroutines it woke to queue
+#: their next request (each turn runs every callback ready then).
+LINGER_TURNS = 2
+
+
+class _Session:
+    """One opened Produce call, its writer and reader, and the requests in flight on it."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self.queue: list[broker_pb2.ProduceEntry] = []
+        self.pending: dict[int, asyncio.Future[broker_pb2.ProduceResult]] = {}
+        self.queued = asyncio.Event()
+        self.answered = asyncio.Event()
+        self.answered.set()
+        self.unanswered = 0
+        self.dead = False
+        self.last_response = time.monotonic()
+        self.tasks: list[asyncio.Task[None]] = []
+
+
+class AsyncProduceStream:
+    """The Produce stream to one broker address."""
+
+    def __init__(self, method: Callable[..., Any], address: str) -> None:
+        self._method = method
+        self.address = address
+        self._session: _Session | None = None
+        self._ids = itertools.count(1)
+        self._closed = False
+        #: Stream messages sent and requests they carried (how well calls batch).
+        self.messages_sent = 0
+        self.requests_sent = 0
+
+    async def request(self, entry: broker_pb2.ProduceEntry, timeout: float) -> broker_pb2.ProduceResult:
+        """Sends ``entry`` and awaits its response; a non-OK status raises the TxmqError it
+        stands for, no answer within ``timeout`` raises DeadlineExceededError."""
+        if self._closed:
+            raise ClientClosedError("producer")
+        session = self._session if self._session is not None and not self._session.dead else self._open()
+        request_id = next(self._ids)
+        entry.request_id = request_id
+        future: asyncio.Future[broker_pb2.ProduceResult] = asyncio.get_running_loop().create_future()
+        session.pending[request_id] = future
+        session.queue.append(entry)
+        session.queued.set()
+        sent_at = time.monotonic()
+        try:
+            result = await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            session.pending.pop(request_id, None)
+            if session.last_response < sent_at and not session.dead:
+                log.warning("produce stream to %s answered nothing for %.1fs: reconnecting", self.address, timeout)
+                self._fail(session, "no answer")
+                session.call.cancel()
+            raise DeadlineExceededError(f"no answer from broker {self.address} within {timeout}s") from None
+        if result.status.code:
+            raise error_from_entry(result.status)
+        return result
+
+    async def close(self) -> None:
+        """Fails every request in flight with ClientClosedError. Idempotent."""
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            self._fail(session, "closed")
+            session.call.cancel()
+            for task in session.tasks:
+                task.cancel()
+            await asyncio.gather(*session.tasks, return_exceptions=True)
+
+    # --- the call -------------------------------------------------------------------------
+
+    def _open(self) -> _Session:
+        session = self._session = _Session(self._method())
+        session.tasks = [asyncio.ensure_future(self._write(session)), asyncio.ensure_future(self._read(session))]
+        log.debug("produce stream to %s opened", self.address)
+        return session
+
+    async def _write(self, session: _Session) -> None:
+        try:
+            while not session.dead:
+                await session.queued.wait()
+                if session.unanswered > 0:
+                    try:
+                        await asyncio.wait_for(session.answered.wait(), HOLD_SECONDS)
+                    except asyncio.TimeoutError:
+                        pass
+                    for _ in range(LINGER_TURNS):
+                        await asyncio.sleep(0)
+                if session.dead:
+                    return
+                batch, session.queue = session.queue[:MAX_BATCH], session.queue[MAX_BATCH:]
+                if not session.queue:
+                    session.queued.clear()
+                if not batch:
+                    continue
+                session.unanswered += len(batch)
+                session.answered.clear()
+                self.messages_sent += 1
+                self.requests_sent += len(batch)
+                await session.call.write(broker_pb2.ProduceRequest(entries=batch))
+        except (grpc.RpcError, asyncio.InvalidStateError) as exc:
+            self._fail(session, f"write failed: {exc}")
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - never leave callers waiting
+            log.exception("produce stream to %s: writer failed", self.address)
+            self._fail(session, "writer failed")
+
+    async def _read(self, session: _Session) -> None:
+        detail = "the broker closed the stream"
+        try:
+            while True:
+                response = await session.call.read()
+                if response is grpc.aio.EOF:
+                    break
+                session.last_response = time.monotonic()
+                session.unanswered -= len(response.results)
+                if session.unanswered <= 0:
+                    session.unanswered = 0
+                    session.answered.set()
+                for result in response.results:
+                    future = session.pending.pop(result.request_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(result)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            detail = f"{getattr(code, 'name', code)}: {exc.details() if hasattr(exc, 'details') else exc}"
+        except asyncio.CancelledError:
+            detail = "cancelled"
+        except Exception:  # noqa: BLE001 - never leave callers waiting
+            log.exception("produce stream to %s: reader failed", self.address)
+            detail = "reader failed"
+        self._fail(session, detail)
+
+    def _fail(self, session: _Session, detail: str) -> None:
+        if session.dead:
+            return
+        session.dead = True
+        if self._session is session:
+            self._session = None
+        session.queued.set()
+        session.answered.set()
+        failed, session.pending = session.pending, {}
+        if failed:
+            log.debug("produce stream to %s failed with %d in flight: %s", self.address, len(failed), detail)
+        for future in failed.values():
+            if future.done():
+                continue
+            if self._closed:
+                future.set_exception(ClientClosedError("producer"))
+            else:
+                future.set_exception(UnavailableError(f"produce stream to {self.address} failed ({detail})",
+                                                      address=self.address))
