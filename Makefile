@@ -58,7 +58,7 @@ proto-lint: tools
 proto-check: venv
 	tools/check_generated.sh $(PY)
 
-run: venv
+run: venv $(VENV)/.proxy-installed
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
 test: venv cc etcd netns-tools proto-lint proto-check pipeline-deps browser proxy-deps chart-tools

@@ -5,11 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-import grpc
-
 import txmq
-from txmq._errors import error_from_rpc
-from txmq.v1 import admin_pb2, admin_pb2_grpc
 
 
 def arguments(description: str, default_topic: str) -> argparse.Namespace:
@@ -23,14 +19,10 @@ def arguments(description: str, default_topic: str) -> argparse.Namespace:
 
 
 def ensure_topic(nameservers: str, topic: str, queue_count: int = 4) -> None:
-    """Creates the topic through the Admin API of the first name server (what
-    ``txmq topic create`` does); an existing topic is fine."""
-    address = nameservers.split(",")[0].strip()
-    with grpc.insecure_channel(address) as channel:
+    """Creates the topic with the Admin API (what ``txmq topic create`` does); an existing
+    topic is fine."""
+    with txmq.Admin(nameservers) as admin:
         try:
-            admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(
-                admin_pb2.CreateTopicRequest(topic=topic, queue_count=queue_count), timeout=10.0)
-        except grpc.RpcError as exc:
-            error = error_from_rpc(exc)
-            if not isinstance(error, txmq.TopicExistsError):
-                raise error from None
+            admin.create_topic(topic, queue_count=queue_count)
+        except txmq.TopicExistsError:
+            pass

@@ -1,11 +1,13 @@
 """``python -m services.local``: every txmq service as a separate local process, and a demo.
 
 ``make run`` calls it. It starts the name server (gRPC 9876, metrics 9400, topics
-auto-created), one broker (10911, metrics 9401, data in ``<data-dir>/broker-0``) and, once
-``services.checker`` is built, a checker (10921, metrics 9402); waits for their ready files;
-runs the demo (three transactional messages: committed, rolled back, left UNKNOWN; a
-consumer that receives only the committed one); then keeps the services running until
-Ctrl-C or SIGTERM, which stops them cleanly.
+auto-created on a producer's first send), one broker (10911, metrics 9401, data in
+``<data-dir>/broker-0``), a checker (10921, metrics 9402) and the RocketMQ 5 proxy (8081,
+metrics 9403: the official RocketMQ clients' endpoint, docs/rocketmq-compat.md); waits for
+their ready files; runs the demo (three transactional messages: committed, rolled back, left
+UNKNOWN and then resolved by the checker's check a few seconds later; a consumer that
+receives the two committed ones only); then keeps the services running until Ctrl-C or
+SIGTERM, which stops them cleanly.
 
 Service logs (JSON lines) go to ``<data-dir>/<service>.log``. ``TXMQ_*`` variables in the
 environment reach every service (``TXMQ_LOG_LEVEL=DEBUG make run``), except the ones this
@@ -62,6 +64,10 @@ class Role:
 NAMESERVER = Role("nameserver", "services.nameserver", 9876, 9400)
 BROKER = Role("broker-0", "services.broker", 10911, 9401)
 CHECKER = Role("checker", "services.checker", 10921, 9402)
+PROXY = Role("proxy", "services.proxy", 8081, 9403)
+#: The demo's UNKNOWN transaction is first checked this long after it was sent (its
+#: message's check immunity, instead of the broker's transaction_timeout_seconds).
+DEMO_CHECK_AFTER_SECONDS = 2.0
 
 
 class Shutdown(Exception):
@@ -122,6 +128,7 @@ class LocalServices:
         self.nameserver: ServiceProcess | None = None
         self.broker: ServiceProcess | None = None
         self.checker: ServiceProcess | None = None
+        self.proxy: ServiceProcess | None = None
 
     def _env(self, role: Role, **settings: str) -> dict[str, str]:
         ports = (role.port, role.metrics_port) if self.fixed_ports else (0, 0)
@@ -156,6 +163,7 @@ class LocalServices:
             wait_broker_registered(self.nameserver.address, BROKER.name, self.broker.address)
         if with_checker:
             self.checker = self._start(CHECKER, self._env(CHECKER, TXMQ_NAMESERVER_ADDRESSES=addresses))
+        self.proxy = self._start(PROXY, self._env(PROXY, TXMQ_NAMESERVER_ADDRESSES=addresses))
 
     def _start_replicas(self, nameservers: str) -> None:
         """etcd, then the replicas of broker-0; returns once one leads with enough in sync."""
@@ -269,17 +277,13 @@ def _channel(address: str) -> Any:
 
 # ---------------------------------------------------------------------------- the demo
 def create_demo_topic(nameserver: str) -> None:
-    import grpc
+    from txmq import Admin, TopicExistsError  # noqa: PLC0415 - the SDK, imported with the demo
 
-    from txmq.v1 import admin_pb2, admin_pb2_grpc
-
-    with _channel(nameserver) as channel:
+    with Admin(nameserver, tls=client_tls()) as admin:
         try:
-            admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(
-                admin_pb2.CreateTopicRequest(topic=DEMO_TOPIC, queue_count=4), timeout=10.0)
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
-                raise
+            admin.create_topic(DEMO_TOPIC, queue_count=4)
+        except TopicExistsError:
+            pass
 
 
 def _name(value: Any) -> str:
@@ -302,6 +306,12 @@ def run_demo(nameserver: str) -> bool:
             ("order-3", LocalTransactionState.UNKNOWN)]
     decisions = {f"{key}-{run}": state for key, state in plan}
 
+    # order-3's local transaction cannot say yet (UNKNOWN), and commits right after: the
+    # check that comes DEMO_CHECK_AFTER_SECONDS later finds it committed.
+    decisions[f"order-3-{run}"] = LocalTransactionState.COMMIT
+    checked = threading.Event()
+    sent_at: dict[str, float] = {}
+
     class DemoListener:
         """The local transaction is a dict lookup: the key says how it ends."""
 
@@ -309,10 +319,16 @@ def run_demo(nameserver: str) -> bool:
             return arg
 
         def check_local_transaction(self, message: Any) -> Any:
-            # The checker asks about order-3 (and any UNKNOWN left by an earlier run):
-            # still not known, so it stays pending until check_max discards it.
+            # The checker asks about order-3 (and about any UNKNOWN an earlier run left:
+            # unknown here, so it stays pending until check_max discards it).
             keys = getattr(message, "keys", ()) or ()
-            return decisions.get(keys[0] if keys else "", LocalTransactionState.UNKNOWN)
+            answer = decisions.get(keys[0] if keys else "", LocalTransactionState.UNKNOWN)
+            if keys and keys[0] in sent_at:
+                say(f"demo: the checker asked about order-3 {time.monotonic() - sent_at[keys[0]]:.1f}s after it "
+                    f"was sent (check {getattr(message, 'attempt', 1)}): the local transaction says "
+                    f"{answer.name}")
+                checked.set()
+            return answer
 
     say(f"demo: producer group {DEMO_PRODUCER_GROUP!r} sends three transactional messages to {DEMO_TOPIC!r}")
     results: dict[str, Any] = {}
@@ -321,37 +337,44 @@ def run_demo(nameserver: str) -> bool:
         for key, local_state in plan:
             full_key = f"{key}-{run}"
             body = f"{key} (run {run}): local transaction says {local_state.name}".encode()
-            result = producer.send_in_transaction(Message(topic=DEMO_TOPIC, body=body, keys=(full_key,)),
-                                                  local_state)
+            immunity = DEMO_CHECK_AFTER_SECONDS if local_state is LocalTransactionState.UNKNOWN else None
+            if immunity:
+                sent_at[full_key] = time.monotonic()
+            result = producer.send_in_transaction(Message(topic=DEMO_TOPIC, body=body, keys=(full_key,),
+                                                          check_immunity_seconds=immunity), local_state)
             results[key] = result
             note = {"COMMIT": "visible to consumers",
                     "ROLLBACK": "discarded, never delivered",
                     "UNKNOWN": "pending: the checker will ask the producer group"}[local_state.name]
             say(f"demo: sent {key}: local transaction {local_state.name} -> {_name(result.state)} "
                 f"({note}; transaction {result.transaction_id})")
+        if not _await_check(checked, results["order-3"].transaction_id, nameserver):
+            return False
 
-    committed = results["order-1"].transaction_id
-    not_delivered = {results["order-2"].transaction_id: "order-2", results["order-3"].transaction_id: "order-3"}
+    committed = {results["order-1"].transaction_id: "order-1", results["order-3"].transaction_id: "order-3"}
+    not_delivered = {results["order-2"].transaction_id: "order-2"}
     say(f"demo: consumer group {DEMO_CONSUMER_GROUP!r} receives from {DEMO_TOPIC!r}")
     ok = True
-    seen_committed = False
+    seen: set[str] = set()
     with SimpleConsumer(nameservers=[nameserver], consumer_group=DEMO_CONSUMER_GROUP, tls=client_tls(),
                         subscriptions={DEMO_TOPIC: "*"}, await_duration_seconds=1.0) as consumer:
         deadline = time.monotonic() + DEMO_RECEIVE_SECONDS
         drained = False
         while not drained:
-            if seen_committed:
+            if len(seen) == len(committed):
                 drained = True  # one more receive: nothing else of this run may arrive
             elif time.monotonic() >= deadline:
-                say(f"demo: FAILED: the committed message was not received within {DEMO_RECEIVE_SECONDS:.0f}s")
+                say(f"demo: FAILED: the committed messages were not received within {DEMO_RECEIVE_SECONDS:.0f}s "
+                    f"(missing {sorted(set(committed.values()) - seen)})")
                 return False
             for msg in consumer.receive(max_messages=16, invisible_duration_seconds=30.0):
                 body = bytes(msg.body).decode("utf-8", "replace")
-                if msg.transaction_id == committed:
-                    if not seen_committed:
-                        say(f"demo: consumed order-1: {body!r} (message {msg.message_id}, "
+                if msg.transaction_id in committed:
+                    key = committed[msg.transaction_id]
+                    if key not in seen:
+                        say(f"demo: consumed {key}: {body!r} (message {msg.message_id}, "
                             f"transaction {msg.transaction_id})")
-                    seen_committed = True
+                    seen.add(key)
                 elif msg.transaction_id in not_delivered:
                     ok = False
                     say(f"demo: FAILED: consumed {not_delivered[msg.transaction_id]}, which was not "
@@ -360,8 +383,27 @@ def run_demo(nameserver: str) -> bool:
                     say(f"demo: acknowledged a message left by an earlier run: {body!r}")
                 consumer.ack(msg)
     if ok:
-        say("demo: ok: the consumer received the committed message only")
+        say("demo: ok: the consumer received the committed messages only")
     return ok
+
+
+def _await_check(checked: threading.Event, transaction_id: str, nameserver: str) -> bool:
+    """Waits (the producer still open to answer) until the checker's check resolved order-3."""
+    from txmq import Admin  # noqa: PLC0415 - the SDK, imported with the demo
+    from txmq.v1 import common_pb2  # noqa: PLC0415
+
+    say(f"demo: order-3 waits for the checker (first check {DEMO_CHECK_AFTER_SECONDS:g}s after the send)")
+    deadline = time.monotonic() + DEMO_RECEIVE_SECONDS
+    with Admin(nameserver) as admin:
+        while time.monotonic() < deadline:
+            state = admin.describe_transaction(transaction_id).transaction.state
+            if checked.is_set() and state == common_pb2.TRANSACTION_STATE_COMMITTED:
+                say(f"demo: order-3 resolved by the check: PREPARED -> COMMITTED "
+                    f"(transaction {transaction_id})")
+                return True
+            time.sleep(0.1)
+    say(f"demo: FAILED: order-3 was not resolved by a check within {DEMO_RECEIVE_SECONDS:.0f}s")
+    return False
 
 
 # ---------------------------------------------------------------------------- main
@@ -373,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rf = args.replication_factor
     brokers = [BROKER] if rf == 1 else [Role(f"{BROKER.name}-r{r}", BROKER.module, BROKER.port + r, 9411 + r)
                                         for r in range(rf)]
-    roles = [NAMESERVER, *brokers, *([CHECKER] if with_checker else [])]
+    roles = [NAMESERVER, *brokers, *([CHECKER] if with_checker else []), PROXY]
     services = LocalServices(data_dir, fixed_ports=args.ports == "fixed", replication_factor=rf)
     services.check_ports(roles)
 
@@ -397,6 +439,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts = [f"nameserver {services.nameserver.address}", f"broker {services.broker.address}"]  # type: ignore[union-attr]
         if services.checker is not None:
             parts.append(f"checker {services.checker.address}")
+        if services.proxy is not None:
+            parts.append(f"RocketMQ proxy {services.proxy.address}")
         say(f"services are running: {', '.join(parts)} — Ctrl-C to stop")
         supervise(services)
         return 1
@@ -423,6 +467,8 @@ def show_services(services: LocalServices, data_dir_arg: str) -> None:
             f"  log {shown / (proc.name + '.log')}{extra}")
     if services.checker is None:
         say("txmq local: no checker yet (services.checker is not built): transactions left UNKNOWN stay pending")
+    if services.proxy is not None:
+        say(f"txmq local: RocketMQ 5 clients: endpoints {services.proxy.address} (docs/rocketmq-compat.md)")
 
 
 def supervise(services: LocalServices) -> None:

@@ -24,28 +24,32 @@ Every error is a :class:`TxmqError`; ``err.retryable`` says whether repeating ma
 The generated stubs live in ``txmq.v1``.
 """
 
+from ._admin import Admin
 from ._checks import CheckMessage, InProgress
 from ._consumer import PushConsumer, SimpleConsumer
 from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, ClientClosedError,
-                      ConnectionLimitError, DeadlineExceededError, DiskFullError, FailedPreconditionError, InternalError,
+                      ConnectionLimitError, ConsumerGroupNotFoundError, DeadlineExceededError, DiskFullError,
+                      FailedPreconditionError, InternalError, NotANameServerError,
                       InvalidArgumentError, InvalidFieldError, InvalidIdError, InvalidNameError,
                       LeadershipLostError, MessageTooLargeError, NoBrokerError, NotEnoughReplicasError,
                       NotFoundError, NotLeaderError, OverloadedError, PermissionDeniedError, PropertiesTooLargeError,
                       QueueNotFoundError, ReceiptHandleNotFoundError, ResourceExhaustedError,
-                      StaleClaimError, SystemTopicError, TopicExistsError, TopicNotFoundError,
+                      StaleClaimError, SystemTopicError, TopicExistsError, TopicInUseError, TopicNotFoundError,
                       TransactionNotFoundError, TransactionStateError, TxmqError, UnauthenticatedError,
                       UnavailableError, UndecodableRequestError, WrongBrokerError)
 from ._faults import RoutingStats, ShardStats
-from ._producer import Producer, TransactionListener, TransactionProducer
+from ._producer import Producer, Transaction, TransactionListener, TransactionProducer
 from ._tls import TLS
 from ._types import (ConsumeResult, LocalTransactionState, Message, ReceivedMessage, SendReceipt, SqlFilter,
                      TransactionMessage, TransactionResult, TransactionState)
 
 __all__ = [
     # clients
+    "Admin",
     "Producer",
     "PushConsumer",
     "SimpleConsumer",
+    "Transaction",
     "TransactionListener",
     "TransactionProducer",
     # values
@@ -70,6 +74,7 @@ __all__ = [
     "CancelledError",
     "ClientClosedError",
     "ConnectionLimitError",
+    "ConsumerGroupNotFoundError",
     "DeadlineExceededError",
     "DiskFullError",
     "FailedPreconditionError",
@@ -81,6 +86,7 @@ __all__ = [
     "LeadershipLostError",
     "MessageTooLargeError",
     "NoBrokerError",
+    "NotANameServerError",
     "NotEnoughReplicasError",
     "NotFoundError",
     "NotLeaderError",
@@ -93,6 +99,7 @@ __all__ = [
     "StaleClaimError",
     "SystemTopicError",
     "TopicExistsError",
+    "TopicInUseError",
     "TopicNotFoundError",
     "TransactionNotFoundError",
     "TransactionStateError",

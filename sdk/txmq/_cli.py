@@ -5,42 +5,55 @@ NameServerService for listings), so it needs only the name server address.
 
     txmq txn list [--group G] [--state pending|discarded|committed|rolled-back]
                   [--older-than 60s] [--limit N]
-    txmq txn describe ID
+    txmq txn describe ID [--body-out FILE]
     txmq txn resolve ID --commit|--rollback [--operator NAME] --reason TEXT
     txmq topic list
     txmq topic create NAME [--queues N]
+    txmq topic describe NAME
+    txmq topic delete NAME [--force]
+    txmq group list [--topic T]
+    txmq group describe GROUP [--topic T]
+    txmq dlq list GROUP [--limit N]
+    txmq dlq redrive GROUP --ids ID [ID ...] | --all
     txmq broker list
+    txmq broker status
     txmq broker elect SHARD --replica R
     txmq checker list
+    txmq completion bash
+    txmq --version
 
 ``--nameserver`` defaults to ``$TXMQ_NAMESERVER``, else 127.0.0.1:9876; with several
 addresses the next is tried when one is unavailable. ``--tls-ca FILE`` dials the name
 servers with TLS (``--tls-cert FILE --tls-key FILE``: presenting a client certificate, for
 mutual TLS); they default to ``$TXMQ_TLS_CA_FILE``, ``$TXMQ_TLS_CERT_FILE``,
-``$TXMQ_TLS_KEY_FILE``, and ``--tls-server-name`` to ``$TXMQ_TLS_SERVER_NAME``. Output is a table, or JSON with
-``--json``. Exit status: 0 done, 1 the request failed (the error on stderr), 2 bad usage.
+``$TXMQ_TLS_KEY_FILE``, and ``--tls-server-name`` to ``$TXMQ_TLS_SERVER_NAME``; ``--token``
+(default ``$TXMQ_TOKEN``) is sent as a bearer token. Output is a table cut to the terminal's width
+(``$COLUMNS``; ids are never cut; not cut when piped), or JSON with ``--json``. Exit status: 0 done, 1 the
+request failed (the error on stderr), 2 bad usage. A reader that stops early (``| head``)
+ends the output quietly.
 Durations are ``500ms``, ``60s``, ``5m``, ``1h``, ``2d`` or plain seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime as _dt
 import getpass
 import json
 import math
 import os
 import re
+import shutil
 import sys
 import time
+from importlib import metadata
 from typing import Any, Callable, Sequence, TextIO
 
-import grpc
-
-from ._auth import with_token
-from ._errors import TxmqError, error_from_rpc
-from ._tls import TLS, ChannelTLS, sync_channel
-from .v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
+from ._admin import Admin as _AdminClient
+from ._errors import TxmqError
+from ._tls import TLS
+from .v1 import admin_pb2, common_pb2, nameserver_pb2
 
 DEFAULT_NAMESERVER = "127.0.0.1:9876"
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -145,74 +158,150 @@ def transaction_dict(t: common_pb2.Transaction, now_ms: int | None = None) -> di
     }
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+#: Columns a table never cuts (what an operator copies into the next command).
+_UNCUT = {"TRANSACTION", "MESSAGE ID", "STATE"}
+_MIN_CUT_WIDTH = 8
+
+
+def terminal_width() -> int | None:
+    """``$COLUMNS``, else the terminal's width; None (no cutting) when the output goes to a
+    pipe or a file, where whole values matter more than the line's width."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    try:
+        if not os.isatty(sys.stdout.fileno()):
+            return None
+    except (AttributeError, OSError, ValueError):
+        return None
+    return shutil.get_terminal_size((100, 24)).columns
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], width: int | None = None) -> str:
+    """Aligned columns; with ``width``, the widest cuttable columns are cut (ending in "…")
+    until the table fits or every one is down to 8 characters."""
     cells = [[str(h) for h in headers]] + [["" if v is None else str(v) for v in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    if width is not None:
+        cuttable = [i for i, h in enumerate(headers) if h not in _UNCUT]
+        while sum(widths) + 2 * (len(widths) - 1) > width:
+            i = max(cuttable, key=lambda c: widths[c], default=None)
+            if i is None or widths[i] <= _MIN_CUT_WIDTH:
+                break
+            widths[i] -= 1
+        cells = [[v if len(v) <= w else v[:w - 1] + "…" for v, w in zip(r, widths)] for r in cells]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
     return "\n".join(lines)
 
 
-# --- the name server connection ----------------------------------------------------------
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A table fitted to the terminal."""
+    return format_table(headers, rows, terminal_width())
 
-class Admin:
-    """Calls on the first name server that answers (the next on UNAVAILABLE)."""
 
-    def __init__(self, nameservers: str, timeout: float, tls: TLS | None = None, token: str | None = None) -> None:
-        self._tls = ChannelTLS(tls) if tls is not None else None
-        self.addresses = [a.strip() for a in nameservers.replace(";", ",").split(",") if a.strip()]
-        if not self.addresses:
-            raise TxmqError("no name server address given")
-        self.timeout = timeout
-        self.token = token
-        self._channels: dict[str, grpc.Channel] = {}
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
 
-    def call(self, service: str, method: str, request: Any) -> Any:
-        error: TxmqError | None = None
-        for address in self.addresses:
-            channel = self._channels.get(address)
-            if channel is None:
-                channel = self._channels[address] = with_token(sync_channel(address, (), self._tls), self.token)
-            stub: Any = (admin_pb2_grpc.AdminServiceStub(channel) if service == "admin"
-                         else nameserver_pb2_grpc.NameServerServiceStub(channel))
-            try:
-                return getattr(stub, method)(request, timeout=self.timeout)
-            except grpc.RpcError as exc:
-                error = error_from_rpc(exc)
-                if not error.retryable:
-                    raise error from None
-        assert error is not None
-        raise error
 
-    def close(self) -> None:
-        for channel in self._channels.values():
-            channel.close()
+#: Most characters of a text body ``txn describe`` and ``dlq list`` print.
+BODY_PREVIEW_CHARS = 512
+
+
+def body_preview(body: bytes, limit: int = BODY_PREVIEW_CHARS) -> str:
+    """A body as a terminal can show it: UTF-8 text (control characters escaped) up to
+    ``limit`` characters, else a hex preview marked binary. Never writes raw bytes."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and all(c.isprintable() or c in "\n\t" for c in text):
+        shown = text[:limit]
+        more = f" … ({len(body) - len(shown.encode())} more bytes)" if len(text) > limit else ""
+        return shown.replace("\n", "\\n").replace("\t", "\\t") + more
+    head = body[:32].hex(" ")
+    return f"<binary, {len(body)} bytes> {head}{' …' if len(body) > 32 else ''} (--body-out FILE writes it raw)"
+
+
+def message_dict(m: common_pb2.Message) -> dict[str, Any]:
+    """Keys, tag, properties and body of a message (body as UTF-8 text when it is, and always base64)."""
+    try:
+        text: str | None = m.body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    return {"topic": m.topic, "tag": m.tag, "keys": list(m.keys), "properties": dict(sorted(m.properties.items())),
+            "born_host": m.born_host, "born_at": _iso(m.born_timestamp_ms), "body_size_bytes": len(m.body),
+            "body_utf8": text, "body_base64": base64.b64encode(m.body).decode()}
 
 
 # --- commands --------------------------------------------------------------------------------
 
 Output = Callable[[Any, Callable[[], str]], None]
+Admin = _AdminClient
+
+
+#: A next check this late (or more) is flagged as overdue: nobody is answering it.
+OVERDUE_SLACK_SECONDS = 1.0
+
+
+def _overdue_seconds(t: common_pb2.Transaction, now_ms: int) -> float:
+    if t.state != common_pb2.TRANSACTION_STATE_PREPARED or not t.next_check_at_ms:
+        return 0.0
+    late = (now_ms - t.next_check_at_ms) / 1000
+    return late if late >= OVERDUE_SLACK_SECONDS else 0.0
 
 
 def _txn_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+    # One more than asked per broker tells a cut list from one that ended.
     response = admin.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
         producer_group=args.group or "", state=STATES[args.state] if args.state else 0,
-        older_than_seconds=args.older_than or 0.0, limit=args.limit))
+        older_than_seconds=args.older_than or 0.0, limit=args.limit + 1))
     now = _now_ms()
-    rows = [transaction_dict(t, now) for t in response.transactions]
-    data = {"transactions": rows, "unreachable_brokers": list(response.unreachable_brokers)}
+    per_broker: dict[str, int] = {}
+    kept = []
+    cut_brokers: set[str] = set()
+    for t in response.transactions:
+        seen = per_broker[t.broker_name] = per_broker.get(t.broker_name, 0) + 1
+        if seen > args.limit:
+            cut_brokers.add(t.broker_name)
+        else:
+            kept.append(t)
+    rows = []
+    for t in kept:
+        row = transaction_dict(t, now)
+        row["next_check_overdue_seconds"] = _overdue_seconds(t, now)
+        rows.append(row)
+    data = {"transactions": rows, "unreachable_brokers": list(response.unreachable_brokers),
+            "truncated": bool(cut_brokers), "limit_per_broker": args.limit}
 
-    def table() -> str:
-        text = format_table(
+    def next_check(r: dict[str, Any]) -> str:
+        if not r["next_check_at"]:
+            return ""
+        late = r["next_check_overdue_seconds"]
+        return f"OVERDUE {format_duration(late)}" if late else r["next_check_at"][11:19]
+
+    def text() -> str:
+        body = table(
             ["TRANSACTION", "STATE", "GROUP", "TOPIC", "AGE", "CHECKS", "NEXT CHECK", "REASON"],
             [[r["transaction_id"], r["state"], r["producer_group"], r["topic"],
               format_duration(r["age_seconds"] or 0), f"{r['checks_delivered']}/{r['checks_answered']}",
-              r["next_check_at"][11:23] if r["next_check_at"] else "",
-              r["discard_reason"] or r["reason"]] for r in rows])
-        text += f"\n{len(rows)} transaction(s)"
+              next_check(r), r["discard_reason"] or r["reason"]] for r in rows])
+        body += f"\n{len(rows)} transaction(s)"
+        if cut_brokers:
+            body += (f"; cut at --limit {args.limit} per broker on {', '.join(sorted(cut_brokers))}: "
+                     f"more match (raise --limit, or narrow with --group/--state/--older-than)")
         if response.unreachable_brokers:
-            text += f"; unreachable brokers (list incomplete): {', '.join(response.unreachable_brokers)}"
-        return text
-    out(data, table)
+            body += f"; unreachable brokers (list incomplete): {', '.join(response.unreachable_brokers)}"
+        if rows:
+            body += ("\nCHECKS: sent to a producer / answered (check_max counts the sent ones); "
+                     "NEXT CHECK: when it is due (UTC)")
+        if any(r["next_check_overdue_seconds"] for r in rows):
+            body += ("\nOVERDUE: the check was due that long ago and no producer of the group took it "
+                     "(none connected, or all busy); see txmq checker list and the group's producers")
+        return body
+    out(data, text)
 
 
 def _describe_text(row: dict[str, Any]) -> str:
@@ -221,6 +310,10 @@ def _describe_text(row: dict[str, Any]) -> str:
     for key, value in row.items():
         if key == "age_seconds" and value is not None:
             value = f"{format_duration(value)} ({value:.3f}s)"
+        elif key in ("properties",) and isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items())
+        elif key == "keys" and isinstance(value, list):
+            value = ", ".join(value)
         lines.append(f"{key.ljust(width)}  {'' if value is None else value}")
     return "\n".join(lines)
 
@@ -228,8 +321,36 @@ def _describe_text(row: dict[str, Any]) -> str:
 def _txn_describe(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     response = admin.call("admin", "DescribeTransaction",
                           admin_pb2.DescribeTransactionRequest(transaction_id=args.transaction_id))
-    row = transaction_dict(response.transaction)
-    out(row, lambda: _describe_text(row))
+    now = _now_ms()
+    row = transaction_dict(response.transaction, now)
+    row["checks"] = (f"{row['checks_delivered']} sent to producers (check_max counts these), "
+                     f"{row['checks_answered']} answered")
+    overdue = _overdue_seconds(response.transaction, now)
+    row["next_check_overdue_seconds"] = overdue
+    has_message = response.HasField("message")
+    if args.body_out:
+        if not has_message:
+            raise TxmqError(f"transaction {args.transaction_id}: its message is gone (removed by retention)")
+        with open(args.body_out, "wb") as f:
+            f.write(response.message.body)
+    data = dict(row)
+    data["message"] = message_dict(response.message) if has_message else None
+
+    def text() -> str:
+        shown = dict(row)
+        if overdue:
+            shown["next_check_at"] = f"{row['next_check_at']}  OVERDUE by {format_duration(overdue)}"
+        shown.pop("next_check_overdue_seconds")
+        if has_message:
+            m = response.message
+            shown.update({"tag": m.tag, "keys": list(m.keys), "properties": dict(sorted(m.properties.items())),
+                          "born_host": m.born_host,
+                          "body": (f"written to {args.body_out} ({len(m.body)} bytes)" if args.body_out
+                                   else body_preview(m.body))})
+        else:
+            shown["body"] = "(message removed by retention)"
+        return _describe_text(shown)
+    out(data, text)
 
 
 def _txn_resolve(admin: Admin, args: argparse.Namespace, out: Output) -> None:
@@ -247,7 +368,7 @@ def _topic_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     response = admin.call("admin", "ListTopics", admin_pb2.ListTopicsRequest())
     topics = [{"topic": t.topic, "queues": sum(b.queue_count for b in t.brokers),
                "brokers": {b.broker_name: b.queue_count for b in t.brokers}} for t in response.topics]
-    out({"topics": topics}, lambda: format_table(
+    out({"topics": topics}, lambda: table(
         ["TOPIC", "QUEUES", "BROKERS"],
         [[t["topic"], t["queues"], ", ".join(f"{b}:{n}" for b, n in sorted(t["brokers"].items()))]
          for t in topics]))
@@ -259,6 +380,206 @@ def _topic_create(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     data = {"topic": response.topic, "brokers": {b.broker_name: b.queue_count for b in response.brokers}}
     out(data, lambda: f"created {data['topic']}: "
                       + ", ".join(f"{b} {n} queue(s)" for b, n in sorted(data["brokers"].items())))
+
+
+def _topic_describe(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+    response = admin.call("admin", "DescribeTopic", admin_pb2.DescribeTopicRequest(topic=args.name))
+    queues = [{"broker": q.broker_name, "queue_id": q.queue_id, "min_offset": q.min_offset,
+               "max_offset": q.max_offset, "messages": q.max_offset - q.min_offset} for q in response.queues]
+    consumers = [_queue_status(q) for q in response.consumers]
+    data = {"topic": response.topic, "queues": queues, "consumers": consumers,
+            "unreachable_brokers": list(response.unreachable_brokers)}
+
+    def text() -> str:
+        parts = [f"topic {response.topic}: {len(queues)} queue(s), "
+                 f"{sum(q['messages'] for q in queues)} message(s) retained",
+                 table(["BROKER", "QUEUE", "MIN OFFSET", "MAX OFFSET", "RETAINED"],
+                       [[q["broker"], q["queue_id"], q["min_offset"], q["max_offset"], q["messages"]]
+                        for q in queues])]
+        groups = _group_totals(consumers)
+        parts.append("consumer groups: none" if not groups else "consumer groups:\n" + _groups_table(groups))
+        if response.unreachable_brokers:
+            parts.append(f"unreachable brokers (incomplete): {', '.join(response.unreachable_brokers)}")
+        return "\n".join(parts)
+    out(data, text)
+
+
+def _topic_delete(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+    response = admin.call("admin", "DeleteTopic", admin_pb2.DeleteTopicRequest(topic=args.name, force=args.force))
+    data = {"topic": response.topic, "brokers": list(response.brokers), "entries_deleted": response.entries_deleted,
+            "consumer_groups": list(response.consumer_groups)}
+    out(data, lambda: f"deleted {data['topic']} on {', '.join(data['brokers'])} ({data['entries_deleted']} queue "
+                      f"entries)" + (f"; dropped the positions of {', '.join(data['consumer_groups'])}"
+                                     if data["consumer_groups"] else ""))
+
+
+def _queue_status(q: Any) -> dict[str, Any]:
+    return {"consumer_group": q.consumer_group, "topic": q.topic, "broker": q.broker_name, "queue_id": q.queue_id,
+            "ack_offset": q.ack_offset, "next_offset": q.next_offset, "max_offset": q.max_offset,
+            "lag_messages": q.lag_messages, "lag_seconds": q.lag_seconds, "inflight": q.inflight,
+            "retrying": q.retrying}
+
+
+def _group_totals(queues: list[dict[str, Any]], dead: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """Per group: topics, lag (sum of messages, oldest in seconds), in flight, retrying, dead letters."""
+    groups: dict[str, dict[str, Any]] = {}
+    for q in queues:
+        g = groups.setdefault(q["consumer_group"], {"consumer_group": q["consumer_group"], "topics": set(),
+                                                   "lag_messages": 0, "lag_seconds": 0.0, "inflight": 0,
+                                                   "retrying": 0, "dead_letters": 0})
+        if not q["topic"].startswith("%"):
+            g["topics"].add(q["topic"])
+        g["lag_messages"] += q["lag_messages"]
+        g["lag_seconds"] = max(g["lag_seconds"], q["lag_seconds"])
+        g["inflight"] += q["inflight"]
+        g["retrying"] += q["retrying"]
+    for name, count in (dead or {}).items():
+        groups.setdefault(name, {"consumer_group": name, "topics": set(), "lag_messages": 0, "lag_seconds": 0.0,
+                                 "inflight": 0, "retrying": 0, "dead_letters": 0})["dead_letters"] = count
+    return [{**g, "topics": sorted(g["topics"])} for _n, g in sorted(groups.items())]
+
+
+def _groups_table(groups: list[dict[str, Any]]) -> str:
+    return table(["GROUP", "TOPICS", "LAG (MSGS)", "LAG (OLDEST)", "IN FLIGHT", "RETRYING", "DEAD LETTERS"],
+                 [[g["consumer_group"], ", ".join(g["topics"]), g["lag_messages"], format_duration(g["lag_seconds"]),
+                   g["inflight"], g["retrying"], g["dead_letters"]] for g in groups])
+
+
+def _dead_counts(response: Any) -> dict[str, int]:
+    dead: dict[str, int] = {}
+    for d in response.dead_letters:
+        dead[d.consumer_group] = dead.get(d.consumer_group, 0) + d.dead_lettered
+    return dead
+
+
+def _group_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+    response = admin.call("admin", "ListConsumerGroups", admin_pb2.ListConsumerGroupsRequest(topic=args.topic or ""))
+    groups = _group_totals([_queue_status(q) for q in response.queues], _dead_counts(response))
+    data = {"groups": groups, "unreachable_brokers": list(response.unreachable_brokers)}
+
+    def text() -> str:
+        body = _groups_table(groups) + f"\n{len(groups)} group(s)"
+        if response.unreachable_brokers:
+            body += f"; unreachable brokers (incomplete): {', '.join(response.unreachable_brokers)}"
+        return body
+    out(data, text)
+
+
+def _group_describe(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+    response = admin.call("admin", "ListConsumerGroups", admin_pb2.ListConsumerGroupsRequest(
+        consumer_group=args.group, topic=args.topic or ""))
+    queues = [_queue_status(q) for q in response.queues]
+    dead = {d.broker_name: d.dead_lettered for d in response.dead_letters}
+    data = {"consumer_group": args.group, "queues": queues, "dead_letters": dead,
+            "unreachable_brokers": list(response.unreachable_brokers)}
+
+    def text() -> str:
+        parts = [table(["TOPIC", "BROKER", "QUEUE", "ACKED", "DELIVERED", "END", "LAG", "LAG AGE", "IN FLIGHT",
+                        "RETRYING"],
+                       [[q["topic"], q["broker"], q["queue_id"], q["ack_offset"], q["next_offset"], q["max_offset"],
+                         q["lag_messages"], format_duration(q["lag_seconds"]), q["inflight"], q["retrying"]]
+                        for q in queues])]
+        total = sum(dead.values())
+        parts.append(f"dead letters: {total}" + (" (" + ", ".join(f"{b}: {n}" for b, n in sorted(dead.items())) + ")"
+                                                 if total else "")
+                     + (f"; txmq dlq list {args.group}" if total else ""))
+        parts.append("ACKED: every offset below is acknowledged; DELIVERED: the next never delivered; "
+                     "LAG = END - ACKED; LAG AGE: how long the oldest unacknowledged message has been visible")
+        if response.unreachable_brokers:
+            parts.append(f"unreachable brokers (incomplete): {', '.join(response.unreachable_brokers)}")
+        return "\n".join(parts)
+    out(data, text)
+
+
+def _dlq_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+    response = admin.call("admin", "ListDeadLetters", admin_pb2.ListDeadLettersRequest(
+        consumer_group=args.group, limit=args.limit))
+    rows = [{"message_id": m.message.message_id, "topic": m.message.topic, "broker": m.broker_name,
+             "dead_lettered_at": _iso(m.visible_at_ms), "stored_at": _iso(m.stored_at_ms),
+             "transaction_id": m.transaction_id, **{k: v for k, v in message_dict(m.message).items() if k != "topic"}}
+            for m in response.messages]
+    data = {"consumer_group": args.group, "messages": rows, "truncated": response.truncated,
+            "unreachable_brokers": list(response.unreachable_brokers)}
+
+    def text() -> str:
+        body = table(["MESSAGE ID", "TOPIC", "TAG", "KEYS", "DEAD-LETTERED (UTC)", "BODY"],
+                     [[r["message_id"], r["topic"], r["tag"], ",".join(r["keys"]), r["dead_lettered_at"][:23],
+                       body_preview(m.message.body, 80)] for r, m in zip(rows, response.messages)])
+        body += f"\n{len(rows)} dead letter(s)"
+        if response.truncated:
+            body += f"; cut at --limit {args.limit} per broker: more wait"
+        if response.unreachable_brokers:
+            body += f"; unreachable brokers (incomplete): {', '.join(response.unreachable_brokers)}"
+        if rows:
+            body += f"\nre-drive: txmq dlq redrive {args.group} --ids ID ... | --all"
+        return body
+    out(data, text)
+
+
+def _dlq_redrive(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+    response = admin.call("admin", "RedriveDeadLetters", admin_pb2.RedriveDeadLettersRequest(
+        consumer_group=args.group, message_ids=args.ids or [], all=args.all))
+    data = {"consumer_group": args.group, "redriven": list(response.redriven), "not_found": list(response.not_found),
+            "expired": list(response.expired), "unreachable_brokers": list(response.unreachable_brokers)}
+
+    def text() -> str:
+        lines = [f"re-drove {len(data['redriven'])} message(s) to {args.group}: its next receive delivers them"]
+        if data["not_found"]:
+            lines.append(f"not among {args.group}'s dead letters: {', '.join(data['not_found'])}")
+        if data["expired"]:
+            lines.append(f"removed by retention (dropped from the DLQ): {', '.join(data['expired'])}")
+        if data["unreachable_brokers"]:
+            lines.append(f"unreachable brokers (not re-driven there): {', '.join(data['unreachable_brokers'])}")
+        return "\n".join(lines)
+    out(data, text)
+    if data["not_found"] and not data["redriven"]:
+        raise TxmqError(f"nothing re-driven: {len(data['not_found'])} id(s) not among {args.group}'s dead letters")
+    if args.all and not data["redriven"] and not data["expired"]:
+        raise TxmqError(f"nothing to re-drive: {args.group} has no dead letters")
+
+
+def _broker_status(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+    """GetBrokerStats of every serving broker (the leader of a replicated shard), with its
+    replicas' roles and in-sync state from the name server."""
+    response = admin.call("admin", "DescribeBrokers", admin_pb2.DescribeBrokersRequest())
+    listed = admin.call("nameserver", "ListBrokers", nameserver_pb2.ListBrokersRequest(include_followers=True))
+    replicas: dict[str, list[Any]] = {}
+    for b in listed.brokers:
+        replicas.setdefault(b.name, []).append(b)
+    now = _now_ms()
+    brokers = []
+    for st in response.brokers:
+        shard = replicas.get(st.broker_name, [])
+        leader = next((b for b in shard if b.role == nameserver_pb2.BROKER_ROLE_LEADER), None)
+        oldest = min((g.oldest_pending_prepared_at_ms for g in st.groups if g.oldest_pending_prepared_at_ms),
+                     default=0)
+        brokers.append({
+            "name": st.broker_name, "store_bytes": st.store_bytes, "free_disk_bytes": st.free_disk_bytes,
+            "topics": len([t for t in st.topics if not t.topic.startswith("%")]),
+            "pending": sum(g.pending for g in st.groups), "discarded": sum(g.discarded for g in st.groups),
+            "oldest_pending_age_seconds": max(now - oldest, 0) / 1000 if oldest else None,
+            "max_body_bytes": st.max_body_bytes, "max_delivery_attempts": st.max_delivery_attempts,
+            "replicas": len(shard) if leader is not None else 1,
+            "in_sync": len(leader.replication.in_sync_replicas) if leader is not None else 1,
+            "leader_replica": leader.replica_id if leader is not None else None,
+            "epoch": leader.leader_epoch if leader is not None else None,
+            "groups": [{"producer_group": g.producer_group, "pending": g.pending, "discarded": g.discarded}
+                       for g in st.groups]})
+    data = {"brokers": brokers, "unreachable_brokers": list(response.unreachable_brokers)}
+
+    def text() -> str:
+        body = table(["SHARD", "REPLICAS IN SYNC", "LEADER", "STORE", "FREE DISK", "TOPICS", "PENDING", "DISCARDED",
+                      "OLDEST PENDING", "MAX BODY"],
+                     [[b["name"], f"{b['in_sync']}/{b['replicas']}",
+                       "-" if b["leader_replica"] is None else f"replica {b['leader_replica']} (epoch {b['epoch']})",
+                       _bytes(b["store_bytes"]), _bytes(b["free_disk_bytes"]), b["topics"], b["pending"],
+                       b["discarded"],
+                       "" if b["oldest_pending_age_seconds"] is None else format_duration(b["oldest_pending_age_seconds"]),
+                       _bytes(b["max_body_bytes"])] for b in brokers])
+        if response.unreachable_brokers:
+            body += f"\nunreachable brokers: {', '.join(response.unreachable_brokers)}"
+        return body
+    out(data, text)
 
 
 _ROLES = {nameserver_pb2.BROKER_ROLE_UNSPECIFIED: "single", nameserver_pb2.BROKER_ROLE_LEADER: "leader",
@@ -292,7 +613,7 @@ def _broker_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
         brokers.append(row)
 
     def text() -> str:
-        return format_table(
+        return table(
             ["SHARD", "REPLICA", "ROLE", "EPOCH", "IN SYNC", "LAG", "ADDRESS", "TOPICS", "LAST HEARTBEAT"],
             [[b["name"], b.get("replica", "-"), b.get("role", "single"), b.get("epoch", "-"),
               ("yes" if b["in_sync"] else "NO") if "in_sync" in b else "-",
@@ -328,7 +649,7 @@ def _checker_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     now = _now_ms()
     checkers = [{"name": c.name, "address": c.address, "last_heartbeat": _iso(c.last_heartbeat_ms),
                  "heartbeat_age_seconds": max(now - c.last_heartbeat_ms, 0) / 1000} for c in response.checkers]
-    out({"checkers": checkers}, lambda: format_table(
+    out({"checkers": checkers}, lambda: table(
         ["CHECKER", "ADDRESS", "LAST HEARTBEAT"],
         [[c["name"], c["address"], format_duration(c["heartbeat_age_seconds"]) + " ago"] for c in checkers]))
 
@@ -372,17 +693,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="txmq", parents=[common],
                                      description="Operate a txmq cluster through its name servers.")
-    commands = parser.add_subparsers(dest="noun", required=True, metavar="{txn,topic,broker,checker}")
+    parser.add_argument("--version", action="version", version=f"txmq {_version()}")
+    commands = parser.add_subparsers(dest="noun", required=True,
+                                     metavar="{txn,topic,group,dlq,broker,checker,completion}")
 
     txn = commands.add_parser("txn", help="transactions").add_subparsers(dest="verb", required=True)
     p = txn.add_parser("list", parents=[common], help="transactions by group, state and age")
     p.add_argument("--group", help="producer group (default all)")
     p.add_argument("--state", choices=["pending", "discarded", "committed", "rolled-back"])
     p.add_argument("--older-than", type=_duration_arg, help="prepared at least this long ago (60s, 5m, 1h)")
-    p.add_argument("--limit", type=int, default=100, help="most rows per broker (default 100)")
+    p.add_argument("--limit", type=_positive_int, default=100,
+                   help="most rows per broker (default 100); a cut list says so")
     p.set_defaults(run=_txn_list)
-    p = txn.add_parser("describe", parents=[common], help="one transaction")
+    p = txn.add_parser("describe", parents=[common], help="one transaction with its message (keys, tag, "
+                                                           "properties, body)")
     p.add_argument("transaction_id")
+    p.add_argument("--body-out", metavar="FILE", help="write the body, raw, to FILE (- is not accepted: "
+                                                       "binary bodies never go to the terminal)")
     p.set_defaults(run=_txn_describe)
     p = txn.add_parser("resolve", parents=[common], help="commit or roll back a pending or discarded transaction")
     p.add_argument("transaction_id")
@@ -400,10 +727,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--queues", type=int, default=0, help="total queues (default: the name server's)")
     p.set_defaults(run=_topic_create)
+    p = topic.add_parser("describe", parents=[common], help="queues (offsets per broker) and the groups reading it")
+    p.add_argument("name")
+    p.set_defaults(run=_topic_describe)
+    p = topic.add_parser("delete", parents=[common], help="delete a topic (refused while groups read it)")
+    p.add_argument("name")
+    p.add_argument("--force", action="store_true", help="delete even while consumer groups read it")
+    p.set_defaults(run=_topic_delete)
+
+    group = commands.add_parser("group", help="consumer groups").add_subparsers(dest="verb", required=True)
+    p = group.add_parser("list", parents=[common], help="every consumer group: lag, in flight, retrying, "
+                                                         "dead letters")
+    p.add_argument("--topic", help="only groups reading this topic")
+    p.set_defaults(run=_group_list)
+    p = group.add_parser("describe", parents=[common], help="one group per queue: acknowledged offset, lag "
+                                                             "(messages, seconds), in flight, retrying")
+    p.add_argument("group")
+    p.add_argument("--topic", help="only this topic")
+    p.set_defaults(run=_group_describe)
+
+    dlq = commands.add_parser("dlq", help="dead letters (%%DLQ%%<group>)").add_subparsers(dest="verb", required=True)
+    p = dlq.add_parser("list", parents=[common], help="a group's dead letters, oldest first")
+    p.add_argument("group")
+    p.add_argument("--limit", type=_positive_int, default=100, help="most messages per broker (default 100)")
+    p.set_defaults(run=_dlq_list)
+    p = dlq.add_parser("redrive", parents=[common], help="give dead letters back to their group (only it "
+                                                          "receives them again)")
+    p.add_argument("group")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--ids", nargs="+", metavar="MESSAGE_ID", help="these messages (ids from txmq dlq list)")
+    which.add_argument("--all", action="store_true", help="every dead letter of the group")
+    p.set_defaults(run=_dlq_redrive)
 
     broker = commands.add_parser("broker", help="brokers").add_subparsers(dest="verb", required=True)
     broker.add_parser("list", parents=[common], help="live brokers and replicas (role, epoch, in sync, lag)"
                       ).set_defaults(run=_broker_list)
+    broker.add_parser("status", parents=[common], help="store, free disk, transactions and limits of every "
+                                                       "serving broker").set_defaults(run=_broker_status)
     p = broker.add_parser("elect", parents=[common], help="move a replicated shard's leadership to a replica")
     p.add_argument("shard", help="the shard (broker name)")
     p.add_argument("--replica", type=int, required=True, help="the in-sync replica id to lead")
@@ -411,7 +771,66 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_broker_elect)
     checker = commands.add_parser("checker", help="checkers").add_subparsers(dest="verb", required=True)
     checker.add_parser("list", parents=[common], help="live checkers").set_defaults(run=_checker_list)
+    p = commands.add_parser("completion", help="print a shell completion script: "
+                                               "eval \"$(txmq completion bash)\" (zsh: after bashcompinit)")
+    p.add_argument("shell", choices=["bash", "zsh"])
+    p.set_defaults(run=None)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _version() -> str:
+    try:
+        return metadata.version("txmq")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def completion_script(parser: argparse.ArgumentParser) -> str:
+    """A bash completion function for ``txmq`` built from the parser: commands, their
+    verbs and options (zsh loads it through bashcompinit)."""
+    def options(p: argparse.ArgumentParser) -> list[str]:
+        return sorted(o for a in p._actions for o in a.option_strings if o.startswith("--"))  # noqa: SLF001
+
+    def subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        for a in p._actions:  # noqa: SLF001 - argparse keeps its tree here
+            if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
+                return dict(a.choices)
+        return {}
+
+    cases = []
+    nouns = subcommands(parser)
+    for noun, sub in nouns.items():
+        verbs = subcommands(sub)
+        cases.append(f'    "{noun}") words="{" ".join(verbs) or " ".join(options(sub))}" ;;')
+        for verb, leaf in verbs.items():
+            cases.append(f'    "{noun} {verb}") words="{" ".join(options(leaf))}" ;;')
+    return "\n".join([
+        "# txmq shell completion (bash; zsh: autoload -U bashcompinit && bashcompinit first)",
+        "_txmq() {",
+        "  local cur=${COMP_WORDS[COMP_CWORD]} path=\"\" w words",
+        "  for w in \"${COMP_WORDS[@]:1:COMP_CWORD-1}\"; do",
+        "    case $w in -*) ;; *) [ -z \"$path\" ] && path=$w || { [ \"${path#* }\" = \"$path\" ] && "
+        "path=\"$path $w\"; } ;; esac",
+        "  done",
+        "  case $path in",
+        f'    "") words="{" ".join(nouns)} {" ".join(options(parser))}" ;;',
+        *cases,
+        "    *) words=\"\" ;;",
+        "  esac",
+        "  COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))",
+        "}",
+        "complete -o default -F _txmq txmq",
+        ""])
 
 
 def _default_operator() -> str:
@@ -441,19 +860,47 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         stdout.write((json.dumps(data, indent=2, sort_keys=False) if as_json else table()) + "\n")
 
     try:
-        admin = Admin(nameserver, getattr(args, "timeout", 10.0), tls_from_args(args),
-                      getattr(args, "token", None) or os.environ.get("TXMQ_TOKEN") or None)
-    except TxmqError as err:
-        stderr.write(f"txmq: {err.message}\n")
-        return 2
-    try:
-        args.run(admin, args, out)
-    except TxmqError as err:
-        stderr.write(f"txmq: {err.message}\n")
-        return 1
-    finally:
-        admin.close()
+        if args.noun == "completion":
+            stdout.write(completion_script(parser))
+            stdout.flush()
+            return 0
+        try:
+            admin = Admin(nameserver, request_timeout_seconds=getattr(args, "timeout", 10.0),
+                          tls=tls_from_args(args),
+                          token=getattr(args, "token", None) or os.environ.get("TXMQ_TOKEN") or None)
+        except TxmqError as err:
+            stderr.write(f"txmq: {err.message}\n")
+            return 2
+        try:
+            args.run(admin, args, out)
+            stdout.flush()
+        except TxmqError as err:
+            stdout.flush()
+            stderr.write(f"txmq: {err.message}\n")
+            return 1
+        except OSError as err:
+            if isinstance(err, BrokenPipeError):
+                raise
+            stderr.write(f"txmq: {err}\n")  # --body-out FILE not writable
+            return 1
+        finally:
+            admin.close()
+    except BrokenPipeError:
+        # The reader stopped early (``| head``, ``| true``): not an error of ours. Later
+        # flushes (at exit) must not fail again, so stdout goes to /dev/null from here.
+        _silence(stdout)
+        return 0
     return 0
+
+
+def _silence(stream: TextIO) -> None:
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def run() -> None:

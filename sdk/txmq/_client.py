@@ -241,6 +241,12 @@ class Client:
             self.faults.succeeded(shard)
             return response
 
+    def nameserver_call(self, name: str, request: Any) -> Any:
+        """A NameServerService call (``name``: the method) on the name servers in turn, from
+        the last one that answered; transient errors move to the next, other errors are the
+        answer."""
+        return self._nameserver_call(name, request)
+
     def _nameserver_call(self, name: str, request: Any) -> Any:
         """Tries the name servers in turn, from the last one that answered; transient errors
         move to the next, other errors are the answer."""
@@ -273,10 +279,12 @@ class Client:
 
     # --- routes ---------------------------------------------------------------------------
 
-    def route(self, topic: str, *, refresh: bool = False) -> tuple[QueueRoute, ...]:
+    def route(self, topic: str, *, refresh: bool = False, for_send: bool = True) -> tuple[QueueRoute, ...]:
         """The queues of a topic, cached for ``route_refresh_seconds`` (at most
         ``FAULT_ROUTE_REFRESH_SECONDS`` while a shard is avoided). Raises TopicNotFoundError
-        when the topic has no queue on a live broker."""
+        when the topic has no queue on a live broker. ``for_send``: a producer's lookup,
+        which a name server with ``auto_create_topics`` answers by creating the topic;
+        consumers pass False (a subscription never creates a topic)."""
         now = time.monotonic()
         cached = self._routes.get(topic)
         if cached is not None and not refresh:
@@ -285,7 +293,8 @@ class Client:
                 ttl = FAULT_ROUTE_REFRESH_SECONDS
             if now - cached[1] < ttl:
                 return cached[0]
-        response = self._nameserver_call("QueryRoute", nameserver_pb2.QueryRouteRequest(topic=topic))
+        response = self._nameserver_call("QueryRoute", nameserver_pb2.QueryRouteRequest(topic=topic,
+                                                                                        for_send=for_send))
         routes = tuple(QueueRoute(q.broker_name, q.broker_address, q.queue_id) for q in response.queues)
         if not routes:
             self._routes.pop(topic, None)

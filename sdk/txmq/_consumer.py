@@ -221,7 +221,7 @@ class SimpleConsumer:
         missing: TopicNotFoundError | None = None
         for topic, expression in self.subscriptions.items():
             try:
-                routes = self._client.route(topic)
+                routes = self._client.route(topic, for_send=False)
             except TopicNotFoundError as err:
                 log.debug("subscribed topic %s has no route yet", topic)
                 missing = err

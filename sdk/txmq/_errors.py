@@ -153,6 +153,14 @@ class BrokerNotFoundError(NotFoundError):
         super().__init__(f"broker {broker!r} is not registered", broker=broker)
 
 
+class ConsumerGroupNotFoundError(NotFoundError):
+    reason = "CONSUMER_GROUP_NOT_FOUND"
+
+    def __init__(self, group: str) -> None:
+        super().__init__(f"consumer group {group!r} has received nothing from any live broker",
+                         consumer_group=group)
+
+
 class AlreadyExistsError(TxmqError):
     code = grpc.StatusCode.ALREADY_EXISTS
     reason = "ALREADY_EXISTS"
@@ -198,6 +206,23 @@ class NoBrokerError(FailedPreconditionError):
 
     def __init__(self, what: str) -> None:
         super().__init__(f"no live broker: {what}", what=what)
+
+
+class TopicInUseError(FailedPreconditionError):
+    """A topic deletion refused: consumer groups still read it (unless forced), or
+    transactions still wait to be decided into it (always)."""
+
+    reason = "TOPIC_IN_USE"
+
+    def __init__(self, topic: str, groups: list[str], undecided: int) -> None:
+        parts = []
+        if groups:
+            parts.append(f"consumer groups still read it: {', '.join(groups)} (force to delete anyway)")
+        if undecided:
+            parts.append(f"{undecided} transaction(s) of it are pending or discarded: decide them first "
+                         "(txmq txn list)")
+        super().__init__(f"topic {topic!r} is in use: {'; '.join(parts)}", topic=topic, groups=groups,
+                         undecided=undecided)
 
 
 # --- RESOURCE_EXHAUSTED / UNAVAILABLE / DEADLINE ----------------------------------------
@@ -297,6 +322,19 @@ class CancelledError(TxmqError):
 class InternalError(TxmqError):
     code = grpc.StatusCode.INTERNAL
     reason = "INTERNAL"
+
+
+class NotANameServerError(TxmqError):
+    """The address answers gRPC but not the name server's services: a broker, a checker, a
+    proxy, or a name server older than the call."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+    reason = "NOT_A_NAMESERVER"
+
+    def __init__(self, address: str, method: str) -> None:
+        super().__init__(f"{address} does not serve {method}: it is not a txmq name server (a broker, checker "
+                         f"or proxy?) or an older one; give the name server's address (port 9876 by default)",
+                         address=address, method=method)
 
 
 class ClientClosedError(TxmqError):

@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from typing import Any, Callable, Sequence
@@ -26,7 +27,7 @@ from ._faults import Abandoned, OverloadBackoff, RetryAction, RoutingStats, retr
 from ._ids import MessageId
 from ._names import validate_group, validate_send_topic
 from ._pipeline import LINGER_SECONDS
-from ._types import (RESOLUTION_TO_PB, LocalTransactionState, Message, SendReceipt,
+from ._types import (RESOLUTION_TO_PB, TRANSACTION_KEY_PROPERTY, LocalTransactionState, Message, SendReceipt,
                      TransactionMessage, TransactionResult, TransactionState, message_to_pb,
                      state_from_name, state_from_pb)
 from .v1 import broker_pb2, common_pb2
@@ -287,17 +288,26 @@ class TransactionProducer(Producer):
     """
 
     def __init__(self, nameservers: str | Sequence[str], *, producer_group: str,
-                 listener: TransactionListener, client_id: str | None = None,
+                 listener: TransactionListener | None = None,
+                 checker: "Callable[[TransactionMessage], LocalTransactionState | InProgress] | None" = None,
+                 client_id: str | None = None,
                  send_timeout_seconds: float = 3.0, max_attempts: int = 3,
                  retry_backoff_seconds: float = 0.1, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
                  answer_checks: bool = True, check_threads: int = 4,
                  checker_refresh_seconds: float = 5.0, linger_seconds: float = LINGER_SECONDS,
-                 tls: TLS | None = None, token: str | None = None) -> None:
+                 tls: TLS | None = None, token: str | None = None,
+                 open_transaction_retry_seconds: float = 5.0) -> None:
         validate_group("producer_group", producer_group)
-        for method in ("execute_local_transaction", "check_local_transaction"):
-            if not callable(getattr(listener, method, None)):
-                raise InvalidFieldError("listener", f"has no method {method}()")
+        if listener is None and checker is None:
+            raise InvalidFieldError("listener", "give a listener (send_in_transaction) or a checker "
+                                    "(begin_transaction): something must answer checks")
+        if listener is not None:
+            for method in ("execute_local_transaction", "check_local_transaction"):
+                if not callable(getattr(listener, method, None)):
+                    raise InvalidFieldError("listener", f"has no method {method}()")
+        if checker is not None and not callable(checker):
+            raise InvalidFieldError("checker", "must be callable(message) -> LocalTransactionState | InProgress")
         if not isinstance(check_threads, int) or check_threads < 1:
             raise InvalidFieldError("check_threads", f"must be an integer >= 1, got {check_threads!r}")
         positive("checker_refresh_seconds", checker_refresh_seconds)
@@ -309,7 +319,13 @@ class TransactionProducer(Producer):
                          request_timeout_seconds=request_timeout_seconds,
                          route_refresh_seconds=route_refresh_seconds, linger_seconds=linger_seconds, tls=tls, token=token)
         self.listener = listener
+        self.checker = checker if checker is not None else listener.check_local_transaction  # type: ignore[union-attr]
+        self.open_transaction_retry_seconds = positive("open_transaction_retry_seconds",
+                                                       open_transaction_retry_seconds)
         self.client_id = client_id or new_client_id()
+        # Half messages of explicit transactions still open in this process: message id → key.
+        self._open: dict[str, str] = {}
+        self._open_lock = threading.Lock()
         self._checks: CheckResponder | None = None
         if answer_checks:
             self._checks = CheckResponder(self._client, producer_group=producer_group,
@@ -339,7 +355,12 @@ class TransactionProducer(Producer):
             log.info("check of transaction %s: its half message %s was an attempt given up on, "
                      "the local transaction never ran: ROLLBACK", message.transaction_id, message.message_id)
             return LocalTransactionState.ROLLBACK
-        return self.listener.check_local_transaction(message)
+        with self._open_lock:
+            still_open = message.message_id in self._open
+        if still_open:
+            # Its explicit transaction is still running here: neither commit nor rollback yet.
+            return InProgress(retry_after_seconds=self.open_transaction_retry_seconds)
+        return self.checker(message)
 
     def send_in_transaction(self, message: Message, arg: Any = None) -> TransactionResult:
         """Sends ``message`` as a half message, runs the local transaction, then ends the
@@ -359,7 +380,72 @@ class TransactionProducer(Producer):
            If the transaction was already decided otherwise (the first decision wins),
            ``result.state`` is that decision and ``result.end_error`` the refusal.
         """
+        if self.listener is None:
+            raise InvalidFieldError("listener", "send_in_transaction needs a TransactionListener; "
+                                    "with only a checker use begin_transaction()")
         self._validate(message)
+        half, route = self._send_half(message)
+        local_state = self._execute(half, arg)
+        state, end_error = self._end(route, message.topic, half, local_state)
+        return TransactionResult(message_id=half.message_id, transaction_id=half.transaction_id,
+                                 local_state=local_state, state=state, topic=message.topic,
+                                 broker_name=half.broker_name, queue_id=route.queue_id, end_error=end_error)
+
+    # --- the explicit form ----------------------------------------------------------------
+
+    def begin_transaction(self, *, key: str | None = None) -> "Transaction":
+        """Starts an explicit transaction (Kafka's and RocketMQ 5's form)::
+
+            tx = producer.begin_transaction(key=order_id)
+            producer.send(txmq.Message("orders", body), tx)    # half message: invisible
+            db.commit_order(order_id)                           # your local transaction
+            tx.commit()                                         # or tx.rollback()
+
+        or ``with producer.begin_transaction(key=...) as tx:`` (commit at the end of the
+        block, rollback if it raises).
+
+        ``key`` (default: a random one) is stamped on every message of the transaction
+        (``message.transaction_key`` in a check): record it in the same local database
+        transaction as your work, so that the ``checker`` a check reaches — in this process
+        or, after this process died mid-transaction, in another instance of the group —
+        answers COMMIT when the record exists and ROLLBACK when it does not. While the
+        transaction is open in this process, checks of its messages are answered
+        IN_PROGRESS here without asking the checker (the broker prefers the instance that
+        sent a half message, and retries after ``open_transaction_retry_seconds``).
+        """
+        if key is None:
+            key = uuid.uuid4().hex
+        if not isinstance(key, str) or not 0 < len(key.encode()) <= 255:
+            raise InvalidFieldError("key", "must be 1-255 bytes")
+        self._client.check_open()
+        return Transaction(self, key)
+
+    def send(self, message: Message, transaction: "Transaction | None" = None) -> SendReceipt:  # type: ignore[override]
+        """A normal message, or with ``transaction`` a half message of that transaction
+        (invisible until it commits)."""
+        if transaction is None:
+            return super().send(message)
+        if not isinstance(transaction, Transaction) or transaction.producer is not self:
+            raise InvalidFieldError("transaction", "must come from this producer's begin_transaction()")
+        transaction._check_open()
+        self._validate(message)
+        keyed = Message(message.topic, message.body, tag=message.tag, keys=message.keys,
+                        properties={**message.properties, TRANSACTION_KEY_PROPERTY: transaction.key},
+                        check_immunity_seconds=message.check_immunity_seconds)
+        half, route = self._send_half(keyed)
+        with self._open_lock:
+            self._open[half.message_id] = transaction.key
+        transaction._add(half, route)  # noqa: SLF001
+        return SendReceipt(message_id=half.message_id, topic=message.topic, broker_name=half.broker_name,
+                           queue_id=route.queue_id, queue_offset=-1)
+
+    def _close_transaction(self, halves: list[TransactionMessage]) -> None:
+        with self._open_lock:
+            for half in halves:
+                self._open.pop(half.message_id, None)
+
+    def _send_half(self, message: Message) -> tuple[TransactionMessage, QueueRoute]:
+        """Stores ``message`` as a half message (see :class:`Producer` for retries)."""
 
         def build(route: QueueRoute, message_id: str) -> common_pb2.Message:
             pb = message_to_pb(message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_TRANSACTION,
@@ -371,15 +457,10 @@ class TransactionProducer(Producer):
             return pb
 
         route, pb, sent = self._send_new(message.topic, build)
-        broker_name = sent.broker_name or route.broker_name
         half = TransactionMessage(message=message, message_id=sent.message_id or pb.message_id,
-                                  transaction_id=sent.transaction_id, broker_name=broker_name,
+                                  transaction_id=sent.transaction_id, broker_name=sent.broker_name or route.broker_name,
                                   queue_id=route.queue_id)
-        local_state = self._execute(half, arg)
-        state, end_error = self._end(route, message.topic, half, local_state)
-        return TransactionResult(message_id=half.message_id, transaction_id=half.transaction_id,
-                                 local_state=local_state, state=state, topic=message.topic,
-                                 broker_name=broker_name, queue_id=route.queue_id, end_error=end_error)
+        return half, route
 
     def _execute(self, half: TransactionMessage, arg: Any) -> LocalTransactionState:
         try:
@@ -426,3 +507,65 @@ class TransactionProducer(Producer):
             self._backoff(attempt)
             address = self._rebind(topic, route, address)
             attempt += 1
+
+
+class Transaction:
+    """An explicit transaction of a :class:`TransactionProducer` (see
+    :meth:`TransactionProducer.begin_transaction`). Its messages are half messages until
+    :meth:`commit` or :meth:`rollback` ends them all. Not for sharing between threads."""
+
+    def __init__(self, producer: TransactionProducer, key: str) -> None:
+        self.producer = producer
+        #: Stamped on each message (``message.transaction_key`` in checks).
+        self.key = key
+        self._halves: list[tuple[TransactionMessage, QueueRoute]] = []
+        self._ended: LocalTransactionState | None = None
+
+    @property
+    def messages(self) -> list[TransactionMessage]:
+        """The half messages sent so far, with their transaction ids."""
+        return [h for h, _r in self._halves]
+
+    def _check_open(self) -> None:
+        if self._ended is not None:
+            raise TransactionStateError(self.key, "COMMITTED" if self._ended is LocalTransactionState.COMMIT
+                                        else "ROLLED_BACK", "a further send, commit or rollback")
+
+    def _add(self, half: TransactionMessage, route: QueueRoute) -> None:
+        self._halves.append((half, route))
+
+    def commit(self) -> list[TransactionResult]:
+        """Makes every message of the transaction visible. A message whose EndTransaction
+        could not be delivered has ``state`` None (and ``end_error``): it stays PREPARED
+        and the checker resolves it by asking the group (the record of ``key`` decides)."""
+        return self._end(LocalTransactionState.COMMIT)
+
+    def rollback(self) -> list[TransactionResult]:
+        """Discards every message of the transaction (none is ever delivered)."""
+        return self._end(LocalTransactionState.ROLLBACK)
+
+    def _end(self, decision: LocalTransactionState) -> list[TransactionResult]:
+        self._check_open()
+        self._ended = decision
+        results = []
+        try:
+            for half, route in self._halves:
+                state, error = self.producer._end(route, half.topic, half, decision)  # noqa: SLF001
+                results.append(TransactionResult(message_id=half.message_id, transaction_id=half.transaction_id,
+                                                 local_state=decision, state=state, topic=half.topic,
+                                                 broker_name=half.broker_name, queue_id=route.queue_id,
+                                                 end_error=error))
+        finally:
+            self.producer._close_transaction(self.messages)  # noqa: SLF001
+        return results
+
+    def __enter__(self) -> "Transaction":
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if self._ended is not None:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.rollback()

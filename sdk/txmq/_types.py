@@ -127,6 +127,11 @@ class SendReceipt:
     queue_offset: int
 
 
+#: The property an explicit transaction (``TransactionProducer.begin_transaction``) stamps
+#: on each of its messages: its key, by which a check finds the local transaction.
+TRANSACTION_KEY_PROPERTY = "__TXMQ_TRANSACTION_KEY"
+
+
 @dataclass(frozen=True, slots=True)
 class TransactionMessage:
     """A half message as a :class:`TransactionListener` sees it: the message plus the ids
@@ -157,6 +162,12 @@ class TransactionMessage:
     @property
     def properties(self) -> Mapping[str, str]:
         return self.message.properties
+
+    @property
+    def transaction_key(self) -> str:
+        """The key of the explicit transaction that sent it (``begin_transaction(key=...)``);
+        empty for a message of ``send_in_transaction``."""
+        return self.message.properties.get(TRANSACTION_KEY_PROPERTY, "")
 
 
 @dataclass(frozen=True, slots=True)

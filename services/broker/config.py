@@ -21,7 +21,9 @@ class BrokerConfig(ServiceConfig):
     advertise_address: str = ""
     #: Every name server (comma-separated host:port); the broker registers with each.
     nameserver_addresses: tuple[str, ...] = ()
+    #: How often the broker re-registers with every name server (until a name server tells it its own interval).
     heartbeat_interval_seconds: float = seconds(10.0, max=HOUR)
+    #: The RocksDB store: created when missing; it belongs to this broker_name only.
     data_dir: str = "./data/broker-0"
     #: ``sync``: nothing is acknowledged before the WAL holding it is synced (the writes made
     #: during one sync share the next: group commit); ``async``: the OS flushes.
@@ -35,25 +37,33 @@ class BrokerConfig(ServiceConfig):
                                 zero="RocksDB's default (four times all the memtables)")
     #: Largest message body (below max_grpc_message_bytes).
     max_body_bytes: int = nbytes(4 * MiB, max=GiB)
+    #: Most user properties on one message.
     max_properties: int = count(128, max=65535)
+    #: Most bytes of one message's property names and values together.
     max_properties_bytes: int = nbytes(32 * KiB, max=GiB)
+    #: Most keys on one message.
     max_keys: int = count(32, max=65535)
+    #: Longest tag (consumers filter on it).
     max_tag_bytes: int = nbytes(255, max=65535)
     #: Records older than this are deleted once no consumer group needs them.
     retention_seconds: float = seconds(72 * HOUR, min=0, max=YEAR,
                                        zero="records are deleted as soon as no consumer group needs them")
+    #: How often retention looks for expired records and deduplication entries.
     retention_interval_seconds: float = seconds(60.0, max=DAY)
     #: How long a message id stays deduplicated after its transaction's decision.
     dedup_retention_seconds: float = seconds(DAY, min=0, max=YEAR,
                                              zero="an id is forgotten at the next retention round")
     #: Sends are refused with RESOURCE_EXHAUSTED while free disk is below this.
     min_free_disk_bytes: int = nbytes(512 * MiB, min=0, max=2**63 - 1, zero="sends are never refused for disk space")
+    #: How often free disk is measured (sends are refused below min_free_disk_bytes).
     disk_check_interval_seconds: float = seconds(1.0, max=HOUR)
     #: First check of a transaction this long after it was prepared (broker clock).
     transaction_timeout_seconds: float = seconds(6.0, max=DAY)
+    #: Second check this long after the first (later ones back off, see check_backoff_multiplier).
     check_interval_seconds: float = seconds(30.0, max=DAY)
     #: Each further check waits this many times longer than the one before (1: no backoff).
     check_backoff_multiplier: float = bounded(2.0, min=1, max=100)
+    #: Longest wait between two checks of one transaction, however far backoff went.
     check_interval_max_seconds: float = seconds(300.0, max=DAY)
     #: Fraction of random spread added to each check interval.
     check_jitter: float = bounded(0.1, min=0, max=1, zero="no jitter")
@@ -68,10 +78,13 @@ class BrokerConfig(ServiceConfig):
     max_delivery_attempts: int = count(16)
     #: Invisibility of a delivery whose receive asks for none.
     default_invisible_duration_seconds: float = seconds(30.0, max=DAY)
+    #: Longest invisibility a receive or ChangeInvisibleDuration may ask for.
     max_invisible_duration_seconds: float = seconds(12 * HOUR, max=DAY)
     #: Shorter invisibilities asked for are raised to this.
     min_invisible_duration_seconds: float = seconds(0.05, min=0, max=HOUR, zero="no floor")
+    #: Longest a receive waits for a message when none is ready.
     max_long_polling_seconds: float = seconds(30.0, min=0, max=HOUR, zero="no long polling: receives answer at once")
+    #: Most messages one receive returns.
     max_receive_batch: int = count(256)
     #: Receives waiting (long polling) at once on one connection; one more is refused with
     #: RESOURCE_EXHAUSTED naming this (a proxy multiplexes its clients' polls on one).

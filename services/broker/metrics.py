@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 from services.common.metrics import BaseMetrics
 
+from .groups import describe_groups
 from .store.codec import KIND_HALF, STATE_NAMES
 
 _SOURCES = {1: "client", 2: "check", 3: "operator", 4: "broker"}
@@ -143,6 +144,23 @@ class _ReplicationCollector(Collector):
         yield from (records, seconds, in_sync)
 
 
+def _consumer_families(core: Any) -> Iterator[object]:
+    """Consumer lag in seconds (the oldest unacknowledged message's age) and dead letters."""
+    queues, dead = describe_groups(core)
+    lag = GaugeMetricFamily("txmq_consumer_lag_seconds", "How long the oldest message a consumer group has not "
+                            "acknowledged has been visible, by topic (0: caught up)", labels=["group", "topic"])
+    oldest: dict[tuple[str, str], float] = {}
+    for q in queues:
+        oldest[(q.group, q.topic)] = max(oldest.get((q.group, q.topic), 0.0), q.lag_seconds)
+    for (group, topic), value in sorted(oldest.items()):
+        lag.add_metric([group, topic], value)
+    letters = GaugeMetricFamily("txmq_dead_letters", "Messages in %DLQ%<group> not re-driven, by consumer group "
+                                "(counted up to 100,000)", labels=["group"])
+    for group, count in sorted(dead.items()):
+        letters.add_metric([group], count)
+    yield from (lag, letters)
+
+
 class _StateCollector(Collector):
     def __init__(self, current: Callable[[], "tuple[Any, Any] | None"], metrics: BrokerMetrics) -> None:
         self.current = current
@@ -188,6 +206,7 @@ class _StateCollector(Collector):
         for (group, topic), value in sorted(totals.items()):
             lag.add_metric([group, topic], value)
         yield lag
+        yield from _consumer_families(core)
         yield GaugeMetricFamily("txmq_store_bytes", "Bytes of the broker's RocksDB directory",
                                 value=self.metrics.store_bytes_value)
         yield GaugeMetricFamily("txmq_disk_free_bytes", "Free bytes on the broker's data volume",

@@ -64,6 +64,10 @@ class RetentionPart(BrokerBase):
                 return True
         if offset < 0:
             return False  # a delay / timer message still waiting for its time (see timers.py)
+        if topic not in self.topics:  # deleted (topics.py): its queue entries are gone already
+            if record.kind == KIND_HALF:
+                w.delete("txn", codec.txn_key(seq))
+            return True
         if offset >= self.queue_next.get((topic, queue_id), 0) - 1:
             return False  # the newest entry of a queue stays: it carries the next offset
         for cursor in self.consumers.groups_of(topic, queue_id):

@@ -15,6 +15,7 @@ from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.common.errors import OK, entry_status
 from services.common.limits import ConnectionLimit
 
+from . import groups, topics
 from .bridge import StoreBridge
 from .checks import CheckReport, ClaimBatch
 from .core import BrokerCore
@@ -385,8 +386,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     async def GetTransaction(self, request: broker_pb2.GetTransactionRequest, context: Any) -> Any:
         row = self.core.get_txn(request.transaction_id)
+        record = self.core.read_message(row.seq)
         await self.bridge.settled()
-        return broker_pb2.GetTransactionResponse(transaction=txn_to_proto(self.core, row))
+        response = broker_pb2.GetTransactionResponse(transaction=txn_to_proto(self.core, row))
+        if record is not None:
+            response.message.CopyFrom(message_to_proto(record))
+        return response
 
     async def GetBrokerStats(self, request: broker_pb2.GetBrokerStatsRequest, context: Any) -> Any:
         core = self.core
@@ -404,3 +409,28 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return response
 
 
+
+    async def DescribeConsumerGroups(self, request: broker_pb2.DescribeConsumerGroupsRequest, context: Any) -> Any:
+        queues, dead = groups.describe_groups(self.core, request.consumer_group, request.topic)
+        await self.bridge.settled()
+        name = self.core.name
+        return broker_pb2.DescribeConsumerGroupsResponse(
+            queues=[broker_pb2.ConsumerQueueStatus(
+                consumer_group=q.group, topic=q.topic, broker_name=name, queue_id=q.queue_id,
+                ack_offset=q.ack_offset, next_offset=q.next_offset, max_offset=q.max_offset,
+                lag_messages=q.lag_messages, lag_seconds=q.lag_seconds, inflight=q.inflight,
+                retrying=q.retrying) for q in queues],
+            dead_letters=[broker_pb2.GroupDeadLetters(consumer_group=g, broker_name=name, dead_lettered=n)
+                          for g, n in sorted(dead.items())])
+
+    async def ReturnDeadLetters(self, request: broker_pb2.ReturnDeadLettersRequest, context: Any) -> Any:
+        if not request.all and not request.message_ids:
+            raise InvalidFieldError("message_ids", "name the messages to re-drive, or set all")
+        result = await self.bridge.run(groups.return_dead_letters_op(
+            self.core, request.consumer_group, list(request.message_ids), request.all))
+        return broker_pb2.ReturnDeadLettersResponse(redriven=result.redriven, not_found=result.not_found,
+                                                    expired=result.expired)
+
+    async def DeleteTopicQueues(self, request: broker_pb2.DeleteTopicQueuesRequest, context: Any) -> Any:
+        deleted = await self.bridge.run(topics.delete_topic_op(self.core, request.topic, request.force))
+        return broker_pb2.DeleteTopicQueuesResponse(entries_deleted=deleted.entries, consumer_groups=deleted.groups)

@@ -22,6 +22,7 @@ class CheckerConfig(ServiceConfig):
     advertise_address: str = ""
     #: Every name server (comma-separated host:port); the checker registers with each.
     nameserver_addresses: tuple[str, ...] = ()
+    #: How often the checker re-registers with every name server (until a name server tells it its own interval).
     heartbeat_interval_seconds: float = seconds(10.0, max=HOUR)
     #: How often the live brokers are listed again (brokers joining and leaving).
     broker_refresh_seconds: float = seconds(5.0, max=HOUR)

@@ -241,6 +241,7 @@ def check_fields(config: Any) -> None:
 class ServiceConfig:
     """Fields every service has."""
 
+    #: Interface the gRPC and /metrics servers bind (0.0.0.0: every interface).
     host: str = "0.0.0.0"
     #: gRPC port.
     port: int = tcp_port(0)
@@ -251,6 +252,7 @@ class ServiceConfig:
     health_port: int = tcp_port(-1, special={-1: "none (health is on the gRPC port only)"})
     #: When set, a JSON file {"port", "metrics_port", "pid"} is written here once serving.
     ready_file: str = ""
+    #: Least severe log level written (JSON lines on stdout).
     log_level: str = choice("INFO", LOG_LEVELS, ignore_case=True)
     #: On SIGTERM: stop accepting, let calls in flight finish this long, then cancel them.
     shutdown_grace_seconds: float = seconds(5.0, min=0, max=HOUR, zero="calls in flight are cancelled at once")

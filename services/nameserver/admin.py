@@ -16,10 +16,10 @@ from typing import Any
 import grpc
 
 from services.common.channels import ChannelPool
-from txmq._errors import (InvalidFieldError, TopicNotFoundError, TxmqError, UnavailableError,
-                          error_from_rpc)
+from txmq._errors import (ConsumerGroupNotFoundError, InvalidFieldError, TopicNotFoundError, TxmqError,
+                          UnavailableError, error_from_rpc)
 from txmq._ids import TransactionId
-from txmq._names import validate_group, validate_receive_topic, validate_send_topic
+from txmq._names import dlq_topic, validate_group, validate_receive_topic, validate_send_topic
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, replication_pb2, replication_pb2_grpc
 
 from .registry import (BrokerRecord, QueueRoute, Registry, resolve_queue_count,
@@ -81,13 +81,14 @@ class Admin:
 
     # topics
 
-    async def route(self, topic: str) -> list[QueueRoute]:
-        """QueryRoute: the topic's queues, auto-creating a user topic when configured."""
+    async def route(self, topic: str, *, for_send: bool = False) -> list[QueueRoute]:
+        """QueryRoute: the topic's queues, auto-creating a user topic when configured and
+        the caller is about to send (never for a subscription)."""
         validate_receive_topic(topic)
         queues = self.registry.route(topic)
         if queues:
             return queues
-        if not should_auto_create(topic, enabled=self.auto_create_topics):
+        if not for_send or not should_auto_create(topic, enabled=self.auto_create_topics):
             raise TopicNotFoundError(topic)
         async with self._creating:
             queues = self.registry.route(topic)
@@ -136,6 +137,28 @@ class Admin:
                 failed_brokers=[n for n, _a, _e in failures])
         return TopicCreation(topic, sorted(counts.items()))
 
+    async def delete_topic(self, topic: str, force: bool) -> tuple[list[str], int, list[str]]:
+        """Every live broker holding ``topic`` deletes its queues; (brokers, entries deleted,
+        consumer groups whose positions went). A broker refusing (TOPIC_IN_USE) refuses it all
+        only when it refuses first: the check runs on each before any deletes."""
+        validate_send_topic(topic)
+        holders = {b.name for b in self.registry.live_brokers() if topic in b.topics}
+        if not holders:
+            raise TopicNotFoundError(topic)
+        async with self._creating:
+            answers, unreachable = await self._fan_out(
+                "DeleteTopicQueues", broker_pb2.DeleteTopicQueuesRequest(topic=topic, force=force), only=holders)
+        for broker, _r in answers:
+            self.registry.forget_topic_queues(broker.name, topic)
+        if unreachable:
+            raise UnavailableError(f"brokers {', '.join(unreachable)} did not delete their queues of topic "
+                                   f"{topic!r}; retry DeleteTopic to complete it", topic=topic,
+                                   failed_brokers=unreachable)
+        groups = sorted({g for _b, r in answers for g in r.consumer_groups})
+        log.info("deleted topic", extra={"fields": {"topic": topic, "brokers": [b.name for b, _r in answers],
+                                                    "force": force, "consumer_groups": groups}})
+        return sorted(b.name for b, _r in answers), sum(r.entries_deleted for _b, r in answers), groups
+
     def list_topics(self) -> list[tuple[str, list[tuple[str, int]]]]:
         return self.registry.topics()
 
@@ -153,22 +176,11 @@ class Admin:
             raise InvalidFieldError("older_than_seconds", f"must not be negative, got {older_than_seconds}")
         if limit < 0:
             raise InvalidFieldError("limit", f"must not be negative, got {limit}")
-        brokers = self.registry.live_brokers()
-        await self.clients.retain({b.address for b in brokers})
         request = broker_pb2.QueryTransactionsRequest(
             producer_group=producer_group, state=state, older_than_seconds=older_than_seconds, limit=limit)
-        results = await asyncio.gather(
-            *(self._call(b.address, "QueryTransactions", request) for b in brokers), return_exceptions=True)
+        answers, unreachable = await self._fan_out("QueryTransactions", request)
         rows: list[common_pb2.Transaction] = []
-        unreachable: list[str] = []
-        for broker, result in zip(brokers, results):
-            if isinstance(result, TxmqError):
-                log.warning("broker did not answer QueryTransactions", extra={"fields": {
-                    "broker": broker.name, "address": broker.address, "error": result.message}})
-                unreachable.append(broker.name)
-                continue
-            if isinstance(result, BaseException):
-                raise result
+        for broker, result in answers:
             for row in result.transactions:
                 if not row.broker_name:
                     row.broker_name = broker.name
@@ -176,11 +188,10 @@ class Admin:
         rows.sort(key=lambda t: (t.prepared_at_ms, t.broker_name, t.transaction_id))
         return rows, unreachable
 
-    async def describe_transaction(self, transaction_id: str) -> common_pb2.Transaction:
+    async def describe_transaction(self, transaction_id: str) -> broker_pb2.GetTransactionResponse:
         broker = self._broker_of(transaction_id)
-        response = await self._call(broker.address, "GetTransaction",
-                                    broker_pb2.GetTransactionRequest(transaction_id=transaction_id))
-        return response.transaction
+        return await self._call(broker.address, "GetTransaction",
+                                broker_pb2.GetTransactionRequest(transaction_id=transaction_id))
 
     async def resolve_transaction(self, transaction_id: str, resolution: int, operator: str,
                                   reason: str) -> common_pb2.Transaction:
@@ -212,7 +223,118 @@ class Admin:
             "shard": shard, "from": response.previous_replica_id, "to": replica_id, "log_end": response.log_end}})
         return response.previous_replica_id, response.log_end
 
+    # brokers, topics and consumer groups
+
+    async def describe_brokers(self) -> tuple[list[broker_pb2.GetBrokerStatsResponse], list[str]]:
+        answers, unreachable = await self._fan_out("GetBrokerStats", broker_pb2.GetBrokerStatsRequest())
+        return sorted((r for _b, r in answers), key=lambda r: r.broker_name), unreachable
+
+    async def describe_topic(self, topic: str) -> tuple[list[tuple[str, broker_pb2.QueueOffsets]],
+                                                        list[broker_pb2.ConsumerQueueStatus], list[str]]:
+        """A topic's queues (broker, offsets) and every group's position in them."""
+        validate_receive_topic(topic)
+        holders = {b.name for b in self.registry.live_brokers() if topic in b.topics}
+        offsets, unreachable = await self._fan_out("GetQueueOffsets", broker_pb2.GetQueueOffsetsRequest(topic=topic),
+                                                   only=holders)
+        if not offsets and not unreachable:
+            raise TopicNotFoundError(topic)
+        groups, more = await self._fan_out("DescribeConsumerGroups",
+                                           broker_pb2.DescribeConsumerGroupsRequest(topic=topic), only=holders)
+        queues = [(b.name, q) for b, r in sorted(offsets, key=lambda a: a[0].name) for q in r.queues]
+        consumers = [q for _b, r in groups for q in r.queues]
+        return queues, consumers, sorted(set(unreachable) | set(more))
+
+    async def consumer_groups(self, group: str, topic: str) -> tuple[list[broker_pb2.ConsumerQueueStatus],
+                                                                    list[broker_pb2.GroupDeadLetters], list[str]]:
+        if group:
+            validate_group("consumer_group", group)
+        if topic:
+            validate_receive_topic(topic)
+        answers, unreachable = await self._fan_out(
+            "DescribeConsumerGroups", broker_pb2.DescribeConsumerGroupsRequest(consumer_group=group, topic=topic))
+        queues = sorted((q for _b, r in answers for q in r.queues),
+                        key=lambda q: (q.consumer_group, q.topic, q.broker_name, q.queue_id))
+        dead = [d for _b, r in answers for d in r.dead_letters]
+        if group and not queues and not dead and not unreachable:
+            raise ConsumerGroupNotFoundError(group)
+        return queues, dead, unreachable
+
+    async def list_dead_letters(self, group: str, limit: int) -> tuple[list[common_pb2.DeliveredMessage],
+                                                                      list[str], bool]:
+        validate_group("consumer_group", group)
+        if limit < 0:
+            raise InvalidFieldError("limit", f"must not be negative, got {limit}")
+        limit = limit or 100
+        topic = dlq_topic(group)
+        await self.consumer_groups(group, "")  # NOT_FOUND for a group no broker knows
+        messages: list[common_pb2.DeliveredMessage] = []
+        unreachable: list[str] = []
+        truncated = False
+        for broker in self.registry.live_brokers():
+            start = 0
+            taken = 0
+            try:
+                while True:
+                    page = await self._call(broker.address, "ReadQueue", broker_pb2.ReadQueueRequest(
+                        topic=topic, queue_id=0, start_offset=start, max_messages=min(limit - taken + 1, 256)))
+                    for m in page.messages:
+                        if taken == limit:
+                            truncated = True
+                            break
+                        messages.append(m)
+                        taken += 1
+                    if truncated or page.next_offset >= page.max_offset or page.next_offset == start:
+                        break
+                    start = page.next_offset
+            except TopicNotFoundError:
+                continue  # nothing dead-lettered on that broker
+            except TxmqError as exc:
+                if exc.code not in _BROKER_DOWN:
+                    raise
+                unreachable.append(broker.name)
+        messages.sort(key=lambda m: (m.visible_at_ms, m.broker_name, m.queue_offset))
+        return messages, unreachable, truncated
+
+    async def redrive_dead_letters(self, group: str, message_ids: list[str], every: bool,
+                                   ) -> tuple[list[str], list[str], list[str], list[str]]:
+        """(redriven, not found, expired, unreachable brokers)."""
+        validate_group("consumer_group", group)
+        if every == bool(message_ids):
+            raise InvalidFieldError("message_ids", "name the messages to re-drive, or set all (not both)")
+        await self.consumer_groups(group, "")  # NOT_FOUND for a group no broker knows
+        answers, unreachable = await self._fan_out(
+            "ReturnDeadLetters", broker_pb2.ReturnDeadLettersRequest(consumer_group=group, message_ids=message_ids,
+                                                                     all=every))
+        redriven = [m for _b, r in answers for m in r.redriven]
+        expired = [m for _b, r in answers for m in r.expired]
+        missing = [m for m in message_ids if m not in set(redriven) | set(expired)]
+        if redriven:
+            log.info("dead letters re-driven", extra={"fields": {"consumer_group": group, "count": len(redriven)}})
+        return redriven, missing, expired, unreachable
+
     # plumbing
+
+    async def _fan_out(self, method: str, request: Any, only: set[str] | None = None,
+                       ) -> tuple[list[tuple[BrokerRecord, Any]], list[str]]:
+        """``method`` on every live broker (named in ``only`` when given): the answers and
+        the names of the brokers that did not answer (refusals are raised)."""
+        brokers = [b for b in self.registry.live_brokers() if only is None or b.name in only]
+        await self.clients.retain({b.address for b in self.registry.live_brokers()})
+        results = await asyncio.gather(*(self._call(b.address, method, request) for b in brokers),
+                                       return_exceptions=True)
+        answers: list[tuple[BrokerRecord, Any]] = []
+        unreachable: list[str] = []
+        for broker, result in zip(brokers, results):
+            if isinstance(result, TxmqError) and result.code in _BROKER_DOWN:
+                log.warning("broker did not answer %s", method, extra={"fields": {
+                    "broker": broker.name, "address": broker.address, "error": result.message}})
+                unreachable.append(broker.name)
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            answers.append((broker, result))
+        return answers, unreachable
+
 
     def _broker_of(self, transaction_id: str) -> BrokerRecord:
         return self.registry.live_broker(TransactionId.decode(transaction_id).broker)

@@ -297,6 +297,18 @@ class Registry:
         self._created[(broker_name, topic)] = (queue_count, self.now())
         self._brokers[broker_name] = dataclasses.replace(record, topics={**record.topics, topic: queue_count})
 
+    def forget_topic_queues(self, broker_name: str, topic: str) -> None:
+        """A broker deleted its queues of ``topic``: stop routing them now, before its next
+        heartbeat stops listing them."""
+        self._created.pop((broker_name, topic), None)
+        for key, record in [(k, r) for k, r in list(self._replicas.items()) if k[0] == broker_name]:
+            self._replicas[key] = dataclasses.replace(
+                record, topics={t: n for t, n in record.topics.items() if t != topic})
+        record = self._brokers.get(broker_name)
+        if record is not None and topic in record.topics:
+            self._brokers[broker_name] = dataclasses.replace(
+                record, topics={t: n for t, n in record.topics.items() if t != topic})
+
     # expiry
 
     def _expire(self) -> None:

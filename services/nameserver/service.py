@@ -71,7 +71,7 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServiceServicer):
 
     async def QueryRoute(self, request: nameserver_pb2.QueryRouteRequest,
                          context: Any) -> nameserver_pb2.QueryRouteResponse:
-        queues = await self.admin.route(request.topic)
+        queues = await self.admin.route(request.topic, for_send=request.for_send)
         return nameserver_pb2.QueryRouteResponse(topic=request.topic, queues=[
             nameserver_pb2.QueueRoute(broker_name=q.broker_name, broker_address=q.broker_address,
                                       queue_id=q.queue_id) for q in queues])
@@ -111,8 +111,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     async def DescribeTransaction(self, request: admin_pb2.DescribeTransactionRequest,
                                   context: Any) -> admin_pb2.DescribeTransactionResponse:
-        row = await self.admin.describe_transaction(request.transaction_id)
-        return admin_pb2.DescribeTransactionResponse(transaction=row)
+        found = await self.admin.describe_transaction(request.transaction_id)
+        response = admin_pb2.DescribeTransactionResponse(transaction=found.transaction)
+        if found.HasField("message"):
+            response.message.CopyFrom(found.message)
+        return response
 
     async def ResolveTransaction(self, request: admin_pb2.ResolveTransactionRequest,
                                  context: Any) -> admin_pb2.ResolveTransactionResponse:
@@ -126,3 +129,39 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def ElectLeader(self, request: admin_pb2.ElectLeaderRequest, context: Any) -> admin_pb2.ElectLeaderResponse:
         previous, log_end = await self.admin.elect_leader(request.shard, request.replica_id)
         return admin_pb2.ElectLeaderResponse(previous_replica_id=previous, log_end=log_end)
+
+    async def DescribeBrokers(self, request: admin_pb2.DescribeBrokersRequest,
+                              context: Any) -> admin_pb2.DescribeBrokersResponse:
+        stats, unreachable = await self.admin.describe_brokers()
+        return admin_pb2.DescribeBrokersResponse(brokers=stats, unreachable_brokers=unreachable)
+
+    async def DescribeTopic(self, request: admin_pb2.DescribeTopicRequest,
+                            context: Any) -> admin_pb2.DescribeTopicResponse:
+        queues, consumers, unreachable = await self.admin.describe_topic(request.topic)
+        return admin_pb2.DescribeTopicResponse(
+            topic=request.topic, consumers=consumers, unreachable_brokers=unreachable,
+            queues=[admin_pb2.TopicQueue(broker_name=broker, queue_id=q.queue_id, min_offset=q.min_offset,
+                                         max_offset=q.max_offset) for broker, q in queues])
+
+    async def ListConsumerGroups(self, request: admin_pb2.ListConsumerGroupsRequest,
+                                 context: Any) -> admin_pb2.ListConsumerGroupsResponse:
+        queues, dead, unreachable = await self.admin.consumer_groups(request.consumer_group, request.topic)
+        return admin_pb2.ListConsumerGroupsResponse(queues=queues, dead_letters=dead, unreachable_brokers=unreachable)
+
+    async def ListDeadLetters(self, request: admin_pb2.ListDeadLettersRequest,
+                              context: Any) -> admin_pb2.ListDeadLettersResponse:
+        messages, unreachable, truncated = await self.admin.list_dead_letters(request.consumer_group, request.limit)
+        return admin_pb2.ListDeadLettersResponse(messages=messages, unreachable_brokers=unreachable,
+                                                 truncated=truncated)
+
+    async def RedriveDeadLetters(self, request: admin_pb2.RedriveDeadLettersRequest,
+                                 context: Any) -> admin_pb2.RedriveDeadLettersResponse:
+        redriven, missing, expired, unreachable = await self.admin.redrive_dead_letters(
+            request.consumer_group, list(request.message_ids), request.all)
+        return admin_pb2.RedriveDeadLettersResponse(redriven=redriven, not_found=missing, expired=expired,
+                                                    unreachable_brokers=unreachable)
+
+    async def DeleteTopic(self, request: admin_pb2.DeleteTopicRequest, context: Any) -> admin_pb2.DeleteTopicResponse:
+        brokers, entries, groups = await self.admin.delete_topic(request.topic, request.force)
+        return admin_pb2.DeleteTopicResponse(topic=request.topic, brokers=brokers, entries_deleted=entries,
+                                             consumer_groups=groups)

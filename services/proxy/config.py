@@ -17,6 +17,7 @@ def default_proxy_name() -> str:
 class ProxyConfig(ServiceConfig):
     #: RocketMQ's own proxy port, so a client's default access point works unchanged.
     port: int = 8081
+    #: This proxy's name in logs and in the client ids it reports (default: the host name).
     proxy_name: str = dataclasses.field(default_factory=default_proxy_name)
     #: A proxy call mostly waits on a broker, and the official Python client gives a send
     #: up at once on 42900 TOO_MANY_REQUESTS: the proxy takes a burst of this many calls
@@ -37,7 +38,9 @@ class ProxyConfig(ServiceConfig):
     #: them, every ``broker_limits_refresh_seconds``); these are the fallback while no
     #: broker answers.
     max_body_bytes: int = nbytes(4 * MiB, max=GiB)
+    #: Fallback of the brokers' max_delivery_attempts (see above).
     max_delivery_attempts: int = count(16)
+    #: How often the brokers' limits are read again.
     broker_limits_refresh_seconds: float = seconds(30.0, max=DAY)
     #: How long a topic route from the name servers is reused.
     route_ttl_seconds: float = seconds(5.0, max=DAY)
@@ -47,15 +50,20 @@ class ProxyConfig(ServiceConfig):
     rpc_timeout_seconds: float = seconds(5.0, max=HOUR)
     #: Producers: send attempts and the exponential backoff between them (advertised).
     producer_max_attempts: int = count(3, max=100)
+    #: Producers: the first backoff between send attempts.
     producer_backoff_initial_seconds: float = seconds(0.01, max=HOUR)
+    #: Producers: the longest backoff between send attempts.
     producer_backoff_max_seconds: float = seconds(1.0, max=HOUR)
     #: Push consumers: redelivery backoff after a failed consumption, advertised as the
     #: policy the client language honours (customized list for Python, exponential otherwise).
     consumer_backoff_initial_seconds: float = seconds(1.0, max=DAY)
+    #: Push consumers: the longest redelivery backoff.
     consumer_backoff_max_seconds: float = seconds(600.0, max=DAY)
+    #: Push consumers: each redelivery backoff is this many times the one before.
     consumer_backoff_multiplier: float = bounded(2.0, min=1, max=1000)
     #: Push consumers: long polling and batch size advertised in Settings.
     push_long_polling_seconds: float = seconds(20.0, max=HOUR)
+    #: Push consumers: most messages per receive (advertised in Settings).
     receive_batch_size: int = count(32)
     #: Invisibility of a delivery when the client sets none (push consumers).
     default_invisible_duration_seconds: float = seconds(30.0, max=DAY)
@@ -65,6 +73,7 @@ class ProxyConfig(ServiceConfig):
     auto_renew_max_seconds: float = seconds(1800.0, min=0, max=DAY, zero="never renew")
     #: Durations below this (Node.js push nacks send milliseconds) are raised to it.
     min_invisible_duration_seconds: float = seconds(1.0, max=HOUR)
+    #: Longest invisibility a client may ask for (ChangeInvisibleDuration, receive).
     max_invisible_duration_seconds: float = seconds(12 * HOUR, max=DAY)
     #: Longest long poll the proxy holds; it also ends a poll before the client's deadline.
     max_long_polling_seconds: float = seconds(30.0, min=0, max=HOUR, zero="no long polling: receives answer at once")

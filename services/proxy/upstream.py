@@ -163,7 +163,7 @@ class Upstream:
                 self.limits = limits
         return self.limits
 
-    async def route(self, topic: str) -> list[nameserver_pb2.QueueRoute]:
+    async def route(self, topic: str, *, for_send: bool = True) -> list[nameserver_pb2.QueueRoute]:
         """The topic's queues (name server QueryRoute), reused for ``route_ttl_seconds``
         (at most ``FAULT_ROUTE_REFRESH_SECONDS`` while a shard is avoided). Raises
         TopicNotFoundError (or INVALID_NAME) as the name server does."""
@@ -176,7 +176,7 @@ class Upstream:
         last: TxmqError | None = None
         for address, stub in self._ns.items():
             try:
-                response = await stub.QueryRoute(nameserver_pb2.QueryRouteRequest(topic=topic),
+                response = await stub.QueryRoute(nameserver_pb2.QueryRouteRequest(topic=topic, for_send=for_send),
                                                  timeout=self.config.rpc_timeout_seconds)
             except grpc.aio.AioRpcError as exc:
                 last = error_from_rpc(exc)

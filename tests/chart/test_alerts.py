@@ -18,7 +18,8 @@ HERE = Path(__file__).resolve().parent
 EXPECTED_ALERTS = {"TxmqCheckLagHigh", "TxmqCheckDueUndelivered", "TxmqChecksWaitingForProducers",
                    "TxmqCheckAnswersRefused", "TxmqTransactionsDiscarded",
                    "TxmqPendingTransactionsGrowing", "TxmqBrokerDown", "TxmqBrokersMissing",
-                   "TxmqProxiesMissing", "TxmqShardAvoided", "TxmqAuditAnomalies"}
+                   "TxmqProxiesMissing", "TxmqShardAvoided", "TxmqAuditAnomalies",
+                   "TxmqConsumerLagHigh", "TxmqDeadLetters", "TxmqBrokerDiskLow"}
 #: Rendered only for replicated shards (ci/replicated-values.yaml), tested by
 #: replication_alerts_test.yaml.
 REPLICATION_ALERTS = {"TxmqShardWithoutLeader", "TxmqShardUnderReplicated", "TxmqShardInsyncShrinking",
@@ -75,7 +76,8 @@ def test_promtool_unit_tests_fire_the_expected_alerts(promtool: Path, rendered: 
 
 @pytest.mark.parametrize(("scenario", "alert"), [
     ("ha-monitoring", "TxmqBrokerDown"), ("ha-monitoring", "TxmqPendingTransactionsGrowing"),
-    ("ha-monitoring", "TxmqAuditAnomalies"),
+    ("ha-monitoring", "TxmqAuditAnomalies"), ("ha-monitoring", "TxmqConsumerLagHigh"),
+    ("ha-monitoring", "TxmqDeadLetters"), ("ha-monitoring", "TxmqBrokerDiskLow"),
     *[("replicated", a) for a in sorted(REPLICATION_ALERTS)]])
 def test_unit_tests_fail_when_a_rule_breaks(promtool: Path, rendered: dict[str, Rendered], tmp_path: Path,
                                             scenario: str, alert: str) -> None:

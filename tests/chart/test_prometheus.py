@@ -37,6 +37,7 @@ from .chart import CHART, NAMESPACE
 DASHBOARD = CHART / "dashboards" / "txmq.json"
 LocalState = txmq.LocalTransactionState
 BROKER_ENV = {
+    "TXMQ_MAX_DELIVERY_ATTEMPTS": "2",
     "TXMQ_TRANSACTION_TIMEOUT_SECONDS": "0.2",
     "TXMQ_CHECK_INTERVAL_SECONDS": "0.2",
     "TXMQ_CHECK_INTERVAL_MAX_SECONDS": "0.3",
@@ -80,13 +81,47 @@ def test_dashboard_is_well_formed() -> None:
                    "commits and rollbacks", "rpc latency", "disk", "replication lag (seconds)",
                    "replication lag (records)", "in-sync replicas vs replication factor", "leader epoch",
                    "leadership changes", "writes refused", "sends rerouted", "shards avoided",
-                   "send latency per shard"):
+                   "send latency per shard", "consumer lag (messages)",
+                   "consumer lag (oldest unacknowledged, seconds)", "messages in and out", "dead letters"):
         assert wanted in titles, wanted
+    # Counts over a window that follows the zoom ($__rate_interval) change with it: none.
+    for p in _panels():
+        for t in p["targets"]:
+            assert "increase(" not in t["expr"] or "[$__rate_interval]" not in t["expr"], (p["title"], t["expr"])
     for p in _panels():
         assert p["datasource"]["uid"] == "${datasource}"
         assert p["targets"] and all(t["expr"] for t in p["targets"])
         for t in p["targets"]:
             assert 'namespace=~"$namespace"' in t["expr"], (p["title"], "filter by the namespace variable")
+
+
+def test_dashboard_stat_thresholds_are_the_alerts(helm_bin: Path, rendered) -> None:
+    """The check-lag and due-check stat panels turn red where their alerts fire, in the
+    file (the chart's defaults) and in the ConfigMap (the release's values)."""
+    from .chart import render  # noqa: PLC0415
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["metrics"]["prometheusRule"]
+
+    def thresholds(dashboard: dict[str, Any]) -> dict[str, float]:
+        out = {}
+        for p in dashboard["panels"]:
+            if p["type"] == "stat":
+                for step in p["fieldConfig"]["defaults"].get("thresholds", {}).get("steps", []):
+                    if "txmqAlertValue" in step:
+                        out[step["txmqAlertValue"]] = step["value"]
+        return out
+
+    assert thresholds(json.loads(DASHBOARD.read_text())) == {
+        "checkLagP99Seconds": values["checkLagP99Seconds"], "checkDueAgeSeconds": values["checkDueAgeSeconds"]}
+    custom = render(helm_bin, sets={"metrics.grafanaDashboard.enabled": "true",
+                                    "metrics.prometheusRule.checkLagP99Seconds": "9",
+                                    "metrics.prometheusRule.checkDueAgeSeconds": "120"})
+    (cm,) = [d for d in custom.of_kind("ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]]
+    assert thresholds(json.loads(cm["data"]["txmq.json"])) == {"checkLagP99Seconds": 9, "checkDueAgeSeconds": 120}
+    stats = {p["title"]: p["targets"][0]["expr"] for p in json.loads(DASHBOARD.read_text())["panels"]
+             if p["type"] == "stat"}
+    assert any("txmq_check_lag_seconds_bucket" in e and "[5m]" in e for e in stats.values())
+    assert any("txmq_check_due_oldest_age_seconds" in e for e in stats.values())
 
 
 def test_dashboard_configmap_carries_the_same_json(rendered) -> None:
@@ -276,6 +311,15 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
         send_round(2)
         _rocketmq_round(clients, cluster, rmq_topic, rmq_group, 2)
         wait_until(lambda: checked_listener.checks >= 4, 20, message="second round of checks not answered")
+        # A consumer group that lags (nothing acknowledged) and dead-letters what it took.
+        with txmq.SimpleConsumer(cluster.nameserver_address, consumer_group=unique_name("consumers"),
+                                 subscriptions={topic: "*"}, await_duration_seconds=0.3) as consumer:
+            taken: list[int] = []
+            wait_until(lambda: taken.extend(m.delivery_attempt for m in consumer.receive(
+                1, invisible_duration_seconds=0.1)) or max(taken, default=0) >= 2, 20,
+                message="no message delivered twice")
+            wait_until(lambda: prometheus.query('txmq_dead_letters') or (consumer.receive(
+                1, invisible_duration_seconds=0.1) and False), 20, interval=0.3, message="no dead letter scraped")
         queries = _queries()
         pending: dict[str, str] = {}
 

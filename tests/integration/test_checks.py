@@ -14,6 +14,7 @@ import collections
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import textwrap
@@ -247,6 +248,10 @@ def test_always_unknown_is_discarded_after_check_max_then_resolved_with_the_cli(
     assert transaction_id in table.stdout and "discarded" in table.stdout
     assert run_cli(checked, "txn", "list", "--group", group, "--older-than", "1h", "--json").stdout.count(
         transaction_id) == 0
+    # Before deciding, the operator sees what the message says (a discarded one included).
+    shown = run_cli(checked, "txn", "describe", transaction_id)
+    assert shown.returncode == 0 and "state" in shown.stdout and "discarded" in shown.stdout
+    assert re.search(r"^body\s+stuck$", shown.stdout, re.M), shown.stdout
 
     resolved = run_cli(checked, "txn", "resolve", transaction_id, "--commit", "--operator", "bob",
                        "--reason", "customer confirmed by phone")

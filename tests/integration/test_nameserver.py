@@ -235,8 +235,9 @@ def rpc_error(call: Callable[..., Any], request: Any) -> TxmqError:
     return error_from_rpc(info.value)
 
 
-def route(ns: NameServerProcess, topic: str) -> list[tuple[str, str, int]]:
-    response = ns.ns.QueryRoute(nameserver_pb2.QueryRouteRequest(topic=topic), timeout=RPC_TIMEOUT_SECONDS)
+def route(ns: NameServerProcess, topic: str, for_send: bool = False) -> list[tuple[str, str, int]]:
+    response = ns.ns.QueryRoute(nameserver_pb2.QueryRouteRequest(topic=topic, for_send=for_send),
+                                timeout=RPC_TIMEOUT_SECONDS)
     assert response.topic == topic
     return [(q.broker_name, q.broker_address, q.queue_id) for q in response.queues]
 
@@ -447,12 +448,17 @@ def test_query_route_auto_creates_user_topics_when_enabled(
     ns = start_nameserver(TXMQ_AUTO_CREATE_TOPICS="true", TXMQ_DEFAULT_QUEUE_COUNT="3")
     broker = fake_brokers("broker-0")
     register(ns, broker)
-    assert route(ns, "fresh") == [("broker-0", broker.address, q) for q in range(3)]
+    # A subscription's lookup (a consumer) never creates: a typo gets TOPIC_NOT_FOUND.
+    err = rpc_error(ns.ns.QueryRoute, nameserver_pb2.QueryRouteRequest(topic="fresh"))
+    assert isinstance(err, TopicNotFoundError)
+    assert broker.called("CreateTopicQueues") == []
+    # A producer's lookup (for_send) creates it.
+    assert route(ns, "fresh", for_send=True) == [("broker-0", broker.address, q) for q in range(3)]
     assert [(r.topic, r.queue_count) for r in broker.called("CreateTopicQueues")] == [("fresh", 3)]
     assert route(ns, "fresh") == [("broker-0", broker.address, q) for q in range(3)]
     assert len(broker.called("CreateTopicQueues")) == 1
     # System topics are never auto-created.
-    err = rpc_error(ns.ns.QueryRoute, nameserver_pb2.QueryRouteRequest(topic="%DLQ%billing"))
+    err = rpc_error(ns.ns.QueryRoute, nameserver_pb2.QueryRouteRequest(topic="%DLQ%billing", for_send=True))
     assert isinstance(err, TopicNotFoundError)
     assert len(broker.called("CreateTopicQueues")) == 1
 

@@ -698,3 +698,23 @@ def test_checks_due_before_a_restart_are_claimed_though_new_ones_arrive_first(ma
     clock.advance(2)
     claimed = {core.txn_id(c.row.seq) for c in core.db.call(core.claim_op(["pg"], 10, 1.0))}
     assert claimed == {old.transaction_id, new.transaction_id}
+
+
+def test_a_deleted_topic_leaves_nothing_behind_after_retention(make_core, clock) -> None:
+    """topics.delete_topic_op removes the queues and positions at once; retention then
+    removes the records nothing names any more, even each queue's newest (kept otherwise)."""
+    from services.broker.topics import delete_topic_op
+
+    core = make_core(transaction_timeout_seconds=6.0)
+    core.db.call(core.create_topic_op("orders", 2))
+    committed = half(core, b"c")
+    end(core, committed.transaction_id, "COMMIT")
+    for i in range(3):
+        normal(core, f"n{i}".encode(), queue_id=i % 2)
+    receive(core, n=1)
+    deleted = core.db.call(delete_topic_op(core, "orders", force=True))
+    assert (deleted.entries, deleted.groups) == (4, ["cg"])
+    assert "orders" not in core.topics and core.consumers.cursors == {}
+    clock.advance(core.config.retention_seconds + 1)
+    assert core.db.call(core.retention_op())["records_deleted"] == 4
+    assert list(core.db.scan("log")) == [] and list(core.db.scan("txn")) == []

@@ -87,3 +87,22 @@ def test_a_failed_request_prints_the_error_and_exits_1():
 def test_resolve_operator_defaults_to_user(monkeypatch):
     monkeypatch.setenv("USER", "alice")
     assert _cli._default_operator() == "alice"
+
+
+def test_tables_are_cut_to_the_terminal_but_not_when_piped(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert _cli.terminal_width() is None  # pytest's stdout is no terminal: whole values
+    monkeypatch.setenv("COLUMNS", "40")
+    assert _cli.terminal_width() == 40
+    text = _cli.format_table(["TRANSACTION", "STATE", "REASON"],
+                             [["T" * 20, "discarded", "check budget spent: 15 checks delivered"]], 45)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 45
+    assert lines[1].startswith("T" * 20 + "  discarded") and lines[1].endswith("…")
+
+
+def test_body_preview_never_writes_raw_bytes():
+    assert _cli.body_preview(b"order 42\n") == "order 42\\n"
+    binary = _cli.body_preview(bytes(range(40)))
+    assert binary.startswith("<binary, 40 bytes> 00 01 02") and "\x00" not in binary
+    assert _cli.body_preview(b"x" * 600).endswith("(88 more bytes)")

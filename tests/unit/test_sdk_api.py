@@ -17,6 +17,7 @@ from txmq import _errors
 NOWHERE = "127.0.0.1:1"
 
 EXPORTS = [
+    "Admin", "ConsumerGroupNotFoundError", "NotANameServerError", "TopicInUseError", "Transaction",
     "AlreadyExistsError", "BrokerNotFoundError", "CancelledError", "CheckMessage",
     "ClientClosedError", "ConnectionLimitError", "ConsumeResult", "DeadlineExceededError", "DiskFullError",
     "FailedPreconditionError", "InProgress", "InternalError", "InvalidArgumentError",
@@ -32,6 +33,7 @@ EXPORTS = [
     "TransactionStateError", "TxmqError", "UnauthenticatedError", "UnavailableError", "UndecodableRequestError",
     "WrongBrokerError",
 ]
+EXPORTS.sort()
 
 
 class Listener(txmq.TransactionListener):
@@ -278,3 +280,28 @@ def test_push_consumer_starts_and_shuts_down_without_a_name_server():
         pass
     with pytest.raises(txmq.ClientClosedError):
         consumer.start()
+
+
+def test_examples_use_only_the_public_api():
+    """The examples are what users copy: no private module (``txmq._x``), no raw stubs."""
+    import re
+    from pathlib import Path
+
+    examples = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.py"))
+    assert examples
+    for path in examples:
+        text = path.read_text()
+        assert not re.search(r"\btxmq\._|from txmq\.v1|_pb2", text), f"{path.name} reaches past the public API"
+
+
+@pytest.mark.parametrize("name", ["errors", "ids", "names", "client"])
+def test_the_shared_kernel_has_public_homes(name):
+    """Services, the pipeline and tools import ``txmq.errors``/``ids``/``names``/``client``
+    (the same objects as the private modules), never an underscore module."""
+    import importlib
+
+    public = importlib.import_module(f"txmq.{name}")
+    private = importlib.import_module(f"txmq._{name}")
+    assert public.__all__
+    for attr in public.__all__:
+        assert getattr(public, attr) is getattr(private, attr), attr

@@ -203,8 +203,9 @@ class AsyncClient:
 
     # --- routes ---------------------------------------------------------------------------
 
-    async def route(self, topic: str, *, refresh: bool = False) -> tuple[QueueRoute, ...]:
-        """The queues of a topic, cached like the sync client's (``txmq._client.Client.route``)."""
+    async def route(self, topic: str, *, refresh: bool = False, for_send: bool = True) -> tuple[QueueRoute, ...]:
+        """The queues of a topic, cached like the sync client's (``txmq._client.Client.route``);
+        ``for_send=False`` (consumers): a missing topic is never auto-created."""
         cached = self._routes.get(topic)
         if cached is not None and not refresh:
             ttl = self.route_refresh_seconds
@@ -217,7 +218,7 @@ class AsyncClient:
             return await asyncio.shield(fetching)
         fetching = self._route_fetches[topic] = asyncio.get_running_loop().create_future()
         try:
-            routes = await self._fetch_route(topic)
+            routes = await self._fetch_route(topic, for_send)
         except BaseException as exc:
             fetching.set_exception(exc)
             fetching.exception()  # retrieved: nobody else may be waiting
@@ -228,9 +229,10 @@ class AsyncClient:
         finally:
             del self._route_fetches[topic]
 
-    async def _fetch_route(self, topic: str) -> tuple[QueueRoute, ...]:
+    async def _fetch_route(self, topic: str, for_send: bool) -> tuple[QueueRoute, ...]:
         now = time.monotonic()
-        response = await self.nameserver_call("QueryRoute", nameserver_pb2.QueryRouteRequest(topic=topic))
+        response = await self.nameserver_call("QueryRoute", nameserver_pb2.QueryRouteRequest(topic=topic,
+                                                                                              for_send=for_send))
         routes = tuple(QueueRoute(q.broker_name, q.broker_address, q.queue_id) for q in response.queues)
         if not routes:
             self._routes.pop(topic, None)

@@ -138,7 +138,7 @@ class AsyncSimpleConsumer:
         missing: TopicNotFoundError | None = None
         for topic, expression in self.subscriptions.items():
             try:
-                routes = await self._client.route(topic)
+                routes = await self._client.route(topic, for_send=False)
             except TopicNotFoundError as err:
                 missing = err
                 continue

@@ -22,44 +22,71 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from txmq.v1 import broker_pb2 as txmq_dot_v1_dot_broker__pb2
 from txmq.v1 import common_pb2 as txmq_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13txmq/v1/admin.proto\x12\x07txmq.v1\x1a\x14txmq/v1/common.proto\"8\n\x12\x43reateTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x13\n\x0bqueue_count\x18\x02 \x01(\x05\"L\n\x13\x43reateTopicResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12&\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x15.txmq.v1.BrokerQueues\"8\n\x0c\x42rokerQueues\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x13\n\x0bqueue_count\x18\x02 \x01(\x05\"\x13\n\x11ListTopicsRequest\"B\n\tTopicInfo\x12\r\n\x05topic\x18\x01 \x01(\t\x12&\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x15.txmq.v1.BrokerQueues\"8\n\x12ListTopicsResponse\x12\"\n\x06topics\x18\x01 \x03(\x0b\x32\x12.txmq.v1.TopicInfo\"\x86\x01\n\x17ListTransactionsRequest\x12\x16\n\x0eproducer_group\x18\x01 \x01(\t\x12(\n\x05state\x18\x02 \x01(\x0e\x32\x19.txmq.v1.TransactionState\x12\x1a\n\x12older_than_seconds\x18\x03 \x01(\x01\x12\r\n\x05limit\x18\x04 \x01(\x05\"c\n\x18ListTransactionsResponse\x12*\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x14.txmq.v1.Transaction\x12\x1b\n\x13unreachable_brokers\x18\x02 \x03(\t\"4\n\x1a\x44\x65scribeTransactionRequest\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\"H\n\x1b\x44\x65scribeTransactionResponse\x12)\n\x0btransaction\x18\x01 \x01(\x0b\x32\x14.txmq.v1.Transaction\"\x89\x01\n\x19ResolveTransactionRequest\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\x32\n\nresolution\x18\x02 \x01(\x0e\x32\x1e.txmq.v1.TransactionResolution\x12\x10\n\x08operator\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"G\n\x1aResolveTransactionResponse\x12)\n\x0btransaction\x18\x01 \x01(\x0b\x32\x14.txmq.v1.Transaction\"7\n\x12\x45lectLeaderRequest\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\r\"C\n\x13\x45lectLeaderResponse\x12\x1b\n\x13previous_replica_id\x18\x01 \x01(\r\x12\x0f\n\x07log_end\x18\x02 \x01(\x04\x32\x83\x04\n\x0c\x41\x64minService\x12H\n\x0b\x43reateTopic\x12\x1b.txmq.v1.CreateTopicRequest\x1a\x1c.txmq.v1.CreateTopicResponse\x12\x45\n\nListTopics\x12\x1a.txmq.v1.ListTopicsRequest\x1a\x1b.txmq.v1.ListTopicsResponse\x12W\n\x10ListTransactions\x12 .txmq.v1.ListTransactionsRequest\x1a!.txmq.v1.ListTransactionsResponse\x12`\n\x13\x44\x65scribeTransaction\x12#.txmq.v1.DescribeTransactionRequest\x1a$.txmq.v1.DescribeTransactionResponse\x12]\n\x12ResolveTransaction\x12\".txmq.v1.ResolveTransactionRequest\x1a#.txmq.v1.ResolveTransactionResponse\x12H\n\x0b\x45lectLeader\x12\x1b.txmq.v1.ElectLeaderRequest\x1a\x1c.txmq.v1.ElectLeaderResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13txmq/v1/admin.proto\x12\x07txmq.v1\x1a\x14txmq/v1/broker.proto\x1a\x14txmq/v1/common.proto\"8\n\x12\x43reateTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x13\n\x0bqueue_count\x18\x02 \x01(\x05\"L\n\x13\x43reateTopicResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12&\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x15.txmq.v1.BrokerQueues\"8\n\x0c\x42rokerQueues\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x13\n\x0bqueue_count\x18\x02 \x01(\x05\"\x13\n\x11ListTopicsRequest\"B\n\tTopicInfo\x12\r\n\x05topic\x18\x01 \x01(\t\x12&\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x15.txmq.v1.BrokerQueues\"8\n\x12ListTopicsResponse\x12\"\n\x06topics\x18\x01 \x03(\x0b\x32\x12.txmq.v1.TopicInfo\"\x86\x01\n\x17ListTransactionsRequest\x12\x16\n\x0eproducer_group\x18\x01 \x01(\t\x12(\n\x05state\x18\x02 \x01(\x0e\x32\x19.txmq.v1.TransactionState\x12\x1a\n\x12older_than_seconds\x18\x03 \x01(\x01\x12\r\n\x05limit\x18\x04 \x01(\x05\"c\n\x18ListTransactionsResponse\x12*\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x14.txmq.v1.Transaction\x12\x1b\n\x13unreachable_brokers\x18\x02 \x03(\t\"4\n\x1a\x44\x65scribeTransactionRequest\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\"k\n\x1b\x44\x65scribeTransactionResponse\x12)\n\x0btransaction\x18\x01 \x01(\x0b\x32\x14.txmq.v1.Transaction\x12!\n\x07message\x18\x02 \x01(\x0b\x32\x10.txmq.v1.Message\"\x89\x01\n\x19ResolveTransactionRequest\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\x32\n\nresolution\x18\x02 \x01(\x0e\x32\x1e.txmq.v1.TransactionResolution\x12\x10\n\x08operator\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"G\n\x1aResolveTransactionResponse\x12)\n\x0btransaction\x18\x01 \x01(\x0b\x32\x14.txmq.v1.Transaction\"7\n\x12\x45lectLeaderRequest\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\r\"C\n\x13\x45lectLeaderResponse\x12\x1b\n\x13previous_replica_id\x18\x01 \x01(\r\x12\x0f\n\x07log_end\x18\x02 \x01(\x04\"\x18\n\x16\x44\x65scribeBrokersRequest\"h\n\x17\x44\x65scribeBrokersResponse\x12\x30\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x1f.txmq.v1.GetBrokerStatsResponse\x12\x1b\n\x13unreachable_brokers\x18\x02 \x03(\t\"%\n\x14\x44\x65scribeTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"[\n\nTopicQueue\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x12\n\nmin_offset\x18\x03 \x01(\x03\x12\x12\n\nmax_offset\x18\x04 \x01(\x03\"\x99\x01\n\x15\x44\x65scribeTopicResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12#\n\x06queues\x18\x02 \x03(\x0b\x32\x13.txmq.v1.TopicQueue\x12/\n\tconsumers\x18\x03 \x03(\x0b\x32\x1c.txmq.v1.ConsumerQueueStatus\x12\x1b\n\x13unreachable_brokers\x18\x04 \x03(\t\"?\n\x16ListDeadLettersRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"v\n\x17ListDeadLettersResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.txmq.v1.DeliveredMessage\x12\x1b\n\x13unreachable_brokers\x18\x02 \x03(\t\x12\x11\n\ttruncated\x18\x03 \x01(\x08\"B\n\x19ListConsumerGroupsRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\"\x98\x01\n\x1aListConsumerGroupsResponse\x12,\n\x06queues\x18\x01 \x03(\x0b\x32\x1c.txmq.v1.ConsumerQueueStatus\x12/\n\x0c\x64\x65\x61\x64_letters\x18\x02 \x03(\x0b\x32\x19.txmq.v1.GroupDeadLetters\x12\x1b\n\x13unreachable_brokers\x18\x03 \x03(\t\"U\n\x19RedriveDeadLettersRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\x13\n\x0bmessage_ids\x18\x02 \x03(\t\x12\x0b\n\x03\x61ll\x18\x03 \x01(\x08\"o\n\x1aRedriveDeadLettersResponse\x12\x10\n\x08redriven\x18\x01 \x03(\t\x12\x11\n\tnot_found\x18\x02 \x03(\t\x12\x0f\n\x07\x65xpired\x18\x03 \x03(\t\x12\x1b\n\x13unreachable_brokers\x18\x04 \x03(\t\"2\n\x12\x44\x65leteTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"g\n\x13\x44\x65leteTopicResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0f\n\x07\x62rokers\x18\x02 \x03(\t\x12\x17\n\x0f\x65ntries_deleted\x18\x03 \x01(\x03\x12\x17\n\x0f\x63onsumer_groups\x18\x04 \x03(\t2\x87\x08\n\x0c\x41\x64minService\x12H\n\x0b\x43reateTopic\x12\x1b.txmq.v1.CreateTopicRequest\x1a\x1c.txmq.v1.CreateTopicResponse\x12\x45\n\nListTopics\x12\x1a.txmq.v1.ListTopicsRequest\x1a\x1b.txmq.v1.ListTopicsResponse\x12W\n\x10ListTransactions\x12 .txmq.v1.ListTransactionsRequest\x1a!.txmq.v1.ListTransactionsResponse\x12`\n\x13\x44\x65scribeTransaction\x12#.txmq.v1.DescribeTransactionRequest\x1a$.txmq.v1.DescribeTransactionResponse\x12]\n\x12ResolveTransaction\x12\".txmq.v1.ResolveTransactionRequest\x1a#.txmq.v1.ResolveTransactionResponse\x12H\n\x0b\x45lectLeader\x12\x1b.txmq.v1.ElectLeaderRequest\x1a\x1c.txmq.v1.ElectLeaderResponse\x12T\n\x0f\x44\x65scribeBrokers\x12\x1f.txmq.v1.DescribeBrokersRequest\x1a .txmq.v1.DescribeBrokersResponse\x12N\n\rDescribeTopic\x12\x1d.txmq.v1.DescribeTopicRequest\x1a\x1e.txmq.v1.DescribeTopicResponse\x12H\n\x0b\x44\x65leteTopic\x12\x1b.txmq.v1.DeleteTopicRequest\x1a\x1c.txmq.v1.DeleteTopicResponse\x12]\n\x12ListConsumerGroups\x12\".txmq.v1.ListConsumerGroupsRequest\x1a#.txmq.v1.ListConsumerGroupsResponse\x12T\n\x0fListDeadLetters\x12\x1f.txmq.v1.ListDeadLettersRequest\x1a .txmq.v1.ListDeadLettersResponse\x12]\n\x12RedriveDeadLetters\x12\".txmq.v1.RedriveDeadLettersRequest\x1a#.txmq.v1.RedriveDeadLettersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'txmq.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CREATETOPICREQUEST']._serialized_start=54
-  _globals['_CREATETOPICREQUEST']._serialized_end=110
-  _globals['_CREATETOPICRESPONSE']._serialized_start=112
-  _globals['_CREATETOPICRESPONSE']._serialized_end=188
-  _globals['_BROKERQUEUES']._serialized_start=190
-  _globals['_BROKERQUEUES']._serialized_end=246
-  _globals['_LISTTOPICSREQUEST']._serialized_start=248
-  _globals['_LISTTOPICSREQUEST']._serialized_end=267
-  _globals['_TOPICINFO']._serialized_start=269
-  _globals['_TOPICINFO']._serialized_end=335
-  _globals['_LISTTOPICSRESPONSE']._serialized_start=337
-  _globals['_LISTTOPICSRESPONSE']._serialized_end=393
-  _globals['_LISTTRANSACTIONSREQUEST']._serialized_start=396
-  _globals['_LISTTRANSACTIONSREQUEST']._serialized_end=530
-  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_start=532
-  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_end=631
-  _globals['_DESCRIBETRANSACTIONREQUEST']._serialized_start=633
-  _globals['_DESCRIBETRANSACTIONREQUEST']._serialized_end=685
-  _globals['_DESCRIBETRANSACTIONRESPONSE']._serialized_start=687
-  _globals['_DESCRIBETRANSACTIONRESPONSE']._serialized_end=759
-  _globals['_RESOLVETRANSACTIONREQUEST']._serialized_start=762
-  _globals['_RESOLVETRANSACTIONREQUEST']._serialized_end=899
-  _globals['_RESOLVETRANSACTIONRESPONSE']._serialized_start=901
-  _globals['_RESOLVETRANSACTIONRESPONSE']._serialized_end=972
-  _globals['_ELECTLEADERREQUEST']._serialized_start=974
-  _globals['_ELECTLEADERREQUEST']._serialized_end=1029
-  _globals['_ELECTLEADERRESPONSE']._serialized_start=1031
-  _globals['_ELECTLEADERRESPONSE']._serialized_end=1098
-  _globals['_ADMINSERVICE']._serialized_start=1101
-  _globals['_ADMINSERVICE']._serialized_end=1616
+  _globals['_CREATETOPICREQUEST']._serialized_start=76
+  _globals['_CREATETOPICREQUEST']._serialized_end=132
+  _globals['_CREATETOPICRESPONSE']._serialized_start=134
+  _globals['_CREATETOPICRESPONSE']._serialized_end=210
+  _globals['_BROKERQUEUES']._serialized_start=212
+  _globals['_BROKERQUEUES']._serialized_end=268
+  _globals['_LISTTOPICSREQUEST']._serialized_start=270
+  _globals['_LISTTOPICSREQUEST']._serialized_end=289
+  _globals['_TOPICINFO']._serialized_start=291
+  _globals['_TOPICINFO']._serialized_end=357
+  _globals['_LISTTOPICSRESPONSE']._serialized_start=359
+  _globals['_LISTTOPICSRESPONSE']._serialized_end=415
+  _globals['_LISTTRANSACTIONSREQUEST']._serialized_start=418
+  _globals['_LISTTRANSACTIONSREQUEST']._serialized_end=552
+  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_start=554
+  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_end=653
+  _globals['_DESCRIBETRANSACTIONREQUEST']._serialized_start=655
+  _globals['_DESCRIBETRANSACTIONREQUEST']._serialized_end=707
+  _globals['_DESCRIBETRANSACTIONRESPONSE']._serialized_start=709
+  _globals['_DESCRIBETRANSACTIONRESPONSE']._serialized_end=816
+  _globals['_RESOLVETRANSACTIONREQUEST']._serialized_start=819
+  _globals['_RESOLVETRANSACTIONREQUEST']._serialized_end=956
+  _globals['_RESOLVETRANSACTIONRESPONSE']._serialized_start=958
+  _globals['_RESOLVETRANSACTIONRESPONSE']._serialized_end=1029
+  _globals['_ELECTLEADERREQUEST']._serialized_start=1031
+  _globals['_ELECTLEADERREQUEST']._serialized_end=1086
+  _globals['_ELECTLEADERRESPONSE']._serialized_start=1088
+  _globals['_ELECTLEADERRESPONSE']._serialized_end=1155
+  _globals['_DESCRIBEBROKERSREQUEST']._serialized_start=1157
+  _globals['_DESCRIBEBROKERSREQUEST']._serialized_end=1181
+  _globals['_DESCRIBEBROKERSRESPONSE']._serialized_start=1183
+  _globals['_DESCRIBEBROKERSRESPONSE']._serialized_end=1287
+  _globals['_DESCRIBETOPICREQUEST']._serialized_start=1289
+  _globals['_DESCRIBETOPICREQUEST']._serialized_end=1326
+  _globals['_TOPICQUEUE']._serialized_start=1328
+  _globals['_TOPICQUEUE']._serialized_end=1419
+  _globals['_DESCRIBETOPICRESPONSE']._serialized_start=1422
+  _globals['_DESCRIBETOPICRESPONSE']._serialized_end=1575
+  _globals['_LISTDEADLETTERSREQUEST']._serialized_start=1577
+  _globals['_LISTDEADLETTERSREQUEST']._serialized_end=1640
+  _globals['_LISTDEADLETTERSRESPONSE']._serialized_start=1642
+  _globals['_LISTDEADLETTERSRESPONSE']._serialized_end=1760
+  _globals['_LISTCONSUMERGROUPSREQUEST']._serialized_start=1762
+  _globals['_LISTCONSUMERGROUPSREQUEST']._serialized_end=1828
+  _globals['_LISTCONSUMERGROUPSRESPONSE']._serialized_start=1831
+  _globals['_LISTCONSUMERGROUPSRESPONSE']._serialized_end=1983
+  _globals['_REDRIVEDEADLETTERSREQUEST']._serialized_start=1985
+  _globals['_REDRIVEDEADLETTERSREQUEST']._serialized_end=2070
+  _globals['_REDRIVEDEADLETTERSRESPONSE']._serialized_start=2072
+  _globals['_REDRIVEDEADLETTERSRESPONSE']._serialized_end=2183
+  _globals['_DELETETOPICREQUEST']._serialized_start=2185
+  _globals['_DELETETOPICREQUEST']._serialized_end=2235
+  _globals['_DELETETOPICRESPONSE']._serialized_start=2237
+  _globals['_DELETETOPICRESPONSE']._serialized_end=2340
+  _globals['_ADMINSERVICE']._serialized_start=2343
+  _globals['_ADMINSERVICE']._serialized_end=3374
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from txmq.v1 import broker_pb2 as _broker_pb2
 from txmq.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -76,10 +77,12 @@ class DescribeTransactionRequest(_message.Message):
     def __init__(self, transaction_id: _Optional[str] = ...) -> None: ...
 
 class DescribeTransactionResponse(_message.Message):
-    __slots__ = ("transaction",)
+    __slots__ = ("transaction", "message")
     TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     transaction: _common_pb2.Transaction
-    def __init__(self, transaction: _Optional[_Union[_common_pb2.Transaction, _Mapping]] = ...) -> None: ...
+    message: _common_pb2.Message
+    def __init__(self, transaction: _Optional[_Union[_common_pb2.Transaction, _Mapping]] = ..., message: _Optional[_Union[_common_pb2.Message, _Mapping]] = ...) -> None: ...
 
 class ResolveTransactionRequest(_message.Message):
     __slots__ = ("transaction_id", "resolution", "operator", "reason")
@@ -114,3 +117,123 @@ class ElectLeaderResponse(_message.Message):
     previous_replica_id: int
     log_end: int
     def __init__(self, previous_replica_id: _Optional[int] = ..., log_end: _Optional[int] = ...) -> None: ...
+
+class DescribeBrokersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeBrokersResponse(_message.Message):
+    __slots__ = ("brokers", "unreachable_brokers")
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
+    brokers: _containers.RepeatedCompositeFieldContainer[_broker_pb2.GetBrokerStatsResponse]
+    unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, brokers: _Optional[_Iterable[_Union[_broker_pb2.GetBrokerStatsResponse, _Mapping]]] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DescribeTopicRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class TopicQueue(_message.Message):
+    __slots__ = ("broker_name", "queue_id", "min_offset", "max_offset")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    def __init__(self, broker_name: _Optional[str] = ..., queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+
+class DescribeTopicResponse(_message.Message):
+    __slots__ = ("topic", "queues", "consumers", "unreachable_brokers")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queues: _containers.RepeatedCompositeFieldContainer[TopicQueue]
+    consumers: _containers.RepeatedCompositeFieldContainer[_broker_pb2.ConsumerQueueStatus]
+    unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topic: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[TopicQueue, _Mapping]]] = ..., consumers: _Optional[_Iterable[_Union[_broker_pb2.ConsumerQueueStatus, _Mapping]]] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListDeadLettersRequest(_message.Message):
+    __slots__ = ("consumer_group", "limit")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    limit: int
+    def __init__(self, consumer_group: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListDeadLettersResponse(_message.Message):
+    __slots__ = ("messages", "unreachable_brokers", "truncated")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.DeliveredMessage]
+    unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
+    truncated: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.DeliveredMessage, _Mapping]]] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class ListConsumerGroupsRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class ListConsumerGroupsResponse(_message.Message):
+    __slots__ = ("queues", "dead_letters", "unreachable_brokers")
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[_broker_pb2.ConsumerQueueStatus]
+    dead_letters: _containers.RepeatedCompositeFieldContainer[_broker_pb2.GroupDeadLetters]
+    unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queues: _Optional[_Iterable[_Union[_broker_pb2.ConsumerQueueStatus, _Mapping]]] = ..., dead_letters: _Optional[_Iterable[_Union[_broker_pb2.GroupDeadLetters, _Mapping]]] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RedriveDeadLettersRequest(_message.Message):
+    __slots__ = ("consumer_group", "message_ids", "all")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    message_ids: _containers.RepeatedScalarFieldContainer[str]
+    all: bool
+    def __init__(self, consumer_group: _Optional[str] = ..., message_ids: _Optional[_Iterable[str]] = ..., all: _Optional[bool] = ...) -> None: ...
+
+class RedriveDeadLettersResponse(_message.Message):
+    __slots__ = ("redriven", "not_found", "expired", "unreachable_brokers")
+    REDRIVEN_FIELD_NUMBER: _ClassVar[int]
+    NOT_FOUND_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
+    redriven: _containers.RepeatedScalarFieldContainer[str]
+    not_found: _containers.RepeatedScalarFieldContainer[str]
+    expired: _containers.RepeatedScalarFieldContainer[str]
+    unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, redriven: _Optional[_Iterable[str]] = ..., not_found: _Optional[_Iterable[str]] = ..., expired: _Optional[_Iterable[str]] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteTopicRequest(_message.Message):
+    __slots__ = ("topic", "force")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    force: bool
+    def __init__(self, topic: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DeleteTopicResponse(_message.Message):
+    __slots__ = ("topic", "brokers", "entries_deleted", "consumer_groups")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_DELETED_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    brokers: _containers.RepeatedScalarFieldContainer[str]
+    entries_deleted: int
+    consumer_groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topic: _Optional[str] = ..., brokers: _Optional[_Iterable[str]] = ..., entries_deleted: _Optional[int] = ..., consumer_groups: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -66,6 +66,36 @@ class AdminServiceStub:
                 request_serializer=txmq_dot_v1_dot_admin__pb2.ElectLeaderRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_admin__pb2.ElectLeaderResponse.FromString,
                 _registered_method=True)
+        self.DescribeBrokers = channel.unary_unary(
+                '/txmq.v1.AdminService/DescribeBrokers',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.DescribeBrokersRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.DescribeBrokersResponse.FromString,
+                _registered_method=True)
+        self.DescribeTopic = channel.unary_unary(
+                '/txmq.v1.AdminService/DescribeTopic',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.DescribeTopicRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.DescribeTopicResponse.FromString,
+                _registered_method=True)
+        self.DeleteTopic = channel.unary_unary(
+                '/txmq.v1.AdminService/DeleteTopic',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.DeleteTopicRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.DeleteTopicResponse.FromString,
+                _registered_method=True)
+        self.ListConsumerGroups = channel.unary_unary(
+                '/txmq.v1.AdminService/ListConsumerGroups',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.ListConsumerGroupsRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.ListConsumerGroupsResponse.FromString,
+                _registered_method=True)
+        self.ListDeadLetters = channel.unary_unary(
+                '/txmq.v1.AdminService/ListDeadLetters',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.ListDeadLettersRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.ListDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.RedriveDeadLetters = channel.unary_unary(
+                '/txmq.v1.AdminService/RedriveDeadLetters',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.RedriveDeadLettersRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.RedriveDeadLettersResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -118,6 +148,53 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeBrokers(self, request, context):
+        """Every live broker's GetBrokerStats (store, disk, limits, transaction counters).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeTopic(self, request, context):
+        """One topic: its queues on each broker (offsets) and the consumer groups reading it.
+        NOT_FOUND (TOPIC_NOT_FOUND) for a topic no live broker holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTopic(self, request, context):
+        """Deletes a user topic on every broker holding it. FAILED_PRECONDITION (TOPIC_IN_USE)
+        while consumer groups still read it (unless force) or transactions of it are undecided;
+        NOT_FOUND (TOPIC_NOT_FOUND) for a topic no live broker holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConsumerGroups(self, request, context):
+        """Consumer groups' positions on every live broker (see BrokerService.DescribeConsumerGroups).
+        NOT_FOUND (CONSUMER_GROUP_NOT_FOUND) when a named group is known to no broker.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDeadLetters(self, request, context):
+        """The group's dead letters, read from %DLQ%<group> on every live broker.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RedriveDeadLetters(self, request, context):
+        """Gives a group's dead letters back to that group on every live broker (see
+        BrokerService.ReturnDeadLetters). NOT_FOUND (CONSUMER_GROUP_NOT_FOUND) for an unknown group.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -150,6 +227,36 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ElectLeader,
                     request_deserializer=txmq_dot_v1_dot_admin__pb2.ElectLeaderRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_admin__pb2.ElectLeaderResponse.SerializeToString,
+            ),
+            'DescribeBrokers': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeBrokers,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.DescribeBrokersRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.DescribeBrokersResponse.SerializeToString,
+            ),
+            'DescribeTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeTopic,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.DescribeTopicRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.DescribeTopicResponse.SerializeToString,
+            ),
+            'DeleteTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTopic,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.DeleteTopicRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.DeleteTopicResponse.SerializeToString,
+            ),
+            'ListConsumerGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConsumerGroups,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.ListConsumerGroupsRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.ListConsumerGroupsResponse.SerializeToString,
+            ),
+            'ListDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDeadLetters,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.ListDeadLettersRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.ListDeadLettersResponse.SerializeToString,
+            ),
+            'RedriveDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.RedriveDeadLetters,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.RedriveDeadLettersRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.RedriveDeadLettersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -316,6 +423,168 @@ class AdminService:
             '/txmq.v1.AdminService/ElectLeader',
             txmq_dot_v1_dot_admin__pb2.ElectLeaderRequest.SerializeToString,
             txmq_dot_v1_dot_admin__pb2.ElectLeaderResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeBrokers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/DescribeBrokers',
+            txmq_dot_v1_dot_admin__pb2.DescribeBrokersRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.DescribeBrokersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/DescribeTopic',
+            txmq_dot_v1_dot_admin__pb2.DescribeTopicRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.DescribeTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/DeleteTopic',
+            txmq_dot_v1_dot_admin__pb2.DeleteTopicRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.DeleteTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConsumerGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/ListConsumerGroups',
+            txmq_dot_v1_dot_admin__pb2.ListConsumerGroupsRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.ListConsumerGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/ListDeadLetters',
+            txmq_dot_v1_dot_admin__pb2.ListDeadLettersRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.ListDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RedriveDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/RedriveDeadLetters',
+            txmq_dot_v1_dot_admin__pb2.RedriveDeadLettersRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.RedriveDeadLettersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -387,10 +387,12 @@ class GetTransactionRequest(_message.Message):
     def __init__(self, transaction_id: _Optional[str] = ...) -> None: ...
 
 class GetTransactionResponse(_message.Message):
-    __slots__ = ("transaction",)
+    __slots__ = ("transaction", "message")
     TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     transaction: _common_pb2.Transaction
-    def __init__(self, transaction: _Optional[_Union[_common_pb2.Transaction, _Mapping]] = ...) -> None: ...
+    message: _common_pb2.Message
+    def __init__(self, transaction: _Optional[_Union[_common_pb2.Transaction, _Mapping]] = ..., message: _Optional[_Union[_common_pb2.Message, _Mapping]] = ...) -> None: ...
 
 class GetBrokerStatsRequest(_message.Message):
     __slots__ = ()
@@ -427,3 +429,91 @@ class GetBrokerStatsResponse(_message.Message):
     max_delivery_attempts: int
     last_transaction_id: str
     def __init__(self, broker_name: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicQueues, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupTransactionStats, _Mapping]]] = ..., store_bytes: _Optional[int] = ..., free_disk_bytes: _Optional[int] = ..., max_body_bytes: _Optional[int] = ..., max_delivery_attempts: _Optional[int] = ..., last_transaction_id: _Optional[str] = ...) -> None: ...
+
+class DescribeConsumerGroupsRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class ConsumerQueueStatus(_message.Message):
+    __slots__ = ("consumer_group", "topic", "broker_name", "queue_id", "ack_offset", "next_offset", "max_offset", "lag_messages", "lag_seconds", "inflight", "retrying")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    ACK_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAG_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    LAG_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    RETRYING_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    broker_name: str
+    queue_id: int
+    ack_offset: int
+    next_offset: int
+    max_offset: int
+    lag_messages: int
+    lag_seconds: float
+    inflight: int
+    retrying: int
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., broker_name: _Optional[str] = ..., queue_id: _Optional[int] = ..., ack_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., lag_messages: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., inflight: _Optional[int] = ..., retrying: _Optional[int] = ...) -> None: ...
+
+class GroupDeadLetters(_message.Message):
+    __slots__ = ("consumer_group", "broker_name", "dead_lettered")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    broker_name: str
+    dead_lettered: int
+    def __init__(self, consumer_group: _Optional[str] = ..., broker_name: _Optional[str] = ..., dead_lettered: _Optional[int] = ...) -> None: ...
+
+class DescribeConsumerGroupsResponse(_message.Message):
+    __slots__ = ("queues", "dead_letters")
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[ConsumerQueueStatus]
+    dead_letters: _containers.RepeatedCompositeFieldContainer[GroupDeadLetters]
+    def __init__(self, queues: _Optional[_Iterable[_Union[ConsumerQueueStatus, _Mapping]]] = ..., dead_letters: _Optional[_Iterable[_Union[GroupDeadLetters, _Mapping]]] = ...) -> None: ...
+
+class ReturnDeadLettersRequest(_message.Message):
+    __slots__ = ("consumer_group", "message_ids", "all")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    message_ids: _containers.RepeatedScalarFieldContainer[str]
+    all: bool
+    def __init__(self, consumer_group: _Optional[str] = ..., message_ids: _Optional[_Iterable[str]] = ..., all: _Optional[bool] = ...) -> None: ...
+
+class ReturnDeadLettersResponse(_message.Message):
+    __slots__ = ("redriven", "not_found", "expired")
+    REDRIVEN_FIELD_NUMBER: _ClassVar[int]
+    NOT_FOUND_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    redriven: _containers.RepeatedScalarFieldContainer[str]
+    not_found: _containers.RepeatedScalarFieldContainer[str]
+    expired: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, redriven: _Optional[_Iterable[str]] = ..., not_found: _Optional[_Iterable[str]] = ..., expired: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteTopicQueuesRequest(_message.Message):
+    __slots__ = ("topic", "force")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    force: bool
+    def __init__(self, topic: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DeleteTopicQueuesResponse(_message.Message):
+    __slots__ = ("entries_deleted", "consumer_groups")
+    ENTRIES_DELETED_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    entries_deleted: int
+    consumer_groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, entries_deleted: _Optional[int] = ..., consumer_groups: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -113,6 +113,21 @@ class BrokerServiceStub:
                 request_serializer=txmq_dot_v1_dot_broker__pb2.GetBrokerStatsRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_broker__pb2.GetBrokerStatsResponse.FromString,
                 _registered_method=True)
+        self.DescribeConsumerGroups = channel.unary_unary(
+                '/txmq.v1.BrokerService/DescribeConsumerGroups',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.DescribeConsumerGroupsRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.DescribeConsumerGroupsResponse.FromString,
+                _registered_method=True)
+        self.ReturnDeadLetters = channel.unary_unary(
+                '/txmq.v1.BrokerService/ReturnDeadLetters',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.ReturnDeadLettersRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.ReturnDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.DeleteTopicQueues = channel.unary_unary(
+                '/txmq.v1.BrokerService/DeleteTopicQueues',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -237,6 +252,33 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeConsumerGroups(self, request, context):
+        """Consumer groups' positions on this broker: per (group, topic, queue) the acknowledged
+        and delivered offsets, lag, in-flight and retrying deliveries; and per group its
+        dead-lettered messages here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReturnDeadLetters(self, request, context):
+        """Gives dead-lettered messages of a group back to that group alone: each becomes an
+        in-flight delivery of its original position due now (the next receive delivers it,
+        attempt 1), and leaves %DLQ%<group>. Other groups of the topic see nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTopicQueues(self, request, context):
+        """Deletes this broker's queues of a user topic with their entries and every group's
+        position in them. FAILED_PRECONDITION (TOPIC_IN_USE) while consumer groups have a
+        position in it (unless force) or transactions of it are pending or discarded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -314,6 +356,21 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.GetBrokerStats,
                     request_deserializer=txmq_dot_v1_dot_broker__pb2.GetBrokerStatsRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_broker__pb2.GetBrokerStatsResponse.SerializeToString,
+            ),
+            'DescribeConsumerGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeConsumerGroups,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.DescribeConsumerGroupsRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.DescribeConsumerGroupsResponse.SerializeToString,
+            ),
+            'ReturnDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReturnDeadLetters,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.ReturnDeadLettersRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.ReturnDeadLettersResponse.SerializeToString,
+            ),
+            'DeleteTopicQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTopicQueues,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -725,6 +782,87 @@ class BrokerService:
             '/txmq.v1.BrokerService/GetBrokerStats',
             txmq_dot_v1_dot_broker__pb2.GetBrokerStatsRequest.SerializeToString,
             txmq_dot_v1_dot_broker__pb2.GetBrokerStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeConsumerGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/DescribeConsumerGroups',
+            txmq_dot_v1_dot_broker__pb2.DescribeConsumerGroupsRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.DescribeConsumerGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReturnDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/ReturnDeadLetters',
+            txmq_dot_v1_dot_broker__pb2.ReturnDeadLettersRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.ReturnDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTopicQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/DeleteTopicQueues',
+            txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from txmq.v1 import common_pb2 as txmq_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18txmq/v1/nameserver.proto\x12\x07txmq.v1\x1a\x14txmq/v1/common.proto\"\xea\x01\n\nBrokerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12$\n\x06topics\x18\x03 \x03(\x0b\x32\x14.txmq.v1.TopicQueues\x12\x19\n\x11last_heartbeat_ms\x18\x04 \x01(\x03\x12\x12\n\nreplica_id\x18\x05 \x01(\r\x12!\n\x04role\x18\x06 \x01(\x0e\x32\x13.txmq.v1.BrokerRole\x12\x14\n\x0cleader_epoch\x18\x07 \x01(\x04\x12/\n\x0breplication\x18\x08 \x01(\x0b\x32\x1a.txmq.v1.ReplicationStatus\"\xb7\x01\n\x11ReplicationStatus\x12\x1a\n\x12replication_factor\x18\x01 \x01(\r\x12\x1b\n\x13min_insync_replicas\x18\x02 \x01(\r\x12\x18\n\x10in_sync_replicas\x18\x03 \x03(\r\x12\x0f\n\x07log_end\x18\x04 \x01(\x04\x12\x12\n\ncommit_lsn\x18\x05 \x01(\x04\x12*\n\tfollowers\x18\x06 \x03(\x0b\x32\x17.txmq.v1.FollowerStatus\"\x87\x01\n\x0e\x46ollowerStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\r\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\x0f\n\x07in_sync\x18\x03 \x01(\x08\x12\x13\n\x0b\x64urable_lsn\x18\x04 \x01(\x04\x12\x13\n\x0blag_records\x18\x05 \x01(\x04\x12\x13\n\x0blag_seconds\x18\x06 \x01(\x01\"<\n\x15RegisterBrokerRequest\x12#\n\x06\x62roker\x18\x01 \x01(\x0b\x32\x13.txmq.v1.BrokerInfo\"T\n\x16RegisterBrokerResponse\x12\"\n\x1aheartbeat_interval_seconds\x18\x01 \x01(\x01\x12\x16\n\x0e\x65xpiry_seconds\x18\x02 \x01(\x01\";\n\x17UnregisterBrokerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\r\"\x1a\n\x18UnregisterBrokerResponse\"G\n\x0b\x43heckerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x19\n\x11last_heartbeat_ms\x18\x03 \x01(\x03\"?\n\x16RegisterCheckerRequest\x12%\n\x07\x63hecker\x18\x01 \x01(\x0b\x32\x14.txmq.v1.CheckerInfo\"U\n\x17RegisterCheckerResponse\x12\"\n\x1aheartbeat_interval_seconds\x18\x01 \x01(\x01\x12\x16\n\x0e\x65xpiry_seconds\x18\x02 \x01(\x01\"(\n\x18UnregisterCheckerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1b\n\x19UnregisterCheckerResponse\"\"\n\x11QueryRouteRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"K\n\nQueueRoute\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x16\n\x0e\x62roker_address\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\"H\n\x12QueryRouteResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12#\n\x06queues\x18\x02 \x03(\x0b\x32\x13.txmq.v1.QueueRoute\"/\n\x12ListBrokersRequest\x12\x19\n\x11include_followers\x18\x01 \x01(\x08\";\n\x13ListBrokersResponse\x12$\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x13.txmq.v1.BrokerInfo\"\x15\n\x13ListCheckersRequest\">\n\x14ListCheckersResponse\x12&\n\x08\x63heckers\x18\x01 \x03(\x0b\x32\x14.txmq.v1.CheckerInfo*[\n\nBrokerRole\x12\x1b\n\x17\x42ROKER_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42ROKER_ROLE_LEADER\x10\x01\x12\x18\n\x14\x42ROKER_ROLE_FOLLOWER\x10\x02\x32\xcf\x04\n\x11NameServerService\x12Q\n\x0eRegisterBroker\x12\x1e.txmq.v1.RegisterBrokerRequest\x1a\x1f.txmq.v1.RegisterBrokerResponse\x12W\n\x10UnregisterBroker\x12 .txmq.v1.UnregisterBrokerRequest\x1a!.txmq.v1.UnregisterBrokerResponse\x12T\n\x0fRegisterChecker\x12\x1f.txmq.v1.RegisterCheckerRequest\x1a .txmq.v1.RegisterCheckerResponse\x12Z\n\x11UnregisterChecker\x12!.txmq.v1.UnregisterCheckerRequest\x1a\".txmq.v1.UnregisterCheckerResponse\x12\x45\n\nQueryRoute\x12\x1a.txmq.v1.QueryRouteRequest\x1a\x1b.txmq.v1.QueryRouteResponse\x12H\n\x0bListBrokers\x12\x1b.txmq.v1.ListBrokersRequest\x1a\x1c.txmq.v1.ListBrokersResponse\x12K\n\x0cListCheckers\x12\x1c.txmq.v1.ListCheckersRequest\x1a\x1d.txmq.v1.ListCheckersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18txmq/v1/nameserver.proto\x12\x07txmq.v1\x1a\x14txmq/v1/common.proto\"\xea\x01\n\nBrokerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12$\n\x06topics\x18\x03 \x03(\x0b\x32\x14.txmq.v1.TopicQueues\x12\x19\n\x11last_heartbeat_ms\x18\x04 \x01(\x03\x12\x12\n\nreplica_id\x18\x05 \x01(\r\x12!\n\x04role\x18\x06 \x01(\x0e\x32\x13.txmq.v1.BrokerRole\x12\x14\n\x0cleader_epoch\x18\x07 \x01(\x04\x12/\n\x0breplication\x18\x08 \x01(\x0b\x32\x1a.txmq.v1.ReplicationStatus\"\xb7\x01\n\x11ReplicationStatus\x12\x1a\n\x12replication_factor\x18\x01 \x01(\r\x12\x1b\n\x13min_insync_replicas\x18\x02 \x01(\r\x12\x18\n\x10in_sync_replicas\x18\x03 \x03(\r\x12\x0f\n\x07log_end\x18\x04 \x01(\x04\x12\x12\n\ncommit_lsn\x18\x05 \x01(\x04\x12*\n\tfollowers\x18\x06 \x03(\x0b\x32\x17.txmq.v1.FollowerStatus\"\x87\x01\n\x0e\x46ollowerStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\r\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\x0f\n\x07in_sync\x18\x03 \x01(\x08\x12\x13\n\x0b\x64urable_lsn\x18\x04 \x01(\x04\x12\x13\n\x0blag_records\x18\x05 \x01(\x04\x12\x13\n\x0blag_seconds\x18\x06 \x01(\x01\"<\n\x15RegisterBrokerRequest\x12#\n\x06\x62roker\x18\x01 \x01(\x0b\x32\x13.txmq.v1.BrokerInfo\"T\n\x16RegisterBrokerResponse\x12\"\n\x1aheartbeat_interval_seconds\x18\x01 \x01(\x01\x12\x16\n\x0e\x65xpiry_seconds\x18\x02 \x01(\x01\";\n\x17UnregisterBrokerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\r\"\x1a\n\x18UnregisterBrokerResponse\"G\n\x0b\x43heckerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x19\n\x11last_heartbeat_ms\x18\x03 \x01(\x03\"?\n\x16RegisterCheckerRequest\x12%\n\x07\x63hecker\x18\x01 \x01(\x0b\x32\x14.txmq.v1.CheckerInfo\"U\n\x17RegisterCheckerResponse\x12\"\n\x1aheartbeat_interval_seconds\x18\x01 \x01(\x01\x12\x16\n\x0e\x65xpiry_seconds\x18\x02 \x01(\x01\"(\n\x18UnregisterCheckerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1b\n\x19UnregisterCheckerResponse\"4\n\x11QueryRouteRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08\x66or_send\x18\x02 \x01(\x08\"K\n\nQueueRoute\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x16\n\x0e\x62roker_address\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\"H\n\x12QueryRouteResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12#\n\x06queues\x18\x02 \x03(\x0b\x32\x13.txmq.v1.QueueRoute\"/\n\x12ListBrokersRequest\x12\x19\n\x11include_followers\x18\x01 \x01(\x08\";\n\x13ListBrokersResponse\x12$\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x13.txmq.v1.BrokerInfo\"\x15\n\x13ListCheckersRequest\">\n\x14ListCheckersResponse\x12&\n\x08\x63heckers\x18\x01 \x03(\x0b\x32\x14.txmq.v1.CheckerInfo*[\n\nBrokerRole\x12\x1b\n\x17\x42ROKER_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42ROKER_ROLE_LEADER\x10\x01\x12\x18\n\x14\x42ROKER_ROLE_FOLLOWER\x10\x02\x32\xcf\x04\n\x11NameServerService\x12Q\n\x0eRegisterBroker\x12\x1e.txmq.v1.RegisterBrokerRequest\x1a\x1f.txmq.v1.RegisterBrokerResponse\x12W\n\x10UnregisterBroker\x12 .txmq.v1.UnregisterBrokerRequest\x1a!.txmq.v1.UnregisterBrokerResponse\x12T\n\x0fRegisterChecker\x12\x1f.txmq.v1.RegisterCheckerRequest\x1a .txmq.v1.RegisterCheckerResponse\x12Z\n\x11UnregisterChecker\x12!.txmq.v1.UnregisterCheckerRequest\x1a\".txmq.v1.UnregisterCheckerResponse\x12\x45\n\nQueryRoute\x12\x1a.txmq.v1.QueryRouteRequest\x1a\x1b.txmq.v1.QueryRouteResponse\x12H\n\x0bListBrokers\x12\x1b.txmq.v1.ListBrokersRequest\x1a\x1c.txmq.v1.ListBrokersResponse\x12K\n\x0cListCheckers\x12\x1c.txmq.v1.ListCheckersRequest\x1a\x1d.txmq.v1.ListCheckersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'txmq.v1.nameserver_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BROKERROLE']._serialized_start=1537
-  _globals['_BROKERROLE']._serialized_end=1628
+  _globals['_BROKERROLE']._serialized_start=1555
+  _globals['_BROKERROLE']._serialized_end=1646
   _globals['_BROKERINFO']._serialized_start=60
   _globals['_BROKERINFO']._serialized_end=294
   _globals['_REPLICATIONSTATUS']._serialized_start=297
@@ -59,19 +59,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UNREGISTERCHECKERRESPONSE']._serialized_start=1124
   _globals['_UNREGISTERCHECKERRESPONSE']._serialized_end=1151
   _globals['_QUERYROUTEREQUEST']._serialized_start=1153
-  _globals['_QUERYROUTEREQUEST']._serialized_end=1187
-  _globals['_QUEUEROUTE']._serialized_start=1189
-  _globals['_QUEUEROUTE']._serialized_end=1264
-  _globals['_QUERYROUTERESPONSE']._serialized_start=1266
-  _globals['_QUERYROUTERESPONSE']._serialized_end=1338
-  _globals['_LISTBROKERSREQUEST']._serialized_start=1340
-  _globals['_LISTBROKERSREQUEST']._serialized_end=1387
-  _globals['_LISTBROKERSRESPONSE']._serialized_start=1389
-  _globals['_LISTBROKERSRESPONSE']._serialized_end=1448
-  _globals['_LISTCHECKERSREQUEST']._serialized_start=1450
-  _globals['_LISTCHECKERSREQUEST']._serialized_end=1471
-  _globals['_LISTCHECKERSRESPONSE']._serialized_start=1473
-  _globals['_LISTCHECKERSRESPONSE']._serialized_end=1535
-  _globals['_NAMESERVERSERVICE']._serialized_start=1631
-  _globals['_NAMESERVERSERVICE']._serialized_end=2222
+  _globals['_QUERYROUTEREQUEST']._serialized_end=1205
+  _globals['_QUEUEROUTE']._serialized_start=1207
+  _globals['_QUEUEROUTE']._serialized_end=1282
+  _globals['_QUERYROUTERESPONSE']._serialized_start=1284
+  _globals['_QUERYROUTERESPONSE']._serialized_end=1356
+  _globals['_LISTBROKERSREQUEST']._serialized_start=1358
+  _globals['_LISTBROKERSREQUEST']._serialized_end=1405
+  _globals['_LISTBROKERSRESPONSE']._serialized_start=1407
+  _globals['_LISTBROKERSRESPONSE']._serialized_end=1466
+  _globals['_LISTCHECKERSREQUEST']._serialized_start=1468
+  _globals['_LISTCHECKERSREQUEST']._serialized_end=1489
+  _globals['_LISTCHECKERSRESPONSE']._serialized_start=1491
+  _globals['_LISTCHECKERSRESPONSE']._serialized_end=1553
+  _globals['_NAMESERVERSERVICE']._serialized_start=1649
+  _globals['_NAMESERVERSERVICE']._serialized_end=2240
 # @@protoc_insertion_point(module_scope)

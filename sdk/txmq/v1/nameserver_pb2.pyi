@@ -130,10 +130,12 @@ class UnregisterCheckerResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class QueryRouteRequest(_message.Message):
-    __slots__ = ("topic",)
+    __slots__ = ("topic", "for_send")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
+    FOR_SEND_FIELD_NUMBER: _ClassVar[int]
     topic: str
-    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+    for_send: bool
+    def __init__(self, topic: _Optional[str] = ..., for_send: _Optional[bool] = ...) -> None: ...
 
 class QueueRoute(_message.Message):
     __slots__ = ("broker_name", "broker_address", "queue_id")

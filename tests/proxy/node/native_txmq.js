@@ -34,7 +34,8 @@ async function flow(args) {
   const v1 = load();
   const insecure = grpc.credentials.createInsecure();
   const nameserver = new v1.NameServerService(args.nameserver, insecure);
-  const route = await unary(nameserver, 'QueryRoute', { topic: args.topic });
+  // for_send: a producer's lookup (only those auto-create a missing topic).
+  const route = await unary(nameserver, 'QueryRoute', { topic: args.topic, for_send: true });
   const queue = route.queues[0];
   const broker = new v1.BrokerService(queue.broker_address, insecure);
   const messageId = `node-${crypto.randomBytes(12).toString('hex')}`;

@@ -63,14 +63,20 @@ txmq.io/shard: {{ .shard }}
 {{- end }}
 {{- end }}
 
-{{/* The image of a component: (dict "root" $ "values" .Values.broker). */}}
+{{/* The image of a component: (dict "root" $ "values" .Values.broker). The registry is
+global.imageRegistry (bitnami's convention, e.g. a mirror for the whole cluster), else the
+component's, else image.registry; a digest (component's, else image.digest) pins the image
+and wins over the tag; tags may be given as numbers (--set broker.image.tag=9). */}}
 {{- define "txmq.image" -}}
-{{- $registry := .values.image.registry | default .root.Values.image.registry }}
-{{- $tag := .values.image.tag | default .root.Values.image.tag | default .root.Chart.AppVersion }}
+{{- $global := .root.Values.global | default dict }}
+{{- $registry := $global.imageRegistry | default .values.image.registry | default .root.Values.image.registry }}
+{{- $tag := toString (.values.image.tag | default .root.Values.image.tag | default .root.Chart.AppVersion) }}
+{{- $digest := .values.image.digest | default .root.Values.image.digest }}
+{{- $ref := ternary (printf "@%s" $digest) (printf ":%s" $tag) (not (empty $digest)) }}
 {{- if $registry }}
-{{- printf "%s/%s:%s" $registry .values.image.repository $tag }}
+{{- printf "%s/%s%s" $registry .values.image.repository $ref }}
 {{- else }}
-{{- printf "%s:%s" .values.image.repository $tag }}
+{{- printf "%s%s" .values.image.repository $ref }}
 {{- end }}
 {{- end }}
 

@@ -1,0 +1,170 @@
+"""``txmq.Admin``: the operator's API (topics, consumer groups, dead letters, transactions,
+brokers, checkers), spoken to the name servers' AdminService and NameServerService, so it
+needs only the name server address list, like every other client.
+
+Every method makes one call on the first name server that answers (the next one on
+UNAVAILABLE) and returns the ``txmq.v1`` response message; a refusal raises the
+:class:`txmq.TxmqError` it stands for. A listing that fans out to the brokers names the
+brokers that did not answer in ``unreachable_brokers`` (the listing is then partial).
+
+    with txmq.Admin("127.0.0.1:9876") as admin:
+        admin.create_topic("orders", queue_count=8)
+        for q in admin.consumer_groups("billing").queues:
+            print(q.topic, q.queue_id, q.lag_messages)
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import grpc
+
+from ._auth import BearerToken, with_token
+from ._client import CHANNEL_OPTIONS, parse_nameservers, positive
+from ._errors import InvalidFieldError, NotANameServerError, TxmqError, error_from_rpc
+from ._tls import TLS, ChannelTLS, sync_channel
+from .v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
+
+_RESOLUTIONS = {"commit": common_pb2.TRANSACTION_RESOLUTION_COMMIT,
+                "rollback": common_pb2.TRANSACTION_RESOLUTION_ROLLBACK}
+
+
+class Admin:
+    """The Admin API of a txmq cluster (see the module docstring). Thread-safe; close it
+    (or use it as a context manager)."""
+
+    def __init__(self, nameservers: str | Sequence[str], *, request_timeout_seconds: float = 10.0,
+                 tls: TLS | None = None, token: str | None = None) -> None:
+        """``tls``: the name servers are dialed with TLS (see :class:`txmq.TLS`); ``token``:
+        sent as a bearer token on every call (a cluster with auth on)."""
+        self.addresses = parse_nameservers(nameservers)
+        if tls is not None and not isinstance(tls, TLS):
+            raise InvalidFieldError("tls", f"must be a txmq.TLS, got {type(tls).__name__}")
+        if token is not None:
+            BearerToken(token)  # refuses a malformed token here
+        self._tls = ChannelTLS(tls) if tls is not None else None
+        self._token = token
+        self.request_timeout_seconds = positive("request_timeout_seconds", request_timeout_seconds)
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def __enter__(self) -> "Admin":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            channel.close()
+
+    # --- topics ---------------------------------------------------------------------------
+
+    def create_topic(self, topic: str, *, queue_count: int = 0) -> admin_pb2.CreateTopicResponse:
+        """Spreads ``queue_count`` queues (0: the name server's default) over the brokers."""
+        return self.call("admin", "CreateTopic", admin_pb2.CreateTopicRequest(topic=topic, queue_count=queue_count))
+
+    def list_topics(self) -> admin_pb2.ListTopicsResponse:
+        return self.call("admin", "ListTopics", admin_pb2.ListTopicsRequest())
+
+    def delete_topic(self, topic: str, *, force: bool = False) -> admin_pb2.DeleteTopicResponse:
+        """Deletes a user topic on every broker. Refused (TopicInUseError) while consumer
+        groups still read it, unless ``force``, and while transactions of it are undecided."""
+        return self.call("admin", "DeleteTopic", admin_pb2.DeleteTopicRequest(topic=topic, force=force))
+
+    def describe_topic(self, topic: str) -> admin_pb2.DescribeTopicResponse:
+        """The topic's queues (offsets per broker) and every consumer group's position in them."""
+        return self.call("admin", "DescribeTopic", admin_pb2.DescribeTopicRequest(topic=topic))
+
+    # --- consumer groups and dead letters -------------------------------------------------
+
+    def consumer_groups(self, consumer_group: str = "", *, topic: str = "") -> admin_pb2.ListConsumerGroupsResponse:
+        """Per (group, topic, broker, queue): acknowledged offset, lag in messages and
+        seconds, in-flight and retrying deliveries; per group and broker its dead letters.
+        A named group no broker knows raises ConsumerGroupNotFoundError."""
+        return self.call("admin", "ListConsumerGroups",
+                         admin_pb2.ListConsumerGroupsRequest(consumer_group=consumer_group, topic=topic))
+
+    def dead_letters(self, consumer_group: str, *, limit: int = 100) -> admin_pb2.ListDeadLettersResponse:
+        """The group's dead letters (up to ``limit`` per broker), oldest first."""
+        return self.call("admin", "ListDeadLetters",
+                         admin_pb2.ListDeadLettersRequest(consumer_group=consumer_group, limit=limit))
+
+    def redrive_dead_letters(self, consumer_group: str, message_ids: Sequence[str] = (), *,
+                             all: bool = False) -> admin_pb2.RedriveDeadLettersResponse:  # noqa: A002
+        """Gives dead letters back to their group alone (the next receive delivers them,
+        attempt 1): the named message ids, or every one with ``all=True``."""
+        if all == bool(message_ids):
+            raise InvalidFieldError("message_ids", "name the messages to re-drive, or pass all=True (not both)")
+        return self.call("admin", "RedriveDeadLetters", admin_pb2.RedriveDeadLettersRequest(
+            consumer_group=consumer_group, message_ids=list(message_ids), all=all))
+
+    # --- transactions ---------------------------------------------------------------------
+
+    def list_transactions(self, *, producer_group: str = "", state: int = 0, older_than_seconds: float = 0.0,
+                          limit: int = 100) -> admin_pb2.ListTransactionsResponse:
+        """``state`` is a ``txmq.v1.common_pb2.TRANSACTION_STATE_*`` (0: any); ``limit`` is per broker."""
+        return self.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
+            producer_group=producer_group, state=state, older_than_seconds=older_than_seconds, limit=limit))
+
+    def describe_transaction(self, transaction_id: str) -> admin_pb2.DescribeTransactionResponse:
+        """The transaction and its message as sent (keys, tag, properties, body)."""
+        return self.call("admin", "DescribeTransaction",
+                         admin_pb2.DescribeTransactionRequest(transaction_id=transaction_id))
+
+    def resolve_transaction(self, transaction_id: str, resolution: str, *, operator: str,
+                            reason: str) -> admin_pb2.ResolveTransactionResponse:
+        """An operator's ``"commit"`` or ``"rollback"`` of a pending or discarded transaction."""
+        if resolution not in _RESOLUTIONS:
+            raise InvalidFieldError("resolution", f"must be 'commit' or 'rollback', got {resolution!r}")
+        return self.call("admin", "ResolveTransaction", admin_pb2.ResolveTransactionRequest(
+            transaction_id=transaction_id, resolution=_RESOLUTIONS[resolution], operator=operator, reason=reason))
+
+    # --- brokers and checkers -------------------------------------------------------------
+
+    def list_brokers(self, *, include_followers: bool = True) -> nameserver_pb2.ListBrokersResponse:
+        """Live brokers, and with ``include_followers`` every replica of replicated shards."""
+        return self.call("nameserver", "ListBrokers",
+                         nameserver_pb2.ListBrokersRequest(include_followers=include_followers))
+
+    def broker_stats(self) -> admin_pb2.DescribeBrokersResponse:
+        """Every live broker's store and free disk, limits and per-group transaction counters."""
+        return self.call("admin", "DescribeBrokers", admin_pb2.DescribeBrokersRequest())
+
+    def elect_leader(self, shard: str, replica_id: int) -> admin_pb2.ElectLeaderResponse:
+        return self.call("admin", "ElectLeader", admin_pb2.ElectLeaderRequest(shard=shard, replica_id=replica_id))
+
+    def list_checkers(self) -> nameserver_pb2.ListCheckersResponse:
+        return self.call("nameserver", "ListCheckers", nameserver_pb2.ListCheckersRequest())
+
+    # --- the calls ------------------------------------------------------------------------
+
+    def _channel(self, address: str) -> grpc.Channel:
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = with_token(sync_channel(address, CHANNEL_OPTIONS, self._tls),
+                                                               self._token)
+            return channel
+
+    def call(self, service: str, method: str, request: Any) -> Any:
+        """``service`` is ``"admin"`` or ``"nameserver"``; tries the name servers in turn."""
+        error: TxmqError | None = None
+        for address in self.addresses:
+            channel = self._channel(address)
+            stub: Any = (admin_pb2_grpc.AdminServiceStub(channel) if service == "admin"
+                         else nameserver_pb2_grpc.NameServerServiceStub(channel))
+            try:
+                return getattr(stub, method)(request, timeout=self.request_timeout_seconds)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+                    name = "AdminService" if service == "admin" else "NameServerService"
+                    raise NotANameServerError(address, f"txmq.v1.{name}/{method}") from None
+                error = error_from_rpc(exc)
+                if not error.retryable:
+                    raise error from None
+        assert error is not None
+        raise error

@@ -1,0 +1,8 @@
+"""The low-level client the SDK's producers and consumers are built on (as temporalio's
+``service.py`` is): name servers with failover, the route cache, one gRPC channel per
+broker and the error mapping of every call. For services, the pipeline and tools that
+speak the ``txmq.v1`` stubs directly; applications use the producers and consumers."""
+
+from ._client import CHANNEL_OPTIONS, Client, QueueRoute, parse_nameservers  # noqa: F401 - re-exported
+
+__all__ = ["CHANNEL_OPTIONS", "Client", "QueueRoute", "parse_nameservers"]

@@ -1,0 +1,158 @@
+"""Consumer groups as an operator sees them: each group's position, lag, in-flight and
+retrying deliveries per queue, its dead letters, and giving dead letters back to it.
+
+Functions over a :class:`~services.broker.core.BrokerCore` (its consumer cursors, queues
+and store), kept out of the core: the reads stage nothing; :func:`return_dead_letters_op`
+is an operation run through the store bridge like any write.
+
+Re-driving a dead letter gives it back to **its group alone**: the message's original
+position (topic, queue, offset) becomes an in-flight delivery of the group again with
+attempt 0, due now, so the group's next receive delivers it (attempt 1) and the other
+groups of the topic see nothing. Its entry in ``%DLQ%<group>`` is overwritten with a
+tombstone (an entry naming no record, which readers skip), so queue offsets stay
+contiguous and the DLQ's next offset survives a restart.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from txmq.names import DLQ_PREFIX, dlq_topic, validate_group, validate_receive_topic
+
+from .core import BrokerCore
+from .model import KIND_HALF
+from .store import codec
+from .store.codec import CqEntry
+from .store.db import OpWrites
+
+#: A DLQ entry that was re-driven: it names no commit-log record (sequences start at 1).
+TOMBSTONE_SEQ = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatus:
+    group: str
+    topic: str
+    queue_id: int
+    ack_offset: int
+    next_offset: int
+    max_offset: int
+    lag_messages: int
+    lag_seconds: float
+    inflight: int
+    retrying: int
+
+
+@dataclass(frozen=True, slots=True)
+class Returned:
+    redriven: list[str]
+    not_found: list[str]
+    expired: list[str]
+
+
+#: Dead letters of one group counted at most (a metrics scrape reads them all).
+MAX_DEAD_COUNTED = 100_000
+
+
+def describe_groups(core: BrokerCore, group: str = "", topic: str = "", max_dead: int = MAX_DEAD_COUNTED,
+                    ) -> tuple[list[QueueStatus], dict[str, int]]:
+    """Every (group, topic, queue) position on this broker matching the filters, and the
+    number of dead letters (not re-driven, counted up to ``max_dead``) per group. Safe on
+    another thread than the loop's (the metrics scrape): it copies what it iterates."""
+    if group:
+        validate_group("consumer_group", group)
+    if topic:
+        validate_receive_topic(topic)
+    now = core.clock()
+    out = []
+    for (g, t, q), cursor in sorted(list(core.consumers.cursors.items())):
+        if (group and g != group) or (topic and t != topic):
+            continue
+        ack = cursor.ack_offset()
+        end = core.queue_next.get((t, q), 0)
+        out.append(QueueStatus(
+            g, t, q, ack, cursor.next_offset, end, max(end - ack, 0),
+            _oldest_unacked_age(core, t, q, ack, end, now),
+            len(cursor.inflight), sum(1 for e in list(cursor.inflight.values()) if e.attempt > 1)))
+    dead = {}
+    for name in list(core.topics):
+        if not name.startswith(DLQ_PREFIX):
+            continue
+        g = name[len(DLQ_PREFIX):]
+        if group and g != group:
+            continue
+        dead[g] = sum(1 for _ in itertools.islice(_dead_letters(core, g), max_dead))
+    return out, dead
+
+
+def _oldest_unacked_age(core: BrokerCore, topic: str, q: int, ack: int, end: int, now: int) -> float:
+    if ack >= end:
+        return 0.0
+    for _key, value in core.db.scan("cq", codec.cq_key(topic, q, ack), codec.cq_key(topic, q, end)):
+        return max(now - codec.decode_cq_entry(value).visible_ms, 0) / 1000
+    return 0.0
+
+
+def _dead_letters(core: BrokerCore, group: str) -> Iterable[tuple[int, CqEntry]]:
+    """(DLQ offset, entry) of the group's dead letters not re-driven yet."""
+    topic = dlq_topic(group)
+    if topic not in core.topics:
+        return
+    end = core.queue_next.get((topic, 0), 0)
+    for key, value in core.db.scan("cq", codec.cq_key(topic, 0, 0), codec.cq_key(topic, 0, end)):
+        entry = codec.decode_cq_entry(value, key)
+        if entry.log_seq != TOMBSTONE_SEQ:
+            yield codec.split_cq_key(key)[2], entry
+
+
+def return_dead_letters_op(core: BrokerCore, group: str, message_ids: list[str], every: bool,
+                           ) -> Callable[[OpWrites], Returned]:
+    """Gives the group's dead letters named by ``message_ids`` (all with ``every``) back
+    to the group (see the module docstring)."""
+    validate_group("consumer_group", group)
+    wanted = set(message_ids)
+
+    def op(w: OpWrites) -> Returned:
+        now = core.clock()
+        dlq = dlq_topic(group)
+        redriven: list[str] = []
+        expired: list[str] = []
+        woken: set[str] = set()
+        for dlq_offset, entry in list(_dead_letters(core, group)):
+            record = core.read_message(entry.log_seq)
+            message_id = record.message_id if record is not None else f"{dlq}@{dlq_offset}"
+            if not every and message_id not in wanted:
+                continue
+            position = _original_position(core, entry.log_seq, record)
+            tombstone = codec.encode_cq_entry(CqEntry(TOMBSTONE_SEQ, entry.visible_ms, ""))
+            if position is None or core.db.get("cq", codec.cq_key(*position)) is None:
+                w.put("cq", codec.cq_key(dlq, 0, dlq_offset), tombstone)
+                expired.append(message_id)
+                continue
+            topic, q, offset = position
+            cursor = core._cursor(w, group, topic, q)  # noqa: SLF001 - the group's cursor, created as a receive would
+            if offset not in cursor.inflight:
+                cursor.track(offset, 0, now)
+                w.put("inflight", codec.inflight_key(group, topic, q, offset), codec.encode_inflight(0, now))
+            w.put("cq", codec.cq_key(dlq, 0, dlq_offset), tombstone)
+            redriven.append(message_id)
+            woken.add(topic)
+        for topic in woken:
+            w.on_durable(lambda t=topic: core._notify_visible(t))  # noqa: SLF001 - wakes long polls
+        found = set(redriven) | set(expired)
+        return Returned(redriven, sorted(wanted - found) if not every else [], expired)
+    return op
+
+
+def _original_position(core: BrokerCore, seq: int, record: codec.LogRecord | None) -> tuple[str, int, int] | None:
+    """Where a dead-lettered message sits in the topic it was sent to."""
+    if record is None:
+        return None
+    if record.kind == KIND_HALF:
+        row = core._read_txn(seq)  # noqa: SLF001 - the committed transaction's queue offset
+        if row is None or row.queue_offset < 0:
+            return None
+        return row.topic, row.queue_id, row.queue_offset
+    return record.topic, record.queue_id, record.queue_offset
