@@ -55,6 +55,11 @@ def _admin_group(action: str, group: str) -> list[Need]:
     return [Need((action,), PRODUCER_GROUP, group) if group else Need((action,), CLUSTER)]
 
 
+def _admin_consumers(action: str, group: str) -> list[Need]:
+    """An operator action on a consumer group (the whole cluster when none is named)."""
+    return [Need((action,), CONSUMER_GROUP, group) if group else Need((action,), CLUSTER)]
+
+
 # --- txmq.v1 ------------------------------------------------------------------------------
 _TRANSACTION = common_pb2.MESSAGE_TYPE_TRANSACTION
 _OPERATOR = common_pb2.TRANSACTION_SOURCE_OPERATOR
@@ -121,6 +126,12 @@ NATIVE: Mapping[str, Policy] = {
     _ADMIN + "DescribeTransaction": Policy(lambda r: [Need((ADMIN_READ,), CLUSTER)]),
     _ADMIN + "ResolveTransaction": Policy(lambda r: [Need((ADMIN_WRITE,), CLUSTER)]),
     _ADMIN + "ElectLeader": Policy(lambda r: [Need((ADMIN_WRITE,), CLUSTER)]),
+    _ADMIN + "DescribeBrokers": Policy(lambda r: [Need((ADMIN_READ,), CLUSTER)]),
+    _ADMIN + "DescribeTopic": Policy(lambda r: [_topic((ADMIN_READ,), r.topic)]),
+    _ADMIN + "DeleteTopic": Policy(lambda r: [_topic((ADMIN_WRITE,), r.topic)]),
+    _ADMIN + "ListConsumerGroups": Policy(lambda r: _admin_consumers(ADMIN_READ, r.consumer_group)),
+    _ADMIN + "ListDeadLetters": Policy(lambda r: _admin_consumers(ADMIN_READ, r.consumer_group)),
+    _ADMIN + "RedriveDeadLetters": Policy(lambda r: _admin_consumers(ADMIN_WRITE, r.consumer_group)),
     _BROKER + "SendMessage": Policy(lambda r: send_needs(r.message)),
     _BROKER + "EndTransaction": Policy(end_needs),
     _BROKER + "Produce": Policy(_produce),
@@ -131,6 +142,10 @@ NATIVE: Mapping[str, Policy] = {
     _BROKER + "ReadQueue": Policy(lambda r: [_topic((SUBSCRIBE,), r.topic)]),
     _BROKER + "GetQueueOffsets": Policy(lambda r: [_topic((SUBSCRIBE,), r.topic)]),
     _BROKER + "CreateTopicQueues": Policy(INTERNAL),
+    # The name server's fan-outs of the operator calls above (it checked the operator).
+    _BROKER + "DeleteTopicQueues": Policy(INTERNAL),
+    _BROKER + "DescribeConsumerGroups": Policy(INTERNAL),
+    _BROKER + "ReturnDeadLetters": Policy(INTERNAL),
     _BROKER + "ClaimChecks": Policy(INTERNAL),
     _BROKER + "ReportChecks": Policy(INTERNAL),
     _BROKER + "QueryTransactions": Policy(lambda r: _admin_group(ADMIN_READ, r.producer_group)),
