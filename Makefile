@@ -9,7 +9,7 @@ PROTOS := $(wildcard protos/txmq/v1/*.proto)
 DATA_DIR ?= ./data
 
 
-.PHONY: all venv tools cc etcd netns-tools proto proto-lint proto-check run demo test test-unit test-integration bench fuzz clean distclean
+.PHONY: all venv tools cc etcd netns-tools openssl proto proto-lint proto-check run demo test test-unit test-integration bench fuzz clean distclean
 
 all: test
 
@@ -46,6 +46,11 @@ netns-tools:
 	@(command -v ip && command -v iptables) >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 iptables >/dev/null)
 	@(command -v ip && command -v iptables) >/dev/null || (echo "netns-tools: ip or iptables missing after apt-get install" >&2; exit 1)
 
+# openssl: the TLS tests issue their certificates with it (tests/support/certs.py).
+openssl:
+	@command -v openssl >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null)
+	@command -v openssl >/dev/null || (echo "openssl: missing after apt-get install openssl" >&2; exit 1)
+
 # The only producer of generated code: Python stubs into the SDK package.
 proto: venv
 	rm -f sdk/txmq/v1/*_pb2.py sdk/txmq/v1/*_pb2.pyi sdk/txmq/v1/*_pb2_grpc.py
@@ -61,7 +66,7 @@ proto-check: venv
 run: venv $(VENV)/.proxy-installed
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
-test: venv cc etcd netns-tools proto-lint proto-check pipeline-deps browser proxy-deps chart-tools
+test: venv cc etcd netns-tools openssl proto-lint proto-check pipeline-deps browser proxy-deps chart-tools
 	$(PY) -m pytest tests
 
 test-unit: venv

@@ -394,7 +394,7 @@ def _await_check(checked: threading.Event, transaction_id: str, nameserver: str)
 
     say(f"demo: order-3 waits for the checker (first check {DEMO_CHECK_AFTER_SECONDS:g}s after the send)")
     deadline = time.monotonic() + DEMO_RECEIVE_SECONDS
-    with Admin(nameserver) as admin:
+    with Admin(nameserver, tls=client_tls()) as admin:
         while time.monotonic() < deadline:
             state = admin.describe_transaction(transaction_id).transaction.state
             if checked.is_set() and state == common_pb2.TRANSACTION_STATE_COMMITTED:
