@@ -42,6 +42,7 @@ import asyncio
 import logging
 import random
 import time
+from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 import grpc
@@ -65,6 +66,18 @@ PENDING_SLACK_SECONDS = 30.0
 CHECK_CREDIT_PER_CLIENT = 32
 
 Request = checker_pb2.CheckTransactionStateRequest
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A check offered to a client here: registered before it is written, since the
+    client's answer may come back (an EndTransaction) before the write's callback runs."""
+
+    link: "CheckerLink"
+    check: checker_pb2.CheckRequest
+    forget_after: float
+    #: Written to the client's stream (CheckReceived sent).
+    written: bool = False
 
 
 class CheckerLink:
@@ -162,8 +175,8 @@ class CheckManager:
         self.links: dict[tuple[str, str], CheckerLink] = {}
         #: Links whose client left while owing answers (closed once nothing is owed).
         self.draining: set[CheckerLink] = set()
-        #: transaction id → (link, check, forget-after), for checks written to a client here.
-        self.pending: dict[str, tuple[CheckerLink, checker_pb2.CheckRequest, float]] = {}
+        #: transaction id → the check offered to a client here.
+        self.pending: dict[str, _Pending] = {}
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -210,6 +223,9 @@ class CheckManager:
                 continue
             if address not in wanted or link.groups != groups:
                 del self.links[(cid, address)]
+                for txn, entry in list(self.pending.items()):
+                    if entry.link is link and not entry.written:  # the checker hands these back
+                        del self.pending[txn]
                 if self._owes(link):
                     link.drain()
                     self.draining.add(link)
@@ -221,7 +237,7 @@ class CheckManager:
 
     def _owes(self, link: CheckerLink) -> bool:
         """Checks written to the client through this link are still waiting for answers."""
-        return any(entry[0] is link for entry in self.pending.values())
+        return any(entry.link is link for entry in self.pending.values())
 
     async def _close_drained(self) -> None:
         for link in [link for link in self.draining if link.closed or not self._owes(link)]:
@@ -248,20 +264,25 @@ class CheckManager:
         command = service_pb2.TelemetryCommand(
             recover_orphaned_transaction_command=service_pb2.RecoverOrphanedTransactionCommand(
                 message=check_to_rmq(check.message), transaction_id=check.transaction_id))
-        forget_after = self.monotonic() + check.answer_timeout_seconds + PENDING_SLACK_SECONDS
+        entry = _Pending(link, check, self.monotonic() + check.answer_timeout_seconds + PENDING_SLACK_SECONDS)
 
         def written() -> None:
-            # A check counts as received once written to a live Telemetry stream.
+            # A check counts as received once written to a live Telemetry stream (unless
+            # it was answered already, which counts as both, or handed back by a drain).
+            if self.pending.get(check.transaction_id) is not entry:
+                return
+            entry.written = True
             link.send(Request(received=checker_pb2.CheckReceived(check_id=check.check_id)))
-            previous = self.pending.get(check.transaction_id)
-            if previous is not None:  # checked again: the earlier check is over
-                previous[0].send(Request(credit=checker_pb2.CheckCredit(checks=1)))
-            self.pending[check.transaction_id] = (link, check, forget_after)
             self.metrics.checks.labels("forwarded").inc()
 
         if not stream.offer(command, written):
             self.metrics.checks.labels("no_stream").inc()
             link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
+            return
+        previous = self.pending.get(check.transaction_id)
+        if previous is not None:  # checked again: the earlier check is over
+            previous.link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
+        self.pending[check.transaction_id] = entry
 
     def answered(self, transaction_id: str, result: int) -> bool:
         """The client answered a check through this replica (already applied on the
@@ -270,7 +291,7 @@ class CheckManager:
         entry = self.pending.pop(transaction_id, None)
         if entry is None:
             return False
-        link, check, _ = entry
+        link, check = entry.link, entry.check
         # Naming the transaction: the answer counts even if the link's stream was opened
         # again meanwhile (the broker accepts it as it is: already decided the same way).
         link.send(Request(answer=checker_pb2.CheckAnswer(
@@ -282,10 +303,10 @@ class CheckManager:
 
     def _expire(self) -> None:
         now = self.monotonic()
-        for txn, (link, _, forget_after) in list(self.pending.items()):
-            if forget_after <= now or link.closed:
+        for txn, entry in list(self.pending.items()):
+            if entry.forget_after <= now or entry.link.closed:
                 del self.pending[txn]
-                link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
+                entry.link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
 
     async def stop(self) -> None:
         if self._task is not None:
