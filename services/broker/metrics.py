@@ -122,6 +122,9 @@ class _ReplicationCollector(Collector):
                                 value=status.log_end)
         yield GaugeMetricFamily("txmq_replica_commit_lsn", "Entries on every in-sync replica (acknowledged)",
                                 value=status.commit_lsn)
+        yield CounterMetricFamily("txmq_replica_messages_shipped", "Replication stream messages with entries "
+                                  "this replica sent as leader (to all followers; a follower appends and syncs "
+                                  "each as one batch)", value=node.messages_shipped)
         if not leader:
             return
         yield GaugeMetricFamily("txmq_replica_insync_replicas", "Members of the shard's in-sync set",

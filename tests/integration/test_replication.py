@@ -6,6 +6,7 @@ end equal (a digest per column family) and clean under fsck."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import queue
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from typing import Any, Callable
 
 import grpc
@@ -210,6 +212,39 @@ def test_a_wiped_replica_rebuilds_from_a_checkpoint_and_rejoins(fresh_cluster_fa
         send_raw(leader.address, topic, message_id=f"after-{i}")
     wait_in_sync(cluster)
     stop_and_compare(cluster)
+
+
+def replica_metric(proc: Any, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
+    values = [float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " ")]
+    assert values, f"{proc.name} exports no {name}"
+    return values[0]
+
+
+def test_the_stream_batches_and_followers_learn_the_last_commit_point(fresh_cluster_factory, unique_name):
+    """Concurrent writes share replication messages (one in flight per follower), and the
+    commit point, which travels with the entries and never in a message of its own under
+    load, reaches every follower once the writes pause (with the leader's heartbeat)."""
+    cluster = replicated(fresh_cluster_factory)
+    topic = unique_name("topic")
+    cluster.create_topic(topic, 2)
+    leader = cluster.wait_leaders()[SHARD]
+    followers = [p for p in cluster.shards[SHARD] if p is not leader]
+    wait_in_sync(cluster)
+    start = replica_metric(leader, "txmq_replica_log_end")
+    shipped = replica_metric(leader, "txmq_replica_messages_shipped_total")
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert all(r.message_id for r in pool.map(lambda i: send_raw(leader.address, topic), range(300)))
+    end = replica_metric(leader, "txmq_replica_log_end")
+    entries = end - start
+    messages = replica_metric(leader, "txmq_replica_messages_shipped_total") - shipped
+    assert entries >= 300
+    # One message per entry and follower would be 2 × entries.
+    assert 0 < messages < 2 * entries * 0.9, f"{messages:.0f} messages for {entries:.0f} entries"
+    def commit_points() -> list[float]:
+        return [replica_metric(p, "txmq_replica_commit_lsn") for p in [leader, *followers]]
+    wait_until(lambda: min(commit_points()) >= end, 10, interval=0.1,
+               message=lambda: f"commit points {commit_points()} (leader first), log end {end}")
 
 
 def test_operator_lists_replicas_and_moves_the_leadership(fresh_cluster_factory, unique_name):
