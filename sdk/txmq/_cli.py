@@ -11,6 +11,8 @@ NameServerService for listings), so it needs only the name server address.
     txmq topic create NAME [--queues N]
     txmq broker list
     txmq broker elect SHARD --replica R
+    txmq broker backup SHARD --to DIR
+    txmq broker restore --from DIR --data-dir PATH [--replace]
     txmq checker list
 
 ``--nameserver`` defaults to ``$TXMQ_NAMESERVER``, else 127.0.0.1:9876; with several
@@ -35,6 +37,7 @@ from typing import Any, Callable, Sequence, TextIO
 import grpc
 
 from ._errors import TxmqError, error_from_rpc
+from ._ops_cli import add_broker_commands
 from .v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 DEFAULT_NAMESERVER = "127.0.0.1:9876"
@@ -378,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replica", type=int, required=True, help="the in-sync replica id to lead")
     p.add_argument("--wait", type=_duration_arg, default=15.0, help="how long to wait for it to serve (default 15s)")
     p.set_defaults(run=_broker_elect)
+    add_broker_commands(broker, common, _duration_arg)
     checker = commands.add_parser("checker", help="checkers").add_subparsers(dest="verb", required=True)
     checker.add_parser("list", parents=[common], help="live checkers").set_defaults(run=_checker_list)
     return parser

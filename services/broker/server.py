@@ -16,11 +16,13 @@ import os
 import shutil
 from typing import Any, Callable
 
-from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, replication_pb2, replication_pb2_grpc
+from txmq.v1 import (broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, operations_pb2, operations_pb2_grpc,
+                     replication_pb2, replication_pb2_grpc)
 
 from services.common.registration import Heartbeat
 from services.common.server import ServiceApp
 
+from .backup import OperationsServicer
 from .bridge import StoreBridge
 from .config import BrokerConfig
 from .core import BrokerCore, StoreIdentityError, open_database
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name
 REPLICATION_SERVICE_NAME = replication_pb2.DESCRIPTOR.services_by_name["ReplicationService"].full_name
+OPERATIONS_SERVICE_NAME = operations_pb2.DESCRIPTOR.services_by_name["OperationsService"].full_name
 #: Records one retention round removes at most (a round holds the event loop).
 RETENTION_ROUND = 1000
 
@@ -94,6 +97,15 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
                       (replication_pb2_grpc.add_ReplicationServiceServicer_to_server, ReplicationServicer(node))]
         names = [SERVICE_NAME, REPLICATION_SERVICE_NAME]
         metrics.watch_replication(node)
+
+    def serving() -> tuple[Database, BrokerCore]:
+        if node is not None:
+            return node.db, node.serving().core
+        return db, terms[0][0]
+    registered.append((operations_pb2_grpc.add_OperationsServiceServicer_to_server, OperationsServicer(
+        data_dir=config.data_dir, shard=config.broker_name, replica_id=config.replica_id,
+        replication_factor=config.replication_factor, serving=serving)))
+    names.append(OPERATIONS_SERVICE_NAME)
     metrics.watch(lambda: terms[0] if terms else None)
     app = ServiceApp("broker", config, metrics, registered, names)
     address = config.advertise_address or f"{'127.0.0.1' if config.host in ('0.0.0.0', '') else config.host}:{app.port}"
