@@ -61,7 +61,7 @@ proto-check: venv
 run: venv
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
-test: venv cc etcd netns-tools proto-lint proto-check pipeline-deps browser proxy-deps chart-tools
+test: venv cc etcd netns-tools proto-lint proto-check pipeline-deps browser proxy-deps chart-tools images-local
 	$(PY) -m pytest tests
 
 test-unit: venv

@@ -9,10 +9,12 @@ NameServerService for listings), so it needs only the name server address.
     txmq txn resolve ID --commit|--rollback [--operator NAME] --reason TEXT
     txmq topic list
     txmq topic create NAME [--queues N]
+    txmq topic expand TOPIC --broker SHARD [--queues N]
     txmq broker list
     txmq broker elect SHARD --replica R
     txmq broker backup SHARD --to DIR
     txmq broker restore --from DIR --data-dir PATH [--replace]
+    txmq broker drain SHARD [--wait 5m] [--status | --undo]
     txmq checker list
 
 ``--nameserver`` defaults to ``$TXMQ_NAMESERVER``, else 127.0.0.1:9876; with several
@@ -37,7 +39,7 @@ from typing import Any, Callable, Sequence, TextIO
 import grpc
 
 from ._errors import TxmqError, error_from_rpc
-from ._ops_cli import add_broker_commands
+from ._ops_cli import add_broker_commands, add_topic_commands
 from .v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 DEFAULT_NAMESERVER = "127.0.0.1:9876"
@@ -372,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--queues", type=int, default=0, help="total queues (default: the name server's)")
     p.set_defaults(run=_topic_create)
+    add_topic_commands(topic, common)
 
     broker = commands.add_parser("broker", help="brokers").add_subparsers(dest="verb", required=True)
     broker.add_parser("list", parents=[common], help="live brokers and replicas (role, epoch, in sync, lag)"

@@ -1,9 +1,17 @@
-"""``txmq broker backup`` and ``txmq broker restore``: the operator's side of a broker's
-online backup (OperationsService.BackupStore, served by the broker itself; the command
-finds the shard's serving broker through the name server).
+"""Operating shards: online backup and restore, draining a shard, and adding one to a
+topic. ``backup`` and ``drain`` speak OperationsService, served by the broker itself (the
+command finds the shard's serving broker, its leader on a replicated shard, through the
+name server); ``topic expand`` is the name server's AdminService.ExpandTopic.
 
     txmq broker backup SHARD --to DIR
     txmq broker restore --from DIR --data-dir PATH [--replace]
+    txmq broker drain SHARD [--wait 5m] [--status] [--undo]
+    txmq topic expand TOPIC --broker SHARD [--queues N]
+
+``drain`` refuses the last shard (not draining) of any of its topics: expand the topic onto
+another shard first. With ``--wait`` it returns once the shard is empty (nothing pending,
+every consumer group done with its queues) and says it can be removed, or fails at the
+deadline saying what remains.
 
 A backup directory holds the store's files and, written last, ``MANIFEST.json`` (shard,
 last commit-log sequence, log end, time, every file's size and sha256): a directory
@@ -24,7 +32,7 @@ from typing import Any, Callable
 import grpc
 
 from ._errors import BrokerNotFoundError, FailedPreconditionError, InvalidArgumentError, TxmqError, error_from_rpc
-from .v1 import nameserver_pb2, operations_pb2, operations_pb2_grpc
+from .v1 import admin_pb2, nameserver_pb2, operations_pb2, operations_pb2_grpc
 
 MANIFEST = "MANIFEST.json"
 MANIFEST_FORMAT = 1
@@ -76,7 +84,7 @@ def backup(admin: Any, shard: str, to: str, timeout: float) -> dict[str, Any]:
     fh = None
     digest = hashlib.sha256()
     name = ""
-    channel = grpc.insecure_channel(broker.address, options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)])
+    channel, stub = _operations(broker.address)
 
     def finish_file() -> None:
         nonlocal fh
@@ -87,7 +95,6 @@ def backup(admin: Any, shard: str, to: str, timeout: float) -> dict[str, Any]:
             fh.close()
             fh = None
     try:
-        stub = operations_pb2_grpc.OperationsServiceStub(channel)
         for response in stub.BackupStore(operations_pb2.BackupStoreRequest(), timeout=timeout):
             if response.HasField("manifest"):
                 manifest = response.manifest
@@ -145,6 +152,84 @@ def _remove_partial(to: str, written: dict[str, Any], current: str) -> None:
             pass
 
 
+def _operations(address: str) -> tuple[grpc.Channel, operations_pb2_grpc.OperationsServiceStub]:
+    channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)])
+    return channel, operations_pb2_grpc.OperationsServiceStub(channel)
+
+
+def status_dict(s: operations_pb2.DrainStatus) -> dict[str, Any]:
+    return {"shard": s.shard, "draining": s.draining, "pending_transactions": s.pending_transactions,
+            "discarded_transactions": s.discarded_transactions,
+            "backlog": [{"consumer_group": b.consumer_group, "topic": b.topic, "unacknowledged": b.unacknowledged}
+                        for b in s.backlog if b.unacknowledged],
+            "unread_topics": list(s.unread_topics), "topics": {t.topic: t.queue_count for t in s.topics},
+            "empty": s.empty}
+
+
+def _status_text(d: dict[str, Any]) -> str:
+    if d["empty"]:
+        return (f"{d['shard']} is drained and empty: it can be removed (nothing pending, every consumer group "
+                f"done with its queues)")
+    state = "draining" if d["draining"] else "not draining"
+    left = [f"{d['pending_transactions']} pending transaction(s)", f"{d['discarded_transactions']} discarded"]
+    left += [f"{b['unacknowledged']} unacknowledged for {b['consumer_group']} on {b['topic']}" for b in d["backlog"]]
+    if d["unread_topics"]:
+        left.append(f"messages no consumer group read on {', '.join(d['unread_topics'])}")
+    return f"{d['shard']} is {state}; left: " + "; ".join(left)
+
+
+def _last_shard_topics(admin: Any, shard: str) -> list[str]:
+    """Topics of ``shard`` that no other live, non-draining shard holds queues of."""
+    listed = admin.call("nameserver", "ListBrokers", nameserver_pb2.ListBrokersRequest()).brokers
+    mine = next(b for b in listed if b.name == shard)
+    elsewhere = {t.topic for b in listed if b.name != shard and not b.draining for t in b.topics if t.queue_count}
+    return sorted(t.topic for t in mine.topics if t.queue_count and t.topic not in elsewhere)
+
+
+def drain(admin: Any, shard: str, *, wait: float, undo: bool, status_only: bool, timeout: float) -> dict[str, Any]:
+    broker = serving_broker(admin, shard)
+    if not undo and not status_only:
+        last = _last_shard_topics(admin, shard)
+        if last:
+            raise FailedPreconditionError(
+                f"{shard} is the last shard (not draining) of topic(s) {', '.join(last)}: its messages would have "
+                f"nowhere to go; add another shard first (txmq topic expand TOPIC --broker OTHER)",
+                shard=shard, topics=last)
+    channel, stub = _operations(broker.address)
+    try:
+        try:
+            if status_only:
+                status = stub.GetDrainStatus(operations_pb2.GetDrainStatusRequest(), timeout=timeout).status
+            else:
+                status = stub.SetDraining(operations_pb2.SetDrainingRequest(draining=not undo), timeout=timeout).status
+            deadline = time.monotonic() + wait
+            while wait and not status.empty and status.draining and time.monotonic() < deadline:
+                time.sleep(0.2)
+                status = stub.GetDrainStatus(operations_pb2.GetDrainStatusRequest(), timeout=timeout).status
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+    finally:
+        channel.close()
+    data = status_dict(status)
+    if wait and status.draining and not status.empty:
+        raise TxmqError(f"not empty after {wait:g} s: " + _status_text(data), **data)
+    return data
+
+
+def _drain_command(admin: Any, args: argparse.Namespace, out: Callable[[Any, Callable[[], str]], None]) -> None:
+    data = drain(admin, args.shard, wait=args.wait or 0.0, undo=args.undo, status_only=args.status,
+                 timeout=getattr(args, "timeout", 10.0))
+    out(data, lambda: _status_text(data))
+
+
+def _expand_command(admin: Any, args: argparse.Namespace, out: Callable[[Any, Callable[[], str]], None]) -> None:
+    response = admin.call("admin", "ExpandTopic", admin_pb2.ExpandTopicRequest(
+        topic=args.topic, broker_name=args.broker, queue_count=args.queues))
+    data = {"topic": response.topic, "brokers": {b.broker_name: b.queue_count for b in response.brokers}}
+    out(data, lambda: f"{data['topic']}: " + ", ".join(f"{b} {n} queue(s)" for b, n in sorted(data["brokers"].items()))
+        + f" (producers send to {args.broker} from their next route refresh)")
+
+
 def _backup_command(admin: Any, args: argparse.Namespace, out: Callable[[Any, Callable[[], str]], None]) -> None:
     data = backup(admin, args.shard, args.to, args.timeout_backup)
     out(data, lambda: (f"backed up {data['shard']} into {data['directory']}: {len(data['files'])} file(s), "
@@ -185,3 +270,21 @@ def add_broker_commands(broker: Any, common: argparse.ArgumentParser,
     p.add_argument("--data-dir", required=True, help="the broker's data dir (TXMQ_DATA_DIR)")
     p.add_argument("--replace", action="store_true", help="replace a non-empty data dir (never a running broker's)")
     p.set_defaults(run=_restore_command)
+    p = broker.add_parser("drain", parents=[common],
+                          help="stop new sends to a shard, let it empty, say when it can be removed")
+    p.add_argument("shard", help="the shard (broker name)")
+    p.add_argument("--wait", type=duration, default=0.0, help="wait until it is empty (e.g. 5m); fail at the deadline")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--status", action="store_true", help="only report (change nothing)")
+    what.add_argument("--undo", action="store_true", help="end draining: the shard takes new sends again")
+    p.set_defaults(run=_drain_command)
+
+
+def add_topic_commands(topic: Any, common: argparse.ArgumentParser) -> None:
+    """Adds ``expand`` to the ``txmq topic`` subcommands."""
+    p = topic.add_parser("expand", parents=[common], help="add a topic's queues on another shard (no recreation)")
+    p.add_argument("topic")
+    p.add_argument("--broker", required=True, help="the shard to add queues on")
+    p.add_argument("--queues", type=int, default=0,
+                   help="queues on that shard (default: as many as the most any shard of the topic holds)")
+    p.set_defaults(run=_expand_command)

@@ -1,4 +1,4 @@
-"""Online backup of a broker's store (OperationsService.BackupStore) and restoring one.
+"""OperationsService (backup, drain) and restoring a backup.
 
 A backup is a RocksDB checkpoint taken between two writes while the broker serves (so it
 is consistent: every request's WriteBatch is in it whole or not at all), streamed file by
@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from txmq._ops_cli import MANIFEST, MANIFEST_FORMAT
-from txmq.v1 import operations_pb2, operations_pb2_grpc
+from txmq.v1 import common_pb2, operations_pb2, operations_pb2_grpc
 
+from .drain import drain_status, is_draining, set_draining_op
 from .store.checkpoint import StoreCheckpoint
 from .store.db import Database
 
@@ -46,20 +47,49 @@ log = logging.getLogger(__name__)
 # --- serving a backup -------------------------------------------------------------------------
 
 class OperationsServicer(operations_pb2_grpc.OperationsServiceServicer):
-    """``serving()`` gives the store and the domain serving clients now (``(db, core)``),
-    or raises (NotLeaderError on a replica that does not lead)."""
+    """``serving()`` gives the store, the domain and the bridge serving clients now
+    (``(db, core, bridge)``), or raises (NotLeaderError on a replica that does not lead);
+    ``on_drain_change`` runs after the drain flag changed (a heartbeat, so name servers
+    mark routes at once)."""
 
     def __init__(self, *, data_dir: str, shard: str, replica_id: int, replication_factor: int,
-                 serving: Callable[[], tuple[Database, Any]]) -> None:
+                 serving: Callable[[], tuple[Database, Any, Any]],
+                 on_drain_change: Callable[[], None] = lambda: None) -> None:
         self.data_dir = data_dir
         self.shard = shard
         self.replica_id = replica_id
         self.replication_factor = replication_factor
         self.serving = serving
+        self.on_drain_change = on_drain_change
+
+    async def SetDraining(self, request: operations_pb2.SetDrainingRequest,
+                          context: Any) -> operations_pb2.SetDrainingResponse:
+        db, core, bridge = self.serving()
+        if is_draining(db) != request.draining:
+            await bridge.run(set_draining_op(request.draining))
+            log.warning("draining" if request.draining else "draining ended", extra={"fields": {"shard": self.shard}})
+            self.on_drain_change()
+        return operations_pb2.SetDrainingResponse(status=self._status(db, core))
+
+    async def GetDrainStatus(self, request: operations_pb2.GetDrainStatusRequest,
+                             context: Any) -> operations_pb2.GetDrainStatusResponse:
+        db, core, _bridge = self.serving()
+        return operations_pb2.GetDrainStatusResponse(status=self._status(db, core))
+
+    def _status(self, db: Database, core: Any) -> operations_pb2.DrainStatus:
+        s = drain_status(db, core)
+        return operations_pb2.DrainStatus(
+            shard=self.shard, draining=s["draining"], pending_transactions=s["pending_transactions"],
+            discarded_transactions=s["discarded_transactions"],
+            backlog=[operations_pb2.ConsumerBacklog(consumer_group=g, topic=t, unacknowledged=n)
+                     for (g, t), n in s["backlog"].items()],
+            unread_topics=s["unread_topics"],
+            topics=[common_pb2.TopicQueues(topic=t, queue_count=n) for t, n in s["topics"].items()],
+            empty=s["empty"])
 
     async def BackupStore(self, request: operations_pb2.BackupStoreRequest,
                           context: Any) -> AsyncIterator[operations_pb2.BackupStoreResponse]:
-        db, core = self.serving()
+        db, core, _bridge = self.serving()
         # No await between these lines: the checkpoint and the sequence read are taken
         # between the same two writes.
         last_seq = core.next_seq - 1

@@ -26,6 +26,7 @@ from .backup import OperationsServicer
 from .bridge import StoreBridge
 from .config import BrokerConfig
 from .core import BrokerCore, StoreIdentityError, open_database
+from .drain import is_draining
 from .metrics import BrokerMetrics
 from .replication import ReplicaNode, ReplicationServicer, Term
 from .service import BrokerServicer
@@ -98,13 +99,14 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
         names = [SERVICE_NAME, REPLICATION_SERVICE_NAME]
         metrics.watch_replication(node)
 
-    def serving() -> tuple[Database, BrokerCore]:
+    def serving() -> tuple[Database, BrokerCore, StoreBridge]:
         if node is not None:
-            return node.db, node.serving().core
-        return db, terms[0][0]
+            term = node.serving()
+            return node.db, term.core, term.bridge
+        return db, terms[0][0], terms[0][1]
     registered.append((operations_pb2_grpc.add_OperationsServiceServicer_to_server, OperationsServicer(
         data_dir=config.data_dir, shard=config.broker_name, replica_id=config.replica_id,
-        replication_factor=config.replication_factor, serving=serving)))
+        replication_factor=config.replication_factor, serving=serving, on_drain_change=lambda: heartbeat.kick())))
     names.append(OPERATIONS_SERVICE_NAME)
     metrics.watch(lambda: terms[0] if terms else None)
     app = ServiceApp("broker", config, metrics, registered, names)
@@ -134,7 +136,8 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
         topics = sorted(pair[0].topics.items()) if pair else []
         broker = nameserver_pb2.BrokerInfo(
             name=config.broker_name, address=address,
-            topics=[common_pb2.TopicQueues(topic=t, queue_count=n) for t, n in topics])
+            topics=[common_pb2.TopicQueues(topic=t, queue_count=n) for t, n in topics],
+            draining=is_draining(node.db if node is not None else db))
         if node is not None:
             broker.replica_id = config.replica_id
             broker.role = node.role()

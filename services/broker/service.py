@@ -17,6 +17,7 @@ from services.common.errors import OK, entry_status
 from . import core as domain
 from .bridge import StoreBridge
 from .core import BrokerCore
+from .drain import guard_send
 from .metrics import BrokerMetrics
 from .model import EndResult, ReceiveResult, Resolution, SendResult, Source, TxnState
 from .store import codec
@@ -110,7 +111,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     # --- producing -----------------------------------------------------------------------
 
     def _send_op(self, request: broker_pb2.SendMessageRequest) -> Op:
-        return self.core.send_op(self.core.validate_message(record_from_proto(request.message)))
+        return guard_send(self.core.db, self.core.name, self.core.send_op(
+            self.core.validate_message(record_from_proto(request.message))), request.message.message_id)
 
     def _send_response(self, result: SendResult) -> broker_pb2.SendMessageResponse:
         return broker_pb2.SendMessageResponse(

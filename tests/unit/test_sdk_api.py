@@ -25,7 +25,7 @@ EXPORTS = [
     "NoBrokerError", "NotEnoughReplicasError", "NotFoundError", "NotLeaderError", "Producer",
     "PropertiesTooLargeError", "PushConsumer",
     "QueueNotFoundError", "ReceiptHandleNotFoundError", "ReceivedMessage",
-    "ResourceExhaustedError", "RoutingStats", "SendReceipt", "ShardStats", "SimpleConsumer", "StaleClaimError", "SystemTopicError",
+    "ResourceExhaustedError", "RoutingStats", "SendReceipt", "ShardDrainingError", "ShardStats", "SimpleConsumer", "StaleClaimError", "SystemTopicError",
     "TopicExistsError", "TopicNotFoundError", "TransactionListener", "TransactionMessage",
     "TransactionNotFoundError", "TransactionProducer", "TransactionResult", "TransactionState",
     "TransactionStateError", "TxmqError", "UnavailableError", "WrongBrokerError",

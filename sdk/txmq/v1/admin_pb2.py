@@ -25,41 +25,45 @@ _sym_db = _symbol_database.Default()
 from txmq.v1 import common_pb2 as txmq_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13txmq/v1/admin.proto\x12\x07txmq.v1\x1a\x14txmq/v1/common.proto\"8\n\x12\x43reateTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x13\n\x0bqueue_count\x18\x02 \x01(\x05\"L\n\x13\x43reateTopicResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12&\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x15.txmq.v1.BrokerQueues\"8\n\x0c\x42rokerQueues\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x13\n\x0bqueue_count\x18\x02 \x01(\x05\"\x13\n\x11ListTopicsRequest\"B\n\tTopicInfo\x12\r\n\x05topic\x18\x01 \x01(\t\x12&\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x15.txmq.v1.BrokerQueues\"8\n\x12ListTopicsResponse\x12\"\n\x06topics\x18\x01 \x03(\x0b\x32\x12.txmq.v1.TopicInfo\"\x86\x01\n\x17ListTransactionsRequest\x12\x16\n\x0eproducer_group\x18\x01 \x01(\t\x12(\n\x05state\x18\x02 \x01(\x0e\x32\x19.txmq.v1.TransactionState\x12\x1a\n\x12older_than_seconds\x18\x03 \x01(\x01\x12\r\n\x05limit\x18\x04 \x01(\x05\"c\n\x18ListTransactionsResponse\x12*\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x14.txmq.v1.Transaction\x12\x1b\n\x13unreachable_brokers\x18\x02 \x03(\t\"4\n\x1a\x44\x65scribeTransactionRequest\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\"H\n\x1b\x44\x65scribeTransactionResponse\x12)\n\x0btransaction\x18\x01 \x01(\x0b\x32\x14.txmq.v1.Transaction\"\x89\x01\n\x19ResolveTransactionRequest\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\x32\n\nresolution\x18\x02 \x01(\x0e\x32\x1e.txmq.v1.TransactionResolution\x12\x10\n\x08operator\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"G\n\x1aResolveTransactionResponse\x12)\n\x0btransaction\x18\x01 \x01(\x0b\x32\x14.txmq.v1.Transaction\"7\n\x12\x45lectLeaderRequest\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\r\"C\n\x13\x45lectLeaderResponse\x12\x1b\n\x13previous_replica_id\x18\x01 \x01(\r\x12\x0f\n\x07log_end\x18\x02 \x01(\x04\x32\x83\x04\n\x0c\x41\x64minService\x12H\n\x0b\x43reateTopic\x12\x1b.txmq.v1.CreateTopicRequest\x1a\x1c.txmq.v1.CreateTopicResponse\x12\x45\n\nListTopics\x12\x1a.txmq.v1.ListTopicsRequest\x1a\x1b.txmq.v1.ListTopicsResponse\x12W\n\x10ListTransactions\x12 .txmq.v1.ListTransactionsRequest\x1a!.txmq.v1.ListTransactionsResponse\x12`\n\x13\x44\x65scribeTransaction\x12#.txmq.v1.DescribeTransactionRequest\x1a$.txmq.v1.DescribeTransactionResponse\x12]\n\x12ResolveTransaction\x12\".txmq.v1.ResolveTransactionRequest\x1a#.txmq.v1.ResolveTransactionResponse\x12H\n\x0b\x45lectLeader\x12\x1b.txmq.v1.ElectLeaderRequest\x1a\x1c.txmq.v1.ElectLeaderResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13txmq/v1/admin.proto\x12\x07txmq.v1\x1a\x14txmq/v1/common.proto\"M\n\x12\x45xpandTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x13\n\x0bqueue_count\x18\x03 \x01(\x05\"L\n\x13\x45xpandTopicResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12&\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x15.txmq.v1.BrokerQueues\"8\n\x12\x43reateTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x13\n\x0bqueue_count\x18\x02 \x01(\x05\"L\n\x13\x43reateTopicResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12&\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x15.txmq.v1.BrokerQueues\"8\n\x0c\x42rokerQueues\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x13\n\x0bqueue_count\x18\x02 \x01(\x05\"\x13\n\x11ListTopicsRequest\"B\n\tTopicInfo\x12\r\n\x05topic\x18\x01 \x01(\t\x12&\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x15.txmq.v1.BrokerQueues\"8\n\x12ListTopicsResponse\x12\"\n\x06topics\x18\x01 \x03(\x0b\x32\x12.txmq.v1.TopicInfo\"\x86\x01\n\x17ListTransactionsRequest\x12\x16\n\x0eproducer_group\x18\x01 \x01(\t\x12(\n\x05state\x18\x02 \x01(\x0e\x32\x19.txmq.v1.TransactionState\x12\x1a\n\x12older_than_seconds\x18\x03 \x01(\x01\x12\r\n\x05limit\x18\x04 \x01(\x05\"c\n\x18ListTransactionsResponse\x12*\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x14.txmq.v1.Transaction\x12\x1b\n\x13unreachable_brokers\x18\x02 \x03(\t\"4\n\x1a\x44\x65scribeTransactionRequest\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\"H\n\x1b\x44\x65scribeTransactionResponse\x12)\n\x0btransaction\x18\x01 \x01(\x0b\x32\x14.txmq.v1.Transaction\"\x89\x01\n\x19ResolveTransactionRequest\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\x32\n\nresolution\x18\x02 \x01(\x0e\x32\x1e.txmq.v1.TransactionResolution\x12\x10\n\x08operator\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"G\n\x1aResolveTransactionResponse\x12)\n\x0btransaction\x18\x01 \x01(\x0b\x32\x14.txmq.v1.Transaction\"7\n\x12\x45lectLeaderRequest\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\r\"C\n\x13\x45lectLeaderResponse\x12\x1b\n\x13previous_replica_id\x18\x01 \x01(\r\x12\x0f\n\x07log_end\x18\x02 \x01(\x04\x32\xcd\x04\n\x0c\x41\x64minService\x12H\n\x0b\x43reateTopic\x12\x1b.txmq.v1.CreateTopicRequest\x1a\x1c.txmq.v1.CreateTopicResponse\x12\x45\n\nListTopics\x12\x1a.txmq.v1.ListTopicsRequest\x1a\x1b.txmq.v1.ListTopicsResponse\x12W\n\x10ListTransactions\x12 .txmq.v1.ListTransactionsRequest\x1a!.txmq.v1.ListTransactionsResponse\x12`\n\x13\x44\x65scribeTransaction\x12#.txmq.v1.DescribeTransactionRequest\x1a$.txmq.v1.DescribeTransactionResponse\x12]\n\x12ResolveTransaction\x12\".txmq.v1.ResolveTransactionRequest\x1a#.txmq.v1.ResolveTransactionResponse\x12H\n\x0b\x45lectLeader\x12\x1b.txmq.v1.ElectLeaderRequest\x1a\x1c.txmq.v1.ElectLeaderResponse\x12H\n\x0b\x45xpandTopic\x12\x1b.txmq.v1.ExpandTopicRequest\x1a\x1c.txmq.v1.ExpandTopicResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'txmq.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CREATETOPICREQUEST']._serialized_start=54
-  _globals['_CREATETOPICREQUEST']._serialized_end=110
-  _globals['_CREATETOPICRESPONSE']._serialized_start=112
-  _globals['_CREATETOPICRESPONSE']._serialized_end=188
-  _globals['_BROKERQUEUES']._serialized_start=190
-  _globals['_BROKERQUEUES']._serialized_end=246
-  _globals['_LISTTOPICSREQUEST']._serialized_start=248
-  _globals['_LISTTOPICSREQUEST']._serialized_end=267
-  _globals['_TOPICINFO']._serialized_start=269
-  _globals['_TOPICINFO']._serialized_end=335
-  _globals['_LISTTOPICSRESPONSE']._serialized_start=337
-  _globals['_LISTTOPICSRESPONSE']._serialized_end=393
-  _globals['_LISTTRANSACTIONSREQUEST']._serialized_start=396
-  _globals['_LISTTRANSACTIONSREQUEST']._serialized_end=530
-  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_start=532
-  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_end=631
-  _globals['_DESCRIBETRANSACTIONREQUEST']._serialized_start=633
-  _globals['_DESCRIBETRANSACTIONREQUEST']._serialized_end=685
-  _globals['_DESCRIBETRANSACTIONRESPONSE']._serialized_start=687
-  _globals['_DESCRIBETRANSACTIONRESPONSE']._serialized_end=759
-  _globals['_RESOLVETRANSACTIONREQUEST']._serialized_start=762
-  _globals['_RESOLVETRANSACTIONREQUEST']._serialized_end=899
-  _globals['_RESOLVETRANSACTIONRESPONSE']._serialized_start=901
-  _globals['_RESOLVETRANSACTIONRESPONSE']._serialized_end=972
-  _globals['_ELECTLEADERREQUEST']._serialized_start=974
-  _globals['_ELECTLEADERREQUEST']._serialized_end=1029
-  _globals['_ELECTLEADERRESPONSE']._serialized_start=1031
-  _globals['_ELECTLEADERRESPONSE']._serialized_end=1098
-  _globals['_ADMINSERVICE']._serialized_start=1101
-  _globals['_ADMINSERVICE']._serialized_end=1616
+  _globals['_EXPANDTOPICREQUEST']._serialized_start=54
+  _globals['_EXPANDTOPICREQUEST']._serialized_end=131
+  _globals['_EXPANDTOPICRESPONSE']._serialized_start=133
+  _globals['_EXPANDTOPICRESPONSE']._serialized_end=209
+  _globals['_CREATETOPICREQUEST']._serialized_start=211
+  _globals['_CREATETOPICREQUEST']._serialized_end=267
+  _globals['_CREATETOPICRESPONSE']._serialized_start=269
+  _globals['_CREATETOPICRESPONSE']._serialized_end=345
+  _globals['_BROKERQUEUES']._serialized_start=347
+  _globals['_BROKERQUEUES']._serialized_end=403
+  _globals['_LISTTOPICSREQUEST']._serialized_start=405
+  _globals['_LISTTOPICSREQUEST']._serialized_end=424
+  _globals['_TOPICINFO']._serialized_start=426
+  _globals['_TOPICINFO']._serialized_end=492
+  _globals['_LISTTOPICSRESPONSE']._serialized_start=494
+  _globals['_LISTTOPICSRESPONSE']._serialized_end=550
+  _globals['_LISTTRANSACTIONSREQUEST']._serialized_start=553
+  _globals['_LISTTRANSACTIONSREQUEST']._serialized_end=687
+  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_start=689
+  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_end=788
+  _globals['_DESCRIBETRANSACTIONREQUEST']._serialized_start=790
+  _globals['_DESCRIBETRANSACTIONREQUEST']._serialized_end=842
+  _globals['_DESCRIBETRANSACTIONRESPONSE']._serialized_start=844
+  _globals['_DESCRIBETRANSACTIONRESPONSE']._serialized_end=916
+  _globals['_RESOLVETRANSACTIONREQUEST']._serialized_start=919
+  _globals['_RESOLVETRANSACTIONREQUEST']._serialized_end=1056
+  _globals['_RESOLVETRANSACTIONRESPONSE']._serialized_start=1058
+  _globals['_RESOLVETRANSACTIONRESPONSE']._serialized_end=1129
+  _globals['_ELECTLEADERREQUEST']._serialized_start=1131
+  _globals['_ELECTLEADERREQUEST']._serialized_end=1186
+  _globals['_ELECTLEADERRESPONSE']._serialized_start=1188
+  _globals['_ELECTLEADERRESPONSE']._serialized_end=1255
+  _globals['_ADMINSERVICE']._serialized_start=1258
+  _globals['_ADMINSERVICE']._serialized_end=1847
 # @@protoc_insertion_point(module_scope)

@@ -22,25 +22,38 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from txmq.v1 import common_pb2 as txmq_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18txmq/v1/operations.proto\x12\x07txmq.v1\"\x14\n\x12\x42\x61\x63kupStoreRequest\"u\n\x13\x42\x61\x63kupStoreResponse\x12)\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x18.txmq.v1.BackupFileChunkH\x00\x12+\n\x08manifest\x18\x02 \x01(\x0b\x32\x17.txmq.v1.BackupManifestH\x00\x42\x06\n\x04\x62ody\"E\n\x0f\x42\x61\x63kupFileChunk\x12\x11\n\tfile_name\x18\x01 \x01(\t\x12\x11\n\tfile_size\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xb6\x01\n\x0e\x42\x61\x63kupManifest\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\r\x12\x1a\n\x12replication_factor\x18\x03 \x01(\r\x12\x19\n\x11last_log_sequence\x18\x04 \x01(\x04\x12\x0f\n\x07log_end\x18\x05 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\x06 \x01(\x03\x12\"\n\x05\x66iles\x18\x07 \x03(\x0b\x32\x13.txmq.v1.BackupFile\"8\n\nBackupFile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t2_\n\x11OperationsService\x12J\n\x0b\x42\x61\x63kupStore\x12\x1b.txmq.v1.BackupStoreRequest\x1a\x1c.txmq.v1.BackupStoreResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18txmq/v1/operations.proto\x12\x07txmq.v1\x1a\x14txmq/v1/common.proto\"&\n\x12SetDrainingRequest\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\";\n\x13SetDrainingResponse\x12$\n\x06status\x18\x01 \x01(\x0b\x32\x14.txmq.v1.DrainStatus\"\x17\n\x15GetDrainStatusRequest\">\n\x16GetDrainStatusResponse\x12$\n\x06status\x18\x01 \x01(\x0b\x32\x14.txmq.v1.DrainStatus\"\xe3\x01\n\x0b\x44rainStatus\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x10\n\x08\x64raining\x18\x02 \x01(\x08\x12\x1c\n\x14pending_transactions\x18\x03 \x01(\x03\x12\x1e\n\x16\x64iscarded_transactions\x18\x04 \x01(\x03\x12)\n\x07\x62\x61\x63klog\x18\x05 \x03(\x0b\x32\x18.txmq.v1.ConsumerBacklog\x12\x15\n\runread_topics\x18\x06 \x03(\t\x12$\n\x06topics\x18\x07 \x03(\x0b\x32\x14.txmq.v1.TopicQueues\x12\r\n\x05\x65mpty\x18\x08 \x01(\x08\"P\n\x0f\x43onsumerBacklog\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x16\n\x0eunacknowledged\x18\x03 \x01(\x03\"\x14\n\x12\x42\x61\x63kupStoreRequest\"u\n\x13\x42\x61\x63kupStoreResponse\x12)\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x18.txmq.v1.BackupFileChunkH\x00\x12+\n\x08manifest\x18\x02 \x01(\x0b\x32\x17.txmq.v1.BackupManifestH\x00\x42\x06\n\x04\x62ody\"E\n\x0f\x42\x61\x63kupFileChunk\x12\x11\n\tfile_name\x18\x01 \x01(\t\x12\x11\n\tfile_size\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xb6\x01\n\x0e\x42\x61\x63kupManifest\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\r\x12\x1a\n\x12replication_factor\x18\x03 \x01(\r\x12\x19\n\x11last_log_sequence\x18\x04 \x01(\x04\x12\x0f\n\x07log_end\x18\x05 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\x06 \x01(\x03\x12\"\n\x05\x66iles\x18\x07 \x03(\x0b\x32\x13.txmq.v1.BackupFile\"8\n\nBackupFile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t2\xfc\x01\n\x11OperationsService\x12J\n\x0b\x42\x61\x63kupStore\x12\x1b.txmq.v1.BackupStoreRequest\x1a\x1c.txmq.v1.BackupStoreResponse0\x01\x12H\n\x0bSetDraining\x12\x1b.txmq.v1.SetDrainingRequest\x1a\x1c.txmq.v1.SetDrainingResponse\x12Q\n\x0eGetDrainStatus\x12\x1e.txmq.v1.GetDrainStatusRequest\x1a\x1f.txmq.v1.GetDrainStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'txmq.v1.operations_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BACKUPSTOREREQUEST']._serialized_start=37
-  _globals['_BACKUPSTOREREQUEST']._serialized_end=57
-  _globals['_BACKUPSTORERESPONSE']._serialized_start=59
-  _globals['_BACKUPSTORERESPONSE']._serialized_end=176
-  _globals['_BACKUPFILECHUNK']._serialized_start=178
-  _globals['_BACKUPFILECHUNK']._serialized_end=247
-  _globals['_BACKUPMANIFEST']._serialized_start=250
-  _globals['_BACKUPMANIFEST']._serialized_end=432
-  _globals['_BACKUPFILE']._serialized_start=434
-  _globals['_BACKUPFILE']._serialized_end=490
-  _globals['_OPERATIONSSERVICE']._serialized_start=492
-  _globals['_OPERATIONSSERVICE']._serialized_end=587
+  _globals['_SETDRAININGREQUEST']._serialized_start=59
+  _globals['_SETDRAININGREQUEST']._serialized_end=97
+  _globals['_SETDRAININGRESPONSE']._serialized_start=99
+  _globals['_SETDRAININGRESPONSE']._serialized_end=158
+  _globals['_GETDRAINSTATUSREQUEST']._serialized_start=160
+  _globals['_GETDRAINSTATUSREQUEST']._serialized_end=183
+  _globals['_GETDRAINSTATUSRESPONSE']._serialized_start=185
+  _globals['_GETDRAINSTATUSRESPONSE']._serialized_end=247
+  _globals['_DRAINSTATUS']._serialized_start=250
+  _globals['_DRAINSTATUS']._serialized_end=477
+  _globals['_CONSUMERBACKLOG']._serialized_start=479
+  _globals['_CONSUMERBACKLOG']._serialized_end=559
+  _globals['_BACKUPSTOREREQUEST']._serialized_start=561
+  _globals['_BACKUPSTOREREQUEST']._serialized_end=581
+  _globals['_BACKUPSTORERESPONSE']._serialized_start=583
+  _globals['_BACKUPSTORERESPONSE']._serialized_end=700
+  _globals['_BACKUPFILECHUNK']._serialized_start=702
+  _globals['_BACKUPFILECHUNK']._serialized_end=771
+  _globals['_BACKUPMANIFEST']._serialized_start=774
+  _globals['_BACKUPMANIFEST']._serialized_end=956
+  _globals['_BACKUPFILE']._serialized_start=958
+  _globals['_BACKUPFILE']._serialized_end=1014
+  _globals['_OPERATIONSSERVICE']._serialized_start=1017
+  _globals['_OPERATIONSSERVICE']._serialized_end=1269
 # @@protoc_insertion_point(module_scope)

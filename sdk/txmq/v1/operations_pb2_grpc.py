@@ -42,6 +42,16 @@ class OperationsServiceStub:
                 request_serializer=txmq_dot_v1_dot_operations__pb2.BackupStoreRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_operations__pb2.BackupStoreResponse.FromString,
                 _registered_method=True)
+        self.SetDraining = channel.unary_unary(
+                '/txmq.v1.OperationsService/SetDraining',
+                request_serializer=txmq_dot_v1_dot_operations__pb2.SetDrainingRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_operations__pb2.SetDrainingResponse.FromString,
+                _registered_method=True)
+        self.GetDrainStatus = channel.unary_unary(
+                '/txmq.v1.OperationsService/GetDrainStatus',
+                request_serializer=txmq_dot_v1_dot_operations__pb2.GetDrainStatusRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_operations__pb2.GetDrainStatusResponse.FromString,
+                _registered_method=True)
 
 
 class OperationsServiceServicer:
@@ -60,6 +70,25 @@ class OperationsServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetDraining(self, request, context):
+        """Starts (draining = true) or ends draining the shard: while draining it refuses new
+        sends and half messages (UNAVAILABLE, reason SHARD_DRAINING: clients send them to
+        another shard) and keeps serving everything else (EndTransaction, checks, receives,
+        acks). The flag is stored in the shard's store (replicated), so it survives restarts
+        and fail-overs; the name servers learn it from the heartbeat and mark the shard's
+        queues in routes. Answers the drain status.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetDrainStatus(self, request, context):
+        """What still keeps the shard from being removed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperationsServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -67,6 +96,16 @@ def add_OperationsServiceServicer_to_server(servicer, server):
                     servicer.BackupStore,
                     request_deserializer=txmq_dot_v1_dot_operations__pb2.BackupStoreRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_operations__pb2.BackupStoreResponse.SerializeToString,
+            ),
+            'SetDraining': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetDraining,
+                    request_deserializer=txmq_dot_v1_dot_operations__pb2.SetDrainingRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_operations__pb2.SetDrainingResponse.SerializeToString,
+            ),
+            'GetDrainStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDrainStatus,
+                    request_deserializer=txmq_dot_v1_dot_operations__pb2.GetDrainStatusRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_operations__pb2.GetDrainStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -99,6 +138,60 @@ class OperationsService:
             '/txmq.v1.OperationsService/BackupStore',
             txmq_dot_v1_dot_operations__pb2.BackupStoreRequest.SerializeToString,
             txmq_dot_v1_dot_operations__pb2.BackupStoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetDraining(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.OperationsService/SetDraining',
+            txmq_dot_v1_dot_operations__pb2.SetDrainingRequest.SerializeToString,
+            txmq_dot_v1_dot_operations__pb2.SetDrainingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDrainStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.OperationsService/GetDrainStatus',
+            txmq_dot_v1_dot_operations__pb2.GetDrainStatusRequest.SerializeToString,
+            txmq_dot_v1_dot_operations__pb2.GetDrainStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
