@@ -207,3 +207,69 @@ def test_drain_under_load_loses_nothing_and_strands_no_transaction(fresh_cluster
     wait_until(lambda: not any(q.draining for q in cluster.query_route(topic)), timeout=10)
     with txmq.Producer(cluster.nameserver_address) as producer:
         wait_until(lambda: producer.send(txmq.Message(topic, b"back")).broker_name == "broker-1", timeout=15)
+
+
+def test_backup_and_drain_work_per_replica_group(fresh_cluster_factory, unique_name, tmp_path):
+    """On replicated shards the commands reach each shard's leader; the drain flag is
+    replicated, so it survives a change of leader; a replicated shard's backup restores
+    into a fresh broker."""
+    cluster = fresh_cluster_factory(brokers=2, replication_factor=2, min_insync_replicas=1)
+    leaders = cluster.wait_leaders()
+    topic = unique_name("orders")
+    cluster.create_topic(topic, queue_count=4)
+    cluster.wait_route(topic, 4)
+    with txmq.Producer(cluster.nameserver_address) as producer:
+        sent = [producer.send(txmq.Message(topic, f"m{i}".encode())).message_id for i in range(40)]
+    assert {shard_of(m) for m in sent} == {"broker-0", "broker-1"}
+
+    out = txmq_cli(cluster, "broker", "backup", "broker-0", "--to", str(tmp_path / "backup"))
+    assert out.returncode == 0, out.stderr
+    manifest = json.loads(out.stdout)
+    assert manifest["replication_factor"] == 2
+    assert manifest["replica_id"] == int(leaders["broker-0"].env["TXMQ_REPLICA_ID"])
+    assert manifest["broker_address"] == leaders["broker-0"].address
+
+    assert json.loads(txmq_cli(cluster, "broker", "drain", "broker-1").stdout)["draining"]
+    old = int(leaders["broker-1"].env["TXMQ_REPLICA_ID"])
+
+    def in_sync() -> bool:
+        listed = cluster.list_brokers()
+        b = next((b for b in listed if b.name == "broker-1"), None)
+        return b is not None and len(b.replication.in_sync_replicas) == 2
+    wait_until(in_sync, timeout=30, message="broker-1's replicas not in sync")
+    moved = txmq_cli(cluster, "broker", "elect", "broker-1", "--replica", str(1 - old))
+    assert moved.returncode == 0, moved.stderr
+    new = cluster.wait_leaders()["broker-1"]
+    assert int(new.env["TXMQ_REPLICA_ID"]) == 1 - old
+    # The new leader drains too: it refuses new sends, the routes mark it, producers avoid it.
+    stub = broker_pb2_grpc.BrokerServiceStub(cluster.channel(new.address))
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.SendMessage(broker_pb2.SendMessageRequest(message=common_pb2.Message(
+            topic=topic, body=b"late", message_id=MessageId.new("broker-1", 0).encode())), timeout=10)
+    assert isinstance(error_from_rpc(refused.value), ShardDrainingError)
+    wait_until(lambda: {q.broker_name for q in cluster.query_route(topic) if q.draining} == {"broker-1"}, timeout=10)
+    status = json.loads(txmq_cli(cluster, "broker", "drain", "broker-1", "--status").stdout)
+    assert status["draining"] and status["unread_topics"] == [topic]  # nobody consumed: not empty
+    assert not status["empty"]
+    with txmq.Producer(cluster.nameserver_address) as producer:
+        assert {producer.send(txmq.Message(topic, b"after")).broker_name for _ in range(10)} == {"broker-0"}
+
+    # The replicated shard's backup restores into a fresh (single-replica) broker.
+    target = fresh_cluster_factory(brokers=1)
+    target.stop_broker(0)
+    restored = txmq_cli(target, "broker", "restore", "--from", str(tmp_path / "backup"),
+                        "--data-dir", target.brokers[0].env["TXMQ_DATA_DIR"], "--replace")
+    assert restored.returncode == 0, restored.stderr
+    target.restart_broker(0)
+    target.wait_route(topic, 2)
+    want = {m for m in sent if shard_of(m) == "broker-0"}
+    got: set[str] = set()
+    with txmq.SimpleConsumer(target.nameserver_address, consumer_group=unique_name("cg"),
+                             subscriptions={topic: "*"}, await_duration_seconds=0.2) as consumer:
+        def all_back() -> bool:
+            for m in consumer.receive(max_messages=32):
+                got.add(m.message_id)
+                consumer.ack(m)
+            return want <= got
+        wait_until(all_back, timeout=30, message=lambda: f"{len(want - got)} missing")
+    assert got == want
