@@ -14,11 +14,13 @@ through a staging directory renamed into place, and checks the result with fsck 
 says the store may be started.
 
 What a restored broker lacks: every write after the checkpoint (messages sent,
-transactions ended, acks). Producers still holding a pending transaction get it checked
-again only if its half message is in the backup; a transaction prepared after the backup
-is unknown to the restored broker, so its EndTransaction fails (NOT_FOUND) and the producer
-must send it again. Consumers may see messages they had acknowledged after the backup
-again (at least once). On a replicated shard, restore one replica's data dir and start
+transactions prepared or ended, acks). The restored store gets a new store identity, so
+transaction ids and receipt handles the original issued are refused as an earlier store's
+(INVALID_ARGUMENT / NOT_FOUND) rather than taken for what the restored broker issues anew at
+the same sequences. Its pending transactions (including those decided after the backup) are
+checked again under new ids and decided by their producer group's answers; a transaction
+prepared after the backup is gone, so its producer sends it again. Consumers may see
+messages they had acknowledged after the backup again (at least once). On a replicated shard, restore one replica's data dir and start
 that replica alone first: the other replicas, with empty data dirs, rebuild from it.
 """
 
@@ -28,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import shutil
 import time
 from dataclasses import dataclass
@@ -37,6 +40,7 @@ from txmq._ops_cli import MANIFEST, MANIFEST_FORMAT
 from txmq.v1 import common_pb2, operations_pb2, operations_pb2_grpc
 
 from .drain import drain_status, is_draining, set_draining_op
+from .store import codec
 from .store.checkpoint import StoreCheckpoint
 from .store.db import Database
 
@@ -222,6 +226,12 @@ def restore(backup_dir: str, data_dir: str, *, replace: bool = False) -> Restore
             raise BackupError(f"the restored store does not open: {exc}") from None
         try:
             report = check(core)
+            if not report["problems"]:
+                # A new store identity: ids the original issued after the checkpoint
+                # (transaction ids, receipt handles) must not name what the restored store
+                # issues anew at the same sequences and offsets. They are refused instead
+                # (an earlier store's); pending transactions get checks under new ids.
+                core.db.call(lambda w: w.put("meta", b"store_id", codec.encode_u64(random.getrandbits(32) or 1)))
         finally:
             core.close()
         if report["problems"]:

@@ -60,8 +60,8 @@ def test_backup_under_load_restores_into_a_fresh_broker(fresh_cluster_factory, u
     group = unique_name("pg")
     # Transactions left undecided before the backup: the restored broker must still hold them.
     with txmq.TransactionProducer(source.nameserver_address, producer_group=group, listener=Undecided()) as tp:
-        pending = {tp.send_in_transaction(txmq.Message(topic, f"pending-{i}".encode())).transaction_id
-                   for i in range(3)}
+        undecided = [tp.send_in_transaction(txmq.Message(topic, f"pending-{i}".encode())) for i in range(3)]
+    pending = {r.message_id for r in undecided}
 
     acked: list[tuple[str, float, float]] = []  # (message id, send started, acknowledged)
     stop = threading.Event()
@@ -125,8 +125,13 @@ def test_backup_under_load_restores_into_a_fresh_broker(fresh_cluster_factory, u
     # The pending transactions are served: listed, and decided by an operator.
     listed = txmq_cli(target, "txn", "list", "--state", "pending", "--group", group)
     assert listed.returncode == 0, listed.stderr
-    assert {t["transaction_id"] for t in json.loads(listed.stdout)["transactions"]} == pending
-    some = sorted(pending)[0]
+    rows = json.loads(listed.stdout)["transactions"]
+    assert {t["message_id"] for t in rows} == pending
+    # Under a new store identity: the original's ids are refused, never taken for new ones.
+    assert not {t["transaction_id"] for t in rows} & {r.transaction_id for r in undecided}
+    old = txmq_cli(target, "txn", "describe", undecided[0].transaction_id)
+    assert old.returncode == 1 and "earlier store" in old.stderr, old
+    some = rows[0]["transaction_id"]
     resolved = txmq_cli(target, "txn", "resolve", some, "--commit", "--operator", "test", "--reason", "restored")
     assert resolved.returncode == 0, resolved.stderr
     assert len(consume_all(target, topic, unique_name("cg"), expect_at_least=len(got) + 1)) == len(got) + 1
