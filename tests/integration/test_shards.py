@@ -253,6 +253,8 @@ def test_backup_and_drain_work_per_replica_group(fresh_cluster_factory, unique_n
     assert not status["empty"]
     with txmq.Producer(cluster.nameserver_address) as producer:
         assert {producer.send(txmq.Message(topic, b"after")).broker_name for _ in range(10)} == {"broker-0"}
+        # Chosen from the route: no send was tried on broker-1 and refused.
+        assert producer.routing_stats().rerouted == 0
 
     # The replicated shard's backup restores into a fresh (single-replica) broker.
     target = fresh_cluster_factory(brokers=1)
