@@ -15,14 +15,10 @@ import time
 from pathlib import Path
 
 import txmq
+from tests.support.cli import txmq_cli
 from tests.support.waiting import wait_until
 
 LocalState = txmq.LocalTransactionState
-
-
-def txmq_cli(cluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "txmq", "--nameserver", cluster.nameserver_address, "--json",
-                           *args], capture_output=True, text=True, timeout=timeout)
 
 
 class Undecided(txmq.TransactionListener):

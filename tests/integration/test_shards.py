@@ -8,8 +8,6 @@ lost and no transaction is stranded. Plus the refusals an operator meets.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 
@@ -20,14 +18,10 @@ import txmq
 from txmq._errors import ShardDrainingError, error_from_rpc
 from txmq._ids import MessageId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+from tests.support.cli import txmq_cli
 from tests.support.waiting import wait_until
 
 LocalState = txmq.LocalTransactionState
-
-
-def txmq_cli(cluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "txmq", "--nameserver", cluster.nameserver_address, "--json",
-                           *args], capture_output=True, text=True, timeout=timeout)
 
 
 def shard_of(message_id: str) -> str:
