@@ -66,7 +66,7 @@ proto-check: venv
 run: venv $(VENV)/.proxy-installed
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
-test: venv cc etcd netns-tools openssl proto-lint proto-check pipeline-deps browser proxy-deps chart-tools
+test: venv cc etcd netns-tools openssl proto-lint proto-check pipeline-deps browser proxy-deps chart-tools images-local
 	$(PY) -m pytest tests
 
 test-unit: venv
@@ -128,7 +128,7 @@ $(HELM): tools/fetch_helm.py | venv
 	$(PY) tools/fetch_helm.py
 	touch $@
 
-.PHONY: chart-tools chart-lint test-chart e2e-k8s images
+.PHONY: chart-tools chart-lint test-chart e2e-k8s images images-local test-images
 chart-tools: $(VENV)/.chart-installed $(HELM)
 	@command -v promtool >/dev/null && command -v prometheus >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null)
@@ -147,10 +147,21 @@ test-chart: chart-tools proxy-deps etcd
 e2e-k8s: chart-tools
 	$(PY) -m tests.chart.e2e_k8s
 
-# Needs a Docker engine (none on the development machines).
-images:
-	for s in nameserver broker checker proxy; do \
-	  docker build -f deploy/docker/$$s/Dockerfile -t txmq/$$s:$$(sed -n 's/^appVersion: "\(.*\)"/\1/p' $(CHART_DIR)/Chart.yaml) . || exit 1; done
+# Container images from deploy/docker/Dockerfile (tools/images.sh). `make images` uses the
+# engine already reachable (DOCKER_HOST, the default socket, or the private daemon below);
+# `make images-local` installs Debian's docker.io and debootstrap when missing, starts a
+# private dockerd (socket and data root under /var/tmp/txmq-docker, no bridge network),
+# builds the Debian base images from debootstrap, then the four images. Base tarballs and
+# wheels are cached in tools/.cache/images. `tools/images.sh stop` stops the daemon.
+images: venv
+	tools/images.sh images
+
+images-local: venv
+	tools/images.sh all
+
+# The built images as containers (and the chart against `docker image inspect`).
+test-images: chart-tools images-local
+	$(PY) -m pytest tests/chart/test_images.py
 
 # Fault injection against replicated shards: many runs of random kills, pauses and wipes
 # under mixed load, each printing its seed and schedule (reproduce: CHAOS_ARGS="--seed N").

@@ -150,6 +150,14 @@ class Admin:
                                                                self._token)
             return channel
 
+    def channel_to(self, address: str, max_message_bytes: int | None = None) -> grpc.Channel:
+        """A channel of its own (its caller closes it) to another service, a broker, with this
+        client's TLS material and token; ``max_message_bytes`` raises the receive limit."""
+        options = CHANNEL_OPTIONS if max_message_bytes is None else (
+            *[(k, v) for k, v in CHANNEL_OPTIONS if k != "grpc.max_receive_message_length"],
+            ("grpc.max_receive_message_length", max_message_bytes))
+        return with_token(sync_channel(address, options, self._tls), self._token)
+
     def call(self, service: str, method: str, request: Any) -> Any:
         """``service`` is ``"admin"`` or ``"nameserver"``; tries the name servers in turn."""
         error: TxmqError | None = None

@@ -15,9 +15,13 @@ NameServerService for listings), so it needs only the name server address.
     txmq group describe GROUP [--topic T]
     txmq dlq list GROUP [--limit N]
     txmq dlq redrive GROUP --ids ID [ID ...] | --all
+    txmq topic expand TOPIC --broker SHARD [--queues N]
     txmq broker list
     txmq broker status
     txmq broker elect SHARD --replica R
+    txmq broker backup SHARD --to DIR
+    txmq broker restore --from DIR --data-dir PATH [--replace]
+    txmq broker drain SHARD [--wait 5m] [--status | --undo]
     txmq checker list
     txmq completion bash
     txmq --version
@@ -52,6 +56,7 @@ from typing import Any, Callable, Sequence, TextIO
 
 from ._admin import Admin as _AdminClient
 from ._errors import TxmqError
+from ._ops_cli import add_broker_commands, add_topic_commands
 from ._tls import TLS
 from .v1 import admin_pb2, common_pb2, nameserver_pb2
 
@@ -758,6 +763,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--ids", nargs="+", metavar="MESSAGE_ID", help="these messages (ids from txmq dlq list)")
     which.add_argument("--all", action="store_true", help="every dead letter of the group")
     p.set_defaults(run=_dlq_redrive)
+    add_topic_commands(topic, common)
 
     broker = commands.add_parser("broker", help="brokers").add_subparsers(dest="verb", required=True)
     broker.add_parser("list", parents=[common], help="live brokers and replicas (role, epoch, in sync, lag)"
@@ -769,6 +775,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replica", type=int, required=True, help="the in-sync replica id to lead")
     p.add_argument("--wait", type=_duration_arg, default=15.0, help="how long to wait for it to serve (default 15s)")
     p.set_defaults(run=_broker_elect)
+    add_broker_commands(broker, common, _duration_arg)
     checker = commands.add_parser("checker", help="checkers").add_subparsers(dest="verb", required=True)
     checker.add_parser("list", parents=[common], help="live checkers").set_defaults(run=_checker_list)
     p = commands.add_parser("completion", help="print a shell completion script: "

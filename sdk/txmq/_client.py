@@ -54,6 +54,8 @@ class QueueRoute:
     broker_name: str
     broker_address: str
     queue_id: int
+    #: The broker is draining: consumers still read the queue, new sends go elsewhere.
+    draining: bool = False
 
 
 def parse_nameservers(nameservers: str | Sequence[str]) -> tuple[str, ...]:
@@ -295,7 +297,7 @@ class Client:
                 return cached[0]
         response = self._nameserver_call("QueryRoute", nameserver_pb2.QueryRouteRequest(topic=topic,
                                                                                         for_send=for_send))
-        routes = tuple(QueueRoute(q.broker_name, q.broker_address, q.queue_id) for q in response.queues)
+        routes = tuple(QueueRoute(q.broker_name, q.broker_address, q.queue_id, q.draining) for q in response.queues)
         if not routes:
             self._routes.pop(topic, None)
             raise TopicNotFoundError(topic)

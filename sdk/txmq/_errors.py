@@ -308,6 +308,17 @@ class LeadershipLostError(UnavailableError):
                          shard=shard, replica_id=replica_id)
 
 
+class ShardDrainingError(UnavailableError):
+    """The shard is draining (``txmq broker drain``): it takes no new sends or half
+    messages. Retryable: a new send goes to another shard of the topic."""
+
+    reason = "SHARD_DRAINING"
+
+    def __init__(self, shard: str) -> None:
+        super().__init__(f"shard {shard!r} is draining: it takes no new messages; send to another shard",
+                         shard=shard)
+
+
 class DeadlineExceededError(TxmqError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
     reason = "DEADLINE_EXCEEDED"

@@ -141,8 +141,10 @@ class Producer:
 
     def _pick_queue(self, topic: str, exclude: frozenset[str] | set[str] = frozenset()) -> QueueRoute:
         """The next queue round-robin whose shard the fault table does not avoid (and not in
-        ``exclude``: the shards this send failed on)."""
+        ``exclude``: the shards this send failed on). Queues of draining shards only when
+        the topic has no other."""
         routes = self._client.route(topic)
+        routes = tuple(r for r in routes if not r.draining) or routes
         return self._client.faults.choose(routes, _shard_of, next(self._next_queue), exclude)
 
     def _backoff(self, attempt: int) -> None:

@@ -36,7 +36,6 @@ import logging
 import os
 import shutil
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -51,6 +50,7 @@ from services.common.channels import open_channel
 from .config import BrokerConfig
 from .coordination import EtcdUnavailable, InSync, Leader, ShardCoordinator, ShardState
 from .store import replog
+from .store.checkpoint import StoreCheckpoint
 from .store.db import CannotTruncateError, Database
 
 log = logging.getLogger(__name__)
@@ -589,27 +589,17 @@ class ReplicaNode:
             self._check_session(request.shard, request.replica_id, request.leader_epoch, context)
         except _Refused as refused:
             await context.abort(refused.code, refused.message)
-        path = f"{self.config.data_dir.rstrip('/')}.checkpoint-{uuid.uuid4().hex[:8]}"
-        log_end = self.db.checkpoint(path)
-        log.info("checkpoint for a follower", extra={"fields": {"replica_id": request.replica_id, "log_end": log_end}})
+        checkpoint = StoreCheckpoint(self.db, self.config.data_dir, chunk_bytes=CHECKPOINT_CHUNK)
+        log.info("checkpoint for a follower", extra={"fields": {"replica_id": request.replica_id,
+                                                                "log_end": checkpoint.log_end}})
         try:
             first = True
-            for name in sorted(os.listdir(path)):
-                full = os.path.join(path, name)
-                size = os.path.getsize(full)
-                with open(full, "rb") as fh:
-                    offset = 0
-                    while True:
-                        data = await asyncio.to_thread(fh.read, CHECKPOINT_CHUNK)
-                        yield replication_pb2.FetchCheckpointResponse(
-                            file_name=name if offset == 0 else "", file_size=size if offset == 0 else 0,
-                            data=data, log_end=log_end if first else 0)
-                        first = False
-                        offset += len(data)
-                        if not data or offset >= size:
-                            break
+            async for name, size, data in checkpoint.chunks():
+                yield replication_pb2.FetchCheckpointResponse(
+                    file_name=name, file_size=size, data=data, log_end=checkpoint.log_end if first else 0)
+                first = False
         finally:
-            shutil.rmtree(path, ignore_errors=True)
+            checkpoint.remove()
 
     # --- following ------------------------------------------------------------------------
 

@@ -16,14 +16,17 @@ import os
 import shutil
 from typing import Any, Callable
 
-from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, replication_pb2, replication_pb2_grpc
+from txmq.v1 import (broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, operations_pb2, operations_pb2_grpc,
+                     replication_pb2, replication_pb2_grpc)
 
 from services.common.registration import Heartbeat
 from services.common.server import ServiceApp
 
+from .backup import OperationsServicer
 from .bridge import StoreBridge
 from .config import BrokerConfig
 from .core import BrokerCore, StoreIdentityError, open_database
+from .drain import is_draining
 from .metrics import BrokerMetrics
 from .replication import ReplicaNode, ReplicationServicer, Term
 from .service import BrokerServicer
@@ -35,6 +38,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name
 REPLICATION_SERVICE_NAME = replication_pb2.DESCRIPTOR.services_by_name["ReplicationService"].full_name
+OPERATIONS_SERVICE_NAME = operations_pb2.DESCRIPTOR.services_by_name["OperationsService"].full_name
 #: Records one retention round removes at most (a round holds the event loop).
 RETENTION_ROUND = 1000
 
@@ -99,6 +103,16 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
                       (replication_pb2_grpc.add_ReplicationServiceServicer_to_server, ReplicationServicer(node))]
         names = [SERVICE_NAME, REPLICATION_SERVICE_NAME]
         metrics.watch_replication(node)
+
+    def serving() -> tuple[Database, BrokerCore, StoreBridge]:
+        if node is not None:
+            term = node.serving()
+            return node.db, term.core, term.bridge
+        return db, terms[0][0], terms[0][1]
+    registered.append((operations_pb2_grpc.add_OperationsServiceServicer_to_server, OperationsServicer(
+        data_dir=config.data_dir, shard=config.broker_name, replica_id=config.replica_id,
+        replication_factor=config.replication_factor, serving=serving, on_drain_change=lambda: heartbeat.kick())))
+    names.append(OPERATIONS_SERVICE_NAME)
     metrics.watch(lambda: terms[0] if terms else None)
     # A long poll waits by design: limited per connection, not by max_concurrent_rpcs.
     app = ServiceApp("broker", config, metrics, registered, names, unmetered=("ReceiveMessages",))
@@ -128,7 +142,8 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
         topics = sorted(pair[0].topics.items()) if pair else []
         broker = nameserver_pb2.BrokerInfo(
             name=config.broker_name, address=address,
-            topics=[common_pb2.TopicQueues(topic=t, queue_count=n) for t, n in topics])
+            topics=[common_pb2.TopicQueues(topic=t, queue_count=n) for t, n in topics],
+            draining=is_draining(node.db if node is not None else db))
         if node is not None:
             broker.replica_id = config.replica_id
             broker.role = node.role()

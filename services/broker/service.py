@@ -20,6 +20,7 @@ from .bridge import StoreBridge
 from .checks import CheckReport, ClaimBatch
 from .core import BrokerCore
 from .filters import parse_filter
+from .drain import guard_send
 from .metrics import BrokerMetrics
 from .model import CheckAnswer, CheckOutcome, EndResult, ReceiveResult, Resolution, SendResult, Source, TxnState
 from .store import codec
@@ -124,7 +125,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     # --- producing -----------------------------------------------------------------------
 
     def _send_op(self, request: broker_pb2.SendMessageRequest) -> Op:
-        return self.core.send_op(self.core.validate_message(record_from_proto(request.message)))
+        return guard_send(self.core.db, self.core.name, self.core.send_op(
+            self.core.validate_message(record_from_proto(request.message))), request.message.message_id)
 
     def _send_response(self, result: SendResult) -> broker_pb2.SendMessageResponse:
         return broker_pb2.SendMessageResponse(

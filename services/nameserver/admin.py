@@ -16,7 +16,8 @@ from typing import Any
 import grpc
 
 from services.common.channels import ChannelPool
-from txmq._errors import (ConsumerGroupNotFoundError, InvalidFieldError, TopicNotFoundError, TxmqError,
+from txmq._errors import (AlreadyExistsError, BrokerNotFoundError, ConsumerGroupNotFoundError,
+                          FailedPreconditionError, InvalidFieldError, TopicNotFoundError, TxmqError,
                           UnavailableError, error_from_rpc)
 from txmq._ids import TransactionId
 from txmq._names import dlq_topic, validate_group, validate_receive_topic, validate_send_topic
@@ -158,6 +159,35 @@ class Admin:
         log.info("deleted topic", extra={"fields": {"topic": topic, "brokers": [b.name for b, _r in answers],
                                                     "force": force, "consumer_groups": groups}})
         return sorted(b.name for b, _r in answers), sum(r.entries_deleted for _b, r in answers), groups
+
+    async def expand_topic(self, topic: str, broker_name: str, queue_count: int) -> TopicCreation:
+        """Creates ``queue_count`` queues of the existing ``topic`` on ``broker_name``."""
+        validate_send_topic(topic)
+        if queue_count < 0:
+            raise InvalidFieldError("queue_count", f"{queue_count} is negative")
+        async with self._creating:
+            live = {b.name: b for b in self.registry.live_brokers()}
+            holding = {name: b.topics[topic] for name, b in live.items() if b.topics.get(topic, 0) > 0}
+            if not holding:
+                raise TopicNotFoundError(topic)
+            broker = live.get(broker_name)
+            if broker is None:
+                raise BrokerNotFoundError(broker_name)
+            if broker.draining:
+                raise FailedPreconditionError(f"shard {broker_name!r} is draining: it takes no new queues",
+                                              broker=broker_name)
+            count = queue_count or max(holding.values())
+            if holding.get(broker_name, 0) >= count:
+                raise AlreadyExistsError(f"shard {broker_name!r} already holds {holding[broker_name]} queue(s) of "
+                                         f"topic {topic!r}", topic=topic, broker=broker_name)
+            await self.clients.retain({b.address for b in live.values()})
+            result = await self._call(broker.address, "CreateTopicQueues",
+                                      broker_pb2.CreateTopicQueuesRequest(topic=topic, queue_count=count))
+            self.registry.record_topic_queues(broker_name, topic, result.topic.queue_count or count)
+            counts = {name: n for name, n in holding.items()}
+            counts[broker_name] = result.topic.queue_count or count
+        log.info("expanded topic", extra={"fields": {"topic": topic, "broker": broker_name, "brokers": counts}})
+        return TopicCreation(topic, sorted(counts.items()))
 
     def list_topics(self) -> list[tuple[str, list[tuple[str, int]]]]:
         return self.registry.topics()

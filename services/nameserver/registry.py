@@ -43,6 +43,8 @@ class BrokerRecord:
     role: int = 0
     epoch: int = 0
     replication: Any = None
+    #: The shard is draining: routes mark its queues, new topics avoid it.
+    draining: bool = False
 
 
 #: BrokerInfo.role values (nameserver.proto BrokerRole).
@@ -63,6 +65,7 @@ class QueueRoute:
     broker_name: str
     broker_address: str
     queue_id: int
+    draining: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +155,7 @@ class Registry:
 
     def register_broker(self, name: str, address: str,
                         topics: Iterable[tuple[str, int]] = (), *, replica_id: int = 0, role: int = ROLE_SINGLE,
-                        epoch: int = 0, replication: Any = None) -> BrokerRecord:
+                        epoch: int = 0, replication: Any = None, draining: bool = False) -> BrokerRecord:
         """Registers or refreshes a broker (its heartbeat) with the topics it holds now. A
         replica of a replicated shard serves the shard while it is the leader with the
         highest epoch registered; a follower is listed but never routed to."""
@@ -180,7 +183,7 @@ class Registry:
                 del self._created[(broker, topic)]
             else:
                 held[topic] = count
-        record = BrokerRecord(name, address, held, now, replica_id, role, epoch, replication)
+        record = BrokerRecord(name, address, held, now, replica_id, role, epoch, replication, draining)
         if role == ROLE_SINGLE:
             self._brokers[name] = record
             return record
@@ -261,7 +264,7 @@ class Registry:
     def route(self, topic: str) -> list[QueueRoute]:
         """The queues of ``topic`` on live brokers, by broker name then queue id; empty when
         no live broker holds it."""
-        return [QueueRoute(b.name, b.address, queue_id)
+        return [QueueRoute(b.name, b.address, queue_id, b.draining)
                 for b in self.live_brokers()
                 for queue_id in range(b.topics.get(topic, 0))]
 
@@ -280,6 +283,7 @@ class Registry:
         live = self.live_brokers()
         if sum(b.topics.get(topic, 0) for b in live) >= queue_count:
             raise TopicExistsError(topic)
+        live = [b for b in live if not b.draining]  # a draining shard takes no new queues
         if not live:
             raise NoBrokerError(f"cannot create topic {topic!r}")
         by_name = {b.name: b for b in live}

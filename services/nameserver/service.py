@@ -20,7 +20,7 @@ def broker_info(record: BrokerRecord) -> nameserver_pb2.BrokerInfo:
     info = nameserver_pb2.BrokerInfo(
         name=record.name, address=record.address, last_heartbeat_ms=_ms(record.last_heartbeat),
         topics=[common_pb2.TopicQueues(topic=t, queue_count=n) for t, n in sorted(record.topics.items())],
-        replica_id=record.replica_id, role=record.role, leader_epoch=record.epoch)
+        replica_id=record.replica_id, role=record.role, leader_epoch=record.epoch, draining=record.draining)
     if record.replication is not None:
         info.replication.CopyFrom(record.replication)
     return info
@@ -47,7 +47,8 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServiceServicer):
         self.registry.register_broker(broker.name, broker.address,
                                       [(t.topic, t.queue_count) for t in broker.topics],
                                       replica_id=broker.replica_id, role=broker.role, epoch=broker.leader_epoch,
-                                      replication=broker.replication if broker.HasField("replication") else None)
+                                      replication=broker.replication if broker.HasField("replication") else None,
+                                      draining=broker.draining)
         return nameserver_pb2.RegisterBrokerResponse(
             heartbeat_interval_seconds=self.heartbeat_interval_seconds,
             expiry_seconds=self.registry.broker_expiry_seconds)
@@ -74,7 +75,7 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServiceServicer):
         queues = await self.admin.route(request.topic, for_send=request.for_send)
         return nameserver_pb2.QueryRouteResponse(topic=request.topic, queues=[
             nameserver_pb2.QueueRoute(broker_name=q.broker_name, broker_address=q.broker_address,
-                                      queue_id=q.queue_id) for q in queues])
+                                      queue_id=q.queue_id, draining=q.draining) for q in queues])
 
     async def ListBrokers(self, request: nameserver_pb2.ListBrokersRequest,
                           context: Any) -> nameserver_pb2.ListBrokersResponse:
@@ -96,6 +97,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                           context: Any) -> admin_pb2.CreateTopicResponse:
         creation = await self.admin.create_topic(request.topic, request.queue_count)
         return admin_pb2.CreateTopicResponse(topic=creation.topic, brokers=broker_queues(creation.brokers))
+
+    async def ExpandTopic(self, request: admin_pb2.ExpandTopicRequest,
+                          context: Any) -> admin_pb2.ExpandTopicResponse:
+        expansion = await self.admin.expand_topic(request.topic, request.broker_name, request.queue_count)
+        return admin_pb2.ExpandTopicResponse(topic=expansion.topic, brokers=broker_queues(expansion.brokers))
 
     async def ListTopics(self, request: admin_pb2.ListTopicsRequest,
                          context: Any) -> admin_pb2.ListTopicsResponse:

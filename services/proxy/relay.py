@@ -85,6 +85,7 @@ class Relay:
             queues = await self.upstream.route(message.topic)
             if not queues:
                 raise TopicNotFoundError(message.topic)
+            queues = [q for q in queues if not q.draining] or queues  # a draining shard takes no new sends
             queue = pick_queue(queues, message.message_id, faults, failed_on)
             if failed_on and queue.broker_name not in failed_on:
                 faults.rerouted()

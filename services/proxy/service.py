@@ -82,9 +82,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     # --- routes --------------------------------------------------------------------------
 
-    def _queue(self, topic: str, queue_id: int, broker: str, endpoints: pb.Endpoints) -> pb.MessageQueue:
+    def _queue(self, topic: str, queue_id: int, broker: str, endpoints: pb.Endpoints,
+               draining: bool = False) -> pb.MessageQueue:
         return pb.MessageQueue(
-            topic=pb.Resource(name=topic), id=queue_id, permission=pb.READ_WRITE,
+            topic=pb.Resource(name=topic), id=queue_id, permission=pb.READ if draining else pb.READ_WRITE,
             broker=pb.Broker(name=broker, id=0, endpoints=endpoints), accept_message_types=ACCEPTED_TYPES)
 
     async def QueryRoute(self, request: spb.QueryRouteRequest, context: Any) -> spb.QueryRouteResponse:
@@ -93,7 +94,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             endpoints = settings_mod.advertised(self.config, request.endpoints, self.bound_port)
             queues = await self.upstream.route(topic)
             return spb.QueryRouteResponse(status=status(), message_queues=[
-                self._queue(topic, q.queue_id, q.broker_name, endpoints) for q in queues])
+                self._queue(topic, q.queue_id, q.broker_name, endpoints, q.draining) for q in queues])
         except Exception as exc:  # noqa: BLE001 - answered in band
             return _failed(spb.QueryRouteResponse, exc, "QueryRoute")
 

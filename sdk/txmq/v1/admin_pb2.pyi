@@ -8,6 +8,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ExpandTopicRequest(_message.Message):
+    __slots__ = ("topic", "broker_name", "queue_count")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    broker_name: str
+    queue_count: int
+    def __init__(self, topic: _Optional[str] = ..., broker_name: _Optional[str] = ..., queue_count: _Optional[int] = ...) -> None: ...
+
+class ExpandTopicResponse(_message.Message):
+    __slots__ = ("topic", "brokers")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerQueues]
+    def __init__(self, topic: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerQueues, _Mapping]]] = ...) -> None: ...
+
 class CreateTopicRequest(_message.Message):
     __slots__ = ("topic", "queue_count")
     TOPIC_FIELD_NUMBER: _ClassVar[int]

@@ -96,6 +96,11 @@ class AdminServiceStub:
                 request_serializer=txmq_dot_v1_dot_admin__pb2.RedriveDeadLettersRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_admin__pb2.RedriveDeadLettersResponse.FromString,
                 _registered_method=True)
+        self.ExpandTopic = channel.unary_unary(
+                '/txmq.v1.AdminService/ExpandTopic',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.ExpandTopicRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.ExpandTopicResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -195,6 +200,16 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExpandTopic(self, request, context):
+        """Adds queues of an existing topic on one shard (a new shard joining it, no topic
+        recreated): the shard creates them, routes list them at once, and producers send there
+        from their next route refresh. NOT_FOUND for an unknown topic or shard; ALREADY_EXISTS
+        when the shard already holds at least that many.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -257,6 +272,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.RedriveDeadLetters,
                     request_deserializer=txmq_dot_v1_dot_admin__pb2.RedriveDeadLettersRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_admin__pb2.RedriveDeadLettersResponse.SerializeToString,
+            ),
+            'ExpandTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExpandTopic,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.ExpandTopicRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.ExpandTopicResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -585,6 +605,33 @@ class AdminService:
             '/txmq.v1.AdminService/RedriveDeadLetters',
             txmq_dot_v1_dot_admin__pb2.RedriveDeadLettersRequest.SerializeToString,
             txmq_dot_v1_dot_admin__pb2.RedriveDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExpandTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/ExpandTopic',
+            txmq_dot_v1_dot_admin__pb2.ExpandTopicRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.ExpandTopicResponse.FromString,
             options,
             channel_credentials,
             insecure,

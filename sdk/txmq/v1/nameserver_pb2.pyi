@@ -18,7 +18,7 @@ BROKER_ROLE_LEADER: BrokerRole
 BROKER_ROLE_FOLLOWER: BrokerRole
 
 class BrokerInfo(_message.Message):
-    __slots__ = ("name", "address", "topics", "last_heartbeat_ms", "replica_id", "role", "leader_epoch", "replication")
+    __slots__ = ("name", "address", "topics", "last_heartbeat_ms", "replica_id", "role", "leader_epoch", "replication", "draining")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class BrokerInfo(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicQueues]
@@ -35,7 +36,8 @@ class BrokerInfo(_message.Message):
     role: BrokerRole
     leader_epoch: int
     replication: ReplicationStatus
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicQueues, _Mapping]]] = ..., last_heartbeat_ms: _Optional[int] = ..., replica_id: _Optional[int] = ..., role: _Optional[_Union[BrokerRole, str]] = ..., leader_epoch: _Optional[int] = ..., replication: _Optional[_Union[ReplicationStatus, _Mapping]] = ...) -> None: ...
+    draining: bool
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicQueues, _Mapping]]] = ..., last_heartbeat_ms: _Optional[int] = ..., replica_id: _Optional[int] = ..., role: _Optional[_Union[BrokerRole, str]] = ..., leader_epoch: _Optional[int] = ..., replication: _Optional[_Union[ReplicationStatus, _Mapping]] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class ReplicationStatus(_message.Message):
     __slots__ = ("replication_factor", "min_insync_replicas", "in_sync_replicas", "log_end", "commit_lsn", "followers")
@@ -138,14 +140,16 @@ class QueryRouteRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., for_send: _Optional[bool] = ...) -> None: ...
 
 class QueueRoute(_message.Message):
-    __slots__ = ("broker_name", "broker_address", "queue_id")
+    __slots__ = ("broker_name", "broker_address", "queue_id", "draining")
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     BROKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     broker_name: str
     broker_address: str
     queue_id: int
-    def __init__(self, broker_name: _Optional[str] = ..., broker_address: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+    draining: bool
+    def __init__(self, broker_name: _Optional[str] = ..., broker_address: _Optional[str] = ..., queue_id: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class QueryRouteResponse(_message.Message):
     __slots__ = ("topic", "queues")

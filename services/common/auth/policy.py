@@ -111,6 +111,7 @@ _ADMIN = "/txmq.v1.AdminService/"
 _BROKER = "/txmq.v1.BrokerService/"
 _CHECKER = "/txmq.v1.CheckerService/"
 _REPLICATION = "/txmq.v1.ReplicationService/"
+_OPERATIONS = "/txmq.v1.OperationsService/"
 
 NATIVE: Mapping[str, Policy] = {
     _NS + "RegisterBroker": Policy(INTERNAL),
@@ -152,6 +153,12 @@ NATIVE: Mapping[str, Policy] = {
     _BROKER + "GetTransaction": Policy(lambda r: [Need((ADMIN_READ,), CLUSTER)]),
     _BROKER + "GetBrokerStats": Policy(ANY),
     _CHECKER + "CheckTransactionState": Policy(_check_stream),
+    # A backup holds every message and transaction of the shard; draining changes where
+    # every producer sends.
+    _OPERATIONS + "BackupStore": Policy(lambda r: [Need((ADMIN_READ,), CLUSTER)]),
+    _OPERATIONS + "SetDraining": Policy(lambda r: [Need((ADMIN_WRITE,), CLUSTER)]),
+    _OPERATIONS + "GetDrainStatus": Policy(lambda r: [Need((ADMIN_READ,), CLUSTER)]),
+    _ADMIN + "ExpandTopic": Policy(lambda r: [_topic((ADMIN_WRITE,), r.topic)]),
     _REPLICATION + "Replicate": Policy(INTERNAL),
     _REPLICATION + "FetchCheckpoint": Policy(INTERNAL),
     _REPLICATION + "TransferLeadership": Policy(INTERNAL),
