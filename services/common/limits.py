@@ -120,7 +120,13 @@ def _check_duration(path: str, value: Any) -> None:
 
 
 def _check_timestamp(path: str, value: Any) -> None:
-    if not (MIN_TIMESTAMP_SECONDS <= value.seconds <= MAX_TIMESTAMP_SECONDS and 0 <= value.nanos <= 999_999_999):
+    seconds = value.seconds
+    if path.endswith("delivery_timestamp") and MAX_TIMESTAMP_SECONDS < seconds <= MAX_TIMESTAMP_SECONDS * 1000:
+        # The official RocketMQ Python client (5.1.x) writes a delay message's delivery time
+        # in milliseconds into the seconds field; the proxy reads such a value as ms
+        # (services/proxy/convert.py delivery_ms), so it is a valid time here too.
+        seconds //= 1000
+    if not (MIN_TIMESTAMP_SECONDS <= seconds <= MAX_TIMESTAMP_SECONDS and 0 <= value.nanos <= 999_999_999):
         raise InvalidFieldError(path, f"{value.seconds} s {value.nanos} ns is not a valid Timestamp")
 
 

@@ -116,6 +116,24 @@ def test_a_timestamp_outside_its_range_is_refused() -> None:
         check_numbers(request)
 
 
+def test_a_delivery_timestamp_in_milliseconds_is_the_official_clients_and_passes() -> None:
+    """The official Python client writes a delay message's delivery time in ms into the
+    seconds field; the proxy reads it as ms, so the check lets that field (only) through."""
+    protocol = pytest.importorskip("services.proxy.protocol")  # make proxy-deps
+    from google.protobuf import timestamp_pb2
+    ms = timestamp_pb2.Timestamp(seconds=1_795_556_463_921)
+    sp = protocol.definition_pb2.SystemProperties
+    delayed = protocol.definition_pb2.Message(system_properties=sp(delivery_timestamp=ms))
+    check_numbers(protocol.service_pb2.SendMessageRequest(messages=[delayed]))
+    born = protocol.definition_pb2.Message(system_properties=sp(born_timestamp=ms))
+    with pytest.raises(InvalidFieldError, match=r"born_timestamp"):
+        check_numbers(protocol.service_pb2.SendMessageRequest(messages=[born]))
+    too_far = protocol.definition_pb2.Message(system_properties=sp(
+        delivery_timestamp=timestamp_pb2.Timestamp(seconds=2**62)))
+    with pytest.raises(InvalidFieldError, match=r"delivery_timestamp"):
+        check_numbers(protocol.service_pb2.SendMessageRequest(messages=[too_far]))
+
+
 def test_a_gzip_body_is_inflated_only_up_to_the_limit() -> None:
     convert = pytest.importorskip("services.proxy.convert")  # make proxy-deps
     import zlib
