@@ -31,7 +31,7 @@ from services.broker.config import BrokerConfig
 from services.broker.core import BrokerCore
 from services.broker.store import codec
 from tests.support.cluster import Cluster
-from txmq._ids import MessageId
+from txmq.ids import MessageId
 
 TOPIC = "bench-audit"
 GROUPS = ("orders", "payments", "shipping")

@@ -269,7 +269,7 @@ def client_tls() -> Any:
 
 def _channel(address: str) -> Any:
     """A channel to a local service, with TLS when the services have it."""
-    from txmq._tls import ChannelTLS, sync_channel
+    from txmq.tls import ChannelTLS, sync_channel
 
     tls = client_tls()
     return sync_channel(address, (), ChannelTLS(tls) if tls is not None else None)

@@ -159,7 +159,7 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
 def describe_missing(cluster: Cluster, work: Workload) -> list[str]:
     """What the shard says of each transaction that should have been delivered and was not
     (a lost write shows as NOT_FOUND, a slow check as PREPARED with its next check time)."""
-    from txmq._errors import TxmqError, error_from_rpc
+    from txmq.errors import TxmqError, error_from_rpc
     from txmq.v1 import admin_pb2
 
     out = []

@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from txmq._client import Client
-from txmq._errors import TxmqError
-from txmq._ids import TransactionId
-from txmq._names import is_system_topic
-from txmq._tls import TLS
+from txmq.client import Client
+from txmq.errors import TxmqError
+from txmq.ids import TransactionId
+from txmq.names import is_system_topic
+from txmq.tls import TLS
 from txmq.v1 import broker_pb2, common_pb2, nameserver_pb2
 
 #: Messages asked for per ReadQueue call (the broker caps it at 4 x max_receive_batch).

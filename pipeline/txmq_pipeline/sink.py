@@ -22,7 +22,7 @@ transactions were rolled back, and the broker would answer the same ids with
 ROLLED_BACK forever, so the sink's epoch (part of the id) moves on.
 
 A failing shard (issue 21): a send that fails transiently before it was acknowledged
-(the shard is down or unreachable) marks the shard in the fault table (``txmq._faults``,
+(the shard is down or unreachable) marks the shard in the fault table (``txmq.faults``,
 the one the SDK and the RocketMQ proxy use), and the row goes to a queue of another
 shard, with the id its row key and *that* shard give; later rows avoid the shard until a
 probe finds it back. The attempt left behind may have been stored (the answer was lost):
@@ -79,9 +79,9 @@ from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 import txmq
-from txmq._errors import TransactionStateError, TxmqError, error_from_entry
-from txmq._faults import RetryAction, retry_action
-from txmq._ids import MessageId, TransactionId
+from txmq.errors import TransactionStateError, TxmqError, error_from_entry
+from txmq.faults import RetryAction, retry_action
+from txmq.ids import MessageId, TransactionId
 from txmq.v1 import broker_pb2, common_pb2
 
 from . import _broker

@@ -20,7 +20,7 @@ from ._auth import BearerToken, with_token
 from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError,
                       TxmqError, error_from_rpc)
 from ._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, OverloadBackoff, RetryAction, retry_action
-from ._pipeline import ProduceStream
+from ._produce_stream import ProduceStream
 from ._tls import TLS, ChannelTLS, sync_channel
 from .v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 

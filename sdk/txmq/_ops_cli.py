@@ -31,11 +31,10 @@ from typing import Any, Callable
 
 import grpc
 
+from .backup import MANIFEST, MANIFEST_FORMAT
 from ._errors import BrokerNotFoundError, FailedPreconditionError, InvalidArgumentError, TxmqError, error_from_rpc
 from .v1 import admin_pb2, nameserver_pb2, operations_pb2, operations_pb2_grpc
 
-MANIFEST = "MANIFEST.json"
-MANIFEST_FORMAT = 1
 _MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 

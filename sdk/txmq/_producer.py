@@ -2,7 +2,7 @@
 half message + local transaction + EndTransaction protocol (RocketMQ's
 ``TransactionMQProducer.sendMessageInTransaction``).
 
-Both send on the pipelined Produce stream of the broker they chose (see ``_pipeline``), so
+Both send on the pipelined Produce stream of the broker they chose (see ``_produce_stream``), so
 one producer shared by many threads keeps many sends in flight on one connection.
 """
 
@@ -26,7 +26,7 @@ from ._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeError
 from ._faults import Abandoned, OverloadBackoff, RetryAction, RoutingStats, retry_action
 from ._ids import MessageId
 from ._names import validate_group, validate_send_topic
-from ._pipeline import LINGER_SECONDS
+from ._produce_stream import LINGER_SECONDS
 from ._types import (RESOLUTION_TO_PB, TRANSACTION_KEY_PROPERTY, LocalTransactionState, Message, SendReceipt,
                      TransactionMessage, TransactionResult, TransactionState, message_to_pb,
                      state_from_name, state_from_pb)

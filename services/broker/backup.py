@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
-from txmq._ops_cli import MANIFEST, MANIFEST_FORMAT
+from txmq.backup import MANIFEST, MANIFEST_FORMAT
 from txmq.v1 import common_pb2, operations_pb2, operations_pb2_grpc
 
 from .drain import drain_status, is_draining, set_draining_op

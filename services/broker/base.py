@@ -17,10 +17,10 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from txmq._errors import (InvalidIdError, QueueNotFoundError, ReceiptHandleNotFoundError,
+from txmq.errors import (InvalidIdError, QueueNotFoundError, ReceiptHandleNotFoundError,
                           TopicNotFoundError, WrongBrokerError)
-from txmq._ids import ReceiptHandle, TransactionId
-from txmq._names import validate_receive_topic
+from txmq.ids import ReceiptHandle, TransactionId
+from txmq.names import validate_receive_topic
 
 from .config import BrokerConfig
 from .consumers import ConsumerGroups

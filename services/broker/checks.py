@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping
 
-from txmq._errors import InvalidFieldError, StaleClaimError, TransactionNotFoundError, TransactionStateError, TxmqError
-from txmq._names import validate_group
+from txmq.errors import InvalidFieldError, StaleClaimError, TransactionNotFoundError, TransactionStateError, TxmqError
+from txmq.names import validate_group
 
 from .model import (RESOLUTION_COMMIT, CheckAnswer, CheckOutcome, RESOLUTION_ROLLBACK, STATE_COMMITTED, STATE_DISCARDED, STATE_NAMES,
                     STATE_PREPARED, STATE_ROLLED_BACK)

@@ -26,8 +26,8 @@ import logging
 import random
 from typing import Callable
 
-from txmq._errors import DiskFullError, InvalidFieldError
-from txmq._names import validate_send_topic
+from txmq.errors import DiskFullError, InvalidFieldError
+from txmq.names import validate_send_topic
 
 from . import validation
 from .checks import ChecksPart, ClaimSession

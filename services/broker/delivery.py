@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from txmq._errors import InvalidFieldError, QueueNotFoundError, ReceiptHandleNotFoundError
-from txmq._ids import ReceiptHandle
-from txmq._names import dlq_topic, validate_group
+from txmq.errors import InvalidFieldError, QueueNotFoundError, ReceiptHandleNotFoundError
+from txmq.ids import ReceiptHandle
+from txmq.names import dlq_topic, validate_group
 
 from .base import BrokerBase
 from .consumers import Cursor, Inflight

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from txmq._errors import ShardDrainingError
+from txmq.errors import ShardDrainingError
 
 from .store import codec
 from .store.db import Database, OpWrites

@@ -50,7 +50,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from txmq._errors import InvalidFieldError
+from txmq.errors import InvalidFieldError
 
 from .validation import parse_tag_filter
 

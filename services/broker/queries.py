@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from txmq._errors import TransactionNotFoundError
-from txmq._names import validate_name
+from txmq.errors import TransactionNotFoundError
+from txmq.names import validate_name
 
 from .base import BrokerBase
 from .model import STATE_DISCARDED, STATE_PREPARED

@@ -41,7 +41,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from txmq._errors import (FailedPreconditionError, InvalidFieldError, LeadershipLostError, NotEnoughReplicasError,
+from txmq.errors import (FailedPreconditionError, InvalidFieldError, LeadershipLostError, NotEnoughReplicasError,
                           NotLeaderError)
 from txmq.v1 import nameserver_pb2, replication_pb2, replication_pb2_grpc
 

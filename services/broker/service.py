@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator
 
 import grpc
 
-from txmq._errors import InvalidFieldError, TxmqError
+from txmq.errors import InvalidFieldError, TxmqError
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
 from services.common.errors import OK, entry_status

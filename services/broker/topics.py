@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from txmq._errors import TopicInUseError, TopicNotFoundError
+from txmq.errors import TopicInUseError, TopicNotFoundError
 from txmq.names import validate_send_topic
 
 from .core import BrokerCore

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from txmq._errors import InvalidFieldError, TransactionNotFoundError, TransactionStateError
-from txmq._names import discard_topic
+from txmq.errors import InvalidFieldError, TransactionNotFoundError, TransactionStateError
+from txmq.names import discard_topic
 
 from .model import (RESOLUTION_COMMIT, RESOLUTION_ROLLBACK, RESOLUTION_UNKNOWN, STATE_COMMITTED,
                     STATE_DISCARDED, STATE_NAMES, STATE_PREPARED, STATE_ROLLED_BACK, EndResult)

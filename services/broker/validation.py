@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
-from txmq._errors import (InvalidFieldError, InvalidIdError, MessageTooLargeError, PropertiesTooLargeError,
+from txmq.errors import (InvalidFieldError, InvalidIdError, MessageTooLargeError, PropertiesTooLargeError,
                           QueueNotFoundError, TopicNotFoundError, WrongBrokerError)
-from txmq._ids import MessageId
-from txmq._names import validate_group, validate_send_topic
+from txmq.ids import MessageId
+from txmq.names import validate_group, validate_send_topic
 
 from .config import BrokerConfig
 from .model import KIND_HALF

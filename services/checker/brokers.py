@@ -29,7 +29,7 @@ from typing import Callable
 import grpc
 
 from services.common.channels import ChannelPool, open_channel
-from txmq._errors import BrokerNotFoundError, TxmqError, error_from_entry, error_from_rpc
+from txmq.errors import BrokerNotFoundError, TxmqError, error_from_entry, error_from_rpc
 from txmq.v1 import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 from .config import CheckerConfig

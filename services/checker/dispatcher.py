@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 
-from txmq._errors import InvalidFieldError, TxmqError
+from txmq.errors import InvalidFieldError, TxmqError
 from txmq.v1 import broker_pb2, checker_pb2, common_pb2
 
 from services.common.errors import entry_status

@@ -31,8 +31,8 @@ import asyncio
 import logging
 from typing import Any, AsyncIterator
 
-from txmq._errors import InvalidFieldError, TxmqError
-from txmq._names import validate_group
+from txmq.errors import InvalidFieldError, TxmqError
+from txmq.names import validate_group
 from txmq.v1 import checker_pb2, checker_pb2_grpc
 
 from services.common.limits import ConnectionLimit

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 import grpc
 
-from txmq._client import CHANNEL_OPTIONS
+from txmq.client import CHANNEL_OPTIONS
 
 from . import tls
 

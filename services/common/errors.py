@@ -11,7 +11,7 @@ import json
 
 import grpc
 
-from txmq._errors import DETAILS_METADATA_KEY, REASON_METADATA_KEY, TxmqError, encode_details
+from txmq.errors import DETAILS_METADATA_KEY, REASON_METADATA_KEY, TxmqError, encode_details
 from txmq.v1 import common_pb2
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import grpc
 
-from txmq._errors import TxmqError
+from txmq.errors import TxmqError
 
 from .errors import abort_with
 from .limits import Admission, ConnectionLimit, Refused, guard_deserializer

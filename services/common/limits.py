@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from txmq._errors import ConnectionLimitError, InvalidFieldError, OverloadedError, UndecodableRequestError
+from txmq.errors import ConnectionLimitError, InvalidFieldError, OverloadedError, UndecodableRequestError
 
 log = logging.getLogger(__name__)
 

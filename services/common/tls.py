@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from txmq._tls import TLS, ChannelTLS, PemFiles, changed_pair, check_pair
+from txmq.tls import TLS, ChannelTLS, PemFiles, changed_pair, check_pair
 
 from .config import ConfigError, env_name, flag_name
 

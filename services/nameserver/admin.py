@@ -16,11 +16,11 @@ from typing import Any
 import grpc
 
 from services.common.channels import ChannelPool
-from txmq._errors import (AlreadyExistsError, BrokerNotFoundError, ConsumerGroupNotFoundError,
+from txmq.errors import (AlreadyExistsError, BrokerNotFoundError, ConsumerGroupNotFoundError,
                           FailedPreconditionError, InvalidFieldError, TopicNotFoundError, TxmqError,
                           UnavailableError, error_from_rpc)
-from txmq._ids import TransactionId
-from txmq._names import dlq_topic, validate_group, validate_receive_topic, validate_send_topic
+from txmq.ids import TransactionId
+from txmq.names import dlq_topic, validate_group, validate_receive_topic, validate_send_topic
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, replication_pb2, replication_pb2_grpc
 
 from .registry import (BrokerRecord, QueueRoute, Registry, resolve_queue_count,

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
-from txmq._errors import BrokerNotFoundError, InvalidFieldError, NoBrokerError, TopicExistsError
-from txmq._names import is_system_topic, validate_name
+from txmq.errors import BrokerNotFoundError, InvalidFieldError, NoBrokerError, TopicExistsError
+from txmq.names import is_system_topic, validate_name
 
 from .config import MAX_QUEUE_COUNT
 

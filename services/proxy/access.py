@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from services.common.auth.acl import CHECK, CONSUMER_GROUP, PRODUCER_GROUP, PUBLISH, SUBSCRIBE, TOPIC
 from services.common.auth.policy import ANY, OPEN, Need, Policy
-from txmq._errors import TxmqError
+from txmq.errors import TxmqError
 
 from .codes import status
 from .protocol import SERVICE_NAME, definition_pb2, service_pb2

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import grpc
 
-from txmq._errors import TxmqError
+from txmq.errors import TxmqError
 
 from .protocol import Code, definition_pb2
 

@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from services.common.metrics import BaseMetrics
-from txmq._faults import FaultTable
+from txmq.faults import FaultTable
 
 
 class FaultTableCollector(Collector):

@@ -2,7 +2,7 @@
 
 - A send goes to the queue chosen from a hash of the client's message id, so a retried
   send (same id, any replica) reaches the same broker, which deduplicates it, unless that
-  broker's shard is failing: the upstream's fault table (``txmq._faults``, the SDK's) makes
+  broker's shard is failing: the upstream's fault table (``txmq.faults``, the SDK's) makes
   new sends skip it, and a send that fails with a retryable error (nothing acknowledged) is
   sent again to another shard (the client's message id does not name a shard, so it is
   kept). A half message attempt left behind may have been stored with its answer lost:
@@ -25,9 +25,9 @@ import random
 import time
 from typing import Awaitable, Callable, Sequence, TypeVar
 
-from txmq._errors import InvalidIdError, TopicNotFoundError, TxmqError, error_from_entry
-from txmq._faults import FaultTable, OverloadBackoff, RetryAction, retry_action
-from txmq._ids import ReceiptHandle, TransactionId
+from txmq.errors import InvalidIdError, TopicNotFoundError, TxmqError, error_from_entry
+from txmq.faults import FaultTable, OverloadBackoff, RetryAction, retry_action
+from txmq.ids import ReceiptHandle, TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2
 
 from .config import ProxyConfig

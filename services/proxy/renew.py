@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from txmq._errors import TxmqError
+from txmq.errors import TxmqError
 
 from .config import ProxyConfig
 from .metrics import ProxyMetrics

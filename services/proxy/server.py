@@ -9,7 +9,7 @@ from typing import Any
 
 from google.protobuf import message_factory
 
-from txmq._errors import TxmqError
+from txmq.errors import TxmqError
 
 from services.common.server import ServiceApp
 

@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any, AsyncIterator, Callable
 
-from txmq._errors import TxmqError
+from txmq.errors import TxmqError
 from txmq.v1 import common_pb2
 
 from services.common.limits import ConnectionLimit

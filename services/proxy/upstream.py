@@ -17,8 +17,8 @@ from typing import Any, Awaitable, Callable, TypeVar
 import grpc
 
 from services.common.channels import ChannelPool
-from txmq._errors import BrokerNotFoundError, TxmqError, UnavailableError, error_from_rpc
-from txmq._faults import FAULT_ROUTE_REFRESH_SECONDS, Abandoned, FaultTable
+from txmq.errors import BrokerNotFoundError, TxmqError, UnavailableError, error_from_rpc
+from txmq.faults import FAULT_ROUTE_REFRESH_SECONDS, Abandoned, FaultTable
 from txmq.v1 import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 from .config import ProxyConfig

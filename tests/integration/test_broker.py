@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from tests.support.metrics import scrape
-from txmq._errors import (DETAILS_METADATA_KEY, REASON_METADATA_KEY)
-from txmq._ids import MessageId, TransactionId
+from txmq.errors import (DETAILS_METADATA_KEY, REASON_METADATA_KEY)
+from txmq.ids import MessageId, TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
 C = common_pb2

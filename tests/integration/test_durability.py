@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 import txmq
-import txmq._pipeline
+import txmq._produce_stream
 from tests.support import holdsync
 from tests.support.holdsync import SyncGate
 from tests.support.metrics import metric
@@ -136,8 +136,8 @@ def test_a_commit_and_a_query_of_it_are_answered_only_after_the_sync(gated) -> N
 def test_requests_that_arrive_during_a_held_sync_leave_together_in_one_stream_message(gated, monkeypatch) -> None:
     """The producer keeps one Produce stream message in flight: what arrives meanwhile is
     held by the client and sent as one message once it is answered."""
-    monkeypatch.setattr(txmq._pipeline, "HOLD_SECONDS", 60.0)  # never stop holding in this test
-    monkeypatch.setattr(txmq._pipeline, "SPLIT_AT", 100)  # one lane: nine callers, one call
+    monkeypatch.setattr(txmq._produce_stream, "HOLD_SECONDS", 60.0)  # never stop holding in this test
+    monkeypatch.setattr(txmq._produce_stream, "SPLIT_AT", 100)  # one lane: nine callers, one call
     cluster, gate = gated
     broker = cluster.brokers[0]
     port = broker.metrics_port

@@ -21,11 +21,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.errors import trailing_metadata
 from tests.support.metrics import scrape
-from txmq._errors import (BrokerNotFoundError, InvalidFieldError, InvalidIdError, InvalidNameError,
+from txmq.errors import (BrokerNotFoundError, InvalidFieldError, InvalidIdError, InvalidNameError,
                           NoBrokerError, SystemTopicError, TopicExistsError, TopicNotFoundError,
                           TransactionNotFoundError, TransactionStateError, TxmqError,
                           UnavailableError, error_from_rpc)
-from txmq._ids import TransactionId
+from txmq.ids import TransactionId
 from txmq.v1 import (admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc, common_pb2,
                      nameserver_pb2, nameserver_pb2_grpc)
 

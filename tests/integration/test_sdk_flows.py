@@ -25,7 +25,7 @@ import grpc
 import pytest
 
 import txmq
-from txmq._ids import MessageId
+from txmq.ids import MessageId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from tests.support.waiting import wait_until
 
@@ -167,9 +167,9 @@ def test_threads_sharing_a_producer_split_into_two_lanes_and_merge_back(cluster,
     """Eight threads in transactions at once: the stream spreads them over two lanes (two
     Produce calls, so one lane's callers are woken while the other's are with the broker);
     two threads: one lane again. Every transaction commits and is delivered once."""
-    import txmq._pipeline
+    import txmq._produce_stream
 
-    monkeypatch.setattr(txmq._pipeline, "LANE_WINDOW_SECONDS", 0.05)
+    monkeypatch.setattr(txmq._produce_stream, "LANE_WINDOW_SECONDS", 0.05)
     topic, group = unique_name("topic"), unique_name("group")
     cluster.create_topic(topic, queue_count=2)
     results: list[txmq.TransactionResult] = []

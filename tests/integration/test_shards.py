@@ -15,8 +15,8 @@ import grpc
 import pytest
 
 import txmq
-from txmq._errors import ShardDrainingError, error_from_rpc
-from txmq._ids import MessageId
+from txmq.errors import ShardDrainingError, error_from_rpc
+from txmq.ids import MessageId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from tests.support.cli import txmq_cli
 from tests.support.waiting import wait_until

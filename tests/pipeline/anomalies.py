@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from services.broker.config import BrokerConfig
 from services.broker.core import BrokerCore
 from services.broker.store import codec
-from txmq._ids import MessageId
+from txmq.ids import MessageId
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pyspark.sql.types import StringType
 
 import txmq
 from tests.support.waiting import wait_until
-from txmq._ids import TransactionId
+from txmq.ids import TransactionId
 from txmq.v1 import admin_pb2, common_pb2
 from txmq_pipeline import SinkCheckResponder
 from txmq_pipeline.sink import PROP_EPOCH, SinkLog

@@ -11,7 +11,7 @@ import pytest
 import txmq
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
-from txmq._ids import TransactionId
+from txmq.ids import TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
 from .support import Clients, assert_delivered_at_their_time, node_ready

@@ -9,7 +9,7 @@ from typing import Callable
 import pytest
 
 import txmq
-from txmq._ids import TransactionId
+from txmq.ids import TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from tests.support.cluster import Cluster
 from tests.support.metrics import metric_sum

@@ -11,7 +11,7 @@ from services.proxy.config import ProxyConfig
 from services.proxy.metrics import ProxyMetrics
 from services.proxy.renew import Renewer
 from services.proxy.upstream import Upstream
-from txmq._errors import ReceiptHandleNotFoundError, UnavailableError
+from txmq.errors import ReceiptHandleNotFoundError, UnavailableError
 
 
 class FakeRelay:

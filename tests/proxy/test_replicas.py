@@ -18,7 +18,7 @@ from services.proxy.protocol import definition_pb2 as pb, service_pb2 as spb, se
 from tests.support.cluster import Cluster
 from tests.support.metrics import metric_sum, scrape
 from tests.support.waiting import wait_until
-from txmq._ids import TransactionId
+from txmq.ids import TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,7 +13,7 @@ from services.proxy.config import ProxyConfig
 from services.proxy.convert import delivered_to_rmq, to_native
 from services.proxy.protocol import Code, definition_pb2 as pb
 from services.proxy.relay import pick_queue
-from txmq._errors import (InvalidIdError, MessageTooLargeError, ReceiptHandleNotFoundError, TopicNotFoundError,
+from txmq.errors import (InvalidIdError, MessageTooLargeError, ReceiptHandleNotFoundError, TopicNotFoundError,
                           TransactionNotFoundError, TransactionStateError, UnavailableError)
 from txmq.v1 import common_pb2, nameserver_pb2
 

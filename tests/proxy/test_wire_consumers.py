@@ -16,7 +16,7 @@ from tests.support.cluster import Cluster
 from tests.support.metrics import metric_sum
 from tests.support.processes import ServiceProcess
 from tests.support.waiting import wait_until
-from txmq._ids import ReceiptHandle
+from txmq.ids import ReceiptHandle
 
 from .test_replicas import Telemetry, stub
 

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import grpc
 
-from txmq._auth import with_token
+from txmq.auth import with_token
 from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 from . import netns as _netns

@@ -11,11 +11,11 @@ from services.broker.config import BrokerConfig
 from services.broker.core import BrokerCore, StoreIdentityError, parse_tag_filter
 from services.broker.store import codec
 from services.broker.store.codec import LogRecord
-from txmq._errors import (DiskFullError, InvalidFieldError, InvalidIdError, MessageTooLargeError,
+from txmq.errors import (DiskFullError, InvalidFieldError, InvalidIdError, MessageTooLargeError,
                           QueueNotFoundError, ReceiptHandleNotFoundError, SystemTopicError,
                           TopicNotFoundError, TransactionNotFoundError, TransactionStateError,
                           WrongBrokerError)
-from txmq._ids import TransactionId
+from txmq.ids import TransactionId
 
 
 class Clock:
@@ -295,7 +295,7 @@ def test_query_transactions_by_group_state_and_age(core, clock) -> None:
 
 from services.broker.checks import (CHECK_COMMIT, CHECK_IN_PROGRESS, CHECK_ROLLBACK, CHECK_UNKNOWN,  # noqa: E402
                                     OUTCOME_ANSWERED, OUTCOME_DELIVERED, OUTCOME_UNDELIVERED, CheckReport)
-from txmq._errors import InvalidFieldError, InvalidNameError, StaleClaimError, TransactionStateError  # noqa: E402
+from txmq.errors import InvalidFieldError, InvalidNameError, StaleClaimError, TransactionStateError  # noqa: E402
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from services.broker import service
 from services.broker.model import MessageKind, Resolution, Source, TxnState
 from services.broker.store import codec
-from txmq._errors import InvalidFieldError
+from txmq.errors import InvalidFieldError
 from txmq.v1 import common_pb2
 
 BROKER = Path(service.__file__).parent

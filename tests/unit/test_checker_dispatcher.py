@@ -7,7 +7,7 @@ import pytest
 
 from services.checker.dispatcher import Dispatcher, route_order
 from services.checker.service import validate_subscribe
-from txmq._errors import InvalidFieldError, InvalidNameError, StaleClaimError, TransactionStateError
+from txmq.errors import InvalidFieldError, InvalidNameError, StaleClaimError, TransactionStateError
 from txmq.v1 import broker_pb2, checker_pb2, common_pb2
 
 DELIVERED, ANSWERED, UNDELIVERED = (broker_pb2.CHECK_OUTCOME_DELIVERED, broker_pb2.CHECK_OUTCOME_ANSWERED,

@@ -1,13 +1,13 @@
-"""The routing fault table (txmq._faults), with a controllable clock: which shards new sends
+"""The routing fault table (txmq.faults), with a controllable clock: which shards new sends
 avoid, for how long, the single probe, and the one classification of failures."""
 
 from __future__ import annotations
 
 import pytest
 
-from txmq._errors import (BrokerNotFoundError, DeadlineExceededError, InvalidFieldError, LeadershipLostError,
+from txmq.errors import (BrokerNotFoundError, DeadlineExceededError, InvalidFieldError, LeadershipLostError,
                           NotEnoughReplicasError, NotLeaderError, TransactionStateError, UnavailableError)
-from txmq._faults import Abandoned, FaultTable, RetryAction, retry_action
+from txmq.faults import Abandoned, FaultTable, RetryAction, retry_action
 
 
 class Clock:

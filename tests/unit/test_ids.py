@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from txmq._errors import InvalidIdError
-from txmq._ids import MessageId, ReceiptHandle, TransactionId
+from txmq.errors import InvalidIdError
+from txmq.ids import MessageId, ReceiptHandle, TransactionId
 
 brokers = st.text(min_size=1, max_size=60).filter(lambda s: len(s.encode()) <= 255)
 

@@ -11,8 +11,8 @@ from google.protobuf import duration_pb2
 
 from services.common.limits import (Admission, ConnectionLimit, RateLimitedWarning, Refused, check_numbers,
                                     guard_deserializer)
-from txmq._errors import ConnectionLimitError, InvalidFieldError, OverloadedError, UndecodableRequestError
-from txmq._faults import OVERLOAD_RETRIES, OverloadBackoff, RetryAction, overload_backoff_seconds, retry_action
+from txmq.errors import ConnectionLimitError, InvalidFieldError, OverloadedError, UndecodableRequestError
+from txmq.faults import OVERLOAD_RETRIES, OverloadBackoff, RetryAction, overload_backoff_seconds, retry_action
 from txmq.v1 import broker_pb2, checker_pb2, common_pb2
 
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from txmq._errors import InvalidNameError, SystemTopicError
-from txmq._names import (dlq_topic, validate_group, validate_name, validate_receive_topic,
+from txmq.errors import InvalidNameError, SystemTopicError
+from txmq.names import (dlq_topic, validate_group, validate_name, validate_receive_topic,
                          validate_send_topic)
 
 

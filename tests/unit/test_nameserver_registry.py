@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from txmq._errors import (BrokerNotFoundError, InvalidFieldError, InvalidNameError, NoBrokerError,
+from txmq.errors import (BrokerNotFoundError, InvalidFieldError, InvalidNameError, NoBrokerError,
                           TopicExistsError)
 from services.nameserver.registry import (QueueRoute, Registry, resolve_queue_count,
                                           should_auto_create, spread_queues, validate_address)

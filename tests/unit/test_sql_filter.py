@@ -9,7 +9,7 @@ import pytest
 
 from services.broker.filters import (MAX_DEPTH, MAX_EXPRESSION_CHARS, FilterSyntaxError, SqlFilter,
                                      message_properties, parse_filter)
-from txmq._errors import InvalidFieldError
+from txmq.errors import InvalidFieldError
 
 T, F, N = True, False, None
 

@@ -1,5 +1,5 @@
 """The pipelined Produce stream for asyncio: one bidirectional call per broker carrying every
-request of the process's coroutines (the design of ``txmq._pipeline``, without threads).
+request of the process's coroutines (the design of ``txmq._produce_stream``, without threads).
 
 - ``request`` gives the entry a request id, registers a future under it, queues the entry
   and awaits the future.
@@ -28,7 +28,7 @@ from typing import Any, Callable
 import grpc
 
 from .._errors import ClientClosedError, DeadlineExceededError, UnavailableError, error_from_entry
-from .._pipeline import HOLD_SECONDS, MAX_BATCH
+from .._produce_stream import HOLD_SECONDS, MAX_BATCH
 from ..v1 import broker_pb2
 
 log = logging.getLogger(__name__)

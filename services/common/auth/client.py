@@ -12,7 +12,7 @@ from typing import Callable
 
 import grpc
 
-from txmq._auth import aio_bearer_interceptors
+from txmq.auth import aio_bearer_interceptors
 
 #: Only txmq's own services get the token (not etcd, which has its own authentication).
 NATIVE_METHOD_PREFIX = "/txmq.v1."

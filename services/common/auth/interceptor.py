@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 import grpc
 
-from txmq._errors import PermissionDeniedError, TxmqError, UnauthenticatedError
+from txmq.errors import PermissionDeniedError, TxmqError, UnauthenticatedError
 
 from ..errors import abort_with
 from .acl import allows, describe

@@ -1,4 +1,4 @@
-"""The Produce stream's send policy (``txmq._pipeline._requests``): one stream message in
+"""The Produce stream's send policy (``txmq._produce_stream._requests``): one stream message in
 flight, what arrives meanwhile leaves together once it is answered, after waiting briefly
 for the callers that answer woke. Driven directly, without gRPC: the generator is what
 gRPC's sending thread iterates, ``put`` is what callers do, ``answer`` what the reader
@@ -215,7 +215,7 @@ def test_callers_that_do_not_wait_for_their_reply_are_not_expected_back() -> Non
 
 def test_a_clients_stream_knows_whether_it_is_the_only_one() -> None:
     # No server is needed: gRPC channels connect lazily and no request is sent.
-    from txmq._client import Client
+    from txmq.client import Client
 
     client = Client("127.0.0.1:1", request_timeout_seconds=1.0, route_refresh_seconds=30.0)
     try:
@@ -228,7 +228,7 @@ def test_a_clients_stream_knows_whether_it_is_the_only_one() -> None:
 
 
 def test_a_submitted_requests_reply_gives_its_response_or_its_failure() -> None:
-    from txmq._errors import DeadlineExceededError, UnavailableError
+    from txmq.errors import DeadlineExceededError, UnavailableError
 
     answered = _pipeline._Reply(waited=False)
     with pytest.raises(DeadlineExceededError):
@@ -294,7 +294,7 @@ def test_a_second_lane_opens_when_enough_callers_wait_at_once_and_closes_when_fe
 
 def test_callers_keep_their_lane_and_two_lanes_split_the_threads_evenly() -> None:
     # No server is needed: gRPC channels connect lazily, and requests wait unanswered.
-    from txmq._client import Client
+    from txmq.client import Client
 
     client = Client("127.0.0.1:1", request_timeout_seconds=1.0, route_refresh_seconds=30.0)
     try:
