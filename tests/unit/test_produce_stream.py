@@ -13,7 +13,7 @@ from typing import Iterator
 import pytest
 
 from tests.support.waiting import wait_until
-from txmq import _pipeline
+from txmq import _produce_stream as _pipeline
 from txmq.v1 import broker_pb2, common_pb2
 
 
