@@ -401,7 +401,7 @@ class Bench:
         from bench.peers import PostgresInstance, RabbitInstance
 
         systems = self.args.systems
-        self.pg = PostgresInstance(max_connections=max(self.args.callers) * 2 + 50)
+        self.pg = PostgresInstance(max_connections=max(self.args.callers) * 4 + 50)
         with psycopg.connect(self.pg.dsn, autocommit=True) as c:
             c.execute(SCHEMA)
         if "rabbitmq" in systems:
