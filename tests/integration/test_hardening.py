@@ -292,6 +292,71 @@ def test_a_burst_through_the_proxy_loses_nothing_when_the_broker_sheds(fresh_clu
     assert sum(q.max_offset - q.min_offset for q in offsets.queues) == n
 
 
+def _stored_once(c: Any, topic: str, n: int) -> None:
+    stub = broker_pb2_grpc.BrokerServiceStub(c.channel(c.brokers[0].address))
+    offsets = stub.GetQueueOffsets(broker_pb2.GetQueueOffsetsRequest(topic=topic), timeout=5)
+    assert sum(q.max_offset - q.min_offset for q in offsets.queues) == n
+
+
+def test_a_native_sdk_burst_backs_off_an_overloaded_broker_and_loses_nothing(fresh_cluster_factory: Any,
+                                                                           unique_name: Any) -> None:
+    """The SDKs' sends ride the Produce stream: the broker sheds sends beyond
+    ``max_pending_produce_entries`` (20 here) in band, per entry (OVERLOADED), and the sync
+    and asyncio SDKs back off and send the same message id again: every send of a burst
+    succeeds, none is CANCELLED, each is stored once (``make bench-burst``-style numbers:
+    ``python -m bench.burst --only sdk,aio``)."""
+    import threading
+
+    import txmq
+    import txmq.aio
+    from tests.support.metrics import metric_sum
+    c = fresh_cluster_factory(broker_env={"TXMQ_MAX_PENDING_PRODUCE_ENTRIES": "20"})
+    sync_topic, aio_topic, n = unique_name("t"), unique_name("t"), 600
+    for topic in (sync_topic, aio_topic):
+        c.admin_stub().CreateTopic(admin_pb2.CreateTopicRequest(topic=topic, queue_count=2), timeout=5)
+    outcomes: collections.Counter[str] = collections.Counter()
+    ids: set[str] = set()
+    lock, go = threading.Lock(), threading.Event()
+    with txmq.Producer(c.nameserver_address) as producer:
+        def one(i: int) -> None:
+            go.wait()
+            try:
+                receipt = producer.send(txmq.Message(sync_topic, b"%d" % i))
+                outcome = "OK"
+            except txmq.TxmqError as exc:
+                outcome, receipt = f"{type(exc).__name__}: {exc}", None
+            with lock:
+                outcomes[outcome] += 1
+                if receipt is not None:
+                    ids.add(receipt.message_id)
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        go.set()
+        for t in threads:
+            t.join(60)
+    assert outcomes == {"OK": n}, outcomes
+    assert len(ids) == n
+    shed_sync = metric_sum(c.brokers[0].metrics_port, "txmq_produce_entries_shed_total")
+    assert shed_sync > 0  # the broker did shed: the SDK backed off and sent again
+
+    async def burst() -> collections.Counter[str]:
+        async with txmq.aio.AsyncProducer(c.nameserver_address) as aio_producer:
+            async def one(i: int) -> str:
+                try:
+                    receipt = await aio_producer.send(txmq.Message(aio_topic, b"%d" % i))
+                except txmq.TxmqError as exc:
+                    return f"{type(exc).__name__}: {exc}"
+                ids.add(receipt.message_id)
+                return "OK"
+            return collections.Counter(await asyncio.gather(*(one(i) for i in range(n))))
+    assert asyncio.run(burst()) == {"OK": n}
+    assert len(ids) == 2 * n
+    assert metric_sum(c.brokers[0].metrics_port, "txmq_produce_entries_shed_total") > shed_sync
+    _stored_once(c, sync_topic, n)
+    _stored_once(c, aio_topic, n)
+
+
 def test_fuzz_every_rpc_of_every_service(fresh_cluster_factory: Any) -> None:
     """A bounded budget of ``make fuzz``: 0 INTERNAL/UNKNOWN/CANCELLED, everything serving
     afterwards, the broker's store consistent."""
