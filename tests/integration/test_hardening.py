@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from services.proxy.protocol import Code, definition_pb2, service_pb2
+from services.proxy.protocol import Code, definition_pb2, service_pb2, service_pb2_grpc
 from tests.support.fuzz import Census, Fuzzer, cluster_targets, fsck, seed, serving
 from tests.support.waiting import wait_until
 from txmq.v1 import admin_pb2, broker_pb2, broker_pb2_grpc, checker_pb2, checker_pb2_grpc, common_pb2
@@ -290,6 +290,35 @@ def test_a_burst_through_the_proxy_loses_nothing_when_the_broker_sheds(fresh_clu
     stub = broker_pb2_grpc.BrokerServiceStub(c.channel(c.brokers[0].address))
     offsets = stub.GetQueueOffsets(broker_pb2.GetQueueOffsetsRequest(topic=topic), timeout=5)
     assert sum(q.max_offset - q.min_offset for q in offsets.queues) == n
+
+
+def test_an_upstream_cancelled_reaches_official_clients_as_retryable_naming_the_cause(
+        fresh_cluster_factory: Any, unique_name: Any) -> None:
+    """A broker with gRPC's small pending-request queue and no shedding (the behaviour
+    before issue 13) cancels part of a burst the proxy relays: the proxy answers those
+    HA_NOT_AVAILABLE (retried by the official clients) naming the cancellation, never a
+    bare 50001 "CANCELLED"."""
+    c = fresh_cluster_factory(broker_env={"TXMQ_MAX_PENDING_RPCS": "100", "TXMQ_MAX_CONCURRENT_RPCS": "1000000"},
+                              proxies=1)
+    topic, n = unique_name("t"), 3000
+    c.admin_stub().CreateTopic(admin_pb2.CreateTopicRequest(topic=topic, queue_count=1), timeout=5)
+
+    async def burst() -> collections.Counter[tuple[int, str]]:
+        async with grpc.aio.insecure_channel(c.proxies[0].address) as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+
+            async def one(i: int) -> tuple[int, str]:
+                response = await stub.SendMessage(service_pb2.SendMessageRequest(messages=[definition_pb2.Message(
+                    topic=definition_pb2.Resource(name=topic), body=b"x",
+                    system_properties=definition_pb2.SystemProperties(
+                        message_id=f"c-{i}", message_type=definition_pb2.NORMAL))]), timeout=60,
+                    metadata=(("x-mq-client-id", "burst"),))
+                return response.status.code, response.status.message.split(":")[0]
+            return collections.Counter(await asyncio.gather(*(one(i) for i in range(n))))
+    census = asyncio.run(burst())
+    print(census)
+    assert census[(Code.HA_NOT_AVAILABLE, "CANCELLED")] > 0, census  # the broker did cancel some
+    assert set(census) <= {(Code.OK, "OK"), (Code.HA_NOT_AVAILABLE, "CANCELLED")}, census
 
 
 def _stored_once(c: Any, topic: str, n: int) -> None:
