@@ -27,6 +27,10 @@ class ProxyConfig(ServiceConfig):
     #: ReceiveMessage long polls waiting at once on one client connection; one more is
     #: answered 42900 TOO_MANY_REQUESTS naming this.
     max_long_polls_per_connection: int = count(1000, max=1_000_000)
+    #: Orphan checks (each with its half message) written to one client connection and not
+    #: yet answered, all its clients and checkers together; more are held back (they stay
+    #: due on the broker, nothing spent) until one is answered or forgotten.
+    max_pending_checks_per_connection: int = count(128, max=1_000_000)
     #: Every name server (comma-separated host:port).
     nameserver_addresses: tuple[str, ...] = ()
     #: host:port the clients are told to dial for data and Telemetry (a route's broker
