@@ -273,8 +273,13 @@ def push(args: dict) -> None:
 SCENARIOS = {f.__name__: f for f in (transactional, commit_load, orphan, checker, send, burst, simple, push)}
 
 if __name__ == "__main__":
+    arguments = json.loads(sys.argv[2])
+    # The client signs its requests with its host's local time labelled Z (see
+    # services/common/auth/store.py): the tests say which zone it runs in, UTC by default.
+    os.environ["TZ"] = arguments.get("tz", "UTC")
+    time.tzset()
     try:
-        SCENARIOS[sys.argv[1]](json.loads(sys.argv[2]))
+        SCENARIOS[sys.argv[1]](arguments)
     except Exception as exc:  # noqa: BLE001 - reported to the test, then the exit status says it failed
         emit("error", type=type(exc).__name__, message=str(exc)[:500], code=getattr(exc, "code", None))
         raise
