@@ -68,24 +68,24 @@ _BY_REASON = {
     "DISK_FULL": Code.TOO_MANY_REQUESTS,
     "NO_BROKER": Code.HA_NOT_AVAILABLE,
 }
-#: Every status a native call can end with → the RocketMQ code and what it tells the client.
+#: Every gRPC status a native call can end with → the RocketMQ code, and the cause to name
+#: (None: the status also comes from txmq's own refusals, whose messages say what was wrong).
 #: The official clients retry a send on any code but 42900 (Java and Node.js after a backoff,
 #: Python gives up; none retries a transactional send) and a consumer polls again after any
 #: error: so a transient failure must not read as a bug (50001) nor as "slow down" (42900)
 #: unless it is one. Transient ones (CANCELLED, ABORTED, UNAVAILABLE: the call did not run
 #: or may run again) answer HA_NOT_AVAILABLE, a timeout PROXY_TIMEOUT.
-_BY_GRPC: dict[grpc.StatusCode, tuple[int, str]] = {
+_BY_GRPC: dict[grpc.StatusCode, tuple[int, str | None]] = {
     grpc.StatusCode.CANCELLED: (Code.HA_NOT_AVAILABLE, "the call was cancelled upstream before it was answered "
                                                        "(e.g. a service's request queue was full): retry"),
     grpc.StatusCode.UNKNOWN: (Code.INTERNAL_SERVER_ERROR, "an upstream service failed without saying why"),
-    grpc.StatusCode.INVALID_ARGUMENT: (Code.BAD_REQUEST, "an upstream service refused the request as invalid"),
+    grpc.StatusCode.INVALID_ARGUMENT: (Code.BAD_REQUEST, None),
     grpc.StatusCode.DEADLINE_EXCEEDED: (Code.PROXY_TIMEOUT, "an upstream service did not answer in time: retry"),
-    grpc.StatusCode.NOT_FOUND: (Code.NOT_FOUND, "not found upstream"),
-    grpc.StatusCode.ALREADY_EXISTS: (Code.BAD_REQUEST, "already exists upstream"),
-    grpc.StatusCode.PERMISSION_DENIED: (Code.FORBIDDEN, "an upstream service denied the proxy's identity"),
-    grpc.StatusCode.RESOURCE_EXHAUSTED: (Code.TOO_MANY_REQUESTS, "an upstream service is out of capacity: "
-                                                                 "retry later"),
-    grpc.StatusCode.FAILED_PRECONDITION: (Code.PRECONDITION_FAILED, "refused upstream in the current state"),
+    grpc.StatusCode.NOT_FOUND: (Code.NOT_FOUND, None),
+    grpc.StatusCode.ALREADY_EXISTS: (Code.BAD_REQUEST, None),
+    grpc.StatusCode.PERMISSION_DENIED: (Code.FORBIDDEN, None),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (Code.TOO_MANY_REQUESTS, None),
+    grpc.StatusCode.FAILED_PRECONDITION: (Code.PRECONDITION_FAILED, None),
     grpc.StatusCode.ABORTED: (Code.HA_NOT_AVAILABLE, "the call was aborted upstream (a conflict): retry"),
     grpc.StatusCode.OUT_OF_RANGE: (Code.BAD_REQUEST, "a value is out of range upstream"),
     grpc.StatusCode.UNIMPLEMENTED: (Code.NOT_IMPLEMENTED, "an upstream service does not implement the call "
@@ -93,8 +93,7 @@ _BY_GRPC: dict[grpc.StatusCode, tuple[int, str]] = {
     grpc.StatusCode.INTERNAL: (Code.INTERNAL_SERVER_ERROR, "an upstream service failed"),
     grpc.StatusCode.UNAVAILABLE: (Code.HA_NOT_AVAILABLE, "an upstream service is unavailable: retry"),
     grpc.StatusCode.DATA_LOSS: (Code.INTERNAL_SERVER_ERROR, "an upstream service reported data loss"),
-    grpc.StatusCode.UNAUTHENTICATED: (Code.UNAUTHORIZED, "an upstream service did not accept the proxy's "
-                                                         "credentials"),
+    grpc.StatusCode.UNAUTHENTICATED: (Code.UNAUTHORIZED, None),
 }
 
 
@@ -130,8 +129,8 @@ def code_for(error: BaseException) -> int:
 
 
 def message_for(error: BaseException) -> str:
-    """The status message: the error's own, after the cause when only its gRPC status
-    decided the code (``UNAVAILABLE: an upstream service is unavailable: retry: ...``)."""
+    """The status message: the error's own, after the status and its cause for a failure
+    only its gRPC status describes (``CANCELLED: the call was cancelled upstream ...: ...``)."""
     error = _as_txmq(error)
     if not isinstance(error, TxmqError):
         return f"internal error: {type(error).__name__}"
