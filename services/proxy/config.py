@@ -33,7 +33,7 @@ class ProxyConfig(ServiceConfig):
     max_pending_checks_per_connection: int = count(128, max=1_000_000)
     #: Replay protection of signed requests (auth on): a signature whose x-mq-date-time
     #: stamp is further than this from the proxy's clock is refused UNAUTHORIZED (40100). The
-    #: stamp is read in the access key's ``time_zone`` (the official Python client stamps
+    #: stamp is read in the access key's ``time_zone`` (the official Python and Java clients stamp
     #: local time). RocketMQ's own proxy checks no freshness; 900 s is SigV4's window.
     signature_max_skew_seconds: float = seconds(900.0, min=0, max=DAY, zero="no freshness check (RocketMQ's)")
     #: Every name server (comma-separated host:port).

@@ -107,8 +107,8 @@ def check_fresh(access_key: str, key: AccessKey, stamp: str, max_skew_seconds: f
     hint = ""
     quarters = skew / 900
     if abs(skew) <= 14 * 3600 + max_skew_seconds and abs(quarters - round(quarters)) * 900 <= max_skew_seconds:
-        hint = (f"; off by a whole time zone: the official Python client stamps its host's local time, so "
-                f"access key {access_key!r} needs the time_zone of its clients' hosts")
+        hint = (f"; off by a whole time zone: the official Python and Java clients stamp their host's local "
+                f"time, so access key {access_key!r} needs the time_zone of its clients' hosts")
     raise UnauthenticatedError(
         f"signed request: {DATE_HEADER} {stamp} is {_offset_text(skew)} the proxy's clock, more than "
         f"signature_max_skew_seconds={max_skew_seconds:g} (a replayed request, or a client clock that is off){hint}")

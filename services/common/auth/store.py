@@ -27,9 +27,10 @@ it lives in its own file, mounted into the proxy alone, readable only by its use
 
 A signed request carries only a signature over its ``x-mq-date-time`` stamp, so the proxy
 refuses a stamp further than ``signature_max_skew_seconds`` from its clock (a replay). The
-stamp is meant to be UTC, and the Node.js and Java clients send UTC; the official Python
-client (5.x, ``rocketmq.v5.util.signature``) formats its host's *local* time and labels it
-``Z``. An access key used by Python clients on hosts outside UTC therefore names their
+stamp is meant to be UTC, and the Node.js client sends UTC; the official Python client (5.x,
+``rocketmq.v5.util.signature``: ``datetime.now()``) and Java client (``Signature.sign``: a
+``SimpleDateFormat`` in the JVM's default zone) format their host's *local* time and label
+it ``Z``. An access key used by such clients on hosts outside UTC therefore names their
 zone, ``time_zone`` (an IANA name, which needs the system's time zone database, or a fixed
 offset ``+08:00``): its stamps are read as local times of that zone. Default UTC.
 
@@ -80,7 +81,7 @@ class AccessKey:
     principal: str
     secret: str
     #: The zone whose local time this key's clients stamp in x-mq-date-time (UTC, but the
-    #: official Python client stamps its host's local time: see the module docstring).
+    #: official Python and Java clients stamp their host's local time: see the module docstring).
     time_zone: datetime.tzinfo = datetime.timezone.utc
 
 
