@@ -201,7 +201,8 @@ def _run(phases: list[str], count: int, env: dict[str, str], broker_env: dict[st
             print(f"{phase:>5}: {args.count} concurrent sends in {elapsed:.2f} s: {dict(outcomes)}; "
                   f"stored {stored}; CANCELLED {outcomes.get('CANCELLED', 0)}; "
                   f"lost to the application {lost}{extra}", flush=True)
-            failed |= outcomes.get("CANCELLED", 0) > 0 or lost > 0 or (phase in ("sdk", "aio", "proxy") and stored != args.count)
+            failed |= outcomes.get("CANCELLED", 0) > 0 or lost > 0 or \
+                (phase in ("sdk", "aio", "proxy") and stored != args.count)
     return failed
 
 
