@@ -9,6 +9,7 @@ message, two deliveries before a message is dead-lettered.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import threading
 from typing import Iterator
@@ -17,6 +18,7 @@ import grpc
 import pytest
 
 import txmq
+from txmq.aio import AsyncProducer, AsyncSimpleConsumer, AsyncTransactionListener, AsyncTransactionProducer
 from txmq.errors import ConsumerGroupNotFoundError, InvalidNameError
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from tests.support.cluster import Cluster
@@ -191,3 +193,41 @@ def test_the_cli_works_in_a_namespace(ns_cluster: Cluster, monkeypatch: pytest.M
     err = io.StringIO()
     assert main(["--nameserver", address, "topic", "describe", "green%orders"], io.StringIO(), err) == 2
     assert "topic 'green%orders' is invalid" in err.getvalue()
+
+
+def test_the_asyncio_clients_take_a_namespace(ns_cluster: Cluster) -> None:
+    """AsyncTransactionProducer and AsyncSimpleConsumer of green: a committed transaction
+    reaches green's group, and a blue group of the same name sees nothing of it."""
+    address = ns_cluster.nameserver_address
+
+    class Commit(AsyncTransactionListener):
+        async def execute_local_transaction(self, message: txmq.TransactionMessage, arg: object) -> LocalState:
+            return LocalState.COMMIT
+
+        async def check_local_transaction(self, message: txmq.TransactionMessage) -> LocalState:
+            return LocalState.COMMIT
+
+    async def run() -> tuple[list[bytes], list[bytes]]:
+        async with AsyncTransactionProducer(address, producer_group="aio-tx", listener=Commit(),
+                                            namespace="green") as p:
+            result = await p.send_in_transaction(txmq.Message("orders", b"green-aio"))
+            assert result.state == txmq.TransactionState.COMMITTED
+        async with AsyncProducer(address, namespace="green") as p:
+            await p.send(txmq.Message("orders", b"green-aio-plain"))
+        bodies: dict[str, list[bytes]] = {}
+        for ns in ("green", "blue"):  # green until both arrived; then blue until it has nothing more
+            async with AsyncSimpleConsumer(address, consumer_group="aio-reader", subscriptions={"orders": "*"},
+                                           namespace=ns, await_duration_seconds=0.3) as c:
+                got = bodies[ns] = []
+                deadline = asyncio.get_running_loop().time() + 15
+                while asyncio.get_running_loop().time() < deadline:
+                    batch = await c.receive(max_messages=32)
+                    for m in batch:
+                        got.append(m.body)
+                        await c.ack(m)
+                    if (ns == "blue" and not batch) or (ns == "green" and {b"green-aio", b"green-aio-plain"} <= set(got)):
+                        break
+        return bodies["blue"], bodies["green"]
+
+    blue, green = asyncio.run(run())
+    assert {b"green-aio", b"green-aio-plain"} <= set(green) and not any(b.startswith(b"green") for b in blue)
