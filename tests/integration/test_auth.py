@@ -22,7 +22,7 @@ from txmq.v1 import (admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc, che
                      common_pb2, nameserver_pb2, nameserver_pb2_grpc, replication_pb2, replication_pb2_grpc)
 
 TOKENS = {name: f"token-of-{name}-0123456789abcdef" for name in
-          ("nameserver", "broker", "checker", "operator", "orders", "mallory")}
+          ("nameserver", "broker", "checker", "operator", "orders", "mallory", "tenant")}
 RPC_TIMEOUT = 5.0
 
 
@@ -39,6 +39,9 @@ def credentials(tokens: dict[str, str] = TOKENS, extra_rules: list[dict[str, Any
             {"principal": "mallory", "resource": "topic:mallory-*", "actions": ["publish", "subscribe", "admin-write"]},
             {"principal": "mallory", "resource": "producer_group:mallory", "actions": ["check", "admin-read"]},
             {"principal": "mallory", "resource": "consumer_group:mallory", "actions": ["subscribe"]},
+            # Everything of one namespace, nothing else (test_namespaced_rules_stop_at_their_namespace).
+            {"principal": "tenant", "namespace": "teamA", "resource": "cluster",
+             "actions": ["publish", "subscribe", "check"]},
             *(extra_rules or []),
         ],
     }
@@ -420,3 +423,43 @@ def test_cli_token_and_the_operator_on_record(secured: tuple[Cluster, Path], mon
     code, text = txmq_cli(*resolve)
     assert code == 0, text
     assert json.loads(text)["operator"] == "operator"
+
+
+def test_namespaced_rules_stop_at_their_namespace(secured: tuple[Cluster, Path]) -> None:
+    """A principal whose rules are scoped to namespace teamA sends, commits and receives
+    there; the same calls in teamB, on a topic and groups of the same names, are refused
+    with PermissionDeniedError and leave teamB's topic empty."""
+    cluster, _creds = secured
+    address, token = cluster.nameserver_address, TOKENS["tenant"]
+    for ns in ("teamA", "teamB"):
+        cluster.create_topic(f"{ns}%events", queue_count=1)
+
+    class Commit(txmq.TransactionListener):
+        def execute_local_transaction(self, message: Any, arg: Any) -> Any:
+            return txmq.LocalTransactionState.COMMIT
+
+        def check_local_transaction(self, message: Any) -> Any:
+            return txmq.LocalTransactionState.COMMIT
+
+    with txmq.TransactionProducer(address, producer_group="tx", listener=Commit(), token=token,
+                                  namespace="teamA") as producer:
+        assert producer.send_in_transaction(txmq.Message("events", b"a")).state == txmq.TransactionState.COMMITTED
+    with txmq.SimpleConsumer(address, consumer_group="reader", subscriptions={"events": "*"}, token=token,
+                             namespace="teamA", await_duration_seconds=0.5) as consumer:
+        got = wait_until(lambda: consumer.receive(max_messages=4), 15.0, message="teamA's message")
+        assert [m.body for m in got] == [b"a"]
+
+    with txmq.Producer(address, token=token, namespace="teamB") as plain:
+        with pytest.raises(txmq.PermissionDeniedError, match="teamB%events"):
+            plain.send(txmq.Message("events", b"b"))
+    with txmq.TransactionProducer(address, producer_group="tx", listener=Commit(), token=token,
+                                  namespace="teamB", answer_checks=False) as producer:
+        with pytest.raises(txmq.PermissionDeniedError):
+            producer.send_in_transaction(txmq.Message("events", b"b-txn"))
+    with txmq.SimpleConsumer(address, consumer_group="reader", subscriptions={"events": "*"}, token=token,
+                             namespace="teamB", await_duration_seconds=0.5) as consumer:
+        with pytest.raises(txmq.PermissionDeniedError, match="teamB"):
+            consumer.receive(max_messages=4)
+    described = cluster.admin_stub().DescribeTopic(admin_pb2.DescribeTopicRequest(topic="teamB%events"),
+                                                   timeout=RPC_TIMEOUT)
+    assert [q.max_offset for q in described.queues] == [0]
