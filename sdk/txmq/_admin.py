@@ -105,7 +105,8 @@ class Admin:
         A named group no broker knows raises ConsumerGroupNotFoundError."""
         return self.call("admin", "ListConsumerGroups",
                          admin_pb2.ListConsumerGroupsRequest(
-                             consumer_group=self._in_ns("consumer_group", consumer_group), topic=self._in_ns("topic", topic)))
+                             consumer_group=self._in_ns("consumer_group", consumer_group),
+                             topic=self._in_ns("topic", topic)))
 
     def dead_letters(self, consumer_group: str, *, limit: int = 100) -> admin_pb2.ListDeadLettersResponse:
         """The group's dead letters (up to ``limit`` per broker), oldest first."""

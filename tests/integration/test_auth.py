@@ -24,6 +24,7 @@ from txmq.v1 import (admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc, che
 TOKENS = {name: f"token-of-{name}-0123456789abcdef" for name in
           ("nameserver", "broker", "checker", "operator", "orders", "mallory", "tenant")}
 RPC_TIMEOUT = 5.0
+UNKNOWN, COMMIT = txmq.LocalTransactionState.UNKNOWN, txmq.LocalTransactionState.COMMIT
 
 
 def credentials(tokens: dict[str, str] = TOKENS, extra_rules: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -45,6 +46,19 @@ def credentials(tokens: dict[str, str] = TOKENS, extra_rules: list[dict[str, Any
             *(extra_rules or []),
         ],
     }
+
+
+class Always(txmq.TransactionListener):
+    """Ends every transaction, and answers every check, with ``state``."""
+
+    def __init__(self, state: txmq.LocalTransactionState) -> None:
+        self.state = state
+
+    def execute_local_transaction(self, message: Any, arg: Any) -> Any:
+        return self.state
+
+    def check_local_transaction(self, message: Any) -> Any:
+        return self.state
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -132,14 +146,7 @@ def test_census_of_unauthorized_actions(secured: tuple[Cluster, Path], capsys: p
 
     # The state the census must leave as it is: a pending transaction of group "orders",
     # a committed message, one delivery of it in flight for consumer group "orders-a".
-    class Unknown(txmq.TransactionListener):
-        def execute_local_transaction(self, message: Any, arg: Any) -> Any:
-            return txmq.LocalTransactionState.UNKNOWN
-
-        def check_local_transaction(self, message: Any) -> Any:
-            return txmq.LocalTransactionState.UNKNOWN
-
-    with txmq.TransactionProducer(ns_address, producer_group="orders", listener=Unknown(), answer_checks=False,
+    with txmq.TransactionProducer(ns_address, producer_group="orders", listener=Always(UNKNOWN), answer_checks=False,
                                   token=TOKENS["orders"]) as producer:
         pending = producer.send_in_transaction(txmq.Message("orders", b"pending"))
     with txmq.Producer(ns_address, token=TOKENS["orders"]) as plain:
@@ -397,14 +404,7 @@ def test_cli_token_and_the_operator_on_record(secured: tuple[Cluster, Path], mon
 
     cluster, _creds = secured
 
-    class Unknown(txmq.TransactionListener):
-        def execute_local_transaction(self, message: Any, arg: Any) -> Any:
-            return txmq.LocalTransactionState.UNKNOWN
-
-        def check_local_transaction(self, message: Any) -> Any:
-            return txmq.LocalTransactionState.UNKNOWN
-
-    with txmq.TransactionProducer(cluster.nameserver_address, producer_group="orders", listener=Unknown(),
+    with txmq.TransactionProducer(cluster.nameserver_address, producer_group="orders", listener=Always(UNKNOWN),
                                   answer_checks=False, token=TOKENS["orders"]) as producer:
         pending = producer.send_in_transaction(txmq.Message("orders", b"for the operator"))
 
@@ -434,14 +434,7 @@ def test_namespaced_rules_stop_at_their_namespace(secured: tuple[Cluster, Path])
     for ns in ("teamA", "teamB"):
         cluster.create_topic(f"{ns}%events", queue_count=1)
 
-    class Commit(txmq.TransactionListener):
-        def execute_local_transaction(self, message: Any, arg: Any) -> Any:
-            return txmq.LocalTransactionState.COMMIT
-
-        def check_local_transaction(self, message: Any) -> Any:
-            return txmq.LocalTransactionState.COMMIT
-
-    with txmq.TransactionProducer(address, producer_group="tx", listener=Commit(), token=token,
+    with txmq.TransactionProducer(address, producer_group="tx", listener=Always(COMMIT), token=token,
                                   namespace="teamA") as producer:
         assert producer.send_in_transaction(txmq.Message("events", b"a")).state == txmq.TransactionState.COMMITTED
     with txmq.SimpleConsumer(address, consumer_group="reader", subscriptions={"events": "*"}, token=token,
@@ -452,7 +445,7 @@ def test_namespaced_rules_stop_at_their_namespace(secured: tuple[Cluster, Path])
     with txmq.Producer(address, token=token, namespace="teamB") as plain:
         with pytest.raises(txmq.PermissionDeniedError, match="teamB%events"):
             plain.send(txmq.Message("events", b"b"))
-    with txmq.TransactionProducer(address, producer_group="tx", listener=Commit(), token=token,
+    with txmq.TransactionProducer(address, producer_group="tx", listener=Always(COMMIT), token=token,
                                   namespace="teamB", answer_checks=False) as producer:
         with pytest.raises(txmq.PermissionDeniedError):
             producer.send_in_transaction(txmq.Message("events", b"b-txn"))
