@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import threading
 from typing import Iterator
 
@@ -181,8 +182,27 @@ def test_a_name_cannot_smuggle_a_namespace(ns_cluster: Cluster) -> None:
 
 
 def test_the_cli_works_in_a_namespace(ns_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--namespace / $TXMQ_NAMESPACE: the arguments are in the namespace, and the topic,
+    group and transaction listings show that namespace's alone."""
     from txmq._cli import main  # the CLI's entry point, run in process
     address = ns_cluster.nameserver_address
+    for ns in NAMESPACES:  # a pending transaction of group cli-tx and a position of group cli-g in each
+        with txmq.TransactionProducer(address, producer_group="cli-tx", listener=Checked(LocalState.COMMIT),
+                                      namespace=ns, answer_checks=False) as p:
+            p.send_in_transaction(txmq.Message("orders", b"cli-pending"))  # left UNKNOWN: pending
+            p.send(txmq.Message("orders", b"cli"))
+        with txmq.SimpleConsumer(address, consumer_group="cli-g", subscriptions={"orders": "*"}, namespace=ns,
+                                 await_duration_seconds=0.3) as c:
+            wait_until(lambda: c.receive(max_messages=1), 15, message="a delivery to cli-g")
+
+    def listed(*args: str) -> dict:
+        out = io.StringIO()
+        assert main(["--nameserver", address, "--namespace", "green", "--json", *args], out) == 0
+        return json.loads(out.getvalue())
+    groups = {g["consumer_group"] for g in listed("group", "list")["groups"]}
+    assert "green%cli-g" in groups and not [g for g in groups if not g.startswith("green%")]
+    producers = {t["producer_group"] for t in listed("txn", "list")["transactions"]}
+    assert "green%cli-tx" in producers and producers <= {"green%cli-tx", "green%orders-tx", "green%aio-tx"}
     out = io.StringIO()
     assert main(["--nameserver", address, "--namespace", "green", "--json", "topic", "list"], out) == 0
     assert '"topic": "orders"' in out.getvalue() and "blue" not in out.getvalue()
