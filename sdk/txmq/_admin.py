@@ -19,7 +19,7 @@ and :meth:`Admin.list_topics` lists only that namespace's topics, named without 
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import grpc
 
@@ -77,15 +77,25 @@ class Admin:
     def list_topics(self) -> admin_pb2.ListTopicsResponse:
         """Every topic; with a namespace, that namespace's topics, named without it."""
         response = self.call("admin", "ListTopics", admin_pb2.ListTopicsRequest())
-        if not self.namespace:
-            return response
-        mine = [t for t in response.topics if namespace_of(t.topic) == self.namespace]
-        for t in mine:
+        self._mine(response.topics, lambda t: t.topic)
+        for t in response.topics:
             t.topic = unqualify(self.namespace, t.topic)
-        return admin_pb2.ListTopicsResponse(topics=mine)
+        return response
 
     def _in_ns(self, field: str, name: str) -> str:
         return in_namespace(self.namespace, field, name)
+
+    def in_scope(self, name: str) -> bool:
+        """Whether a listed resource's ``name`` (as stored) is in this client's namespace
+        (every name is, without one)."""
+        return not self.namespace or namespace_of(name) == self.namespace
+
+    def _mine(self, rows: Any, name: Callable[[Any], str]) -> None:
+        """Keeps the listed ``rows`` whose ``name(row)`` is in scope."""
+        if self.namespace:
+            kept = [r for r in rows if self.in_scope(name(r))]
+            del rows[:]
+            rows.extend(kept)
 
     def delete_topic(self, topic: str, *, force: bool = False) -> admin_pb2.DeleteTopicResponse:
         """Deletes a user topic on every broker. Refused (TopicInUseError) while consumer
@@ -102,11 +112,13 @@ class Admin:
     def consumer_groups(self, consumer_group: str = "", *, topic: str = "") -> admin_pb2.ListConsumerGroupsResponse:
         """Per (group, topic, broker, queue): acknowledged offset, lag in messages and
         seconds, in-flight and retrying deliveries; per group and broker its dead letters.
-        A named group no broker knows raises ConsumerGroupNotFoundError."""
-        return self.call("admin", "ListConsumerGroups",
-                         admin_pb2.ListConsumerGroupsRequest(
-                             consumer_group=self._in_ns("consumer_group", consumer_group),
-                             topic=self._in_ns("topic", topic)))
+        A named group no broker knows raises ConsumerGroupNotFoundError. With a namespace,
+        the groups of that namespace alone."""
+        response = self.call("admin", "ListConsumerGroups", admin_pb2.ListConsumerGroupsRequest(
+            consumer_group=self._in_ns("consumer_group", consumer_group), topic=self._in_ns("topic", topic)))
+        self._mine(response.queues, lambda q: q.consumer_group)
+        self._mine(response.dead_letters, lambda d: d.consumer_group)
+        return response
 
     def dead_letters(self, consumer_group: str, *, limit: int = 100) -> admin_pb2.ListDeadLettersResponse:
         """The group's dead letters (up to ``limit`` per broker), oldest first."""
@@ -127,10 +139,13 @@ class Admin:
 
     def list_transactions(self, *, producer_group: str = "", state: int = 0, older_than_seconds: float = 0.0,
                           limit: int = 100) -> admin_pb2.ListTransactionsResponse:
-        """``state`` is a ``txmq.v1.common_pb2.TRANSACTION_STATE_*`` (0: any); ``limit`` is per broker."""
-        return self.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
+        """``state`` is a ``txmq.v1.common_pb2.TRANSACTION_STATE_*`` (0: any); ``limit`` is per
+        broker. With a namespace, the transactions of its producer groups alone."""
+        response = self.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
             producer_group=self._in_ns("producer_group", producer_group), state=state,
             older_than_seconds=older_than_seconds, limit=limit))
+        self._mine(response.transactions, lambda t: t.producer_group)
+        return response
 
     def describe_transaction(self, transaction_id: str) -> admin_pb2.DescribeTransactionResponse:
         """The transaction and its message as sent (keys, tag, properties, body)."""

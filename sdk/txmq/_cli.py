@@ -58,7 +58,7 @@ from typing import Any, Callable, Sequence, TextIO
 
 from ._admin import Admin as _AdminClient
 from ._errors import TxmqError
-from ._names import in_namespace, namespace_of
+from ._names import in_namespace
 from ._ops_cli import add_broker_commands, add_topic_commands
 from ._tls import TLS
 from .v1 import admin_pb2, common_pb2, nameserver_pb2
@@ -271,7 +271,7 @@ def _txn_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     kept = []
     cut_brokers: set[str] = set()
     for t in response.transactions:
-        if not _mine(admin, t.producer_group):
+        if not admin.in_scope(t.producer_group):
             continue
         seen = per_broker[t.broker_name] = per_broker.get(t.broker_name, 0) + 1
         if seen > args.limit:
@@ -374,11 +374,6 @@ def _txn_resolve(admin: Admin, args: argparse.Namespace, out: Output) -> None:
                      f"{row['reason'] or args.reason})")
 
 
-def _mine(admin: Admin, name: str) -> bool:
-    """Whether a listed resource is in the namespace of ``--namespace`` (all: none given)."""
-    return not admin.namespace or namespace_of(name) == admin.namespace
-
-
 def _in_namespace(args: argparse.Namespace, namespace: str) -> None:
     """Puts the topic and group arguments in ``namespace`` (refusing one that names another)."""
     for attr, field in (("name", "topic"), ("topic", "topic"), ("group", "group")):
@@ -477,8 +472,8 @@ def _dead_counts(response: Any) -> dict[str, int]:
 
 def _group_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     response = admin.call("admin", "ListConsumerGroups", admin_pb2.ListConsumerGroupsRequest(topic=args.topic or ""))
-    groups = _group_totals([_queue_status(q) for q in response.queues if _mine(admin, q.consumer_group)],
-                           {g: n for g, n in _dead_counts(response).items() if _mine(admin, g)})
+    groups = _group_totals([_queue_status(q) for q in response.queues if admin.in_scope(q.consumer_group)],
+                           {g: n for g, n in _dead_counts(response).items() if admin.in_scope(g)})
     data = {"groups": groups, "unreachable_brokers": list(response.unreachable_brokers)}
 
     def text() -> str:

@@ -120,6 +120,10 @@ def test_same_names_in_two_namespaces_never_cross(ns_cluster: Cluster) -> None:
             assert described.topic == f"{ns}%orders"
             groups = {q.consumer_group for q in admin.consumer_groups(topic="orders").queues}
             assert groups == {f"{ns}%billing"}
+            every_group = {q.consumer_group for q in admin.consumer_groups().queues}
+            assert f"{ns}%billing" in every_group and all(g.startswith(f"{ns}%") for g in every_group)
+            groups_of_txns = {t.producer_group for t in admin.list_transactions().transactions}
+            assert f"{ns}%orders-tx" in groups_of_txns and all(g.startswith(f"{ns}%") for g in groups_of_txns)
     with txmq.Admin(address) as admin:
         assert {"blue%orders", "green%orders"} <= {t.topic for t in admin.list_topics().topics}
 
