@@ -82,6 +82,7 @@ import txmq
 from txmq.errors import TransactionStateError, TxmqError, error_from_entry
 from txmq.faults import RetryAction, retry_action
 from txmq.ids import MessageId, TransactionId
+from txmq.names import in_namespace
 from txmq.v1 import broker_pb2, common_pb2
 
 from . import _broker
@@ -369,7 +370,8 @@ class TxmqStreamWriter(DataSourceStreamWriter):
         self.producer_group = options.get("producerGroup") or ""
         if not self.producer_group:
             raise ValueError("the txmq sink needs option('producerGroup', ...): the group its checks are asked of")
-        self.topic = options.get("topic") or ""
+        self.topic = options.get("topic") or ""  # already in the namespace (check_options)
+        self.namespace = options.get("namespace") or ""
         self.columns = set(schema.fieldNames())
         if "body" not in self.columns:
             raise ValueError("the txmq sink needs a 'body' column (binary or string)")
@@ -423,7 +425,7 @@ class TxmqStreamWriter(DataSourceStreamWriter):
                  client_id: str, host: str, failed_on: frozenset[str]) -> tuple[Any, common_pb2.Message]:
         """The row's half message on the queue its key picks among the shards the fault
         table does not avoid (and not ``failed_on``), with the id it has there."""
-        topic = values.get("topic") or self.topic
+        topic = in_namespace(self.namespace, "topic", values["topic"]) if values.get("topic") else self.topic
         key = row_key(query, self.epoch, batch, partition, index)
         routes = client.route(topic)
         route = client.faults.choose(routes, lambda q: q.broker_name, int.from_bytes(key[:4], "big"), failed_on)
@@ -535,10 +537,11 @@ class SinkCheckResponder:
 
     def __init__(self, *, nameserver: str, producer_group: str, checkpoint_location: str,
                  sink_log_path: str | None = None, checker_refresh_seconds: float = 5.0,
-                 tls: txmq.TLS | None = None) -> None:
+                 tls: txmq.TLS | None = None, namespace: str = "") -> None:
         self.listener = _CheckpointListener(SinkLog(checkpoint_location, sink_log_path))
         self.producer = txmq.TransactionProducer(nameserver, producer_group=producer_group, listener=self.listener,
-                                                 checker_refresh_seconds=checker_refresh_seconds, tls=tls)
+                                                 checker_refresh_seconds=checker_refresh_seconds, tls=tls,
+                                                 namespace=namespace)
 
     @property
     def answers(self) -> dict[str, int]:

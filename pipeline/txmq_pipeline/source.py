@@ -30,6 +30,11 @@ Streaming read: ``spark.readStream.format("txmq")`` with ``topic``/``topics``/``
 broker, queue) in Spark's checkpoint; queues and brokers that appear later are read from
 offset 0. See :class:`MessageStreamReader`.
 
+``option("namespace", "staging")`` (every use) reads and writes the topics and groups of
+that namespace: ``topic``/``topics``/``producerGroup`` name them without it, ``*`` and
+``topicPattern`` cover that namespace's topics alone; the ``topic`` column and offsets
+JSON carry the names as stored (``staging%orders``, see ``txmq.names``).
+
 Every use refuses options it does not know (:data:`VALID_OPTIONS`), naming the valid ones.
 
 Streaming write: see :mod:`txmq_pipeline.sink`.
@@ -51,6 +56,9 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStre
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
                                               SupportsTriggerAvailableNow)
 from pyspark.sql.types import StructType
+
+from txmq.errors import TxmqError
+from txmq.names import in_namespace, namespace_of, unqualify
 
 from . import _broker
 from ._broker import QueueRange
@@ -86,16 +94,18 @@ class TxmqDataLossError(RuntimeError):
 
 # ----------------------------------------------------------------------------- the options each use accepts
 
-_TOPICS = ("topic", "topics", "topicPattern")
+_TOPICS = ("topic", "topics", "topicPattern", "namespace")
 #: Every option per use (names as users write them; Spark matches them case-insensitively).
 _TLS = tuple(_broker.TLS_OPTIONS)
 VALID_OPTIONS = {
     "read": ("nameserver", *_TLS, "table", *_TOPICS, "startingOffsets", "endingOffsets", "startTime", "endTime",
              "brokers", "queues", "includeBody", "maxMessagesPerPartition", "pushFilters", "failOnDataLoss"),
-    "read transactions": ("nameserver", *_TLS, "table", "producerGroup", "state", "transactionPartitionsPerBroker"),
+    "read transactions": ("nameserver", *_TLS, "table", "producerGroup", "state", "transactionPartitionsPerBroker",
+                          "namespace"),
     "stream": ("nameserver", *_TLS, "table", *_TOPICS, "startingOffsets", "includeBody", "maxOffsetsPerTrigger",
                "maxMessagesPerTrigger", "failOnDataLoss"),
-    "sink": ("nameserver", *_TLS, "topic", "producerGroup", "checkpointLocation", "checkImmunitySeconds", "sinkLogPath"),
+    "sink": ("nameserver", *_TLS, "topic", "producerGroup", "checkpointLocation", "checkImmunitySeconds", "sinkLogPath",
+             "namespace"),
 }
 #: spark-sql-kafka names a user may bring, and ours.
 KAFKA_EQUIVALENTS = {"kafka.bootstrap.servers": "nameserver", "subscribe": "topics", "assign": "startingOffsets",
@@ -107,7 +117,20 @@ _SPARK_OPTIONS = {"path"}
 
 def check_options(options: dict[str, str], use: str) -> None:
     """Refuses options ``use`` does not know (a typo such as ``startingOffset`` would
-    otherwise be ignored without a word), naming the valid ones."""
+    otherwise be ignored without a word), naming the valid ones; then puts the ``topic``,
+    ``topics`` and ``producerGroup`` options in the ``namespace`` option's namespace (a
+    name that names another namespace is refused)."""
+    _check_known(options, use)
+    namespace = options.get("namespace") or ""
+    try:
+        for name, field in (("topic", "topic"), ("topics", "topics"), ("producerGroup", "producerGroup")):
+            if options.get(name) and options[name].strip() != "*":
+                options[name] = ",".join(in_namespace(namespace, field, v) for v in _csv(options, name))
+    except TxmqError as err:
+        raise TxmqOptionError(f"option {err.message}") from None
+
+
+def _check_known(options: dict[str, str], use: str) -> None:
     valid = {name.lower(): name for name in VALID_OPTIONS[use]}
     unknown = sorted(k for k in options if k.lower() not in valid and k.lower() not in _SPARK_OPTIONS)
     if not unknown:
@@ -191,14 +214,16 @@ def _topics(options: dict[str, str], client: Any) -> list[str]:
     topics whose whole name matches ``topicPattern`` (looked up again at every trigger of
     a stream, so topics created later join)."""
     pattern = _pattern(options)
+    namespace = options.get("namespace") or ""
     if pattern is not None:
-        return [t for t in _broker.user_topics(client) if pattern.fullmatch(t)]
+        return [t for t in _broker.user_topics(client)
+                if (not namespace or namespace_of(t) == namespace) and pattern.fullmatch(unqualify(namespace, t))]
     names = _csv(options, "topics") or _csv(options, "topic")
     if not names:
         raise TxmqOptionError("the txmq data source needs option('topic', ...), option('topics', 'a,b' or '*') "
                               "or option('topicPattern', regex)")
     if names == ["*"]:
-        return _broker.user_topics(client)
+        return [t for t in _broker.user_topics(client) if not namespace or namespace_of(t) == namespace]
     return names
 
 
@@ -636,10 +661,12 @@ class TxmqDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if self._table() != "messages":
             raise TxmqOptionError("streaming reads are of topics only (table 'messages')")
-        check_options(self.options, "stream")
-        return MessageStreamReader(self.options.copy())
+        options = self.options.copy()
+        check_options(options, "stream")
+        return MessageStreamReader(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from .sink import TxmqStreamWriter
-        check_options(self.options, "sink")
-        return TxmqStreamWriter(self.options.copy(), schema)
+        options = self.options.copy()
+        check_options(options, "sink")
+        return TxmqStreamWriter(options, schema)

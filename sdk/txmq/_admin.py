@@ -7,6 +7,9 @@ UNAVAILABLE) and returns the ``txmq.v1`` response message; a refusal raises the
 :class:`txmq.TxmqError` it stands for. A listing that fans out to the brokers names the
 brokers that did not answer in ``unreachable_brokers`` (the listing is then partial).
 
+With ``namespace=`` every topic and group named is in that namespace (``txmq.names``),
+and :meth:`Admin.list_topics` lists only that namespace's topics, named without it.
+
     with txmq.Admin("127.0.0.1:9876") as admin:
         admin.create_topic("orders", queue_count=8)
         for q in admin.consumer_groups("billing").queues:
@@ -16,13 +19,14 @@ brokers that did not answer in ``unreachable_brokers`` (the listing is then part
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import grpc
 
 from ._auth import BearerToken, with_token
 from ._client import CHANNEL_OPTIONS, parse_nameservers, positive
 from ._errors import InvalidFieldError, NotANameServerError, TxmqError, error_from_rpc
+from ._names import in_namespace, namespace_of, unqualify, validate_namespace
 from ._tls import TLS, ChannelTLS, sync_channel
 from .v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
@@ -35,9 +39,11 @@ class Admin:
     (or use it as a context manager)."""
 
     def __init__(self, nameservers: str | Sequence[str], *, request_timeout_seconds: float = 10.0,
-                 tls: TLS | None = None, token: str | None = None) -> None:
+                 tls: TLS | None = None, token: str | None = None, namespace: str = "") -> None:
         """``tls``: the name servers are dialed with TLS (see :class:`txmq.TLS`); ``token``:
-        sent as a bearer token on every call (a cluster with auth on)."""
+        sent as a bearer token on every call (a cluster with auth on); ``namespace``: the
+        namespace of every topic and group named."""
+        self.namespace = validate_namespace(namespace)
         self.addresses = parse_nameservers(nameservers)
         if tls is not None and not isinstance(tls, TLS):
             raise InvalidFieldError("tls", f"must be a txmq.TLS, got {type(tls).__name__}")
@@ -65,33 +71,60 @@ class Admin:
 
     def create_topic(self, topic: str, *, queue_count: int = 0) -> admin_pb2.CreateTopicResponse:
         """Spreads ``queue_count`` queues (0: the name server's default) over the brokers."""
-        return self.call("admin", "CreateTopic", admin_pb2.CreateTopicRequest(topic=topic, queue_count=queue_count))
+        return self.call("admin", "CreateTopic", admin_pb2.CreateTopicRequest(
+            topic=self._in_ns("topic", topic), queue_count=queue_count))
 
     def list_topics(self) -> admin_pb2.ListTopicsResponse:
-        return self.call("admin", "ListTopics", admin_pb2.ListTopicsRequest())
+        """Every topic; with a namespace, that namespace's topics, named without it."""
+        response = self.call("admin", "ListTopics", admin_pb2.ListTopicsRequest())
+        self._mine(response.topics, lambda t: t.topic)
+        for t in response.topics:
+            t.topic = unqualify(self.namespace, t.topic)
+        return response
+
+    def _in_ns(self, field: str, name: str) -> str:
+        return in_namespace(self.namespace, field, name)
+
+    def in_scope(self, name: str) -> bool:
+        """Whether a listed resource's ``name`` (as stored) is in this client's namespace
+        (every name is, without one)."""
+        return not self.namespace or namespace_of(name) == self.namespace
+
+    def _mine(self, rows: Any, name: Callable[[Any], str]) -> None:
+        """Keeps the listed ``rows`` whose ``name(row)`` is in scope."""
+        if self.namespace:
+            kept = [r for r in rows if self.in_scope(name(r))]
+            del rows[:]
+            rows.extend(kept)
 
     def delete_topic(self, topic: str, *, force: bool = False) -> admin_pb2.DeleteTopicResponse:
         """Deletes a user topic on every broker. Refused (TopicInUseError) while consumer
         groups still read it, unless ``force``, and while transactions of it are undecided."""
-        return self.call("admin", "DeleteTopic", admin_pb2.DeleteTopicRequest(topic=topic, force=force))
+        return self.call("admin", "DeleteTopic", admin_pb2.DeleteTopicRequest(topic=self._in_ns("topic", topic),
+                                                                             force=force))
 
     def describe_topic(self, topic: str) -> admin_pb2.DescribeTopicResponse:
         """The topic's queues (offsets per broker) and every consumer group's position in them."""
-        return self.call("admin", "DescribeTopic", admin_pb2.DescribeTopicRequest(topic=topic))
+        return self.call("admin", "DescribeTopic", admin_pb2.DescribeTopicRequest(topic=self._in_ns("topic", topic)))
 
     # --- consumer groups and dead letters -------------------------------------------------
 
     def consumer_groups(self, consumer_group: str = "", *, topic: str = "") -> admin_pb2.ListConsumerGroupsResponse:
         """Per (group, topic, broker, queue): acknowledged offset, lag in messages and
         seconds, in-flight and retrying deliveries; per group and broker its dead letters.
-        A named group no broker knows raises ConsumerGroupNotFoundError."""
-        return self.call("admin", "ListConsumerGroups",
-                         admin_pb2.ListConsumerGroupsRequest(consumer_group=consumer_group, topic=topic))
+        A named group no broker knows raises ConsumerGroupNotFoundError. With a namespace,
+        the groups of that namespace alone."""
+        response = self.call("admin", "ListConsumerGroups", admin_pb2.ListConsumerGroupsRequest(
+            consumer_group=self._in_ns("consumer_group", consumer_group), topic=self._in_ns("topic", topic)))
+        self._mine(response.queues, lambda q: q.consumer_group)
+        self._mine(response.dead_letters, lambda d: d.consumer_group)
+        return response
 
     def dead_letters(self, consumer_group: str, *, limit: int = 100) -> admin_pb2.ListDeadLettersResponse:
         """The group's dead letters (up to ``limit`` per broker), oldest first."""
         return self.call("admin", "ListDeadLetters",
-                         admin_pb2.ListDeadLettersRequest(consumer_group=consumer_group, limit=limit))
+                         admin_pb2.ListDeadLettersRequest(
+                             consumer_group=self._in_ns("consumer_group", consumer_group), limit=limit))
 
     def redrive_dead_letters(self, consumer_group: str, message_ids: Sequence[str] = (), *,
                              all: bool = False) -> admin_pb2.RedriveDeadLettersResponse:  # noqa: A002
@@ -100,15 +133,19 @@ class Admin:
         if all == bool(message_ids):
             raise InvalidFieldError("message_ids", "name the messages to re-drive, or pass all=True (not both)")
         return self.call("admin", "RedriveDeadLetters", admin_pb2.RedriveDeadLettersRequest(
-            consumer_group=consumer_group, message_ids=list(message_ids), all=all))
+            consumer_group=self._in_ns("consumer_group", consumer_group), message_ids=list(message_ids), all=all))
 
     # --- transactions ---------------------------------------------------------------------
 
     def list_transactions(self, *, producer_group: str = "", state: int = 0, older_than_seconds: float = 0.0,
                           limit: int = 100) -> admin_pb2.ListTransactionsResponse:
-        """``state`` is a ``txmq.v1.common_pb2.TRANSACTION_STATE_*`` (0: any); ``limit`` is per broker."""
-        return self.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
-            producer_group=producer_group, state=state, older_than_seconds=older_than_seconds, limit=limit))
+        """``state`` is a ``txmq.v1.common_pb2.TRANSACTION_STATE_*`` (0: any); ``limit`` is per
+        broker. With a namespace, the transactions of its producer groups alone."""
+        response = self.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
+            producer_group=self._in_ns("producer_group", producer_group), state=state,
+            older_than_seconds=older_than_seconds, limit=limit))
+        self._mine(response.transactions, lambda t: t.producer_group)
+        return response
 
     def describe_transaction(self, transaction_id: str) -> admin_pb2.DescribeTransactionResponse:
         """The transaction and its message as sent (keys, tag, properties, body)."""

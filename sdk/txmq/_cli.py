@@ -31,7 +31,9 @@ addresses the next is tried when one is unavailable. ``--tls-ca FILE`` dials the
 servers with TLS (``--tls-cert FILE --tls-key FILE``: presenting a client certificate, for
 mutual TLS); they default to ``$TXMQ_TLS_CA_FILE``, ``$TXMQ_TLS_CERT_FILE``,
 ``$TXMQ_TLS_KEY_FILE``, and ``--tls-server-name`` to ``$TXMQ_TLS_SERVER_NAME``; ``--token``
-(default ``$TXMQ_TOKEN``) is sent as a bearer token. Output is a table cut to the terminal's width
+(default ``$TXMQ_TOKEN``) is sent as a bearer token. ``--namespace NS`` (default ``$TXMQ_NAMESPACE``)
+puts every topic and group named in that namespace, and the listings (topics, groups,
+transactions) show only its resources. Output is a table cut to the terminal's width
 (``$COLUMNS``; ids are never cut; not cut when piped), or JSON with ``--json``. Exit status: 0 done, 1 the
 request failed (the error on stderr), 2 bad usage. A reader that stops early (``| head``)
 ends the output quietly.
@@ -56,6 +58,7 @@ from typing import Any, Callable, Sequence, TextIO
 
 from ._admin import Admin as _AdminClient
 from ._errors import TxmqError
+from ._names import in_namespace
 from ._ops_cli import add_broker_commands, add_topic_commands
 from ._tls import TLS
 from .v1 import admin_pb2, common_pb2, nameserver_pb2
@@ -268,6 +271,8 @@ def _txn_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     kept = []
     cut_brokers: set[str] = set()
     for t in response.transactions:
+        if not admin.in_scope(t.producer_group):
+            continue
         seen = per_broker[t.broker_name] = per_broker.get(t.broker_name, 0) + 1
         if seen > args.limit:
             cut_brokers.add(t.broker_name)
@@ -369,8 +374,16 @@ def _txn_resolve(admin: Admin, args: argparse.Namespace, out: Output) -> None:
                      f"{row['reason'] or args.reason})")
 
 
+def _in_namespace(args: argparse.Namespace, namespace: str) -> None:
+    """Puts the topic and group arguments in ``namespace`` (refusing one that names another)."""
+    for attr, field in (("name", "topic"), ("topic", "topic"), ("group", "group")):
+        value = getattr(args, attr, None)
+        if isinstance(value, str) and value:
+            setattr(args, attr, in_namespace(namespace, field, value))
+
+
 def _topic_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
-    response = admin.call("admin", "ListTopics", admin_pb2.ListTopicsRequest())
+    response = admin.list_topics()  # with a namespace, its topics alone
     topics = [{"topic": t.topic, "queues": sum(b.queue_count for b in t.brokers),
                "brokers": {b.broker_name: b.queue_count for b in t.brokers}} for t in response.topics]
     out({"topics": topics}, lambda: table(
@@ -459,7 +472,8 @@ def _dead_counts(response: Any) -> dict[str, int]:
 
 def _group_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     response = admin.call("admin", "ListConsumerGroups", admin_pb2.ListConsumerGroupsRequest(topic=args.topic or ""))
-    groups = _group_totals([_queue_status(q) for q in response.queues], _dead_counts(response))
+    groups = _group_totals([_queue_status(q) for q in response.queues if admin.in_scope(q.consumer_group)],
+                           {g: n for g, n in _dead_counts(response).items() if admin.in_scope(g)})
     data = {"groups": groups, "unreachable_brokers": list(response.unreachable_brokers)}
 
     def text() -> str:
@@ -692,6 +706,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help=f"{what} (default ${env})")
     common.add_argument("--timeout", type=_duration_arg, default=argparse.SUPPRESS,
                         help="deadline of each call (default 10s)")
+    common.add_argument("--namespace", default=argparse.SUPPRESS,
+                        help="namespace of every topic and group named; listings show only its resources "
+                             "(default $TXMQ_NAMESPACE)")
     common.add_argument("--token", default=argparse.SUPPRESS,
                         help="bearer token for a cluster with auth on (default $TXMQ_TOKEN); "
                              "with auth on, txn resolve records this token's principal as the operator")
@@ -874,7 +891,9 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         try:
             admin = Admin(nameserver, request_timeout_seconds=getattr(args, "timeout", 10.0),
                           tls=tls_from_args(args),
-                          token=getattr(args, "token", None) or os.environ.get("TXMQ_TOKEN") or None)
+                          token=getattr(args, "token", None) or os.environ.get("TXMQ_TOKEN") or None,
+                          namespace=getattr(args, "namespace", None) or os.environ.get("TXMQ_NAMESPACE") or "")
+            _in_namespace(args, admin.namespace)
         except TxmqError as err:
             stderr.write(f"txmq: {err.message}\n")
             return 2

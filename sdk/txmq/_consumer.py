@@ -25,7 +25,7 @@ import grpc
 from ._client import Client, positive
 from ._errors import (ClientClosedError, InternalError, InvalidFieldError, TopicNotFoundError,
                       TxmqError, error_from_entry, error_from_rpc)
-from ._names import validate_group, validate_receive_topic
+from ._names import in_namespace, validate_group, validate_receive_topic
 from ._tls import TLS
 from ._types import ConsumeResult, ReceivedMessage, SqlFilter, ms_to_datetime, received_from_pb
 from .v1 import broker_pb2
@@ -55,11 +55,14 @@ def receive_request(consumer_group: str, target: _Target, max_messages: int, inv
         long_polling_timeout_seconds=wait_seconds)
 
 
-def _subscriptions(subscriptions: Mapping[str, str | SqlFilter]) -> dict[str, str | SqlFilter]:
+def _subscriptions(subscriptions: Mapping[str, str | SqlFilter],
+                   namespace: str = "") -> dict[str, str | SqlFilter]:
+    """The subscriptions as they are sent: each topic in ``namespace``, each filter checked."""
     if not isinstance(subscriptions, Mapping) or not subscriptions:
         raise InvalidFieldError("subscriptions", "must map at least one topic to a filter expression")
     out = {}
     for topic, expression in subscriptions.items():
+        topic = in_namespace(namespace, "subscriptions", topic)
         validate_receive_topic(topic)
         if expression is None:
             expression = "*"
@@ -82,10 +85,13 @@ class SimpleConsumer:
     def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
                  subscriptions: Mapping[str, str | SqlFilter], await_duration_seconds: float = 20.0,
                  request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
-                 tls: TLS | None = None, token: str | None = None) -> None:
+                 tls: TLS | None = None, token: str | None = None, namespace: str = "") -> None:
+        # A namespace qualifies the group and every subscribed topic (txmq.names.qualify).
+        consumer_group = in_namespace(namespace, "consumer_group", consumer_group)
         validate_group("consumer_group", consumer_group)
+        self.namespace = namespace
         self.consumer_group = consumer_group
-        self.subscriptions = _subscriptions(subscriptions)
+        self.subscriptions = _subscriptions(subscriptions, namespace)
         self.await_duration_seconds = positive("await_duration_seconds", await_duration_seconds)
         self._client = Client(nameservers, request_timeout_seconds=request_timeout_seconds,
                               route_refresh_seconds=route_refresh_seconds, what="consumer", tls=tls, token=token)
@@ -335,7 +341,8 @@ class PushConsumer:
                  consume_threads: int = 4, invisible_duration_seconds: float = 30.0,
                  await_duration_seconds: float = 20.0, retry_backoff_seconds: float = 1.0,
                  max_retry_backoff_seconds: float = 60.0, request_timeout_seconds: float = 3.0,
-                 route_refresh_seconds: float = 30.0, tls: TLS | None = None, token: str | None = None) -> None:
+                 route_refresh_seconds: float = 30.0, tls: TLS | None = None, token: str | None = None,
+                 namespace: str = "") -> None:
         if not callable(listener):
             raise InvalidFieldError("listener", "must be callable: (ReceivedMessage) -> ConsumeResult")
         if not isinstance(consume_threads, int) or consume_threads < 1:
@@ -349,8 +356,10 @@ class PushConsumer:
                                         subscriptions=subscriptions,
                                         await_duration_seconds=await_duration_seconds,
                                         request_timeout_seconds=request_timeout_seconds,
-                                        route_refresh_seconds=route_refresh_seconds, tls=tls, token=token)
-        self.consumer_group = consumer_group
+                                        route_refresh_seconds=route_refresh_seconds, tls=tls, token=token,
+                                        namespace=namespace)
+        self.namespace = namespace
+        self.consumer_group = self._consumer.consumer_group
         self._max_inflight = 2 * consume_threads
         self._inflight = 0
         self._cond = threading.Condition()

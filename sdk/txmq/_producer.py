@@ -25,9 +25,10 @@ from ._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeError
                       TopicNotFoundError, TransactionStateError, TxmqError, WrongBrokerError)
 from ._faults import Abandoned, OverloadBackoff, RetryAction, RoutingStats, retry_action
 from ._ids import MessageId
-from ._names import validate_group, validate_send_topic
+from ._names import in_namespace, validate_group, validate_send_topic
 from ._produce_stream import LINGER_SECONDS
 from ._types import (RESOLUTION_TO_PB, TRANSACTION_KEY_PROPERTY, LocalTransactionState, Message, SendReceipt,
+                     namespaced,
                      TransactionMessage, TransactionResult, TransactionState, message_to_pb,
                      state_from_name, state_from_pb)
 from .v1 import broker_pb2, common_pb2
@@ -81,7 +82,11 @@ class Producer:
                  send_timeout_seconds: float = 3.0, max_attempts: int = 3,
                  retry_backoff_seconds: float = 0.1, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
-                 linger_seconds: float = LINGER_SECONDS, tls: TLS | None = None, token: str | None = None) -> None:
+                 linger_seconds: float = LINGER_SECONDS, tls: TLS | None = None, token: str | None = None,
+                 namespace: str = "") -> None:
+        # A namespace qualifies the group and every topic sent to (txmq.names.qualify).
+        producer_group = in_namespace(namespace, "producer_group", producer_group)
+        self.namespace = namespace
         if producer_group:
             validate_group("producer_group", producer_group)
         if not isinstance(max_attempts, int) or max_attempts < 1:
@@ -123,21 +128,24 @@ class Producer:
     def send(self, message: Message) -> SendReceipt:
         """Stores a normal message, visible to consumers at once. Raises the TxmqError the
         broker (or the client's own validation) refused it with."""
-        self._validate(message)
+        message = self._validate(message)
         route, pb, response = self._send_new(message.topic, lambda route, message_id: message_to_pb(
             message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_NORMAL, int(time.time() * 1000), _HOST))
         return SendReceipt(message_id=response.message_id or pb.message_id, topic=message.topic,
                            broker_name=response.broker_name or route.broker_name,
                            queue_id=response.queue_id, queue_offset=response.queue_offset)
 
-    def _validate(self, message: Message) -> None:
-        """What the broker would refuse anyway, refused before a round trip, with the same error."""
+    def _validate(self, message: Message) -> Message:
+        """What the broker would refuse anyway, refused before a round trip, with the same
+        error; returns the message as it is sent (its topic in the producer's namespace)."""
         if not isinstance(message, Message):
             raise InvalidFieldError("message", f"must be a txmq.Message, got {type(message).__name__}")
         self._client.check_open()
+        message = namespaced(message, self.namespace)
         validate_send_topic(message.topic)
         if len(message.body) > self.max_body_bytes:
             raise MessageTooLargeError(len(message.body), self.max_body_bytes)
+        return message
 
     def _pick_queue(self, topic: str, exclude: frozenset[str] | set[str] = frozenset()) -> QueueRoute:
         """The next queue round-robin whose shard the fault table does not avoid (and not in
@@ -299,8 +307,8 @@ class TransactionProducer(Producer):
                  answer_checks: bool = True, check_threads: int = 4,
                  checker_refresh_seconds: float = 5.0, linger_seconds: float = LINGER_SECONDS,
                  tls: TLS | None = None, token: str | None = None,
-                 open_transaction_retry_seconds: float = 5.0) -> None:
-        validate_group("producer_group", producer_group)
+                 open_transaction_retry_seconds: float = 5.0, namespace: str = "") -> None:
+        validate_group("producer_group", in_namespace(namespace, "producer_group", producer_group))
         if listener is None and checker is None:
             raise InvalidFieldError("listener", "give a listener (send_in_transaction) or a checker "
                                     "(begin_transaction): something must answer checks")
@@ -319,7 +327,8 @@ class TransactionProducer(Producer):
                          send_timeout_seconds=send_timeout_seconds, max_attempts=max_attempts,
                          retry_backoff_seconds=retry_backoff_seconds, max_body_bytes=max_body_bytes,
                          request_timeout_seconds=request_timeout_seconds,
-                         route_refresh_seconds=route_refresh_seconds, linger_seconds=linger_seconds, tls=tls, token=token)
+                         route_refresh_seconds=route_refresh_seconds, linger_seconds=linger_seconds, tls=tls, token=token,
+                         namespace=namespace)
         self.listener = listener
         self.checker = checker if checker is not None else listener.check_local_transaction  # type: ignore[union-attr]
         self.open_transaction_retry_seconds = positive("open_transaction_retry_seconds",
@@ -330,7 +339,7 @@ class TransactionProducer(Producer):
         self._open_lock = threading.Lock()
         self._checks: CheckResponder | None = None
         if answer_checks:
-            self._checks = CheckResponder(self._client, producer_group=producer_group,
+            self._checks = CheckResponder(self._client, producer_group=self.producer_group,
                                           client_id=self.client_id, check=self._check_local_transaction,
                                           check_threads=check_threads,
                                           refresh_seconds=float(checker_refresh_seconds))
@@ -385,7 +394,7 @@ class TransactionProducer(Producer):
         if self.listener is None:
             raise InvalidFieldError("listener", "send_in_transaction needs a TransactionListener; "
                                     "with only a checker use begin_transaction()")
-        self._validate(message)
+        message = self._validate(message)
         half, route = self._send_half(message)
         local_state = self._execute(half, arg)
         state, end_error = self._end(route, message.topic, half, local_state)
@@ -430,7 +439,7 @@ class TransactionProducer(Producer):
         if not isinstance(transaction, Transaction) or transaction.producer is not self:
             raise InvalidFieldError("transaction", "must come from this producer's begin_transaction()")
         transaction._check_open()
-        self._validate(message)
+        message = self._validate(message)
         keyed = Message(message.topic, message.body, tag=message.tag, keys=message.keys,
                         properties={**message.properties, TRANSACTION_KEY_PROPERTY: transaction.key},
                         check_immunity_seconds=message.check_immunity_seconds)

@@ -6,12 +6,14 @@ from the broker's clock; durations are float seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
 from ._errors import InvalidFieldError
+from ._names import qualify
 from .v1 import common_pb2
 
 if TYPE_CHECKING:
@@ -95,6 +97,13 @@ class Message:
             raise InvalidFieldError("delivery_time", "must be a timezone-aware datetime")
         if self.delay_seconds is not None and not self.delay_seconds > 0:
             raise InvalidFieldError("delay_seconds", f"must be positive or None, got {self.delay_seconds!r}")
+
+
+def namespaced(message: "Message", namespace: str) -> "Message":
+    """``message`` with its topic in ``namespace`` (itself without one)."""
+    if not namespace or not isinstance(message, Message):
+        return message
+    return dataclasses.replace(message, topic=qualify(namespace, "topic", message.topic))
 
 
 @dataclass(frozen=True, slots=True)

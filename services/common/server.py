@@ -48,10 +48,12 @@ class ServiceApp:
     def __init__(self, name: str, config: ServiceConfig, metrics: BaseMetrics,
                  register: Iterable[tuple[Callable[[Any, Any], None], Any]],
                  service_names: Iterable[str], *, unmetered: Iterable[str] = (),
-                 in_band: InBand | None = None, auth_options: dict[str, Any] | None = None) -> None:
+                 in_band: InBand | None = None, auth_options: dict[str, Any] | None = None,
+                 interceptors: Iterable[grpc.aio.ServerInterceptor] = ()) -> None:
         """``unmetered``: methods that wait by design (long polls), not counted against
         ``max_concurrent_rpcs``; ``in_band``: answers a refusal as the method's response;
-        ``auth_options``: the proxy's authentication options."""
+        ``auth_options``: the proxy's authentication options; ``interceptors``: the
+        service's own, innermost (a request deserializer they replace serves the others)."""
         self.name = name
         # Authentication and ACLs (None unless config.auth_files); auth_options: the proxy's.
         self.auth = server_interceptor(config, **(auth_options or {}))
@@ -61,7 +63,7 @@ class ServiceApp:
         self.server = grpc.aio.server(
             interceptors=[ServerInterceptor(
                 metrics, self.admission, ConnectionLimit("max_streams_per_connection", config.max_streams_per_connection),
-                frozenset(unmetered), in_band), *([self.auth] if self.auth else [])],
+                frozenset(unmetered), in_band), *([self.auth] if self.auth else []), *interceptors],
             options=[("grpc.max_receive_message_length", config.max_grpc_message_bytes),
                      ("grpc.max_send_message_length", config.max_grpc_message_bytes),
                      ("grpc.so_reuseport", 0),

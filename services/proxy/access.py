@@ -20,18 +20,28 @@ from services.common.auth.acl import CHECK, CONSUMER_GROUP, PRODUCER_GROUP, PUBL
 from services.common.auth.policy import ANY, OPEN, Need, Policy
 from txmq.errors import TxmqError
 
-from .codes import status
+from .codes import ProxyError, status
+from .convert import resource_name
 from .protocol import SERVICE_NAME, definition_pb2, service_pb2
 
 _PREFIX = f"/{SERVICE_NAME}/"
 
 
+def _name(resource: Any) -> str:
+    """The native name (``<namespace>%<name>``) the service will use; a bad one is checked
+    as given and refused by the service."""
+    try:
+        return resource_name(resource, "resource")
+    except ProxyError:
+        return resource.name
+
+
 def _topic(actions: tuple[str, ...], resource: Any) -> Need:
-    return Need(actions, TOPIC, resource.name)
+    return Need(actions, TOPIC, _name(resource))
 
 
 def _consume(group: Any, topic: Any) -> list[Need]:
-    return [Need((SUBSCRIBE,), CONSUMER_GROUP, group.name), _topic((SUBSCRIBE,), topic)]
+    return [Need((SUBSCRIBE,), CONSUMER_GROUP, _name(group)), _topic((SUBSCRIBE,), topic)]
 
 
 def _send(request: Any) -> list[Need]:
@@ -39,7 +49,7 @@ def _send(request: Any) -> list[Need]:
     for message in request.messages:
         needs.append(_topic((PUBLISH,), message.topic))
         if message.system_properties.message_type == definition_pb2.TRANSACTION:
-            needs.append(Need((CHECK,), PRODUCER_GROUP, message.topic.name))
+            needs.append(Need((CHECK,), PRODUCER_GROUP, _name(message.topic)))
     return needs
 
 
@@ -51,7 +61,7 @@ def _telemetry(command: Any) -> list[Need]:
     if which == "publishing":
         return [_topic((PUBLISH,), t) for t in settings.publishing.topics]
     if which == "subscription":
-        return [Need((SUBSCRIBE,), CONSUMER_GROUP, settings.subscription.group.name),
+        return [Need((SUBSCRIBE,), CONSUMER_GROUP, _name(settings.subscription.group)),
                 *(_topic((SUBSCRIBE,), e.topic) for e in settings.subscription.subscriptions)]
     return []
 
@@ -63,7 +73,7 @@ POLICIES: Mapping[str, Policy] = {
         "PullMessage", "UpdateOffset", "GetOffset", "QueryOffset", "RecallMessage", "SyncLiteSubscription")},
     _PREFIX + "QueryRoute": Policy(lambda r: [_topic((PUBLISH, SUBSCRIBE), r.topic)]),
     _PREFIX + "SendMessage": Policy(_send),
-    _PREFIX + "EndTransaction": Policy(lambda r: [Need((CHECK,), PRODUCER_GROUP, r.topic.name)]),
+    _PREFIX + "EndTransaction": Policy(lambda r: [Need((CHECK,), PRODUCER_GROUP, _name(r.topic))]),
     _PREFIX + "QueryAssignment": Policy(lambda r: _consume(r.group, r.topic)),
     _PREFIX + "ReceiveMessage": Policy(lambda r: _consume(r.group, r.message_queue.topic)),
     _PREFIX + "AckMessage": Policy(lambda r: _consume(r.group, r.topic)),

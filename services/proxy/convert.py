@@ -6,7 +6,9 @@ What maps to what:
 ================================  ======================================================
 RocketMQ (SystemProperties)       txmq
 ================================  ======================================================
-topic.name                        topic (namespaces other than "" are refused)
+topic.name, resource_namespace    topic ``<namespace>%<name>`` (every Resource: a
+(or the x-mq-namespace header)    namespace qualifies topics and groups; going out it is
+                                  split back into resource_namespace and name)
 message_id (client-chosen)        message_id (kept as is: the broker deduplicates by it)
 message_type NORMAL/TRANSACTION   type NORMAL/TRANSACTION (FIFO, LITE, PRIORITY refused)
 message_type DELAY,               type NORMAL (or TRANSACTION) with deliver_at_ms; the
@@ -37,6 +39,9 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from txmq.v1 import common_pb2
 
+from txmq.errors import InvalidNameError
+from txmq.names import namespace_of, qualify, unqualify, validate_namespace
+
 from .codes import ProxyError, unsupported
 from .protocol import Code, definition_pb2
 
@@ -44,14 +49,24 @@ MessageType = definition_pb2.MessageType
 
 
 def resource_name(resource: definition_pb2.Resource, what: str) -> str:
-    """The name of a topic or group; txmq has no namespaces, so only "" is accepted."""
-    if resource.resource_namespace:
-        raise unsupported(f"{what} namespace {resource.resource_namespace!r} (txmq has no namespaces; "
-                          "leave the client's namespace empty)")
+    """The native name of a topic or group: ``<namespace>%<name>`` in a namespace (the
+    client's ``x-mq-namespace`` header fills resources that name none: see
+    ``namespaces``). A bad namespace, or a name naming a namespace of its own, is refused
+    naming the field."""
+    code = Code.ILLEGAL_TOPIC if what == "topic" else Code.ILLEGAL_CONSUMER_GROUP
     if not resource.name:
-        raise ProxyError(Code.ILLEGAL_TOPIC if what == "topic" else Code.ILLEGAL_CONSUMER_GROUP,
-                         f"{what} name is required")
-    return resource.name
+        raise ProxyError(code, f"{what} name is required")
+    try:
+        namespace = validate_namespace(resource.resource_namespace, f"{what}.resource_namespace")
+        return qualify(namespace, f"{what}.name", resource.name)
+    except InvalidNameError as err:
+        raise ProxyError(code, err.message) from err
+
+
+def to_resource(name: str) -> definition_pb2.Resource:
+    """A native name as the clients know it: ``ns%orders`` → (namespace ``ns``, ``orders``)."""
+    namespace = namespace_of(name)
+    return definition_pb2.Resource(resource_namespace=namespace, name=unqualify(namespace, name))
 
 
 def seconds(d: duration_pb2.Duration) -> float:
@@ -134,7 +149,7 @@ def delivery_ms(ts: timestamp_pb2.Timestamp) -> int:
 
 
 def _base(topic: str, m: common_pb2.Message, message_type: int) -> definition_pb2.Message:
-    out = definition_pb2.Message(topic=definition_pb2.Resource(name=topic), body=m.body,
+    out = definition_pb2.Message(topic=to_resource(topic), body=m.body,
                                  user_properties=dict(m.properties))
     sp = out.system_properties
     if m.tag:
@@ -189,8 +204,13 @@ def validate_filter(expression: definition_pb2.FilterExpression) -> tuple[str, b
 def publishing_topics(settings: definition_pb2.Settings) -> tuple[str, ...]:
     if settings.WhichOneof("pub_sub") != "publishing":
         return ()
-    return tuple(dict.fromkeys(t.name for t in settings.publishing.topics
-                               if t.name and not t.resource_namespace))
+    names = []
+    for t in settings.publishing.topics:
+        try:
+            names.append(resource_name(t, "topic"))
+        except ProxyError:
+            continue  # a bad name is refused when it is sent to
+    return tuple(dict.fromkeys(names))
 
 
 def backoff_delays(initial: float, multiplier: float, maximum: float, attempts: int) -> list[float]:

@@ -18,6 +18,7 @@ from .checks import CheckManager
 from .clients import ClientRegistry
 from .config import ProxyConfig
 from .metrics import ProxyMetrics
+from .namespaces import NamespaceInterceptor
 from .codes import status
 from .protocol import SERVICE_NAME, service_pb2, service_pb2_grpc
 from .relay import Relay
@@ -48,7 +49,8 @@ async def create_server(config: ProxyConfig) -> tuple[ServiceApp, int]:
     servicer = MessagingServicer(config, upstream, relay, registry, checks, metrics, renewer=renewer)
     app = ServiceApp("proxy", config, metrics,
                      [(service_pb2_grpc.add_MessagingServiceServicer_to_server, servicer)], [SERVICE_NAME],
-                     in_band=refusal_in_band, auth_options=AUTH_OPTIONS)
+                     in_band=refusal_in_band, auth_options=AUTH_OPTIONS,
+                     interceptors=[NamespaceInterceptor()])
     servicer.bound_port = app.port  # routes fall back to it when a client names no access point
     app.servicer = servicer  # type: ignore[attr-defined]  # tests and tools reach the domain
 

@@ -27,7 +27,7 @@ from .checks import CheckManager
 from .clients import ClientRegistry, TelemetryStream
 from .codes import ProxyError, code_for, status, unsupported
 from .config import ProxyConfig
-from .convert import delivered_to_rmq, resource_name, seconds, to_native, validate_filter
+from .convert import delivered_to_rmq, resource_name, seconds, to_native, to_resource, validate_filter
 from .metrics import ProxyMetrics
 from .protocol import Code, definition_pb2, service_pb2, service_pb2_grpc
 from .relay import Relay
@@ -85,7 +85,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def _queue(self, topic: str, queue_id: int, broker: str, endpoints: pb.Endpoints,
                draining: bool = False) -> pb.MessageQueue:
         return pb.MessageQueue(
-            topic=pb.Resource(name=topic), id=queue_id, permission=pb.READ if draining else pb.READ_WRITE,
+            topic=to_resource(topic), id=queue_id, permission=pb.READ if draining else pb.READ_WRITE,
             broker=pb.Broker(name=broker, id=0, endpoints=endpoints), accept_message_types=ACCEPTED_TYPES)
 
     async def QueryRoute(self, request: spb.QueryRouteRequest, context: Any) -> spb.QueryRouteResponse:

@@ -22,8 +22,9 @@ from txmq.v1 import (admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc, che
                      common_pb2, nameserver_pb2, nameserver_pb2_grpc, replication_pb2, replication_pb2_grpc)
 
 TOKENS = {name: f"token-of-{name}-0123456789abcdef" for name in
-          ("nameserver", "broker", "checker", "operator", "orders", "mallory")}
+          ("nameserver", "broker", "checker", "operator", "orders", "mallory", "tenant")}
 RPC_TIMEOUT = 5.0
+UNKNOWN, COMMIT = txmq.LocalTransactionState.UNKNOWN, txmq.LocalTransactionState.COMMIT
 
 
 def credentials(tokens: dict[str, str] = TOKENS, extra_rules: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -39,9 +40,25 @@ def credentials(tokens: dict[str, str] = TOKENS, extra_rules: list[dict[str, Any
             {"principal": "mallory", "resource": "topic:mallory-*", "actions": ["publish", "subscribe", "admin-write"]},
             {"principal": "mallory", "resource": "producer_group:mallory", "actions": ["check", "admin-read"]},
             {"principal": "mallory", "resource": "consumer_group:mallory", "actions": ["subscribe"]},
+            # Everything of one namespace, nothing else (test_namespaced_rules_stop_at_their_namespace).
+            {"principal": "tenant", "namespace": "teamA", "resource": "cluster",
+             "actions": ["publish", "subscribe", "check"]},
             *(extra_rules or []),
         ],
     }
+
+
+class Always(txmq.TransactionListener):
+    """Ends every transaction, and answers every check, with ``state``."""
+
+    def __init__(self, state: txmq.LocalTransactionState) -> None:
+        self.state = state
+
+    def execute_local_transaction(self, message: Any, arg: Any) -> Any:
+        return self.state
+
+    def check_local_transaction(self, message: Any) -> Any:
+        return self.state
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -129,14 +146,7 @@ def test_census_of_unauthorized_actions(secured: tuple[Cluster, Path], capsys: p
 
     # The state the census must leave as it is: a pending transaction of group "orders",
     # a committed message, one delivery of it in flight for consumer group "orders-a".
-    class Unknown(txmq.TransactionListener):
-        def execute_local_transaction(self, message: Any, arg: Any) -> Any:
-            return txmq.LocalTransactionState.UNKNOWN
-
-        def check_local_transaction(self, message: Any) -> Any:
-            return txmq.LocalTransactionState.UNKNOWN
-
-    with txmq.TransactionProducer(ns_address, producer_group="orders", listener=Unknown(), answer_checks=False,
+    with txmq.TransactionProducer(ns_address, producer_group="orders", listener=Always(UNKNOWN), answer_checks=False,
                                   token=TOKENS["orders"]) as producer:
         pending = producer.send_in_transaction(txmq.Message("orders", b"pending"))
     with txmq.Producer(ns_address, token=TOKENS["orders"]) as plain:
@@ -394,14 +404,7 @@ def test_cli_token_and_the_operator_on_record(secured: tuple[Cluster, Path], mon
 
     cluster, _creds = secured
 
-    class Unknown(txmq.TransactionListener):
-        def execute_local_transaction(self, message: Any, arg: Any) -> Any:
-            return txmq.LocalTransactionState.UNKNOWN
-
-        def check_local_transaction(self, message: Any) -> Any:
-            return txmq.LocalTransactionState.UNKNOWN
-
-    with txmq.TransactionProducer(cluster.nameserver_address, producer_group="orders", listener=Unknown(),
+    with txmq.TransactionProducer(cluster.nameserver_address, producer_group="orders", listener=Always(UNKNOWN),
                                   answer_checks=False, token=TOKENS["orders"]) as producer:
         pending = producer.send_in_transaction(txmq.Message("orders", b"for the operator"))
 
@@ -420,3 +423,36 @@ def test_cli_token_and_the_operator_on_record(secured: tuple[Cluster, Path], mon
     code, text = txmq_cli(*resolve)
     assert code == 0, text
     assert json.loads(text)["operator"] == "operator"
+
+
+def test_namespaced_rules_stop_at_their_namespace(secured: tuple[Cluster, Path]) -> None:
+    """A principal whose rules are scoped to namespace teamA sends, commits and receives
+    there; the same calls in teamB, on a topic and groups of the same names, are refused
+    with PermissionDeniedError and leave teamB's topic empty."""
+    cluster, _creds = secured
+    address, token = cluster.nameserver_address, TOKENS["tenant"]
+    for ns in ("teamA", "teamB"):
+        cluster.create_topic(f"{ns}%events", queue_count=1)
+
+    with txmq.TransactionProducer(address, producer_group="tx", listener=Always(COMMIT), token=token,
+                                  namespace="teamA") as producer:
+        assert producer.send_in_transaction(txmq.Message("events", b"a")).state == txmq.TransactionState.COMMITTED
+    with txmq.SimpleConsumer(address, consumer_group="reader", subscriptions={"events": "*"}, token=token,
+                             namespace="teamA", await_duration_seconds=0.5) as consumer:
+        got = wait_until(lambda: consumer.receive(max_messages=4), 15.0, message="teamA's message")
+        assert [m.body for m in got] == [b"a"]
+
+    with txmq.Producer(address, token=token, namespace="teamB") as plain:
+        with pytest.raises(txmq.PermissionDeniedError, match="teamB%events"):
+            plain.send(txmq.Message("events", b"b"))
+    with txmq.TransactionProducer(address, producer_group="tx", listener=Always(COMMIT), token=token,
+                                  namespace="teamB", answer_checks=False) as producer:
+        with pytest.raises(txmq.PermissionDeniedError):
+            producer.send_in_transaction(txmq.Message("events", b"b-txn"))
+    with txmq.SimpleConsumer(address, consumer_group="reader", subscriptions={"events": "*"}, token=token,
+                             namespace="teamB", await_duration_seconds=0.5) as consumer:
+        with pytest.raises(txmq.PermissionDeniedError, match="teamB"):
+            consumer.receive(max_messages=4)
+    described = cluster.admin_stub().DescribeTopic(admin_pb2.DescribeTopicRequest(topic="teamB%events"),
+                                                   timeout=RPC_TIMEOUT)
+    assert [q.max_offset for q in described.queues] == [0]

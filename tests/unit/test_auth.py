@@ -196,3 +196,99 @@ def test_signed_stamps_must_be_fresh_in_the_keys_time_zone() -> None:
         check_fresh("AK", utc, "20261124T114400Z", 900, now)
     with pytest.raises(UnauthenticatedError, match="not a time"):
         check_fresh("AK", utc, "2026-11-24", 900, now)
+
+
+# --- namespaces ---------------------------------------------------------------------------
+
+_NAMED_FIELDS = {"topic", "consumer_group", "producer_group", "producer_groups"}
+
+
+def _fill(message: Any, namespace: str, depth: int = 0) -> None:
+    """Names every topic and group of ``message`` (at any depth; of a oneof, its first
+    member) in ``namespace``: a txmq name ``<ns>%x``, or a RocketMQ Resource
+    ``{resource_namespace: ns, name: x}``."""
+    if message.DESCRIPTOR.full_name == "apache.rocketmq.v2.Resource":
+        message.resource_namespace, message.name = namespace, "x"
+        return
+    for field in message.DESCRIPTOR.fields:
+        if field.containing_oneof is not None and field.containing_oneof.fields[0] is not field:
+            continue
+        repeated = field.is_repeated
+        if field.type == field.TYPE_STRING and field.name in _NAMED_FIELDS:
+            if repeated:
+                getattr(message, field.name).append(f"{namespace}%x")
+            else:
+                setattr(message, field.name, f"{namespace}%x")
+        elif field.message_type is not None and depth < 4 and not field.message_type.GetOptions().map_entry:
+            _fill(getattr(message, field.name).add() if repeated else getattr(message, field.name),
+                  namespace, depth + 1)
+
+
+def test_a_namespaced_rule_allows_its_namespace_and_refuses_the_other_on_every_rpc() -> None:
+    """The census: every RPC whose policy names a topic or group, native and RocketMQ's,
+    with every name in namespace A is allowed to a principal whose rules are scoped to A,
+    and the same request in B is refused; what needs the whole cluster is refused too."""
+    creds = store_of({"principals": {"alice": {}},
+                      "acl": [{"principal": "alice", "namespace": "A", "resource": "cluster",
+                               "actions": ["publish", "subscribe", "check", "admin-read", "admin-write"]}]})
+    alice = creds.principals["alice"]
+    classes = {}
+    for module in (admin_pb2, broker_pb2, checker_pb2, nameserver_pb2, operations_pb2, service_pb2):
+        for service in module.DESCRIPTOR.services_by_name.values():
+            for method in service.methods:
+                classes[f"/{service.full_name}/{method.name}"] = getattr(module, method.input_type.name)
+    scoped, cluster_wide = [], []
+    for table in (NATIVE, POLICIES):
+        for method, policy in table.items():
+            if not callable(policy.rights) or method not in classes:
+                continue
+            requests = {}
+            for ns in ("A", "B"):
+                requests[ns] = classes[method]()
+                _fill(requests[ns], ns)
+            needs = policy.rights(requests["A"])
+            if not needs or any("internal" in n.actions for n in needs):
+                continue
+            if any(n.kind == "cluster" for n in needs):
+                cluster_wide.append(method)
+                with pytest.raises(PermissionDeniedError):
+                    authorize(creds, alice, method, needs)
+                continue
+            scoped.append(method)
+            authorize(creds, alice, method, needs)
+            with pytest.raises(PermissionDeniedError, match="'B%x'"):
+                authorize(creds, alice, method, policy.rights(requests["B"]))  # type: ignore[operator]
+    # Every client RPC of both protocols is among them (a new one joins by itself).
+    assert {"/txmq.v1.BrokerService/SendMessage", "/txmq.v1.BrokerService/Produce",
+            "/txmq.v1.BrokerService/ReceiveMessages", "/txmq.v1.BrokerService/AckMessages",
+            "/txmq.v1.CheckerService/CheckTransactionState", "/txmq.v1.AdminService/CreateTopic",
+            "/apache.rocketmq.v2.MessagingService/SendMessage",
+            "/apache.rocketmq.v2.MessagingService/ReceiveMessage",
+            "/apache.rocketmq.v2.MessagingService/EndTransaction",
+            "/apache.rocketmq.v2.MessagingService/Telemetry"} <= set(scoped)
+    assert "/txmq.v1.AdminService/ListTopics" in cluster_wide
+
+
+def test_namespaced_rules_match_names_within_their_namespace() -> None:
+    creds = store_of({"principals": {"a": {}, "ops": {}},
+                      "acl": [{"principal": "a", "namespace": "staging", "resource": "topic:orders-*",
+                               "actions": ["publish"]},
+                              {"principal": "ops", "resource": "topic:*", "actions": ["publish"]}]})
+    from services.common.auth.acl import allows
+    assert allows(creds.rules, "a", "publish", "topic", "staging%orders-1")
+    assert not allows(creds.rules, "a", "publish", "topic", "prod%orders-1")
+    assert not allows(creds.rules, "a", "publish", "topic", "orders-1")  # no namespace is not staging
+    assert not allows(creds.rules, "a", "publish", "topic", "staging%other")
+    assert allows(creds.rules, "ops", "publish", "topic", "prod%orders-1")  # unscoped: every namespace
+
+
+@pytest.mark.parametrize(("rule", "named"), [
+    ({"namespace": "bad ns"}, "acl[0].namespace"),
+    ({"namespace": 7}, "acl[0].namespace"),
+    ({"namespaces": "a"}, "optionally namespace"),
+])
+def test_a_bad_rule_namespace_is_refused(rule: dict[str, Any], named: str) -> None:
+    with pytest.raises(CredentialsError) as refused:
+        store_of({"principals": {"a": {}},
+                  "acl": [{"principal": "a", "resource": "topic:x", "actions": ["publish"], **rule}]})
+    assert named in str(refused.value)

@@ -12,7 +12,7 @@ from typing import Iterable, Mapping, Sequence
 from .._client import positive
 from .._consumer import _subscriptions, _Target, receive_request
 from .._errors import ClientClosedError, InternalError, InvalidFieldError, TopicNotFoundError, TxmqError, error_from_entry
-from .._names import validate_group
+from .._names import in_namespace, validate_group
 from .._tls import TLS
 from .._types import ReceivedMessage, SqlFilter, ms_to_datetime, received_from_pb
 from ..v1 import broker_pb2
@@ -30,10 +30,13 @@ class AsyncSimpleConsumer:
     def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
                  subscriptions: Mapping[str, "str | SqlFilter"], await_duration_seconds: float = 20.0,
                  request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
-                 tls: TLS | None = None, token: str | None = None) -> None:
+                 tls: TLS | None = None, token: str | None = None, namespace: str = "") -> None:
+        # A namespace qualifies the group and every subscribed topic (txmq.names.qualify).
+        consumer_group = in_namespace(namespace, "consumer_group", consumer_group)
         validate_group("consumer_group", consumer_group)
+        self.namespace = namespace
         self.consumer_group = consumer_group
-        self.subscriptions = _subscriptions(subscriptions)
+        self.subscriptions = _subscriptions(subscriptions, namespace)
         self.await_duration_seconds = positive("await_duration_seconds", await_duration_seconds)
         self._client = AsyncClient(nameservers, request_timeout_seconds=request_timeout_seconds,
                                    route_refresh_seconds=route_refresh_seconds, what="consumer", tls=tls, token=token)

@@ -22,10 +22,10 @@ from .._client import QueueRoute, positive
 from .._checks import InProgress
 from .._faults import Abandoned, OverloadBackoff, RetryAction, RoutingStats, retry_action
 from .._ids import MessageId
-from .._names import validate_group, validate_send_topic
+from .._names import in_namespace, validate_group, validate_send_topic
 from .._producer import _HOST, DEFAULT_MAX_BODY_BYTES, new_client_id
 from .._tls import TLS
-from .._types import (RESOLUTION_TO_PB, LocalTransactionState, Message, SendReceipt, TransactionMessage,
+from .._types import (RESOLUTION_TO_PB, LocalTransactionState, Message, SendReceipt, TransactionMessage, namespaced,
                       TransactionResult, TransactionState, message_to_pb, state_from_name, state_from_pb)
 from ..v1 import broker_pb2, common_pb2
 from ._checks import AsyncCheckResponder
@@ -45,7 +45,11 @@ class AsyncProducer:
     def __init__(self, nameservers: str | Sequence[str], *, producer_group: str = "",
                  send_timeout_seconds: float = 3.0, max_attempts: int = 3, retry_backoff_seconds: float = 0.1,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, request_timeout_seconds: float = 3.0,
-                 route_refresh_seconds: float = 30.0, tls: TLS | None = None, token: str | None = None) -> None:
+                 route_refresh_seconds: float = 30.0, tls: TLS | None = None, token: str | None = None,
+                 namespace: str = "") -> None:
+        # A namespace qualifies the group and every topic sent to (txmq.names.qualify).
+        producer_group = in_namespace(namespace, "producer_group", producer_group)
+        self.namespace = namespace
         if producer_group:
             validate_group("producer_group", producer_group)
         if not isinstance(max_attempts, int) or max_attempts < 1:
@@ -84,20 +88,23 @@ class AsyncProducer:
 
     async def send(self, message: Message) -> SendReceipt:
         """Stores a normal message, visible to consumers at once."""
-        self._validate(message)
+        message = self._validate(message)
         route, pb, response = await self._send_new(message.topic, lambda route, message_id: message_to_pb(
             message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_NORMAL, int(time.time() * 1000), _HOST))
         return SendReceipt(message_id=response.message_id or pb.message_id, topic=message.topic,
                            broker_name=response.broker_name or route.broker_name,
                            queue_id=response.queue_id, queue_offset=response.queue_offset)
 
-    def _validate(self, message: Message) -> None:
+    def _validate(self, message: Message) -> Message:
+        """The message as it is sent (its topic in the producer's namespace), once valid."""
         if not isinstance(message, Message):
             raise InvalidFieldError("message", f"must be a txmq.Message, got {type(message).__name__}")
         self._client.check_open()
+        message = namespaced(message, self.namespace)
         validate_send_topic(message.topic)
         if len(message.body) > self.max_body_bytes:
             raise MessageTooLargeError(len(message.body), self.max_body_bytes)
+        return message
 
     async def _pick_queue(self, topic: str, exclude: frozenset[str] | set[str] = frozenset()) -> QueueRoute:
         routes = await self._client.route(topic)
@@ -209,8 +216,9 @@ class AsyncTransactionProducer(AsyncProducer):
                  send_timeout_seconds: float = 3.0, max_attempts: int = 3, retry_backoff_seconds: float = 0.1,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, request_timeout_seconds: float = 3.0,
                  route_refresh_seconds: float = 30.0, answer_checks: bool = True, check_concurrency: int = 16,
-                 checker_refresh_seconds: float = 5.0, tls: TLS | None = None, token: str | None = None) -> None:
-        validate_group("producer_group", producer_group)
+                 checker_refresh_seconds: float = 5.0, tls: TLS | None = None, token: str | None = None,
+                 namespace: str = "") -> None:
+        validate_group("producer_group", in_namespace(namespace, "producer_group", producer_group))
         for method in ("execute_local_transaction", "check_local_transaction"):
             if not asyncio.iscoroutinefunction(getattr(listener, method, None)):
                 raise InvalidFieldError("listener", f"{method}() must be a coroutine function (async def)")
@@ -222,12 +230,12 @@ class AsyncTransactionProducer(AsyncProducer):
         super().__init__(nameservers, producer_group=producer_group, send_timeout_seconds=send_timeout_seconds,
                          max_attempts=max_attempts, retry_backoff_seconds=retry_backoff_seconds,
                          max_body_bytes=max_body_bytes, request_timeout_seconds=request_timeout_seconds,
-                         route_refresh_seconds=route_refresh_seconds, tls=tls, token=token)
+                         route_refresh_seconds=route_refresh_seconds, tls=tls, token=token, namespace=namespace)
         self.listener = listener
         self.client_id = client_id or new_client_id()
         self._checks: AsyncCheckResponder | None = None
         if answer_checks:
-            self._checks = AsyncCheckResponder(self._client, producer_group=producer_group,
+            self._checks = AsyncCheckResponder(self._client, producer_group=self.producer_group,
                                                client_id=self.client_id, check=self._check_local_transaction,
                                                check_concurrency=check_concurrency,
                                                refresh_seconds=float(checker_refresh_seconds))
@@ -259,7 +267,7 @@ class AsyncTransactionProducer(AsyncProducer):
 
     async def send_in_transaction(self, message: Message, arg: Any = None) -> TransactionResult:
         """As :meth:`txmq.TransactionProducer.send_in_transaction`, awaiting the listener."""
-        self._validate(message)
+        message = self._validate(message)
 
         def build(route: QueueRoute, message_id: str) -> common_pb2.Message:
             pb = message_to_pb(message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_TRANSACTION,

@@ -10,11 +10,20 @@ transactions of a producer group), ``admin-read`` (list and describe transaction
 ``admin-write`` (create topics, resolve transactions, elect leaders). Nothing is allowed
 that no rule allows; service identities (``service: true``) hold every right, and are the
 only ones allowed the internal RPCs.
+
+Namespaces: a rule with a ``namespace`` covers only that namespace's topics and groups,
+its resource naming them without the namespace (``{namespace: staging, resource:
+"topic:orders-*"}`` covers ``staging%orders-1``, never ``prod%orders-1``; ``cluster``
+there is every topic and group of the namespace, not the cluster-wide rights, which only
+a rule without a namespace grants). A rule without one matches names as they travel
+(``topic:staging%orders``), so ``topic:*`` still covers every namespace.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+from txmq.names import namespace_of, unqualify
 
 PUBLISH = "publish"
 SUBSCRIBE = "subscribe"
@@ -72,6 +81,15 @@ class Rule:
     principal: str
     resource: Resource
     actions: frozenset[str]
+    #: The namespace the rule is scoped to ("" too: the resources in none); None: unscoped.
+    namespace: str | None = None
+
+    def covers(self, kind: str, name: str) -> bool:
+        if self.namespace is None:
+            return self.resource.covers(kind, name)
+        if kind == CLUSTER or namespace_of(name) != self.namespace:
+            return False
+        return self.resource.kind == CLUSTER or self.resource.covers(kind, unqualify(self.namespace, name))
 
 
 def describe(kind: str, name: str) -> str:
@@ -79,5 +97,5 @@ def describe(kind: str, name: str) -> str:
 
 
 def allows(rules: tuple[Rule, ...], principal: str, action: str, kind: str, name: str) -> bool:
-    return any(r.principal == principal and action in r.actions and r.resource.covers(kind, name)
+    return any(r.principal == principal and action in r.actions and r.covers(kind, name)
                for r in rules)

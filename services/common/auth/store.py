@@ -19,6 +19,7 @@ secrets) into the proxy only::
     acl:
       - {principal: orders-app, resource: "topic:orders", actions: [publish]}
       - {principal: orders-app, resource: "producer_group:orders-*", actions: [check]}
+      - {principal: staging-app, namespace: staging, resource: cluster, actions: [publish, subscribe]}
 
 Tokens are stored only as ``sha256:<hex>`` digests: a token is 32 random bytes
 (``python -m services.common.auth new-token``), so a fast hash is as safe as a slow one and
@@ -52,6 +53,9 @@ import time
 from typing import Any, Callable, Iterable, Mapping
 
 import yaml
+
+from txmq.errors import TxmqError
+from txmq.names import validate_namespace
 
 from .acl import ACTIONS, Rule, parse_resource
 
@@ -217,8 +221,17 @@ def parse(documents: Iterable[tuple[str, Any]]) -> Credentials:
     rules = []
     for index, (path, raw) in enumerate(raw_rules):
         where = f"{path}: acl[{index}]"
-        if not isinstance(raw, dict) or set(raw) != {"principal", "resource", "actions"}:
-            raise CredentialsError(f"{where}: a rule is {{principal, resource, actions}}")
+        if not isinstance(raw, dict) or not {"principal", "resource", "actions"} <= set(raw) <= {
+                "principal", "resource", "actions", "namespace"}:
+            raise CredentialsError(f"{where}: a rule is {{principal, resource, actions}} and optionally namespace")
+        namespace = raw.get("namespace")
+        if namespace is not None:
+            if not isinstance(namespace, str):
+                raise CredentialsError(f"{where}.namespace: a namespace is a string")
+            try:
+                validate_namespace(namespace)
+            except TxmqError as exc:
+                raise CredentialsError(f"{where}.namespace: {exc.message}") from None
         if raw["principal"] not in principals:
             raise CredentialsError(f"{where}: principal {raw['principal']!r} is not declared")
         actions = _strings(raw["actions"], f"{where}.actions")
@@ -229,7 +242,7 @@ def parse(documents: Iterable[tuple[str, Any]]) -> Credentials:
             resource = parse_resource(raw["resource"])
         except ValueError as exc:
             raise CredentialsError(f"{where}.resource: {exc}") from None
-        rules.append(Rule(raw["principal"], resource, frozenset(actions)))
+        rules.append(Rule(raw["principal"], resource, frozenset(actions), namespace))
     return Credentials(principals, tokens, certificates, access_keys, tuple(rules))
 
 

@@ -33,7 +33,7 @@ def view(m: Message) -> dict:
     body = m.body
     return {"message_id": m.message_id, "topic": m.topic, "body": body.decode() if body is not None else None,
             "tag": m.tag, "keys": sorted(m.keys or ()), "properties": dict(m.properties or {}),
-            "delivery_attempt": m.delivery_attempt, "corrupted": m.corrupted,
+            "namespace": m.namespace, "delivery_attempt": m.delivery_attempt, "corrupted": m.corrupted,
             "delivery_timestamp": m.delivery_timestamp, "received_ms": int(time.time() * 1000)}
 
 
@@ -73,10 +73,11 @@ class Checker(TransactionChecker):
 
 
 def config(args: dict) -> ClientConfiguration:
-    """The access point, and the access key and secret the client signs its requests with
-    (none by default: the proxy runs with auth off)."""
+    """The access point, the access key and secret the client signs its requests with
+    (none by default: the proxy runs with auth off), and the namespace (none by default)."""
     credentials = Credentials(args.get("access_key", ""), args.get("secret", ""))
-    return ClientConfiguration(args["endpoints"], credentials, request_timeout=args.get("request_timeout", 3))
+    return ClientConfiguration(args["endpoints"], credentials, namespace=args.get("namespace", ""),
+                               request_timeout=args.get("request_timeout", 3))
 
 
 # --- scenarios ---------------------------------------------------------------------------

@@ -34,7 +34,7 @@ function credentials(args) {
 }
 
 async function transactional(args) {
-  const producer = new Producer({ endpoints: args.endpoints, namespace: '', ...credentials(args), topics: [args.topic], checker });
+  const producer = new Producer({ endpoints: args.endpoints, namespace: args.namespace || '', ...credentials(args), topics: [args.topic], checker });
   await producer.startup();
   try {
     let i = 0;
@@ -57,7 +57,7 @@ async function transactional(args) {
 
 // Normal messages; with `delay_ms` each is a delay message due that long after its send.
 async function send(args) {
-  const producer = new Producer({ endpoints: args.endpoints, namespace: '', topics: [args.topic] });
+  const producer = new Producer({ endpoints: args.endpoints, namespace: args.namespace || '', topics: [args.topic] });
   await producer.startup();
   try {
     for (const body of args.bodies) {
@@ -76,7 +76,7 @@ async function send(args) {
 
 // Sends one half message and dies (SIGKILL) before deciding it: an orphan for the checker.
 async function orphan(args) {
-  const producer = new Producer({ endpoints: args.endpoints, namespace: '', ...credentials(args), topics: [args.topic], checker });
+  const producer = new Producer({ endpoints: args.endpoints, namespace: args.namespace || '', ...credentials(args), topics: [args.topic], checker });
   await producer.startup();
   const tx = producer.beginTransaction();
   const receipt = await producer.send({
@@ -89,7 +89,7 @@ async function orphan(args) {
 // A transactional producer that only answers orphan checks (through `checker`), until
 // stdin closes.
 async function checkerOnly(args) {
-  const producer = new Producer({ endpoints: args.endpoints, namespace: '', ...credentials(args), topics: [args.topic], checker });
+  const producer = new Producer({ endpoints: args.endpoints, namespace: args.namespace || '', ...credentials(args), topics: [args.topic], checker });
   await producer.startup();
   emit('started');
   await new Promise((resolve) => {
@@ -106,7 +106,7 @@ async function checkerOnly(args) {
 async function simple(args) {
   const filter = args.sql ? new FilterExpression(args.filter, FilterType.SQL) : (args.filter || '*');
   const consumer = new SimpleConsumer({
-    endpoints: args.endpoints, namespace: '', ...credentials(args), consumerGroup: args.group,
+    endpoints: args.endpoints, namespace: args.namespace || '', ...credentials(args), consumerGroup: args.group,
     subscriptions: new Map([[args.topic, filter]]), awaitDuration: (args.await_seconds || 2) * 1000,
   });
   await consumer.startup();
