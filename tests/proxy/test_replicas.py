@@ -240,7 +240,7 @@ def test_a_check_answer_whose_caller_gives_up_still_reaches_the_checker(
         try:
             call = stub(proxy).EndTransaction.future(spb.EndTransactionRequest(
                 topic=pb.Resource(name=topic), message_id=entry.message_id, transaction_id=entry.transaction_id,
-                resolution=pb.COMMIT, source=pb.SOURCE_SERVER_CHECK), timeout=2)
+                resolution=pb.COMMIT, source=pb.SOURCE_SERVER_CHECK), timeout=3)
             with pytest.raises(grpc.RpcError) as gave_up:
                 call.result()
             assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
