@@ -77,6 +77,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.metrics = metrics
         self.bound_port = bound_port
         self.long_polls = ConnectionLimit("max_long_polls_per_connection", config.max_long_polls_per_connection)
+        #: EndTransactions carried on past their caller's cancellation (see EndTransaction).
+        self._ending: set[asyncio.Task[spb.EndTransactionResponse]] = set()
         self.renewer = renewer or Renewer(config, relay, metrics)
         registry.on_gone.append(self.renewer.client_gone)
 
@@ -154,7 +156,19 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         """COMMIT / ROLLBACK from the producer (SOURCE_CLIENT) or its TransactionChecker
         (SOURCE_SERVER_CHECK, source CHECK on the broker). Any replica applies it on the
         broker the transaction id names; a check sent from this replica is also answered
-        to its checker (see ``checks``). UNSPECIFIED keeps the transaction pending."""
+        to its checker (see ``checks``). UNSPECIFIED keeps the transaction pending.
+
+        A decision that reached the proxy is carried through even if the client cancels the
+        call: the official clients shut down (closing their channel) while their check
+        thread's EndTransaction is in flight, and a handler cancelled between the broker's
+        commit and the checker's answer left the check unanswered (a timeout at the checker,
+        its link draining until forgotten)."""
+        ending = asyncio.create_task(self._end_transaction(request), name="end-transaction")
+        self._ending.add(ending)
+        ending.add_done_callback(self._ending.discard)
+        return await asyncio.shield(ending)
+
+    async def _end_transaction(self, request: spb.EndTransactionRequest) -> spb.EndTransactionResponse:
         from_check = request.source == pb.SOURCE_SERVER_CHECK
         resolution, check_result, label = _RESOLUTIONS.get(request.resolution, _UNKNOWN)
         source_label = "server_check" if from_check else "client"

@@ -87,6 +87,9 @@ BAD_VALUES = {
     "proxy advertise address without port": {"proxy.advertiseAddress": "mq.example.com"},
     "proxy grace longer than termination": {"proxy.config.shutdown_grace_seconds": "45"},
     "metrics port clashes with the proxy": {"metrics.port": "8081"},
+    "proxy pending checks limit 0": {"proxy.config.max_pending_checks_per_connection": "0"},
+    "proxy signature skew beyond a day": {"proxy.config.signature_max_skew_seconds": "86401"},
+    "broker pending produce entries 0": {"broker.config.max_pending_produce_entries": "0"},
     # Replicated shards.
     "replicated without an etcd": {"broker.replicationFactor": "3"},
     "bundled etcd and endpoints both": {"etcd.endpoints[0]": "etcd:2379", "broker.replicationFactor": "3",

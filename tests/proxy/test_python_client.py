@@ -84,12 +84,14 @@ def test_orphan_recovered_by_a_second_producer_through_another_replica(
     checked = second.wait_event("checked", timeout=60)[0]
     assert checked["message_id"] == sent["message_id"]
     assert checked["body"] == "orphan-commit" and checked["topic"] == topic and not checked["corrupted"]
-    second.expect_success(60)
 
-    # The answer travels on (client → proxy → checker → broker) after the client is done.
+    # The answer travels on (client → proxy → broker, and the checker). The client stays up
+    # until it is applied: the official client's shutdown can cancel its check thread's
+    # EndTransaction before it leaves (test_replicas covers an answer whose caller gave up).
     txn = wait_until(lambda: (t := transaction_of(rmq_cluster, sent["transaction_id"])).state
                      == common_pb2.TRANSACTION_STATE_COMMITTED and t, 30,
                      message=lambda: f"not committed: {transaction_of(rmq_cluster, sent['transaction_id'])}")
+    second.expect_success(60)
     assert txn.resolution_source == common_pb2.TRANSACTION_SOURCE_CHECK
     [m] = receive_native(rmq_cluster, unique_name("g"), topic, 1)
     assert m.body == b"orphan-commit" and m.message_id == sent["message_id"]

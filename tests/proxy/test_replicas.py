@@ -218,6 +218,44 @@ def test_a_check_answer_reaches_the_checker_with_its_credit(rmq_cluster: Cluster
     assert _checker_metric(rmq_cluster, "txmq_checks_total", {**group, "result": "timeout"}) == 0
 
 
+def test_a_check_answer_whose_caller_gives_up_still_reaches_the_checker(
+        rmq_cluster: Cluster, unique_name: Callable[[str], str]) -> None:
+    """The official clients close their channel at shutdown while their check thread's
+    EndTransaction may be in flight: the proxy carries a decision it received through (the
+    broker's commit and the checker's answer) although its caller went away meanwhile. The
+    broker is paused so the call is still in the proxy when the caller's deadline ends it."""
+    proxy = rmq_cluster.proxy_addresses[0]
+    topic = unique_name("gave-up")
+    group = {"group": topic}
+    telemetry = Telemetry(proxy, f"wire-{uuid.uuid4().hex[:8]}", topic)
+    broker = rmq_cluster.brokers[0]
+    try:
+        telemetry.next("settings", 10)
+        _, entry = send_half(proxy, topic, b"answer-me", "wire-sender")
+        check = telemetry.next("recover_orphaned_transaction_command", 30).recover_orphaned_transaction_command
+        assert check.transaction_id == entry.transaction_id
+        wait_until(lambda: _checker_metric(rmq_cluster, "txmq_checks_total", {**group, "result": "delivered"}) == 1,
+                   10, message="the check received (written to the client's stream)")
+        broker.pause()
+        try:
+            call = stub(proxy).EndTransaction.future(spb.EndTransactionRequest(
+                topic=pb.Resource(name=topic), message_id=entry.message_id, transaction_id=entry.transaction_id,
+                resolution=pb.COMMIT, source=pb.SOURCE_SERVER_CHECK), timeout=3)
+            with pytest.raises(grpc.RpcError) as gave_up:
+                call.result()
+            assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        finally:
+            broker.resume()
+        wait_until(lambda: transaction(rmq_cluster, entry.transaction_id).state
+                   == common_pb2.TRANSACTION_STATE_COMMITTED, 30, message="the answer applied on the broker")
+        wait_until(lambda: _checker_metric(rmq_cluster, "txmq_checks_total", {**group, "result": "commit"}) == 1, 15,
+                   message="the checker heard the answer through the proxy")
+    finally:
+        telemetry.close()
+    assert transaction(rmq_cluster, entry.transaction_id).resolution_source == common_pb2.TRANSACTION_SOURCE_CHECK
+    assert _checker_metric(rmq_cluster, "txmq_check_answers_refused_total", group) == 0
+
+
 def test_errors_are_answered_in_band(rmq_cluster: Cluster, unique_name: Callable[[str], str]) -> None:
     proxy = stub(rmq_cluster.proxy_addresses[0])
     bad_txn = proxy.EndTransaction(spb.EndTransactionRequest(
