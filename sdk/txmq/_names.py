@@ -14,6 +14,12 @@ SYSTEM_PREFIX = "%"
 HALF_TOPIC = "%HALF%"
 DLQ_PREFIX = "%DLQ%"
 DISCARD_PREFIX = "%DISCARD%"
+#: The property the broker stamps on every message of a multi-message (global) transaction:
+#: the global transaction's id (the transaction id of its first message). Reserved.
+GLOBAL_TRANSACTION_PROPERTY = "__TXMQ_GLOBAL_TRANSACTION_ID"
+#: The property the SDK stamps on every message of a global transaction: how many messages
+#: it has (a consumer reassembling one waits for that many).
+GLOBAL_PARTS_PROPERTY = "__TXMQ_GLOBAL_PARTS"
 
 
 def validate_name(field: str, value: str) -> str:
