@@ -69,7 +69,9 @@ class GlobalPart(ChecksPart):
     def _load_globals(self) -> None:
         """At start (every term): the live rows of the ``global`` column family."""
         self._g_open, self._g_parts, self._g_part_of, self._g_push, self._g_pull = {}, {}, {}, {}, {}
-        now = self.clock()
+        # A restarted participant asks about its parts after the timeout, as a new part would:
+        # the coordinator's pushes (resumed from its rows) usually come first.
+        pull_at = self.clock() + int(self.config.transaction_timeout_seconds * 1000)
         for key, value in self.db.scan("global"):
             kind = key[:1]
             if kind == globalcodec.OPEN:
@@ -81,7 +83,7 @@ class GlobalPart(ChecksPart):
                 self._g_parts.setdefault(gid, []).append(seq)
                 self._g_part_of[seq] = gid
                 if TransactionId.decode(gid).broker != self.name:
-                    self._g_pull[gid] = now  # restarted: ask at once
+                    self._g_pull[gid] = pull_at
 
     def _wake_global(self) -> None:
         for fn in self.global_listeners:

@@ -125,6 +125,8 @@ def test_a_participant_pulls_after_the_timeout_and_survives_restart(shards, cloc
     # b restarts before it asks: its undecided part and the pull come back from the store
     b.close()
     b2 = BrokerCore(b.config, clock=clock)
+    assert b2.due_pulls(clock()) == []  # a restarted participant waits a timeout for a push first
+    clock.ms += 6_000
     assert b2.due_pulls(clock()) == [gid]
     row = a.resolve_global(gid)
     b2.db.call(b2.apply_global_op(gid, row.state, row.source, row.producer_group))
