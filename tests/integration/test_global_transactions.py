@@ -21,6 +21,7 @@ import pytest
 
 import txmq
 import txmq.aio
+import txmq.ids
 from txmq.client import CHANNEL_OPTIONS
 from txmq.ids import MessageId
 from txmq.names import GLOBAL_TRANSACTION_PROPERTY
@@ -366,3 +367,36 @@ def _committed_in_queues(driver: Driver, gid: str) -> list[str]:
         found += [m.message.message_id for m in read.messages
                   if m.message.properties.get(GLOBAL_TRANSACTION_PROPERTY) == gid]
     return found
+
+
+# --- replicated shards --------------------------------------------------------------------
+
+@pytest.mark.crash
+def test_coordinator_leader_killed_after_the_commit_point_a_new_leader_pushes(fresh_cluster_factory, unique_name):
+    """Two shards of three replicas (etcd, 1 s leases): every replica runs with
+    ``decide.after`` armed, so the coordinator's leader dies right after G's decision batch
+    is acknowledged by the in-sync replicas. A follower takes over, finds the decision and
+    the push row replicated, and pushes; the producer's repeated EndTransaction is answered
+    COMMITTED; consumers of both topics get every message."""
+    env = {**FAST, "TXMQ_FAILPOINT": "decide.after"}
+    cluster = fresh_cluster_factory(brokers=2, replication_factor=3, checker=True, broker_env=env)
+    cluster.wait_leaders()
+    topics = _topics(cluster, unique_name)
+    consumers = Consuming(cluster, topics, unique_name("cg"))
+    decisions: dict[str, LocalState] = {}
+    try:
+        with txmq.TransactionProducer(cluster.nameserver_address, producer_group=unique_name("pg"),
+                                      listener=_listener(decisions), max_attempts=8,
+                                      send_timeout_seconds=2.0) as producer:
+            result = producer.send_in_transaction([txmq.Message(topics[i % 2], f"r{i}".encode()) for i in range(6)],
+                                                  LocalState.COMMIT)
+        coordinator = txmq.ids.TransactionId.decode(result.global_transaction_id).broker
+        assert {h.broker_name for h in result.messages} == set(SHARDS)
+        dead = [p for p in cluster.shards[coordinator] if not p.running]
+        assert len(dead) == 1 and dead[0].returncode == -9, "the coordinator's leader did not die at the commit point"
+        assert result.state in (txmq.TransactionState.COMMITTED, None)
+        ids = {h.message_id for h in result.messages}
+        wait_until(lambda: consumers.of(result.global_transaction_id) == ids, 30,
+                   message=lambda: f"consumers saw {len(consumers.of(result.global_transaction_id))} of {len(ids)}")
+    finally:
+        consumers.stop()
