@@ -58,8 +58,8 @@ class Consuming:
                     with self._lock:
                         self.seen.setdefault(m.global_transaction_id, set()).add(m.message_id)
                     self._consumer.ack(m)
-            except txmq.TxmqError as exc:  # a broker of the matrix is down: go on
-                if not exc.retryable and not self._stop.is_set():
+            except txmq.TxmqError as exc:  # a broker of the matrix is down (or was killed mid-call): go on
+                if not (exc.retryable or isinstance(exc, txmq.CancelledError)) and not self._stop.is_set():
                     self.errors.append(exc)
                 self._stop.wait(0.1)
 
