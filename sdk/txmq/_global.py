@@ -20,6 +20,7 @@ can reassemble the transaction (``ReceivedMessage.global_transaction_id`` / ``gl
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
@@ -199,8 +200,6 @@ async def _send_bound_async(producer: "AsyncTransactionProducer", route: "QueueR
 async def send_global_async(producer: "AsyncTransactionProducer", messages: Sequence[Message], arg: Any,
                             host: str) -> GlobalTransactionResult:
     """As :func:`send_global`; the parts after the first are sent concurrently."""
-    import asyncio
-
     messages = validate_messages(messages)
     for m in messages:
         producer._validate(m)  # noqa: SLF001
@@ -223,8 +222,6 @@ async def send_global_async(producer: "AsyncTransactionProducer", messages: Sequ
 async def _parts_and_end_async(producer: "AsyncTransactionProducer", messages: list[Message],
                                pbs: list[common_pb2.Message], routes: list["QueueRoute"],
                                head: TransactionMessage, arg: Any) -> GlobalTransactionResult:
-    import asyncio
-
     gid = head.transaction_id
     sent = await asyncio.gather(*(_send_bound_async(producer, route, m.topic, send_entry(pb, global_id=gid))
                                   for m, pb, route in zip(messages[1:], pbs[1:], routes[1:])),

@@ -322,3 +322,22 @@ class GlobalPart(ChecksPart):
             if gid not in out:
                 out[gid] = (gid, False, len(seqs), [])
         return sorted(out.values())[:limit]
+
+    def global_problems(self) -> list[str]:
+        """fsck: every ``global`` row against the transaction rows it belongs to."""
+        problems = []
+        for key, _value in self.db.scan("global"):
+            kind = key[:1]
+            if kind == globalcodec.PART:
+                gid, seq = globalcodec.split_part_key(key)
+                row = self._read_txn(seq)
+                if row is None or row.state != STATE_PREPARED:
+                    problems.append(f"part {seq} of global transaction {gid} is indexed as undecided but its row is "
+                                    f"{'missing' if row is None else STATE_NAMES[row.state]}")
+            elif kind == globalcodec.OPEN:
+                seq = globalcodec.split_seq_key(key)
+                row = self._read_txn(seq)
+                if row is None or row.state in (STATE_COMMITTED, STATE_ROLLED_BACK):
+                    problems.append(f"global transaction {self.txn_id(seq)} is open but its row is "
+                                    f"{'missing' if row is None else STATE_NAMES[row.state]}")
+        return problems

@@ -162,3 +162,27 @@ def test_refusals(shards):
     with pytest.raises(InvalidFieldError):
         half(b, gid=gid, begin=True)
     assert list(b.db.scan("txn")) == before  # a refusal changes nothing
+
+
+def test_global_rows_round_trip_and_a_corrupt_one_is_reported():
+    from services.broker.store import globalcodec
+    from services.broker.store.codec import CorruptRecordError
+    assert globalcodec.decode_participants(globalcodec.encode_participants(["b", "c"])) == ["b", "c"]
+    assert globalcodec.decode_push(globalcodec.encode_push(2, 1, ["b"])) == (2, 1, ["b"])
+    assert globalcodec.split_part_key(globalcodec.part_key("T-g", 7)) == ("T-g", 7)
+    value = bytearray(globalcodec.encode_push(2, 1, ["b"]))
+    value[-1] ^= 0xFF
+    with pytest.raises(CorruptRecordError):
+        globalcodec.decode_push(bytes(value))
+
+
+def test_fsck_checks_the_global_rows(shards):
+    a = shards("a")
+    gid = half(a, begin=True).transaction_id
+    half(a, gid=gid)
+    assert a.global_problems() == []
+    a.db.call(a.end_op(gid, "COMMIT", codec.SOURCE_CLIENT))
+    assert a.global_problems() == []
+    from services.broker.store import globalcodec
+    a.db.call(lambda w: w.put("global", globalcodec.open_key(a.parse_txn_id(gid)), globalcodec.encode_participants([])))
+    assert "is open but its row is COMMITTED" in a.global_problems()[0]
