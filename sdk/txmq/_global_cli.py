@@ -46,17 +46,15 @@ def _global_describe(admin: Any, args: argparse.Namespace, out: Output, transact
             found = _ask(admin, address, "GetGlobalTransaction",
                          broker_pb2.GetGlobalTransactionRequest(global_transaction_id=gid))
         except TxmqError as err:
-            if name == coordinator or err.retryable:
-                data["unreachable_brokers" if err.retryable else "error"] = (
-                    data["unreachable_brokers"] + [name] if err.retryable else str(err))
+            if not err.retryable:
+                raise  # a malformed id, or G unknown to its coordinator
+            data["unreachable_brokers"].append(name)
             continue
         if found.HasField("transaction"):
             data["coordinator"] = transaction_dict(found.transaction)
             data["participants"] = list(found.participants)
             data["participants_pending"] = list(found.participants_pending)
         data["open_parts"] += [transaction_dict(p) for p in found.parts]
-    if data["coordinator"] is None and "error" in data:
-        raise TxmqError(data["error"])
 
     def text() -> str:
         c = data["coordinator"]

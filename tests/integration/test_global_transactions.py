@@ -124,6 +124,21 @@ def test_send_in_transaction_with_several_messages_across_shards(fresh_cluster_f
     assert out["coordinator"]["state"] == "committed" and out["open_parts"] == []
     listed = json.loads(txmq_cli(cluster, "txn", "list-global").stdout)
     assert gid not in [g["global_transaction_id"] for g in listed]
+    bad = txmq_cli(cluster, "txn", "global", "not-an-id")
+    assert bad.returncode == 1 and "not-an-id" in bad.stderr
+    # An undecided one (a group nobody answers for) is listed, with its coordinator.
+    route = cluster.query_route(topics[0])[0]
+    pb = common_pb2.Message(topic=topics[0], body=b"x", queue_id=route.queue_id,
+                            message_id=MessageId.new(route.broker_name, route.queue_id).encode(),
+                            type=common_pb2.MESSAGE_TYPE_TRANSACTION, producer_group=unique_name("idle"))
+    open_g = broker_pb2_grpc.BrokerServiceStub(cluster.channel(route.broker_address)).SendMessage(
+        broker_pb2.SendMessageRequest(message=pb, begin_global=True), timeout=5).transaction_id
+    listed = json.loads(txmq_cli(cluster, "txn", "list-global").stdout)
+    assert [(g["global_transaction_id"], g["coordinator_shard"]) for g in listed] == [(open_g, route.broker_name)]
+    # An operator decides it as a whole (its parts, had it any, with it).
+    resolved = txmq_cli(cluster, "txn", "resolve", open_g, "--rollback", "--operator", "ops", "--reason", "test")
+    assert resolved.returncode == 0, resolved.stderr
+    assert json.loads(txmq_cli(cluster, "txn", "list-global").stdout) == []
 
 
 def test_asyncio_producer_sends_a_multi_message_transaction(fresh_cluster_factory, unique_name):
