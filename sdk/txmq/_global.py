@@ -186,10 +186,15 @@ async def _send_bound_async(producer: "AsyncTransactionProducer", route: "QueueR
     """As :func:`_send_bound`."""
     address = route.broker_address
     attempt = 1
+    overload = OverloadBackoff()
     while True:
         try:
             return (await producer._request(route.broker_name, address, entry, send=True)).send_message  # noqa: SLF001
         except TxmqError as err:
+            pause = overload.delay(err)
+            if pause is not None:  # shed by the broker: nothing applied, the same part again later
+                await asyncio.sleep(pause)
+                continue
             if not _retry(err, attempt, producer.max_attempts):
                 raise
         await producer._backoff(attempt)  # noqa: SLF001
