@@ -129,8 +129,8 @@ class GlobalPump:
         try:
             stub = await self._stub(shard)
             await stub.ApplyGlobalTransaction(broker_pb2.ApplyGlobalTransactionRequest(
-                global_transaction_id=gid, state=_STATE_PB[state], source=_SOURCE_PB.get(source, 0)),
-                timeout=self._timeout)
+                global_transaction_id=gid, state=_STATE_PB[state], source=_SOURCE_PB.get(source, 0),
+                producer_group=core.resolve_global(gid).producer_group), timeout=self._timeout)
         except (grpc.RpcError, LookupError) as err:
             log.info("push of global transaction %s to %s failed, trying again: %s", gid, shard,
                      err.details() if isinstance(err, grpc.RpcError) else err)

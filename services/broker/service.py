@@ -457,7 +457,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def ApplyGlobalTransaction(self, request: broker_pb2.ApplyGlobalTransactionRequest, context: Any) -> Any:
         state = _STATES_FROM_PROTO.get(request.state, 0)
         source = _SOURCES_FROM_PROTO.get(request.source, Source.NONE)
-        decided = await self.bridge.run(self.core.apply_global_op(request.global_transaction_id, state, source))
+        decided = await self.bridge.run(self.core.apply_global_op(request.global_transaction_id, state, source,
+                                                                  request.producer_group))
         return broker_pb2.ApplyGlobalTransactionResponse(parts_decided=decided)
 
     async def ResolveGlobalTransaction(self, request: broker_pb2.ResolveGlobalTransactionRequest, context: Any) -> Any:

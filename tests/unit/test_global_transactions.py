@@ -104,7 +104,9 @@ def test_cross_shard_commit_pushes_and_applies_once(shards):
     a.db.call(a.end_op(gid, "COMMIT", codec.SOURCE_CLIENT))
     assert visible(a) == [b"a1"] and visible(b) == []
     assert a.pushes() == [(gid, STATE_COMMITTED, codec.SOURCE_CLIENT, ["b"])]
-    assert b.db.call(b.apply_global_op(gid, STATE_COMMITTED, codec.SOURCE_CLIENT)) == 2
+    intruder = half(b, gid=gid, group="other")  # tagged with G by another group: never committed with it
+    assert b.db.call(b.apply_global_op(gid, STATE_COMMITTED, codec.SOURCE_CLIENT, "pg")) == 3
+    assert b.get_txn(intruder.transaction_id).state == STATE_ROLLED_BACK
     assert b.db.call(b.apply_global_op(gid, STATE_COMMITTED, codec.SOURCE_CLIENT)) == 0  # a repeat
     assert visible(b) == [b"b1", b"b2"]
     assert b.get_txn(p1.transaction_id).state == STATE_COMMITTED

@@ -525,14 +525,16 @@ class DeleteTopicQueuesResponse(_message.Message):
     def __init__(self, entries_deleted: _Optional[int] = ..., consumer_groups: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ApplyGlobalTransactionRequest(_message.Message):
-    __slots__ = ("global_transaction_id", "state", "source")
+    __slots__ = ("global_transaction_id", "state", "source", "producer_group")
     GLOBAL_TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
     global_transaction_id: str
     state: _common_pb2.TransactionState
     source: _common_pb2.TransactionSource
-    def __init__(self, global_transaction_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., source: _Optional[_Union[_common_pb2.TransactionSource, str]] = ...) -> None: ...
+    producer_group: str
+    def __init__(self, global_transaction_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., source: _Optional[_Union[_common_pb2.TransactionSource, str]] = ..., producer_group: _Optional[str] = ...) -> None: ...
 
 class ApplyGlobalTransactionResponse(_message.Message):
     __slots__ = ("parts_decided",)
