@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.stop()
     print(f"chaos_global: {args.rounds} rounds all-or-nothing ({len(rolled_back)} rolled back) in "
           f"{time.monotonic() - started:.0f}s, seed {seed}")
+    shutil.rmtree(workdir, ignore_errors=True)  # kept only when a run fails
     return 0
 
 
