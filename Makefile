@@ -169,6 +169,7 @@ CHAOS_ARGS ?= --runs 10 --faults 6
 .PHONY: chaos
 chaos: venv etcd netns-tools
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
+	$(PY) -m tests.chaos_global $(CHAOS_GLOBAL_ARGS)
 
 # Every RPC of every service fuzzed (hypothesis): ≥ 10,000 requests per RPC, the status census
 # per RPC, then health and fsck (reproduce a subset: FUZZ_ARGS="--calls 500 --only BrokerService/Produce").
@@ -199,6 +200,7 @@ bench: venv etcd bench-audit bench-deps proxy-deps
 	$(PY) -m bench.checks
 	$(PY) -m bench.failover
 	$(PY) -m bench.delay
+	$(PY) -m bench.global_transactions
 
 clean:
 	rm -rf $(DATA_DIR) .pytest_cache

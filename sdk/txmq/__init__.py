@@ -39,6 +39,7 @@ from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, C
                       TransactionNotFoundError, TransactionStateError, TxmqError, UnauthenticatedError,
                       UnavailableError, UndecodableRequestError, WrongBrokerError)
 from ._faults import RoutingStats, ShardStats
+from ._global import GlobalTransactionResult
 from ._producer import Producer, Transaction, TransactionListener, TransactionProducer
 from ._tls import TLS
 from ._types import (ConsumeResult, LocalTransactionState, Message, ReceivedMessage, SendReceipt, SqlFilter,
@@ -56,6 +57,7 @@ __all__ = [
     # values
     "CheckMessage",
     "ConsumeResult",
+    "GlobalTransactionResult",
     "InProgress",
     "LocalTransactionState",
     "Message",

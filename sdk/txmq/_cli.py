@@ -7,6 +7,8 @@ NameServerService for listings), so it needs only the name server address.
                   [--older-than 60s] [--limit N]
     txmq txn describe ID [--body-out FILE]
     txmq txn resolve ID --commit|--rollback [--operator NAME] --reason TEXT
+    txmq txn global GLOBAL_ID
+    txmq txn list-global [--limit N]
     txmq topic list
     txmq topic create NAME [--queues N]
     txmq topic describe NAME
@@ -58,6 +60,7 @@ from typing import Any, Callable, Sequence, TextIO
 
 from ._admin import Admin as _AdminClient
 from ._errors import TxmqError
+from ._global_cli import add_global_commands
 from ._names import in_namespace
 from ._ops_cli import add_broker_commands, add_topic_commands
 from ._tls import TLS
@@ -741,6 +744,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--operator", default=None, help="who decides (default $USER)")
     p.add_argument("--reason", required=True, help="why (recorded on the transaction)")
     p.set_defaults(run=_txn_resolve)
+    add_global_commands(txn, common, transaction_dict)
 
     topic = commands.add_parser("topic", help="topics").add_subparsers(dest="verb", required=True)
     p = topic.add_parser("list", parents=[common], help="topics and their queues")

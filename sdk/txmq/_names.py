@@ -25,6 +25,12 @@ SYSTEM_PREFIX = "%"
 HALF_TOPIC = "%HALF%"
 DLQ_PREFIX = "%DLQ%"
 DISCARD_PREFIX = "%DISCARD%"
+#: The property the broker stamps on every message of a multi-message (global) transaction:
+#: the global transaction's id (the transaction id of its first message). Reserved.
+GLOBAL_TRANSACTION_PROPERTY = "__TXMQ_GLOBAL_TRANSACTION_ID"
+#: The property the SDK stamps on every message of a global transaction: how many messages
+#: it has (a consumer reassembling one waits for that many).
+GLOBAL_PARTS_PROPERTY = "__TXMQ_GLOBAL_PARTS"
 
 #: Separates a namespace from the name in it: ``<namespace>%<name>``.
 NAMESPACE_SEPARATOR = "%"

@@ -19,6 +19,7 @@ import uuid
 from typing import Any, Callable, Sequence
 
 from ._checks import CheckResponder, InProgress
+from ._global import GlobalTransactionResult, send_global
 from ._tls import TLS
 from ._client import Client, QueueRoute, positive
 from ._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeError, QueueNotFoundError,
@@ -373,9 +374,17 @@ class TransactionProducer(Producer):
             return InProgress(retry_after_seconds=self.open_transaction_retry_seconds)
         return self.checker(message)
 
-    def send_in_transaction(self, message: Message, arg: Any = None) -> TransactionResult:
+    def send_in_transaction(self, message: "Message | Sequence[Message]",
+                            arg: Any = None) -> "TransactionResult | GlobalTransactionResult":
         """Sends ``message`` as a half message, runs the local transaction, then ends the
         transaction with its outcome.
+
+        Given a list (or tuple) of messages — on one topic or several, on one shard or
+        several — sends them as one *multi-message transaction* and returns a
+        :class:`txmq.GlobalTransactionResult`: every message becomes visible at the commit
+        or none does (see ``txmq._global`` and the README, "Multi-message transactions").
+        The listener sees the first message; its ``transaction_id`` is the global
+        transaction's id, the one checks ask about.
 
         1. The half message is stored (invisible), on another shard if the first fails
            (see :class:`Producer`). If that fails the error is raised and the local
@@ -394,6 +403,8 @@ class TransactionProducer(Producer):
         if self.listener is None:
             raise InvalidFieldError("listener", "send_in_transaction needs a TransactionListener; "
                                     "with only a checker use begin_transaction()")
+        if isinstance(message, (list, tuple)):
+            return send_global(self, message, arg, _HOST)
         message = self._validate(message)
         half, route = self._send_half(message)
         local_state = self._execute(half, arg)

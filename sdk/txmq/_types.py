@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
 from ._errors import InvalidFieldError
-from ._names import qualify
+from ._names import GLOBAL_PARTS_PROPERTY, GLOBAL_TRANSACTION_PROPERTY, qualify
 from .v1 import common_pb2
 
 if TYPE_CHECKING:
@@ -178,6 +178,12 @@ class TransactionMessage:
         empty for a message of ``send_in_transaction``."""
         return self.message.properties.get(TRANSACTION_KEY_PROPERTY, "")
 
+    @property
+    def global_transaction_id(self) -> str:
+        """The multi-message transaction it belongs to (``send_in_transaction([...])``);
+        empty for a transaction of one message. A check of it answers for all its messages."""
+        return self.message.properties.get(GLOBAL_TRANSACTION_PROPERTY, "")
+
 
 @dataclass(frozen=True, slots=True)
 class TransactionResult:
@@ -228,6 +234,18 @@ class ReceivedMessage:
     #: The topic it was sent to (differs from ``topic`` for dead-letter and discard topics).
     original_topic: str
     consumer_group: str = ""
+
+    @property
+    def global_transaction_id(self) -> str:
+        """The multi-message transaction it was committed with (empty for other messages):
+        every message of it carries the same id, whatever its topic or shard."""
+        return self.properties.get(GLOBAL_TRANSACTION_PROPERTY, "")
+
+    @property
+    def global_parts(self) -> int:
+        """How many messages that multi-message transaction holds (0 for other messages)."""
+        value = self.properties.get(GLOBAL_PARTS_PROPERTY, "")
+        return int(value) if value.isdigit() else 0
 
 
 _STATE_FROM_PB = {

@@ -6,6 +6,8 @@ The public home of ``txmq._names`` (what services, the pipeline and tools import
 from ._names import (  # noqa: F401 - re-exported
     DISCARD_PREFIX,
     DLQ_PREFIX,
+    GLOBAL_PARTS_PROPERTY,
+    GLOBAL_TRANSACTION_PROPERTY,
     HALF_TOPIC,
     MAX_NAME_LENGTH,
     MAX_NAMESPACE_LENGTH,
@@ -30,6 +32,8 @@ from ._names import (  # noqa: F401 - re-exported
 __all__ = [
     "DISCARD_PREFIX",
     "DLQ_PREFIX",
+    "GLOBAL_PARTS_PROPERTY",
+    "GLOBAL_TRANSACTION_PROPERTY",
     "HALF_TOPIC",
     "MAX_NAME_LENGTH",
     "MAX_NAMESPACE_LENGTH",

@@ -6,6 +6,7 @@ issues sends and creates topics; the other parts are mixed in from their modules
 - ``schedule.py``: the due index of the checks and its per-group floors;
 - ``transactions.py`` (over ``schedule.py``): the state machine (end, decide, discard);
 - ``checks.py`` (over ``transactions.py``): check claims and reports, late answers;
+- ``globaltx.py`` (over ``checks.py``): multi-message (global) transactions;
 - ``validation.py``: a message's fields against the limits, the tag filter;
 - ``delivery.py``: receive, redelivery, DLQ, ack, change-invisible, dead-letter, queue reads;
 - ``retention.py``: expiring dedup entries and old records;
@@ -30,10 +31,11 @@ from txmq.errors import DiskFullError, InvalidFieldError
 from txmq.names import validate_send_topic
 
 from . import validation
-from .checks import ChecksPart, ClaimSession
+from .checks import ClaimSession
 from .config import BrokerConfig
 from .consumers import ConsumerGroups
 from .delivery import DeliveryPart
+from .globaltx import GlobalPart
 from .model import STATE_PREPARED, STATE_ROLLED_BACK, Delivery, EndResult, ReceiveResult, SendResult
 from .queries import QueriesPart
 from .retention import RetentionPart
@@ -63,7 +65,7 @@ def open_database(config: BrokerConfig, on_fatal: Callable[[BaseException], None
                     replog_keep_entries=config.replication_log_entries)
 
 
-class BrokerCore(ChecksPart, DeliveryPart, RetentionPart, QueriesPart):
+class BrokerCore(GlobalPart, DeliveryPart, RetentionPart, QueriesPart):
     def __init__(self, config: BrokerConfig, clock: Callable[[], int] = now_ms,
                  on_fatal: Callable[[BaseException], None] | None = None, db: Database | None = None) -> None:
         self.config = config
@@ -89,6 +91,8 @@ class BrokerCore(ChecksPart, DeliveryPart, RetentionPart, QueriesPart):
         self.discard_listeners: list[Callable[[str], None]] = []
         # Called (once durable) for every message stored: (topic, kind).
         self.stored_listeners: list[Callable[[str, int], None]] = []
+        # Called (once durable) when a global transaction's push or pull may be due (globaltx.py).
+        self.global_listeners: list[Callable[[], None]] = []
         self._random = random.Random()
         # Per group, a time below which the due (pending) index holds no key: scans start
         # there instead of at the group's prefix (see claim_op).
@@ -135,6 +139,7 @@ class BrokerCore(ChecksPart, DeliveryPart, RetentionPart, QueriesPart):
         self.consumers.load(list(db.scan("consumers")), list(db.scan("inflight")))
         self._load_due_floors()
         self._load_timers()
+        self._load_globals()
         log.info("store opened", extra={"fields": {
             "data_dir": self.config.data_dir, "next_seq": self.next_seq, "topics": len(self.topics),
             "store_id": self.store_id}})

@@ -48,6 +48,7 @@ def check(core: BrokerCore) -> dict[str, Any]:
             if row is None or row.state != codec.STATE_PREPARED:
                 problems.append(f"{index} index entry for seq {seq} of {group!r} but the row is "
                                 f"{'missing' if row is None else codec.STATE_NAMES[row.state]}")
+    problems += core.global_problems()
     seen: dict[tuple[str, int], int] = {}
     for key, value in db.scan("cq"):
         topic, queue_id, offset = codec.split_cq_key(key)

@@ -27,6 +27,7 @@ from .bridge import StoreBridge
 from .config import BrokerConfig
 from .core import BrokerCore, StoreIdentityError, open_database
 from .drain import is_draining
+from .globalpump import GlobalPump
 from .metrics import BrokerMetrics
 from .replication import ReplicaNode, ReplicationServicer, Term
 from .service import BrokerServicer
@@ -51,9 +52,13 @@ def _fatal(exc: BaseException) -> None:
 
 
 def _build(config: BrokerConfig, db: Database, loop: asyncio.AbstractEventLoop,
-           metrics: BrokerMetrics, pump: TimerPump) -> tuple[BrokerCore, StoreBridge, BrokerServicer]:
+           metrics: BrokerMetrics, pump: TimerPump,
+           global_pump: GlobalPump | None = None) -> tuple[BrokerCore, StoreBridge, BrokerServicer]:
     """The domain, the bridge and the servicer over an open store."""
     core = BrokerCore(config, on_fatal=_fatal, db=db)
+    if global_pump is not None:
+        core.global_listeners.append(global_pump.wake)
+        global_pump.wake()  # a new term: its store may hold pushes and pulls to resume
     core.timer_listeners.append(pump.wake)
     core.timer_moved_listeners.append(metrics.record_timer_moved)
     pump.wake()  # a new term: its store may hold due timers
@@ -90,9 +95,10 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
     node: ReplicaNode | None = None
     terms: list[tuple[BrokerCore, StoreBridge]] = []  # the one serving now (empty: not leading)
     pump = TimerPump(lambda: terms[0] if terms else None)
+    global_pump = GlobalPump(config, lambda: terms[0] if terms else None)
 
     if not replicated:
-        core, bridge, servicer = _build(config, db, loop, metrics, pump)
+        core, bridge, servicer = _build(config, db, loop, metrics, pump, global_pump)
         terms.append((core, bridge))
         registered: list[tuple[Any, Any]] = [(broker_pb2_grpc.add_BrokerServiceServicer_to_server, servicer)]
         names = [SERVICE_NAME]
@@ -127,7 +133,7 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
 
     async def make_term(epoch: int) -> Term:
         assert node is not None
-        core, bridge, servicer = _build(config, node.db, loop, metrics, pump)
+        core, bridge, servicer = _build(config, node.db, loop, metrics, pump, global_pump)
         core.free_disk_bytes, core.disk_full = free["bytes"], free["full"]
         core.topic_listeners.append(lambda _topic: heartbeat.kick())
         terms[:] = [(core, bridge)]
@@ -194,9 +200,11 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
             await node.start()
         await heartbeat.start()
         await pump.start()
+        await global_pump.start()
 
     async def stop() -> None:
         await pump.stop()
+        await global_pump.stop()
         if node is not None:
             await node.stop()
         await heartbeat.stop()

@@ -15,7 +15,7 @@ from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.common.errors import OK, entry_status
 from services.common.limits import Admission, ConnectionLimit
 
-from . import groups, topics
+from . import failpoints, groups, topics
 from .bridge import StoreBridge
 from .checks import CheckReport, ClaimBatch
 from .core import BrokerCore
@@ -127,8 +127,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     # --- producing -----------------------------------------------------------------------
 
     def _send_op(self, request: broker_pb2.SendMessageRequest) -> Op:
-        return guard_send(self.core.db, self.core.name, self.core.send_op(
-            self.core.validate_message(record_from_proto(request.message))), request.message.message_id)
+        return guard_send(self.core.db, self.core.name, self.core.global_send_op(
+            self.core.validate_message(record_from_proto(request.message)), begin=request.begin_global,
+            participants=list(request.global_participants), global_id=request.global_transaction_id),
+            request.message.message_id)
 
     def _send_response(self, result: SendResult) -> broker_pb2.SendMessageResponse:
         return broker_pb2.SendMessageResponse(
@@ -449,3 +451,39 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def DeleteTopicQueues(self, request: broker_pb2.DeleteTopicQueuesRequest, context: Any) -> Any:
         deleted = await self.bridge.run(topics.delete_topic_op(self.core, request.topic, request.force))
         return broker_pb2.DeleteTopicQueuesResponse(entries_deleted=deleted.entries, consumer_groups=deleted.groups)
+
+    # --- multi-message (global) transactions (globaltx.py) -------------------------------
+
+    async def ApplyGlobalTransaction(self, request: broker_pb2.ApplyGlobalTransactionRequest, context: Any) -> Any:
+        state = _STATES_FROM_PROTO.get(request.state, 0)
+        source = _SOURCES_FROM_PROTO.get(request.source, Source.NONE)
+        decided = await self.bridge.run(self.core.apply_global_op(request.global_transaction_id, state, source,
+                                                                  request.producer_group))
+        return broker_pb2.ApplyGlobalTransactionResponse(parts_decided=decided)
+
+    async def ResolveGlobalTransaction(self, request: broker_pb2.ResolveGlobalTransactionRequest, context: Any) -> Any:
+        failpoints.hit("resolve.before")
+        row = self.core.resolve_global(request.global_transaction_id)
+        await self.bridge.settled()  # answer only a durable state
+        return broker_pb2.ResolveGlobalTransactionResponse(
+            state=state_to_proto(row.state), source=source_to_proto(row.source), producer_group=row.producer_group)
+
+    async def GetGlobalTransaction(self, request: broker_pb2.GetGlobalTransactionRequest, context: Any) -> Any:
+        row, participants, pending, parts = self.core.describe_global(request.global_transaction_id)
+        await self.bridge.settled()
+        response = broker_pb2.GetGlobalTransactionResponse(
+            participants=participants, participants_pending=pending,
+            parts=[txn_to_proto(self.core, p) for p in parts])
+        if row is not None:
+            response.transaction.CopyFrom(txn_to_proto(self.core, row))
+        return response
+
+    async def ListGlobalTransactions(self, request: broker_pb2.ListGlobalTransactionsRequest, context: Any) -> Any:
+        if request.limit < 0:
+            raise InvalidFieldError("limit", f"{request.limit} is negative (0: 100)")
+        found = self.core.list_globals(request.limit or 100)
+        await self.bridge.settled()
+        return broker_pb2.ListGlobalTransactionsResponse(transactions=[
+            broker_pb2.GlobalTransactionSummary(global_transaction_id=gid, coordinator=coordinator,
+                                                open_parts=open_parts, participants_pending=pending)
+            for gid, coordinator, open_parts, pending in found])

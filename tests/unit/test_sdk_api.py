@@ -20,7 +20,7 @@ EXPORTS = [
     "Admin", "ConsumerGroupNotFoundError", "NotANameServerError", "TopicInUseError", "Transaction",
     "AlreadyExistsError", "BrokerNotFoundError", "CancelledError", "CheckMessage",
     "ClientClosedError", "ConnectionLimitError", "ConsumeResult", "DeadlineExceededError", "DiskFullError",
-    "FailedPreconditionError", "InProgress", "InternalError", "InvalidArgumentError",
+    "FailedPreconditionError", "GlobalTransactionResult", "InProgress", "InternalError", "InvalidArgumentError",
     "InvalidFieldError", "InvalidIdError",
     "InvalidNameError", "LeadershipLostError", "LocalTransactionState", "Message", "MessageTooLargeError",
     "NoBrokerError", "NotEnoughReplicasError", "NotFoundError", "NotLeaderError", "OverloadedError",

@@ -21,6 +21,7 @@ from .._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeErro
 from .._client import QueueRoute, positive
 from .._checks import InProgress
 from .._faults import Abandoned, OverloadBackoff, RetryAction, RoutingStats, retry_action
+from .._global import OPEN_GLOBAL_RETRY_SECONDS, GlobalTransactionResult, send_global_async
 from .._ids import MessageId
 from .._names import in_namespace, validate_group, validate_send_topic
 from .._producer import _HOST, DEFAULT_MAX_BODY_BYTES, new_client_id
@@ -66,6 +67,8 @@ class AsyncProducer:
                                    token=token)
         self._next_queue = itertools.count(int.from_bytes(os.urandom(2), "big"))
         self._abandoned: Abandoned[str] = Abandoned()
+        #: First messages of multi-message transactions being sent now (checks: IN_PROGRESS).
+        self._open_globals: set[str] = set()
 
     async def close(self) -> None:
         """Closes the connections; sends in flight fail with ClientClosedError."""
@@ -263,10 +266,16 @@ class AsyncTransactionProducer(AsyncProducer):
             log.info("check of transaction %s: its half message %s was an attempt given up on, "
                      "the local transaction never ran: ROLLBACK", message.transaction_id, message.message_id)
             return LocalTransactionState.ROLLBACK
+        if message.message_id in self._open_globals:  # a multi-message transaction still being sent here
+            return InProgress(retry_after_seconds=OPEN_GLOBAL_RETRY_SECONDS)
         return await self.listener.check_local_transaction(message)
 
-    async def send_in_transaction(self, message: Message, arg: Any = None) -> TransactionResult:
-        """As :meth:`txmq.TransactionProducer.send_in_transaction`, awaiting the listener."""
+    async def send_in_transaction(self, message: "Message | Sequence[Message]",
+                                  arg: Any = None) -> "TransactionResult | GlobalTransactionResult":
+        """As :meth:`txmq.TransactionProducer.send_in_transaction`, awaiting the listener
+        (several messages: one multi-message transaction, its parts sent concurrently)."""
+        if isinstance(message, (list, tuple)):
+            return await send_global_async(self, message, arg, _HOST)
         message = self._validate(message)
 
         def build(route: QueueRoute, message_id: str) -> common_pb2.Message:

@@ -29,10 +29,16 @@ CHECK_OUTCOME_ANSWERED: CheckOutcome
 CHECK_OUTCOME_UNDELIVERED: CheckOutcome
 
 class SendMessageRequest(_message.Message):
-    __slots__ = ("message",)
+    __slots__ = ("message", "begin_global", "global_participants", "global_transaction_id")
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_GLOBAL_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
     message: _common_pb2.Message
-    def __init__(self, message: _Optional[_Union[_common_pb2.Message, _Mapping]] = ...) -> None: ...
+    begin_global: bool
+    global_participants: _containers.RepeatedScalarFieldContainer[str]
+    global_transaction_id: str
+    def __init__(self, message: _Optional[_Union[_common_pb2.Message, _Mapping]] = ..., begin_global: _Optional[bool] = ..., global_participants: _Optional[_Iterable[str]] = ..., global_transaction_id: _Optional[str] = ...) -> None: ...
 
 class SendMessageResponse(_message.Message):
     __slots__ = ("message_id", "transaction_id", "queue_id", "queue_offset", "transaction_state", "duplicate", "broker_name")
@@ -517,3 +523,79 @@ class DeleteTopicQueuesResponse(_message.Message):
     entries_deleted: int
     consumer_groups: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, entries_deleted: _Optional[int] = ..., consumer_groups: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ApplyGlobalTransactionRequest(_message.Message):
+    __slots__ = ("global_transaction_id", "state", "source", "producer_group")
+    GLOBAL_TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    global_transaction_id: str
+    state: _common_pb2.TransactionState
+    source: _common_pb2.TransactionSource
+    producer_group: str
+    def __init__(self, global_transaction_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., source: _Optional[_Union[_common_pb2.TransactionSource, str]] = ..., producer_group: _Optional[str] = ...) -> None: ...
+
+class ApplyGlobalTransactionResponse(_message.Message):
+    __slots__ = ("parts_decided",)
+    PARTS_DECIDED_FIELD_NUMBER: _ClassVar[int]
+    parts_decided: int
+    def __init__(self, parts_decided: _Optional[int] = ...) -> None: ...
+
+class ResolveGlobalTransactionRequest(_message.Message):
+    __slots__ = ("global_transaction_id",)
+    GLOBAL_TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    global_transaction_id: str
+    def __init__(self, global_transaction_id: _Optional[str] = ...) -> None: ...
+
+class ResolveGlobalTransactionResponse(_message.Message):
+    __slots__ = ("state", "source", "producer_group")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    state: _common_pb2.TransactionState
+    source: _common_pb2.TransactionSource
+    producer_group: str
+    def __init__(self, state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., source: _Optional[_Union[_common_pb2.TransactionSource, str]] = ..., producer_group: _Optional[str] = ...) -> None: ...
+
+class GetGlobalTransactionRequest(_message.Message):
+    __slots__ = ("global_transaction_id",)
+    GLOBAL_TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    global_transaction_id: str
+    def __init__(self, global_transaction_id: _Optional[str] = ...) -> None: ...
+
+class GetGlobalTransactionResponse(_message.Message):
+    __slots__ = ("transaction", "participants", "participants_pending", "parts")
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    transaction: _common_pb2.Transaction
+    participants: _containers.RepeatedScalarFieldContainer[str]
+    participants_pending: _containers.RepeatedScalarFieldContainer[str]
+    parts: _containers.RepeatedCompositeFieldContainer[_common_pb2.Transaction]
+    def __init__(self, transaction: _Optional[_Union[_common_pb2.Transaction, _Mapping]] = ..., participants: _Optional[_Iterable[str]] = ..., participants_pending: _Optional[_Iterable[str]] = ..., parts: _Optional[_Iterable[_Union[_common_pb2.Transaction, _Mapping]]] = ...) -> None: ...
+
+class ListGlobalTransactionsRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class GlobalTransactionSummary(_message.Message):
+    __slots__ = ("global_transaction_id", "coordinator", "open_parts", "participants_pending")
+    GLOBAL_TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    OPEN_PARTS_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    global_transaction_id: str
+    coordinator: bool
+    open_parts: int
+    participants_pending: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, global_transaction_id: _Optional[str] = ..., coordinator: _Optional[bool] = ..., open_parts: _Optional[int] = ..., participants_pending: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListGlobalTransactionsResponse(_message.Message):
+    __slots__ = ("transactions",)
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    transactions: _containers.RepeatedCompositeFieldContainer[GlobalTransactionSummary]
+    def __init__(self, transactions: _Optional[_Iterable[_Union[GlobalTransactionSummary, _Mapping]]] = ...) -> None: ...

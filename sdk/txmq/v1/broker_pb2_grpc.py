@@ -128,6 +128,26 @@ class BrokerServiceStub:
                 request_serializer=txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesResponse.FromString,
                 _registered_method=True)
+        self.ApplyGlobalTransaction = channel.unary_unary(
+                '/txmq.v1.BrokerService/ApplyGlobalTransaction',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.ApplyGlobalTransactionRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.ApplyGlobalTransactionResponse.FromString,
+                _registered_method=True)
+        self.ResolveGlobalTransaction = channel.unary_unary(
+                '/txmq.v1.BrokerService/ResolveGlobalTransaction',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.ResolveGlobalTransactionRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.ResolveGlobalTransactionResponse.FromString,
+                _registered_method=True)
+        self.GetGlobalTransaction = channel.unary_unary(
+                '/txmq.v1.BrokerService/GetGlobalTransaction',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.GetGlobalTransactionRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.GetGlobalTransactionResponse.FromString,
+                _registered_method=True)
+        self.ListGlobalTransactions = channel.unary_unary(
+                '/txmq.v1.BrokerService/ListGlobalTransactions',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.ListGlobalTransactionsRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.ListGlobalTransactionsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -279,6 +299,41 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ApplyGlobalTransaction(self, request, context):
+        """Multi-message transactions (docs/features-design.md): a global transaction G begins
+        with a half message sent with begin_global (G = its transaction id, on the coordinator
+        shard), takes further half messages sent with global_transaction_id = G on any shard,
+        and ends with EndTransaction(G). The coordinator pushes G's decision to every other
+        participant with this call (internal: broker to broker); idempotent. A participant
+        makes all its messages of G visible (or rolls them back) in one batch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResolveGlobalTransaction(self, request, context):
+        """G's state on its coordinator, for a participant whose part of G is still PREPARED
+        after transaction_timeout_seconds (internal: broker to broker).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetGlobalTransaction(self, request, context):
+        """A global transaction as this broker holds it: on the coordinator G's row, its
+        participants and those not yet told the decision; on any broker its parts here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGlobalTransactions(self, request, context):
+        """The global transactions this broker holds undecided parts of or still pushes a decision for.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -371,6 +426,26 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.DeleteTopicQueues,
                     request_deserializer=txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesResponse.SerializeToString,
+            ),
+            'ApplyGlobalTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApplyGlobalTransaction,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.ApplyGlobalTransactionRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.ApplyGlobalTransactionResponse.SerializeToString,
+            ),
+            'ResolveGlobalTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveGlobalTransaction,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.ResolveGlobalTransactionRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.ResolveGlobalTransactionResponse.SerializeToString,
+            ),
+            'GetGlobalTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGlobalTransaction,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.GetGlobalTransactionRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.GetGlobalTransactionResponse.SerializeToString,
+            ),
+            'ListGlobalTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGlobalTransactions,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.ListGlobalTransactionsRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.ListGlobalTransactionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -863,6 +938,114 @@ class BrokerService:
             '/txmq.v1.BrokerService/DeleteTopicQueues',
             txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesRequest.SerializeToString,
             txmq_dot_v1_dot_broker__pb2.DeleteTopicQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApplyGlobalTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/ApplyGlobalTransaction',
+            txmq_dot_v1_dot_broker__pb2.ApplyGlobalTransactionRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.ApplyGlobalTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveGlobalTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/ResolveGlobalTransaction',
+            txmq_dot_v1_dot_broker__pb2.ResolveGlobalTransactionRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.ResolveGlobalTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetGlobalTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/GetGlobalTransaction',
+            txmq_dot_v1_dot_broker__pb2.GetGlobalTransactionRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.GetGlobalTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGlobalTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/ListGlobalTransactions',
+            txmq_dot_v1_dot_broker__pb2.ListGlobalTransactionsRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.ListGlobalTransactionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,7 @@ COLUMN_FAMILIES = (
     "replog",     # lsn -> replication entry (replicated shards only; see store/replog.py)
     "undo",       # lsn -> undo record: the entry's keys as they were before it
     "replica",    # this replica's own bookkeeping: log end, epoch history, membership
+    "global",     # multi-message transactions: open G, pushes due, undecided parts (store/globalcodec.py)
 )
 
 #: Obsolete WAL files RocksDB keeps to reuse for new ones. Writing into a file whose blocks

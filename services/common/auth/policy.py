@@ -152,6 +152,12 @@ NATIVE: Mapping[str, Policy] = {
     _BROKER + "QueryTransactions": Policy(lambda r: _admin_group(ADMIN_READ, r.producer_group)),
     _BROKER + "GetTransaction": Policy(lambda r: [Need((ADMIN_READ,), CLUSTER)]),
     _BROKER + "GetBrokerStats": Policy(ANY),
+    # Multi-message transactions: the producer-facing steps are SendMessage / Produce /
+    # EndTransaction (the producer group's rights); these are broker to broker or operators'.
+    _BROKER + "ApplyGlobalTransaction": Policy(INTERNAL),
+    _BROKER + "ResolveGlobalTransaction": Policy(INTERNAL),
+    _BROKER + "GetGlobalTransaction": Policy(lambda r: [Need((ADMIN_READ,), CLUSTER)]),
+    _BROKER + "ListGlobalTransactions": Policy(lambda r: [Need((ADMIN_READ,), CLUSTER)]),
     _CHECKER + "CheckTransactionState": Policy(_check_stream),
     # A backup holds every message and transaction of the shard; draining changes where
     # every producer sends.

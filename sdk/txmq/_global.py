@@ -1,0 +1,239 @@
+"""Multi-message transactions: ``send_in_transaction([m1, m2, ...])`` of
+:class:`txmq.TransactionProducer` and :class:`txmq.aio.AsyncTransactionProducer`.
+
+The protocol (docs/features-design.md, "Multi-message transactions across shards"):
+
+1. Every message gets its queue (and so its shard) first. The first message is sent as a
+   half message that *begins* the global transaction ``G`` on its shard, the
+   *coordinator*: ``G`` is its transaction id; it names the other shards (participants).
+2. The other messages are sent as half messages tagged with ``G`` (a *part* each), on the
+   shard chosen in step 1 — a part is never moved to another shard: a send that keeps
+   failing there fails the whole transaction, which is then rolled back.
+3. The local transaction (``listener.execute_local_transaction(first message, arg)``; the
+   message's ``transaction_id`` is ``G``).
+4. EndTransaction(G) on the coordinator: the decision of every message at once.
+
+A check asks about ``G`` only (the first message, ``transaction_id`` = ``G``), never about
+a part. Each message carries ``G`` and the message count in its properties, so a consumer
+can reassemble the transaction (``ReceivedMessage.global_transaction_id`` / ``global_parts``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ._errors import InvalidFieldError, TxmqError
+from ._faults import OverloadBackoff, RetryAction, retry_action
+from ._ids import MessageId
+from ._names import GLOBAL_PARTS_PROPERTY, GLOBAL_TRANSACTION_PROPERTY
+from ._types import LocalTransactionState, Message, TransactionMessage, TransactionState, message_to_pb
+from .v1 import broker_pb2, common_pb2
+
+if TYPE_CHECKING:
+    from ._client import QueueRoute
+    from ._producer import TransactionProducer
+    from .aio._producer import AsyncTransactionProducer
+
+#: Most messages one global transaction may hold (the broker's participant limit is per shard).
+MAX_MESSAGES = 1000
+#: How long a check of a multi-message transaction still being sent by this asyncio
+#: producer is deferred (the sync producer uses its ``open_transaction_retry_seconds``).
+OPEN_GLOBAL_RETRY_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalTransactionResult:
+    """The outcome of ``send_in_transaction`` with several messages.
+
+    ``state`` is the global transaction's state on its coordinator after the
+    EndTransaction (COMMITTED, ROLLED_BACK, or PREPARED after UNKNOWN), or None when the
+    EndTransaction could not be delivered (``end_error`` says why; the checker then asks
+    the producer group about ``global_transaction_id``). ``messages`` are the parts in the
+    order given, each with its own transaction id and shard.
+    """
+
+    global_transaction_id: str
+    local_state: LocalTransactionState
+    state: TransactionState | None
+    messages: tuple[TransactionMessage, ...]
+    end_error: "TxmqError | None" = None
+
+
+def validate_messages(messages: Sequence[Message]) -> list[Message]:
+    messages = list(messages)
+    if not messages:
+        raise InvalidFieldError("messages", "a transaction needs at least one message")
+    if len(messages) > MAX_MESSAGES:
+        raise InvalidFieldError("messages", f"at most {MAX_MESSAGES} messages, got {len(messages)}")
+    for m in messages:
+        if GLOBAL_TRANSACTION_PROPERTY in getattr(m, "properties", {}):
+            raise InvalidFieldError("properties", f"{GLOBAL_TRANSACTION_PROPERTY} is reserved: the broker sets it")
+    return messages
+
+
+def stamped(message: Message, parts: int, global_id: str = "") -> Message:
+    """``message`` with the transaction's size (and, once known, its id) in its properties."""
+    properties = {**message.properties, GLOBAL_PARTS_PROPERTY: str(parts)}
+    if global_id:
+        properties[GLOBAL_TRANSACTION_PROPERTY] = global_id
+    return Message(message.topic, message.body, tag=message.tag, keys=message.keys, properties=properties,
+                   check_immunity_seconds=message.check_immunity_seconds)
+
+
+def half_pb(producer: Any, message: Message, route: "QueueRoute", host: str) -> common_pb2.Message:
+    pb = message_to_pb(message, MessageId.new(route.broker_name, route.queue_id).encode(), route.queue_id,
+                       common_pb2.MESSAGE_TYPE_TRANSACTION, int(time.time() * 1000), host)
+    pb.producer_group = producer.producer_group
+    pb.producer_client_id = producer.client_id
+    if message.check_immunity_seconds:
+        pb.check_immunity_seconds = message.check_immunity_seconds
+    return pb
+
+
+def send_entry(pb: common_pb2.Message, *, begin: bool = False, participants: Sequence[str] = (),
+               global_id: str = "") -> broker_pb2.ProduceEntry:
+    return broker_pb2.ProduceEntry(send_message=broker_pb2.SendMessageRequest(
+        message=pb, begin_global=begin, global_participants=list(participants), global_transaction_id=global_id))
+
+
+def half_of(message: Message, pb: common_pb2.Message, route: "QueueRoute",
+            sent: broker_pb2.SendMessageResponse) -> TransactionMessage:
+    return TransactionMessage(message=message, message_id=sent.message_id or pb.message_id,
+                              transaction_id=sent.transaction_id, broker_name=sent.broker_name or route.broker_name,
+                              queue_id=route.queue_id)
+
+
+def result_of(halves: list[TransactionMessage], local_state: LocalTransactionState,
+              state: TransactionState | None, end_error: TxmqError | None) -> GlobalTransactionResult:
+    return GlobalTransactionResult(global_transaction_id=halves[0].transaction_id, local_state=local_state,
+                                   state=state, messages=tuple(halves), end_error=end_error)
+
+
+def _retry(err: TxmqError, attempt: int, max_attempts: int) -> bool:
+    """Whether a bound send (same shard, same id) is tried again after ``err``."""
+    return retry_action(err, bound=True) is not RetryAction.FAIL and attempt < max_attempts
+
+
+# --- sync --------------------------------------------------------------------------------
+
+def _send_bound(producer: "TransactionProducer", route: "QueueRoute", topic: str,
+                entry: broker_pb2.ProduceEntry) -> broker_pb2.SendMessageResponse:
+    """One half message on the shard ``route`` names, retried there with the same id."""
+    address = route.broker_address
+    attempt = 1
+    overload = OverloadBackoff()
+    while True:
+        try:
+            return producer._request(route.broker_name, address, entry, send=True).send_message  # noqa: SLF001
+        except TxmqError as err:
+            pause = overload.delay(err)
+            if pause is not None:
+                time.sleep(pause)
+                continue
+            if not _retry(err, attempt, producer.max_attempts):
+                raise
+        producer._backoff(attempt)  # noqa: SLF001
+        address = producer._rebind(topic, route, address)  # noqa: SLF001
+        attempt += 1
+
+
+def send_global(producer: "TransactionProducer", messages: Sequence[Message], arg: Any,
+                host: str) -> GlobalTransactionResult:
+    """Steps 1-4 of the module docstring with the sync producer."""
+    messages = [producer._validate(m) for m in validate_messages(messages)]  # noqa: SLF001 - namespaced
+    routes = [producer._pick_queue(m.topic) for m in messages]  # noqa: SLF001
+    stamped_messages = [stamped(m, len(messages)) for m in messages]
+    pbs = [half_pb(producer, m, r, host) for m, r in zip(stamped_messages, routes)]
+    # Until it ends, a check of G reaching this instance is answered IN_PROGRESS (as for an
+    # open explicit transaction): the sends and the local transaction may outlast the timeout.
+    with producer._open_lock:  # noqa: SLF001
+        producer._open[pbs[0].message_id] = ""  # noqa: SLF001
+    halves: list[TransactionMessage] = []
+    try:
+        try:
+            first = _send_bound(producer, routes[0], messages[0].topic, send_entry(
+                pbs[0], begin=True, participants=sorted({r.broker_name for r in routes[1:]})))
+        except TxmqError:
+            producer._abandon(pbs[0])  # noqa: SLF001 - if it was stored, its check is answered ROLLBACK
+            raise
+        gid = first.transaction_id
+        halves.append(half_of(stamped(messages[0], len(messages), gid), pbs[0], routes[0], first))
+        try:
+            for m, pb, route in zip(messages[1:], pbs[1:], routes[1:]):
+                sent = _send_bound(producer, route, m.topic, send_entry(pb, global_id=gid))
+                halves.append(half_of(stamped(m, len(messages), gid), pb, route, sent))
+        except TxmqError:
+            producer._abandon(pbs[0])  # noqa: SLF001
+            producer._end(routes[0], messages[0].topic, halves[0], LocalTransactionState.ROLLBACK)  # noqa: SLF001
+            raise
+        local_state = producer._execute(halves[0], arg)  # noqa: SLF001
+        state, end_error = producer._end(routes[0], messages[0].topic, halves[0], local_state)  # noqa: SLF001
+    finally:
+        with producer._open_lock:  # noqa: SLF001
+            producer._open.pop(pbs[0].message_id, None)  # noqa: SLF001
+    return result_of(halves, local_state, state, end_error)
+
+
+# --- asyncio -----------------------------------------------------------------------------
+
+async def _send_bound_async(producer: "AsyncTransactionProducer", route: "QueueRoute", topic: str,
+                            entry: broker_pb2.ProduceEntry) -> broker_pb2.SendMessageResponse:
+    """As :func:`_send_bound`."""
+    address = route.broker_address
+    attempt = 1
+    overload = OverloadBackoff()
+    while True:
+        try:
+            return (await producer._request(route.broker_name, address, entry, send=True)).send_message  # noqa: SLF001
+        except TxmqError as err:
+            pause = overload.delay(err)
+            if pause is not None:  # shed by the broker: nothing applied, the same part again later
+                await asyncio.sleep(pause)
+                continue
+            if not _retry(err, attempt, producer.max_attempts):
+                raise
+        await producer._backoff(attempt)  # noqa: SLF001
+        address = await producer._rebind(topic, route, address)  # noqa: SLF001
+        attempt += 1
+
+
+async def send_global_async(producer: "AsyncTransactionProducer", messages: Sequence[Message], arg: Any,
+                            host: str) -> GlobalTransactionResult:
+    """As :func:`send_global`; the parts after the first are sent concurrently."""
+    messages = [producer._validate(m) for m in validate_messages(messages)]  # noqa: SLF001 - namespaced
+    routes = [await producer._pick_queue(m.topic) for m in messages]  # noqa: SLF001
+    pbs = [half_pb(producer, stamped(m, len(messages)), r, host) for m, r in zip(messages, routes)]
+    producer._open_globals.add(pbs[0].message_id)  # noqa: SLF001 - checks answered IN_PROGRESS until it ends
+    try:
+        try:
+            first = await _send_bound_async(producer, routes[0], messages[0].topic, send_entry(
+                pbs[0], begin=True, participants=sorted({r.broker_name for r in routes[1:]})))
+        except TxmqError:
+            producer._abandon(pbs[0])  # noqa: SLF001
+            raise
+        head = half_of(stamped(messages[0], len(messages), first.transaction_id), pbs[0], routes[0], first)
+        return await _parts_and_end_async(producer, messages, pbs, routes, head, arg)
+    finally:
+        producer._open_globals.discard(pbs[0].message_id)  # noqa: SLF001
+
+
+async def _parts_and_end_async(producer: "AsyncTransactionProducer", messages: list[Message],
+                               pbs: list[common_pb2.Message], routes: list["QueueRoute"],
+                               head: TransactionMessage, arg: Any) -> GlobalTransactionResult:
+    gid = head.transaction_id
+    sent = await asyncio.gather(*(_send_bound_async(producer, route, m.topic, send_entry(pb, global_id=gid))
+                                  for m, pb, route in zip(messages[1:], pbs[1:], routes[1:])),
+                                return_exceptions=True)
+    failed = next((s for s in sent if isinstance(s, BaseException)), None)
+    if failed is not None:
+        producer._abandon(pbs[0])  # noqa: SLF001
+        await producer._end(routes[0], messages[0].topic, head, LocalTransactionState.ROLLBACK)  # noqa: SLF001
+        raise failed
+    halves = [head] + [half_of(stamped(m, len(messages), gid), pb, route, s)
+                       for m, pb, route, s in zip(messages[1:], pbs[1:], routes[1:], sent)]
+    local_state = await producer._execute(head, arg)  # noqa: SLF001
+    state, end_error = await producer._end(routes[0], messages[0].topic, head, local_state)  # noqa: SLF001
+    return result_of(halves, local_state, state, end_error)
