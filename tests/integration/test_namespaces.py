@@ -256,3 +256,37 @@ def test_the_asyncio_clients_take_a_namespace(ns_cluster: Cluster) -> None:
 
     blue, green = asyncio.run(run())
     assert {b"green-aio", b"green-aio-plain"} <= set(green) and not any(b.startswith(b"green") for b in blue)
+
+
+class Commits(txmq.TransactionListener):
+    def execute_local_transaction(self, message: txmq.TransactionMessage, arg: object) -> LocalState:
+        return LocalState.COMMIT
+
+    def check_local_transaction(self, message: txmq.TransactionMessage) -> LocalState:
+        return LocalState.COMMIT
+
+
+def test_a_multi_message_transaction_stays_in_its_namespace(ns_cluster: Cluster) -> None:
+    """Every part of a multi-message transaction is named in the producer's namespace: its
+    consumers there get all of it, the other namespace's none."""
+    address = ns_cluster.nameserver_address
+    with txmq.Admin(address, namespace="blue") as admin:
+        admin.create_topic("audit", queue_count=1)
+    ns_cluster.wait_route("blue%audit", 1, 15)
+    with txmq.TransactionProducer(address, producer_group="multi", listener=Commits(), namespace="blue") as p:
+        result = p.send_in_transaction([txmq.Message("orders", b"multi-1"), txmq.Message("audit", b"multi-2")])
+    assert result.state == txmq.TransactionState.COMMITTED
+    got = {}
+    for ns, topic in (("blue", "orders"), ("blue", "audit"), ("green", "orders")):
+        with txmq.SimpleConsumer(address, consumer_group="multi-reader", subscriptions={topic: "*"},
+                                 namespace=ns, await_duration_seconds=0.3) as c:
+            # The group reads the topic from its start: the other tests' messages come too.
+            parts: list[bytes] = []
+
+            def step(c: txmq.SimpleConsumer = c, parts: list[bytes] = parts) -> bool:
+                received = c.receive(max_messages=32, invisible_duration_seconds=30.0)
+                parts.extend(m.body for m in received if m.body.startswith(b"multi"))
+                return not received
+            wait_until(step, 20, interval=0.0, message=f"{ns}%{topic} read to its end")
+            got[f"{ns}-{topic}"] = parts
+    assert got == {"blue-orders": [b"multi-1"], "blue-audit": [b"multi-2"], "green-orders": []}
