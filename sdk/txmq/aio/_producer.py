@@ -21,6 +21,7 @@ from .._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeErro
 from .._client import QueueRoute, positive
 from .._checks import InProgress
 from .._faults import Abandoned, RetryAction, RoutingStats, retry_action
+from .._fifo import group_queue_index
 from .._ids import MessageId
 from .._names import validate_group, validate_send_topic
 from .._producer import _HOST, DEFAULT_MAX_BODY_BYTES, new_client_id
@@ -86,7 +87,8 @@ class AsyncProducer:
         """Stores a normal message, visible to consumers at once."""
         self._validate(message)
         route, pb, response = await self._send_new(message.topic, lambda route, message_id: message_to_pb(
-            message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_NORMAL, int(time.time() * 1000), _HOST))
+            message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_NORMAL, int(time.time() * 1000), _HOST),
+            message_group=message.message_group)
         return SendReceipt(message_id=response.message_id or pb.message_id, topic=message.topic,
                            broker_name=response.broker_name or route.broker_name,
                            queue_id=response.queue_id, queue_offset=response.queue_offset)
@@ -99,8 +101,11 @@ class AsyncProducer:
         if len(message.body) > self.max_body_bytes:
             raise MessageTooLargeError(len(message.body), self.max_body_bytes)
 
-    async def _pick_queue(self, topic: str, exclude: frozenset[str] | set[str] = frozenset()) -> QueueRoute:
+    async def _pick_queue(self, topic: str, exclude: frozenset[str] | set[str] = frozenset(),
+                          message_group: str = "") -> QueueRoute:
         routes = await self._client.route(topic)
+        if message_group:  # as txmq.Producer._pick_queue
+            return routes[group_queue_index(message_group, len(routes))]
         return self._client.faults.choose(routes, lambda r: r.broker_name, next(self._next_queue), exclude)
 
     async def _backoff(self, attempt: int) -> None:
@@ -130,9 +135,9 @@ class AsyncProducer:
         return result
 
     async def _send_new(self, topic: str, build: Callable[[QueueRoute, str], common_pb2.Message],
-                        ) -> tuple[QueueRoute, common_pb2.Message, broker_pb2.SendMessageResponse]:
+                        message_group: str = "") -> tuple[QueueRoute, common_pb2.Message, broker_pb2.SendMessageResponse]:
         """As ``txmq.Producer._send_new``."""
-        route = await self._pick_queue(topic)
+        route = await self._pick_queue(topic, message_group=message_group)
         pb = build(route, MessageId.new(route.broker_name, route.queue_id).encode())
         address = route.broker_address
         failed_on: set[str] = set()
@@ -150,7 +155,7 @@ class AsyncProducer:
                         self._abandon(pb)
                     raise
                 moved = route
-                if action is not RetryAction.SAME_SHARD:
+                if action is not RetryAction.SAME_SHARD and not message_group:
                     failed_on.add(route.broker_name)
                     try:
                         moved = await self._pick_queue(topic, failed_on)
@@ -265,7 +270,7 @@ class AsyncTransactionProducer(AsyncProducer):
                 pb.check_immunity_seconds = message.check_immunity_seconds
             return pb
 
-        route, pb, sent = await self._send_new(message.topic, build)
+        route, pb, sent = await self._send_new(message.topic, build, message_group=message.message_group)
         broker_name = sent.broker_name or route.broker_name
         half = TransactionMessage(message=message, message_id=sent.message_id or pb.message_id,
                                   transaction_id=sent.transaction_id, broker_name=broker_name,
