@@ -199,6 +199,7 @@ bench: venv etcd bench-audit bench-deps proxy-deps
 	$(PY) -m bench.checks
 	$(PY) -m bench.failover
 	$(PY) -m bench.delay
+	$(PY) -m bench.fifo
 
 clean:
 	rm -rf $(DATA_DIR) .pytest_cache

@@ -36,6 +36,11 @@ class Cursor:
     settled: set[int] = field(default_factory=set)
     #: FIFO topics: the group hash of in-flight offsets, filled as the scan needs it.
     group_of: dict[int, int] = field(default_factory=dict)
+    #: FIFO topics (in memory only, rebuilt by scanning after a restart): the queue entries
+    #: from ``next_offset`` up to ``scanned_to`` passed over because their group had a
+    #: delivery in flight, by offset.
+    ahead: dict[int, "codec.CqEntry"] = field(default_factory=dict)
+    scanned_to: int = 0
     # (deadline_ms, offset); entries whose deadline no longer matches are stale.
     heap: list[tuple[int, int]] = field(default_factory=list)
 

@@ -153,53 +153,65 @@ class DeliveryPart(BrokerBase):
     def _deliver_fifo(self, w: OpWrites, group: str, topic: str, q: int, cursor: Cursor, now: int,
                       invisible_ms: int, tags: MessageFilter, limit: int, out: list[Delivery]) -> bool:
         """Delivers new messages of one queue of a FIFO topic: at most one delivery in flight
-        per message group, each group in queue order; a message of a group with one in flight
-        is passed over (the cursor stops before it). Returns whether it stopped at
-        MAX_FILTERED_SCAN entries with filtered-out ones among them (a window of entries
-        passed over only because their groups wait is not rescanned until an ack)."""
+        per message group, each group in queue order. A message whose group has one in flight
+        is passed over and kept in ``cursor.ahead`` (at most MAX_FILTERED_SCAN of them), so
+        the next receive offers it again without reading the queue; the cursor stays before
+        the first one. Returns whether it stopped at MAX_FILTERED_SCAN entries with
+        filtered-out ones among them (a window of messages held back only because their
+        groups wait is not rescanned until an ack frees one)."""
         end = self.queue_next.get((topic, q), 0)
         start = cursor.next_offset
         if start >= end:
             return False
         blocked = self._inflight_groups(topic, q, cursor)
-        frontier = start
-        at_frontier = True
-        scanned = filtered = 0
-        for key, value in self.db.scan("cq", codec.cq_key(topic, q, start), codec.cq_key(topic, q, end)):
-            if len(out) >= limit:
-                break
-            if scanned >= MAX_FILTERED_SCAN:
-                break
-            scanned += 1
-            o = codec.split_cq_key(key)[2]
-            if o in cursor.inflight:
-                if at_frontier:
-                    frontier = o + 1
-                continue
-            if o in cursor.settled:
-                if at_frontier:
-                    frontier = o + 1
-                    cursor.settled.discard(o)
-                    w.delete("inflight", codec.inflight_key(group, topic, q, o))
-                continue
-            cq = codec.decode_cq_entry(value, key)
-            if tags is not None and not self._passes(tags, cq):
-                filtered += 1
-                if at_frontier:
-                    frontier = o + 1
-                continue  # filtered out: never delivered to this group, blocks no group
-            if cq.group_hash in blocked:
-                at_frontier = False  # waits for its group's delivery in flight
-                continue
+        ahead = cursor.ahead
+        if cursor.scanned_to < start:
+            ahead.clear()
+            cursor.scanned_to = start
+
+        def deliver(o: int, cq: CqEntry) -> None:
             blocked.add(cq.group_hash)
             deadline = now + invisible_ms
             cursor.track(o, 1, deadline)
             cursor.group_of[o] = cq.group_hash
             w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline))
             out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms, self.receipt(topic, q, o, 1)))
-            if at_frontier:
-                frontier = o + 1
-        if frontier != start:
+
+        filtered = 0
+        for o in sorted(ahead):  # held back before: their groups may be free now
+            if len(out) >= limit:
+                break
+            cq = ahead[o]
+            if cq.group_hash in blocked:
+                continue
+            del ahead[o]
+            if tags is not None and not self._passes(tags, cq):
+                continue  # the group's filter changed meanwhile
+            deliver(o, cq)
+        scanned = 0
+        if len(out) < limit and cursor.scanned_to < end and len(ahead) < MAX_FILTERED_SCAN:
+            for key, value in self.db.scan("cq", codec.cq_key(topic, q, cursor.scanned_to),
+                                           codec.cq_key(topic, q, end)):
+                if len(out) >= limit or scanned >= MAX_FILTERED_SCAN or len(ahead) >= MAX_FILTERED_SCAN:
+                    break
+                scanned += 1
+                o = codec.split_cq_key(key)[2]
+                cursor.scanned_to = o + 1
+                if o in cursor.inflight or o in cursor.settled:
+                    continue
+                cq = codec.decode_cq_entry(value, key)
+                if tags is not None and not self._passes(tags, cq):
+                    filtered += 1
+                    continue  # filtered out: never delivered to this group, blocks no group
+                if cq.group_hash in blocked:
+                    ahead[o] = cq  # waits for its group's delivery in flight
+                    continue
+                deliver(o, cq)
+        frontier = min(ahead) if ahead else cursor.scanned_to
+        if frontier > start:
+            for o in [o for o in cursor.settled if o < frontier]:
+                cursor.settled.discard(o)
+                w.delete("inflight", codec.inflight_key(group, topic, q, o))
             cursor.next_offset = frontier
             w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(frontier))
         return scanned >= MAX_FILTERED_SCAN and filtered > 0
