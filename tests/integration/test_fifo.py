@@ -161,3 +161,31 @@ def test_group_state_survives_a_broker_sigkill(fresh_cluster_factory, unique_nam
         got = drain(c, 1, ack=False)
         # a2 next for group a (a0, a1 stay settled); b0 still in flight: b waits
         assert [m.body for m in got] == [b"a2"], [m.body for m in got]
+
+
+def test_the_asyncio_sdk_sends_and_receives_message_groups(cluster, unique_name) -> None:
+    import asyncio
+
+    from txmq.aio import AsyncProducer, AsyncSimpleConsumer
+
+    topic, group = unique_name("fifo"), unique_name("g")
+    create_fifo(cluster, topic, queue_count=2)
+
+    async def main() -> list[txmq.ReceivedMessage]:
+        async with AsyncProducer(cluster.nameserver_address) as producer:
+            for i in range(3):
+                receipt = await producer.send(txmq.Message(topic, f"x{i}".encode(), message_group="x"))
+        routes = cluster.query_route(topic)
+        assert receipt.queue_id == routes[group_queue_index("x", len(routes))].queue_id
+        got: list[txmq.ReceivedMessage] = []
+        async with AsyncSimpleConsumer(cluster.nameserver_address, consumer_group=group,
+                                       subscriptions={topic: "*"}, await_duration_seconds=0.3) as c:
+            while len(got) < 3:
+                batch = await c.receive(max_messages=16)
+                assert len(batch) <= 1  # one at a time: the next only after the ack
+                for m in batch:
+                    got.append(m)
+                    await c.ack(m)
+        return got
+    got = asyncio.run(asyncio.wait_for(main(), 30))
+    assert [m.body for m in got] == [b"x0", b"x1", b"x2"] and {m.message_group for m in got} == {"x"}
