@@ -16,7 +16,7 @@ import os
 import shutil
 from typing import Any, Callable
 
-from txmq.v1 import (broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, operations_pb2, operations_pb2_grpc,
+from txmq.v1 import (broker_pb2, broker_pb2_grpc, nameserver_pb2, operations_pb2, operations_pb2_grpc,
                      replication_pb2, replication_pb2_grpc)
 
 from services.common.registration import Heartbeat
