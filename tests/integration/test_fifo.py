@@ -189,3 +189,43 @@ def test_the_asyncio_sdk_sends_and_receives_message_groups(cluster, unique_name)
         return got
     got = asyncio.run(asyncio.wait_for(main(), 30))
     assert [m.body for m in got] == [b"x0", b"x1", b"x2"] and {m.message_group for m in got} == {"x"}
+
+
+def test_push_consumer_runs_a_group_one_at_a_time_even_across_a_redelivery(cluster, unique_name) -> None:
+    """A listener slower than the invisible duration: the broker redelivers the message
+    while its first consumption still runs; the push consumer runs the redelivery after it,
+    never beside it, and other groups meanwhile."""
+    import threading
+    import time
+
+    topic, group = unique_name("fifo"), unique_name("g")
+    create_fifo(cluster, topic, queue_count=1)
+    with txmq.Producer(cluster.nameserver_address) as producer:
+        for body, g in ((b"m0", "m"), (b"m1", "m"), (b"h0", "h")):
+            producer.send(txmq.Message(topic, body, message_group=g))
+    lock = threading.Lock()
+    running: dict[str, int] = {}
+    overlaps: list[bytes] = []
+    log: list[tuple[bytes, int]] = []
+
+    def listener(m: txmq.ReceivedMessage) -> txmq.ConsumeResult:
+        with lock:
+            if running.get(m.message_group):
+                overlaps.append(m.body)
+            running[m.message_group] = 1
+            log.append((m.body, m.delivery_attempt))
+        if m.body == b"m0" and m.delivery_attempt == 1:
+            time.sleep(1.0)  # beyond the 0.3 s invisibility: redelivered meanwhile
+        with lock:
+            running[m.message_group] = 0
+        return txmq.ConsumeResult.SUCCESS
+
+    with txmq.PushConsumer(cluster.nameserver_address, consumer_group=group, subscriptions={topic: "*"},
+                           listener=listener, consume_threads=4, invisible_duration_seconds=0.3,
+                           await_duration_seconds=0.3):
+        wait_until(lambda: any(b == b"m1" for b, _a in log) and any(b == b"h0" for b, _a in log), 20,
+                   message=lambda: f"m1 and h0 consumed: {log}")
+    assert overlaps == [], log
+    m_log = [(b, a) for b, a in log if b.startswith(b"m")]
+    assert m_log[0] == (b"m0", 1) and m_log[-1][0] == b"m1", log
+    assert log.index((b"h0", 1)) < log.index(m_log[-1])  # h flowed while m waited
