@@ -25,7 +25,7 @@ from ._client import Client, QueueRoute, positive
 from ._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeError, QueueNotFoundError,
                       TopicNotFoundError, TransactionStateError, TxmqError, WrongBrokerError)
 from ._faults import Abandoned, OverloadBackoff, RetryAction, RoutingStats, retry_action
-from ._fifo import group_queue_index
+from ._fifo import group_queue_index, group_route
 from ._ids import MessageId
 from ._names import validate_group, validate_send_topic
 from ._produce_stream import LINGER_SECONDS
@@ -45,6 +45,10 @@ _STALE_ROUTE = (QueueNotFoundError, TopicNotFoundError, WrongBrokerError)
 
 def _shard_of(route: QueueRoute) -> str:
     return route.broker_name
+
+
+def _queue_key(route: QueueRoute) -> tuple[str, int]:
+    return route.broker_name, route.queue_id
 
 
 def new_client_id() -> str:
@@ -101,6 +105,8 @@ class Producer:
                               route_refresh_seconds=route_refresh_seconds, what="producer",
                               linger_seconds=float(linger_seconds), tls=tls, token=token)
         self._next_queue = itertools.count(int.from_bytes(os.urandom(2), "big"))
+        # FIFO topic → the queues its groups are placed over (see txmq.fifo.group_route).
+        self._group_routes: dict[str, Sequence[QueueRoute]] = {}
         self._abandoned: Abandoned[str] = Abandoned()
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -150,6 +156,7 @@ class Producer:
         route's queue count (``txmq.fifo.group_queue_index``), whatever the faults."""
         routes = self._client.route(topic)
         if message_group:
+            routes = self._group_routes[topic] = group_route(self._group_routes.get(topic), routes, _queue_key)
             return routes[group_queue_index(message_group, len(routes))]
         routes = tuple(r for r in routes if not r.draining) or routes
         return self._client.faults.choose(routes, _shard_of, next(self._next_queue), exclude)

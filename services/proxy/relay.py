@@ -27,7 +27,7 @@ from typing import Awaitable, Callable, Sequence, TypeVar
 
 from txmq.errors import InvalidIdError, TopicNotFoundError, TxmqError, error_from_entry
 from txmq.faults import FaultTable, OverloadBackoff, RetryAction, retry_action
-from txmq.fifo import group_queue_index
+from txmq.fifo import group_queue_index, group_route
 from txmq.ids import ReceiptHandle, TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2
 
@@ -72,6 +72,8 @@ class Relay:
     def __init__(self, config: ProxyConfig, upstream: Upstream) -> None:
         self.config = config
         self.upstream = upstream
+        #: FIFO topic → the queues its groups are placed over (see txmq.fifo.group_route).
+        self.group_routes: dict[str, list[nameserver_pb2.QueueRoute]] = {}
 
     def _stub(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
         return broker_pb2_grpc.BrokerServiceStub(self.upstream.channel(address))
@@ -87,6 +89,8 @@ class Relay:
             if not queues:
                 raise TopicNotFoundError(message.topic)
             if message.message_group:  # its group's queue, always (as txmq.Producer)
+                queues = self.group_routes[message.topic] = group_route(
+                    self.group_routes.get(message.topic), queues, lambda q: (q.broker_name, q.queue_id))
                 queue = queues[group_queue_index(message.message_group, len(queues))]
             else:
                 queues = [q for q in queues if not q.draining] or queues  # a draining shard takes no new sends

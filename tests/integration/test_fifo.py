@@ -229,3 +229,39 @@ def test_push_consumer_runs_a_group_one_at_a_time_even_across_a_redelivery(clust
     m_log = [(b, a) for b, a in log if b.startswith(b"m")]
     assert m_log[0] == (b"m0", 1) and m_log[-1][0] == b"m1", log
     assert log.index((b"h0", 1)) < log.index(m_log[-1])  # h flowed while m waited
+
+
+def test_a_grouped_send_waits_for_its_shard_and_is_never_moved(fresh_cluster_factory, unique_name) -> None:
+    """Two shards; the one holding a group's queue is SIGKILLed and drops out of the routes.
+    A send of that group is retried on that shard with the same message id (never moved to
+    the other shard, which would break the order) and lands there once it is back; a new
+    send of the group meanwhile still hashes over the full route."""
+    import threading
+
+    cl = fresh_cluster_factory(brokers=2, nameserver_env={"TXMQ_BROKER_EXPIRY_SECONDS": "1.5"})
+    topic, group = unique_name("fifo"), unique_name("g")
+    create_fifo(cl, topic, queue_count=4)
+    routes = cl.query_route(topic)
+    home = routes[group_queue_index("g", len(routes))]
+    victim = next(i for i, b in enumerate(cl.brokers) if b.name == home.broker_name)
+    with txmq.Producer(cl.nameserver_address, max_attempts=1000, retry_backoff_seconds=0.05,
+                       route_refresh_seconds=0.2) as producer:  # it sees the shrunk route
+        first = producer.send(txmq.Message(topic, b"g0", message_group="g"))
+        assert (first.broker_name, first.queue_id) == (home.broker_name, home.queue_id)
+        cl.kill_broker(victim)
+        wait_until(lambda: len(cl.query_route(topic)) == 2, 20, message="the killed shard left the routes")
+        result: list = []
+        sender = threading.Thread(target=lambda: result.append(
+            producer.send(txmq.Message(topic, b"g1", message_group="g"))))
+        sender.start()
+        wait_until(lambda: any(s.shard == home.broker_name and s.failures > 0
+                               for s in producer.routing_stats().shards), 20, message="a failed attempt")
+        assert not result  # still waiting for its shard
+        cl.restart_broker(victim)
+        sender.join(60)
+        assert result and (result[0].broker_name, result[0].queue_id) == (home.broker_name, home.queue_id)
+        assert producer.routing_stats().rerouted == 0
+        third = producer.send(txmq.Message(topic, b"g2", message_group="g"))
+        assert (third.broker_name, third.queue_id) == (home.broker_name, home.queue_id)
+    with consumer(cl, group, topic) as c:
+        assert [m.body for m in drain(c, 3)] == [b"g0", b"g1", b"g2"]

@@ -21,10 +21,10 @@ from .._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeErro
 from .._client import QueueRoute, positive
 from .._checks import InProgress
 from .._faults import Abandoned, RetryAction, RoutingStats, retry_action
-from .._fifo import group_queue_index
+from .._fifo import group_queue_index, group_route
 from .._ids import MessageId
 from .._names import validate_group, validate_send_topic
-from .._producer import _HOST, DEFAULT_MAX_BODY_BYTES, new_client_id
+from .._producer import _HOST, DEFAULT_MAX_BODY_BYTES, _queue_key, new_client_id
 from .._tls import TLS
 from .._types import (RESOLUTION_TO_PB, LocalTransactionState, Message, SendReceipt, TransactionMessage,
                       TransactionResult, TransactionState, message_to_pb, state_from_name, state_from_pb)
@@ -62,6 +62,7 @@ class AsyncProducer:
                                    route_refresh_seconds=route_refresh_seconds, what="producer", tls=tls,
                                    token=token)
         self._next_queue = itertools.count(int.from_bytes(os.urandom(2), "big"))
+        self._group_routes: dict[str, Sequence[QueueRoute]] = {}  # as txmq.Producer
         self._abandoned: Abandoned[str] = Abandoned()
 
     async def close(self) -> None:
@@ -105,6 +106,7 @@ class AsyncProducer:
                           message_group: str = "") -> QueueRoute:
         routes = await self._client.route(topic)
         if message_group:  # as txmq.Producer._pick_queue
+            routes = self._group_routes[topic] = group_route(self._group_routes.get(topic), routes, _queue_key)
             return routes[group_queue_index(message_group, len(routes))]
         return self._client.faults.choose(routes, lambda r: r.broker_name, next(self._next_queue), exclude)
 
