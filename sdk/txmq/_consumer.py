@@ -499,7 +499,10 @@ class PushConsumer:
     def _consume_group(self, group: str, message: ReceivedMessage) -> None:
         """Consumes ``message`` and then the messages of its group that arrived meanwhile."""
         while True:
-            self._consume(message)
+            try:
+                self._consume(message)
+            except Exception:  # noqa: BLE001 - the group goes on whatever became of this one
+                log.exception("push consumer %s: consuming %s failed", self.consumer_group, message.message_id)
             with self._lock:
                 waiting = self._group_queues[group]
                 if not waiting:
