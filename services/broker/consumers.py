@@ -49,12 +49,15 @@ class Cursor:
         heapq.heappush(self.heap, (deadline_ms, offset))
 
     def pop_expired(self, now_ms: int) -> list[tuple[int, Inflight]]:
-        """In-flight deliveries whose invisibility ended, oldest deadline first."""
+        """In-flight deliveries whose invisibility ended, oldest deadline first (each once:
+        a postponement to the deadline it had leaves two equal heap entries)."""
         out = []
+        seen: set[int] = set()
         while self.heap and self.heap[0][0] <= now_ms:
             deadline, offset = heapq.heappop(self.heap)
             entry = self.inflight.get(offset)
-            if entry is not None and entry.deadline_ms == deadline:
+            if entry is not None and entry.deadline_ms == deadline and offset not in seen:
+                seen.add(offset)
                 out.append((offset, entry))
         return out
 

@@ -194,3 +194,16 @@ def test_queue_entries_and_log_records_carry_the_group() -> None:
     assert codec.decode_log_routing(codec.encode_log_record(timed)) == ("", 99, "order-1")
     assert message_group_hash("") == 0 and message_group_hash("g") == message_group_hash("g") != 0
     assert {group_queue_index(f"g{i}", 8) for i in range(100)} == set(range(8))
+
+
+def test_a_postponement_to_the_same_deadline_redelivers_once(core, clock) -> None:
+    """ChangeInvisibleDuration to the deadline the delivery already had leaves two equal
+    entries in the redelivery heap: the message is still redelivered once, not twice with
+    one attempt number (two copies of one group's message in flight)."""
+    send(core, "m0", "g")
+    (d,) = receive(core, invisible=1.0)
+    clock.advance(0.5)
+    core.db.call(core.change_invisible_op("cg", "fifo", d.receipt_handle, 0.5))  # the same deadline
+    clock.advance(0.6)
+    again = receive(core)
+    assert [(body(core, x), x.attempt) for x in again] == [("m0", 2)]
