@@ -1,6 +1,6 @@
 """Bursts of concurrent sends (issue 13 item 6): what comes back, and what is stored.
 
-    python -m bench.burst [--count 5000] [--only raw,sdk,proxy]
+    python -m bench.burst [--count 5000] [--only raw,rawproxy,sdk,aio,proxy] [--produce-limit N]
 
 Starts a name server, a broker and a proxy with their default settings (a topic of two
 queues), then three bursts of ``--count`` sends started at once, each to a topic of its own:
@@ -10,6 +10,10 @@ queues), then three bursts of ``--count`` sends started at once, each to a topic
 - ``rawproxy``: the same to the proxy in the RocketMQ protocol (status in band);
 - ``sdk``: ``--count`` threads of one native ``txmq.Producer`` calling ``send`` at once:
   sends that raised to the application;
+- ``aio``: ``--count`` concurrent ``send`` coroutines of one ``txmq.aio.AsyncProducer``;
+  sends that raised to the application. The SDKs' sends ride the broker's Produce stream,
+  which sheds sends beyond ``max_pending_produce_entries`` in band (OVERLOADED per entry;
+  ``--produce-limit`` sets it to show the SDKs backing off) and the SDKs send them again;
 - ``proxy``: the official RocketMQ Python client's ``send_async``, ``--count`` futures at
   once (a subprocess, as tests/proxy drive it): futures that failed to the application.
 
@@ -101,6 +105,27 @@ def _sdk(nameserver: str, topic: str, count: int) -> collections.Counter[str]:
     return outcomes
 
 
+def _aio(nameserver: str, topic: str, count: int) -> collections.Counter[str]:
+    import txmq
+    from txmq.aio import AsyncProducer
+
+    async def burst() -> collections.Counter[str]:
+        async with AsyncProducer(nameserver) as producer:
+            async def one(i: int) -> str:
+                try:
+                    await producer.send(txmq.Message(topic, f"burst-{i}".encode()))
+                    return "OK"
+                except txmq.TxmqError as exc:
+                    return f"{type(exc).__name__} ({exc.code.name})"
+            return collections.Counter(await asyncio.gather(*(one(i) for i in range(count))))
+    return asyncio.run(burst())
+
+
+def _produce_shed(cluster: Any) -> int:
+    from tests.support.metrics import metric_sum
+    return int(metric_sum(cluster.brokers[0].metrics_port, "txmq_produce_entries_shed_total"))
+
+
 def _proxy(proxy: str, topic: str, count: int, home: Path) -> tuple[collections.Counter[str], dict[str, str], int]:
     from tests.proxy.support import Clients
     clients = Clients(home)
@@ -117,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.burst", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=5000)
-    parser.add_argument("--only", default="raw,rawproxy,sdk,proxy")
+    parser.add_argument("--only", default="raw,rawproxy,sdk,aio,proxy")
+    parser.add_argument("--produce-limit", type=int, default=0,
+                        help="the broker's max_pending_produce_entries in the 'now' set-up (0: its default)")
     parser.add_argument("--no-compare", action="store_true",
                         help="skip the same bursts against gRPC's own queue sizing (the behaviour before)")
     args = parser.parse_args(argv)
@@ -131,12 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     for title, env in setups:
         print(f"--- {title}", flush=True)
         now = not env
-        failed |= _run(phases, args.count, env) and now
+        produce = {"TXMQ_MAX_PENDING_PRODUCE_ENTRIES": str(args.produce_limit)} if now and args.produce_limit else {}
+        failed |= _run(phases, args.count, env, produce) and now
     return 1 if failed else 0
 
 
-def _run(phases: list[str], count: int, env: dict[str, str]) -> bool:
-    """The bursts against a fresh cluster whose services get ``env``; True if one failed."""
+def _run(phases: list[str], count: int, env: dict[str, str], broker_env: dict[str, str]) -> bool:
+    """The bursts against a fresh cluster whose services get ``env`` (the broker also
+    ``broker_env``); True if one failed."""
     from tests.support.cluster import Cluster
     from txmq.v1 import admin_pb2
 
@@ -144,11 +173,12 @@ def _run(phases: list[str], count: int, env: dict[str, str]) -> bool:
     failed = False
     args = argparse.Namespace(count=count)
     with Cluster(workdir, proxies=1, nameserver_env={"TXMQ_AUTO_CREATE_TOPICS": "true", **env},
-                 broker_env=env, proxy_env=env) as cluster:
+                 broker_env={**env, **broker_env}, proxy_env=env) as cluster:
         for phase in phases:
             topic = f"burst-{phase}-{int(time.time())}"
             cluster.admin_stub().CreateTopic(admin_pb2.CreateTopicRequest(topic=topic, queue_count=2), timeout=10)
             started = time.monotonic()
+            shed_before = _produce_shed(cluster)
             extra = ""
             if phase == "raw":
                 outcomes = asyncio.run(_raw(cluster.brokers[0].address, topic, args.count))
@@ -156,6 +186,8 @@ def _run(phases: list[str], count: int, env: dict[str, str]) -> bool:
                 outcomes = asyncio.run(_raw_proxy(cluster.proxy_addresses[0], topic, args.count))
             elif phase == "sdk":
                 outcomes = _sdk(cluster.nameserver_address, topic, args.count)
+            elif phase == "aio":
+                outcomes = _aio(cluster.nameserver_address, topic, args.count)
             elif phase == "proxy":
                 outcomes, samples, distinct = _proxy(cluster.proxy_addresses[0], topic, args.count, workdir / "home")
                 extra = f"; distinct message ids {distinct}" + (f"; samples {samples}" if samples else "")
@@ -163,11 +195,14 @@ def _run(phases: list[str], count: int, env: dict[str, str]) -> bool:
                 raise SystemExit(f"unknown phase {phase!r}")
             elapsed = time.monotonic() - started
             stored = _stored(cluster, topic)
-            lost = args.count - outcomes.get("OK", 0) if phase in ("sdk", "proxy") else 0
+            lost = args.count - outcomes.get("OK", 0) if phase in ("sdk", "aio", "proxy") else 0
+            if phase in ("sdk", "aio"):
+                extra = f"; sends the broker shed in band (retried) {_produce_shed(cluster) - shed_before}"
             print(f"{phase:>5}: {args.count} concurrent sends in {elapsed:.2f} s: {dict(outcomes)}; "
                   f"stored {stored}; CANCELLED {outcomes.get('CANCELLED', 0)}; "
                   f"lost to the application {lost}{extra}", flush=True)
-            failed |= outcomes.get("CANCELLED", 0) > 0 or lost > 0 or (phase in ("sdk", "proxy") and stored != args.count)
+            failed |= outcomes.get("CANCELLED", 0) > 0 or lost > 0 or \
+                (phase in ("sdk", "aio", "proxy") and stored != args.count)
     return failed
 
 

@@ -426,7 +426,8 @@ def error_from_status(code: grpc.StatusCode, message: str, reason: str = "",
         TxmqError.__init__(err, message, **fields)
         return err
     generic = _BY_CODE.get(code, TxmqError)
-    err = generic(message)
+    err = generic.__new__(generic)  # as above: a class that builds its message from data
+    TxmqError.__init__(err, message)  # (PermissionDeniedError) gets the server's as it is
     if generic is TxmqError:
         err.code = code  # type: ignore[misc]  # keep what the server said
     return err

@@ -89,6 +89,11 @@ class BrokerConfig(ServiceConfig):
     #: Receives waiting (long polling) at once on one connection; one more is refused with
     #: RESOURCE_EXHAUSTED naming this (a proxy multiplexes its clients' polls on one).
     max_long_polls_per_connection: int = count(1000, max=1_000_000)
+    #: Sends on Produce streams applied and not yet answered (waiting for their WAL sync),
+    #: all streams together; a send beyond it is refused in band, in its own entry, with a
+    #: retryable OVERLOADED naming this (nothing applied; the SDK backs off and sends the
+    #: same message id again). EndTransactions are never refused so: they finish work.
+    max_pending_produce_entries: int = count(10_000, max=1_000_000)
     # --- replication (docs/replication.md) -------------------------------------------------
     #: Replicas of this shard (``broker_name``). 1: a single broker, no etcd (the embedded
     #: default); 3 in production.

@@ -36,6 +36,9 @@ class BrokerMetrics(BaseMetrics):
             registry=self.registry)
         self.produce_entries = Counter("txmq_produce_entries_total", "Sends and EndTransactions on Produce streams",
                                        registry=self.registry)
+        self.produce_shed = Counter(
+            "txmq_produce_entries_shed_total", "Sends on Produce streams refused in band with OVERLOADED "
+            "(max_pending_produce_entries reached; nothing applied, the client retries them)", registry=self.registry)
         self.produce_in = self.produce_messages.labels("in")
         self.produce_out = self.produce_messages.labels("out")
         self.wal_sync_seconds = Histogram(

@@ -13,7 +13,7 @@ from txmq.errors import InvalidFieldError, TxmqError
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
 from services.common.errors import OK, entry_status
-from services.common.limits import ConnectionLimit
+from services.common.limits import Admission, ConnectionLimit
 
 from . import groups, topics
 from .bridge import StoreBridge
@@ -128,6 +128,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self.metrics = metrics
         self.config = core.config
         self.long_polls = ConnectionLimit("max_long_polls_per_connection", self.config.max_long_polls_per_connection)
+        #: Sends on Produce streams applied and not yet answered (see ``_produce``).
+        self.produce_pending = Admission(self.config.max_pending_produce_entries, "max_pending_produce_entries")
 
     # --- producing -----------------------------------------------------------------------
 
@@ -172,9 +174,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         waiting = 0
         reading = True
 
-        def release(results: list[broker_pb2.ProduceResult]) -> None:
+        def release(results: list[broker_pb2.ProduceResult], admitted: int) -> None:
             nonlocal waiting
             waiting -= 1
+            self.produce_pending.in_flight -= admitted
             ready.extend(results)
             wake.set()
 
@@ -184,13 +187,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 # context.read() rather than ``async for`` over the iterator: one async
                 # generator step less per message.
                 while (request := await context.read()) is not grpc.aio.EOF:
-                    results, ticket = self._produce(request)
+                    results, ticket, admitted = self._produce(request)
                     waiting += 1
                     self.bridge.when_durable(
-                        ticket, lambda r=results: release(r),
+                        ticket, lambda r=results, n=admitted: release(r, n),
                         # Leadership lost before the replicas had them: each entry fails
                         # retryably (its outcome is unknown; the same ids deduplicate).
-                        lambda exc, r=results: release([self._produce_error(x.request_id, exc) for x in r]))
+                        lambda exc, r=results, n=admitted: release(
+                            [self._produce_error(x.request_id, exc) for x in r], n))
             finally:
                 reading = False
                 wake.set()
@@ -210,10 +214,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         finally:
             reader.cancel()
 
-    def _produce(self, request: broker_pb2.ProduceRequest) -> tuple[list[broker_pb2.ProduceResult], int]:
-        """Applies one stream message's entries; returns their results and the ticket that
-        must be durable before any is told."""
+    def _produce(self, request: broker_pb2.ProduceRequest) -> tuple[list[broker_pb2.ProduceResult], int, int]:
+        """Applies one stream message's entries; returns their results, the ticket that
+        must be durable before any is told, and how many sends it admitted (counted in
+        ``produce_pending`` until they are answered). A send beyond
+        ``max_pending_produce_entries`` is shed in its own entry: OVERLOADED, nothing applied."""
         results = []
+        admitted = 0
+        pending = self.produce_pending
         self.metrics.produce_in.inc()
         self.metrics.produce_entries.inc(len(request.entries))
         # One write for the whole message; its ticket covers every entry's writes and
@@ -223,6 +231,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 kind = entry.WhichOneof("request")
                 try:
                     if kind == "send_message":
+                        pending.enter()  # OverloadedError beyond the limit: this entry only
+                        admitted += 1
                         result, _ = self.bridge.apply(self._send_op(entry.send_message))
                         results.append(broker_pb2.ProduceResult(
                             request_id=entry.request_id, status=OK, send_message=self._send_response(result)))
@@ -234,7 +244,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                         raise InvalidFieldError("request", "set send_message or end_transaction")
                 except Exception as exc:  # noqa: BLE001 - answered in the entry's result
                     results.append(self._produce_error(entry.request_id, exc))
-        return results, group.ticket
+        if pending.shed:
+            self.metrics.produce_shed.inc(pending.shed)
+            pending.shed = 0
+        return results, group.ticket, admitted
 
     def _produce_error(self, request_id: int, error: BaseException) -> broker_pb2.ProduceResult:
         if not isinstance(error, TxmqError):

@@ -34,6 +34,13 @@ holds ends here — answered through this replica, answered ROLLBACK by the prox
 ``PENDING_SLACK_SECONDS`` past its answer timeout (answered through another replica, or
 never). A client that stops answering is thus sent at most that many checks
 per checker until they are forgotten; the rest stay due in the broker.
+
+One connection is sent at most ``max_pending_checks_per_connection`` checks at once (all its
+clients and checkers together: a connection may carry many client ids). A check that comes
+while its client's connection is at the limit is held back: not written and not
+acknowledged, so the checker counts it undelivered after its answer timeout (nothing spent)
+and it stays due on the broker; the link's credit for it is given back only once the
+connection has room again, so the checker sends no more meanwhile.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ from typing import AsyncIterator, Callable
 import grpc
 
 from txmq.v1 import checker_pb2, checker_pb2_grpc, common_pb2
+
+from services.common.limits import ConnectionLimit
 
 from .clients import ClientRegistry
 from .config import ProxyConfig
@@ -76,6 +85,8 @@ class _Pending:
     link: "CheckerLink"
     check: checker_pb2.CheckRequest
     forget_after: float
+    #: The connection of the client's stream it was offered on (counted against its limit).
+    peer: str
     #: Written to the client's stream (CheckReceived sent).
     written: bool = False
 
@@ -91,6 +102,10 @@ class CheckerLink:
         self.closed = False
         #: Sent CheckDrain: only answers to checks already written go on this link.
         self.draining = False
+        #: Credit held back from the checker while the client's connection (``held_on``)
+        #: is at max_pending_checks_per_connection.
+        self.withheld = 0
+        self.held_on = ""
         self._outbox: asyncio.Queue[Request | None] | None = None
         self._task = asyncio.create_task(self._run(), name=f"check-link-{client_id}@{address}")
 
@@ -177,6 +192,9 @@ class CheckManager:
         self.draining: set[CheckerLink] = set()
         #: transaction id → the check offered to a client here.
         self.pending: dict[str, _Pending] = {}
+        #: Checks offered and not yet over, per client connection.
+        self.per_connection = ConnectionLimit("max_pending_checks_per_connection",
+                                              config.max_pending_checks_per_connection)
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -207,6 +225,7 @@ class CheckManager:
             for client_id in dirty:
                 await self._sync(client_id)
             self._expire()
+            self._refill()
             await self._close_drained()
             self.registry.sweep()
             self.metrics.subscriptions.set(len(self.links))
@@ -225,7 +244,7 @@ class CheckManager:
                 del self.links[(cid, address)]
                 for txn, entry in list(self.pending.items()):
                     if entry.link is link and not entry.written:  # the checker hands these back
-                        del self.pending[txn]
+                        self._drop(txn)
                 if self._owes(link):
                     link.drain()
                     self.draining.add(link)
@@ -238,6 +257,27 @@ class CheckManager:
     def _owes(self, link: CheckerLink) -> bool:
         """Checks written to the client through this link are still waiting for answers."""
         return any(entry.link is link for entry in self.pending.values())
+
+    def _drop(self, transaction_id: str) -> _Pending | None:
+        """Forgets the check offered for a transaction; its connection has room again."""
+        entry = self.pending.pop(transaction_id, None)
+        if entry is not None:
+            self.per_connection.give_back(entry.peer)
+            self._refill(entry.peer)
+        return entry
+
+    def _refill(self, peer: str | None = None) -> None:
+        """Gives the checkers back the credit held back for connections (``peer``, or all)
+        that have room again, or whose client left (its checks go elsewhere then)."""
+        for link in [*self.links.values(), *self.draining]:
+            if not link.withheld or (peer is not None and link.held_on != peer):
+                continue
+            stream = self.registry.stream_for(link.client_id, link.groups[0]) if link.groups else None
+            if stream is not None and stream.peer == link.held_on and \
+                    self.per_connection.available(link.held_on) == 0:
+                continue
+            link.send(Request(credit=checker_pb2.CheckCredit(checks=link.withheld)))
+            link.withheld = 0
 
     async def _close_drained(self) -> None:
         for link in [link for link in self.draining if link.closed or not self._owes(link)]:
@@ -261,10 +301,23 @@ class CheckManager:
             self.metrics.checks.labels("no_stream").inc()
             link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
             return
+        previous = self.pending.get(check.transaction_id)
+        replaces = previous is not None and previous.peer == stream.peer  # checked again: no more held
+        if self.per_connection.available(stream.peer) == 0 and not replaces:
+            # Held back: neither written nor acknowledged (the checker hands it back to the
+            # broker after its answer timeout, nothing spent); its credit waits for room.
+            link.withheld += 1
+            link.held_on = stream.peer
+            self.metrics.checks.labels("held_back").inc()
+            log.debug("check held back", extra={"fields": {
+                "client_id": link.client_id, "peer": stream.peer, "transaction_id": check.transaction_id,
+                "limit": f"max_pending_checks_per_connection={self.per_connection.limit}"}})
+            return
         command = service_pb2.TelemetryCommand(
             recover_orphaned_transaction_command=service_pb2.RecoverOrphanedTransactionCommand(
                 message=check_to_rmq(check.message), transaction_id=check.transaction_id))
-        entry = _Pending(link, check, self.monotonic() + check.answer_timeout_seconds + PENDING_SLACK_SECONDS)
+        entry = _Pending(link, check, self.monotonic() + check.answer_timeout_seconds + PENDING_SLACK_SECONDS,
+                         stream.peer)
 
         def written() -> None:
             # A check counts as received once written to a live Telemetry stream (unless
@@ -279,16 +332,18 @@ class CheckManager:
             self.metrics.checks.labels("no_stream").inc()
             link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
             return
-        previous = self.pending.get(check.transaction_id)
+        previous = self._drop(check.transaction_id)
         if previous is not None:  # checked again: the earlier check is over
             previous.link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
+        self.per_connection.take(stream.peer)
         self.pending[check.transaction_id] = entry
+        self.metrics.checks_pending.set(len(self.pending))
 
     def answered(self, transaction_id: str, result: int) -> bool:
         """The client answered a check through this replica (already applied on the
         broker); tells the checker if the check was sent from here. ``result`` is a
         ``txmq.v1.CheckResult``."""
-        entry = self.pending.pop(transaction_id, None)
+        entry = self._drop(transaction_id)
         if entry is None:
             return False
         link, check = entry.link, entry.check
@@ -305,8 +360,9 @@ class CheckManager:
         now = self.monotonic()
         for txn, entry in list(self.pending.items()):
             if entry.forget_after <= now or entry.link.closed:
-                del self.pending[txn]
+                self._drop(txn)
                 entry.link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
+        self.metrics.checks_pending.set(len(self.pending))
 
     async def stop(self) -> None:
         if self._task is not None:

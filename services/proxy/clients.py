@@ -35,9 +35,11 @@ OUTBOX_LIMIT = 1024
 
 
 class TelemetryStream:
-    def __init__(self, stream_id: int, client_id: str) -> None:
+    def __init__(self, stream_id: int, client_id: str, peer: str = "") -> None:
         self.id = stream_id
         self.client_id = client_id
+        #: The client's connection (gRPC peer): limits per connection count against it.
+        self.peer = peer
         self.closed = False
         self._outbox: asyncio.Queue[tuple[Command, OnWritten] | None] = asyncio.Queue()
 
@@ -90,9 +92,9 @@ class ClientRegistry:
         for notify in self.on_change:
             notify(client_id)
 
-    def open_stream(self, client_id: str) -> TelemetryStream:
+    def open_stream(self, client_id: str, peer: str = "") -> TelemetryStream:
         state = self.clients.setdefault(client_id, ClientState(client_id))
-        stream = TelemetryStream(next(self._ids), client_id)
+        stream = TelemetryStream(next(self._ids), client_id, peer)
         state.streams[stream.id] = stream
         state.idle_since = None
         if len(state.streams) == 1:

@@ -27,6 +27,15 @@ class ProxyConfig(ServiceConfig):
     #: ReceiveMessage long polls waiting at once on one client connection; one more is
     #: answered 42900 TOO_MANY_REQUESTS naming this.
     max_long_polls_per_connection: int = count(1000, max=1_000_000)
+    #: Orphan checks (each with its half message) written to one client connection and not
+    #: yet answered, all its clients and checkers together; more are held back (they stay
+    #: due on the broker, nothing spent) until one is answered or forgotten.
+    max_pending_checks_per_connection: int = count(128, max=1_000_000)
+    #: Replay protection of signed requests (auth on): a signature whose x-mq-date-time
+    #: stamp is further than this from the proxy's clock is refused UNAUTHORIZED (40100). The
+    #: stamp is read in the access key's ``time_zone`` (the official Python and Java clients stamp
+    #: local time). RocketMQ's own proxy checks no freshness; 900 s is SigV4's window.
+    signature_max_skew_seconds: float = seconds(900.0, min=0, max=DAY, zero="no freshness check (RocketMQ's)")
     #: Every name server (comma-separated host:port).
     nameserver_addresses: tuple[str, ...] = ()
     #: host:port the clients are told to dial for data and Telemetry (a route's broker

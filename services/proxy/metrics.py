@@ -51,7 +51,12 @@ class ProxyMetrics(BaseMetrics):
             "txmq_proxy_checks_total", "Checks from the checkers by result: forwarded (written to the "
             "client's Telemetry stream), no_stream (the client has no live stream here), answered "
             "(answer relayed to the checker), orphan_rolled_back (the orphan of a send this proxy moved "
-            "to another shard, answered ROLLBACK without asking the client)", ["result"], registry=self.registry)
+            "to another shard, answered ROLLBACK without asking the client), held_back (the client's "
+            "connection held max_pending_checks_per_connection checks already: not written, it stays due)",
+            ["result"], registry=self.registry)
+        self.checks_pending = Gauge(
+            "txmq_proxy_checks_pending", "Checks offered to clients here and not yet answered or forgotten",
+            registry=self.registry)
         self.end_transactions = Counter(
             "txmq_proxy_end_transactions_total", "EndTransaction calls by resolution, source "
             "(client, server_check) and result (ok, deferred: its shard was down, the check decides, or the "

@@ -322,7 +322,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await context.write(spb.TelemetryCommand(status=pb.Status(
                 code=Code.CLIENT_ID_REQUIRED, message=f"the {CLIENT_ID_HEADER} header is required")))
             return
-        stream = self.registry.open_stream(client_id)
+        stream = self.registry.open_stream(client_id, context.peer())
         reader = asyncio.ensure_future(self._read_telemetry(request_iterator, stream))
         try:
             while True:

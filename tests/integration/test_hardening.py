@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from services.proxy.protocol import Code, definition_pb2, service_pb2
+from services.proxy.protocol import Code, definition_pb2, service_pb2, service_pb2_grpc
 from tests.support.fuzz import Census, Fuzzer, cluster_targets, fsck, seed, serving
 from tests.support.waiting import wait_until
 from txmq.v1 import admin_pb2, broker_pb2, broker_pb2_grpc, checker_pb2, checker_pb2_grpc, common_pb2
@@ -290,6 +290,100 @@ def test_a_burst_through_the_proxy_loses_nothing_when_the_broker_sheds(fresh_clu
     stub = broker_pb2_grpc.BrokerServiceStub(c.channel(c.brokers[0].address))
     offsets = stub.GetQueueOffsets(broker_pb2.GetQueueOffsetsRequest(topic=topic), timeout=5)
     assert sum(q.max_offset - q.min_offset for q in offsets.queues) == n
+
+
+def test_an_upstream_cancelled_reaches_official_clients_as_retryable_naming_the_cause(
+        fresh_cluster_factory: Any, unique_name: Any) -> None:
+    """A broker with gRPC's small pending-request queue and no shedding (the behaviour
+    before issue 13) cancels part of a burst the proxy relays: the proxy answers those
+    HA_NOT_AVAILABLE (retried by the official clients) naming the cancellation, never a
+    bare 50001 "CANCELLED"."""
+    c = fresh_cluster_factory(broker_env={"TXMQ_MAX_PENDING_RPCS": "100", "TXMQ_MAX_CONCURRENT_RPCS": "1000000"},
+                              proxies=1)
+    topic, n = unique_name("t"), 3000
+    c.admin_stub().CreateTopic(admin_pb2.CreateTopicRequest(topic=topic, queue_count=1), timeout=5)
+
+    async def burst() -> collections.Counter[tuple[int, str]]:
+        async with grpc.aio.insecure_channel(c.proxies[0].address) as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+
+            async def one(i: int) -> tuple[int, str]:
+                response = await stub.SendMessage(service_pb2.SendMessageRequest(messages=[definition_pb2.Message(
+                    topic=definition_pb2.Resource(name=topic), body=b"x",
+                    system_properties=definition_pb2.SystemProperties(
+                        message_id=f"c-{i}", message_type=definition_pb2.NORMAL))]), timeout=60,
+                    metadata=(("x-mq-client-id", "burst"),))
+                return response.status.code, response.status.message.split(":")[0]
+            return collections.Counter(await asyncio.gather(*(one(i) for i in range(n))))
+    census = asyncio.run(burst())
+    print(census)
+    assert census[(Code.HA_NOT_AVAILABLE, "CANCELLED")] > 0, census  # the broker did cancel some
+    assert set(census) <= {(Code.OK, "OK"), (Code.HA_NOT_AVAILABLE, "CANCELLED")}, census
+
+
+def _stored_once(c: Any, topic: str, n: int) -> None:
+    stub = broker_pb2_grpc.BrokerServiceStub(c.channel(c.brokers[0].address))
+    offsets = stub.GetQueueOffsets(broker_pb2.GetQueueOffsetsRequest(topic=topic), timeout=5)
+    assert sum(q.max_offset - q.min_offset for q in offsets.queues) == n
+
+
+def test_a_native_sdk_burst_backs_off_an_overloaded_broker_and_loses_nothing(fresh_cluster_factory: Any,
+                                                                           unique_name: Any) -> None:
+    """The SDKs' sends ride the Produce stream: the broker sheds sends beyond
+    ``max_pending_produce_entries`` (20 here) in band, per entry (OVERLOADED), and the sync
+    and asyncio SDKs back off and send the same message id again: every send of a burst
+    succeeds, none is CANCELLED, each is stored once (``make bench-burst``-style numbers:
+    ``python -m bench.burst --only sdk,aio``)."""
+    import threading
+
+    import txmq
+    import txmq.aio
+    from tests.support.metrics import metric_sum
+    c = fresh_cluster_factory(broker_env={"TXMQ_MAX_PENDING_PRODUCE_ENTRIES": "20"})
+    sync_topic, aio_topic, n = unique_name("t"), unique_name("t"), 600
+    for topic in (sync_topic, aio_topic):
+        c.admin_stub().CreateTopic(admin_pb2.CreateTopicRequest(topic=topic, queue_count=2), timeout=5)
+    outcomes: collections.Counter[str] = collections.Counter()
+    ids: set[str] = set()
+    lock, go = threading.Lock(), threading.Event()
+    with txmq.Producer(c.nameserver_address) as producer:
+        def one(i: int) -> None:
+            go.wait()
+            try:
+                receipt = producer.send(txmq.Message(sync_topic, b"%d" % i))
+                outcome = "OK"
+            except txmq.TxmqError as exc:
+                outcome, receipt = f"{type(exc).__name__}: {exc}", None
+            with lock:
+                outcomes[outcome] += 1
+                if receipt is not None:
+                    ids.add(receipt.message_id)
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        go.set()
+        for t in threads:
+            t.join(60)
+    assert outcomes == {"OK": n}, outcomes
+    assert len(ids) == n
+    shed_sync = metric_sum(c.brokers[0].metrics_port, "txmq_produce_entries_shed_total")
+    assert shed_sync > 0  # the broker did shed: the SDK backed off and sent again
+
+    async def burst() -> collections.Counter[str]:
+        async with txmq.aio.AsyncProducer(c.nameserver_address) as aio_producer:
+            async def one(i: int) -> str:
+                try:
+                    receipt = await aio_producer.send(txmq.Message(aio_topic, b"%d" % i))
+                except txmq.TxmqError as exc:
+                    return f"{type(exc).__name__}: {exc}"
+                ids.add(receipt.message_id)
+                return "OK"
+            return collections.Counter(await asyncio.gather(*(one(i) for i in range(n))))
+    assert asyncio.run(burst()) == {"OK": n}
+    assert len(ids) == 2 * n
+    assert metric_sum(c.brokers[0].metrics_port, "txmq_produce_entries_shed_total") > shed_sync
+    _stored_once(c, sync_topic, n)
+    _stored_once(c, aio_topic, n)
 
 
 def test_fuzz_every_rpc_of_every_service(fresh_cluster_factory: Any) -> None:

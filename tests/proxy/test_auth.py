@@ -28,6 +28,10 @@ ACCESS_KEY = "AK-APP"
 SECRET = "app-secret-0123456789"
 #: A principal that may publish to the topics but not answer their checks.
 PUBLISHER_KEY = "AK-PUBLISHER"
+#: The app's key for Python clients on hosts 8 hours east of UTC (they stamp local time).
+EAST_KEY = "AK-EAST"
+#: A POSIX TZ (no time zone database needed) 8 hours east of UTC, and the same as an offset.
+EAST_TZ, EAST_OFFSET = "CST-8", "+08:00"
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +52,9 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     # The secrets are in a file of their own, which only the proxy reads.
     keys = workdir / "access-keys.json"
     keys.write_text(json.dumps({"access_keys": {ACCESS_KEY: {"principal": "app", "secret": SECRET},
-                                                PUBLISHER_KEY: {"principal": "publisher", "secret": SECRET}}}))
+                                                PUBLISHER_KEY: {"principal": "publisher", "secret": SECRET},
+                                                EAST_KEY: {"principal": "app", "secret": SECRET,
+                                                           "time_zone": EAST_OFFSET}}}))
     env = {}
     for name in SERVICES:
         (workdir / f"{name}.token").write_text(tokens[name])
@@ -176,3 +182,56 @@ def test_node_client_signed_and_refused(secured: Cluster, clients: Clients, uniq
                          secret="not-the-secret", bodies=["commit-2"])
     assert wrong.finish(60) != 0
     assert wrong.of("sent") == []
+
+
+def _signed_query_route(cluster: Cluster, topic: str, stamp: str, secret: str = SECRET) -> Any:
+    """A QueryRoute signed as the official clients sign, over the given x-mq-date-time."""
+    import hashlib
+    import hmac
+
+    from services.proxy.protocol import definition_pb2, service_pb2, service_pb2_grpc
+    signature = hmac.new(secret.encode(), stamp.encode(), hashlib.sha1).hexdigest()
+    import grpc
+    with grpc.insecure_channel(cluster.proxy_addresses[0]) as channel:  # no token of the test's own
+        return service_pb2_grpc.MessagingServiceStub(channel).QueryRoute(
+            service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name=topic)), timeout=10,
+            metadata=(("x-mq-client-id", "replayer"), ("x-mq-date-time", stamp), (
+                "authorization", f"MQv2-HMAC-SHA1 Credential={ACCESS_KEY}, "
+                                 f"SignedHeaders=x-mq-date-time, Signature={signature}")))
+
+
+def test_a_replayed_signature_is_refused(secured: Cluster, unique_name: Callable[[str], str]) -> None:
+    """A signed request's signature covers only its x-mq-date-time stamp: one captured an
+    hour ago (or stamped an hour ahead) is refused UNAUTHORIZED, as a wrong secret is; a
+    fresh one passes."""
+    import datetime
+    topic = unique_name("auth-replay")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    fresh = _signed_query_route(secured, topic, now.strftime("%Y%m%dT%H%M%SZ"))
+    assert fresh.status.code == 20000, fresh.status
+    for shift in (-3600, 3600, -901):
+        stamp = (now + datetime.timedelta(seconds=shift)).strftime("%Y%m%dT%H%M%SZ")
+        replayed = _signed_query_route(secured, topic, stamp)
+        assert replayed.status.code == 40100, (shift, replayed.status)  # UNAUTHORIZED
+        assert "signature_max_skew_seconds=900" in replayed.status.message, replayed.status.message
+    garbled = _signed_query_route(secured, topic, "yesterday")
+    assert garbled.status.code == 40100 and "x-mq-date-time" in garbled.status.message
+
+
+def test_python_client_outside_utc_signs_local_time(secured: Cluster, clients: Clients,
+                                                    unique_name: Callable[[str], str]) -> None:
+    """The official Python client stamps its host's local time labelled Z: on a host 8 h
+    east of UTC it works with a key whose time_zone says so, and is refused with a key that
+    expects UTC (the refusal says why)."""
+    topic, group = unique_name("auth-east"), unique_name("auth-g")
+    proxy = secured.proxy_addresses[0]
+    producer = clients.python("transactional", endpoints=proxy, topic=topic, access_key=EAST_KEY, secret=SECRET,
+                              tz=EAST_TZ, bodies=["commit-1"])
+    producer.expect_success(60)
+    consumer = clients.python("simple", endpoints=proxy, topic=topic, group=group, count=1, await_seconds=1,
+                              access_key=EAST_KEY, secret=SECRET, tz=EAST_TZ)
+    consumer.expect_success(60)
+    assert [m["body"] for m in consumer.of("received")] == ["commit-1"]
+    utc_key = clients.python("send", **signed(endpoints=proxy, topic=topic, tz=EAST_TZ, bodies=["x"]))
+    assert refusals(clients, utc_key, 40100) > 0
+    assert utc_key.of("sent") == []

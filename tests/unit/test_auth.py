@@ -64,6 +64,12 @@ def test_tokens_are_looked_up_by_digest_and_signatures_verified() -> None:
     ({"principals": {"a": {}}, "acl": [{"principal": "a", "resource": "topic:a*b", "actions": ["publish"]}]}, "*"),
     ({"access_keys": {"AK": {"principal": "ghost", "secret": "s"}}}, "ghost"),
     ({"users": {}}, "users"),
+    ({"principals": {"a": {}}, "access_keys": {"AK": {"principal": "a", "secret": "s", "time_zone": "Mars/Base"}}},
+     "access_keys.AK.time_zone"),
+    ({"principals": {"a": {}}, "access_keys": {"AK": {"principal": "a", "secret": "s", "time_zone": "+15:00"}}},
+     "14:00"),
+    ({"principals": {"a": {}}, "access_keys": {"AK": {"principal": "a", "secret": "s", "timezone": "UTC"}}},
+     "timezone"),
 ])
 def test_bad_files_are_refused_naming_the_entry(data: dict[str, Any], named: str) -> None:
     with pytest.raises(CredentialsError, match=None) as refused:
@@ -169,3 +175,24 @@ def test_a_service_token_file_is_read_again_when_it_changes(tmp_path: Path) -> N
     path.write_text("")
     clock.now = 4.0
     assert token.token() == "second-token"  # an empty file: the last good token stays
+
+
+def test_signed_stamps_must_be_fresh_in_the_keys_time_zone() -> None:
+    """x-mq-date-time is read in the access key's zone (the Python client stamps local
+    time); beyond signature_max_skew_seconds it is refused, saying when a whole zone is off."""
+    import calendar
+
+    from services.common.auth.interceptor import check_fresh
+    from services.common.auth.store import AccessKey, parse_time_zone
+    from txmq import UnauthenticatedError
+    now = calendar.timegm((2026, 11, 24, 12, 0, 0))
+    utc, east = AccessKey("app", "s"), AccessKey("app", "s", parse_time_zone("+08:00"))
+    check_fresh("AK", utc, "20261124T120500Z", 900, now)
+    check_fresh("AK", east, "20261124T200500Z", 900, now)  # 20:05 in +08:00 is 12:05 UTC
+    check_fresh("AK", utc, "20261124T000000Z", 0, now)  # 0: no check (RocketMQ's own proxy)
+    with pytest.raises(UnauthenticatedError, match="8h05m ahead of .*time_zone"):
+        check_fresh("AK", utc, "20261124T200500Z", 900, now)
+    with pytest.raises(UnauthenticatedError, match="0h16m behind"):
+        check_fresh("AK", utc, "20261124T114400Z", 900, now)
+    with pytest.raises(UnauthenticatedError, match="not a time"):
+        check_fresh("AK", utc, "2026-11-24", 900, now)

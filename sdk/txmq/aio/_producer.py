@@ -20,7 +20,7 @@ from .._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeErro
                        TopicNotFoundError, TransactionStateError, TxmqError, WrongBrokerError)
 from .._client import QueueRoute, positive
 from .._checks import InProgress
-from .._faults import Abandoned, RetryAction, RoutingStats, retry_action
+from .._faults import Abandoned, OverloadBackoff, RetryAction, RoutingStats, retry_action
 from .._fifo import group_queue_index, group_route
 from .._ids import MessageId
 from .._names import validate_group, validate_send_topic
@@ -144,11 +144,16 @@ class AsyncProducer:
         address = route.broker_address
         failed_on: set[str] = set()
         attempt = 1
+        overload = OverloadBackoff()
         while True:
             entry = broker_pb2.ProduceEntry(send_message=broker_pb2.SendMessageRequest(message=pb))
             try:
                 return route, pb, (await self._request(route.broker_name, address, entry, send=True)).send_message
             except TxmqError as err:
+                pause = overload.delay(err)
+                if pause is not None:  # nothing applied: the same message (same id) again, later
+                    await asyncio.sleep(pause)
+                    continue
                 action = retry_action(err, bound=False)
                 if action is not RetryAction.FAIL or isinstance(err, _STALE_ROUTE):
                     self._client.invalidate_route(topic)

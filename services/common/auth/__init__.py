@@ -28,7 +28,8 @@ def server_interceptor(config: Any, policies: Mapping[str, Policy] | None = None
         store = CredentialStore(config.auth_files, config.auth_reload_seconds)
     except CredentialsError as exc:
         raise StartupError(f"auth_files (TXMQ_AUTH_FILES): {exc}") from exc
-    return AuthInterceptor(store, NATIVE if policies is None else policies, refuse, accept_signatures)
+    return AuthInterceptor(store, NATIVE if policies is None else policies, refuse, accept_signatures,
+                           getattr(config, "signature_max_skew_seconds", 0.0))
 
 
 def service_credentials(config: Any) -> list[Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import datetime
 import inspect
 import logging
 import time
@@ -24,7 +25,7 @@ from txmq.errors import PermissionDeniedError, TxmqError, UnauthenticatedError
 from ..errors import abort_with
 from .acl import allows, describe
 from .policy import ANY, INTERNAL, INTERNAL_ACTION, OPEN, Need, Policy
-from .store import CredentialStore, Credentials, Principal
+from .store import AccessKey, CredentialStore, Credentials, Principal
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("txmq_cal
 
 SIGNATURE_SCHEME = "MQv2-HMAC-SHA1"
 DATE_HEADER = "x-mq-date-time"
+#: The stamp's format (RocketMQ's ``yyyyMMdd'T'HHmmss'Z'``).
+DATE_FORMAT = "%Y%m%dT%H%M%SZ"
 #: Names in a client certificate that identify it (gRPC's auth context keys).
 CERTIFICATE_NAME_KEYS = ("x509_common_name", "x509_subject_alternative_name")
 
@@ -81,7 +84,38 @@ def _signature_fields(text: str) -> dict[str, str]:
     return fields
 
 
-def authenticate(credentials: Credentials, context: Any, accept_signatures: bool) -> Principal:
+def _offset_text(seconds: float) -> str:
+    minutes = round(abs(seconds) / 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m {'ahead of' if seconds > 0 else 'behind'}"
+
+
+def check_fresh(access_key: str, key: AccessKey, stamp: str, max_skew_seconds: float, now: float) -> None:
+    """Refuses a signed request whose ``x-mq-date-time`` is more than ``max_skew_seconds``
+    from ``now`` (epoch seconds), read in the key's ``time_zone``: a replay of a captured
+    signature, or a client whose clock or zone is off. 0 turns the check off."""
+    if max_skew_seconds <= 0:
+        return
+    try:
+        local = datetime.datetime.strptime(stamp, DATE_FORMAT)
+    except ValueError:
+        raise UnauthenticatedError(f"signed request: {DATE_HEADER} {stamp[:40]!r} is not a time like "
+                                   "20260102T030405Z") from None
+    signed_at = local.replace(tzinfo=key.time_zone).timestamp()
+    skew = signed_at - now
+    if abs(skew) <= max_skew_seconds:
+        return
+    hint = ""
+    quarters = skew / 900
+    if abs(skew) <= 14 * 3600 + max_skew_seconds and abs(quarters - round(quarters)) * 900 <= max_skew_seconds:
+        hint = (f"; off by a whole time zone: the official Python and Java clients stamp their host's local "
+                f"time, so access key {access_key!r} needs the time_zone of its clients' hosts")
+    raise UnauthenticatedError(
+        f"signed request: {DATE_HEADER} {stamp} is {_offset_text(skew)} the proxy's clock, more than "
+        f"signature_max_skew_seconds={max_skew_seconds:g} (a replayed request, or a client clock that is off){hint}")
+
+
+def authenticate(credentials: Credentials, context: Any, accept_signatures: bool,
+                 max_skew_seconds: float = 0.0) -> Principal:
     metadata = _metadata(context)
     header = metadata.get("authorization", "")
     scheme, _, rest = header.strip().partition(" ")
@@ -96,11 +130,13 @@ def authenticate(credentials: Credentials, context: Any, accept_signatures: bool
         if access_key:  # the official clients sign with an empty key when none is configured
             if fields.get("SignedHeaders", "").lower() != DATE_HEADER:
                 raise UnauthenticatedError(f"signed request: SignedHeaders must be {DATE_HEADER}")
-            principal = credentials.principal_for_signature(
-                access_key, metadata.get(DATE_HEADER, ""), fields.get("Signature", ""))
+            stamp = metadata.get(DATE_HEADER, "")
+            principal = credentials.principal_for_signature(access_key, stamp, fields.get("Signature", ""))
             if principal is None:
                 raise UnauthenticatedError(f"signed request: access key {access_key!r} is not known or the "
                                            "signature does not match its secret")
+            # Only a genuine signature gets this far: its stamp must be fresh.
+            check_fresh(access_key, credentials.access_keys[access_key], stamp, max_skew_seconds, time.time())
             return principal
     elif header and scheme.lower() != "bearer":
         raise UnauthenticatedError(f"authorization scheme {scheme!r} is not accepted here "
@@ -132,11 +168,13 @@ def authorize(credentials: Credentials, principal: Principal, method: str, needs
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, store: CredentialStore, policies: Mapping[str, Policy],
-                 refuse: Refuse | None = None, accept_signatures: bool = False) -> None:
+                 refuse: Refuse | None = None, accept_signatures: bool = False,
+                 signature_max_skew_seconds: float = 0.0) -> None:
         self.store = store
         self.policies = policies
         self.refuse = refuse
         self.accept_signatures = accept_signatures
+        self.signature_max_skew_seconds = signature_max_skew_seconds
         self._last_log = 0.0
         #: Refusals so far (UNAUTHENTICATED, PERMISSION_DENIED).
         self.refused = {"UNAUTHENTICATED": 0, "PERMISSION_DENIED": 0}
@@ -146,7 +184,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if policy is not None and policy.rights == OPEN:
             return None
         credentials = self.store.current()
-        principal = authenticate(credentials, context, self.accept_signatures)
+        principal = authenticate(credentials, context, self.accept_signatures, self.signature_max_skew_seconds)
         if policy is None:
             authorize(credentials, principal, method, [Need((INTERNAL_ACTION,), "cluster", why="no policy")])
         elif policy.rights == INTERNAL:

@@ -15,6 +15,7 @@ secrets) into the proxy only::
         certificates: ["broker.txmq.svc"]   # mTLS: certificate common name or SAN
     access_keys:                            # RocketMQ clients' signed requests (proxy)
       AK-ORDERS: {principal: orders-app, secret: "..."}
+      AK-PY-SH: {principal: orders-app, secret: "...", time_zone: Asia/Shanghai}   # see below
     acl:
       - {principal: orders-app, resource: "topic:orders", actions: [publish]}
       - {principal: orders-app, resource: "producer_group:orders-*", actions: [check]}
@@ -24,6 +25,15 @@ Tokens are stored only as ``sha256:<hex>`` digests: a token is 32 random bytes
 lookup stays one dictionary access per call. HMAC needs the access key's secret itself:
 it lives in its own file, mounted into the proxy alone, readable only by its user.
 
+A signed request carries only a signature over its ``x-mq-date-time`` stamp, so the proxy
+refuses a stamp further than ``signature_max_skew_seconds`` from its clock (a replay). The
+stamp is meant to be UTC, and the Node.js client sends UTC; the official Python client (5.x,
+``rocketmq.v5.util.signature``: ``datetime.now()``) and Java client (``Signature.sign``: a
+``SimpleDateFormat`` in the JVM's default zone) format their host's *local* time and label
+it ``Z``. An access key used by such clients on hosts outside UTC therefore names their
+zone, ``time_zone`` (an IANA name, which needs the system's time zone database, or a fixed
+offset ``+08:00``): its stamps are read as local times of that zone. Default UTC.
+
 A file that fails to parse is refused whole: at start-up the service does not start; on a
 reload the previous store stays in force and the error is logged (once per change).
 """
@@ -31,6 +41,7 @@ reload the previous store stays in force and the error is logged (once per chang
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import hmac
 import json
@@ -69,6 +80,27 @@ class Principal:
 class AccessKey:
     principal: str
     secret: str
+    #: The zone whose local time this key's clients stamp in x-mq-date-time (UTC, but the
+    #: official Python and Java clients stamp their host's local time: see the module docstring).
+    time_zone: datetime.tzinfo = datetime.timezone.utc
+
+
+def parse_time_zone(text: str) -> datetime.tzinfo:
+    """``UTC``, a fixed offset ``+08:00`` / ``-05:30``, or an IANA name (``Asia/Shanghai``);
+    raises ValueError."""
+    if text.upper() in ("UTC", "Z"):
+        return datetime.timezone.utc
+    if text[:1] in "+-" and len(text) == 6 and text[3] == ":" and text[1:3].isdigit() and text[4:].isdigit():
+        minutes = int(text[1:3]) * 60 + int(text[4:])
+        if minutes > 14 * 60:
+            raise ValueError(f"offset {text!r} is beyond ±14:00")
+        return datetime.timezone(datetime.timedelta(minutes=minutes if text[0] == "+" else -minutes))
+    import zoneinfo
+    try:
+        return zoneinfo.ZoneInfo(text)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"{text!r} is not UTC, an offset like +08:00, or a zone this system's time zone "
+                         "database knows") from exc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +200,16 @@ def parse(documents: Iterable[tuple[str, Any]]) -> Credentials:
             if not isinstance(entry, dict) or not isinstance(entry.get("principal"), str) or \
                     not isinstance(entry.get("secret"), str) or not entry["secret"]:
                 raise CredentialsError(f"{where}: needs principal and a non-empty secret")
-            access_keys[str(key_id)] = AccessKey(entry["principal"], entry["secret"])
+            unknown = set(entry) - {"principal", "secret", "time_zone"}
+            if unknown:
+                raise CredentialsError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: principal, secret, "
+                                       "time_zone")
+            zone = entry.get("time_zone", "UTC")
+            try:
+                tz = parse_time_zone(zone if isinstance(zone, str) else "")
+            except ValueError as exc:
+                raise CredentialsError(f"{where}.time_zone: {exc}") from None
+            access_keys[str(key_id)] = AccessKey(entry["principal"], entry["secret"], tz)
         raw_rules.extend((path, r) for r in _entries(data, "acl", list, path))
     for key_id, key in access_keys.items():
         if key.principal not in principals:

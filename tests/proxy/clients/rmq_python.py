@@ -56,12 +56,17 @@ def wait_for_stdin_eof() -> None:
 
 
 class Checker(TransactionChecker):
-    """Answers orphan checks: COMMIT unless the body says rollback."""
+    """Answers orphan checks: COMMIT unless the body says rollback (after ``hold_seconds``,
+    announced by a ``checking`` event)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold_seconds: float = 0.0) -> None:
         self.lock = threading.Lock()
+        self.hold_seconds = hold_seconds
 
     def check(self, m: Message) -> TransactionResolution:
+        if self.hold_seconds:
+            emit("checking", **view(m))
+            time.sleep(self.hold_seconds)
         resolution = TransactionResolution.ROLLBACK if m.body.startswith(b"rollback") else TransactionResolution.COMMIT
         emit("checked", resolution="ROLLBACK" if resolution == TransactionResolution.ROLLBACK else "COMMIT",
              **view(m))
@@ -140,19 +145,20 @@ def commit_load(args: dict) -> None:
 
 
 def orphan(args: dict) -> None:
-    """Sends a half message and dies (SIGKILL) before deciding it."""
+    """Sends a half message (``count`` of them) and dies (SIGKILL) before deciding it."""
     topic = args["topic"]
     producer = Producer(config(args), topics=[topic], checker=Checker())
     producer.startup()
-    tx = producer.begin_transaction()
-    receipt = producer.send(message(topic, args["body"], tag="TagA", key="orphan"), tx)
-    emit("sent", message_id=receipt.message_id, transaction_id=receipt.transaction_id, body=args["body"])
+    for _ in range(args.get("count", 1)):
+        tx = producer.begin_transaction()
+        receipt = producer.send(message(topic, args["body"], tag="TagA", key="orphan"), tx)
+        emit("sent", message_id=receipt.message_id, transaction_id=receipt.transaction_id, body=args["body"])
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 def checker(args: dict) -> None:
     """A transactional producer that only answers checks, until stdin closes."""
-    producer = Producer(config(args), topics=[args["topic"]], checker=Checker())
+    producer = Producer(config(args), topics=[args["topic"]], checker=Checker(args.get("hold_seconds", 0.0)))
     producer.startup()
     emit("started")
     try:
@@ -270,8 +276,13 @@ def push(args: dict) -> None:
 SCENARIOS = {f.__name__: f for f in (transactional, commit_load, orphan, checker, send, burst, simple, push)}
 
 if __name__ == "__main__":
+    arguments = json.loads(sys.argv[2])
+    # The client signs its requests with its host's local time labelled Z (see
+    # services/common/auth/store.py): the tests say which zone it runs in, UTC by default.
+    os.environ["TZ"] = arguments.get("tz", "UTC")
+    time.tzset()
     try:
-        SCENARIOS[sys.argv[1]](json.loads(sys.argv[2]))
+        SCENARIOS[sys.argv[1]](arguments)
     except Exception as exc:  # noqa: BLE001 - reported to the test, then the exit status says it failed
         emit("error", type=type(exc).__name__, message=str(exc)[:500], code=getattr(exc, "code", None))
         raise
