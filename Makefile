@@ -201,6 +201,7 @@ bench: venv etcd bench-audit bench-deps proxy-deps
 	$(PY) -m bench.failover
 	$(PY) -m bench.delay
 	$(PY) -m bench.global_transactions
+	$(PY) -m bench.fifo
 
 clean:
 	rm -rf $(DATA_DIR) .pytest_cache

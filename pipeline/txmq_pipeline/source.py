@@ -69,7 +69,8 @@ MESSAGE_SCHEMA = (
     "topic STRING, broker STRING, queue INT, offset BIGINT, message_id STRING, "
     "transaction_id STRING, producer_group STRING, keys ARRAY<STRING>, tag STRING, "
     "properties MAP<STRING, STRING>, body BINARY, born_at TIMESTAMP, stored_at TIMESTAMP, "
-    "committed_at TIMESTAMP, deliver_at TIMESTAMP")
+    "committed_at TIMESTAMP, deliver_at TIMESTAMP"
+    ", message_group STRING")
 
 TRANSACTION_SCHEMA = (
     "transaction_id STRING, message_id STRING, broker STRING, producer_group STRING, "
@@ -258,7 +259,7 @@ def message_row(m: Any, include_body: bool) -> tuple:
             m.transaction_id or None, msg.producer_group or None, list(msg.keys), msg.tag or None,
             dict(msg.properties), bytes(msg.body) if include_body else None, born,
             _broker.timestamp(m.stored_at_ms), _broker.timestamp(m.visible_at_ms),
-            _broker.timestamp(msg.deliver_at_ms))
+            _broker.timestamp(msg.deliver_at_ms), msg.message_group or None)
 
 
 def transaction_row(t: Any) -> tuple:

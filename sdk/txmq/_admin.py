@@ -69,10 +69,12 @@ class Admin:
 
     # --- topics ---------------------------------------------------------------------------
 
-    def create_topic(self, topic: str, *, queue_count: int = 0) -> admin_pb2.CreateTopicResponse:
-        """Spreads ``queue_count`` queues (0: the name server's default) over the brokers."""
+    def create_topic(self, topic: str, *, queue_count: int = 0, fifo: bool = False) -> admin_pb2.CreateTopicResponse:
+        """Spreads ``queue_count`` queues (0: the name server's default) over the brokers;
+        ``fifo`` makes it a FIFO topic (every message carries a message group)."""
         return self.call("admin", "CreateTopic", admin_pb2.CreateTopicRequest(
-            topic=self._in_ns("topic", topic), queue_count=queue_count))
+            topic=self._in_ns("topic", topic), queue_count=queue_count,
+            topic_type=common_pb2.TOPIC_TYPE_FIFO if fifo else common_pb2.TOPIC_TYPE_NORMAL))
 
     def list_topics(self) -> admin_pb2.ListTopicsResponse:
         """Every topic; with a namespace, that namespace's topics, named without it."""

@@ -243,6 +243,7 @@ def message_dict(m: common_pb2.Message) -> dict[str, Any]:
     except UnicodeDecodeError:
         text = None
     return {"topic": m.topic, "tag": m.tag, "keys": list(m.keys), "properties": dict(sorted(m.properties.items())),
+            **({"message_group": m.message_group} if m.message_group else {}),
             "born_host": m.born_host, "born_at": _iso(m.born_timestamp_ms), "body_size_bytes": len(m.body),
             "body_utf8": text, "body_base64": base64.b64encode(m.body).decode()}
 
@@ -387,19 +388,26 @@ def _in_namespace(args: argparse.Namespace, namespace: str) -> None:
 
 def _topic_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     response = admin.list_topics()  # with a namespace, its topics alone
-    topics = [{"topic": t.topic, "queues": sum(b.queue_count for b in t.brokers),
+    topics = [{"topic": t.topic, "type": _topic_type_name(t.topic_type), "queues": sum(b.queue_count for b in t.brokers),
                "brokers": {b.broker_name: b.queue_count for b in t.brokers}} for t in response.topics]
     out({"topics": topics}, lambda: table(
-        ["TOPIC", "QUEUES", "BROKERS"],
-        [[t["topic"], t["queues"], ", ".join(f"{b}:{n}" for b, n in sorted(t["brokers"].items()))]
+        ["TOPIC", "TYPE", "QUEUES", "BROKERS"],
+        [[t["topic"], t["type"], t["queues"], ", ".join(f"{b}:{n}" for b, n in sorted(t["brokers"].items()))]
          for t in topics]))
+
+
+def _topic_type_name(value: int) -> str:
+    return "FIFO" if value == common_pb2.TOPIC_TYPE_FIFO else "NORMAL"
 
 
 def _topic_create(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     response = admin.call("admin", "CreateTopic",
-                          admin_pb2.CreateTopicRequest(topic=args.name, queue_count=args.queues))
-    data = {"topic": response.topic, "brokers": {b.broker_name: b.queue_count for b in response.brokers}}
-    out(data, lambda: f"created {data['topic']}: "
+                          admin_pb2.CreateTopicRequest(
+                              topic=args.name, queue_count=args.queues,
+                              topic_type=common_pb2.TOPIC_TYPE_FIFO if args.type == "fifo" else common_pb2.TOPIC_TYPE_NORMAL))
+    data = {"topic": response.topic, "type": args.type.upper(),
+            "brokers": {b.broker_name: b.queue_count for b in response.brokers}}
+    out(data, lambda: f"created {data['type']} topic {data['topic']}: "
                       + ", ".join(f"{b} {n} queue(s)" for b, n in sorted(data["brokers"].items())))
 
 
@@ -408,11 +416,11 @@ def _topic_describe(admin: Admin, args: argparse.Namespace, out: Output) -> None
     queues = [{"broker": q.broker_name, "queue_id": q.queue_id, "min_offset": q.min_offset,
                "max_offset": q.max_offset, "messages": q.max_offset - q.min_offset} for q in response.queues]
     consumers = [_queue_status(q) for q in response.consumers]
-    data = {"topic": response.topic, "queues": queues, "consumers": consumers,
-            "unreachable_brokers": list(response.unreachable_brokers)}
+    data = {"topic": response.topic, "type": _topic_type_name(response.topic_type), "queues": queues,
+            "consumers": consumers, "unreachable_brokers": list(response.unreachable_brokers)}
 
     def text() -> str:
-        parts = [f"topic {response.topic}: {len(queues)} queue(s), "
+        parts = [f"topic {response.topic} ({data['type']}): {len(queues)} queue(s), "
                  f"{sum(q['messages'] for q in queues)} message(s) retained",
                  table(["BROKER", "QUEUE", "MIN OFFSET", "MAX OFFSET", "RETAINED"],
                        [[q["broker"], q["queue_id"], q["min_offset"], q["max_offset"], q["messages"]]
@@ -752,6 +760,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = topic.add_parser("create", parents=[common], help="create a topic (queues spread over the brokers)")
     p.add_argument("name")
     p.add_argument("--queues", type=int, default=0, help="total queues (default: the name server's)")
+    p.add_argument("--type", choices=["normal", "fifo"], default="normal",
+                   help="fifo: every message carries a message group, delivered in order per group")
     p.set_defaults(run=_topic_create)
     p = topic.add_parser("describe", parents=[common], help="queues (offsets per broker) and the groups reading it")
     p.add_argument("name")

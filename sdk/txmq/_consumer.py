@@ -10,6 +10,7 @@ broker's ``max_delivery_attempts`` it moves to the group's dead-letter topic
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import dataclasses
 import itertools
@@ -334,6 +335,11 @@ class PushConsumer:
     slow listener does not pile up invisible messages. New brokers of a topic are found by
     refreshing the routes every ``route_refresh_seconds``. Use :meth:`start` and
     :meth:`shutdown`, or a ``with`` block.
+
+    FIFO topics: the broker delivers a message group's next message only once the previous
+    one is acknowledged (or dead-lettered); here the messages of one group also run one
+    after another (a redelivery never overlaps a consumption of the same group still
+    running), while different groups run in parallel on the pool.
     """
 
     def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
@@ -372,6 +378,8 @@ class PushConsumer:
         self._polls: dict[_Target, grpc.Future] = {}
         self._acks: queue.SimpleQueue[ReceivedMessage | None] = queue.SimpleQueue()
         self._executor: cf.ThreadPoolExecutor | None = None
+        # Message group → its messages waiting behind the one being consumed.
+        self._group_queues: dict[str, collections.deque[ReceivedMessage]] = {}
 
     def __enter__(self) -> "PushConsumer":
         self.start()
@@ -480,7 +488,36 @@ class PushConsumer:
                 self._inflight += len(messages)
             assert self._executor is not None
             for message in messages:
-                self._executor.submit(self._consume, message)
+                self._dispatch(message)
+
+    def _dispatch(self, message: ReceivedMessage) -> None:
+        """Hands a message to the pool, behind a message of its group being consumed."""
+        assert self._executor is not None
+        group = message.message_group
+        if group:
+            with self._lock:
+                waiting = self._group_queues.get(group)
+                if waiting is not None:
+                    waiting.append(message)
+                    return
+                self._group_queues[group] = collections.deque()
+            self._executor.submit(self._consume_group, group, message)
+        else:
+            self._executor.submit(self._consume, message)
+
+    def _consume_group(self, group: str, message: ReceivedMessage) -> None:
+        """Consumes ``message`` and then the messages of its group that arrived meanwhile."""
+        while True:
+            try:
+                self._consume(message)
+            except Exception:  # noqa: BLE001 - the group goes on whatever became of this one
+                log.exception("push consumer %s: consuming %s failed", self.consumer_group, message.message_id)
+            with self._lock:
+                waiting = self._group_queues[group]
+                if not waiting:
+                    del self._group_queues[group]
+                    return
+                message = waiting.popleft()
 
     # --- consuming ------------------------------------------------------------------------
 

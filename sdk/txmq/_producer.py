@@ -9,6 +9,7 @@ one producer shared by many threads keeps many sends in flight on one connection
 from __future__ import annotations
 
 import abc
+import dataclasses
 import itertools
 import logging
 import os
@@ -25,6 +26,7 @@ from ._client import Client, QueueRoute, positive
 from ._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeError, QueueNotFoundError,
                       TopicNotFoundError, TransactionStateError, TxmqError, WrongBrokerError)
 from ._faults import Abandoned, OverloadBackoff, RetryAction, RoutingStats, retry_action
+from ._fifo import group_queue_index, group_route
 from ._ids import MessageId
 from ._names import in_namespace, validate_group, validate_send_topic
 from ._produce_stream import LINGER_SECONDS
@@ -45,6 +47,10 @@ _STALE_ROUTE = (QueueNotFoundError, TopicNotFoundError, WrongBrokerError)
 
 def _shard_of(route: QueueRoute) -> str:
     return route.broker_name
+
+
+def _queue_key(route: QueueRoute) -> tuple[str, int]:
+    return route.broker_name, route.queue_id
 
 
 def new_client_id() -> str:
@@ -105,6 +111,8 @@ class Producer:
                               route_refresh_seconds=route_refresh_seconds, what="producer",
                               linger_seconds=float(linger_seconds), tls=tls, token=token)
         self._next_queue = itertools.count(int.from_bytes(os.urandom(2), "big"))
+        # FIFO topic → the queues its groups are placed over (see txmq.fifo.group_route).
+        self._group_routes: dict[str, Sequence[QueueRoute]] = {}
         self._abandoned: Abandoned[str] = Abandoned()
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -131,7 +139,8 @@ class Producer:
         broker (or the client's own validation) refused it with."""
         message = self._validate(message)
         route, pb, response = self._send_new(message.topic, lambda route, message_id: message_to_pb(
-            message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_NORMAL, int(time.time() * 1000), _HOST))
+            message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_NORMAL, int(time.time() * 1000), _HOST),
+            message_group=message.message_group)
         return SendReceipt(message_id=response.message_id or pb.message_id, topic=message.topic,
                            broker_name=response.broker_name or route.broker_name,
                            queue_id=response.queue_id, queue_offset=response.queue_offset)
@@ -148,11 +157,16 @@ class Producer:
             raise MessageTooLargeError(len(message.body), self.max_body_bytes)
         return message
 
-    def _pick_queue(self, topic: str, exclude: frozenset[str] | set[str] = frozenset()) -> QueueRoute:
+    def _pick_queue(self, topic: str, exclude: frozenset[str] | set[str] = frozenset(),
+                    message_group: str = "") -> QueueRoute:
         """The next queue round-robin whose shard the fault table does not avoid (and not in
         ``exclude``: the shards this send failed on). Queues of draining shards only when
-        the topic has no other."""
+        the topic has no other. A message group's queue is fixed: hash(group) mod the
+        route's queue count (``txmq.fifo.group_queue_index``), whatever the faults."""
         routes = self._client.route(topic)
+        if message_group:
+            routes = self._group_routes[topic] = group_route(self._group_routes.get(topic), routes, _queue_key)
+            return routes[group_queue_index(message_group, len(routes))]
         routes = tuple(r for r in routes if not r.draining) or routes
         return self._client.faults.choose(routes, _shard_of, next(self._next_queue), exclude)
 
@@ -187,12 +201,14 @@ class Producer:
         return result
 
     def _send_new(self, topic: str, build: Callable[[QueueRoute, str], common_pb2.Message],
-                  ) -> tuple[QueueRoute, common_pb2.Message, broker_pb2.SendMessageResponse]:
+                  message_group: str = "") -> tuple[QueueRoute, common_pb2.Message, broker_pb2.SendMessageResponse]:
         """Sends a new message built by ``build(queue, message_id)`` on a queue the fault
         table picks; a transient failure moves it to another shard with a new id, or, with
         no other shard usable, retries it on the same one with the same id (see the class
-        docstring). Returns the queue and message it was stored as, and the answer."""
-        route = self._pick_queue(topic)
+        docstring). A message of a message group always goes to its group's queue and is
+        never moved (that would break the group's order): it is retried there with the same
+        id. Returns the queue and message it was stored as, and the answer."""
+        route = self._pick_queue(topic, message_group=message_group)
         pb = build(route, MessageId.new(route.broker_name, route.queue_id).encode())
         address = route.broker_address
         failed_on: set[str] = set()
@@ -214,7 +230,7 @@ class Producer:
                     if action is not RetryAction.FAIL:
                         self._abandon(pb)
                     raise
-                if action is RetryAction.SAME_SHARD:
+                if action is RetryAction.SAME_SHARD or message_group:
                     moved = route  # the shard must keep it (same id): only its address is asked again
                 else:
                     failed_on.add(route.broker_name)
@@ -451,9 +467,8 @@ class TransactionProducer(Producer):
             raise InvalidFieldError("transaction", "must come from this producer's begin_transaction()")
         transaction._check_open()
         message = self._validate(message)
-        keyed = Message(message.topic, message.body, tag=message.tag, keys=message.keys,
-                        properties={**message.properties, TRANSACTION_KEY_PROPERTY: transaction.key},
-                        check_immunity_seconds=message.check_immunity_seconds)
+        keyed = dataclasses.replace(message, properties={**message.properties,
+                                                         TRANSACTION_KEY_PROPERTY: transaction.key})
         half, route = self._send_half(keyed)
         with self._open_lock:
             self._open[half.message_id] = transaction.key
@@ -478,7 +493,7 @@ class TransactionProducer(Producer):
                 pb.check_immunity_seconds = message.check_immunity_seconds
             return pb
 
-        route, pb, sent = self._send_new(message.topic, build)
+        route, pb, sent = self._send_new(message.topic, build, message_group=message.message_group)
         half = TransactionMessage(message=message, message_id=sent.message_id or pb.message_id,
                                   transaction_id=sent.transaction_id, broker_name=sent.broker_name or route.broker_name,
                                   queue_id=route.queue_id)

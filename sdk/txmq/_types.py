@@ -76,6 +76,10 @@ class Message:
     delivery_time: _dt.datetime | None = None
     #: The same as a delay from when the broker stores the message (not with delivery_time).
     delay_seconds: float | None = None
+    #: FIFO topics: the message group. Its messages go to one queue in send order (commit
+    #: order for transactional ones) and each consumer group gets them one at a time.
+    #: Required on a FIFO topic, refused on a normal one.
+    message_group: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.body, (bytearray, memoryview)):
@@ -234,6 +238,8 @@ class ReceivedMessage:
     #: The topic it was sent to (differs from ``topic`` for dead-letter and discard topics).
     original_topic: str
     consumer_group: str = ""
+    #: FIFO topics: the message group ('' otherwise).
+    message_group: str = ""
 
     @property
     def global_transaction_id(self) -> str:
@@ -287,14 +293,15 @@ def message_to_pb(message: Message, message_id: str, queue_id: int, type_: int,
         properties=message.properties, message_id=message_id, type=type_,
         born_timestamp_ms=born_timestamp_ms, born_host=born_host, queue_id=queue_id,
         deliver_at_ms=round(message.delivery_time.timestamp() * 1000) if message.delivery_time else 0,
-        delay_seconds=message.delay_seconds or 0.0)
+        delay_seconds=message.delay_seconds or 0.0, message_group=message.message_group)
 
 
 def message_from_pb(pb: common_pb2.Message) -> Message:
     return Message(topic=pb.topic, body=pb.body, tag=pb.tag, keys=tuple(pb.keys),
                    properties=dict(pb.properties),
                    check_immunity_seconds=pb.check_immunity_seconds or None,
-                   delivery_time=ms_to_datetime(pb.deliver_at_ms) if pb.deliver_at_ms else None)
+                   delivery_time=ms_to_datetime(pb.deliver_at_ms) if pb.deliver_at_ms else None,
+                   message_group=pb.message_group)
 
 
 def received_from_pb(pb: common_pb2.DeliveredMessage, consumer_group: str) -> ReceivedMessage:
@@ -306,4 +313,4 @@ def received_from_pb(pb: common_pb2.DeliveredMessage, consumer_group: str) -> Re
         receipt_handle=pb.receipt_handle, stored_at=ms_to_datetime(pb.stored_at_ms),
         visible_at=ms_to_datetime(pb.visible_at_ms),
         invisible_until=ms_to_datetime(pb.invisible_until_ms),
-        original_topic=m.topic or pb.topic, consumer_group=consumer_group)
+        original_topic=m.topic or pb.topic, consumer_group=consumer_group, message_group=m.message_group)

@@ -44,6 +44,8 @@ class BrokerBase:
     consumers: ConsumerGroups
     #: Topic → queue count.
     topics: dict[str, int]
+    #: The FIFO topics among them.
+    fifo_topics: set[str]
     #: (topic, queue) → the offset its next entry gets.
     queue_next: dict[tuple[str, int], int]
     #: Producer group → [pending, discarded].

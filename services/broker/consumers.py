@@ -21,10 +21,26 @@ class Inflight:
 
 @dataclass(slots=True)
 class Cursor:
-    """One group's position in one queue."""
+    """One group's position in one queue.
+
+    On a normal topic every offset below ``next_offset`` was delivered and the in-flight
+    ones are all below it. On a FIFO topic a message whose group has a delivery in flight
+    is passed over, so ``next_offset`` is the lowest offset not yet delivered (or filtered
+    out), in-flight deliveries may lie past it, and ``settled`` holds the offsets past it
+    already acknowledged or dead-lettered (stored as in-flight rows with the value
+    ``codec.SETTLED_PAST_CURSOR``, dropped as the cursor passes them).
+    """
 
     next_offset: int
     inflight: dict[int, Inflight] = field(default_factory=dict)
+    settled: set[int] = field(default_factory=set)
+    #: FIFO topics: the group hash of in-flight offsets, filled as the scan needs it.
+    group_of: dict[int, int] = field(default_factory=dict)
+    #: FIFO topics (in memory only, rebuilt by scanning after a restart): the queue entries
+    #: from ``next_offset`` up to ``scanned_to`` passed over because their group had a
+    #: delivery in flight, by offset.
+    ahead: dict[int, "codec.CqEntry"] = field(default_factory=dict)
+    scanned_to: int = 0
     # (deadline_ms, offset); entries whose deadline no longer matches are stale.
     heap: list[tuple[int, int]] = field(default_factory=list)
 
@@ -33,12 +49,15 @@ class Cursor:
         heapq.heappush(self.heap, (deadline_ms, offset))
 
     def pop_expired(self, now_ms: int) -> list[tuple[int, Inflight]]:
-        """In-flight deliveries whose invisibility ended, oldest deadline first."""
+        """In-flight deliveries whose invisibility ended, oldest deadline first (each once:
+        a postponement to the deadline it had leaves two equal heap entries)."""
         out = []
+        seen: set[int] = set()
         while self.heap and self.heap[0][0] <= now_ms:
             deadline, offset = heapq.heappop(self.heap)
             entry = self.inflight.get(offset)
-            if entry is not None and entry.deadline_ms == deadline:
+            if entry is not None and entry.deadline_ms == deadline and offset not in seen:
+                seen.add(offset)
                 out.append((offset, entry))
         return out
 
@@ -56,7 +75,7 @@ class Cursor:
 
     def ack_offset(self) -> int:
         """Everything below this offset is acknowledged (or filtered out) for the group."""
-        return min(self.inflight) if self.inflight else self.next_offset
+        return min(min(self.inflight), self.next_offset) if self.inflight else self.next_offset
 
 
 class ConsumerGroups:
@@ -73,7 +92,10 @@ class ConsumerGroups:
             cursor = self.cursors.get((group, topic, queue_id))
             if cursor is None:
                 cursor = self.cursors[(group, topic, queue_id)] = Cursor(offset + 1)
-            cursor.track(offset, attempt, deadline)
+            if (attempt, deadline) == codec.SETTLED_PAST_CURSOR:
+                cursor.settled.add(offset)
+            else:
+                cursor.track(offset, attempt, deadline)
 
     def get(self, group: str, topic: str, queue_id: int) -> Cursor | None:
         return self.cursors.get((group, topic, queue_id))

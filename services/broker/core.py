@@ -28,6 +28,7 @@ import random
 from typing import Callable
 
 from txmq.errors import DiskFullError, InvalidFieldError
+from txmq.fifo import message_group_hash
 from txmq.names import validate_send_topic
 
 from . import validation
@@ -76,6 +77,7 @@ class BrokerCore(GlobalPart, DeliveryPart, RetentionPart, QueriesPart):
         self.db = db if db is not None else open_database(config, on_fatal)
         self.consumers = ConsumerGroups()
         self.topics: dict[str, int] = {}
+        self.fifo_topics: set[str] = set()
         self.queue_next: dict[tuple[str, int], int] = {}
         self.counters: dict[str, list[int]] = {}
         self.disk_full = False
@@ -130,6 +132,8 @@ class BrokerCore(GlobalPart, DeliveryPart, RetentionPart, QueriesPart):
                             codec.decode_u64(floor, "meta") if floor else 1)
         for key, value in db.scan("topics"):
             self.topics[key.decode()] = codec.decode_u64(value, "topic", key)
+        for key, _value in db.scan("meta", codec.TOPIC_TYPE_PREFIX, codec.TOPIC_TYPE_END):
+            self.fifo_topics.add(key[len(codec.TOPIC_TYPE_PREFIX):].decode())
         for topic, count in self.topics.items():
             for q in range(count):
                 last_cq = db.last_key("cq", codec.queue_prefix(topic, q))
@@ -151,7 +155,8 @@ class BrokerCore(GlobalPart, DeliveryPart, RetentionPart, QueriesPart):
 
     def validate_message(self, r: LogRecord) -> LogRecord:
         """See :func:`validation.validate_message` (against this broker's topics)."""
-        return validation.validate_message(r, self.config, self.topics, self.name, self.clock())
+        return validation.validate_message(r, self.config, self.topics, self.name, self.clock(),
+                                           fifo=r.topic in self.fifo_topics)
 
     def check_disk(self) -> None:
         if self.disk_full:
@@ -181,7 +186,7 @@ class BrokerCore(GlobalPart, DeliveryPart, RetentionPart, QueriesPart):
                 record.queue_offset = offset
                 w.put("log", codec.log_key(seq), codec.encode_log_record(record))
                 w.put("cq", codec.cq_key(record.topic, record.queue_id, offset),
-                      codec.encode_cq_entry(CqEntry(seq, now, record.tag)))
+                      codec.encode_cq_entry(CqEntry(seq, now, record.tag, message_group_hash(record.message_group))))
                 w.put("dedup", mid_key, codec.encode_dedup(
                     codec.DedupEntry(codec.DEDUP_NORMAL, seq, record.queue_id, offset)))
                 w.put("dedup_exp", codec.expiry_key(now + int(self.config.dedup_retention_seconds * 1000),
@@ -218,12 +223,21 @@ class BrokerCore(GlobalPart, DeliveryPart, RetentionPart, QueriesPart):
 
     # --- topics --------------------------------------------------------------------------
 
-    def create_topic_op(self, topic: str, queue_count: int) -> Callable[[OpWrites], int]:
+    def create_topic_op(self, topic: str, queue_count: int, fifo: bool | None = None) -> Callable[[OpWrites], int]:
+        """Creates (or grows) ``topic``; ``fifo`` None keeps the type of an existing topic
+        (NORMAL for a new one), and a type other than the existing one is refused."""
         validate_send_topic(topic)
         if not 0 < queue_count <= 1024:
             raise InvalidFieldError("queue_count", f"{queue_count} is outside 1..1024")
 
         def op(w: OpWrites) -> int:
+            exists = topic in self.topics
+            if exists and fifo is not None and fifo != (topic in self.fifo_topics):
+                raise InvalidFieldError("topic_type", f"topic {topic!r} exists as "
+                                        f"{'FIFO' if topic in self.fifo_topics else 'NORMAL'}")
+            if not exists and fifo:
+                self.fifo_topics.add(topic)
+                w.put("meta", codec.topic_type_key(topic), b"")
             self._ensure_topic(w, topic, queue_count)
             return self.topics[topic]
         return op

@@ -63,8 +63,9 @@ class DeliveryPart(BrokerBase):
                 cursor = self._cursor(w, group, topic, q)
                 if len(out) < max_messages:
                     self._redeliver(w, group, topic, q, cursor, now, invisible_ms, max_messages, out)
-                if len(out) < max_messages and self._deliver_new(w, group, topic, q, cursor, now, invisible_ms,
-                                                                 tags, max_messages, out):
+                deliver = self._deliver_fifo if topic in self.fifo_topics else self._deliver_new
+                if len(out) < max_messages and deliver(w, group, topic, q, cursor, now, invisible_ms,
+                                                       tags, max_messages, out):
                     next_deadline = now  # more to scan: the long poll comes back at once
                 d = cursor.next_deadline_ms()
                 if d is not None and (next_deadline is None or d < next_deadline):
@@ -93,14 +94,12 @@ class DeliveryPart(BrokerBase):
             key = codec.inflight_key(group, topic, q, offset)
             value = self.db.get("cq", codec.cq_key(topic, q, offset))
             if value is None:  # expired by retention: nothing left to deliver
-                del cursor.inflight[offset]
-                w.delete("inflight", key)
+                self._end_delivery(w, group, topic, q, cursor, offset)
                 continue
             cq = codec.decode_cq_entry(value)
             if entry.attempt >= self.config.max_delivery_attempts:
                 self._to_dlq(w, group, cq)
-                del cursor.inflight[offset]
-                w.delete("inflight", key)
+                self._end_delivery(w, group, topic, q, cursor, offset)
                 continue
             attempt = entry.attempt + 1
             cursor.track(offset, attempt, now + invisible_ms)
@@ -151,6 +150,83 @@ class DeliveryPart(BrokerBase):
             w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(offset))
         return truncated
 
+    def _deliver_fifo(self, w: OpWrites, group: str, topic: str, q: int, cursor: Cursor, now: int,
+                      invisible_ms: int, tags: MessageFilter, limit: int, out: list[Delivery]) -> bool:
+        """Delivers new messages of one queue of a FIFO topic: at most one delivery in flight
+        per message group, each group in queue order. A message whose group has one in flight
+        is passed over and kept in ``cursor.ahead`` (at most MAX_FILTERED_SCAN of them), so
+        the next receive offers it again without reading the queue; the cursor stays before
+        the first one. Returns whether it stopped at MAX_FILTERED_SCAN entries with
+        filtered-out ones among them (a window of messages held back only because their
+        groups wait is not rescanned until an ack frees one)."""
+        end = self.queue_next.get((topic, q), 0)
+        start = cursor.next_offset
+        if start >= end:
+            return False
+        blocked = self._inflight_groups(topic, q, cursor)
+        ahead = cursor.ahead
+        if cursor.scanned_to < start:
+            ahead.clear()
+            cursor.scanned_to = start
+
+        def deliver(o: int, cq: CqEntry) -> None:
+            blocked.add(cq.group_hash)
+            deadline = now + invisible_ms
+            cursor.track(o, 1, deadline)
+            cursor.group_of[o] = cq.group_hash
+            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline))
+            out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms, self.receipt(topic, q, o, 1)))
+
+        filtered = 0
+        for o in sorted(ahead):  # held back before: their groups may be free now
+            if len(out) >= limit:
+                break
+            cq = ahead[o]
+            if cq.group_hash in blocked:
+                continue
+            del ahead[o]
+            if tags is not None and not self._passes(tags, cq):
+                continue  # the group's filter changed meanwhile
+            deliver(o, cq)
+        scanned = 0
+        if len(out) < limit and cursor.scanned_to < end and len(ahead) < MAX_FILTERED_SCAN:
+            for key, value in self.db.scan("cq", codec.cq_key(topic, q, cursor.scanned_to),
+                                           codec.cq_key(topic, q, end)):
+                if len(out) >= limit or scanned >= MAX_FILTERED_SCAN or len(ahead) >= MAX_FILTERED_SCAN:
+                    break
+                scanned += 1
+                o = codec.split_cq_key(key)[2]
+                cursor.scanned_to = o + 1
+                if o in cursor.inflight or o in cursor.settled:
+                    continue
+                cq = codec.decode_cq_entry(value, key)
+                if tags is not None and not self._passes(tags, cq):
+                    filtered += 1
+                    continue  # filtered out: never delivered to this group, blocks no group
+                if cq.group_hash in blocked:
+                    ahead[o] = cq  # waits for its group's delivery in flight
+                    continue
+                deliver(o, cq)
+        frontier = min(ahead) if ahead else cursor.scanned_to
+        if frontier > start:
+            for o in [o for o in cursor.settled if o < frontier]:
+                cursor.settled.discard(o)
+                w.delete("inflight", codec.inflight_key(group, topic, q, o))
+            cursor.next_offset = frontier
+            w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(frontier))
+        return scanned >= MAX_FILTERED_SCAN and filtered > 0
+
+    def _inflight_groups(self, topic: str, q: int, cursor: Cursor) -> set[int]:
+        """The message groups (hashes) with a delivery in flight in one queue of a FIFO topic."""
+        groups = set()
+        for offset in cursor.inflight:
+            g = cursor.group_of.get(offset)
+            if g is None:
+                value = self.db.get("cq", codec.cq_key(topic, q, offset))
+                g = cursor.group_of[offset] = codec.decode_cq_entry(value).group_hash if value else 0
+            groups.add(g)
+        return groups
+
     def _passes(self, tags: frozenset[str] | SqlFilter, cq: CqEntry) -> bool:
         """Whether a queue entry passes a tag or SQL92 filter (a SQL92 filter reads the
         message's properties from the log; a record gone to retention passes, and the
@@ -174,8 +250,22 @@ class DeliveryPart(BrokerBase):
 
     def _settle(self, w: OpWrites, group: str, handle: ReceiptHandle, cursor: Cursor) -> None:
         """Ends an in-flight delivery (acknowledged or dead-lettered)."""
-        del cursor.inflight[handle.offset]
-        w.delete("inflight", codec.inflight_key(group, handle.topic, handle.queue_id, handle.offset))
+        self._end_delivery(w, group, handle.topic, handle.queue_id, cursor, handle.offset)
+
+    def _end_delivery(self, w: OpWrites, group: str, topic: str, q: int, cursor: Cursor, offset: int) -> None:
+        """Ends an in-flight delivery (acknowledged, dead-lettered or gone to retention). On a
+        FIFO topic one past the cursor is remembered as settled, and the message's group may
+        go on: long polls wake."""
+        del cursor.inflight[offset]
+        key = codec.inflight_key(group, topic, q, offset)
+        if offset >= cursor.next_offset:
+            cursor.settled.add(offset)
+            w.put("inflight", key, codec.encode_inflight(*codec.SETTLED_PAST_CURSOR))
+        else:
+            w.delete("inflight", key)
+        cursor.group_of.pop(offset, None)
+        if topic in self.fifo_topics:
+            w.on_durable(lambda: self._notify_visible(topic))
 
     def _parse_receipt_for(self, topic: str, text: str) -> ReceiptHandle:
         handle = self.parse_receipt(text)

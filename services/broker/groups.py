@@ -134,6 +134,7 @@ def return_dead_letters_op(core: BrokerCore, group: str, message_ids: list[str],
             topic, q, offset = position
             cursor = core._cursor(w, group, topic, q)  # noqa: SLF001 - the group's cursor, created as a receive would
             if offset not in cursor.inflight:
+                cursor.settled.discard(offset)  # a FIFO topic's dead letter past the cursor
                 cursor.track(offset, 0, now)
                 w.put("inflight", codec.inflight_key(group, topic, q, offset), codec.encode_inflight(0, now))
             w.put("cq", codec.cq_key(dlq, 0, dlq_offset), tombstone)

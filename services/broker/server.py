@@ -16,7 +16,7 @@ import os
 import shutil
 from typing import Any, Callable
 
-from txmq.v1 import (broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, operations_pb2, operations_pb2_grpc,
+from txmq.v1 import (broker_pb2, broker_pb2_grpc, nameserver_pb2, operations_pb2, operations_pb2_grpc,
                      replication_pb2, replication_pb2_grpc)
 
 from services.common.registration import Heartbeat
@@ -30,7 +30,7 @@ from .drain import is_draining
 from .globalpump import GlobalPump
 from .metrics import BrokerMetrics
 from .replication import ReplicaNode, ReplicationServicer, Term
-from .service import BrokerServicer
+from .service import BrokerServicer, topic_queues
 from .store import codec
 from .store.db import Database
 from .timers import TimerPump
@@ -145,10 +145,9 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
 
     def info() -> nameserver_pb2.BrokerInfo:
         pair = current()
-        topics = sorted(pair[0].topics.items()) if pair else []
+        topics = [topic_queues(pair[0], t, n) for t, n in sorted(pair[0].topics.items())] if pair else []
         broker = nameserver_pb2.BrokerInfo(
-            name=config.broker_name, address=address,
-            topics=[common_pb2.TopicQueues(topic=t, queue_count=n) for t, n in topics],
+            name=config.broker_name, address=address, topics=topics,
             draining=is_draining(node.db if node is not None else db))
         if node is not None:
             broker.replica_id = config.replica_id

@@ -89,7 +89,8 @@ def record_from_proto(m: common_pb2.Message) -> LogRecord:
                      stored_ms=0, tag=m.tag, keys=tuple(m.keys), properties=dict(m.properties),
                      producer_group=m.producer_group, producer_client_id=m.producer_client_id,
                      check_immunity_seconds=m.check_immunity_seconds, born_ms=m.born_timestamp_ms,
-                     born_host=m.born_host, deliver_at_ms=m.deliver_at_ms, delay_seconds=m.delay_seconds)
+                     born_host=m.born_host, deliver_at_ms=m.deliver_at_ms, delay_seconds=m.delay_seconds,
+                     message_group=m.message_group)
 
 
 def message_to_proto(r: LogRecord) -> common_pb2.Message:
@@ -99,7 +100,13 @@ def message_to_proto(r: LogRecord) -> common_pb2.Message:
         type=common_pb2.MESSAGE_TYPE_TRANSACTION if r.kind == codec.KIND_HALF else common_pb2.MESSAGE_TYPE_NORMAL,
         producer_group=r.producer_group, producer_client_id=r.producer_client_id,
         check_immunity_seconds=r.check_immunity_seconds, born_timestamp_ms=r.born_ms,
-        born_host=r.born_host, queue_id=r.queue_id, deliver_at_ms=r.deliver_at_ms)
+        born_host=r.born_host, queue_id=r.queue_id, deliver_at_ms=r.deliver_at_ms, message_group=r.message_group)
+
+
+def topic_queues(core: BrokerCore, topic: str, count: int) -> common_pb2.TopicQueues:
+    """A topic this broker holds, with its type, as it registers and reports it."""
+    return common_pb2.TopicQueues(topic=topic, queue_count=count, topic_type=(
+        common_pb2.TOPIC_TYPE_FIFO if topic in core.fifo_topics else common_pb2.TOPIC_TYPE_NORMAL))
 
 
 def txn_to_proto(core: BrokerCore, t: TxnRow) -> common_pb2.Transaction:
@@ -353,9 +360,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     # --- administration ------------------------------------------------------------------
 
     async def CreateTopicQueues(self, request: broker_pb2.CreateTopicQueuesRequest, context: Any) -> Any:
-        count = await self.bridge.run(self.core.create_topic_op(request.topic, request.queue_count))
-        return broker_pb2.CreateTopicQueuesResponse(
-            topic=common_pb2.TopicQueues(topic=request.topic, queue_count=count))
+        fifo = None if request.topic_type == common_pb2.TOPIC_TYPE_UNSPECIFIED else (
+            request.topic_type == common_pb2.TOPIC_TYPE_FIFO)
+        count = await self.bridge.run(self.core.create_topic_op(request.topic, request.queue_count, fifo))
+        return broker_pb2.CreateTopicQueuesResponse(topic=topic_queues(self.core, request.topic, count))
 
     async def ClaimChecks(self, request: broker_pb2.ClaimChecksRequest, context: Any) -> Any:
         if request.session_id:
@@ -417,7 +425,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             free_disk_bytes=core.free_disk_bytes, max_body_bytes=core.config.max_body_bytes,
             max_delivery_attempts=core.config.max_delivery_attempts, last_transaction_id=core.last_txn_id())
         for topic, count in sorted(core.topics.items()):
-            response.topics.append(common_pb2.TopicQueues(topic=topic, queue_count=count))
+            response.topics.append(topic_queues(core, topic, count))
         for group, (pending, discarded) in sorted(core.counters.items()):
             response.groups.append(broker_pb2.GroupTransactionStats(
                 producer_group=group, pending=pending, discarded=discarded,

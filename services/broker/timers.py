@@ -23,6 +23,8 @@ import asyncio
 import logging
 from typing import Callable
 
+from txmq.fifo import message_group_hash
+
 from .base import BrokerBase
 from .model import KIND_NORMAL, STATE_COMMITTED
 from .store import codec
@@ -129,7 +131,8 @@ class TimersPart(BrokerBase):
             offset = self.queue_next[(topic, queue_id)]
             row.queue_offset = offset
             w.put("txn", codec.txn_key(seq), codec.encode_txn(row))
-        w.put("cq", codec.cq_key(topic, queue_id, offset), codec.encode_cq_entry(CqEntry(seq, now, record.tag)))
+        w.put("cq", codec.cq_key(topic, queue_id, offset), codec.encode_cq_entry(
+            CqEntry(seq, now, record.tag, message_group_hash(record.message_group))))
         self.queue_next[(topic, queue_id)] = offset + 1
         return topic
 

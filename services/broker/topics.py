@@ -63,9 +63,12 @@ def delete_topic_op(core: BrokerCore, topic: str, force: bool) -> Callable[[OpWr
         for group, q in cursors:
             cursor = core.consumers.cursors.pop((group, topic, q))
             w.delete("consumers", codec.consumer_key(group, topic, q))
-            for offset in list(cursor.inflight):
+            for offset in [*cursor.inflight, *cursor.settled]:
                 w.delete("inflight", codec.inflight_key(group, topic, q, offset))
         del core.topics[topic]
+        if topic in core.fifo_topics:
+            core.fifo_topics.discard(topic)
+            w.delete("meta", codec.topic_type_key(topic))
         w.delete("topics", topic.encode())
         w.on_durable(lambda: [fn(topic) for fn in core.topic_listeners])
         return Deleted(entries, groups)

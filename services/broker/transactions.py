@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from txmq.errors import InvalidFieldError, TransactionNotFoundError, TransactionStateError
+from txmq.fifo import message_group_hash
 from txmq.names import discard_topic
 
 from .model import (RESOLUTION_COMMIT, RESOLUTION_ROLLBACK, RESOLUTION_UNKNOWN, STATE_COMMITTED,
@@ -65,13 +66,13 @@ class TransactionsPart(SchedulePart, TimersPart):
             w.delete("due", codec.group_time_key(row.producer_group, row.next_due_ms, row.seq))
             w.delete("pending", codec.group_time_key(row.producer_group, row.prepared_ms, row.seq))
         if state == STATE_COMMITTED:
-            tag, deliver_at = self._visibility_of(row.seq)
+            tag, deliver_at, message_group = self._visibility_of(row.seq)
             if deliver_at > now:  # a timer message: visible at its delivery time
                 self._schedule(w, deliver_at, row.seq)
             else:
                 offset = self.queue_next[(row.topic, row.queue_id)]
                 w.put("cq", codec.cq_key(row.topic, row.queue_id, offset),
-                      codec.encode_cq_entry(CqEntry(row.seq, now, tag)))
+                      codec.encode_cq_entry(CqEntry(row.seq, now, tag, message_group_hash(message_group))))
                 self.queue_next[(row.topic, row.queue_id)] = offset + 1
                 row.queue_offset = offset
                 topic = row.topic
@@ -97,10 +98,10 @@ class TransactionsPart(SchedulePart, TimersPart):
         value = self.db.get("log", codec.log_key(seq))
         return codec.decode_log_tag(value, codec.log_key(seq)) if value is not None else ""
 
-    def _visibility_of(self, seq: int) -> tuple[str, int]:
-        """The tag and delivery time (0: at once) of a message in the log."""
+    def _visibility_of(self, seq: int) -> tuple[str, int, str]:
+        """The tag, delivery time (0: at once) and message group of a message in the log."""
         value = self.db.get("log", codec.log_key(seq))
-        return codec.decode_log_visibility(value, codec.log_key(seq)) if value is not None else ("", 0)
+        return codec.decode_log_routing(value, codec.log_key(seq)) if value is not None else ("", 0, "")
 
     def discard(self, w: OpWrites, row: TxnRow, reason: str) -> None:
         """PREPARED → DISCARDED: the message goes to %DISCARD%<group>; it can still be decided."""

@@ -13,6 +13,7 @@ from typing import Mapping
 
 from txmq.errors import (InvalidFieldError, InvalidIdError, MessageTooLargeError, PropertiesTooLargeError,
                           QueueNotFoundError, TopicNotFoundError, WrongBrokerError)
+from txmq.fifo import validate_message_group
 from txmq.ids import MessageId
 from txmq.names import validate_group, validate_send_topic
 
@@ -27,7 +28,7 @@ MAX_KEY_BYTES = 1024
 
 
 def validate_message(r: LogRecord, config: BrokerConfig, topics: Mapping[str, int], broker_name: str,
-                     now_ms: int = 0) -> LogRecord:
+                     now_ms: int = 0, *, fifo: bool = False) -> LogRecord:
     """Checks a message to send to ``broker_name`` (whose topics are ``topics``: name →
     queue count) and gives it a message id when it has none; returns it. A delay becomes
     a delivery time from ``now_ms`` (the broker's clock), and a delivery time not in the
@@ -39,6 +40,7 @@ def validate_message(r: LogRecord, config: BrokerConfig, topics: Mapping[str, in
         raise TopicNotFoundError(r.topic)
     if not 0 <= r.queue_id < count:
         raise QueueNotFoundError(r.topic, r.queue_id)
+    validate_message_group(r.message_group, fifo=fifo, topic=r.topic)
     if len(r.body) > cfg.max_body_bytes:
         raise MessageTooLargeError(len(r.body), cfg.max_body_bytes)
     if len(r.tag.encode()) > cfg.max_tag_bytes:

@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 
 _OPERATOR_RESOLUTIONS = (common_pb2.TRANSACTION_RESOLUTION_COMMIT, common_pb2.TRANSACTION_RESOLUTION_ROLLBACK)
 # A broker failing with one of these is down or broken, not refusing the request.
+def _topic_type(fifo: bool) -> int:
+    return common_pb2.TOPIC_TYPE_FIFO if fifo else common_pb2.TOPIC_TYPE_NORMAL
+
+
 _BROKER_DOWN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
                 grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 
@@ -99,21 +103,23 @@ class Admin:
                 queues = self.registry.route(topic)
         return queues
 
-    async def create_topic(self, topic: str, queue_count: int) -> TopicCreation:
+    async def create_topic(self, topic: str, queue_count: int, *, fifo: bool = False) -> TopicCreation:
         validate_send_topic(topic)
         total = resolve_queue_count(queue_count, self.default_queue_count)
         async with self._creating:
-            creation = await self._create(topic, total)
-        log.info("created topic", extra={"fields": {"topic": topic, "brokers": dict(creation.brokers)}})
+            creation = await self._create(topic, total, fifo=fifo)
+        log.info("created topic", extra={"fields": {"topic": topic, "brokers": dict(creation.brokers),
+                                                    "fifo": fifo}})
         return creation
 
-    async def _create(self, topic: str, total: int) -> TopicCreation:
+    async def _create(self, topic: str, total: int, *, fifo: bool = False) -> TopicCreation:
         plan = self.registry.plan_topic(topic, total)
         await self.clients.retain({b.address for b in self.registry.live_brokers()})
         todo = [share for share in plan if share.missing]
         results = await asyncio.gather(
             *(self._call(share.broker_address, "CreateTopicQueues",
-                         broker_pb2.CreateTopicQueuesRequest(topic=topic, queue_count=share.queue_count))
+                         broker_pb2.CreateTopicQueuesRequest(topic=topic, queue_count=share.queue_count,
+                                                             topic_type=_topic_type(fifo)))
               for share in todo),
             return_exceptions=True)
         counts = {share.broker_name: share.present for share in plan}
@@ -125,7 +131,7 @@ class Admin:
             if isinstance(result, BaseException):
                 raise result
             created = result.topic.queue_count or share.queue_count
-            self.registry.record_topic_queues(share.broker_name, topic, created)
+            self.registry.record_topic_queues(share.broker_name, topic, created, fifo=fifo)
             counts[share.broker_name] = created
         if failures:
             name, address, exc = failures[0]
@@ -181,9 +187,11 @@ class Admin:
                 raise AlreadyExistsError(f"shard {broker_name!r} already holds {holding[broker_name]} queue(s) of "
                                          f"topic {topic!r}", topic=topic, broker=broker_name)
             await self.clients.retain({b.address for b in live.values()})
+            fifo = self.registry.is_fifo(topic)
             result = await self._call(broker.address, "CreateTopicQueues",
-                                      broker_pb2.CreateTopicQueuesRequest(topic=topic, queue_count=count))
-            self.registry.record_topic_queues(broker_name, topic, result.topic.queue_count or count)
+                                      broker_pb2.CreateTopicQueuesRequest(topic=topic, queue_count=count,
+                                                                          topic_type=_topic_type(fifo)))
+            self.registry.record_topic_queues(broker_name, topic, result.topic.queue_count or count, fifo=fifo)
             counts = {name: n for name, n in holding.items()}
             counts[broker_name] = result.topic.queue_count or count
         log.info("expanded topic", extra={"fields": {"topic": topic, "broker": broker_name, "brokers": counts}})

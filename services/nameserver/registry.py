@@ -45,6 +45,8 @@ class BrokerRecord:
     replication: Any = None
     #: The shard is draining: routes mark its queues, new topics avoid it.
     draining: bool = False
+    #: Its FIFO topics (among ``topics``).
+    fifo_topics: frozenset[str] = frozenset()
 
 
 #: BrokerInfo.role values (nameserver.proto BrokerRole).
@@ -147,6 +149,9 @@ class Registry:
         self._checkers: dict[str, CheckerRecord] = {}
         # (broker, topic) → (queue count created through the Admin API, when).
         self._created: dict[tuple[str, str], tuple[int, float]] = {}
+        # (broker, topic) created as FIFO through the Admin API (kept through a registration
+        # that was in flight without it, like ``_created``).
+        self._created_fifo: set[tuple[str, str]] = set()
 
     def now(self) -> float:
         return self._clock()
@@ -155,7 +160,8 @@ class Registry:
 
     def register_broker(self, name: str, address: str,
                         topics: Iterable[tuple[str, int]] = (), *, replica_id: int = 0, role: int = ROLE_SINGLE,
-                        epoch: int = 0, replication: Any = None, draining: bool = False) -> BrokerRecord:
+                        epoch: int = 0, replication: Any = None, draining: bool = False,
+                        fifo_topics: Iterable[str] = ()) -> BrokerRecord:
         """Registers or refreshes a broker (its heartbeat) with the topics it holds now. A
         replica of a replicated shard serves the shard while it is the leader with the
         highest epoch registered; a follower is listed but never routed to."""
@@ -183,7 +189,10 @@ class Registry:
                 del self._created[(broker, topic)]
             else:
                 held[topic] = count
-        record = BrokerRecord(name, address, held, now, replica_id, role, epoch, replication, draining)
+        reported = {t for t in fifo_topics if t in held}
+        self._created_fifo -= {(name, t) for t in reported}
+        fifo = frozenset(reported | {t for b, t in self._created_fifo if b == name and t in held})
+        record = BrokerRecord(name, address, held, now, replica_id, role, epoch, replication, draining, fifo)
         if role == ROLE_SINGLE:
             self._brokers[name] = record
             return record
@@ -268,6 +277,10 @@ class Registry:
                 for b in self.live_brokers()
                 for queue_id in range(b.topics.get(topic, 0))]
 
+    def is_fifo(self, topic: str) -> bool:
+        """Whether ``topic`` is FIFO (as the live brokers holding it say)."""
+        return any(topic in b.fifo_topics for b in self.live_brokers())
+
     def topics(self) -> list[tuple[str, list[tuple[str, int]]]]:
         """Every topic a live broker holds, sorted, with (broker, queue count) by broker name."""
         out: dict[str, list[tuple[str, int]]] = {}
@@ -290,12 +303,16 @@ class Registry:
         return [QueueShare(name, by_name[name].address, count, by_name[name].topics.get(topic, 0))
                 for name, count in spread_queues(queue_count, by_name)]
 
-    def record_topic_queues(self, broker_name: str, topic: str, queue_count: int) -> None:
+    def record_topic_queues(self, broker_name: str, topic: str, queue_count: int, *, fifo: bool = False) -> None:
         """A broker confirmed it holds ``queue_count`` queues of ``topic``: route them now,
         before its next heartbeat lists them."""
         record = self._brokers.get(broker_name)
         if record is None or queue_count <= 0:
             return
+        if fifo and topic not in record.fifo_topics:
+            self._created_fifo.add((broker_name, topic))
+            record = self._brokers[broker_name] = dataclasses.replace(
+                record, fifo_topics=record.fifo_topics | {topic})
         if record.topics.get(topic, 0) >= queue_count:
             return
         self._created[(broker_name, topic)] = (queue_count, self.now())
@@ -305,6 +322,7 @@ class Registry:
         """A broker deleted its queues of ``topic``: stop routing them now, before its next
         heartbeat stops listing them."""
         self._created.pop((broker_name, topic), None)
+        self._created_fifo.discard((broker_name, topic))
         for key, record in [(k, r) for k, r in list(self._replicas.items()) if k[0] == broker_name]:
             self._replicas[key] = dataclasses.replace(
                 record, topics={t: n for t, n in record.topics.items() if t != topic})

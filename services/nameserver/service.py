@@ -19,11 +19,16 @@ def _ms(seconds: float) -> int:
 def broker_info(record: BrokerRecord) -> nameserver_pb2.BrokerInfo:
     info = nameserver_pb2.BrokerInfo(
         name=record.name, address=record.address, last_heartbeat_ms=_ms(record.last_heartbeat),
-        topics=[common_pb2.TopicQueues(topic=t, queue_count=n) for t, n in sorted(record.topics.items())],
+        topics=[common_pb2.TopicQueues(topic=t, queue_count=n, topic_type=topic_type(t in record.fifo_topics))
+                for t, n in sorted(record.topics.items())],
         replica_id=record.replica_id, role=record.role, leader_epoch=record.epoch, draining=record.draining)
     if record.replication is not None:
         info.replication.CopyFrom(record.replication)
     return info
+
+
+def topic_type(fifo: bool) -> int:
+    return common_pb2.TOPIC_TYPE_FIFO if fifo else common_pb2.TOPIC_TYPE_NORMAL
 
 
 def checker_info(record: CheckerRecord) -> nameserver_pb2.CheckerInfo:
@@ -48,7 +53,9 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServiceServicer):
                                       [(t.topic, t.queue_count) for t in broker.topics],
                                       replica_id=broker.replica_id, role=broker.role, epoch=broker.leader_epoch,
                                       replication=broker.replication if broker.HasField("replication") else None,
-                                      draining=broker.draining)
+                                      draining=broker.draining,
+                                      fifo_topics=[t.topic for t in broker.topics
+                                                   if t.topic_type == common_pb2.TOPIC_TYPE_FIFO])
         return nameserver_pb2.RegisterBrokerResponse(
             heartbeat_interval_seconds=self.heartbeat_interval_seconds,
             expiry_seconds=self.registry.broker_expiry_seconds)
@@ -75,7 +82,8 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServiceServicer):
         queues = await self.admin.route(request.topic, for_send=request.for_send)
         return nameserver_pb2.QueryRouteResponse(topic=request.topic, queues=[
             nameserver_pb2.QueueRoute(broker_name=q.broker_name, broker_address=q.broker_address,
-                                      queue_id=q.queue_id, draining=q.draining) for q in queues])
+                                      queue_id=q.queue_id, draining=q.draining) for q in queues],
+            topic_type=topic_type(self.registry.is_fifo(request.topic)))
 
     async def ListBrokers(self, request: nameserver_pb2.ListBrokersRequest,
                           context: Any) -> nameserver_pb2.ListBrokersResponse:
@@ -95,7 +103,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     async def CreateTopic(self, request: admin_pb2.CreateTopicRequest,
                           context: Any) -> admin_pb2.CreateTopicResponse:
-        creation = await self.admin.create_topic(request.topic, request.queue_count)
+        creation = await self.admin.create_topic(request.topic, request.queue_count,
+                                                 fifo=request.topic_type == common_pb2.TOPIC_TYPE_FIFO)
         return admin_pb2.CreateTopicResponse(topic=creation.topic, brokers=broker_queues(creation.brokers))
 
     async def ExpandTopic(self, request: admin_pb2.ExpandTopicRequest,
@@ -106,7 +115,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def ListTopics(self, request: admin_pb2.ListTopicsRequest,
                          context: Any) -> admin_pb2.ListTopicsResponse:
         return admin_pb2.ListTopicsResponse(topics=[
-            admin_pb2.TopicInfo(topic=topic, brokers=broker_queues(brokers))
+            admin_pb2.TopicInfo(topic=topic, brokers=broker_queues(brokers),
+                                topic_type=topic_type(self.admin.registry.is_fifo(topic)))
             for topic, brokers in self.admin.list_topics()])
 
     async def ListTransactions(self, request: admin_pb2.ListTransactionsRequest,
@@ -146,6 +156,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         queues, consumers, unreachable = await self.admin.describe_topic(request.topic)
         return admin_pb2.DescribeTopicResponse(
             topic=request.topic, consumers=consumers, unreachable_brokers=unreachable,
+            topic_type=topic_type(self.admin.registry.is_fifo(request.topic)),
             queues=[admin_pb2.TopicQueue(broker_name=broker, queue_id=q.queue_id, min_offset=q.min_offset,
                                          max_offset=q.max_offset) for broker, q in queues])
 

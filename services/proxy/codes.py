@@ -47,6 +47,7 @@ _BY_REASON_AND_KIND = {
     ("INVALID_FIELD", "tag"): Code.ILLEGAL_MESSAGE_TAG,
     ("INVALID_FIELD", "filter_expression"): Code.ILLEGAL_FILTER_EXPRESSION,
     ("INVALID_FIELD", "deliver_at_ms"): Code.ILLEGAL_DELIVERY_TIME,
+    ("INVALID_FIELD", "message_group"): Code.ILLEGAL_MESSAGE_GROUP,
     ("INVALID_FIELD", "invisible_duration_seconds"): Code.ILLEGAL_INVISIBLE_TIME,
     ("INVALID_FIELD", "properties"): Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
     ("INVALID_FIELD", "message_id"): Code.INVALID_TRANSACTION_ID,

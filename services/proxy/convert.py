@@ -10,7 +10,9 @@ topic.name, resource_namespace    topic ``<namespace>%<name>`` (every Resource: 
 (or the x-mq-namespace header)    namespace qualifies topics and groups; going out it is
                                   split back into resource_namespace and name)
 message_id (client-chosen)        message_id (kept as is: the broker deduplicates by it)
-message_type NORMAL/TRANSACTION   type NORMAL/TRANSACTION (FIFO, LITE, PRIORITY refused)
+message_type NORMAL/TRANSACTION   type NORMAL/TRANSACTION (LITE, PRIORITY refused)
+message_type FIFO, message_group  type NORMAL with message_group (the topic must be FIFO);
+                                  going out, a message with a group is type FIFO
 message_type DELAY,               type NORMAL (or TRANSACTION) with deliver_at_ms; the
 delivery_timestamp                Python client (5.1.2) writes the milliseconds into the
                                   seconds field: a value past year 5000 is read as ms
@@ -105,7 +107,7 @@ def to_native(message: definition_pb2.Message, *, client_id: str, max_body_bytes
     topic = resource_name(message.topic, "topic")
     sp = message.system_properties
     kind = sp.message_type
-    if kind in (MessageType.MESSAGE_TYPE_UNSPECIFIED, MessageType.NORMAL, MessageType.DELAY):
+    if kind in (MessageType.MESSAGE_TYPE_UNSPECIFIED, MessageType.NORMAL, MessageType.DELAY, MessageType.FIFO):
         native_type = common_pb2.MESSAGE_TYPE_NORMAL
     elif kind == MessageType.TRANSACTION:
         native_type = common_pb2.MESSAGE_TYPE_TRANSACTION
@@ -114,8 +116,9 @@ def to_native(message: definition_pb2.Message, *, client_id: str, max_body_bytes
     deliver_at_ms = delivery_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else 0
     if kind == MessageType.DELAY and deliver_at_ms <= 0:
         raise ProxyError(Code.ILLEGAL_DELIVERY_TIME, "a DELAY message needs a delivery_timestamp")
-    if sp.HasField("message_group") and sp.message_group:
-        raise unsupported("message groups (FIFO messages)")
+    message_group = sp.message_group if sp.HasField("message_group") else ""
+    if kind == MessageType.FIFO and not message_group:
+        raise ProxyError(Code.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message_group")
     body = message.body
     if sp.body_encoding == definition_pb2.GZIP:
         body = inflate(body, max_body_bytes)
@@ -128,7 +131,7 @@ def to_native(message: definition_pb2.Message, *, client_id: str, max_body_bytes
         topic=topic, body=body, tag=sp.tag if sp.HasField("tag") else "", keys=list(sp.keys),
         properties=dict(message.user_properties), message_id=sp.message_id, type=native_type,
         born_timestamp_ms=sp.born_timestamp.seconds * 1000 + sp.born_timestamp.nanos // 1_000_000,
-        born_host=sp.born_host, deliver_at_ms=max(deliver_at_ms, 0))
+        born_host=sp.born_host, deliver_at_ms=max(deliver_at_ms, 0), message_group=message_group)
     if native_type == common_pb2.MESSAGE_TYPE_TRANSACTION:
         native.producer_group = topic
         native.producer_client_id = client_id
@@ -166,6 +169,10 @@ def _base(topic: str, m: common_pb2.Message, message_type: int) -> definition_pb
         sp.delivery_timestamp.CopyFrom(timestamp_ms(m.deliver_at_ms))
         if message_type == MessageType.NORMAL:
             sp.message_type = MessageType.DELAY
+    if m.message_group:
+        sp.message_group = m.message_group
+        if message_type == MessageType.NORMAL:
+            sp.message_type = MessageType.FIFO
     return out
 
 

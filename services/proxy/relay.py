@@ -27,6 +27,7 @@ from typing import Awaitable, Callable, Sequence, TypeVar
 
 from txmq.errors import InvalidIdError, TopicNotFoundError, TxmqError, error_from_entry
 from txmq.faults import FaultTable, OverloadBackoff, RetryAction, retry_action
+from txmq.fifo import group_queue_index, group_route
 from txmq.ids import ReceiptHandle, TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2
 
@@ -71,6 +72,8 @@ class Relay:
     def __init__(self, config: ProxyConfig, upstream: Upstream) -> None:
         self.config = config
         self.upstream = upstream
+        #: FIFO topic → the queues its groups are placed over (see txmq.fifo.group_route).
+        self.group_routes: dict[str, list[nameserver_pb2.QueueRoute]] = {}
 
     def _stub(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
         return broker_pb2_grpc.BrokerServiceStub(self.upstream.channel(address))
@@ -85,8 +88,13 @@ class Relay:
             queues = await self.upstream.route(message.topic)
             if not queues:
                 raise TopicNotFoundError(message.topic)
-            queues = [q for q in queues if not q.draining] or queues  # a draining shard takes no new sends
-            queue = pick_queue(queues, message.message_id, faults, failed_on)
+            if message.message_group:  # its group's queue, always (as txmq.Producer)
+                queues = self.group_routes[message.topic] = group_route(
+                    self.group_routes.get(message.topic), queues, lambda q: (q.broker_name, q.queue_id))
+                queue = queues[group_queue_index(message.message_group, len(queues))]
+            else:
+                queues = [q for q in queues if not q.draining] or queues  # a draining shard takes no new sends
+                queue = pick_queue(queues, message.message_id, faults, failed_on)
             if failed_on and queue.broker_name not in failed_on:
                 faults.rerouted()
             message.queue_id = queue.queue_id
@@ -100,7 +108,10 @@ class Relay:
                     await asyncio.sleep(pause)
                     continue
                 action = retry_action(exc, bound=False)
-                if action is RetryAction.ELSEWHERE:
+                if action is RetryAction.ELSEWHERE and message.message_group:
+                    faults.failed(queue.broker_name)
+                    action = RetryAction.SAME_SHARD  # a group's message never moves: order would break
+                elif action is RetryAction.ELSEWHERE:
                     faults.failed(queue.broker_name)
                     failed_on.add(queue.broker_name)
                     if half:

@@ -42,6 +42,8 @@ spb = service_pb2
 CLIENT_ID_HEADER = "x-mq-client-id"
 #: Message types every topic accepts (txmq topics take normal and transactional messages).
 ACCEPTED_TYPES = (pb.NORMAL, pb.DELAY, pb.TRANSACTION)
+#: ... and FIFO topics: FIFO messages (a message group each).
+FIFO_TYPES = (pb.FIFO,)
 #: A long poll ends this long before the client's deadline.
 DEADLINE_MARGIN_SECONDS = 1.0
 
@@ -88,7 +90,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                draining: bool = False) -> pb.MessageQueue:
         return pb.MessageQueue(
             topic=to_resource(topic), id=queue_id, permission=pb.READ if draining else pb.READ_WRITE,
-            broker=pb.Broker(name=broker, id=0, endpoints=endpoints), accept_message_types=ACCEPTED_TYPES)
+            broker=pb.Broker(name=broker, id=0, endpoints=endpoints),
+            accept_message_types=FIFO_TYPES if topic in self.upstream.fifo_topics else ACCEPTED_TYPES)
 
     async def QueryRoute(self, request: spb.QueryRouteRequest, context: Any) -> spb.QueryRouteResponse:
         try:
@@ -351,6 +354,21 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             reader.cancel()
             self.registry.close_stream(stream)
 
+    async def _subscribes_fifo(self, settings: pb.Settings) -> bool:
+        """Whether a consumer's subscriptions are to FIFO topics (its Settings then say
+        ``subscription.fifo``: the clients consume a message group in order and forward a
+        message they give up on to the dead-letter queue)."""
+        if settings.WhichOneof("pub_sub") != "subscription":
+            return False
+        fifo = False
+        for entry in settings.subscription.subscriptions:
+            try:
+                await self.upstream.route(entry.topic.name, for_send=False)
+            except TxmqError:
+                continue  # a missing topic: the receive reports it
+            fifo = fifo or entry.topic.name in self.upstream.fifo_topics
+        return fifo
+
     async def _read_telemetry(self, requests: AsyncIterator[spb.TelemetryCommand],
                               stream: TelemetryStream) -> TxmqError | None:
         refused: TxmqError | None = None
@@ -358,9 +376,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             async for command in requests:
                 if command.WhichOneof("command") == "settings":
                     self.registry.update_settings(stream, command.settings)
+                    fifo = await self._subscribes_fifo(command.settings)
                     stream.offer(spb.TelemetryCommand(status=status(),
                                                       settings=settings_mod.reply(command.settings, self.config,
-                                                                                  self.upstream.limits)))
+                                                                                  self.upstream.limits, fifo=fifo)))
                 # Other commands (thread stack traces, verify results, statuses) need no reply.
         except asyncio.CancelledError:
             raise

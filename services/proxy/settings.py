@@ -22,8 +22,9 @@ from .upstream import Limits
 Settings = definition_pb2.Settings
 
 
-def reply(client: Settings, config: ProxyConfig, limits: "Limits | None" = None) -> Settings:
-    """``limits``: the brokers' limits (``Upstream.limits``); the configuration's by default."""
+def reply(client: Settings, config: ProxyConfig, limits: "Limits | None" = None, *, fifo: bool = False) -> Settings:
+    """``limits``: the brokers' limits (``Upstream.limits``); the configuration's by default.
+    ``fifo``: the consumer subscribes to FIFO topics."""
     body_limit = limits.max_body_bytes if limits is not None else config.max_body_bytes
     max_attempts = limits.max_delivery_attempts if limits is not None else config.max_delivery_attempts
     out = Settings()
@@ -41,7 +42,7 @@ def reply(client: Settings, config: ProxyConfig, limits: "Limits | None" = None)
         out.publishing.validate_message_type = True
         return out
     sub = out.subscription
-    sub.fifo = False
+    sub.fifo = fifo
     sub.receive_batch_size = config.receive_batch_size
     if client.client_type != definition_pb2.SIMPLE_CONSUMER or not client.subscription.HasField(
             "long_polling_timeout"):

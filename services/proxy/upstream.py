@@ -19,7 +19,7 @@ import grpc
 from services.common.channels import ChannelPool
 from txmq.errors import BrokerNotFoundError, TxmqError, UnavailableError, error_from_rpc
 from txmq.faults import FAULT_ROUTE_REFRESH_SECONDS, Abandoned, FaultTable
-from txmq.v1 import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 from .config import ProxyConfig
 
@@ -56,6 +56,8 @@ class Upstream:
         self._channels = ChannelPool(max_message_bytes=-1)
         #: broker name → address, from ListBrokers and routes.
         self.brokers: dict[str, str] = {}
+        #: Topics whose last route said FIFO.
+        self.fifo_topics: set[str] = set()
         #: checker address → name.
         self.checkers: dict[str, str] = {}
         self._routes: dict[str, tuple[float, list[nameserver_pb2.QueueRoute]]] = {}
@@ -184,6 +186,10 @@ class Upstream:
                     continue  # another name server may answer
                 raise last from None
             queues = list(response.queues)
+            if response.topic_type == common_pb2.TOPIC_TYPE_FIFO:
+                self.fifo_topics.add(topic)
+            else:
+                self.fifo_topics.discard(topic)
             for q in queues:
                 self.brokers.setdefault(q.broker_name, q.broker_address)
             if len(self._routes) > 10_000:

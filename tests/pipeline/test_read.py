@@ -130,3 +130,31 @@ def test_delay_messages_carry_their_delivery_time(spark, txmq_cluster, unique_na
     timed = by_body[b"timed"]
     assert due_ms <= timed.deliver_ms <= due_ms + 1000
     assert timed.committed_ms >= timed.deliver_ms
+
+
+def test_fifo_messages_carry_their_message_group(spark, txmq_cluster, unique_name):
+    """A FIFO topic's messages are read with their ``message_group`` (null on a normal
+    topic), each group's messages in one queue in send order."""
+    import txmq
+    from txmq.v1 import admin_pb2, common_pb2
+
+    cluster = txmq_cluster
+    fifo, plain = unique_name("fifo"), unique_name("plain")
+    cluster.admin_stub().CreateTopic(admin_pb2.CreateTopicRequest(
+        topic=fifo, queue_count=2, topic_type=common_pb2.TOPIC_TYPE_FIFO), timeout=10)
+    cluster.wait_route(fifo, 2)
+    cluster.create_topic(plain, 1)
+    with txmq.Producer(cluster.nameserver_address) as p:
+        for i in range(3):
+            for g in ("a", "b"):
+                p.send(txmq.Message(fifo, f"{g}{i}".encode(), message_group=g))
+        p.send(txmq.Message(plain, b"plain"))
+    rows = spark.read.format("txmq").option("nameserver", cluster.nameserver_address) \
+        .option("topics", f"{fifo},{plain}").load().orderBy("offset").collect()
+    by_group: dict = {}
+    for r in rows:
+        by_group.setdefault(r.message_group, []).append(r)
+    assert [r.body for r in by_group.pop(None)] == [b"plain"]
+    assert {g: [r.body for r in rs] for g, rs in by_group.items()} == {
+        "a": [b"a0", b"a1", b"a2"], "b": [b"b0", b"b1", b"b2"]}
+    assert all(len({r.queue for r in rs}) == 1 for rs in by_group.values())

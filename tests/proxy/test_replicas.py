@@ -268,7 +268,11 @@ def test_errors_are_answered_in_band(rmq_cluster: Cluster, unique_name: Callable
     assert response.entries[0].status.code == pb.MESSAGE_BODY_TOO_LARGE
     fifo = half_message(unique_name("fifo"), b"x")
     fifo.system_properties.message_type = pb.FIFO
-    assert proxy.SendMessage(spb.SendMessageRequest(messages=[fifo]), timeout=10).status.code == pb.NOT_IMPLEMENTED
+    assert proxy.SendMessage(spb.SendMessageRequest(messages=[fifo]), timeout=10).status.code == \
+        pb.ILLEGAL_MESSAGE_GROUP  # a FIFO message needs its group
+    fifo.system_properties.message_group = "g"
+    refused = proxy.SendMessage(spb.SendMessageRequest(messages=[fifo]), timeout=10).status
+    assert refused.code == pb.ILLEGAL_MESSAGE_GROUP and "message_group" in refused.message  # a normal topic
     change = proxy.ChangeInvisibleDuration(spb.ChangeInvisibleDurationRequest(
         group=pb.Resource(name="g"), topic=pb.Resource(name="t"), receipt_handle="bogus"), timeout=10)
     assert change.status.code == pb.INVALID_RECEIPT_HANDLE and change.receipt_handle == "bogus"

@@ -245,3 +245,16 @@ def test_created_queues_the_broker_never_confirms_fade_after_expiry(registry: Re
 def test_record_topic_queues_of_unknown_broker_is_ignored(registry: Registry) -> None:
     registry.record_topic_queues("ghost", "orders", 2)
     assert registry.route("orders") == []
+
+
+def test_a_topic_is_fifo_as_its_brokers_register_it_or_as_created(registry: Registry) -> None:
+    registry.register_broker("b1", "127.0.0.1:1", [("orders", 2), ("plain", 1)], fifo_topics=["orders"])
+    assert registry.is_fifo("orders") and not registry.is_fifo("plain")
+    registry.register_broker("b2", "127.0.0.1:2")
+    registry.record_topic_queues("b2", "fresh", 2, fifo=True)  # created: FIFO before b2's next heartbeat
+    assert registry.is_fifo("fresh")
+    registry.register_broker("b2", "127.0.0.1:2")  # a heartbeat already in flight without it
+    assert registry.is_fifo("fresh")
+    registry.forget_topic_queues("b2", "fresh")
+    registry.register_broker("b2", "127.0.0.1:2")
+    assert not registry.is_fifo("fresh")

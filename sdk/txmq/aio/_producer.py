@@ -21,10 +21,11 @@ from .._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeErro
 from .._client import QueueRoute, positive
 from .._checks import InProgress
 from .._faults import Abandoned, OverloadBackoff, RetryAction, RoutingStats, retry_action
+from .._fifo import group_queue_index, group_route
 from .._global import OPEN_GLOBAL_RETRY_SECONDS, GlobalTransactionResult, send_global_async
 from .._ids import MessageId
 from .._names import in_namespace, validate_group, validate_send_topic
-from .._producer import _HOST, DEFAULT_MAX_BODY_BYTES, new_client_id
+from .._producer import _HOST, DEFAULT_MAX_BODY_BYTES, _queue_key, new_client_id
 from .._tls import TLS
 from .._types import (RESOLUTION_TO_PB, LocalTransactionState, Message, SendReceipt, TransactionMessage, namespaced,
                       TransactionResult, TransactionState, message_to_pb, state_from_name, state_from_pb)
@@ -66,6 +67,7 @@ class AsyncProducer:
                                    route_refresh_seconds=route_refresh_seconds, what="producer", tls=tls,
                                    token=token)
         self._next_queue = itertools.count(int.from_bytes(os.urandom(2), "big"))
+        self._group_routes: dict[str, Sequence[QueueRoute]] = {}  # as txmq.Producer
         self._abandoned: Abandoned[str] = Abandoned()
         #: First messages of multi-message transactions being sent now (checks: IN_PROGRESS).
         self._open_globals: set[str] = set()
@@ -93,7 +95,8 @@ class AsyncProducer:
         """Stores a normal message, visible to consumers at once."""
         message = self._validate(message)
         route, pb, response = await self._send_new(message.topic, lambda route, message_id: message_to_pb(
-            message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_NORMAL, int(time.time() * 1000), _HOST))
+            message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_NORMAL, int(time.time() * 1000), _HOST),
+            message_group=message.message_group)
         return SendReceipt(message_id=response.message_id or pb.message_id, topic=message.topic,
                            broker_name=response.broker_name or route.broker_name,
                            queue_id=response.queue_id, queue_offset=response.queue_offset)
@@ -109,8 +112,12 @@ class AsyncProducer:
             raise MessageTooLargeError(len(message.body), self.max_body_bytes)
         return message
 
-    async def _pick_queue(self, topic: str, exclude: frozenset[str] | set[str] = frozenset()) -> QueueRoute:
+    async def _pick_queue(self, topic: str, exclude: frozenset[str] | set[str] = frozenset(),
+                          message_group: str = "") -> QueueRoute:
         routes = await self._client.route(topic)
+        if message_group:  # as txmq.Producer._pick_queue
+            routes = self._group_routes[topic] = group_route(self._group_routes.get(topic), routes, _queue_key)
+            return routes[group_queue_index(message_group, len(routes))]
         return self._client.faults.choose(routes, lambda r: r.broker_name, next(self._next_queue), exclude)
 
     async def _backoff(self, attempt: int) -> None:
@@ -140,9 +147,9 @@ class AsyncProducer:
         return result
 
     async def _send_new(self, topic: str, build: Callable[[QueueRoute, str], common_pb2.Message],
-                        ) -> tuple[QueueRoute, common_pb2.Message, broker_pb2.SendMessageResponse]:
+                        message_group: str = "") -> tuple[QueueRoute, common_pb2.Message, broker_pb2.SendMessageResponse]:
         """As ``txmq.Producer._send_new``."""
-        route = await self._pick_queue(topic)
+        route = await self._pick_queue(topic, message_group=message_group)
         pb = build(route, MessageId.new(route.broker_name, route.queue_id).encode())
         address = route.broker_address
         failed_on: set[str] = set()
@@ -165,7 +172,7 @@ class AsyncProducer:
                         self._abandon(pb)
                     raise
                 moved = route
-                if action is not RetryAction.SAME_SHARD:
+                if action is not RetryAction.SAME_SHARD and not message_group:
                     failed_on.add(route.broker_name)
                     try:
                         moved = await self._pick_queue(topic, failed_on)
@@ -287,7 +294,7 @@ class AsyncTransactionProducer(AsyncProducer):
                 pb.check_immunity_seconds = message.check_immunity_seconds
             return pb
 
-        route, pb, sent = await self._send_new(message.topic, build)
+        route, pb, sent = await self._send_new(message.topic, build, message_group=message.message_group)
         broker_name = sent.broker_name or route.broker_name
         half = TransactionMessage(message=message, message_id=sent.message_id or pb.message_id,
                                   transaction_id=sent.transaction_id, broker_name=broker_name,

@@ -27,12 +27,14 @@ class ExpandTopicResponse(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerQueues, _Mapping]]] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
-    __slots__ = ("topic", "queue_count")
+    __slots__ = ("topic", "queue_count", "topic_type")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_TYPE_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_count: int
-    def __init__(self, topic: _Optional[str] = ..., queue_count: _Optional[int] = ...) -> None: ...
+    topic_type: _common_pb2.TopicType
+    def __init__(self, topic: _Optional[str] = ..., queue_count: _Optional[int] = ..., topic_type: _Optional[_Union[_common_pb2.TopicType, str]] = ...) -> None: ...
 
 class CreateTopicResponse(_message.Message):
     __slots__ = ("topic", "brokers")
@@ -55,12 +57,14 @@ class ListTopicsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TopicInfo(_message.Message):
-    __slots__ = ("topic", "brokers")
+    __slots__ = ("topic", "brokers", "topic_type")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     BROKERS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_TYPE_FIELD_NUMBER: _ClassVar[int]
     topic: str
     brokers: _containers.RepeatedCompositeFieldContainer[BrokerQueues]
-    def __init__(self, topic: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerQueues, _Mapping]]] = ...) -> None: ...
+    topic_type: _common_pb2.TopicType
+    def __init__(self, topic: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerQueues, _Mapping]]] = ..., topic_type: _Optional[_Union[_common_pb2.TopicType, str]] = ...) -> None: ...
 
 class ListTopicsResponse(_message.Message):
     __slots__ = ("topics",)
@@ -167,16 +171,18 @@ class TopicQueue(_message.Message):
     def __init__(self, broker_name: _Optional[str] = ..., queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
 
 class DescribeTopicResponse(_message.Message):
-    __slots__ = ("topic", "queues", "consumers", "unreachable_brokers")
+    __slots__ = ("topic", "queues", "consumers", "unreachable_brokers", "topic_type")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
     UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_TYPE_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queues: _containers.RepeatedCompositeFieldContainer[TopicQueue]
     consumers: _containers.RepeatedCompositeFieldContainer[_broker_pb2.ConsumerQueueStatus]
     unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, topic: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[TopicQueue, _Mapping]]] = ..., consumers: _Optional[_Iterable[_Union[_broker_pb2.ConsumerQueueStatus, _Mapping]]] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+    topic_type: _common_pb2.TopicType
+    def __init__(self, topic: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[TopicQueue, _Mapping]]] = ..., consumers: _Optional[_Iterable[_Union[_broker_pb2.ConsumerQueueStatus, _Mapping]]] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ..., topic_type: _Optional[_Union[_common_pb2.TopicType, str]] = ...) -> None: ...
 
 class ListDeadLettersRequest(_message.Message):
     __slots__ = ("consumer_group", "limit")

@@ -257,12 +257,14 @@ class DeadLetterMessageResponse(_message.Message):
     def __init__(self, dead_letter_topic: _Optional[str] = ..., queue_offset: _Optional[int] = ...) -> None: ...
 
 class CreateTopicQueuesRequest(_message.Message):
-    __slots__ = ("topic", "queue_count")
+    __slots__ = ("topic", "queue_count", "topic_type")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_TYPE_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_count: int
-    def __init__(self, topic: _Optional[str] = ..., queue_count: _Optional[int] = ...) -> None: ...
+    topic_type: _common_pb2.TopicType
+    def __init__(self, topic: _Optional[str] = ..., queue_count: _Optional[int] = ..., topic_type: _Optional[_Union[_common_pb2.TopicType, str]] = ...) -> None: ...
 
 class CreateTopicQueuesResponse(_message.Message):
     __slots__ = ("topic",)

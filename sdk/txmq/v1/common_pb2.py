@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14txmq/v1/common.proto\x12\x07txmq.v1\"\xd6\x01\n\x0b\x45ntryStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x34\n\x11transaction_state\x18\x03 \x01(\x0e\x32\x19.txmq.v1.TransactionState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x32\n\x07\x64\x65tails\x18\x05 \x03(\x0b\x32!.txmq.v1.EntryStatus.DetailsEntry\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa4\x03\n\x07Message\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0b\n\x03tag\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x03(\t\x12\x34\n\nproperties\x18\x05 \x03(\x0b\x32 .txmq.v1.Message.PropertiesEntry\x12\x12\n\nmessage_id\x18\x06 \x01(\t\x12\"\n\x04type\x18\x07 \x01(\x0e\x32\x14.txmq.v1.MessageType\x12\x16\n\x0eproducer_group\x18\x08 \x01(\t\x12\x1a\n\x12producer_client_id\x18\t \x01(\t\x12\x1e\n\x16\x63heck_immunity_seconds\x18\n \x01(\x01\x12\x19\n\x11\x62orn_timestamp_ms\x18\x0b \x01(\x03\x12\x11\n\tborn_host\x18\x0c \x01(\t\x12\x10\n\x08queue_id\x18\r \x01(\x05\x12\x15\n\rdeliver_at_ms\x18\x0e \x01(\x03\x12\x15\n\rdelay_seconds\x18\x0f \x01(\x01\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x94\x02\n\x10\x44\x65liveredMessage\x12\r\n\x05topic\x18\x01 \x01(\t\x12!\n\x07message\x18\x02 \x01(\x0b\x32\x10.txmq.v1.Message\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x10\n\x08queue_id\x18\x04 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x05 \x01(\x03\x12\x16\n\x0etransaction_id\x18\x06 \x01(\t\x12\x14\n\x0cstored_at_ms\x18\x07 \x01(\x03\x12\x15\n\rvisible_at_ms\x18\x08 \x01(\x03\x12\x18\n\x10\x64\x65livery_attempt\x18\t \x01(\x05\x12\x16\n\x0ereceipt_handle\x18\n \x01(\t\x12\x1a\n\x12invisible_until_ms\x18\x0b \x01(\x03\"\x80\x04\n\x0bTransaction\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x16\n\x0eproducer_group\x18\x03 \x01(\t\x12\x1a\n\x12producer_client_id\x18\x04 \x01(\t\x12\r\n\x05topic\x18\x05 \x01(\t\x12\x10\n\x08queue_id\x18\x06 \x01(\x05\x12(\n\x05state\x18\x07 \x01(\x0e\x32\x19.txmq.v1.TransactionState\x12\x16\n\x0eprepared_at_ms\x18\x08 \x01(\x03\x12\x13\n\x0b\x65nded_at_ms\x18\t \x01(\x03\x12\x35\n\x11resolution_source\x18\n \x01(\x0e\x32\x1a.txmq.v1.TransactionSource\x12\x18\n\x10\x63hecks_delivered\x18\x0b \x01(\x05\x12\x17\n\x0f\x63hecks_answered\x18\x0c \x01(\x05\x12\x18\n\x10next_check_at_ms\x18\r \x01(\x03\x12\x16\n\x0e\x64iscard_reason\x18\x0e \x01(\t\x12\x10\n\x08operator\x18\x0f \x01(\t\x12\x0e\n\x06reason\x18\x10 \x01(\t\x12\x14\n\x0cqueue_offset\x18\x11 \x01(\x03\x12\x13\n\x0b\x62roker_name\x18\x12 \x01(\t\x12\x17\n\x0f\x62ody_size_bytes\x18\x13 \x01(\x03\x12\x17\n\x0f\x64iscarded_at_ms\x18\x14 \x01(\x03\"1\n\x0bTopicQueues\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x13\n\x0bqueue_count\x18\x02 \x01(\x05*\xba\x01\n\x10TransactionState\x12!\n\x1dTRANSACTION_STATE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTRANSACTION_STATE_PREPARED\x10\x01\x12\x1f\n\x1bTRANSACTION_STATE_COMMITTED\x10\x02\x12!\n\x1dTRANSACTION_STATE_ROLLED_BACK\x10\x03\x12\x1f\n\x1bTRANSACTION_STATE_DISCARDED\x10\x04*\xab\x01\n\x15TransactionResolution\x12&\n\"TRANSACTION_RESOLUTION_UNSPECIFIED\x10\x00\x12!\n\x1dTRANSACTION_RESOLUTION_COMMIT\x10\x01\x12#\n\x1fTRANSACTION_RESOLUTION_ROLLBACK\x10\x02\x12\"\n\x1eTRANSACTION_RESOLUTION_UNKNOWN\x10\x03*\xb4\x01\n\x11TransactionSource\x12\"\n\x1eTRANSACTION_SOURCE_UNSPECIFIED\x10\x00\x12\x1d\n\x19TRANSACTION_SOURCE_CLIENT\x10\x01\x12\x1c\n\x18TRANSACTION_SOURCE_CHECK\x10\x02\x12\x1f\n\x1bTRANSACTION_SOURCE_OPERATOR\x10\x03\x12\x1d\n\x19TRANSACTION_SOURCE_BROKER\x10\x04*\x97\x01\n\x0b\x43heckResult\x12\x1c\n\x18\x43HECK_RESULT_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43HECK_RESULT_COMMIT\x10\x01\x12\x19\n\x15\x43HECK_RESULT_ROLLBACK\x10\x02\x12\x18\n\x14\x43HECK_RESULT_UNKNOWN\x10\x03\x12\x1c\n\x18\x43HECK_RESULT_IN_PROGRESS\x10\x04*b\n\x0bMessageType\x12\x1c\n\x18MESSAGE_TYPE_UNSPECIFIED\x10\x00\x12\x17\n\x13MESSAGE_TYPE_NORMAL\x10\x01\x12\x1c\n\x18MESSAGE_TYPE_TRANSACTION\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14txmq/v1/common.proto\x12\x07txmq.v1\"\xd6\x01\n\x0b\x45ntryStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x34\n\x11transaction_state\x18\x03 \x01(\x0e\x32\x19.txmq.v1.TransactionState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x32\n\x07\x64\x65tails\x18\x05 \x03(\x0b\x32!.txmq.v1.EntryStatus.DetailsEntry\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xbb\x03\n\x07Message\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0b\n\x03tag\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x03(\t\x12\x34\n\nproperties\x18\x05 \x03(\x0b\x32 .txmq.v1.Message.PropertiesEntry\x12\x12\n\nmessage_id\x18\x06 \x01(\t\x12\"\n\x04type\x18\x07 \x01(\x0e\x32\x14.txmq.v1.MessageType\x12\x16\n\x0eproducer_group\x18\x08 \x01(\t\x12\x1a\n\x12producer_client_id\x18\t \x01(\t\x12\x1e\n\x16\x63heck_immunity_seconds\x18\n \x01(\x01\x12\x19\n\x11\x62orn_timestamp_ms\x18\x0b \x01(\x03\x12\x11\n\tborn_host\x18\x0c \x01(\t\x12\x10\n\x08queue_id\x18\r \x01(\x05\x12\x15\n\rdeliver_at_ms\x18\x0e \x01(\x03\x12\x15\n\rdelay_seconds\x18\x0f \x01(\x01\x12\x15\n\rmessage_group\x18\x14 \x01(\t\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x94\x02\n\x10\x44\x65liveredMessage\x12\r\n\x05topic\x18\x01 \x01(\t\x12!\n\x07message\x18\x02 \x01(\x0b\x32\x10.txmq.v1.Message\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x10\n\x08queue_id\x18\x04 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x05 \x01(\x03\x12\x16\n\x0etransaction_id\x18\x06 \x01(\t\x12\x14\n\x0cstored_at_ms\x18\x07 \x01(\x03\x12\x15\n\rvisible_at_ms\x18\x08 \x01(\x03\x12\x18\n\x10\x64\x65livery_attempt\x18\t \x01(\x05\x12\x16\n\x0ereceipt_handle\x18\n \x01(\t\x12\x1a\n\x12invisible_until_ms\x18\x0b \x01(\x03\"\x80\x04\n\x0bTransaction\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x16\n\x0eproducer_group\x18\x03 \x01(\t\x12\x1a\n\x12producer_client_id\x18\x04 \x01(\t\x12\r\n\x05topic\x18\x05 \x01(\t\x12\x10\n\x08queue_id\x18\x06 \x01(\x05\x12(\n\x05state\x18\x07 \x01(\x0e\x32\x19.txmq.v1.TransactionState\x12\x16\n\x0eprepared_at_ms\x18\x08 \x01(\x03\x12\x13\n\x0b\x65nded_at_ms\x18\t \x01(\x03\x12\x35\n\x11resolution_source\x18\n \x01(\x0e\x32\x1a.txmq.v1.TransactionSource\x12\x18\n\x10\x63hecks_delivered\x18\x0b \x01(\x05\x12\x17\n\x0f\x63hecks_answered\x18\x0c \x01(\x05\x12\x18\n\x10next_check_at_ms\x18\r \x01(\x03\x12\x16\n\x0e\x64iscard_reason\x18\x0e \x01(\t\x12\x10\n\x08operator\x18\x0f \x01(\t\x12\x0e\n\x06reason\x18\x10 \x01(\t\x12\x14\n\x0cqueue_offset\x18\x11 \x01(\x03\x12\x13\n\x0b\x62roker_name\x18\x12 \x01(\t\x12\x17\n\x0f\x62ody_size_bytes\x18\x13 \x01(\x03\x12\x17\n\x0f\x64iscarded_at_ms\x18\x14 \x01(\x03\"Y\n\x0bTopicQueues\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x13\n\x0bqueue_count\x18\x02 \x01(\x05\x12&\n\ntopic_type\x18\n \x01(\x0e\x32\x12.txmq.v1.TopicType*\xba\x01\n\x10TransactionState\x12!\n\x1dTRANSACTION_STATE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTRANSACTION_STATE_PREPARED\x10\x01\x12\x1f\n\x1bTRANSACTION_STATE_COMMITTED\x10\x02\x12!\n\x1dTRANSACTION_STATE_ROLLED_BACK\x10\x03\x12\x1f\n\x1bTRANSACTION_STATE_DISCARDED\x10\x04*\xab\x01\n\x15TransactionResolution\x12&\n\"TRANSACTION_RESOLUTION_UNSPECIFIED\x10\x00\x12!\n\x1dTRANSACTION_RESOLUTION_COMMIT\x10\x01\x12#\n\x1fTRANSACTION_RESOLUTION_ROLLBACK\x10\x02\x12\"\n\x1eTRANSACTION_RESOLUTION_UNKNOWN\x10\x03*\xb4\x01\n\x11TransactionSource\x12\"\n\x1eTRANSACTION_SOURCE_UNSPECIFIED\x10\x00\x12\x1d\n\x19TRANSACTION_SOURCE_CLIENT\x10\x01\x12\x1c\n\x18TRANSACTION_SOURCE_CHECK\x10\x02\x12\x1f\n\x1bTRANSACTION_SOURCE_OPERATOR\x10\x03\x12\x1d\n\x19TRANSACTION_SOURCE_BROKER\x10\x04*\x97\x01\n\x0b\x43heckResult\x12\x1c\n\x18\x43HECK_RESULT_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43HECK_RESULT_COMMIT\x10\x01\x12\x19\n\x15\x43HECK_RESULT_ROLLBACK\x10\x02\x12\x18\n\x14\x43HECK_RESULT_UNKNOWN\x10\x03\x12\x1c\n\x18\x43HECK_RESULT_IN_PROGRESS\x10\x04*b\n\x0bMessageType\x12\x1c\n\x18MESSAGE_TYPE_UNSPECIFIED\x10\x00\x12\x17\n\x13MESSAGE_TYPE_NORMAL\x10\x01\x12\x1c\n\x18MESSAGE_TYPE_TRANSACTION\x10\x02*S\n\tTopicType\x12\x1a\n\x16TOPIC_TYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11TOPIC_TYPE_NORMAL\x10\x01\x12\x13\n\x0fTOPIC_TYPE_FIFO\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,28 +35,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENTRYSTATUS_DETAILSENTRY']._serialized_options = b'8\001'
   _globals['_MESSAGE_PROPERTIESENTRY']._loaded_options = None
   _globals['_MESSAGE_PROPERTIESENTRY']._serialized_options = b'8\001'
-  _globals['_TRANSACTIONSTATE']._serialized_start=1519
-  _globals['_TRANSACTIONSTATE']._serialized_end=1705
-  _globals['_TRANSACTIONRESOLUTION']._serialized_start=1708
-  _globals['_TRANSACTIONRESOLUTION']._serialized_end=1879
-  _globals['_TRANSACTIONSOURCE']._serialized_start=1882
-  _globals['_TRANSACTIONSOURCE']._serialized_end=2062
-  _globals['_CHECKRESULT']._serialized_start=2065
-  _globals['_CHECKRESULT']._serialized_end=2216
-  _globals['_MESSAGETYPE']._serialized_start=2218
-  _globals['_MESSAGETYPE']._serialized_end=2316
+  _globals['_TRANSACTIONSTATE']._serialized_start=1582
+  _globals['_TRANSACTIONSTATE']._serialized_end=1768
+  _globals['_TRANSACTIONRESOLUTION']._serialized_start=1771
+  _globals['_TRANSACTIONRESOLUTION']._serialized_end=1942
+  _globals['_TRANSACTIONSOURCE']._serialized_start=1945
+  _globals['_TRANSACTIONSOURCE']._serialized_end=2125
+  _globals['_CHECKRESULT']._serialized_start=2128
+  _globals['_CHECKRESULT']._serialized_end=2279
+  _globals['_MESSAGETYPE']._serialized_start=2281
+  _globals['_MESSAGETYPE']._serialized_end=2379
+  _globals['_TOPICTYPE']._serialized_start=2381
+  _globals['_TOPICTYPE']._serialized_end=2464
   _globals['_ENTRYSTATUS']._serialized_start=34
   _globals['_ENTRYSTATUS']._serialized_end=248
   _globals['_ENTRYSTATUS_DETAILSENTRY']._serialized_start=202
   _globals['_ENTRYSTATUS_DETAILSENTRY']._serialized_end=248
   _globals['_MESSAGE']._serialized_start=251
-  _globals['_MESSAGE']._serialized_end=671
-  _globals['_MESSAGE_PROPERTIESENTRY']._serialized_start=622
-  _globals['_MESSAGE_PROPERTIESENTRY']._serialized_end=671
-  _globals['_DELIVEREDMESSAGE']._serialized_start=674
-  _globals['_DELIVEREDMESSAGE']._serialized_end=950
-  _globals['_TRANSACTION']._serialized_start=953
-  _globals['_TRANSACTION']._serialized_end=1465
-  _globals['_TOPICQUEUES']._serialized_start=1467
-  _globals['_TOPICQUEUES']._serialized_end=1516
+  _globals['_MESSAGE']._serialized_end=694
+  _globals['_MESSAGE_PROPERTIESENTRY']._serialized_start=645
+  _globals['_MESSAGE_PROPERTIESENTRY']._serialized_end=694
+  _globals['_DELIVEREDMESSAGE']._serialized_start=697
+  _globals['_DELIVEREDMESSAGE']._serialized_end=973
+  _globals['_TRANSACTION']._serialized_start=976
+  _globals['_TRANSACTION']._serialized_end=1488
+  _globals['_TOPICQUEUES']._serialized_start=1490
+  _globals['_TOPICQUEUES']._serialized_end=1579
 # @@protoc_insertion_point(module_scope)

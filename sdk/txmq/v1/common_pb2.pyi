@@ -43,6 +43,12 @@ class MessageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MESSAGE_TYPE_UNSPECIFIED: _ClassVar[MessageType]
     MESSAGE_TYPE_NORMAL: _ClassVar[MessageType]
     MESSAGE_TYPE_TRANSACTION: _ClassVar[MessageType]
+
+class TopicType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOPIC_TYPE_UNSPECIFIED: _ClassVar[TopicType]
+    TOPIC_TYPE_NORMAL: _ClassVar[TopicType]
+    TOPIC_TYPE_FIFO: _ClassVar[TopicType]
 TRANSACTION_STATE_UNSPECIFIED: TransactionState
 TRANSACTION_STATE_PREPARED: TransactionState
 TRANSACTION_STATE_COMMITTED: TransactionState
@@ -65,6 +71,9 @@ CHECK_RESULT_IN_PROGRESS: CheckResult
 MESSAGE_TYPE_UNSPECIFIED: MessageType
 MESSAGE_TYPE_NORMAL: MessageType
 MESSAGE_TYPE_TRANSACTION: MessageType
+TOPIC_TYPE_UNSPECIFIED: TopicType
+TOPIC_TYPE_NORMAL: TopicType
+TOPIC_TYPE_FIFO: TopicType
 
 class EntryStatus(_message.Message):
     __slots__ = ("code", "message", "transaction_state", "reason", "details")
@@ -88,7 +97,7 @@ class EntryStatus(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., transaction_state: _Optional[_Union[TransactionState, str]] = ..., reason: _Optional[str] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("topic", "body", "tag", "keys", "properties", "message_id", "type", "producer_group", "producer_client_id", "check_immunity_seconds", "born_timestamp_ms", "born_host", "queue_id", "deliver_at_ms", "delay_seconds")
+    __slots__ = ("topic", "body", "tag", "keys", "properties", "message_id", "type", "producer_group", "producer_client_id", "check_immunity_seconds", "born_timestamp_ms", "born_host", "queue_id", "deliver_at_ms", "delay_seconds", "message_group")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +120,7 @@ class Message(_message.Message):
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
     DELAY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_GROUP_FIELD_NUMBER: _ClassVar[int]
     topic: str
     body: bytes
     tag: str
@@ -126,7 +136,8 @@ class Message(_message.Message):
     queue_id: int
     deliver_at_ms: int
     delay_seconds: float
-    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., message_id: _Optional[str] = ..., type: _Optional[_Union[MessageType, str]] = ..., producer_group: _Optional[str] = ..., producer_client_id: _Optional[str] = ..., check_immunity_seconds: _Optional[float] = ..., born_timestamp_ms: _Optional[int] = ..., born_host: _Optional[str] = ..., queue_id: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ..., delay_seconds: _Optional[float] = ...) -> None: ...
+    message_group: str
+    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., message_id: _Optional[str] = ..., type: _Optional[_Union[MessageType, str]] = ..., producer_group: _Optional[str] = ..., producer_client_id: _Optional[str] = ..., check_immunity_seconds: _Optional[float] = ..., born_timestamp_ms: _Optional[int] = ..., born_host: _Optional[str] = ..., queue_id: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ..., delay_seconds: _Optional[float] = ..., message_group: _Optional[str] = ...) -> None: ...
 
 class DeliveredMessage(_message.Message):
     __slots__ = ("topic", "message", "broker_name", "queue_id", "queue_offset", "transaction_id", "stored_at_ms", "visible_at_ms", "delivery_attempt", "receipt_handle", "invisible_until_ms")
@@ -199,9 +210,11 @@ class Transaction(_message.Message):
     def __init__(self, transaction_id: _Optional[str] = ..., message_id: _Optional[str] = ..., producer_group: _Optional[str] = ..., producer_client_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ..., prepared_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., resolution_source: _Optional[_Union[TransactionSource, str]] = ..., checks_delivered: _Optional[int] = ..., checks_answered: _Optional[int] = ..., next_check_at_ms: _Optional[int] = ..., discard_reason: _Optional[str] = ..., operator: _Optional[str] = ..., reason: _Optional[str] = ..., queue_offset: _Optional[int] = ..., broker_name: _Optional[str] = ..., body_size_bytes: _Optional[int] = ..., discarded_at_ms: _Optional[int] = ...) -> None: ...
 
 class TopicQueues(_message.Message):
-    __slots__ = ("topic", "queue_count")
+    __slots__ = ("topic", "queue_count", "topic_type")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_TYPE_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_count: int
-    def __init__(self, topic: _Optional[str] = ..., queue_count: _Optional[int] = ...) -> None: ...
+    topic_type: TopicType
+    def __init__(self, topic: _Optional[str] = ..., queue_count: _Optional[int] = ..., topic_type: _Optional[_Union[TopicType, str]] = ...) -> None: ...

@@ -152,12 +152,14 @@ class QueueRoute(_message.Message):
     def __init__(self, broker_name: _Optional[str] = ..., broker_address: _Optional[str] = ..., queue_id: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class QueryRouteResponse(_message.Message):
-    __slots__ = ("topic", "queues")
+    __slots__ = ("topic", "queues", "topic_type")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_TYPE_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queues: _containers.RepeatedCompositeFieldContainer[QueueRoute]
-    def __init__(self, topic: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueRoute, _Mapping]]] = ...) -> None: ...
+    topic_type: _common_pb2.TopicType
+    def __init__(self, topic: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueRoute, _Mapping]]] = ..., topic_type: _Optional[_Union[_common_pb2.TopicType, str]] = ...) -> None: ...
 
 class ListBrokersRequest(_message.Message):
     __slots__ = ("include_followers",)

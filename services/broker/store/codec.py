@@ -129,7 +129,9 @@ class _Reader:
 # check_immunity_seconds f64 | n_keys u16 | n_props u16, then
 # topic s16 | message_id s16 | producer_group s16 | producer_client_id s16 | tag s16 |
 # born_host s16 | keys s16 × n_keys | (name s16, value s32) × n_props | body b32
-# [ | deliver_at_ms i64 ]   -- only a delay / timer message has this trailer
+# [ | deliver_at_ms i64 [ | message_group s16 ] ]
+#   -- the trailer: a delay / timer message has deliver_at_ms (> 0); a message of a FIFO
+#      topic has both (deliver_at_ms 0 when at once) and its message group
 _MSG_HEAD = struct.Struct(">BqqiqdHH")
 _I64 = struct.Struct(">q")
 
@@ -158,6 +160,8 @@ class LogRecord:
     deliver_at_ms: int = 0
     #: Request only (never stored): validation turns a delay into ``deliver_at_ms``.
     delay_seconds: float = 0.0
+    #: A FIFO topic's message group ('' on a normal topic).
+    message_group: str = ""
 
 
 def encode_log_record(r: LogRecord) -> bytes:
@@ -176,8 +180,10 @@ def encode_log_record(r: LogRecord) -> bytes:
         w.s16(name)
         w.s32(value)
     w.b32(r.body)
-    if r.deliver_at_ms:
+    if r.deliver_at_ms or r.message_group:
         w.raw(_I64.pack(r.deliver_at_ms))
+    if r.message_group:
+        w.s16(r.message_group)
     return frame(w.bytes())
 
 
@@ -193,32 +199,45 @@ def decode_log_record(value: bytes, key: bytes = b"") -> LogRecord:
             name = rd.s16()
             props[name] = rd.s32()
         body = rd.b32()
-        deliver_at = _trailer(rd, payload)
+        deliver_at, message_group = _trailer(rd, payload)
     except (ValueError, struct.error, UnicodeDecodeError) as exc:
         raise CorruptRecordError("log record", key, str(exc)) from None
     return LogRecord(kind=kind, topic=topic, body=body, message_id=message_id, queue_id=queue_id,
                      stored_ms=stored, queue_offset=offset, tag=tag, keys=keys, properties=props,
                      producer_group=group, producer_client_id=client_id,
                      check_immunity_seconds=immunity, born_ms=born, born_host=born_host,
-                     deliver_at_ms=deliver_at)
+                     deliver_at_ms=deliver_at, message_group=message_group)
 
 
-def _trailer(rd: _Reader, payload: bytes) -> int:
-    """The optional deliver_at_ms after the body (0 when absent)."""
+def _trailer(rd: _Reader, payload: bytes) -> tuple[int, str]:
+    """The optional deliver_at_ms and message group after the body (0 and '' when absent)."""
     rest = len(payload) - rd.pos
     if rest == 0:
-        return 0
-    if rest != _I64.size:
+        return 0, ""
+    if rest < _I64.size:
         raise ValueError(f"{rest} trailing bytes")
     (deliver_at,) = rd.fixed(_I64)
-    if deliver_at <= 0:
+    if rest == _I64.size:
+        if deliver_at <= 0:
+            raise ValueError(f"deliver_at_ms {deliver_at} in the trailer")
+        return deliver_at, ""
+    if deliver_at < 0:
         raise ValueError(f"deliver_at_ms {deliver_at} in the trailer")
-    return deliver_at
+    message_group = rd.s16()
+    if not message_group or rd.pos != len(payload):
+        raise ValueError("malformed message group trailer")
+    return deliver_at, message_group
 
 
 def decode_log_visibility(value: bytes, key: bytes = b"") -> tuple[str, int]:
     """Only the tag and deliver_at_ms of a log record (a commit needs them for the queue
     entry or the timer; decoding the whole record would copy the body)."""
+    tag, deliver_at, _group = decode_log_routing(value, key)
+    return tag, deliver_at
+
+
+def decode_log_routing(value: bytes, key: bytes = b"") -> tuple[str, int, str]:
+    """The tag, deliver_at_ms and message group of a log record, without copying the body."""
     payload = unframe(value, "log record", key)
     try:
         rd = _Reader(payload)
@@ -238,7 +257,7 @@ def decode_log_visibility(value: bytes, key: bytes = b"") -> tuple[str, int]:
             rd.pos += 4 + n
         (n,) = _U32.unpack_from(payload, rd.pos)
         rd.pos += 4 + n
-        return tag, _trailer(rd, payload)
+        return (tag, *_trailer(rd, payload))
     except (ValueError, struct.error, UnicodeDecodeError) as exc:
         raise CorruptRecordError("log record", key, str(exc)) from None
 
@@ -267,7 +286,9 @@ def log_seq(key: bytes) -> int:
 
 # --- consume queues ----------------------------------------------------------------------
 
-# log_seq u64 | visible_ms i64 | tag s16
+# log_seq u64 | visible_ms i64 | tag s16 [ | group_hash u64 ]
+#   -- group_hash only on a FIFO topic's entries (never 0): the delivery scan knows a
+#      message's group without reading the log
 _CQ = struct.Struct(">Qq")
 _QUEUE_POS = struct.Struct(">IQ")
 
@@ -277,11 +298,14 @@ class CqEntry:
     log_seq: int
     visible_ms: int
     tag: str
+    #: ``txmq.fifo.message_group_hash`` of the message group on a FIFO topic, else 0.
+    group_hash: int = 0
 
 
 def encode_cq_entry(e: CqEntry) -> bytes:
     tag = e.tag.encode()
-    return frame(_CQ.pack(e.log_seq, e.visible_ms) + _U16.pack(len(tag)) + tag)
+    tail = _U64.pack(e.group_hash) if e.group_hash else b""
+    return frame(_CQ.pack(e.log_seq, e.visible_ms) + _U16.pack(len(tag)) + tag + tail)
 
 
 def decode_cq_entry(value: bytes, key: bytes = b"") -> CqEntry:
@@ -289,12 +313,18 @@ def decode_cq_entry(value: bytes, key: bytes = b"") -> CqEntry:
     try:
         seq, visible = _CQ.unpack_from(payload)
         (n,) = _U16.unpack_from(payload, _CQ.size)
-        tag = payload[_CQ.size + 2:_CQ.size + 2 + n].decode()
-        if _CQ.size + 2 + n != len(payload):
+        end = _CQ.size + 2 + n
+        tag = payload[_CQ.size + 2:end].decode()
+        group = 0
+        if len(payload) == end + _U64.size:
+            (group,) = _U64.unpack_from(payload, end)
+            if not group:
+                raise ValueError("group hash 0")
+        elif end != len(payload):
             raise ValueError("length mismatch")
     except (ValueError, struct.error, UnicodeDecodeError) as exc:
         raise CorruptRecordError("consume queue entry", key, str(exc)) from None
-    return CqEntry(seq, visible, tag)
+    return CqEntry(seq, visible, tag, group)
 
 
 def queue_prefix(topic: str, queue_id: int | None = None) -> bytes:
@@ -479,6 +509,15 @@ def consumer_key(group: str, topic: str, queue_id: int) -> bytes:
     return group.encode() + SEP + topic.encode() + SEP + _U32.pack(queue_id)
 
 
+#: meta keys ``topic_type/<topic>`` (value empty): the topic is FIFO (a normal topic has none).
+TOPIC_TYPE_PREFIX = b"topic_type/"
+TOPIC_TYPE_END = b"topic_type0"
+
+
+def topic_type_key(topic: str) -> bytes:
+    return TOPIC_TYPE_PREFIX + topic.encode()
+
+
 def split_consumer_key(key: bytes) -> tuple[str, str, int]:
     group, topic, rest = key.split(SEP, 2)
     return group.decode(), topic.decode(), _U32.unpack(rest[:4])[0]
@@ -492,6 +531,11 @@ def split_inflight_key(key: bytes) -> tuple[str, str, int, int]:
     group, topic, rest = key.split(SEP, 2)
     queue_id, offset = _QUEUE_POS.unpack(rest)
     return group.decode(), topic.decode(), queue_id, offset
+
+
+#: An in-flight row's (attempt, deadline) that marks a FIFO topic's delivery settled
+#: (acknowledged or dead-lettered) past the group's cursor (see ``consumers.Cursor``).
+SETTLED_PAST_CURSOR = (0, -1)
 
 
 def encode_inflight(attempt: int, deadline_ms: int) -> bytes:

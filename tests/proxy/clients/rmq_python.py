@@ -34,7 +34,8 @@ def view(m: Message) -> dict:
     return {"message_id": m.message_id, "topic": m.topic, "body": body.decode() if body is not None else None,
             "tag": m.tag, "keys": sorted(m.keys or ()), "properties": dict(m.properties or {}),
             "namespace": m.namespace, "delivery_attempt": m.delivery_attempt, "corrupted": m.corrupted,
-            "delivery_timestamp": m.delivery_timestamp, "received_ms": int(time.time() * 1000)}
+            "delivery_timestamp": m.delivery_timestamp, "received_ms": int(time.time() * 1000),
+            "message_group": m.message_group}
 
 
 def message(topic: str, body: str, tag: str = "", key: str = "", props: dict | None = None) -> Message:
@@ -176,6 +177,8 @@ def send(args: dict) -> None:
         for i, body in enumerate(args["bodies"]):
             props = {"n": str(i), **args.get("props", {})}
             m = message(topic, body, tag=args.get("tag", "TagA"), key=f"k{i}", props=props)
+            if args.get("groups"):  # FIFO: the message group of each body
+                m.message_group = args["groups"][i]
             due = int(time.time() * 1000) + args["delay_ms"] if args.get("delay_ms") else None
             if due:
                 m.delivery_timestamp = due  # ms, as the client documents it

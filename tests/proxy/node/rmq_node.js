@@ -3,7 +3,7 @@
 // Prints JSON lines ({"event": ...}) on stdout. Its log goes under $HOME/logs/rocketmq/.
 'use strict';
 
-const { Producer, SimpleConsumer, FilterExpression } = require('rocketmq-client-nodejs');
+const { Producer, SimpleConsumer, PushConsumer, ConsumeResult, FilterExpression } = require('rocketmq-client-nodejs');
 const { FilterType } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
 const { TransactionResolution } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
 
@@ -17,6 +17,7 @@ function view(m) {
     keys: [...(m.keys || [])].sort(), properties: Object.fromEntries(m.properties || new Map()),
     delivery_attempt: m.deliveryAttempt, corrupted: m.corrupted,
     delivery_timestamp: m.deliveryTimestamp ? m.deliveryTimestamp.getTime() : null, received_ms: Date.now(),
+    message_group: m.messageGroup || '',
   };
 }
 
@@ -55,16 +56,18 @@ async function transactional(args) {
   emit('done');
 }
 
-// Normal messages; with `delay_ms` each is a delay message due that long after its send.
+// Normal messages; with `delay_ms` each is a delay message due that long after its send;
+// with `groups` each is a FIFO message of that message group.
 async function send(args) {
   const producer = new Producer({ endpoints: args.endpoints, namespace: args.namespace || '', topics: [args.topic] });
   await producer.startup();
   try {
-    for (const body of args.bodies) {
+    for (const [i, body] of args.bodies.entries()) {
       const due = args.delay_ms ? Date.now() + args.delay_ms : null;
       const receipt = await producer.send({
         topic: args.topic, tag: 'TagA', body: Buffer.from(body),
         ...(due ? { deliveryTimestamp: new Date(due) } : {}),
+        ...(args.groups ? { messageGroup: args.groups[i] } : {}),
       });
       emit('sent', { message_id: receipt.messageId, body, due_ms: due });
     }
@@ -133,7 +136,32 @@ async function simple(args) {
   emit('done', { acked });
 }
 
-const scenarios = { transactional, send, simple, orphan, checker: checkerOnly };
+// A push consumer until stdin closes: "fail*" bodies fail (FIFO: retried locally, then
+// forwarded to the dead-letter queue), the others succeed.
+async function push(args) {
+  const consumer = new PushConsumer({
+    endpoints: args.endpoints, namespace: '', ...credentials(args), consumerGroup: args.group,
+    subscriptions: new Map([[args.topic, '*']]),
+    messageListener: {
+      async consume(m) {
+        const failed = m.body.toString().startsWith('fail');
+        emit('consumed', { result: failed ? 'FAILURE' : 'SUCCESS', ...view(m) });
+        return failed ? ConsumeResult.FAILURE : ConsumeResult.SUCCESS;
+      },
+    },
+  });
+  await consumer.startup();
+  emit('started');
+  await new Promise((resolve) => {
+    process.stdin.on('end', resolve);
+    process.stdin.on('error', resolve);
+    process.stdin.resume();
+  });
+  await consumer.shutdown();
+  emit('done');
+}
+
+const scenarios = { transactional, send, simple, orphan, checker: checkerOnly, push };
 
 scenarios[process.argv[2]](JSON.parse(process.argv[3])).then(
   () => process.exit(0),
