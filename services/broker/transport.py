@@ -76,20 +76,25 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 class Connection:
     """One end of a replication session: whole frames in, whole frames out."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_frame_bytes: int) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_frame_bytes: int,
+                 *, follower: bool) -> None:
         self.reader = reader
         self.writer = writer
         self.max_frame_bytes = max_frame_bytes
+        #: The follower's end: a REFUSED frame is its leader's refusal (on the leader's
+        #: end it is only a frame no follower sends).
+        self.follower = follower
 
     async def read(self) -> tuple[int, bytes]:
         """The next frame: (kind, body). IncompleteReadError at the end of the stream,
-        :class:`Refused` for a REFUSED frame, FrameError for one too long or empty."""
+        FrameError for one too long or empty; on a follower's end :class:`Refused` for a
+        REFUSED frame."""
         head = await self.reader.readexactly(replog.FRAME_HEAD.size)
         length, kind = replog.FRAME_HEAD.unpack(head)
         if length < 1 or length > self.max_frame_bytes:
             raise replog.FrameError(f"frame of {length} bytes (at most {self.max_frame_bytes})")
         body = await self.reader.readexactly(length - 1) if length > 1 else b""
-        if kind == replog.REFUSED:
+        if kind == replog.REFUSED and self.follower:
             code, message = replog.decode_refused(body)
             raise Refused(_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
         return kind, body
@@ -174,7 +179,7 @@ class ReplicationListener:
         assert task is not None
         self._handlers.add(task)
         self.connections += 1
-        conn = Connection(reader, writer, MAX_FOLLOWER_FRAME_BYTES)
+        conn = Connection(reader, writer, MAX_FOLLOWER_FRAME_BYTES, follower=False)
         try:
             if self.connections > MAX_CONNECTIONS:
                 raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -247,4 +252,4 @@ async def connect(address: str, timeout: float) -> Connection:
         opening = asyncio.open_connection(host, int(port), ssl=context, server_hostname=server_name or host,
                                           ssl_handshake_timeout=timeout, limit=2**20)
     reader, writer = await asyncio.wait_for(opening, timeout)
-    return Connection(reader, writer, MAX_LEADER_FRAME_BYTES)
+    return Connection(reader, writer, MAX_LEADER_FRAME_BYTES, follower=True)
