@@ -7,14 +7,29 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
+
+from services.broker.store import replog
 from tests.integration.test_replication import replicated
 from tests.support.replfuzz import Census, run_on_cluster
+from tests.support.replstream import exchange, refusal, replication_address
 
 EXAMPLES = 60
 
 
 def test_fuzzing_the_replication_port_of_a_replicated_shard(fresh_cluster_factory: Any, capsys: Any) -> None:
     cluster = replicated(fresh_cluster_factory)
+    # A session that claims more than it was shipped is refused: its ack would move the
+    # commit point over entries no follower holds.
+    leader = cluster.wait_leaders()["broker-0"]
+    epoch = {b.name: b for b in cluster.list_brokers()}["broker-0"].leader_epoch
+    other = next(int(p.name.rsplit("-r", 1)[1]) for p in cluster.shards["broker-0"] if p is not leader)
+    frames, _closed = exchange(replication_address(leader), replog.encode_hello("broker-0", other, epoch, 0, 0)
+                               + replog.encode_ack(2**63), max_frames=8)
+    assert frames and frames[0][0] == replog.START, frames[:2]
+    refused = refusal(frames)
+    assert refused is not None and refused.code == grpc.StatusCode.INVALID_ARGUMENT, frames
+    assert "beyond the last shipped" in refused.message
     census = Census()
     report = run_on_cluster(cluster, EXAMPLES, census)
     with capsys.disabled():
