@@ -18,7 +18,7 @@ it too (README.md, "Security").
 
 Flags: ``--ports auto`` binds ephemeral ports instead of the fixed ones (tests),
 ``--no-demo``, ``--exit-after-demo``, ``--replication-factor 3`` (the broker as a shard of
-three replicas, ``broker-0-r0..2``: gRPC 10911-10913, metrics 9411-9413, data in
+three replicas, ``broker-0-r0..2``: gRPC 10911-10913, replication 10931-10933, metrics 9411-9413, data in
 ``<data-dir>/broker-0-r<N>``, with a local etcd started first; see docs/replication.md).
 """
 
@@ -63,6 +63,9 @@ class Role:
 
 NAMESERVER = Role("nameserver", "services.nameserver", 9876, 9400)
 BROKER = Role("broker-0", "services.broker", 10911, 9401)
+#: The replicas' replication ports with --replication-factor (fixed ports): this + replica id
+#: (the default 10912 is the second replica's gRPC port here).
+REPLICATION_PORT = 10931
 CHECKER = Role("checker", "services.checker", 10921, 9402)
 PROXY = Role("proxy", "services.proxy", 8081, 9403)
 #: The demo's UNKNOWN transaction is first checked this long after it was sent (its
@@ -174,7 +177,8 @@ class LocalServices:
             proc = ServiceProcess(role.module, self._env(
                 role, TXMQ_BROKER_NAME=BROKER.name, TXMQ_DATA_DIR=str(self.data_dir / role.name),
                 TXMQ_NAMESERVER_ADDRESSES=nameservers, TXMQ_REPLICATION_FACTOR=str(self.replication_factor),
-                TXMQ_REPLICA_ID=str(r), TXMQ_MIN_INSYNC_REPLICAS="2", TXMQ_ETCD_ENDPOINTS=self.etcd.endpoint),
+                TXMQ_REPLICA_ID=str(r), TXMQ_MIN_INSYNC_REPLICAS="2", TXMQ_ETCD_ENDPOINTS=self.etcd.endpoint,
+                TXMQ_REPLICATION_PORT=str(REPLICATION_PORT + r if self.fixed_ports else 0)),
                 self.data_dir, role.name)
             self.started.append(proc)
             self.replicas.append(proc)

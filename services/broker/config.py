@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from services.common.config import (DAY, MINUTE, GiB, HOUR, KiB, MiB, TiB, YEAR, ServiceConfig, bounded, choice,
-                                    count, nbytes, seconds)
+                                    count, nbytes, seconds, tcp_port)
 
 FLUSH_MODES = ("sync", "async")
 #: The most replicas of one shard.
@@ -119,6 +119,10 @@ class BrokerConfig(ServiceConfig):
     replication_batch_bytes: int = nbytes(MiB, max=GiB)
     #: Replication log entries kept for followers catching up (older ones need a checkpoint).
     replication_log_entries: int = count(200_000, max=100_000_000)
+    #: TCP port of the replication stream (length-prefixed frames, TLS and auth as on
+    #: ``port``; services/broker/transport.py), opened only when replicated. RocketMQ's HA
+    #: port. The leader advertises ``<host of advertise_address>:<bound port>`` in etcd.
+    replication_port: int = tcp_port(10912)
 
     def validate(self) -> None:
         """Rules across fields (each field's own range is declared beside it)."""

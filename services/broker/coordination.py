@@ -2,7 +2,8 @@
 
 etcd is the only consensus in txmq. Per shard, under ``<prefix>/shards/<shard>/``:
 
-- ``leader``: ``{"replica": id, "address": "host:port"}``, attached to the leader's lease,
+- ``leader``: ``{"replica": id, "address": "host:port", "replication": "host:port"}``
+  (its gRPC address and its replication stream's, ``transport.py``), attached to the leader's lease,
   so it disappears when the leader stops renewing it. Its create revision is the
   **leader epoch**: a fencing token that grows with every election (etcd revisions only
   grow), carried on every replication message.
@@ -50,6 +51,8 @@ class Leader:
     #: The leader key's create revision: the leader epoch.
     epoch: int
     lease: int
+    #: host:port of its replication stream (``transport.py``).
+    replication_address: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +181,8 @@ class ShardCoordinator:
         if leader_kvs:
             kv0 = leader_kvs[0]
             body = json.loads(kv0.value)
-            leader = Leader(int(body["replica"]), str(body["address"]), kv0.create_revision, kv0.lease)
+            leader = Leader(int(body["replica"]), str(body["address"]), kv0.create_revision, kv0.lease,
+                            str(body.get("replication", "")))
         if isr_kvs:
             body = json.loads(isr_kvs[0].value)
             isr = InSync(tuple(sorted(int(m) for m in body["members"])), isr_kvs[0].mod_revision)
@@ -188,7 +192,8 @@ class ShardCoordinator:
         handover = int(json.loads(handover_kvs[0].value)["to"]) if handover_kvs else None
         return ShardState(leader, isr, handover)
 
-    async def campaign(self, address: str, isr: InSync, new_members: tuple[int, ...]) -> int | None:
+    async def campaign(self, address: str, replication_address: str, isr: InSync,
+                       new_members: tuple[int, ...]) -> int | None:
         """Takes the leadership if nobody holds it and the in-sync set is still ``isr``;
         writes ``new_members`` as the set. Returns the new epoch, or None when another
         replica won or the set changed."""
@@ -200,7 +205,8 @@ class ShardCoordinator:
         else:
             compare.append(rpc.Compare(key=self.isr_key, target=rpc.Compare.VERSION, result=rpc.Compare.EQUAL,
                                        version=0))
-        value = json.dumps({"replica": self.replica_id, "address": address}).encode()
+        value = json.dumps({"replica": self.replica_id, "address": address,
+                            "replication": replication_address}).encode()
         request = rpc.TxnRequest(compare=compare, success=[
             rpc.RequestOp(request_put=rpc.PutRequest(key=self.leader_key, value=value, lease=self.lease_id)),
             rpc.RequestOp(request_put=rpc.PutRequest(key=self.isr_key, value=_isr_value(new_members, 0))),

@@ -45,6 +45,7 @@ from txmq.errors import (FailedPreconditionError, InvalidFieldError, LeadershipL
                           NotLeaderError)
 from txmq.v1 import nameserver_pb2, replication_pb2, replication_pb2_grpc
 
+from services.common.auth import TokenFile
 from services.common.channels import open_channel
 
 from .config import BrokerConfig
@@ -52,12 +53,12 @@ from .coordination import EtcdUnavailable, InSync, Leader, ShardCoordinator, Sha
 from .store import replog
 from .store.checkpoint import StoreCheckpoint
 from .store.db import CannotTruncateError, Database
+from .transport import Connection, Refused, connect
 
 log = logging.getLogger(__name__)
 
-#: Largest replication stream message a follower accepts (a batch is at most
-#: replication_batch_bytes plus one entry).
-MAX_REPLICATION_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Largest FetchCheckpoint message a rebuilding follower accepts.
+MAX_CHECKPOINT_MESSAGE_BYTES = 64 * 1024 * 1024
 #: Recent entries kept in memory for shipping (older ones are read back from the store).
 TAIL_BYTES = 16 * 1024 * 1024
 CHECKPOINT_CHUNK = 1024 * 1024
@@ -97,7 +98,7 @@ class Term:
 
 class ReplicaNode:
     def __init__(self, config: BrokerConfig, db: Database, *, address: Callable[[], str],
-                 make_term: Callable[[int], Awaitable[Term]],
+                 replication_address: Callable[[], str], make_term: Callable[[int], Awaitable[Term]],
                  on_role_change: Callable[[], None] = lambda: None,
                  metrics: Any = None) -> None:
         self.config = config
@@ -105,6 +106,9 @@ class ReplicaNode:
         self.shard = config.broker_name
         self.replica_id = config.replica_id
         self.address = address
+        self.replication_address = replication_address
+        #: The bearer token a follower presents in its hello (auth on without mTLS).
+        self._token = TokenFile(config.auth_token_file, config.auth_reload_seconds) if config.auth_token_file else None
         self._make_term = make_term
         self._on_role_change = on_role_change
         self.metrics = metrics
@@ -300,7 +304,7 @@ class ReplicaNode:
                     and len(members) - 1 >= self.config.min_insync_replicas:
                 members = tuple(m for m in members if m != old)
         try:
-            epoch = await self.coord.campaign(self.address(), state.isr, members)
+            epoch = await self.coord.campaign(self.address(), self.replication_address(), state.isr, members)
         except EtcdUnavailable:
             return
         if epoch is None:
@@ -325,7 +329,8 @@ class ReplicaNode:
         term.bridge.sync_listeners.append(lambda _durable: self._recompute_commit())
         self.term = term
         self.leadership_changes += 1
-        self.state = ShardState(Leader(self.replica_id, self.address(), epoch, self.coord.lease_id), isr)
+        self.state = ShardState(Leader(self.replica_id, self.address(), epoch, self.coord.lease_id,
+                                         self.replication_address()), isr)
         log.warning("became leader", extra={"fields": {
             "shard": self.shard, "replica_id": self.replica_id, "epoch": epoch, "in_sync": list(isr.members),
             "log_end": self.db.written, "commit_lsn": self.commit_lsn,
@@ -481,52 +486,59 @@ class ReplicaNode:
             return out
         return self.db.read_entries(first, limit)
 
-    def _check_session(self, shard: str, replica_id: int, epoch: int, context: Any) -> None:
+    def _check_session(self, shard: str, replica_id: int, epoch: int) -> None:
         if shard != self.shard:
-            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"this is shard {self.shard!r}, not {shard!r}")
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"this is shard {self.shard!r}, not {shard!r}")
         if not 0 <= replica_id < self.config.replication_factor or replica_id == self.replica_id:
-            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"replica_id {replica_id} is not another replica of "
-                           f"{self.shard!r} (0..{self.config.replication_factor - 1}, this is {self.replica_id})")
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"replica_id {replica_id} is not another replica of "
+                          f"{self.shard!r} (0..{self.config.replication_factor - 1}, this is {self.replica_id})")
         if self.term is None or epoch != self.epoch:
-            raise _Refused(grpc.StatusCode.FAILED_PRECONDITION,
-                           f"replica {self.replica_id} does not lead {self.shard!r} in epoch {epoch} "
-                           f"(it {'leads in epoch ' + str(self.epoch) if self.term else 'does not lead'})")
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"replica {self.replica_id} does not lead {self.shard!r} in epoch {epoch} "
+                          f"(it {'leads in epoch ' + str(self.epoch) if self.term else 'does not lead'})")
 
-    async def replicate(self, context: Any) -> None:
-        hello_msg = await context.read()
-        if hello_msg is grpc.aio.EOF or not hello_msg.HasField("hello"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a hello")
-        hello = hello_msg.hello
-        try:
-            self._check_session(hello.shard, hello.replica_id, hello.leader_epoch, context)
-        except _Refused as refused:
-            await context.abort(refused.code, refused.message)
+    async def replicate(self, conn: Connection, hello: tuple[str, int, int, int, int, str]) -> None:
+        """A follower's session (``transport.ReplicationListener`` authenticated it and read
+        its hello): the truncation point, then entries as it acknowledges them."""
+        shard, replica_id, hello_epoch, log_end, last_epoch, _token = hello
+        self._check_session(shard, replica_id, hello_epoch)  # Refused: the listener answers it
         epoch = self.epoch
         db = self.db
-        end_epoch, end = replog.epoch_end(db.epochs, hello.last_epoch, db.written)
-        truncate_to = min(hello.log_end, end) if hello.log_end else 0
+        end_epoch, end = replog.epoch_end(db.epochs, last_epoch, db.written)
+        truncate_to = min(log_end, end) if log_end else 0
         self._sessions += 1
         session = self._sessions
-        f = FollowerState(hello.replica_id, connected=True, durable=0, session=session,
+        f = FollowerState(replica_id, connected=True, durable=0, session=session,
                           prev_ack_at=time.monotonic(), written_at_prev_ack=db.written)
-        self.followers[hello.replica_id] = f
+        self.followers[replica_id] = f
         wake = asyncio.Event()
+        for event in list(self._wake):
+            event.set()  # an older session of this replica sees it is replaced
         self._wake.add(wake)
         log.info("follower connected", extra={"fields": {
-            "replica_id": hello.replica_id, "log_end": hello.log_end, "last_epoch": hello.last_epoch,
-            "truncate_to": truncate_to, "epoch": epoch}})
+            "replica_id": replica_id, "log_end": log_end, "last_epoch": last_epoch,
+            "truncate_to": truncate_to, "epoch": epoch, "peer": conn.peer()}})
 
         # At most SHIP_WINDOW messages of entries in flight, acknowledged cumulatively (the
         # follower reports its durable log end).
         acked = truncate_to  # where the follower's log ends once it has truncated
+        next_lsn = truncate_to + 1
         in_flight: collections.deque[int] = collections.deque()  # each message's last lsn
 
         async def acks() -> None:
             nonlocal acked
-            while (request := await context.read()) is not grpc.aio.EOF:
-                acked = max(acked, request.durable_lsn)
+            while True:
+                kind, body = await conn.read()
+                if kind != replog.ACK:
+                    raise replog.FrameError(f"a follower sends acks, not {replog.KIND_NAMES.get(kind, kind)}")
+                durable = replog.decode_ack(body)
+                if durable > next_lsn - 1:
+                    # Durable past what this session shipped: no follower can be; taking it
+                    # would move the commit point over entries a replica may not hold.
+                    raise replog.FrameError(f"ack of lsn {durable}, beyond the last shipped ({next_lsn - 1})")
+                acked = max(acked, durable)
                 if self.followers.get(f.replica_id) is f:
-                    self._on_ack(f, request.durable_lsn)
+                    self._on_ack(f, durable)
                 wake.set()
 
         reader: asyncio.Task[None] | None = None
@@ -534,28 +546,28 @@ class ReplicaNode:
         idle = self.config.election_poll_seconds
         try:
             if truncate_to + 1 < db.replog_first and truncate_to < db.written:
-                await context.write(replication_pb2.ReplicateResponse(
-                    leader_epoch=epoch, commit_lsn=self.commit_lsn, checkpoint_needed=True))
+                conn.send(replog.encode_checkpoint_needed(epoch, self.commit_lsn))
+                await conn.drain()
                 return
-            await context.write(replication_pb2.ReplicateResponse(
-                leader_epoch=epoch, commit_lsn=self.commit_lsn, truncate_to=truncate_to))
+            conn.send(replog.encode_start(epoch, self.commit_lsn, truncate_to))
             reader = asyncio.ensure_future(acks())
             reader.add_done_callback(lambda _: wake.set())
             ticker = asyncio.ensure_future(_tick(wake, idle / 2))
-            next_lsn = truncate_to + 1
             loop = asyncio.get_running_loop()
             last_sent = loop.time()
-            while self.term is not None and self.epoch == epoch and not reader.done():
+            # A newer session of the same replica (it reconnected) replaces this one.
+            while self.term is not None and self.epoch == epoch and not reader.done() \
+                    and self.followers.get(replica_id) is f:
                 while in_flight and in_flight[0] <= acked:
                     in_flight.popleft()
                 if next_lsn <= db.written and len(in_flight) < SHIP_WINDOW:
                     entries = self._entries_from(next_lsn)
                     if not entries or entries[0][0] != next_lsn:
-                        await context.write(replication_pb2.ReplicateResponse(
-                            leader_epoch=epoch, commit_lsn=self.commit_lsn, checkpoint_needed=True))
+                        conn.send(replog.encode_checkpoint_needed(epoch, self.commit_lsn))
+                        await conn.drain()
                         return
-                    await context.write(replication_pb2.ReplicateResponse(
-                        leader_epoch=epoch, commit_lsn=self.commit_lsn, entries=replog.pack_entries(entries)))
+                    conn.send(replog.encode_entries(epoch, self.commit_lsn, entries))
+                    await conn.drain()
                     next_lsn = entries[-1][0] + 1
                     in_flight.append(entries[-1][0])
                     self.messages_shipped += 1
@@ -566,12 +578,16 @@ class ReplicaNode:
                     # is alive, with the commit point. A new commit point alone is not worth
                     # a message of its own (under load that doubled the messages): it
                     # travels with the next entries, or with this heartbeat once writes pause.
-                    await context.write(replication_pb2.ReplicateResponse(
-                        leader_epoch=epoch, commit_lsn=self.commit_lsn))
+                    conn.send(replog.encode_heartbeat(epoch, self.commit_lsn))
+                    await conn.drain()
                     last_sent = loop.time()
                     continue
                 wake.clear()
                 await wake.wait()  # new entries, an ack, the ticker, or the session's end
+            if reader.done() and not reader.cancelled():
+                error = reader.exception()
+                if isinstance(error, replog.FrameError):
+                    raise error  # the listener refuses it (INVALID_ARGUMENT)
         finally:
             self._wake.discard(wake)
             for task in (reader, ticker):
@@ -586,8 +602,8 @@ class ReplicaNode:
     async def fetch_checkpoint(self, request: replication_pb2.FetchCheckpointRequest,
                                context: Any) -> AsyncIterator[replication_pb2.FetchCheckpointResponse]:
         try:
-            self._check_session(request.shard, request.replica_id, request.leader_epoch, context)
-        except _Refused as refused:
+            self._check_session(request.shard, request.replica_id, request.leader_epoch)
+        except Refused as refused:
             await context.abort(refused.code, refused.message)
         checkpoint = StoreCheckpoint(self.db, self.config.data_dir, chunk_bytes=CHECKPOINT_CHUNK)
         log.info("checkpoint for a follower", extra={"fields": {"replica_id": request.replica_id,
@@ -618,83 +634,90 @@ class ReplicaNode:
                 await task
 
     async def _follow(self, leader: Leader) -> None:
-        channel = open_channel(leader.address, MAX_REPLICATION_MESSAGE_BYTES)
+        conn: Connection | None = None
         try:
-            stub = replication_pb2_grpc.ReplicationServiceStub(channel)
-            call = stub.Replicate()
+            if not leader.replication_address:
+                raise Refused(grpc.StatusCode.UNAVAILABLE, "the leader advertises no replication address")
+            conn = await connect(leader.replication_address, max(self.config.leader_lease_seconds, 1.0))
             db = self.db
-            await call.write(replication_pb2.ReplicateRequest(hello=replication_pb2.ReplicaHello(
-                shard=self.shard, replica_id=self.replica_id, leader_epoch=leader.epoch,
-                log_end=db.written, last_epoch=db.last_epoch)))
-            first = await call.read()
-            if first is grpc.aio.EOF:
+            token = self._token.token() if self._token is not None else ""
+            conn.send(replog.encode_hello(self.shard, self.replica_id, leader.epoch, db.written, db.last_epoch,
+                                          token))
+            kind, body = await conn.read()
+            epoch, commit, truncate_to, _ = replog.decode_leader(kind, body)
+            if kind == replog.CHECKPOINT:
+                await conn.close()
+                await self._rebuild(leader)
                 return
-            if first.checkpoint_needed:
-                call.cancel()
-                await self._rebuild(stub, leader)
-                return
-            if first.WhichOneof("body") != "truncate_to":
-                raise RuntimeError("the leader's first answer is not a truncation point")
+            if kind != replog.START:
+                raise RuntimeError(f"the leader's first answer is a {replog.KIND_NAMES[kind]}, not a start")
             try:
-                db.truncate(first.truncate_to)
+                db.truncate(truncate_to)
             except CannotTruncateError as exc:
                 log.warning("cannot take back the log: rebuilding", extra={"fields": {"why": str(exc)}})
-                call.cancel()
-                await self._rebuild(stub, leader)
+                await conn.close()
+                await self._rebuild(leader)
                 return
-            if first.truncate_to < db.written:
-                raise RuntimeError(f"log end {db.written} after truncating to {first.truncate_to}")
-            writing = asyncio.Lock()  # one write at a time on a call (acks and heartbeats)
-
-            async def ack() -> None:
-                async with writing:
-                    await call.write(replication_pb2.ReplicateRequest(durable_lsn=db.written))
-            await ack()
-            beat = asyncio.ensure_future(self._heartbeat(ack))
+            if truncate_to < db.written:
+                raise RuntimeError(f"log end {db.written} after truncating to {truncate_to}")
+            conn.send(replog.encode_ack(db.written))
+            beat = asyncio.ensure_future(self._heartbeat(conn))
             try:
                 while True:
-                    response = await call.read()
-                    if response is grpc.aio.EOF:
+                    kind, body = await conn.read()
+                    epoch, commit, _, entries = replog.decode_leader(kind, body)
+                    if epoch != leader.epoch:
                         break
-                    if response.leader_epoch != leader.epoch:
-                        break
-                    if response.entries:
-                        db.append_entries(response.entries)
+                    if kind == replog.ENTRIES:
+                        db.append_entries(entries)
                         if db.sync:
                             db.sync_wal()
-                        await ack()
-                    elif response.checkpoint_needed:
-                        call.cancel()
-                        await self._rebuild(stub, leader)
+                        conn.send(replog.encode_ack(db.written))
+                        await conn.drain()
+                    elif kind == replog.CHECKPOINT:
+                        await conn.close()
+                        await self._rebuild(leader)
                         return
-                    self._follow_commit = max(self._follow_commit, response.commit_lsn)
-                    db.note_commit(response.commit_lsn)
+                    elif kind != replog.HEARTBEAT:
+                        raise replog.FrameError(f"a {replog.KIND_NAMES[kind]} in the middle of a session")
+                    self._follow_commit = max(self._follow_commit, commit)
+                    db.note_commit(commit)
             finally:
                 beat.cancel()
         except asyncio.CancelledError:
             raise
-        except grpc.aio.AioRpcError as exc:
-            code = exc.code().name
-            if (leader.epoch, code) != self._last_session_error:
+        except (Refused, OSError, EOFError, asyncio.TimeoutError, replog.FrameError) as exc:
+            kind_of = exc.code.name if isinstance(exc, Refused) else type(exc).__name__
+            if (leader.epoch, kind_of) != self._last_session_error:
                 # Once per leader and kind: a dead leader is retried every poll until etcd moves on.
-                self._last_session_error = (leader.epoch, code)
+                self._last_session_error = (leader.epoch, kind_of)
                 log.info("replication session ended", extra={"fields": {
-                    "leader": leader.address, "epoch": leader.epoch, "code": code,
-                    "error": (exc.details() or "")[:200], "debug": exc.debug_error_string()[:300]}})
+                    "leader": leader.replication_address or leader.address, "epoch": leader.epoch,
+                    "code": kind_of, "error": str(exc)[:300]}})
         except Exception:  # noqa: BLE001 - the election loop starts a new session
             log.exception("replication session failed")
         finally:
-            await channel.close()
+            if conn is not None:
+                await conn.close()
             if self._following is leader:
                 self._following = None  # the next election round follows again
 
-    async def _heartbeat(self, ack: Callable[[], Awaitable[None]]) -> None:
+    async def _heartbeat(self, conn: Connection) -> None:
         while True:
             await asyncio.sleep(self.config.election_poll_seconds)
-            await ack()
+            conn.send(replog.encode_ack(self.db.written))
+            await conn.drain()
 
-    async def _rebuild(self, stub: replication_pb2_grpc.ReplicationServiceStub, leader: Leader) -> None:
-        """Replaces this replica's store with a checkpoint of the leader's."""
+    async def _rebuild(self, leader: Leader) -> None:
+        """Replaces this replica's store with a checkpoint of the leader's (over gRPC: a
+        rebuild is rare and its chunks are large)."""
+        channel = open_channel(leader.address, MAX_CHECKPOINT_MESSAGE_BYTES)
+        try:
+            await self._fetch_checkpoint(replication_pb2_grpc.ReplicationServiceStub(channel), leader)
+        finally:
+            await channel.close()
+
+    async def _fetch_checkpoint(self, stub: replication_pb2_grpc.ReplicationServiceStub, leader: Leader) -> None:
         data_dir = self.config.data_dir.rstrip("/")
         staging = data_dir + ".rebuild"
         shutil.rmtree(staging, ignore_errors=True)
@@ -784,19 +807,9 @@ class ReplicaNotInSyncError(FailedPreconditionError):
                          in_sync=in_sync)
 
 
-class _Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
     def __init__(self, node: ReplicaNode) -> None:
         self.node = node
-
-    async def Replicate(self, request_iterator: Any, context: Any) -> None:
-        await self.node.replicate(context)
 
     async def FetchCheckpoint(self, request: Any, context: Any) -> AsyncIterator[Any]:
         async for chunk in self.node.fetch_checkpoint(request, context):

@@ -4,8 +4,9 @@ With ``replication_factor`` 1 the broker is its shard: it opens the store and se
 more, it is one replica of the shard (``replication.ReplicaNode``): the store is opened
 once and outlives leaderships; while this replica leads, a *term* (domain, bridge and
 servicer over that store) serves clients, and the BrokerService answers NotLeaderError
-naming the leader otherwise. The replicas talk to each other through ReplicationService
-on the same port.
+naming the leader otherwise. The replicas ship their log over the replication stream's own
+port (``replication_port``, ``transport.py``); rebuilds and hand-overs go through
+ReplicationService on the gRPC port.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .service import BrokerServicer, topic_queues
 from .store import codec
 from .store.db import Database
 from .timers import TimerPump
+from .transport import ReplicationListener
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +105,8 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
         registered: list[tuple[Any, Any]] = [(broker_pb2_grpc.add_BrokerServiceServicer_to_server, servicer)]
         names = [SERVICE_NAME]
     else:
-        node = ReplicaNode(config, db, address=lambda: address, make_term=lambda epoch: make_term(epoch),
+        node = ReplicaNode(config, db, address=lambda: address, replication_address=lambda: replication_address,
+                           make_term=lambda epoch: make_term(epoch),
                            on_role_change=lambda: heartbeat.kick(), metrics=metrics)
         registered = [(broker_pb2_grpc.add_BrokerServiceServicer_to_server, _leader_gate(node)),
                       (replication_pb2_grpc.add_ReplicationServiceServicer_to_server, ReplicationServicer(node))]
@@ -126,6 +129,14 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
     if not replicated:
         app.core = terms[0][0]  # type: ignore[attr-defined]  # tests and tools reach the domain through the app
     app.node = node  # type: ignore[attr-defined]
+    listener: ReplicationListener | None = None
+    replication_address = ""
+    app.replication_port = -1  # type: ignore[attr-defined]  # in the ready file
+    if node is not None:
+        listener = ReplicationListener(config, node.replicate, app.auth)
+        app.replication_port = await listener.start()  # type: ignore[attr-defined]
+        app.replication = listener  # type: ignore[attr-defined]
+        replication_address = f"{address.rpartition(':')[0]}:{app.replication_port}"
     free = {"bytes": -1, "full": False}
 
     def current() -> tuple[BrokerCore, StoreBridge] | None:
@@ -204,6 +215,8 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
     async def stop() -> None:
         await pump.stop()
         await global_pump.stop()
+        if listener is not None:
+            await listener.stop()
         if node is not None:
             await node.stop()
         await heartbeat.stop()

@@ -73,7 +73,8 @@ async def serve(config: Any, create_server: Callable[[Any], Awaitable[tuple[Any,
         await app.start()
         if config.ready_file:
             write_ready_file(config.ready_file, port=port, metrics_port=app.metrics_port,
-                             health_port=getattr(app, "health_port", -1))
+                             health_port=getattr(app, "health_port", -1),
+                             replication_port=getattr(app, "replication_port", -1))
     except Exception as exc:
         raise StartupError(describe_startup_failure(exc, config)) from exc
     await stopping.wait()

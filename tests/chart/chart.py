@@ -26,7 +26,7 @@ COMPONENTS = {
 #: groups and their etcd), not from `<component>.config`.
 CHART_OWNED = {"host", "port", "metrics_port", "nameserver_addresses", "broker_name", "checker_name",
                "proxy_name", "advertise_address", "data_dir", "replication_factor", "min_insync_replicas",
-               "replica_id", "etcd_endpoints", "health_port", "tls_cert_file", "tls_key_file", "tls_ca_file",
+               "replica_id", "etcd_endpoints", "replication_port", "health_port", "tls_cert_file", "tls_key_file", "tls_ca_file",
                "tls_client_auth", "tls_server_name", "auth_files", "auth_token_file", "auth_reload_seconds"}
 #: TLS settings the chart sets only with tls.enabled (and tls_server_name never: pods dial
 #: DNS names their peers' certificates carry).
@@ -37,7 +37,7 @@ POD_NAMED = {"broker_name", "checker_name", "proxy_name", "replica_id"}
 #: leaves them out of the pods (so such a release renders as before replication existed).
 REPLICATION_ONLY = {"replication_factor", "min_insync_replicas", "replica_id", "etcd_endpoints", "etcd_prefix",
                     "leader_lease_seconds", "election_poll_seconds", "replica_lag_max_seconds",
-                    "replication_batch_bytes", "replication_log_entries"}
+                    "replication_batch_bytes", "replication_log_entries", "replication_port"}
 #: Settings of a component the chart takes from another component's `config`, so the two
 #: always agree: the proxy advertises the brokers' limits to RocketMQ clients.
 FROM_OTHER = {"proxy": {"max_body_bytes": "broker", "max_delivery_attempts": "broker"}}

@@ -65,8 +65,17 @@ def test_a_network_policy_per_component(rendered: dict[str, Rendered]) -> None:
     for component in COMPONENTS:
         rules = policies[component]["spec"]["ingress"]
         grpc_port = container(chart.workload(component))["ports"][0]["containerPort"]
-        client_rule, metrics_rule = rules
+        client_rule, metrics_rule, *replication = rules
         assert [p["port"] for p in client_rule["ports"]] == [grpc_port]
+        ports = {p["name"]: p["containerPort"] for p in container(chart.workload(component))["ports"]}
+        if "replication" in ports:
+            # A replicated shard's replication stream: from brokers alone.
+            (rule,) = replication
+            assert [p["port"] for p in rule["ports"]] == [ports["replication"]]
+            assert [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in rule["from"]] \
+                == ["broker"]
+        else:
+            assert replication == []
         # Clients as configured, plus txmq's own pods; nothing else on any other port.
         assert {"namespaceSelector": {"matchLabels": {"txmq-client": "true"}}} in client_rule["from"]
         assert any("podSelector" in peer for peer in client_rule["from"])

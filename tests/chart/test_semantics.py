@@ -82,10 +82,15 @@ def test_service_ports_reach_container_ports_the_processes_listen_on(rendered: d
     for w in r.workloads():
         env = _env(r, w)
         ports = {p["name"]: p["containerPort"] for p in _container(w)["ports"]}
-        # With TLS on, the plaintext health-only port the probes use (TXMQ_HEALTH_PORT).
-        assert set(ports) == {"grpc", "metrics"} | ({"health"} if "TXMQ_HEALTH_PORT" in env else set())
+        # With TLS on, the plaintext health-only port the probes use (TXMQ_HEALTH_PORT); a
+        # replicated broker's replication stream (TXMQ_REPLICATION_PORT).
+        replicated = int(env.get("TXMQ_REPLICATION_FACTOR", "1")) > 1
+        assert set(ports) == {"grpc", "metrics"} | ({"health"} if "TXMQ_HEALTH_PORT" in env else set()) \
+            | ({"replication"} if replicated else set())
         if "TXMQ_HEALTH_PORT" in env:
             assert int(env["TXMQ_HEALTH_PORT"]) == ports["health"]
+        if replicated:
+            assert int(env["TXMQ_REPLICATION_PORT"]) == ports["replication"]
         assert int(env["TXMQ_PORT"]) == ports["grpc"]
         assert int(env["TXMQ_METRICS_PORT"]) == ports["metrics"]
         assert env["TXMQ_HOST"] == "0.0.0.0"  # reachable on the pod IP and through port-forward

@@ -16,7 +16,9 @@ import pytest
 
 import txmq
 from services.common.auth import hash_token
+from services.broker.transport import Refused
 from tests.support.cluster import Cluster
+from tests.support.replstream import open_session, replication_address
 from tests.support.waiting import wait_until
 from txmq.v1 import (admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc, checker_pb2, checker_pb2_grpc,
                      common_pb2, nameserver_pb2, nameserver_pb2_grpc, replication_pb2, replication_pb2_grpc)
@@ -119,6 +121,12 @@ class Census:
             if err.code != expected:
                 self.succeeded.append(f"{what} as {who}: {err!r}")
             return
+        except Refused as refused:  # the replication port's refusal
+            if refused.code != expected:
+                self.succeeded.append(f"{what} as {who}: {refused}")
+            else:
+                assert refused.message, f"{what}: a refusal must say what is missing"
+            return
         self.succeeded.append(f"{what} as {who}: succeeded")
 
 
@@ -141,6 +149,8 @@ def test_census_of_unauthorized_actions(secured: tuple[Cluster, Path], capsys: p
     broker = broker_pb2_grpc.BrokerServiceStub(broker_channel)
     checker = checker_pb2_grpc.CheckerServiceStub(checker_channel)
     replication = replication_pb2_grpc.ReplicationServiceStub(broker_channel)
+    # The leader's own epoch: a hello the session check would accept, refused only for who sends it.
+    leader_epoch = {b.name: b for b in cluster.list_brokers(ns_address)}["broker-0"].leader_epoch
     operator = bearer("operator")
     orders = bearer("orders")
 
@@ -236,9 +246,9 @@ def test_census_of_unauthorized_actions(secured: tuple[Cluster, Path], capsys: p
         census.attempt("describe a transaction", who, lambda md: admin.DescribeTransaction(
             admin_pb2.DescribeTransactionRequest(transaction_id=pending.transaction_id), metadata=md,
             timeout=RPC_TIMEOUT))
-        census.attempt("open a replication stream", who, lambda md: stream_refusal(replication.Replicate(
-            iter([replication_pb2.ReplicateRequest(hello=replication_pb2.ReplicaHello(shard="broker-0", replica_id=1))]),
-            metadata=md, timeout=RPC_TIMEOUT)))
+        census.attempt("open a replication stream", who, lambda md: open_session(
+            replication_address(leader), "broker-0", 1, leader_epoch,
+            token=md[0][1].removeprefix("Bearer ") if md else ""))
         census.attempt("fetch a checkpoint", who, lambda md: stream_refusal(replication.FetchCheckpoint(
             replication_pb2.FetchCheckpointRequest(shard="broker-0", replica_id=1), metadata=md, timeout=RPC_TIMEOUT)))
     # The SDK as the wrong principal: its errors are the same, as TxmqError subclasses.
@@ -273,6 +283,18 @@ def test_census_of_unauthorized_actions(secured: tuple[Cluster, Path], capsys: p
     assert resolved.operator == "operator"
     for c in (channel, broker_channel, checker_channel):
         c.close()
+
+
+def test_the_replication_port_lets_a_service_identity_past_authentication(secured: tuple[Cluster, Path]) -> None:
+    """The census shows who is refused; this shows the broker's own token gets past the
+    check to the session's (a replica id that is no replica: INVALID_ARGUMENT)."""
+    cluster, _creds = secured
+    leader = cluster.leader("broker-0")
+    assert leader is not None
+    with pytest.raises(Refused) as refused:
+        open_session(replication_address(leader), "broker-0", 7, 0, token=TOKENS["broker"])
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+    assert "replica_id 7" in refused.value.message
 
 
 def test_sdk_flows_with_the_right_credentials(secured: tuple[Cluster, Path]) -> None:

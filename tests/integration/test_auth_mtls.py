@@ -5,6 +5,7 @@ principal, and the ACL applies to it as to a token's."""
 from __future__ import annotations
 
 import json
+import ssl
 from typing import Any, Iterator
 
 import grpc
@@ -13,7 +14,10 @@ import pytest
 import txmq
 from tests.conftest import TEST_BROKER_ENV
 from tests.support.certs import CertificateAuthority
+from services.broker.transport import Refused
 from tests.support.cluster import Cluster
+from tests.support.replicas import wait_in_sync
+from tests.support.replstream import open_session, replication_address
 from tests.integration.test_tls import CHECKER_ENV, pki  # noqa: F401 - the module's CA fixture
 from tests.support.waiting import wait_until
 from txmq.v1 import admin_pb2, common_pb2, nameserver_pb2, nameserver_pb2_grpc
@@ -95,3 +99,34 @@ def test_services_and_clients_are_known_by_their_certificates(secured: Cluster, 
         with pytest.raises(txmq.PermissionDeniedError) as denied:
             p.send(txmq.Message("orders", b"forged"))
     assert denied.value.principal == "mallory" and "orders" in denied.value.message
+
+
+def test_replicas_replicate_by_certificate_and_the_port_admits_only_service_identities(
+        tmp_path: Any, pki: CertificateAuthority) -> None:
+    """A replicated shard with TLS and auth on and no tokens: the followers are known to the
+    leader's replication port by their certificates alone (the broker, a service identity);
+    a certificate nobody has is UNAUTHENTICATED there, a known non-service one
+    PERMISSION_DENIED."""
+    creds = tmp_path / "credentials.json"
+    creds.write_text(json.dumps({"principals": {
+        "nameserver": {"service": True, "certificates": ["nameserver"]},
+        "broker": {"service": True, "certificates": ["broker-0-r0", "broker-0-r1", "broker-0-r2"]},
+        "operator": {"certificates": ["test-admin"]},
+        "mallory": {"certificates": ["mallory"]}},
+        "acl": [{"principal": "operator", "resource": "cluster", "actions": ["admin-read", "admin-write"]}]}))
+    env = {"TXMQ_AUTH_FILES": str(creds)}
+    with Cluster(tmp_path / "c", nameserver_env=env, broker_env={**TEST_BROKER_ENV, **env}, tls=pki,
+                 replication_factor=3) as cluster:
+        wait_in_sync(cluster, "broker-0", replicas=3, timeout=30)
+        leader = cluster.leader("broker-0")
+        assert leader is not None
+        epoch = {b.name: b for b in cluster.list_brokers()}["broker-0"].leader_epoch
+        for name, code in (("stranger", grpc.StatusCode.UNAUTHENTICATED),
+                           ("mallory", grpc.StatusCode.PERMISSION_DENIED)):
+            cert = pki.issue(name, directory=tmp_path)
+            context = ssl.create_default_context(cafile=pki.cert_file)
+            context.load_cert_chain(cert.cert_file, cert.key_file)
+            with pytest.raises(Refused) as refused:
+                open_session(replication_address(leader), "broker-0", 1, epoch, context=context)
+            assert refused.value.code == code, refused.value
+        wait_in_sync(cluster, "broker-0", replicas=3, timeout=30)  # the real followers never left

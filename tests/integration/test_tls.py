@@ -7,11 +7,13 @@
 - a server certificate rotated on disk is served to new handshakes without a restart while
   traffic flows, and no call fails;
 - a replicated shard (three replicas, etcd with TLS and client certificates) replicates over
-  mutual TLS.
+  mutual TLS; its replication port refuses plaintext, no client certificate and another
+  CA's, and serves a rotated certificate without a restart.
 """
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from pathlib import Path
@@ -26,6 +28,9 @@ from tests.integration.test_checks import COMMITTED, describe, wait_state
 from tests.support.certs import CertificateAuthority, install, served_serial
 from tests.support.certs import channel_credentials as credentials
 from tests.support.cluster import Cluster
+from tests.support.replstream import exchange, open_session, replication_address
+from services.broker.store import replog
+from services.broker.transport import Refused
 from tests.support.waiting import wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -246,12 +251,46 @@ def test_a_replicated_shard_replicates_and_elects_over_mutual_tls(tmp_path, pki,
             return len(listed["broker-0"].replication.in_sync_replicas) == 3
         wait_until(all_in_sync, 20, message="the followers did not join the in-sync set over TLS",
                    ignore=(grpc.RpcError,))
+        # The replication port serves TLS only, with the gRPC port's client-certificate rule
+        # and reloading (ssl contexts built here, as a follower's are).
+        address = replication_address(leader)
+        frames, closed = exchange(address, replog.encode_hello("broker-0", 1, 0, 0, 0))
+        assert frames == [] and closed, "a plaintext hello must get nothing back"
+        for client in (None, CertificateAuthority(tmp_path / "other-ca").issue("test-admin")):
+            try:  # no client certificate / another CA's: the handshake fails (TLS 1.3: at the first read)
+                frames, closed = exchange(address, replog.encode_hello("broker-0", 1, 0, 0, 0),
+                                          context=tls_context(pki, client))
+            except (ssl.SSLError, ConnectionError):
+                continue
+            assert frames == [] and closed, f"the replication port answered a client certificate {client}"
+        context = tls_context(pki, c.client_certificate)
+        with pytest.raises(Refused) as refused:  # TLS works: the session's own check answers
+            open_session(address, "broker-0", 9, 0, context=context)
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        rotated = pki.issue(leader.name, directory=tmp_path / "rotated")
+        install(rotated, leader.env["TXMQ_TLS_CERT_FILE"], leader.env["TXMQ_TLS_KEY_FILE"])
+        wait_until(lambda: peer_serial(address, context) == rotated.serial, 10,
+                   message="the replication port did not serve the rotated certificate")
         # A failover: the new leader is elected in etcd (TLS) and followed over TLS.
         leader.kill()
         new = c.wait_leaders(not_on=leader, timeout=30)["broker-0"]
         assert new is not leader
         with txmq.Producer(c.nameserver_address, tls=c.client_tls()) as producer:
             producer.send(txmq.Message(topic, b"after failover"))
+
+
+def tls_context(pki: CertificateAuthority, client) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=pki.cert_file)
+    if client is not None:
+        context.load_cert_chain(client.cert_file, client.key_file)
+    return context
+
+
+def peer_serial(address: tuple[str, int], context: ssl.SSLContext) -> int:
+    import socket
+    with socket.create_connection(address, timeout=5) as raw:
+        with context.wrap_socket(raw, server_hostname=address[0]) as tls:
+            return int(tls.getpeercert()["serialNumber"], 16)
 
 
 def test_the_health_port_answers_probes_in_plaintext_and_serves_nothing_else(secure):

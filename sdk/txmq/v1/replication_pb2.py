@@ -24,27 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19txmq/v1/replication.proto\x12\x07txmq.v1\"M\n\x10ReplicateRequest\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x15.txmq.v1.ReplicaHello\x12\x13\n\x0b\x64urable_lsn\x18\x02 \x01(\x04\"l\n\x0cReplicaHello\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\r\x12\x14\n\x0cleader_epoch\x18\x03 \x01(\x04\x12\x0f\n\x07log_end\x18\x04 \x01(\x04\x12\x12\n\nlast_epoch\x18\x05 \x01(\x04\"\x8c\x01\n\x11ReplicateResponse\x12\x14\n\x0cleader_epoch\x18\x01 \x01(\x04\x12\x12\n\ncommit_lsn\x18\x02 \x01(\x04\x12\x15\n\x0btruncate_to\x18\x03 \x01(\x04H\x00\x12\x11\n\x07\x65ntries\x18\x04 \x01(\x0cH\x00\x12\x1b\n\x11\x63heckpoint_needed\x18\x05 \x01(\x08H\x00\x42\x06\n\x04\x62ody\"Q\n\x16\x46\x65tchCheckpointRequest\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\r\x12\x14\n\x0cleader_epoch\x18\x03 \x01(\x04\"^\n\x17\x46\x65tchCheckpointResponse\x12\x11\n\tfile_name\x18\x01 \x01(\t\x12\x11\n\tfile_size\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0f\n\x07log_end\x18\x04 \x01(\x04\">\n\x19TransferLeadershipRequest\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\r\"J\n\x1aTransferLeadershipResponse\x12\x1b\n\x13previous_replica_id\x18\x01 \x01(\r\x12\x0f\n\x07log_end\x18\x02 \x01(\x04\x32\x93\x02\n\x12ReplicationService\x12\x46\n\tReplicate\x12\x19.txmq.v1.ReplicateRequest\x1a\x1a.txmq.v1.ReplicateResponse(\x01\x30\x01\x12V\n\x0f\x46\x65tchCheckpoint\x12\x1f.txmq.v1.FetchCheckpointRequest\x1a .txmq.v1.FetchCheckpointResponse0\x01\x12]\n\x12TransferLeadership\x12\".txmq.v1.TransferLeadershipRequest\x1a#.txmq.v1.TransferLeadershipResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19txmq/v1/replication.proto\x12\x07txmq.v1\"Q\n\x16\x46\x65tchCheckpointRequest\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\r\x12\x14\n\x0cleader_epoch\x18\x03 \x01(\x04\"^\n\x17\x46\x65tchCheckpointResponse\x12\x11\n\tfile_name\x18\x01 \x01(\t\x12\x11\n\tfile_size\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0f\n\x07log_end\x18\x04 \x01(\x04\">\n\x19TransferLeadershipRequest\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\r\"J\n\x1aTransferLeadershipResponse\x12\x1b\n\x13previous_replica_id\x18\x01 \x01(\r\x12\x0f\n\x07log_end\x18\x02 \x01(\x04\x32\xcb\x01\n\x12ReplicationService\x12V\n\x0f\x46\x65tchCheckpoint\x12\x1f.txmq.v1.FetchCheckpointRequest\x1a .txmq.v1.FetchCheckpointResponse0\x01\x12]\n\x12TransferLeadership\x12\".txmq.v1.TransferLeadershipRequest\x1a#.txmq.v1.TransferLeadershipResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'txmq.v1.replication_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REPLICATEREQUEST']._serialized_start=38
-  _globals['_REPLICATEREQUEST']._serialized_end=115
-  _globals['_REPLICAHELLO']._serialized_start=117
-  _globals['_REPLICAHELLO']._serialized_end=225
-  _globals['_REPLICATERESPONSE']._serialized_start=228
-  _globals['_REPLICATERESPONSE']._serialized_end=368
-  _globals['_FETCHCHECKPOINTREQUEST']._serialized_start=370
-  _globals['_FETCHCHECKPOINTREQUEST']._serialized_end=451
-  _globals['_FETCHCHECKPOINTRESPONSE']._serialized_start=453
-  _globals['_FETCHCHECKPOINTRESPONSE']._serialized_end=547
-  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_start=549
-  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_end=611
-  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_start=613
-  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_end=687
-  _globals['_REPLICATIONSERVICE']._serialized_start=690
-  _globals['_REPLICATIONSERVICE']._serialized_end=965
+  _globals['_FETCHCHECKPOINTREQUEST']._serialized_start=38
+  _globals['_FETCHCHECKPOINTREQUEST']._serialized_end=119
+  _globals['_FETCHCHECKPOINTRESPONSE']._serialized_start=121
+  _globals['_FETCHCHECKPOINTRESPONSE']._serialized_end=215
+  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_start=217
+  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_end=279
+  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_start=281
+  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_end=355
+  _globals['_REPLICATIONSERVICE']._serialized_start=358
+  _globals['_REPLICATIONSERVICE']._serialized_end=561
 # @@protoc_insertion_point(module_scope)

@@ -26,10 +26,11 @@ if _version_not_supported:
 
 
 class ReplicationServiceStub:
-    """Replication between the replicas of one shard (a broker name): the leader ships its
-    write batches, in order, to its followers, and rebuilds a replica that has nothing it
-    can continue from. Brokers call it; clients never do. The design is in
-    docs/replication.md.
+    """Replication between the replicas of one shard (a broker name), on the gRPC port: a
+    rebuild of a replica that has nothing it can continue from, and a planned hand-over.
+    Brokers call it; clients never do. The log itself travels on the replication stream's
+    own port (length-prefixed frames, services/broker/transport.py), not here. The design
+    is in docs/replication.md.
     """
 
     def __init__(self, channel):
@@ -38,11 +39,6 @@ class ReplicationServiceStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Replicate = channel.stream_stream(
-                '/txmq.v1.ReplicationService/Replicate',
-                request_serializer=txmq_dot_v1_dot_replication__pb2.ReplicateRequest.SerializeToString,
-                response_deserializer=txmq_dot_v1_dot_replication__pb2.ReplicateResponse.FromString,
-                _registered_method=True)
         self.FetchCheckpoint = channel.unary_stream(
                 '/txmq.v1.ReplicationService/FetchCheckpoint',
                 request_serializer=txmq_dot_v1_dot_replication__pb2.FetchCheckpointRequest.SerializeToString,
@@ -56,25 +52,17 @@ class ReplicationServiceStub:
 
 
 class ReplicationServiceServicer:
-    """Replication between the replicas of one shard (a broker name): the leader ships its
-    write batches, in order, to its followers, and rebuilds a replica that has nothing it
-    can continue from. Brokers call it; clients never do. The design is in
-    docs/replication.md.
+    """Replication between the replicas of one shard (a broker name), on the gRPC port: a
+    rebuild of a replica that has nothing it can continue from, and a planned hand-over.
+    Brokers call it; clients never do. The log itself travels on the replication stream's
+    own port (length-prefixed frames, services/broker/transport.py), not here. The design
+    is in docs/replication.md.
     """
-
-    def Replicate(self, request_iterator, context):
-        """A follower's session with its leader. The follower's first message is a hello
-        (who it is, which epoch it follows, where its log ends); the leader answers with the
-        point to truncate to, then streams entries, and the follower reports what it made
-        durable. FAILED_PRECONDITION when the callee does not lead the shard in that epoch.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
 
     def FetchCheckpoint(self, request, context):
         """A consistent copy of the leader's store (a RocksDB checkpoint), file by file, for a
         new or wiped replica. The copy holds the log up to `log_end` of its first chunk.
+        FAILED_PRECONDITION when the callee does not lead the shard in that epoch.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -91,11 +79,6 @@ class ReplicationServiceServicer:
 
 def add_ReplicationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Replicate': grpc.stream_stream_rpc_method_handler(
-                    servicer.Replicate,
-                    request_deserializer=txmq_dot_v1_dot_replication__pb2.ReplicateRequest.FromString,
-                    response_serializer=txmq_dot_v1_dot_replication__pb2.ReplicateResponse.SerializeToString,
-            ),
             'FetchCheckpoint': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchCheckpoint,
                     request_deserializer=txmq_dot_v1_dot_replication__pb2.FetchCheckpointRequest.FromString,
@@ -115,38 +98,12 @@ def add_ReplicationServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ReplicationService:
-    """Replication between the replicas of one shard (a broker name): the leader ships its
-    write batches, in order, to its followers, and rebuilds a replica that has nothing it
-    can continue from. Brokers call it; clients never do. The design is in
-    docs/replication.md.
+    """Replication between the replicas of one shard (a broker name), on the gRPC port: a
+    rebuild of a replica that has nothing it can continue from, and a planned hand-over.
+    Brokers call it; clients never do. The log itself travels on the replication stream's
+    own port (length-prefixed frames, services/broker/transport.py), not here. The design
+    is in docs/replication.md.
     """
-
-    @staticmethod
-    def Replicate(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/txmq.v1.ReplicationService/Replicate',
-            txmq_dot_v1_dot_replication__pb2.ReplicateRequest.SerializeToString,
-            txmq_dot_v1_dot_replication__pb2.ReplicateResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
 
     @staticmethod
     def FetchCheckpoint(request,

@@ -155,3 +155,141 @@ def epoch_end(epochs: list[tuple[int, int]], epoch: int, log_end: int) -> tuple[
         end = epochs[i + 1][1] - 1 if i + 1 < len(epochs) else log_end
         found = (e, end)
     return found
+
+
+# --- the replication stream's frames (``transport.py``) ------------------------------------
+#
+# A follower's session with its leader is one TCP connection (TLS when the brokers have
+# certificates) carrying length-prefixed frames::
+#
+#     +--------+------+------------------+
+#     | length | kind | body             |
+#     | u32 BE | u8   | length - 1 bytes |
+#     +--------+------+------------------+
+#
+# follower → leader:
+#   HELLO      version u8 | replica_id u32 | leader_epoch u64 | log_end u64 | last_epoch u64
+#              | shard s16 | token s16 (a bearer token, empty with mTLS or auth off)
+#   ACK        durable_lsn u64 (the follower's log is fsynced up to here)
+# leader → follower (``epoch``: the leader's; ``commit``: its commit point):
+#   START      epoch u64 | commit u64 | truncate_to u64   (the first answer to a hello)
+#   ENTRIES    epoch u64 | commit u64 | consecutive entries (the wire layout above)
+#   HEARTBEAT  epoch u64 | commit u64
+#   CHECKPOINT epoch u64 | commit u64   (fetch a checkpoint: the log cannot continue)
+# either way:
+#   REFUSED    code u8 (a gRPC status code) | message (UTF-8); the connection then closes
+#
+# The entries keep their own CRC (``frame``); TCP (and TLS) protect the rest.
+
+HELLO, ACK, START, ENTRIES, HEARTBEAT, CHECKPOINT, REFUSED = 1, 2, 3, 4, 5, 6, 7
+KIND_NAMES = {HELLO: "hello", ACK: "ack", START: "start", ENTRIES: "entries", HEARTBEAT: "heartbeat",
+              CHECKPOINT: "checkpoint", REFUSED: "refused"}
+#: The hello's version byte: what this code speaks.
+STREAM_VERSION = 1
+FRAME_HEAD = struct.Struct(">IB")
+_HELLO = struct.Struct(">BIQQQ")
+_LEADER = struct.Struct(">QQ")
+_START = struct.Struct(">QQQ")
+_U16 = struct.Struct(">H")
+
+
+class FrameError(ValueError):
+    """A frame that does not follow the layout; the message says what is wrong."""
+
+
+def _frame(kind: int, body: bytes) -> bytes:
+    return FRAME_HEAD.pack(len(body) + 1, kind) + body
+
+
+def _s16(text: str, what: str) -> bytes:
+    data = text.encode()
+    if len(data) > 0xFFFF:
+        raise FrameError(f"{what} is {len(data)} bytes, more than 65535")
+    return _U16.pack(len(data)) + data
+
+
+def encode_hello(shard: str, replica_id: int, leader_epoch: int, log_end: int, last_epoch: int,
+                 token: str = "") -> bytes:
+    return _frame(HELLO, _HELLO.pack(STREAM_VERSION, replica_id, leader_epoch, log_end, last_epoch)
+                  + _s16(shard, "shard") + _s16(token, "token"))
+
+
+def decode_hello(body: bytes) -> tuple[str, int, int, int, int, str]:
+    """(shard, replica_id, leader_epoch, log_end, last_epoch, token)."""
+    try:
+        version, replica_id, epoch, log_end, last_epoch = _HELLO.unpack_from(body)
+        if version != STREAM_VERSION:
+            raise FrameError(f"hello version {version}, this broker speaks {STREAM_VERSION}")
+        pos = _HELLO.size
+        texts = []
+        for _ in range(2):
+            (n,) = _U16.unpack_from(body, pos)
+            pos += _U16.size
+            if pos + n > len(body):
+                raise FrameError("hello: a string runs past the frame")
+            texts.append(body[pos:pos + n].decode())
+            pos += n
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise FrameError(f"hello: {exc}") from None
+    if pos != len(body):
+        raise FrameError(f"hello: {len(body) - pos} trailing bytes")
+    return texts[0], replica_id, epoch, log_end, last_epoch, texts[1]
+
+
+def encode_ack(durable_lsn: int) -> bytes:
+    return _frame(ACK, _U64.pack(durable_lsn))
+
+
+def decode_ack(body: bytes) -> int:
+    if len(body) != _U64.size:
+        raise FrameError(f"ack: {len(body)} bytes, not 8")
+    return _U64.unpack(body)[0]
+
+
+def encode_start(epoch: int, commit: int, truncate_to: int) -> bytes:
+    return _frame(START, _START.pack(epoch, commit, truncate_to))
+
+
+def encode_entries(epoch: int, commit: int, entries: Iterable[tuple[int, bytes]]) -> bytes:
+    """One ENTRIES frame, built with a single join (the entries are not copied twice)."""
+    parts: list[bytes] = [b"", _LEADER.pack(epoch, commit)]
+    size = _LEADER.size + 1
+    for lsn, data in entries:
+        parts.append(_WIRE.pack(lsn, len(data)))
+        parts.append(data)
+        size += _WIRE.size + len(data)
+    parts[0] = FRAME_HEAD.pack(size, ENTRIES)
+    return b"".join(parts)
+
+
+def encode_heartbeat(epoch: int, commit: int) -> bytes:
+    return _frame(HEARTBEAT, _LEADER.pack(epoch, commit))
+
+
+def encode_checkpoint_needed(epoch: int, commit: int) -> bytes:
+    return _frame(CHECKPOINT, _LEADER.pack(epoch, commit))
+
+
+def decode_leader(kind: int, body: bytes) -> tuple[int, int, int, bytes]:
+    """A leader's frame: (epoch, commit, truncate_to (START) or 0, entries (ENTRIES) or b"")."""
+    if kind == START:
+        if len(body) != _START.size:
+            raise FrameError(f"start: {len(body)} bytes, not {_START.size}")
+        epoch, commit, truncate_to = _START.unpack(body)
+        return epoch, commit, truncate_to, b""
+    if kind not in (ENTRIES, HEARTBEAT, CHECKPOINT):
+        raise FrameError(f"frame kind {kind} is not one a leader sends")
+    if len(body) < _LEADER.size or (kind != ENTRIES and len(body) != _LEADER.size):
+        raise FrameError(f"{KIND_NAMES[kind]}: {len(body)} bytes")
+    epoch, commit = _LEADER.unpack_from(body)
+    return epoch, commit, 0, body[_LEADER.size:]
+
+
+def encode_refused(code: int, message: str) -> bytes:
+    return _frame(REFUSED, bytes((code & 0xFF,)) + message.encode()[:4096])
+
+
+def decode_refused(body: bytes) -> tuple[int, str]:
+    if not body:
+        raise FrameError("refused: empty")
+    return body[0], body[1:].decode(errors="replace")

@@ -165,7 +165,6 @@ NATIVE: Mapping[str, Policy] = {
     _OPERATIONS + "SetDraining": Policy(lambda r: [Need((ADMIN_WRITE,), CLUSTER)]),
     _OPERATIONS + "GetDrainStatus": Policy(lambda r: [Need((ADMIN_READ,), CLUSTER)]),
     _ADMIN + "ExpandTopic": Policy(lambda r: [_topic((ADMIN_WRITE,), r.topic)]),
-    _REPLICATION + "Replicate": Policy(INTERNAL),
     _REPLICATION + "FetchCheckpoint": Policy(INTERNAL),
     _REPLICATION + "TransferLeadership": Policy(INTERNAL),
     "/grpc.health.v1.Health/Check": Policy(OPEN),
