@@ -96,6 +96,8 @@ class SimpleConsumer:
         self._polls: dict[_Target, cf.Future[list[ReceivedMessage]]] = {}
         self._buffer: list[ReceivedMessage] = []
         self._pool: cf.ThreadPoolExecutor | None = None
+        # Whether a receive() long-polls its only target on its own thread now.
+        self._polling_inline = False
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -127,7 +129,8 @@ class SimpleConsumer:
         its poll ends. Long polls still running then keep going: what they bring is returned
         by the next ``receive`` (and is redelivered after its invisible duration if there is
         no next call). A broker that failed lately (the client's fault table) is skipped
-        until its next probe, so a shard that is down costs the others no latency.
+        until its next probe, so a shard that is down costs the others no latency. With a
+        single (topic, broker) the receive is that one long poll, on the calling thread.
         """
         if not isinstance(max_messages, int) or max_messages < 1:
             raise InvalidFieldError("max_messages", f"must be an integer >= 1, got {max_messages!r}")
@@ -137,6 +140,19 @@ class SimpleConsumer:
         if out:
             return out
         targets = self._targets()
+        if len(targets) == 1:
+            # One (topic, broker): its long poll answers at once when messages wait, so it
+            # is the whole receive, on this thread (no empty pass first, no pool hand-off).
+            # One such poll at a time (the broker limits long polls per connection).
+            with self._lock:
+                inline = not self._polls and not self._polling_inline
+                self._polling_inline = self._polling_inline or inline
+            if inline:
+                try:
+                    return self._receive_from(targets[0], max_messages, invisible_duration_seconds,
+                                              self.await_duration_seconds)
+                finally:
+                    self._polling_inline = False
         start = next(self._round_robin) % len(targets)
         targets = targets[start:] + targets[:start]
         errors: list[TxmqError] = []
