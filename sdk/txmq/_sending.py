@@ -1,0 +1,281 @@
+"""The producers' send and retry logic without I/O, shared by the sync SDK (``_producer``) and
+the asyncio SDK (``aio/_producer``), so both route, retry, back off and give up alike.
+
+A send is a generator of *steps* (``Pick``, ``Request``, ``Sleep``, ``Rebind``): the producer
+performs each (blocking, or awaiting) and sends its result back into the generator, or
+throws the TxmqError it raised; the generator's return value is the send's outcome. The
+generator touches only the producer's synchronous state (its fault table, cached routes,
+the attempts it gave up on)::
+
+    steps = send_new(producer, topic, build)
+    result = None / error = None
+    loop: step = steps.send(result) or steps.throw(error)   (StopIteration: the outcome)
+          result = perform(step)                             (or error = the TxmqError)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Generator, Protocol
+
+from ._client import QueueRoute
+from ._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeError, QueueNotFoundError, TopicNotFoundError,
+                      TransactionStateError, TxmqError, WrongBrokerError)
+from ._faults import Abandoned, FaultTable, OverloadBackoff, RetryAction, retry_action
+from ._ids import MessageId
+from ._names import validate_send_topic
+from ._types import (RESOLUTION_TO_PB, LocalTransactionState, Message, TransactionMessage, TransactionState,
+                     message_to_pb, state_from_name, state_from_pb)
+from .v1 import broker_pb2, common_pb2
+
+log = logging.getLogger(__name__)
+
+#: Refusals meaning the cached route is out of date: the next send asks a name server again.
+STALE_ROUTE = (QueueNotFoundError, TopicNotFoundError, WrongBrokerError)
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """Perform: the producer's next queue of ``topic`` outside ``exclude`` (a QueueRoute)."""
+    topic: str
+    exclude: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """Perform: ``entry`` on the Produce path of ``address``, recorded against ``shard`` (a
+    ProduceResult; a send's latency is recorded when ``send``)."""
+    shard: str
+    address: str
+    entry: broker_pb2.ProduceEntry
+    send: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Perform: wait ``seconds``."""
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Rebind:
+    """Perform: the current address of ``route``'s broker (its route of ``topic`` asked again;
+    ``address`` when that fails)."""
+    topic: str
+    route: QueueRoute
+    address: str
+
+
+Step = Pick | Request | Sleep | Rebind
+Steps = Generator[Step, Any, Any]
+
+
+class _Client(Protocol):
+    faults: FaultTable
+
+    def invalidate_route(self, topic: str) -> None: ...
+
+    def check_open(self) -> None: ...
+
+
+class Sender(Protocol):
+    """What the steps read and record on a producer (sync or asyncio)."""
+    _client: _Client
+    _abandoned: Abandoned[str]
+    max_attempts: int
+    retry_backoff_seconds: float
+    max_body_bytes: int
+
+
+def backoff_seconds(sender: Sender, attempt: int) -> float:
+    """The pause before attempt ``attempt + 1``: exponential, at most 2 s."""
+    return min(sender.retry_backoff_seconds * 2 ** (attempt - 1), 2.0)
+
+
+def validate(sender: Sender, message: Message) -> None:
+    """What the broker would refuse anyway, refused before a round trip, with the same error."""
+    if not isinstance(message, Message):
+        raise InvalidFieldError("message", f"must be a txmq.Message, got {type(message).__name__}")
+    sender._client.check_open()
+    validate_send_topic(message.topic)
+    if len(message.body) > sender.max_body_bytes:
+        raise MessageTooLargeError(len(message.body), sender.max_body_bytes)
+
+
+def choose_queue(faults: FaultTable, routes: tuple[QueueRoute, ...], turn: int,
+                 exclude: frozenset[str] | set[str]) -> QueueRoute:
+    """The queue of ``routes`` for round-robin turn ``turn`` whose shard the fault table
+    does not avoid (and not in ``exclude``: the shards this send failed on). Queues of
+    draining shards only when the topic has no other."""
+    routes = tuple(r for r in routes if not r.draining) or routes
+    return faults.choose(routes, _shard_of, turn, exclude)
+
+
+def _shard_of(route: QueueRoute) -> str:
+    return route.broker_name
+
+
+def finished(faults: FaultTable, shard: str, error: TxmqError | None, latency: float | None = None) -> None:
+    """Records a request's outcome against ``shard``: a transient failure counts against it,
+    any answer clears it (a refusal is an answer: the shard is up; a closed client says
+    nothing about the shard)."""
+    if error is None:
+        faults.succeeded(shard, latency)
+    elif error.retryable:
+        faults.failed(shard)
+    elif not isinstance(error, ClientClosedError):
+        faults.succeeded(shard, None)
+
+
+def abandon(sender: Sender, pb: common_pb2.Message) -> None:
+    """A half message attempt given up on: its orphan, if stored, is answered ROLLBACK."""
+    if pb.type == common_pb2.MESSAGE_TYPE_TRANSACTION:
+        sender._abandoned.add(pb.message_id)
+
+
+def half_builder(message: Message, producer_group: str, client_id: str, host: str,
+                 ) -> Callable[[QueueRoute, str], common_pb2.Message]:
+    """``build(queue, message_id)`` of ``message`` as a half message of ``producer_group``
+    (born now, on ``host``)."""
+
+    def build(route: QueueRoute, message_id: str) -> common_pb2.Message:
+        pb = message_to_pb(message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_TRANSACTION,
+                           int(time.time() * 1000), host)
+        pb.producer_group = producer_group
+        pb.producer_client_id = client_id
+        if message.check_immunity_seconds:
+            pb.check_immunity_seconds = message.check_immunity_seconds
+        return pb
+
+    return build
+
+
+def outcome_of(returned: object, transaction_id: str) -> LocalTransactionState:
+    """What ``execute_local_transaction`` returned, as the decision to send: None or anything
+    but a LocalTransactionState is UNKNOWN."""
+    if returned is None:
+        return LocalTransactionState.UNKNOWN
+    if not isinstance(returned, LocalTransactionState):
+        log.warning("execute_local_transaction returned %r for transaction %s, not a "
+                    "LocalTransactionState: ending it as UNKNOWN", returned, transaction_id)
+        return LocalTransactionState.UNKNOWN
+    return returned
+
+
+def send_new(sender: Sender, topic: str, build: Callable[[QueueRoute, str], common_pb2.Message]) -> Steps:
+    """Sends a new message built by ``build(queue, message_id)`` on a queue the fault table
+    picks; a transient failure moves it to another shard with a new id, or, with no other
+    shard usable, retries it on the same one with the same id (see ``txmq.Producer``); an
+    overloaded broker (nothing applied) is asked again with the same id after its pause.
+    Returns (queue, message it was stored as, SendMessageResponse)."""
+    client = sender._client
+    route = yield Pick(topic, frozenset())
+    pb = build(route, MessageId.new(route.broker_name, route.queue_id).encode())
+    address = route.broker_address
+    failed_on: set[str] = set()
+    attempt = 1
+    overload = OverloadBackoff()
+    while True:
+        entry = broker_pb2.ProduceEntry(send_message=broker_pb2.SendMessageRequest(message=pb))
+        try:
+            result = yield Request(route.broker_name, address, entry, True)
+            return route, pb, result.send_message
+        except TxmqError as err:
+            pause = overload.delay(err)
+            if pause is not None:  # nothing applied: the same message (same id) again, later
+                yield Sleep(pause)
+                continue
+            action = retry_action(err, bound=False)
+            if action is not RetryAction.FAIL or isinstance(err, STALE_ROUTE):
+                client.invalidate_route(topic)
+            if action is RetryAction.FAIL or attempt >= sender.max_attempts:
+                if action is not RetryAction.FAIL:
+                    abandon(sender, pb)
+                raise
+            moved = route  # SAME_SHARD: the shard must keep it (same id): only its address is asked again
+            if action is not RetryAction.SAME_SHARD:
+                failed_on.add(route.broker_name)
+                try:
+                    moved = yield Pick(topic, frozenset(failed_on))
+                except TxmqError as refresh_error:  # no route now: stay where it was
+                    log.debug("cannot refresh the route of %s: %s", topic, refresh_error)
+            log.debug("send of %s to %s failed (attempt %d of %d), retrying on %s: %s",
+                      pb.message_id, route.broker_name, attempt, sender.max_attempts, moved.broker_name, err)
+        if moved.broker_name != route.broker_name:
+            client.faults.rerouted()
+            abandon(sender, pb)
+            route, address = moved, moved.broker_address
+            pb = build(route, MessageId.new(route.broker_name, route.queue_id).encode())
+        else:
+            yield Sleep(backoff_seconds(sender, attempt))
+            address = yield Rebind(topic, route, address)
+        attempt += 1
+
+
+def end_transaction(sender: Sender, route: QueueRoute, topic: str, half: TransactionMessage,
+                    decision: LocalTransactionState, producer_group: str) -> Steps:
+    """EndTransaction of ``half`` with ``decision``, retried on its shard (bound by its id)
+    on transient errors. Returns (the broker's state or None, the error or None): never
+    raises, a transaction not ended stays PREPARED and the checker resolves it."""
+    end = broker_pb2.EndTransactionRequest(
+        transaction_id=half.transaction_id, message_id=half.message_id,
+        resolution=RESOLUTION_TO_PB[decision], source=common_pb2.TRANSACTION_SOURCE_CLIENT,
+        producer_group=producer_group)
+    address = route.broker_address
+    attempt = 1
+    while True:
+        try:
+            response = yield Request(half.broker_name, address, broker_pb2.ProduceEntry(end_transaction=end), False)
+            state: TransactionState | None = state_from_pb(response.end_transaction.state)
+            return state, None
+        except TransactionStateError as err:
+            state = state_from_name(getattr(err, "state", None))
+            log.warning("EndTransaction %s of transaction %s refused, it is already %s: %s",
+                        decision.name, half.transaction_id, state.name if state else "decided", err)
+            return state, err
+        except TxmqError as err:
+            # Bound to the shard its transaction id names: retried there, never elsewhere.
+            if retry_action(err, bound=True) is RetryAction.FAIL or attempt >= sender.max_attempts:
+                log.warning("EndTransaction %s of transaction %s failed after %d attempt(s): %s; "
+                            "it stays PREPARED until the checker resolves it",
+                            decision.name, half.transaction_id, attempt, err)
+                return None, err
+            log.debug("EndTransaction of %s failed (attempt %d of %d), retrying: %s",
+                      half.transaction_id, attempt, sender.max_attempts, err)
+        yield Sleep(backoff_seconds(sender, attempt))
+        address = yield Rebind(topic, route, address)
+        attempt += 1
+
+
+def run(steps: Steps, perform: Callable[[Step], Any]) -> Any:
+    """Drives ``steps`` with a blocking ``perform``; returns their outcome."""
+    value: Any = None
+    error: TxmqError | None = None
+    while True:
+        try:
+            step = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value
+        value = error = None
+        try:
+            value = perform(step)
+        except TxmqError as err:
+            error = err
+
+
+async def run_async(steps: Steps, perform: Callable[[Step], Any]) -> Any:
+    """Drives ``steps`` with a coroutine ``perform``; returns their outcome."""
+    value: Any = None
+    error: TxmqError | None = None
+    while True:
+        try:
+            step = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value
+        value = error = None
+        try:
+            value = await perform(step)
+        except TxmqError as err:
+            error = err
