@@ -196,6 +196,17 @@ def _requests(session: _Session) -> Iterator[broker_pb2.ProduceRequest]:
             return
 
 
+def direct_call(stub: Any, entry: broker_pb2.ProduceEntry) -> tuple[Callable[..., Any], Any, str]:
+    """The unary method of ``stub`` a Produce entry stands for, its request, and the
+    ProduceResult field its response goes in (a caller alone sends it so, see above)."""
+    kind = entry.WhichOneof("request")
+    if kind == "send_message":
+        return stub.SendMessage, entry.send_message, kind
+    if kind == "end_transaction":
+        return stub.EndTransaction, entry.end_transaction, kind
+    raise ValueError(f"not a Produce request: {kind!r}")
+
+
 def _returning(results: "Sequence[broker_pb2.ProduceResult]", replies: "Sequence[_Reply | None]",
                sole: bool) -> int:
     """How many of the callers ``results`` answer will send their next request on the same
@@ -344,14 +355,9 @@ class ProduceStream:
 
     def _direct(self, request: broker_pb2.ProduceEntry, timeout: float) -> broker_pb2.ProduceResult:
         """``request`` as the unary call it stands for, answered as a stream entry would be."""
-        kind = request.WhichOneof("request")
+        method, unary, kind = direct_call(self._stub, request)
         try:
-            if kind == "send_message":
-                return broker_pb2.ProduceResult(
-                    send_message=self._stub.SendMessage(request.send_message, timeout=timeout))
-            if kind == "end_transaction":
-                return broker_pb2.ProduceResult(
-                    end_transaction=self._stub.EndTransaction(request.end_transaction, timeout=timeout))
+            return broker_pb2.ProduceResult(**{kind: method(unary, timeout=timeout)})
         except grpc.RpcError as exc:
             if self._closed:
                 raise ClientClosedError("producer") from None
@@ -360,7 +366,6 @@ class ProduceStream:
             if self._closed:
                 raise ClientClosedError("producer") from None
             raise
-        raise ValueError(f"not a Produce request: {kind!r}")
 
     @property
     def lanes(self) -> int:
