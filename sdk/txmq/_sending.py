@@ -15,17 +15,19 @@ the attempts it gave up on)::
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Protocol
 
-from ._client import QueueRoute
+from ._client import QueueRoute, positive
 from ._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeError, QueueNotFoundError, TopicNotFoundError,
                       TransactionStateError, TxmqError, WrongBrokerError)
 from ._faults import Abandoned, FaultTable, OverloadBackoff, RetryAction, retry_action
 from ._ids import MessageId
-from ._names import validate_send_topic
+from ._names import validate_group, validate_send_topic
 from ._types import (RESOLUTION_TO_PB, LocalTransactionState, Message, TransactionMessage, TransactionState,
                      message_to_pb, state_from_name, state_from_pb)
 from .v1 import broker_pb2, common_pb2
@@ -87,6 +89,25 @@ class Sender(Protocol):
     max_attempts: int
     retry_backoff_seconds: float
     max_body_bytes: int
+
+
+def configure(sender: Any, *, producer_group: str, send_timeout_seconds: float, max_attempts: int,
+              retry_backoff_seconds: float, max_body_bytes: int) -> None:
+    """Checks a producer's sending options (sync or asyncio alike) and sets them on it,
+    with its round-robin turn and the attempts it gave up on."""
+    if producer_group:
+        validate_group("producer_group", producer_group)
+    if not isinstance(max_attempts, int) or max_attempts < 1:
+        raise InvalidFieldError("max_attempts", f"must be an integer >= 1, got {max_attempts!r}")
+    if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+        raise InvalidFieldError("max_body_bytes", f"must be a positive integer, got {max_body_bytes!r}")
+    sender.producer_group = producer_group
+    sender.send_timeout_seconds = positive("send_timeout_seconds", send_timeout_seconds)
+    sender.retry_backoff_seconds = positive("retry_backoff_seconds", retry_backoff_seconds)
+    sender.max_attempts = max_attempts
+    sender.max_body_bytes = max_body_bytes
+    sender._next_queue = itertools.count(int.from_bytes(os.urandom(2), "big"))
+    sender._abandoned = Abandoned()
 
 
 def backoff_seconds(sender: Sender, attempt: int) -> float:

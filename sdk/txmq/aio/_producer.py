@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import itertools
 import logging
-import os
 import time
 from typing import Any, Callable, Sequence
 
 from .._errors import InvalidFieldError, TxmqError
 from .._client import QueueRoute, positive
 from .._checks import InProgress
-from .._faults import Abandoned, RoutingStats
+from .._faults import RoutingStats
 from .._names import validate_group
 from .._producer import _HOST, DEFAULT_MAX_BODY_BYTES, new_client_id
 from .._tls import TLS
-from .._sending import (Pick, Rebind, Request, Sleep, Step, choose_queue, end_transaction, finished,
+from .._sending import (Pick, Rebind, Request, Sleep, Step, choose_queue, configure, end_transaction, finished,
                         half_builder, outcome_of, run_async, send_new, validate)
 from .._types import (LocalTransactionState, Message, SendReceipt, TransactionMessage, TransactionResult,
                       TransactionState, message_to_pb)
@@ -43,22 +41,11 @@ class AsyncProducer:
                  send_timeout_seconds: float = 3.0, max_attempts: int = 3, retry_backoff_seconds: float = 0.1,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, request_timeout_seconds: float = 3.0,
                  route_refresh_seconds: float = 30.0, tls: TLS | None = None, token: str | None = None) -> None:
-        if producer_group:
-            validate_group("producer_group", producer_group)
-        if not isinstance(max_attempts, int) or max_attempts < 1:
-            raise InvalidFieldError("max_attempts", f"must be an integer >= 1, got {max_attempts!r}")
-        if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
-            raise InvalidFieldError("max_body_bytes", f"must be a positive integer, got {max_body_bytes!r}")
-        self.producer_group = producer_group
-        self.send_timeout_seconds = positive("send_timeout_seconds", send_timeout_seconds)
-        self.retry_backoff_seconds = positive("retry_backoff_seconds", retry_backoff_seconds)
-        self.max_attempts = max_attempts
-        self.max_body_bytes = max_body_bytes
+        configure(self, producer_group=producer_group, send_timeout_seconds=send_timeout_seconds,
+                  max_attempts=max_attempts, retry_backoff_seconds=retry_backoff_seconds, max_body_bytes=max_body_bytes)
         self._client = AsyncClient(nameservers, request_timeout_seconds=request_timeout_seconds,
                                    route_refresh_seconds=route_refresh_seconds, what="producer", tls=tls,
                                    token=token)
-        self._next_queue = itertools.count(int.from_bytes(os.urandom(2), "big"))
-        self._abandoned: Abandoned[str] = Abandoned()
 
     async def close(self) -> None:
         """Closes the connections; sends in flight fail with ClientClosedError."""
