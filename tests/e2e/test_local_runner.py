@@ -127,7 +127,8 @@ def test_replicated_run_serves_the_demo_from_a_shard_of_three_replicas(tmp_path)
     assert "demo: ok: the consumer received the committed messages only" in result.stdout
     assert re.search(r"broker-0-r\d .*\(leader\)", result.stdout), result.stdout
     for r in range(3):
-        assert (data_dir / f"broker-0-r{r}").is_dir() and f"stopped broker-0-r{r} (exit code 0)" in result.stdout
+        assert (data_dir / f"broker-0-r{r}").is_dir() and f"stopped broker-0-r{r} (exit code 0)" in result.stdout, \
+            f"{result.stdout}\n{_service_logs(data_dir)}"
     assert (data_dir / "etcd.log").exists()
     assert _services_started_in(data_dir) == []
 
