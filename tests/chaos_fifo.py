@@ -1,6 +1,6 @@
 """FIFO message groups under random broker kills and CPU load (part of ``make chaos``).
 
-    python -m tests.chaos_fifo [--runs 3] [--seed S] [--model-seeds 300] [--max-attempts 1000]
+    python -m tests.chaos_fifo [--runs 5] [--seed S] [--model-seeds 100] [--max-attempts 1000]
 
 First the seeded model check of the broker's FIFO delivery state
 (``tests/support/fifo_model.py``: random interleavings of sends, receives, stale and
@@ -21,7 +21,9 @@ enough that no message may run out of attempts: a dead letter frees its group, w
 skips that message by design; ``--max-attempts 4``, the suite's default, shows it).
 
 The seed of every run is printed first; ``--seed S`` replays run S's draw (its schedule
-and parameters; the threads' interleaving is the machine's).
+and parameters; the threads' interleaving is the machine's). A model failure names its
+seed, which ``--seed S --model-seeds 1 --runs 0`` replays exactly (odd seeds run with the
+window of 4).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def draw(seed: int) -> Draw:
     brokers = rng.choice([1, 2])
     kills = sorted((round(rng.uniform(0.05, 0.9), 2), round(rng.uniform(0.0, 0.3), 3), rng.randrange(brokers),
                     rng.choice([0.0, 0.0, 0.5, 3.0])) for _ in range(rng.randint(1, 3)))
-    return Draw(seed, brokers, rng.choice([10, 30, 50]), rng.choice([40, 80, 120]), rng.choice([0, 1, 2]),
+    return Draw(seed, brokers, rng.choice([10, 30, 50]), rng.choice([40, 80, 120, 200]), rng.choice([0, 1, 2]),
                 tuple(kills))
 
 
@@ -100,9 +102,9 @@ def run_scenario(d: Draw, max_attempts: int, workdir: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos_fifo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--seed", type=int, default=None, help="run this seed only (replay a failure's draw)")
-    parser.add_argument("--model-seeds", type=int, default=300)
+    parser.add_argument("--model-seeds", type=int, default=100)
     parser.add_argument("--max-attempts", type=int, default=1000)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the clients' warnings during kills are expected
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"chaos_fifo: {args.model_seeds} model runs in order, nothing lost, "
                   f"in {time.monotonic() - started:.0f}s", flush=True)
         seeds = [args.seed] if args.seed is not None else [random.randrange(2**31) for _ in range(args.runs)]
+        seeds = seeds[:args.runs]  # --runs 0: the model only
         for seed in seeds:
             d = draw(seed)
             print(f"chaos_fifo: run seed={seed} {d}", flush=True)
