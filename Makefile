@@ -164,12 +164,14 @@ test-images: chart-tools images-local
 	$(PY) -m pytest tests/chart/test_images.py
 
 # Fault injection against replicated shards: many runs of random kills, pauses and wipes
-# under mixed load, each printing its seed and schedule (reproduce: CHAOS_ARGS="--seed N").
+# under mixed load, each printing its seed and schedule (reproduce: CHAOS_ARGS="--seed N");
+# FIFO groups under broker kills and CPU burners (CHAOS_FIFO_ARGS="--seed N").
 CHAOS_ARGS ?= --runs 10 --faults 6
 .PHONY: chaos
 chaos: venv etcd netns-tools
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
 	$(PY) -m tests.chaos_global $(CHAOS_GLOBAL_ARGS)
+	$(PY) -m tests.chaos_fifo $(CHAOS_FIFO_ARGS)
 
 # Every RPC of every service fuzzed (hypothesis): ≥ 10,000 requests per RPC, the status census
 # per RPC, then health and fsck (reproduce a subset: FUZZ_ARGS="--calls 500 --only BrokerService/Produce").

@@ -18,7 +18,7 @@ from collections import defaultdict
 import pytest
 
 import txmq
-from tests.support.waiting import wait_until
+from tests.support.waiting import WaitTimeout, wait_until
 from txmq.v1 import admin_pb2, common_pb2
 
 pytestmark = pytest.mark.timeout(300)
@@ -120,7 +120,26 @@ class FifoRun:
         for c in self.consumers:
             c.shutdown(10)
 
+    def dead_letters(self) -> list[str]:
+        """The bodies of the messages dead-lettered for the consumer group (a dead letter
+        frees its group, so that message is skipped by design: the first cause to name when
+        a run never completes or a group skips ahead)."""
+        with txmq.Admin(self.nameserver) as admin:
+            return [m.message.body.decode() for m in admin.dead_letters(self.consumer_group).messages]
+
+    def wait_complete(self, timeout: float) -> None:
+        """Waits until every message was processed; if they never are, the failure names the
+        dead letters first."""
+        try:
+            wait_until(self.complete, timeout, interval=0.2, message=self.summary)
+        except WaitTimeout as timed_out:
+            dead = self.dead_letters()
+            if dead:
+                raise AssertionError(f"{len(dead)} dead-lettered: {dead[:5]}; {self.summary()}") from timed_out
+            raise
+
     def check(self) -> None:
+        assert not self.dead_letters()
         assert self.violations == [], self.violations[:10]
         for g in range(self.groups):
             assert self.first[f"g{g}"] == list(range(self.per_group)), f"g{g}: {self.first[f'g{g}'][:20]}"
@@ -151,7 +170,7 @@ def test_fifo_50_groups_4_producers_3_failing_consumers_and_a_broker_sigkill(fre
         wait_until(lambda: run.processed() >= total // 3, 120, message=run.summary)
         cluster.kill_broker(0)
         cluster.restart_broker(0)
-        wait_until(run.complete, 180, interval=0.2, message=run.summary)
+        run.wait_complete(180)
     finally:
         run.stop()
     print(run.summary())
@@ -169,7 +188,7 @@ def test_fifo_on_a_replicated_shard_across_a_leader_kill(fresh_cluster_factory, 
         old = cluster.wait_leaders()["broker-0"]
         old.kill()
         cluster.wait_leaders(not_on=old)
-        wait_until(run.complete, 180, interval=0.2, message=run.summary)
+        run.wait_complete(180)
         old.restart(60)
     finally:
         run.stop()
