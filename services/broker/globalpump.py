@@ -1,7 +1,8 @@
 """The leader's side of multi-message transactions that needs the network (see
-``globaltx.py``): pushing a decided global transaction's decision to its participants
-(ApplyGlobalTransaction) and, for this shard's parts still undecided after
-``transaction_timeout_seconds``, asking their coordinator (ResolveGlobalTransaction).
+``globaltx.py``): pushing a decided (or discarded) global transaction's decision to its
+participants (ApplyGlobalTransaction) and, for this shard's PREPARED parts still undecided
+after ``transaction_timeout_seconds``, asking their coordinator (ResolveGlobalTransaction,
+naming this shard; a DISCARDED answer discards the parts here and ends the asking).
 
 It runs on whatever term serves now (``current`` gives (core, bridge), or None while this
 replica does not lead), so a restarted broker or a new leader goes on from the rows in the

@@ -319,6 +319,15 @@ class Driver:
         return gid, ids
 
 
+def two_topics(cluster, prefix: str) -> list[str]:
+    """``<prefix>-0`` and ``<prefix>-1``, two queues each (one on each shard), routed."""
+    topics = [f"{prefix}-{i}" for i in range(2)]
+    for topic in topics:
+        cluster.create_topic(topic, queue_count=2)
+        cluster.wait_route(topic, 2)
+    return topics
+
+
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
     from tests.conftest import _make_cluster
@@ -327,12 +336,7 @@ def matrix(tmp_path_factory):
         # broker-1's parts never ask within a test: as a listed participant only pushes reach it.
         cluster.brokers[1].env["TXMQ_TRANSACTION_TIMEOUT_SECONDS"] = "60"
         cluster.restart_broker(1)
-        topics = []
-        for i in range(2):
-            topic = f"global-matrix-{i}"
-            cluster.create_topic(topic, queue_count=2)
-            cluster.wait_route(topic, 2)
-            topics.append(topic)
+        topics = two_topics(cluster, "global-matrix")
         decisions: dict[str, LocalState] = {}
         in_flight: set[str] = set()
 
@@ -403,12 +407,7 @@ def discarding(tmp_path_factory):
     cluster = _make_cluster(tmp_path_factory.mktemp("global-discard"), brokers=2, checker=True,
                             broker_env={**FAST, "TXMQ_CHECK_MAX": "2"})
     try:
-        topics = []
-        for i in range(2):
-            topic = f"global-discard-{i}"
-            cluster.create_topic(topic, queue_count=2)
-            cluster.wait_route(topic, 2)
-            topics.append(topic)
+        topics = two_topics(cluster, "global-discard")
         with txmq.TransactionProducer(cluster.nameserver_address, producer_group="discard-pg",
                                       checker=lambda m: LocalState.UNKNOWN) as group:
             wait_until(lambda: group.connected_checkers(), 10)
