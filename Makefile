@@ -195,6 +195,7 @@ bench-outbox: venv bench-deps
 bench: venv etcd bench-audit bench-deps proxy-deps
 	$(PY) -m bench.outbox
 	$(PY) -m bench.transactions
+	$(PY) -m bench.cores
 	$(PY) -m bench.burst
 	$(PY) -m bench.replication
 	$(PY) -m bench.checks

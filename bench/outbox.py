@@ -104,6 +104,23 @@ def _loop(job: Any, threads: int, start: Any, stop: Any, out: Any, name: str, ex
     exit_.wait(120)
 
 
+def _warm_up(send: Any) -> None:
+    """The first transaction, retried while the services are unreachable: 64 processes
+    connecting at once to a machine that is busy can time out (a failed half send runs no
+    local transaction, so the warm-up rows stay one per caller)."""
+    import txmq
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            send()
+            return
+        except txmq.TxmqError as err:
+            if not err.retryable or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def txmq_caller(nameserver: str, dsn: str, topic: str, threads: int, start: Any, stop: Any, out: Any,
                 exit_: Any) -> None:
     import psycopg
@@ -138,7 +155,7 @@ def txmq_caller(nameserver: str, dsn: str, topic: str, threads: int, start: Any,
             return txmq.LocalTransactionState.COMMIT if found else txmq.LocalTransactionState.ROLLBACK
 
     producer = txmq.TransactionProducer(nameserver, producer_group="bench-outbox", listener=Orders())
-    producer.send_in_transaction(txmq.Message(topic, WARM_UP))  # routes, stream, connections
+    _warm_up(lambda: producer.send_in_transaction(txmq.Message(topic, WARM_UP)))  # routes, connections
 
     def job(i: int, n: int) -> bool:
         result = producer.send_in_transaction(txmq.Message(topic, BODY))
@@ -289,7 +306,7 @@ def txmq_consumer(nameserver: str, topic: str, group: str, start: Any, done: Any
 
     with txmq.SimpleConsumer(nameserver, consumer_group=group, subscriptions={topic: "*"},
                              await_duration_seconds=0.2) as consumer:
-        consumer.receive(max_messages=1, invisible_duration_seconds=1)  # creates the group at the start
+        _warm_up(lambda: consumer.receive(max_messages=1, invisible_duration_seconds=1))  # creates the group
 
         def poll() -> list[str]:
             batch = consumer.receive(max_messages=256, invisible_duration_seconds=60)
@@ -546,7 +563,12 @@ def main(argv: list[str] | None = None) -> int:
             for system in args.systems:
                 runs = []
                 for i in range(args.runs):
-                    r = bench.run(system, callers)
+                    try:
+                        r = bench.run(system, callers)
+                    except Exception as exc:  # noqa: BLE001 - one failed run must not lose the others
+                        failed = True
+                        print(f"RUN FAILED: {system} × {callers} run {i + 1}: {exc!r}", file=sys.stderr)
+                        continue
                     every.append(r.summary())
                     runs.append(r)
                     if not r.ok:
@@ -556,7 +578,8 @@ def main(argv: list[str] | None = None) -> int:
                               f"errors {r.errors} {r.error_samples}", file=sys.stderr)
                     print(f"  {system:>13} × {callers:<3} run {i + 1}: {r.rate:8.1f} txn/s, p50 "
                           f"{r.pct(0.5):6.2f} ms{' (saturated)' if r.saturated else ''}", file=sys.stderr)
-                rows[(system, callers)] = sorted(runs, key=lambda r: r.rate)[len(runs) // 2]
+                if runs:
+                    rows[(system, callers)] = sorted(runs, key=lambda r: r.rate)[len(runs) // 2]
     _print(rows, args)
     if args.json:
         with open(args.json, "w") as f:

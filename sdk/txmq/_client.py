@@ -194,7 +194,7 @@ class Client:
                 if stream is None:
                     stub = broker_pb2_grpc.BrokerServiceStub(self._channel_locked(address))
                     stream = ProduceStream(stub.Produce, address, sole=lambda: len(self._streams) == 1,
-                                           linger_seconds=self._linger_seconds)
+                                           linger_seconds=self._linger_seconds, stub=stub)
                     self._streams[address] = stream
         return stream
 

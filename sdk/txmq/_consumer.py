@@ -24,9 +24,11 @@ from typing import Callable, Iterable, Mapping, Sequence
 import grpc
 
 from ._client import Client, positive
-from ._errors import (ClientClosedError, InternalError, InvalidFieldError, TopicNotFoundError,
-                      TxmqError, error_from_entry, error_from_rpc)
+from ._errors import ClientClosedError, InvalidFieldError, TopicNotFoundError, TxmqError, error_from_rpc
 from ._names import in_namespace, validate_group, validate_receive_topic
+from ._receiving import (Receive, ack_groups, ack_request, ack_results, check_receive, receive_steps, received,
+                         settle)
+from ._sending import run
 from ._tls import TLS
 from ._types import ConsumeResult, ReceivedMessage, SqlFilter, ms_to_datetime, received_from_pb
 from .v1 import broker_pb2
@@ -103,6 +105,8 @@ class SimpleConsumer:
         self._polls: dict[_Target, cf.Future[list[ReceivedMessage]]] = {}
         self._buffer: list[ReceivedMessage] = []
         self._pool: cf.ThreadPoolExecutor | None = None
+        # Whether a receive() long-polls its only target on its own thread now.
+        self._polling_inline = False
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -134,39 +138,31 @@ class SimpleConsumer:
         its poll ends. Long polls still running then keep going: what they bring is returned
         by the next ``receive`` (and is redelivered after its invisible duration if there is
         no next call). A broker that failed lately (the client's fault table) is skipped
-        until its next probe, so a shard that is down costs the others no latency.
+        until its next probe, so a shard that is down costs the others no latency. With a
+        single (topic, broker) the receive is that one long poll, on the calling thread.
         """
-        if not isinstance(max_messages, int) or max_messages < 1:
-            raise InvalidFieldError("max_messages", f"must be an integer >= 1, got {max_messages!r}")
+        check_receive(max_messages)
         positive("invisible_duration_seconds", invisible_duration_seconds)
         self._client.check_open()
         out = self._take_buffered(max_messages)
         if out:
             return out
         targets = self._targets()
-        start = next(self._round_robin) % len(targets)
-        targets = targets[start:] + targets[:start]
-        errors: list[TxmqError] = []
+        faults = self._client.faults
+        # One inline long poll at a time (the broker limits long polls per connection).
         with self._lock:
             polled = set(self._polls)
-        faults = self._client.faults
-        for target in targets:
-            if target in polled or not faults.usable(target.broker_name):
-                continue
-            try:
-                out.extend(self._receive_from(target, max_messages - len(out), invisible_duration_seconds, 0.0))
-            except TxmqError as err:
-                if not err.retryable:
-                    raise
-                errors.append(err)
-                continue
-            if len(out) >= max_messages:
-                return out
-        if out:
-            return out
-        if errors and len(errors) == len(targets):
-            raise errors[-1]
-        return self._long_poll(targets, max_messages, invisible_duration_seconds)
+            alone = len(targets) == 1 and not polled and not self._polling_inline
+            self._polling_inline = self._polling_inline or alone
+        steps = receive_steps(targets, next(self._round_robin), max_messages, self.await_duration_seconds,
+                              polled.__contains__, lambda t: faults.usable(t.broker_name), alone)
+        try:
+            return run(steps, lambda step: self._receive_from(
+                step.target, step.max_messages, invisible_duration_seconds, step.wait_seconds)
+                if type(step) is Receive else self._long_poll(step.targets, max_messages, invisible_duration_seconds))
+        finally:
+            if alone:
+                self._polling_inline = False
 
     def _take_buffered(self, max_messages: int) -> list[ReceivedMessage]:
         with self._lock:
@@ -177,13 +173,11 @@ class SimpleConsumer:
 
     def _long_poll(self, targets: list[_Target], max_messages: int,
                    invisible_duration_seconds: float) -> list[ReceivedMessage]:
-        faults = self._client.faults
-        usable = [t for t in targets if faults.usable(t.broker_name)] or targets
         with self._lock:
             if self._pool is None:
                 self._client.check_open()
                 self._pool = cf.ThreadPoolExecutor(max_workers=64, thread_name_prefix="txmq-receive")
-            for target in usable:
+            for target in targets:
                 if target not in self._polls:
                     self._polls[target] = self._pool.submit(
                         self._receive_from, target, max_messages, invisible_duration_seconds,
@@ -197,28 +191,12 @@ class SimpleConsumer:
                                     return_when=cf.FIRST_COMPLETED)
             if not done or any(not f.cancelled() and f.exception() is None for f in done):
                 break
-        out: list[ReceivedMessage] = []
-        errors: list[TxmqError] = []
-        answered = False
         with self._lock:
-            for target, future in polls.items():
-                if not future.done() or self._polls.get(target) is not future:
-                    continue
+            ended = [f for target, f in polls.items() if f.done() and self._polls.get(target) is f]
+            for target in [t for t, f in polls.items() if f in ended]:
                 del self._polls[target]
-                if future.cancelled():
-                    continue
-                error = future.exception()
-                if error is None:
-                    answered = True
-                    out.extend(future.result())
-                elif isinstance(error, TxmqError):
-                    errors.append(error)
-                else:
-                    errors.append(InternalError(f"receive failed: {error!r}"))
-            out, rest = out[:max_messages], out[max_messages:]
+            out, rest = settle(ended, max_messages)  # raises only when nothing came: rest is empty
             self._buffer.extend(rest)
-        if not out and errors and not answered:
-            raise errors[-1]
         return out
 
     def _targets(self, *, lenient: bool = False) -> list[_Target]:
@@ -251,13 +229,12 @@ class SimpleConsumer:
             response = self._client.call(self._client.broker(address).ReceiveMessages, request,
                                          timeout=wait_seconds + self._client.request_timeout_seconds)
         except TxmqError as err:
-            if err.retryable:
-                self._client.faults.failed(target.broker_name)
+            received(self._client.faults, target, err)
             self._client.invalidate_route(target.topic)
             if not isinstance(err, ClientClosedError):
                 log.debug("receive %s from %s failed: %s", target.topic, target.broker_name, err)
             raise
-        self._client.faults.succeeded(target.broker_name)
+        received(self._client.faults, target, None)
         return [received_from_pb(m, self.consumer_group) for m in response.messages]
 
     # --- acknowledge ----------------------------------------------------------------------
@@ -279,9 +256,7 @@ class SimpleConsumer:
         """
         messages = list(messages)
         self._client.check_open()
-        groups: dict[tuple[str, str], list[int]] = {}
-        for index, message in enumerate(messages):
-            groups.setdefault((message.broker_name, message.topic), []).append(index)
+        groups = ack_groups(messages)
         results: list[TxmqError | None] = [None] * len(messages)
         for (broker_name, topic), indexes in groups.items():
             errors = self._ack_group(broker_name, topic, [messages[i] for i in indexes])
@@ -291,19 +266,14 @@ class SimpleConsumer:
 
     def _ack_group(self, broker_name: str, topic: str,
                    messages: list[ReceivedMessage]) -> list[TxmqError | None]:
-        request = broker_pb2.AckMessagesRequest(consumer_group=self.consumer_group, topic=topic,
-                                                receipt_handles=[m.receipt_handle for m in messages])
+        request = ack_request(self.consumer_group, topic, messages)
         try:
             response = self._client.call_bound(broker_name, lambda stub: stub.AckMessages, request)
         except ClientClosedError:
             raise
         except TxmqError as err:
             return [err] * len(messages)
-        if len(response.entries) != len(messages):
-            error = InternalError(f"broker {broker_name} answered {len(response.entries)} entries "
-                                  f"for {len(messages)} receipt handles")
-            return [error] * len(messages)
-        return [error_from_entry(e) if e.code else None for e in response.entries]
+        return ack_results(broker_name, response, len(messages))
 
     def change_invisible_duration(self, message: ReceivedMessage, seconds: float) -> ReceivedMessage:
         """Makes the message invisible for ``seconds`` from now instead (0 < seconds): longer

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ._errors import InvalidFieldError, TxmqError
-from ._faults import OverloadBackoff, RetryAction, retry_action
 from ._ids import MessageId
 from ._names import GLOBAL_PARTS_PROPERTY, GLOBAL_TRANSACTION_PROPERTY
+from ._sending import abandon, run, run_async, send_bound
 from ._types import LocalTransactionState, Message, TransactionMessage, TransactionState, message_to_pb
 from .v1 import broker_pb2, common_pb2
 
@@ -112,32 +112,12 @@ def result_of(halves: list[TransactionMessage], local_state: LocalTransactionSta
                                    state=state, messages=tuple(halves), end_error=end_error)
 
 
-def _retry(err: TxmqError, attempt: int, max_attempts: int) -> bool:
-    """Whether a bound send (same shard, same id) is tried again after ``err``."""
-    return retry_action(err, bound=True) is not RetryAction.FAIL and attempt < max_attempts
-
-
 # --- sync --------------------------------------------------------------------------------
 
 def _send_bound(producer: "TransactionProducer", route: "QueueRoute", topic: str,
                 entry: broker_pb2.ProduceEntry) -> broker_pb2.SendMessageResponse:
     """One half message on the shard ``route`` names, retried there with the same id."""
-    address = route.broker_address
-    attempt = 1
-    overload = OverloadBackoff()
-    while True:
-        try:
-            return producer._request(route.broker_name, address, entry, send=True).send_message  # noqa: SLF001
-        except TxmqError as err:
-            pause = overload.delay(err)
-            if pause is not None:
-                time.sleep(pause)
-                continue
-            if not _retry(err, attempt, producer.max_attempts):
-                raise
-        producer._backoff(attempt)  # noqa: SLF001
-        address = producer._rebind(topic, route, address)  # noqa: SLF001
-        attempt += 1
+    return run(send_bound(producer, route, topic, entry), producer._perform)  # noqa: SLF001
 
 
 def send_global(producer: "TransactionProducer", messages: Sequence[Message], arg: Any,
@@ -157,7 +137,7 @@ def send_global(producer: "TransactionProducer", messages: Sequence[Message], ar
             first = _send_bound(producer, routes[0], messages[0].topic, send_entry(
                 pbs[0], begin=True, participants=sorted({r.broker_name for r in routes[1:]})))
         except TxmqError:
-            producer._abandon(pbs[0])  # noqa: SLF001 - if it was stored, its check is answered ROLLBACK
+            abandon(producer, pbs[0])  # if it was stored, its check is answered ROLLBACK
             raise
         gid = first.transaction_id
         halves.append(half_of(stamped(messages[0], len(messages), gid), pbs[0], routes[0], first))
@@ -166,7 +146,7 @@ def send_global(producer: "TransactionProducer", messages: Sequence[Message], ar
                 sent = _send_bound(producer, route, m.topic, send_entry(pb, global_id=gid))
                 halves.append(half_of(stamped(m, len(messages), gid), pb, route, sent))
         except TxmqError:
-            producer._abandon(pbs[0])  # noqa: SLF001
+            abandon(producer, pbs[0])
             producer._end(routes[0], messages[0].topic, halves[0], LocalTransactionState.ROLLBACK)  # noqa: SLF001
             raise
         local_state = producer._execute(halves[0], arg)  # noqa: SLF001
@@ -182,22 +162,7 @@ def send_global(producer: "TransactionProducer", messages: Sequence[Message], ar
 async def _send_bound_async(producer: "AsyncTransactionProducer", route: "QueueRoute", topic: str,
                             entry: broker_pb2.ProduceEntry) -> broker_pb2.SendMessageResponse:
     """As :func:`_send_bound`."""
-    address = route.broker_address
-    attempt = 1
-    overload = OverloadBackoff()
-    while True:
-        try:
-            return (await producer._request(route.broker_name, address, entry, send=True)).send_message  # noqa: SLF001
-        except TxmqError as err:
-            pause = overload.delay(err)
-            if pause is not None:  # shed by the broker: nothing applied, the same part again later
-                await asyncio.sleep(pause)
-                continue
-            if not _retry(err, attempt, producer.max_attempts):
-                raise
-        await producer._backoff(attempt)  # noqa: SLF001
-        address = await producer._rebind(topic, route, address)  # noqa: SLF001
-        attempt += 1
+    return await run_async(send_bound(producer, route, topic, entry), producer._perform)  # noqa: SLF001
 
 
 async def send_global_async(producer: "AsyncTransactionProducer", messages: Sequence[Message], arg: Any,
@@ -212,7 +177,7 @@ async def send_global_async(producer: "AsyncTransactionProducer", messages: Sequ
             first = await _send_bound_async(producer, routes[0], messages[0].topic, send_entry(
                 pbs[0], begin=True, participants=sorted({r.broker_name for r in routes[1:]})))
         except TxmqError:
-            producer._abandon(pbs[0])  # noqa: SLF001
+            abandon(producer, pbs[0])
             raise
         head = half_of(stamped(messages[0], len(messages), first.transaction_id), pbs[0], routes[0], first)
         return await _parts_and_end_async(producer, messages, pbs, routes, head, arg)
@@ -229,7 +194,7 @@ async def _parts_and_end_async(producer: "AsyncTransactionProducer", messages: l
                                 return_exceptions=True)
     failed = next((s for s in sent if isinstance(s, BaseException)), None)
     if failed is not None:
-        producer._abandon(pbs[0])  # noqa: SLF001
+        abandon(producer, pbs[0])
         await producer._end(routes[0], messages[0].topic, head, LocalTransactionState.ROLLBACK)  # noqa: SLF001
         raise failed
     halves = [head] + [half_of(stamped(m, len(messages), gid), pb, route, s)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import itertools
 import logging
 import os
 import socket
@@ -23,17 +22,14 @@ from ._checks import CheckResponder, InProgress
 from ._global import GlobalTransactionResult, send_global
 from ._tls import TLS
 from ._client import Client, QueueRoute, positive
-from ._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeError, QueueNotFoundError,
-                      TopicNotFoundError, TransactionStateError, TxmqError, WrongBrokerError)
-from ._faults import Abandoned, OverloadBackoff, RetryAction, RoutingStats, retry_action
-from ._fifo import group_queue_index, group_route
-from ._ids import MessageId
-from ._names import in_namespace, validate_group, validate_send_topic
+from ._errors import InvalidFieldError, TransactionStateError, TxmqError
+from ._faults import RoutingStats
+from ._names import in_namespace, validate_group
 from ._produce_stream import LINGER_SECONDS
-from ._types import (RESOLUTION_TO_PB, TRANSACTION_KEY_PROPERTY, LocalTransactionState, Message, SendReceipt,
-                     namespaced,
-                     TransactionMessage, TransactionResult, TransactionState, message_to_pb,
-                     state_from_name, state_from_pb)
+from ._sending import (Pick, Rebind, Request, Sleep, Step, configure, end_transaction, finished, half_builder,
+                       outcome_of, pick_queue, run, send_new, validate)
+from ._types import (TRANSACTION_KEY_PROPERTY, LocalTransactionState, Message, SendReceipt, TransactionMessage,
+                     TransactionResult, TransactionState, message_to_pb)
 from .v1 import broker_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -41,16 +37,6 @@ log = logging.getLogger(__name__)
 #: The client's own body limit, the brokers' default ``max_body_bytes``.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 _HOST = socket.gethostname()
-#: Refusals meaning the cached route is out of date: the next send asks a name server again.
-_STALE_ROUTE = (QueueNotFoundError, TopicNotFoundError, WrongBrokerError)
-
-
-def _shard_of(route: QueueRoute) -> str:
-    return route.broker_name
-
-
-def _queue_key(route: QueueRoute) -> tuple[str, int]:
-    return route.broker_name, route.queue_id
 
 
 def new_client_id() -> str:
@@ -91,29 +77,14 @@ class Producer:
                  request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
                  linger_seconds: float = LINGER_SECONDS, tls: TLS | None = None, token: str | None = None,
                  namespace: str = "") -> None:
-        # A namespace qualifies the group and every topic sent to (txmq.names.qualify).
-        producer_group = in_namespace(namespace, "producer_group", producer_group)
-        self.namespace = namespace
-        if producer_group:
-            validate_group("producer_group", producer_group)
-        if not isinstance(max_attempts, int) or max_attempts < 1:
-            raise InvalidFieldError("max_attempts", f"must be an integer >= 1, got {max_attempts!r}")
-        if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
-            raise InvalidFieldError("max_body_bytes", f"must be a positive integer, got {max_body_bytes!r}")
-        self.producer_group = producer_group
-        self.send_timeout_seconds = positive("send_timeout_seconds", send_timeout_seconds)
-        self.retry_backoff_seconds = positive("retry_backoff_seconds", retry_backoff_seconds)
-        self.max_attempts = max_attempts
-        self.max_body_bytes = max_body_bytes
+        configure(self, producer_group=producer_group, send_timeout_seconds=send_timeout_seconds,
+                  max_attempts=max_attempts, retry_backoff_seconds=retry_backoff_seconds, max_body_bytes=max_body_bytes,
+                  namespace=namespace)
         if not isinstance(linger_seconds, (int, float)) or not 0 <= linger_seconds <= 1:
             raise InvalidFieldError("linger_seconds", f"must be between 0 and 1 second, got {linger_seconds!r}")
         self._client = Client(nameservers, request_timeout_seconds=request_timeout_seconds,
                               route_refresh_seconds=route_refresh_seconds, what="producer",
                               linger_seconds=float(linger_seconds), tls=tls, token=token)
-        self._next_queue = itertools.count(int.from_bytes(os.urandom(2), "big"))
-        # FIFO topic → the queues its groups are placed over (see txmq.fifo.group_route).
-        self._group_routes: dict[str, Sequence[QueueRoute]] = {}
-        self._abandoned: Abandoned[str] = Abandoned()
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -148,30 +119,14 @@ class Producer:
     def _validate(self, message: Message) -> Message:
         """What the broker would refuse anyway, refused before a round trip, with the same
         error; returns the message as it is sent (its topic in the producer's namespace)."""
-        if not isinstance(message, Message):
-            raise InvalidFieldError("message", f"must be a txmq.Message, got {type(message).__name__}")
-        self._client.check_open()
-        message = namespaced(message, self.namespace)
-        validate_send_topic(message.topic)
-        if len(message.body) > self.max_body_bytes:
-            raise MessageTooLargeError(len(message.body), self.max_body_bytes)
-        return message
+        return validate(self, message)
 
     def _pick_queue(self, topic: str, exclude: frozenset[str] | set[str] = frozenset(),
                     message_group: str = "") -> QueueRoute:
         """The next queue round-robin whose shard the fault table does not avoid (and not in
         ``exclude``: the shards this send failed on). Queues of draining shards only when
-        the topic has no other. A message group's queue is fixed: hash(group) mod the
-        route's queue count (``txmq.fifo.group_queue_index``), whatever the faults."""
-        routes = self._client.route(topic)
-        if message_group:
-            routes = self._group_routes[topic] = group_route(self._group_routes.get(topic), routes, _queue_key)
-            return routes[group_queue_index(message_group, len(routes))]
-        routes = tuple(r for r in routes if not r.draining) or routes
-        return self._client.faults.choose(routes, _shard_of, next(self._next_queue), exclude)
-
-    def _backoff(self, attempt: int) -> None:
-        time.sleep(min(self.retry_backoff_seconds * 2 ** (attempt - 1), 2.0))
+        the topic has no other. A message group's queue is fixed (``_sending.pick_queue``)."""
+        return pick_queue(self, self._client.route(topic), topic, exclude, message_group)
 
     def _rebind(self, topic: str, route: QueueRoute, address: str) -> str:
         """The current address of the broker a send is bound to (it may have moved)."""
@@ -192,70 +147,31 @@ class Producer:
         try:
             result = self._client.produce_stream(address).request(entry, self.send_timeout_seconds)
         except TxmqError as err:
-            if err.retryable:
-                self._client.faults.failed(shard)
-            elif not isinstance(err, ClientClosedError):  # a refusal is an answer: the shard is up
-                self._client.faults.succeeded(shard, None)
+            finished(self._client.faults, shard, err)
             raise
-        self._client.faults.succeeded(shard, time.monotonic() - started if send else None)
+        finished(self._client.faults, shard, None, time.monotonic() - started if send else None)
         return result
+
+    def _perform(self, step: Step) -> Any:
+        """One step of a send (see ``_sending``), blocking."""
+        if type(step) is Request:
+            return self._request(step.shard, step.address, step.entry, send=step.send)
+        if type(step) is Pick:
+            return self._pick_queue(step.topic, step.exclude, step.message_group)
+        if type(step) is Sleep:
+            time.sleep(step.seconds)
+            return None
+        assert type(step) is Rebind
+        return self._rebind(step.topic, step.route, step.address)
 
     def _send_new(self, topic: str, build: Callable[[QueueRoute, str], common_pb2.Message],
                   message_group: str = "") -> tuple[QueueRoute, common_pb2.Message, broker_pb2.SendMessageResponse]:
         """Sends a new message built by ``build(queue, message_id)`` on a queue the fault
         table picks; a transient failure moves it to another shard with a new id, or, with
         no other shard usable, retries it on the same one with the same id (see the class
-        docstring). A message of a message group always goes to its group's queue and is
-        never moved (that would break the group's order): it is retried there with the same
-        id. Returns the queue and message it was stored as, and the answer."""
-        route = self._pick_queue(topic, message_group=message_group)
-        pb = build(route, MessageId.new(route.broker_name, route.queue_id).encode())
-        address = route.broker_address
-        failed_on: set[str] = set()
-        attempt = 1
-        overload = OverloadBackoff()
-        while True:
-            entry = broker_pb2.ProduceEntry(send_message=broker_pb2.SendMessageRequest(message=pb))
-            try:
-                return route, pb, self._request(route.broker_name, address, entry, send=True).send_message
-            except TxmqError as err:
-                pause = overload.delay(err)
-                if pause is not None:  # nothing applied: the same message (same id) again, later
-                    time.sleep(pause)
-                    continue
-                action = retry_action(err, bound=False)
-                if action is not RetryAction.FAIL or isinstance(err, _STALE_ROUTE):
-                    self._client.invalidate_route(topic)
-                if action is RetryAction.FAIL or attempt >= self.max_attempts:
-                    if action is not RetryAction.FAIL:
-                        self._abandon(pb)
-                    raise
-                if action is RetryAction.SAME_SHARD or message_group:
-                    moved = route  # the shard must keep it (same id): only its address is asked again
-                else:
-                    failed_on.add(route.broker_name)
-                    try:
-                        moved = self._pick_queue(topic, failed_on)
-                    except TxmqError as refresh_error:  # no route now: stay where it was
-                        log.debug("cannot refresh the route of %s: %s", topic, refresh_error)
-                        moved = route
-                log.debug("send of %s to %s failed (attempt %d of %d), retrying on %s: %s",
-                          pb.message_id, route.broker_name, attempt, self.max_attempts,
-                          moved.broker_name, err)
-            if moved.broker_name != route.broker_name:
-                self._client.faults.rerouted()
-                self._abandon(pb)
-                route, address = moved, moved.broker_address
-                pb = build(route, MessageId.new(route.broker_name, route.queue_id).encode())
-            else:
-                self._backoff(attempt)
-                address = self._rebind(topic, route, address)
-            attempt += 1
-
-    def _abandon(self, pb: common_pb2.Message) -> None:
-        """A half message attempt given up on: its orphan, if stored, is answered ROLLBACK."""
-        if pb.type == common_pb2.MESSAGE_TYPE_TRANSACTION:
-            self._abandoned.add(pb.message_id)
+        docstring, and ``_sending.send_new``). Returns the queue and message it was stored
+        as, and the answer."""
+        return run(send_new(self, topic, build, message_group), self._perform)
 
 
 class TransactionListener(abc.ABC):
@@ -483,17 +399,9 @@ class TransactionProducer(Producer):
 
     def _send_half(self, message: Message) -> tuple[TransactionMessage, QueueRoute]:
         """Stores ``message`` as a half message (see :class:`Producer` for retries)."""
-
-        def build(route: QueueRoute, message_id: str) -> common_pb2.Message:
-            pb = message_to_pb(message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_TRANSACTION,
-                               int(time.time() * 1000), _HOST)
-            pb.producer_group = self.producer_group
-            pb.producer_client_id = self.client_id
-            if message.check_immunity_seconds:
-                pb.check_immunity_seconds = message.check_immunity_seconds
-            return pb
-
-        route, pb, sent = self._send_new(message.topic, build, message_group=message.message_group)
+        route, pb, sent = self._send_new(message.topic, half_builder(message, self.producer_group,
+                                                                     self.client_id, _HOST),
+                                         message_group=message.message_group)
         half = TransactionMessage(message=message, message_id=sent.message_id or pb.message_id,
                                   transaction_id=sent.transaction_id, broker_name=sent.broker_name or route.broker_name,
                                   queue_id=route.queue_id)
@@ -506,44 +414,11 @@ class TransactionProducer(Producer):
             log.exception("execute_local_transaction raised for transaction %s: ending it as UNKNOWN",
                           half.transaction_id)
             return LocalTransactionState.UNKNOWN
-        if state is None:
-            return LocalTransactionState.UNKNOWN
-        if not isinstance(state, LocalTransactionState):
-            log.warning("execute_local_transaction returned %r for transaction %s, not a "
-                        "LocalTransactionState: ending it as UNKNOWN", state, half.transaction_id)
-            return LocalTransactionState.UNKNOWN
-        return state
+        return outcome_of(state, half.transaction_id)
 
     def _end(self, route: QueueRoute, topic: str, half: TransactionMessage,
              local_state: LocalTransactionState) -> tuple[TransactionState | None, TxmqError | None]:
-        end = broker_pb2.EndTransactionRequest(
-            transaction_id=half.transaction_id, message_id=half.message_id,
-            resolution=RESOLUTION_TO_PB[local_state], source=common_pb2.TRANSACTION_SOURCE_CLIENT,
-            producer_group=self.producer_group)
-        address = route.broker_address
-        attempt = 1
-        while True:
-            try:
-                response = self._request(half.broker_name, address, broker_pb2.ProduceEntry(end_transaction=end))
-                return state_from_pb(response.end_transaction.state), None
-            except TransactionStateError as err:
-                state = state_from_name(getattr(err, "state", None))
-                log.warning("EndTransaction %s of transaction %s refused, it is already %s: %s",
-                            local_state.name, half.transaction_id,
-                            state.name if state else "decided", err)
-                return state, err
-            except TxmqError as err:
-                # Bound to the shard its transaction id names: retried there, never elsewhere.
-                if retry_action(err, bound=True) is RetryAction.FAIL or attempt >= self.max_attempts:
-                    log.warning("EndTransaction %s of transaction %s failed after %d attempt(s): %s; "
-                                "it stays PREPARED until the checker resolves it",
-                                local_state.name, half.transaction_id, attempt, err)
-                    return None, err
-                log.debug("EndTransaction of %s failed (attempt %d of %d), retrying: %s",
-                          half.transaction_id, attempt, self.max_attempts, err)
-            self._backoff(attempt)
-            address = self._rebind(topic, route, address)
-            attempt += 1
+        return run(end_transaction(self, route, topic, half, local_state, self.producer_group), self._perform)
 
 
 class Transaction:

@@ -75,24 +75,46 @@ def test_concurrent_transactions_commit_once_each_and_share_stream_messages(chec
     ns = checked_cluster.nameserver_address
     count = 400
 
-    async def main() -> tuple[list[txmq.TransactionResult], tuple[int, int], list[txmq.ReceivedMessage]]:
+    async def main() -> tuple[list[txmq.TransactionResult], tuple[int, int], int, list[txmq.ReceivedMessage]]:
         listener = Orders()
         async with AsyncTransactionProducer(ns, producer_group=unique_name("pg"), listener=listener) as producer:
             results = await asyncio.gather(*(producer.send_in_transaction(txmq.Message(topic, b"%d" % i))
                                              for i in range(count)))
             stats = producer.stream_stats()
+            direct = sum(s.direct_sent for s in producer._client._streams.values())
         bodies = {b"%d" % i for i in range(count)}
         got = await drain(ns, group, topic, lambda got: bodies <= {m.body for m in got})
-        return results, stats, got
+        return results, stats, direct, got
 
-    results, (messages, requests), got = asyncio.run(main())
+    results, (messages, requests), direct, got = asyncio.run(main())
     assert [r.state for r in results] == [txmq.TransactionState.COMMITTED] * count
     assert len({r.transaction_id for r in results}) == count
     assert sorted(m.body for m in got) == sorted(b"%d" % i for i in range(count))  # once each
-    # Every half message and every commit went over the shared stream ...
-    assert requests == 2 * count
+    # Every half message and every commit went over the shared stream, but for those of a
+    # coroutine alone (the first, the last), sent direct ...
+    assert requests + direct == 2 * count and direct <= count / 20, (requests, direct)
     # ... many to a message: concurrent coroutines batch instead of one message each.
     assert messages <= requests / 4, f"{requests} requests in {messages} stream messages"
+
+
+def test_a_coroutine_alone_sends_direct_and_concurrent_ones_take_the_stream(checked_cluster: Cluster,
+                                                                            unique_name) -> None:
+    topic = unique_name("orders")
+    checked_cluster.create_topic(topic, 1)
+    ns = checked_cluster.nameserver_address
+
+    async def main() -> tuple[txmq.TransactionResult, tuple[int, int], int, tuple[int, int]]:
+        async with AsyncTransactionProducer(ns, producer_group=unique_name("pg"), listener=Orders()) as producer:
+            alone = await producer.send_in_transaction(txmq.Message(topic, b"alone"))
+            streams = producer._client._streams.values()
+            before = producer.stream_stats(), sum(s.direct_sent for s in streams)
+            await asyncio.gather(*(producer.send_in_transaction(txmq.Message(topic, b"%d" % i)) for i in range(8)))
+            return alone, before[0], before[1], producer.stream_stats()
+
+    alone, stream_before, direct, stream_after = asyncio.run(main())
+    assert alone.state is txmq.TransactionState.COMMITTED
+    assert (stream_before, direct) == ((0, 0), 2)  # its half message and its commit: unary calls
+    assert stream_after[1] >= 8  # eight at once: most of their requests on the stream
 
 
 def test_rollback_is_never_delivered_and_unknown_is_decided_by_the_async_check(checked_cluster: Cluster,

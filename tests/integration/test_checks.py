@@ -442,7 +442,7 @@ def test_cli_lists_brokers_checkers_and_topics(checked, unique_name):
     created = run_cli(checked, "topic", "create", topic, "--queues", "3")
     assert created.returncode == 0, created.stderr
     topics = json.loads(run_cli(checked, "topic", "list", "--json").stdout)["topics"]
-    assert {"topic": topic, "queues": 3, "brokers": {"broker-0": 3}} in topics
+    assert {"topic": topic, "type": "NORMAL", "queues": 3, "brokers": {"broker-0": 3}} in topics
     assert run_cli(checked, "topic", "create", topic, "--queues", "3").returncode == 1
     brokers = json.loads(run_cli(checked, "broker", "list", "--json").stdout)["brokers"]
     assert [b["name"] for b in brokers] == ["broker-0"]

@@ -134,8 +134,9 @@ def test_a_commit_and_a_query_of_it_are_answered_only_after_the_sync(gated) -> N
 
 
 def test_requests_that_arrive_during_a_held_sync_leave_together_in_one_stream_message(gated, monkeypatch) -> None:
-    """The producer keeps one Produce stream message in flight: what arrives meanwhile is
-    held by the client and sent as one message once it is answered."""
+    """A caller alone goes direct (a unary call, no stream); callers that arrive while
+    another waits take the Produce stream, which keeps one message in flight: what arrives
+    meanwhile is held by the client and sent as one message once it is answered."""
     monkeypatch.setattr(txmq._produce_stream, "HOLD_SECONDS", 60.0)  # never stop holding in this test
     monkeypatch.setattr(txmq._produce_stream, "SPLIT_AT", 100)  # one lane: nine callers, one call
     cluster, gate = gated
@@ -143,10 +144,12 @@ def test_requests_that_arrive_during_a_held_sync_leave_together_in_one_stream_me
     port = broker.metrics_port
     stream_in = {"direction": "in"}
     with txmq.Producer(cluster.nameserver_address, send_timeout_seconds=30) as producer:
-        producer.send(txmq.Message("durable", b"warm-up"))  # opens the stream
-        messages = metric(port, "txmq_produce_stream_messages_total", stream_in)
-        entries = metric(port, "txmq_produce_entries_total")
-        session = producer._client.produce_stream(broker.address)._sessions[0]
+        stream = producer._client.produce_stream(broker.address)
+        messages = metric(port, "txmq_produce_stream_messages_total", stream_in) or 0
+        producer.send(txmq.Message("durable", b"warm-up"))  # alone: direct
+        assert (metric(port, "txmq_produce_stream_messages_total", stream_in) or 0) == messages
+        assert stream._sessions == [None, None]
+        entries = metric(port, "txmq_produce_entries_total") or 0
         gate.hold()
         first, first_box = _in_thread(lambda: producer.send(txmq.Message("durable", b"first")))
         wait_until(gate.holding_wal, 10, message="the first send never reached the broker's WAL sync")
@@ -154,14 +157,15 @@ def test_requests_that_arrive_during_a_held_sync_leave_together_in_one_stream_me
         for i in range(8):
             others.append(_in_thread(lambda i=i: producer.send(txmq.Message("durable", b"other-%d" % i))))
             # Each is queued on its own, with time to leave alone if nothing held it.
-            wait_until(lambda i=i: len(session.pending) == i + 2, 10, message="a send was never queued")
+            wait_until(lambda i=i: stream._sessions[0] is not None and len(stream._sessions[0].pending) == i + 1,
+                       10, message="a send was never queued")
         gate.release()
         for thread, _box in [(first, first_box), *others]:
             thread.join(30)
     assert all(isinstance(box[0], txmq.SendReceipt) for _thread, box in [(first, first_box), *others])
-    # Nine sends, two stream messages: the first alone, the eight held ones together.
+    # The first direct; eight on the stream in two messages: one alone, the seven held ones together.
     assert metric(port, "txmq_produce_stream_messages_total", stream_in) == messages + 2
-    assert metric(port, "txmq_produce_entries_total") == entries + 9
+    assert metric(port, "txmq_produce_entries_total") == entries + 8
 
 
 def test_a_failed_sync_stops_the_broker_and_a_restart_keeps_what_was_acknowledged(gated) -> None:

@@ -27,6 +27,7 @@ import pytest
 import txmq
 from txmq.ids import MessageId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+from tests.support.metrics import metric_sum
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -371,6 +372,29 @@ def test_change_invisible_duration_redelivers_with_next_attempt(cluster, unique_
         with pytest.raises((txmq.NotFoundError, txmq.FailedPreconditionError)):
             c.ack(first)  # redelivered since: that handle is stale
         c.ack(second)
+
+
+def test_a_consumer_of_one_topic_on_one_broker_receives_with_one_call_each_time(cluster, unique_name):
+    """With a single (topic, broker) a receive is its long poll alone: no empty pass before
+    it (at low rates that pass was one ReceiveMessages in two)."""
+    topic, group = unique_name("topic"), unique_name("group")
+    cluster.create_topic(topic, queue_count=1)
+    port = cluster.brokers[0].metrics_port
+
+    def calls() -> float:
+        return metric_sum(port, "txmq_rpc_duration_seconds_count", {"method": "ReceiveMessages"})
+
+    with txmq.Producer(cluster.nameserver_address) as producer, consumer(cluster, group, {topic: "*"}) as c:
+        before = calls()
+        assert c.receive(max_messages=8, invisible_duration_seconds=30.0) == []  # waits AWAIT_SECONDS
+        wait_until(lambda: calls() >= before + 1, 10, message="the receive never reached the broker")
+        assert calls() == before + 1
+        receipt = producer.send(txmq.Message(topic, b"one"))
+        [message] = c.receive(max_messages=8, invisible_duration_seconds=30.0)
+        assert message.message_id == receipt.message_id
+        wait_until(lambda: calls() >= before + 2, 10, message="the receive never reached the broker")
+        assert calls() == before + 2
+        c.ack(message)
 
 
 def test_ack_many_reports_each_entry(cluster, unique_name):

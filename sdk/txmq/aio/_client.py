@@ -130,7 +130,8 @@ class AsyncClient:
         self.check_open()
         stream = self._streams.get(address)
         if stream is None:
-            stream = self._streams[address] = AsyncProduceStream(self.broker(address).Produce, address)
+            stub = self.broker(address)
+            stream = self._streams[address] = AsyncProduceStream(stub.Produce, address, stub=stub)
         return stream
 
     async def call(self, method: Callable[..., Awaitable[Resp]], request: Any, timeout: float | None = None) -> Resp:

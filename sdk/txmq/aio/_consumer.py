@@ -11,8 +11,11 @@ from typing import Iterable, Mapping, Sequence
 
 from .._client import positive
 from .._consumer import _subscriptions, _Target, receive_request
-from .._errors import ClientClosedError, InternalError, InvalidFieldError, TopicNotFoundError, TxmqError, error_from_entry
+from .._errors import ClientClosedError, TopicNotFoundError, TxmqError
 from .._names import in_namespace, validate_group
+from .._receiving import (LongPoll, Receive, ack_groups, ack_request, ack_results, check_receive, receive_steps,
+                          received, settle)
+from .._sending import run_async
 from .._tls import TLS
 from .._types import ReceivedMessage, SqlFilter, ms_to_datetime, received_from_pb
 from ..v1 import broker_pb2
@@ -44,6 +47,8 @@ class AsyncSimpleConsumer:
         # Long polls still running after a receive returned; what they brought since comes first.
         self._polls: dict[_Target, asyncio.Task[list[ReceivedMessage]]] = {}
         self._buffer: list[ReceivedMessage] = []
+        # Whether a receive long-polls the only target itself now (one at a time).
+        self._polling_inline = False
 
     async def close(self) -> None:
         """Closes the connections; messages received and not acknowledged are redelivered
@@ -66,42 +71,34 @@ class AsyncSimpleConsumer:
     async def receive(self, max_messages: int = 16, invisible_duration_seconds: float = 30.0) -> list[ReceivedMessage]:
         """Up to ``max_messages`` messages, or ``[]`` if none arrived within
         ``await_duration_seconds`` (see :meth:`txmq.SimpleConsumer.receive`)."""
-        if not isinstance(max_messages, int) or max_messages < 1:
-            raise InvalidFieldError("max_messages", f"must be an integer >= 1, got {max_messages!r}")
+        check_receive(max_messages)
         positive("invisible_duration_seconds", invisible_duration_seconds)
         self._client.check_open()
         if self._buffer:
             out, self._buffer = self._buffer[:max_messages], self._buffer[max_messages:]
             return out
         targets = await self._targets()
-        start = next(self._round_robin) % len(targets)
-        targets = targets[start:] + targets[:start]
         faults = self._client.faults
-        out: list[ReceivedMessage] = []
-        errors: list[TxmqError] = []
-        for target in targets:
-            if target in self._polls or not faults.usable(target.broker_name):
-                continue
-            try:
-                out.extend(await self._receive_from(target, max_messages - len(out), invisible_duration_seconds, 0.0))
-            except TxmqError as err:
-                if not err.retryable:
-                    raise
-                errors.append(err)
-                continue
-            if len(out) >= max_messages:
-                return out
-        if out:
-            return out
-        if errors and len(errors) == len(targets):
-            raise errors[-1]
-        return await self._long_poll(targets, max_messages, invisible_duration_seconds)
+        alone = len(targets) == 1 and not self._polls and not self._polling_inline
+        self._polling_inline = self._polling_inline or alone
+
+        async def perform(step: Receive | LongPoll) -> list[ReceivedMessage]:
+            if type(step) is Receive:
+                return await self._receive_from(step.target, step.max_messages, invisible_duration_seconds,
+                                                step.wait_seconds)
+            return await self._long_poll(step.targets, max_messages, invisible_duration_seconds)
+
+        try:
+            return await run_async(receive_steps(targets, next(self._round_robin), max_messages,
+                                                 self.await_duration_seconds, self._polls.__contains__,
+                                                 lambda t: faults.usable(t.broker_name), alone), perform)
+        finally:
+            if alone:
+                self._polling_inline = False
 
     async def _long_poll(self, targets: list[_Target], max_messages: int,
                          invisible_duration_seconds: float) -> list[ReceivedMessage]:
-        faults = self._client.faults
-        usable = [t for t in targets if faults.usable(t.broker_name)] or targets
-        for target in usable:
+        for target in targets:
             if target not in self._polls:
                 self._polls[target] = asyncio.ensure_future(self._receive_from(
                     target, max_messages, invisible_duration_seconds, self.await_duration_seconds))
@@ -113,27 +110,12 @@ class AsyncSimpleConsumer:
             done, running = await asyncio.wait(running, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if not done or any(not t.cancelled() and t.exception() is None for t in done):
                 break
-        out: list[ReceivedMessage] = []
-        errors: list[TxmqError] = []
-        answered = False
-        for target, task in polls.items():
-            if not task.done() or self._polls.get(target) is not task:
-                continue
+        ended = [(target, task) for target, task in polls.items()
+                 if task.done() and self._polls.get(target) is task]
+        for target, _task in ended:
             del self._polls[target]
-            if task.cancelled():
-                continue
-            error = task.exception()
-            if error is None:
-                answered = True
-                out.extend(task.result())
-            elif isinstance(error, TxmqError):
-                errors.append(error)
-            else:
-                errors.append(InternalError(f"receive failed: {error!r}"))
-        out, rest = out[:max_messages], out[max_messages:]
+        out, rest = settle([task for _target, task in ended], max_messages)
         self._buffer.extend(rest)
-        if not out and errors and not answered:
-            raise errors[-1]
         return out
 
     async def _targets(self) -> list[_Target]:
@@ -159,11 +141,10 @@ class AsyncSimpleConsumer:
             response = await self._client.call(self._client.broker(address).ReceiveMessages, request,
                                                timeout=wait_seconds + self._client.request_timeout_seconds)
         except TxmqError as err:
-            if err.retryable:
-                self._client.faults.failed(target.broker_name)
+            received(self._client.faults, target, err)
             self._client.invalidate_route(target.topic)
             raise
-        self._client.faults.succeeded(target.broker_name)
+        received(self._client.faults, target, None)
         return [received_from_pb(m, self.consumer_group) for m in response.messages]
 
     # --- acknowledge ----------------------------------------------------------------------
@@ -178,9 +159,7 @@ class AsyncSimpleConsumer:
         """One AckMessages per (broker, topic), concurrently; per message None or its error."""
         messages = list(messages)
         self._client.check_open()
-        groups: dict[tuple[str, str], list[int]] = {}
-        for index, message in enumerate(messages):
-            groups.setdefault((message.broker_name, message.topic), []).append(index)
+        groups = ack_groups(messages)
         results: list[TxmqError | None] = [None] * len(messages)
         answers = await asyncio.gather(*(self._ack_group(b, t, [messages[i] for i in idx])
                                          for (b, t), idx in groups.items()))
@@ -190,19 +169,14 @@ class AsyncSimpleConsumer:
         return results
 
     async def _ack_group(self, broker_name: str, topic: str, messages: list[ReceivedMessage]) -> list[TxmqError | None]:
-        request = broker_pb2.AckMessagesRequest(consumer_group=self.consumer_group, topic=topic,
-                                                receipt_handles=[m.receipt_handle for m in messages])
+        request = ack_request(self.consumer_group, topic, messages)
         try:
             response = await self._client.call_bound(broker_name, lambda stub: stub.AckMessages, request)
         except ClientClosedError:
             raise
         except TxmqError as err:
             return [err] * len(messages)
-        if len(response.entries) != len(messages):
-            error = InternalError(f"broker {broker_name} answered {len(response.entries)} entries "
-                                  f"for {len(messages)} receipt handles")
-            return [error] * len(messages)
-        return [error_from_entry(e) if e.code else None for e in response.entries]
+        return ack_results(broker_name, response, len(messages))
 
     async def change_invisible_duration(self, message: ReceivedMessage, seconds: float) -> ReceivedMessage:
         """See :meth:`txmq.SimpleConsumer.change_invisible_duration`."""

@@ -10,32 +10,27 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import itertools
 import logging
-import os
 import time
 from typing import Any, Callable, Sequence
 
-from .._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeError, QueueNotFoundError,
-                       TopicNotFoundError, TransactionStateError, TxmqError, WrongBrokerError)
+from .._errors import InvalidFieldError, TxmqError
 from .._client import QueueRoute, positive
 from .._checks import InProgress
-from .._faults import Abandoned, OverloadBackoff, RetryAction, RoutingStats, retry_action
-from .._fifo import group_queue_index, group_route
+from .._faults import RoutingStats
 from .._global import OPEN_GLOBAL_RETRY_SECONDS, GlobalTransactionResult, send_global_async
-from .._ids import MessageId
-from .._names import in_namespace, validate_group, validate_send_topic
-from .._producer import _HOST, DEFAULT_MAX_BODY_BYTES, _queue_key, new_client_id
+from .._names import in_namespace, validate_group
+from .._producer import _HOST, DEFAULT_MAX_BODY_BYTES, new_client_id
 from .._tls import TLS
-from .._types import (RESOLUTION_TO_PB, LocalTransactionState, Message, SendReceipt, TransactionMessage, namespaced,
-                      TransactionResult, TransactionState, message_to_pb, state_from_name, state_from_pb)
+from .._sending import (Pick, Rebind, Request, Sleep, Step, configure, end_transaction, finished, half_builder,
+                        outcome_of, pick_queue, run_async, send_new, validate)
+from .._types import (LocalTransactionState, Message, SendReceipt, TransactionMessage, TransactionResult,
+                      TransactionState, message_to_pb)
 from ..v1 import broker_pb2, common_pb2
 from ._checks import AsyncCheckResponder
 from ._client import AsyncClient
 
 log = logging.getLogger(__name__)
-
-_STALE_ROUTE = (QueueNotFoundError, TopicNotFoundError, WrongBrokerError)
 
 
 class AsyncProducer:
@@ -49,26 +44,12 @@ class AsyncProducer:
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, request_timeout_seconds: float = 3.0,
                  route_refresh_seconds: float = 30.0, tls: TLS | None = None, token: str | None = None,
                  namespace: str = "") -> None:
-        # A namespace qualifies the group and every topic sent to (txmq.names.qualify).
-        producer_group = in_namespace(namespace, "producer_group", producer_group)
-        self.namespace = namespace
-        if producer_group:
-            validate_group("producer_group", producer_group)
-        if not isinstance(max_attempts, int) or max_attempts < 1:
-            raise InvalidFieldError("max_attempts", f"must be an integer >= 1, got {max_attempts!r}")
-        if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
-            raise InvalidFieldError("max_body_bytes", f"must be a positive integer, got {max_body_bytes!r}")
-        self.producer_group = producer_group
-        self.send_timeout_seconds = positive("send_timeout_seconds", send_timeout_seconds)
-        self.retry_backoff_seconds = positive("retry_backoff_seconds", retry_backoff_seconds)
-        self.max_attempts = max_attempts
-        self.max_body_bytes = max_body_bytes
+        configure(self, producer_group=producer_group, send_timeout_seconds=send_timeout_seconds,
+                  max_attempts=max_attempts, retry_backoff_seconds=retry_backoff_seconds, max_body_bytes=max_body_bytes,
+                  namespace=namespace)
         self._client = AsyncClient(nameservers, request_timeout_seconds=request_timeout_seconds,
                                    route_refresh_seconds=route_refresh_seconds, what="producer", tls=tls,
                                    token=token)
-        self._next_queue = itertools.count(int.from_bytes(os.urandom(2), "big"))
-        self._group_routes: dict[str, Sequence[QueueRoute]] = {}  # as txmq.Producer
-        self._abandoned: Abandoned[str] = Abandoned()
         #: First messages of multi-message transactions being sent now (checks: IN_PROGRESS).
         self._open_globals: set[str] = set()
 
@@ -103,25 +84,11 @@ class AsyncProducer:
 
     def _validate(self, message: Message) -> Message:
         """The message as it is sent (its topic in the producer's namespace), once valid."""
-        if not isinstance(message, Message):
-            raise InvalidFieldError("message", f"must be a txmq.Message, got {type(message).__name__}")
-        self._client.check_open()
-        message = namespaced(message, self.namespace)
-        validate_send_topic(message.topic)
-        if len(message.body) > self.max_body_bytes:
-            raise MessageTooLargeError(len(message.body), self.max_body_bytes)
-        return message
+        return validate(self, message)
 
     async def _pick_queue(self, topic: str, exclude: frozenset[str] | set[str] = frozenset(),
                           message_group: str = "") -> QueueRoute:
-        routes = await self._client.route(topic)
-        if message_group:  # as txmq.Producer._pick_queue
-            routes = self._group_routes[topic] = group_route(self._group_routes.get(topic), routes, _queue_key)
-            return routes[group_queue_index(message_group, len(routes))]
-        return self._client.faults.choose(routes, lambda r: r.broker_name, next(self._next_queue), exclude)
-
-    async def _backoff(self, attempt: int) -> None:
-        await asyncio.sleep(min(self.retry_backoff_seconds * 2 ** (attempt - 1), 2.0))
+        return pick_queue(self, await self._client.route(topic), topic, exclude, message_group)
 
     async def _rebind(self, topic: str, route: QueueRoute, address: str) -> str:
         self._client.invalidate_route(topic)
@@ -138,61 +105,27 @@ class AsyncProducer:
         try:
             result = await self._client.produce_stream(address).request(entry, self.send_timeout_seconds)
         except TxmqError as err:
-            if err.retryable:
-                self._client.faults.failed(shard)
-            elif not isinstance(err, ClientClosedError):
-                self._client.faults.succeeded(shard, None)
+            finished(self._client.faults, shard, err)
             raise
-        self._client.faults.succeeded(shard, time.monotonic() - started if send else None)
+        finished(self._client.faults, shard, None, time.monotonic() - started if send else None)
         return result
+
+    async def _perform(self, step: Step) -> Any:
+        """One step of a send (see ``txmq._sending``), awaited."""
+        if type(step) is Request:
+            return await self._request(step.shard, step.address, step.entry, send=step.send)
+        if type(step) is Pick:
+            return await self._pick_queue(step.topic, step.exclude, step.message_group)
+        if type(step) is Sleep:
+            await asyncio.sleep(step.seconds)
+            return None
+        assert type(step) is Rebind
+        return await self._rebind(step.topic, step.route, step.address)
 
     async def _send_new(self, topic: str, build: Callable[[QueueRoute, str], common_pb2.Message],
                         message_group: str = "") -> tuple[QueueRoute, common_pb2.Message, broker_pb2.SendMessageResponse]:
-        """As ``txmq.Producer._send_new``."""
-        route = await self._pick_queue(topic, message_group=message_group)
-        pb = build(route, MessageId.new(route.broker_name, route.queue_id).encode())
-        address = route.broker_address
-        failed_on: set[str] = set()
-        attempt = 1
-        overload = OverloadBackoff()
-        while True:
-            entry = broker_pb2.ProduceEntry(send_message=broker_pb2.SendMessageRequest(message=pb))
-            try:
-                return route, pb, (await self._request(route.broker_name, address, entry, send=True)).send_message
-            except TxmqError as err:
-                pause = overload.delay(err)
-                if pause is not None:  # nothing applied: the same message (same id) again, later
-                    await asyncio.sleep(pause)
-                    continue
-                action = retry_action(err, bound=False)
-                if action is not RetryAction.FAIL or isinstance(err, _STALE_ROUTE):
-                    self._client.invalidate_route(topic)
-                if action is RetryAction.FAIL or attempt >= self.max_attempts:
-                    if action is not RetryAction.FAIL:
-                        self._abandon(pb)
-                    raise
-                moved = route
-                if action is not RetryAction.SAME_SHARD and not message_group:
-                    failed_on.add(route.broker_name)
-                    try:
-                        moved = await self._pick_queue(topic, failed_on)
-                    except TxmqError as refresh_error:
-                        log.debug("cannot refresh the route of %s: %s", topic, refresh_error)
-                log.debug("send of %s to %s failed (attempt %d of %d), retrying on %s: %s",
-                          pb.message_id, route.broker_name, attempt, self.max_attempts, moved.broker_name, err)
-            if moved.broker_name != route.broker_name:
-                self._client.faults.rerouted()
-                self._abandon(pb)
-                route, address = moved, moved.broker_address
-                pb = build(route, MessageId.new(route.broker_name, route.queue_id).encode())
-            else:
-                await self._backoff(attempt)
-                address = await self._rebind(topic, route, address)
-            attempt += 1
-
-    def _abandon(self, pb: common_pb2.Message) -> None:
-        if pb.type == common_pb2.MESSAGE_TYPE_TRANSACTION:
-            self._abandoned.add(pb.message_id)
+        """As ``txmq.Producer._send_new`` (the same steps, ``txmq._sending.send_new``)."""
+        return await run_async(send_new(self, topic, build, message_group), self._perform)
 
 
 class AsyncTransactionListener(abc.ABC):
@@ -285,16 +218,9 @@ class AsyncTransactionProducer(AsyncProducer):
             return await send_global_async(self, message, arg, _HOST)
         message = self._validate(message)
 
-        def build(route: QueueRoute, message_id: str) -> common_pb2.Message:
-            pb = message_to_pb(message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_TRANSACTION,
-                               int(time.time() * 1000), _HOST)
-            pb.producer_group = self.producer_group
-            pb.producer_client_id = self.client_id
-            if message.check_immunity_seconds:
-                pb.check_immunity_seconds = message.check_immunity_seconds
-            return pb
-
-        route, pb, sent = await self._send_new(message.topic, build, message_group=message.message_group)
+        route, pb, sent = await self._send_new(message.topic, half_builder(message, self.producer_group,
+                                                                           self.client_id, _HOST),
+                                               message_group=message.message_group)
         broker_name = sent.broker_name or route.broker_name
         half = TransactionMessage(message=message, message_id=sent.message_id or pb.message_id,
                                   transaction_id=sent.transaction_id, broker_name=broker_name,
@@ -314,38 +240,9 @@ class AsyncTransactionProducer(AsyncProducer):
             log.exception("execute_local_transaction raised for transaction %s: ending it as UNKNOWN",
                           half.transaction_id)
             return LocalTransactionState.UNKNOWN
-        if state is None:
-            return LocalTransactionState.UNKNOWN
-        if not isinstance(state, LocalTransactionState):
-            log.warning("execute_local_transaction returned %r for transaction %s, not a "
-                        "LocalTransactionState: ending it as UNKNOWN", state, half.transaction_id)
-            return LocalTransactionState.UNKNOWN
-        return state
+        return outcome_of(state, half.transaction_id)
 
     async def _end(self, route: QueueRoute, topic: str, half: TransactionMessage,
                    local_state: LocalTransactionState) -> tuple[TransactionState | None, TxmqError | None]:
-        end = broker_pb2.EndTransactionRequest(
-            transaction_id=half.transaction_id, message_id=half.message_id,
-            resolution=RESOLUTION_TO_PB[local_state], source=common_pb2.TRANSACTION_SOURCE_CLIENT,
-            producer_group=self.producer_group)
-        address = route.broker_address
-        attempt = 1
-        while True:
-            try:
-                response = await self._request(half.broker_name, address, broker_pb2.ProduceEntry(end_transaction=end))
-                return state_from_pb(response.end_transaction.state), None
-            except TransactionStateError as err:
-                state = state_from_name(getattr(err, "state", None))
-                log.warning("EndTransaction %s of transaction %s refused, it is already %s: %s",
-                            local_state.name, half.transaction_id, state.name if state else "decided", err)
-                return state, err
-            except TxmqError as err:
-                if retry_action(err, bound=True) is RetryAction.FAIL or attempt >= self.max_attempts:
-                    log.warning("EndTransaction %s of transaction %s failed after %d attempt(s): %s; "
-                                "it stays PREPARED until the checker resolves it",
-                                local_state.name, half.transaction_id, attempt, err)
-                    return None, err
-            await self._backoff(attempt)
-            address = await self._rebind(topic, route, address)
-            attempt += 1
-
+        return await run_async(end_transaction(self, route, topic, half, local_state, self.producer_group),
+                               self._perform)

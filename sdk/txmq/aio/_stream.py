@@ -15,6 +15,8 @@ request of the process's coroutines (the design of ``txmq._produce_stream``, wit
   deduplicates); the next request opens a new call.
 - A request with no answer within its timeout while the call answered nothing since it
   was sent marks the call dead (a half-open connection): it is cancelled.
+- A coroutine alone (no other in ``request``) goes direct: the unary call its entry stands
+  for, no writer or reader task, as ``txmq._produce_stream`` does for a thread alone.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from typing import Any, Callable
 
 import grpc
 
-from .._errors import ClientClosedError, DeadlineExceededError, UnavailableError, error_from_entry
-from .._produce_stream import HOLD_SECONDS, MAX_BATCH
+from .._errors import ClientClosedError, DeadlineExceededError, UnavailableError, error_from_entry, error_from_rpc
+from .._produce_stream import HOLD_SECONDS, MAX_BATCH, direct_call
 from ..v1 import broker_pb2
 
 log = logging.getLogger(__name__)
@@ -57,8 +59,12 @@ class _Session:
 class AsyncProduceStream:
     """The Produce stream to one broker address."""
 
-    def __init__(self, method: Callable[..., Any], address: str) -> None:
+    def __init__(self, method: Callable[..., Any], address: str, stub: Any = None) -> None:
         self._method = method
+        # The broker's unary SendMessage / EndTransaction, for a coroutine alone (None: the
+        # stream always); and how many coroutines are in ``request`` now.
+        self._stub = stub
+        self._callers = 0
         self.address = address
         self._session: _Session | None = None
         self._ids = itertools.count(1)
@@ -66,12 +72,38 @@ class AsyncProduceStream:
         #: Stream messages sent and requests they carried (how well calls batch).
         self.messages_sent = 0
         self.requests_sent = 0
+        #: Requests sent direct (unary), by a coroutine alone.
+        self.direct_sent = 0
 
     async def request(self, entry: broker_pb2.ProduceEntry, timeout: float) -> broker_pb2.ProduceResult:
         """Sends ``entry`` and awaits its response; a non-OK status raises the TxmqError it
         stands for, no answer within ``timeout`` raises DeadlineExceededError."""
         if self._closed:
             raise ClientClosedError("producer")
+        alone = self._callers == 0 and self._stub is not None
+        self._callers += 1
+        try:
+            if alone:
+                return await self._direct(entry, timeout)
+            return await self._stream(entry, timeout)
+        finally:
+            self._callers -= 1
+
+    async def _direct(self, entry: broker_pb2.ProduceEntry, timeout: float) -> broker_pb2.ProduceResult:
+        method, unary, kind = direct_call(self._stub, entry)
+        self.direct_sent += 1
+        try:
+            return broker_pb2.ProduceResult(**{kind: await method(unary, timeout=timeout)})
+        except grpc.RpcError as exc:
+            if self._closed:
+                raise ClientClosedError("producer") from None
+            raise error_from_rpc(exc) from None
+        except asyncio.CancelledError:
+            if self._closed:
+                raise ClientClosedError("producer") from None
+            raise
+
+    async def _stream(self, entry: broker_pb2.ProduceEntry, timeout: float) -> broker_pb2.ProduceResult:
         session = self._session if self._session is not None and not self._session.dead else self._open()
         request_id = next(self._ids)
         entry.request_id = request_id

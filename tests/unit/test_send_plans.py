@@ -1,0 +1,136 @@
+"""The sans-I/O send and receive plans the sync and asyncio SDKs share (``txmq._sending``,
+``txmq._receiving``), driven step by step as a producer or consumer drives them."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from txmq import _receiving, _sending
+from txmq._client import QueueRoute
+from txmq._faults import FaultTable
+from txmq.errors import InvalidFieldError, UnavailableError
+from txmq.ids import MessageId
+from txmq.v1 import broker_pb2, common_pb2
+
+A = QueueRoute("broker-a", "a:1", 0)
+B = QueueRoute("broker-b", "b:1", 0)
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.faults = FaultTable()
+        self.invalidated: list[str] = []
+
+    def invalidate_route(self, topic: str) -> None:
+        self.invalidated.append(topic)
+
+    def check_open(self) -> None:
+        pass
+
+
+def _sender(max_attempts: int = 3) -> SimpleNamespace:
+    sender = SimpleNamespace(_client=_Client())
+    _sending.configure(sender, producer_group="pg", send_timeout_seconds=1.0, max_attempts=max_attempts,
+                       retry_backoff_seconds=0.1, max_body_bytes=1024)
+    return sender
+
+
+def _build(route: QueueRoute, message_id: str) -> common_pb2.Message:
+    return common_pb2.Message(topic="t", message_id=message_id, queue_id=route.queue_id,
+                              type=common_pb2.MESSAGE_TYPE_TRANSACTION)
+
+
+def _stored(message_id: str) -> broker_pb2.ProduceResult:
+    return broker_pb2.ProduceResult(send_message=broker_pb2.SendMessageResponse(message_id=message_id))
+
+
+def test_a_send_that_fails_moves_to_another_shard_with_a_new_id_and_the_first_is_abandoned() -> None:
+    sender = _sender()
+    steps = _sending.send_new(sender, "t", _build)
+    assert next(steps) == _sending.Pick("t", frozenset())
+    first = steps.send(A)
+    assert isinstance(first, _sending.Request) and first.shard == "broker-a" and first.send
+    first_id = first.entry.send_message.message.message_id
+    assert MessageId.decode(first_id).broker == "broker-a"
+    assert steps.throw(UnavailableError("down")) == _sending.Pick("t", frozenset({"broker-a"}))
+    second = steps.send(B)
+    second_id = second.entry.send_message.message.message_id
+    assert second.shard == "broker-b" and MessageId.decode(second_id).broker == "broker-b"
+    with pytest.raises(StopIteration) as done:
+        steps.send(_stored(second_id))
+    route, pb, response = done.value.value
+    assert (route, pb.message_id, response.message_id) == (B, second_id, second_id)
+    assert first_id in sender._abandoned  # its orphan, if stored, is answered ROLLBACK
+    assert sender._client.invalidated == ["t"]
+
+
+def test_with_no_other_shard_a_send_retries_its_own_with_the_same_id_after_a_backoff() -> None:
+    sender = _sender()
+    steps = _sending.send_new(sender, "t", _build)
+    next(steps)
+    first = steps.send(A)
+    assert steps.throw(UnavailableError("down")) == _sending.Pick("t", frozenset({"broker-a"}))
+    assert steps.send(A) == _sending.Sleep(0.1)  # the pick found only the same shard
+    assert steps.send(None) == _sending.Rebind("t", A, "a:1")
+    again = steps.send("a:2")
+    assert again.address == "a:2"
+    assert again.entry.send_message.message.message_id == first.entry.send_message.message.message_id
+
+
+def test_a_send_gives_up_after_max_attempts_and_a_refusal_at_once() -> None:
+    steps = _sending.send_new(_sender(max_attempts=1), "t", _build)
+    next(steps)
+    steps.send(A)
+    with pytest.raises(UnavailableError):
+        steps.throw(UnavailableError("down"))
+    steps = _sending.send_new(_sender(), "t", _build)
+    next(steps)
+    steps.send(A)
+    with pytest.raises(InvalidFieldError):
+        steps.throw(InvalidFieldError("body", "bad"))
+
+
+def test_end_transaction_is_retried_on_its_shard_and_never_raises() -> None:
+    from txmq import LocalTransactionState, Message, TransactionMessage, TransactionState
+
+    half = TransactionMessage(message=Message("t", b"x"), message_id="m", transaction_id="tx",
+                              broker_name="broker-a", queue_id=0)
+    steps = _sending.end_transaction(_sender(max_attempts=2), A, "t", half, LocalTransactionState.COMMIT, "pg")
+    first = next(steps)
+    assert first.shard == "broker-a" and first.entry.end_transaction.transaction_id == "tx"
+    assert steps.throw(UnavailableError("down")) == _sending.Sleep(0.1)
+    assert steps.send(None) == _sending.Rebind("t", A, "a:1")
+    assert steps.send("a:1").shard == "broker-a"
+    with pytest.raises(StopIteration) as done:
+        steps.throw(UnavailableError("still down"))
+    state, error = done.value.value
+    assert state is None and isinstance(error, UnavailableError)
+    steps = _sending.end_transaction(_sender(), A, "t", half, LocalTransactionState.COMMIT, "pg")
+    next(steps)
+    with pytest.raises(StopIteration) as done:
+        steps.send(broker_pb2.ProduceResult(end_transaction=broker_pb2.EndTransactionResponse(
+            state=common_pb2.TRANSACTION_STATE_COMMITTED)))
+    assert done.value.value == (TransactionState.COMMITTED, None)
+
+
+def test_a_receive_of_one_target_alone_is_its_long_poll() -> None:
+    steps = _receiving.receive_steps(["t@a"], 0, 16, 20.0, lambda t: False, lambda t: True, alone=True)
+    assert next(steps) == _receiving.Receive("t@a", 16, 20.0)
+    with pytest.raises(StopIteration) as done:
+        steps.send(["m"])
+    assert done.value.value == ["m"]
+
+
+def test_a_receive_passes_over_the_targets_then_long_polls_them() -> None:
+    targets = ["t@a", "t@b", "t@c"]
+    steps = _receiving.receive_steps(targets, 1, 16, 20.0, lambda t: t == "t@c", lambda t: True, alone=False)
+    assert next(steps) == _receiving.Receive("t@b", 16, 0.0)  # starts at turn 1; t@c is polled already
+    assert steps.throw(UnavailableError("b down")) == _receiving.Receive("t@a", 16, 0.0)
+    assert steps.send([]) == _receiving.LongPoll(["t@b", "t@c", "t@a"])
+    steps = _receiving.receive_steps(targets, 0, 2, 20.0, lambda t: False, lambda t: True, alone=False)
+    next(steps)
+    with pytest.raises(StopIteration) as done:
+        steps.send(["m1", "m2"])  # full at the first target
+    assert done.value.value == ["m1", "m2"]
