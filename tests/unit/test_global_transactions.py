@@ -233,6 +233,12 @@ def test_a_discard_acts_on_the_whole_transaction_and_a_later_commit_publishes_ev
     assert row.state == STATE_DISCARDED
     c.db.call(c.apply_global_op(gid, row.state, row.source, row.producer_group))
     assert discarded(c) == [b"c1"] and c.due_pulls(clock() + 10**9) == []
+    late = half(c, gid=gid, body=b"c2")  # a part stored after the discard: it asks, and is discarded too
+    clock.ms += 6_000
+    assert c.due_pulls(clock()) == [gid]
+    row = a.db.call(a.resolve_global_op(gid, "c"))
+    assert c.db.call(c.apply_global_op(gid, row.state, row.source, row.producer_group)) == 1
+    assert c.get_txn(late.transaction_id).state == STATE_DISCARDED and c.due_pulls(clock() + 10**9) == []
     b.close()
     b = BrokerCore(b.config, clock=clock)  # a restarted participant does not ask about discarded parts
     assert b.due_pulls(clock() + 10**9) == []
@@ -247,11 +253,11 @@ def test_a_discard_acts_on_the_whole_transaction_and_a_later_commit_publishes_ev
     assert a.pushes() == [(gid, STATE_COMMITTED, codec.SOURCE_OPERATOR, ["b", "c"])]
     a.db.call(a.push_done_op(gid, "b", STATE_DISCARDED))  # a late acknowledgement of the discard
     assert a.pushes() == [(gid, STATE_COMMITTED, codec.SOURCE_OPERATOR, ["b", "c"])]
-    for p in (b, c):
-        assert p.db.call(p.apply_global_op(gid, STATE_COMMITTED, codec.SOURCE_OPERATOR, "pg")) == 1
+    for p, n in ((b, 1), (c, 2)):
+        assert p.db.call(p.apply_global_op(gid, STATE_COMMITTED, codec.SOURCE_OPERATOR, "pg")) == n
         a.db.call(a.push_done_op(gid, p.name, STATE_COMMITTED))
         assert p.counters["pg"] == [0, 0] and p.global_problems() == []
-    assert visible(b) == [b"b1"] and visible(c) == [b"c1"]
+    assert visible(b) == [b"b1"] and visible(c) == [b"c1", b"c2"]
     assert a.pushes() == [] and a.global_problems() == [] and live_rows(a) == []
     b.close()
 
