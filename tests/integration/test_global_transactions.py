@@ -441,7 +441,8 @@ def test_a_discard_acts_on_every_part_and_an_operator_commit_publishes_them_all(
     coordinator = SHARDS[0] if case.listed else SHARDS[1]
     port = cluster.brokers[SHARDS.index(coordinator)].metrics_port
     ended = lambda result: metric(port, "txmq_global_transactions_total", {"result": result})  # noqa: E731
-    before = {r: ended(r) for r in ("discarded", "committed")}
+    pushed = lambda: metric(port, "txmq_global_pushes_total", {"result": "acknowledged"})  # noqa: E731
+    before = {r: ended(r) for r in ("discarded", "committed")} | {"pushed": pushed()}
     if case.shard:
         driver.arm(case.shard, case.step)
     gid, ids = driver.run(case, 100 + DISCARD_CASES.index(case))
@@ -469,6 +470,8 @@ def test_a_discard_acts_on_every_part_and_an_operator_commit_publishes_them_all(
     assert out["open_parts"] == [] and out["coordinator"]["state"] == "committed"
     if not case.shard:
         assert ended("committed") == before["committed"] + 1
+        # the commit was pushed to the participant (and, when named from the start, the discard too)
+        assert pushed() >= before["pushed"] + (2 if case.listed else 1)
     assert not consumers.errors
 
 
