@@ -6,7 +6,9 @@ A cluster of two shards and a checker; each round drives one global transaction 
 messages on two topics, two on each shard) with a combination drawn from the seed: which
 broker is armed with which fail point (``services/broker/failpoints.py``; a step that broker
 never reaches only means no crash), which shard coordinates, whether the participant is
-named, the producer's decision and the last step it takes. A broker that dies is restarted
+named, the producer's decision and the last step it takes. Some rounds the group answers
+every check UNKNOWN, so ``G`` is discarded (``check_max``): every part must be discarded on
+its shard, and an operator then commits or rolls ``G`` back. A broker that dies is restarted
 (disarmed). After each round: all four messages reach the consumers of both topics, or none
 does and every part is decided; at the end, nothing of a rolled-back transaction was ever
 delivered. The seed is printed first; a failure is reproduced with ``--seed``.
@@ -25,9 +27,10 @@ from pathlib import Path
 import txmq
 from services.broker import failpoints
 from tests.integration.test_global_transactions import (FAST, SHARDS, Case, Consuming, Driver,
-                                                        _committed_in_queues, _parts_open)
+                                                        _committed_in_queues, _global_states, _parts_open, two_topics)
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
+from txmq.v1 import broker_pb2, common_pb2
 
 LocalState = txmq.LocalTransactionState
 
@@ -37,8 +40,16 @@ def draw(rng: random.Random) -> Case:
     shard, step = "", ""
     if rng.random() < 0.8:
         shard, step = rng.choice(SHARDS), rng.choice(failpoints.STEPS)
-    return Case(shard, step, rng.choice([LocalState.COMMIT, LocalState.COMMIT, LocalState.ROLLBACK]),
-                producer_until, listed=rng.random() < 0.7)
+    decision = rng.choice([LocalState.COMMIT, LocalState.COMMIT, LocalState.ROLLBACK])
+    if rng.random() < 0.15:  # the group never knows: G is discarded, then an operator decides
+        decision, producer_until = LocalState.UNKNOWN, "local"
+    return Case(shard, step, decision, producer_until, listed=rng.random() < 0.7)
+
+
+def _discarded(cluster, gid: str) -> bool:
+    """G and every part of it are DISCARDED, and no participant is left to tell."""
+    states, pending = _global_states(cluster, gid)
+    return not pending and set(states) == {common_pb2.TRANSACTION_STATE_DISCARDED}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,17 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chaos_global: seed {seed}, {args.rounds} rounds", flush=True)
     rng = random.Random(seed)
     env = {"TXMQ_TRANSACTION_TIMEOUT_SECONDS": "0.4", "TXMQ_CHECK_INTERVAL_SECONDS": "0.2",
-           "TXMQ_CHECK_INTERVAL_MAX_SECONDS": "0.4", "TXMQ_WAL_PREFILL_BYTES": str(1 << 20), **FAST}
+           "TXMQ_CHECK_INTERVAL_MAX_SECONDS": "0.4", "TXMQ_WAL_PREFILL_BYTES": str(1 << 20),
+           "TXMQ_CHECK_MAX": "3", **FAST}
     workdir = Path(tempfile.mkdtemp(prefix="txmq-chaos-global-"))
     cluster = Cluster(workdir, brokers=2, checker=True, broker_env=env)
     rolled_back: list[str] = []
     started = time.monotonic()
     try:
-        topics = []
-        for i in range(2):
-            cluster.create_topic(f"chaos-global-{i}", queue_count=2)
-            cluster.wait_route(f"chaos-global-{i}", 2)
-            topics.append(f"chaos-global-{i}")
+        topics = two_topics(cluster, "chaos-global")
         decisions: dict[str, LocalState] = {}
         in_flight: set[str] = set()
 
@@ -86,9 +94,23 @@ def main(argv: list[str] | None = None) -> int:
                                 driver.revive(SHARDS[i])
                         return not any(_parts_open(cluster, s, gid) for s in SHARDS)
                     wait_until(settled, 30, message=f"round {n} ({case}): still undecided", ignore=(Exception,))
+                    commits = case.commits
+                    if case.decision is LocalState.UNKNOWN:
+                        wait_until(lambda: settled() and _discarded(cluster, gid), 30, ignore=(Exception,),
+                                   message=f"round {n} ({case}): not discarded whole")
+                        assert not consumers.of(gid), f"round {n} ({case}): discarded, yet delivered"
+                        commits = rng.random() < 0.5
+                        print(f"round {n}: the operator {'commits' if commits else 'rolls back'} {gid}", flush=True)
+                        driver.call(SHARDS[0] if case.listed else SHARDS[1], "EndTransaction",
+                                    broker_pb2.EndTransactionRequest(
+                                        transaction_id=gid, source=common_pb2.TRANSACTION_SOURCE_OPERATOR,
+                                        resolution=common_pb2.TRANSACTION_RESOLUTION_COMMIT if commits
+                                        else common_pb2.TRANSACTION_RESOLUTION_ROLLBACK, operator="chaos"))
+                        wait_until(settled, 30, message=f"round {n} ({case}): undecided after the operator",
+                                   ignore=(Exception,))
                     if case.shard and cluster.brokers[SHARDS.index(case.shard)].env.get("TXMQ_FAILPOINT"):
                         driver.arm(case.shard, "")  # never reached: disarm
-                    if case.commits:
+                    if commits:
                         wait_until(lambda: consumers.of(gid) == ids, 30, message=f"round {n} ({case}): partial")
                     else:
                         assert not _committed_in_queues(driver, gid), f"round {n} ({case}): rolled back, yet queued"

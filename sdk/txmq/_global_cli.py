@@ -1,7 +1,8 @@
 """``txmq txn global G`` and ``txmq txn list-global``: multi-message (global) transactions
 as the brokers hold them. The CLI asks every live broker (BrokerService, admin-read
 rights) and joins the answers: G's row on its coordinator, the participants still to be
-told its decision, and the undecided parts on each shard. ``txmq txn resolve G`` (the
+told its decision, and every part on each shard with its state (decided ones too, while
+their rows are retained). ``txmq txn resolve G`` (the
 existing command) decides a global transaction as a whole; a part refuses a decision of
 its own.
 """
@@ -18,6 +19,8 @@ from ._ids import TransactionId
 from .v1 import broker_pb2, broker_pb2_grpc
 
 Output = Callable[[Any, Callable[[], str]], None]
+#: Part states still waiting for G's decision (``transaction_dict`` names).
+_UNDECIDED = ("pending", "discarded")
 
 
 def _brokers(admin: Any) -> list[tuple[str, str]]:
@@ -39,7 +42,7 @@ def _global_describe(admin: Any, args: argparse.Namespace, out: Output, transact
     gid = args.global_transaction_id
     coordinator = TransactionId.decode(gid).broker
     data: dict[str, Any] = {"global_transaction_id": gid, "coordinator_shard": coordinator, "coordinator": None,
-                            "participants": [], "participants_pending": [], "open_parts": [],
+                            "participants": [], "participants_pending": [], "parts": [], "open_parts": [],
                             "unreachable_brokers": []}
     for name, address in _brokers(admin):
         try:
@@ -54,7 +57,8 @@ def _global_describe(admin: Any, args: argparse.Namespace, out: Output, transact
             data["coordinator"] = transaction_dict(found.transaction)
             data["participants"] = list(found.participants)
             data["participants_pending"] = list(found.participants_pending)
-        data["open_parts"] += [transaction_dict(p) for p in found.parts]
+        data["parts"] += [transaction_dict(p) for p in found.parts]
+    data["open_parts"] = [p for p in data["parts"] if p["state"] in _UNDECIDED]
 
     def text() -> str:
         c = data["coordinator"]
@@ -62,8 +66,9 @@ def _global_describe(admin: Any, args: argparse.Namespace, out: Output, transact
                  + (f"{c['state']} ({c['resolution_source'] or 'undecided'})" if c else "unknown")]
         if data["participants_pending"]:
             lines.append(f"to be told   {', '.join(data['participants_pending'])}")
-        for p in data["open_parts"]:
-            lines.append(f"open part    {p['transaction_id']} on {p['broker']} ({p['topic']})")
+        for p in data["parts"]:
+            lines.append(f"part         {p['transaction_id']} on {p['broker']} ({p['topic']}): {p['state']}"
+                         + (f" ({p['resolution_source']})" if p["resolution_source"] else ""))
         if data["unreachable_brokers"]:
             lines.append(f"unreachable  {', '.join(data['unreachable_brokers'])} (parts there not shown)")
         return "\n".join(lines)
@@ -109,7 +114,8 @@ def _global_list(admin: Any, args: argparse.Namespace, out: Output) -> None:
 def add_global_commands(txn: Any, common: argparse.ArgumentParser, transaction_dict: Any) -> None:
     """Adds ``global`` and ``list-global`` to the ``txmq txn`` subcommands."""
     p = txn.add_parser("global", parents=[common], help="one multi-message transaction: its coordinator's "
-                                                         "state, participants not yet told, open parts")
+                                                         "state, participants not yet told, every part "
+                                                         "with its state")
     p.add_argument("global_transaction_id")
     p.set_defaults(run=lambda admin, args, out: _global_describe(admin, args, out, transaction_dict))
     p = txn.add_parser("list-global", parents=[common], help="multi-message transactions undecided or whose "

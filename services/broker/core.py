@@ -95,6 +95,8 @@ class BrokerCore(GlobalPart, DeliveryPart, RetentionPart, QueriesPart):
         self.stored_listeners: list[Callable[[str, int], None]] = []
         # Called (once durable) when a global transaction's push or pull may be due (globaltx.py).
         self.global_listeners: list[Callable[[], None]] = []
+        # Called (once durable) when a global transaction coordinated here ends: (result,).
+        self.global_outcome_listeners: list[Callable[[str], None]] = []
         self._random = random.Random()
         # Per group, a time below which the due (pending) index holds no key: scans start
         # there instead of at the group's prefix (see claim_op).

@@ -1,7 +1,8 @@
 """The leader's side of multi-message transactions that needs the network (see
-``globaltx.py``): pushing a decided global transaction's decision to its participants
-(ApplyGlobalTransaction) and, for this shard's parts still undecided after
-``transaction_timeout_seconds``, asking their coordinator (ResolveGlobalTransaction).
+``globaltx.py``): pushing a decided (or discarded) global transaction's decision to its
+participants (ApplyGlobalTransaction) and, for this shard's PREPARED parts still undecided
+after ``transaction_timeout_seconds``, asking their coordinator (ResolveGlobalTransaction,
+naming this shard; a DISCARDED answer discards the parts here and ends the asking).
 
 It runs on whatever term serves now (``current`` gives (core, bridge), or None while this
 replica does not lead), so a restarted broker or a new leader goes on from the rows in the
@@ -26,12 +27,14 @@ from services.common.channels import ChannelPool
 
 from . import failpoints
 from .config import BrokerConfig
-from .model import STATE_COMMITTED, STATE_ROLLED_BACK, Source
+from .globaltx import OUTCOMES
+from .model import STATE_COMMITTED, STATE_DISCARDED, STATE_ROLLED_BACK, Source
 
 log = logging.getLogger(__name__)
 
 _STATE_PB = {STATE_COMMITTED: common_pb2.TRANSACTION_STATE_COMMITTED,
-             STATE_ROLLED_BACK: common_pb2.TRANSACTION_STATE_ROLLED_BACK}
+             STATE_ROLLED_BACK: common_pb2.TRANSACTION_STATE_ROLLED_BACK,
+             STATE_DISCARDED: common_pb2.TRANSACTION_STATE_DISCARDED}
 _DECIDED_FROM_PB = {v: k for k, v in _STATE_PB.items()}
 _SOURCE_PB = {Source.CLIENT: common_pb2.TRANSACTION_SOURCE_CLIENT, Source.CHECK: common_pb2.TRANSACTION_SOURCE_CHECK,
               Source.OPERATOR: common_pb2.TRANSACTION_SOURCE_OPERATOR, Source.BROKER: common_pb2.TRANSACTION_SOURCE_BROKER}
@@ -39,8 +42,10 @@ _SOURCE_FROM_PB = {v: k for k, v in _SOURCE_PB.items()}
 
 
 class GlobalPump:
-    def __init__(self, config: BrokerConfig, current: Callable[[], tuple[Any, Any] | None]) -> None:
+    def __init__(self, config: BrokerConfig, current: Callable[[], tuple[Any, Any] | None],
+                 metrics: Any = None) -> None:
         self._config = config
+        self._metrics = metrics
         self._current = current
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -50,6 +55,10 @@ class GlobalPump:
         self._timeout = max(config.check_interval_seconds * 4, 1.0)
         #: (G id, shard) → when a failed push may be tried again (broker clock, ms).
         self._push_after: dict[tuple[str, str], int] = {}
+
+    def _count(self, kind: str, result: str) -> None:
+        if self._metrics is not None:
+            (self._metrics.record_global_push if kind == "push" else self._metrics.record_global_pull)(result)
 
     def wake(self) -> None:
         self._wake.set()
@@ -136,10 +145,12 @@ class GlobalPump:
                      err.details() if isinstance(err, grpc.RpcError) else err)
             self._addresses.pop(shard, None)
             self._push_after[(gid, shard)] = core.clock() + self._retry_ms
+            self._count("push", "failed")
             return
         failpoints.hit("push.after")
+        self._count("push", "acknowledged")
         self._push_after.pop((gid, shard), None)
-        await bridge.run(core.push_done_op(gid, shard))
+        await bridge.run(core.push_done_op(gid, shard, state))
 
     async def _pull(self, core: Any, bridge: Any, gid: str) -> None:
         failpoints.hit("pull.before")
@@ -147,20 +158,25 @@ class GlobalPump:
         try:
             stub = await self._stub(shard)
             answer = await stub.ResolveGlobalTransaction(
-                broker_pb2.ResolveGlobalTransactionRequest(global_transaction_id=gid), timeout=self._timeout)
+                broker_pb2.ResolveGlobalTransactionRequest(global_transaction_id=gid,
+                                                           participant=self._config.broker_name),
+                timeout=self._timeout)
         except (grpc.RpcError, LookupError) as err:
             if isinstance(err, grpc.RpcError) and isinstance(error_from_rpc(err), TransactionNotFoundError):
                 log.warning("global transaction %s is unknown to its coordinator %s: rolling its parts back",
                             gid, shard)
+                self._count("pull", "unknown")
                 await bridge.run(core.apply_global_op(gid, STATE_ROLLED_BACK, Source.BROKER))
                 return
             log.info("asking %s about global transaction %s failed, trying again: %s", shard, gid,
                      err.details() if isinstance(err, grpc.RpcError) else err)
             self._addresses.pop(shard, None)
             core.pull_later(gid, self._retry_ms)
+            self._count("pull", "failed")
             return
         state = _DECIDED_FROM_PB.get(answer.state)
-        if state is None:  # PREPARED or DISCARDED: its check decides it, ask again later
+        self._count("pull", OUTCOMES.get(state, "prepared"))
+        if state is None:  # PREPARED: its check decides it, ask again later
             core.pull_later(gid, self._retry_ms)
             return
         await bridge.run(core.apply_global_op(gid, state, _SOURCE_FROM_PB.get(answer.source, Source.BROKER),

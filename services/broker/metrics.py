@@ -15,6 +15,10 @@ from .groups import describe_groups
 from .store.codec import KIND_HALF, STATE_NAMES
 
 _SOURCES = {1: "client", 2: "check", 3: "operator", 4: "broker"}
+#: Labels of the global transaction counters, created at start so their series exist at 0.
+GLOBAL_RESULTS = ("committed", "rolled_back", "discarded")
+GLOBAL_PUSH_RESULTS = ("acknowledged", "failed")
+GLOBAL_PULL_ANSWERS = ("committed", "rolled_back", "discarded", "prepared", "unknown", "failed")
 
 
 class BrokerMetrics(BaseMetrics):
@@ -51,6 +55,24 @@ class BrokerMetrics(BaseMetrics):
             "txmq_timer_lateness_seconds", "Delay / timer messages: due time → moved into their queue "
             "(visible)", registry=self.registry,
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0))
+        self.global_transactions = Counter(
+            "txmq_global_transactions_total", "Multi-message (global) transactions this broker coordinates that "
+            "ended, by result (committed, rolled_back, discarded: every part went to %DISCARD%; one decided "
+            "after its discard counts again)", ["result"], registry=self.registry)
+        self.global_pushes = Counter(
+            "txmq_global_pushes_total", "A global transaction's decision (or discard) pushed to a participant, "
+            "by result (acknowledged; failed: tried again after check_interval_seconds)", ["result"],
+            registry=self.registry)
+        self.global_pulls = Counter(
+            "txmq_global_pulls_total", "Questions to a global transaction's coordinator about parts undecided "
+            "here, by answer (committed, rolled_back, discarded: applied; prepared, failed: asked again; "
+            "unknown: G unknown to its coordinator, rolled back)", ["answer"], registry=self.registry)
+        for result in GLOBAL_RESULTS:
+            self.global_transactions.labels(result)
+        for result in GLOBAL_PUSH_RESULTS:
+            self.global_pushes.labels(result)
+        for answer in GLOBAL_PULL_ANSWERS:
+            self.global_pulls.labels(answer)
         self.store_bytes_value = 0
         self._ended: dict[tuple[str, int, int], Any] = {}
         self._stored: dict[tuple[str, int], Any] = {}
@@ -73,6 +95,15 @@ class BrokerMetrics(BaseMetrics):
 
     def record_discard(self, group: str) -> None:
         self.transactions_discarded.labels(group).inc()
+
+    def record_global(self, result: str) -> None:
+        self.global_transactions.labels(result).inc()
+
+    def record_global_push(self, result: str) -> None:
+        self.global_pushes.labels(result).inc()
+
+    def record_global_pull(self, answer: str) -> None:
+        self.global_pulls.labels(answer).inc()
 
     def record_timer_moved(self, lateness_ms: list[int]) -> None:
         for ms in lateness_ms:
@@ -167,6 +198,28 @@ def _consumer_families(core: Any) -> Iterator[object]:
     yield from (lag, letters)
 
 
+def _global_families(core: Any) -> Iterator[object]:
+    """Multi-message (global) transactions: live work of the commit protocol on this broker."""
+    stats = core.global_stats()
+    yield GaugeMetricFamily("txmq_global_transactions_open", "Global transactions this broker coordinates "
+                            "that are undecided (PREPARED, or DISCARDED awaiting an operator)", value=stats.open)
+    yield GaugeMetricFamily("txmq_global_pushes_pending", "Participants still to be told a global "
+                            "transaction's decision or discard (pushed until they acknowledge)",
+                            value=stats.pushes_pending)
+    yield GaugeMetricFamily("txmq_global_push_oldest_age_seconds", "How long the oldest decision not yet "
+                            "acknowledged by every participant has waited (0: none; since the broker "
+                            "started for one it found in its store)", value=stats.oldest_push_ms / 1000)
+    parts = GaugeMetricFamily("txmq_global_parts_undecided", "Parts of global transactions stored here "
+                              "and not yet decided, by state (prepared: waiting for the decision; discarded: "
+                              "the transaction was discarded, waiting for an operator)", labels=["state"])
+    parts.add_metric(["prepared"], stats.parts_prepared)
+    parts.add_metric(["discarded"], stats.parts_discarded)
+    yield parts
+    yield GaugeMetricFamily("txmq_global_part_oldest_prepared_age_seconds", "How long the oldest PREPARED part "
+                            "of a global transaction here has waited for the decision (0: none)",
+                            value=stats.oldest_prepared_part_ms / 1000)
+
+
 class _StateCollector(Collector):
     def __init__(self, current: Callable[[], "tuple[Any, Any] | None"], metrics: BrokerMetrics) -> None:
         self.current = current
@@ -213,6 +266,7 @@ class _StateCollector(Collector):
             lag.add_metric([group, topic], value)
         yield lag
         yield from _consumer_families(core)
+        yield from _global_families(core)
         yield GaugeMetricFamily("txmq_store_bytes", "Bytes of the broker's RocksDB directory",
                                 value=self.metrics.store_bytes_value)
         yield GaugeMetricFamily("txmq_disk_free_bytes", "Free bytes on the broker's data volume",

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Callable
 
+from txmq.names import GLOBAL_TRANSACTION_PROPERTY
+
 from .base import BrokerBase
 from .model import KIND_HALF, KIND_NORMAL, STATE_COMMITTED, STATE_DISCARDED, STATE_PREPARED
-from .store import codec
+from .store import codec, globalcodec
 from .store.codec import LogRecord
 from .store.db import OpWrites
 
@@ -41,6 +43,9 @@ class RetentionPart(BrokerBase):
                 seq = codec.log_seq(key)
                 if not self._expirable(w, seq, record):
                     continue
+                gid = record.properties.get(GLOBAL_TRANSACTION_PROPERTY)
+                if gid:  # a part of a global transaction: its index row goes with its row
+                    w.delete("global", globalcodec.member_key(gid, seq))
                 w.delete("log", key)
                 max_deleted = max(max_deleted, seq)
                 stats["records_deleted"] += 1

@@ -69,6 +69,7 @@ def _build(config: BrokerConfig, db: Database, loop: asyncio.AbstractEventLoop,
     core.end_listeners.append(metrics.record_end)
     core.stored_listeners.append(metrics.record_stored)
     core.discard_listeners.append(metrics.record_discard)
+    core.global_outcome_listeners.append(metrics.record_global)
     return core, bridge, BrokerServicer(core, bridge, metrics)
 
 
@@ -97,7 +98,7 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
     node: ReplicaNode | None = None
     terms: list[tuple[BrokerCore, StoreBridge]] = []  # the one serving now (empty: not leading)
     pump = TimerPump(lambda: terms[0] if terms else None)
-    global_pump = GlobalPump(config, lambda: terms[0] if terms else None)
+    global_pump = GlobalPump(config, lambda: terms[0] if terms else None, metrics)
 
     if not replicated:
         core, bridge, servicer = _build(config, db, loop, metrics, pump, global_pump)

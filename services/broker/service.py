@@ -471,7 +471,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     async def ResolveGlobalTransaction(self, request: broker_pb2.ResolveGlobalTransactionRequest, context: Any) -> Any:
         failpoints.hit("resolve.before")
-        row = self.core.resolve_global(request.global_transaction_id)
+        row = await self.bridge.run(self.core.resolve_global_op(request.global_transaction_id,
+                                                                request.participant))
         await self.bridge.settled()  # answer only a durable state
         return broker_pb2.ResolveGlobalTransactionResponse(
             state=state_to_proto(row.state), source=source_to_proto(row.source), producer_group=row.producer_group)

@@ -16,7 +16,7 @@ from .chart import Rendered
 
 HERE = Path(__file__).resolve().parent
 EXPECTED_ALERTS = {"TxmqCheckLagHigh", "TxmqCheckDueUndelivered", "TxmqChecksWaitingForProducers",
-                   "TxmqCheckAnswersRefused", "TxmqTransactionsDiscarded",
+                   "TxmqCheckAnswersRefused", "TxmqTransactionsDiscarded", "TxmqGlobalDecisionUndelivered",
                    "TxmqPendingTransactionsGrowing", "TxmqBrokerDown", "TxmqBrokersMissing",
                    "TxmqProxiesMissing", "TxmqShardAvoided", "TxmqAuditAnomalies",
                    "TxmqConsumerLagHigh", "TxmqDeadLetters", "TxmqBrokerDiskLow"}

@@ -82,7 +82,9 @@ def test_dashboard_is_well_formed() -> None:
                    "replication lag (records)", "in-sync replicas vs replication factor", "leader epoch",
                    "leadership changes", "writes refused", "sends rerouted", "shards avoided",
                    "send latency per shard", "consumer lag (messages)",
-                   "consumer lag (oldest unacknowledged, seconds)", "messages in and out", "dead letters"):
+                   "consumer lag (oldest unacknowledged, seconds)", "messages in and out", "dead letters",
+                   "global transactions ended", "global transaction parts undecided",
+                   "oldest undecided global part", "global pushes and pulls"):
         assert wanted in titles, wanted
     # Counts over a window that follows the zoom ($__rate_interval) change with it: none.
     for p in _panels():

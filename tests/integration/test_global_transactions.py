@@ -28,6 +28,7 @@ from txmq.names import GLOBAL_TRANSACTION_PROPERTY
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.broker import failpoints
 from tests.support.cli import txmq_cli
+from tests.support.metrics import metric
 from tests.support.waiting import wait_until
 
 LocalState = txmq.LocalTransactionState
@@ -318,6 +319,15 @@ class Driver:
         return gid, ids
 
 
+def two_topics(cluster, prefix: str) -> list[str]:
+    """``<prefix>-0`` and ``<prefix>-1``, two queues each (one on each shard), routed."""
+    topics = [f"{prefix}-{i}" for i in range(2)]
+    for topic in topics:
+        cluster.create_topic(topic, queue_count=2)
+        cluster.wait_route(topic, 2)
+    return topics
+
+
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
     from tests.conftest import _make_cluster
@@ -326,12 +336,7 @@ def matrix(tmp_path_factory):
         # broker-1's parts never ask within a test: as a listed participant only pushes reach it.
         cluster.brokers[1].env["TXMQ_TRANSACTION_TIMEOUT_SECONDS"] = "60"
         cluster.restart_broker(1)
-        topics = []
-        for i in range(2):
-            topic = f"global-matrix-{i}"
-            cluster.create_topic(topic, queue_count=2)
-            cluster.wait_route(topic, 2)
-            topics.append(topic)
+        topics = two_topics(cluster, "global-matrix")
         decisions: dict[str, LocalState] = {}
         in_flight: set[str] = set()
 
@@ -382,6 +387,92 @@ def _committed_in_queues(driver: Driver, gid: str) -> list[str]:
         found += [m.message.message_id for m in read.messages
                   if m.message.properties.get(GLOBAL_TRANSACTION_PROPERTY) == gid]
     return found
+
+
+# --- discards ------------------------------------------------------------------------------
+
+#: A discarded G (the group answers every check UNKNOWN; check_max 2): with its participant
+#: named or not (then it asks, and the coordinator adds it), with no crash, the participant
+#: killed while applying the discard, and the coordinator killed after its discard push was
+#: applied (it pushes again). Every time every part is discarded on its own shard, nothing
+#: is delivered, and the operator's later commit of G publishes every part on every shard.
+DISCARD_CASES = [Case(producer_until="parts"), Case(producer_until="parts", listed=False),
+                 Case("broker-1", "apply.before", producer_until="parts"),
+                 Case("broker-0", "push.after", producer_until="parts")]
+
+
+@pytest.fixture(scope="module")
+def discarding(tmp_path_factory):
+    from tests.conftest import _make_cluster
+    cluster = _make_cluster(tmp_path_factory.mktemp("global-discard"), brokers=2, checker=True,
+                            broker_env={**FAST, "TXMQ_CHECK_MAX": "2"})
+    try:
+        topics = two_topics(cluster, "global-discard")
+        with txmq.TransactionProducer(cluster.nameserver_address, producer_group="discard-pg",
+                                      checker=lambda m: LocalState.UNKNOWN) as group:
+            wait_until(lambda: group.connected_checkers(), 10)
+            consumers = Consuming(cluster, topics, "discard-cg")
+            try:
+                yield cluster, Driver(cluster, topics, "discard-pg", {}, set()), consumers
+            finally:
+                consumers.stop()
+    finally:
+        cluster.stop()
+
+
+def _global_states(cluster, gid: str) -> tuple[list[int], list[str]]:
+    """The states of G's first message and every part on both shards, and the participants
+    still to be told."""
+    states, pending = [], []
+    for i in range(len(SHARDS)):
+        stub = broker_pb2_grpc.BrokerServiceStub(cluster.channel(cluster.brokers[i].address))
+        found = stub.GetGlobalTransaction(broker_pb2.GetGlobalTransactionRequest(global_transaction_id=gid), timeout=5)
+        if found.HasField("transaction"):
+            states.append(found.transaction.state)
+        states += [p.state for p in found.parts]
+        pending += list(found.participants_pending)
+    return sorted(states), pending
+
+
+@pytest.mark.parametrize("case", DISCARD_CASES, ids=lambda c: f"{c.shard or 'no-crash'}:{c.step or '-'}:"
+                                                               f"{'listed' if c.listed else 'unlisted'}")
+def test_a_discard_acts_on_every_part_and_an_operator_commit_publishes_them_all(discarding, case: Case):
+    cluster, driver, consumers = discarding
+    coordinator = SHARDS[0] if case.listed else SHARDS[1]
+    port = cluster.brokers[SHARDS.index(coordinator)].metrics_port
+    ended = lambda result: metric(port, "txmq_global_transactions_total", {"result": result})  # noqa: E731
+    pushed = lambda: metric(port, "txmq_global_pushes_total", {"result": "acknowledged"})  # noqa: E731
+    before = {r: ended(r) for r in ("discarded", "committed")} | {"pushed": pushed()}
+    if case.shard:
+        driver.arm(case.shard, case.step)
+    gid, ids = driver.run(case, 100 + DISCARD_CASES.index(case))
+    assert len(ids) == 4
+    if case.shard:
+        driver.revive(case.shard)  # its fail point met the discard's push
+    discarded = sorted([common_pb2.TRANSACTION_STATE_DISCARDED] * 4)
+    wait_until(lambda: _global_states(cluster, gid) == (discarded, []), 20,
+               message=lambda: f"{case}: {_global_states(cluster, gid)}", ignore=(grpc.RpcError,))
+    if not case.shard:  # the counters of a broker that restarted began again
+        assert ended("discarded") == before["discarded"] + 1
+    out = json.loads(txmq_cli(cluster, "txn", "global", gid).stdout)
+    assert [p["state"] for p in out["parts"]] == ["discarded"] * 3 and len(out["open_parts"]) == 3
+    resolved = txmq_cli(cluster, "txn", "resolve", gid, "--commit", "--operator", "ops", "--reason", "known")
+    assert resolved.returncode == 0, resolved.stderr
+    wait_until(lambda: consumers.of(gid) == ids, 15,
+               message=lambda: f"{case}: consumers saw {len(consumers.of(gid))} of {len(ids)}")
+    committed = sorted([common_pb2.TRANSACTION_STATE_COMMITTED] * 4)
+    wait_until(lambda: _global_states(cluster, gid) == (committed, []), 15,
+               message=lambda: f"{case}: {_global_states(cluster, gid)}", ignore=(grpc.RpcError,))
+    # Every part, decided ones too, with its state and shard.
+    out = json.loads(txmq_cli(cluster, "txn", "global", gid).stdout)
+    assert sorted((p["broker"], p["state"]) for p in out["parts"]) == sorted(
+        [(coordinator, "committed")] + [(s, "committed") for s in SHARDS if s != coordinator] * 2)
+    assert out["open_parts"] == [] and out["coordinator"]["state"] == "committed"
+    if not case.shard:
+        assert ended("committed") == before["committed"] + 1
+        # the commit was pushed to the participant (and, when named from the start, the discard too)
+        assert pushed() >= before["pushed"] + (2 if case.listed else 1)
+    assert not consumers.errors
 
 
 # --- replicated shards --------------------------------------------------------------------

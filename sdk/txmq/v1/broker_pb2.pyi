@@ -545,10 +545,12 @@ class ApplyGlobalTransactionResponse(_message.Message):
     def __init__(self, parts_decided: _Optional[int] = ...) -> None: ...
 
 class ResolveGlobalTransactionRequest(_message.Message):
-    __slots__ = ("global_transaction_id",)
+    __slots__ = ("global_transaction_id", "participant")
     GLOBAL_TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_FIELD_NUMBER: _ClassVar[int]
     global_transaction_id: str
-    def __init__(self, global_transaction_id: _Optional[str] = ...) -> None: ...
+    participant: str
+    def __init__(self, global_transaction_id: _Optional[str] = ..., participant: _Optional[str] = ...) -> None: ...
 
 class ResolveGlobalTransactionResponse(_message.Message):
     __slots__ = ("state", "source", "producer_group")

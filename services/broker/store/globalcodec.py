@@ -1,17 +1,20 @@
 """Byte layouts of the multi-message transaction rows (column family ``global``). Pure
 functions: no I/O. Values are framed like every stored value (``codec.frame``).
 
-Keys (one column family, three kinds, told apart by their first byte)::
+Keys (one column family, four kinds, told apart by their first byte)::
 
     b"O" | G seq u64 BE                       open G on its coordinator (PREPARED or DISCARDED)
     b"P" | G seq u64 BE                       decided G whose participants are not all told yet
-    b"B" | G id (UTF-8) | 0x00 | seq u64 BE   an undecided part (half message) of G on this shard
+    b"B" | G id (UTF-8) | 0x00 | seq u64 BE   an undecided part (PREPARED or DISCARDED) of G on this shard
+    b"M" | G id (UTF-8) | 0x00 | seq u64 BE   a part of G on this shard, decided or not (deleted with
+                                              its transaction row by retention: ``txmq txn global``)
 
 Values::
 
     O: n u16 | participant s16 × n
-    P: state u8 | source u8 | n u16 | participant s16 × n      (the participants still to tell)
-    B: empty
+    P: state u8 | source u8 | n u16 | participant s16 × n      (the participants still to tell;
+       state COMMITTED/ROLLED_BACK: G's decision, DISCARDED: G was discarded, discard the parts)
+    B, M: empty
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from .codec import CorruptRecordError, _Reader, _Writer, frame, unframe
 _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
 _HEAD = struct.Struct(">BBH")
-OPEN, PUSH, PART = b"O", b"P", b"B"
+OPEN, PUSH, PART, MEMBER = b"O", b"P", b"B", b"M"
 
 
 def open_key(seq: int) -> bytes:
@@ -36,6 +39,14 @@ def push_key(seq: int) -> bytes:
 
 def part_key(gid: str, seq: int) -> bytes:
     return PART + gid.encode() + b"\x00" + _U64.pack(seq)
+
+
+def member_key(gid: str, seq: int) -> bytes:
+    return MEMBER + gid.encode() + b"\x00" + _U64.pack(seq)
+
+
+def member_prefix(gid: str) -> bytes:
+    return MEMBER + gid.encode() + b"\x00"
 
 
 def split_seq_key(key: bytes) -> int:
