@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from services.broker.config import BrokerConfig
 from services.broker.core import BrokerCore, parse_tag_filter
 from services.broker.delivery import MAX_FILTERED_SCAN
 from services.broker.store import codec
@@ -20,30 +19,16 @@ from tests.support.fifo_model import run_model
 from txmq.errors import InvalidFieldError
 from txmq.fifo import group_queue_index, message_group_hash
 
-from .test_broker_core import Clock
+from .test_broker_core import clock  # noqa: F401 - the clock fixture
+from .test_broker_core import make_core as broker_core  # noqa: F401 - the store fixture, under another name
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def make_core(tmp_path, clock):
-    cores: list[BrokerCore] = []
-
+def make_core(broker_core):
+    """``test_broker_core``'s cores, dead-lettering after two deliveries unless told otherwise."""
     def make(**overrides: Any) -> BrokerCore:
-        config = dataclasses.replace(BrokerConfig(data_dir=str(tmp_path / "store"), flush="async",
-                                                  max_delivery_attempts=2), **overrides)
-        core = BrokerCore(config, clock=clock)
-        cores.append(core)
-        return core
-    yield make
-    for core in cores:
-        try:
-            core.close()
-        except Exception:
-            pass
+        return broker_core(**{"max_delivery_attempts": 2, **overrides})
+    return make
 
 
 @pytest.fixture
