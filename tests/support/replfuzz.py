@@ -31,6 +31,8 @@ from hypothesis import strategies as st
 
 from services.broker.store import replog
 
+from .replstream import replication_address, split_frames
+
 #: Refusal codes that would mean the broker failed (its own error), not the input.
 FORBIDDEN = frozenset({grpc.StatusCode.INTERNAL.value[0], grpc.StatusCode.UNKNOWN.value[0]})
 _CODES = {c.value[0]: c.name for c in grpc.StatusCode}
@@ -148,13 +150,7 @@ def exchange(address: tuple[str, int], data: bytes, timeout: float) -> tuple[lis
                 return frames_in, "reset"
             if not chunk:
                 return frames_in, "closed"
-            buffer += chunk
-            while len(buffer) >= replog.FRAME_HEAD.size:
-                length, kind = replog.FRAME_HEAD.unpack_from(buffer)
-                if len(buffer) < 4 + length:
-                    break
-                frames_in.append((kind, buffer[replog.FRAME_HEAD.size:4 + length]))
-                buffer = buffer[4 + length:]
+            buffer = split_frames(buffer + chunk, frames_in)
     return frames_in, "more"
 
 
@@ -201,7 +197,6 @@ def run_on_cluster(cluster: Any, examples: int, census: Census, topic: str = "fu
     import txmq
 
     from .replicas import stop_and_compare, wait_in_sync
-    from .replstream import replication_address
 
     leader = cluster.wait_leaders()["broker-0"]
     follower = next(p for p in cluster.shards["broker-0"] if p is not leader)

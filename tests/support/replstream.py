@@ -22,6 +22,18 @@ def replication_address(proc: ServiceProcess) -> tuple[str, int]:
     return proc.host, port
 
 
+def split_frames(buffer: bytes, frames: list[tuple[int, bytes]]) -> bytes:
+    """Appends every complete frame at the start of ``buffer`` to ``frames`` as (kind,
+    body); returns the incomplete rest."""
+    while len(buffer) >= replog.FRAME_HEAD.size:
+        length, kind = replog.FRAME_HEAD.unpack_from(buffer)
+        if len(buffer) < 4 + length:
+            break
+        frames.append((kind, buffer[replog.FRAME_HEAD.size:4 + length]))
+        buffer = buffer[4 + length:]
+    return buffer
+
+
 def exchange(address: tuple[str, int], data: bytes, *, timeout: float = 3.0,
              context: ssl.SSLContext | None = None, server_hostname: str | None = None,
              max_frames: int = 4) -> tuple[list[tuple[int, bytes]], bool]:
@@ -48,13 +60,7 @@ def exchange(address: tuple[str, int], data: bytes, *, timeout: float = 3.0,
             if not chunk:
                 closed = True
                 break
-            buffer += chunk
-            while len(buffer) >= replog.FRAME_HEAD.size:
-                length, kind = replog.FRAME_HEAD.unpack_from(buffer)
-                if len(buffer) < 4 + length:
-                    break
-                frames.append((kind, buffer[replog.FRAME_HEAD.size:4 + length]))
-                buffer = buffer[4 + length:]
+            buffer = split_frames(buffer + chunk, frames)
         return frames, closed
     finally:
         sock.close()
