@@ -90,7 +90,8 @@ class SimpleConsumer:
     after it was queued (sooner when half its message's remaining invisibility is less),
     and by :meth:`flush_acks` and :meth:`close`. A deferred ack that fails (a stale handle,
     or the failed call that carried it) is logged and given to ``on_ack_error(message,
-    error)``.
+    error)``, which may be called on any of the consumer's threads (the caller's, a long
+    poll's, the deferred acks' timer).
     """
 
     def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
