@@ -75,13 +75,13 @@ def test_deferred_acks_ride_the_next_receive_applied_before_its_long_poll(cluste
     cluster.create_topic(topic, queue_count=1)
     sent = send(cluster, topic, 3)
     with consumer(cluster, group, topic, max_ack_delay_seconds=60.0, await_duration_seconds=3.0) as c:
-        got = receive_all(c, 3, invisible=4.0)
+        got = receive_all(c, 3, invisible=6.0)
         assert sorted(m.message_id for m in got) == sorted(sent)
         calls, carried = ack_calls(cluster), acks(cluster, "receive")
         for message in got:
-            c.ack_later(message)  # due after 2 s (half the invisibility left): the receive comes first
+            c.ack_later(message)  # due after ~3 s (half the invisibility left): the receive comes first
         poll: list[list[txmq.ReceivedMessage]] = []
-        thread = threading.Thread(target=lambda: poll.append(c.receive(max_messages=8, invisible_duration_seconds=4.0)))
+        thread = threading.Thread(target=lambda: poll.append(c.receive(max_messages=8, invisible_duration_seconds=6.0)))
         thread.start()
         wait_until(lambda: acks(cluster, "receive") >= carried + 3, 2.5, message="the carried acks were not applied")
         assert thread.is_alive(), "the acks were applied only when the long poll ended"
