@@ -157,13 +157,32 @@ print(" ".join(m.message_id for m in got), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
+KILLED_ASYNC = """
+import asyncio, os, signal, sys
+from txmq.aio import AsyncSimpleConsumer
 
-def test_a_consumer_killed_with_deferred_acks_queued_has_its_messages_redelivered(cluster, unique_name):
+async def main():
+    c = AsyncSimpleConsumer(sys.argv[1], consumer_group=sys.argv[2], subscriptions={sys.argv[3]: "*"},
+                            await_duration_seconds=1.0, max_ack_delay_seconds=60.0)
+    got = []
+    while len(got) < int(sys.argv[4]):
+        got.extend(await c.receive(max_messages=16, invisible_duration_seconds=4.0))
+    for m in got:
+        c.ack_later(m)
+    print(" ".join(m.message_id for m in got), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("script", [KILLED, KILLED_ASYNC], ids=["sync", "asyncio"])
+def test_a_consumer_killed_with_deferred_acks_queued_has_its_messages_redelivered(cluster, unique_name, script):
     topic, group = unique_name("topic"), unique_name("group")
     cluster.create_topic(topic, queue_count=1)
     sent = send(cluster, topic, 4)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "sdk"), str(REPO)])}
-    done = subprocess.run([sys.executable, "-c", KILLED, cluster.nameserver_address, group, topic, "4"],
+    done = subprocess.run([sys.executable, "-c", script, cluster.nameserver_address, group, topic, "4"],
                           capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == -9, done.stderr
     assert sorted(done.stdout.split()) == sorted(sent)
