@@ -301,8 +301,11 @@ def _consume(poll: Any, start: Any, done: Any, out: Any, exit_: Any) -> None:
     exit_.wait(120)
 
 
-def txmq_consumer(nameserver: str, topic: str, group: str, start: Any, done: Any, out: Any, exit_: Any) -> None:
+def txmq_consumer(nameserver: str, topic: str, group: str, start: Any, done: Any, out: Any, exit_: Any,
+                  acks: str = "deferred") -> None:
     import txmq
+
+    from bench.transactions import acknowledge
 
     with txmq.SimpleConsumer(nameserver, consumer_group=group, subscriptions={topic: "*"},
                              await_duration_seconds=0.2) as consumer:
@@ -311,7 +314,7 @@ def txmq_consumer(nameserver: str, topic: str, group: str, start: Any, done: Any
         def poll() -> list[str]:
             batch = consumer.receive(max_messages=256, invisible_duration_seconds=60)
             if batch:
-                consumer.ack_many(batch)
+                acknowledge(consumer, batch, acks)
             return [m.message_id for m in batch if m.body == BODY]
 
         _consume(poll, start, done, out, exit_)
@@ -376,6 +379,8 @@ class Run:
     latencies: list[float] = field(default_factory=list)
     cpu: dict[str, float] = field(default_factory=dict)
     busy: float = 0.0
+    #: txmq: ReceiveMessages + AckMessages the broker answered over the run.
+    consumer_calls: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -401,7 +406,8 @@ class Run:
                 "committed": self.committed, "business_rows": self.rows, "consumed": self.consumed,
                 "duplicates": self.duplicates, "errors": self.errors, "seconds": round(self.seconds, 3),
                 "cpu_us_per_txn": {k: round(v / max(self.consumed, 1) * 1e6, 1) for k, v in self.cpu.items()},
-                "cpu_busy": round(self.busy, 3), "saturated": self.saturated, "ok": self.ok}
+                "cpu_busy": round(self.busy, 3), "saturated": self.saturated, "ok": self.ok,
+                "consumer_calls_per_txn": round(self.consumer_calls / max(self.consumed, 1), 3)}
 
 
 class Bench:
@@ -463,6 +469,11 @@ class Bench:
             ch.queue_declare("orders", durable=True)
             conn.close()
 
+    def _consumer_calls(self) -> float:
+        from bench.transactions import consumer_calls
+
+        return consumer_calls(self.cluster.brokers[0].metrics_port) if self.cluster is not None else 0.0
+
     def run(self, system: str, callers: int) -> Run:
         """One timed run of ``system`` with ``callers`` concurrent callers."""
         import psutil
@@ -471,6 +482,9 @@ class Bench:
         from bench.peers import cpu_between, cpu_snapshot
 
         self.phase += 1
+        # A txmq system may name how its consumer acknowledges: "txmq/calls", "txmq-asyncio/deferred".
+        system, _, acks = system.partition("/")
+        acks = acks or self.args.txmq_acks[0]
         self._reset(system)
         ctx = mp.get_context("spawn")
         start, stop, done, exit_ = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event()
@@ -481,7 +495,7 @@ class Bench:
             topic, group = f"bench-outbox-{self.phase}", f"bench-outbox-{self.phase}"
             self.cluster.create_topic(topic, 8)
             ns = self.cluster.nameserver_address
-            procs.append(ctx.Process(target=txmq_consumer, args=(ns, topic, group, start, done, out, exit_)))
+            procs.append(ctx.Process(target=txmq_consumer, args=(ns, topic, group, start, done, out, exit_, acks)))
             if system == "txmq-threads":
                 procs.append(ctx.Process(target=txmq_caller, args=(ns, dsn, topic, callers, start, stop, out, exit_)))
             elif system == "txmq-asyncio":
@@ -503,7 +517,9 @@ class Bench:
             raise SystemExit(f"unknown system {system!r}")
         for p in procs:
             p.start()
-        result = Run(system, callers)
+        result = Run(system if acks == self.args.txmq_acks[0] or not system.startswith("txmq")
+                     else f"{system}/{acks}", callers)
+        calls = self._consumer_calls()
         try:
             for _ in procs:  # each process connects and warms up, then waits for the start
                 if out.get(timeout=120)[0] != "ready":
@@ -523,6 +539,7 @@ class Bench:
                 result.cpu[name] = cpu_between(before[name], after[name])
             result.cpu["callers"] = sum(r[5] for r in reports)
             result.cpu["consumer"] = consumer[3]
+            result.consumer_calls = self._consumer_calls() - calls
             result.committed = sum(r[1] for r in reports)
             result.errors = sum(r[3] for r in reports)
             result.error_samples = [e for r in reports for e in r[2]][:5]
@@ -550,10 +567,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs of each row (the median is printed)")
     parser.add_argument("--systems", default="txmq,txmq-asyncio,outbox,rabbitmq",
                         help="of txmq, txmq-asyncio, txmq-threads, outbox, rabbitmq")
+    parser.add_argument("--txmq-acks", default="deferred",
+                        help="how txmq's consumer acknowledges: deferred (ack_later, on its next receive) or calls "
+                             "(ack_many); both, comma-separated, runs each txmq row both ways (the first unlabelled)")
     parser.add_argument("--json", default="", help="also write every run here")
     args = parser.parse_args(argv)
     args.callers = [int(x) for x in args.callers.split(",") if x]
-    args.systems = [x for x in args.systems.split(",") if x]
+    args.txmq_acks = [x for x in args.txmq_acks.split(",") if x]
+    if not args.txmq_acks or any(m not in ("deferred", "calls") for m in args.txmq_acks):
+        parser.error("--txmq-acks: comma-separated of deferred, calls")
+    args.systems = [variant for x in args.systems.split(",") if x
+                    for variant in ([x] + [f"{x}/{m}" for m in args.txmq_acks[1:]] if x.startswith("txmq") else [x])]
 
     rows: dict[tuple[str, int], Run] = {}
     every: list[dict[str, Any]] = []
@@ -590,8 +614,8 @@ def main(argv: list[str] | None = None) -> int:
 def _print(rows: dict[tuple[str, int], Run], args: argparse.Namespace) -> None:
     print(f"\nThe user's job: a PostgreSQL row and a message, atomically, consumed (median of {args.runs} "
           f"run(s) of {args.seconds:g} s; CPU in µs per transaction)")
-    head = (f"{'callers':>7} {'system':>13} {'txn/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'÷ outbox':>8} "
-            f"{'service':>8} {'postgres':>8} {'callers':>8} {'consumer':>8}  checks")
+    head = (f"{'callers':>7} {'system':>18} {'txn/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'÷ outbox':>8} "
+            f"{'service':>8} {'postgres':>8} {'callers':>8} {'consumer':>8} {'calls':>5}  checks")
     print(head)
     for (system, callers), r in rows.items():
         outbox = rows.get(("outbox", callers))
@@ -603,11 +627,14 @@ def _print(rows: dict[tuple[str, int], Run], args: argparse.Namespace) -> None:
             check += f", {r.errors} errors"
         if r.saturated:
             check += ", saturated"
-        print(f"{callers:>7} {system:>13} {r.rate:>9.1f} {r.pct(0.5):>7.2f} {r.pct(0.99):>7.2f} {ratio} "
+        print(f"{callers:>7} {system:>18} {r.rate:>9.1f} {r.pct(0.5):>7.2f} {r.pct(0.99):>7.2f} {ratio} "
               f"{service:>8.0f} {per.get('postgresql', 0):>8.0f} {per.get('callers', 0):>8.0f} "
-              f"{per.get('consumer', 0):>8.0f}  {check}")
+              f"{per.get('consumer', 0):>8.0f} {r.consumer_calls / max(r.consumed, 1) if system.startswith('txmq') else 0:>5.2f}"
+              f"  {check}")
     print("service: txmq's name server + broker + checker, or RabbitMQ's node; outbox has none "
-          "(its relay is the consumer). committed = business rows = consumed is checked per run.")
+          "(its relay is the consumer). calls: txmq's consumer calls (ReceiveMessages + AckMessages) per "
+          f"transaction; its acks: {args.txmq_acks[0]} unless the system says /calls or /deferred. "
+          "committed = business rows = consumed is checked per run.")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,12 @@ The producers are threads of one process sharing one ``TransactionProducer`` (a 
 with 8 worker threads), so they share one Produce stream and its batching; the consumer
 runs in a process of its own. ``--client-processes N`` spreads the producers (and the
 ping callers) over N processes instead.
+
+``--acks`` chooses how the consumer acknowledges: ``deferred`` (the default:
+``ack_later``, the acks ride its next receive) or ``calls`` (``ack_many``, a call per
+batch); ``--acks calls,deferred`` runs each producer count both ways in the same run and
+prints the consumer's calls (ReceiveMessages + AckMessages, counted by the broker) per
+transaction beside the CPU.
 """
 
 from __future__ import annotations
@@ -111,8 +117,32 @@ def _producer_worker(nameserver: str, topic: str, threads: int, start: Any, stop
     out.put(("produced", sum(counts), sum(errors), cpu))
 
 
+#: How the consumer acknowledges (``--acks``).
+ACK_MODES = ("deferred", "calls")
+
+
+def acknowledge(consumer: Any, batch: list[Any], acks: str) -> None:
+    """Acknowledges a received batch: ``deferred`` queues the acks for the next receive
+    (``ack_later``), ``calls`` sends them now (``ack_many``, one AckMessages)."""
+    if acks == "deferred":
+        for message in batch:
+            consumer.ack_later(message)
+    else:
+        consumer.ack_many(batch)
+
+
+def consumer_calls(metrics_port: int) -> float:
+    """ReceiveMessages + AckMessages the broker has answered (the consumers' calls)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("txmq_rpc_duration_seconds_count{")
+               and ('method="ReceiveMessages"' in line or 'method="AckMessages"' in line))
+
+
 def _consumer_worker(nameserver: str, topic: str, group: str, start: Any, stop: Any, window: Any,
-                     out: Any) -> None:
+                     out: Any, acks: str = "calls") -> None:
     import txmq
 
     latencies: list[float] = []
@@ -138,7 +168,7 @@ def _consumer_worker(nameserver: str, topic: str, group: str, start: Any, stop: 
                 continue
             if not batch:
                 continue
-            consumer.ack_many(batch)
+            acknowledge(consumer, batch, acks)
             now = time.time()
             begin, end = window[0], window[1]
             for m in batch:
@@ -185,7 +215,7 @@ def _produce_counts(metrics_port: int) -> dict[str, float]:
 
 def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid: int, metrics_port: int,
                processes: int, topic: str = "", group: str = "",
-               watch: dict[str, int] | None = None) -> dict[str, Any]:
+               watch: dict[str, int] | None = None, acks: str = "calls") -> dict[str, Any]:
     """One timed phase. ``watch`` names more processes (a replicated shard's followers,
     etcd) whose CPU seconds over the timed window come back in ``results["cpu"]``."""
     import psutil
@@ -201,7 +231,7 @@ def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid:
     consumer = None
     if kind == "txn":
         consumer = ctx.Process(target=_consumer_worker, args=(target, topic, group, start, stop_consumer,
-                                                                  window, out))
+                                                                  window, out, acks))
         consumer.start()
     for threads in _split(callers, processes):
         if kind == "ping":
@@ -216,6 +246,7 @@ def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid:
     broker_cpu = _cpu_with_children(broker)
     watched_cpu = {name: _cpu_with_children(p) for name, p in watched.items()}
     machine = psutil.cpu_times()
+    calls = consumer_calls(metrics_port)
     start.set()
     time.sleep(seconds)
     window[1] = time.time()
@@ -248,6 +279,7 @@ def _run_phase(kind: str, target: str, callers: int, seconds: float, broker_pid:
         consumer.join(30)
         results["consumed"] = consumed
         results["consumer_cpu"] = consumer_cpu
+        results["consumer_calls"] = consumer_calls(metrics_port) - calls
         results["latencies"] = latencies
     results["elapsed"] = elapsed
     results["produce"] = {k: v - produce_before[k] for k, v in _produce_counts(metrics_port).items()}
@@ -275,10 +307,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--producers", default="1,8")
     parser.add_argument("--json", default="")
+    parser.add_argument("--acks", default="deferred",
+                        help="how the consumer acknowledges, comma-separated to compare: deferred (ack_later), "
+                             "calls (ack_many)")
     parser.add_argument("--client-processes", type=int, default=1,
                         help="processes the producers (and the ping callers) are spread over, threads inside")
     args = parser.parse_args(argv)
     counts = [int(x) for x in args.producers.split(",")]
+    ack_modes = [x for x in args.acks.split(",") if x]
+    if not ack_modes or any(m not in ACK_MODES for m in ack_modes):
+        parser.error(f"--acks: comma-separated of {', '.join(ACK_MODES)}")
 
     import psutil
 
@@ -311,59 +349,74 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(0.2)
 
         for n in counts:
-            topic = TOPIC.format(producers=n)
-            create_topic(topic)
             ping = _run_phase("ping", broker.address, n, args.seconds, broker.pid, broker.metrics_port,
                               args.client_processes)
             ping_rate = ping["ping"] / ping["elapsed"]
-            txn = _run_phase("txn", nameserver.address, n, args.seconds, broker.pid, broker.metrics_port,
-                             args.client_processes, topic=topic, group=f"bench-consumers-{n}")
-            rate = txn["consumed"] / txn["elapsed"]
-            lat = txn["latencies"]
-            broker_process = psutil.Process(broker.pid)
-            rss = sum(p.memory_info().rss for p in [broker_process, *broker_process.children()])
-            rows.append({
-                "producers": n, "txn_per_s": round(rate, 1), "ping_per_s": round(ping_rate, 1),
-                "ratio": round(rate / ping_rate, 3) if ping_rate else None,
-                "p50_ms": round(_percentile(lat, 0.50) * 1000, 2), "p99_ms": round(_percentile(lat, 0.99) * 1000, 2),
-                "committed": txn["produced"], "consumed": txn["consumed"], "errors": txn["errors"],
-                "broker_rss_mib": round(rss / 2**20, 1),
-                "mean_ms": round(statistics.fmean(lat) * 1000, 2) if lat else None,
-                "broker_cpu_us_per_txn": round(txn["broker_cpu"] / max(txn["consumed"], 1) * 1e6),
-                "producer_cpu_us_per_txn": round(txn["client_cpu"] / max(txn["consumed"], 1) * 1e6),
-                "consumer_cpu_us_per_txn": round(txn["consumer_cpu"] / max(txn["consumed"], 1) * 1e6),
-                "broker_cpu_us_per_ping": round(ping["broker_cpu"] / max(ping["ping"], 1) * 1e6),
-                "slowest_receive_ms": round(txn["slowest_receive"] * 1000, 1),
-                "messages_per_receive": round(txn["consumed"] / max(txn["receives"], 1), 1),
-                "entries_per_produce_in": round(txn["produce"]["entries"] / max(txn["produce"]["in"], 1), 2),
-                "entries_per_produce_out": round(txn["produce"]["entries"] / max(txn["produce"]["out"], 1), 2),
-                "wal_syncs_per_txn": round(txn["produce"]["syncs"] / max(txn["consumed"], 1), 2),
-                "wal_sync_mean_ms": round(txn["produce"]["sync_seconds"] / max(txn["produce"]["syncs"], 1) * 1000, 3),
-                "writes_per_wal_sync": round(txn["produce"]["synced_writes"] / max(txn["produce"]["syncs"], 1), 2),
-            })
+            for acks in ack_modes:
+                topic = TOPIC.format(producers=n) + ("" if len(ack_modes) == 1 else f"-{acks}")
+                create_topic(topic)
+                txn = _run_phase("txn", nameserver.address, n, args.seconds, broker.pid, broker.metrics_port,
+                                 args.client_processes, topic=topic, group=f"bench-consumers-{n}-{acks}", acks=acks)
+                rows.append(_row(n, acks, txn, ping, ping_rate, broker.pid))
     finally:
         broker.stop(15)
         nameserver.stop(15)
-    print(f"\ntxmq end-to-end transactions (flush=sync, {args.seconds:.0f} s per phase, "
-          f"{os.cpu_count()} CPUs)")
-    print(f"{'producers':>9} {'txn/s':>8} {'ping/s':>8} {'txn/ping':>8} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'broker RSS MiB':>15}")
-    for r in rows:
-        print(f"{r['producers']:>9} {r['txn_per_s']:>8} {r['ping_per_s']:>8} {r['ratio']:>8} {r['p50_ms']:>8} "
-              f"{r['p99_ms']:>8} {r['broker_rss_mib']:>15}")
-    print("\nCPU per committed-and-consumed transaction (µs): broker / producers / consumer; "
-          "broker CPU per ping; messages per consumer receive; entries per Produce message in / out")
-    for r in rows:
-        print(f"{r['producers']:>9} {r['broker_cpu_us_per_txn']:>8} {r['producer_cpu_us_per_txn']:>8} "
-              f"{r['consumer_cpu_us_per_txn']:>8} {r['broker_cpu_us_per_ping']:>8} {r['messages_per_receive']:>8} "
-              f"{r['entries_per_produce_in']:>6} {r['entries_per_produce_out']:>6}")
-    print("\nWAL syncs per transaction; mean sync wait (ms); writes per sync (group commit)")
-    for r in rows:
-        print(f"{r['producers']:>9} {r['wal_syncs_per_txn']:>8} {r['wal_sync_mean_ms']:>8} {r['writes_per_wal_sync']:>8}")
+    _print(rows, args)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=2)
     return 0
+
+
+def _row(n: int, acks: str, txn: dict[str, Any], ping: dict[str, Any], ping_rate: float,
+         broker_pid: int) -> dict[str, Any]:
+    import psutil
+
+    rate = txn["consumed"] / txn["elapsed"]
+    lat = txn["latencies"]
+    broker_process = psutil.Process(broker_pid)
+    rss = sum(p.memory_info().rss for p in [broker_process, *broker_process.children()])
+    return {
+        "producers": n, "acks": acks, "txn_per_s": round(rate, 1), "ping_per_s": round(ping_rate, 1),
+        "ratio": round(rate / ping_rate, 3) if ping_rate else None,
+        "p50_ms": round(_percentile(lat, 0.50) * 1000, 2), "p99_ms": round(_percentile(lat, 0.99) * 1000, 2),
+        "committed": txn["produced"], "consumed": txn["consumed"], "errors": txn["errors"],
+        "broker_rss_mib": round(rss / 2**20, 1),
+        "mean_ms": round(statistics.fmean(lat) * 1000, 2) if lat else None,
+        "broker_cpu_us_per_txn": round(txn["broker_cpu"] / max(txn["consumed"], 1) * 1e6),
+        "producer_cpu_us_per_txn": round(txn["client_cpu"] / max(txn["consumed"], 1) * 1e6),
+        "consumer_cpu_us_per_txn": round(txn["consumer_cpu"] / max(txn["consumed"], 1) * 1e6),
+        "broker_cpu_us_per_ping": round(ping["broker_cpu"] / max(ping["ping"], 1) * 1e6),
+        "slowest_receive_ms": round(txn["slowest_receive"] * 1000, 1),
+        "messages_per_receive": round(txn["consumed"] / max(txn["receives"], 1), 1),
+        "entries_per_produce_in": round(txn["produce"]["entries"] / max(txn["produce"]["in"], 1), 2),
+        "entries_per_produce_out": round(txn["produce"]["entries"] / max(txn["produce"]["out"], 1), 2),
+        "wal_syncs_per_txn": round(txn["produce"]["syncs"] / max(txn["consumed"], 1), 2),
+        "wal_sync_mean_ms": round(txn["produce"]["sync_seconds"] / max(txn["produce"]["syncs"], 1) * 1000, 3),
+        "writes_per_wal_sync": round(txn["produce"]["synced_writes"] / max(txn["produce"]["syncs"], 1), 2),
+        "consumer_calls_per_txn": round(txn["consumer_calls"] / max(txn["consumed"], 1), 3),
+    }
+
+
+def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    print(f"\ntxmq end-to-end transactions (flush=sync, {args.seconds:.0f} s per phase, "
+          f"{os.cpu_count()} CPUs)")
+    print(f"{'producers':>9} {'acks':>8} {'txn/s':>8} {'ping/s':>8} {'txn/ping':>8} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'broker RSS MiB':>15}")
+    for r in rows:
+        print(f"{r['producers']:>9} {r['acks']:>8} {r['txn_per_s']:>8} {r['ping_per_s']:>8} {r['ratio']:>8} "
+              f"{r['p50_ms']:>8} {r['p99_ms']:>8} {r['broker_rss_mib']:>15}")
+    print("\nCPU per committed-and-consumed transaction (µs): broker / producers / consumer; "
+          "broker CPU per ping; messages per consumer receive; entries per Produce message in / out; "
+          "consumer calls (ReceiveMessages + AckMessages) per transaction")
+    for r in rows:
+        print(f"{r['producers']:>9} {r['acks']:>8} {r['broker_cpu_us_per_txn']:>8} {r['producer_cpu_us_per_txn']:>8} "
+              f"{r['consumer_cpu_us_per_txn']:>8} {r['broker_cpu_us_per_ping']:>8} {r['messages_per_receive']:>8} "
+              f"{r['entries_per_produce_in']:>6} {r['entries_per_produce_out']:>6} {r['consumer_calls_per_txn']:>6}")
+    print("\nWAL syncs per transaction; mean sync wait (ms); writes per sync (group commit)")
+    for r in rows:
+        print(f"{r['producers']:>9} {r['acks']:>8} {r['wal_syncs_per_txn']:>8} {r['wal_sync_mean_ms']:>8} "
+              f"{r['writes_per_wal_sync']:>8}")
 
 
 if __name__ == "__main__":

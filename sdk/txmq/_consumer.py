@@ -26,8 +26,8 @@ import grpc
 from ._client import Client, positive
 from ._errors import ClientClosedError, InvalidFieldError, TopicNotFoundError, TxmqError, error_from_rpc
 from ._names import in_namespace, validate_group, validate_receive_topic
-from ._receiving import (Receive, ack_groups, ack_request, ack_results, check_receive, receive_steps, received,
-                         settle)
+from ._receiving import (AckOutcome, Receive, ack_groups, ack_request, ack_results, check_receive, deferred_acks,
+                         receive_steps, received, report_deferred, settle)
 from ._sending import run
 from ._tls import TLS
 from ._types import ConsumeResult, ReceivedMessage, SqlFilter, ms_to_datetime, received_from_pb
@@ -46,8 +46,9 @@ class _Target:
 
 
 def receive_request(consumer_group: str, target: _Target, max_messages: int, invisible_duration_seconds: float,
-                    wait_seconds: float) -> broker_pb2.ReceiveMessagesRequest:
-    """The ReceiveMessages of one (topic, broker) target, its filter a tag expression or SQL92."""
+                    wait_seconds: float, acks: Sequence[ReceivedMessage] = ()) -> broker_pb2.ReceiveMessagesRequest:
+    """The ReceiveMessages of one (topic, broker) target, its filter a tag expression or SQL92,
+    carrying the deferred acks ``acks`` (of that target)."""
     expression = target.filter_expression
     sql = isinstance(expression, SqlFilter)
     return broker_pb2.ReceiveMessagesRequest(
@@ -55,7 +56,7 @@ def receive_request(consumer_group: str, target: _Target, max_messages: int, inv
         filter_expression=expression.expression if sql else expression,
         filter_type=broker_pb2.FILTER_TYPE_SQL92 if sql else broker_pb2.FILTER_TYPE_TAG,
         max_messages=max_messages, invisible_duration_seconds=invisible_duration_seconds,
-        long_polling_timeout_seconds=wait_seconds)
+        long_polling_timeout_seconds=wait_seconds, ack_receipt_handles=[m.receipt_handle for m in acks])
 
 
 def _subscriptions(subscriptions: Mapping[str, str | SqlFilter],
@@ -83,15 +84,26 @@ class SimpleConsumer:
 
     ``subscriptions`` maps each topic to a tag filter: ``"*"`` for every message, or
     ``"TagA || TagB"``; or to a :class:`SqlFilter` (a SQL92 property filter). A dead-letter topic (``%DLQ%<group>``) may be subscribed explicitly.
+
+    Deferred acks (:meth:`ack_later`) ride the next receive from the message's broker
+    instead of a call of their own; each is sent at the latest ``max_ack_delay_seconds``
+    after it was queued (sooner when half its message's remaining invisibility is less),
+    and by :meth:`flush_acks` and :meth:`close`. A deferred ack that fails (a stale handle,
+    or the failed call that carried it) is logged and given to ``on_ack_error(message,
+    error)``, which may be called on any of the consumer's threads (the caller's, a long
+    poll's, the deferred acks' timer).
     """
 
     def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
                  subscriptions: Mapping[str, str | SqlFilter], await_duration_seconds: float = 20.0,
                  request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
-                 tls: TLS | None = None, token: str | None = None, namespace: str = "") -> None:
+                 tls: TLS | None = None, token: str | None = None, namespace: str = "",
+                 max_ack_delay_seconds: float = 1.0,
+                 on_ack_error: Callable[[ReceivedMessage, TxmqError], None] | None = None) -> None:
         # A namespace qualifies the group and every subscribed topic (txmq.names.qualify).
         consumer_group = in_namespace(namespace, "consumer_group", consumer_group)
         validate_group("consumer_group", consumer_group)
+        deferred = deferred_acks(max_ack_delay_seconds, on_ack_error)
         self.namespace = namespace
         self.consumer_group = consumer_group
         self.subscriptions = _subscriptions(subscriptions, namespace)
@@ -107,12 +119,27 @@ class SimpleConsumer:
         self._pool: cf.ThreadPoolExecutor | None = None
         # Whether a receive() long-polls its only target on its own thread now.
         self._polling_inline = False
+        self.on_ack_error = on_ack_error
+        # ack_later's queue, and the thread that sends what is due when no receive carried it.
+        self._deferred = deferred
+        self._deferred_changed = threading.Condition(self._lock)
+        self._deferred_timer: threading.Thread | None = None
+        self._closing = False
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Closes the connections. Messages received but not acknowledged are redelivered
-        after their invisible duration."""
+        """Sends the deferred acks (:meth:`flush_acks`), then closes the connections.
+        Messages received but not acknowledged are redelivered after their invisible
+        duration."""
+        with self._lock:
+            self._closing = True
+            timer, self._deferred_timer = self._deferred_timer, None
+            self._deferred_changed.notify_all()
+        if timer is not None:
+            timer.join()  # it ends after the send it is making, if any
+        if not self._client.closed:
+            self.flush_acks()
         self._client.close()
         with self._lock:
             pool, self._pool = self._pool, None
@@ -223,9 +250,13 @@ class SimpleConsumer:
 
     def _receive_from(self, target: _Target, max_messages: int, invisible_duration_seconds: float,
                       wait_seconds: float) -> list[ReceivedMessage]:
-        request = self._receive_request(target, max_messages, invisible_duration_seconds, wait_seconds)
+        carried: list[ReceivedMessage] = []
         try:
             address = self._client.broker_address(target.broker_name)
+            with self._lock:
+                carried = self._deferred.take(target.broker_name, target.topic)
+            request = receive_request(self.consumer_group, target, max_messages, invisible_duration_seconds,
+                                      wait_seconds, carried)
             response = self._client.call(self._client.broker(address).ReceiveMessages, request,
                                          timeout=wait_seconds + self._client.request_timeout_seconds)
         except TxmqError as err:
@@ -233,8 +264,13 @@ class SimpleConsumer:
             self._client.invalidate_route(target.topic)
             if not isinstance(err, ClientClosedError):
                 log.debug("receive %s from %s failed: %s", target.topic, target.broker_name, err)
+            if carried:
+                report_deferred(self.consumer_group, carried, [err] * len(carried), self.on_ack_error)
             raise
         received(self._client.faults, target, None)
+        if carried:
+            report_deferred(self.consumer_group, carried,
+                            ack_results(target.broker_name, response.ack_entries, len(carried)), self.on_ack_error)
         return [received_from_pb(m, self.consumer_group) for m in response.messages]
 
     # --- acknowledge ----------------------------------------------------------------------
@@ -273,7 +309,62 @@ class SimpleConsumer:
             raise
         except TxmqError as err:
             return [err] * len(messages)
-        return ack_results(broker_name, response, len(messages))
+        return ack_results(broker_name, response.entries, len(messages))
+
+    def ack_later(self, message: ReceivedMessage) -> None:
+        """Acknowledges one delivery on this consumer's next receive from the message's broker
+        and topic, instead of a call of its own (a deferred ack: the broker applies it before
+        it looks for messages, so it is never held by that receive's long poll). Returns at
+        once; the outcome comes later: a failure (a stale handle, or the error of the call
+        that carried it) is logged and given to ``on_ack_error``. Sent at the latest
+        ``max_ack_delay_seconds`` after this call (sooner when half the message's remaining
+        invisibility is less), or by :meth:`flush_acks` / :meth:`close`. Use :meth:`ack`
+        where the caller must know the outcome before it goes on. If the process dies first,
+        the message is redelivered (at least once)."""
+        self._client.check_open()
+        with self._lock:
+            if self._closing:
+                raise ClientClosedError("consumer")
+            self._deferred.add(message)
+            if self._deferred_timer is None:
+                self._deferred_timer = threading.Thread(target=self._send_when_due, daemon=True,
+                                                        name="txmq-deferred-acks")
+                self._deferred_timer.start()
+            self._deferred_changed.notify()
+
+    def flush_acks(self) -> list[AckOutcome]:
+        """Sends every deferred ack still queued now (one AckMessages per broker and topic)
+        and returns their outcomes, in the order they were queued per broker and topic:
+        (message, None) when acknowledged, (message, TxmqError) when not. Failures are also
+        logged and given to ``on_ack_error``. Acks already carried by a receive are not
+        here (their outcomes went to ``on_ack_error``)."""
+        with self._lock:
+            messages = self._deferred.take_all()
+        return self._send_deferred(messages)
+
+    def _send_deferred(self, messages: list[ReceivedMessage]) -> list[AckOutcome]:
+        if not messages:
+            return []
+        try:
+            errors = self.ack_many(messages)
+        except ClientClosedError as err:
+            errors = [err] * len(messages)
+        return report_deferred(self.consumer_group, messages, errors, self.on_ack_error)
+
+    def _send_when_due(self) -> None:
+        """The deferred acks' timer: sends every queued ack once the earliest is due."""
+        while True:
+            with self._lock:
+                while not self._closing:
+                    due = self._deferred.next_due()
+                    left = None if due is None else due - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    self._deferred_changed.wait(left)
+                if self._closing:
+                    return
+                messages = self._deferred.take_all()
+            self._send_deferred(messages)
 
     def change_invisible_duration(self, message: ReceivedMessage, seconds: float) -> ReceivedMessage:
         """Makes the message invisible for ``seconds`` from now instead (0 < seconds): longer

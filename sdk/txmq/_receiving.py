@@ -2,11 +2,14 @@
 ``txmq.aio.AsyncSimpleConsumer`` (same passes, long polls and errors), in the manner of
 ``_sending``: :func:`receive_steps` yields ``Receive`` (one ReceiveMessages) and ``LongPoll``
 (the concurrent long polls) steps that the consumer performs, blocking or awaiting, and
-:func:`settle` sorts the long polls that ended.
+:func:`settle` sorts the long polls that ended. :class:`DeferredAcks` holds the acks of
+``ack_later`` until a receive of their (broker, topic) carries them, or their deadline.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Protocol, Sequence, TypeVar
 
@@ -14,6 +17,11 @@ from ._errors import InternalError, InvalidFieldError, TxmqError, error_from_ent
 from .v1 import broker_pb2
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+#: A deferred ack's outcome: (the message, None when acknowledged or the TxmqError).
+AckOutcome = tuple[Any, "TxmqError | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,10 +132,85 @@ def ack_request(consumer_group: str, topic: str, messages: Sequence[Any]) -> bro
                                          receipt_handles=[m.receipt_handle for m in messages])
 
 
-def ack_results(broker_name: str, response: broker_pb2.AckMessagesResponse, count: int) -> list[TxmqError | None]:
-    """Per receipt handle None (acknowledged) or its error, from an AckMessages answer."""
-    if len(response.entries) != count:
-        error = InternalError(f"broker {broker_name} answered {len(response.entries)} entries "
+def ack_results(broker_name: str, entries: Sequence[Any], count: int) -> list[TxmqError | None]:
+    """Per receipt handle None (acknowledged) or its error, from the entries of an
+    AckMessages answer (or the ack_entries of a ReceiveMessages that carried acks)."""
+    if len(entries) != count:
+        error = InternalError(f"broker {broker_name} answered {len(entries)} entries "
                               f"for {count} receipt handles")
         return [error] * count
-    return [error_from_entry(e) if e.code else None for e in response.entries]
+    return [error_from_entry(e) if e.code else None for e in entries]
+
+
+class DeferredAcks:
+    """The acks ``ack_later`` queued, per (broker, topic), until a receive of that target
+    carries them (:meth:`take`) or a flush sends them all (:meth:`take_all`). Each is due
+    by ``min(max_delay_seconds, half its message's remaining invisibility)`` after it was
+    queued (:meth:`next_due`, ``time.monotonic``), so it reaches the broker well before the
+    message would be redelivered. Not thread-safe: the consumer holds its lock."""
+
+    def __init__(self, max_delay_seconds: float) -> None:
+        self.max_delay_seconds = max_delay_seconds
+        self._queued: dict[tuple[str, str], list[Any]] = {}
+        self._due: float | None = None
+
+    def __len__(self) -> int:
+        return sum(len(messages) for messages in self._queued.values())
+
+    def add(self, message: Any) -> float:
+        """Queues ``message``'s ack; returns when it is due (monotonic seconds)."""
+        remaining = message.invisible_until.timestamp() - time.time()
+        due = time.monotonic() + max(0.0, min(self.max_delay_seconds, remaining / 2))
+        self._queued.setdefault((message.broker_name, message.topic), []).append(message)
+        if self._due is None or due < self._due:
+            self._due = due
+        return due
+
+    def take(self, broker_name: str, topic: str) -> list[Any]:
+        """The acks a receive of (broker, topic) carries now (removed from the queue)."""
+        messages = self._queued.pop((broker_name, topic), None)
+        if messages is None:
+            return []
+        if not self._queued:
+            self._due = None
+        return messages
+
+    def take_all(self) -> list[Any]:
+        """Every queued ack, for a flush (removed from the queue)."""
+        messages = [m for queued in self._queued.values() for m in queued]
+        self._queued.clear()
+        self._due = None
+        return messages
+
+    def next_due(self) -> float | None:
+        """When the earliest queued ack is due (monotonic seconds; it may have passed), or
+        None when nothing is queued. Conservative: an ack carried meanwhile does not move it."""
+        return self._due
+
+
+def deferred_acks(max_ack_delay_seconds: object, on_ack_error: object) -> DeferredAcks:
+    """A consumer's deferred-ack queue, its options checked."""
+    seconds = max_ack_delay_seconds
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 60:
+        raise InvalidFieldError("max_ack_delay_seconds", f"must be a number in (0, 60], got {seconds!r}")
+    if on_ack_error is not None and not callable(on_ack_error):
+        raise InvalidFieldError("on_ack_error", "must be callable: (ReceivedMessage, TxmqError) -> None")
+    return DeferredAcks(float(seconds))
+
+
+def report_deferred(consumer_group: str, messages: Sequence[Any], errors: Sequence[TxmqError | None],
+                    on_ack_error: Callable[[Any, TxmqError], None] | None) -> list[AckOutcome]:
+    """The outcomes of deferred acks that reached a broker (or whose call failed): each
+    failure is logged and given to ``on_ack_error`` (whose own exceptions are logged)."""
+    outcomes = list(zip(messages, errors))
+    for message, error in outcomes:
+        if error is None:
+            continue
+        log.warning("consumer %s: deferred ack of %s failed (it is redelivered unless it was acknowledged "
+                    "before): %s", consumer_group, message.message_id, error)
+        if on_ack_error is not None:
+            try:
+                on_ack_error(message, error)
+            except Exception:  # noqa: BLE001 - the application's callback must not stop the others
+                log.exception("consumer %s: on_ack_error raised", consumer_group)
+    return outcomes

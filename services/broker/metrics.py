@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
+import grpc
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -17,6 +18,8 @@ from .store.codec import KIND_HALF, STATE_NAMES
 _SOURCES = {1: "client", 2: "check", 3: "operator", 4: "broker"}
 #: Labels of the global transaction counters, created at start so their series exist at 0.
 GLOBAL_RESULTS = ("committed", "rolled_back", "discarded")
+#: An ack's entry status codes for a stale receipt handle (NOT_FOUND, FAILED_PRECONDITION).
+_STALE_CODES = frozenset({grpc.StatusCode.NOT_FOUND.value[0], grpc.StatusCode.FAILED_PRECONDITION.value[0]})
 GLOBAL_PUSH_RESULTS = ("acknowledged", "failed")
 GLOBAL_PULL_ANSWERS = ("committed", "rolled_back", "discarded", "prepared", "unknown", "failed")
 
@@ -28,6 +31,10 @@ class BrokerMetrics(BaseMetrics):
                                    ["topic", "type"], registry=self.registry)
         self.messages_out = Counter("txmq_messages_out_total", "Messages delivered to consumers, by topic",
                                     ["topic"], registry=self.registry)
+        self.acks = Counter("txmq_acks_total", "Acknowledgements applied (ok) or refused (stale: the handle was "
+                            "redelivered since or already acknowledged; invalid), by how they came (ack: "
+                            "AckMessages; receive: carried on a ReceiveMessages)", ["via", "result"],
+                            registry=self.registry)
         self.transactions_ended = Counter(
             "txmq_transactions_ended_total", "Transaction decisions, by group, resolution and source",
             ["group", "resolution", "source"], registry=self.registry)
@@ -115,6 +122,14 @@ class BrokerMetrics(BaseMetrics):
             child = self._stored[(topic, kind)] = self.messages_in.labels(
                 topic, "transaction" if kind == KIND_HALF else "normal")
         child.inc()
+
+    def record_acks(self, via: str, codes: list[int]) -> None:
+        """One count per acknowledgement by its entry status code."""
+        ok = codes.count(0)
+        stale = sum(1 for code in codes if code in _STALE_CODES)
+        for result, count in (("ok", ok), ("stale", stale), ("invalid", len(codes) - ok - stale)):
+            if count:
+                self.acks.labels(via, result).inc(count)
 
     def record_delivered(self, topic: str, count: int) -> None:
         child = self._delivered.get(topic)

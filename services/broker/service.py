@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 import grpc
 
@@ -264,25 +264,33 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         if request.filter_type not in broker_pb2.FilterType.values():
             raise InvalidFieldError("filter_type", f"unknown filter type {request.filter_type}")
         tags = parse_filter(request.filter_expression, request.filter_type == broker_pb2.FILTER_TYPE_SQL92)
+        # Everything is checked (the first receive built, a long-poll slot held) before the
+        # carried acks are applied: a refused receive applies none of them.
+        first = self._receive_op(request, tags)
         wait = min(max(request.long_polling_timeout_seconds, 0.0), self.config.max_long_polling_seconds)
         remaining = context.time_remaining()
         if remaining is not None:
             # Answer (possibly empty) before the caller's deadline, never after it.
             wait = max(0.0, min(wait, remaining - 0.2))
         if wait <= 0:
-            return await self._receive(request, tags, 0.0)
+            return await self._receive(request, tags, 0.0, first)
         with self.long_polls.hold(context.peer()):
-            return await self._receive(request, tags, wait)
+            return await self._receive(request, tags, wait, first)
+
+    def _receive_op(self, request: broker_pb2.ReceiveMessagesRequest, tags: frozenset[str] | None) -> Op:
+        return self.core.receive_op(request.consumer_group, request.topic, request.queue_id, tags,
+                                    request.max_messages, request.invisible_duration_seconds)
 
     async def _receive(self, request: broker_pb2.ReceiveMessagesRequest, tags: frozenset[str] | None,
-                       wait: float) -> broker_pb2.ReceiveMessagesResponse:
+                       wait: float, op: Op) -> broker_pb2.ReceiveMessagesResponse:
+        """Applies the carried acks, then receives (waiting up to ``wait`` for messages)."""
+        acks = (await self._ack(request.consumer_group, request.topic, request.ack_receipt_handles, "receive")
+                if request.ack_receipt_handles else [])
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         topic = request.topic
         while True:
             version = self.bridge.version(topic)
-            op = self.core.receive_op(request.consumer_group, topic, request.queue_id, tags,
-                                      request.max_messages, request.invisible_duration_seconds)
             result: ReceiveResult = await self.bridge.run(op, sync=False)
             left = deadline - loop.time()
             if result.deliveries or left <= 0:
@@ -290,7 +298,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             if result.next_deadline_ms is not None:
                 left = min(left, max((result.next_deadline_ms - self.core.clock()) / 1000, 0.001))
             await self.bridge.wait_visible(topic, version, left)
-        return await self._deliveries(request.consumer_group, result)
+            op = self._receive_op(request, tags)
+        response = await self._deliveries(request.consumer_group, result)
+        response.ack_entries.extend(acks)
+        return response
 
     async def ReadQueue(self, request: broker_pb2.ReadQueueRequest, context: Any) -> Any:
         entries, next_offset = self.core.read_queue(request.topic, request.queue_id, request.start_offset,
@@ -339,11 +350,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return response
 
     async def AckMessages(self, request: broker_pb2.AckMessagesRequest, context: Any) -> Any:
-        op = self.core.ack_op(request.consumer_group, request.topic, list(request.receipt_handles))
-        results = await self.bridge.run(op, sync=False)
         return broker_pb2.AckMessagesResponse(
-            entries=[entry_status(r) if isinstance(r, TxmqError) else
-                     (OK if r is None else entry_status(TxmqError(str(r)))) for r in results])
+            entries=await self._ack(request.consumer_group, request.topic, request.receipt_handles, "ack"))
+
+    async def _ack(self, group: str, topic: str, handles: Sequence[str], via: str) -> list[common_pb2.EntryStatus]:
+        """Acknowledges ``handles`` (AckMessages, and the acks a ReceiveMessages carries): one
+        batch that replicates without holding the answer; one status per handle, in order."""
+        results = await self.bridge.run(self.core.ack_op(group, topic, list(handles)), sync=False)
+        entries = [entry_status(r) if isinstance(r, TxmqError) else
+                   (OK if r is None else entry_status(TxmqError(str(r)))) for r in results]
+        self.metrics.record_acks(via, [e.code for e in entries])
+        return entries
 
     async def ChangeInvisibleDuration(self, request: broker_pb2.ChangeInvisibleDurationRequest,
                                       context: Any) -> Any:

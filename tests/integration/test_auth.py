@@ -199,6 +199,14 @@ def test_census_of_unauthorized_actions(secured: tuple[Cluster, Path], capsys: p
         census.attempt("ack someone else's receipt handle", who, lambda md: broker.AckMessages(
             broker_pb2.AckMessagesRequest(consumer_group="orders-a", topic="orders", receipt_handles=[handle]),
             metadata=md, timeout=RPC_TIMEOUT))
+        census.attempt("ack it on a receive as its group", who, lambda md: broker.ReceiveMessages(
+            broker_pb2.ReceiveMessagesRequest(consumer_group="orders-a", topic="orders", queue_id=-1, max_messages=1,
+                                              invisible_duration_seconds=30.0, ack_receipt_handles=[handle]),
+            metadata=md, timeout=RPC_TIMEOUT))
+        census.attempt("ack it on a receive of one's own group", who, lambda md: broker.ReceiveMessages(
+            broker_pb2.ReceiveMessagesRequest(consumer_group="mallory", topic="orders", queue_id=-1, max_messages=1,
+                                              invisible_duration_seconds=30.0, ack_receipt_handles=[handle]),
+            metadata=md, timeout=RPC_TIMEOUT))
         census.attempt("ack it under one's own group", who, lambda md: broker.AckMessages(
             broker_pb2.AckMessagesRequest(consumer_group="mallory", topic="orders", receipt_handles=[handle]),
             metadata=md, timeout=RPC_TIMEOUT))

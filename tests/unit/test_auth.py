@@ -292,3 +292,21 @@ def test_a_bad_rule_namespace_is_refused(rule: dict[str, Any], named: str) -> No
         store_of({"principals": {"a": {}},
                   "acl": [{"principal": "a", "resource": "topic:x", "actions": ["publish"], **rule}]})
     assert named in str(refused.value)
+
+
+def test_a_receive_carrying_acks_needs_every_right_their_ack_needs() -> None:
+    """ReceiveMessages may carry acks (ack_receipt_handles): it must ask at least what an
+    AckMessages of the same handles asks, whatever that becomes, and a principal allowed to
+    receive for one group cannot settle another group's deliveries through it."""
+    receive = NATIVE["/txmq.v1.BrokerService/ReceiveMessages"].rights
+    ack = NATIVE["/txmq.v1.BrokerService/AckMessages"].rights
+    for group, topic in (("billing", "orders-1"), ("other", "other")):
+        carrying = broker_pb2.ReceiveMessagesRequest(consumer_group=group, topic=topic, ack_receipt_handles=["h"])
+        acking = broker_pb2.AckMessagesRequest(consumer_group=group, topic=topic, receipt_handles=["h"])
+        needs = receive(carrying)  # type: ignore[operator]
+        assert all(need in needs for need in ack(acking))  # type: ignore[operator]
+    creds = store_of(BASE)
+    app = creds.principals["app"]
+    with pytest.raises(PermissionDeniedError, match="consumer_group"):
+        authorize(creds, app, "ReceiveMessages", receive(broker_pb2.ReceiveMessagesRequest(  # type: ignore[operator]
+            consumer_group="someone-else", topic="orders-1", ack_receipt_handles=["h"])))

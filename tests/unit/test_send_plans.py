@@ -134,3 +134,34 @@ def test_a_receive_passes_over_the_targets_then_long_polls_them() -> None:
     with pytest.raises(StopIteration) as done:
         steps.send(["m1", "m2"])  # full at the first target
     assert done.value.value == ["m1", "m2"]
+
+
+def test_deferred_acks_are_due_by_the_delay_or_half_the_invisibility_left_and_taken_per_target() -> None:
+    import datetime as dt
+    import time
+
+    def message(broker: str, topic: str, invisible_for: float) -> SimpleNamespace:
+        until = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=invisible_for)
+        return SimpleNamespace(broker_name=broker, topic=topic, invisible_until=until)
+
+    queue = _receiving.deferred_acks(1.0, None)
+    assert queue.next_due() is None
+    now = time.monotonic()
+    a, b, c = message("b0", "t", 30.0), message("b0", "t", 30.0), message("b1", "t", 30.0)
+    assert now + 0.9 < queue.add(a) <= time.monotonic() + 1.0  # the configured delay
+    queue.add(b)
+    short = message("b1", "u", 0.4)
+    assert queue.add(short) <= time.monotonic() + 0.2  # half the 0.4 s of invisibility left
+    assert queue.next_due() <= time.monotonic() + 0.2
+    assert queue.add(message("b1", "u", -5.0)) <= time.monotonic()  # expired: due now
+    queue.add(c)
+    assert len(queue) == 5
+    assert queue.take("b0", "t") == [a, b]
+    assert queue.take("b0", "t") == []
+    assert queue.take_all()[-1] is c
+    assert len(queue) == 0 and queue.next_due() is None
+    for bad in (0, 61, "1", True):
+        with pytest.raises(InvalidFieldError, match="max_ack_delay_seconds"):
+            _receiving.deferred_acks(bad, None)
+    with pytest.raises(InvalidFieldError, match="on_ack_error"):
+        _receiving.deferred_acks(1.0, "print")

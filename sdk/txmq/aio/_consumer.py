@@ -7,14 +7,15 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-from typing import Iterable, Mapping, Sequence
+import time
+from typing import Callable, Iterable, Mapping, Sequence
 
 from .._client import positive
 from .._consumer import _subscriptions, _Target, receive_request
 from .._errors import ClientClosedError, TopicNotFoundError, TxmqError
 from .._names import in_namespace, validate_group
-from .._receiving import (LongPoll, Receive, ack_groups, ack_request, ack_results, check_receive, receive_steps,
-                          received, settle)
+from .._receiving import (AckOutcome, LongPoll, Receive, ack_groups, ack_request, ack_results,
+                          check_receive, deferred_acks, receive_steps, received, report_deferred, settle)
 from .._sending import run_async
 from .._tls import TLS
 from .._types import ReceivedMessage, SqlFilter, ms_to_datetime, received_from_pb
@@ -28,15 +29,20 @@ class AsyncSimpleConsumer:
     """Receives messages for a consumer group from coroutines. Use it as ``async with``.
 
     ``subscriptions`` maps each topic to a tag filter (``"*"`` or ``"TagA || TagB"``) or a
-    :class:`txmq.SqlFilter`."""
+    :class:`txmq.SqlFilter`. Deferred acks (:meth:`ack_later`) as in
+    :class:`txmq.SimpleConsumer` (``max_ack_delay_seconds``, ``on_ack_error``, a plain
+    function called on the event loop)."""
 
     def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
                  subscriptions: Mapping[str, "str | SqlFilter"], await_duration_seconds: float = 20.0,
                  request_timeout_seconds: float = 3.0, route_refresh_seconds: float = 30.0,
-                 tls: TLS | None = None, token: str | None = None, namespace: str = "") -> None:
+                 tls: TLS | None = None, token: str | None = None, namespace: str = "",
+                 max_ack_delay_seconds: float = 1.0,
+                 on_ack_error: Callable[[ReceivedMessage, TxmqError], None] | None = None) -> None:
         # A namespace qualifies the group and every subscribed topic (txmq.names.qualify).
         consumer_group = in_namespace(namespace, "consumer_group", consumer_group)
         validate_group("consumer_group", consumer_group)
+        deferred = deferred_acks(max_ack_delay_seconds, on_ack_error)
         self.namespace = namespace
         self.consumer_group = consumer_group
         self.subscriptions = _subscriptions(subscriptions, namespace)
@@ -49,10 +55,25 @@ class AsyncSimpleConsumer:
         self._buffer: list[ReceivedMessage] = []
         # Whether a receive long-polls the only target itself now (one at a time).
         self._polling_inline = False
+        self.on_ack_error = on_ack_error
+        # ack_later's queue, and the task that sends what is due when no receive carried it.
+        self._deferred = deferred
+        self._deferred_changed: asyncio.Event | None = None
+        self._deferred_timer: asyncio.Task[None] | None = None
+        self._closing = False
 
     async def close(self) -> None:
-        """Closes the connections; messages received and not acknowledged are redelivered
-        after their invisible duration."""
+        """Sends the deferred acks (:meth:`flush_acks`), then closes the connections;
+        messages received and not acknowledged are redelivered after their invisible
+        duration."""
+        self._closing = True
+        timer, self._deferred_timer = self._deferred_timer, None
+        if timer is not None:
+            assert self._deferred_changed is not None
+            self._deferred_changed.set()
+            await timer  # it ends after the send it is making, if any
+        if not self._client.closed:
+            await self.flush_acks()
         polls, self._polls = list(self._polls.values()), {}
         for task in polls:
             task.cancel()
@@ -135,16 +156,26 @@ class AsyncSimpleConsumer:
 
     async def _receive_from(self, target: _Target, max_messages: int, invisible_duration_seconds: float,
                             wait_seconds: float) -> list[ReceivedMessage]:
-        request = receive_request(self.consumer_group, target, max_messages, invisible_duration_seconds, wait_seconds)
+        carried: list[ReceivedMessage] = []
         try:
             address = await self._client.broker_address(target.broker_name)
+            carried = self._deferred.take(target.broker_name, target.topic)
+            request = receive_request(self.consumer_group, target, max_messages, invisible_duration_seconds,
+                                      wait_seconds, carried)
             response = await self._client.call(self._client.broker(address).ReceiveMessages, request,
                                                timeout=wait_seconds + self._client.request_timeout_seconds)
-        except TxmqError as err:
-            received(self._client.faults, target, err)
-            self._client.invalidate_route(target.topic)
+        except (TxmqError, asyncio.CancelledError) as exc:
+            if isinstance(exc, TxmqError):
+                received(self._client.faults, target, exc)
+                self._client.invalidate_route(target.topic)
+            if carried:
+                error = exc if isinstance(exc, TxmqError) else ClientClosedError("consumer")
+                report_deferred(self.consumer_group, carried, [error] * len(carried), self.on_ack_error)
             raise
         received(self._client.faults, target, None)
+        if carried:
+            report_deferred(self.consumer_group, carried,
+                            ack_results(target.broker_name, response.ack_entries, len(carried)), self.on_ack_error)
         return [received_from_pb(m, self.consumer_group) for m in response.messages]
 
     # --- acknowledge ----------------------------------------------------------------------
@@ -176,7 +207,52 @@ class AsyncSimpleConsumer:
             raise
         except TxmqError as err:
             return [err] * len(messages)
-        return ack_results(broker_name, response, len(messages))
+        return ack_results(broker_name, response.entries, len(messages))
+
+    def ack_later(self, message: ReceivedMessage) -> None:
+        """Queues the ack of one delivery for this consumer's next receive from the
+        message's broker and topic (see :meth:`txmq.SimpleConsumer.ack_later`). Call it
+        on the consumer's event loop; it returns at once."""
+        self._client.check_open()
+        if self._closing:
+            raise ClientClosedError("consumer")
+        self._deferred.add(message)
+        if self._deferred_timer is None:
+            self._deferred_changed = asyncio.Event()
+            self._deferred_timer = asyncio.ensure_future(self._send_when_due())
+        else:
+            assert self._deferred_changed is not None
+            self._deferred_changed.set()
+
+    async def flush_acks(self) -> list[AckOutcome]:
+        """Sends every deferred ack still queued now; their outcomes (see
+        :meth:`txmq.SimpleConsumer.flush_acks`)."""
+        return await self._send_deferred(self._deferred.take_all())
+
+    async def _send_deferred(self, messages: list[ReceivedMessage]) -> list[AckOutcome]:
+        if not messages:
+            return []
+        try:
+            errors = await self.ack_many(messages)
+        except ClientClosedError as err:
+            errors = [err] * len(messages)
+        return report_deferred(self.consumer_group, messages, errors, self.on_ack_error)
+
+    async def _send_when_due(self) -> None:
+        """The deferred acks' timer: sends every queued ack once the earliest is due."""
+        changed = self._deferred_changed
+        assert changed is not None
+        while not self._closing:
+            changed.clear()
+            due = self._deferred.next_due()
+            left = None if due is None else due - time.monotonic()
+            if left is None or left > 0:
+                try:
+                    await asyncio.wait_for(changed.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            await self._send_deferred(self._deferred.take_all())
 
     async def change_invisible_duration(self, message: ReceivedMessage, seconds: float) -> ReceivedMessage:
         """See :meth:`txmq.SimpleConsumer.change_invisible_duration`."""

@@ -125,7 +125,7 @@ class ProduceResult(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., status: _Optional[_Union[_common_pb2.EntryStatus, _Mapping]] = ..., send_message: _Optional[_Union[SendMessageResponse, _Mapping]] = ..., end_transaction: _Optional[_Union[EndTransactionResponse, _Mapping]] = ...) -> None: ...
 
 class ReceiveMessagesRequest(_message.Message):
-    __slots__ = ("consumer_group", "topic", "queue_id", "filter_expression", "max_messages", "invisible_duration_seconds", "long_polling_timeout_seconds", "filter_type")
+    __slots__ = ("consumer_group", "topic", "queue_id", "filter_expression", "max_messages", "invisible_duration_seconds", "long_polling_timeout_seconds", "filter_type", "ack_receipt_handles")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +134,7 @@ class ReceiveMessagesRequest(_message.Message):
     INVISIBLE_DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LONG_POLLING_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FILTER_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ACK_RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
     topic: str
     queue_id: int
@@ -142,13 +143,16 @@ class ReceiveMessagesRequest(_message.Message):
     invisible_duration_seconds: float
     long_polling_timeout_seconds: float
     filter_type: FilterType
-    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., filter_expression: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_duration_seconds: _Optional[float] = ..., long_polling_timeout_seconds: _Optional[float] = ..., filter_type: _Optional[_Union[FilterType, str]] = ...) -> None: ...
+    ack_receipt_handles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., filter_expression: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_duration_seconds: _Optional[float] = ..., long_polling_timeout_seconds: _Optional[float] = ..., filter_type: _Optional[_Union[FilterType, str]] = ..., ack_receipt_handles: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReceiveMessagesResponse(_message.Message):
-    __slots__ = ("messages",)
+    __slots__ = ("messages", "ack_entries")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    ACK_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.DeliveredMessage]
-    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.DeliveredMessage, _Mapping]]] = ...) -> None: ...
+    ack_entries: _containers.RepeatedCompositeFieldContainer[_common_pb2.EntryStatus]
+    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.DeliveredMessage, _Mapping]]] = ..., ack_entries: _Optional[_Iterable[_Union[_common_pb2.EntryStatus, _Mapping]]] = ...) -> None: ...
 
 class AckMessagesRequest(_message.Message):
     __slots__ = ("consumer_group", "topic", "receipt_handles")

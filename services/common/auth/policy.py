@@ -95,6 +95,20 @@ def _consume(request: Any) -> list[Need]:
     return [Need((SUBSCRIBE,), CONSUMER_GROUP, request.consumer_group), _topic((SUBSCRIBE,), request.topic)]
 
 
+def _ack(request: Any) -> list[Need]:
+    """AckMessages: the rights of a consumer of that group and topic."""
+    return _consume(request)
+
+
+def _receive(request: Any) -> list[Need]:
+    """ReceiveMessages; one carrying acks (ack_receipt_handles, of the request's group and
+    topic) needs what AckMessages needs for them as well."""
+    needs = _consume(request)
+    if request.ack_receipt_handles:
+        needs.extend(n for n in _ack(request) if n not in needs)
+    return needs
+
+
 def _check_stream(request: Any) -> list[Need]:
     which = request.WhichOneof("command")
     if which == "subscribe":
@@ -136,8 +150,8 @@ NATIVE: Mapping[str, Policy] = {
     _BROKER + "SendMessage": Policy(lambda r: send_needs(r.message)),
     _BROKER + "EndTransaction": Policy(end_needs),
     _BROKER + "Produce": Policy(_produce),
-    _BROKER + "ReceiveMessages": Policy(_consume),
-    _BROKER + "AckMessages": Policy(_consume),
+    _BROKER + "ReceiveMessages": Policy(_receive),
+    _BROKER + "AckMessages": Policy(_ack),
     _BROKER + "ChangeInvisibleDuration": Policy(_consume),
     _BROKER + "DeadLetterMessage": Policy(_consume),
     _BROKER + "ReadQueue": Policy(lambda r: [_topic((SUBSCRIBE,), r.topic)]),
