@@ -171,16 +171,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         """Applies each stream message's entries at once, in order, and answers them in one
         stream message once their writes (and what they read) are durable. Reading goes on
         meanwhile, so the entries that arrive during one WAL sync share the next."""
-        ready: list[broker_pb2.ProduceResult] = []
+        # Each request's answers, built in one ProduceResponse as it is applied (no copy of
+        # every result into a response at write time); those ready together go out as one.
+        ready: list[broker_pb2.ProduceResponse] = []
         wake = asyncio.Event()
         waiting = 0
         reading = True
 
-        def release(results: list[broker_pb2.ProduceResult], admitted: int) -> None:
+        def release(results: broker_pb2.ProduceResponse, admitted: int) -> None:
             nonlocal waiting
             waiting -= 1
             self.produce_pending.in_flight -= admitted
-            ready.extend(results)
+            ready.append(results)
             wake.set()
 
         async def read() -> None:
@@ -195,8 +197,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                         ticket, lambda r=results, n=admitted: release(r, n),
                         # Leadership lost before the replicas had them: each entry fails
                         # retryably (its outcome is unknown; the same ids deduplicate).
-                        lambda exc, r=results, n=admitted: release(
-                            [self._produce_error(x.request_id, exc) for x in r], n))
+                        lambda exc, r=results, n=admitted: release(broker_pb2.ProduceResponse(
+                            results=[self._produce_error(x.request_id, exc) for x in r.results]), n))
             finally:
                 reading = False
                 wake.set()
@@ -207,21 +209,24 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 await wake.wait()
                 wake.clear()
                 if ready:
-                    batch = ready[:]
+                    response = ready[0]
+                    for more in ready[1:]:
+                        response.MergeFrom(more)  # appends its results
                     ready.clear()
-                    await context.write(broker_pb2.ProduceResponse(results=batch))
+                    await context.write(response)
                     self.metrics.produce_out.inc()
             if not reader.cancelled() and reader.exception() is not None:
                 raise reader.exception()  # type: ignore[misc]
         finally:
             reader.cancel()
 
-    def _produce(self, request: broker_pb2.ProduceRequest) -> tuple[list[broker_pb2.ProduceResult], int, int]:
+    def _produce(self, request: broker_pb2.ProduceRequest) -> tuple[broker_pb2.ProduceResponse, int, int]:
         """Applies one stream message's entries; returns their results, the ticket that
         must be durable before any is told, and how many sends it admitted (counted in
         ``produce_pending`` until they are answered). A send beyond
         ``max_pending_produce_entries`` is shed in its own entry: OVERLOADED, nothing applied."""
-        results = []
+        response = broker_pb2.ProduceResponse()
+        add = response.results.add
         admitted = 0
         pending = self.produce_pending
         self.metrics.produce_in.inc()
@@ -236,20 +241,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                         pending.enter()  # OverloadedError beyond the limit: this entry only
                         admitted += 1
                         result, _ = self.bridge.apply(self._send_op(entry.send_message))
-                        results.append(broker_pb2.ProduceResult(
-                            request_id=entry.request_id, status=OK, send_message=self._send_response(result)))
+                        add(request_id=entry.request_id, status=OK, send_message=self._send_response(result))
                     elif kind == "end_transaction":
                         result, _ = self.bridge.apply(self._end_op(entry.end_transaction))
-                        results.append(broker_pb2.ProduceResult(
-                            request_id=entry.request_id, status=OK, end_transaction=self._end_response(result)))
+                        add(request_id=entry.request_id, status=OK, end_transaction=self._end_response(result))
                     else:
                         raise InvalidFieldError("request", "set send_message or end_transaction")
                 except Exception as exc:  # noqa: BLE001 - answered in the entry's result
-                    results.append(self._produce_error(entry.request_id, exc))
+                    response.results.append(self._produce_error(entry.request_id, exc))
         if pending.shed:
             self.metrics.produce_shed.inc(pending.shed)
             pending.shed = 0
-        return results, group.ticket, admitted
+        return response, group.ticket, admitted
 
     def _produce_error(self, request_id: int, error: BaseException) -> broker_pb2.ProduceResult:
         if not isinstance(error, TxmqError):

@@ -47,22 +47,41 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         self.streams = streams
         self.unmetered = unmetered
         self.in_band = in_band
+        #: full method → (the handler it was given, the wrapped one): a registered
+        #: method's handler is the same object on every call, so its wrapping (closures,
+        #: guarded deserializer, a new RpcMethodHandler) is built once, not per call.
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     async def intercept_service(self, continuation: Callable[..., Any],
                                 handler_call_details: grpc.HandlerCallDetails) -> Any:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        method = _short_method(handler_call_details.method)
+        return self.wrap(handler_call_details.method, handler)
+
+    def wrap(self, full_method: str, handler: Any) -> Any:
+        """``handler`` of ``full_method`` behind this chain (built once per handler)."""
+        cached = self._wrapped.get(full_method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(full_method, handler)
+        self._wrapped[full_method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, full_method: str, handler: Any) -> Any:
+        method = _short_method(full_method)
         request_deserializer = guard_deserializer(handler.request_deserializer, method,
                                                   streaming=handler.request_streaming)
         # Health and reflection: decoded and mapped like the rest, neither limited nor timed.
-        quiet = method == "Check" or method == "Watch" or "ServerReflection" in handler_call_details.method
+        quiet = method == "Check" or method == "Watch" or "ServerReflection" in full_method
         admission = self.admission if not quiet and method not in self.unmetered else None
         streams = self.streams if not quiet else None
         in_band = self.in_band
         observe = self.metrics.rpc_duration
         service = self.metrics.service
+        # The histogram's child per status code, looked up once (``labels()`` costs
+        # microseconds on every call).
+        children: dict[grpc.StatusCode, Any] = {}
 
         def record(start: float, context: Any, code: grpc.StatusCode | None) -> None:
             if quiet:
@@ -71,7 +90,10 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 code = context.code() if context.code() is not None else grpc.StatusCode.OK
                 if isinstance(code, int):
                     code = grpc.StatusCode.OK if code == 0 else grpc.StatusCode.UNKNOWN
-            observe.labels(service, method, code.name).observe(time.perf_counter() - start)
+            child = children.get(code)
+            if child is None:
+                child = children[code] = observe.labels(service, method, code.name)
+            child.observe(time.perf_counter() - start)
 
         async def fail(context: Any, exc: BaseException) -> grpc.StatusCode:
             if isinstance(exc, TxmqError):
@@ -147,6 +169,38 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             unary_stream=handler.unary_stream and wrap_stream(handler.unary_stream),
             stream_unary=handler.stream_unary and wrap_unary(handler.stream_unary, streaming=True),
             stream_stream=handler.stream_stream and wrap_stream(handler.stream_stream)))
+
+
+class Registrar:
+    """Stands for a ``grpc.aio`` server while services register on it, wrapping every
+    method handler in ``chain`` as it is registered. A server whose only interceptor is
+    the shared chain is built without interceptors and registers through this: grpc.aio
+    then finds a call's handler directly instead of running an interceptor coroutine (and
+    its continuation's) for every call; what each call runs is the same wrapped handler."""
+
+    def __init__(self, server: grpc.aio.Server, chain: ServerInterceptor) -> None:
+        self.server = server
+        self.chain = chain
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self.server.add_generic_rpc_handlers(tuple(_WrappedGeneric(h, self.chain) for h in handlers))
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.server.add_registered_method_handlers(
+            service, {name: self.chain.wrap(f"/{service}/{name}", h) for name, h in handlers.items()})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.server, name)
+
+
+class _WrappedGeneric(grpc.GenericRpcHandler):
+    def __init__(self, inner: grpc.GenericRpcHandler, chain: ServerInterceptor) -> None:
+        self.inner = inner
+        self.chain = chain
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = self.inner.service(handler_call_details)
+        return None if handler is None else self.chain.wrap(handler_call_details.method, handler)
 
 
 @contextlib.contextmanager

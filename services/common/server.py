@@ -12,11 +12,11 @@ from typing import Any, Awaitable, Callable, Iterable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from .auth import server_interceptor
 from .config import ServiceConfig
-from .interceptors import InBand, ServerInterceptor
+from .interceptors import InBand, Registrar, ServerInterceptor
 from .limits import Admission, ConnectionLimit
 from .metrics import BaseMetrics
 from .runtime import StartupError
@@ -60,10 +60,15 @@ class ServiceApp:
         self.config = config
         self.metrics = metrics
         self.admission = Admission(config.max_concurrent_rpcs)
+        chain = ServerInterceptor(
+            metrics, self.admission, ConnectionLimit("max_streams_per_connection", config.max_streams_per_connection),
+            frozenset(unmetered), in_band)
+        inner = [*([self.auth] if self.auth else []), *interceptors]
         self.server = grpc.aio.server(
-            interceptors=[ServerInterceptor(
-                metrics, self.admission, ConnectionLimit("max_streams_per_connection", config.max_streams_per_connection),
-                frozenset(unmetered), in_band), *([self.auth] if self.auth else []), *interceptors],
+            # The shared chain alone (auth off, no service interceptors): its wrapping is
+            # applied as handlers register (``Registrar``), sparing grpc.aio's interceptor
+            # coroutines on every call; otherwise it is the outermost interceptor.
+            interceptors=[chain, *inner] if inner else None,
             options=[("grpc.max_receive_message_length", config.max_grpc_message_bytes),
                      ("grpc.max_send_message_length", config.max_grpc_message_bytes),
                      ("grpc.so_reuseport", 0),
@@ -71,13 +76,15 @@ class ServiceApp:
                      # the queue is sized here and the excess shed by the interceptor.
                      ("grpc.server.max_pending_requests", config.max_pending_rpcs),
                      ("grpc.server.max_pending_requests_hard_limit", config.max_pending_rpcs)])
+        registrar: Any = self.server if inner else Registrar(self.server, chain)
         for add, servicer in register:
-            add(servicer, self.server)
+            add(servicer, registrar)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
         self.service_names = list(service_names)
-        reflection.enable_server_reflection(
-            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        # (enable_server_reflection picks the asyncio servicer only for a grpc.aio.Server.)
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]), registrar)
         check_port_free(config.host, config.port, "port (TXMQ_PORT)")
         check_port_free(config.host, config.metrics_port, "metrics_port (TXMQ_METRICS_PORT)")
         check_port_free(config.host, config.health_port, "health_port (TXMQ_HEALTH_PORT)")

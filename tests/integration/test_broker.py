@@ -8,8 +8,9 @@ import time
 
 import grpc
 import pytest
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from tests.support.metrics import scrape
+from tests.support.metrics import metric_sum, scrape
 from txmq.errors import (DETAILS_METADATA_KEY, REASON_METADATA_KEY)
 from txmq.ids import MessageId, TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
@@ -215,6 +216,25 @@ def test_disk_floor_refuses_sends_with_resource_exhausted(fresh_cluster_factory,
     code, details, meta = status_of(lambda: send(stub(cluster), topic))
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert meta[REASON_METADATA_KEY] == "DISK_FULL" and "min_free_disk_bytes" in details
+
+
+def test_each_call_is_timed_under_its_status_and_reflection_is_served(cluster, unique_name) -> None:
+    """Auth off, the shared interceptor chain wraps each method once as it is registered
+    (``interceptors.Registrar``): every call is still refused, mapped and timed on its own,
+    and reflection is served by its asyncio servicer."""
+    s = stub(cluster)
+    port = cluster.brokers[0].metrics_port
+
+    def refused() -> float:
+        return metric_sum(port, "txmq_rpc_duration_seconds_count", {"method": "ReceiveMessages", "code": "NOT_FOUND"})
+    before = refused()
+    missing = unique_name("missing")
+    for _ in range(3):
+        code, details, _meta = status_of(lambda: receive(s, "g", missing))
+        assert code == grpc.StatusCode.NOT_FOUND and missing in details
+    assert refused() == before + 3
+    services = ProtoReflectionDescriptorDatabase(cluster.channel(cluster.brokers[0].address)).get_services()
+    assert {"txmq.v1.BrokerService", "grpc.health.v1.Health"} <= set(services)
 
 
 def test_metrics_describe_pending_transactions_and_lag(cluster, topic, unique_name) -> None:
