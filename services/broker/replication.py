@@ -127,6 +127,8 @@ class ReplicaNode:
         self._follow_commit = 0
         self._last_session_error: tuple[int, str] | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        #: In-sync set upkeep started by a follower's session ending (cancelled by stop).
+        self._upkeep: set[asyncio.Task[None]] = set()
         self._tail: collections.deque[tuple[int, bytes]] = collections.deque()
         self._tail_bytes = 0
         self._wake: set[asyncio.Event] = set()
@@ -161,11 +163,17 @@ class ReplicaNode:
             "shard": self.shard, "replica_id": self.replica_id, "log_end": self.db.written,
             "member": self.db.is_member, "epochs": self.db.epochs[-3:]}})
 
+    def stopping(self) -> None:
+        """The process began to stop: follower sessions it closes now are no lagging
+        followers, so their end changes no in-sync set (they stay eligible to take over)."""
+        self._stopping = True
+
     async def stop(self) -> None:
         self._stopping = True
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._upkeep]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._stop_following()
         if self.term is not None:
             epoch = self.epoch
@@ -595,8 +603,10 @@ class ReplicaNode:
                     task.cancel()
             if self.followers.get(f.replica_id) is f:
                 f.connected = False
-                if self.term is not None:
-                    asyncio.ensure_future(self._maintain_isr())
+                if self.term is not None and not self._stopping:
+                    upkeep = asyncio.ensure_future(self._maintain_isr())
+                    self._upkeep.add(upkeep)
+                    upkeep.add_done_callback(self._upkeep.discard)
             log.info("follower disconnected", extra={"fields": {"replica_id": f.replica_id, "durable": f.durable}})
 
     async def fetch_checkpoint(self, request: replication_pb2.FetchCheckpointRequest,

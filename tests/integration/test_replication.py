@@ -317,3 +317,49 @@ def test_checks_follow_a_new_leader_without_waiting_for_the_directory_refresh(fr
         elapsed = time.monotonic() - started
     assert got[0].body == b"after-failover" and result.transaction_id in answers
     assert elapsed < 30, elapsed  # well below the 60 s directory refresh
+
+
+def _stops_cleanly(procs: list[Any], deadline: float = 15.0) -> None:
+    """SIGTERM to every process of ``procs`` at once; each exits 0 within ``deadline``."""
+    for proc in procs:
+        proc.send_term()
+    ends = time.monotonic() + deadline
+    for proc in procs:  # one SIGTERM each (a second one may land after the loop let go of it)
+        wait_until(lambda: not proc.running, max(ends - time.monotonic(), 0.1), interval=0.05,
+                   message=lambda: f"{proc.name} did not exit within {deadline} s of its SIGTERM:\n"
+                                   f"{proc.log_tail(30)}")
+    codes = {p.name: p.stop(1) for p in procs}
+    assert all(code == 0 for code in codes.values()), \
+        f"replicas did not stop cleanly: {codes}\n" + "\n".join(f"--- {p.name}\n{p.log_tail(30)}" for p in procs)
+
+
+def test_replicas_stop_cleanly_in_any_order_under_load(fresh_cluster_factory, unique_name):
+    """A stopping leader never waits on a follower that is paused or stopping too: its step
+    down, in-sync set upkeep, etcd calls and heartbeat each end within their deadline."""
+    cluster = replicated(fresh_cluster_factory)
+    topic, group = unique_name("topic"), unique_name("group")
+    cluster.create_topic(topic, 4)
+    work = Workload(cluster.nameserver_address, topic, group, producers=2).start()
+    try:
+        wait_until(lambda: work.sent >= 50, 60, message=lambda: f"load did not start: {work.summary()}")
+        leader = cluster.wait_leaders()[SHARD]
+        paused, other = [p for p in cluster.shards[SHARD] if p is not leader]
+        paused.pause()  # its session's writes back up on the leader
+        try:
+            _stops_cleanly([leader])
+        finally:
+            paused.resume()
+        new = cluster.wait_leaders(not_on=leader)[SHARD]
+        at = work.sent
+        wait_until(lambda: work.sent >= at + 20, 60, message=lambda: f"no progress: {work.summary()}")
+        follower = other if new is paused else paused
+        _stops_cleanly([follower])  # a follower first, then the leader
+        _stops_cleanly([new])
+        for proc in cluster.shards[SHARD]:
+            proc.restart(60)
+        wait_in_sync(cluster)
+        at = work.sent
+        wait_until(lambda: work.sent >= at + 20, 60, message=lambda: f"no progress: {work.summary()}")
+        _stops_cleanly(cluster.shards[SHARD])  # all three at once, under load
+    finally:
+        work.stop()
