@@ -152,6 +152,7 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
     async def make_term(epoch: int) -> Term:
         assert node is not None
         core, bridge, servicer = _build(config, node.db, loop, metrics, pump, global_pump)
+        core.leader_epoch = epoch  # every delivery of this leadership carries it in its receipt handle
         core.free_disk_bytes, core.disk_full = free["bytes"], free["full"]
         core.topic_listeners.append(lambda _topic: heartbeat.kick())
         terms[:] = [(core, bridge)]
