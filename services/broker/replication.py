@@ -207,6 +207,13 @@ class ReplicaNode:
             self.refused_writes += 1
             raise NotEnoughReplicasError(self.shard, able, self.config.min_insync_replicas)
 
+    def handover_guard(self) -> None:
+        """Refuses every write while the leadership is being handed over: receives and
+        acks too (they need no sync, but while consumers poll they would keep the log's end
+        moving, and the replica taking over never held all of it)."""
+        if self._handing_over is not None:
+            raise NotLeaderError(self.shard, self.replica_id)
+
     def _able_replicas(self) -> int:
         now = time.monotonic()
         able = 1
@@ -334,6 +341,7 @@ class ReplicaNode:
         term = await self._make_term(epoch)
         term.bridge.commit_gate = self.commit_point
         term.bridge.write_guard = self.write_guard
+        term.bridge.handover_guard = self.handover_guard
         term.bridge.sync_listeners.append(lambda _durable: self._recompute_commit())
         self.term = term
         self.leadership_changes += 1
@@ -380,9 +388,13 @@ class ReplicaNode:
         if to not in self.isr.members or f is None or not f.connected:
             raise ReplicaNotInSyncError(self.shard, to, list(self.isr.members))
         epoch = self.epoch
-        self._handing_over = to
+        self._handing_over = to  # from now on every write is refused (handover_guard)
         try:
             deadline = time.monotonic() + max(self.config.replica_lag_max_seconds, 1.0)
+            # The log may end in writes that needed no sync (receives, acks): nothing syncs
+            # them while writes are refused, and the commit point waits for this replica's
+            # own sync too. Ask for one.
+            self.term.bridge.when_durable(self.db.written, lambda: None)
             while f.durable < self.db.written or self.commit_lsn < self.db.written:
                 if time.monotonic() > deadline or self.term is None or not f.connected:
                     raise ReplicaNotInSyncError(self.shard, to, list(self.isr.members))

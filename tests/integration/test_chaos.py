@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.mark.parametrize("seed", [6, 1])
 def test_chaos_run_keeps_every_invariant(seed, tmp_path):
-    result = run_once(seed, faults=4, workdir=tmp_path / f"chaos-{seed}")
+    result = run_once(seed, faults=4, workdir=tmp_path / f"chaos-{seed}", more=False)
     report([result])
     assert result.violations == [], f"seed {seed} schedule {result.schedule}: {result.violations[:10]}"
     assert result.failovers, "the schedule killed or paused no leader"
@@ -24,7 +24,8 @@ def test_chaos_run_keeps_every_invariant(seed, tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
 def test_chaos_run_with_network_partitions_keeps_every_invariant(tmp_path):
     seed = 116  # the leader cut off from the cluster while clients reach it, then from everyone
-    result = run_once(seed, faults=2, workdir=tmp_path / f"chaos-partitions-{seed}", partitions=True)
+    result = run_once(seed, faults=2, workdir=tmp_path / f"chaos-partitions-{seed}", partitions=True,
+                      more=False)
     report([result])
     assert result.schedule == ["partition-leader-from-cluster", "partition-leader"]
     assert result.violations == [], f"seed {seed} schedule {result.schedule}: {result.violations[:10]}"

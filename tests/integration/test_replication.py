@@ -418,3 +418,33 @@ def test_an_old_leaders_receipt_handle_does_not_settle_a_new_leaders_redelivery(
     assert _ack(new.address, group, topic, again[0].receipt_handle).code == 0
     [m2] = _receive_one(new.address, group, topic, wait=2.0)
     assert m2.message.body == b"m2"
+
+
+def test_the_leadership_moves_while_consumers_receive_and_acknowledge(fresh_cluster_factory, unique_name):
+    """``txmq broker elect`` under load: receives and acks need no sync, but they write; a
+    hand-over refuses them too (retryably) until the new leader holds the whole log, or the
+    log's end would keep moving away from the replica taking over and the move never ends."""
+    from txmq.v1 import replication_pb2, replication_pb2_grpc
+    cluster = replicated(fresh_cluster_factory)
+    topic, group = unique_name("topic"), unique_name("group")
+    cluster.create_topic(topic, 4)
+    work = Workload(cluster.nameserver_address, topic, group, producers=2, consumers=2).start()
+    try:
+        wait_until(lambda: work.summary()["delivered"] >= 50, 60, message=lambda: f"no load: {work.summary()}")
+        for _ in range(3):
+            wait_in_sync(cluster)
+            leader = cluster.wait_leaders()[SHARD]
+            target = next(p for p in cluster.shards[SHARD] if p is not leader)
+            to = int(target.env["TXMQ_REPLICA_ID"])
+            with grpc.insecure_channel(leader.address) as channel:
+                moved = replication_pb2_grpc.ReplicationServiceStub(channel).TransferLeadership(
+                    replication_pb2.TransferLeadershipRequest(shard=SHARD, replica_id=to), timeout=30)
+            assert moved.previous_replica_id == int(leader.env["TXMQ_REPLICA_ID"])
+            assert cluster.wait_leaders(not_on=leader)[SHARD] is target
+            at = work.summary()["delivered"]
+            wait_until(lambda: work.summary()["delivered"] >= at + 20, 60, message=lambda: f"stalled: {work.summary()}")
+        work.stop_producers()
+        wait_until(lambda: not work.missing(), 60, interval=0.2, message=lambda: f"lost: {sorted(work.missing())[:10]}")
+    finally:
+        work.stop()
+    assert work.violations() == []
