@@ -104,6 +104,7 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
     try:
         topic, group = f"chaos-{seed}", f"chaos-{seed}"
         cluster.create_topic(topic, 4)
+        cluster.create_topic(f"{topic}-probe", 1)  # what a probe sends (its outcome may stay unknown)
         work = Workload(cluster.nameserver_address, topic, group, producers=4, consumers=2, seed=seed).start()
         wait_until(lambda: work.sent >= 20, 60, message=lambda: f"load did not start: {work.summary()}")
         for step, fault in enumerate(schedule, 1):
@@ -190,6 +191,10 @@ def _wait_logged(proc: ServiceProcess, text: str, since: int, timeout: float) ->
         return False
 
 
+def probe_topic(work: Workload) -> str:
+    return f"{work.topic}-probe"
+
+
 def _probe_refused(survivor: ServiceProcess, topic: str, seconds: float) -> list[str]:
     """Sends to the one replica left for ``seconds``: every answer must be a retryable
     refusal (not leading, too few replicas, a deadline); an acknowledgement is a violation."""
@@ -242,13 +247,11 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
         victims = [leader, next(p for p in followers if p is not survivor)]
         for victim in victims:
             victim.kill()
-        result.violations.extend(_probe_refused(survivor, work.topic, rnd.uniform(1.0, 3.0)))
+        result.violations.extend(_probe_refused(survivor, probe_topic(work), rnd.uniform(1.0, 3.0)))
         rnd.shuffle(victims)
-        t0 = time.monotonic()
         for victim in victims:
             victim.restart(60)
-        cluster.wait_leaders(60)
-        result.failovers.append(time.monotonic() - t0)
+        cluster.wait_leaders(60)  # a recovery (restarts included), not a fail-over: not timed
     elif fault in ("pause-follower-rebuild", "kill-leader-during-rebuild"):
         victim = rnd.choice(followers)
         victim.kill()

@@ -30,3 +30,16 @@ def test_chaos_run_with_network_partitions_keeps_every_invariant(tmp_path):
     assert result.schedule == ["partition-leader-from-cluster", "partition-leader"]
     assert result.violations == [], f"seed {seed} schedule {result.schedule}: {result.violations[:10]}"
     assert len(result.failovers) == 2
+
+
+def test_chaos_run_with_an_elect_two_kills_and_a_check_storm_keeps_every_invariant(tmp_path):
+    """The leader ``txmq broker elect`` just chose killed at once; two replicas of three
+    killed together (the survivor refuses every send retryably); 300 UNKNOWN transactions
+    whose checks fall due as the leader is killed. ``make chaos`` draws these and the
+    rebuild and etcd faults with random seeds."""
+    seed = 11
+    result = run_once(seed, faults=3, workdir=tmp_path / f"chaos-more-{seed}", storm=300,
+                      schedule=["elect-kill-leader", "kill-two", "check-storm"])
+    report([result])
+    assert result.violations == [], f"seed {seed} schedule {result.schedule}: {result.violations[:10]}"
+    assert len(result.failovers) == 2
