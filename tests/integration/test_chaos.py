@@ -1,6 +1,8 @@
 """A few fault-injection runs against a replicated shard inside ``make test`` (``make
 chaos`` runs many more with random seeds; see tests/chaos.py for the faults and the
-invariants). Fixed seeds, so a failure here reproduces with ``python -m tests.chaos --seed``."""
+invariants). Fixed seeds, so a failure here reproduces with ``python -m tests.chaos --seed``
+(with ``--classic`` for the first two, which draw from the first faults only, and
+``--schedule`` for the third)."""
 
 from __future__ import annotations
 
