@@ -183,14 +183,6 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
     return result
 
 
-def _wait_logged(proc: ServiceProcess, text: str, since: int, timeout: float) -> bool:
-    try:
-        wait_until(lambda: text in proc.log_text(since), timeout, interval=0.05)
-        return True
-    except WaitTimeout:
-        return False
-
-
 def probe_topic(work: Workload) -> str:
     return f"{work.topic}-probe"
 
@@ -224,8 +216,9 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
     from txmq.v1 import replication_pb2, replication_pb2_grpc
 
     if fault == "elect-kill-leader":
-        target = rnd.choice(followers)
         replicas.wait_in_sync(cluster, SHARD, timeout=60)
+        leader = cluster.wait_leaders(60)[SHARD]
+        target = rnd.choice([p for p in cluster.shards[SHARD] if p is not leader])
         moved = True
         with grpc.insecure_channel(leader.address) as channel:
             try:
@@ -257,9 +250,14 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
         victim.kill()
         shutil.rmtree(victim.env["TXMQ_DATA_DIR"], ignore_errors=True)
         time.sleep(1.0)  # the load writes past the log the leader keeps
-        since_leader, since_victim = leader.log_size(), victim.log_size()
+        others = [p for p in cluster.shards[SHARD] if p is not victim]
+        since = {p.name: p.log_size() for p in others}
+        since_victim = victim.log_size()
         victim.restart(60)
-        if not _wait_logged(leader, "checkpoint for a follower", since_leader, 30):
+        try:  # on whichever replica leads by then
+            wait_until(lambda: any("checkpoint for a follower" in p.log_text(since[p.name]) for p in others), 30,
+                       interval=0.05)
+        except WaitTimeout:
             log("    no rebuild started within 30 s (the follower replayed the log)")
             return
         if fault == "pause-follower-rebuild":
@@ -267,13 +265,17 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
             time.sleep(rnd.uniform(0.5, 3.0))
             victim.resume()
         else:
+            leader = cluster.wait_leaders(60)[SHARD]
             leader.kill()
             t0 = time.monotonic()
             cluster.wait_leaders(60, not_on=leader)
             result.failovers.append(time.monotonic() - t0)
             time.sleep(rnd.uniform(0.0, 1.0))
             leader.restart(60)
-        if not _wait_logged(victim, "rebuilt from the leader's checkpoint", since_victim, 90):
+        try:
+            wait_until(lambda: "rebuilt from the leader's checkpoint" in victim.log_text(since_victim), 90,
+                       interval=0.05)
+        except WaitTimeout:
             result.violations.append(f"{victim.name} never finished its rebuild after {fault}")
     elif fault == "pause-etcd":
         assert cluster.etcd is not None

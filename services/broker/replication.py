@@ -394,6 +394,7 @@ class ReplicaNode:
             # The log may end in writes that needed no sync (receives, acks): nothing syncs
             # them while writes are refused, and the commit point waits for this replica's
             # own sync too. Ask for one.
+            assert self.term is not None
             self.term.bridge.when_durable(self.db.written, lambda: None)
             while f.durable < self.db.written or self.commit_lsn < self.db.written:
                 if time.monotonic() > deadline or self.term is None or not f.connected:
