@@ -219,6 +219,7 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
         replicas.wait_in_sync(cluster, SHARD, timeout=60)
         leader = cluster.wait_leaders(60)[SHARD]
         target = rnd.choice([p for p in cluster.shards[SHARD] if p is not leader])
+        old_epoch = replicas.leader_status(cluster, SHARD).leader_epoch
         moved = True
         with grpc.insecure_channel(leader.address) as channel:
             try:
@@ -230,7 +231,9 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
                 result.violations.append(f"txmq broker elect refused under load: {exc.code().name}: {exc.details()}")
         target.kill()  # the replica just elected, at once
         t0 = time.monotonic()
-        cluster.wait_leaders(60, not_on=target)
+        wait_until(lambda: cluster.leader(SHARD) not in (None, target)
+                   and replicas.leader_status(cluster, SHARD).leader_epoch > old_epoch, 60, interval=0.05,
+                   message="no leader after the elected replica was killed", ignore=(grpc.RpcError, KeyError))
         if moved:
             result.failovers.append(time.monotonic() - t0)
         time.sleep(rnd.uniform(0.0, 1.0))
