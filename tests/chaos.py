@@ -112,12 +112,7 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
             leader = cluster.wait_leaders(60)[SHARD]
             followers = [p for p in cluster.shards[SHARD] if p is not leader]
             if fault == "kill-leader":
-                leader.kill()
-                t0 = time.monotonic()
-                cluster.wait_leaders(60, not_on=leader)
-                result.failovers.append(time.monotonic() - t0)
-                time.sleep(rnd.uniform(0.0, 1.5))
-                leader.restart(60)
+                kill_leader(cluster, leader, result, rnd.uniform(0.0, 1.5))
             elif fault == "pause-leader":
                 leader.pause()
                 t0 = time.monotonic()
@@ -181,6 +176,16 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
     for v in result.violations[:20]:
         log(f"  VIOLATION {v}")
     return result
+
+
+def kill_leader(cluster: Cluster, leader: ServiceProcess, result: RunResult, down_seconds: float) -> None:
+    """SIGKILL of the leader; times the fail-over; restarts it ``down_seconds`` later."""
+    leader.kill()
+    t0 = time.monotonic()
+    cluster.wait_leaders(60, not_on=leader)
+    result.failovers.append(time.monotonic() - t0)
+    time.sleep(down_seconds)
+    leader.restart(60)
 
 
 def probe_topic(work: Workload) -> str:
@@ -268,13 +273,7 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
             time.sleep(rnd.uniform(0.5, 3.0))
             victim.resume()
         else:
-            leader = cluster.wait_leaders(60)[SHARD]
-            leader.kill()
-            t0 = time.monotonic()
-            cluster.wait_leaders(60, not_on=leader)
-            result.failovers.append(time.monotonic() - t0)
-            time.sleep(rnd.uniform(0.0, 1.0))
-            leader.restart(60)
+            kill_leader(cluster, cluster.wait_leaders(60)[SHARD], result, rnd.uniform(0.0, 1.0))
         try:
             wait_until(lambda: "rebuilt from the leader's checkpoint" in victim.log_text(since_victim), 90,
                        interval=0.05)
@@ -295,12 +294,7 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
     elif fault == "check-storm":
         took = work.storm(storm)
         log(f"    {storm} UNKNOWN transactions sent in {took:.1f} s; killing the leader as their checks fall due")
-        leader = cluster.wait_leaders(60)[SHARD]
-        leader.kill()
-        t0 = time.monotonic()
-        cluster.wait_leaders(60, not_on=leader)
-        result.failovers.append(time.monotonic() - t0)
-        leader.restart(60)
+        kill_leader(cluster, cluster.wait_leaders(60)[SHARD], result, 0.0)
 
 
 def describe_missing(cluster: Cluster, work: Workload) -> list[str]:
