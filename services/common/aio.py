@@ -22,6 +22,7 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     """Waits until ``event`` is set or ``timeout`` seconds passed (None: no limit); returns
     whether it is set. A cancellation is never lost, whatever else happens at that moment."""
     if event.is_set():
+        await asyncio.sleep(0)  # as a wait would: the loop's other tasks run between rounds
         return True
     if timeout is None:
         await event.wait()
