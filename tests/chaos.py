@@ -1,6 +1,7 @@
 """Fault injection against a replicated shard, Jepsen-style (``make chaos``).
 
-    python -m tests.chaos [--runs 10] [--seed S] [--faults 6] [--partitions]
+    python -m tests.chaos [--runs 10] [--seed S] [--faults 6] [--partitions] [--classic]
+                          [--schedule f1,f2] [--storm N]
 
 Each run starts a name server, etcd, a checker and one shard of three replicas
 (min_insync_replicas 2), puts a mixed transactional load on it (4 producers committing,
@@ -35,16 +36,34 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
 from tests.support import netns, replicas
 from tests.support.cluster import Cluster
-from tests.support.waiting import wait_until
+from tests.support.processes import ServiceProcess
+from tests.support.waiting import WaitTimeout, wait_until
 from tests.support.workload import Workload
 
 SHARD = "broker-0"
 CHECK_MAX = 15
 FAULTS = ("kill-leader", "kill-leader", "pause-leader", "kill-follower", "wipe-follower")
+#: Drawn too unless ``--classic`` (``more=False``): a leader elected by ``txmq broker elect``
+#: killed at once; two replicas killed together (the survivor must refuse writes, retryably);
+#: a follower paused during its rebuild from a checkpoint; the leader killed during a
+#: follower's rebuild; etcd paused (SIGSTOP, past the leader's lease or not) or restarted
+#: under load; a check storm (thousands of UNKNOWN transactions due at once) and the leader
+#: killed as their checks fall due.
+MORE_FAULTS = ("elect-kill-leader", "kill-two", "pause-follower-rebuild", "kill-leader-during-rebuild",
+               "pause-etcd", "restart-etcd", "check-storm")
+#: Errors of a send whose topic had no live broker (the only shard without a leader).
+NO_ROUTE = ("NoBrokerError", "TopicNotFoundError")
+#: Transactions of one check storm (``--storm``).
+STORM = 1000
 BROKER_ENV = {"TXMQ_TRANSACTION_TIMEOUT_SECONDS": "1.0", "TXMQ_CHECK_INTERVAL_SECONDS": "0.5",
-              "TXMQ_CHECK_MAX": str(CHECK_MAX), "TXMQ_WAL_PREFILL_BYTES": str(1 << 20)}
+              "TXMQ_CHECK_MAX": str(CHECK_MAX), "TXMQ_WAL_PREFILL_BYTES": str(1 << 20),
+              # A wiped follower is beyond the kept log after a few seconds of load: it rebuilds
+              # from a checkpoint (the rebuild faults act during that).
+              "TXMQ_REPLICATION_LOG_ENTRIES": "500"}
 CHECKER_ENV = {"TXMQ_LEASE_SECONDS": "2.0", "TXMQ_ANSWER_TIMEOUT_SECONDS": "1.0"}
 
 
@@ -63,17 +82,18 @@ class RunResult:
 PARTITIONS = ("partition-leader", "partition-leader-from-cluster")
 
 
-def schedule_for(seed: int, faults: int, partitions: bool = False) -> list[str]:
+def schedule_for(seed: int, faults: int, partitions: bool = False, more: bool = True) -> list[str]:
     rnd = random.Random(seed)
-    kinds = FAULTS + (PARTITIONS if partitions else ())
+    kinds = FAULTS + (MORE_FAULTS if more else ()) + (PARTITIONS if partitions else ())
     schedule = [rnd.choice(kinds) for _ in range(faults)]
     if partitions and faults and not any(f in PARTITIONS for f in schedule):
         schedule[rnd.randrange(faults)] = rnd.choice(PARTITIONS)  # every partition run partitions
     return schedule
 
 
-def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False, log=print) -> RunResult:
-    schedule = schedule_for(seed, faults, partitions)
+def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False, more: bool = True,
+             schedule: list[str] | None = None, storm: int = STORM, log=print) -> RunResult:
+    schedule = schedule if schedule is not None else schedule_for(seed, faults, partitions, more)
     log(f"chaos run seed={seed} schedule={schedule}")
     rnd = random.Random(seed + 1)
     result = RunResult(seed, schedule)
@@ -84,6 +104,7 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
     try:
         topic, group = f"chaos-{seed}", f"chaos-{seed}"
         cluster.create_topic(topic, 4)
+        cluster.create_topic(f"{topic}-probe", 1)  # what a probe sends (its outcome may stay unknown)
         work = Workload(cluster.nameserver_address, topic, group, producers=4, consumers=2, seed=seed).start()
         wait_until(lambda: work.sent >= 20, 60, message=lambda: f"load did not start: {work.summary()}")
         for step, fault in enumerate(schedule, 1):
@@ -91,12 +112,7 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
             leader = cluster.wait_leaders(60)[SHARD]
             followers = [p for p in cluster.shards[SHARD] if p is not leader]
             if fault == "kill-leader":
-                leader.kill()
-                t0 = time.monotonic()
-                cluster.wait_leaders(60, not_on=leader)
-                result.failovers.append(time.monotonic() - t0)
-                time.sleep(rnd.uniform(0.0, 1.5))
-                leader.restart(60)
+                kill_leader(cluster, leader, result, rnd.uniform(0.0, 1.5))
             elif fault == "pause-leader":
                 leader.pause()
                 t0 = time.monotonic()
@@ -127,6 +143,8 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
                     wait_until(lambda: "stepped down" in leader.log_text(since), 30,
                                message=lambda: f"the partitioned leader {leader.name} never stepped down")
                     time.sleep(rnd.uniform(0.0, 1.0))
+            elif fault in MORE_FAULTS:
+                more_fault(fault, cluster, work, leader, followers, rnd, result, storm, log)
             log(f"  fault {step}/{len(schedule)} {fault} done; {work.summary()}")
         work.stop_producers()
         wait_until(lambda: not work.missing(), 90, interval=0.2,
@@ -134,7 +152,11 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
         replicas.wait_in_sync(cluster, SHARD, timeout=90)
         time.sleep(1.0)  # late redeliveries would show a duplicate
         work.stop()
-        result.violations = work.violations()
+        # A send may fail for good only when the name servers route the topic to no live
+        # broker at all (the whole shard between leaders): nothing of it was sent.
+        result.violations = work.violations() + [
+            f"{body}: a send failed with an error the SDK does not retry: {why}"
+            for body, why in sorted(work.failed_for_good.items()) if not why.startswith(NO_ROUTE)]
         result.summary = work.summary()
         replicas.stop_and_compare(cluster, SHARD)
         spent = max(replicas.max_checks_spent(p) for p in cluster.shards[SHARD])
@@ -154,6 +176,125 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
     for v in result.violations[:20]:
         log(f"  VIOLATION {v}")
     return result
+
+
+def kill_leader(cluster: Cluster, leader: ServiceProcess, result: RunResult, down_seconds: float) -> None:
+    """SIGKILL of the leader; times the fail-over; restarts it ``down_seconds`` later."""
+    leader.kill()
+    t0 = time.monotonic()
+    cluster.wait_leaders(60, not_on=leader)
+    result.failovers.append(time.monotonic() - t0)
+    time.sleep(down_seconds)
+    leader.restart(60)
+
+
+def probe_topic(work: Workload) -> str:
+    return f"{work.topic}-probe"
+
+
+def _probe_refused(survivor: ServiceProcess, topic: str, seconds: float) -> list[str]:
+    """Sends to the one replica left for ``seconds``: every answer must be a retryable
+    refusal (not leading, too few replicas, a deadline); an acknowledgement is a violation."""
+    from txmq.errors import TxmqError, error_from_rpc
+    from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+
+    problems = []
+    ends = time.monotonic() + seconds
+    with grpc.insecure_channel(survivor.address) as channel:
+        stub = broker_pb2_grpc.BrokerServiceStub(channel)
+        while time.monotonic() < ends:
+            message = common_pb2.Message(topic=topic, body=b"probe", queue_id=0, type=common_pb2.MESSAGE_TYPE_NORMAL)
+            try:
+                stub.SendMessage(broker_pb2.SendMessageRequest(message=message), timeout=1.0)
+                problems.append(f"{survivor.name} acknowledged a send with one replica of three running")
+            except grpc.RpcError as exc:
+                err = error_from_rpc(exc)
+                if not isinstance(err, TxmqError) or not err.retryable:
+                    problems.append(f"{survivor.name} refused a send with a non-retryable {type(err).__name__}: {err}")
+            time.sleep(0.1)
+    return problems
+
+
+def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProcess, followers: list[ServiceProcess],
+               rnd: random.Random, result: RunResult, storm: int, log) -> None:
+    """One of :data:`MORE_FAULTS`."""
+    from txmq.v1 import replication_pb2, replication_pb2_grpc
+
+    if fault == "elect-kill-leader":
+        replicas.wait_in_sync(cluster, SHARD, timeout=60)
+        leader = cluster.wait_leaders(60)[SHARD]
+        target = rnd.choice([p for p in cluster.shards[SHARD] if p is not leader])
+        old_epoch = replicas.leader_status(cluster, SHARD).leader_epoch
+        moved = True
+        with grpc.insecure_channel(leader.address) as channel:
+            try:
+                replication_pb2_grpc.ReplicationServiceStub(channel).TransferLeadership(
+                    replication_pb2.TransferLeadershipRequest(shard=SHARD, replica_id=int(target.env["TXMQ_REPLICA_ID"])),
+                    timeout=30)
+            except grpc.RpcError as exc:
+                moved = False
+                result.violations.append(f"txmq broker elect refused under load: {exc.code().name}: {exc.details()}")
+        target.kill()  # the replica just elected, at once
+        t0 = time.monotonic()
+        wait_until(lambda: cluster.leader(SHARD) not in (None, target)
+                   and replicas.leader_status(cluster, SHARD).leader_epoch > old_epoch, 60, interval=0.05,
+                   message="no leader after the elected replica was killed", ignore=(grpc.RpcError, KeyError))
+        if moved:
+            result.failovers.append(time.monotonic() - t0)
+        time.sleep(rnd.uniform(0.0, 1.0))
+        target.restart(60)
+    elif fault == "kill-two":
+        survivor = rnd.choice(followers)
+        victims = [leader, next(p for p in followers if p is not survivor)]
+        for victim in victims:
+            victim.kill()
+        result.violations.extend(_probe_refused(survivor, probe_topic(work), rnd.uniform(1.0, 3.0)))
+        rnd.shuffle(victims)
+        for victim in victims:
+            victim.restart(60)
+        cluster.wait_leaders(60)  # a recovery (restarts included), not a fail-over: not timed
+    elif fault in ("pause-follower-rebuild", "kill-leader-during-rebuild"):
+        victim = rnd.choice(followers)
+        victim.kill()
+        shutil.rmtree(victim.env["TXMQ_DATA_DIR"], ignore_errors=True)
+        time.sleep(1.0)  # the load writes past the log the leader keeps
+        others = [p for p in cluster.shards[SHARD] if p is not victim]
+        since = {p.name: p.log_size() for p in others}
+        since_victim = victim.log_size()
+        victim.restart(60)
+        try:  # on whichever replica leads by then
+            wait_until(lambda: any("checkpoint for a follower" in p.log_text(since[p.name]) for p in others), 30,
+                       interval=0.05)
+        except WaitTimeout:
+            log("    no rebuild started within 30 s (the follower replayed the log)")
+            return
+        if fault == "pause-follower-rebuild":
+            victim.pause()
+            time.sleep(rnd.uniform(0.5, 3.0))
+            victim.resume()
+        else:
+            kill_leader(cluster, cluster.wait_leaders(60)[SHARD], result, rnd.uniform(0.0, 1.0))
+        try:
+            wait_until(lambda: "rebuilt from the leader's checkpoint" in victim.log_text(since_victim), 90,
+                       interval=0.05)
+        except WaitTimeout:
+            result.violations.append(f"{victim.name} never finished its rebuild after {fault}")
+    elif fault == "pause-etcd":
+        assert cluster.etcd is not None
+        cluster.etcd.pause()
+        try:
+            time.sleep(rnd.uniform(1.0, 6.0))  # the leader's lease is 4 s: past it or not
+        finally:
+            cluster.etcd.resume()
+        cluster.wait_leaders(60)
+    elif fault == "restart-etcd":
+        assert cluster.etcd is not None
+        cluster.etcd.restart()
+        cluster.wait_leaders(60)
+    elif fault == "check-storm":
+        took = work.storm(storm)
+        log(f"    {storm} UNKNOWN transactions sent in {took:.1f} s; killing the leader as their checks fall due")
+        kill_leader(cluster, cluster.wait_leaders(60)[SHARD], result, 0.0)
 
 
 def describe_missing(cluster: Cluster, work: Workload) -> list[str]:
@@ -194,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="run this seed only (reproduce a failure)")
     parser.add_argument("--faults", type=int, default=6)
     parser.add_argument("--partitions", action="store_true", help="also cut the leader off (network namespaces)")
+    parser.add_argument("--classic", action="store_true", help=f"draw only {', '.join(sorted(set(FAULTS)))}")
+    parser.add_argument("--schedule", default="", help="run this comma-separated schedule instead of drawing one")
+    parser.add_argument("--storm", type=int, default=STORM, help="transactions of one check storm")
     args = parser.parse_args(argv)
     if args.partitions:
         problem = netns.available()
@@ -204,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     base = Path(tempfile.mkdtemp(prefix="txmq-chaos-"))
     for seed in seeds:
-        results.append(run_once(seed, args.faults, base / str(seed), partitions=args.partitions,
+        results.append(run_once(seed, args.faults, base / str(seed), partitions=args.partitions, more=not args.classic,
+                                schedule=args.schedule.split(",") if args.schedule else None, storm=args.storm,
                                 log=lambda m: print(m, flush=True)))
     ok = report(results)
     if ok:

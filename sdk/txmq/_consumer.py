@@ -24,7 +24,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 import grpc
 
 from ._client import Client, positive
-from ._errors import ClientClosedError, InvalidFieldError, TopicNotFoundError, TxmqError, error_from_rpc
+from ._errors import (ClientClosedError, InvalidFieldError, ReceiptHandleNotFoundError, TopicNotFoundError, TxmqError,
+                      error_from_rpc)
 from ._names import in_namespace, validate_group, validate_receive_topic
 from ._receiving import (AckOutcome, Receive, ack_groups, ack_request, ack_results, check_receive, deferred_acks,
                          receive_steps, received, report_deferred, settle)
@@ -400,7 +401,11 @@ class PushConsumer:
     FIFO topics: the broker delivers a message group's next message only once the previous
     one is acknowledged (or dead-lettered); here the messages of one group also run one
     after another (a redelivery never overlaps a consumption of the same group still
-    running), while different groups run in parallel on the pool.
+    running), while different groups run in parallel on the pool. A message waiting here
+    behind its group's running one (a redelivery of a consumption slower than the invisible
+    duration) has its invisibility renewed while it waits, so it is not redelivered again and
+    again, spending its delivery attempts towards the dead-letter queue; a waiting copy the
+    broker no longer knows (redelivered or settled meanwhile) is dropped.
     """
 
     def __init__(self, nameservers: str | Sequence[str], *, consumer_group: str,
@@ -435,6 +440,7 @@ class PushConsumer:
         self._started = False
         self._supervisor: threading.Thread | None = None
         self._acker: threading.Thread | None = None
+        self._renewer: threading.Thread | None = None
         self._pollers: dict[_Target, threading.Thread] = {}
         self._polls: dict[_Target, grpc.Future] = {}
         self._acks: queue.SimpleQueue[ReceivedMessage | None] = queue.SimpleQueue()
@@ -460,8 +466,10 @@ class PushConsumer:
             self._executor = cf.ThreadPoolExecutor(self.consume_threads, thread_name_prefix="txmq-consume")
             self._supervisor = threading.Thread(target=self._supervise, name="txmq-routes", daemon=True)
             self._acker = threading.Thread(target=self._ack_loop, name="txmq-ack", daemon=True)
+            self._renewer = threading.Thread(target=self._renew_loop, name="txmq-renew", daemon=True)
             self._supervisor.start()
             self._acker.start()
+            self._renewer.start()
 
     def shutdown(self, timeout_seconds: float | None = None) -> None:
         """Stops polling (long polls in flight are cancelled), waits for the messages being
@@ -471,7 +479,7 @@ class PushConsumer:
             for future in self._polls.values():
                 future.cancel()
             started, self._started = self._started, False
-            pollers = [self._supervisor, *self._pollers.values()]
+            pollers = [self._supervisor, self._renewer, *self._pollers.values()]
         if started:
             with self._cond:
                 self._cond.notify_all()
@@ -579,6 +587,42 @@ class PushConsumer:
                     del self._group_queues[group]
                     return
                 message = waiting.popleft()
+
+    def _renew_loop(self) -> None:
+        """Keeps the messages waiting behind their group's running one invisible: each whose
+        invisibility has less than half of ``invisible_duration_seconds`` left gets the whole
+        of it again (ChangeInvisibleDuration: the same delivery, no new attempt)."""
+        every = min(max(self.invisible_duration_seconds / 4, 0.05), 5.0)
+        while not self._stop.wait(every):
+            soon = time.time() + self.invisible_duration_seconds / 2
+            with self._lock:
+                due = [(group, m) for group, waiting in self._group_queues.items() for m in waiting
+                       if m.invisible_until.timestamp() < soon]
+            for group, message in due:
+                try:
+                    renewed: ReceivedMessage | None = self._consumer.change_invisible_duration(
+                        message, self.invisible_duration_seconds)
+                except ReceiptHandleNotFoundError:
+                    renewed = None  # redelivered or settled meanwhile: this copy is of no use
+                except TxmqError as err:
+                    if self._stop.is_set():
+                        return
+                    log.warning("push consumer %s: cannot renew the invisibility of %s waiting behind its "
+                                "group: %s", self.consumer_group, message.message_id, err)
+                    continue
+                with self._lock:
+                    waiting = self._group_queues.get(group)
+                    at = next((i for i, m in enumerate(waiting or ()) if m is message), None)
+                    if waiting is None or at is None:
+                        continue  # it started meanwhile (with a handle still valid: the same delivery)
+                    if renewed is None:
+                        del waiting[at]
+                    else:
+                        waiting[at] = renewed
+                if renewed is None:
+                    with self._cond:
+                        self._inflight -= 1
+                        self._cond.notify()
 
     # --- consuming ------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ _HEAD = struct.Struct(">BB")
 _MSG = struct.Struct(">I16s")
 _TXN = struct.Struct(">IQ")
 _RCPT = struct.Struct(">IIQIB")
+_EPOCH = struct.Struct(">Q")
 
 
 def _pack(kind: str, broker: str, payload: bytes) -> str:
@@ -132,13 +133,20 @@ class ReceiptHandle:
     queue_id: int
     offset: int
     attempt: int
+    #: The leader epoch of a replicated shard's leadership that made the delivery (0: an
+    #: unreplicated broker, or a handle from before epochs were carried). A delivery made
+    #: again by a later leader with the same attempt number (the first one's write had not
+    #: reached the replicas) is another delivery: the old holder's handle does not settle it.
+    #: Encoded after the topic only when set, so handles without it read as before.
+    epoch: int = 0
 
     KIND = "R"
 
     def encode(self) -> str:
         topic = self.topic.encode()
         return _pack(self.KIND, self.broker,
-                     _RCPT.pack(self.store_id, self.queue_id, self.offset, self.attempt, len(topic)) + topic)
+                     _RCPT.pack(self.store_id, self.queue_id, self.offset, self.attempt, len(topic)) + topic
+                     + (_EPOCH.pack(self.epoch) if self.epoch else b""))
 
     @classmethod
     def decode(cls, text: str) -> "ReceiptHandle":
@@ -146,7 +154,12 @@ class ReceiptHandle:
         if len(payload) < _RCPT.size:
             raise InvalidIdError("receipt handle", text, "wrong length")
         store_id, queue_id, offset, attempt, topic_len = _RCPT.unpack_from(payload)
-        topic_bytes = payload[_RCPT.size:]
-        if len(topic_bytes) != topic_len:
+        rest = payload[_RCPT.size:]
+        epoch = 0
+        if len(rest) == topic_len + _EPOCH.size:
+            (epoch,) = _EPOCH.unpack_from(rest, topic_len)
+            if epoch == 0:
+                raise InvalidIdError("receipt handle", text, "epoch 0 is never encoded")
+        elif len(rest) != topic_len:
             raise InvalidIdError("receipt handle", text, "wrong length")
-        return cls(broker, store_id, topic_bytes.decode(), queue_id, offset, attempt)
+        return cls(broker, store_id, rest[:topic_len].decode(), queue_id, offset, attempt, epoch)

@@ -39,6 +39,9 @@ class BrokerBase:
     db: Database
     #: Chosen when the store is created; ids of an earlier store are refused.
     store_id: int
+    #: A replicated shard's leader epoch this domain serves in (0: unreplicated). Every
+    #: delivery records it and its receipt handle carries it.
+    leader_epoch: int = 0
     #: The commit-log sequence the next record gets.
     next_seq: int
     consumers: ConsumerGroups
@@ -76,8 +79,8 @@ class BrokerBase:
             raise InvalidIdError("transaction id", text, "issued by an earlier store of this broker")
         return tid.sequence
 
-    def receipt(self, topic: str, queue_id: int, offset: int, attempt: int) -> str:
-        return ReceiptHandle(self.name, self.store_id, topic, queue_id, offset, attempt).encode()
+    def receipt(self, topic: str, queue_id: int, offset: int, attempt: int, epoch: int = 0) -> str:
+        return ReceiptHandle(self.name, self.store_id, topic, queue_id, offset, attempt, epoch).encode()
 
     def parse_receipt(self, text: str) -> ReceiptHandle:
         handle = ReceiptHandle.decode(text)

@@ -63,6 +63,10 @@ class StoreBridge:
         #: Replicated shards: raises (NotEnoughReplicasError) when a write that must be
         #: durable cannot be acknowledged now; called before such a write is applied.
         self.write_guard: Callable[[], None] | None = None
+        #: Replicated shards: raises (NotLeaderError) while the leadership is being handed
+        #: over; called before *every* write, also those that need no sync (receives, acks),
+        #: so the replica taking over can hold the whole log.
+        self.handover_guard: Callable[[], None] | None = None
         self._failed: BaseException | None = None
         #: Called with the new durable position after every local sync (the replication
         #: leader recomputes its commit point).
@@ -82,6 +86,8 @@ class StoreBridge:
         is ``GROUP_TICKET``: the group's comes when it ends."""
         if self._failed is not None:
             raise self._failed
+        if self.handover_guard is not None:
+            self.handover_guard()
         if sync and self.write_guard is not None:
             self.write_guard()
         applied = self.db.apply(op, sync=sync)

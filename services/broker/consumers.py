@@ -17,6 +17,8 @@ from .store import codec
 class Inflight:
     attempt: int
     deadline_ms: int
+    #: The leader epoch that made the delivery (0: unreplicated; see ``ReceiptHandle.epoch``).
+    epoch: int = 0
 
 
 @dataclass(slots=True)
@@ -44,8 +46,8 @@ class Cursor:
     # (deadline_ms, offset); entries whose deadline no longer matches are stale.
     heap: list[tuple[int, int]] = field(default_factory=list)
 
-    def track(self, offset: int, attempt: int, deadline_ms: int) -> None:
-        self.inflight[offset] = Inflight(attempt, deadline_ms)
+    def track(self, offset: int, attempt: int, deadline_ms: int, epoch: int = 0) -> None:
+        self.inflight[offset] = Inflight(attempt, deadline_ms, epoch)
         heapq.heappush(self.heap, (deadline_ms, offset))
 
     def pop_expired(self, now_ms: int) -> list[tuple[int, Inflight]]:
@@ -88,14 +90,14 @@ class ConsumerGroups:
             self.cursors[(group, topic, queue_id)] = Cursor(codec.decode_u64(value, "consumer cursor", key))
         for key, value in inflight:
             group, topic, queue_id, offset = codec.split_inflight_key(key)
-            attempt, deadline = codec.decode_inflight(value, key)
+            attempt, deadline, epoch = codec.decode_inflight(value, key)
             cursor = self.cursors.get((group, topic, queue_id))
             if cursor is None:
                 cursor = self.cursors[(group, topic, queue_id)] = Cursor(offset + 1)
             if (attempt, deadline) == codec.SETTLED_PAST_CURSOR:
                 cursor.settled.add(offset)
             else:
-                cursor.track(offset, attempt, deadline)
+                cursor.track(offset, attempt, deadline, epoch)
 
     def get(self, group: str, topic: str, queue_id: int) -> Cursor | None:
         return self.cursors.get((group, topic, queue_id))

@@ -91,10 +91,15 @@ class ShardCoordinator:
         self._tls_generation = 0
         self._retired: list[grpc.aio.Channel] = []
         self.lease_id = 0
+        self._closed = False
 
     # --- connection -------------------------------------------------------------------------
 
     def _stubs(self) -> tuple[rpc.KVStub, rpc.LeaseStub]:
+        if self._closed:
+            # A call after close() must not open a channel nobody closes (a stopping
+            # process would keep it, and its calls, past its end).
+            raise EtcdUnavailable("the shard coordinator is closed (the replica is stopping)")
         if self._channel is not None and self._tls_generation != tls_generation():
             self._retired.append(self._channel)  # rotated TLS files: calls in flight finish on it
             self._channel = None
@@ -117,6 +122,7 @@ class ShardCoordinator:
         return EtcdUnavailable(f"etcd {self.endpoints}: {exc}")
 
     async def close(self) -> None:
+        self._closed = True
         retired, self._retired = self._retired, []
         for channel in retired:
             await channel.close()

@@ -101,11 +101,11 @@ class DeliveryPart(BrokerBase):
                 self._to_dlq(w, group, cq)
                 self._end_delivery(w, group, topic, q, cursor, offset)
                 continue
-            attempt = entry.attempt + 1
-            cursor.track(offset, attempt, now + invisible_ms)
-            w.put("inflight", key, codec.encode_inflight(attempt, now + invisible_ms))
+            attempt, epoch = entry.attempt + 1, self.leader_epoch
+            cursor.track(offset, attempt, now + invisible_ms, epoch)
+            w.put("inflight", key, codec.encode_inflight(attempt, now + invisible_ms, epoch))
             out.append(Delivery(topic, q, offset, cq.log_seq, attempt, now + invisible_ms, cq.visible_ms,
-                                self.receipt(topic, q, offset, attempt)))
+                                self.receipt(topic, q, offset, attempt, epoch)))
 
     def _to_dlq(self, w: OpWrites, group: str, cq: CqEntry) -> None:
         topic = dlq_topic(group)
@@ -140,11 +140,11 @@ class DeliveryPart(BrokerBase):
             if tags is not None and not self._passes(tags, cq):
                 skipped += 1
                 continue  # filtered out: never delivered to this group
-            deadline = now + invisible_ms
-            cursor.track(o, 1, deadline)
-            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline))
+            deadline, epoch = now + invisible_ms, self.leader_epoch
+            cursor.track(o, 1, deadline, epoch)
+            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline, epoch))
             out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms,
-                                self.receipt(topic, q, o, 1)))
+                                self.receipt(topic, q, o, 1, epoch)))
         if offset != start:
             cursor.next_offset = offset
             w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(offset))
@@ -171,11 +171,12 @@ class DeliveryPart(BrokerBase):
 
         def deliver(o: int, cq: CqEntry) -> None:
             blocked.add(cq.group_hash)
-            deadline = now + invisible_ms
-            cursor.track(o, 1, deadline)
+            deadline, epoch = now + invisible_ms, self.leader_epoch
+            cursor.track(o, 1, deadline, epoch)
             cursor.group_of[o] = cq.group_hash
-            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline))
-            out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms, self.receipt(topic, q, o, 1)))
+            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline, epoch))
+            out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms,
+                                self.receipt(topic, q, o, 1, epoch)))
 
         filtered = 0
         for o in sorted(ahead):  # held back before: their groups may be free now
@@ -244,7 +245,7 @@ class DeliveryPart(BrokerBase):
         (not acknowledged, dead-lettered or redelivered since)."""
         cursor = self.consumers.get(group, handle.topic, handle.queue_id)
         entry = cursor.inflight.get(handle.offset) if cursor else None
-        if cursor is None or entry is None or entry.attempt != handle.attempt:
+        if cursor is None or entry is None or entry.attempt != handle.attempt or entry.epoch != handle.epoch:
             return None
         return cursor, entry
 
@@ -317,12 +318,12 @@ class DeliveryPart(BrokerBase):
                 raise ReceiptHandleNotFoundError(handle_text)
             cursor, entry = found
             deadline = self.clock() + delay_ms
-            cursor.track(handle.offset, entry.attempt, deadline)
+            cursor.track(handle.offset, entry.attempt, deadline, entry.epoch)  # the same delivery, still
             w.put("inflight", codec.inflight_key(group, handle.topic, handle.queue_id, handle.offset),
-                  codec.encode_inflight(entry.attempt, deadline))
+                  codec.encode_inflight(entry.attempt, deadline, entry.epoch))
             topic_ = handle.topic
             w.on_durable(lambda: self._notify_visible(topic_))
-            return self.receipt(handle.topic, handle.queue_id, handle.offset, entry.attempt), deadline
+            return self.receipt(handle.topic, handle.queue_id, handle.offset, entry.attempt, entry.epoch), deadline
         return op
 
     def dead_letter_op(self, group: str, topic: str, handle_text: str) -> Callable[[OpWrites], tuple[str, int]]:

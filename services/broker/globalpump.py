@@ -23,6 +23,7 @@ from txmq.errors import TransactionNotFoundError, error_from_rpc
 from txmq.ids import TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
+from services.common.aio import wait_event
 from services.common.channels import ChannelPool
 
 from . import failpoints
@@ -87,10 +88,7 @@ class GlobalPump:
                 except Exception:  # noqa: BLE001 - a lost leadership or a refused write: try again
                     log.warning("global transaction round failed", exc_info=True)
                     wait = self._retry_ms / 1000
-            try:
-                await asyncio.wait_for(self._wake.wait(), wait)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, wait)
 
     async def _round(self, core: Any, bridge: Any) -> float | None:
         """One round of due pushes and pulls; returns how long to sleep (None: until woken)."""

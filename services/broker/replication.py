@@ -127,6 +127,8 @@ class ReplicaNode:
         self._follow_commit = 0
         self._last_session_error: tuple[int, str] | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        #: In-sync set upkeep started by a follower's session ending (cancelled by stop).
+        self._upkeep: set[asyncio.Task[None]] = set()
         self._tail: collections.deque[tuple[int, bytes]] = collections.deque()
         self._tail_bytes = 0
         self._wake: set[asyncio.Event] = set()
@@ -161,11 +163,17 @@ class ReplicaNode:
             "shard": self.shard, "replica_id": self.replica_id, "log_end": self.db.written,
             "member": self.db.is_member, "epochs": self.db.epochs[-3:]}})
 
+    def stopping(self) -> None:
+        """The process began to stop: follower sessions it closes now are no lagging
+        followers, so their end changes no in-sync set (they stay eligible to take over)."""
+        self._stopping = True
+
     async def stop(self) -> None:
         self._stopping = True
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._upkeep]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._stop_following()
         if self.term is not None:
             epoch = self.epoch
@@ -198,6 +206,13 @@ class ReplicaNode:
         if able < self.config.min_insync_replicas:
             self.refused_writes += 1
             raise NotEnoughReplicasError(self.shard, able, self.config.min_insync_replicas)
+
+    def handover_guard(self) -> None:
+        """Refuses every write while the leadership is being handed over: receives and
+        acks too (they need no sync, but while consumers poll they would keep the log's end
+        moving, and the replica taking over never held all of it)."""
+        if self._handing_over is not None:
+            raise NotLeaderError(self.shard, self.replica_id)
 
     def _able_replicas(self) -> int:
         now = time.monotonic()
@@ -326,6 +341,7 @@ class ReplicaNode:
         term = await self._make_term(epoch)
         term.bridge.commit_gate = self.commit_point
         term.bridge.write_guard = self.write_guard
+        term.bridge.handover_guard = self.handover_guard
         term.bridge.sync_listeners.append(lambda _durable: self._recompute_commit())
         self.term = term
         self.leadership_changes += 1
@@ -372,9 +388,14 @@ class ReplicaNode:
         if to not in self.isr.members or f is None or not f.connected:
             raise ReplicaNotInSyncError(self.shard, to, list(self.isr.members))
         epoch = self.epoch
-        self._handing_over = to
+        self._handing_over = to  # from now on every write is refused (handover_guard)
         try:
             deadline = time.monotonic() + max(self.config.replica_lag_max_seconds, 1.0)
+            # The log may end in writes that needed no sync (receives, acks): nothing syncs
+            # them while writes are refused, and the commit point waits for this replica's
+            # own sync too. Ask for one.
+            assert self.term is not None
+            self.term.bridge.when_durable(self.db.written, lambda: None)
             while f.durable < self.db.written or self.commit_lsn < self.db.written:
                 if time.monotonic() > deadline or self.term is None or not f.connected:
                     raise ReplicaNotInSyncError(self.shard, to, list(self.isr.members))
@@ -595,8 +616,10 @@ class ReplicaNode:
                     task.cancel()
             if self.followers.get(f.replica_id) is f:
                 f.connected = False
-                if self.term is not None:
-                    asyncio.ensure_future(self._maintain_isr())
+                if self.term is not None and not self._stopping:
+                    upkeep = asyncio.ensure_future(self._maintain_isr())
+                    self._upkeep.add(upkeep)
+                    upkeep.add_done_callback(self._upkeep.discard)
             log.info("follower disconnected", extra={"fields": {"replica_id": f.replica_id, "durable": f.durable}})
 
     async def fetch_checkpoint(self, request: replication_pb2.FetchCheckpointRequest,

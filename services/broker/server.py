@@ -20,6 +20,7 @@ from typing import Any, Callable
 from txmq.v1 import (broker_pb2, broker_pb2_grpc, nameserver_pb2, operations_pb2, operations_pb2_grpc,
                      replication_pb2, replication_pb2_grpc)
 
+from services.common.aio import step_within
 from services.common.registration import Heartbeat
 from services.common.server import ServiceApp
 
@@ -44,6 +45,11 @@ REPLICATION_SERVICE_NAME = replication_pb2.DESCRIPTOR.services_by_name["Replicat
 OPERATIONS_SERVICE_NAME = operations_pb2.DESCRIPTOR.services_by_name["OperationsService"].full_name
 #: Records one retention round removes at most (a round holds the event loop).
 RETENTION_ROUND = 1000
+#: Deadline of one step of a broker's stop, and of the replica's (its etcd calls: resign,
+#: revoke, each bounded by the coordinator's own timeout). Together under the 15 s a
+#: supervisor gives a stopping broker.
+STOP_STEP_SECONDS = 2.0
+STOP_REPLICA_SECONDS = 5.0
 
 
 def _fatal(exc: BaseException) -> None:
@@ -146,6 +152,7 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
     async def make_term(epoch: int) -> Term:
         assert node is not None
         core, bridge, servicer = _build(config, node.db, loop, metrics, pump, global_pump)
+        core.leader_epoch = epoch  # every delivery of this leadership carries it in its receipt handle
         core.free_disk_bytes, core.disk_full = free["bytes"], free["full"]
         core.topic_listeners.append(lambda _topic: heartbeat.kick())
         terms[:] = [(core, bridge)]
@@ -214,13 +221,17 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
         await global_pump.start()
 
     async def stop() -> None:
-        await pump.stop()
-        await global_pump.stop()
-        if listener is not None:
-            await listener.stop()
+        # Every step has a deadline: one that hangs (a peer that is stopping too, a paused
+        # follower, an etcd that does not answer) is cancelled and the stop goes on.
         if node is not None:
-            await node.stop()
-        await heartbeat.stop()
+            node.stopping()
+        await step_within("timers", STOP_STEP_SECONDS, pump.stop())
+        await step_within("global transactions", STOP_STEP_SECONDS, global_pump.stop())
+        if listener is not None:
+            await step_within("replication listener", STOP_STEP_SECONDS, listener.stop())
+        if node is not None:
+            await step_within("replica", STOP_REPLICA_SECONDS, node.stop())
+        await step_within("heartbeat", heartbeat.timeout + 1.0, heartbeat.stop())  # its unregister calls
         (node.db if node is not None else db).close()
 
     app.every("disk", config.disk_check_interval_seconds, disk)

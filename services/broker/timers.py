@@ -25,6 +25,8 @@ from typing import Callable
 
 from txmq.fifo import message_group_hash
 
+from services.common.aio import wait_event
+
 from .base import BrokerBase
 from .model import KIND_NORMAL, STATE_COMMITTED
 from .store import codec
@@ -182,7 +184,4 @@ class TimerPump:
                         if self._on_moved is not None and moved:
                             self._on_moved(moved)
                         continue
-            try:
-                await asyncio.wait_for(self._wake.wait(), wait)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, wait)

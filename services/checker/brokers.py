@@ -28,6 +28,7 @@ from typing import Callable
 
 import grpc
 
+from services.common.aio import wait_event
 from services.common.channels import ChannelPool, open_channel
 from txmq.errors import BrokerNotFoundError, TxmqError, error_from_entry, error_from_rpc
 from txmq.v1 import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
@@ -131,10 +132,7 @@ class BrokerLink:
             if again:
                 await asyncio.sleep(0)  # more is due and there is credit: claim again at once
                 continue
-            try:
-                await asyncio.wait_for(self._wake.wait(), cfg.claim_interval_seconds)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, cfg.claim_interval_seconds)
 
     async def _claim(self) -> bool:
         """One claim in this link's session; True when it should be followed at once."""
@@ -297,11 +295,8 @@ class BrokerDirectory:
 
     async def _run(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._kick.wait(), self.config.broker_refresh_seconds)
+            if await wait_event(self._kick, self.config.broker_refresh_seconds):
                 await asyncio.sleep(min(0.1, self.config.broker_refresh_seconds))  # let the routes settle
-            except asyncio.TimeoutError:
-                pass
             self._kick.clear()
             await self.refresh()
 

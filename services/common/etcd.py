@@ -32,12 +32,14 @@ class EtcdProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.endpoint = ""
 
-    def start(self, timeout: float = 30.0) -> "EtcdProcess":
+    def start(self, timeout: float = 30.0, client_port: int = 0) -> "EtcdProcess":
+        """Starts etcd on ``client_port`` (0: any free one; :attr:`endpoint` says which)."""
         binary = shutil.which("etcd")
         if binary is None:
             raise RuntimeError("etcd is not installed: `make test` installs Debian's etcd-server")
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
+        since = log.tell()  # a restart appends: look for its own "serving" line
         scheme = "https" if self.tls else "http"
         tls_args: list[str] = []
         if self.tls:
@@ -45,7 +47,7 @@ class EtcdProcess:
             tls_args = ["--cert-file", cert, "--key-file", key, "--trusted-ca-file", ca, "--client-cert-auth"]
         self.proc = subprocess.Popen(
             [binary, "--name", self.name, "--data-dir", str(self.data_dir), *tls_args,
-             "--listen-client-urls", f"{scheme}://{self.host}:0",
+             "--listen-client-urls", f"{scheme}://{self.host}:{client_port}",
              "--advertise-client-urls", f"{scheme}://{self.host}:2379",
              "--listen-peer-urls", "http://127.0.0.1:0", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
              "--initial-cluster", f"{self.name}=http://127.0.0.1:2380",
@@ -58,7 +60,9 @@ class EtcdProcess:
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"etcd exited with {self.proc.returncode}:\n{self.log_tail()}")
-            match = _SERVING.search(self.log_path.read_text(errors="replace"))
+            with open(self.log_path, "rb") as fh:
+                fh.seek(since)
+                match = _SERVING.search(fh.read().decode(errors="replace"))
             if match:
                 self.endpoint = f"https://{match.group(1)}" if self.tls else match.group(1)
                 return self
@@ -82,6 +86,13 @@ class EtcdProcess:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+    def restart(self, timeout: float = 30.0) -> "EtcdProcess":
+        """Stops etcd (SIGTERM) and starts it again with the same data on the same client
+        address, so its clients reconnect to it."""
+        port = int(self.endpoint.rpartition(":")[2])
+        self.stop()
+        return self.start(timeout, client_port=port)
 
     def pause(self) -> None:
         assert self.proc is not None

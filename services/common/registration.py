@@ -19,6 +19,7 @@ import grpc
 
 from txmq.v1 import nameserver_pb2_grpc
 
+from .aio import wait_event
 from .channels import ChannelPool
 
 log = logging.getLogger(__name__)
@@ -79,10 +80,7 @@ class Heartbeat:
     async def _run(self) -> None:
         assert self._kick is not None
         while True:
-            try:
-                await asyncio.wait_for(self._kick.wait(), self.interval)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._kick, self.interval)
             self._kick.clear()
             await self.beat()
 

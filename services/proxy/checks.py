@@ -56,6 +56,7 @@ import grpc
 
 from txmq.v1 import checker_pb2, checker_pb2_grpc, common_pb2
 
+from services.common.aio import wait_event
 from services.common.limits import ConnectionLimit
 
 from .clients import ClientRegistry
@@ -216,10 +217,7 @@ class CheckManager:
     async def _run(self) -> None:
         sweep = min(self.config.directory_refresh_seconds, 1.0)
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), sweep)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, sweep)
             self._wake.clear()
             dirty, self._dirty = self._dirty, set()
             for client_id in dirty:

@@ -36,6 +36,8 @@ from typing import Callable
 
 from txmq.errors import TxmqError
 
+from services.common.aio import wait_event
+
 from .config import ProxyConfig
 from .metrics import ProxyMetrics
 from .relay import Relay
@@ -153,10 +155,7 @@ class Renewer:
                 else:
                     wait = min(wait, renewal.next_at - now)
             self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), max(wait, 0.01))
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, max(wait, 0.01))
 
     async def _renew(self, key: Key, renewal: Renewal) -> None:
         seconds = renewal.invisible_seconds

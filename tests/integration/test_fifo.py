@@ -265,3 +265,35 @@ def test_a_grouped_send_waits_for_its_shard_and_is_never_moved(fresh_cluster_fac
         assert (third.broker_name, third.queue_id) == (home.broker_name, home.queue_id)
     with consumer(cl, group, topic) as c:
         assert [m.body for m in drain(c, 3)] == [b"g0", b"g1", b"g2"]
+
+
+def test_push_consumer_keeps_a_redelivery_waiting_behind_its_group_invisible(cluster, unique_name) -> None:
+    """A consumption far slower than the invisible duration: the broker redelivers the
+    message once, and that copy waits here behind the running one with its invisibility
+    renewed, instead of being redelivered again every invisible duration (each redelivery
+    spends an attempt towards the dead-letter queue and runs the listener once more)."""
+    import threading
+    import time
+
+    topic, group = unique_name("fifo"), unique_name("g")
+    create_fifo(cluster, topic, queue_count=1)
+    with txmq.Producer(cluster.nameserver_address) as producer:
+        for body in (b"m0", b"m1"):
+            producer.send(txmq.Message(topic, body, message_group="m"))
+    lock = threading.Lock()
+    log: list[tuple[bytes, int]] = []
+
+    def listener(m: txmq.ReceivedMessage) -> txmq.ConsumeResult:
+        with lock:
+            log.append((m.body, m.delivery_attempt))
+        if m.body == b"m0" and m.delivery_attempt == 1:
+            time.sleep(3.6)  # twelve invisible durations
+        return txmq.ConsumeResult.SUCCESS
+
+    with txmq.PushConsumer(cluster.nameserver_address, consumer_group=group, subscriptions={topic: "*"},
+                           listener=listener, consume_threads=2, invisible_duration_seconds=0.3,
+                           await_duration_seconds=0.3):
+        wait_until(lambda: any(b == b"m1" for b, _a in log), 20, message=lambda: f"m1 consumed: {log}")
+    runs = [a for b, a in log if b == b"m0"]
+    assert runs[0] == 1 and max(runs) <= 3 and len(runs) <= 3, f"m0 redelivered while it waited: {log}"
+    assert log[-1][0] == b"m1", log

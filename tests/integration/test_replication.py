@@ -22,7 +22,7 @@ import pytest
 
 import txmq
 from txmq import _errors
-from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+from txmq.v1 import admin_pb2, broker_pb2, broker_pb2_grpc, common_pb2
 
 from tests.support import replicas
 from tests.support.cluster import Cluster
@@ -317,3 +317,134 @@ def test_checks_follow_a_new_leader_without_waiting_for_the_directory_refresh(fr
         elapsed = time.monotonic() - started
     assert got[0].body == b"after-failover" and result.transaction_id in answers
     assert elapsed < 30, elapsed  # well below the 60 s directory refresh
+
+
+def _stops_cleanly(procs: list[Any], deadline: float = 15.0) -> None:
+    """SIGTERM to every process of ``procs`` at once; each exits 0 within ``deadline``."""
+    for proc in procs:
+        proc.send_term()
+    ends = time.monotonic() + deadline
+    for proc in procs:  # one SIGTERM each (a second one may land after the loop let go of it)
+        wait_until(lambda: not proc.running, max(ends - time.monotonic(), 0.1), interval=0.05,
+                   message=lambda: f"{proc.name} did not exit within {deadline} s of its SIGTERM:\n"
+                                   f"{proc.log_tail(30)}")
+    codes = {p.name: p.stop(1) for p in procs}
+    assert all(code == 0 for code in codes.values()), \
+        f"replicas did not stop cleanly: {codes}\n" + "\n".join(f"--- {p.name}\n{p.log_tail(30)}" for p in procs)
+
+
+def test_replicas_stop_cleanly_in_any_order_under_load(fresh_cluster_factory, unique_name):
+    """A stopping leader never waits on a follower that is paused or stopping too: its step
+    down, in-sync set upkeep, etcd calls and heartbeat each end within their deadline."""
+    cluster = replicated(fresh_cluster_factory)
+    topic, group = unique_name("topic"), unique_name("group")
+    cluster.create_topic(topic, 4)
+    work = Workload(cluster.nameserver_address, topic, group, producers=2).start()
+    try:
+        wait_until(lambda: work.sent >= 50, 60, message=lambda: f"load did not start: {work.summary()}")
+        leader = cluster.wait_leaders()[SHARD]
+        paused, other = [p for p in cluster.shards[SHARD] if p is not leader]
+        paused.pause()  # its session's writes back up on the leader
+        try:
+            _stops_cleanly([leader])
+        finally:
+            paused.resume()
+        new = cluster.wait_leaders(not_on=leader)[SHARD]
+        at = work.sent
+        wait_until(lambda: work.sent >= at + 20, 60, message=lambda: f"no progress: {work.summary()}")
+        follower = other if new is paused else paused
+        _stops_cleanly([follower])  # a follower first, then the leader
+        _stops_cleanly([new])
+        for proc in cluster.shards[SHARD]:
+            proc.restart(60)
+        wait_in_sync(cluster)
+        at = work.sent
+        wait_until(lambda: work.sent >= at + 20, 60, message=lambda: f"no progress: {work.summary()}")
+        _stops_cleanly(cluster.shards[SHARD])  # all three at once, under load
+    finally:
+        work.stop()
+
+
+def _receive_one(address: str, group: str, topic: str, wait: float = 0.0) -> list[Any]:
+    return list(broker_stub(address).ReceiveMessages(broker_pb2.ReceiveMessagesRequest(
+        consumer_group=group, topic=topic, queue_id=-1, max_messages=1, invisible_duration_seconds=60.0,
+        long_polling_timeout_seconds=wait), timeout=wait + 10).messages)
+
+
+def _ack(address: str, group: str, topic: str, handle: str) -> common_pb2.EntryStatus:
+    reply = broker_stub(address).AckMessages(broker_pb2.AckMessagesRequest(
+        consumer_group=group, topic=topic, receipt_handles=[handle]), timeout=10)
+    return reply.entries[0]
+
+
+def test_an_old_leaders_receipt_handle_does_not_settle_a_new_leaders_redelivery(fresh_cluster_factory,
+                                                                                unique_name):
+    """A receive is answered before its write reaches the replicas (losing one only means a
+    redelivery). If the leader dies then, its successor delivers the message again with the
+    same attempt number: the first holder's handle names another leadership's delivery and
+    is refused, so it cannot settle the one a second consumer is still running (on a FIFO
+    topic that would free the group's next message to overlap it). A delivery the replicas
+    hold keeps its handle valid across the failover."""
+    cluster = replicated(fresh_cluster_factory)
+    topic, group = unique_name("fifo"), unique_name("g")
+    cluster.admin_stub().CreateTopic(admin_pb2.CreateTopicRequest(
+        topic=topic, queue_count=1, topic_type=common_pb2.TOPIC_TYPE_FIFO), timeout=10)
+    cluster.wait_route(topic, 1)
+    with txmq.Producer(cluster.nameserver_address) as producer:
+        for body, key in ((b"k1", "k"), (b"m1", "m"), (b"m2", "m")):
+            producer.send(txmq.Message(topic, body, message_group=key))
+    old = cluster.wait_leaders()[SHARD]
+    [k1] = _receive_one(old.address, group, topic)
+    assert k1.message.body == b"k1"
+    wait_in_sync(cluster)  # k1's delivery is on every replica
+    followers = [p for p in cluster.shards[SHARD] if p is not old]
+    for proc in followers:
+        proc.kill()
+    [m1] = _receive_one(old.address, group, topic)  # answered; its write reaches no replica
+    assert m1.message.body == b"m1" and m1.delivery_attempt == 1
+    old.kill()
+    for proc in followers:
+        proc.restart(60)
+    new = cluster.wait_leaders(not_on=old)[SHARD]
+    again = wait_until(lambda: _receive_one(new.address, group, topic, wait=0.5), 30,
+                       message="the new leader never delivered m1 again", ignore=(grpc.RpcError,))
+    assert again[0].message.body == b"m1" and again[0].delivery_attempt == m1.delivery_attempt
+    assert again[0].receipt_handle != m1.receipt_handle
+
+    stale = _ack(new.address, group, topic, m1.receipt_handle)
+    assert stale.code == grpc.StatusCode.NOT_FOUND.value[0], f"the old holder's ack settled the redelivery: {stale}"
+    assert _receive_one(new.address, group, topic) == [], "m2 overlaps m1, which a consumer still runs"
+    assert _ack(new.address, group, topic, k1.receipt_handle).code == 0  # a replicated delivery's handle
+    assert _ack(new.address, group, topic, again[0].receipt_handle).code == 0
+    [m2] = _receive_one(new.address, group, topic, wait=2.0)
+    assert m2.message.body == b"m2"
+
+
+def test_the_leadership_moves_while_consumers_receive_and_acknowledge(fresh_cluster_factory, unique_name):
+    """``txmq broker elect`` under load: receives and acks need no sync, but they write; a
+    hand-over refuses them too (retryably) until the new leader holds the whole log, or the
+    log's end would keep moving away from the replica taking over and the move never ends."""
+    from txmq.v1 import replication_pb2, replication_pb2_grpc
+    cluster = replicated(fresh_cluster_factory)
+    topic, group = unique_name("topic"), unique_name("group")
+    cluster.create_topic(topic, 4)
+    work = Workload(cluster.nameserver_address, topic, group, producers=2, consumers=2).start()
+    try:
+        wait_until(lambda: work.summary()["delivered"] >= 50, 60, message=lambda: f"no load: {work.summary()}")
+        for _ in range(3):
+            wait_in_sync(cluster)
+            leader = cluster.wait_leaders()[SHARD]
+            target = next(p for p in cluster.shards[SHARD] if p is not leader)
+            to = int(target.env["TXMQ_REPLICA_ID"])
+            with grpc.insecure_channel(leader.address) as channel:
+                moved = replication_pb2_grpc.ReplicationServiceStub(channel).TransferLeadership(
+                    replication_pb2.TransferLeadershipRequest(shard=SHARD, replica_id=to), timeout=30)
+            assert moved.previous_replica_id == int(leader.env["TXMQ_REPLICA_ID"])
+            assert cluster.wait_leaders(not_on=leader)[SHARD] is target
+            at = work.summary()["delivered"]
+            wait_until(lambda: work.summary()["delivered"] >= at + 20, 60, message=lambda: f"stalled: {work.summary()}")
+        work.stop_producers()
+        wait_until(lambda: not work.missing(), 60, interval=0.2, message=lambda: f"lost: {sorted(work.missing())[:10]}")
+    finally:
+        work.stop()
+    assert work.violations() == []

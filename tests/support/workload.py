@@ -77,6 +77,8 @@ class Workload:
     acknowledged: dict[str, Any] = field(default_factory=dict)
     #: bodies whose send_in_transaction raised (the half may or may not exist).
     failed: dict[str, str] = field(default_factory=dict)
+    #: bodies whose send_in_transaction raised an error the SDK calls not retryable.
+    failed_for_good: dict[str, str] = field(default_factory=dict)
     #: body -> {(broker, queue, offset)} it was delivered from.
     delivered: dict[str, set[tuple[str, int, int]]] = field(default_factory=dict)
     #: body -> its transaction id (acknowledged half messages).
@@ -120,25 +122,53 @@ class Workload:
 
     def _produce(self, producer: Any, rnd: random.Random) -> None:
         while not self._stop_producing.is_set():
-            n = next(self._counter)
-            kind = rnd.choice(KINDS)
-            body = f"{kind}:{n}"
-            with self.lock:
-                self.sending.add(body)
-            try:
-                result = producer.send_in_transaction(txmq.Message(self.topic, body.encode()))
-            except txmq.TxmqError as exc:
-                with self.lock:
-                    self.failed[body] = type(exc).__name__
+            if not self._send_one(producer, rnd.choice(KINDS)):
                 time.sleep(0.02)  # a failing shard: don't spin
-                continue
-            finally:
-                with self.lock:
-                    self.sending.discard(body)
+
+    def _send_one(self, producer: Any, kind: str) -> bool:
+        body = f"{kind}:{next(self._counter)}"
+        with self.lock:
+            self.sending.add(body)
+        try:
+            result = producer.send_in_transaction(txmq.Message(self.topic, body.encode()))
+        except txmq.TxmqError as exc:
             with self.lock:
-                self.acknowledged[body] = result.state
-                self.transaction_ids[body] = result.transaction_id
-                self.sent += 1
+                self.failed[body] = type(exc).__name__
+                if not exc.retryable:
+                    self.failed_for_good[body] = f"{type(exc).__name__}: {exc}"[:300]
+            return False
+        finally:
+            with self.lock:
+                self.sending.discard(body)
+        with self.lock:
+            self.acknowledged[body] = result.state
+            self.transaction_ids[body] = result.transaction_id
+            self.sent += 1
+        return True
+
+    def storm(self, transactions: int, threads: int = 8) -> float:
+        """Sends ``transactions`` transactions that answer UNKNOWN at once (half commit
+        locally, half roll back), over the producers, so their checks all fall due together
+        one transaction timeout later; returns the seconds it took."""
+        started = time.monotonic()
+        kinds = iter([("uc", "ur")[i % 2] for i in range(transactions)])
+        lock = threading.Lock()
+
+        def send(producer: Any) -> None:
+            while True:
+                with lock:
+                    kind = next(kinds, None)
+                if kind is None:
+                    return
+                self._send_one(producer, kind)
+        producers = [c for c in self._clients if isinstance(c, txmq.TransactionProducer)]
+        workers = [threading.Thread(target=send, args=(producers[i % len(producers)],), daemon=True)
+                   for i in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(300)
+        return time.monotonic() - started
 
     def _consume(self, consumer: Any) -> None:
         while not self._stop_consuming.is_set():

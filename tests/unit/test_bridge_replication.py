@@ -38,3 +38,33 @@ def test_answers_wait_for_the_commit_point_and_fail_when_leadership_is_lost(tmp_
             bridge.apply(lambda w: w.put("meta", b"d", b"4"))
         db.close()
     asyncio.run(scenario())
+
+
+def test_a_follower_drops_an_epoch_it_led_without_writing_and_follows_an_older_ones_entries(tmp_path):
+    """Leader-epoch truncation: a replica won epoch 7 and lost it before writing anything;
+    the next leader still holds entries of epoch 5 past that replica's log end (written by
+    a leader it never heard from). Truncating to its own log end must also drop the empty
+    epoch 7, or every later entry of epoch 5 is refused as older and it never follows again
+    (seen in chaos seed 1: "entry 5861 has epoch 9, older than 11", looping forever)."""
+    from services.broker.store import replog
+
+    def put(db: Database, key: bytes) -> None:
+        db.apply(lambda w: w.put("meta", key, b"v"))
+
+    leader = Database(str(tmp_path / "leader"), sync=False, replicated=True)
+    follower = Database(str(tmp_path / "follower"), sync=False, replicated=True)
+    leader.begin_epoch(3)
+    put(leader, b"a")
+    follower.append_entries(replog.pack_entries(leader.read_entries(1, 1 << 20)))
+    leader.begin_epoch(5)
+    put(leader, b"b")
+    put(leader, b"c")
+    follower.begin_epoch(7)  # led, wrote nothing, lost the leadership
+    _epoch, end = replog.epoch_end(leader.epochs, follower.last_epoch, leader.written)
+    assert follower.truncate(min(follower.written, end)) == 0
+    assert follower.epochs == [(3, 1)]
+    follower.append_entries(replog.pack_entries(leader.read_entries(2, 1 << 20)))
+    assert follower.written == 3 and follower.epochs == [(3, 1), (5, 2)]
+    assert follower.digest() == leader.digest()
+    leader.close()
+    follower.close()

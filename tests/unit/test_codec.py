@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -129,3 +131,10 @@ def test_unknown_version_is_reported() -> None:
     value[0] = 9
     with pytest.raises(CorruptRecordError, match="unknown version 9"):
         codec.decode_counters(bytes(value))
+
+
+def test_an_in_flight_row_carries_its_delivery_epoch_only_when_set() -> None:
+    """Rows written before epochs (and every row of an unreplicated broker) read as epoch 0."""
+    assert codec.encode_inflight(3, 1234) == codec.frame(struct.pack(">Iq", 3, 1234))
+    assert codec.decode_inflight(codec.encode_inflight(3, 1234)) == (3, 1234, 0)
+    assert codec.decode_inflight(codec.encode_inflight(3, 1234, 77)) == (3, 1234, 77)

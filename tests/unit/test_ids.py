@@ -23,10 +23,22 @@ def test_transaction_id_round_trip(broker: str, store_id: int, seq: int) -> None
 
 
 @given(brokers, st.integers(0, 2**32 - 1), st.from_regex(r"[%a-zA-Z0-9_-]{1,127}", fullmatch=True),
-       st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1))
-def test_receipt_handle_round_trip(broker: str, store: int, topic: str, q: int, off: int, attempt: int) -> None:
-    handle = ReceiptHandle(broker, store, topic, q, off, attempt)
+       st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1))
+def test_receipt_handle_round_trip(broker: str, store: int, topic: str, q: int, off: int, attempt: int,
+                                   epoch: int) -> None:
+    handle = ReceiptHandle(broker, store, topic, q, off, attempt, epoch)
     assert ReceiptHandle.decode(handle.encode()) == handle
+
+
+def test_a_receipt_handle_without_an_epoch_reads_as_before() -> None:
+    """Handles of unreplicated brokers (and those issued before epochs) keep their bytes."""
+    plain = ReceiptHandle("broker-0", 7, "orders", 1, 42, 3)
+    assert plain.epoch == 0
+    # The encoding of the fields before the epoch existed (pinned: handles in flight at an upgrade).
+    assert plain.encode() == "RAQhicm9rZXItMAAAAAcAAAABAAAAAAAAACoAAAADBm9yZGVyc9jN8bE"
+    with_epoch = ReceiptHandle("broker-0", 7, "orders", 1, 42, 3, 19)
+    assert with_epoch.encode() != plain.encode()
+    assert ReceiptHandle.decode(with_epoch.encode()).epoch == 19
 
 
 def test_ids_are_url_safe_text() -> None:

@@ -538,14 +538,20 @@ def split_inflight_key(key: bytes) -> tuple[str, str, int, int]:
 SETTLED_PAST_CURSOR = (0, -1)
 
 
-def encode_inflight(attempt: int, deadline_ms: int) -> bytes:
-    return frame(_ATTEMPT.pack(attempt, deadline_ms))
+def encode_inflight(attempt: int, deadline_ms: int, epoch: int = 0) -> bytes:
+    """``attempt u32 | deadline_ms i64 [| epoch u64]``: the epoch (of the leadership that
+    made the delivery, replicated shards only) is written only when set, so rows without
+    it read as epoch 0."""
+    return frame(_ATTEMPT.pack(attempt, deadline_ms) + (_U64.pack(epoch) if epoch else b""))
 
 
-def decode_inflight(value: bytes, key: bytes = b"") -> tuple[int, int]:
+def decode_inflight(value: bytes, key: bytes = b"") -> tuple[int, int, int]:
+    """(attempt, deadline_ms, epoch)."""
     payload = unframe(value, "in-flight entry", key)
     try:
-        return _ATTEMPT.unpack(payload)
+        if len(payload) == _ATTEMPT.size + _U64.size:
+            return (*_ATTEMPT.unpack_from(payload), _U64.unpack_from(payload, _ATTEMPT.size)[0])
+        return (*_ATTEMPT.unpack(payload), 0)
     except struct.error as exc:
         raise CorruptRecordError("in-flight entry", key, str(exc)) from None
 

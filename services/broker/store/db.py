@@ -486,6 +486,15 @@ class Database:
         Returns how many entries went. Raises :class:`CannotTruncateError` when an undo
         record is missing (the replica must be rebuilt)."""
         if to_lsn >= self.written:
+            kept = [(e, s) for e, s in self.epochs if s <= to_lsn]
+            if kept != self.epochs:
+                # Epochs begun after the log's end hold no entry: this replica won them and
+                # lost them before writing. Its leader may ship entries of an older epoch
+                # there, which the newer one would refuse (Kafka drops them too).
+                self.epochs = kept
+                self.cf["replica"][b"epochs"] = replog.encode_epochs(kept)
+                self.sync_wal()
+                log.warning("empty epochs dropped", extra={"fields": {"after_lsn": to_lsn, "epochs": kept[-3:]}})
             return 0
         if to_lsn < self.commit_lsn:
             raise CannotTruncateError(f"lsn {to_lsn} is below the commit point {self.commit_lsn}")

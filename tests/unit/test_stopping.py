@@ -1,0 +1,84 @@
+"""A service loop woken just before its stop still stops: the cancellation that ends it is
+never swallowed (Python 3.11's ``asyncio.wait_for`` returned the woken wait's result
+instead, so ``stop()`` awaited a loop that ran on; a replicated broker's leader, whose
+step-down wakes its heartbeat, hung in its stop until it was killed). Real loops: the
+heartbeat, the timer pump and the global transactions' pump, no name server to call."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable
+
+import pytest
+
+from services.broker.config import BrokerConfig
+from services.broker.globalpump import GlobalPump
+from services.broker.timers import TimerPump
+from services.common.aio import step_within, wait_event
+from services.common.registration import Heartbeat
+
+#: Loop passes between the wake and the stop: the race window is one or two passes wide.
+PASSES = range(6)
+
+
+async def _stops(start: Callable[[], Awaitable[Any]], wake: Callable[[], None],
+                 stop: Callable[[], Awaitable[Any]], passes: int) -> bool:
+    await start()
+    await asyncio.sleep(0.01)  # the loop waits for its wake-up
+    wake()
+    for _ in range(passes):
+        await asyncio.sleep(0)
+    stopping = asyncio.ensure_future(stop())
+    done, _ = await asyncio.wait([stopping], timeout=2.0)
+    if not done:
+        stopping.cancel()
+    return bool(done)
+
+
+@pytest.mark.parametrize("passes", PASSES)
+def test_a_heartbeat_kicked_just_before_its_stop_stops(passes: int) -> None:
+    async def scenario() -> bool:
+        beat = Heartbeat((), 30.0, register=None, unregister=None)  # type: ignore[arg-type]
+        return await _stops(beat.start, beat.kick, beat.stop, passes)
+    assert asyncio.run(scenario()), f"Heartbeat.stop() hung when kicked {passes} loop passes before it"
+
+
+@pytest.mark.parametrize("passes", PASSES)
+def test_the_timer_and_global_pumps_woken_just_before_their_stop_stop(passes: int) -> None:
+    async def scenario() -> list[bool]:
+        timers = TimerPump(lambda: None)
+        pump = GlobalPump(BrokerConfig(), lambda: None, None)
+        return [await _stops(timers.start, timers.wake, timers.stop, passes),
+                await _stops(pump.start, pump.wake, pump.stop, passes)]
+    assert asyncio.run(scenario()) == [True, True], f"a pump's stop hung when woken {passes} passes before it"
+
+
+def test_wait_event_answers_set_timeout_and_cancel() -> None:
+    async def scenario() -> None:
+        event = asyncio.Event()
+        assert await wait_event(event, 0.01) is False
+        event.set()
+        assert await wait_event(event, 0.01) is True
+        event.clear()
+        waiter = asyncio.ensure_future(wait_event(event, None))
+        await asyncio.sleep(0)
+        event.set()
+        waiter.cancel()  # the event and the cancellation in the same pass: the cancellation wins
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+    asyncio.run(scenario())
+
+
+def test_a_stop_step_past_its_deadline_is_cancelled_and_the_stop_goes_on() -> None:
+    async def scenario() -> tuple[bool, bool, bool]:
+        cancelled = asyncio.Event()
+
+        async def hangs() -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                cancelled.set()
+        late = await step_within("a hanging step", 0.05, hangs())
+        quick = await step_within("a quick step", 1.0, asyncio.sleep(0))
+        return late, quick, cancelled.is_set()
+    assert asyncio.run(scenario()) == (False, True, True)
