@@ -127,7 +127,8 @@ class ReplicaNode:
         self._follow_commit = 0
         self._last_session_error: tuple[int, str] | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._tail: collections.deque[tuple[int, bytes]] = collections.deque()
+        #: (lsn, entry, undo record) of the newest entries, as the store wrote them.
+        self._tail: collections.deque[tuple[int, bytes, bytes]] = collections.deque()
         self._tail_bytes = 0
         self._wake: set[asyncio.Event] = set()
         self._sessions = 0
@@ -453,18 +454,19 @@ class ReplicaNode:
 
     # --- shipping (leader side of Replicate) --------------------------------------------
 
-    def _appended(self, entries: list[tuple[int, bytes]]) -> None:
+    def _appended(self, entries: list[tuple[int, bytes, bytes]]) -> None:
         if self.term is None:
             return
         tail = self._tail
-        for lsn, data in entries:
-            if tail and tail[-1][0] != lsn - 1:
+        for entry in entries:
+            if tail and tail[-1][0] != entry[0] - 1:
                 tail.clear()
                 self._tail_bytes = 0
-            tail.append((lsn, data))
-            self._tail_bytes += len(data)
+            tail.append(entry)
+            self._tail_bytes += len(entry[1]) + len(entry[2])
         while self._tail_bytes > TAIL_BYTES and tail:
-            self._tail_bytes -= len(tail.popleft()[1])
+            _lsn, data, undo = tail.popleft()
+            self._tail_bytes -= len(data) + len(undo)
         for event in self._wake:
             event.set()
 
@@ -472,7 +474,7 @@ class ReplicaNode:
         self._tail.clear()
         self._tail_bytes = 0
 
-    def _entries_from(self, first: int) -> list[tuple[int, bytes]]:
+    def _entries_from(self, first: int) -> list[tuple[int, bytes, bytes]]:
         limit = self.config.replication_batch_bytes
         tail = self._tail
         if tail and tail[0][0] <= first <= tail[-1][0]:
@@ -480,8 +482,9 @@ class ReplicaNode:
             size = 0
             i = first - tail[0][0]
             while i < len(tail) and size < limit:
-                out.append(tail[i])
-                size += len(tail[i][1])
+                entry = tail[i]
+                out.append(entry)
+                size += len(entry[1]) + len(entry[2])
                 i += 1
             return out
         return self.db.read_entries(first, limit)
@@ -566,7 +569,11 @@ class ReplicaNode:
                         conn.send(replog.encode_checkpoint_needed(epoch, self.commit_lsn))
                         await conn.drain()
                         return
-                    conn.send(replog.encode_entries(epoch, self.commit_lsn, entries))
+                    commit = self.commit_lsn
+                    if entries[0][0] <= commit:
+                        # A follower catching up: committed entries need no undo record.
+                        entries = [(lsn, data, b"" if lsn <= commit else undo) for lsn, data, undo in entries]
+                    conn.send(replog.encode_entries(epoch, commit, entries))
                     await conn.drain()
                     next_lsn = entries[-1][0] + 1
                     in_flight.append(entries[-1][0])
@@ -669,7 +676,7 @@ class ReplicaNode:
                     if epoch != leader.epoch:
                         break
                     if kind == replog.ENTRIES:
-                        db.append_entries(entries)
+                        db.append_entries(entries, commit)
                         if db.sync:
                             db.sync_wal()
                         conn.send(replog.encode_ack(db.written))
