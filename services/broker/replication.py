@@ -130,7 +130,11 @@ class ReplicaNode:
         #: (lsn, entry, undo record) of the newest entries, as the store wrote them.
         self._tail: collections.deque[tuple[int, bytes, bytes]] = collections.deque()
         self._tail_bytes = 0
+        #: Every shipping session's wake-up (a step-down or a newer session wakes them all).
         self._wake: set[asyncio.Event] = set()
+        #: The sessions waiting for new entries with room to send them: only these are
+        #: woken by a write (one whose message is in flight waits for its ack, which wakes it).
+        self._hungry: set[asyncio.Event] = set()
         self._sessions = 0
         self._stopping = False
         self._handing_over: int | None = None
@@ -467,8 +471,11 @@ class ReplicaNode:
         while self._tail_bytes > TAIL_BYTES and tail:
             _lsn, data, undo = tail.popleft()
             self._tail_bytes -= len(data) + len(undo)
-        for event in self._wake:
-            event.set()
+        hungry = self._hungry
+        if hungry:
+            for event in hungry:
+                event.set()
+            hungry.clear()
 
     def _clear_tail(self) -> None:
         self._tail.clear()
@@ -590,13 +597,17 @@ class ReplicaNode:
                     last_sent = loop.time()
                     continue
                 wake.clear()
+                if len(in_flight) < SHIP_WINDOW:
+                    self._hungry.add(wake)
                 await wake.wait()  # new entries, an ack, the ticker, or the session's end
+                self._hungry.discard(wake)
             if reader.done() and not reader.cancelled():
                 error = reader.exception()
                 if isinstance(error, replog.FrameError):
                     raise error  # the listener refuses it (INVALID_ARGUMENT)
         finally:
             self._wake.discard(wake)
+            self._hungry.discard(wake)
             for task in (reader, ticker):
                 if task is not None:
                     task.cancel()
