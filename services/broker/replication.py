@@ -9,7 +9,10 @@ design (docs/replication.md) in short:
   with a complete store may campaign.
 - **The log.** Every write batch the leader applies is also an entry of the replication
   log with an undo record (``store/db.py`` ``_append``); followers apply the very same
-  batches with the very same code, so replicas hold equal state.
+  batches with the very same code, so replicas hold equal state. Each shipped entry
+  carries the leader's undo record, which a follower stores as it comes instead of reading
+  the keys' before-images itself: replicas are equal at every lsn, so they are the same
+  (an entry at or below the frame's commit point travels without one).
 - **Acknowledgement.** An answer waits until its writes are durable on the leader *and* on
   every member of the in-sync set (the commit point, :attr:`commit_lsn`), and a write that
   must not be lost is refused up front while fewer than ``min_insync_replicas`` replicas
