@@ -2,6 +2,7 @@
 single broker, measured in the same run.
 
     python -m bench.replication [--seconds 6] [--producers 1,8] [--rounds 2] [--json FILE]
+    python -m bench.replication --append-only
 
 Starts two clusters side by side (``tests.support.cluster.Cluster``, real processes on
 ephemeral ports): RF=1, a name server and one broker; RF=3, a name server, etcd
@@ -22,7 +23,9 @@ against the target (RF=3 ≥ 0.7× RF=1 at 8 producers); and, labelled as NOT th
 the ratio of the leader's own CPU per transaction (RF3 ÷ RF1), which is what replication
 costs a leader where each replica has a machine of its own. A phase during which the
 machine's CPUs were ≥ 90 % busy (anyone's work, not only the benchmark's) is marked
-*saturated*: its rates measure the machine, not txmq.
+*saturated*: its rates measure the machine, not txmq. Last, a follower's append of a log
+entry alone (:func:`append_cost`), both ways in the same run: storing the undo record its
+leader shipped against reading the before-images to build it.
 """
 
 from __future__ import annotations
@@ -204,6 +207,78 @@ def report(rows: list[dict[str, Any]], counts: list[int], rounds: int, seconds: 
     return met
 
 
+def append_cost(entries: int = 3000, per_message: int = 2) -> dict[str, float]:
+    """A follower's append alone, both ways in the same run (CPU µs per entry): storing the
+    undo record its leader shipped (what followers do) against reading every key's
+    before-image from its own store to build it (what they did). A leader store writes
+    batches shaped like the Produce stream's (~4 transactions, 25 puts); two follower stores,
+    warmed with as many entries and flushed to SST files, append them ``per_message`` a
+    message."""
+    import random
+
+    from services.broker.store import replog
+    from services.broker.store.db import Database
+
+    rng = random.Random(1)
+    workdir = tempfile.mkdtemp(prefix="txmq-bench-append-")
+    stores = {name: Database(os.path.join(workdir, name), sync=False, replicated=True)
+              for name in ("leader", "shipped", "read")}
+    leader = stores["leader"]
+    log: list[tuple[int, bytes, bytes]] = []
+    leader.append_listeners.append(log.extend)
+    leader.begin_epoch(1)
+    seq = 0
+
+    def write(w: Any) -> None:
+        nonlocal seq
+        for _ in range(4):
+            seq += 1
+            key = seq.to_bytes(8, "big")
+            for cf, k, size in (("log", key, 200), ("txn", key, 60), ("dedup", rng.randbytes(16), 20),
+                                ("dedup_exp", rng.randbytes(24), 0), ("pending", b"g\0" + key, 0),
+                                ("due", b"g\0" + key, 0)):
+                w.put(cf, k, rng.randbytes(size))
+        w.put("counters", b"g", rng.randbytes(16))
+
+    spent = {"shipped": 0.0, "read": 0.0}
+
+    def ship(timed: bool) -> None:
+        for i in range(0, len(log), per_message):
+            part = log[i:i + per_message]
+            for name, undo in (("shipped", True), ("read", False)):
+                started = time.process_time()
+                if undo:
+                    stores[name].append_entries(replog.pack_entries(part), part[0][0] - 1)
+                else:  # the former follower: decode, then read the before-images (the leader's path)
+                    stores[name]._append([(lsn, data, replog.decode_entry(data)[1], None) for lsn, data, _ in part])
+                if timed:
+                    spent[name] += time.process_time() - started
+        log.clear()
+
+    try:
+        for timed in (False, True):
+            for _ in range(entries):
+                leader.apply(write)
+            ship(timed)
+            if not timed:
+                for db in stores.values():
+                    for cf in db.cf.values():
+                        cf.flush()
+        assert stores["shipped"].digest() == stores["read"].digest() == leader.digest()
+    finally:
+        for db in stores.values():
+            db.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {name: seconds / entries * 1e6 for name, seconds in spent.items()}
+
+
+def _print_append_cost() -> None:
+    cost = append_cost()
+    print(f"\na follower's append of a log entry (25 puts), CPU µs: storing the shipped undo record "
+          f"{cost['shipped']:.1f}, reading the before-images instead {cost['read']:.1f} "
+          f"(ratio {_ratio(cost['shipped'], cost['read']):.2f})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.replication", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -212,8 +287,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--producers", default="1,8")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", default="")
+    parser.add_argument("--append-only", action="store_true",
+                        help="only the follower's append, shipped undo records vs before-image reads")
     args = parser.parse_args(argv)
     counts = [int(x) for x in args.producers.split(",")]
+    if args.append_only:
+        _print_append_cost()
+        return 0
 
     from tests.support.cluster import Cluster
 
@@ -233,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"round {r + 1} {setup.label} {n} producers: {row['txn_per_s']:.1f} txn/s, "
                           f"p99 {row['p99_ms']:.1f} ms, machine {row['machine_busy']:.0%} busy", flush=True)
     report(rows, counts, args.rounds, args.seconds)
+    _print_append_cost()
     shutil.rmtree(workdir, ignore_errors=True)
     print(f"(whole benchmark: {time.monotonic() - started:.0f} s)")
     if args.json:

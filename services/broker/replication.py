@@ -9,7 +9,10 @@ design (docs/replication.md) in short:
   with a complete store may campaign.
 - **The log.** Every write batch the leader applies is also an entry of the replication
   log with an undo record (``store/db.py`` ``_append``); followers apply the very same
-  batches with the very same code, so replicas hold equal state.
+  batches with the very same code, so replicas hold equal state. Each shipped entry
+  carries the leader's undo record, which a follower stores as it comes instead of reading
+  the keys' before-images itself: replicas are equal at every lsn, so they are the same
+  (an entry at or below the frame's commit point travels without one).
 - **Acknowledgement.** An answer waits until its writes are durable on the leader *and* on
   every member of the in-sync set (the commit point, :attr:`commit_lsn`), and a write that
   must not be lost is refused up front while fewer than ``min_insync_replicas`` replicas
@@ -129,9 +132,14 @@ class ReplicaNode:
         self._tasks: list[asyncio.Task[None]] = []
         #: In-sync set upkeep started by a follower's session ending (cancelled by stop).
         self._upkeep: set[asyncio.Task[None]] = set()
-        self._tail: collections.deque[tuple[int, bytes]] = collections.deque()
+        #: (lsn, entry, undo record) of the newest entries, as the store wrote them.
+        self._tail: collections.deque[tuple[int, bytes, bytes]] = collections.deque()
         self._tail_bytes = 0
+        #: Every shipping session's wake-up (a step-down or a newer session wakes them all).
         self._wake: set[asyncio.Event] = set()
+        #: The sessions waiting for new entries with room to send them: only these are
+        #: woken by a write (one whose message is in flight waits for its ack, which wakes it).
+        self._hungry: set[asyncio.Event] = set()
         self._sessions = 0
         self._stopping = False
         self._handing_over: int | None = None
@@ -474,26 +482,30 @@ class ReplicaNode:
 
     # --- shipping (leader side of Replicate) --------------------------------------------
 
-    def _appended(self, entries: list[tuple[int, bytes]]) -> None:
+    def _appended(self, entries: list[tuple[int, bytes, bytes]]) -> None:
         if self.term is None:
             return
         tail = self._tail
-        for lsn, data in entries:
-            if tail and tail[-1][0] != lsn - 1:
+        for entry in entries:
+            if tail and tail[-1][0] != entry[0] - 1:
                 tail.clear()
                 self._tail_bytes = 0
-            tail.append((lsn, data))
-            self._tail_bytes += len(data)
+            tail.append(entry)
+            self._tail_bytes += len(entry[1]) + len(entry[2])
         while self._tail_bytes > TAIL_BYTES and tail:
-            self._tail_bytes -= len(tail.popleft()[1])
-        for event in self._wake:
-            event.set()
+            _lsn, data, undo = tail.popleft()
+            self._tail_bytes -= len(data) + len(undo)
+        hungry = self._hungry
+        if hungry:
+            for event in hungry:
+                event.set()
+            hungry.clear()
 
     def _clear_tail(self) -> None:
         self._tail.clear()
         self._tail_bytes = 0
 
-    def _entries_from(self, first: int) -> list[tuple[int, bytes]]:
+    def _entries_from(self, first: int) -> list[tuple[int, bytes, bytes]]:
         limit = self.config.replication_batch_bytes
         tail = self._tail
         if tail and tail[0][0] <= first <= tail[-1][0]:
@@ -501,8 +513,9 @@ class ReplicaNode:
             size = 0
             i = first - tail[0][0]
             while i < len(tail) and size < limit:
-                out.append(tail[i])
-                size += len(tail[i][1])
+                entry = tail[i]
+                out.append(entry)
+                size += len(entry[1]) + len(entry[2])
                 i += 1
             return out
         return self.db.read_entries(first, limit)
@@ -587,7 +600,11 @@ class ReplicaNode:
                         conn.send(replog.encode_checkpoint_needed(epoch, self.commit_lsn))
                         await conn.drain()
                         return
-                    conn.send(replog.encode_entries(epoch, self.commit_lsn, entries))
+                    commit = self.commit_lsn
+                    if entries[0][0] <= commit:
+                        # A follower catching up: committed entries need no undo record.
+                        entries = [(lsn, data, b"" if lsn <= commit else undo) for lsn, data, undo in entries]
+                    conn.send(replog.encode_entries(epoch, commit, entries))
                     await conn.drain()
                     next_lsn = entries[-1][0] + 1
                     in_flight.append(entries[-1][0])
@@ -604,13 +621,17 @@ class ReplicaNode:
                     last_sent = loop.time()
                     continue
                 wake.clear()
+                if len(in_flight) < SHIP_WINDOW:
+                    self._hungry.add(wake)
                 await wake.wait()  # new entries, an ack, the ticker, or the session's end
+                self._hungry.discard(wake)
             if reader.done() and not reader.cancelled():
                 error = reader.exception()
                 if isinstance(error, replog.FrameError):
                     raise error  # the listener refuses it (INVALID_ARGUMENT)
         finally:
             self._wake.discard(wake)
+            self._hungry.discard(wake)
             for task in (reader, ticker):
                 if task is not None:
                     task.cancel()
@@ -692,7 +713,7 @@ class ReplicaNode:
                     if epoch != leader.epoch:
                         break
                     if kind == replog.ENTRIES:
-                        db.append_entries(entries)
+                        db.append_entries(entries, commit)
                         if db.sync:
                             db.sync_wal()
                         conn.send(replog.encode_ack(db.written))

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from . import replog
-from .codec import decode_u64, encode_u64
+from .codec import decode_u64, encode_u64, unframe
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +177,9 @@ class Database:
         self.commit_lsn = 0
         self._undo_cleared = 0
         self._replog_first = 0
-        #: Called with [(lsn, encoded entry)] after every replicated write.
-        self.append_listeners: list[Callable[[list[tuple[int, bytes]]], None]] = []
+        #: Called with [(lsn, encoded entry, its undo record or b"")] after every
+        #: replicated write.
+        self.append_listeners: list[Callable[[list[tuple[int, bytes, bytes]]], None]] = []
         if replicated:
             self._load_replica_state()
         if wal_prefill_bytes > 0:
@@ -291,7 +292,7 @@ class Database:
 
     def _write(self, puts: list[tuple[str, bytes, bytes | None]]) -> None:
         if self.replicated:
-            self._append([(self.written + 1, replog.encode_entry(self.epoch, puts), puts)])
+            self._append([(self.written + 1, replog.encode_entry(self.epoch, puts), puts, None)])
             return
         batch = WriteBatch(raw_mode=True)
         handles = self.handles
@@ -394,46 +395,62 @@ class Database:
         self.cf["replica"][b"epochs"] = replog.encode_epochs(self.epochs)
         self.sync_wal()
 
-    def append_entries(self, data: bytes) -> int:
-        """A follower appends what its leader shipped (``replog.pack_entries``): each entry
-        is applied as the leader applied it, with its undo record, all in one batch
-        (unsynced). Returns the new log end."""
+    def append_entries(self, data: bytes, commit: int) -> int:
+        """A follower appends what its leader shipped (``replog.pack_entries``) in a frame
+        carrying the leader's commit point ``commit``: each entry is applied as the leader
+        applied it, with the leader's undo record stored as it came (no before-image read
+        here: replicas are equal at every lsn), all in one batch (unsynced). Returns the new
+        log end."""
         entries = []
         expect = self.written + 1
         last_epoch = self.last_epoch
-        for lsn, value in replog.unpack_entries(data):
+        for lsn, value, undo in replog.unpack_entries(data):
             if lsn != expect:
                 raise ValueError(f"replication entry {lsn} does not follow {expect - 1}")
             epoch, puts = replog.decode_entry(value, replog.lsn_key(lsn))
             if epoch < last_epoch:
                 raise ValueError(f"entry {lsn} has epoch {epoch}, older than {last_epoch}")
+            if undo:
+                unframe(undo, "undo record", replog.lsn_key(lsn))  # its CRC: stored, it must be right
+            elif lsn > commit:
+                raise ValueError(f"entry {lsn} comes without its undo record, above the commit point {commit}")
             last_epoch = epoch
-            entries.append((lsn, value, puts))
+            entries.append((lsn, value, puts, undo))
             expect += 1
         if entries:
+            # Entries shipped without an undo record are committed: the commit point moves
+            # over them in the same batch, so a replica never holds, above its commit point,
+            # an entry it could not take back.
+            self.commit_lsn = max(self.commit_lsn, min(commit, entries[-1][0]))
             self._append(entries)
         return self.written
 
-    def _append(self, entries: list[tuple[int, bytes, list[tuple[str, bytes, bytes | None]]]]) -> None:
-        """Writes entries (lsn, encoded, puts) as one batch: their state, the entries
-        themselves, their undo records (the keys' values before them), the epoch history
-        and log end; plus the cleanup of undo records now committed and of the oldest
-        log entries beyond ``replog_keep_entries``."""
+    def _append(self, entries: list[tuple[int, bytes, list[tuple[str, bytes, bytes | None]], bytes | None]]) -> None:
+        """Writes entries (lsn, encoded, puts, undo) as one batch: their state, the entries
+        themselves, their undo records (the keys' values before them: ``undo`` as shipped,
+        none for ``b""`` (a committed entry), or, for ``None`` (this replica's own write, as
+        leader), read from the store now), the epoch history and log end; plus the cleanup
+        of undo records now committed and of the oldest log entries beyond
+        ``replog_keep_entries``."""
         batch = WriteBatch(raw_mode=True)
         handles = self.handles
         cf = self.cf
         before: dict[tuple[str, bytes], bytes | None] = {}
         size = 0
         epochs_changed = False
-        for lsn, encoded, puts in entries:
-            undo: list[tuple[str, bytes, bytes | None]] = []
-            seen: set[tuple[str, bytes]] = set()
+        shipped: list[tuple[int, bytes, bytes]] = []
+        for lsn, encoded, puts, undo in entries:
+            if undo is None:
+                record: list[tuple[str, bytes, bytes | None]] = []
+                seen: set[tuple[str, bytes]] = set()
+                for name, key, value in puts:
+                    ref = (name, key)
+                    if ref not in seen:
+                        seen.add(ref)
+                        record.append((name, key, before[ref] if ref in before else cf[name].get(key)))
+                    before[ref] = value
+                undo = replog.encode_entry(0, record)
             for name, key, value in puts:
-                ref = (name, key)
-                if ref not in seen:
-                    seen.add(ref)
-                    undo.append((name, key, before[ref] if ref in before else cf[name].get(key)))
-                before[ref] = value
                 if value is None:
                     batch.delete(key, handles[name])
                 else:
@@ -441,7 +458,9 @@ class Database:
                     size += len(key) + len(value)
             lkey = replog.lsn_key(lsn)
             batch.put(lkey, encoded, handles["replog"])
-            batch.put(lkey, replog.encode_entry(0, undo), handles["undo"])
+            if undo:
+                batch.put(lkey, undo, handles["undo"])
+            shipped.append((lsn, encoded, undo))
             epoch = replog.entry_epoch(encoded)
             if epoch > self.last_epoch:
                 self.epochs.append((epoch, lsn))
@@ -464,17 +483,19 @@ class Database:
         self.bytes_written += size
         if self._replog_first > last:
             self._replog_first = entries[0][0]
-        shipped = [(lsn, encoded) for lsn, encoded, _ in entries]
         for fn in self.append_listeners:
             fn(shipped)
 
-    def read_entries(self, first: int, max_bytes: int) -> list[tuple[int, bytes]]:
-        """Entries from ``first`` on, at least one, about ``max_bytes`` in all."""
-        out: list[tuple[int, bytes]] = []
+    def read_entries(self, first: int, max_bytes: int) -> list[tuple[int, bytes, bytes]]:
+        """Entries from ``first`` on, at least one, about ``max_bytes`` in all, each with
+        its undo record (b"" where it is gone: the entry is committed)."""
+        out: list[tuple[int, bytes, bytes]] = []
         size = 0
+        undo_cf = self.cf["undo"]
         for key, value in self.scan("replog", replog.lsn_key(first)):
-            out.append((replog.key_lsn(key), value))
-            size += len(value)
+            undo = undo_cf.get(key) or b""
+            out.append((replog.key_lsn(key), value, undo))
+            size += len(value) + len(undo)
             if size >= max_bytes:
                 break
         return out

@@ -18,12 +18,22 @@ like every stored value (version, CRC32, payload; see ``codec.frame``)::
 1 = delete. An *undo record* has the same layout (epoch 0): the values its entry's keys
 had before it (a delete where a key was absent), so applying it puts the state back.
 
-On the wire a run of consecutive entries travels as one ``bytes`` field::
+On the wire (the ENTRIES frame below) a run of consecutive entries travels each with its
+undo record::
 
-    +--------+--------+-------------+   repeated
-    | lsn    | length | entry bytes |
-    | u64 BE | u32 BE | (framed)    |
-    +--------+--------+-------------+
+    +--------+--------+-----------+-------------+------------+   repeated
+    | lsn    | length | undo len  | entry bytes | undo bytes |
+    | u64 BE | u32 BE | u32 BE    | (framed)    | (framed)   |
+    +--------+--------+-----------+-------------+------------+
+
+The undo record is the leader's own, computed when it wrote the entry (it read the keys'
+before-images then). A follower stores it as it comes instead of reading every key's
+before-image from its own store: replicas hold equal state at every lsn (the same entries
+applied in the same order to the same starting state, the log-matching rule of the epoch
+truncation), so the leader's before-images are the follower's. An undo length of 0 means
+"no undo record": the leader sends none for an entry at or below the commit point the
+frame carries (it may have dropped it already, and nobody takes such an entry back); a
+follower refuses an entry above that point without one.
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ _HEAD = struct.Struct(">QI")
 _OP = struct.Struct(">BBI")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
-_WIRE = struct.Struct(">QI")
+_WIRE = struct.Struct(">QII")
 _EPOCH = struct.Struct(">QQ")
 
 
@@ -108,26 +118,29 @@ def entry_epoch(value: bytes) -> int:
     return _U64.unpack_from(value, 5)[0]
 
 
-def pack_entries(entries: Iterable[tuple[int, bytes]]) -> bytes:
+def pack_entries(entries: Iterable[tuple[int, bytes, bytes]]) -> bytes:
+    """(lsn, entry, undo record or b"") triples in the wire layout above."""
     out: list[bytes] = []
-    for lsn, data in entries:
-        out.append(_WIRE.pack(lsn, len(data)))
+    for lsn, data, undo in entries:
+        out.append(_WIRE.pack(lsn, len(data), len(undo)))
         out.append(data)
+        out.append(undo)
     return b"".join(out)
 
 
-def unpack_entries(data: bytes) -> Iterator[tuple[int, bytes]]:
+def unpack_entries(data: bytes) -> Iterator[tuple[int, bytes, bytes]]:
+    """(lsn, entry, undo record or b"") of each entry in ``data`` (:func:`pack_entries`)."""
     pos = 0
     end = len(data)
     while pos < end:
         if end - pos < _WIRE.size:
             raise CorruptRecordError("replication batch", b"", "truncated header")
-        lsn, length = _WIRE.unpack_from(data, pos)
+        lsn, length, undo_length = _WIRE.unpack_from(data, pos)
         pos += _WIRE.size
-        if end - pos < length:
+        if end - pos < length + undo_length:
             raise CorruptRecordError("replication batch", lsn_key(lsn), "truncated entry")
-        yield lsn, data[pos:pos + length]
-        pos += length
+        yield lsn, data[pos:pos + length], data[pos + length:pos + length + undo_length]
+        pos += length + undo_length
 
 
 def encode_epochs(epochs: list[tuple[int, int]]) -> bytes:
@@ -173,7 +186,8 @@ def epoch_end(epochs: list[tuple[int, int]], epoch: int, log_end: int) -> tuple[
 #   ACK        durable_lsn u64 (the follower's log is fsynced up to here)
 # leader → follower (``epoch``: the leader's; ``commit``: its commit point):
 #   START      epoch u64 | commit u64 | truncate_to u64   (the first answer to a hello)
-#   ENTRIES    epoch u64 | commit u64 | consecutive entries (the wire layout above)
+#   ENTRIES    epoch u64 | commit u64 | consecutive entries with their undo records (the
+#              wire layout above)
 #   HEARTBEAT  epoch u64 | commit u64
 #   CHECKPOINT epoch u64 | commit u64   (fetch a checkpoint: the log cannot continue)
 # either way:
@@ -184,8 +198,10 @@ def epoch_end(epochs: list[tuple[int, int]], epoch: int, log_end: int) -> tuple[
 HELLO, ACK, START, ENTRIES, HEARTBEAT, CHECKPOINT, REFUSED = 1, 2, 3, 4, 5, 6, 7
 KIND_NAMES = {HELLO: "hello", ACK: "ack", START: "start", ENTRIES: "entries", HEARTBEAT: "heartbeat",
               CHECKPOINT: "checkpoint", REFUSED: "refused"}
-#: The hello's version byte: what this code speaks.
-STREAM_VERSION = 1
+#: The hello's version byte: what this code speaks. 2: entries carry their undo records
+#: (a leader refuses a version-1 follower with a message naming both versions: the replicas
+#: of a shard run one version of the broker).
+STREAM_VERSION = 2
 FRAME_HEAD = struct.Struct(">IB")
 _HELLO = struct.Struct(">BIQQQ")
 _LEADER = struct.Struct(">QQ")
@@ -250,14 +266,18 @@ def encode_start(epoch: int, commit: int, truncate_to: int) -> bytes:
     return _frame(START, _START.pack(epoch, commit, truncate_to))
 
 
-def encode_entries(epoch: int, commit: int, entries: Iterable[tuple[int, bytes]]) -> bytes:
-    """One ENTRIES frame, built with a single join (the entries are not copied twice)."""
+def encode_entries(epoch: int, commit: int, entries: Iterable[tuple[int, bytes, bytes]]) -> bytes:
+    """One ENTRIES frame of (lsn, entry, undo record or b"") triples, built with a single
+    join (the entries are not copied twice)."""
     parts: list[bytes] = [b"", _LEADER.pack(epoch, commit)]
+    append = parts.append
+    wire = _WIRE.pack
     size = _LEADER.size + 1
-    for lsn, data in entries:
-        parts.append(_WIRE.pack(lsn, len(data)))
-        parts.append(data)
-        size += _WIRE.size + len(data)
+    for lsn, data, undo in entries:
+        append(wire(lsn, len(data), len(undo)))
+        append(data)
+        append(undo)
+        size += _WIRE.size + len(data) + len(undo)
     parts[0] = FRAME_HEAD.pack(size, ENTRIES)
     return b"".join(parts)
 

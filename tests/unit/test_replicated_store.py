@@ -1,0 +1,150 @@
+"""A replicated store's log, leader and follower side by side on real RocksDB: a follower
+stores the undo records its leader ships instead of reading its own before-images, and
+those records are exactly what reading them would have given, so taking back a tail
+still puts every replica back where the leader was."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from services.broker.store import replog
+from services.broker.store.db import CannotTruncateError, Database
+
+CFS = ("txn", "cq", "dedup", "counters", "inflight")
+
+
+class Pair:
+    """A leader (epoch 2) and a follower store, and what the leader's log appended."""
+
+    def __init__(self, tmp_path) -> None:
+        self.path = tmp_path
+        self.leader = Database(str(tmp_path / "leader"), sync=False, replicated=True)
+        self.follower = Database(str(tmp_path / "follower"), sync=False, replicated=True)
+        self.shipped: list[tuple[int, bytes, bytes]] = []
+        self.leader.append_listeners.append(self.shipped.extend)
+        self.leader.begin_epoch(2)
+
+    def reopen_follower(self) -> Database:
+        self.follower.close()
+        self.follower = Database(str(self.path / "follower"), sync=False, replicated=True)
+        return self.follower
+
+    def close(self) -> None:
+        self.leader.close()
+        self.follower.close()
+
+
+@pytest.fixture
+def pair(tmp_path):
+    stores = Pair(tmp_path)
+    yield stores
+    stores.close()
+
+
+def _random_puts(rng: random.Random, keys: list[tuple[str, bytes]]) -> list[tuple[str, bytes, bytes | None]]:
+    """A write batch over a small key space: puts and deletes, some keys twice in one batch."""
+    puts: list[tuple[str, bytes, bytes | None]] = []
+    for _ in range(rng.randint(1, 6)):
+        cf, key = rng.choice(keys)
+        value = None if rng.random() < 0.25 else rng.randbytes(rng.randint(0, 24))
+        puts.append((cf, key, value))
+    return puts
+
+
+def _staging(puts: list[tuple[str, bytes, bytes | None]]):
+    def op(w) -> None:
+        for cf, key, value in puts:
+            if value is None:
+                w.delete(cf, key)
+            else:
+                w.put(cf, key, value)
+    return op
+
+
+def _expected_undo(follower: Database, entries: list[tuple[int, bytes, bytes]]) -> dict[int, bytes]:
+    """The undo record of each entry as a follower reading its own before-images computes it
+    (the keys' values in its store, or earlier in the same batch), before it appends them."""
+    staged: dict[tuple[str, bytes], bytes | None] = {}
+    out = {}
+    for lsn, data, _undo in entries:
+        _epoch, puts = replog.decode_entry(data)
+        record, seen = [], set()
+        for cf, key, value in puts:
+            if (cf, key) not in seen:
+                seen.add((cf, key))
+                record.append((cf, key, staged[(cf, key)] if (cf, key) in staged else follower.cf[cf].get(key)))
+            staged[(cf, key)] = value
+        out[lsn] = replog.encode_entry(0, record)
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_follower_stores_the_undo_records_its_own_before_images_give(pair, seed):
+    rng = random.Random(seed)
+    leader, follower, shipped = pair.leader, pair.follower, pair.shipped
+    keys = [(rng.choice(CFS), bytes([i])) for i in range(12)]
+    digests = {0: leader.digest()}
+    checked = 0
+    for _round in range(40):
+        for _ in range(rng.randint(1, 4)):
+            if rng.random() < 0.3:
+                with leader.grouped():
+                    for _ in range(rng.randint(2, 3)):
+                        leader.apply(_staging(_random_puts(rng, keys)))
+            else:
+                leader.apply(_staging(_random_puts(rng, keys)))
+            digests[leader.written] = leader.digest()
+        # Ship what is new, the commit point somewhere behind it (as a leader's lags).
+        batch = [e for e in shipped if e[0] > follower.written]
+        commit = rng.randint(follower.commit_lsn, batch[0][0] - 1)
+        expected = _expected_undo(follower, batch)
+        follower.append_entries(replog.pack_entries(batch), commit)
+        assert follower.written == leader.written
+        for lsn, _data, undo in batch:
+            stored = follower.cf["undo"].get(replog.lsn_key(lsn))
+            if lsn > follower.commit_lsn:
+                assert stored == expected[lsn], f"seed {seed}: lsn {lsn}'s undo record is not its before-image"
+                assert stored == undo == leader.cf["undo"].get(replog.lsn_key(lsn))
+                checked += 1
+        leader.note_commit(commit)
+    assert checked > 40
+    assert follower.digest() == leader.digest()
+    # Taking back the uncommitted tail with the shipped records: the follower is where
+    # the leader was at that lsn.
+    back = rng.randint(follower.commit_lsn, follower.written - 1)
+    follower.truncate(back)
+    assert follower.written == back
+    assert follower.digest() == digests[back], f"seed {seed}: truncated to {back}, state differs"
+
+
+def test_committed_entries_come_without_undo_records_and_cannot_be_taken_back(pair):
+    leader, follower = pair.leader, pair.follower
+    for i in range(6):
+        leader.apply(lambda w, i=i: w.put("txn", bytes([i % 3]), bytes([i])))
+    # Entries 1-4 committed (no undo record), 5-6 above the commit point (with theirs).
+    wire = [(lsn, data, b"" if lsn <= 4 else undo) for lsn, data, undo in pair.shipped]
+    follower.append_entries(replog.pack_entries(wire), 4)
+    assert follower.commit_lsn == 4
+    assert [replog.key_lsn(k) for k, _ in follower.scan("undo")] == [5, 6]
+    follower.truncate(4)
+    assert [v for _k, v in follower.scan("txn")] == [bytes([3]), bytes([1]), bytes([2])]  # as after lsn 4
+    with pytest.raises(CannotTruncateError):
+        follower.truncate(3)
+    # The commit point moved with the entries, durably: a reopened store knows it.
+    assert pair.reopen_follower().commit_lsn == 4
+
+
+def test_an_entry_above_the_commit_point_without_its_undo_record_is_refused_and_nothing_applied(pair):
+    leader, follower = pair.leader, pair.follower
+    for i in range(3):
+        leader.apply(lambda w, i=i: w.put("txn", bytes([i]), b"v"))
+    wire = [(lsn, data, b"" if lsn == 3 else undo) for lsn, data, undo in pair.shipped]
+    with pytest.raises(ValueError, match="entry 3 comes without its undo record, above the commit point 1"):
+        follower.append_entries(replog.pack_entries(wire), 1)
+    corrupt = [(lsn, data, undo[:-1] + bytes([undo[-1] ^ 1])) for lsn, data, undo in pair.shipped]
+    with pytest.raises(Exception, match="undo record"):
+        follower.append_entries(replog.pack_entries(corrupt), 0)
+    assert follower.written == 0 and follower.commit_lsn == 0
+    assert list(follower.scan("txn")) == [] and list(follower.scan("undo")) == []
