@@ -55,7 +55,7 @@ def test_a_follower_drops_an_epoch_it_led_without_writing_and_follows_an_older_o
     follower = Database(str(tmp_path / "follower"), sync=False, replicated=True)
     leader.begin_epoch(3)
     put(leader, b"a")
-    follower.append_entries(replog.pack_entries(leader.read_entries(1, 1 << 20)))
+    follower.append_entries(replog.pack_entries(leader.read_entries(1, 1 << 20)), follower.commit_lsn)
     leader.begin_epoch(5)
     put(leader, b"b")
     put(leader, b"c")
@@ -63,7 +63,7 @@ def test_a_follower_drops_an_epoch_it_led_without_writing_and_follows_an_older_o
     _epoch, end = replog.epoch_end(leader.epochs, follower.last_epoch, leader.written)
     assert follower.truncate(min(follower.written, end)) == 0
     assert follower.epochs == [(3, 1)]
-    follower.append_entries(replog.pack_entries(leader.read_entries(2, 1 << 20)))
+    follower.append_entries(replog.pack_entries(leader.read_entries(2, 1 << 20)), follower.commit_lsn)
     assert follower.written == 3 and follower.epochs == [(3, 1), (5, 2)]
     assert follower.digest() == leader.digest()
     leader.close()
