@@ -583,7 +583,7 @@ class ReplicaNode:
                 conn.send(replog.encode_checkpoint_needed(epoch, self.commit_lsn))
                 await conn.drain()
                 return
-            conn.send(replog.encode_start(epoch, self.commit_lsn, truncate_to))
+            conn.send(replog.encode_start(epoch, self.commit_lsn, truncate_to, end_epoch))
             reader = asyncio.ensure_future(acks())
             reader.add_done_callback(lambda _: wake.set())
             ticker = asyncio.ensure_future(_tick(wake, idle / 2))
@@ -695,15 +695,22 @@ class ReplicaNode:
                 return
             if kind != replog.START:
                 raise RuntimeError(f"the leader's first answer is a {replog.KIND_NAMES[kind]}, not a start")
+            # Entries of epochs the leader never knew are not its own, even below its answer.
+            target = replog.follower_truncation(db.epochs, db.written, truncate_to, replog.start_end_epoch(body))
             try:
-                db.truncate(truncate_to)
+                db.truncate(target)
             except CannotTruncateError as exc:
                 log.warning("cannot take back the log: rebuilding", extra={"fields": {"why": str(exc)}})
                 await conn.close()
                 await self._rebuild(leader)
                 return
-            if truncate_to < db.written:
-                raise RuntimeError(f"log end {db.written} after truncating to {truncate_to}")
+            if target < db.written:
+                raise RuntimeError(f"log end {db.written} after truncating to {target}")
+            if target < truncate_to:
+                # The leader ships from its own answer on: a new session tells it where this log ends now.
+                log.warning("log taken back past the leader's answer: epochs it never knew", extra={"fields": {
+                    "truncate_to": target, "leader_answer": truncate_to, "epochs": db.epochs}})
+                return
             conn.send(replog.encode_ack(db.written))
             beat = asyncio.ensure_future(self._heartbeat(conn))
             try:

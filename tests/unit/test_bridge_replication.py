@@ -68,3 +68,54 @@ def test_a_follower_drops_an_epoch_it_led_without_writing_and_follows_an_older_o
     assert follower.digest() == leader.digest()
     leader.close()
     follower.close()
+
+
+def test_a_follower_takes_back_what_it_wrote_in_epochs_its_new_leader_never_knew(tmp_path):
+    """Kafka's second round of leader-epoch truncation (chaos seed 757300121). Replica A
+    followed leader B through epoch 12 up to lsn 3 and missed B's lsn 4; A then led epoch 14
+    and wrote lsns 4-5 that nobody acknowledged; B, never hearing of epoch 14, leads epoch
+    18 from its lsn 4 on. B answers A's hello (last epoch 14) with its end of epoch 12: lsn
+    4. Truncating A to 4 kept A's own epoch-14 lsn 4 in place of B's: every later entry
+    applied on top, and A's due and pending indexes kept a rolled-back transaction's entries.
+    A must truncate to its own end of epoch 12 (lsn 3) too."""
+    from services.broker.store import replog
+
+    def put(db: Database, key: bytes, value: bytes) -> None:
+        db.apply(lambda w: w.put("meta", key, value))
+
+    b = Database(str(tmp_path / "b"), sync=False, replicated=True)
+    a = Database(str(tmp_path / "a"), sync=False, replicated=True)
+    b.begin_epoch(12)
+    for key in (b"x", b"y", b"z"):
+        put(b, key, b"b12")
+    a.append_entries(replog.pack_entries(b.read_entries(1, 1 << 20)), a.commit_lsn)
+    put(b, b"w", b"b12")  # lsn 4: A never receives it
+    a.begin_epoch(14)
+    put(a, b"x", b"a14")  # lsn 4 and 5 on A, acknowledged by nobody
+    put(a, b"v", b"a14")
+    b.begin_epoch(18)
+    put(b, b"y", b"b18")  # lsn 5 on B
+
+    end_epoch, end = replog.epoch_end(b.epochs, a.last_epoch, b.written)
+    truncate_to = min(a.written, end)
+    assert (end_epoch, truncate_to) == (12, 4)
+    target = replog.follower_truncation(a.epochs, a.written, truncate_to, end_epoch)
+    assert target == 3
+    a.truncate(target)
+    assert a.written == 3 and a.epochs == [(12, 1)]
+    a.append_entries(replog.pack_entries(b.read_entries(4, 1 << 20)), a.commit_lsn)
+    assert a.written == b.written == 5
+    assert a.digest() == b.digest()
+    b.close()
+    a.close()
+
+
+def test_the_start_frame_carries_the_epoch_its_truncation_point_ends():
+    from services.broker.store import replog
+
+    frame = replog.encode_start(18, 40, 4, 12)
+    kind, body = frame[4], frame[5:]
+    assert replog.decode_leader(kind, body) == (18, 40, 4, b"")
+    assert replog.start_end_epoch(body) == 12
+    with pytest.raises(replog.FrameError):
+        replog.decode_leader(kind, body[:-8])  # a version-2 start without it

@@ -170,6 +170,18 @@ def epoch_end(epochs: list[tuple[int, int]], epoch: int, log_end: int) -> tuple[
     return found
 
 
+def follower_truncation(epochs: list[tuple[int, int]], log_end: int, truncate_to: int, end_epoch: int) -> int:
+    """Where a follower truncates, given its own epoch history and log end and its leader's
+    answer: ``truncate_to``, the leader's end of ``end_epoch`` (the largest epoch not newer
+    than the follower's last that the leader knows). Kafka's second round of
+    OffsetsForLeaderEpoch: when the follower also wrote in epochs newer than ``end_epoch``
+    (it led them, or followed a leader of them, and the leader never heard of them), its
+    entries past its own end of ``end_epoch`` are not the leader's even below
+    ``truncate_to``: it truncates to the smaller of the two ends."""
+    _epoch, own_end = epoch_end(epochs, end_epoch, log_end)
+    return min(truncate_to, own_end)
+
+
 # --- the replication stream's frames (``transport.py``) ------------------------------------
 #
 # A follower's session with its leader is one TCP connection (TLS when the brokers have
@@ -185,7 +197,8 @@ def epoch_end(epochs: list[tuple[int, int]], epoch: int, log_end: int) -> tuple[
 #              | shard s16 | token s16 (a bearer token, empty with mTLS or auth off)
 #   ACK        durable_lsn u64 (the follower's log is fsynced up to here)
 # leader → follower (``epoch``: the leader's; ``commit``: its commit point):
-#   START      epoch u64 | commit u64 | truncate_to u64   (the first answer to a hello)
+#   START      epoch u64 | commit u64 | truncate_to u64 | end_epoch u64   (the first answer
+#              to a hello; end_epoch: the epoch truncate_to ends, see follower_truncation)
 #   ENTRIES    epoch u64 | commit u64 | consecutive entries with their undo records (the
 #              wire layout above)
 #   HEARTBEAT  epoch u64 | commit u64
@@ -205,7 +218,7 @@ STREAM_VERSION = 2
 FRAME_HEAD = struct.Struct(">IB")
 _HELLO = struct.Struct(">BIQQQ")
 _LEADER = struct.Struct(">QQ")
-_START = struct.Struct(">QQQ")
+_START = struct.Struct(">QQQQ")
 _U16 = struct.Struct(">H")
 
 
@@ -262,8 +275,14 @@ def decode_ack(body: bytes) -> int:
     return _U64.unpack(body)[0]
 
 
-def encode_start(epoch: int, commit: int, truncate_to: int) -> bytes:
-    return _frame(START, _START.pack(epoch, commit, truncate_to))
+def encode_start(epoch: int, commit: int, truncate_to: int, end_epoch: int) -> bytes:
+    return _frame(START, _START.pack(epoch, commit, truncate_to, end_epoch))
+
+
+def start_end_epoch(body: bytes) -> int:
+    """The epoch a START frame's truncation point ends (its body already checked by
+    :func:`decode_leader`)."""
+    return _START.unpack(body)[3]
 
 
 def encode_entries(epoch: int, commit: int, entries: Iterable[tuple[int, bytes, bytes]]) -> bytes:
@@ -295,7 +314,7 @@ def decode_leader(kind: int, body: bytes) -> tuple[int, int, int, bytes]:
     if kind == START:
         if len(body) != _START.size:
             raise FrameError(f"start: {len(body)} bytes, not {_START.size}")
-        epoch, commit, truncate_to = _START.unpack(body)
+        epoch, commit, truncate_to, _end_epoch = _START.unpack(body)
         return epoch, commit, truncate_to, b""
     if kind not in (ENTRIES, HEARTBEAT, CHECKPOINT):
         raise FrameError(f"frame kind {kind} is not one a leader sends")
