@@ -112,7 +112,8 @@ def to_native(message: definition_pb2.Message, *, client_id: str, max_body_bytes
     elif kind == MessageType.TRANSACTION:
         native_type = common_pb2.MESSAGE_TYPE_TRANSACTION
     else:
-        raise unsupported(f"message type {MessageType.Name(kind)}")
+        known = kind in MessageType.values()  # a value no enum entry names (a newer or a corrupt client)
+        raise unsupported(f"message type {MessageType.Name(kind) if known else kind}")
     deliver_at_ms = delivery_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else 0
     if kind == MessageType.DELAY and deliver_at_ms <= 0:
         raise ProxyError(Code.ILLEGAL_DELIVERY_TIME, "a DELAY message needs a delivery_timestamp")

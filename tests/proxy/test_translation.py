@@ -164,3 +164,13 @@ def test_queue_choice_is_stable_per_message_id() -> None:
     chosen = {pick_queue(queues, f"id-{n}").queue_id for n in range(200)}
     assert len(chosen) == 8
     assert all(pick_queue(queues, "same") == pick_queue(queues, "same") for _ in range(10))
+
+
+@pytest.mark.parametrize("kind", [pb.LITE, 77])
+def test_a_message_type_txmq_does_not_take_is_refused_by_name_or_number(kind: int) -> None:
+    """77 names no MessageType (a corrupt or newer client): refused NOT_IMPLEMENTED with the
+    number, not an unexpected error (the every-RPC fuzz once drew one: rmq 50001)."""
+    with pytest.raises(Exception) as info:
+        to_native(rmq_message(message_type=kind), client_id="c", max_body_bytes=10)
+    assert code_for(info.value) == Code.NOT_IMPLEMENTED
+    assert ("LITE" if kind == pb.LITE else "77") in str(info.value)
