@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import faulthandler
 import json
 import logging
 import os
 import signal
 import sys
+import threading
+import time
 from typing import Any, Awaitable, Callable
 
 import uvloop
@@ -23,6 +26,9 @@ log = logging.getLogger(__name__)
 #: Exit statuses: a refused setting, and an environment the service cannot start in.
 EXIT_BAD_CONFIGURATION = 2
 EXIT_CANNOT_START = 1
+#: How long the interpreter may take to exit once the service has stopped (asyncio.run's
+#: teardown joins the default executor's threads, the interpreter every non-daemon thread).
+EXIT_STALL_SECONDS = 5.0
 
 
 class StartupError(Exception):
@@ -81,6 +87,29 @@ async def serve(config: Any, create_server: Callable[[Any], Awaitable[tuple[Any,
     log.info("stopping", extra={"fields": {"grace_seconds": config.shutdown_grace_seconds}})
     await app.stop()
     log.info("stopped")
+    _exit_within(EXIT_STALL_SECONDS)
+
+
+def _exit_within(seconds: float) -> None:
+    """Once the service has stopped (its store closed, its answers sent), the process exits
+    within ``seconds`` whatever else still runs: a helper thread stuck past the stop (a
+    stopped replica once outlived its SIGTERM by 15 s after logging "stopped") would
+    otherwise hold the exit forever (3.11's asyncio.run joins the default executor
+    without a limit). It logs the stall and every thread's stack, then exits 0: everything
+    the stop does is done."""
+    def watchdog() -> None:
+        time.sleep(seconds)
+        try:
+            log.error("exit stalled after the stop: forcing it (every thread's stack on stderr)",
+                      extra={"fields": {"seconds": seconds}})
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(0)
+
+    threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
 
 
 def run_main(service: str, config_cls: type, create_server: Callable[[Any], Awaitable[tuple[Any, int]]]) -> None:

@@ -82,3 +82,22 @@ def test_a_stop_step_past_its_deadline_is_cancelled_and_the_stop_goes_on() -> No
         quick = await step_within("a quick step", 1.0, asyncio.sleep(0))
         return late, quick, cancelled.is_set()
     assert asyncio.run(scenario()) == (False, True, True)
+
+
+def test_a_stopped_service_exits_even_when_a_thread_outlives_the_stop():
+    """A real process whose non-daemon thread never ends (as a helper stuck past the stop
+    would) still exits, code 0, within the stall limit, with every thread's stack on stderr."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import threading, time\n"
+            "from services.common.runtime import _exit_within\n"
+            "threading.Thread(target=time.sleep, args=(60,), name='stuck').start()\n"
+            "_exit_within(0.3)\n")
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - started < 20
+    assert "exit stalled after the stop" in out.stderr
+    assert out.stderr.count("Thread 0x") >= 2  # the watchdog's own and the stuck one's stacks
