@@ -41,7 +41,7 @@ from txmq.v1 import common_pb2, operations_pb2, operations_pb2_grpc
 
 from .drain import drain_status, is_draining, set_draining_op
 from .store import codec
-from .store.checkpoint import StoreCheckpoint
+from .store.checkpoint import StoreCheckpoint, flush_for_checkpoint
 from .store.db import Database
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,7 @@ class OperationsServicer(operations_pb2_grpc.OperationsServiceServicer):
 
     async def BackupStore(self, request: operations_pb2.BackupStoreRequest,
                           context: Any) -> AsyncIterator[operations_pb2.BackupStoreResponse]:
+        await flush_for_checkpoint(self.serving()[0])
         db, core, _bridge = self.serving()
         # No await between these lines: the checkpoint and the sequence read are taken
         # between the same two writes.

@@ -54,7 +54,7 @@ from services.common.channels import open_channel
 from .config import BrokerConfig
 from .coordination import EtcdUnavailable, InSync, Leader, ShardCoordinator, ShardState
 from .store import replog
-from .store.checkpoint import StoreCheckpoint
+from .store.checkpoint import StoreCheckpoint, flush_for_checkpoint
 from .store.db import CannotTruncateError, Database
 from .transport import Connection, Refused, connect
 
@@ -647,6 +647,8 @@ class ReplicaNode:
                                context: Any) -> AsyncIterator[replication_pb2.FetchCheckpointResponse]:
         try:
             self._check_session(request.shard, request.replica_id, request.leader_epoch)
+            await flush_for_checkpoint(self.db)
+            self._check_session(request.shard, request.replica_id, request.leader_epoch)  # it may have ended meanwhile
         except Refused as refused:
             await context.abort(refused.code, refused.message)
         checkpoint = StoreCheckpoint(self.db, self.config.data_dir, chunk_bytes=CHECKPOINT_CHUNK)
@@ -784,7 +786,7 @@ class ReplicaNode:
                     log_end = chunk.log_end
                 if chunk.file_name:
                     if fh is not None:
-                        _close_synced(fh)
+                        await asyncio.to_thread(_close_synced, fh)  # an fsync: off the event loop
                     if "/" in chunk.file_name or chunk.file_name in (".", ".."):
                         raise RuntimeError(f"bad checkpoint file name {chunk.file_name!r}")
                     fh = open(os.path.join(staging, chunk.file_name), "wb")
@@ -793,9 +795,9 @@ class ReplicaNode:
                 fh.write(chunk.data)
                 total += len(chunk.data)
             if fh is not None:
-                _close_synced(fh)
+                await asyncio.to_thread(_close_synced, fh)
                 fh = None
-            _sync_dir(staging)
+            await asyncio.to_thread(_sync_dir, staging)
         except BaseException:
             if fh is not None:
                 fh.close()

@@ -148,3 +148,43 @@ def test_an_entry_above_the_commit_point_without_its_undo_record_is_refused_and_
         follower.append_entries(replog.pack_entries(corrupt), 0)
     assert follower.written == 0 and follower.commit_lsn == 0
     assert list(follower.scan("txn")) == [] and list(follower.scan("undo")) == []
+
+
+def test_a_checkpoint_after_the_off_loop_flush_has_no_memtable_left_to_flush_and_holds_every_write(pair, tmp_path):
+    """RocksDB's checkpoint flushes the memtables while it holds the GIL: a leader building
+    one for a rebuilding follower under load held its event loop past its etcd lease and
+    stepped down (chaos seed 1). ``flush_for_checkpoint`` does that flush on a worker
+    thread first, so the checkpoint taken after it, on the loop, has nothing large left to
+    flush; the copy still holds every write and the log end it reports."""
+    import asyncio
+
+    from services.broker.store.checkpoint import StoreCheckpoint, flush_for_checkpoint
+
+    rng = random.Random(7)
+    db = pair.leader
+    for i in range(300):
+        db.apply(_staging([(cf, f"k{i}-{cf}".encode(), rng.randbytes(64)) for cf in CFS]))
+
+    def unflushed() -> int:
+        return sum(db.cf[cf].property_int_value("rocksdb.num-entries-active-mem-table") for cf in CFS)
+
+    assert unflushed() >= 300 * len(CFS)
+    asyncio.run(flush_for_checkpoint(db))
+    assert unflushed() == 0
+    checkpoint = StoreCheckpoint(db, str(tmp_path / "leader"))
+    try:
+        assert checkpoint.log_end == db.written
+        copy = Database(checkpoint.path, sync=False, replicated=True)
+        try:
+            assert copy.written == db.written
+            assert copy.digest() == db.digest()
+        finally:
+            copy.close()
+    finally:
+        checkpoint.remove()
+
+
+def test_a_closed_store_skips_the_checkpoint_flush(tmp_path):
+    db = Database(str(tmp_path / "s"), sync=False, replicated=True)
+    db.close()
+    db.prepare_checkpoint()  # a stop raced the rebuild's flush: nothing to do, no crash

@@ -3,8 +3,10 @@ its leader and an operator's backup both stream.
 
 :class:`StoreCheckpoint` takes a RocksDB checkpoint (hard links where it can) between two
 writes: construct it on the thread that writes (the broker's event loop), so no batch is
-half in it. :meth:`StoreCheckpoint.chunks` then reads its files off the event loop, in name
-order, and hashes them as it goes; :meth:`StoreCheckpoint.remove` deletes the copy.
+half in it, after ``await`` :func:`flush_for_checkpoint` (which flushes the memtables off the loop, so
+the checkpoint itself holds the loop for milliseconds). :meth:`StoreCheckpoint.chunks` then
+reads its files off the event loop, in name order, and hashes them as it goes;
+:meth:`StoreCheckpoint.remove` deletes the copy.
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ from typing import AsyncIterator
 from .db import Database
 
 CHUNK_BYTES = 1024 * 1024
+
+
+async def flush_for_checkpoint(db: Database) -> None:
+    """Syncs ``db``'s WAL and flushes its memtables on a worker thread: construct the
+    :class:`StoreCheckpoint` right after, with no other ``await`` between."""
+    await asyncio.to_thread(db.prepare_checkpoint)
 
 
 class StoreCheckpoint:

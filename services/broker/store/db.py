@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -153,6 +154,8 @@ class Database:
         self._write_opts = WriteOptions()
         self._on_fatal = on_fatal
         self._closed = False
+        #: Held by work on another thread (:meth:`prepare_checkpoint`); :meth:`close` waits for it.
+        self._background = threading.Lock()
         #: Write batches applied so far; a write's number is its ticket.
         self.written = 0
         #: The number of the last write that asked to be durable (``sync=True``): what an
@@ -554,9 +557,22 @@ class Database:
         if lsn > self.commit_lsn:
             self.commit_lsn = min(lsn, self.written)
 
+    def prepare_checkpoint(self) -> None:
+        """Syncs the WAL and writes every memtable to a file, off the event loop (both
+        release the GIL), so that the :meth:`checkpoint` taken right after on the thread
+        that writes has only the writes since to flush. RocksDB's checkpoint holds the GIL
+        while it flushes: a large memtable under load held a leader's event loop for over
+        a second, its etcd lease lapsed, and it stepped down while a follower rebuilt."""
+        with self._background:
+            if self._closed:
+                return
+            self.db.flush_wal(True)
+            self._flush_all()
+
     def checkpoint(self, path: str) -> int:
         """A consistent copy of the whole store in ``path`` (hard links where it can);
-        returns the log end it holds. Call it on the thread that writes."""
+        returns the log end it holds. Call it on the thread that writes, between two
+        writes (after :meth:`prepare_checkpoint`, it flushes only what came since)."""
         self.db.flush_wal(True)
         Checkpoint(self.db).create_checkpoint(path)
         return self.written
@@ -595,7 +611,8 @@ class Database:
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
+        with self._background:  # a flush on another thread ends before the store closes
+            self._closed = True
         try:
             self.db.flush_wal(True)
         except Exception:  # noqa: BLE001
