@@ -57,6 +57,9 @@ MORE_FAULTS = ("elect-kill-leader", "kill-two", "pause-follower-rebuild", "kill-
                "pause-etcd", "restart-etcd", "check-storm")
 #: Errors of a send whose topic had no live broker (the only shard without a leader).
 NO_ROUTE = ("NoBrokerError", "TopicNotFoundError")
+#: Seconds a killed or paused leader may go without a successor before the run asks
+#: whether one was possible (fail-overs take ~1 s here; the target is 10 s).
+FAILOVER_WAIT = 15.0
 #: Transactions of one check storm (``--storm``).
 STORM = 1000
 BROKER_ENV = {"TXMQ_TRANSACTION_TIMEOUT_SECONDS": "1.0", "TXMQ_CHECK_INTERVAL_SECONDS": "0.5",
@@ -112,16 +115,15 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
             leader = cluster.wait_leaders(60)[SHARD]
             followers = [p for p in cluster.shards[SHARD] if p is not leader]
             if fault == "kill-leader":
-                kill_leader(cluster, leader, result, rnd.uniform(0.0, 1.5))
+                kill_leader(cluster, leader, result, rnd.uniform(0.0, 1.5), log)
             elif fault == "pause-leader":
                 leader.pause()
-                t0 = time.monotonic()
                 try:
-                    cluster.wait_leaders(60, not_on=leader)
-                    result.failovers.append(time.monotonic() - t0)
-                    time.sleep(rnd.uniform(0.0, 1.0))
+                    if wait_failover(cluster, leader, result, log):
+                        time.sleep(rnd.uniform(0.0, 1.0))
                 finally:
                     leader.resume()
+                cluster.wait_leaders(60)
             elif fault == "kill-follower":
                 victim = rnd.choice(followers)
                 victim.kill()
@@ -178,14 +180,48 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
     return result
 
 
-def kill_leader(cluster: Cluster, leader: ServiceProcess, result: RunResult, down_seconds: float) -> None:
-    """SIGKILL of the leader; times the fail-over; restarts it ``down_seconds`` later."""
+def kill_leader(cluster: Cluster, leader: ServiceProcess, result: RunResult, down_seconds: float,
+                log=print) -> None:
+    """SIGKILL of the leader; times the fail-over; restarts it ``down_seconds`` later (at
+    once when no other replica could take over: see :func:`wait_failover`)."""
     leader.kill()
-    t0 = time.monotonic()
-    cluster.wait_leaders(60, not_on=leader)
-    result.failovers.append(time.monotonic() - t0)
-    time.sleep(down_seconds)
+    if wait_failover(cluster, leader, result, log):
+        time.sleep(down_seconds)
     leader.restart(60)
+    cluster.wait_leaders(60)
+
+
+def wait_failover(cluster: Cluster, leader: ServiceProcess, result: RunResult, log=print) -> bool:
+    """Waits for another replica to lead after ``leader`` was killed or paused, and times
+    it. If none does within :data:`FAILOVER_WAIT` seconds, that is right only when none
+    could: no other running replica is both in etcd's in-sync set and complete (two faults
+    in a row can leave the set as {the leader, a wiped replica still rebuilding} while the
+    third replica, back from a kill, is not yet re-admitted; electing it could lose what
+    only the leader and the wiped replica had acknowledged). Then it returns False and the
+    caller brings the leader back; a possible successor that never took over raises."""
+    t0 = time.monotonic()
+    try:
+        cluster.wait_leaders(FAILOVER_WAIT, not_on=leader)
+    except WaitTimeout:
+        eligible, views = successors(cluster, leader)
+        if eligible:
+            raise WaitTimeout(f"no fail-over within {FAILOVER_WAIT} s although replicas {eligible} could lead: "
+                              f"{views}") from None
+        log(f"    no other replica could lead after {leader.name} stopped ({views}): bringing it back")
+        return False
+    result.failovers.append(time.monotonic() - t0)
+    return True
+
+
+def successors(cluster: Cluster, leader: ServiceProcess) -> tuple[list[int], dict[int, str]]:
+    """The running replicas other than ``leader`` that may lead by their own registration
+    (named in the in-sync set as they read it from etcd, and complete), and what each said."""
+    others = {int(p.env["TXMQ_REPLICA_ID"]) for p in cluster.shards[SHARD] if p is not leader and p.running}
+    views = {b.replica_id: b for b in cluster.list_replicas() if b.name == SHARD and b.replica_id in others}
+    eligible = sorted(r for r, b in views.items()
+                      if r in b.replication.in_sync_replicas and b.replication.complete)
+    return eligible, {r: f"in-sync {list(b.replication.in_sync_replicas)} complete={b.replication.complete}"
+                      for r, b in sorted(views.items())}
 
 
 def probe_topic(work: Workload) -> str:
@@ -273,7 +309,7 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
             time.sleep(rnd.uniform(0.5, 3.0))
             victim.resume()
         else:
-            kill_leader(cluster, cluster.wait_leaders(60)[SHARD], result, rnd.uniform(0.0, 1.0))
+            kill_leader(cluster, cluster.wait_leaders(60)[SHARD], result, rnd.uniform(0.0, 1.0), log)
         try:
             wait_until(lambda: "rebuilt from the leader's checkpoint" in victim.log_text(since_victim), 90,
                        interval=0.05)
@@ -294,7 +330,7 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
     elif fault == "check-storm":
         took = work.storm(storm)
         log(f"    {storm} UNKNOWN transactions sent in {took:.1f} s; killing the leader as their checks fall due")
-        kill_leader(cluster, cluster.wait_leaders(60)[SHARD], result, 0.0)
+        kill_leader(cluster, cluster.wait_leaders(60)[SHARD], result, 0.0, log)
 
 
 def describe_missing(cluster: Cluster, work: Workload) -> list[str]:

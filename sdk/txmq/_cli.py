@@ -638,6 +638,7 @@ def _broker_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
             f = seen_by_leader.get((b.name, b.replica_id))
             row.update({"replica": b.replica_id, "role": _ROLES[b.role], "epoch": b.leader_epoch,
                         "in_sync": b.replica_id in in_sync.get(b.name, set()), "log_end": b.replication.log_end,
+                        "complete": b.replication.complete,
                         "lag_records": f.lag_records if f is not None else 0,
                         "lag_seconds": f.lag_seconds if f is not None else 0.0})
         brokers.append(row)
@@ -646,7 +647,7 @@ def _broker_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
         return table(
             ["SHARD", "REPLICA", "ROLE", "EPOCH", "IN SYNC", "LAG", "ADDRESS", "TOPICS", "LAST HEARTBEAT"],
             [[b["name"], b.get("replica", "-"), b.get("role", "single"), b.get("epoch", "-"),
-              ("yes" if b["in_sync"] else "NO") if "in_sync" in b else "-",
+              (("yes" if b["in_sync"] else "NO") + ("" if b["complete"] else " (rebuilding)")) if "in_sync" in b else "-",
               (f"{b['lag_records']} rec / {format_duration(b['lag_seconds'])}" if b.get("role") == "follower"
                else "-"),
               b["address"], b["topics"], format_duration(b["heartbeat_age_seconds"]) + " ago"] for b in brokers])

@@ -830,7 +830,8 @@ class ReplicaNode:
         out = nameserver_pb2.ReplicationStatus(
             replication_factor=self.config.replication_factor, min_insync_replicas=self.config.min_insync_replicas,
             in_sync_replicas=list(self.state.isr.members), log_end=self.db.written,
-            commit_lsn=self.commit_lsn if self.term is not None else self.db.commit_lsn)
+            commit_lsn=self.commit_lsn if self.term is not None else self.db.commit_lsn,
+            complete=self.db.is_member)
         if self.term is not None:
             written = self.db.written
             for r in range(self.config.replication_factor):

@@ -214,6 +214,53 @@ def test_a_wiped_replica_rebuilds_from_a_checkpoint_and_rejoins(fresh_cluster_fa
     stop_and_compare(cluster)
 
 
+def test_a_wiped_replica_the_in_sync_set_still_names_never_leads(fresh_cluster_factory, unique_name):
+    """The in-sync set keeps min_insync_replicas members, so a member wiped right after its
+    peer dropped out stays named in it. If the leader dies then, the shard waits for it:
+    the wiped replica says it is not complete and does not campaign, the other is not in
+    the set; electing either would lose what the leader and the wiped replica acknowledged."""
+    cluster = replicated(fresh_cluster_factory)
+    topic = unique_name("topic")
+    cluster.create_topic(topic, 1)
+    leader = cluster.wait_leaders()[SHARD]
+    wait_in_sync(cluster)
+    dropped, wiped = [p for p in cluster.shards[SHARD] if p is not leader]
+    dropped_id, wiped_id = (int(p.env["TXMQ_REPLICA_ID"]) for p in (dropped, wiped))
+    dropped.kill()
+    wait_until(lambda: dropped_id not in leader_status(cluster).replication.in_sync_replicas, 30,
+               message=lambda: f"{dropped.name} still in sync: {leader_status(cluster).replication}")
+    ids = [send_raw(leader.address, topic, message_id=f"m-{i}").message_id for i in range(20)]
+    wiped.kill()
+    shutil.rmtree(wiped.env["TXMQ_DATA_DIR"])
+    leader.kill()
+    wiped.restart(60)
+    dropped.restart(60)
+
+    def views() -> dict[int, Any]:
+        return {b.replica_id: b.replication for b in cluster.list_replicas() if b.name == SHARD}
+    wait_until(lambda: {wiped_id, dropped_id} <= set(views()) and not views()[wiped_id].complete
+               and wiped_id in views()[wiped_id].in_sync_replicas
+               and dropped_id not in views()[dropped_id].in_sync_replicas, 30,
+               message=lambda: f"registrations: {views()}")
+    ends = time.monotonic() + 3.0  # three leases (1 s here): time enough for a campaign
+    while time.monotonic() < ends:
+        assert cluster.leader(SHARD) is None, f"a replica that may not lead took over: {views()}"
+        time.sleep(0.1)
+    leader.restart(60)
+    assert cluster.wait_leaders()[SHARD] is leader
+    wait_in_sync(cluster)
+    for message_id in ids:  # on the leader, and (compared below) on the rebuilt replicas
+        assert send_raw(leader.address, topic, message_id=message_id).message_id == message_id
+    group, got = unique_name("g"), []
+    while batch := broker_stub(leader.address).ReceiveMessages(broker_pb2.ReceiveMessagesRequest(
+            consumer_group=group, topic=topic, queue_id=-1, max_messages=32, invisible_duration_seconds=60.0),
+            timeout=10).messages:
+        got.extend(m.message.message_id for m in batch)
+    assert sorted(got) == sorted(ids), "an acknowledged message lost, or a re-send of one stored twice"
+    wait_in_sync(cluster)
+    stop_and_compare(cluster)
+
+
 def replica_metric(proc: Any, name: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
     values = [float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " ")]
@@ -260,8 +307,8 @@ def test_operator_lists_replicas_and_moves_the_leadership(fresh_cluster_factory,
         out = subprocess.run([*txmq_cli, "broker", "list"], capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)["brokers"]
-    wait_until(lambda: len(listed()) == 3 and all(r["in_sync"] for r in listed()), 30,
-               message=lambda: f"not three in-sync replicas: {listed()}")
+    wait_until(lambda: len(listed()) == 3 and all(r["in_sync"] and r["complete"] for r in listed()), 30,
+               message=lambda: f"not three complete in-sync replicas: {listed()}")
     rows = {r["replica"]: r for r in listed()}
     assert [r["role"] for _, r in sorted(rows.items())].count("leader") == 1
     old_id = next(i for i, r in rows.items() if r["role"] == "leader")

@@ -40,20 +40,22 @@ class BrokerInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicQueues, _Mapping]]] = ..., last_heartbeat_ms: _Optional[int] = ..., replica_id: _Optional[int] = ..., role: _Optional[_Union[BrokerRole, str]] = ..., leader_epoch: _Optional[int] = ..., replication: _Optional[_Union[ReplicationStatus, _Mapping]] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class ReplicationStatus(_message.Message):
-    __slots__ = ("replication_factor", "min_insync_replicas", "in_sync_replicas", "log_end", "commit_lsn", "followers")
+    __slots__ = ("replication_factor", "min_insync_replicas", "in_sync_replicas", "log_end", "commit_lsn", "followers", "complete")
     REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     MIN_INSYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     IN_SYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LOG_END_FIELD_NUMBER: _ClassVar[int]
     COMMIT_LSN_FIELD_NUMBER: _ClassVar[int]
     FOLLOWERS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
     replication_factor: int
     min_insync_replicas: int
     in_sync_replicas: _containers.RepeatedScalarFieldContainer[int]
     log_end: int
     commit_lsn: int
     followers: _containers.RepeatedCompositeFieldContainer[FollowerStatus]
-    def __init__(self, replication_factor: _Optional[int] = ..., min_insync_replicas: _Optional[int] = ..., in_sync_replicas: _Optional[_Iterable[int]] = ..., log_end: _Optional[int] = ..., commit_lsn: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ...) -> None: ...
+    complete: bool
+    def __init__(self, replication_factor: _Optional[int] = ..., min_insync_replicas: _Optional[int] = ..., in_sync_replicas: _Optional[_Iterable[int]] = ..., log_end: _Optional[int] = ..., commit_lsn: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ..., complete: _Optional[bool] = ...) -> None: ...
 
 class FollowerStatus(_message.Message):
     __slots__ = ("replica_id", "connected", "in_sync", "durable_lsn", "lag_records", "lag_seconds")
