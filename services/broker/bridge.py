@@ -237,14 +237,19 @@ class StoreBridge:
         return self._versions.get(topic, 0)
 
     async def wait_visible(self, topic: str, since_version: int, timeout: float) -> None:
-        """Returns when ``topic`` changed after ``since_version`` or ``timeout`` passed."""
+        """Returns when ``topic`` changed after ``since_version`` or ``timeout`` passed.
+        A cancellation is never lost (``asyncio.timeout``, not 3.11's ``wait_for``, which
+        returned instead when the wake-up came in the same pass: a long poll the server's
+        stop had cancelled then polled on behind the stop, delivering messages to a caller
+        that was gone, invisible to everyone until their invisible duration passed)."""
         if self._versions.get(topic, 0) != since_version or timeout <= 0:
             return
         waiter: asyncio.Future[None] = self.loop.create_future()
         self._waiters.setdefault(topic, set()).add(waiter)
         try:
-            await asyncio.wait_for(waiter, timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
             pass
         finally:
             waiters = self._waiters.get(topic)

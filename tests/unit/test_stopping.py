@@ -101,3 +101,33 @@ def test_a_stopped_service_exits_even_when_a_thread_outlives_the_stop():
     assert time.monotonic() - started < 20
     assert "exit stalled after the stop" in out.stderr
     assert out.stderr.count("Thread 0x") >= 2  # the watchdog's own and the stuck one's stacks
+
+
+@pytest.mark.parametrize("passes", PASSES)
+def test_a_long_poll_woken_just_before_its_cancellation_ends(tmp_path, passes: int) -> None:
+    """A receive's long poll cancelled (the server's stop ends its calls) in the same loop
+    pass as a message wakes it raises CancelledError: it does not poll on behind the stop,
+    delivering messages to a caller that is gone."""
+    from services.broker.bridge import StoreBridge
+    from services.broker.store.db import Database
+
+    async def scenario() -> bool:
+        db = Database(str(tmp_path / f"store{passes}"), sync=False)
+        try:
+            bridge = StoreBridge(db, asyncio.get_running_loop(), on_fatal=lambda exc: None)
+            poll = asyncio.ensure_future(bridge.wait_visible("t", bridge.version("t"), 30.0))
+            await asyncio.sleep(0.01)  # it waits
+            bridge.note_visible("t")
+            for _ in range(passes):
+                await asyncio.sleep(0)
+            if poll.done():
+                return True  # it returned before the cancellation: nothing to lose
+            poll.cancel()
+            try:
+                await poll
+            except asyncio.CancelledError:
+                return True
+            return False  # it returned as if woken: the caller polls on
+        finally:
+            db.close()
+    assert asyncio.run(scenario()), f"a long poll woken {passes} passes before its cancellation lost it"
