@@ -15,12 +15,13 @@ import asyncio
 import logging
 import os
 import shutil
+import time
 from typing import Any, Callable
 
 from txmq.v1 import (broker_pb2, broker_pb2_grpc, nameserver_pb2, operations_pb2, operations_pb2_grpc,
                      replication_pb2, replication_pb2_grpc)
 
-from services.common.aio import step_within
+from services.common.aio import Deadline, note_slow_step, step_within
 from services.common.registration import Heartbeat
 from services.common.server import ServiceApp
 
@@ -45,11 +46,16 @@ REPLICATION_SERVICE_NAME = replication_pb2.DESCRIPTOR.services_by_name["Replicat
 OPERATIONS_SERVICE_NAME = operations_pb2.DESCRIPTOR.services_by_name["OperationsService"].full_name
 #: Records one retention round removes at most (a round holds the event loop).
 RETENTION_ROUND = 1000
-#: Deadline of one step of a broker's stop, and of the replica's (its etcd calls: resign,
-#: revoke, each bounded by the coordinator's own timeout). Together under the 15 s a
-#: supervisor gives a stopping broker.
-STOP_STEP_SECONDS = 2.0
-STOP_REPLICA_SECONDS = 5.0
+#: Bounds of a broker's stop steps: the timers, the global transactions and the replication
+#: listener (cancellations, side by side); the replica (its etcd calls: resign, revoke, each
+#: bounded by the coordinator's own 2 s); the heartbeat (unregistering from the name
+#: servers). Every step also ends by the stop's deadline (runtime.STOP_SECONDS from the
+#: SIGTERM, the gRPC grace included), which the grace is cut to leave them: the stop
+#: ends within 10 s of the SIGTERM and the process within 13, under the 15 s a
+#: supervisor gives a stopping broker, whatever its peers (paused, stopping too) or etcd do.
+STOP_STEP_SECONDS = 1.0
+STOP_REPLICA_SECONDS = 4.5
+STOP_HEARTBEAT_SECONDS = 1.5
 
 
 def _fatal(exc: BaseException) -> None:
@@ -223,22 +229,27 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
     async def stop() -> None:
         # Every step has a deadline: one that hangs (a peer that is stopping too, a paused
         # follower, an etcd that does not answer) is cancelled and the stop goes on.
+        deadline = app.stop_deadline or Deadline(STOP_STEP_SECONDS + STOP_REPLICA_SECONDS + STOP_HEARTBEAT_SECONDS)
         if node is not None:
             node.stopping()
-        await step_within("timers", STOP_STEP_SECONDS, pump.stop())
-        await step_within("global transactions", STOP_STEP_SECONDS, global_pump.stop())
-        if listener is not None:
-            await step_within("replication listener", STOP_STEP_SECONDS, listener.stop())
+        await asyncio.gather(
+            step_within("timers", STOP_STEP_SECONDS, pump.stop(), deadline),
+            step_within("global transactions", STOP_STEP_SECONDS, global_pump.stop(), deadline),
+            *([step_within("replication listener", STOP_STEP_SECONDS, listener.stop(), deadline)]
+              if listener is not None else []))
         if node is not None:
-            await step_within("replica", STOP_REPLICA_SECONDS, node.stop())
-        await step_within("heartbeat", heartbeat.timeout + 1.0, heartbeat.stop())  # its unregister calls
-        (node.db if node is not None else db).close()
+            await step_within("replica", STOP_REPLICA_SECONDS, node.stop(), deadline)
+        await step_within("heartbeat", STOP_HEARTBEAT_SECONDS, heartbeat.stop(), deadline)  # its unregister calls
+        started = time.monotonic()
+        (node.db if node is not None else db).close()  # synchronous: no deadline cuts it (the exit watchdog does)
+        note_slow_step("store close", started)
 
     app.every("disk", config.disk_check_interval_seconds, disk)
     app.every("retention", config.retention_interval_seconds, retention)
 
     app.on_start.append(start)
     app.on_stop.append(stop)
+    app.stop_reserve_seconds = STOP_STEP_SECONDS + STOP_REPLICA_SECONDS + STOP_HEARTBEAT_SECONDS
     return app, app.port
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Awaitable
 
 log = logging.getLogger(__name__)
@@ -35,14 +36,44 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     return event.is_set()
 
 
-async def step_within(what: str, seconds: float, step: Awaitable[object]) -> bool:
-    """Runs one stop step for at most ``seconds``; past that it is cancelled and logged, and
-    the stop goes on (a process that stops must stop). Returns whether it finished in time."""
+#: A stop step that takes longer than this is logged with its time (one line per slow step).
+SLOW_STEP_SECONDS = 0.5
+
+
+class Deadline:
+    """A moment the steps of a stop share: each runs for at most its own bound and at most
+    what is left, so the whole stop ends by it whatever each step waits on."""
+
+    def __init__(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return max(self.at - time.monotonic(), 0.0)
+
+
+async def step_within(what: str, seconds: float, step: Awaitable[object], deadline: Deadline | None = None) -> bool:
+    """Runs one stop step for at most ``seconds`` (and at most what is left of
+    ``deadline``); past that it is cancelled and logged, and the stop goes on (a process
+    that stops must stop). Returns whether it finished in time. A step slower than
+    :data:`SLOW_STEP_SECONDS` is logged with how long it took."""
+    bound = seconds if deadline is None else min(seconds, deadline.left())
+    started = time.monotonic()
     try:
-        async with asyncio.timeout(seconds):
+        async with asyncio.timeout(bound):
             await step
-        return True
     except TimeoutError:
-        log.error("stop step did not finish in time: cancelled", extra={"fields": {"step": what,
-                                                                                   "seconds": seconds}})
+        log.error("stop step did not finish in time: cancelled", extra={"fields": {
+            "step": what, "bound_seconds": round(bound, 3), "took_seconds": round(time.monotonic() - started, 3)}})
         return False
+    note_slow_step(what, started, bound)
+    return True
+
+
+def note_slow_step(what: str, started: float, bound: float | None = None) -> None:
+    """Logs a stop step begun at ``started`` (time.monotonic) if it took
+    :data:`SLOW_STEP_SECONDS` or more (``bound``: its deadline, None for one no deadline can
+    cut, such as a synchronous store close)."""
+    took = time.monotonic() - started
+    if took >= SLOW_STEP_SECONDS:
+        log.warning("slow stop step", extra={"fields": {
+            "step": what, "took_seconds": round(took, 3), "bound_seconds": None if bound is None else round(bound, 3)}})

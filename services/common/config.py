@@ -254,7 +254,8 @@ class ServiceConfig:
     ready_file: str = ""
     #: Least severe log level written (JSON lines on stdout).
     log_level: str = choice("INFO", LOG_LEVELS, ignore_case=True)
-    #: On SIGTERM: stop accepting, let calls in flight finish this long, then cancel them.
+    #: On SIGTERM: stop accepting, let calls in flight finish this long, then cancel them
+    #: (at most what the service's stop steps leave of its 10 s: 3 s for a broker).
     shutdown_grace_seconds: float = seconds(5.0, min=0, max=HOUR, zero="calls in flight are cancelled at once")
     #: Largest gRPC message accepted (must exceed the largest body plus headers); at least
     #: gRPC's own default, 4 MiB.

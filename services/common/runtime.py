@@ -26,9 +26,15 @@ log = logging.getLogger(__name__)
 #: Exit statuses: a refused setting, and an environment the service cannot start in.
 EXIT_BAD_CONFIGURATION = 2
 EXIT_CANNOT_START = 1
+#: What a supervisor gives a process between its SIGTERM and a SIGKILL (Kubernetes gives 30).
+SUPERVISOR_STOP_SECONDS = 15.0
+#: A service's stop, from the SIGTERM to "stopped": the gRPC grace and every stop step
+#: share it (``ServiceApp.stop``, :class:`~services.common.aio.Deadline`).
+STOP_SECONDS = 10.0
 #: How long the interpreter may take to exit once the service has stopped (asyncio.run's
 #: teardown joins the default executor's threads, the interpreter every non-daemon thread).
-EXIT_STALL_SECONDS = 5.0
+#: With STOP_SECONDS: the process is gone within 13 s of its SIGTERM, whatever it waits on.
+EXIT_STALL_SECONDS = 3.0
 
 
 class StartupError(Exception):
@@ -84,30 +90,42 @@ async def serve(config: Any, create_server: Callable[[Any], Awaitable[tuple[Any,
     except Exception as exc:
         raise StartupError(describe_startup_failure(exc, config)) from exc
     await stopping.wait()
+    # Whatever the stop waits on (a step blocking the event loop, which no deadline of the
+    # loop can cut), the process is gone before a supervisor's SIGKILL.
+    stopped = threading.Event()
+    _exit_within(STOP_SECONDS + EXIT_STALL_SECONDS, stopped)
     log.info("stopping", extra={"fields": {"grace_seconds": config.shutdown_grace_seconds}})
     await app.stop()
+    stopped.set()
     log.info("stopped")
     _exit_within(EXIT_STALL_SECONDS)
 
 
-def _exit_within(seconds: float) -> None:
-    """Once the service has stopped (its store closed, its answers sent), the process exits
-    within ``seconds`` whatever else still runs: a helper thread stuck past the stop (a
+def _exit_within(seconds: float, stopped: threading.Event | None = None) -> None:
+    """The process exits within ``seconds`` whatever else still runs: once the service has
+    stopped (its store closed, its answers sent), a helper thread stuck past the stop (a
     stopped replica once outlived its SIGTERM by 15 s after logging "stopped") would
     otherwise hold the exit forever (3.11's asyncio.run joins the default executor
     without a limit). It logs the stall and every thread's stack, then exits 0: everything
-    the stop does is done."""
+    the stop does is done. With ``stopped`` (armed at the SIGTERM): if it is not set when
+    the time is up, the stop itself did not finish (something blocked the event loop) and
+    the exit status is 1."""
     def watchdog() -> None:
         time.sleep(seconds)
+        done = stopped is None or stopped.is_set()
         try:
-            log.error("exit stalled after the stop: forcing it (every thread's stack on stderr)",
-                      extra={"fields": {"seconds": seconds}})
+            if done:
+                log.error("exit stalled after the stop: forcing it (every thread's stack on stderr)",
+                          extra={"fields": {"seconds": seconds}})
+            else:
+                log.error("stop did not finish in time: forcing the exit (every thread's stack on stderr)",
+                          extra={"fields": {"seconds": seconds}})
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
             logging.shutdown()
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
-            os._exit(0)
+            os._exit(0 if done else 1)
 
     threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
 

@@ -14,17 +14,22 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
+from .aio import Deadline, step_within
 from .auth import server_interceptor
 from .config import ServiceConfig
 from .interceptors import InBand, Registrar, ServerInterceptor
 from .limits import Admission, ConnectionLimit
 from .metrics import BaseMetrics
-from .runtime import StartupError
+from .runtime import STOP_SECONDS, StartupError
 from .tls import server_credentials
 
 log = logging.getLogger(__name__)
 
 Hook = Callable[[], Awaitable[None]]
+#: The gRPC server's stop past its grace (it cancels the calls still running, then ends).
+SERVER_STOP_SLACK_SECONDS = 1.0
+#: Cancelled periodic jobs end within this.
+PERIODIC_STOP_SECONDS = 1.0
 
 
 def check_port_free(host: str, port: int, setting: str) -> None:
@@ -114,6 +119,10 @@ class ServiceApp:
         self.metrics_port = -1
         self.on_start: list[Hook] = []
         self.on_stop: list[Hook] = []
+        #: Of STOP_SECONDS, what the stop hooks keep: the gRPC grace is cut to leave it.
+        self.stop_reserve_seconds = 1.0
+        #: Set as the stop begins: the moment the stop hooks' steps share (STOP_SECONDS).
+        self.stop_deadline: Deadline | None = None
         self._periodic: list[tuple[str, float, Hook]] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -154,16 +163,21 @@ class ServiceApp:
                                               "tls": self.certificates is not None}})
 
     async def stop(self, grace: float | None = None) -> None:
-        """NOT_SERVING first (load balancers stop sending), then the service's own hooks,
-        then the server with a grace period for calls in flight."""
+        """NOT_SERVING first (load balancers stop sending), then the server with a grace
+        period for calls in flight, then the service's own hooks: within STOP_SECONDS of
+        the start (:attr:`stop_deadline`, which the hooks' steps share), the grace cut to
+        leave the hooks :attr:`stop_reserve_seconds`."""
+        deadline = self.stop_deadline = Deadline(STOP_SECONDS)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         grace = self.config.shutdown_grace_seconds if grace is None else grace
-        await self.server.stop(grace)
+        grace = min(grace, max(STOP_SECONDS - self.stop_reserve_seconds, 0.0))
+        await step_within("grpc server", grace + SERVER_STOP_SLACK_SECONDS, self.server.stop(grace), deadline)
         if self.health_server is not None:
-            await self.health_server.stop(0)
+            await step_within("health server", SERVER_STOP_SLACK_SECONDS, self.health_server.stop(0), deadline)
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await step_within("periodic jobs", PERIODIC_STOP_SECONDS,
+                          asyncio.gather(*self._tasks, return_exceptions=True), deadline)
         for hook in reversed(self.on_stop):
             try:
                 await hook()

@@ -14,7 +14,7 @@ import pytest
 from services.broker.config import BrokerConfig
 from services.broker.globalpump import GlobalPump
 from services.broker.timers import TimerPump
-from services.common.aio import step_within, wait_event
+from services.common.aio import Deadline, step_within, wait_event
 from services.common.registration import Heartbeat
 
 #: Loop passes between the wake and the stop: the race window is one or two passes wide.
@@ -82,6 +82,41 @@ def test_a_stop_step_past_its_deadline_is_cancelled_and_the_stop_goes_on() -> No
         quick = await step_within("a quick step", 1.0, asyncio.sleep(0))
         return late, quick, cancelled.is_set()
     assert asyncio.run(scenario()) == (False, True, True)
+
+
+def test_stop_steps_sharing_a_deadline_end_by_it_whatever_their_own_bounds() -> None:
+    """Each step runs for at most its own bound and at most what is left of the stop's
+    deadline: three hanging steps of 5 s each end together within the 0.3 s deadline."""
+    import time
+
+    async def scenario() -> tuple[list[bool], float]:
+        deadline = Deadline(0.3)
+        started = time.monotonic()
+        done = [await step_within(f"hangs {i}", 5.0, asyncio.Event().wait(), deadline) for i in range(3)]
+        return done, time.monotonic() - started
+    done, took = asyncio.run(scenario())
+    assert done == [False, False, False]
+    assert took < 2.0, took
+
+
+def test_a_stop_that_blocks_its_event_loop_still_ends_the_process_with_status_1():
+    """The watchdog armed at the SIGTERM: a stop that never ends (a synchronous call no
+    deadline of the loop can cut) is ended, status 1 (the stop did not finish), with every
+    thread's stack on stderr."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import threading, time\n"
+            "from services.common.runtime import _exit_within\n"
+            "_exit_within(0.3, threading.Event())  # never set: the stop does not finish\n"
+            "time.sleep(60)  # the stop, blocking the main thread\n")
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1, out.stderr
+    assert time.monotonic() - started < 20
+    assert "stop did not finish in time" in out.stderr
+    assert 'File "<string>", line 4' in out.stderr  # the blocked main thread's stack
 
 
 def test_a_stopped_service_exits_even_when_a_thread_outlives_the_stop():
