@@ -35,6 +35,8 @@ STOP_SECONDS = 10.0
 #: teardown joins the default executor's threads, the interpreter every non-daemon thread).
 #: With STOP_SECONDS: the process is gone within 13 s of its SIGTERM, whatever it waits on.
 EXIT_STALL_SECONDS = 3.0
+#: A start cancelled by a SIGTERM ends within this (then the stop goes on regardless).
+START_CANCEL_SECONDS = 1.0
 
 
 class StartupError(Exception):
@@ -78,12 +80,13 @@ async def serve(config: Any, create_server: Callable[[Any], Awaitable[tuple[Any,
     try:
         tls.use_config(config)  # before any channel is opened
         use_credentials(service_credentials(config))
-        app, port = await create_server(config)
+        app, port = await create_server(config)  # (a SIGTERM meanwhile ends the process at once)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
-        await app.start()
-        if config.ready_file:
+        if not await _start_unless_stopped(app.start(), stopping):
+            log.info("stopping before the start ended")
+        elif config.ready_file:
             write_ready_file(config.ready_file, port=port, metrics_port=app.metrics_port,
                              health_port=getattr(app, "health_port", -1),
                              replication_port=getattr(app, "replication_port", -1))
@@ -99,6 +102,25 @@ async def serve(config: Any, create_server: Callable[[Any], Awaitable[tuple[Any,
     stopped.set()
     log.info("stopped")
     _exit_within(EXIT_STALL_SECONDS)
+
+
+async def _start_unless_stopped(start: Awaitable[None], stopping: asyncio.Event) -> bool:
+    """Runs ``start`` unless ``stopping`` is set first: a start can wait without end (a
+    replica retries an unreachable etcd), and a SIGTERM then cancels it rather than going
+    unheard until the supervisor's SIGKILL. Returns whether the start ended; raises what
+    it raised."""
+    starting = asyncio.ensure_future(start)
+    signalled = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait([starting, signalled], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        signalled.cancel()
+    if starting.done():
+        starting.result()
+        return True
+    starting.cancel()
+    await asyncio.wait([starting], timeout=START_CANCEL_SECONDS)
+    return False
 
 
 def _exit_within(seconds: float, stopped: threading.Event | None = None) -> None:

@@ -466,6 +466,26 @@ def test_a_stopping_leader_exits_in_time_whatever_etcd_the_name_server_and_its_f
     assert "stop step did not finish in time" in leader.log_text()  # etcd and the name server never answered
 
 
+def test_a_replica_whose_start_waits_on_etcd_stops_on_sigterm(fresh_cluster_factory):
+    """A replica (re)started while etcd does not answer retries it without end in its start;
+    a SIGTERM then cancels the start and stops it cleanly (it went unheard until the
+    supervisor's SIGKILL)."""
+    from services.common.runtime import EXIT_STALL_SECONDS, STOP_SECONDS
+    cluster = replicated(fresh_cluster_factory)
+    proc = next(p for p in cluster.shards[SHARD] if p is not cluster.wait_leaders()[SHARD])
+    proc.stop()
+    assert cluster.etcd is not None
+    cluster.etcd.pause()
+    try:
+        proc.start()  # not ready: its start waits for a lease
+        wait_until(lambda: "etcd unreachable, retrying" in proc.log_tail(20, since_start=True), 30,
+                   message=lambda: f"the start never waited on etcd:\n{proc.log_tail(20, since_start=True)}")
+        _stops_cleanly([proc], deadline=STOP_SECONDS + EXIT_STALL_SECONDS)
+    finally:
+        cluster.etcd.resume()
+    assert "stopping before the start ended" in proc.log_tail(20, since_start=True)
+
+
 def _receive_one(address: str, group: str, topic: str, wait: float = 0.0) -> list[Any]:
     return list(broker_stub(address).ReceiveMessages(broker_pb2.ReceiveMessagesRequest(
         consumer_group=group, topic=topic, queue_id=-1, max_messages=1, invisible_duration_seconds=60.0,
