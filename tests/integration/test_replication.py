@@ -486,9 +486,15 @@ def test_a_replica_whose_start_waits_on_etcd_stops_on_sigterm(fresh_cluster_fact
     assert "stopping before the start ended" in proc.log_tail(20, since_start=True)
 
 
+#: How long a test's delivery stays invisible: longer than the test may take (its own
+#: waits add up to minutes on a loaded machine), so none comes back within it (with 60 s,
+#: a run slower than that got k1 back where m1's redelivery was expected).
+HELD_SECONDS = 900.0
+
+
 def _receive_one(address: str, group: str, topic: str, wait: float = 0.0) -> list[Any]:
     return list(broker_stub(address).ReceiveMessages(broker_pb2.ReceiveMessagesRequest(
-        consumer_group=group, topic=topic, queue_id=-1, max_messages=1, invisible_duration_seconds=60.0,
+        consumer_group=group, topic=topic, queue_id=-1, max_messages=1, invisible_duration_seconds=HELD_SECONDS,
         long_polling_timeout_seconds=wait), timeout=wait + 10).messages)
 
 
@@ -527,6 +533,9 @@ def test_an_old_leaders_receipt_handle_does_not_settle_a_new_leaders_redelivery(
     for proc in followers:
         proc.restart(60)
     new = cluster.wait_leaders(not_on=old)[SHARD]
+    # Its followers in sync: a receive is answered at once (one answered past the call's
+    # deadline would hold m1 from every later receive).
+    replicas.wait_in_sync(cluster, SHARD, replicas=2)
     again = wait_until(lambda: _receive_one(new.address, group, topic, wait=0.5), 30,
                        message="the new leader never delivered m1 again", ignore=(grpc.RpcError,))
     assert again[0].message.body == b"m1" and again[0].delivery_attempt == m1.delivery_attempt
