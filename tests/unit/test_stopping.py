@@ -166,3 +166,14 @@ def test_a_long_poll_woken_just_before_its_cancellation_ends(tmp_path, passes: i
         finally:
             db.close()
     assert asyncio.run(scenario()), f"a long poll woken {passes} passes before its cancellation lost it"
+
+
+def test_a_brokers_stop_budget_adds_up_under_a_supervisors_15_s() -> None:
+    """The stop's deadline and the exit's stall limit end a process before a supervisor's
+    SIGKILL, and a broker's stop steps fit in the deadline with time left for a gRPC grace."""
+    from services.broker import server as broker_server
+    from services.common.runtime import EXIT_STALL_SECONDS, STOP_SECONDS, SUPERVISOR_STOP_SECONDS
+
+    assert STOP_SECONDS + EXIT_STALL_SECONDS < SUPERVISOR_STOP_SECONDS
+    steps = broker_server.STOP_STEP_SECONDS + broker_server.STOP_REPLICA_SECONDS + broker_server.STOP_HEARTBEAT_SECONDS
+    assert steps + 1.0 <= STOP_SECONDS  # at least a second of grace for calls in flight
