@@ -284,7 +284,8 @@ class Client:
     def route(self, topic: str, *, refresh: bool = False, for_send: bool = True) -> tuple[QueueRoute, ...]:
         """The queues of a topic, cached for ``route_refresh_seconds`` (at most
         ``FAULT_ROUTE_REFRESH_SECONDS`` while a shard is avoided). Raises TopicNotFoundError
-        when the topic has no queue on a live broker. ``for_send``: a producer's lookup,
+        when the topic has no queue on a live broker, NoLeaderError (retryable) when only
+        replicated shards between leaders hold it (a fail-over). ``for_send``: a producer's lookup,
         which a name server with ``auto_create_topics`` answers by creating the topic;
         consumers pass False (a subscription never creates a topic)."""
         now = time.monotonic()

@@ -24,8 +24,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 import grpc
 
 from ._client import Client, positive
-from ._errors import (ClientClosedError, InvalidFieldError, ReceiptHandleNotFoundError, TopicNotFoundError, TxmqError,
-                      error_from_rpc)
+from ._errors import (ClientClosedError, InvalidFieldError, NoLeaderError, ReceiptHandleNotFoundError,
+                      TopicNotFoundError, TxmqError, error_from_rpc)
 from ._names import in_namespace, validate_group, validate_receive_topic
 from ._receiving import (AckOutcome, Receive, ack_groups, ack_request, ack_results, check_receive, deferred_acks,
                          receive_steps, received, report_deferred, settle)
@@ -229,15 +229,16 @@ class SimpleConsumer:
 
     def _targets(self, *, lenient: bool = False) -> list[_Target]:
         """(topic, broker) pairs of every subscription. Topics without a route are skipped
-        while others have one; with none at all TopicNotFoundError is raised (unless lenient)."""
+        while others have one; with none at all TopicNotFoundError is raised (unless lenient), or
+        NoLeaderError (retryable) when a topic is only between leaders."""
         targets: list[_Target] = []
-        missing: TopicNotFoundError | None = None
+        missing: TopicNotFoundError | NoLeaderError | None = None
         for topic, expression in self.subscriptions.items():
             try:
                 routes = self._client.route(topic, for_send=False)
-            except TopicNotFoundError as err:
+            except (TopicNotFoundError, NoLeaderError) as err:  # between leaders: retryable, raised first
                 log.debug("subscribed topic %s has no route yet", topic)
-                missing = err
+                missing = missing if isinstance(missing, NoLeaderError) else err
                 continue
             for broker in dict.fromkeys(r.broker_name for r in routes):
                 targets.append(_Target(topic, expression, broker))

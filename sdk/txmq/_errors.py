@@ -284,6 +284,18 @@ class NotLeaderError(UnavailableError):
                          leader_replica=leader_replica)
 
 
+class NoLeaderError(UnavailableError):
+    """The name server knows ``topic``, but the replicated shard(s) holding it (``shards``)
+    have no leader right now (a fail-over is under way): retry the route shortly; nothing
+    was sent. Never answered for a topic a live shard also holds (that one is routed)."""
+
+    reason = "NO_LEADER"
+
+    def __init__(self, topic: str, shards: list[str]) -> None:
+        super().__init__(f"topic {topic!r} is held by shard(s) {', '.join(shards)} with no leader right now "
+                         "(a fail-over is under way): retry shortly", topic=topic, shards=shards)
+
+
 class NotEnoughReplicasError(UnavailableError):
     """A replicated shard refused a write it could not make durable on enough replicas;
     nothing of it was applied. Retry (with the same message id) once replicas are back."""

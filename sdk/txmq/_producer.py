@@ -22,7 +22,7 @@ from ._checks import CheckResponder, InProgress
 from ._global import GlobalTransactionResult, send_global
 from ._tls import TLS
 from ._client import Client, QueueRoute, positive
-from ._errors import InvalidFieldError, TransactionStateError, TxmqError
+from ._errors import InvalidFieldError, NoLeaderError, TransactionStateError, TxmqError
 from ._faults import RoutingStats
 from ._names import in_namespace, validate_group
 from ._produce_stream import LINGER_SECONDS
@@ -134,6 +134,8 @@ class Producer:
         try:
             self._client.route(topic, refresh=True)
             return self._client.broker_address(route.broker_name)
+        except NoLeaderError:
+            raise  # the shard is between leaders: the send waits for one (``_sending.rebind``)
         except TxmqError as err:
             log.debug("cannot refresh the route of %s: %s", topic, err)
             return address

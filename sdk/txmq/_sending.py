@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generator, Protocol, Sequence
 
 from ._client import QueueRoute, positive
-from ._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeError, QueueNotFoundError, TopicNotFoundError,
-                      TransactionStateError, TxmqError, WrongBrokerError)
+from ._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeError, NoLeaderError, QueueNotFoundError,
+                      TopicNotFoundError, TransactionStateError, TxmqError, WrongBrokerError)
 from ._faults import Abandoned, FaultTable, OverloadBackoff, RetryAction, retry_action
 from ._fifo import group_queue_index, group_route
 from ._ids import MessageId
@@ -67,7 +67,7 @@ class Sleep:
 @dataclass(frozen=True, slots=True)
 class Rebind:
     """Perform: the current address of ``route``'s broker (its route of ``topic`` asked again;
-    ``address`` when that fails)."""
+    ``address`` when that fails, except NoLeaderError, raised: the shard is between leaders)."""
     topic: str
     route: QueueRoute
     address: str
@@ -92,6 +92,7 @@ class Sender(Protocol):
     _group_routes: dict[str, Sequence[QueueRoute]]
     namespace: str
     max_attempts: int
+    send_timeout_seconds: float
     retry_backoff_seconds: float
     max_body_bytes: int
 
@@ -123,6 +124,30 @@ def configure(sender: Any, *, producer_group: str, send_timeout_seconds: float, 
 def backoff_seconds(sender: Sender, attempt: int) -> float:
     """The pause before attempt ``attempt + 1``: exponential, at most 2 s."""
     return min(sender.retry_backoff_seconds * 2 ** (attempt - 1), 2.0)
+
+
+def leader_deadline(sender: Sender) -> float:
+    """Until when (``time.monotonic()``) a send waits for a leader of the shards holding its
+    topic while the name servers answer NoLeaderError: ``send_timeout_seconds`` from its start."""
+    return time.monotonic() + sender.send_timeout_seconds
+
+
+def awaiting_leader(sender: Sender, step: Pick | Rebind, deadline: float) -> Steps:
+    """Performs ``step`` (a route lookup); while the topic's shards are between leaders
+    (NoLeaderError, a fail-over under way) asks again after a short backoff, until
+    ``deadline``, then raises that NoLeaderError (retryable). Spends no attempt: nothing
+    was sent."""
+    waits = 1
+    while True:
+        try:
+            return (yield step)
+        except NoLeaderError as err:
+            pause = min(backoff_seconds(sender, waits), deadline - time.monotonic())
+            if pause <= 0:
+                raise
+            log.debug("%s: waiting %.2f s for a leader: %s", step.topic, pause, err)
+            yield Sleep(pause)
+            waits += 1
 
 
 def validate(sender: Sender, message: Message) -> Message:
@@ -224,7 +249,8 @@ def send_new(sender: Sender, topic: str, build: Callable[[QueueRoute, str], comm
     would break the group's order): it is retried there with the same id.
     Returns (queue, message it was stored as, SendMessageResponse)."""
     client = sender._client
-    route = yield Pick(topic, frozenset(), message_group)
+    deadline = leader_deadline(sender)
+    route = yield from awaiting_leader(sender, Pick(topic, frozenset(), message_group), deadline)
     pb = build(route, MessageId.new(route.broker_name, route.queue_id).encode())
     address = route.broker_address
     failed_on: set[str] = set()
@@ -263,7 +289,7 @@ def send_new(sender: Sender, topic: str, build: Callable[[QueueRoute, str], comm
             pb = build(route, MessageId.new(route.broker_name, route.queue_id).encode())
         else:
             yield Sleep(backoff_seconds(sender, attempt))
-            address = yield Rebind(topic, route, address)
+            address = yield from rebind(sender, topic, route, address, deadline)
         attempt += 1
 
 
@@ -272,6 +298,7 @@ def send_bound(sender: Sender, route: QueueRoute, topic: str, entry: broker_pb2.
     retried only there with the same id; an overloaded broker is asked again after its
     pause. Returns the SendMessageResponse."""
     address = route.broker_address
+    deadline = leader_deadline(sender)
     attempt = 1
     overload = OverloadBackoff()
     while True:
@@ -286,7 +313,7 @@ def send_bound(sender: Sender, route: QueueRoute, topic: str, entry: broker_pb2.
             if retry_action(err, bound=True) is RetryAction.FAIL or attempt >= sender.max_attempts:
                 raise
         yield Sleep(backoff_seconds(sender, attempt))
-        address = yield Rebind(topic, route, address)
+        address = yield from rebind(sender, topic, route, address, deadline)
         attempt += 1
 
 
@@ -300,6 +327,7 @@ def end_transaction(sender: Sender, route: QueueRoute, topic: str, half: Transac
         resolution=RESOLUTION_TO_PB[decision], source=common_pb2.TRANSACTION_SOURCE_CLIENT,
         producer_group=producer_group)
     address = route.broker_address
+    deadline = leader_deadline(sender)
     attempt = 1
     while True:
         try:
@@ -321,8 +349,17 @@ def end_transaction(sender: Sender, route: QueueRoute, topic: str, half: Transac
             log.debug("EndTransaction of %s failed (attempt %d of %d), retrying: %s",
                       half.transaction_id, attempt, sender.max_attempts, err)
         yield Sleep(backoff_seconds(sender, attempt))
-        address = yield Rebind(topic, route, address)
+        address = yield from rebind(sender, topic, route, address, deadline)
         attempt += 1
+
+
+def rebind(sender: Sender, topic: str, route: QueueRoute, address: str, deadline: float) -> Steps:
+    """The address to retry ``route``'s shard at: asked again, waiting (until ``deadline``)
+    while the shard is between leaders; the last known ``address`` when none came."""
+    try:
+        return (yield from awaiting_leader(sender, Rebind(topic, route, address), deadline))
+    except NoLeaderError:
+        return address
 
 
 def run(steps: Steps, perform: Callable[[Step], Any]) -> Any:

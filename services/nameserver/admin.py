@@ -17,7 +17,7 @@ import grpc
 
 from services.common.channels import ChannelPool
 from txmq.errors import (AlreadyExistsError, BrokerNotFoundError, ConsumerGroupNotFoundError,
-                          FailedPreconditionError, InvalidFieldError, TopicNotFoundError, TxmqError,
+                          FailedPreconditionError, InvalidFieldError, NoLeaderError, TopicNotFoundError, TxmqError,
                           UnavailableError, error_from_rpc)
 from txmq.ids import TransactionId
 from txmq.names import dlq_topic, validate_group, validate_receive_topic, validate_send_topic
@@ -88,11 +88,13 @@ class Admin:
 
     async def route(self, topic: str, *, for_send: bool = False) -> list[QueueRoute]:
         """QueryRoute: the topic's queues, auto-creating a user topic when configured and
-        the caller is about to send (never for a subscription)."""
+        the caller is about to send (never for a subscription). A topic only shards between
+        leaders hold is NoLeaderError (retryable), never created elsewhere."""
         validate_receive_topic(topic)
         queues = self.registry.route(topic)
         if queues:
             return queues
+        self._refuse_leaderless(topic)
         if not for_send or not should_auto_create(topic, enabled=self.auto_create_topics):
             raise TopicNotFoundError(topic)
         async with self._creating:
@@ -112,8 +114,16 @@ class Admin:
                                                     "fifo": fifo}})
         return creation
 
+    def _refuse_leaderless(self, topic: str) -> None:
+        """NoLeaderError when shards between leaders hold ``topic``: it exists, and its queues
+        come back with their shard's next leader (creating them elsewhere would fork it)."""
+        leaderless = self.registry.leaderless_shards(topic)
+        if leaderless:
+            raise NoLeaderError(topic, leaderless)
+
     async def _create(self, topic: str, total: int, *, fifo: bool = False) -> TopicCreation:
         plan = self.registry.plan_topic(topic, total)
+        self._refuse_leaderless(topic)
         await self.clients.retain({b.address for b in self.registry.live_brokers()})
         todo = [share for share in plan if share.missing]
         results = await asyncio.gather(
@@ -151,6 +161,7 @@ class Admin:
         validate_send_topic(topic)
         holders = {b.name for b in self.registry.live_brokers() if topic in b.topics}
         if not holders:
+            self._refuse_leaderless(topic)
             raise TopicNotFoundError(topic)
         async with self._creating:
             answers, unreachable = await self._fan_out(
@@ -175,6 +186,7 @@ class Admin:
             live = {b.name: b for b in self.registry.live_brokers()}
             holding = {name: b.topics[topic] for name, b in live.items() if b.topics.get(topic, 0) > 0}
             if not holding:
+                self._refuse_leaderless(topic)
                 raise TopicNotFoundError(topic)
             broker = live.get(broker_name)
             if broker is None:

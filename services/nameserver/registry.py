@@ -146,6 +146,9 @@ class Registry:
         self._brokers: dict[str, BrokerRecord] = {}
         #: Every replica of replicated shards, leaders and followers.
         self._replicas: dict[tuple[str, int], BrokerRecord] = {}
+        #: Replicated shard → the topics (queue counts) its last leader held: still known
+        #: while the shard is between leaders (its followers live, no leader registered).
+        self._shard_topics: dict[str, Mapping[str, int]] = {}
         self._checkers: dict[str, CheckerRecord] = {}
         # (broker, topic) → (queue count created through the Admin API, when).
         self._created: dict[tuple[str, str], tuple[int, float]] = {}
@@ -201,6 +204,7 @@ class Registry:
         if role == ROLE_LEADER:
             if serving is None or serving.replica_id == replica_id or serving.epoch <= epoch:
                 self._brokers[name] = record
+                self._shard_topics[name] = held
         elif serving is not None and serving.replica_id == replica_id:
             del self._brokers[name]  # it stepped down: serve a leader still registered, if any
             self._promote(name)
@@ -277,6 +281,20 @@ class Registry:
                 for b in self.live_brokers()
                 for queue_id in range(b.topics.get(topic, 0))]
 
+    def leaderless_shards(self, topic: str) -> list[str]:
+        """The replicated shards holding ``topic`` that are between leaders: replicas of
+        theirs are live but none leads (the leader died, stepped down or left, its successor
+        has not registered yet). A shard holds the topic as its last leader registered it,
+        or as a live replica reports it. Sorted; empty for unreplicated brokers, which leave
+        the routes when they expire."""
+        self._expire()
+        out = []
+        for shard in sorted({name for name, _r in self._replicas} - set(self._brokers)):
+            if topic in self._shard_topics.get(shard, {}) or any(
+                    topic in r.topics for (name, _r), r in self._replicas.items() if name == shard):
+                out.append(shard)
+        return out
+
     def is_fifo(self, topic: str) -> bool:
         """Whether ``topic`` is FIFO (as the live brokers holding it say)."""
         return any(topic in b.fifo_topics for b in self.live_brokers())
@@ -317,12 +335,16 @@ class Registry:
             return
         self._created[(broker_name, topic)] = (queue_count, self.now())
         self._brokers[broker_name] = dataclasses.replace(record, topics={**record.topics, topic: queue_count})
+        if record.role == ROLE_LEADER:
+            self._shard_topics[broker_name] = {**self._shard_topics.get(broker_name, {}), topic: queue_count}
 
     def forget_topic_queues(self, broker_name: str, topic: str) -> None:
         """A broker deleted its queues of ``topic``: stop routing them now, before its next
         heartbeat stops listing them."""
         self._created.pop((broker_name, topic), None)
         self._created_fifo.discard((broker_name, topic))
+        if topic in self._shard_topics.get(broker_name, {}):
+            self._shard_topics[broker_name] = {t: n for t, n in self._shard_topics[broker_name].items() if t != topic}
         for key, record in [(k, r) for k, r in list(self._replicas.items()) if k[0] == broker_name]:
             self._replicas[key] = dataclasses.replace(
                 record, topics={t: n for t, n in record.topics.items() if t != topic})
@@ -342,6 +364,8 @@ class Registry:
         for key, replica in list(self._replicas.items()):
             if now - replica.last_heartbeat >= self.broker_expiry_seconds:
                 del self._replicas[key]
+        for shard in set(self._shard_topics) - {name for name, _r in self._replicas} - set(self._brokers):
+            del self._shard_topics[shard]  # no replica of it left: the shard is gone, not between leaders
         for name, checker in list(self._checkers.items()):
             if now - checker.last_heartbeat >= self.checker_expiry_seconds:
                 del self._checkers[name]

@@ -68,6 +68,8 @@ _BY_REASON = {
     "TRANSACTION_STATE_CONFLICT": Code.INVALID_TRANSACTION_ID,
     "DISK_FULL": Code.TOO_MANY_REQUESTS,
     "NO_BROKER": Code.HA_NOT_AVAILABLE,
+    # The topic's shards are between leaders (a fail-over): retried by the clients.
+    "NO_LEADER": Code.HA_NOT_AVAILABLE,
 }
 #: Every gRPC status a native call can end with → the RocketMQ code, and the cause to name
 #: (None: the status also comes from txmq's own refusals, whose messages say what was wrong).

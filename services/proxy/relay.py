@@ -25,7 +25,7 @@ import random
 import time
 from typing import Awaitable, Callable, Sequence, TypeVar
 
-from txmq.errors import InvalidIdError, TopicNotFoundError, TxmqError, error_from_entry
+from txmq.errors import InvalidIdError, NoLeaderError, TopicNotFoundError, TxmqError, error_from_entry
 from txmq.faults import FaultTable, OverloadBackoff, RetryAction, retry_action
 from txmq.fifo import group_queue_index, group_route
 from txmq.ids import ReceiptHandle, TransactionId
@@ -84,8 +84,9 @@ class Relay:
         failed_on: set[str] = set()
         attempt = 1
         overload = OverloadBackoff()
+        deadline = time.monotonic() + self.config.rpc_timeout_seconds
         while True:
-            queues = await self.upstream.route(message.topic)
+            queues = await self._route_awaiting_leader(message.topic, deadline)
             if not queues:
                 raise TopicNotFoundError(message.topic)
             if message.message_group:  # its group's queue, always (as txmq.Producer)
@@ -129,6 +130,21 @@ class Relay:
             if half:
                 self.upstream.abandoned.discard((queue.broker_name, message.message_id))
             return response
+
+    async def _route_awaiting_leader(self, topic: str, deadline: float) -> list[nameserver_pb2.QueueRoute]:
+        """The topic's queues; while the shards holding it are between leaders (NoLeaderError,
+        a fail-over under way) asked again with backoff until ``deadline``, as the SDK's sends
+        wait, then that error (HA_NOT_AVAILABLE: the clients retry it)."""
+        pause = BOUND_BACKOFF_SECONDS
+        while True:
+            try:
+                return await self.upstream.route(topic)
+            except NoLeaderError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                await asyncio.sleep(min(pause, left))
+                pause = min(pause * 2, 1.0)
 
     async def end(self, transaction_id: str, message_id: str, resolution: int,
                   source: int) -> broker_pb2.EndTransactionResponse | None:

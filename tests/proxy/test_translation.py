@@ -14,8 +14,9 @@ from services.proxy.config import ProxyConfig
 from services.proxy.convert import delivered_to_rmq, to_native
 from services.proxy.protocol import Code, definition_pb2 as pb
 from services.proxy.relay import pick_queue
-from txmq.errors import (InvalidIdError, MessageTooLargeError, ReceiptHandleNotFoundError, TopicNotFoundError,
-                          TransactionNotFoundError, TransactionStateError, UnavailableError, error_from_status)
+from txmq.errors import (InvalidIdError, MessageTooLargeError, NoLeaderError, ReceiptHandleNotFoundError,
+                          TopicNotFoundError, TransactionNotFoundError, TransactionStateError, UnavailableError,
+                          error_from_status)
 from txmq.v1 import common_pb2, nameserver_pb2
 
 CONFIG = ProxyConfig(nameserver_addresses=("127.0.0.1:9876",), max_delivery_attempts=5,
@@ -32,6 +33,7 @@ CONFIG = ProxyConfig(nameserver_addresses=("127.0.0.1:9876",), max_delivery_atte
     (MessageTooLargeError(10, 5), Code.MESSAGE_BODY_TOO_LARGE),
     (TopicNotFoundError("t"), Code.TOPIC_NOT_FOUND),
     (UnavailableError("down"), Code.HA_NOT_AVAILABLE),
+    (NoLeaderError("t", ["broker-0"]), Code.HA_NOT_AVAILABLE),  # a shard between leaders: retried
     (RuntimeError("bug"), Code.INTERNAL_SERVER_ERROR),
 ])
 def test_error_codes(error: BaseException, code: int) -> None:

@@ -258,3 +258,58 @@ def test_a_topic_is_fifo_as_its_brokers_register_it_or_as_created(registry: Regi
     registry.forget_topic_queues("b2", "fresh")
     registry.register_broker("b2", "127.0.0.1:2")
     assert not registry.is_fifo("fresh")
+
+
+# --- replicated shards between leaders ------------------------------------------------------
+
+LEADER, FOLLOWER = 1, 2
+
+
+def register_shard(registry: Registry, shard: str, leader: int, epoch: int, topics=(("orders", 2),)) -> None:
+    for replica in range(3):
+        registry.register_broker(shard, f"h{replica}:{10 + replica}", topics if replica == leader else (),
+                                 replica_id=replica, role=LEADER if replica == leader else FOLLOWER, epoch=epoch)
+
+
+def test_a_shard_between_leaders_keeps_its_topics_known(registry: Registry, clock: FakeClock) -> None:
+    register_shard(registry, "b", leader=0, epoch=1)
+    assert registry.leaderless_shards("orders") == []
+    registry.unregister_broker("b", 0)  # the leader left (or stepped down): its followers live
+    assert registry.route("orders") == []
+    assert registry.leaderless_shards("orders") == ["b"]
+    assert registry.leaderless_shards("other") == []
+    registry.register_broker("b", "h1:11", [("orders", 2)], replica_id=1, role=LEADER, epoch=2)
+    assert len(registry.route("orders")) == 2 and registry.leaderless_shards("orders") == []
+
+
+def test_a_dead_leader_expiring_before_its_successor_registers_leaves_the_shard_leaderless(
+        registry: Registry, clock: FakeClock) -> None:
+    register_shard(registry, "b", leader=0, epoch=1)
+    clock.advance(20)
+    for replica in (1, 2):  # the followers go on heartbeating, the leader died
+        registry.register_broker("b", f"h{replica}:1{replica}", replica_id=replica, role=FOLLOWER, epoch=1)
+    clock.advance(15)
+    assert registry.route("orders") == [] and registry.leaderless_shards("orders") == ["b"]
+    clock.advance(30)  # every replica silent: the shard is gone, not between leaders
+    assert registry.leaderless_shards("orders") == []
+
+
+def test_a_leader_stepping_down_leaves_its_shard_leaderless(registry: Registry) -> None:
+    register_shard(registry, "b", leader=0, epoch=1)
+    registry.register_broker("b", "h0:10", replica_id=0, role=FOLLOWER, epoch=1)
+    assert registry.leaderless_shards("orders") == ["b"]
+
+
+def test_topics_created_or_deleted_through_the_admin_api_are_remembered_per_shard(registry: Registry) -> None:
+    register_shard(registry, "b", leader=0, epoch=1)
+    registry.record_topic_queues("b", "fresh", 1)
+    registry.forget_topic_queues("b", "orders")
+    registry.unregister_broker("b", 0)
+    assert registry.leaderless_shards("fresh") == ["b"]
+    assert registry.leaderless_shards("orders") == []
+
+
+def test_an_unreplicated_broker_that_expired_is_not_between_leaders(registry: Registry, clock: FakeClock) -> None:
+    registry.register_broker("a", "h:1", [("orders", 1)])
+    clock.advance(31)
+    assert registry.route("orders") == [] and registry.leaderless_shards("orders") == []

@@ -23,7 +23,7 @@ EXPORTS = [
     "FailedPreconditionError", "GlobalTransactionResult", "InProgress", "InternalError", "InvalidArgumentError",
     "InvalidFieldError", "InvalidIdError",
     "InvalidNameError", "LeadershipLostError", "LocalTransactionState", "Message", "MessageTooLargeError",
-    "NoBrokerError", "NotEnoughReplicasError", "NotFoundError", "NotLeaderError", "OverloadedError",
+    "NoBrokerError", "NoLeaderError", "NotEnoughReplicasError", "NotFoundError", "NotLeaderError", "OverloadedError",
     "PermissionDeniedError", "Producer",
     "PropertiesTooLargeError", "PushConsumer",
     "QueueNotFoundError", "ReceiptHandleNotFoundError", "ReceivedMessage",

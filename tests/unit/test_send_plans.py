@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from txmq import _receiving, _sending
 from txmq._client import QueueRoute
 from txmq._faults import FaultTable
-from txmq.errors import InvalidFieldError, UnavailableError
+from txmq.errors import InvalidFieldError, NoLeaderError, UnavailableError
 from txmq.ids import MessageId
 from txmq.v1 import broker_pb2, common_pb2
 
@@ -30,10 +31,10 @@ class _Client:
         pass
 
 
-def _sender(max_attempts: int = 3) -> SimpleNamespace:
+def _sender(max_attempts: int = 3, send_timeout_seconds: float = 1.0) -> SimpleNamespace:
     sender = SimpleNamespace(_client=_Client())
-    _sending.configure(sender, producer_group="pg", send_timeout_seconds=1.0, max_attempts=max_attempts,
-                       retry_backoff_seconds=0.1, max_body_bytes=1024)
+    _sending.configure(sender, producer_group="pg", send_timeout_seconds=send_timeout_seconds,
+                       max_attempts=max_attempts, retry_backoff_seconds=0.1, max_body_bytes=1024)
     return sender
 
 
@@ -90,6 +91,45 @@ def test_a_send_gives_up_after_max_attempts_and_a_refusal_at_once() -> None:
     steps.send(A)
     with pytest.raises(InvalidFieldError):
         steps.throw(InvalidFieldError("body", "bad"))
+
+
+def test_a_send_waits_for_a_leader_while_its_topic_is_between_leaders() -> None:
+    sender = _sender(max_attempts=1)
+    steps = _sending.send_new(sender, "t", _build)
+    pick = next(steps)
+    assert pick == _sending.Pick("t", frozenset())
+    assert steps.throw(NoLeaderError("t", ["broker-a"])) == _sending.Sleep(0.1)
+    assert steps.send(None) == pick
+    assert steps.throw(NoLeaderError("t", ["broker-a"])) == _sending.Sleep(0.2)  # doubling
+    assert steps.send(None) == pick
+    request = steps.send(A)  # a leader: the send goes on, no attempt spent on the wait
+    assert isinstance(request, _sending.Request) and request.shard == "broker-a"
+
+
+def test_a_send_fails_with_the_retryable_no_leader_error_at_its_send_timeout() -> None:
+    steps = _sending.send_new(_sender(send_timeout_seconds=0.05), "t", _build)
+    next(steps)
+    pause = steps.throw(NoLeaderError("t", ["broker-a"]))
+    assert isinstance(pause, _sending.Sleep) and 0 < pause.seconds <= 0.05  # no later than the deadline
+    time.sleep(pause.seconds)
+    steps.send(None)
+    with pytest.raises(NoLeaderError) as caught:
+        steps.throw(NoLeaderError("t", ["broker-a"]))
+    assert caught.value.retryable
+
+
+def test_a_retry_on_its_own_shard_waits_for_the_shards_next_leader() -> None:
+    steps = _sending.send_new(_sender(), "t", _build)
+    next(steps)
+    first = steps.send(A)
+    steps.throw(UnavailableError("down"))  # the leader died: asks the route again
+    assert steps.send(A) == _sending.Sleep(0.1)
+    assert steps.send(None) == _sending.Rebind("t", A, "a:1")
+    assert steps.throw(NoLeaderError("t", ["broker-a"])) == _sending.Sleep(0.1)  # between leaders
+    assert steps.send(None) == _sending.Rebind("t", A, "a:1")
+    again = steps.send("a:2")  # the successor
+    assert again.address == "a:2"
+    assert again.entry.send_message.message.message_id == first.entry.send_message.message.message_id
 
 
 def test_end_transaction_is_retried_on_its_shard_and_never_raises() -> None:

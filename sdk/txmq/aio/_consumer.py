@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from .._client import positive
 from .._consumer import _subscriptions, _Target, receive_request
-from .._errors import ClientClosedError, TopicNotFoundError, TxmqError
+from .._errors import ClientClosedError, NoLeaderError, TopicNotFoundError, TxmqError
 from .._names import in_namespace, validate_group
 from .._receiving import (AckOutcome, LongPoll, Receive, ack_groups, ack_request, ack_results,
                           check_receive, deferred_acks, receive_steps, received, report_deferred, settle)
@@ -141,12 +141,12 @@ class AsyncSimpleConsumer:
 
     async def _targets(self) -> list[_Target]:
         targets: list[_Target] = []
-        missing: TopicNotFoundError | None = None
+        missing: TopicNotFoundError | NoLeaderError | None = None
         for topic, expression in self.subscriptions.items():
             try:
                 routes = await self._client.route(topic, for_send=False)
-            except TopicNotFoundError as err:
-                missing = err
+            except (TopicNotFoundError, NoLeaderError) as err:  # between leaders: retryable, raised first
+                missing = missing if isinstance(missing, NoLeaderError) else err
                 continue
             for broker in dict.fromkeys(r.broker_name for r in routes):
                 targets.append(_Target(topic, expression, broker))

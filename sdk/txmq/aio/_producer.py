@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any, Callable, Sequence
 
-from .._errors import InvalidFieldError, TxmqError
+from .._errors import InvalidFieldError, NoLeaderError, TxmqError
 from .._client import QueueRoute, positive
 from .._checks import InProgress
 from .._faults import RoutingStats
@@ -95,6 +95,8 @@ class AsyncProducer:
         try:
             await self._client.route(topic, refresh=True)
             return await self._client.broker_address(route.broker_name)
+        except NoLeaderError:
+            raise  # the shard is between leaders: the send waits for one (``_sending.rebind``)
         except TxmqError as err:
             log.debug("cannot refresh the route of %s: %s", topic, err)
             return address
