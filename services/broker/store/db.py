@@ -474,12 +474,12 @@ class Database:
         if epochs_changed:
             batch.put(b"epochs", replog.encode_epochs(self.epochs), local)
         if self.commit_lsn > self._undo_cleared:
-            batch.delete_range(replog.lsn_key(0), replog.lsn_key(self.commit_lsn + 1), handles["undo"])
+            _clear(batch, handles["undo"], self._undo_cleared + 1, self.commit_lsn + 1)
             batch.put(b"commit", encode_u64(self.commit_lsn), local)
             self._undo_cleared = self.commit_lsn
         trim = min(last - self.replog_keep_entries, self.commit_lsn) + 1
         if trim > self._replog_first + min(1024, max(self.replog_keep_entries // 4, 1)):  # in strides
-            batch.delete_range(replog.lsn_key(0), replog.lsn_key(trim), handles["replog"])
+            _clear(batch, handles["replog"], self._replog_first, trim)
             self._replog_first = trim
         self._commit_batch(batch)
         self.written = last
@@ -630,6 +630,25 @@ class Database:
                 except FileNotFoundError:
                     pass
         return total
+
+
+#: A log range cleared with more entries than this takes one range tombstone, a shorter one
+#: a point tombstone per entry.
+CLEAR_RANGE_ENTRIES = 4096
+
+
+def _clear(batch: WriteBatch, handle: Any, first: int, end: int) -> None:
+    """Deletes the log entries [first, end) of one column family. Never a range tombstone
+    from 0 on each commit, as this did: RocksDB fragments overlapping range tombstones when
+    it flushes a memtable, at a cost that grows with their square. A replica that had
+    advanced its commit point ~12,000 times took 62 s to open (its recovery flushed them),
+    and 10,000 of them took 7 GB and 28 s to close. Point tombstones for the usual few
+    entries, and disjoint ranges for a long stretch (a jump after a rebuild), stay linear."""
+    if end - first > CLEAR_RANGE_ENTRIES:
+        batch.delete_range(replog.lsn_key(first), replog.lsn_key(end), handle)
+        return
+    for lsn in range(first, end):
+        batch.delete(replog.lsn_key(lsn), handle)
 
 
 def _prefix_upper_bound(prefix: bytes) -> bytes:
