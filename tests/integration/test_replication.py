@@ -269,10 +269,17 @@ def replica_metric(proc: Any, name: str) -> float:
 
 
 def test_the_stream_batches_and_followers_learn_the_last_commit_point(fresh_cluster_factory, unique_name):
-    """Concurrent writes share replication messages (one in flight per follower), and the
-    commit point, which travels with the entries and never in a message of its own under
-    load, reaches every follower once the writes pause (with the leader's heartbeat)."""
-    cluster = replicated(fresh_cluster_factory)
+    """One replication message is in flight per follower: writes applied while a follower
+    holds its message travel together in the next one. The commit point, which travels with
+    the entries and never in a message of its own under load, reaches every follower once
+    the writes pause (with the leader's heartbeat).
+
+    The batching is forced, not hoped for: on a quiet machine a follower acknowledges faster
+    than a Python client sends, so concurrent senders alone may ship one entry a message.
+    A follower paused with its message in flight (kept in the in-sync set by a long lag
+    limit) holds back every later write's entry, which its next message must carry all at
+    once; a leader shipping each entry as written would send it one message per entry."""
+    cluster = replicated(fresh_cluster_factory, TXMQ_REPLICA_LAG_MAX_SECONDS="60")
     topic = unique_name("topic")
     cluster.create_topic(topic, 2)
     leader = cluster.wait_leaders()[SHARD]
@@ -280,14 +287,30 @@ def test_the_stream_batches_and_followers_learn_the_last_commit_point(fresh_clus
     wait_in_sync(cluster)
     start = replica_metric(leader, "txmq_replica_log_end")
     shipped = replica_metric(leader, "txmq_replica_messages_shipped_total")
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        assert all(r.message_id for r in pool.map(lambda i: send_raw(leader.address, topic), range(300)))
-    end = replica_metric(leader, "txmq_replica_log_end")
-    entries = end - start
+    senders = 8
+    held = followers[0]
+    held.pause()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(senders) as pool:
+            sends = [pool.submit(send_raw, leader.address, topic, "", 60.0) for _ in range(senders)]
+            wait_until(lambda: replica_metric(leader, "txmq_replica_log_end") >= start + senders, 30,
+                       interval=0.05, message=lambda: "the leader did not apply the sends")
+            assert not any(f.done() for f in sends), "a send was answered before every in-sync replica held it"
+            held.resume()
+            assert all(f.result(timeout=60).message_id for f in sends)
+    finally:
+        held.resume()
+    entries = replica_metric(leader, "txmq_replica_log_end") - start
     messages = replica_metric(leader, "txmq_replica_messages_shipped_total") - shipped
-    assert entries >= 300
-    # One message per entry and follower would be 2 × entries.
-    assert 0 < messages < 2 * entries * 0.9, f"{messages:.0f} messages for {entries:.0f} entries"
+    # The running follower gets at most one message per entry; the held one its first entry,
+    # then everything else in one message (a third only if an entry raced the pause).
+    assert entries == senders
+    assert 0 < messages <= entries + 3, f"{messages:.0f} messages for {entries:.0f} entries"
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert all(r.message_id for r in pool.map(lambda i: send_raw(leader.address, topic), range(100)))
+    end = replica_metric(leader, "txmq_replica_log_end")
+    assert end - start >= senders + 100
     def commit_points() -> list[float]:
         return [replica_metric(p, "txmq_replica_commit_lsn") for p in [leader, *followers]]
     wait_until(lambda: min(commit_points()) >= end, 10, interval=0.1,
