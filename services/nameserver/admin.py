@@ -264,6 +264,12 @@ class Admin:
     async def elect_leader(self, shard: str, replica_id: int) -> tuple[int, int]:
         """Asks ``shard``'s leader to hand its leadership to ``replica_id``."""
         broker = self.registry.live_broker(shard)
+        replication = broker.replication
+        if replication is None or replication.replication_factor <= 1:
+            # Its broker serves no replication service: say so, not "not implemented" (which
+            # the CLI would read as "this is not a txmq name server").
+            raise FailedPreconditionError(f"shard {shard!r} has one replica (replication_factor 1): "
+                                          "there is no leadership to move", shard=shard)
         try:
             response = await self.clients.replication_stub(broker.address).TransferLeadership(
                 replication_pb2.TransferLeadershipRequest(shard=shard, replica_id=replica_id), timeout=self.timeout)

@@ -169,6 +169,15 @@ def test_broker_status(cluster):
     assert "FREE DISK" in cli(cluster, "broker", "status").stdout
 
 
+def test_broker_elect_on_a_shard_of_one_replica_says_so(cluster):
+    """A shard of one replica has no leadership to move: a clear FAILED_PRECONDITION, not
+    the broker's UNIMPLEMENTED read as "not a txmq name server"."""
+    done = cli(cluster, "broker", "elect", "broker-0", "--replica", "1")
+    assert done.returncode == 1
+    assert "has one replica" in done.stderr and "not a txmq name server" not in done.stderr, done.stderr
+    assert [b["name"] for b in cli_json(cluster, "broker", "status")["brokers"]] == ["broker-0"]
+
+
 def test_txn_describe_shows_the_message_and_writes_a_binary_body(cluster, unique_name, tmp_path: Path):
     topic, group = unique_name("pay"), unique_name("payer")
 
