@@ -9,7 +9,7 @@ PROTOS := $(wildcard protos/txmq/v1/*.proto)
 DATA_DIR ?= ./data
 
 
-.PHONY: all venv tools cc etcd netns-tools openssl proto proto-lint proto-check run demo test test-unit test-integration bench fuzz clean distclean
+.PHONY: all venv tools cc etcd netns-tools openssl proto proto-lint proto-check run test test-unit test-integration bench fuzz clean distclean
 
 all: test
 

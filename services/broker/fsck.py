@@ -20,6 +20,7 @@ from .config import BrokerConfig
 from .core import BrokerCore
 from .store import codec, replog
 from .store.codec import CorruptRecordError
+from .store.db import StoreInUseError
 
 
 def check(core: BrokerCore) -> dict[str, Any]:
@@ -76,8 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--broker-name", default="", help="default: the name stored in the data dir")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    name = args.broker_name or _stored_name(args.data_dir)
-    core = BrokerCore(BrokerConfig(data_dir=args.data_dir, broker_name=name, flush="async"))
+    try:
+        name = args.broker_name or _stored_name(args.data_dir)
+        core = BrokerCore(BrokerConfig(data_dir=args.data_dir, broker_name=name, flush="async"))
+    except StoreInUseError as exc:
+        print(f"fsck: {exc}", file=sys.stderr)
+        return 2
     try:
         report = check(core)
     finally:

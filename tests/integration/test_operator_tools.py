@@ -178,6 +178,15 @@ def test_broker_elect_on_a_shard_of_one_replica_says_so(cluster):
     assert [b["name"] for b in cli_json(cluster, "broker", "status")["brokers"]] == ["broker-0"]
 
 
+def test_fsck_of_a_running_brokers_store_says_to_stop_it_first(cluster):
+    """fsck reads a stopped broker's store; on a running one it says so (no traceback)."""
+    done = subprocess.run([sys.executable, "-m", "services.broker.fsck", "--data-dir",
+                           str(cluster.workdir / "broker-0")], capture_output=True, text=True,
+                          timeout=CLI_TIMEOUT_SECONDS)
+    assert done.returncode == 2
+    assert "open in another process" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
 def test_txn_describe_shows_the_message_and_writes_a_binary_body(cluster, unique_name, tmp_path: Path):
     topic, group = unique_name("pay"), unique_name("payer")
 

@@ -102,6 +102,16 @@ class StoreClosedError(Exception):
     pass
 
 
+class StoreInUseError(Exception):
+    """Another process (a broker still running, an fsck) holds the store open: RocksDB
+    lets one process open it for writing at a time."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"the store at {path} is open in another process (is its broker still running? "
+                         "stop it first)")
+        self.path = path
+
+
 class CannotTruncateError(Exception):
     """A replica cannot take back its log to a point: it must be rebuilt from its leader."""
 
@@ -148,7 +158,12 @@ class Database:
         opts.set_recycle_log_file_num(WAL_RECYCLE_FILES)
         if max_wal_bytes > 0:
             opts.set_max_total_wal_size(max_wal_bytes)
-        self.db = Rdict(path, opts, column_families={name: Options(raw_mode=True) for name in COLUMN_FAMILIES})
+        try:
+            self.db = Rdict(path, opts, column_families={name: Options(raw_mode=True) for name in COLUMN_FAMILIES})
+        except Exception as exc:
+            if "/LOCK" in str(exc):
+                raise StoreInUseError(path) from exc
+            raise
         self.handles = {name: self.db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
         self.cf = {name: self.db.get_column_family(name) for name in COLUMN_FAMILIES}
         self._write_opts = WriteOptions()
