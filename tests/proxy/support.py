@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 
 HERE = Path(__file__).resolve().parent
@@ -20,6 +20,9 @@ NODE_DIR = HERE / "node"
 PYTHON_CLIENT = HERE / "clients" / "rmq_python.py"
 
 Event = dict[str, Any]
+#: Environment variables of a client process on top of the test's (a value of None removes
+#: the test's own), as a user sets them: e.g. the CA a client trusts.
+Environment = Mapping[str, str | None]
 
 
 def node_ready() -> str | None:
@@ -35,7 +38,7 @@ class ClientProcess:
     """One client subprocess. ``events`` grows as it prints; ``stderr`` is kept for reports."""
 
     def __init__(self, argv: list[str], *, home: Path, name: str, timeout: float = 90.0,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, env: Environment | None = None) -> None:
         self.name = name
         self.argv = argv
         self.timeout = timeout
@@ -43,12 +46,13 @@ class ClientProcess:
         self.lines: list[str] = []
         self._cond = threading.Condition()
         home.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TXMQ_")}
-        env.update(HOME=str(home), PYTHONUNBUFFERED="1")
+        environ = {k: v for k, v in {**os.environ, **(env or {})}.items()
+                   if v is not None and not k.startswith("TXMQ_")}
+        environ.update(HOME=str(home), PYTHONUNBUFFERED="1")
         self.stderr_path = home / f"{name}.stderr"
         self._stderr = open(self.stderr_path, "wb")
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv, env=env, cwd=str(cwd or HERE), stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen(argv, env=environ, cwd=str(cwd or HERE), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._stderr, start_new_session=True)
         self._reader = threading.Thread(target=self._read, name=f"read-{name}", daemon=True)
         self._reader.start()
@@ -137,28 +141,36 @@ class ClientProcess:
 
 
 class Clients:
-    """Starts client processes for one test and reaps them all at teardown."""
+    """Starts client processes for one test and reaps them all at teardown. A client's
+    ``env`` is its ``Environment``; its scenario's arguments are the other keywords."""
 
     def __init__(self, home: Path) -> None:
         self.home = home
         self.started: list[ClientProcess] = []
 
-    def python(self, scenario: str, timeout: float = 90.0, **args: Any) -> ClientProcess:
+    def python(self, scenario: str, timeout: float = 90.0, env: Environment | None = None,
+               **args: Any) -> ClientProcess:
         return self._start([sys.executable, str(PYTHON_CLIENT), scenario, json.dumps(args)],
-                           f"py-{scenario}-{len(self.started)}", timeout)
+                           f"py-{scenario}-{len(self.started)}", timeout, env=env)
 
-    def node(self, script: str, scenario: str, timeout: float = 90.0, **args: Any) -> ClientProcess:
+    def node(self, script: str, scenario: str, timeout: float = 90.0, env: Environment | None = None,
+             **args: Any) -> ClientProcess:
         return self._start(["node", str(NODE_DIR / script), scenario, json.dumps(args)],
-                           f"node-{scenario}-{len(self.started)}", timeout, cwd=NODE_DIR)
+                           f"node-{scenario}-{len(self.started)}", timeout, cwd=NODE_DIR, env=env)
 
-    def _start(self, argv: list[str], name: str, timeout: float, cwd: Path | None = None) -> ClientProcess:
-        client = ClientProcess(argv, home=self.home, name=name, timeout=timeout, cwd=cwd)
+    def _start(self, argv: list[str], name: str, timeout: float, cwd: Path | None = None,
+               env: Environment | None = None) -> ClientProcess:
+        client = ClientProcess(argv, home=self.home, name=name, timeout=timeout, cwd=cwd, env=env)
         self.started.append(client)
         return client
 
     def close(self) -> None:
         for client in self.started:
             client.close()
+
+    def logs(self) -> str:
+        """What the clients wrote to their own logs (under their HOME's logs/) so far."""
+        return "".join(p.read_text(errors="replace") for p in sorted((self.home / "logs").rglob("*")) if p.is_file())
 
     def report(self) -> str:
         return "\n".join(f"=== {c.name} ===\n{c.describe()}" for c in self.started)

@@ -141,8 +141,7 @@ def refusals(clients: Clients, client: Any, code: int) -> int:
     HOME) once it failed; the failure itself was reported on stdout."""
     assert client.finish(60) != 0, "the client succeeded"
     assert client.of("error"), client.describe()
-    text = "".join(p.read_text(errors="replace") for p in (clients.home / "logs").rglob("*") if p.is_file())
-    return text.count(f"exception, {code}, ")
+    return clients.logs().count(f"exception, {code}, ")
 
 
 def test_wrong_secret_is_refused(secured: Cluster, clients: Clients, unique_name: Callable[[str], str]) -> None:

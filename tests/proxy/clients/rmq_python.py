@@ -81,23 +81,37 @@ def config(args: dict) -> ClientConfiguration:
                                request_timeout=args.get("request_timeout", 3))
 
 
+def tls(args: dict) -> bool:
+    """``tls``: the client dials TLS (``tls_enable=True``, a client constructor's argument,
+    not the configuration's). It trusts the roots gRPC trusts: the system's, or the file
+    GRPC_DEFAULT_SSL_ROOTS_FILE_PATH names (the tests' CA)."""
+    return bool(args.get("tls", False))
+
+
 # --- scenarios ---------------------------------------------------------------------------
 
 def transactional(args: dict) -> None:
-    """For each body: a half message, then COMMIT or ROLLBACK (the body's first word)."""
+    """For each body: a half message, then COMMIT or ROLLBACK (the body's first word), or
+    neither for an "unknown" body (a local transaction whose outcome is not known yet: the
+    broker's check asks ``Checker``). With an "unknown" body the producer stays up, answering
+    checks, until stdin closes."""
     topic = args["topic"]
-    producer = Producer(config(args), topics=[topic], checker=Checker())
+    producer = Producer(config(args), topics=[topic], checker=Checker(), tls_enable=tls(args))
     producer.startup()
     try:
         for i, body in enumerate(args["bodies"]):
             tx = producer.begin_transaction()
             receipt = producer.send(message(topic, body, tag="TagA", key=f"k{i}", props={"n": str(i)}), tx)
             emit("sent", message_id=receipt.message_id, transaction_id=receipt.transaction_id, body=body)
+            if body.startswith("unknown"):
+                continue
             if body.startswith("rollback"):
                 tx.rollback()
             else:
                 tx.commit()
             emit("ended", message_id=receipt.message_id, body=body)
+        if any(body.startswith("unknown") for body in args["bodies"]):
+            wait_for_stdin_eof()
     finally:
         producer.shutdown()
     emit("done")
@@ -109,7 +123,7 @@ def commit_load(args: dict) -> None:
     ``failed`` event per exception, each with its wall-clock time ``t``. The producer then
     stays up, answering checks, until stdin closes."""
     topic = args["topic"]
-    producer = Producer(config(args), topics=[topic], checker=Checker())
+    producer = Producer(config(args), topics=[topic], checker=Checker(), tls_enable=tls(args))
     producer.startup()
     stop = threading.Event()
 
@@ -148,7 +162,7 @@ def commit_load(args: dict) -> None:
 def orphan(args: dict) -> None:
     """Sends a half message (``count`` of them) and dies (SIGKILL) before deciding it."""
     topic = args["topic"]
-    producer = Producer(config(args), topics=[topic], checker=Checker())
+    producer = Producer(config(args), topics=[topic], checker=Checker(), tls_enable=tls(args))
     producer.startup()
     for _ in range(args.get("count", 1)):
         tx = producer.begin_transaction()
@@ -159,7 +173,8 @@ def orphan(args: dict) -> None:
 
 def checker(args: dict) -> None:
     """A transactional producer that only answers checks, until stdin closes."""
-    producer = Producer(config(args), topics=[args["topic"]], checker=Checker(args.get("hold_seconds", 0.0)))
+    producer = Producer(config(args), topics=[args["topic"]], checker=Checker(args.get("hold_seconds", 0.0)),
+                        tls_enable=tls(args))
     producer.startup()
     emit("started")
     try:
@@ -171,7 +186,7 @@ def checker(args: dict) -> None:
 
 def send(args: dict) -> None:
     topic = args["topic"]
-    producer = Producer(config(args), topics=[topic])
+    producer = Producer(config(args), topics=[topic], tls_enable=tls(args))
     producer.startup()
     try:
         for i, body in enumerate(args["bodies"]):
@@ -193,7 +208,7 @@ def burst(args: dict) -> None:
     """``count`` concurrent ``send_async`` calls, then one ``burst`` event: how many were
     sent, the failures by exception type (with a sample message) and the message ids sent."""
     topic, count = args["topic"], args["count"]
-    producer = Producer(config(args), topics=[topic])
+    producer = Producer(config(args), topics=[topic], tls_enable=tls(args))
     producer.startup()
     try:
         started = time.monotonic()
@@ -220,7 +235,7 @@ def simple(args: dict) -> None:
     filter_type = FilterType.SQL if args.get("sql") else FilterType.TAG
     consumer = SimpleConsumer(config(args), args["group"],
                               {args["topic"]: FilterExpression(args.get("filter", "*"), filter_type)},
-                              await_duration=args.get("await_seconds", 2))
+                              await_duration=args.get("await_seconds", 2), tls_enable=tls(args))
     consumer.startup()
     acked = 0
     deadline = time.monotonic() + args.get("timeout_seconds", 60)
@@ -264,7 +279,7 @@ class Listener(MessageListener):
 
 def push(args: dict) -> None:
     consumer = PushConsumer(config(args), args["group"], Listener(args.get("hold_seconds", 0.0)),
-                            {args["topic"]: FilterExpression()})
+                            {args["topic"]: FilterExpression()}, tls_enable=tls(args))
     consumer.startup()
     emit("started")
     try:

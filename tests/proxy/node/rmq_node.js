@@ -34,8 +34,14 @@ function credentials(args) {
   return args.access_key ? { sessionCredentials: { accessKey: args.access_key, accessSecret: args.secret } } : {};
 }
 
+// Every client's options: the access point, the namespace, the credentials, and TLS
+// (`tls`: sslEnabled, trusting Node's CAs, which NODE_EXTRA_CA_CERTS extends).
+function connection(args) {
+  return { endpoints: args.endpoints, namespace: args.namespace || '', sslEnabled: args.tls === true, ...credentials(args) };
+}
+
 async function transactional(args) {
-  const producer = new Producer({ endpoints: args.endpoints, namespace: args.namespace || '', ...credentials(args), topics: [args.topic], checker });
+  const producer = new Producer({ ...connection(args), topics: [args.topic], checker });
   await producer.startup();
   try {
     let i = 0;
@@ -59,7 +65,7 @@ async function transactional(args) {
 // Normal messages; with `delay_ms` each is a delay message due that long after its send;
 // with `groups` each is a FIFO message of that message group.
 async function send(args) {
-  const producer = new Producer({ endpoints: args.endpoints, namespace: args.namespace || '', topics: [args.topic] });
+  const producer = new Producer({ ...connection(args), topics: [args.topic] });
   await producer.startup();
   try {
     for (const [i, body] of args.bodies.entries()) {
@@ -79,7 +85,7 @@ async function send(args) {
 
 // Sends one half message and dies (SIGKILL) before deciding it: an orphan for the checker.
 async function orphan(args) {
-  const producer = new Producer({ endpoints: args.endpoints, namespace: args.namespace || '', ...credentials(args), topics: [args.topic], checker });
+  const producer = new Producer({ ...connection(args), topics: [args.topic], checker });
   await producer.startup();
   const tx = producer.beginTransaction();
   const receipt = await producer.send({
@@ -92,7 +98,7 @@ async function orphan(args) {
 // A transactional producer that only answers orphan checks (through `checker`), until
 // stdin closes.
 async function checkerOnly(args) {
-  const producer = new Producer({ endpoints: args.endpoints, namespace: args.namespace || '', ...credentials(args), topics: [args.topic], checker });
+  const producer = new Producer({ ...connection(args), topics: [args.topic], checker });
   await producer.startup();
   emit('started');
   await new Promise((resolve) => {
@@ -109,7 +115,7 @@ async function checkerOnly(args) {
 async function simple(args) {
   const filter = args.sql ? new FilterExpression(args.filter, FilterType.SQL) : (args.filter || '*');
   const consumer = new SimpleConsumer({
-    endpoints: args.endpoints, namespace: args.namespace || '', ...credentials(args), consumerGroup: args.group,
+    ...connection(args), consumerGroup: args.group,
     subscriptions: new Map([[args.topic, filter]]), awaitDuration: (args.await_seconds || 2) * 1000,
   });
   await consumer.startup();
@@ -140,7 +146,7 @@ async function simple(args) {
 // forwarded to the dead-letter queue), the others succeed.
 async function push(args) {
   const consumer = new PushConsumer({
-    endpoints: args.endpoints, namespace: '', ...credentials(args), consumerGroup: args.group,
+    ...connection(args), consumerGroup: args.group,
     subscriptions: new Map([[args.topic, '*']]),
     messageListener: {
       async consume(m) {
