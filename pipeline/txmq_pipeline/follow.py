@@ -12,7 +12,9 @@ the ``txmq`` source (from the earliest retained offset, without bodies). Each mi
 3. sets the Prometheus gauges ``txmq_audit_anomalies{kind}`` and friends.
 
 Between batches (a quiet topic makes none) the reconciliation runs again every
-``--interval-seconds``, so a transaction left pending shows up without new messages.
+``--interval-seconds``, so a transaction left pending shows up without new messages; also
+before the first batch, which may never come (a query started again on its checkpoint with
+nothing new to read): it then reconciles what the earlier run stored.
 
 "Committed but missing from the topic" needs care while messages stream in: a
 transaction committed after the current batch was planned has its message in a later
@@ -74,7 +76,7 @@ class Follower:
         self.lock = threading.Lock()
         self.batches_waiting = 0  # a micro-batch waiting for the lock goes before a refresh
         self.last_batch: int | None = None
-        self.last_evaluated = 0.0
+        self.last_evaluated: float | None = None  # time.monotonic() of the last reconciliation
         self.last_duration = 0.0
 
     # ------------------------------------------------------------------ per micro-batch
@@ -171,7 +173,8 @@ class Follower:
         with open(tmp, "w") as f:
             json.dump(summary, f, indent=2, sort_keys=True)
         os.replace(tmp, os.path.join(self.output, "summary.json"))
-        log.info("batch %s: %d messages, %d transactions, anomalies %s (%.1f s)", self.last_batch, messages,
+        log.info("%s: %d messages, %d transactions, anomalies %s (%.1f s)",
+                 "no batch yet" if self.last_batch is None else f"batch {self.last_batch}", messages,
                  transactions, {k: v for k, v in counts.items() if v} or "none", time.monotonic() - started)
 
 
@@ -207,10 +210,11 @@ def follow(spark: SparkSession, *, nameserver: str, output: str, checkpoint: str
         while not stop.is_set():
             if query.awaitTermination(interval_seconds):
                 break  # ended (awaitTermination raised if it failed)
-            # After the first batch's reconciliation (the stream starts with one), and never
-            # busier than half the time: a reconciliation slower than the interval spaces them.
-            idle = time.monotonic() - follower.last_evaluated
-            if follower.last_evaluated and idle >= max(interval_seconds, follower.last_duration):
+            # Whether or not a batch came (a query resumed with nothing new to read runs
+            # none), and never busier than half the time: a reconciliation slower than the
+            # interval spaces them.
+            last = follower.last_evaluated
+            if last is None or time.monotonic() - last >= max(interval_seconds, follower.last_duration):
                 follower.refresh()
     finally:
         if query.isActive:
