@@ -14,7 +14,9 @@ the ``txmq`` source (from the earliest retained offset, without bodies). Each mi
 Between batches (a quiet topic makes none) the reconciliation runs again every
 ``--interval-seconds``, so a transaction left pending shows up without new messages; also
 before the first batch, which may never come (a query started again on its checkpoint with
-nothing new to read): it then reconciles what the earlier run stored.
+nothing new to read): it then reconciles what the earlier run stored. Only batches stored
+completely count (Spark wrote ``_SUCCESS``): a write a crash cut short is not read, and
+Spark runs that batch again.
 
 "Committed but missing from the topic" needs care while messages stream in: a
 transaction committed after the current batch was planned has its message in a later
@@ -100,11 +102,15 @@ class Follower:
 
     # ------------------------------------------------------------------ reconciliation
     def _seen(self) -> DataFrame | None:
+        """The messages of every batch stored completely (by this run or an earlier one on
+        the checkpoint); None before there is one."""
         if not os.path.isdir(self.seen_dir):
             return None
-        if not any(os.path.exists(os.path.join(self.seen_dir, d, "_SUCCESS")) for d in os.listdir(self.seen_dir)):
+        complete = [os.path.join(self.seen_dir, d) for d in sorted(os.listdir(self.seen_dir))
+                    if os.path.exists(os.path.join(self.seen_dir, d, "_SUCCESS"))]
+        if not complete:
             return None
-        return self.spark.read.parquet(self.seen_dir).select(*SEEN_COLUMNS)
+        return self.spark.read.option("basePath", self.seen_dir).parquet(*complete).select(*SEEN_COLUMNS)
 
     def _queues(self) -> DataFrame:
         """(topic, broker, queue, low, high) of every queue of the audited topics now: the
