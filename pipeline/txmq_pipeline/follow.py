@@ -39,6 +39,8 @@ import time
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from txmq.tls import TLS
+
 from . import _broker
 from .audit import ANOMALY_KINDS, anomalies, of_topics, read_transactions
 
@@ -69,9 +71,10 @@ class AuditMetrics:
 class Follower:
     def __init__(self, spark: SparkSession, *, nameserver: str, output: str, checkpoint: str, topics: str,
                  pending_threshold_seconds: float, missing_grace_seconds: float, metrics: AuditMetrics,
-                 partitions_per_broker: int = 4) -> None:
+                 partitions_per_broker: int = 4, tls: TLS | None = None) -> None:
         self.partitions_per_broker = partitions_per_broker
         self.spark, self.nameserver, self.output, self.topics = spark, nameserver, output, topics
+        self.tls = tls
         self.seen_dir = os.path.join(checkpoint, "seen")
         self.threshold, self.grace = pending_threshold_seconds, missing_grace_seconds
         self.metrics = metrics
@@ -115,7 +118,7 @@ class Follower:
     def _queues(self) -> DataFrame:
         """(topic, broker, queue, low, high) of every queue of the audited topics now: the
         oldest offset it still holds and its next offset."""
-        client = _broker.connect(self.nameserver)
+        client = _broker.connect(self.nameserver, self.tls)
         try:
             names = [t.strip() for t in self.topics.split(",") if t.strip()]
             rows = []
@@ -139,7 +142,8 @@ class Follower:
         keys = ["topic", "broker", "queue"]
         log.debug("reconciling: queue offsets")
         queues = self._queues().cache()  # before the transactions: offsets below high are older
-        txns = of_topics(read_transactions(self.spark, self.nameserver, self.partitions_per_broker), self.topics).cache()
+        txns = of_topics(read_transactions(self.spark, self.nameserver, self.partitions_per_broker, self.tls),
+                         self.topics).cache()
         seen = seen.cache()
         try:
             # How far the stream has read each queue, and whether it has read all it held
@@ -187,7 +191,7 @@ class Follower:
 def follow(spark: SparkSession, *, nameserver: str, output: str, checkpoint: str, topics: str = "*",
            pending_threshold_seconds: float, missing_grace_seconds: float = 60.0, interval_seconds: float = 30.0,
            metrics_port: int | None = None, max_offsets_per_trigger: int | None = None,
-           partitions_per_broker: int = 4, stop: threading.Event | None = None) -> int:
+           partitions_per_broker: int = 4, tls: TLS | None = None, stop: threading.Event | None = None) -> int:
     """Runs the continuous audit until ``stop`` is set (SIGTERM/SIGINT from ``main``) or
     the query fails (then raises)."""
     if "://" in output or "://" in checkpoint:
@@ -202,8 +206,9 @@ def follow(spark: SparkSession, *, nameserver: str, output: str, checkpoint: str
     follower = Follower(spark, nameserver=nameserver, output=output, checkpoint=checkpoint, topics=topics,
                         pending_threshold_seconds=pending_threshold_seconds,
                         missing_grace_seconds=missing_grace_seconds, metrics=metrics,
-                        partitions_per_broker=partitions_per_broker)
-    reader = (spark.readStream.format("txmq").option("nameserver", nameserver).option("topics", topics)
+                        partitions_per_broker=partitions_per_broker, tls=tls)
+    reader = (spark.readStream.format("txmq").option("nameserver", nameserver).options(**_broker.tls_options(tls))
+              .option("topics", topics)
               .option("startingOffsets", "earliest").option("includeBody", "false"))
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))

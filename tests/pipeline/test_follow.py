@@ -19,6 +19,7 @@ import urllib.request
 import pyarrow.parquet as pq
 import pytest
 
+from tests.support.certs import CertificateAuthority
 from tests.support.waiting import wait_until
 
 from .anomalies import inject
@@ -32,22 +33,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(cluster, topic, out, port, log_path):
+def _start(cluster, topic, out, port, log_path, *extra):
     log = open(log_path, "ab")
     return subprocess.Popen(
         [sys.executable, "-m", "txmq_pipeline.audit", "--follow", "--nameserver", cluster.nameserver_address,
          "--output", str(out), "--topics", topic, "--master", "local[2]", "--interval-seconds", "0.5",
          "--pending-threshold-seconds", "2", "--missing-grace-seconds", "2", "--metrics-port", str(port),
-         "--transaction-partitions-per-broker", "1", "--log-level", "DEBUG"],
+         "--transaction-partitions-per-broker", "1", "--log-level", "DEBUG", *extra],
         cwd=out.parent, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
 
 
 @contextlib.contextmanager
-def _following(cluster, topic, out, log_path):
+def _following(cluster, topic, out, log_path, *extra):
     """(process, metrics port) of a follower that runs while the block does; stopped with
     SIGTERM after it (a clean stop: exit status 0), killed when the block fails."""
     port = _free_port()
-    proc = _start(cluster, topic, out, port, log_path)
+    proc = _start(cluster, topic, out, port, log_path, *extra)
     try:
         yield proc, port
         proc.send_signal(signal.SIGTERM)
@@ -190,3 +191,22 @@ def test_follow_started_again_with_no_new_messages_reconciles_every_interval(fre
             wait_until(lambda: _metrics(port).get("txmq_audit_last_reconciliation_timestamp_seconds", 0) > first,
                        60, interval=0.3, message=lambda: f"no second reconciliation: {_metrics(port)}")
 
+
+@pytest.mark.timeout(600)
+def test_follow_over_mutual_tls(fresh_cluster_factory, unique_name, tmp_path):
+    """With the --tls-* flags the streaming read and the follower's own reads reach a
+    cluster that requires client certificates."""
+    cluster = fresh_cluster_factory(brokers=1, broker_env=PIPELINE_BROKER_ENV,
+                                    tls=CertificateAuthority(tmp_path / "pki"))
+    topic, group = unique_name("follow-tls"), unique_name("g")
+    cluster.create_topic(topic, 2)
+    with producer(cluster, group, Scripted()) as p:
+        send_workload(p, topic, {"commit": 3, "pending": 1})
+        wait_settled(cluster, group, 4, pending=1)
+    tls = cluster.client_tls()
+    out, log_path = tmp_path / "audit", tmp_path / "follow.log"
+    with _following(cluster, topic, out, log_path,
+                    "--tls-ca", tls.ca_file, "--tls-cert", tls.cert_file, "--tls-key", tls.key_file) as (proc, port):
+        _wait_metrics(port, {"txmq_audit_messages": 3, "txmq_audit_transactions": 4, "pending_too_old": 1,
+                             "committed_missing": 0, "uncommitted_in_topic": 0, "duplicate_message_id": 0,
+                             "discarded_unresolved": 0}, proc, log_path)
