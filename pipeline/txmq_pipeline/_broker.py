@@ -51,6 +51,14 @@ def tls_from_options(options: Any) -> TLS | None:
     return TLS(**fields)
 
 
+def tls_options(tls: TLS | None) -> dict[str, str]:
+    """The options giving the connector ``tls`` (none for plaintext): how a job passes its
+    own TLS to the reads it starts."""
+    if tls is None:
+        return {}
+    return {name: getattr(tls, field) for name, field in TLS_OPTIONS.items() if getattr(tls, field)}
+
+
 def connect(nameserver: str, tls: TLS | None = None) -> Client:
     """A client of the cluster; on a cluster with auth on it sends the bearer token in
     ``TXMQ_TOKEN`` (set it on the driver and, with ``spark.executorEnv.TXMQ_TOKEN``, on the
@@ -184,4 +192,4 @@ def read_transactions(client: Client, broker: str, address: str, store_id: int, 
 
 
 __all__ = ["Broker", "QueueRange", "TxmqError", "connect", "list_brokers", "on_shard", "queue_offsets", "read_queue",
-           "read_transactions", "store_id_and_sequences", "timestamp", "user_topics"]
+           "read_transactions", "store_id_and_sequences", "timestamp", "tls_options", "user_topics"]

@@ -9,6 +9,9 @@ or on a cluster (see pipeline/README.md for Kubernetes)::
 
     spark-submit --master k8s://... .../txmq_pipeline/audit.py --nameserver ... --output s3a://...
 
+A cluster serving TLS (the chart's default) needs ``--tls-ca`` (and ``--tls-cert``/``--tls-key``
+where it requires client certificates), or the ``TXMQ_TLS_*`` variables, as the ``txmq`` CLI.
+
 Output (``--output``):
 
 - ``tables/state_counts``, ``tables/latency``, ``tables/latency_histogram``,
@@ -43,6 +46,10 @@ from typing import Any, Sequence
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from txmq.errors import InvalidFieldError, TxmqError, UnavailableError
+from txmq.tls import TLS, add_tls_arguments, tls_from_args
+from txmq_pipeline import _broker
+
 log = logging.getLogger("txmq_pipeline.audit")
 
 EXIT_CLEAN = 0
@@ -61,15 +68,17 @@ EXAMPLES = 50
 
 # ----------------------------------------------------------------------------- inputs
 
-def read_transactions(spark: SparkSession, nameserver: str, partitions_per_broker: int = 4) -> DataFrame:
-    return (spark.read.format("txmq").option("nameserver", nameserver).option("table", "transactions")
+def read_transactions(spark: SparkSession, nameserver: str, partitions_per_broker: int = 4,
+                      tls: TLS | None = None) -> DataFrame:
+    return (spark.read.format("txmq").option("nameserver", nameserver).options(**_broker.tls_options(tls))
+            .option("table", "transactions")
             .option("transactionPartitionsPerBroker", str(partitions_per_broker)).load())
 
 
 def read_messages(spark: SparkSession, nameserver: str, topics: str = "*",
-                  max_messages_per_partition: int = 200_000) -> DataFrame:
-    return (spark.read.format("txmq").option("nameserver", nameserver).option("topics", topics)
-            .option("includeBody", "false")
+                  max_messages_per_partition: int = 200_000, tls: TLS | None = None) -> DataFrame:
+    return (spark.read.format("txmq").option("nameserver", nameserver).options(**_broker.tls_options(tls))
+            .option("topics", topics).option("includeBody", "false")
             .option("maxMessagesPerPartition", str(max_messages_per_partition)).load())
 
 
@@ -244,11 +253,11 @@ def _rows(df: DataFrame) -> list[dict[str, Any]]:
 def run(spark: SparkSession, *, nameserver: str, output: str, topics: str = "*",
         pending_threshold_seconds: float = DEFAULT_PENDING_THRESHOLD_SECONDS, report_format: str = "both",
         partitions_per_broker: int = 4, max_messages_per_partition: int = 200_000,
-        now_ms: int | None = None) -> AuditResult:
+        now_ms: int | None = None, tls: TLS | None = None) -> AuditResult:
     started = time.monotonic()
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
-    txns = of_topics(read_transactions(spark, nameserver, partitions_per_broker), topics).cache()
-    msgs = read_messages(spark, nameserver, topics, max_messages_per_partition).cache()
+    txns = of_topics(read_transactions(spark, nameserver, partitions_per_broker, tls), topics).cache()
+    msgs = read_messages(spark, nameserver, topics, max_messages_per_partition, tls).cache()
     phases: dict[str, float] = {}
     mark = time.monotonic()
 
@@ -339,6 +348,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-messages-per-partition", type=int, default=200_000)
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                    help="of the job's own log (txmq_pipeline.*)")
+    add_tls_arguments(p.add_argument_group(
+        "TLS (a cluster serving it, as the chart installs it; the files must exist on the executors too)"))
     f = p.add_argument_group("continuous audit (--follow)")
     f.add_argument("--follow", action="store_true",
                    help="run as a streaming job: keep tables/anomalies, summary.json and Prometheus metrics "
@@ -349,7 +360,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="a committed transaction whose message has not been read yet counts as missing after this")
     f.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     f.add_argument("--max-offsets-per-trigger", type=int, default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.tls = tls_from_args(args)
+    except InvalidFieldError as err:
+        p.error(err.message)
+    return args
+
+
+def check_reachable(nameserver: str, tls: TLS | None) -> None:
+    """Raises TxmqError when the name servers do not answer, before Spark starts: a cluster
+    that cannot be reached fails in one line, not in a failed Spark job's trace."""
+    client = _broker.connect(nameserver, tls)
+    try:
+        _broker.list_brokers(client)
+    finally:
+        client.close()
+
+
+def _unreachable_hint(tls: TLS | None) -> str:
+    if tls is None:
+        return ("; if it serves TLS (the chart's default), pass --tls-ca, and --tls-cert and --tls-key "
+                "where it requires client certificates (or set TXMQ_TLS_CA_FILE, TXMQ_TLS_CERT_FILE, "
+                "TXMQ_TLS_KEY_FILE)")
+    if not tls.cert_file:
+        return "; if it requires client certificates, pass --tls-cert and --tls-key"
+    return ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -357,6 +393,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     logging.getLogger("txmq_pipeline").setLevel(args.log_level)
+    try:
+        check_reachable(args.nameserver, args.tls)
+    except TxmqError as err:
+        log.error("cannot reach the cluster through %s: %s%s", args.nameserver, err.message,
+                  _unreachable_hint(args.tls) if isinstance(err, UnavailableError) else "")
+        return EXIT_ERROR
     from txmq_pipeline.session import session
 
     spark = session("txmq-audit", args.master)
@@ -369,7 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           topics=args.topics, pending_threshold_seconds=args.pending_threshold_seconds,
                           missing_grace_seconds=args.missing_grace_seconds, interval_seconds=args.interval_seconds,
                           metrics_port=args.metrics_port, max_offsets_per_trigger=args.max_offsets_per_trigger,
-                          partitions_per_broker=args.transaction_partitions_per_broker, stop=stop_on_signals())
+                          partitions_per_broker=args.transaction_partitions_per_broker, tls=args.tls,
+                          stop=stop_on_signals())
         except Exception:
             log.exception("the continuous audit failed")
             return EXIT_ERROR
@@ -379,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run(spark, nameserver=args.nameserver, output=args.output, topics=args.topics,
                      pending_threshold_seconds=args.pending_threshold_seconds, report_format=args.report_format,
                      partitions_per_broker=args.transaction_partitions_per_broker,
-                     max_messages_per_partition=args.max_messages_per_partition)
+                     max_messages_per_partition=args.max_messages_per_partition, tls=args.tls)
     except Exception:
         log.exception("the audit failed")
         return EXIT_ERROR

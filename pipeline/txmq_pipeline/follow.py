@@ -12,7 +12,11 @@ the ``txmq`` source (from the earliest retained offset, without bodies). Each mi
 3. sets the Prometheus gauges ``txmq_audit_anomalies{kind}`` and friends.
 
 Between batches (a quiet topic makes none) the reconciliation runs again every
-``--interval-seconds``, so a transaction left pending shows up without new messages.
+``--interval-seconds``, so a transaction left pending shows up without new messages; also
+before the first batch, which may never come (a query started again on its checkpoint with
+nothing new to read): it then reconciles what the earlier run stored. Only batches stored
+completely count (Spark wrote ``_SUCCESS``): a write a crash cut short is not read, and
+Spark runs that batch again.
 
 "Committed but missing from the topic" needs care while messages stream in: a
 transaction committed after the current batch was planned has its message in a later
@@ -34,6 +38,8 @@ import time
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+from txmq.tls import TLS
 
 from . import _broker
 from .audit import ANOMALY_KINDS, anomalies, of_topics, read_transactions
@@ -65,16 +71,17 @@ class AuditMetrics:
 class Follower:
     def __init__(self, spark: SparkSession, *, nameserver: str, output: str, checkpoint: str, topics: str,
                  pending_threshold_seconds: float, missing_grace_seconds: float, metrics: AuditMetrics,
-                 partitions_per_broker: int = 4) -> None:
+                 partitions_per_broker: int = 4, tls: TLS | None = None) -> None:
         self.partitions_per_broker = partitions_per_broker
         self.spark, self.nameserver, self.output, self.topics = spark, nameserver, output, topics
+        self.tls = tls
         self.seen_dir = os.path.join(checkpoint, "seen")
         self.threshold, self.grace = pending_threshold_seconds, missing_grace_seconds
         self.metrics = metrics
         self.lock = threading.Lock()
         self.batches_waiting = 0  # a micro-batch waiting for the lock goes before a refresh
         self.last_batch: int | None = None
-        self.last_evaluated = 0.0
+        self.last_evaluated: float | None = None  # time.monotonic() of the last reconciliation
         self.last_duration = 0.0
 
     # ------------------------------------------------------------------ per micro-batch
@@ -98,16 +105,20 @@ class Follower:
 
     # ------------------------------------------------------------------ reconciliation
     def _seen(self) -> DataFrame | None:
+        """The messages of every batch stored completely (by this run or an earlier one on
+        the checkpoint); None before there is one."""
         if not os.path.isdir(self.seen_dir):
             return None
-        if not any(os.path.exists(os.path.join(self.seen_dir, d, "_SUCCESS")) for d in os.listdir(self.seen_dir)):
+        complete = [os.path.join(self.seen_dir, d) for d in sorted(os.listdir(self.seen_dir))
+                    if os.path.exists(os.path.join(self.seen_dir, d, "_SUCCESS"))]
+        if not complete:
             return None
-        return self.spark.read.parquet(self.seen_dir).select(*SEEN_COLUMNS)
+        return self.spark.read.option("basePath", self.seen_dir).parquet(*complete).select(*SEEN_COLUMNS)
 
     def _queues(self) -> DataFrame:
         """(topic, broker, queue, low, high) of every queue of the audited topics now: the
         oldest offset it still holds and its next offset."""
-        client = _broker.connect(self.nameserver)
+        client = _broker.connect(self.nameserver, self.tls)
         try:
             names = [t.strip() for t in self.topics.split(",") if t.strip()]
             rows = []
@@ -131,7 +142,8 @@ class Follower:
         keys = ["topic", "broker", "queue"]
         log.debug("reconciling: queue offsets")
         queues = self._queues().cache()  # before the transactions: offsets below high are older
-        txns = of_topics(read_transactions(self.spark, self.nameserver, self.partitions_per_broker), self.topics).cache()
+        txns = of_topics(read_transactions(self.spark, self.nameserver, self.partitions_per_broker, self.tls),
+                         self.topics).cache()
         seen = seen.cache()
         try:
             # How far the stream has read each queue, and whether it has read all it held
@@ -171,14 +183,15 @@ class Follower:
         with open(tmp, "w") as f:
             json.dump(summary, f, indent=2, sort_keys=True)
         os.replace(tmp, os.path.join(self.output, "summary.json"))
-        log.info("batch %s: %d messages, %d transactions, anomalies %s (%.1f s)", self.last_batch, messages,
+        log.info("%s: %d messages, %d transactions, anomalies %s (%.1f s)",
+                 "no batch yet" if self.last_batch is None else f"batch {self.last_batch}", messages,
                  transactions, {k: v for k, v in counts.items() if v} or "none", time.monotonic() - started)
 
 
 def follow(spark: SparkSession, *, nameserver: str, output: str, checkpoint: str, topics: str = "*",
            pending_threshold_seconds: float, missing_grace_seconds: float = 60.0, interval_seconds: float = 30.0,
            metrics_port: int | None = None, max_offsets_per_trigger: int | None = None,
-           partitions_per_broker: int = 4, stop: threading.Event | None = None) -> int:
+           partitions_per_broker: int = 4, tls: TLS | None = None, stop: threading.Event | None = None) -> int:
     """Runs the continuous audit until ``stop`` is set (SIGTERM/SIGINT from ``main``) or
     the query fails (then raises)."""
     if "://" in output or "://" in checkpoint:
@@ -193,8 +206,9 @@ def follow(spark: SparkSession, *, nameserver: str, output: str, checkpoint: str
     follower = Follower(spark, nameserver=nameserver, output=output, checkpoint=checkpoint, topics=topics,
                         pending_threshold_seconds=pending_threshold_seconds,
                         missing_grace_seconds=missing_grace_seconds, metrics=metrics,
-                        partitions_per_broker=partitions_per_broker)
-    reader = (spark.readStream.format("txmq").option("nameserver", nameserver).option("topics", topics)
+                        partitions_per_broker=partitions_per_broker, tls=tls)
+    reader = (spark.readStream.format("txmq").option("nameserver", nameserver).options(**_broker.tls_options(tls))
+              .option("topics", topics)
               .option("startingOffsets", "earliest").option("includeBody", "false"))
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
@@ -207,10 +221,11 @@ def follow(spark: SparkSession, *, nameserver: str, output: str, checkpoint: str
         while not stop.is_set():
             if query.awaitTermination(interval_seconds):
                 break  # ended (awaitTermination raised if it failed)
-            # After the first batch's reconciliation (the stream starts with one), and never
-            # busier than half the time: a reconciliation slower than the interval spaces them.
-            idle = time.monotonic() - follower.last_evaluated
-            if follower.last_evaluated and idle >= max(interval_seconds, follower.last_duration):
+            # Whether or not a batch came (a query resumed with nothing new to read runs
+            # none), and never busier than half the time: a reconciliation slower than the
+            # interval spaces them.
+            last = follower.last_evaluated
+            if last is None or time.monotonic() - last >= max(interval_seconds, follower.last_duration):
                 follower.refresh()
     finally:
         if query.isActive:

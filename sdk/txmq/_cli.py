@@ -63,7 +63,7 @@ from ._errors import TxmqError
 from ._global_cli import add_global_commands
 from ._names import in_namespace
 from ._ops_cli import add_broker_commands, add_topic_commands
-from ._tls import TLS
+from ._tls import add_tls_arguments, tls_from_args
 from .v1 import admin_pb2, common_pb2, nameserver_pb2
 
 DEFAULT_NAMESERVER = "127.0.0.1:9876"
@@ -687,24 +687,6 @@ def _checker_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
 
 # --- the parser ------------------------------------------------------------------------------
 
-#: (flag, environment variable, what): the TLS options, named like the services' settings.
-_TLS_FLAGS = (
-    ("--tls-ca", "TXMQ_TLS_CA_FILE", "CA bundle (PEM) to trust: the name servers are dialed with TLS"),
-    ("--tls-cert", "TXMQ_TLS_CERT_FILE", "client certificate (PEM) to present, for mutual TLS"),
-    ("--tls-key", "TXMQ_TLS_KEY_FILE", "key (PEM) of --tls-cert"),
-    ("--tls-server-name", "TXMQ_TLS_SERVER_NAME", "name the server certificates carry when not the host dialed"),
-)
-
-
-def tls_from_args(args: argparse.Namespace, env: Any = os.environ) -> TLS | None:
-    """The TLS the flags (else the environment) ask for; None when no file is named."""
-    values = [getattr(args, flag[2:].replace("-", "_"), None) or env.get(name) or "" for flag, name, _w in _TLS_FLAGS]
-    ca, cert, key, server_name = values
-    if not (ca or cert or key):
-        return None
-    return TLS(ca_file=ca, cert_file=cert, key_file=key, server_name=server_name)
-
-
 def build_parser() -> argparse.ArgumentParser:
     # Common options are accepted before or after the command (``txmq --json txn list`` and
     # ``txmq txn list --json``); SUPPRESS keeps a subcommand from resetting what came before.
@@ -713,9 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"name server host:port, comma-separated for several "
                              f"(default $TXMQ_NAMESERVER or {DEFAULT_NAMESERVER})")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
-    for flag, env, what in _TLS_FLAGS:
-        common.add_argument(flag, default=argparse.SUPPRESS, metavar="FILE" if env.endswith("FILE") else "NAME",
-                            help=f"{what} (default ${env})")
+    add_tls_arguments(common)
     common.add_argument("--timeout", type=_duration_arg, default=argparse.SUPPRESS,
                         help="deadline of each call (default 10s)")
     common.add_argument("--namespace", default=argparse.SUPPRESS,

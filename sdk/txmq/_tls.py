@@ -10,6 +10,7 @@ negotiated.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import logging
 import os
@@ -17,7 +18,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import grpc
 
@@ -197,3 +198,45 @@ def sync_channel(address: str, options: Sequence[tuple[str, Any]], tls: ChannelT
         return grpc.insecure_channel(address, options=options)
     tls.current()
     return tls.sync_channel(address, options)
+
+
+# ------------------------------------------------------------------ command-line flags
+
+#: The TLS flags of txmq's command-line tools (the CLI, the audit job): (flag, environment
+#: variable it defaults to, TLS field, what), named like the services' settings.
+CLI_FLAGS = (
+    ("--tls-ca", "TXMQ_TLS_CA_FILE", "ca_file", "CA bundle (PEM) to trust: the name servers are dialed with TLS"),
+    ("--tls-cert", "TXMQ_TLS_CERT_FILE", "cert_file", "client certificate (PEM) to present, for mutual TLS"),
+    ("--tls-key", "TXMQ_TLS_KEY_FILE", "key_file", "key (PEM) of --tls-cert"),
+    ("--tls-server-name", "TXMQ_TLS_SERVER_NAME", "server_name",
+     "name the server certificates carry when not the host dialed"),
+)
+
+
+def add_tls_arguments(parser: Any) -> None:
+    """Adds :data:`CLI_FLAGS` to ``parser`` (a parser or an argument group), left unset when
+    not given: a subcommand's parser does not reset what came before, and
+    :func:`tls_from_args` falls back to the environment."""
+    for flag, variable, field, what in CLI_FLAGS:
+        parser.add_argument(flag, default=argparse.SUPPRESS, metavar="NAME" if field == "server_name" else "FILE",
+                            help=f"{what} (default ${variable})")
+
+
+def tls_from_args(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> TLS | None:
+    """The TLS the flags (else the environment) ask for; None when no file is named.
+    Raises InvalidFieldError naming the flag (and the variable, when the value came from
+    there) for a file that cannot be read, or a certificate without its key."""
+    values, names = {}, {}
+    for flag, variable, field, _what in CLI_FLAGS:
+        given = getattr(args, flag[2:].replace("-", "_"), None)
+        values[field] = given or env.get(variable) or ""
+        names[field] = flag if given else f"{flag} (${variable})" if values[field] else f"{flag} (or ${variable})"
+    if not (values["ca_file"] or values["cert_file"] or values["key_file"]):
+        return None
+    if bool(values["cert_file"]) != bool(values["key_file"]):
+        raise InvalidFieldError(names["key_file" if values["cert_file"] else "cert_file"],
+                                "missing: --tls-cert and --tls-key go together (both or neither)")
+    for field in ("ca_file", "cert_file", "key_file"):
+        if values[field] and not os.access(values[field], os.R_OK):
+            raise InvalidFieldError(names[field], f"{values[field]!r} is not a readable file")
+    return TLS(**values)

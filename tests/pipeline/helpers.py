@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from typing import Any, Callable
 
@@ -35,7 +37,7 @@ class Scripted(txmq.TransactionListener):
 
 def producer(cluster: Cluster, group: str, listener: txmq.TransactionListener) -> txmq.TransactionProducer:
     p = txmq.TransactionProducer(cluster.nameserver_address, producer_group=group, listener=listener,
-                                 checker_refresh_seconds=0.5)
+                                 checker_refresh_seconds=0.5, tls=cluster.client_tls())
     wait_until(lambda: len(p.connected_checkers()) == len(cluster.checkers), 15,
                message="producer not subscribed with every checker")
     return p
@@ -91,6 +93,13 @@ def clean_env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_", "PYTHON"))}
+
+
+def run_as_a_user(args: list[str], cwd: Any, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m txmq_pipeline.audit ARGS`` with the venv's interpreter, from ``cwd``, in
+    an environment holding nothing that points Spark or Python at our code (plus ``env``)."""
+    return subprocess.run([sys.executable, "-m", "txmq_pipeline.audit", *args], cwd=cwd,
+                          env={**clean_env(), **(env or {})}, capture_output=True, text=True, timeout=300)
 
 
 def run_until(predicate: Callable[[], Any], timeout: float, message: str) -> Any:

@@ -5,8 +5,6 @@ store: the job lists them by id and exits non-zero."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -17,7 +15,7 @@ from txmq_pipeline import audit
 from .anomalies import inject
 from .browser import look_at
 from .conftest import PIPELINE_BROKER_ENV, PIPELINE_CHECKER_ENV
-from .helpers import clean_env, producer, Scripted, send_workload, wait_settled
+from .helpers import producer, run_as_a_user, Scripted, send_workload, wait_settled
 
 N, M, K, D, P = 9, 5, 3, 2, 1
 
@@ -125,10 +123,3 @@ def test_audit_counts_known_outcomes_then_finds_injected_anomalies(spark, fresh_
     clean = look_at(out2 / "report.html")
     assert clean["summary"].startswith("All is well"), clean["summary"]
     assert all(i["naturalWidth"] > 0 for i in clean["images"]) and len(clean["images"]) == 2
-
-
-def run_as_a_user(args, cwd):
-    """``python -m txmq_pipeline.audit ARGS`` with the venv's interpreter, from ``cwd``, in
-    an environment holding nothing that points Spark or Python at our code."""
-    return subprocess.run([sys.executable, "-m", "txmq_pipeline.audit", *args], cwd=cwd, env=clean_env(),
-                          capture_output=True, text=True, timeout=300)

@@ -6,17 +6,20 @@ finds what was injected meanwhile."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import re
 import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pyarrow.parquet as pq
 import pytest
 
+from tests.support.certs import CertificateAuthority
 from tests.support.waiting import wait_until
 
 from .anomalies import inject
@@ -30,14 +33,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(cluster, topic, out, port, log_path):
+def _start(cluster, topic, out, port, log_path, *extra):
     log = open(log_path, "ab")
     return subprocess.Popen(
         [sys.executable, "-m", "txmq_pipeline.audit", "--follow", "--nameserver", cluster.nameserver_address,
          "--output", str(out), "--topics", topic, "--master", "local[2]", "--interval-seconds", "0.5",
          "--pending-threshold-seconds", "2", "--missing-grace-seconds", "2", "--metrics-port", str(port),
-         "--transaction-partitions-per-broker", "1", "--log-level", "DEBUG"],
+         "--transaction-partitions-per-broker", "1", "--log-level", "DEBUG", *extra],
         cwd=out.parent, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
+
+
+@contextlib.contextmanager
+def _following(cluster, topic, out, log_path, *extra):
+    """(process, metrics port) of a follower that runs while the block does; stopped with
+    SIGTERM after it (a clean stop: exit status 0), killed when the block fails."""
+    port = _free_port()
+    proc = _start(cluster, topic, out, port, log_path, *extra)
+    try:
+        yield proc, port
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log_path.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
 
 
 def _metrics(port: int) -> dict[str, float]:
@@ -120,8 +139,7 @@ def test_follow_updates_anomalies_as_they_happen_and_resumes_after_a_crash(fresh
     cluster.restart_broker(0)
     cluster.wait_route(topic, 2)
 
-    proc = _start(cluster, topic, out, port, log_path)
-    try:
+    with _following(cluster, topic, out, log_path) as (proc, port):  # then a clean stop
         # 9 messages + the duplicate's second offset + the exposed half message: nothing read
         # twice across the restart.
         m = _wait_metrics(port, {"txmq_audit_messages": 11, "committed_missing": 1, "duplicate_message_id": 1,
@@ -135,9 +153,60 @@ def test_follow_updates_anomalies_as_they_happen_and_resumes_after_a_crash(fresh
             == {("committed_missing", injected.missing_message_id),
                 ("duplicate_message_id", injected.duplicate_message_id)}
         assert [a["transaction_id"] for a in found if a["kind"] == "uncommitted_in_topic"] == [pending_id]
-        proc.send_signal(signal.SIGTERM)  # a clean stop
-        assert proc.wait(60) == 0, log_path.read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+
+
+def _last_batch_committed(out) -> bool:
+    """Spark has committed every micro-batch it planned (a restart has none to run again)."""
+    stream = out / "_checkpoint" / "stream"
+    planned, committed = ({int(f.name) for f in (stream / d).glob("[0-9]*")} for d in ("offsets", "commits"))
+    return bool(planned) and max(planned) in committed
+
+
+@pytest.mark.timeout(900)  # two Spark drivers start, one after the other
+def test_follow_started_again_with_no_new_messages_reconciles_every_interval(fresh_cluster_factory, unique_name,
+                                                                           tmp_path):
+    """A stuck transaction makes no message: started again on its checkpoint with nothing new
+    to read, so that Spark runs no micro-batch, the follower still reconciles what the
+    earlier run stored, reports the pending transaction again and keeps doing so."""
+    cluster = fresh_cluster_factory(brokers=1, broker_env=PIPELINE_BROKER_ENV)
+    topic, group = unique_name("resume"), unique_name("g")
+    cluster.create_topic(topic, 2)
+    out, log_path = tmp_path / "audit", tmp_path / "follow.log"
+    anomaly = {"txmq_audit_messages": 3, "pending_too_old": 1, "committed_missing": 0, "uncommitted_in_topic": 0,
+               "duplicate_message_id": 0, "discarded_unresolved": 0}
+    with producer(cluster, group, Scripted()) as p:
+        send_workload(p, topic, {"commit": 3, "pending": 1})
+        wait_settled(cluster, group, 4, pending=1)
+
+        with _following(cluster, topic, out, log_path) as (proc, port):
+            _wait_metrics(port, anomaly, proc, log_path)
+            wait_until(lambda: _last_batch_committed(out), 60, interval=0.3, message="Spark never committed its batch")
+
+        restarted = time.time()
+        with _following(cluster, topic, out, log_path) as (proc, port):
+            m = _wait_metrics(port, anomaly, proc, log_path)
+            assert m["txmq_audit_batches_total"] == 0, m  # reconciled without a micro-batch
+            first = m["txmq_audit_last_reconciliation_timestamp_seconds"]
+            assert first >= restarted, m
+            wait_until(lambda: _metrics(port).get("txmq_audit_last_reconciliation_timestamp_seconds", 0) > first,
+                       60, interval=0.3, message=lambda: f"no second reconciliation: {_metrics(port)}")
+
+
+@pytest.mark.timeout(600)
+def test_follow_over_mutual_tls(fresh_cluster_factory, unique_name, tmp_path):
+    """With the --tls-* flags the streaming read and the follower's own reads reach a
+    cluster that requires client certificates."""
+    cluster = fresh_cluster_factory(brokers=1, broker_env=PIPELINE_BROKER_ENV,
+                                    tls=CertificateAuthority(tmp_path / "pki"))
+    topic, group = unique_name("follow-tls"), unique_name("g")
+    cluster.create_topic(topic, 2)
+    with producer(cluster, group, Scripted()) as p:
+        send_workload(p, topic, {"commit": 3, "pending": 1})
+        wait_settled(cluster, group, 4, pending=1)
+    tls = cluster.client_tls()
+    out, log_path = tmp_path / "audit", tmp_path / "follow.log"
+    with _following(cluster, topic, out, log_path,
+                    "--tls-ca", tls.ca_file, "--tls-cert", tls.cert_file, "--tls-key", tls.key_file) as (proc, port):
+        _wait_metrics(port, {"txmq_audit_messages": 3, "txmq_audit_transactions": 4, "pending_too_old": 1,
+                             "committed_missing": 0, "uncommitted_in_topic": 0, "duplicate_message_id": 0,
+                             "discarded_unresolved": 0}, proc, log_path)

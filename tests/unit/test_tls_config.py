@@ -66,3 +66,28 @@ def test_the_sdk_checks_its_tls_files(pki):
         txmq.TLS(ca_file=ca.cert_file, cert_file=a.cert_file)
     with pytest.raises(txmq.InvalidFieldError, match="tls.ca_file"):
         txmq.TLS(ca_file="/nonexistent/ca.pem")
+
+
+def test_the_tools_tls_flags_fall_back_to_the_environment_and_name_what_is_wrong(pki):
+    """The CLI's and the audit job's --tls-* flags: a flag wins over its TXMQ_TLS_* variable,
+    and a file that cannot be read or a certificate without its key is refused naming the
+    flag (and the variable when the value came from there)."""
+    import argparse
+
+    from txmq.tls import add_tls_arguments, tls_from_args
+
+    ca, a, b = pki
+    parser = argparse.ArgumentParser()
+    add_tls_arguments(parser)
+    assert tls_from_args(parser.parse_args([]), {}) is None
+    variables = env(ca_file=ca.cert_file, cert_file=a.cert_file, key_file=a.key_file, server_name="localhost")
+    assert tls_from_args(parser.parse_args([]), variables) == txmq.TLS(ca.cert_file, a.cert_file, a.key_file,
+                                                                        "localhost")
+    flags = parser.parse_args(["--tls-cert", b.cert_file, "--tls-key", b.key_file])
+    assert tls_from_args(flags, variables) == txmq.TLS(ca.cert_file, b.cert_file, b.key_file, "localhost")
+    with pytest.raises(txmq.InvalidFieldError, match=r"^--tls-ca: '/nonexistent/ca.pem' is not a readable file"):
+        tls_from_args(parser.parse_args(["--tls-ca", "/nonexistent/ca.pem"]), {})
+    with pytest.raises(txmq.InvalidFieldError, match=r"^--tls-ca \(\$TXMQ_TLS_CA_FILE\): '/nonexistent/ca.pem'"):
+        tls_from_args(parser.parse_args([]), env(ca_file="/nonexistent/ca.pem"))
+    with pytest.raises(txmq.InvalidFieldError, match=r"^--tls-key \(or \$TXMQ_TLS_KEY_FILE\): missing"):
+        tls_from_args(parser.parse_args(["--tls-cert", a.cert_file]), {})
