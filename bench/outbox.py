@@ -51,6 +51,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench import machine
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS orders (id bigserial PRIMARY KEY, ref text UNIQUE NOT NULL, body bytea NOT NULL);
 CREATE TABLE IF NOT EXISTS outbox (id bigserial PRIMARY KEY, ref text NOT NULL, body bytea NOT NULL);
@@ -613,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print(rows: dict[tuple[str, int], Run], args: argparse.Namespace) -> None:
     print(f"\nThe user's job: a PostgreSQL row and a message, atomically, consumed (median of {args.runs} "
-          f"run(s) of {args.seconds:g} s; CPU in µs per transaction)")
+          f"run(s) of {args.seconds:g} s; CPU in µs per transaction; {machine.describe()})")
     head = (f"{'callers':>7} {'system':>18} {'txn/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'÷ outbox':>8} "
             f"{'service':>8} {'postgres':>8} {'callers':>8} {'consumer':>8} {'calls':>5}  checks")
     print(head)

@@ -47,6 +47,7 @@ import tempfile
 import time
 from typing import Any
 
+from bench import machine
 from bench.transactions import _percentile, _run_phase
 
 #: The ratio RF3 ÷ RF1 of txn/s at 8 producers the issue asks for.
@@ -194,7 +195,7 @@ def report(rows: list[dict[str, Any]], counts: list[int], rounds: int, seconds: 
     capped = f", EMULATED one node per replica: every broker capped at {cpu_per_broker:g} CPU" \
         if cpu_per_broker else ""
     print(f"\ntxmq replication: RF=3 (min in-sync 2) vs RF=1, flush=sync, {seconds:g} s per phase, "
-          f"{rounds} round(s), {os.cpu_count()} CPUs{capped}")
+          f"{rounds} round(s), {machine.describe()}{capped}")
     print(f"{'round':>5} {'prod':>4} {'RF':>3} {'txn/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'ping/s':>8} "
           f"{'txn/ping':>8} {'errors':>6} {'busy':>5}  {'RF3÷RF1 txn/s':>13} {'p99':>6}")
     ratios: dict[int, list[float]] = {n: [] for n in counts}

@@ -36,6 +36,8 @@ import tempfile
 import time
 from typing import Any
 
+from bench import machine
+
 #: Each phase sends to a topic of its own, so its new consumer group starts with no backlog
 #: of the phases before it.
 TOPIC = "bench-orders-{producers}"
@@ -400,7 +402,7 @@ def _row(n: int, acks: str, txn: dict[str, Any], ping: dict[str, Any], ping_rate
 
 def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"\ntxmq end-to-end transactions (flush=sync, {args.seconds:.0f} s per phase, "
-          f"{os.cpu_count()} CPUs)")
+          f"{machine.describe()})")
     print(f"{'producers':>9} {'acks':>8} {'txn/s':>8} {'ping/s':>8} {'txn/ping':>8} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'broker RSS MiB':>15}")
     for r in rows:
