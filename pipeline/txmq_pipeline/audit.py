@@ -41,7 +41,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -334,9 +334,17 @@ def _write_summary(result: AuditResult, output: str, nameserver: str, now_ms: in
         json.dump(summary, f, indent=2, sort_keys=True, default=str)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad flags exit EXIT_ERROR, not argparse's 2: a scheduled audit's 2 means anomalies."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m txmq_pipeline.audit", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="python -m txmq_pipeline.audit", description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nameserver", required=True, help="name server address list (host:port,host:port)")
     p.add_argument("--output", required=True, help="output directory (Parquet tables, summary.json, report)")
     p.add_argument("--topics", default="*", help="topics to reconcile (comma-separated; default: every user topic)")
