@@ -11,6 +11,7 @@ import pytest
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from tests.support.metrics import metric_sum, scrape
+from tests.support.waiting import wait_until
 from txmq.errors import (DETAILS_METADATA_KEY, REASON_METADATA_KEY)
 from txmq.ids import MessageId, TransactionId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
@@ -232,6 +233,8 @@ def test_each_call_is_timed_under_its_status_and_reflection_is_served(cluster, u
     for _ in range(3):
         code, details, _meta = status_of(lambda: receive(s, "g", missing))
         assert code == grpc.StatusCode.NOT_FOUND and missing in details
+    # The call is timed once its status is sent: the client may read it first.
+    wait_until(lambda: refused() >= before + 3, timeout=10, message=lambda: f"{refused() - before} timed")
     assert refused() == before + 3
     services = ProtoReflectionDescriptorDatabase(cluster.channel(cluster.brokers[0].address)).get_services()
     assert {"txmq.v1.BrokerService", "grpc.health.v1.Health"} <= set(services)
