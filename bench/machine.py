@@ -10,6 +10,7 @@ it is alike."""
 
 from __future__ import annotations
 
+import os
 import time
 
 LOOP_ITERATIONS = 2_000_000
@@ -29,6 +30,4 @@ def python_loop_ns(rounds: int = 3) -> float:
 
 def describe() -> str:
     """One line for a benchmark's header."""
-    import os
-
     return f"{os.cpu_count()} CPUs, a Python loop iteration {python_loop_ns():.0f} ns now"
