@@ -58,6 +58,25 @@ class QueueRoute:
     draining: bool = False
 
 
+class _Fetch:
+    """A route lookup in flight; the lookups of the same topic meanwhile wait for its outcome."""
+
+    __slots__ = ("done", "routes", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.routes: tuple[QueueRoute, ...] = ()
+        self.error: BaseException | None = None
+
+    def outcome(self) -> tuple[QueueRoute, ...]:
+        """The routes the lookup found, or the error it raised (once it is done). The
+        lookup's own call has the client's request timeout, so this wait ends."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.routes
+
+
 def parse_nameservers(nameservers: str | Sequence[str]) -> tuple[str, ...]:
     """``"h1:9876,h2:9876"`` or ``["h1:9876", "h2:9876"]`` → a tuple of addresses."""
     if isinstance(nameservers, str):
@@ -110,6 +129,8 @@ class Client:
         self._streams: dict[str, ProduceStream] = {}
         # topic → (queues, when fetched: time.monotonic()).
         self._routes: dict[str, tuple[tuple[QueueRoute, ...], float]] = {}
+        # (topic, for_send) → the lookup in flight, which concurrent lookups wait for.
+        self._route_fetches: dict[tuple[str, bool], _Fetch] = {}
         self._broker_addresses: dict[str, str] = {}
         #: Which shards new sends avoid (shared by this client's producers and consumers).
         self.faults = FaultTable()
@@ -296,6 +317,31 @@ class Client:
                 ttl = FAULT_ROUTE_REFRESH_SECONDS
             if now - cached[1] < ttl:
                 return cached[0]
+        # One lookup per topic at a time: the threads of a burst (a process starting, a route
+        # gone stale under load) wait for it instead of each asking the name servers, which
+        # would queue hundreds of calls on them and time some out.
+        key = (topic, for_send)
+        with self._lock:
+            fetch = self._route_fetches.get(key)
+            fetching = fetch is None
+            if fetching:
+                fetch = self._route_fetches[key] = _Fetch()
+        assert fetch is not None
+        if not fetching:
+            return fetch.outcome()
+        try:
+            fetch.routes = self._fetch_route(topic, for_send)
+            return fetch.routes
+        except BaseException as exc:
+            fetch.error = exc
+            raise
+        finally:
+            with self._lock:
+                del self._route_fetches[key]
+            fetch.done.set()
+
+    def _fetch_route(self, topic: str, for_send: bool) -> tuple[QueueRoute, ...]:
+        now = time.monotonic()
         response = self._nameserver_call("QueryRoute", nameserver_pb2.QueryRouteRequest(topic=topic,
                                                                                         for_send=for_send))
         routes = tuple(QueueRoute(q.broker_name, q.broker_address, q.queue_id, q.draining) for q in response.queues)

@@ -164,6 +164,34 @@ def test_many_threads_share_one_producer(cluster, unique_name):
     assert {m.message_id for m in got} == {r.message_id for r in receipts}
 
 
+def test_a_burst_of_threads_on_a_new_producer_asks_the_route_once(cluster, unique_name):
+    """64 threads sending at once through a producer that has no route yet share one
+    QueryRoute: the others wait for it instead of queueing 64 calls on the name server (on a
+    slow machine some of those timed out, failing their sends)."""
+    topic = unique_name("topic")
+    cluster.create_topic(topic, queue_count=2)
+    port = cluster.nameservers[0].metrics_port
+
+    def lookups() -> float:
+        return metric_sum(port, "txmq_rpc_duration_seconds_count", {"method": "QueryRoute"})
+
+    before = lookups()
+    go = threading.Barrier(64)
+    receipts: list[txmq.SendReceipt] = []
+    errors: list[BaseException] = []
+    with txmq.Producer(cluster.nameserver_address) as producer:
+        def work(t: int) -> None:
+            go.wait()
+            receipts.append(producer.send(txmq.Message(topic, b"%d" % t)))
+
+        for t in start_workers(64, work, errors):
+            t.join(60)
+    assert errors == [] and len({r.message_id for r in receipts}) == 64
+    # The name server records a call after answering it: wait for the sample, then count.
+    wait_until(lambda: lookups() > before, timeout=10)
+    assert lookups() - before == 1
+
+
 def test_threads_sharing_a_producer_split_into_two_lanes_and_merge_back(cluster, unique_name, monkeypatch):
     """Eight threads in transactions at once: the stream spreads them over two lanes (two
     Produce calls, so one lane's callers are woken while the other's are with the broker);

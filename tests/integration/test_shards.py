@@ -206,6 +206,29 @@ def test_drain_under_load_loses_nothing_and_strands_no_transaction(fresh_cluster
         wait_until(lambda: producer.send(txmq.Message(topic, b"back")).broker_name == "broker-1", timeout=15)
 
 
+def test_both_sdks_read_the_drain_flag_and_send_nothing_to_a_draining_shard(fresh_cluster_factory, unique_name):
+    """The routes mark a draining shard and new sends of the sync and the asyncio SDK go to
+    the others at once: none is refused by the draining shard first (no send rerouted)."""
+    import asyncio
+
+    import txmq.aio
+    cluster = fresh_cluster_factory(brokers=2)
+    topic = unique_name("t")
+    cluster.create_topic(topic, queue_count=4)
+    assert txmq_cli(cluster, "broker", "drain", "broker-1").returncode == 0
+    wait_until(lambda: any(q.draining for q in cluster.query_route(topic)), timeout=10)
+
+    with txmq.Producer(cluster.nameserver_address) as producer:
+        shards = {producer.send(txmq.Message(topic, b"%d" % i)).broker_name for i in range(12)}
+        assert shards == {"broker-0"} and producer.routing_stats().rerouted == 0
+
+    async def aio_sends() -> tuple[set[str], int]:
+        async with txmq.aio.AsyncProducer(cluster.nameserver_address) as aio_producer:
+            receipts = [await aio_producer.send(txmq.Message(topic, b"%d" % i)) for i in range(12)]
+            return {r.broker_name for r in receipts}, aio_producer.routing_stats().rerouted
+    assert asyncio.run(aio_sends()) == ({"broker-0"}, 0)
+
+
 def test_backup_and_drain_work_per_replica_group(fresh_cluster_factory, unique_name, tmp_path):
     """On replicated shards the commands reach each shard's leader; the drain flag is
     replicated, so it survives a change of leader; a replicated shard's backup restores

@@ -59,7 +59,7 @@ class AsyncClient:
         self._streams: dict[str, AsyncProduceStream] = {}
         self._routes: dict[str, tuple[tuple[QueueRoute, ...], float]] = {}
         # A route being asked for: concurrent callers wait for the same answer.
-        self._route_fetches: dict[str, asyncio.Future[tuple[QueueRoute, ...]]] = {}
+        self._route_fetches: dict[tuple[str, bool], asyncio.Future[tuple[QueueRoute, ...]]] = {}
         self._broker_addresses: dict[str, str] = {}
         #: Which shards new sends avoid (shared by this client's producers and consumers).
         self.faults = FaultTable()
@@ -214,10 +214,11 @@ class AsyncClient:
                 ttl = FAULT_ROUTE_REFRESH_SECONDS
             if time.monotonic() - cached[1] < ttl:
                 return cached[0]
-        fetching = self._route_fetches.get(topic)
+        key = (topic, for_send)
+        fetching = self._route_fetches.get(key)
         if fetching is not None:
             return await asyncio.shield(fetching)
-        fetching = self._route_fetches[topic] = asyncio.get_running_loop().create_future()
+        fetching = self._route_fetches[key] = asyncio.get_running_loop().create_future()
         try:
             routes = await self._fetch_route(topic, for_send)
         except BaseException as exc:
@@ -228,13 +229,13 @@ class AsyncClient:
             fetching.set_result(routes)
             return routes
         finally:
-            del self._route_fetches[topic]
+            del self._route_fetches[key]
 
     async def _fetch_route(self, topic: str, for_send: bool) -> tuple[QueueRoute, ...]:
         now = time.monotonic()
         response = await self.nameserver_call("QueryRoute", nameserver_pb2.QueryRouteRequest(topic=topic,
                                                                                               for_send=for_send))
-        routes = tuple(QueueRoute(q.broker_name, q.broker_address, q.queue_id) for q in response.queues)
+        routes = tuple(QueueRoute(q.broker_name, q.broker_address, q.queue_id, q.draining) for q in response.queues)
         if not routes:
             self._routes.pop(topic, None)
             raise TopicNotFoundError(topic)
