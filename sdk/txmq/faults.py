@@ -14,6 +14,7 @@ from ._faults import (  # noqa: F401 - re-exported
     RetryAction,
     RoutingStats,
     ShardStats,
+    SharedLookups,
     overload_backoff_seconds,
     retry_action,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "RetryAction",
     "RoutingStats",
     "ShardStats",
+    "SharedLookups",
     "overload_backoff_seconds",
     "retry_action",
 ]

@@ -18,7 +18,7 @@ import grpc
 
 from services.common.channels import ChannelPool
 from txmq.errors import BrokerNotFoundError, TxmqError, UnavailableError, error_from_rpc
-from txmq.faults import FAULT_ROUTE_REFRESH_SECONDS, Abandoned, FaultTable
+from txmq.faults import FAULT_ROUTE_REFRESH_SECONDS, Abandoned, FaultTable, SharedLookups
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 from .config import ProxyConfig
@@ -61,6 +61,7 @@ class Upstream:
         #: checker address → name.
         self.checkers: dict[str, str] = {}
         self._routes: dict[str, tuple[float, list[nameserver_pb2.QueueRoute]]] = {}
+        self._route_lookups: SharedLookups[tuple[str, bool], list[nameserver_pb2.QueueRoute]] = SharedLookups()
         #: Which shards new sends avoid (the SDK's fault table).
         self.faults = FaultTable()
         #: (shard, client message id) of half message attempts given up on: their orphans'
@@ -175,6 +176,11 @@ class Upstream:
             fetched = cached[0] - self.config.route_ttl_seconds
             if not (now - fetched >= FAULT_ROUTE_REFRESH_SECONDS and self.faults.any_avoided()):
                 return cached[1]
+        # The sends of a burst share one lookup (on a cold proxy every official client's
+        # first send would otherwise ask the name servers).
+        return await self._route_lookups.run((topic, for_send), lambda: self._query_route(topic, for_send, now))
+
+    async def _query_route(self, topic: str, for_send: bool, now: float) -> list[nameserver_pb2.QueueRoute]:
         last: TxmqError | None = None
         for address, stub in self._ns.items():
             try:

@@ -1,13 +1,16 @@
 """The routing fault table (txmq.faults), with a controllable clock: which shards new sends
-avoid, for how long, the single probe, and the one classification of failures."""
+avoid, for how long, the single probe, and the one classification of failures; and the
+shared route lookups of the asyncio clients."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
 from txmq.errors import (BrokerNotFoundError, DeadlineExceededError, InvalidFieldError, LeadershipLostError,
                           NotEnoughReplicasError, NotLeaderError, TransactionStateError, UnavailableError)
-from txmq.faults import Abandoned, FaultTable, RetryAction, retry_action
+from txmq.faults import Abandoned, FaultTable, RetryAction, SharedLookups, retry_action
 
 
 class Clock:
@@ -139,3 +142,83 @@ def test_abandoned_attempts_are_kept_for_a_while_and_bounded(clock: Clock) -> No
     clock.now += 11.0
     abandoned.add("m5")
     assert len(abandoned) == 1 and "m5" in abandoned
+
+
+class Lookup:
+    """A name server's QueryRoute held open until ``answer`` is set: counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.answer: asyncio.Future[object] | None = None
+
+    async def __call__(self) -> object:
+        self.calls += 1
+        self.answer = asyncio.get_running_loop().create_future()
+        return await self.answer
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_concurrent_lookups_of_a_key_share_one_call_and_its_value() -> None:
+    async def scenario() -> None:
+        lookups, fetch = SharedLookups[str, object](), Lookup()
+        other = Lookup()
+        waiting = [asyncio.ensure_future(lookups.run("orders", fetch)) for _ in range(50)]
+        elsewhere = asyncio.ensure_future(lookups.run("payments", other))
+        await _settle()
+        assert fetch.calls == 1 and other.calls == 1  # one call per key
+        assert fetch.answer is not None and other.answer is not None
+        fetch.answer.set_result(("route",))
+        other.answer.set_result(("other",))
+        assert await asyncio.gather(*waiting) == [("route",)] * 50
+        assert await elsewhere == ("other",)
+        # Done: the next lookup asks again (caching is the caller's business).
+        again = asyncio.ensure_future(lookups.run("orders", fetch))
+        await _settle()
+        assert fetch.calls == 2
+        fetch.answer.set_result(("new",))
+        assert await again == ("new",)
+    asyncio.run(scenario())
+
+
+def test_a_failed_lookup_fails_every_lookup_waiting_for_it() -> None:
+    async def scenario() -> None:
+        lookups, fetch = SharedLookups[str, object](), Lookup()
+        waiting = [asyncio.ensure_future(lookups.run("orders", fetch)) for _ in range(5)]
+        await _settle()
+        assert fetch.answer is not None
+        fetch.answer.set_exception(DeadlineExceededError("no answer"))
+        outcomes = await asyncio.gather(*waiting, return_exceptions=True)
+        assert fetch.calls == 1 and all(isinstance(o, DeadlineExceededError) for o in outcomes), outcomes
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_lookup_hands_the_call_to_one_waiting_for_it() -> None:
+    """The caller whose lookup runs the call is cancelled (its client went away): those
+    waiting for it are not; one of them calls again and the others share that call."""
+    async def scenario() -> None:
+        lookups, fetch = SharedLookups[str, object](), Lookup()
+        first = asyncio.ensure_future(lookups.run("orders", fetch))
+        await _settle()
+        waiting = [asyncio.ensure_future(lookups.run("orders", fetch)) for _ in range(3)]
+        await _settle()
+        first.cancel()
+        await _settle()
+        assert first.cancelled() and not any(w.done() for w in waiting)
+        assert fetch.calls == 2
+        assert fetch.answer is not None
+        fetch.answer.set_result(("route",))
+        assert await asyncio.gather(*waiting) == [("route",)] * 3
+        # A waiting lookup cancelled leaves the call and the others alone.
+        runner = asyncio.ensure_future(lookups.run("orders", fetch))
+        await _settle()
+        quitter = asyncio.ensure_future(lookups.run("orders", fetch))
+        await _settle()
+        quitter.cancel()
+        await _settle()
+        fetch.answer.set_result(("later",))
+        assert await runner == ("later",) and quitter.cancelled() and fetch.calls == 3
+    asyncio.run(scenario())

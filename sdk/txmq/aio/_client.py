@@ -19,7 +19,8 @@ import grpc
 from .._client import BOUND_ATTEMPTS, BOUND_BACKOFF_SECONDS, CHANNEL_OPTIONS, QueueRoute, parse_nameservers, positive
 from .._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError, TxmqError,
                        error_from_rpc)
-from .._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, OverloadBackoff, RetryAction, retry_action
+from .._faults import (FAULT_ROUTE_REFRESH_SECONDS, FaultTable, OverloadBackoff, RetryAction, SharedLookups,
+                       retry_action)
 from .._auth import BearerToken, aio_bearer_interceptors
 from .._tls import TLS, ChannelTLS
 from ..v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
@@ -59,7 +60,8 @@ class AsyncClient:
         self._streams: dict[str, AsyncProduceStream] = {}
         self._routes: dict[str, tuple[tuple[QueueRoute, ...], float]] = {}
         # A route being asked for: concurrent callers wait for the same answer.
-        self._route_fetches: dict[tuple[str, bool], asyncio.Future[tuple[QueueRoute, ...]]] = {}
+        # (topic, for_send): the lookups of one route share one QueryRoute.
+        self._route_lookups: SharedLookups[tuple[str, bool], tuple[QueueRoute, ...]] = SharedLookups()
         self._broker_addresses: dict[str, str] = {}
         #: Which shards new sends avoid (shared by this client's producers and consumers).
         self.faults = FaultTable()
@@ -214,22 +216,7 @@ class AsyncClient:
                 ttl = FAULT_ROUTE_REFRESH_SECONDS
             if time.monotonic() - cached[1] < ttl:
                 return cached[0]
-        key = (topic, for_send)
-        fetching = self._route_fetches.get(key)
-        if fetching is not None:
-            return await asyncio.shield(fetching)
-        fetching = self._route_fetches[key] = asyncio.get_running_loop().create_future()
-        try:
-            routes = await self._fetch_route(topic, for_send)
-        except BaseException as exc:
-            fetching.set_exception(exc)
-            fetching.exception()  # retrieved: nobody else may be waiting
-            raise
-        else:
-            fetching.set_result(routes)
-            return routes
-        finally:
-            del self._route_fetches[key]
+        return await self._route_lookups.run((topic, for_send), lambda: self._fetch_route(topic, for_send))
 
     async def _fetch_route(self, topic: str, for_send: bool) -> tuple[QueueRoute, ...]:
         now = time.monotonic()
