@@ -19,7 +19,8 @@ import grpc
 from ._auth import BearerToken, with_token
 from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError,
                       TxmqError, error_from_rpc)
-from ._faults import FAULT_ROUTE_REFRESH_SECONDS, FaultTable, OverloadBackoff, RetryAction, retry_action
+from ._faults import FaultTable, OverloadBackoff, RetryAction, retry_action
+from ._routes import RouteCache
 from ._produce_stream import ProduceStream
 from ._tls import TLS, ChannelTLS, sync_channel
 from .v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
@@ -128,12 +129,12 @@ class Client:
         self._ns_stubs: dict[str, nameserver_pb2_grpc.NameServerServiceStub] = {}
         self._streams: dict[str, ProduceStream] = {}
         # topic → (queues, when fetched: time.monotonic()).
-        self._routes: dict[str, tuple[tuple[QueueRoute, ...], float]] = {}
         # (topic, for_send) → the lookup in flight, which concurrent lookups wait for.
         self._route_fetches: dict[tuple[str, bool], _Fetch] = {}
         self._broker_addresses: dict[str, str] = {}
         #: Which shards new sends avoid (shared by this client's producers and consumers).
         self.faults = FaultTable()
+        self._routes: RouteCache[tuple[QueueRoute, ...]] = RouteCache(self.faults)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -303,23 +304,21 @@ class Client:
     # --- routes ---------------------------------------------------------------------------
 
     def route(self, topic: str, *, refresh: bool = False, for_send: bool = True) -> tuple[QueueRoute, ...]:
-        """The queues of a topic, cached for ``route_refresh_seconds`` (at most
-        ``FAULT_ROUTE_REFRESH_SECONDS`` while a shard is avoided). Raises TopicNotFoundError
-        when the topic has no queue on a live broker, NoLeaderError (retryable) when only
-        replicated shards between leaders hold it (a fail-over). ``for_send``: a producer's lookup,
-        which a name server with ``auto_create_topics`` answers by creating the topic;
-        consumers pass False (a subscription never creates a topic)."""
-        now = time.monotonic()
-        cached = self._routes.get(topic)
-        if cached is not None and not refresh:
-            ttl = self.route_refresh_seconds
-            if ttl > FAULT_ROUTE_REFRESH_SECONDS and self.faults.any_avoided():
-                ttl = FAULT_ROUTE_REFRESH_SECONDS
-            if now - cached[1] < ttl:
-                return cached[0]
+        """The queues of a topic, cached for ``route_refresh_seconds`` (see ``txmq._routes``:
+        sooner while a shard is avoided; the last route stands while no name server
+        answers). Raises TopicNotFoundError when the topic has no queue on a live broker,
+        NoLeaderError (retryable) when only replicated shards between leaders hold it (a
+        fail-over). ``refresh``: ask now, and raise rather than fall back. ``for_send``: a
+        producer's lookup, which a name server with ``auto_create_topics`` answers by
+        creating the topic; consumers pass False (a subscription never creates a topic)."""
+        if not refresh:
+            cached = self._routes.fresh(topic, self.route_refresh_seconds)
+            if cached is not None:
+                return cached
         # One lookup per topic at a time: the threads of a burst (a process starting, a route
-        # gone stale under load) wait for it instead of each asking the name servers, which
-        # would queue hundreds of calls on them and time some out.
+        # gone stale under load) do not each ask the name servers, which would queue hundreds
+        # of calls on them and time some out. Those with a route use it meanwhile; the others
+        # wait for the lookup's outcome.
         key = (topic, for_send)
         with self._lock:
             fetch = self._route_fetches.get(key)
@@ -328,10 +327,16 @@ class Client:
                 fetch = self._route_fetches[key] = _Fetch()
         assert fetch is not None
         if not fetching:
-            return fetch.outcome()
+            current = None if refresh else self._routes.current(topic)
+            return current if current is not None else fetch.outcome()
         try:
             fetch.routes = self._fetch_route(topic, for_send)
-            return fetch.routes
+        except TxmqError as err:
+            stale = None if refresh else self._routes.fallback(topic, err)
+            if stale is None:
+                fetch.error = err
+                raise
+            fetch.routes = stale
         except BaseException as exc:
             fetch.error = exc
             raise
@@ -339,6 +344,7 @@ class Client:
             with self._lock:
                 del self._route_fetches[key]
             fetch.done.set()
+        return fetch.routes
 
     def _fetch_route(self, topic: str, for_send: bool) -> tuple[QueueRoute, ...]:
         now = time.monotonic()
@@ -346,17 +352,17 @@ class Client:
                                                                                         for_send=for_send))
         routes = tuple(QueueRoute(q.broker_name, q.broker_address, q.queue_id, q.draining) for q in response.queues)
         if not routes:
-            self._routes.pop(topic, None)
+            self._routes.forget(topic)
             raise TopicNotFoundError(topic)
         with self._lock:
-            self._routes[topic] = (routes, now)
+            self._routes.store(topic, routes, now)
             for r in routes:
                 self._broker_addresses[r.broker_name] = r.broker_address
         return routes
 
     def invalidate_route(self, topic: str) -> None:
-        """Forget a topic's route (after an error): the next use asks a name server again."""
-        self._routes.pop(topic, None)
+        """Ask a name server again at the topic's next use (after an error)."""
+        self._routes.invalidate(topic)
 
     def broker_address(self, broker_name: str, *, refresh: bool = False) -> str:
         """The address of a broker by name (from the routes seen, else ListBrokers)."""

@@ -21,14 +21,13 @@ Thread-safe; the asyncio proxy calls it from its loop (no await inside).
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import random
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Generic, Hashable, Sequence, TypeVar
+from typing import Callable, Generic, Hashable, Sequence, TypeVar
 
 from ._errors import BrokerNotFoundError, LeadershipLostError, NotLeaderError, OverloadedError, TxmqError
 
@@ -312,35 +311,3 @@ class Abandoned(Generic[K]):
         with self._lock:
             return len(self._keys)
 
-
-class SharedLookups(Generic[K, T]):
-    """Concurrent asyncio lookups of the same key (a topic's route) share one call: the
-    first runs it, the others await its outcome, value or error. Without it a burst of
-    sends on a client with no route yet (a service starting, a route gone stale under load)
-    queues one name-server call per send, and on a busy machine some of them time out.
-    A lookup cancelled while others wait for it hands the call to one of them."""
-
-    def __init__(self) -> None:
-        self._flights: dict[K, asyncio.Future[T]] = {}
-
-    async def run(self, key: K, fetch: Callable[[], Awaitable[T]]) -> T:
-        while (flight := self._flights.get(key)) is not None:
-            try:
-                return await asyncio.shield(flight)
-            except asyncio.CancelledError:
-                if not flight.cancelled():
-                    raise  # this lookup itself was cancelled
-        flight = self._flights[key] = asyncio.get_running_loop().create_future()
-        try:
-            value = await fetch()
-        except asyncio.CancelledError:
-            flight.cancel()  # the waiting lookups try again themselves
-            raise
-        except BaseException as exc:
-            flight.set_exception(exc)
-            flight.exception()  # retrieved: nobody else may be waiting
-            raise
-        finally:
-            del self._flights[key]
-        flight.set_result(value)
-        return value

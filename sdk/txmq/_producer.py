@@ -57,7 +57,9 @@ class Producer:
     new message id when one is usable (nothing was acknowledged, so the send is free to
     move), else on the same shard with the same id, which the broker deduplicates. The
     topic's route is asked again at the first such failure. ``send_timeout_seconds``
-    bounds each attempt.
+    bounds each attempt, and how long a send waits for its topic's route while the name
+    servers answer none (a fail-over under way, or none reachable and no earlier route of
+    the topic to use: the last route known is used while no name server answers).
 
     An attempt that failed may still have been stored (its answer was lost). A normal
     message moved to another shard may then exist twice, as in RocketMQ (consumers see

@@ -127,25 +127,28 @@ def backoff_seconds(sender: Sender, attempt: int) -> float:
 
 
 def leader_deadline(sender: Sender) -> float:
-    """Until when (``time.monotonic()``) a send waits for a leader of the shards holding its
-    topic while the name servers answer NoLeaderError: ``send_timeout_seconds`` from its start."""
+    """Until when (``time.monotonic()``) a send waits for a route of its topic while the name
+    servers answer NoLeaderError or none answers: ``send_timeout_seconds`` from its start."""
     return time.monotonic() + sender.send_timeout_seconds
 
 
 def awaiting_leader(sender: Sender, step: Pick | Rebind, deadline: float) -> Steps:
     """Performs ``step`` (a route lookup); while the topic's shards are between leaders
-    (NoLeaderError, a fail-over under way) asks again after a short backoff, until
-    ``deadline``, then raises that NoLeaderError (retryable). Spends no attempt: nothing
-    was sent."""
+    (NoLeaderError, a fail-over under way) or no name server answers and the topic has no
+    route to fall back on (a name server restarting: its clients' channels reconnect within
+    about a second), asks again after a short backoff, until ``deadline``, then raises the
+    last error (retryable). Spends no attempt: nothing was sent."""
     waits = 1
     while True:
         try:
             return (yield step)
-        except NoLeaderError as err:
+        except TxmqError as err:
+            if not err.retryable:
+                raise
             pause = min(backoff_seconds(sender, waits), deadline - time.monotonic())
             if pause <= 0:
                 raise
-            log.debug("%s: waiting %.2f s for a leader: %s", step.topic, pause, err)
+            log.debug("%s: asking its route again in %.2f s: %s", step.topic, pause, err)
             yield Sleep(pause)
             waits += 1
 

@@ -14,7 +14,6 @@ from ._faults import (  # noqa: F401 - re-exported
     RetryAction,
     RoutingStats,
     ShardStats,
-    SharedLookups,
     overload_backoff_seconds,
     retry_action,
 )
@@ -29,7 +28,6 @@ __all__ = [
     "RetryAction",
     "RoutingStats",
     "ShardStats",
-    "SharedLookups",
     "overload_backoff_seconds",
     "retry_action",
 ]

@@ -17,8 +17,9 @@ from typing import Any, Awaitable, Callable, TypeVar
 import grpc
 
 from services.common.channels import ChannelPool
-from txmq.errors import BrokerNotFoundError, TxmqError, UnavailableError, error_from_rpc
-from txmq.faults import FAULT_ROUTE_REFRESH_SECONDS, Abandoned, FaultTable, SharedLookups
+from txmq.errors import BrokerNotFoundError, TopicNotFoundError, TxmqError, UnavailableError, error_from_rpc
+from txmq.faults import Abandoned, FaultTable
+from txmq.routes import RouteCache
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 from .config import ProxyConfig
@@ -60,10 +61,11 @@ class Upstream:
         self.fifo_topics: set[str] = set()
         #: checker address → name.
         self.checkers: dict[str, str] = {}
-        self._routes: dict[str, tuple[float, list[nameserver_pb2.QueueRoute]]] = {}
-        self._route_lookups: SharedLookups[tuple[str, bool], list[nameserver_pb2.QueueRoute]] = SharedLookups()
         #: Which shards new sends avoid (the SDK's fault table).
         self.faults = FaultTable()
+        # Topic routes as the SDK's clients keep them (``txmq._routes``: the last route
+        # stands while no name server answers; a burst's lookups share one call).
+        self._routes: RouteCache[list[nameserver_pb2.QueueRoute]] = RouteCache(self.faults, clock=lambda: self.clock())
         #: (shard, client message id) of half message attempts given up on: their orphans'
         #: checks are answered ROLLBACK here (see ``relay`` and ``checks``).
         self.abandoned: Abandoned[tuple[str, str]] = Abandoned()
@@ -168,19 +170,16 @@ class Upstream:
 
     async def route(self, topic: str, *, for_send: bool = True) -> list[nameserver_pb2.QueueRoute]:
         """The topic's queues (name server QueryRoute), reused for ``route_ttl_seconds``
-        (at most ``FAULT_ROUTE_REFRESH_SECONDS`` while a shard is avoided). Raises
-        TopicNotFoundError (or INVALID_NAME) as the name server does."""
-        now = self.clock()
-        cached = self._routes.get(topic)
-        if cached is not None and cached[0] > now:
-            fetched = cached[0] - self.config.route_ttl_seconds
-            if not (now - fetched >= FAULT_ROUTE_REFRESH_SECONDS and self.faults.any_avoided()):
-                return cached[1]
+        (at most ``FAULT_ROUTE_REFRESH_SECONDS`` while a shard is avoided; the last route
+        stands while no name server answers). Raises TopicNotFoundError (or INVALID_NAME)
+        as the name server does."""
         # The sends of a burst share one lookup (on a cold proxy every official client's
         # first send would otherwise ask the name servers).
-        return await self._route_lookups.run((topic, for_send), lambda: self._query_route(topic, for_send, now))
+        return await self._routes.lookup(topic, self.config.route_ttl_seconds,
+                                         lambda: self._query_route(topic, for_send), key=(topic, for_send))
 
-    async def _query_route(self, topic: str, for_send: bool, now: float) -> list[nameserver_pb2.QueueRoute]:
+    async def _query_route(self, topic: str, for_send: bool) -> list[nameserver_pb2.QueueRoute]:
+        now = self.clock()
         last: TxmqError | None = None
         for address, stub in self._ns.items():
             try:
@@ -190,6 +189,8 @@ class Upstream:
                 last = error_from_rpc(exc)
                 if last.retryable:
                     continue  # another name server may answer
+                if isinstance(last, TopicNotFoundError):
+                    self._routes.forget(topic)
                 raise last from None
             queues = list(response.queues)
             if response.topic_type == common_pb2.TOPIC_TYPE_FIFO:
@@ -200,12 +201,13 @@ class Upstream:
                 self.brokers.setdefault(q.broker_name, q.broker_address)
             if len(self._routes) > 10_000:
                 self._routes.clear()
-            self._routes[topic] = (now + self.config.route_ttl_seconds, queues)
+            self._routes.store(topic, queues, now)
             return queues
         raise last or UnavailableError("no name server configured")
 
     def forget_route(self, topic: str) -> None:
-        self._routes.pop(topic, None)
+        """Ask a name server again at the topic's next use (after an error)."""
+        self._routes.invalidate(topic)
 
     # --- brokers -------------------------------------------------------------------------
 

@@ -242,3 +242,89 @@ def test_the_name_servers_settings_decide_how_soon_a_dead_broker_leaves_the_rout
     wait_until(lambda: {q.broker_name for q in cluster.query_route(topic)} == {"broker-0"}, 5,
                message="the killed broker stays in the routes")
     print(f"broker-1 left the routes {time.monotonic() - killed:.2f}s after its SIGKILL")
+
+
+def test_sends_and_receives_go_on_while_no_name_server_answers(fresh_cluster_factory, unique_name):
+    """The name server is killed (the only one: a one-name-server install, or all of them
+    restarting at once). The brokers need no name server, so the clients keep the last
+    route they had and traffic goes on: the sync and asyncio SDKs send, a transaction
+    commits, a consumer receives, an official client's sends go through the proxy, for longer than the routes' lifetime
+    and than ``STALE_ROUTE_RETRY_SECONDS`` (their lookups fail meanwhile). Before, every send
+    failed UNAVAILABLE once its route expired. The name server back, routes are asked again:
+    a topic created now is sent to."""
+    import asyncio
+
+    import txmq.aio
+    from services.proxy.protocol import Code, definition_pb2, service_pb2, service_pb2_grpc
+    from txmq.routes import STALE_ROUTE_RETRY_SECONDS
+    cluster = fresh_cluster_factory(proxies=1, proxy_env={"TXMQ_ROUTE_TTL_SECONDS": "0.3"})
+    topic = unique_name("orders")
+    cluster.create_topic(topic, 2)
+    ttl = 0.3
+    proxy = service_pb2_grpc.MessagingServiceStub(cluster.channel(cluster.proxies[0].address))
+
+    def proxy_send(body: str) -> None:
+        response = proxy.SendMessage(service_pb2.SendMessageRequest(messages=[definition_pb2.Message(
+            topic=definition_pb2.Resource(name=topic), body=body.encode(),
+            system_properties=definition_pb2.SystemProperties(message_id=body, message_type=definition_pb2.NORMAL))]),
+            timeout=10, metadata=(("x-mq-client-id", "outage"),))
+        assert response.status.code == Code.OK, response.status
+
+    async def aio_send(producer: txmq.aio.AsyncProducer, body: str) -> str:
+        return (await producer.send(txmq.Message(topic, body.encode()))).message_id
+
+    sent: set[bytes] = set()
+    got: set[bytes] = set()
+    with txmq.Producer(cluster.nameserver_address, route_refresh_seconds=ttl) as producer, \
+            txmq.TransactionProducer(cluster.nameserver_address, producer_group=unique_name("pg"),
+                                     listener=CommitListener(), route_refresh_seconds=ttl) as transactions, \
+            txmq.SimpleConsumer(cluster.nameserver_address, consumer_group=unique_name("g"),
+                                subscriptions={topic: "*"}, await_duration_seconds=0.2,
+                                route_refresh_seconds=ttl) as consumer:
+        loop = asyncio.new_event_loop()
+        aio_producer = loop.run_until_complete(_async_producer(cluster.nameserver_address, ttl))
+        try:
+            def one_round(tag: str) -> None:
+                producer.send(txmq.Message(topic, f"sync-{tag}".encode()))
+                loop.run_until_complete(aio_send(aio_producer, f"aio-{tag}"))
+                proxy_send(f"proxy-{tag}")
+                result = transactions.send_in_transaction(txmq.Message(topic, f"txn-{tag}".encode()))
+                assert result.state == txmq.TransactionState.COMMITTED and result.end_error is None, result
+                sent.update({f"{kind}-{tag}".encode() for kind in ("sync", "aio", "proxy", "txn")})
+                for m in consumer.receive(max_messages=16, invisible_duration_seconds=30):
+                    consumer.ack(m)
+                    got.add(m.body)
+
+            one_round("before")
+            cluster.nameservers[0].kill()
+            down_at, rounds = time.monotonic(), 0
+            # Traffic for longer than two lookup retries (each failing: nobody listens).
+            while time.monotonic() - down_at < 2 * STALE_ROUTE_RETRY_SECONDS + ttl or rounds < 5:
+                one_round(f"down-{rounds}")
+                rounds += 1
+            wait_until(lambda: _received(consumer, got) >= sent, timeout=20,
+                       message=lambda: f"not received: {sorted(sent - got)}")
+
+            cluster.nameservers[0].restart()
+            cluster.wait_brokers_registered()
+            later = unique_name("later")
+            cluster.create_topic(later, 1)  # waits until the name server routes it
+            receipt = producer.send(txmq.Message(later, b"after"))
+            aio_receipt = loop.run_until_complete(aio_producer.send(txmq.Message(later, b"after")))
+            assert receipt.broker_name == aio_receipt.broker_name == "broker-0"
+        finally:
+            loop.run_until_complete(aio_producer.close())
+            loop.close()
+    assert rounds >= 5
+
+
+async def _async_producer(nameservers: str, ttl: float) -> "txmq.aio.AsyncProducer":
+    import txmq.aio
+    return txmq.aio.AsyncProducer(nameservers, route_refresh_seconds=ttl)
+
+
+def _received(consumer: txmq.SimpleConsumer, got: set[bytes]) -> set[bytes]:
+    for m in consumer.receive(max_messages=32, invisible_duration_seconds=30):
+        consumer.ack(m)
+        got.add(m.body)
+    return got

@@ -1,6 +1,7 @@
 """The routing fault table (txmq.faults), with a controllable clock: which shards new sends
-avoid, for how long, the single probe, and the one classification of failures; and the
-shared route lookups of the asyncio clients."""
+avoid, for how long, the single probe, and the one classification of failures; the topic
+routes clients keep (the last one stands while no name server answers); and the shared
+route lookups of the asyncio clients."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import asyncio
 import pytest
 
 from txmq.errors import (BrokerNotFoundError, DeadlineExceededError, InvalidFieldError, LeadershipLostError,
-                          NotEnoughReplicasError, NotLeaderError, TransactionStateError, UnavailableError)
-from txmq.faults import Abandoned, FaultTable, RetryAction, SharedLookups, retry_action
+                         NoLeaderError, NotEnoughReplicasError, NotLeaderError, TopicNotFoundError,
+                         TransactionStateError, UnavailableError)
+from txmq.faults import Abandoned, FaultTable, RetryAction, retry_action
+from txmq.routes import STALE_ROUTE_RETRY_SECONDS, RouteCache, SharedLookups
 
 
 class Clock:
@@ -222,3 +225,58 @@ def test_a_cancelled_lookup_hands_the_call_to_one_waiting_for_it() -> None:
         fetch.answer.set_result(("later",))
         assert await runner == ("later",) and quitter.cancelled() and fetch.calls == 3
     asyncio.run(scenario())
+
+
+@pytest.fixture
+def routes(clock: Clock, table: FaultTable) -> RouteCache[str]:
+    return RouteCache(table, clock=clock)
+
+
+def test_a_route_serves_for_its_ttl_and_sooner_asked_again_while_a_shard_is_avoided(
+        routes: RouteCache[str], clock: Clock, table: FaultTable) -> None:
+    assert routes.fresh("orders", 30.0) is None
+    routes.store("orders", "r1", clock.now)
+    clock.now += 29.0
+    assert routes.fresh("orders", 30.0) == "r1"
+    table.failed("broker-1")  # a shard avoided: routes are asked again each second at least
+    assert routes.fresh("orders", 30.0) is None
+    clock.now += 2.0
+    assert routes.fresh("orders", 30.0) is None and routes.current("orders") == "r1"
+
+
+def test_an_invalidated_route_is_asked_again_but_not_served_meanwhile(routes: RouteCache[str], clock: Clock) -> None:
+    routes.store("orders", "r1", clock.now)
+    routes.invalidate("orders")
+    assert routes.fresh("orders", 30.0) is None
+    assert routes.current("orders") is None  # a caller waits for the lookup under way
+    routes.invalidate("unknown")  # nothing to mark
+    assert routes.current("unknown") is None
+
+
+@pytest.mark.parametrize("error", [UnavailableError("connection refused"), DeadlineExceededError("no answer")])
+def test_while_no_name_server_answers_the_last_route_stands_and_is_asked_again_later(
+        routes: RouteCache[str], clock: Clock, error: Exception) -> None:
+    routes.store("orders", "r1", clock.now)
+    routes.invalidate("orders")  # even one a broker's error made suspect: it is all there is
+    clock.now += 60.0
+    assert routes.fallback("orders", error) == "r1"
+    # Served without asking until the retry is due ...
+    clock.now += STALE_ROUTE_RETRY_SECONDS - 0.1
+    assert routes.fresh("orders", 30.0) == "r1"
+    clock.now += 0.2
+    assert routes.fresh("orders", 30.0) is None
+    # ... and again after the next failed lookup; a lookup answered replaces it.
+    assert routes.fallback("orders", error) == "r1"
+    routes.store("orders", "r2", clock.now)
+    assert routes.fresh("orders", 30.0) == "r2"
+
+
+@pytest.mark.parametrize("error", [NoLeaderError("orders", ["broker-0"]), TopicNotFoundError("orders"),
+                                   InvalidFieldError("topic", "bad")])
+def test_an_answer_about_the_topic_is_never_covered_by_the_last_route(routes: RouteCache[str], clock: Clock,
+                                                                      error: Exception) -> None:
+    routes.store("orders", "r1", clock.now)
+    assert routes.fallback("orders", error) is None
+    assert routes.fallback("payments", UnavailableError("down")) is None  # never had a route
+    routes.forget("orders")  # not found: nothing stale stands for it
+    assert routes.fallback("orders", UnavailableError("down")) is None and len(routes) == 0

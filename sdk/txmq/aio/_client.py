@@ -19,8 +19,8 @@ import grpc
 from .._client import BOUND_ATTEMPTS, BOUND_BACKOFF_SECONDS, CHANNEL_OPTIONS, QueueRoute, parse_nameservers, positive
 from .._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError, TxmqError,
                        error_from_rpc)
-from .._faults import (FAULT_ROUTE_REFRESH_SECONDS, FaultTable, OverloadBackoff, RetryAction, SharedLookups,
-                       retry_action)
+from .._faults import FaultTable, OverloadBackoff, RetryAction, retry_action
+from .._routes import RouteCache
 from .._auth import BearerToken, aio_bearer_interceptors
 from .._tls import TLS, ChannelTLS
 from ..v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
@@ -58,13 +58,11 @@ class AsyncClient:
         self._broker_stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
         self._ns_stubs: dict[str, nameserver_pb2_grpc.NameServerServiceStub] = {}
         self._streams: dict[str, AsyncProduceStream] = {}
-        self._routes: dict[str, tuple[tuple[QueueRoute, ...], float]] = {}
         # A route being asked for: concurrent callers wait for the same answer.
-        # (topic, for_send): the lookups of one route share one QueryRoute.
-        self._route_lookups: SharedLookups[tuple[str, bool], tuple[QueueRoute, ...]] = SharedLookups()
         self._broker_addresses: dict[str, str] = {}
         #: Which shards new sends avoid (shared by this client's producers and consumers).
         self.faults = FaultTable()
+        self._routes: RouteCache[tuple[QueueRoute, ...]] = RouteCache(self.faults)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -207,16 +205,10 @@ class AsyncClient:
     # --- routes ---------------------------------------------------------------------------
 
     async def route(self, topic: str, *, refresh: bool = False, for_send: bool = True) -> tuple[QueueRoute, ...]:
-        """The queues of a topic, cached like the sync client's (``txmq._client.Client.route``);
-        ``for_send=False`` (consumers): a missing topic is never auto-created."""
-        cached = self._routes.get(topic)
-        if cached is not None and not refresh:
-            ttl = self.route_refresh_seconds
-            if ttl > FAULT_ROUTE_REFRESH_SECONDS and self.faults.any_avoided():
-                ttl = FAULT_ROUTE_REFRESH_SECONDS
-            if time.monotonic() - cached[1] < ttl:
-                return cached[0]
-        return await self._route_lookups.run((topic, for_send), lambda: self._fetch_route(topic, for_send))
+        """The queues of a topic, cached like the sync client's (``txmq._client.Client.route``,
+        ``txmq._routes``); ``for_send=False`` (consumers): a missing topic is never auto-created."""
+        return await self._routes.lookup(topic, self.route_refresh_seconds, lambda: self._fetch_route(topic, for_send),
+                                         key=(topic, for_send), refresh=refresh)
 
     async def _fetch_route(self, topic: str, for_send: bool) -> tuple[QueueRoute, ...]:
         now = time.monotonic()
@@ -224,15 +216,15 @@ class AsyncClient:
                                                                                               for_send=for_send))
         routes = tuple(QueueRoute(q.broker_name, q.broker_address, q.queue_id, q.draining) for q in response.queues)
         if not routes:
-            self._routes.pop(topic, None)
+            self._routes.forget(topic)
             raise TopicNotFoundError(topic)
-        self._routes[topic] = (routes, now)
+        self._routes.store(topic, routes, now)
         for r in routes:
             self._broker_addresses[r.broker_name] = r.broker_address
         return routes
 
     def invalidate_route(self, topic: str) -> None:
-        self._routes.pop(topic, None)
+        self._routes.invalidate(topic)
 
     async def broker_address(self, broker_name: str, *, refresh: bool = False) -> str:
         """The address of a broker by name (from the routes seen, else ListBrokers)."""
