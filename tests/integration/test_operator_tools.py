@@ -214,10 +214,16 @@ def test_txn_describe_shows_the_message_and_writes_a_binary_body(cluster, unique
     written = cli(cluster, "txn", "describe", result.transaction_id, "--body-out", str(out))
     assert written.returncode == 0 and out.read_bytes() == body
     # Nobody answers checks: once due, the next check is flagged overdue in list and describe.
-    wait_until(lambda: cli_json(cluster, "txn", "describe", result.transaction_id)["next_check_overdue_seconds"] > 0,
-               timeout=15)
-    listed = cli(cluster, "txn", "list", "--group", group)
-    assert "OVERDUE" in listed.stdout and "CHECKS: sent to a producer / answered" in listed.stdout
+    # (Each poll starts a CLI process: seconds apiece on a loaded machine, hence the deadlines;
+    # a failed poll's output is kept for the message.)
+    described: list[dict] = []
+    wait_until(lambda: described.append(cli_json(cluster, "txn", "describe", result.transaction_id))
+               or described[-1]["next_check_overdue_seconds"] > 0, timeout=60,
+               message=lambda: f"never overdue: {described[-1:]}", ignore=(AssertionError,))
+    listed: list[subprocess.CompletedProcess[str]] = []
+    wait_until(lambda: listed.append(cli(cluster, "txn", "list", "--group", group)) or "OVERDUE" in listed[-1].stdout,
+               timeout=60, message=lambda: f"not listed overdue: {listed[-1].stdout!r} {listed[-1].stderr!r}")
+    assert "CHECKS: sent to a producer / answered" in listed[-1].stdout
 
 
 def test_txn_list_says_when_limit_cut_it_and_fits_the_terminal(cluster, unique_name):
