@@ -7,7 +7,8 @@ Each run starts a name server, etcd, a checker and one shard of three replicas
 (min_insync_replicas 2), puts a mixed transactional load on it (4 producers committing,
 rolling back and answering UNKNOWN, 2 consumers) and applies a fault schedule drawn from
 the run's seed: SIGKILL the leader (restarted later), SIGSTOP the leader past its lease
-then SIGCONT it, SIGKILL a follower, wipe a follower's data and restart it, and — with
+then SIGCONT it, SIGKILL a follower, wipe a follower's data and restart it, the more faults
+of :data:`MORE_FAULTS` (etcd, rebuilds, check storms, the name server), and — with
 ``--partitions`` (root, network namespaces; at least one per run) — cut the leader off with
 a real network partition (tests/support/netns.py): from everyone, or from etcd, the other
 replicas and the name server while its clients still reach it; the cut-off leader must step
@@ -52,9 +53,10 @@ FAULTS = ("kill-leader", "kill-leader", "pause-leader", "kill-follower", "wipe-f
 #: a follower paused during its rebuild from a checkpoint; the leader killed during a
 #: follower's rebuild; etcd paused (SIGSTOP, past the leader's lease or not) or restarted
 #: under load; a check storm (thousands of UNKNOWN transactions due at once) and the leader
-#: killed as their checks fall due.
+#: killed as their checks fall due; the only name server killed for up to 6 s (the clients
+#: keep their routes, the checker its brokers: nothing may fail for good).
 MORE_FAULTS = ("elect-kill-leader", "kill-two", "pause-follower-rebuild", "kill-leader-during-rebuild",
-               "pause-etcd", "restart-etcd", "check-storm")
+               "pause-etcd", "restart-etcd", "check-storm", "kill-nameserver")
 #: Seconds a killed or paused leader may go without a successor before the run asks
 #: whether one was possible (fail-overs take ~1 s here; the target is 10 s).
 FAILOVER_WAIT = 15.0
@@ -324,6 +326,13 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
     elif fault == "restart-etcd":
         assert cluster.etcd is not None
         cluster.etcd.restart()
+        cluster.wait_leaders(60)
+    elif fault == "kill-nameserver":
+        nameserver = cluster.nameservers[0]
+        nameserver.kill()
+        time.sleep(rnd.uniform(1.0, 6.0))  # the load goes on against the brokers meanwhile
+        nameserver.restart(60)
+        cluster.wait_brokers_registered(60)
         cluster.wait_leaders(60)
     elif fault == "check-storm":
         took = work.storm(storm)
