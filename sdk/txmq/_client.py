@@ -59,25 +59,6 @@ class QueueRoute:
     draining: bool = False
 
 
-class _Fetch:
-    """A route lookup in flight; the lookups of the same topic meanwhile wait for its outcome."""
-
-    __slots__ = ("done", "routes", "error")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.routes: tuple[QueueRoute, ...] = ()
-        self.error: BaseException | None = None
-
-    def outcome(self) -> tuple[QueueRoute, ...]:
-        """The routes the lookup found, or the error it raised (once it is done). The
-        lookup's own call has the client's request timeout, so this wait ends."""
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.routes
-
-
 def parse_nameservers(nameservers: str | Sequence[str]) -> tuple[str, ...]:
     """``"h1:9876,h2:9876"`` or ``["h1:9876", "h2:9876"]`` → a tuple of addresses."""
     if isinstance(nameservers, str):
@@ -128,9 +109,6 @@ class Client:
         self._broker_stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
         self._ns_stubs: dict[str, nameserver_pb2_grpc.NameServerServiceStub] = {}
         self._streams: dict[str, ProduceStream] = {}
-        # topic → (queues, when fetched: time.monotonic()).
-        # (topic, for_send) → the lookup in flight, which concurrent lookups wait for.
-        self._route_fetches: dict[tuple[str, bool], _Fetch] = {}
         self._broker_addresses: dict[str, str] = {}
         #: Which shards new sends avoid (shared by this client's producers and consumers).
         self.faults = FaultTable()
@@ -311,40 +289,13 @@ class Client:
         fail-over). ``refresh``: ask now, and raise rather than fall back. ``for_send``: a
         producer's lookup, which a name server with ``auto_create_topics`` answers by
         creating the topic; consumers pass False (a subscription never creates a topic)."""
-        if not refresh:
+        if not refresh:  # the common case, once per send: no lookup closure built
             cached = self._routes.fresh(topic, self.route_refresh_seconds)
             if cached is not None:
                 return cached
-        # One lookup per topic at a time: the threads of a burst (a process starting, a route
-        # gone stale under load) do not each ask the name servers, which would queue hundreds
-        # of calls on them and time some out. Those with a route use it meanwhile; the others
-        # wait for the lookup's outcome.
-        key = (topic, for_send)
-        with self._lock:
-            fetch = self._route_fetches.get(key)
-            fetching = fetch is None
-            if fetching:
-                fetch = self._route_fetches[key] = _Fetch()
-        assert fetch is not None
-        if not fetching:
-            current = None if refresh else self._routes.current(topic)
-            return current if current is not None else fetch.outcome()
-        try:
-            fetch.routes = self._fetch_route(topic, for_send)
-        except TxmqError as err:
-            stale = None if refresh else self._routes.fallback(topic, err)
-            if stale is None:
-                fetch.error = err
-                raise
-            fetch.routes = stale
-        except BaseException as exc:
-            fetch.error = exc
-            raise
-        finally:
-            with self._lock:
-                del self._route_fetches[key]
-            fetch.done.set()
-        return fetch.routes
+        return self._routes.lookup_blocking(topic, self.route_refresh_seconds,
+                                            lambda: self._fetch_route(topic, for_send),
+                                            key=(topic, for_send), refresh=refresh)
 
     def _fetch_route(self, topic: str, for_send: bool) -> tuple[QueueRoute, ...]:
         now = time.monotonic()

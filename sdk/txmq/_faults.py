@@ -310,4 +310,3 @@ class Abandoned(Generic[K]):
     def __len__(self) -> int:
         with self._lock:
             return len(self._keys)
-

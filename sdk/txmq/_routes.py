@@ -13,13 +13,13 @@ proxy): each topic's queues as the name servers last gave them.
   them all (an upgrade, a lost node in a one-name-server install) must not stop traffic.
   An error about the topic itself (not found, no leader) is the answer, as before.
 
-Concurrent lookups of one topic share one call (the sync client with a lock and an event,
-asyncio callers through :meth:`RouteCache.lookup`): a burst of sends (a service starting,
-a route gone stale under load) asks the name servers once; callers holding a route use it
-meanwhile.
+Concurrent lookups of one topic share one call (threads through
+:meth:`RouteCache.lookup_blocking`, coroutines through :meth:`RouteCache.lookup`): a burst
+of sends (a service starting, a route gone stale under load) asks the name servers once;
+callers holding a route use it meanwhile.
 
-Not thread-safe by itself: the sync client calls it under the GIL with single-entry dict
-operations, the asyncio ones from their loop.
+The entries are read and written with single-entry dict operations (atomic under the GIL);
+the threads' lookups in flight are kept under a lock; the asyncio callers use one loop.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from typing import Awaitable, Callable, Generic, Hashable, TypeVar
 
@@ -61,6 +62,24 @@ class _Entry(Generic[R]):
         self.retry_at = 0.0
 
 
+class _Flight(Generic[R]):
+    """A blocking lookup in flight: the threads of the same key wait for its outcome."""
+
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: R | None = None
+        self.error: BaseException | None = None
+
+    def outcome(self) -> R:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.value is not None
+        return self.value
+
+
 class RouteCache(Generic[R]):
     """Topic → its last route, with the rules above."""
 
@@ -69,6 +88,43 @@ class RouteCache(Generic[R]):
         self._clock = clock
         self._entries: dict[str, _Entry[R]] = {}
         self._lookups: SharedLookups[Hashable, R] = SharedLookups()
+        self._lock = threading.Lock()
+        self._blocking: dict[Hashable, _Flight[R]] = {}
+
+    def lookup_blocking(self, topic: str, ttl: float, fetch: Callable[[], R], *,
+                        key: Hashable = None, refresh: bool = False) -> R:
+        """:meth:`lookup` for threads: ``fetch`` blocks; the threads arriving while it runs
+        use the current route, or wait for its outcome (its own call has a timeout)."""
+        key = topic if key is None else key
+        if not refresh:
+            cached = self.fresh(topic, ttl)
+            if cached is not None:
+                return cached
+        with self._lock:
+            flight = self._blocking.get(key)
+            running = flight is not None
+            if not running:
+                flight = self._blocking[key] = _Flight()
+        assert flight is not None
+        if running:
+            current = None if refresh else self.current(topic)
+            return current if current is not None else flight.outcome()
+        try:
+            flight.value = fetch()
+        except TxmqError as err:
+            stale = None if refresh else self.fallback(topic, err)
+            if stale is None:
+                flight.error = err
+                raise
+            flight.value = stale
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            with self._lock:
+                del self._blocking[key]
+            flight.done.set()
+        return flight.value
 
     async def lookup(self, topic: str, ttl: float, fetch: Callable[[], Awaitable[R]], *,
                      key: Hashable = None, refresh: bool = False) -> R:

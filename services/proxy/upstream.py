@@ -65,7 +65,7 @@ class Upstream:
         self.faults = FaultTable()
         # Topic routes as the SDK's clients keep them (``txmq._routes``: the last route
         # stands while no name server answers; a burst's lookups share one call).
-        self._routes: RouteCache[list[nameserver_pb2.QueueRoute]] = RouteCache(self.faults, clock=lambda: self.clock())
+        self._routes: RouteCache[list[nameserver_pb2.QueueRoute]] = RouteCache(self.faults, clock=clock)
         #: (shard, client message id) of half message attempts given up on: their orphans'
         #: checks are answered ROLLBACK here (see ``relay`` and ``checks``).
         self.abandoned: Abandoned[tuple[str, str]] = Abandoned()

@@ -58,7 +58,6 @@ class AsyncClient:
         self._broker_stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
         self._ns_stubs: dict[str, nameserver_pb2_grpc.NameServerServiceStub] = {}
         self._streams: dict[str, AsyncProduceStream] = {}
-        # A route being asked for: concurrent callers wait for the same answer.
         self._broker_addresses: dict[str, str] = {}
         #: Which shards new sends avoid (shared by this client's producers and consumers).
         self.faults = FaultTable()
