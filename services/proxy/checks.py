@@ -88,6 +88,9 @@ class _Pending:
     forget_after: float
     #: The connection of the client's stream it was offered on (counted against its limit).
     peer: str
+    #: Its write to the client's stream began: the client may hold it from then on, even if
+    #: the stream ends before the write's completion is seen (so its answer is still owed).
+    writing: bool = False
     #: Written to the client's stream (CheckReceived sent).
     written: bool = False
 
@@ -241,7 +244,7 @@ class CheckManager:
             if address not in wanted or link.groups != groups:
                 del self.links[(cid, address)]
                 for txn, entry in list(self.pending.items()):
-                    if entry.link is link and not entry.written:  # the checker hands these back
+                    if entry.link is link and not entry.writing:  # never sent: the checker hands these back
                         self._drop(txn)
                 if self._owes(link):
                     link.drain()
@@ -326,7 +329,10 @@ class CheckManager:
             link.send(Request(received=checker_pb2.CheckReceived(check_id=check.check_id)))
             self.metrics.checks.labels("forwarded").inc()
 
-        if not stream.offer(command, written):
+        def writing() -> None:
+            entry.writing = True
+
+        if not stream.offer(command, written, writing):
             self.metrics.checks.labels("no_stream").inc()
             link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
             return

@@ -7,7 +7,9 @@ is unknown there until its next Settings (the Python client re-sends every 300 s
 is checked through it meanwhile and nothing is spent (checks only count once written).
 
 Writes to a stream never block the caller: each stream has an outbox its writer drains; an
-item may carry a callback run once the item was written (a check counts as received then).
+item may carry callbacks run as its write starts (from then on the client may have it, even if
+the write's completion is never seen: the client can cancel the stream meanwhile) and once it
+was written (a check counts as received then).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ log = logging.getLogger(__name__)
 
 OnWritten = Callable[[], None] | None
 Command = service_pb2.TelemetryCommand
+#: A queued command and its callbacks: (command, on_writing, on_written).
+Outgoing = tuple[Command, OnWritten, OnWritten]
 
 #: Commands queued for one stream beyond which offers are refused (a stuck client).
 OUTBOX_LIMIT = 1024
@@ -41,19 +45,19 @@ class TelemetryStream:
         #: The client's connection (gRPC peer): limits per connection count against it.
         self.peer = peer
         self.closed = False
-        self._outbox: asyncio.Queue[tuple[Command, OnWritten] | None] = asyncio.Queue()
+        self._outbox: asyncio.Queue[Outgoing | None] = asyncio.Queue()
 
     def __repr__(self) -> str:
         return f"<TelemetryStream {self.id} {self.client_id!r}>"
 
-    def offer(self, command: Command, on_written: OnWritten = None) -> bool:
+    def offer(self, command: Command, on_written: OnWritten = None, on_writing: OnWritten = None) -> bool:
         """Queues a command for the client; False if the stream is closed or stuck."""
         if self.closed or self._outbox.qsize() >= OUTBOX_LIMIT:
             return False
-        self._outbox.put_nowait((command, on_written))
+        self._outbox.put_nowait((command, on_writing, on_written))
         return True
 
-    async def next(self) -> tuple[Command, OnWritten] | None:
+    async def next(self) -> Outgoing | None:
         """The next command to write, or None once the stream is closed."""
         if self.closed:
             return None

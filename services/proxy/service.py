@@ -343,7 +343,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 item = await stream.next()
                 if item is None:
                     break
-                command, on_written = item
+                command, on_writing, on_written = item
+                if on_writing is not None:
+                    on_writing()
                 await context.write(command)
                 if on_written is not None:
                     on_written()
