@@ -503,8 +503,11 @@ def test_rendered_pods_start_pass_their_probes_and_run_a_transaction(pods: Local
 
     topic = unique_name("orders")
     with pods.channel(nameserver) as channel:
-        admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(
-            admin_pb2.CreateTopicRequest(topic=topic, queue_count=2 * len(brokers)), timeout=10)
+        try:
+            admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(
+                admin_pb2.CreateTopicRequest(topic=topic, queue_count=2 * len(brokers)), timeout=10)
+        except grpc.RpcError as exc:
+            raise AssertionError(f"CreateTopic failed: {exc}\n{pods.logs()}") from exc
     _checked_transaction(pods, nameserver, topic, unique_name)
 
 
@@ -558,7 +561,7 @@ REPLICATED_LOCAL = {"nameserver.replicaCount": "1", "broker.replicaCount": "1", 
 
 @pytest.fixture(params=["replicated", "replicated-external-etcd"])
 def replicated_pods(request: pytest.FixtureRequest, helm_bin: Path, tmp_path: Path) -> Iterator[LocalPods]:
-    r = render(helm_bin, [scenario_file(request.param)], sets=REPLICATED_LOCAL)
+    r = render(helm_bin, [scenario_file(request.param)], sets={**REPLICATED_LOCAL, **OPERATOR_TLS})
     etcd = None
     external: dict[str, str] = {}
     if not any(w["metadata"]["labels"]["app.kubernetes.io/component"] == "etcd"
