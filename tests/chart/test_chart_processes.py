@@ -680,10 +680,12 @@ def default_pods(helm_bin: Path, tmp_path: Path) -> Iterator[LocalPods]:
         local.stop()
 
 
+@pytest.mark.timeout(600)
 def test_inside_the_default_values_boot(default_pods: LocalPods, unique_name) -> None:
     test_rendered_pods_start_pass_their_probes_and_run_a_transaction(default_pods, unique_name)
 
 
+@pytest.mark.timeout(900)  # a whole boot in a pytest of its own, inside the namespace
 def test_the_default_values_boot_with_their_generated_certificates(tmp_path: Path) -> None:
     """`helm template` with no values, its Secrets extracted (the chart's own CA and
     certificates, tokens, credential files), every pod started from its rendered command in a

@@ -164,10 +164,12 @@ def secured(tmp_path: Path) -> Iterator[Compose]:
     yield from _compose(tmp_path, ("compose.yaml", "tls.yaml", "auth.yaml"))
 
 
+@pytest.mark.timeout(900)  # compose up, a check, a container restart, compose down
 def test_the_quick_start_carries_a_transaction_and_keeps_it_across_a_broker_restart(plaintext: Compose) -> None:
     _transaction_survives_a_broker_restart(plaintext)
 
 
+@pytest.mark.timeout(900)
 def test_tls_and_auth_switched_on_refuse_strangers_and_serve_the_admin(secured: Compose, tmp_path: Path) -> None:
     tls_dir, auth_dir = tmp_path / "tls", tmp_path / "auth"
     tls = txmq.TLS(ca_file=str(tls_dir / "ca.crt"), cert_file=str(tls_dir / "client.crt"),

@@ -91,7 +91,8 @@ def _run_background(block: Block, tmp: Path) -> None:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
 
 
-@pytest.mark.parametrize("block", RUNNABLE, ids=[b.id for b in RUNNABLE])
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.id, marks=pytest.mark.timeout(
+    int(float(b.options.get("timeout") or 60)) + 120)) for b in RUNNABLE])
 def test_the_block_runs(block: Block, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     if "skip" in block.options:
         assert block.options["skip"], f"{block.id}: a skipped block says why (skip=\"...\")"
