@@ -150,6 +150,7 @@ cmd_wheels() {
   src=$(mktemp -d /var/tmp/txmq-src.XXXXXX)
   cp -r sdk services pyproject.toml "$src"/
   find "$src" -name __pycache__ -prune -exec rm -rf {} + -o -name '*.egg-info' -prune -exec rm -rf {} +
+  rm -rf "$src/sdk/build" "$src/build"  # what an earlier `pip install ./sdk` left (stale modules)
   rm -rf "$CACHE/wheels/txmq"
   "$py" -m pip wheel -qq --disable-pip-version-check --no-deps -w "$CACHE/wheels/txmq" "$src/sdk" "$src"
   rm -rf "$src"
