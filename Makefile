@@ -66,7 +66,7 @@ proto-check: venv
 run: venv $(VENV)/.proxy-installed
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
-test: venv cc etcd netns-tools openssl proto-lint proto-check pipeline-deps browser proxy-deps chart-tools images-local
+test: venv cc etcd netns-tools openssl proto-lint proto-check pipeline-deps browser proxy-deps chart-tools images-local compose-tools registry-tools
 	$(PY) -m pytest tests
 
 test-unit: venv
@@ -159,9 +159,33 @@ images: venv
 images-local: venv
 	tools/images.sh all
 
+# The built images into a registry of yours, where the chart pulls them from
+# (--set global.imageRegistry=$(REGISTRY)): make push REGISTRY=registry.example.com/acme
+.PHONY: push
+push:
+	@test -n "$(REGISTRY)" || (echo "make push needs REGISTRY=host[:port][/path], e.g. make push REGISTRY=registry.example.com/acme" >&2; exit 2)
+	tools/images.sh push $(REGISTRY)
+
 # The built images as containers (and the chart against `docker image inspect`).
-test-images: chart-tools images-local
-	$(PY) -m pytest tests/chart/test_images.py
+test-images: chart-tools images-local registry-tools
+	$(PY) -m pytest tests/chart/test_images.py tests/chart/test_push.py
+
+# The compose quick start (deploy/compose/, docs/compose.md) and its test (tests/compose):
+# Debian's docker-compose 1.29, on the private daemon images-local starts.
+.PHONY: compose-tools test-compose
+compose-tools:
+	@command -v docker-compose >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null)
+	@command -v docker-compose >/dev/null || (echo "compose-tools: docker-compose missing after apt-get install docker-compose" >&2; exit 1)
+
+test-compose: compose-tools images-local
+	$(PY) -m pytest tests/compose
+
+# Debian's docker-registry (the distribution registry): tests/chart/test_push.py pushes the
+# images into one on a loopback port (make push REGISTRY=...).
+.PHONY: registry-tools
+registry-tools:
+	@command -v docker-registry >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null)
+	@command -v docker-registry >/dev/null || (echo "registry-tools: docker-registry missing after apt-get install docker-registry" >&2; exit 1)
 
 # Fault injection against replicated shards: many runs of random kills, pauses and wipes
 # under mixed load, each printing its seed and schedule (reproduce: CHAOS_ARGS="--seed N");

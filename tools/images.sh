@@ -10,6 +10,10 @@
 #   tools/images.sh images    base and build with the engine already reachable (DOCKER_HOST,
 #                             the default socket, or the private daemon when it runs)
 #   tools/images.sh all       engine, base, build
+#   tools/images.sh push REGISTRY
+#                             tag the four images REGISTRY/txmq/<component>:<version> and push
+#                             them (`make push REGISTRY=registry.example.com/acme`): the chart
+#                             then pulls them with --set global.imageRegistry=REGISTRY
 #   tools/images.sh stop      stop the private daemon this script started
 #
 # The private daemon has its own socket, data root and exec root under $TXMQ_DOCKER_DIR
@@ -146,6 +150,7 @@ cmd_wheels() {
   src=$(mktemp -d /var/tmp/txmq-src.XXXXXX)
   cp -r sdk services pyproject.toml "$src"/
   find "$src" -name __pycache__ -prune -exec rm -rf {} + -o -name '*.egg-info' -prune -exec rm -rf {} +
+  rm -rf "$src/sdk/build" "$src/build"  # what an earlier `pip install ./sdk` left (stale modules)
   rm -rf "$CACHE/wheels/txmq"
   "$py" -m pip wheel -qq --disable-pip-version-check --no-deps -w "$CACHE/wheels/txmq" "$src/sdk" "$src"
   rm -rf "$src"
@@ -163,6 +168,26 @@ cmd_build() {
   "$DOCKER" image ls --filter "reference=$PREFIX/*:$VERSION" --format '{{.Repository}}:{{.Tag}} {{.Size}}' >&2
 }
 
+# The built images under REGISTRY (a host[:port][/path] prefix), pushed with the engine's own
+# credentials (`docker login REGISTRY` first where it needs them).
+cmd_push() {
+  local registry=${1:-} c target
+  [[ -n "$registry" ]] || { say "push needs a registry: tools/images.sh push registry.example.com/acme \
+(make push REGISTRY=...)"; exit 2; }
+  registry=${registry%/}
+  for c in "${COMPONENTS[@]}"; do
+    "$DOCKER" image inspect "$PREFIX/$c:$VERSION" >/dev/null 2>&1 \
+      || { say "$PREFIX/$c:$VERSION is not built: make images first"; exit 1; }
+  done
+  for c in "${COMPONENTS[@]}"; do
+    target=$registry/$PREFIX/$c:$VERSION
+    "$DOCKER" tag "$PREFIX/$c:$VERSION" "$target"
+    say "pushing $target"
+    "$DOCKER" push -q "$target" >/dev/null
+  done
+  say "pushed; install with: helm install txmq deploy/helm/txmq --set global.imageRegistry=$registry"
+}
+
 case "${1:-all}" in
   engine) cmd_engine ;;
   base) cmd_base ;;
@@ -176,6 +201,9 @@ make images-local installs one and starts it"; exit 1; }
     fi
     cmd_base; cmd_build ;;
   all) eval "$(cmd_engine)"; cmd_base; cmd_build ;;
+  push)
+    if [[ -z "${DOCKER_HOST:-}" ]] && ! engine_up; then export DOCKER_HOST=unix://$DOCKER_DIR/docker.sock; fi
+    cmd_push "${2:-}" ;;
   stop) cmd_stop ;;
-  *) echo "usage: $0 [engine|base|wheels|build|images|all|stop]" >&2; exit 2 ;;
+  *) echo "usage: $0 [engine|base|wheels|build|images|all|push REGISTRY|stop]" >&2; exit 2 ;;
 esac

@@ -59,7 +59,7 @@ from importlib import metadata
 from typing import Any, Callable, Sequence, TextIO
 
 from ._admin import Admin as _AdminClient
-from ._errors import TxmqError
+from ._errors import TopicExistsError, TxmqError
 from ._global_cli import add_global_commands
 from ._names import in_namespace
 from ._ops_cli import add_broker_commands, add_topic_commands
@@ -401,14 +401,35 @@ def _topic_type_name(value: int) -> str:
 
 
 def _topic_create(admin: Admin, args: argparse.Namespace, out: Output) -> None:
-    response = admin.call("admin", "CreateTopic",
-                          admin_pb2.CreateTopicRequest(
-                              topic=args.name, queue_count=args.queues,
-                              topic_type=common_pb2.TOPIC_TYPE_FIFO if args.type == "fifo" else common_pb2.TOPIC_TYPE_NORMAL))
+    wanted = common_pb2.TOPIC_TYPE_FIFO if args.type == "fifo" else common_pb2.TOPIC_TYPE_NORMAL
+    try:
+        response = admin.call("admin", "CreateTopic",
+                              admin_pb2.CreateTopicRequest(topic=args.name, queue_count=args.queues, topic_type=wanted))
+    except TopicExistsError:
+        if not args.exist_ok:
+            raise
+        _topic_exists(admin, args, wanted, out)
+        return
     data = {"topic": response.topic, "type": args.type.upper(),
             "brokers": {b.broker_name: b.queue_count for b in response.brokers}}
     out(data, lambda: f"created {data['type']} topic {data['topic']}: "
                       + ", ".join(f"{b} {n} queue(s)" for b, n in sorted(data["brokers"].items())))
+
+
+def _topic_exists(admin: Admin, args: argparse.Namespace, wanted: int, out: Output) -> None:
+    """``topic create --exist-ok`` of a topic that already holds at least the queues asked:
+    success when its type is the one asked (a declared topic applied again), an error when
+    not (a topic's type cannot change)."""
+    described = admin.call("admin", "DescribeTopic", admin_pb2.DescribeTopicRequest(topic=args.name))
+    if described.topic_type != wanted:
+        raise TxmqError(f"topic {args.name!r} exists as a {_topic_type_name(described.topic_type)} topic, not "
+                        f"{_topic_type_name(wanted)}: a topic's type cannot change (delete it and create it again)")
+    brokers: dict[str, int] = {}
+    for q in described.queues:
+        brokers[q.broker_name] = brokers.get(q.broker_name, 0) + 1
+    data = {"topic": described.topic, "type": _topic_type_name(wanted), "brokers": brokers, "existed": True}
+    out(data, lambda: f"{data['type']} topic {data['topic']} exists ({sum(brokers.values())} queue(s)): "
+                      "nothing to do")
 
 
 def _topic_describe(admin: Admin, args: argparse.Namespace, out: Output) -> None:
@@ -743,6 +764,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queues", type=int, default=0, help="total queues (default: the name server's)")
     p.add_argument("--type", choices=["normal", "fifo"], default="normal",
                    help="fifo: every message carries a message group, delivered in order per group")
+    p.add_argument("--exist-ok", action="store_true",
+                   help="succeed when the topic already exists with this type and at least these queues "
+                        "(fewer are added); an existing topic of the other type is still an error")
     p.set_defaults(run=_topic_create)
     p = topic.add_parser("describe", parents=[common], help="queues (offsets per broker) and the groups reading it")
     p.add_argument("name")

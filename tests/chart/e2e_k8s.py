@@ -4,10 +4,12 @@
         python -m tests.chart.e2e_k8s
 
 With a cluster (KUBECONFIG, ~/.kube/config or in-cluster) and the four images pushed
-(deploy/docker/), it installs the chart with helm into a fresh namespace, waits for the
-rollout with the `kubernetes` client, runs the end-to-end transaction scenario in a pod of
-the cluster (broker and checker addresses are pod DNS names and pod IPs, reachable only
-inside it), deletes broker pod 0 and waits for it to come back with its volume, runs the
+(deploy/docker/), it installs the chart with helm into a fresh namespace with its default
+values (TLS from the chart's CA, auth with generated credentials, closed NetworkPolicies)
+and one declared topic (created by the chart's hook Job), waits for the rollout with the
+`kubernetes` client, runs the end-to-end transaction scenario in a pod of the cluster
+labelled as a client, with the admin's token and certificate (broker and checker addresses
+are pod DNS names, reachable only inside it), deletes broker pod 0 and waits for it to come back with its volume, runs the
 scenario again (and checks the message committed before the kill is still there), then
 uninstalls and deletes the namespace.
 
@@ -56,19 +58,19 @@ def load_cluster() -> str | None:
 
 
 SCENARIO = textwrap.dedent('''
-    import sys, threading, time, grpc, txmq
-    from txmq.v1 import admin_pb2, admin_pb2_grpc
+    import os, sys, time, txmq
     ns, topic, phase = sys.argv[1], sys.argv[2], sys.argv[3]
-    if phase == "first":
-        with grpc.insecure_channel(ns) as ch:
-            admin_pb2_grpc.AdminServiceStub(ch).CreateTopic(admin_pb2.CreateTopicRequest(topic=topic, queue_count=4), timeout=30)
+    # The admin's credentials, mounted from the Secrets the chart generated; the topic came
+    # from the chart's topics Job.
+    client = {"token": os.environ["TXMQ_TOKEN"], "tls": txmq.TLS(
+        ca_file="/etc/txmq/tls/ca.crt", cert_file="/etc/txmq/tls/tls.crt", key_file="/etc/txmq/tls/tls.key")}
     class L(txmq.TransactionListener):
         def execute_local_transaction(self, m, a): return txmq.LocalTransactionState.UNKNOWN
         def check_local_transaction(self, m): return txmq.LocalTransactionState.COMMIT
-    with txmq.TransactionProducer(ns, producer_group="e2e-" + phase, listener=L()) as p:
+    with txmq.TransactionProducer(ns, producer_group="e2e-" + phase, listener=L(), **client) as p:
         p.send_in_transaction(txmq.Message(topic, phase.encode()))
         got, deadline = set(), time.monotonic() + 120
-        with txmq.SimpleConsumer(ns, consumer_group="e2e-" + phase, subscriptions={topic: "*"}) as c:
+        with txmq.SimpleConsumer(ns, consumer_group="e2e-" + phase, subscriptions={topic: "*"}, **client) as c:
             while time.monotonic() < deadline and not ({b"first", phase.encode()} <= got):
                 for m in c.receive(16):
                     got.add(m.body); c.ack(m)
@@ -86,8 +88,9 @@ def run() -> int:
     namespace = f"txmq-e2e-{uuid.uuid4().hex[:6]}"
     release = "txmq"
     core, apps = client.CoreV1Api(), client.AppsV1Api()
-    sets = ["--set", f"image.registry={os.environ.get('TXMQ_E2E_IMAGE_REGISTRY', '')}",
-            "--set", f"image.tag={os.environ.get('TXMQ_E2E_IMAGE_TAG', '')}"]
+    sets = ["--set", f"global.imageRegistry={os.environ.get('TXMQ_E2E_IMAGE_REGISTRY', '')}",
+            "--set", f"image.tag={os.environ.get('TXMQ_E2E_IMAGE_TAG', '')}",
+            "--set", "topics[0].name=e2e-orders", "--set", "topics[0].queues=4"]
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     try:
         subprocess.run([helm, "install", release, str(CHART), "-n", namespace, "--wait",
@@ -95,11 +98,11 @@ def run() -> int:
         wait_rollout(apps, namespace)
         nameserver = f"{release}-nameserver.{namespace}.svc.cluster.local:9876"
         image = apps.read_namespaced_stateful_set(f"{release}-broker", namespace).spec.template.spec.containers[0].image
-        scenario(core, namespace, image, nameserver, "first")
+        scenario(core, namespace, image, nameserver, "first", release)
         print("e2e-k8s: deleting pod txmq-broker-0")
         core.delete_namespaced_pod(f"{release}-broker-0", namespace)
         wait_rollout(apps, namespace)
-        scenario(core, namespace, image, nameserver, "after-kill")
+        scenario(core, namespace, image, nameserver, "after-kill", release)
         print("e2e-k8s: PASSED")
         return 0
     finally:
@@ -119,14 +122,19 @@ def wait_rollout(apps, namespace: str) -> None:
     raise TimeoutError(f"rollout in {namespace} not ready after {ROLLOUT_SECONDS}s")
 
 
-def scenario(core, namespace: str, image: str, nameserver: str, phase: str) -> None:
+def scenario(core, namespace: str, image: str, nameserver: str, phase: str, release: str) -> None:
     from kubernetes import client  # noqa: PLC0415
 
     name = f"e2e-{phase}"
+    token = client.V1EnvVar(name="TXMQ_TOKEN", value_from=client.V1EnvVarSource(
+        secret_key_ref=client.V1SecretKeySelector(name=f"{release}-admin", key="token")))
     core.create_namespaced_pod(namespace, client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name),
+        # The label the chart's NetworkPolicies let in.
+        metadata=client.V1ObjectMeta(name=name, labels={f"{release}-client": "true"}),
         spec=client.V1PodSpec(restart_policy="Never", containers=[client.V1Container(
-            name="scenario", image=image, command=["python", "-c", SCENARIO, nameserver, "e2e-orders", phase])])))
+            name="scenario", image=image, command=["python", "-c", SCENARIO, nameserver, "e2e-orders", phase],
+            env=[token], volume_mounts=[client.V1VolumeMount(name="tls", mount_path="/etc/txmq/tls", read_only=True)])],
+            volumes=[client.V1Volume(name="tls", secret=client.V1SecretVolumeSource(secret_name=f"{release}-admin-tls"))])))
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         pod = core.read_namespaced_pod(name, namespace)

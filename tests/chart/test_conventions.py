@@ -105,8 +105,9 @@ def test_autoscaling_of_the_stateless_components(helm_bin, tmp_path, component):
     [hpa] = r.of_kind("HorizontalPodAutoscaler")
     deployment = r.workload(component)
     assert "replicas" not in deployment["spec"]  # the HPA owns it
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": deployment["kind"],
                                              "name": deployment["metadata"]["name"]}
+    assert deployment["kind"] == {"checker": "StatefulSet", "proxy": "Deployment"}[component]
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 7)
     assert {m["resource"]["name"]: m["resource"]["target"]["averageUtilization"]
             for m in hpa["spec"]["metrics"]} == {"cpu": 75, "memory": 80}

@@ -15,18 +15,23 @@ def _resources(workload: dict[str, Any]) -> dict[str, Any] | None:
     return container.get("resources")
 
 
-def test_no_cpu_request_by_default(helm_bin: Path) -> None:
+SMALL_BROKER = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+
+
+def test_the_small_preset_by_default(helm_bin: Path) -> None:
     r = render(helm_bin)
-    assert [_resources(w) for w in r.workloads("broker")] == [None]
+    assert [_resources(w) for w in r.workloads("broker")] == [SMALL_BROKER]
 
 
 def test_cores_per_shard_is_each_broker_pods_cpu_request_and_only_theirs(helm_bin: Path) -> None:
+    default = render(helm_bin)
     r = render(helm_bin, sets={"broker.coresPerShard": "1", "broker.replicaCount": "4"})
     [broker] = r.workloads("broker")
     assert broker["spec"]["replicas"] == 4
-    assert _resources(broker) == {"requests": {"cpu": "1"}}
+    assert _resources(broker) == {"requests": {"cpu": "1", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
     for component in ("nameserver", "checker", "proxy"):
-        assert all(_resources(w) is None for w in r.workloads(component)), component
+        assert [_resources(w) for w in r.workloads(component)] == \
+            [_resources(w) for w in default.workloads(component)], component
 
 
 def test_cores_per_shard_keeps_the_other_resources_and_yields_to_an_explicit_cpu_request(helm_bin: Path) -> None:
@@ -43,7 +48,7 @@ def test_every_replicated_shard_requests_its_core(helm_bin: Path) -> None:
     r = render(helm_bin, [scenario_file("replicated")])
     brokers = list(r.workloads("broker"))
     assert len(brokers) == 2  # one StatefulSet per shard
-    assert all(_resources(w) == {"requests": {"cpu": "1"}} for w in brokers)
+    assert all(_resources(w)["requests"]["cpu"] == "1" for w in brokers)
 
 
 def test_a_negative_core_count_is_refused(helm_bin: Path) -> None:

@@ -42,7 +42,7 @@ def test_every_scenario_renders_each_component(rendered: dict[str, Rendered], sc
     kinds = {(d["kind"], d["metadata"]["labels"].get("app.kubernetes.io/component")) for d in r.docs}
     assert ("StatefulSet", "nameserver") in kinds
     assert ("StatefulSet", "broker") in kinds
-    assert ("Deployment", "checker") in kinds
+    assert ("StatefulSet", "checker") in kinds
     assert ("Deployment", "proxy") in kinds and ("Service", "proxy") in kinds
     for component in ("nameserver", "broker", "checker", "proxy"):
         assert ("PodDisruptionBudget", component) in kinds
@@ -116,12 +116,12 @@ BAD_VALUES = {
 
 #: What the refusal must name (the key that is wrong), when not the first key's last part.
 BAD_VALUES_NAMED = {
-    "replicated without an etcd": "etcd.endpoints",
-    "bundled etcd and endpoints both": "etcd.endpoints",
+    "replicated without an etcd": "needs an etcd to elect each shard's leader: add --set etcd.enabled=true",
+    "bundled etcd and endpoints both": "etcd.enabled and etcd.endpoints are both set",
     "min in-sync above the factor": "minInsyncReplicas",
     "pdb below min in-sync": "maxUnavailable",
     "election poll not below the lease": "election_poll_seconds",
-    "cert-manager without an issuer": "issuerRef",
+    "cert-manager without an issuer": "tls.certManager.enabled needs tls.certManager.issuerRef.name",
     "etcd endpoint of another scheme": "etcd.endpoints",
 }
 

@@ -255,11 +255,17 @@ def test_peers_are_addressed_through_the_headless_services(rendered: dict[str, R
             assert env["TXMQ_BROKER_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
             assert env["TXMQ_ADVERTISE_ADDRESS"] == \
                 f"$(TXMQ_BROKER_NAME).{headless['metadata']['name']}.{namespace}.svc.cluster.local:{port}"
+    # Checkers too: producers dial them, and with TLS a certificate names a pod's DNS name,
+    # never its IP (which no certificate issued at install can know).
     checker = r.workload("checker")
+    headless = r.get("Service", checker["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"]
     env = _env(r, checker)
     assert env["TXMQ_CHECKER_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-    assert env["TXMQ_ADVERTISE_ADDRESS"] == f"$(POD_IP):{_container(checker)['ports'][0]['containerPort']}"
+    assert "POD_IP" not in env
+    assert env["TXMQ_ADVERTISE_ADDRESS"] == \
+        f"$(TXMQ_CHECKER_NAME).{headless['metadata']['name']}.{namespace}.svc.cluster.local:" \
+        f"{_container(checker)['ports'][0]['containerPort']}"
     env = _env(r, r.workload("proxy"))
     assert env["TXMQ_PROXY_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     # Routes name the access point each client dialled: the proxy Service.
@@ -330,8 +336,10 @@ def test_pods_are_locked_down(rendered: dict[str, Rendered], scenario: str) -> N
         assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
         assert sc["capabilities"]["drop"] == ["ALL"]
         assert "/tmp" in {m["mountPath"] for m in c["volumeMounts"]}
-        if scenario == "minimal":
-            assert "resources" not in c  # empty by default: the user sizes the pods
+        # Requests by default (a preset), so no pod is BestEffort (evicted first).
+        assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"], w["metadata"]["name"]
+        if scenario == "minimal":  # the preset's memory limit
+            assert c["resources"]["limits"]["memory"], w["metadata"]["name"]
         grace = float(_env(r, w)["TXMQ_SHUTDOWN_GRACE_SECONDS"])
         assert grace < spec["terminationGracePeriodSeconds"]
 
@@ -362,7 +370,7 @@ def test_scaling_changes_replicas_and_name_server_list(helm_bin: Path) -> None:
 MUTATIONS = {
     "Service targets the wrong port": ("templates/broker/service-headless.yaml", "port: {{ .Values.broker.port }}",
                                        "port: 10912", test_service_ports_reach_container_ports_the_processes_listen_on),
-    "containerPort differs from TXMQ_PORT": ("templates/checker/deployment.yaml", "containerPort: {{ $v.port }}",
+    "containerPort differs from TXMQ_PORT": ("templates/checker/statefulset.yaml", "containerPort: {{ $v.port }}",
                                              "containerPort: 10000",
                                              test_service_ports_reach_container_ports_the_processes_listen_on),
     "variable the service does not read": ("templates/broker/statefulset.yaml", "- name: TXMQ_DATA_DIR",
