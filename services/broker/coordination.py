@@ -29,45 +29,21 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 
 import grpc
 from aetcd import rpc
 
 from services.common.channels import open_channel, tls_generation
 
-log = logging.getLogger(__name__)
+from .replica.state import InSync, Leader, ShardState
 
+__all__ = ["EtcdUnavailable", "InSync", "Leader", "ShardCoordinator", "ShardState"]
+
+log = logging.getLogger(__name__)
 
 
 class EtcdUnavailable(Exception):
     """etcd did not answer (the replica cannot tell whether it may lead)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Leader:
-    replica: int
-    address: str
-    #: The leader key's create revision: the leader epoch.
-    epoch: int
-    lease: int
-    #: host:port of its replication stream (``transport.py``).
-    replication_address: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class InSync:
-    members: tuple[int, ...]
-    #: The key's mod revision (0: the shard was never founded).
-    revision: int
-
-
-@dataclass(frozen=True, slots=True)
-class ShardState:
-    leader: Leader | None
-    isr: InSync
-    #: The replica a leader handed its leadership to (None: no hand-over under way).
-    handover_to: int | None = None
 
 
 class ShardCoordinator:
