@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from typing import Callable
 
 from ..config import BrokerConfig
@@ -22,6 +23,7 @@ from ..store import replog
 from ..store.db import Database
 from ..transport import Connection
 from .state import Leadership, Progress
+from .term import Gate
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +112,30 @@ class Shipper:
             return out
         return db.read_entries(first, self.batch_bytes)
 
-    async def serve(self, conn: Connection, db: Database, lead: Leadership, progress: Progress, truncate_to: int,
-                    end_epoch: int, *, serving: Callable[[], bool], on_ack: Callable[[Progress, int], None]) -> None:
-        """One follower's session after its hello: the truncation point, then entries as it
+    async def session(self, conn: Connection, hello: tuple[str, int, int, int, int, str], db: Database,
+                      lead: Leadership, gate: Gate, *, leading: Callable[[], bool],
+                      on_end: Callable[[], None]) -> None:
+        """A follower's session, its hello accepted by ``lead`` (``refuse_session``): the
+        truncation point, then entries as it acknowledges them, while ``leading()``.
+        ``on_end()`` runs when it ends, if it was the follower's newest session."""
+        _shard, replica_id, _epoch, log_end, last_epoch, _token = hello
+        end_epoch, end = replog.epoch_end(db.epochs, last_epoch, db.written)
+        truncate_to = min(log_end, end) if log_end else 0
+        progress = lead.connect(replica_id, time.monotonic(), db.written)
+        log.info("follower connected", extra={"fields": {
+            "replica_id": replica_id, "log_end": log_end, "last_epoch": last_epoch,
+            "truncate_to": truncate_to, "epoch": lead.epoch, "peer": conn.peer()}})
+        try:
+            await self._serve(conn, db, lead, progress, truncate_to, end_epoch, on_ack=gate.acked,
+                              serving=lambda: leading() and lead.current(progress))
+        finally:
+            if lead.disconnect(progress, time.monotonic()):
+                on_end()
+            log.info("follower disconnected", extra={"fields": {"replica_id": replica_id, "durable": progress.durable}})
+
+    async def _serve(self, conn: Connection, db: Database, lead: Leadership, progress: Progress, truncate_to: int,
+                     end_epoch: int, *, serving: Callable[[], bool], on_ack: Callable[[Progress, int], None]) -> None:
+        """The session after its hello: the truncation point, then entries as the follower
         acknowledges them, until ``serving()`` is false (the term ended, a newer session of
         the follower replaced this one), the follower goes, or it sends something wrong
         (``replog.FrameError``, raised: the listener refuses it)."""
