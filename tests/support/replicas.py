@@ -3,6 +3,7 @@ stopped replicas, and the check budget read back from a stopped store."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -69,3 +70,22 @@ def max_checks_spent(proc: ServiceProcess) -> int:
         return max((codec.decode_txn(v, k).checks_delivered for k, v in db.scan("txn")), default=0)
     finally:
         db.close()
+
+
+def delete_leader_key(cluster: Cluster, shard: str) -> int:
+    """Deletes ``shard``'s leader key in etcd (as an etcd that lost it would): its leader
+    steps down at its next election round. Returns the epoch it led in."""
+    from services.broker.coordination import ShardCoordinator
+
+    assert cluster.etcd is not None
+
+    async def delete() -> int:
+        coord = ShardCoordinator((cluster.etcd.endpoint,), "/txmq", shard, 0)
+        try:
+            leader = (await coord.read()).leader
+            assert leader is not None, f"{shard} has no leader key"
+            assert await coord.resign(leader.epoch)
+            return leader.epoch
+        finally:
+            await coord.close()
+    return asyncio.run(delete())
