@@ -27,6 +27,7 @@ class CommitStalledError(NotEnoughReplicasError):
     def __init__(self, shard: str, in_sync: int, required: int) -> None:
         UnavailableError.__init__(
             self, f"{shard!r} cannot commit what this answer waits for: {in_sync} in-sync replicas able to "
-                  f"acknowledge, fewer than min_insync_replicas={required}; a write was applied on fewer "
-                  "replicas than required, its outcome unknown until they return: retry with the same ids",
+                  f"acknowledge, fewer than min_insync_replicas={required}; what it wrote is on fewer replicas "
+                  "than required (outcome unknown until they return) and nothing uncommitted is shown: "
+                  "retry with the same ids",
             shard=shard, in_sync=in_sync, required=required)

@@ -109,7 +109,7 @@ class Following:
                 await self._rebuild(leader)
         except asyncio.CancelledError:
             raise
-        except (Refused, OSError, EOFError, asyncio.TimeoutError, replog.FrameError) as exc:
+        except (Refused, OSError, EOFError, TimeoutError, replog.FrameError) as exc:
             kind_of = exc.code.name if isinstance(exc, Refused) else type(exc).__name__
             if (leader.epoch, kind_of) != self._last_error:
                 # Once per leader and kind: a dead leader is retried every poll until etcd moves on.

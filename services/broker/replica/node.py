@@ -160,9 +160,9 @@ class ReplicaNode:
                     await self.following.stop()
                 case state.Campaign(isr, members):
                     with contextlib.suppress(EtcdUnavailable):
-                        epoch = await self.coord.campaign(self.address(), self.replication_address(), isr, members)
-                        if epoch is not None:
-                            await self._become_leader(epoch, InSync(tuple(sorted(members)), epoch))
+                        won = await self.coord.campaign(self.address(), self.replication_address(), isr, members)
+                        if won is not None:
+                            await self._become_leader(won, InSync(tuple(sorted(members)), won))
 
     async def _become_leader(self, epoch: int, isr: InSync) -> None:
         db = self.db
@@ -288,4 +288,4 @@ class ReplicaNode:
 
     def known_epoch(self) -> int:
         leader = self.state.leader
-        return self.epoch if self.term is not None else (leader.epoch if leader else self.db.last_epoch)
+        return self.epoch if self.term is not None else (leader.epoch if leader else int(self.db.last_epoch))

@@ -19,7 +19,6 @@ while it has fewer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 import grpc
 
@@ -70,7 +69,7 @@ class Rules:
     lease_seconds: float
 
     @classmethod
-    def of(cls, config: BrokerConfig) -> "Rules":
+    def of(cls, config: BrokerConfig) -> Rules:
         return cls(config.broker_name, config.replica_id, config.replication_factor, config.min_insync_replicas,
                    config.replica_lag_max_seconds, config.leader_lease_seconds)
 
@@ -132,8 +131,7 @@ class Leadership:
         to ``written``. Caught up when it holds all of it, or everything written by its
         previous ack (then since that ack): a follower kept busy by a steady stream of
         writes is not lagging as long as each ack covers what the one before it lacked."""
-        if durable > progress.durable:
-            progress.durable = durable
+        progress.durable = max(progress.durable, durable)
         if progress.durable >= written:
             progress.caught_up_at = now
         elif progress.durable >= progress.written_at_prev_ack:
@@ -306,11 +304,12 @@ def refuse_session(rules: Rules, shard: str, replica_id: int, epoch: int,
     if shard != rules.shard:
         return grpc.StatusCode.INVALID_ARGUMENT, f"this is shard {rules.shard!r}, not {shard!r}"
     if not 0 <= replica_id < rules.replication_factor or replica_id == rules.replica_id:
-        return (grpc.StatusCode.INVALID_ARGUMENT, f"replica_id {replica_id} is not another replica of {rules.shard!r} "
-                f"(0..{rules.replication_factor - 1}, this is {rules.replica_id})")
+        return grpc.StatusCode.INVALID_ARGUMENT, (f"replica_id {replica_id} is not another replica of {rules.shard!r} "
+                                                  f"(0..{rules.replication_factor - 1}, this is {rules.replica_id})")
     if leading is None or epoch != leading:
-        return (grpc.StatusCode.FAILED_PRECONDITION, f"replica {rules.replica_id} does not lead {rules.shard!r} in "
-                f"epoch {epoch} (it {'leads in epoch ' + str(leading) if leading is not None else 'does not lead'})")
+        now = f"leads in epoch {leading}" if leading is not None else "does not lead"
+        return grpc.StatusCode.FAILED_PRECONDITION, (f"replica {rules.replica_id} does not lead {rules.shard!r} in "
+                                                     f"epoch {epoch} (it {now})")
     return None
 
 
@@ -356,7 +355,7 @@ class Campaign:
     members: tuple[int, ...]
 
 
-Action = Union[StepDown, MaintainIsr, Resign, Follow, BecomeMember, StopFollowing, Campaign]
+Action = StepDown | MaintainIsr | Resign | Follow | BecomeMember | StopFollowing | Campaign
 
 
 @dataclass(frozen=True, slots=True)
