@@ -436,11 +436,17 @@ def test_operator_lists_replicas_and_moves_the_leadership(fresh_cluster_factory,
     txmq_cli = [sys.executable, "-m", "txmq", "--nameserver", cluster.nameserver_address, "--json"]
 
     def listed() -> list[dict[str, Any]]:
-        out = subprocess.run([*txmq_cli, "broker", "list"], capture_output=True, text=True, timeout=30)
+        # Each call is a CLI process: under load its start alone can take tens of seconds.
+        out = subprocess.run([*txmq_cli, "broker", "list"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)["brokers"]
-    wait_until(lambda: len(listed()) == 3 and all(r["in_sync"] and r["complete"] for r in listed()), 30,
-               message=lambda: f"not three complete in-sync replicas: {listed()}")
+    seen: list[dict[str, Any]] = []
+
+    def complete() -> bool:
+        seen[:] = listed()
+        return len(seen) == 3 and all(r["in_sync"] and r["complete"] for r in seen)
+    wait_until(complete, 120, ignore=(subprocess.TimeoutExpired,),
+               message=lambda: f"not three complete in-sync replicas: {seen}")
     rows = {r["replica"]: r for r in listed()}
     assert [r["role"] for _, r in sorted(rows.items())].count("leader") == 1
     old_id = next(i for i, r in rows.items() if r["role"] == "leader")
