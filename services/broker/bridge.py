@@ -65,7 +65,8 @@ class StoreBridge:
         self.write_guard: Callable[[], None] | None = None
         #: Replicated shards: raises (NotLeaderError) while the leadership is being handed
         #: over; called before *every* write, also those that need no sync (receives, acks),
-        #: so the replica taking over can hold the whole log.
+        #: so the replica taking over can hold the whole log (and NotEnoughReplicasError
+        #: while the commit point cannot reach what such a write would wait for).
         self.handover_guard: Callable[[], None] | None = None
         self._failed: BaseException | None = None
         #: Called with the new durable position after every local sync (the replication
@@ -84,12 +85,19 @@ class StoreBridge:
         """Runs ``op`` now; returns its result and ticket (raises what it refused with).
         Its durable-hooks are queued behind the ticket. Inside :meth:`grouped` the ticket
         is ``GROUP_TICKET``: the group's comes when it ends."""
+        self._admit(sync)
+        return self._apply(op, sync)
+
+    def _admit(self, sync: bool) -> None:
+        """Raises what refuses a write before anything of it is applied."""
         if self._failed is not None:
             raise self._failed
         if self.handover_guard is not None:
             self.handover_guard()
         if sync and self.write_guard is not None:
             self.write_guard()
+
+    def _apply(self, op: Op, sync: bool) -> tuple[Any, int]:
         applied = self.db.apply(op, sync=sync)
         if applied.ticket == GROUP_TICKET:
             assert self._group_hooks is not None
@@ -120,12 +128,18 @@ class StoreBridge:
 
     def run(self, op: Op, *, sync: bool = True) -> asyncio.Future[Any]:
         """``apply`` as a future resolved once the result may be told; a refusal is raised
-        through it, once what the refusal was based on is durable."""
+        through it, once what the refusal was based on is durable (a guard's refusal, which
+        read no state, at once)."""
         if self._group_hooks is not None:
             raise RuntimeError("run() inside a write group: its ticket is not known yet")
         fut: asyncio.Future[Any] = self.loop.create_future()
         try:
-            result, ticket = self.apply(op, sync=sync)
+            self._admit(sync)
+        except Exception as exc:  # noqa: BLE001 - the caller gets it through the future
+            fut.set_exception(exc)  # at once: a refusal up front read nothing of the store
+            return fut
+        try:
+            result, ticket = self._apply(op, sync)
         except Exception as exc:  # noqa: BLE001 - the caller gets it through the future
             self.when_durable(self.db.read_ticket, lambda exc=exc: fut.done() or fut.set_exception(exc),
                               _failer(fut))
@@ -185,6 +199,23 @@ class StoreBridge:
                 fn()
             except Exception:  # noqa: BLE001 - one hook must not hold up the others
                 log.exception("durable hook failed")
+
+    def fail_waiting(self, error: BaseException, above: int) -> None:
+        """Fails every waiting answer whose ticket is above ``above`` with ``error`` (the
+        replication leader: its commit point cannot reach them now). Unlike
+        :meth:`fail_all` the bridge goes on; hooks with no failure path keep waiting."""
+        def failing(waiter: tuple[int, Callable[[], None], Callable[[BaseException], None] | None]) -> bool:
+            return waiter[0] > above and waiter[2] is not None
+        failed = [waiter for waiter in self._waiting if failing(waiter)]
+        if not failed:
+            return
+        self._waiting = collections.deque(waiter for waiter in self._waiting if not failing(waiter))
+        for _ticket, _fn, fail in failed:
+            try:
+                if fail is not None:
+                    fail(error)
+            except Exception:  # noqa: BLE001
+                log.exception("failure hook failed")
 
     def fail_all(self, error: BaseException) -> None:
         """The replica lost its leadership: every waiter gets ``error``, and so does every

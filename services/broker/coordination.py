@@ -27,47 +27,27 @@ plaintext. The channel is opened again when the TLS files change.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
-from dataclasses import dataclass
+import time
+from typing import Awaitable, Callable
 
 import grpc
 from aetcd import rpc
 
 from services.common.channels import open_channel, tls_generation
 
-log = logging.getLogger(__name__)
+from .replica.state import InSync, Leader, ShardState
 
+__all__ = ["EtcdUnavailable", "InSync", "Leader", "ShardCoordinator", "ShardState"]
+
+log = logging.getLogger(__name__)
 
 
 class EtcdUnavailable(Exception):
     """etcd did not answer (the replica cannot tell whether it may lead)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Leader:
-    replica: int
-    address: str
-    #: The leader key's create revision: the leader epoch.
-    epoch: int
-    lease: int
-    #: host:port of its replication stream (``transport.py``).
-    replication_address: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class InSync:
-    members: tuple[int, ...]
-    #: The key's mod revision (0: the shard was never founded).
-    revision: int
-
-
-@dataclass(frozen=True, slots=True)
-class ShardState:
-    leader: Leader | None
-    isr: InSync
-    #: The replica a leader handed its leadership to (None: no hand-over under way).
-    handover_to: int | None = None
 
 
 class ShardCoordinator:
@@ -91,6 +71,9 @@ class ShardCoordinator:
         self._tls_generation = 0
         self._retired: list[grpc.aio.Channel] = []
         self.lease_id = 0
+        self._ttl = 1
+        #: When the lease was last granted or renewed (time.monotonic()).
+        self.renewed_at = 0.0
         self._closed = False
 
     # --- connection -------------------------------------------------------------------------
@@ -146,7 +129,39 @@ class ShardCoordinator:
         except grpc.aio.AioRpcError as exc:
             raise await self._failed(exc) from None
         self.lease_id = reply.ID
+        self.renewed_at = time.monotonic()
+        self._ttl = ttl_seconds
         return reply.ID
+
+    async def acquire_lease(self, ttl_seconds: int, retry_seconds: float) -> None:
+        """Grants this replica's lease, asking again every ``retry_seconds`` while etcd does
+        not answer (a replica starting while etcd is down waits for it)."""
+        while True:
+            try:
+                await self.grant_lease(ttl_seconds)
+                return
+            except EtcdUnavailable as exc:
+                log.warning("etcd unreachable, retrying", extra={"fields": {"error": str(exc)[:200]}})
+                await asyncio.sleep(retry_seconds)
+
+    async def hold_lease(self, on_expired: Callable[[], Awaitable[None]]) -> None:
+        """Renews the lease every third of its TTL until cancelled (:attr:`renewed_at` says
+        when it last was). Found expired, ``on_expired()`` runs (a leader steps down) and a
+        new lease is granted."""
+        ttl = self._ttl
+        while True:
+            await asyncio.sleep(max(ttl / 3, 0.1))
+            try:
+                left = await self.keep_alive()
+            except EtcdUnavailable as exc:
+                log.warning("lease renewal failed", extra={"fields": {"error": str(exc)[:200]}})
+                continue
+            if left > 0:
+                self.renewed_at = time.monotonic()
+                continue
+            await on_expired()
+            with contextlib.suppress(EtcdUnavailable):
+                await self.grant_lease(ttl)
 
     async def keep_alive(self) -> int:
         """Renews the lease once; returns its remaining TTL (≤ 0: it is gone)."""

@@ -18,6 +18,7 @@ import shutil
 import time
 from typing import Any, Callable
 
+from txmq.errors import UnavailableError
 from txmq.v1 import (broker_pb2, broker_pb2_grpc, nameserver_pb2, operations_pb2, operations_pb2_grpc,
                      replication_pb2, replication_pb2_grpc)
 
@@ -210,7 +211,11 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
         totals = {"dedup_expired": 0, "records_deleted": 0}
         while (pair := current()) is not None:
             core, bridge = pair
-            stats = await bridge.run(core.retention_op(RETENTION_ROUND), sync=False)
+            try:
+                stats = await bridge.run(core.retention_op(RETENTION_ROUND), sync=False)
+            except UnavailableError as exc:  # the replica stepped down, or cannot commit now: next round
+                log.info("retention stopped early: this replica cannot serve now", extra={"fields": {"reason": exc.reason, **totals}})
+                return
             for name, value in stats.items():
                 totals[name] += value
             if max(stats.values()) < RETENTION_ROUND:

@@ -3,9 +3,11 @@ stopped replicas, and the check budget read back from a stopped store."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import urllib.request
 from typing import Any
 
 import grpc
@@ -20,15 +22,40 @@ def leader_status(cluster: Cluster, shard: str) -> Any:
     return {b.name: b for b in cluster.list_brokers()}[shard]
 
 
+def metric(proc: ServiceProcess, name: str) -> float:
+    """The value of ``name`` (an unlabelled sample) on ``proc``'s /metrics, read now."""
+    text = urllib.request.urlopen(f"http://{proc.host}:{proc.metrics_port}/metrics", timeout=10).read().decode()
+    values = [float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " ")]
+    assert values, f"{proc.name} exports no {name}"
+    return values[0]
+
+
+def caught_up(procs: list[ServiceProcess]) -> bool:
+    """Whether every replica of ``procs`` holds its leader's whole log, by each one's own
+    /metrics: the leader's log end is read first, then each follower's (a registration
+    the name server holds is up to a heartbeat old, and a follower at its log end may not
+    hold what the leader wrote since: receives and acks are answered before they are
+    replicated)."""
+    leaders = [p for p in procs if metric(p, "txmq_replica_is_leader") == 1]
+    if len(leaders) != 1:
+        return False
+    end = metric(leaders[0], "txmq_replica_log_end")
+    return all(metric(p, "txmq_replica_log_end") >= end for p in procs if p is not leaders[0])
+
+
 def wait_in_sync(cluster: Cluster, shard: str, replicas: int = 3, timeout: float = 60.0) -> None:
-    """Until the leader reports ``replicas`` in-sync members, every follower at its log end."""
+    """Until the leader reports ``replicas`` in-sync members, every follower at its log
+    end, and every follower in the set holds what the leader had written when asked."""
     def synced() -> bool:
         r = leader_status(cluster, shard).replication
         followers = [f for f in r.followers if f.in_sync and f.durable_lsn >= r.log_end]
-        return len(r.in_sync_replicas) == replicas and len(followers) == replicas - 1
+        if len(r.in_sync_replicas) != replicas or len(followers) != replicas - 1:
+            return False
+        in_sync = [p for p in cluster.shards[shard] if p.running and int(p.env["TXMQ_REPLICA_ID"]) in r.in_sync_replicas]
+        return len(in_sync) == replicas and caught_up(in_sync)
     wait_until(synced, timeout, interval=0.1,
                message=lambda: f"replicas of {shard} not in sync: {leader_status(cluster, shard)}",
-               ignore=(grpc.RpcError, KeyError))
+               ignore=(grpc.RpcError, KeyError, OSError))
 
 
 def fsck(proc: ServiceProcess) -> dict[str, Any]:
@@ -42,6 +69,13 @@ def stop_and_compare(cluster: Cluster, shard: str) -> list[dict[str, Any]]:
     """Stops every replica of ``shard`` cleanly, then asserts: each store clean under fsck,
     all at the same log end, all digests (per column family) equal."""
     procs = cluster.shards[shard]
+    # What the replicas are guaranteed to reach once writes stop: each holds the leader's
+    # whole log (and a stopping replica takes no leadership, so none writes after).
+    running = [p for p in procs if p.running]
+    if running:
+        wait_until(lambda: caught_up(running), 60, interval=0.05, ignore=(OSError,),
+                   message=lambda: f"replicas of {shard} never held the same log: "
+                                   f"{ {p.name: metric(p, 'txmq_replica_log_end') for p in running} }")
     for proc in procs:
         if proc.running:
             proc.send_term()
@@ -69,3 +103,22 @@ def max_checks_spent(proc: ServiceProcess) -> int:
         return max((codec.decode_txn(v, k).checks_delivered for k, v in db.scan("txn")), default=0)
     finally:
         db.close()
+
+
+def delete_leader_key(cluster: Cluster, shard: str) -> int:
+    """Deletes ``shard``'s leader key in etcd (as an etcd that lost it would): its leader
+    steps down at its next election round. Returns the epoch it led in."""
+    from services.broker.coordination import ShardCoordinator
+
+    assert cluster.etcd is not None
+
+    async def delete() -> int:
+        coord = ShardCoordinator((cluster.etcd.endpoint,), "/txmq", shard, 0)
+        try:
+            leader = (await coord.read()).leader
+            assert leader is not None, f"{shard} has no leader key"
+            assert await coord.resign(leader.epoch)
+            return leader.epoch
+        finally:
+            await coord.close()
+    return asyncio.run(delete())

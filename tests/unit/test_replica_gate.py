@@ -1,0 +1,111 @@
+"""A leader's bridge gated by its Leadership (services/broker/replica/term.py), on a real
+store with a fake clock: the lone leader — in-sync set {itself, a dead replica it cannot
+drop} — fails a write it admitted while its followers might still connect within
+``replica_lag_max_seconds`` plus one election round, refuses later writes at once with
+nothing applied, and answers a write needing no sync at once while what it reads is
+committed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.broker.bridge import StoreBridge
+from services.broker.replica.errors import CommitStalledError
+from services.broker.replica.state import InSync, Leadership, Rules
+from services.broker.replica.term import Gate
+from services.broker.store.db import Database
+from txmq.errors import NotEnoughReplicasError
+
+LAG = 1.0  # replica_lag_max_seconds
+POLL = 0.05  # election_poll_seconds: the node ticks its gate once a round
+T0 = 500.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def put(key: bytes):
+    return lambda w: (w.put("meta", key, b"v"), key.decode())[1]
+
+
+def lone_leader(tmp_path, loop: asyncio.AbstractEventLoop, *, tail: int) -> tuple[Database, StoreBridge, Gate, Clock]:
+    """Replica 2 leads after 0 and 1 died, its set {1, 2} keeping the dead 1 (min_insync 2).
+    Its log holds 6 committed entries, then ``tail`` it cannot know were committed."""
+    db = Database(str(tmp_path / "store"), sync=True, replicated=True)
+    db.begin_epoch(3)
+    for i in range(6 + tail):
+        db.call(put(b"old-%d" % i))
+    db.begin_epoch(9)
+    db.read_ticket = db.written  # as a new leader does: nothing on disk shown before it is committed
+    clock = Clock()
+    lead = Leadership(Rules("broker-0", 2, 3, 2, LAG, 1.0), epoch=9, isr=InSync((1, 2), 8), commit=6, now=T0)
+    bridge = StoreBridge(db, loop, on_fatal=lambda exc: None)
+    gate = Gate(lead, bridge, lambda: db, clock=clock)
+    return db, bridge, gate, clock
+
+
+def test_the_lone_leader_refuses_sends_within_lag_max_and_one_round(tmp_path):
+    async def scenario() -> None:
+        db, bridge, gate, clock = lone_leader(tmp_path, asyncio.get_running_loop(), tail=1)
+        clock.now = T0 + 0.1
+        early = bridge.run(put(b"early"))  # admitted: replica 1 may still be connecting
+        read = bridge.run(put(b"receive"), sync=False)  # needs no sync, reads the uncommitted tail
+        await asyncio.sleep(0.05)
+        gate.tick()
+        assert not early.done() and not read.done()
+
+        clock.now = T0 + LAG + POLL  # replica 1 never came: the round after lag_max
+        gate.tick()
+        for answer in (early, read):
+            assert answer.done()
+            with pytest.raises(CommitStalledError, match="outcome unknown"):
+                answer.result()
+        written = db.written
+        late = bridge.run(put(b"late"))  # refused up front, told at once
+        assert late.done()
+        with pytest.raises(NotEnoughReplicasError) as refused:
+            late.result()
+        assert (refused.value.in_sync, refused.value.required) == (1, 2)
+        again = bridge.run(put(b"receive-again"), sync=False)
+        assert again.done() and isinstance(again.exception(), NotEnoughReplicasError)
+        assert db.written == written, "a refused write was applied"
+        db.close()
+    asyncio.run(scenario())
+
+
+def test_the_lone_leader_answers_at_once_what_needs_no_sync_while_it_reads_only_committed_state(tmp_path):
+    async def scenario() -> None:
+        db, bridge, gate, clock = lone_leader(tmp_path, asyncio.get_running_loop(), tail=0)
+        clock.now = T0 + LAG + POLL
+        gate.tick()
+        received = bridge.run(put(b"receive"), sync=False)
+        await asyncio.wait_for(received, 1.0)  # answered at once, not after its deadline
+        assert received.result() == "receive"
+        send = bridge.run(put(b"send"))
+        assert send.done() and isinstance(send.exception(), NotEnoughReplicasError)
+        db.close()
+    asyncio.run(scenario())
+
+
+def test_a_follower_back_in_time_commits_what_waited_and_nothing_fails(tmp_path):
+    async def scenario() -> None:
+        db, bridge, gate, clock = lone_leader(tmp_path, asyncio.get_running_loop(), tail=1)
+        clock.now = T0 + 0.2
+        waiting = bridge.run(put(b"early"))
+        await asyncio.sleep(0.05)  # the local sync has run
+        progress = gate.lead.connect(1, clock.now, db.written)
+        clock.now = T0 + 0.4
+        gate.acked(progress, db.written)
+        assert waiting.done() and waiting.result() == "early"
+        clock.now = T0 + LAG + POLL
+        gate.tick()
+        assert gate.lead.commit == db.written and not gate.lead.stalled(clock.now)
+        db.close()
+    asyncio.run(scenario())
