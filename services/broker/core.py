@@ -47,7 +47,7 @@ from .retention import Retention
 from .schedule import CheckSchedule
 from .sends import Sends
 from .store import codec
-from .store.db import Database, now_ms
+from .store.db import Database, OpWrites, now_ms
 from .timers import Timers
 from .transactions import Transactions
 from .validation import parse_tag_filter
@@ -79,8 +79,11 @@ def store_identity(db: Database, config: BrokerConfig) -> int:
     name = db.get("meta", b"broker_name")
     if name is None:
         store_id = random.getrandbits(32) or 1
-        db.call(lambda w: (w.put("meta", b"broker_name", codec.frame(config.broker_name.encode())),
-                           w.put("meta", b"store_id", codec.encode_u64(store_id))))
+
+        def create(w: OpWrites) -> None:
+            w.put("meta", b"broker_name", codec.frame(config.broker_name.encode()))
+            w.put("meta", b"store_id", codec.encode_u64(store_id))
+        db.call(create)
         return store_id
     stored_name = codec.unframe(name, "meta", b"broker_name").decode()
     if stored_name != config.broker_name:

@@ -138,7 +138,8 @@ class Globals:
             return self.sends.send_op(record)
         field_name = "begin_global" if begin else "global_transaction_id"
         if record.kind != KIND_HALF:
-            raise InvalidFieldError(field_name, "only a half message (type TRANSACTION) is part of a global transaction")
+            raise InvalidFieldError(field_name, "only a half message (type TRANSACTION) is part of a global "
+                                    "transaction")
         if begin and global_id:
             raise InvalidFieldError("global_transaction_id", "the first message of a global transaction has "
                                     "none: its own transaction id becomes the global transaction's")

@@ -71,8 +71,8 @@ class Sends:
                 w.put("dedup", mid_key, codec.encode_dedup(
                     codec.DedupEntry(codec.DEDUP_NORMAL, seq, record.queue_id, offset)))
                 ctx.expire_dedup(w, now, record.message_id)
-                w.on_durable(lambda: (ctx.listeners.notify_stored(topic, codec.KIND_NORMAL),
-                                      ctx.listeners.notify_visible(topic)))
+                w.on_durable(lambda: ctx.listeners.notify_stored(topic, codec.KIND_NORMAL))
+                w.on_durable(lambda: ctx.listeners.notify_visible(topic))
                 return SendResult(record.message_id, record.queue_id, offset)
             self.transactions.prepare(w, record, seq, now, checked=checked)
             w.on_durable(lambda: ctx.listeners.notify_stored(record.topic, codec.KIND_HALF))

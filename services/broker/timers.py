@@ -20,6 +20,7 @@ the index and carries on. A message is never moved before its time (the broker's
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any, Callable
 
@@ -92,8 +93,8 @@ class Timers:
                     visible.add(topic)
             self._next = self._next_due(now, moved >= limit)
             listeners = self.ctx.listeners
-            if visible:
-                w.on_durable(lambda: [listeners.notify_visible(t) for t in visible])
+            for topic in sorted(visible):
+                w.on_durable(functools.partial(listeners.notify_visible, topic))
             if lateness:
                 w.on_durable(lambda: listeners.notify_timer_moved(lateness))
             return moved

@@ -171,7 +171,8 @@ class Transactions:
         w.put("txn", codec.txn_key(row.seq), codec.encode_txn(row))
         self._count(w, row.producer_group, pending=-1, discarded=+1)
         group = row.producer_group
-        w.on_durable(lambda: (ctx.listeners.notify_visible(topic), ctx.listeners.notify_discard(group)))
+        w.on_durable(lambda: ctx.listeners.notify_visible(topic))
+        w.on_durable(lambda: ctx.listeners.notify_discard(group))
         for hook in self.on_discard:
             hook(w, row, reason)
 
