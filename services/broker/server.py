@@ -232,22 +232,26 @@ class BrokerProcess:
             broker.replication.CopyFrom(node.status())
         return broker
 
-    def _watch_disk_now(self) -> None:
-        """Free disk against the floor (sends are refused below it), and the store's size."""
+    def _measure_disk(self) -> tuple[int, int]:
+        """(free bytes on the data volume, the store's bytes): file system calls, on any thread."""
+        return shutil.disk_usage(self.config.data_dir).free, self.store.size_bytes()
+
+    def _note_disk(self, free: int, store_bytes: int) -> None:
+        """Free disk against the floor (sends are refused below it), on the event loop."""
         config = self.config
-        usage = shutil.disk_usage(config.data_dir)
-        full = usage.free < config.min_free_disk_bytes
+        full = free < config.min_free_disk_bytes
         if full != self.disk_full:
             log.warning("free disk below floor: refusing sends" if full else "free disk back above floor",
-                        extra={"fields": {"free_bytes": usage.free, "floor_bytes": config.min_free_disk_bytes}})
-        self.free_disk_bytes, self.disk_full = usage.free, full
+                        extra={"fields": {"free_bytes": free, "floor_bytes": config.min_free_disk_bytes}})
+        self.free_disk_bytes, self.disk_full = free, full
         serving = self.serving
         if serving is not None:
-            serving.core.free_disk_bytes, serving.core.disk_full = usage.free, full
-        self.metrics.store_bytes_value = self.store.size_bytes()
+            serving.core.free_disk_bytes, serving.core.disk_full = free, full
+        self.metrics.store_bytes_value = store_bytes
 
     async def watch_disk(self) -> None:
-        await asyncio.to_thread(self._watch_disk_now)
+        """Measured off the loop (a slow volume never holds it), applied on it."""
+        self._note_disk(*await asyncio.to_thread(self._measure_disk))
 
     async def retention(self) -> None:
         """Retention in rounds of a bounded size: each round runs on the event loop and holds it."""
@@ -262,7 +266,7 @@ class BrokerProcess:
             log.info("retention", extra={"fields": totals})
 
     async def start(self) -> None:
-        self._watch_disk_now()
+        self._note_disk(*self._measure_disk())
         if self.node is not None:
             await self.node.start()
         await self.heartbeat.start()
