@@ -114,6 +114,9 @@ class StateSnapshot:
 
 
 class BrokerCore:
+    """The broker's domain over one store: the components (built here, in dependency
+    order) and, as attributes, each operation and read the service, tools and tests call."""
+
     def __init__(self, config: BrokerConfig, clock: Callable[[], int] = now_ms,
                  on_fatal: Callable[[BaseException], None] | None = None, db: Database | None = None) -> None:
         #: The store: handed in by the server (which also gives it to the bridge and, on a

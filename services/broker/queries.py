@@ -1,5 +1,5 @@
 """Queries of committed state: a transaction, transactions by group and state, the
-counters' recount, a commit-log record.
+counters' recount, the last transaction id (a commit-log record is ``BrokerContext.read_message``).
 
 They read the store directly and stage nothing, so they may run on any thread; what they
 see is committed (the service waits for it to be durable before it answers).
@@ -15,7 +15,7 @@ from txmq.names import validate_name
 from .base import BrokerContext
 from .model import STATE_DISCARDED, STATE_PREPARED
 from .store import codec
-from .store.codec import LogRecord, TxnRow
+from .store.codec import TxnRow
 from .transactions import Transactions
 
 
@@ -85,6 +85,3 @@ class Queries:
     def last_txn_id(self) -> str:
         key = self.ctx.db.last_key("txn")
         return self.ctx.txn_id(codec.log_seq(key)) if key else ""
-
-    def read_message(self, seq: int) -> LogRecord | None:
-        return self.ctx.read_message(seq)
