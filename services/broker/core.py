@@ -33,10 +33,10 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
+from .base import BrokerContext, Listeners, Sequence
 from .checks import Claims
 from .config import BrokerConfig
 from .consumers import ConsumerGroups, Position
-from .base import BrokerContext, Listeners, Sequence
 from .delivery import Deliveries
 from .globaltx import Globals
 from .globalviews import GlobalStats, GlobalViews

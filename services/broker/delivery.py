@@ -15,8 +15,8 @@ from txmq.errors import InvalidFieldError, QueueNotFoundError, ReceiptHandleNotF
 from txmq.ids import ReceiptHandle
 from txmq.names import dlq_topic, validate_group
 
-from .consumers import ConsumerGroups, Cursor, Inflight
 from .base import BrokerContext
+from .consumers import ConsumerGroups, Cursor, Inflight
 from .filters import MessageFilter, SqlFilter, message_properties
 from .model import Delivery, ReceiveResult
 from .queues import Queues

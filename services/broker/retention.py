@@ -10,8 +10,8 @@ from typing import Callable
 
 from txmq.names import GLOBAL_TRANSACTION_PROPERTY
 
-from .consumers import ConsumerGroups
 from .base import BrokerContext
+from .consumers import ConsumerGroups
 from .model import KIND_HALF, KIND_NORMAL, STATE_COMMITTED, STATE_DISCARDED, STATE_PREPARED
 from .queues import Queues
 from .store import codec, globalcodec
