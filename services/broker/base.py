@@ -101,6 +101,9 @@ class Listeners:
 
 @dataclass
 class BrokerContext:
+    """What one domain's components share (one context per store opened: a term on a
+    replicated shard builds a new one)."""
+
     config: BrokerConfig
     #: The broker (shard) name: the first part of every id it issues.
     name: str
@@ -110,6 +113,7 @@ class BrokerContext:
     db: Database
     sequence: Sequence
     listeners: Listeners
+    #: Check jitter and the queue a receive of every queue starts at.
     random: random.Random = field(default_factory=random.Random)
 
     # --- identifiers ---------------------------------------------------------------------
