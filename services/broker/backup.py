@@ -26,6 +26,7 @@ that replica alone first: the other replicas, with empty data dirs, rebuild from
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -39,7 +40,10 @@ from typing import Any, AsyncIterator, Callable
 from txmq.backup import MANIFEST, MANIFEST_FORMAT
 from txmq.v1 import common_pb2, operations_pb2, operations_pb2_grpc
 
+from .config import BrokerConfig
+from .core import BrokerCore
 from .drain import drain_status, is_draining, set_draining_op
+from .fsck import check
 from .store import codec
 from .store.checkpoint import StoreCheckpoint, flush_for_checkpoint
 from .store.db import Database
@@ -178,8 +182,6 @@ class Restored:
 
 def store_in_use(data_dir: str) -> bool:
     """True while a process holds the store's RocksDB LOCK (a running broker)."""
-    import fcntl
-
     path = os.path.join(data_dir, "LOCK")
     if not os.path.exists(path):
         return False
@@ -195,10 +197,6 @@ def store_in_use(data_dir: str) -> bool:
 def restore(backup_dir: str, data_dir: str, *, replace: bool = False) -> Restored:
     """Copies a verified backup into ``data_dir`` and checks it with fsck; raises
     :class:`BackupError` (changing nothing) when it cannot."""
-    from .config import BrokerConfig
-    from .core import BrokerCore
-    from .fsck import check
-
     manifest = read_manifest(backup_dir)
     verify(backup_dir, manifest)
     data_dir = data_dir.rstrip("/")

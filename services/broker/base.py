@@ -1,70 +1,120 @@
-"""What every part of the broker's domain shares: its in-memory state, its identifiers and
-the small helpers each part stages writes with.
+"""What every component of the broker's domain shares, and nothing more: the configuration,
+the shard's name and store identity, the clock, the store, the commit-log sequence, the
+identifiers built from them, and the listeners told of durable changes.
 
-``BrokerCore`` (``core.py``) is assembled from parts, one module each, all over this
-base: ``delivery.py`` (consumers), ``retention.py``, ``queries.py``, the checks stacked in
-layers — ``schedule.py`` (the due index) under ``transactions.py`` (end, decide, discard)
-under ``checks.py`` (claims, reports) — and ``core.py`` itself (start-up, sends, topics).
-A part imports this module, ``model.py`` and only the layer below it, so there are no
-import cycles; ``core.py`` sets the state declared here when it opens the store.
-
-Helpers that stage writes take the operation's ``OpWrites`` (see ``store/db.py``) and
-change in-memory state only as the operation commits to them (see ``core.py``).
+Each component (``queues.py``, ``schedule.py``, ``transactions.py``, ...) is built from one
+:class:`BrokerContext` and the components it needs, handed to it explicitly; none reaches
+into another's state. ``core.py`` builds them in order when it opens the store.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 from typing import Callable
 
-from txmq.errors import (InvalidIdError, QueueNotFoundError, ReceiptHandleNotFoundError,
-                          TopicNotFoundError, WrongBrokerError)
+from txmq.errors import InvalidIdError, ReceiptHandleNotFoundError, WrongBrokerError
 from txmq.ids import ReceiptHandle, TransactionId
-from txmq.names import validate_receive_topic
 
 from .config import BrokerConfig
-from .consumers import ConsumerGroups
 from .store import codec
 from .store.codec import TxnRow
 from .store.db import Database, OpWrites
 
 
-class BrokerBase:
-    """The broker's shared state (set by ``BrokerCore.__init__`` and ``_open``)."""
+class Sequence:
+    """The commit-log sequence: every record stored takes the next number, once an
+    operation has decided to stage it (a refused one takes none)."""
+
+    def __init__(self, db: Database) -> None:
+        last = db.last_key("log")
+        floor = db.get("meta", b"seq_floor")
+        #: The sequence the next record gets.
+        self.next = max(codec.log_seq(last) + 1 if last else 1, codec.decode_u64(floor, "meta") if floor else 1)
+
+    def take(self) -> int:
+        seq = self.next
+        self.next = seq + 1
+        return seq
+
+
+@dataclass
+class Listeners:
+    """Who hears of a change once it is durable (the server wires them; each list is
+    called in order from the event loop)."""
+
+    #: Messages became visible in a topic: (topic,). The service wakes long polls.
+    visible: list[Callable[[str], None]] = field(default_factory=list)
+    #: A topic was created or deleted: (topic,). The broker registers again.
+    topic: list[Callable[[str], None]] = field(default_factory=list)
+    #: A transaction was decided: (group, state, source).
+    end: list[Callable[[str, int, int], None]] = field(default_factory=list)
+    #: A transaction was discarded: (group,).
+    discard: list[Callable[[str], None]] = field(default_factory=list)
+    #: A message was stored: (topic, kind).
+    stored: list[Callable[[str, int], None]] = field(default_factory=list)
+    #: A global transaction's push or pull may be due (the pump wakes).
+    global_due: list[Callable[[], None]] = field(default_factory=list)
+    #: A global transaction coordinated here ended: ("committed" | "rolled_back" | "discarded",).
+    global_outcome: list[Callable[[str], None]] = field(default_factory=list)
+    #: A timer became due earlier than the pump knew: (due_ms,).
+    timer: list[Callable[[int], None]] = field(default_factory=list)
+    #: Timer messages were moved into their queues: (lateness in ms of each,).
+    timer_moved: list[Callable[[list[int]], None]] = field(default_factory=list)
+
+    def notify_visible(self, topic: str) -> None:
+        for fn in self.visible:
+            fn(topic)
+
+    def notify_topic(self, topic: str) -> None:
+        for fn in self.topic:
+            fn(topic)
+
+    def notify_stored(self, topic: str, kind: int) -> None:
+        for fn in self.stored:
+            fn(topic, kind)
+
+    def notify_end(self, group: str, state: int, source: int) -> None:
+        for fn in self.end:
+            fn(group, state, source)
+
+    def notify_discard(self, group: str) -> None:
+        for fn in self.discard:
+            fn(group)
+
+    def notify_global_due(self) -> None:
+        for fn in self.global_due:
+            fn()
+
+    def notify_global_outcome(self, result: str) -> None:
+        for fn in self.global_outcome:
+            fn(result)
+
+    def notify_timer(self, due_ms: int) -> None:
+        for fn in self.timer:
+            fn(due_ms)
+
+    def notify_timer_moved(self, lateness_ms: list[int]) -> None:
+        for fn in self.timer_moved:
+            fn(lateness_ms)
+
+
+@dataclass
+class BrokerContext:
+    """What one domain's components share (one context per store opened: a term on a
+    replicated shard builds a new one)."""
 
     config: BrokerConfig
     #: The broker (shard) name: the first part of every id it issues.
     name: str
-    clock: Callable[[], int]
-    db: Database
     #: Chosen when the store is created; ids of an earlier store are refused.
     store_id: int
-    #: A replicated shard's leader epoch this domain serves in (0: unreplicated). Every
-    #: delivery records it and its receipt handle carries it.
-    leader_epoch: int = 0
-    #: The commit-log sequence the next record gets.
-    next_seq: int
-    consumers: ConsumerGroups
-    #: Topic → queue count.
-    topics: dict[str, int]
-    #: The FIFO topics among them.
-    fifo_topics: set[str]
-    #: (topic, queue) → the offset its next entry gets.
-    queue_next: dict[tuple[str, int], int]
-    #: Producer group → [pending, discarded].
-    counters: dict[str, list[int]]
-    disk_full: bool
-    free_disk_bytes: int
-    visible_listeners: list[Callable[[str], None]]
-    topic_listeners: list[Callable[[str], None]]
-    end_listeners: list[Callable[[str, int, int], None]]
-    discard_listeners: list[Callable[[str], None]]
-    stored_listeners: list[Callable[[str, int], None]]
-    _random: random.Random
-    #: Per group, a time below which the due index holds no key (kept by the checks).
-    _due_floor: dict[str, int]
-    #: Per group, a time below which the pending index holds no key.
-    _pending_floor: dict[str, int]
+    clock: Callable[[], int]
+    db: Database
+    sequence: Sequence
+    listeners: Listeners
+    #: Check jitter and the queue a receive of every queue starts at.
+    random: random.Random = field(default_factory=random.Random)
 
     # --- identifiers ---------------------------------------------------------------------
 
@@ -90,54 +140,27 @@ class BrokerBase:
             raise ReceiptHandleNotFoundError(text)
         return handle
 
-    # --- reading -------------------------------------------------------------------------
+    # --- reading the store -----------------------------------------------------------------
 
-    def _read_txn(self, seq: int) -> TxnRow | None:
+    def read_txn(self, seq: int) -> TxnRow | None:
         value = self.db.get("txn", codec.txn_key(seq))
         return codec.decode_txn(value, codec.txn_key(seq)) if value is not None else None
 
-    def _queue_count(self, topic: str, queue_id: int | None = None) -> int:
-        """The queue count of a topic consumers may read (and ``queue_id``'s check)."""
-        validate_receive_topic(topic)
-        count = self.topics.get(topic)
-        if count is None:
-            raise TopicNotFoundError(topic)
-        if queue_id is not None and not 0 <= queue_id < count:
-            raise QueueNotFoundError(topic, queue_id)
-        return count
+    def read_message(self, seq: int) -> codec.LogRecord | None:
+        value = self.db.get("log", codec.log_key(seq))
+        return codec.decode_log_record(value, codec.log_key(seq)) if value is not None else None
 
-    def _first_time(self, cf: str, group: str, floor: int) -> int | None:
-        """The earliest time in a (group, time, seq) index at or after ``floor``."""
-        start = codec.group_time_key(group, floor, 0)
-        for key, _ in self.db.scan(cf, start, codec.group_time_key(group, 2**63, 0)):
-            return codec.split_group_time_key(key)[1]
-        return None
+    def dedup_retention_ms(self) -> int:
+        return int(self.config.dedup_retention_seconds * 1000)
 
-    # --- staging -------------------------------------------------------------------------
+    def expire_dedup(self, w: OpWrites, now: int, message_id: str) -> None:
+        """Stages when the message id's dedup entry may go (``dedup_retention_seconds`` on)."""
+        w.put("dedup_exp", codec.expiry_key(now + self.dedup_retention_ms(), message_id), b"")
 
-    def _count(self, w: OpWrites, group: str, pending: int = 0, discarded: int = 0) -> None:
-        counts = self.counters.setdefault(group, [0, 0])
-        counts[0] += pending
-        counts[1] += discarded
-        w.put("counters", group.encode(), codec.encode_counters(counts[0], counts[1]))
 
-    def _ensure_topic(self, w: OpWrites, topic: str, queue_count: int) -> bool:
-        if self.topics.get(topic, 0) >= queue_count:
-            return False
-        old = self.topics.get(topic, 0)
-        self.topics[topic] = queue_count
-        for q in range(old, queue_count):
-            self.queue_next.setdefault((topic, q), 0)
-        w.put("topics", topic.encode(), codec.encode_u64(queue_count))
-        w.on_durable(lambda: [fn(topic) for fn in self.topic_listeners])
-        return True
-
-    # --- listeners (called once the write is durable) ------------------------------------
-
-    def _notify_stored(self, topic: str, kind: int) -> None:
-        for fn in self.stored_listeners:
-            fn(topic, kind)
-
-    def _notify_visible(self, topic: str) -> None:
-        for fn in self.visible_listeners:
-            fn(topic)
+def first_time(db: Database, cf: str, group: str, floor: int) -> int | None:
+    """The earliest time in a (group, time, seq) index at or after ``floor``."""
+    start = codec.group_time_key(group, floor, 0)
+    for key, _ in db.scan(cf, start, codec.group_time_key(group, 2**63, 0)):
+        return codec.split_group_time_key(key)[1]
+    return None

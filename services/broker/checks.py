@@ -19,13 +19,14 @@ from typing import Callable, Iterable, Iterator, Mapping
 from txmq.errors import InvalidFieldError, StaleClaimError, TransactionNotFoundError, TransactionStateError, TxmqError
 from txmq.names import validate_group
 
-from .model import (RESOLUTION_COMMIT, CheckAnswer, CheckOutcome, RESOLUTION_ROLLBACK, STATE_COMMITTED, STATE_DISCARDED, STATE_NAMES,
-                    STATE_PREPARED, STATE_ROLLED_BACK)
-from .schedule import NO_DUE_MS
+from .base import BrokerContext
+from .model import (RESOLUTION_COMMIT, RESOLUTION_ROLLBACK, STATE_COMMITTED, STATE_DISCARDED, STATE_NAMES,
+                    STATE_PREPARED, STATE_ROLLED_BACK, CheckAnswer, CheckOutcome)
+from .schedule import NO_DUE_MS, CheckSchedule
 from .store import codec
 from .store.codec import TxnRow
 from .store.db import OpWrites
-from .transactions import TransactionsPart
+from .transactions import Transactions
 
 OUTCOME_DELIVERED = CheckOutcome.DELIVERED
 OUTCOME_ANSWERED = CheckOutcome.ANSWERED
@@ -81,11 +82,17 @@ MAX_CLAIM_SESSIONS = 1024
 MAX_SESSION_GROUPS = 100_000
 
 
-class ChecksPart(TransactionsPart):
+class Claims:
     """Claims and reports."""
 
-    _claim_sessions: collections.OrderedDict[str, ClaimSession]
-    _claim_turn: int
+    def __init__(self, ctx: BrokerContext, schedule: CheckSchedule, transactions: Transactions) -> None:
+        self.ctx = ctx
+        self.schedule = schedule
+        self.transactions = transactions
+        #: Claim sessions by id, the least recently used first.
+        self._sessions: collections.OrderedDict[str, ClaimSession] = collections.OrderedDict()
+        #: The turn that orders the groups of a claim (one more every claim).
+        self._turn = 0
 
     def claim_op(self, groups: Iterable[str], max_checks: int, lease_seconds: float,
                  ) -> Callable[[OpWrites], list[ClaimedCheck]]:
@@ -116,7 +123,7 @@ class ChecksPart(TransactionsPart):
         for g, limit in limits.items():
             if limit < 0:
                 raise InvalidFieldError("limits", f"limit of {g!r} is negative: {limit}")
-        sessions = self._claim_sessions
+        sessions = self._sessions
         if groups is not None:
             sessions[session_id] = ClaimSession(groups_version, dict(groups))
             while len(sessions) > MAX_CLAIM_SESSIONS:
@@ -144,22 +151,23 @@ class ChecksPart(TransactionsPart):
         lease_ms = int(lease_seconds * 1000)
 
         def op(w: OpWrites) -> ClaimBatch:
-            now = self.clock()
+            schedule = self.schedule
+            now = self.ctx.clock()
             batch = ClaimBatch([])
             scans: list[tuple[str, int, Iterator[ClaimedCheck]]] = []
             floors: dict[str, tuple[int, int]] = {}
-            for group in self._pop_due_groups(now):
+            for group in schedule.pop_due_groups(now):
                 limit = min(limits.get(group, capacity.get(group, 0)), capacity.get(group, 0))
                 if limit > 0:
                     # Set here: a scan the batch fills up before never runs a line.
-                    floors[group] = (self._due_floor[group], self._due_floor_seq.get(group, 0))
+                    floors[group] = schedule.floor(group)
                     scans.append((group, limit, self._claim_group(w, group, now, lease_ms, floors)))
                 else:  # due, but not served here (or no capacity now): it stays due
-                    self._set_floor(group, self._due_floor[group], self._due_floor_seq.get(group, 0))
+                    schedule.set_floor(group, *schedule.floor(group))
             if scans:
-                turn = self._claim_turn % len(scans)
+                turn = self._turn % len(scans)
                 scans = scans[turn:] + scans[:turn]
-            self._claim_turn += 1
+            self._turn += 1
             # Round-robin: one check from each group in turn, so every group with due work
             # gets an equal share of the batch, up to its limit.
             taken: dict[str, int] = {}
@@ -182,7 +190,7 @@ class ChecksPart(TransactionsPart):
                 floor = floors[group]
                 if taken.get(group):
                     floor = min(floor, (now + lease_ms, 0))  # the leases staged, due at now + lease
-                self._set_floor(group, *floor)
+                schedule.set_floor(group, *floor)
                 if floors[group][0] <= now and taken.get(group, 0) < limit:
                     batch.more_due = True  # the batch was full before this group's limit
             return batch
@@ -197,31 +205,31 @@ class ChecksPart(TransactionsPart):
         # deleted, and a scan from the prefix would walk their tombstones every time (a
         # claim's cost must grow with due work, never with work already done).
         start = codec.group_time_key(group, *floors[group])
-        for key, _ in self.db.scan("due", start, group.encode() + b"\x01"):
+        for key, _ in self.ctx.db.scan("due", start, group.encode() + b"\x01"):
             _g, due_ms, seq = codec.split_group_time_key(key)
             if due_ms > now:
                 floors[group] = (due_ms, seq)
                 return  # the earliest key left (the scan sees no key this batch staged)
             floors[group] = (due_ms, seq + 1)
-            row = self._read_txn(seq)
+            row = self.ctx.read_txn(seq)
             if row is None or row.state != STATE_PREPARED or row.next_due_ms != due_ms:
                 w.delete("due", key)  # stale index entry
                 continue
             spent = self._spent(row, now)
             if spent:
-                self.discard(w, row, spent)
+                self.transactions.discard(w, row, spent)
                 continue
             row.next_due_ms = now + lease_ms
             row.claim_token = os.urandom(8).hex()
             w.delete("due", key)
-            self._due_put(w, group, row.next_due_ms, seq)
+            self.schedule.put(w, group, row.next_due_ms, seq)
             w.put("txn", codec.txn_key(seq), codec.encode_txn(row))
             yield ClaimedCheck(row, due_ms, row.checks_delivered + 1)
         floors[group] = (NO_DUE_MS, 0)
 
     def _spent(self, row: TxnRow, now: int) -> str:
         """Why a PREPARED transaction must be discarded now ('' when it must not)."""
-        cfg = self.config
+        cfg = self.ctx.config
         if now >= row.prepared_ms + int(cfg.max_transaction_lifetime_seconds * 1000):
             return (f"max_transaction_lifetime_seconds={cfg.max_transaction_lifetime_seconds:g} exceeded "
                     f"without a decision")
@@ -243,12 +251,12 @@ class ChecksPart(TransactionsPart):
                     raise InvalidFieldError("result", "must be COMMIT, ROLLBACK, UNKNOWN or IN_PROGRESS")
                 if r.retry_after_seconds < 0 or r.answer_timeout_seconds < 0:
                     raise InvalidFieldError("retry_after_seconds", "must not be negative")
-                parsed.append(self.parse_txn_id(r.transaction_id))
+                parsed.append(self.ctx.parse_txn_id(r.transaction_id))
             except Exception as exc:  # noqa: BLE001 - reported per entry
                 parsed.append(exc)
 
         def op(w: OpWrites) -> list[tuple[Exception | None, int, bool]]:
-            now = self.clock()
+            now = self.ctx.clock()
             rows: dict[int, TxnRow | None] = {}
             out: list[tuple[Exception | None, int, bool]] = []
             for r, seq in zip(reports, parsed):
@@ -256,7 +264,7 @@ class ChecksPart(TransactionsPart):
                     out.append((seq, 0, False))
                     continue
                 if seq not in rows:
-                    rows[seq] = self._read_txn(seq)
+                    rows[seq] = self.ctx.read_txn(seq)
                 row = rows[seq]
                 try:
                     if row is None:
@@ -273,16 +281,17 @@ class ChecksPart(TransactionsPart):
         that decided the transaction."""
         if not r.claim_token or r.claim_token != row.claim_token:
             if r.outcome != OUTCOME_ANSWERED:
-                raise StaleClaimError(self.txn_id(row.seq), "not the transaction's current claim (never sent, "
+                raise StaleClaimError(self.ctx.txn_id(row.seq), "not the transaction's current claim (never sent, "
                                       "superseded by a later claim, or the transaction was decided)")
             return self._late_answer(w, row, r)
-        cfg = self.config
+        cfg = self.ctx.config
+        transactions, schedule = self.transactions, self.schedule
         if r.outcome == OUTCOME_ANSWERED:
             row.checks_answered += 1
             if r.result in (CHECK_COMMIT, CHECK_ROLLBACK):
                 if row.state in (STATE_PREPARED, STATE_DISCARDED):
-                    self._decide(w, row, STATE_COMMITTED if r.result == CHECK_COMMIT else STATE_ROLLED_BACK,
-                                 codec.SOURCE_CHECK)
+                    transactions.decide(w, row, STATE_COMMITTED if r.result == CHECK_COMMIT else STATE_ROLLED_BACK,
+                                        codec.SOURCE_CHECK)
                 return False
             if row.state != STATE_PREPARED:
                 w.put("txn", codec.txn_key(row.seq), codec.encode_txn(row))
@@ -292,30 +301,30 @@ class ChecksPart(TransactionsPart):
                 end = row.prepared_ms + int(cfg.max_transaction_lifetime_seconds * 1000)
                 retry_ms = int(max(r.retry_after_seconds, 0.001) * 1000)
                 row.in_progress_until_ms = min(now + retry_ms, end)
-                self._reschedule(w, row, row.in_progress_until_ms)
+                schedule.reschedule(w, row, row.in_progress_until_ms)
                 return False
             row.unknown_answers += 1
             spent = self._spent(row, now)
             if spent:
-                self.discard(w, row, spent)
+                transactions.discard(w, row, spent)
             else:
                 w.put("txn", codec.txn_key(row.seq), codec.encode_txn(row))
             return False
         if row.state != STATE_PREPARED:
-            raise StaleClaimError(self.txn_id(row.seq), f"the transaction is {STATE_NAMES[row.state]}")
+            raise StaleClaimError(self.ctx.txn_id(row.seq), f"the transaction is {STATE_NAMES[row.state]}")
         if r.outcome == OUTCOME_DELIVERED:
             row.checks_delivered += 1
             answer_ms = int(r.answer_timeout_seconds * 1000)
             if row.checks_delivered >= cfg.check_max:
                 wait_ms = answer_ms or int(cfg.check_interval_seconds * 1000)
-                self._reschedule(w, row, now + max(wait_ms, 1))
+                schedule.reschedule(w, row, now + max(wait_ms, 1))
             else:
                 # Never due again before the answer may still come: a new claim would
                 # make that answer stale.
-                self._reschedule(w, row, now + max(self.next_check_delay_ms(row.checks_delivered), answer_ms))
+                schedule.reschedule(w, row, now + max(schedule.next_check_delay_ms(row.checks_delivered), answer_ms))
         else:  # UNDELIVERED: nobody took it, nothing spent; due again now
             row.claim_token = ""
-            self._reschedule(w, row, now)
+            schedule.reschedule(w, row, now)
         return False
 
     def _late_answer(self, w: OpWrites, row: TxnRow, r: CheckReport) -> bool:
@@ -326,7 +335,7 @@ class ChecksPart(TransactionsPart):
         is spent; a late UNKNOWN or IN_PROGRESS changes nothing. True when it decided."""
         if r.producer_group and r.producer_group != row.producer_group:
             raise InvalidFieldError("producer_group", f"{r.producer_group!r} is not the group of "
-                                                      f"{self.txn_id(row.seq)}")
+                                                      f"{self.ctx.txn_id(row.seq)}")
         if not r.claim_token and not r.producer_group:
             raise InvalidFieldError("producer_group", "an answer without a claim token must name the "
                                                       "transaction's group")
@@ -335,9 +344,9 @@ class ChecksPart(TransactionsPart):
         target = STATE_COMMITTED if r.result == CHECK_COMMIT else STATE_ROLLED_BACK
         if row.state in (STATE_PREPARED, STATE_DISCARDED):
             row.checks_answered += 1
-            self._decide(w, row, target, codec.SOURCE_CHECK)
+            self.transactions.decide(w, row, target, codec.SOURCE_CHECK)
             return True
         if row.state != target:
-            raise TransactionStateError(self.txn_id(row.seq), STATE_NAMES[row.state],
+            raise TransactionStateError(self.ctx.txn_id(row.seq), STATE_NAMES[row.state],
                                         RESOLUTION_COMMIT if r.result == CHECK_COMMIT else RESOLUTION_ROLLBACK)
         return False

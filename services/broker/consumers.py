@@ -2,7 +2,8 @@
 and the deliveries in flight with their invisibility deadlines.
 
 Owned by the thread that owns the store, the broker's event loop (every change is made in
-the same operation that persists it); other threads only read snapshots for metrics.
+the same operation that persists it); other threads read only what :meth:`ConsumerGroups.positions`
+copied there (the metrics' snapshot).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from .store import codec
+from .store.db import OpWrites
 
 
 @dataclass(slots=True)
@@ -80,6 +82,21 @@ class Cursor:
         return min(min(self.inflight), self.next_offset) if self.inflight else self.next_offset
 
 
+@dataclass(frozen=True, slots=True)
+class Position:
+    """One group's position in one queue, copied (see :meth:`ConsumerGroups.positions`)."""
+
+    group: str
+    topic: str
+    queue_id: int
+    #: Everything below is acknowledged (or filtered out) for the group.
+    ack_offset: int
+    next_offset: int
+    inflight: int
+    #: In-flight deliveries past their first attempt.
+    retrying: int
+
+
 class ConsumerGroups:
     def __init__(self) -> None:
         self.cursors: dict[tuple[str, str, int], Cursor] = {}
@@ -103,8 +120,31 @@ class ConsumerGroups:
         return self.cursors.get((group, topic, queue_id))
 
     def groups_of(self, topic: str, queue_id: int) -> list[Cursor]:
-        return [c for (g, t, q), c in list(self.cursors.items()) if t == topic and q == queue_id]
+        return [c for (g, t, q), c in self.cursors.items() if t == topic and q == queue_id]
+
+    def groups_in(self, topic: str) -> list[str]:
+        """The groups with a cursor in ``topic``."""
+        return sorted({g for (g, t, _q) in self.cursors if t == topic})
 
     def snapshot(self) -> list[tuple[str, str, int, int]]:
-        """(group, topic, queue, ack offset) for metrics."""
-        return [(g, t, q, c.ack_offset()) for (g, t, q), c in list(self.cursors.items())]
+        """(group, topic, queue, ack offset) of every cursor."""
+        return [(g, t, q, c.ack_offset()) for (g, t, q), c in self.cursors.items()]
+
+    def positions(self) -> list[Position]:
+        """Every cursor's position, in (group, topic, queue) order (on the event loop: what
+        another thread may read)."""
+        return [Position(g, t, q, c.ack_offset(), c.next_offset, len(c.inflight),
+                         sum(1 for e in c.inflight.values() if e.attempt > 1))
+                for (g, t, q), c in sorted(self.cursors.items())]
+
+    def drop_topic(self, w: OpWrites, topic: str) -> list[str]:
+        """Stages the removal of every group's cursor and in-flight deliveries in ``topic``;
+        returns the groups that had one."""
+        groups = set()
+        for group, t, q in [key for key in self.cursors if key[1] == topic]:
+            cursor = self.cursors.pop((group, t, q))
+            w.delete("consumers", codec.consumer_key(group, topic, q))
+            for offset in [*cursor.inflight, *cursor.settled]:
+                w.delete("inflight", codec.inflight_key(group, topic, q, offset))
+            groups.add(group)
+        return sorted(groups)

@@ -1,16 +1,22 @@
-"""The broker's domain, assembled: ``BrokerCore`` opens the store and holds the shared state,
-issues sends and creates topics; the other parts are mixed in from their modules:
+"""The broker's domain, assembled: ``BrokerCore`` opens the store, checks its identity and
+builds the components over one shared :class:`~services.broker.base.BrokerContext`,
+each handed the components it needs:
 
-- ``base.py``: the shared state, identifiers and small staging helpers every part uses;
-- ``model.py``: states, sources, resolutions and kinds as named types, and the results;
-- ``schedule.py``: the due index of the checks and its per-group floors;
-- ``transactions.py`` (over ``schedule.py``): the state machine (end, decide, discard);
-- ``checks.py`` (over ``transactions.py``): check claims and reports, late answers;
-- ``globaltx.py`` (over ``checks.py``): multi-message (global) transactions;
-- ``validation.py``: a message's fields against the limits, the tag filter;
-- ``delivery.py``: receive, redelivery, DLQ, ack, change-invisible, dead-letter, queue reads;
-- ``retention.py``: expiring dedup entries and old records;
-- ``queries.py``: transactions, counters and records read back.
+- ``queues.py`` — :class:`Queues`: topics, queue offsets, the one append into a queue;
+- ``schedule.py`` — :class:`CheckSchedule`: the due index of the checks and its floors;
+- ``timers.py`` — :class:`Timers`: delay / timer messages (over the queues);
+- ``transactions.py`` — :class:`Transactions`: prepare, end, decide, discard, counters
+  (over the queues, the schedule and the timers), with hooks for what decisions and
+  discards must also do;
+- ``sends.py`` — :class:`Sends`: validation, deduplication, normal and half messages;
+- ``checks.py`` — :class:`Claims`: check claims and reports, late answers;
+- ``globaltx.py`` — :class:`Globals`: multi-message transactions, hooked into the
+  transactions' decisions and discards; ``globalviews.py`` reads them back;
+- ``delivery.py`` — :class:`Deliveries`: receive, redelivery, DLQ, ack, change-invisible;
+- ``retention.py`` — :class:`Retention`; ``queries.py`` — :class:`Queries`.
+
+``BrokerCore`` is a façade over them: the service, the tools and the tests call its
+operations, each the owning component's method (listed in ``__init__``).
 
 Request methods validate their input (raising ``TxmqError`` before anything runs) and
 return an *operation*, which the store applies on the thread that owns it (the event
@@ -22,32 +28,33 @@ seeing every earlier one's writes.
 
 from __future__ import annotations
 
-import collections
 import logging
 import random
+from dataclasses import dataclass
 from typing import Callable
 
-from txmq.errors import DiskFullError, InvalidFieldError
-from txmq.fifo import message_group_hash
-from txmq.names import validate_send_topic
-
-from . import validation
-from .checks import ClaimSession
+from .base import BrokerContext, Listeners, Sequence
+from .checks import Claims
 from .config import BrokerConfig
-from .consumers import ConsumerGroups
-from .delivery import DeliveryPart
-from .globaltx import GlobalPart
-from .model import STATE_PREPARED, STATE_ROLLED_BACK, Delivery, EndResult, ReceiveResult, SendResult
-from .queries import QueriesPart
-from .retention import RetentionPart
+from .consumers import ConsumerGroups, Position
+from .delivery import Deliveries
+from .globaltx import Globals
+from .globalviews import GlobalStats, GlobalViews
+from .model import Delivery, EndResult, ReceiveResult, SendResult
+from .queries import Queries
+from .queues import Queues
+from .retention import Retention
+from .schedule import CheckSchedule
+from .sends import Sends
 from .store import codec
-from .store.codec import CqEntry, LogRecord, TxnRow
 from .store.db import Database, OpWrites, now_ms
+from .timers import Timers
+from .transactions import Transactions
 from .validation import parse_tag_filter
 
 # Where they were before the split (tools and tests import them from here).
-__all__ = ["BrokerCore", "Delivery", "EndResult", "ReceiveResult", "SendResult", "StoreIdentityError",
-           "open_database", "parse_tag_filter"]
+__all__ = ["BrokerCore", "Delivery", "EndResult", "ReceiveResult", "SendResult", "StateSnapshot",
+           "StoreIdentityError", "open_database", "parse_tag_filter"]
 
 log = logging.getLogger(__name__)
 
@@ -66,180 +73,181 @@ def open_database(config: BrokerConfig, on_fatal: Callable[[BaseException], None
                     replog_keep_entries=config.replication_log_entries)
 
 
-class BrokerCore(GlobalPart, DeliveryPart, RetentionPart, QueriesPart):
+def store_identity(db: Database, config: BrokerConfig) -> int:
+    """The store's identity, chosen and written when it is new; raises
+    :class:`StoreIdentityError` (closing it) when it belongs to another broker name."""
+    name = db.get("meta", b"broker_name")
+    if name is None:
+        store_id = random.getrandbits(32) or 1
+
+        def create(w: OpWrites) -> None:
+            w.put("meta", b"broker_name", codec.frame(config.broker_name.encode()))
+            w.put("meta", b"store_id", codec.encode_u64(store_id))
+        db.call(create)
+        return store_id
+    stored_name = codec.unframe(name, "meta", b"broker_name").decode()
+    if stored_name != config.broker_name:
+        db.close()
+        raise StoreIdentityError(
+            f"data dir {config.data_dir} belongs to broker {stored_name!r}, not {config.broker_name!r}")
+    return codec.decode_u64(db.get("meta", b"store_id") or b"", "meta", b"store_id")
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    """The domain's in-memory state as the metrics show it, copied on the event loop
+    (:meth:`BrokerCore.snapshot`) so another thread never reads (or writes) it live. What
+    the store holds the reader may scan itself, starting from the floors copied here."""
+
+    now_ms: int
+    #: Producer group → (pending, discarded).
+    counters: dict[str, tuple[int, int]]
+    #: Producer group → when its oldest PREPARED transaction was prepared (None: none).
+    oldest_pending_ms: dict[str, int | None]
+    #: Producer group → its due floor (time, seq): no due key below it.
+    due_floors: dict[str, tuple[int, int]]
+    topics: dict[str, int]
+    queue_next: dict[tuple[str, int], int]
+    positions: list[Position]
+    globals: GlobalStats
+    free_disk_bytes: int
+
+
+class BrokerCore:
+    """The broker's domain over one store: the components (built here, in dependency
+    order) and, as attributes, each operation and read the service, tools and tests call."""
+
     def __init__(self, config: BrokerConfig, clock: Callable[[], int] = now_ms,
                  on_fatal: Callable[[BaseException], None] | None = None, db: Database | None = None) -> None:
-        self.config = config
-        self.name = config.broker_name
-        self.clock = clock
         #: The store: handed in by the server (which also gives it to the bridge and, on a
         #: replicated shard, to replication), or opened here (tools and tests).
-        self.db = db if db is not None else open_database(config, on_fatal)
+        db = db if db is not None else open_database(config, on_fatal)
+        self.listeners = Listeners()
+        self.ctx = ctx = BrokerContext(config=config, name=config.broker_name, store_id=store_identity(db, config),
+                                       clock=clock, db=db, sequence=Sequence(db), listeners=self.listeners)
+        self.config, self.name, self.clock, self.db, self.store_id = config, ctx.name, clock, db, ctx.store_id
+        # The components, each over the ones it needs (no other wiring exists).
+        self.queues = Queues(ctx)
         self.consumers = ConsumerGroups()
-        self.topics: dict[str, int] = {}
-        self.fifo_topics: set[str] = set()
-        self.queue_next: dict[tuple[str, int], int] = {}
-        self.counters: dict[str, list[int]] = {}
-        self.disk_full = False
-        self.free_disk_bytes = -1
-        # Called (once durable) when messages become visible in a topic; the service
-        # wakes long polls with it.
-        self.visible_listeners: list[Callable[[str], None]] = []
-        # Called (once durable) when a topic is created, for re-registration.
-        self.topic_listeners: list[Callable[[str], None]] = []
-        # Called (once durable) for every transaction decision: (group, resolution, source).
-        self.end_listeners: list[Callable[[str, int, int], None]] = []
-        # Called (once durable) for every discard: (group,).
-        self.discard_listeners: list[Callable[[str], None]] = []
-        # Called (once durable) for every message stored: (topic, kind).
-        self.stored_listeners: list[Callable[[str, int], None]] = []
-        # Called (once durable) when a global transaction's push or pull may be due (globaltx.py).
-        self.global_listeners: list[Callable[[], None]] = []
-        # Called (once durable) when a global transaction coordinated here ends: (result,).
-        self.global_outcome_listeners: list[Callable[[str], None]] = []
-        self._random = random.Random()
-        # Per group, a time below which the due (pending) index holds no key: scans start
-        # there instead of at the group's prefix (see claim_op).
-        self._due_floor: dict[str, int] = {}
-        # ... and the sequence at that time below which it holds none (a burst's keys share
-        # one due time: the claims start past the ones they took, not at their tombstones).
-        self._due_floor_seq: dict[str, int] = {}
-        self._pending_floor: dict[str, int] = {}
-        # The floors as a heap, so a claim finds the groups with due work without looking
-        # at idle ones; claim sessions by id; the turn that orders the groups of a claim.
-        self._floor_heap: list[tuple[int, str]] = []
-        self._claim_sessions: collections.OrderedDict[str, ClaimSession] = collections.OrderedDict()
-        self._claim_turn = 0
-        self._open()
-
-    # --- start-up ------------------------------------------------------------------------
-
-    def _open(self) -> None:
-        db = self.db
-        name = db.get("meta", b"broker_name")
-        if name is None:
-            self.store_id = random.getrandbits(32) or 1
-            db.call(lambda w: (w.put("meta", b"broker_name", codec.frame(self.name.encode())),
-                               w.put("meta", b"store_id", codec.encode_u64(self.store_id))))
-        else:
-            stored_name = codec.unframe(name, "meta", b"broker_name").decode()
-            if stored_name != self.name:
-                db.close()
-                raise StoreIdentityError(
-                    f"data dir {self.config.data_dir} belongs to broker {stored_name!r}, not {self.name!r}")
-            self.store_id = codec.decode_u64(db.get("meta", b"store_id") or b"", "meta", b"store_id")
-        last = db.last_key("log")
-        floor = db.get("meta", b"seq_floor")
-        self.next_seq = max(codec.log_seq(last) + 1 if last else 1,
-                            codec.decode_u64(floor, "meta") if floor else 1)
-        for key, value in db.scan("topics"):
-            self.topics[key.decode()] = codec.decode_u64(value, "topic", key)
-        for key, _value in db.scan("meta", codec.TOPIC_TYPE_PREFIX, codec.TOPIC_TYPE_END):
-            self.fifo_topics.add(key[len(codec.TOPIC_TYPE_PREFIX):].decode())
-        for topic, count in self.topics.items():
-            for q in range(count):
-                last_cq = db.last_key("cq", codec.queue_prefix(topic, q))
-                self.queue_next[(topic, q)] = codec.split_cq_key(last_cq)[2] + 1 if last_cq else 0
-        for key, value in db.scan("counters"):
-            self.counters[key.decode()] = list(codec.decode_counters(value, key))
         self.consumers.load(list(db.scan("consumers")), list(db.scan("inflight")))
-        self._load_due_floors()
-        self._load_timers()
-        self._load_globals()
+        self.schedule = CheckSchedule(ctx)
+        self.timers = Timers(ctx, self.queues)
+        self.transactions = Transactions(ctx, self.queues, self.schedule, self.timers)
+        self.sends = Sends(ctx, self.queues, self.transactions, self.timers)
+        self.claims = Claims(ctx, self.schedule, self.transactions)
+        self.globals = Globals(ctx, self.transactions, self.sends)
+        self.global_views = GlobalViews(ctx, self.globals.state)
+        self.deliveries = Deliveries(ctx, self.queues, self.consumers)
+        self.retention = Retention(ctx, self.queues, self.consumers)
+        self.queries = Queries(ctx, self.transactions)
+        # The operations and reads, each its owner's: what the service, tools and tests call.
+        self.txn_id = ctx.txn_id
+        self.parse_txn_id = ctx.parse_txn_id
+        self.receipt = ctx.receipt
+        self.parse_receipt = ctx.parse_receipt
+        self.read_txn = ctx.read_txn
+        self._read_txn = ctx.read_txn  # its name before the split (tools and tests read rows so)
+        self.read_message = ctx.read_message
+        self.create_topic_op = self.queues.create_topic_op
+        self.queue_offsets = self.queues.queue_offsets
+        self.read_queue = self.queues.read_queue
+        self.validate_message = self.sends.validate_message
+        self.check_disk = self.sends.check_disk
+        self.send_op = self.sends.send_op
+        self.end_op = self.transactions.end_op
+        self.oldest_pending_ms = self.transactions.oldest_pending_ms
+        self.checks_waiting = self.schedule.checks_waiting
+        self.oldest_due_ms = self.schedule.oldest_due_ms
+        self.claim_op = self.claims.claim_op
+        self.session_claim_op = self.claims.session_claim_op
+        self.report_op = self.claims.report_op
+        self.timer_op = self.timers.timer_op
+        self.timer_next_ms = self.timers.timer_next_ms
+        self.receive_op = self.deliveries.receive_op
+        self.ack_op = self.deliveries.ack_op
+        self.change_invisible_op = self.deliveries.change_invisible_op
+        self.dead_letter_op = self.deliveries.dead_letter_op
+        self.retention_op = self.retention.retention_op
+        self.get_txn = self.queries.get_txn
+        self.query_txns = self.queries.query_txns
+        self.recount = self.queries.recount
+        self.last_txn_id = self.queries.last_txn_id
+        self.global_send_op = self.globals.global_send_op
+        self.apply_global_op = self.globals.apply_global_op
+        self.resolve_global_op = self.globals.resolve_global_op
+        self.resolve_global = self.globals.resolve_global
+        self.pushes = self.globals.pushes
+        self.push_done_op = self.globals.push_done_op
+        self.pull_later = self.globals.pull_later
+        self.due_pulls = self.globals.due_pulls
+        self.next_pull_ms = self.globals.next_pull_ms
+        self.describe_global = self.global_views.describe_global
+        self.list_globals = self.global_views.list_globals
+        self.global_stats = self.global_views.global_stats
+        self.global_problems = self.global_views.global_problems
+        # Where the state lives, by the names tools and tests have always used.
+        self.topics = self.queues.topics
+        self.fifo_topics = self.queues.fifo_topics
+        self.queue_next = self.queues.queue_next
+        self.counters = self.transactions.counters
         log.info("store opened", extra={"fields": {
-            "data_dir": self.config.data_dir, "next_seq": self.next_seq, "topics": len(self.topics),
-            "store_id": self.store_id}})
+            "data_dir": config.data_dir, "next_seq": ctx.sequence.next, "topics": len(self.topics),
+            "store_id": ctx.store_id}})
 
     def close(self) -> None:
         self.db.close()
 
-    # --- validation ----------------------------------------------------------------------
+    # --- state the server and tools set ----------------------------------------------------
 
-    def validate_message(self, r: LogRecord) -> LogRecord:
-        """See :func:`validation.validate_message` (against this broker's topics)."""
-        return validation.validate_message(r, self.config, self.topics, self.name, self.clock(),
-                                           fifo=r.topic in self.fifo_topics)
+    @property
+    def next_seq(self) -> int:
+        """The commit-log sequence the next record gets."""
+        return self.ctx.sequence.next
 
-    def check_disk(self) -> None:
-        if self.disk_full:
-            raise DiskFullError(self.free_disk_bytes, self.config.min_free_disk_bytes)
+    @next_seq.setter
+    def next_seq(self, value: int) -> None:  # tools that seed a store by hand (bench/audit.py)
+        self.ctx.sequence.next = value
 
-    # --- sends ---------------------------------------------------------------------------
+    @property
+    def leader_epoch(self) -> int:
+        """A replicated shard's leader epoch this domain serves in (0: unreplicated)."""
+        return self.deliveries.leader_epoch
 
-    def send_op(self, record: LogRecord) -> Callable[[OpWrites], SendResult]:
-        """A normal or half message; ``record`` must have passed :meth:`validate_message`."""
-        self.check_disk()
+    @leader_epoch.setter
+    def leader_epoch(self, epoch: int) -> None:
+        self.deliveries.leader_epoch = epoch
 
-        def op(w: OpWrites) -> SendResult:
-            db = self.db
-            previous = db.get("dedup", record.message_id.encode())
-            if previous is not None:
-                return self._duplicate(record, codec.decode_dedup(previous, record.message_id.encode()))
-            now = self.clock()
-            seq = self.next_seq
-            record.stored_ms = now
-            mid_key = record.message_id.encode()
-            if record.kind == codec.KIND_NORMAL and record.deliver_at_ms > now:  # see timers.py
-                self._send_scheduled(w, record, seq)
-                self.next_seq = seq + 1
-                return SendResult(record.message_id, record.queue_id, -1)
-            if record.kind == codec.KIND_NORMAL:
-                offset = self.queue_next[(record.topic, record.queue_id)]
-                record.queue_offset = offset
-                w.put("log", codec.log_key(seq), codec.encode_log_record(record))
-                w.put("cq", codec.cq_key(record.topic, record.queue_id, offset),
-                      codec.encode_cq_entry(CqEntry(seq, now, record.tag, message_group_hash(record.message_group))))
-                w.put("dedup", mid_key, codec.encode_dedup(
-                    codec.DedupEntry(codec.DEDUP_NORMAL, seq, record.queue_id, offset)))
-                w.put("dedup_exp", codec.expiry_key(now + int(self.config.dedup_retention_seconds * 1000),
-                                                    record.message_id), b"")
-                self.next_seq = seq + 1
-                self.queue_next[(record.topic, record.queue_id)] = offset + 1
-                topic = record.topic
-                w.on_durable(lambda: (self._notify_stored(topic, codec.KIND_NORMAL), self._notify_visible(topic)))
-                return SendResult(record.message_id, record.queue_id, offset)
-            delay = record.check_immunity_seconds or self.config.transaction_timeout_seconds
-            row = TxnRow(seq=seq, state=STATE_PREPARED, producer_group=record.producer_group,
-                         producer_client_id=record.producer_client_id, topic=record.topic,
-                         queue_id=record.queue_id, message_id=record.message_id, prepared_ms=now,
-                         next_due_ms=now + int(delay * 1000), body_size=len(record.body))
-            w.put("log", codec.log_key(seq), codec.encode_log_record(record))
-            w.put("txn", codec.txn_key(seq), codec.encode_txn(row))
-            self._due_put(w, row.producer_group, row.next_due_ms, seq)
-            w.put("pending", codec.group_time_key(row.producer_group, now, seq), b"")
-            self._pending_floor[row.producer_group] = min(self._pending_floor.get(row.producer_group, 0), now)
-            w.put("dedup", mid_key, codec.encode_dedup(codec.DedupEntry(codec.DEDUP_TXN, seq)))
-            self._count(w, row.producer_group, pending=+1)
-            self.next_seq = seq + 1
-            w.on_durable(lambda: self._notify_stored(record.topic, codec.KIND_HALF))
-            return SendResult(record.message_id, record.queue_id, -1, self.txn_id(seq), STATE_PREPARED)
-        return op
+    @property
+    def disk_full(self) -> bool:
+        return self.sends.disk_full
 
-    def _duplicate(self, record: LogRecord, entry: codec.DedupEntry) -> SendResult:
-        if entry.kind == codec.DEDUP_NORMAL:
-            return SendResult(record.message_id, entry.queue_id, entry.queue_offset, duplicate=True)
-        row = self._read_txn(entry.seq)
-        state = row.state if row is not None else STATE_ROLLED_BACK
-        return SendResult(record.message_id, row.queue_id if row else record.queue_id,
-                          row.queue_offset if row else -1, self.txn_id(entry.seq), state, duplicate=True)
+    @disk_full.setter
+    def disk_full(self, full: bool) -> None:
+        self.sends.disk_full = full
 
-    # --- topics --------------------------------------------------------------------------
+    @property
+    def free_disk_bytes(self) -> int:
+        return self.sends.free_disk_bytes
 
-    def create_topic_op(self, topic: str, queue_count: int, fifo: bool | None = None) -> Callable[[OpWrites], int]:
-        """Creates (or grows) ``topic``; ``fifo`` None keeps the type of an existing topic
-        (NORMAL for a new one), and a type other than the existing one is refused."""
-        validate_send_topic(topic)
-        if not 0 < queue_count <= 1024:
-            raise InvalidFieldError("queue_count", f"{queue_count} is outside 1..1024")
+    @free_disk_bytes.setter
+    def free_disk_bytes(self, free: int) -> None:
+        self.sends.free_disk_bytes = free
 
-        def op(w: OpWrites) -> int:
-            exists = topic in self.topics
-            if exists and fifo is not None and fifo != (topic in self.fifo_topics):
-                raise InvalidFieldError("topic_type", f"topic {topic!r} exists as "
-                                        f"{'FIFO' if topic in self.fifo_topics else 'NORMAL'}")
-            if not exists and fifo:
-                self.fifo_topics.add(topic)
-                w.put("meta", codec.topic_type_key(topic), b"")
-            self._ensure_topic(w, topic, queue_count)
-            return self.topics[topic]
-        return op
+    @property
+    def stored_listeners(self) -> list[Callable[[str, int], None]]:
+        """``listeners.stored`` by its name before the split."""
+        return self.listeners.stored
+
+    # --- the metrics' view -----------------------------------------------------------------
+
+    def snapshot(self) -> StateSnapshot:
+        """What the metrics show, copied now (on the event loop: it also moves each group's
+        pending floor up to its oldest PREPARED transaction, as any read of it does)."""
+        counters = {g: (c[0], c[1]) for g, c in self.counters.items()}
+        return StateSnapshot(
+            now_ms=self.clock(), counters=counters,
+            oldest_pending_ms={g: self.transactions.oldest_pending_ms(g) for g in counters},
+            due_floors=dict(self.schedule.floors), topics=dict(self.topics), queue_next=dict(self.queue_next),
+            positions=self.consumers.positions(), globals=self.global_views.global_stats(),
+            free_disk_bytes=self.sends.free_disk_bytes)
+

@@ -15,10 +15,11 @@ from txmq.errors import InvalidFieldError, QueueNotFoundError, ReceiptHandleNotF
 from txmq.ids import ReceiptHandle
 from txmq.names import dlq_topic, validate_group
 
-from .base import BrokerBase
-from .consumers import Cursor, Inflight
+from .base import BrokerContext
+from .consumers import ConsumerGroups, Cursor, Inflight
 from .filters import MessageFilter, SqlFilter, message_properties
 from .model import Delivery, ReceiveResult
+from .queues import Queues
 from .store import codec
 from .store.codec import CqEntry
 from .store.db import OpWrites
@@ -29,14 +30,22 @@ from .store.db import OpWrites
 MAX_FILTERED_SCAN = 4096
 
 
-class DeliveryPart(BrokerBase):
-    """Receive, redelivery, DLQ, ack, change-invisible, dead-letter, queue offsets and reads."""
+class Deliveries:
+    """Receive, redelivery, DLQ, ack, change-invisible, dead-letter."""
+
+    def __init__(self, ctx: BrokerContext, queues: Queues, consumers: ConsumerGroups) -> None:
+        self.ctx = ctx
+        self.queues = queues
+        self.consumers = consumers
+        #: A replicated shard's leader epoch this domain serves in (0: unreplicated). Every
+        #: delivery records it and its receipt handle carries it.
+        self.leader_epoch = 0
 
     def receive_op(self, group: str, topic: str, queue_id: int, tags: MessageFilter,
                    max_messages: int, invisible_seconds: float) -> Callable[[OpWrites], ReceiveResult]:
-        cfg = self.config
+        cfg = self.ctx.config
         validate_group("consumer_group", group)
-        count = self._queue_count(topic)
+        count = self.queues.count(topic)
         if queue_id >= count or queue_id < -1:
             raise QueueNotFoundError(topic, queue_id)
         if max_messages <= 0:
@@ -51,19 +60,19 @@ class DeliveryPart(BrokerBase):
         invisible_ms = int(max(invisible_seconds, cfg.min_invisible_duration_seconds) * 1000)
         queues = [queue_id] if queue_id >= 0 else list(range(count))
         if len(queues) > 1:
-            start = self._random.randrange(len(queues))
+            start = self.ctx.random.randrange(len(queues))
             queues = queues[start:] + queues[:start]
 
         def op(w: OpWrites) -> ReceiveResult:
             w.sync = False  # a lost receive only means an earlier redelivery
-            now = self.clock()
+            now = self.ctx.clock()
             out: list[Delivery] = []
             next_deadline: int | None = None
             for q in queues:
-                cursor = self._cursor(w, group, topic, q)
+                cursor = self.cursor(w, group, topic, q)
                 if len(out) < max_messages:
                     self._redeliver(w, group, topic, q, cursor, now, invisible_ms, max_messages, out)
-                deliver = self._deliver_fifo if topic in self.fifo_topics else self._deliver_new
+                deliver = self._deliver_fifo if topic in self.queues.fifo_topics else self._deliver_new
                 if len(out) < max_messages and deliver(w, group, topic, q, cursor, now, invisible_ms,
                                                        tags, max_messages, out):
                     next_deadline = now  # more to scan: the long poll comes back at once
@@ -73,11 +82,12 @@ class DeliveryPart(BrokerBase):
             return ReceiveResult(out, next_deadline)
         return op
 
-    def _cursor(self, w: OpWrites, group: str, topic: str, q: int) -> Cursor:
+    def cursor(self, w: OpWrites, group: str, topic: str, q: int) -> Cursor:
+        """The group's cursor in one queue, created (at the oldest retained entry) when the
+        group first reads it."""
         cursor = self.consumers.get(group, topic, q)
         if cursor is None:
-            first = self.db.first_key("cq", codec.queue_prefix(topic, q))
-            start = codec.split_cq_key(first)[2] if first else self.queue_next.get((topic, q), 0)
+            start = self.queues.first_offset(topic, q)
             cursor = Cursor(start)
             self.consumers.cursors[(group, topic, q)] = cursor
             w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(start))
@@ -92,12 +102,12 @@ class DeliveryPart(BrokerBase):
                     cursor.push_back(rest_offset, rest)
                 return
             key = codec.inflight_key(group, topic, q, offset)
-            value = self.db.get("cq", codec.cq_key(topic, q, offset))
+            value = self.ctx.db.get("cq", codec.cq_key(topic, q, offset))
             if value is None:  # expired by retention: nothing left to deliver
                 self._end_delivery(w, group, topic, q, cursor, offset)
                 continue
             cq = codec.decode_cq_entry(value)
-            if entry.attempt >= self.config.max_delivery_attempts:
+            if entry.attempt >= self.ctx.config.max_delivery_attempts:
                 self._to_dlq(w, group, cq)
                 self._end_delivery(w, group, topic, q, cursor, offset)
                 continue
@@ -105,30 +115,29 @@ class DeliveryPart(BrokerBase):
             cursor.track(offset, attempt, now + invisible_ms, epoch)
             w.put("inflight", key, codec.encode_inflight(attempt, now + invisible_ms, epoch))
             out.append(Delivery(topic, q, offset, cq.log_seq, attempt, now + invisible_ms, cq.visible_ms,
-                                self.receipt(topic, q, offset, attempt, epoch)))
+                                self.ctx.receipt(topic, q, offset, attempt, epoch)))
 
-    def _to_dlq(self, w: OpWrites, group: str, cq: CqEntry) -> None:
+    def _to_dlq(self, w: OpWrites, group: str, cq: CqEntry) -> int:
+        """Stages the entry into %DLQ%<group>; returns its offset there."""
         topic = dlq_topic(group)
-        self._ensure_topic(w, topic, 1)
-        offset = self.queue_next[(topic, 0)]
-        w.put("cq", codec.cq_key(topic, 0, offset), codec.encode_cq_entry(
-            CqEntry(cq.log_seq, self.clock(), cq.tag)))
-        self.queue_next[(topic, 0)] = offset + 1
-        w.on_durable(lambda: self._notify_visible(topic))
+        self.queues.ensure_topic(w, topic, 1)
+        offset = self.queues.append(w, topic, 0, CqEntry(cq.log_seq, self.ctx.clock(), cq.tag))
+        w.on_durable(lambda: self.ctx.listeners.notify_visible(topic))
+        return offset
 
     def _deliver_new(self, w: OpWrites, group: str, topic: str, q: int, cursor: Cursor, now: int,
                      invisible_ms: int, tags: MessageFilter, limit: int,
                      out: list[Delivery]) -> bool:
         """Delivers new messages of one queue; returns whether it stopped at
         MAX_FILTERED_SCAN filtered-out entries with more left to scan."""
-        end = self.queue_next.get((topic, q), 0)
+        end = self.queues.next_offset(topic, q)
         start = cursor.next_offset
         if start >= end:
             return False
         offset = start
         skipped = 0
         truncated = False
-        for key, value in self.db.scan("cq", codec.cq_key(topic, q, start), codec.cq_key(topic, q, end)):
+        for key, value in self.ctx.db.scan("cq", codec.cq_key(topic, q, start), codec.cq_key(topic, q, end)):
             if len(out) >= limit:
                 break
             if skipped >= MAX_FILTERED_SCAN:
@@ -144,7 +153,7 @@ class DeliveryPart(BrokerBase):
             cursor.track(o, 1, deadline, epoch)
             w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline, epoch))
             out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms,
-                                self.receipt(topic, q, o, 1, epoch)))
+                                self.ctx.receipt(topic, q, o, 1, epoch)))
         if offset != start:
             cursor.next_offset = offset
             w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(offset))
@@ -159,7 +168,7 @@ class DeliveryPart(BrokerBase):
         the first one. Returns whether it stopped at MAX_FILTERED_SCAN entries with
         filtered-out ones among them (a window of messages held back only because their
         groups wait is not rescanned until an ack frees one)."""
-        end = self.queue_next.get((topic, q), 0)
+        end = self.queues.next_offset(topic, q)
         start = cursor.next_offset
         if start >= end:
             return False
@@ -176,7 +185,7 @@ class DeliveryPart(BrokerBase):
             cursor.group_of[o] = cq.group_hash
             w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline, epoch))
             out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms,
-                                self.receipt(topic, q, o, 1, epoch)))
+                                self.ctx.receipt(topic, q, o, 1, epoch)))
 
         filtered = 0
         for o in sorted(ahead):  # held back before: their groups may be free now
@@ -191,7 +200,7 @@ class DeliveryPart(BrokerBase):
             deliver(o, cq)
         scanned = 0
         if len(out) < limit and cursor.scanned_to < end and len(ahead) < MAX_FILTERED_SCAN:
-            for key, value in self.db.scan("cq", codec.cq_key(topic, q, cursor.scanned_to),
+            for key, value in self.ctx.db.scan("cq", codec.cq_key(topic, q, cursor.scanned_to),
                                            codec.cq_key(topic, q, end)):
                 if len(out) >= limit or scanned >= MAX_FILTERED_SCAN or len(ahead) >= MAX_FILTERED_SCAN:
                     break
@@ -223,7 +232,7 @@ class DeliveryPart(BrokerBase):
         for offset in cursor.inflight:
             g = cursor.group_of.get(offset)
             if g is None:
-                value = self.db.get("cq", codec.cq_key(topic, q, offset))
+                value = self.ctx.db.get("cq", codec.cq_key(topic, q, offset))
                 g = cursor.group_of[offset] = codec.decode_cq_entry(value).group_hash if value else 0
             groups.add(g)
         return groups
@@ -234,7 +243,7 @@ class DeliveryPart(BrokerBase):
         delivery then finds it gone)."""
         if not isinstance(tags, SqlFilter):
             return cq.tag in tags
-        value = self.db.get("log", codec.log_key(cq.log_seq))
+        value = self.ctx.db.get("log", codec.log_key(cq.log_seq))
         if value is None:
             return True
         r = codec.decode_log_record(value, codec.log_key(cq.log_seq))
@@ -265,11 +274,11 @@ class DeliveryPart(BrokerBase):
         else:
             w.delete("inflight", key)
         cursor.group_of.pop(offset, None)
-        if topic in self.fifo_topics:
-            w.on_durable(lambda: self._notify_visible(topic))
+        if topic in self.queues.fifo_topics:
+            w.on_durable(lambda: self.ctx.listeners.notify_visible(topic))
 
     def _parse_receipt_for(self, topic: str, text: str) -> ReceiptHandle:
-        handle = self.parse_receipt(text)
+        handle = self.ctx.parse_receipt(text)
         if topic and handle.topic != topic:
             raise InvalidFieldError("topic", f"receipt handle is for topic {handle.topic!r}")
         return handle
@@ -303,8 +312,8 @@ class DeliveryPart(BrokerBase):
     def change_invisible_op(self, group: str, topic: str, handle_text: str, seconds: float,
                             ) -> Callable[[OpWrites], tuple[str, int]]:
         validate_group("consumer_group", group)
-        handle = self.parse_receipt(handle_text)
-        cfg = self.config
+        handle = self.ctx.parse_receipt(handle_text)
+        cfg = self.ctx.config
         if not 0 <= seconds <= cfg.max_invisible_duration_seconds:
             raise InvalidFieldError("invisible_duration_seconds",
                                     f"{seconds} is outside 0..max_invisible_duration_seconds="
@@ -317,13 +326,13 @@ class DeliveryPart(BrokerBase):
             if found is None:
                 raise ReceiptHandleNotFoundError(handle_text)
             cursor, entry = found
-            deadline = self.clock() + delay_ms
+            deadline = self.ctx.clock() + delay_ms
             cursor.track(handle.offset, entry.attempt, deadline, entry.epoch)  # the same delivery, still
             w.put("inflight", codec.inflight_key(group, handle.topic, handle.queue_id, handle.offset),
                   codec.encode_inflight(entry.attempt, deadline, entry.epoch))
             topic_ = handle.topic
-            w.on_durable(lambda: self._notify_visible(topic_))
-            return self.receipt(handle.topic, handle.queue_id, handle.offset, entry.attempt, entry.epoch), deadline
+            w.on_durable(lambda: self.ctx.listeners.notify_visible(topic_))
+            return self.ctx.receipt(handle.topic, handle.queue_id, handle.offset, entry.attempt, entry.epoch), deadline
         return op
 
     def dead_letter_op(self, group: str, topic: str, handle_text: str) -> Callable[[OpWrites], tuple[str, int]]:
@@ -335,49 +344,10 @@ class DeliveryPart(BrokerBase):
             found = self._inflight(group, handle)
             if found is None:
                 raise ReceiptHandleNotFoundError(handle_text)
-            value = self.db.get("cq", codec.cq_key(handle.topic, handle.queue_id, handle.offset))
+            value = self.ctx.db.get("cq", codec.cq_key(handle.topic, handle.queue_id, handle.offset))
             if value is None:
                 raise ReceiptHandleNotFoundError(handle_text)  # expired by retention
-            dlq = dlq_topic(group)
-            self._ensure_topic(w, dlq, 1)
-            offset = self.queue_next[(dlq, 0)]
-            self._to_dlq(w, group, codec.decode_cq_entry(value))
+            offset = self._to_dlq(w, group, codec.decode_cq_entry(value))
             self._settle(w, group, handle, found[0])
-            return dlq, offset
+            return dlq_topic(group), offset
         return op
-
-    def queue_offsets(self, topic: str) -> list[tuple[int, int, int]]:
-        """(queue, oldest retained offset, next offset) for each queue of ``topic``."""
-        out = []
-        for q in range(self._queue_count(topic)):
-            first = self.db.first_key("cq", codec.queue_prefix(topic, q))
-            end = self.queue_next.get((topic, q), 0)
-            out.append((q, codec.split_cq_key(first)[2] if first else end, end))
-        return out
-
-    def read_queue(self, topic: str, queue_id: int, start: int, end: int, limit: int,
-                   ) -> tuple[list[tuple[int, CqEntry]], int]:
-        """Committed entries of one queue from ``start`` (by offset, touching no group);
-        returns them and the offset to continue from."""
-        self._queue_count(topic, queue_id)
-        if start < 0 or end < 0:
-            raise InvalidFieldError("start_offset/end_offset", "must not be negative")
-        if limit <= 0:
-            raise InvalidFieldError("max_messages", "must be positive")
-        limit = min(limit, self.config.max_receive_batch * 4)
-        stop = self.queue_next.get((topic, queue_id), 0)
-        if end:
-            stop = min(stop, end)
-        entries: list[tuple[int, CqEntry]] = []
-        next_offset = start
-        if start < stop:
-            for key, value in self.db.scan("cq", codec.cq_key(topic, queue_id, start),
-                                           codec.cq_key(topic, queue_id, stop)):
-                if len(entries) >= limit:
-                    break
-                offset = codec.split_cq_key(key)[2]
-                entries.append((offset, codec.decode_cq_entry(value, key)))
-                next_offset = offset + 1
-            else:
-                next_offset = max(next_offset, stop)
-        return entries, next_offset

@@ -16,6 +16,8 @@ import json
 import sys
 from typing import Any
 
+from rocksdict import AccessType, Options, Rdict
+
 from .config import BrokerConfig
 from .core import BrokerCore
 from .store import codec, replog
@@ -98,10 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _stored_name(data_dir: str) -> str:
-    from rocksdict import Options, Rdict
-
     opts = Options(raw_mode=True)
-    db = Rdict(data_dir, opts, column_families={"meta": Options(raw_mode=True)}, access_type=_read_only())
+    db = Rdict(data_dir, opts, column_families={"meta": Options(raw_mode=True)}, access_type=AccessType.read_only())
     try:
         meta = db.get_column_family("meta")
         value = meta.get(b"broker_name")
@@ -111,11 +111,6 @@ def _stored_name(data_dir: str) -> str:
     if value is None:
         raise SystemExit(f"{data_dir} holds no txmq store")
     return codec.unframe(value, "meta").decode()
-
-
-def _read_only() -> Any:
-    from rocksdict import AccessType
-    return AccessType.read_only()
 
 
 if __name__ == "__main__":

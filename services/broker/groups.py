@@ -2,7 +2,7 @@
 retrying deliveries per queue, its dead letters, and giving dead letters back to it.
 
 Functions over a :class:`~services.broker.core.BrokerCore` (its consumer cursors, queues
-and store), kept out of the core: the reads stage nothing; :func:`return_dead_letters_op`
+and store): the reads stage nothing; :func:`return_dead_letters_op`
 is an operation run through the store bridge like any write.
 
 Re-driving a dead letter gives it back to **its group alone**: the message's original
@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from txmq.names import DLQ_PREFIX, dlq_topic, validate_group, validate_receive_topic
 
+from .consumers import Position
 from .core import BrokerCore
 from .model import KIND_HALF
 from .store import codec
 from .store.codec import CqEntry
-from .store.db import OpWrites
+from .store.db import Database, OpWrites
 
 #: A DLQ entry that was re-driven: it names no commit-log record (sequences start at 1).
 TOMBSTONE_SEQ = 0
@@ -59,49 +60,57 @@ MAX_DEAD_COUNTED = 100_000
 def describe_groups(core: BrokerCore, group: str = "", topic: str = "", max_dead: int = MAX_DEAD_COUNTED,
                     ) -> tuple[list[QueueStatus], dict[str, int]]:
     """Every (group, topic, queue) position on this broker matching the filters, and the
-    number of dead letters (not re-driven, counted up to ``max_dead``) per group. Safe on
-    another thread than the loop's (the metrics scrape): it copies what it iterates."""
+    number of dead letters (not re-driven, counted up to ``max_dead``) per group. On the
+    event loop (another thread uses :func:`describe_positions` on a snapshot)."""
     if group:
         validate_group("consumer_group", group)
     if topic:
         validate_receive_topic(topic)
-    now = core.clock()
+    queues = core.queues
+    return describe_positions(core.db, core.consumers.positions(), queues.topics, queues.queue_next, core.clock(),
+                              group, topic, max_dead)
+
+
+def describe_positions(db: Database, positions: Iterable[Position], topics: Iterable[str],
+                       queue_next: Mapping[tuple[str, int], int], now: int, group: str = "", topic: str = "",
+                       max_dead: int = MAX_DEAD_COUNTED) -> tuple[list[QueueStatus], dict[str, int]]:
+    """:func:`describe_groups` from copies of the positions, topics and queue ends (the
+    store is only read, so any thread may call it)."""
     out = []
-    for (g, t, q), cursor in sorted(list(core.consumers.cursors.items())):
-        if (group and g != group) or (topic and t != topic):
+    for p in positions:
+        if (group and p.group != group) or (topic and p.topic != topic):
             continue
-        ack = cursor.ack_offset()
-        end = core.queue_next.get((t, q), 0)
+        end = queue_next.get((p.topic, p.queue_id), 0)
         out.append(QueueStatus(
-            g, t, q, ack, cursor.next_offset, end, max(end - ack, 0),
-            _oldest_unacked_age(core, t, q, ack, end, now),
-            len(cursor.inflight), sum(1 for e in list(cursor.inflight.values()) if e.attempt > 1)))
+            p.group, p.topic, p.queue_id, p.ack_offset, p.next_offset, end, max(end - p.ack_offset, 0),
+            _oldest_unacked_age(db, p.topic, p.queue_id, p.ack_offset, end, now), p.inflight, p.retrying))
     dead = {}
-    for name in list(core.topics):
+    for name in topics:
         if not name.startswith(DLQ_PREFIX):
             continue
         g = name[len(DLQ_PREFIX):]
         if group and g != group:
             continue
-        dead[g] = sum(1 for _ in itertools.islice(_dead_letters(core, g), max_dead))
+        dead[g] = sum(1 for _ in itertools.islice(_dead_letters(db, queue_next, g), max_dead))
     return out, dead
 
 
-def _oldest_unacked_age(core: BrokerCore, topic: str, q: int, ack: int, end: int, now: int) -> float:
+def _oldest_unacked_age(db: Database, topic: str, q: int, ack: int, end: int, now: int) -> float:
     if ack >= end:
         return 0.0
-    for _key, value in core.db.scan("cq", codec.cq_key(topic, q, ack), codec.cq_key(topic, q, end)):
+    for _key, value in db.scan("cq", codec.cq_key(topic, q, ack), codec.cq_key(topic, q, end)):
         return max(now - codec.decode_cq_entry(value).visible_ms, 0) / 1000
     return 0.0
 
 
-def _dead_letters(core: BrokerCore, group: str) -> Iterable[tuple[int, CqEntry]]:
+def _dead_letters(db: Database, queue_next: Mapping[tuple[str, int], int], group: str,
+                  ) -> Iterable[tuple[int, CqEntry]]:
     """(DLQ offset, entry) of the group's dead letters not re-driven yet."""
     topic = dlq_topic(group)
-    if topic not in core.topics:
+    if (topic, 0) not in queue_next:
         return
-    end = core.queue_next.get((topic, 0), 0)
-    for key, value in core.db.scan("cq", codec.cq_key(topic, 0, 0), codec.cq_key(topic, 0, end)):
+    end = queue_next[(topic, 0)]
+    for key, value in db.scan("cq", codec.cq_key(topic, 0, 0), codec.cq_key(topic, 0, end)):
         entry = codec.decode_cq_entry(value, key)
         if entry.log_seq != TOMBSTONE_SEQ:
             yield codec.split_cq_key(key)[2], entry
@@ -120,7 +129,7 @@ def return_dead_letters_op(core: BrokerCore, group: str, message_ids: list[str],
         redriven: list[str] = []
         expired: list[str] = []
         woken: set[str] = set()
-        for dlq_offset, entry in list(_dead_letters(core, group)):
+        for dlq_offset, entry in list(_dead_letters(core.db, core.queues.queue_next, group)):
             record = core.read_message(entry.log_seq)
             message_id = record.message_id if record is not None else f"{dlq}@{dlq_offset}"
             if not every and message_id not in wanted:
@@ -132,7 +141,7 @@ def return_dead_letters_op(core: BrokerCore, group: str, message_ids: list[str],
                 expired.append(message_id)
                 continue
             topic, q, offset = position
-            cursor = core._cursor(w, group, topic, q)  # noqa: SLF001 - the group's cursor, created as a receive would
+            cursor = core.deliveries.cursor(w, group, topic, q)  # created as a receive would
             if offset not in cursor.inflight:
                 cursor.settled.discard(offset)  # a FIFO topic's dead letter past the cursor
                 cursor.track(offset, 0, now)
@@ -141,7 +150,7 @@ def return_dead_letters_op(core: BrokerCore, group: str, message_ids: list[str],
             redriven.append(message_id)
             woken.add(topic)
         for topic in woken:
-            w.on_durable(lambda t=topic: core._notify_visible(t))  # noqa: SLF001 - wakes long polls
+            w.on_durable(lambda t=topic: core.listeners.notify_visible(t))  # wakes long polls
         found = set(redriven) | set(expired)
         return Returned(redriven, sorted(wanted - found) if not every else [], expired)
     return op
@@ -152,7 +161,7 @@ def _original_position(core: BrokerCore, seq: int, record: codec.LogRecord | Non
     if record is None:
         return None
     if record.kind == KIND_HALF:
-        row = core._read_txn(seq)  # noqa: SLF001 - the committed transaction's queue offset
+        row = core.ctx.read_txn(seq)  # the committed transaction's queue offset
         if row is None or row.queue_offset < 0:
             return None
         return row.topic, row.queue_id, row.queue_offset

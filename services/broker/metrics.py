@@ -1,8 +1,13 @@
 """Broker metrics. Gauges that describe stored state are computed at scrape time from
-the broker's own counters and indexes, so they cannot drift from it."""
+the broker's own counters and indexes, so they cannot drift from it: the event loop copies
+the in-memory state (``BrokerCore.snapshot``) while the scrape's thread waits, and the
+scrape reads the store from there."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import logging
 from typing import Any, Callable, Iterator
 
 import grpc
@@ -12,8 +17,17 @@ from prometheus_client.registry import Collector
 
 from services.common.metrics import BaseMetrics
 
-from .groups import describe_groups
+from .base import first_time
+from .core import BrokerCore, StateSnapshot
+from .globalviews import GlobalStats
+from .groups import describe_positions
+from .schedule import NO_DUE_MS, count_due
 from .store.codec import KIND_HALF, STATE_NAMES
+
+log = logging.getLogger(__name__)
+
+#: How long a scrape waits for the event loop to copy the state it shows.
+SNAPSHOT_TIMEOUT_SECONDS = 5.0
 
 _SOURCES = {1: "client", 2: "check", 3: "operator", 4: "broker"}
 #: Labels of the global transaction counters, created at start so their series exist at 0.
@@ -137,7 +151,7 @@ class BrokerMetrics(BaseMetrics):
             child = self._delivered[topic] = self.messages_out.labels(topic)
         child.inc(count)
 
-    def watch(self, current: Callable[[], "tuple[Any, Any] | None"]) -> None:
+    def watch(self, current: Callable[[], "tuple[BrokerCore, Any] | None"]) -> None:
         """Scrapes describe the state ``current()`` returns: (core, bridge), or None on a
         replica that does not lead (it serves no state of its own)."""
         self.registry.register(_StateCollector(current, self))
@@ -196,9 +210,9 @@ class _ReplicationCollector(Collector):
         yield from (records, seconds, in_sync)
 
 
-def _consumer_families(core: Any) -> Iterator[object]:
+def _consumer_families(db: Any, snap: StateSnapshot) -> Iterator[object]:
     """Consumer lag in seconds (the oldest unacknowledged message's age) and dead letters."""
-    queues, dead = describe_groups(core)
+    queues, dead = describe_positions(db, snap.positions, snap.topics, snap.queue_next, snap.now_ms)
     lag = GaugeMetricFamily("txmq_consumer_lag_seconds", "How long the oldest message a consumer group has not "
                             "acknowledged has been visible, by topic (0: caught up)", labels=["group", "topic"])
     oldest: dict[tuple[str, str], float] = {}
@@ -213,9 +227,8 @@ def _consumer_families(core: Any) -> Iterator[object]:
     yield from (lag, letters)
 
 
-def _global_families(core: Any) -> Iterator[object]:
+def _global_families(stats: GlobalStats) -> Iterator[object]:
     """Multi-message (global) transactions: live work of the commit protocol on this broker."""
-    stats = core.global_stats()
     yield GaugeMetricFamily("txmq_global_transactions_open", "Global transactions this broker coordinates "
                             "that are undecided (PREPARED, or DISCARDED awaiting an operator)", value=stats.open)
     yield GaugeMetricFamily("txmq_global_pushes_pending", "Participants still to be told a global "
@@ -235,8 +248,43 @@ def _global_families(core: Any) -> Iterator[object]:
                             value=stats.oldest_prepared_part_ms / 1000)
 
 
+def take_snapshot(core: BrokerCore, loop: asyncio.AbstractEventLoop,
+                  timeout: float = SNAPSHOT_TIMEOUT_SECONDS) -> StateSnapshot | None:
+    """``core.snapshot()`` taken on ``loop`` (the thread that owns the domain), waited for
+    here; None when the loop does not take it in ``timeout`` or is closed (a stopping
+    broker): the scrape then shows no state."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        return core.snapshot()
+    future: concurrent.futures.Future[StateSnapshot] = concurrent.futures.Future()
+
+    def take() -> None:
+        if not future.set_running_or_notify_cancel():
+            return  # the scrape gave up waiting
+        try:
+            future.set_result(core.snapshot())
+        except BaseException as exc:  # noqa: BLE001 - raised in the scrape's thread
+            future.set_exception(exc)
+    try:
+        loop.call_soon_threadsafe(take)
+    except RuntimeError:  # the loop is closed
+        return None
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        log.warning("metrics scrape: the event loop took no state snapshot within %.1f s", timeout)
+        return None
+
+
 class _StateCollector(Collector):
-    def __init__(self, current: Callable[[], "tuple[Any, Any] | None"], metrics: BrokerMetrics) -> None:
+    """The domain's state at scrape time: a snapshot the event loop takes (in-memory state
+    is never read on the scrape's thread), then reads of the store from the floors in it."""
+
+    def __init__(self, current: Callable[[], "tuple[BrokerCore, Any] | None"], metrics: BrokerMetrics) -> None:
         self.current = current
         self.metrics = metrics
 
@@ -244,8 +292,12 @@ class _StateCollector(Collector):
         pair = self.current()
         if pair is None:
             return
-        core, self.bridge = pair
-        now = core.clock()  # type: ignore[attr-defined]
+        core, bridge = pair
+        snap = take_snapshot(core, bridge.loop)
+        if snap is None:
+            return
+        db = core.db
+        now = snap.now_ms
         pending = GaugeMetricFamily("txmq_transactions_pending", "PREPARED transactions, by producer group",
                                     labels=["group"])
         discarded = GaugeMetricFamily("txmq_transactions_discarded",
@@ -260,38 +312,37 @@ class _StateCollector(Collector):
         waiting = GaugeMetricFamily("txmq_checks_waiting",
                                     "Checks due and not claimed: waiting for capacity of the group's "
                                     "producers (or for a producer), counted up to 100,000", labels=["group"])
-        for group, (p, d) in sorted(list(core.counters.items())):  # type: ignore[attr-defined]
+        for group, (p, d) in sorted(snap.counters.items()):
             pending.add_metric([group], p)
             discarded.add_metric([group], d)
-            first = core.oldest_pending_ms(group)  # type: ignore[attr-defined]
+            first = snap.oldest_pending_ms.get(group)
             oldest.add_metric([group], max(now - first, 0) / 1000 if first else 0.0)
-            first_due = core.oldest_due_ms(group)  # type: ignore[attr-defined]
+            floor = snap.due_floors.get(group, (NO_DUE_MS, 0))
+            first_due = first_time(db, "due", group, floor[0])
             due.add_metric([group], max(now - first_due, 0) / 1000 if first_due else 0.0)
-            waiting.add_metric([group], core.checks_waiting(group, now))  # type: ignore[attr-defined]
+            waiting.add_metric([group], count_due(db, group, floor, now))
         yield from (pending, discarded, oldest, due, waiting)
         lag = GaugeMetricFamily("txmq_consumer_lag_messages",
                                 "Messages not yet acknowledged by a consumer group, by topic",
                                 labels=["group", "topic"])
         totals: dict[tuple[str, str], int] = {}
-        queue_next = core.queue_next  # type: ignore[attr-defined]
-        for group, topic, queue_id, ack in core.consumers.snapshot():  # type: ignore[attr-defined]
-            totals[(group, topic)] = totals.get((group, topic), 0) + max(
-                queue_next.get((topic, queue_id), 0) - ack, 0)
+        for pos in snap.positions:
+            totals[(pos.group, pos.topic)] = totals.get((pos.group, pos.topic), 0) + max(
+                snap.queue_next.get((pos.topic, pos.queue_id), 0) - pos.ack_offset, 0)
         for (group, topic), value in sorted(totals.items()):
             lag.add_metric([group, topic], value)
         yield lag
-        yield from _consumer_families(core)
-        yield from _global_families(core)
+        yield from _consumer_families(db, snap)
+        yield from _global_families(snap.globals)
         yield GaugeMetricFamily("txmq_store_bytes", "Bytes of the broker's RocksDB directory",
                                 value=self.metrics.store_bytes_value)
         yield GaugeMetricFamily("txmq_disk_free_bytes", "Free bytes on the broker's data volume",
-                                value=core.free_disk_bytes)  # type: ignore[attr-defined]
-        db = core.db  # type: ignore[attr-defined]
+                                value=snap.free_disk_bytes)
         yield CounterMetricFamily("txmq_store_writes", "RocksDB write batches (one per request, or per Produce stream message)",
                                   value=db.written)
         yield CounterMetricFamily("txmq_store_operations", "Operations applied to the store",
                                   value=db.ops_written)
         yield CounterMetricFamily("txmq_store_wal_syncs", "WAL syncs (group commits; 0 with flush=async)",
-                                  value=self.bridge.syncs)  # type: ignore[attr-defined]
+                                  value=bridge.syncs)
         yield CounterMetricFamily("txmq_store_written_bytes", "Key and value bytes put into RocksDB",
                                   value=db.bytes_written)

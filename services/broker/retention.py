@@ -10,30 +10,38 @@ from typing import Callable
 
 from txmq.names import GLOBAL_TRANSACTION_PROPERTY
 
-from .base import BrokerBase
+from .base import BrokerContext
+from .consumers import ConsumerGroups
 from .model import KIND_HALF, KIND_NORMAL, STATE_COMMITTED, STATE_DISCARDED, STATE_PREPARED
+from .queues import Queues
 from .store import codec, globalcodec
 from .store.codec import LogRecord
 from .store.db import OpWrites
 
 
-class RetentionPart(BrokerBase):
+class Retention:
+    def __init__(self, ctx: BrokerContext, queues: Queues, consumers: ConsumerGroups) -> None:
+        self.ctx = ctx
+        self.queues = queues
+        self.consumers = consumers
+
     def retention_op(self, max_records: int = 10_000) -> Callable[[OpWrites], dict[str, int]]:
         def op(w: OpWrites) -> dict[str, int]:
             w.sync = False
-            now = self.clock()
+            ctx = self.ctx
+            now = ctx.clock()
             stats = {"dedup_expired": 0, "records_deleted": 0}
-            for key, _ in self.db.scan("dedup_exp", b"", codec.expiry_key(now, "")):
+            for key, _ in ctx.db.scan("dedup_exp", b"", codec.expiry_key(now, "")):
                 if stats["dedup_expired"] >= max_records:
                     break
                 _t, mid = codec.split_expiry_key(key)
                 w.delete("dedup_exp", key)
                 w.delete("dedup", mid.encode())
                 stats["dedup_expired"] += 1
-            cutoff = now - int(self.config.retention_seconds * 1000)
+            cutoff = now - int(ctx.config.retention_seconds * 1000)
             max_deleted = 0
             scanned = 0
-            for key, value in self.db.scan("log"):
+            for key, value in ctx.db.scan("log"):
                 scanned += 1
                 if scanned > max_records:
                     break
@@ -50,7 +58,7 @@ class RetentionPart(BrokerBase):
                 max_deleted = max(max_deleted, seq)
                 stats["records_deleted"] += 1
             if max_deleted:
-                w.put("meta", b"seq_floor", codec.encode_u64(max(max_deleted + 1, self.next_seq)))
+                w.put("meta", b"seq_floor", codec.encode_u64(max(max_deleted + 1, ctx.sequence.next)))
             return stats
         return op
 
@@ -59,7 +67,7 @@ class RetentionPart(BrokerBase):
         if record.kind == KIND_NORMAL:
             topic, queue_id, offset = record.topic, record.queue_id, record.queue_offset
         else:
-            row = self._read_txn(seq)
+            row = self.ctx.read_txn(seq)
             if row is not None and row.state in (STATE_PREPARED, STATE_DISCARDED):
                 return False
             if row is not None and row.state == STATE_COMMITTED:
@@ -69,11 +77,11 @@ class RetentionPart(BrokerBase):
                 return True
         if offset < 0:
             return False  # a delay / timer message still waiting for its time (see timers.py)
-        if topic not in self.topics:  # deleted (topics.py): its queue entries are gone already
+        if topic not in self.queues.topics:  # deleted (topics.py): its queue entries are gone already
             if record.kind == KIND_HALF:
                 w.delete("txn", codec.txn_key(seq))
             return True
-        if offset >= self.queue_next.get((topic, queue_id), 0) - 1:
+        if offset >= self.queues.next_offset(topic, queue_id) - 1:
             return False  # the newest entry of a queue stays: it carries the next offset
         for cursor in self.consumers.groups_of(topic, queue_id):
             if cursor.ack_offset() <= offset:

@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from txmq.errors import UnavailableError
 from txmq.v1 import (broker_pb2, broker_pb2_grpc, nameserver_pb2, operations_pb2, operations_pb2_grpc,
@@ -66,24 +66,11 @@ def _fatal(exc: BaseException) -> None:
     os._exit(70)
 
 
-def _build(config: BrokerConfig, db: Database, loop: asyncio.AbstractEventLoop,
-           metrics: BrokerMetrics, pump: TimerPump,
-           global_pump: GlobalPump | None = None) -> tuple[BrokerCore, StoreBridge, BrokerServicer]:
-    """The domain, the bridge and the servicer over an open store."""
-    core = BrokerCore(config, on_fatal=_fatal, db=db)
-    if global_pump is not None:
-        core.global_listeners.append(global_pump.wake)
-        global_pump.wake()  # a new term: its store may hold pushes and pulls to resume
-    core.timer_listeners.append(pump.wake)
-    core.timer_moved_listeners.append(metrics.record_timer_moved)
-    pump.wake()  # a new term: its store may hold due timers
-    bridge = StoreBridge(db, loop, on_fatal=_fatal, on_sync=metrics.record_sync)
-    core.visible_listeners.append(bridge.note_visible)
-    core.end_listeners.append(metrics.record_end)
-    core.stored_listeners.append(metrics.record_stored)
-    core.discard_listeners.append(metrics.record_discard)
-    core.global_outcome_listeners.append(metrics.record_global)
-    return core, bridge, BrokerServicer(core, bridge, metrics)
+class Serving(NamedTuple):
+    """The domain and bridge serving clients now (a term's, on a replicated shard)."""
+
+    core: BrokerCore
+    bridge: StoreBridge
 
 
 def _leader_gate(node: ReplicaNode) -> broker_pb2_grpc.BrokerServiceServicer:
@@ -99,82 +86,146 @@ def _leader_gate(node: ReplicaNode) -> broker_pb2_grpc.BrokerServiceServicer:
     return type("LeaderGate", (broker_pb2_grpc.BrokerServiceServicer,), methods)()
 
 
-async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
-    loop = asyncio.get_running_loop()
-    metrics = BrokerMetrics()
-    db = open_database(config, on_fatal=_fatal)
-    replicated = config.replication_factor > 1
-    owner = identity(db)
-    if owner and owner != config.broker_name:
-        db.close()
-        raise StoreIdentityError(f"data dir {config.data_dir} belongs to broker {owner!r}, not {config.broker_name!r}")
-    node: ReplicaNode | None = None
-    terms: list[tuple[BrokerCore, StoreBridge]] = []  # the one serving now (empty: not leading)
-    pump = TimerPump(lambda: terms[0] if terms else None)
-    global_pump = GlobalPump(config, lambda: terms[0] if terms else None, metrics)
+class BrokerProcess:
+    """One broker process: its store, what serves over it now (``serving``: always on an
+    unreplicated shard; on a replicated one only while this replica leads, a term at a
+    time), the pumps that run on whatever serves, the heartbeat, the disk watch and the
+    retention rounds, and the gRPC app in front of them."""
 
-    if not replicated:
-        core, bridge, servicer = _build(config, db, loop, metrics, pump, global_pump)
-        terms.append((core, bridge))
-        registered: list[tuple[Any, Any]] = [(broker_pb2_grpc.add_BrokerServiceServicer_to_server, servicer)]
-        names = [SERVICE_NAME]
-    else:
-        node = ReplicaNode(config, db, address=lambda: address, replication_address=lambda: replication_address,
-                           make_term=lambda epoch: make_term(epoch),
-                           on_role_change=lambda: heartbeat.kick(), metrics=metrics)
-        registered = [(broker_pb2_grpc.add_BrokerServiceServicer_to_server, _leader_gate(node)),
-                      (replication_pb2_grpc.add_ReplicationServiceServicer_to_server, ReplicationServicer(node))]
-        names = [SERVICE_NAME, REPLICATION_SERVICE_NAME]
-        metrics.watch_replication(node)
+    def __init__(self, config: BrokerConfig, loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.loop = loop
+        self.metrics = BrokerMetrics()
+        self.db = open_database(config, on_fatal=_fatal)
+        owner = identity(self.db)
+        if owner and owner != config.broker_name:
+            self.db.close()
+            raise StoreIdentityError(f"data dir {config.data_dir} belongs to broker {owner!r}, "
+                                     f"not {config.broker_name!r}")
+        self.replicated = config.replication_factor > 1
+        #: What serves clients now (None: a replica that does not lead).
+        self.serving: Serving | None = None
+        #: The replica of a replicated shard (None: unreplicated); it owns the store from then
+        #: on (``store``).
+        self.node: ReplicaNode | None = None
+        self.listener: ReplicationListener | None = None
+        self.timer_pump = TimerPump(self.current)
+        self.global_pump = GlobalPump(config, self.current, self.metrics)
+        self.heartbeat = Heartbeat(
+            config.nameserver_addresses, config.heartbeat_interval_seconds,
+            register=lambda stub: stub.RegisterBroker(nameserver_pb2.RegisterBrokerRequest(broker=self.info())),
+            unregister=lambda stub: stub.UnregisterBroker(nameserver_pb2.UnregisterBrokerRequest(
+                name=config.broker_name, replica_id=config.replica_id)))
+        #: The last disk watch: free bytes (-1: not watched yet) and whether under the floor.
+        self.free_disk_bytes = -1
+        self.disk_full = False
+        #: Where clients and the replicas reach this broker (known once the app has its port).
+        self.address = ""
+        self.replication_address = ""
 
-    def serving() -> tuple[Database, BrokerCore, StoreBridge]:
-        if node is not None:
-            term = node.serving()
-            return node.db, term.core, term.bridge
-        return db, terms[0][0], terms[0][1]
-    registered.append((operations_pb2_grpc.add_OperationsServiceServicer_to_server, OperationsServicer(
-        data_dir=config.data_dir, shard=config.broker_name, replica_id=config.replica_id,
-        replication_factor=config.replication_factor, serving=serving, on_drain_change=lambda: heartbeat.kick())))
-    names.append(OPERATIONS_SERVICE_NAME)
-    metrics.watch(lambda: terms[0] if terms else None)
-    # A long poll waits by design: limited per connection, not by max_concurrent_rpcs.
-    app = ServiceApp("broker", config, metrics, registered, names, unmetered=("ReceiveMessages",))
-    address = config.advertise_address or f"{'127.0.0.1' if config.host in ('0.0.0.0', '') else config.host}:{app.port}"
-    if not replicated:
-        app.core = terms[0][0]  # type: ignore[attr-defined]  # tests and tools reach the domain through the app
-    app.node = node  # type: ignore[attr-defined]
-    listener: ReplicationListener | None = None
-    replication_address = ""
-    app.replication_port = -1  # type: ignore[attr-defined]  # in the ready file
-    if node is not None:
-        listener = ReplicationListener(config, node.replicate, app.auth)
-        app.replication_port = await listener.start()  # type: ignore[attr-defined]
-        app.replication = listener  # type: ignore[attr-defined]
-        replication_address = f"{address.rpartition(':')[0]}:{app.replication_port}"
-    free = {"bytes": -1, "full": False}
+    def current(self) -> Serving | None:
+        return self.serving
 
-    def current() -> tuple[BrokerCore, StoreBridge] | None:
-        return terms[0] if terms else None
+    @property
+    def store(self) -> Database:
+        """The store open now (a replica's rebuild replaces the one opened at start)."""
+        return self.node.db if self.node is not None else self.db
 
-    async def make_term(epoch: int) -> Term:
-        assert node is not None
-        core, bridge, servicer = _build(config, node.db, loop, metrics, pump, global_pump)
-        core.leader_epoch = epoch  # every delivery of this leadership carries it in its receipt handle
-        core.free_disk_bytes, core.disk_full = free["bytes"], free["full"]
-        core.topic_listeners.append(lambda _topic: heartbeat.kick())
-        terms[:] = [(core, bridge)]
+    # --- the domain over the store ---------------------------------------------------------
+
+    def _serve(self, epoch: int = 0) -> tuple[BrokerCore, StoreBridge, BrokerServicer]:
+        """A domain, bridge and servicer over the store, wired to the pumps, the metrics
+        and the heartbeat, now serving."""
+        metrics, db = self.metrics, self.store
+        core = BrokerCore(self.config, on_fatal=_fatal, db=db)
+        core.leader_epoch = epoch  # every delivery of a leadership carries it in its receipt handle
+        core.free_disk_bytes, core.disk_full = self.free_disk_bytes, self.disk_full
+        bridge = StoreBridge(db, self.loop, on_fatal=_fatal, on_sync=metrics.record_sync)
+        listeners = core.listeners
+        listeners.global_due.append(self.global_pump.wake)
+        listeners.timer.append(self.timer_pump.wake)
+        listeners.timer_moved.append(metrics.record_timer_moved)
+        listeners.visible.append(bridge.note_visible)
+        listeners.end.append(metrics.record_end)
+        listeners.stored.append(metrics.record_stored)
+        listeners.discard.append(metrics.record_discard)
+        listeners.global_outcome.append(metrics.record_global)
+        listeners.topic.append(lambda _topic: self.heartbeat.kick())
+        self.serving = Serving(core, bridge)
+        # Its store may hold due timers, pushes and pulls to resume.
+        self.global_pump.wake()
+        self.timer_pump.wake()
+        return core, bridge, BrokerServicer(core, bridge, metrics)
+
+    async def make_term(self, epoch: int) -> Term:
+        """This replica leads from now on: a term serves clients over its store."""
+        core, bridge, servicer = self._serve(epoch)
 
         async def close() -> None:
-            if terms and terms[0][0] is core:
-                terms.clear()
+            if self.serving is not None and self.serving.core is core:
+                self.serving = None
         return Term(epoch, servicer, bridge, core, close)
 
-    def info() -> nameserver_pb2.BrokerInfo:
-        pair = current()
-        topics = [topic_queues(pair[0], t, n) for t, n in sorted(pair[0].topics.items())] if pair else []
-        broker = nameserver_pb2.BrokerInfo(
-            name=config.broker_name, address=address, topics=topics,
-            draining=is_draining(node.db if node is not None else db))
+    def operations_target(self) -> tuple[Database, BrokerCore, StoreBridge]:
+        """What OperationsService acts on (NotLeaderError on a replica that does not lead)."""
+        if self.node is not None:
+            term = self.node.serving()
+            return self.node.db, term.core, term.bridge
+        assert self.serving is not None
+        return self.db, self.serving.core, self.serving.bridge
+
+    # --- the process -----------------------------------------------------------------------
+
+    async def build(self) -> ServiceApp:
+        config = self.config
+        if not self.replicated:
+            _core, _bridge, servicer = self._serve()
+            registered: list[tuple[Any, Any]] = [(broker_pb2_grpc.add_BrokerServiceServicer_to_server, servicer)]
+            names = [SERVICE_NAME]
+        else:
+            node = self.node = ReplicaNode(config, self.db, address=lambda: self.address,
+                                           replication_address=lambda: self.replication_address,
+                                           make_term=self.make_term, on_role_change=self.heartbeat.kick,
+                                           metrics=self.metrics)
+            registered = [(broker_pb2_grpc.add_BrokerServiceServicer_to_server, _leader_gate(node)),
+                          (replication_pb2_grpc.add_ReplicationServiceServicer_to_server, ReplicationServicer(node))]
+            names = [SERVICE_NAME, REPLICATION_SERVICE_NAME]
+            self.metrics.watch_replication(node)
+        registered.append((operations_pb2_grpc.add_OperationsServiceServicer_to_server, OperationsServicer(
+            data_dir=config.data_dir, shard=config.broker_name, replica_id=config.replica_id,
+            replication_factor=config.replication_factor, serving=self.operations_target,
+            on_drain_change=self.heartbeat.kick)))
+        names.append(OPERATIONS_SERVICE_NAME)
+        self.metrics.watch(self.current)
+        # A long poll waits by design: limited per connection, not by max_concurrent_rpcs.
+        app = ServiceApp("broker", config, self.metrics, registered, names, unmetered=("ReceiveMessages",))
+        host = "127.0.0.1" if config.host in ("0.0.0.0", "") else config.host
+        self.address = config.advertise_address or f"{host}:{app.port}"
+        # Tests and tools reach the domain and the replica through the app.
+        if self.serving is not None:
+            app.core = self.serving.core  # type: ignore[attr-defined]
+        app.node = self.node  # type: ignore[attr-defined]
+        replication_port = -1
+        if self.node is not None:
+            self.listener = ReplicationListener(config, self.node.replicate, app.auth)
+            replication_port = await self.listener.start()
+            app.replication = self.listener  # type: ignore[attr-defined]
+            self.replication_address = f"{self.address.rpartition(':')[0]}:{replication_port}"
+        app.replication_port = replication_port  # type: ignore[attr-defined]  # in the ready file
+        app.every("disk", config.disk_check_interval_seconds, self.watch_disk)
+        app.every("retention", config.retention_interval_seconds, self.retention)
+        app.on_start.append(self.start)
+        app.on_stop.append(lambda: self.stop(app.stop_deadline))
+        app.stop_reserve_seconds = STOP_STEP_SECONDS + STOP_REPLICA_SECONDS + STOP_HEARTBEAT_SECONDS
+        return app
+
+    def info(self) -> nameserver_pb2.BrokerInfo:
+        """What the heartbeat registers."""
+        config, node, serving = self.config, self.node, self.serving
+        topics = ([topic_queues(serving.core, t, n) for t, n in sorted(serving.core.topics.items())]
+                  if serving is not None else [])
+        broker = nameserver_pb2.BrokerInfo(name=config.broker_name, address=self.address, topics=topics,
+                                           draining=is_draining(self.store))
         if node is not None:
             broker.replica_id = config.replica_id
             broker.role = node.role()
@@ -182,39 +233,36 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
             broker.replication.CopyFrom(node.status())
         return broker
 
-    heartbeat = Heartbeat(
-        config.nameserver_addresses, config.heartbeat_interval_seconds,
-        register=lambda stub: stub.RegisterBroker(nameserver_pb2.RegisterBrokerRequest(broker=info())),
-        unregister=lambda stub: stub.UnregisterBroker(nameserver_pb2.UnregisterBrokerRequest(
-            name=config.broker_name, replica_id=config.replica_id)))
-    if not replicated:
-        terms[0][0].topic_listeners.append(lambda _topic: heartbeat.kick())
+    def _measure_disk(self) -> tuple[int, int]:
+        """(free bytes on the data volume, the store's bytes): file system calls, on any thread."""
+        return shutil.disk_usage(self.config.data_dir).free, self.store.size_bytes()
 
-    def watch_disk() -> None:
-        the_db = node.db if node is not None else db
-        usage = shutil.disk_usage(config.data_dir)
-        full = usage.free < config.min_free_disk_bytes
-        if full != free["full"]:
+    def _note_disk(self, free: int, store_bytes: int) -> None:
+        """Free disk against the floor (sends are refused below it), on the event loop."""
+        config = self.config
+        full = free < config.min_free_disk_bytes
+        if full != self.disk_full:
             log.warning("free disk below floor: refusing sends" if full else "free disk back above floor",
-                        extra={"fields": {"free_bytes": usage.free, "floor_bytes": config.min_free_disk_bytes}})
-        free["bytes"], free["full"] = usage.free, full
-        pair = current()
-        if pair is not None:
-            pair[0].free_disk_bytes, pair[0].disk_full = usage.free, full
-        metrics.store_bytes_value = the_db.size_bytes()
+                        extra={"fields": {"free_bytes": free, "floor_bytes": config.min_free_disk_bytes}})
+        self.free_disk_bytes, self.disk_full = free, full
+        serving = self.serving
+        if serving is not None:
+            serving.core.free_disk_bytes, serving.core.disk_full = free, full
+        self.metrics.store_bytes_value = store_bytes
 
-    async def disk() -> None:
-        await asyncio.to_thread(watch_disk)
+    async def watch_disk(self) -> None:
+        """Measured off the loop (a slow volume never holds it), applied on it."""
+        self._note_disk(*await asyncio.to_thread(self._measure_disk))
 
-    async def retention() -> None:
-        # In rounds of a bounded size: each round runs on the event loop and holds it.
+    async def retention(self) -> None:
+        """Retention in rounds of a bounded size: each round runs on the event loop and holds it."""
         totals = {"dedup_expired": 0, "records_deleted": 0}
-        while (pair := current()) is not None:
-            core, bridge = pair
+        while (serving := self.serving) is not None:
             try:
-                stats = await bridge.run(core.retention_op(RETENTION_ROUND), sync=False)
+                stats = await serving.bridge.run(serving.core.retention_op(RETENTION_ROUND), sync=False)
             except UnavailableError as exc:  # the replica stepped down, or cannot commit now: next round
-                log.info("retention stopped early: this replica cannot serve now", extra={"fields": {"reason": exc.reason, **totals}})
+                log.info("retention stopped early: this replica cannot serve now",
+                         extra={"fields": {"reason": exc.reason, **totals}})
                 return
             for name, value in stats.items():
                 totals[name] += value
@@ -223,38 +271,36 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
         if any(totals.values()):
             log.info("retention", extra={"fields": totals})
 
-    async def start() -> None:
-        watch_disk()
-        if node is not None:
-            await node.start()
-        await heartbeat.start()
-        await pump.start()
-        await global_pump.start()
+    async def start(self) -> None:
+        self._note_disk(*self._measure_disk())
+        if self.node is not None:
+            await self.node.start()
+        await self.heartbeat.start()
+        await self.timer_pump.start()
+        await self.global_pump.start()
 
-    async def stop() -> None:
+    async def stop(self, deadline: Deadline | None) -> None:
         # Every step has a deadline: one that hangs (a peer that is stopping too, a paused
         # follower, an etcd that does not answer) is cancelled and the stop goes on.
-        deadline = app.stop_deadline or Deadline(STOP_STEP_SECONDS + STOP_REPLICA_SECONDS + STOP_HEARTBEAT_SECONDS)
+        deadline = deadline or Deadline(STOP_STEP_SECONDS + STOP_REPLICA_SECONDS + STOP_HEARTBEAT_SECONDS)
+        node, listener = self.node, self.listener
         if node is not None:
             node.stopping()
         await asyncio.gather(
-            step_within("timers", STOP_STEP_SECONDS, pump.stop(), deadline),
-            step_within("global transactions", STOP_STEP_SECONDS, global_pump.stop(), deadline),
+            step_within("timers", STOP_STEP_SECONDS, self.timer_pump.stop(), deadline),
+            step_within("global transactions", STOP_STEP_SECONDS, self.global_pump.stop(), deadline),
             *([step_within("replication listener", STOP_STEP_SECONDS, listener.stop(), deadline)]
               if listener is not None else []))
         if node is not None:
             await step_within("replica", STOP_REPLICA_SECONDS, node.stop(), deadline)
-        await step_within("heartbeat", STOP_HEARTBEAT_SECONDS, heartbeat.stop(), deadline)  # its unregister calls
+        await step_within("heartbeat", STOP_HEARTBEAT_SECONDS, self.heartbeat.stop(), deadline)  # its unregister calls
         started = time.monotonic()
-        (node.db if node is not None else db).close()  # synchronous: no deadline cuts it (the exit watchdog does)
+        self.store.close()  # synchronous: no deadline cuts it (the exit watchdog does)
         note_slow_step("store close", started)
 
-    app.every("disk", config.disk_check_interval_seconds, disk)
-    app.every("retention", config.retention_interval_seconds, retention)
 
-    app.on_start.append(start)
-    app.on_stop.append(stop)
-    app.stop_reserve_seconds = STOP_STEP_SECONDS + STOP_REPLICA_SECONDS + STOP_HEARTBEAT_SECONDS
+async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
+    app = await BrokerProcess(config, asyncio.get_running_loop()).build()
     return app, app.port
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import grpc
 
@@ -168,98 +168,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return self._end_response(await self.bridge.run(self._end_op(request)))
 
     async def Produce(self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest], context: Any) -> None:
-        """Applies each stream message's entries at once, in order, and answers them in one
-        stream message once their writes (and what they read) are durable. Reading goes on
-        meanwhile, so the entries that arrive during one WAL sync share the next."""
-        # Each request's answers, built in one ProduceResponse as it is applied (no copy of
-        # every result into a response at write time); those ready together go out as one.
-        ready: list[broker_pb2.ProduceResponse] = []
-        wake = asyncio.Event()
-        waiting = 0
-        reading = True
-
-        def release(results: broker_pb2.ProduceResponse, admitted: int) -> None:
-            nonlocal waiting
-            waiting -= 1
-            self.produce_pending.in_flight -= admitted
-            ready.append(results)
-            wake.set()
-
-        async def read() -> None:
-            nonlocal waiting, reading
-            try:
-                # context.read() rather than ``async for`` over the iterator: one async
-                # generator step less per message.
-                while (request := await context.read()) is not grpc.aio.EOF:
-                    results, ticket, admitted = self._produce(request)
-                    waiting += 1
-                    self.bridge.when_durable(
-                        ticket, lambda r=results, n=admitted: release(r, n),
-                        # Leadership lost before the replicas had them: each entry fails
-                        # retryably (its outcome is unknown; the same ids deduplicate).
-                        lambda exc, r=results, n=admitted: release(broker_pb2.ProduceResponse(
-                            results=[self._produce_error(x.request_id, exc) for x in r.results]), n))
-            finally:
-                reading = False
-                wake.set()
-
-        reader = asyncio.ensure_future(read())
-        try:
-            while reading or waiting or ready:
-                await wake.wait()
-                wake.clear()
-                if ready:
-                    response = ready[0]
-                    for more in ready[1:]:
-                        response.MergeFrom(more)  # appends its results
-                    ready.clear()
-                    await context.write(response)
-                    self.metrics.produce_out.inc()
-            if not reader.cancelled() and reader.exception() is not None:
-                raise reader.exception()  # type: ignore[misc]
-        finally:
-            reader.cancel()
-
-    def _produce(self, request: broker_pb2.ProduceRequest) -> tuple[broker_pb2.ProduceResponse, int, int]:
-        """Applies one stream message's entries; returns their results, the ticket that
-        must be durable before any is told, and how many sends it admitted (counted in
-        ``produce_pending`` until they are answered). A send beyond
-        ``max_pending_produce_entries`` is shed in its own entry: OVERLOADED, nothing applied."""
-        response = broker_pb2.ProduceResponse()
-        add = response.results.add
-        admitted = 0
-        pending = self.produce_pending
-        self.metrics.produce_in.inc()
-        self.metrics.produce_entries.inc(len(request.entries))
-        # One write for the whole message; its ticket covers every entry's writes and
-        # reads, refusals included (a refusal is told only once what it saw is durable).
-        with self.bridge.grouped() as group:
-            for entry in request.entries:
-                kind = entry.WhichOneof("request")
-                try:
-                    if kind == "send_message":
-                        pending.enter()  # OverloadedError beyond the limit: this entry only
-                        admitted += 1
-                        result, _ = self.bridge.apply(self._send_op(entry.send_message))
-                        add(request_id=entry.request_id, status=OK, send_message=self._send_response(result))
-                    elif kind == "end_transaction":
-                        result, _ = self.bridge.apply(self._end_op(entry.end_transaction))
-                        add(request_id=entry.request_id, status=OK, end_transaction=self._end_response(result))
-                    else:
-                        raise InvalidFieldError("request", "set send_message or end_transaction")
-                except Exception as exc:  # noqa: BLE001 - answered in the entry's result
-                    response.results.append(self._produce_error(entry.request_id, exc))
-        if pending.shed:
-            self.metrics.produce_shed.inc(pending.shed)
-            pending.shed = 0
-        return response, group.ticket, admitted
-
-    def _produce_error(self, request_id: int, error: BaseException) -> broker_pb2.ProduceResult:
-        if not isinstance(error, TxmqError):
-            log.error("produce request failed", exc_info=error)
-            error = TxmqError(f"internal error: {type(error).__name__}")
-            error.code = grpc.StatusCode.INTERNAL  # type: ignore[misc]
-        return broker_pb2.ProduceResult(request_id=request_id, status=entry_status(error))
+        await ProduceStream(context, self.bridge, self.metrics, self.produce_pending,
+                            send=lambda r: self._send_response(self.bridge.apply(self._send_op(r))[0]),
+                            end=lambda r: self._end_response(self.bridge.apply(self._end_op(r))[0])).run()
 
     # --- consuming -----------------------------------------------------------------------
 
@@ -516,3 +427,113 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             broker_pb2.GlobalTransactionSummary(global_transaction_id=gid, coordinator=coordinator,
                                                 open_parts=open_parts, participants_pending=pending)
             for gid, coordinator, open_parts, pending in found])
+
+
+class ProduceStream:
+    """One Produce stream: applies each stream message's entries at once, in order, and
+    answers them in one stream message once their writes (and what they read) are durable.
+    Reading goes on meanwhile, so the entries that arrive during one WAL sync share the
+    next. Sends and ends are the servicer's (the same operations as SendMessage and
+    EndTransaction)."""
+
+    def __init__(self, context: Any, bridge: StoreBridge, metrics: BrokerMetrics, pending: Admission, *,
+                 send: Callable[[broker_pb2.SendMessageRequest], broker_pb2.SendMessageResponse],
+                 end: Callable[[broker_pb2.EndTransactionRequest], broker_pb2.EndTransactionResponse]) -> None:
+        self.context = context
+        self.bridge = bridge
+        self.metrics = metrics
+        #: Sends on Produce streams applied and not yet answered (see ``_produce``).
+        self.pending = pending
+        #: Apply one entry (inside the stream message's write group) and answer it.
+        self.send = send
+        self.end = end
+
+    async def run(self) -> None:
+        context = self.context
+        # Each request's answers, built in one ProduceResponse as it is applied (no copy of
+        # every result into a response at write time); those ready together go out as one.
+        ready: list[broker_pb2.ProduceResponse] = []
+        wake = asyncio.Event()
+        waiting = 0
+        reading = True
+
+        def release(results: broker_pb2.ProduceResponse, admitted: int) -> None:
+            nonlocal waiting
+            waiting -= 1
+            self.pending.in_flight -= admitted
+            ready.append(results)
+            wake.set()
+
+        async def read() -> None:
+            nonlocal waiting, reading
+            try:
+                # context.read() rather than ``async for`` over the iterator: one async
+                # generator step less per message.
+                while (request := await context.read()) is not grpc.aio.EOF:
+                    results, ticket, admitted = self._produce(request)
+                    waiting += 1
+                    self.bridge.when_durable(
+                        ticket, lambda r=results, n=admitted: release(r, n),
+                        # Leadership lost before the replicas had them: each entry fails
+                        # retryably (its outcome is unknown; the same ids deduplicate).
+                        lambda exc, r=results, n=admitted: release(broker_pb2.ProduceResponse(
+                            results=[self._produce_error(x.request_id, exc) for x in r.results]), n))
+            finally:
+                reading = False
+                wake.set()
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while reading or waiting or ready:
+                await wake.wait()
+                wake.clear()
+                if ready:
+                    response = ready[0]
+                    for more in ready[1:]:
+                        response.MergeFrom(more)  # appends its results
+                    ready.clear()
+                    await context.write(response)
+                    self.metrics.produce_out.inc()
+            if not reader.cancelled() and reader.exception() is not None:
+                raise reader.exception()  # type: ignore[misc]
+        finally:
+            reader.cancel()
+
+    def _produce(self, request: broker_pb2.ProduceRequest) -> tuple[broker_pb2.ProduceResponse, int, int]:
+        """Applies one stream message's entries; returns their results, the ticket that
+        must be durable before any is told, and how many sends it admitted (counted in
+        ``produce_pending`` until they are answered). A send beyond
+        ``max_pending_produce_entries`` is shed in its own entry: OVERLOADED, nothing applied."""
+        response = broker_pb2.ProduceResponse()
+        add = response.results.add
+        admitted = 0
+        pending = self.pending
+        self.metrics.produce_in.inc()
+        self.metrics.produce_entries.inc(len(request.entries))
+        # One write for the whole message; its ticket covers every entry's writes and
+        # reads, refusals included (a refusal is told only once what it saw is durable).
+        with self.bridge.grouped() as group:
+            for entry in request.entries:
+                kind = entry.WhichOneof("request")
+                try:
+                    if kind == "send_message":
+                        pending.enter()  # OverloadedError beyond the limit: this entry only
+                        admitted += 1
+                        add(request_id=entry.request_id, status=OK, send_message=self.send(entry.send_message))
+                    elif kind == "end_transaction":
+                        add(request_id=entry.request_id, status=OK, end_transaction=self.end(entry.end_transaction))
+                    else:
+                        raise InvalidFieldError("request", "set send_message or end_transaction")
+                except Exception as exc:  # noqa: BLE001 - answered in the entry's result
+                    response.results.append(self._produce_error(entry.request_id, exc))
+        if pending.shed:
+            self.metrics.produce_shed.inc(pending.shed)
+            pending.shed = 0
+        return response, group.ticket, admitted
+
+    def _produce_error(self, request_id: int, error: BaseException) -> broker_pb2.ProduceResult:
+        if not isinstance(error, TxmqError):
+            log.error("produce request failed", exc_info=error)
+            error = TxmqError(f"internal error: {type(error).__name__}")
+            error.code = grpc.StatusCode.INTERNAL  # type: ignore[misc]
+        return broker_pb2.ProduceResult(request_id=request_id, status=entry_status(error))

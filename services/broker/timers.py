@@ -1,6 +1,6 @@
 """Delay / timer messages: a message with a delivery time stays out of its queue until
 then. Its log record (with ``deliver_at_ms``) is stored at once; the ``timer`` index holds
-``due_ms | seq`` until the time comes, when :meth:`TimersPart.timer_op` moves it into its
+``due_ms | seq`` until the time comes, when :meth:`Timers.timer_op` moves it into its
 queue in one batch (queue entry + index removal), so it is delivered as normal from then on.
 
 - A normal message with a delivery time is scheduled when it is stored; its queue offset
@@ -20,15 +20,17 @@ the index and carries on. A message is never moved before its time (the broker's
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 from txmq.fifo import message_group_hash
 
 from services.common.aio import wait_event
 
-from .base import BrokerBase
+from .base import BrokerContext
 from .model import KIND_NORMAL, STATE_COMMITTED
+from .queues import Queues
 from .store import codec
 from .store.codec import CqEntry, LogRecord
 from .store.db import OpWrites
@@ -39,54 +41,48 @@ log = logging.getLogger(__name__)
 TIMER_ROUND = 1000
 
 
-class TimersPart(BrokerBase):
+class Timers:
     """The timer index: scheduling, and moving due messages into their queues."""
 
-    #: The earliest due time in the index (None: empty).
-    _timer_next: int | None
-    #: Called (once durable) with a due time earlier than the one the pump knew of.
-    timer_listeners: list[Callable[[int], None]]
-    #: Called (once durable) with the lateness (ms: moved − due) of each message moved.
-    timer_moved_listeners: list[Callable[[list[int]], None]]
-
-    def _load_timers(self) -> None:
-        self.timer_listeners = []
-        self.timer_moved_listeners = []
-        first = self.db.first_key("timer")
-        self._timer_next = codec.split_timer_key(first)[0] if first else None
+    def __init__(self, ctx: BrokerContext, queues: Queues) -> None:
+        self.ctx = ctx
+        self.queues = queues
+        first = ctx.db.first_key("timer")
+        #: The earliest due time in the index (None: empty).
+        self._next: int | None = codec.split_timer_key(first)[0] if first else None
 
     def timer_next_ms(self) -> int | None:
-        return self._timer_next
+        return self._next
 
-    def _schedule(self, w: OpWrites, due_ms: int, seq: int) -> None:
+    def schedule(self, w: OpWrites, due_ms: int, seq: int) -> None:
         w.put("timer", codec.timer_key(due_ms, seq), b"")
-        if self._timer_next is None or due_ms < self._timer_next:
-            self._timer_next = due_ms
-            w.on_durable(lambda: [fn(due_ms) for fn in self.timer_listeners])
+        if self._next is None or due_ms < self._next:
+            self._next = due_ms
+            w.on_durable(lambda: self.ctx.listeners.notify_timer(due_ms))
 
-    def _send_scheduled(self, w: OpWrites, record: LogRecord, seq: int) -> None:
+    def send_scheduled(self, w: OpWrites, record: LogRecord, seq: int) -> None:
         """Stages a normal message with a delivery time: stored, deduplicated, scheduled;
         not in its queue (offset -1 until it is moved)."""
         w.put("log", codec.log_key(seq), codec.encode_log_record(record))
         w.put("dedup", record.message_id.encode(), codec.encode_dedup(
             codec.DedupEntry(codec.DEDUP_NORMAL, seq, record.queue_id, -1)))
-        w.put("dedup_exp", codec.expiry_key(record.stored_ms + int(self.config.dedup_retention_seconds * 1000),
-                                            record.message_id), b"")
-        self._schedule(w, record.deliver_at_ms, seq)
+        self.ctx.expire_dedup(w, record.stored_ms, record.message_id)
+        self.schedule(w, record.deliver_at_ms, seq)
         topic = record.topic
-        w.on_durable(lambda: self._notify_stored(topic, KIND_NORMAL))
+        w.on_durable(lambda: self.ctx.listeners.notify_stored(topic, KIND_NORMAL))
 
     def timer_op(self, limit: int = TIMER_ROUND) -> Callable[[OpWrites], int]:
         """Moves up to ``limit`` due messages into their queues; returns how many."""
         def op(w: OpWrites) -> int:
-            now = self.clock()
+            db = self.ctx.db
+            now = self.ctx.clock()
             moved = 0
             visible: set[str] = set()
             lateness: list[int] = []
-            for key, _ in self.db.scan("timer", b"", codec.timer_key(now + 1, 0)):
+            for key, _ in db.scan("timer", b"", codec.timer_key(now + 1, 0)):
                 if moved >= limit:
                     break
-                if self.db.get("timer", key) is None:
+                if db.get("timer", key) is None:
                     continue  # moved by an earlier operation of this write group
                 due, seq = codec.split_timer_key(key)
                 w.delete("timer", key)
@@ -95,11 +91,12 @@ class TimersPart(BrokerBase):
                 topic = self._move(w, seq, now)
                 if topic:
                     visible.add(topic)
-            self._timer_next = self._next_due(now, moved >= limit)
-            if visible:
-                w.on_durable(lambda: [self._notify_visible(t) for t in visible])
+            self._next = self._next_due(now, moved >= limit)
+            listeners = self.ctx.listeners
+            for topic in sorted(visible):
+                w.on_durable(functools.partial(listeners.notify_visible, topic))
             if lateness:
-                w.on_durable(lambda: [fn(lateness) for fn in self.timer_moved_listeners])
+                w.on_durable(lambda: listeners.notify_timer_moved(lateness))
             return moved
         return op
 
@@ -107,7 +104,7 @@ class TimersPart(BrokerBase):
         if more_now:
             return now
         first = None
-        for key, _ in self.db.scan("timer", codec.timer_key(now + 1, 0)):
+        for key, _ in self.ctx.db.scan("timer", codec.timer_key(now + 1, 0)):
             first = key
             break
         return codec.split_timer_key(first)[0] if first else None
@@ -115,27 +112,21 @@ class TimersPart(BrokerBase):
     def _move(self, w: OpWrites, seq: int, now: int) -> str:
         """Puts the scheduled message ``seq`` into its queue; returns its topic ('' if it is
         gone: removed by retention, or a transaction no longer committed)."""
-        lkey = codec.log_key(seq)
-        value = self.db.get("log", lkey)
-        if value is None:
+        record = self.ctx.read_message(seq)
+        if record is None:
             return ""
-        record = codec.decode_log_record(value, lkey)
+        entry = CqEntry(seq, now, record.tag, message_group_hash(record.message_group))
         if record.kind == KIND_NORMAL:
-            topic, queue_id = record.topic, record.queue_id
-            offset = self.queue_next[(topic, queue_id)]
-            record.queue_offset = offset
-            w.put("log", lkey, codec.encode_log_record(record))
+            topic = record.topic
+            record.queue_offset = self.queues.append(w, topic, record.queue_id, entry)
+            w.put("log", codec.log_key(seq), codec.encode_log_record(record))
         else:
-            row = self._read_txn(seq)
+            row = self.ctx.read_txn(seq)
             if row is None or row.state != STATE_COMMITTED:
                 return ""
-            topic, queue_id = row.topic, row.queue_id
-            offset = self.queue_next[(topic, queue_id)]
-            row.queue_offset = offset
+            topic = row.topic
+            row.queue_offset = self.queues.append(w, topic, row.queue_id, entry)
             w.put("txn", codec.txn_key(seq), codec.encode_txn(row))
-        w.put("cq", codec.cq_key(topic, queue_id, offset), codec.encode_cq_entry(
-            CqEntry(seq, now, record.tag, message_group_hash(record.message_group))))
-        self.queue_next[(topic, queue_id)] = offset + 1
         return topic
 
 
@@ -144,7 +135,7 @@ class TimerPump:
     commit schedules an earlier one), then moves what is due. ``current`` gives the
     serving (core, bridge), or None while this replica does not lead."""
 
-    def __init__(self, current: Callable[[], tuple[TimersPart, object] | None],
+    def __init__(self, current: Callable[[], tuple[Any, Any] | None],
                  on_moved: Callable[[int], None] | None = None) -> None:
         self._current = current
         self._on_moved = on_moved
@@ -174,7 +165,7 @@ class TimerPump:
                 wait = None if due is None else (due - core.clock()) / 1000
                 if wait is not None and wait <= 0:
                     try:
-                        moved = await bridge.run(core.timer_op(), sync=True)  # type: ignore[attr-defined]
+                        moved = await bridge.run(core.timer_op(), sync=True)
                     except asyncio.CancelledError:
                         raise
                     except Exception:  # noqa: BLE001 - a lost leadership or a refused write: try again

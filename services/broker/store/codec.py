@@ -63,7 +63,9 @@ def unframe(value: bytes, what: str = "record", key: bytes = b"") -> bytes:
 
 # --- variable-length fields --------------------------------------------------------------
 
-class _Writer:
+class Writer:
+    """Builds the variable-length part of a record (this module's and ``globalcodec.py``'s)."""
+
     __slots__ = ("parts",)
 
     def __init__(self) -> None:
@@ -88,7 +90,9 @@ class _Writer:
         return b"".join(self.parts)
 
 
-class _Reader:
+class Reader:
+    """Reads what :class:`Writer` built (ValueError for a truncated field)."""
+
     __slots__ = ("data", "pos")
 
     def __init__(self, data: bytes, pos: int = 0) -> None:
@@ -165,7 +169,7 @@ class LogRecord:
 
 
 def encode_log_record(r: LogRecord) -> bytes:
-    w = _Writer()
+    w = Writer()
     w.raw(_MSG_HEAD.pack(r.kind, r.born_ms, r.stored_ms, r.queue_id, r.queue_offset,
                          r.check_immunity_seconds, len(r.keys), len(r.properties)))
     w.s16(r.topic)
@@ -190,7 +194,7 @@ def encode_log_record(r: LogRecord) -> bytes:
 def decode_log_record(value: bytes, key: bytes = b"") -> LogRecord:
     payload = unframe(value, "log record", key)
     try:
-        rd = _Reader(payload)
+        rd = Reader(payload)
         kind, born, stored, queue_id, offset, immunity, n_keys, n_props = rd.fixed(_MSG_HEAD)
         topic, message_id, group, client_id, tag, born_host = (rd.s16() for _ in range(6))
         keys = tuple(rd.s16() for _ in range(n_keys))
@@ -209,7 +213,7 @@ def decode_log_record(value: bytes, key: bytes = b"") -> LogRecord:
                      deliver_at_ms=deliver_at, message_group=message_group)
 
 
-def _trailer(rd: _Reader, payload: bytes) -> tuple[int, str]:
+def _trailer(rd: Reader, payload: bytes) -> tuple[int, str]:
     """The optional deliver_at_ms and message group after the body (0 and '' when absent)."""
     rest = len(payload) - rd.pos
     if rest == 0:
@@ -240,7 +244,7 @@ def decode_log_routing(value: bytes, key: bytes = b"") -> tuple[str, int, str]:
     """The tag, deliver_at_ms and message group of a log record, without copying the body."""
     payload = unframe(value, "log record", key)
     try:
-        rd = _Reader(payload)
+        rd = Reader(payload)
         head = rd.fixed(_MSG_HEAD)
         n_keys, n_props = head[6], head[7]
         for _ in range(4):  # topic, message id, producer group, producer client id
@@ -267,7 +271,7 @@ def decode_log_tag(value: bytes, key: bytes = b"") -> str:
     whole record would copy the body). Checks the frame like :func:`decode_log_record`."""
     payload = unframe(value, "log record", key)
     try:
-        rd = _Reader(payload, _MSG_HEAD.size)
+        rd = Reader(payload, _MSG_HEAD.size)
         for _ in range(4):  # topic, message id, producer group, producer client id
             (n,) = _U16.unpack_from(payload, rd.pos)
             rd.pos += 2 + n
@@ -380,7 +384,7 @@ class TxnRow:
 
 
 def encode_txn(t: TxnRow) -> bytes:
-    w = _Writer()
+    w = Writer()
     w.raw(_U64.pack(t.seq))
     w.raw(_TXN_HEAD.pack(t.state, t.source, t.checks_delivered, t.checks_answered, t.queue_id,
                          t.prepared_ms, t.ended_ms, t.next_due_ms, t.queue_offset, t.body_size,
@@ -394,7 +398,7 @@ def encode_txn(t: TxnRow) -> bytes:
 def decode_txn(value: bytes, key: bytes = b"") -> TxnRow:
     payload = unframe(value, "transaction row", key)
     try:
-        rd = _Reader(payload)
+        rd = Reader(payload)
         (seq,) = rd.fixed(_U64)
         (state, source, delivered, answered, queue_id, prepared, ended, due, offset, size,
          discarded, unknown, in_progress) = rd.fixed(_TXN_HEAD)

@@ -20,6 +20,7 @@ answers (its *ticket*), and the caller holds the answer until then. Tools and te
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import threading
@@ -595,7 +596,6 @@ class Database:
     def digest(self) -> dict[str, str]:
         """sha256 of every replicated column family's keys and values: replicas of one
         shard at the same lsn have equal digests."""
-        import hashlib
         out = {}
         for name in replog.REPLICATED_CFS:
             h = hashlib.sha256()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 
-from .codec import CorruptRecordError, _Reader, _Writer, frame, unframe
+from .codec import CorruptRecordError, Reader, Writer, frame, unframe
 
 _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
@@ -58,7 +58,7 @@ def split_part_key(key: bytes) -> tuple[str, int]:
 
 
 def encode_participants(shards: list[str]) -> bytes:
-    w = _Writer()
+    w = Writer()
     w.raw(_U16.pack(len(shards)))
     for s in shards:
         w.s16(s)
@@ -68,7 +68,7 @@ def encode_participants(shards: list[str]) -> bytes:
 def decode_participants(value: bytes, key: bytes = b"") -> list[str]:
     payload = unframe(value, "global row", key)
     try:
-        rd = _Reader(payload)
+        rd = Reader(payload)
         (n,) = rd.fixed(_U16)
         return [rd.s16() for _ in range(n)]
     except (ValueError, struct.error, UnicodeDecodeError) as exc:
@@ -76,7 +76,7 @@ def decode_participants(value: bytes, key: bytes = b"") -> list[str]:
 
 
 def encode_push(state: int, source: int, shards: list[str]) -> bytes:
-    w = _Writer()
+    w = Writer()
     w.raw(_HEAD.pack(state, source, len(shards)))
     for s in shards:
         w.s16(s)
@@ -86,7 +86,7 @@ def encode_push(state: int, source: int, shards: list[str]) -> bytes:
 def decode_push(value: bytes, key: bytes = b"") -> tuple[int, int, list[str]]:
     payload = unframe(value, "global push row", key)
     try:
-        rd = _Reader(payload)
+        rd = Reader(payload)
         state, source, n = rd.fixed(_HEAD)
         return state, source, [rd.s16() for _ in range(n)]
     except (ValueError, struct.error, UnicodeDecodeError) as exc:
