@@ -21,7 +21,6 @@ MAX_CLASS_LINES = 350
 #: the one it shares; it splits into the store and a ReplicaLog once item 2 has settled what
 #: the replica needs of it (docs/broker-internals.md).
 OVER_THE_LIMIT = {
-    "services.broker.replication.ReplicaNode": "issue 33 item 2 (the replica's decisions, pure)",
     "services.broker.store.db.Database": "the replication log's write path, after item 2",
 }
 
