@@ -17,13 +17,13 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from txmq.errors import (InvalidIdError, QueueNotFoundError, ReceiptHandleNotFoundError,
-                          TopicNotFoundError, WrongBrokerError)
-from txmq.ids import ReceiptHandle, TransactionId
+from txmq.errors import QueueNotFoundError, TopicNotFoundError
+from txmq.ids import ReceiptHandle
 from txmq.names import validate_receive_topic
 
 from .config import BrokerConfig
 from .consumers import ConsumerGroups
+from .idauth import IdAuthority
 from .store import codec
 from .store.codec import TxnRow
 from .store.db import Database, OpWrites
@@ -39,6 +39,8 @@ class BrokerBase:
     db: Database
     #: Chosen when the store is created; ids of an earlier store are refused.
     store_id: int
+    #: Issues and checks this store's ids (their MACs: ``idauth.py``).
+    ids: IdAuthority
     #: A replicated shard's leader epoch this domain serves in (0: unreplicated). Every
     #: delivery records it and its receipt handle carries it.
     leader_epoch: int = 0
@@ -69,26 +71,19 @@ class BrokerBase:
     # --- identifiers ---------------------------------------------------------------------
 
     def txn_id(self, seq: int) -> str:
-        return TransactionId(self.name, self.store_id, seq).encode()
+        return self.ids.txn_id(seq)
 
-    def parse_txn_id(self, text: str) -> int:
-        tid = TransactionId.decode(text)
-        if tid.broker != self.name:
-            raise WrongBrokerError("transaction id", text, tid.broker, self.name)
-        if tid.store_id != self.store_id:
-            raise InvalidIdError("transaction id", text, "issued by an earlier store of this broker")
-        return tid.sequence
+    def parse_txn_id(self, text: str, *, cursor: bool = False) -> int:
+        """The sequence of a transaction id this store issued (its MAC checked: ``idauth``);
+        ``cursor``: a page token, where the MAC is not needed."""
+        return self.ids.parse_txn_id(text, cursor=cursor)
 
-    def receipt(self, topic: str, queue_id: int, offset: int, attempt: int, epoch: int = 0) -> str:
-        return ReceiptHandle(self.name, self.store_id, topic, queue_id, offset, attempt, epoch).encode()
+    def receipt(self, topic: str, queue_id: int, offset: int, attempt: int, epoch: int = 0, *, group: str) -> str:
+        return self.ids.receipt(group, topic, queue_id, offset, attempt, epoch)
 
-    def parse_receipt(self, text: str) -> ReceiptHandle:
-        handle = ReceiptHandle.decode(text)
-        if handle.broker != self.name:
-            raise WrongBrokerError("receipt handle", text, handle.broker, self.name)
-        if handle.store_id != self.store_id:
-            raise ReceiptHandleNotFoundError(text)
-        return handle
+    def parse_receipt(self, text: str, group: str) -> ReceiptHandle:
+        """The delivery a receipt handle this store issued to ``group`` names."""
+        return self.ids.parse_receipt(group, text)
 
     # --- reading -------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from txmq.errors import DiskFullError, InvalidFieldError
 from txmq.fifo import message_group_hash
 from txmq.names import validate_send_topic
 
-from . import validation
+from . import idauth, validation
 from .checks import ClaimSession
 from .config import BrokerConfig
 from .consumers import ConsumerGroups
@@ -143,12 +143,22 @@ class BrokerCore(GlobalPart, DeliveryPart, RetentionPart, QueriesPart):
         for key, value in db.scan("counters"):
             self.counters[key.decode()] = list(codec.decode_counters(value, key))
         self.consumers.load(list(db.scan("consumers")), list(db.scan("inflight")))
+        self.ids = idauth.open_authority(
+            db, self.name, self.store_id, self.next_seq,
+            [(g, t, q, o, e.attempt, e.epoch) for (g, t, q), c in self.consumers.cursors.items()
+             for o, e in c.inflight.items()], self.clock, self._still_in_flight)
         self._load_due_floors()
         self._load_timers()
         self._load_globals()
         log.info("store opened", extra={"fields": {
             "data_dir": self.config.data_dir, "next_seq": self.next_seq, "topics": len(self.topics),
             "store_id": self.store_id}})
+
+    def _still_in_flight(self, d: idauth.Delivery) -> bool:
+        group, topic, queue, offset, attempt, epoch = d
+        cursor = self.consumers.get(group, topic, queue)
+        entry = cursor.inflight.get(offset) if cursor else None
+        return entry is not None and (entry.attempt, entry.epoch) == (attempt, epoch)
 
     def close(self) -> None:
         self.db.close()

@@ -105,7 +105,7 @@ class DeliveryPart(BrokerBase):
             cursor.track(offset, attempt, now + invisible_ms, epoch)
             w.put("inflight", key, codec.encode_inflight(attempt, now + invisible_ms, epoch))
             out.append(Delivery(topic, q, offset, cq.log_seq, attempt, now + invisible_ms, cq.visible_ms,
-                                self.receipt(topic, q, offset, attempt, epoch)))
+                                self.receipt(topic, q, offset, attempt, epoch, group=group)))
 
     def _to_dlq(self, w: OpWrites, group: str, cq: CqEntry) -> None:
         topic = dlq_topic(group)
@@ -144,7 +144,7 @@ class DeliveryPart(BrokerBase):
             cursor.track(o, 1, deadline, epoch)
             w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline, epoch))
             out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms,
-                                self.receipt(topic, q, o, 1, epoch)))
+                                self.receipt(topic, q, o, 1, epoch, group=group)))
         if offset != start:
             cursor.next_offset = offset
             w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(offset))
@@ -176,7 +176,7 @@ class DeliveryPart(BrokerBase):
             cursor.group_of[o] = cq.group_hash
             w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline, epoch))
             out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms,
-                                self.receipt(topic, q, o, 1, epoch)))
+                                self.receipt(topic, q, o, 1, epoch, group=group)))
 
         filtered = 0
         for o in sorted(ahead):  # held back before: their groups may be free now
@@ -268,8 +268,8 @@ class DeliveryPart(BrokerBase):
         if topic in self.fifo_topics:
             w.on_durable(lambda: self._notify_visible(topic))
 
-    def _parse_receipt_for(self, topic: str, text: str) -> ReceiptHandle:
-        handle = self.parse_receipt(text)
+    def _parse_receipt_for(self, group: str, topic: str, text: str) -> ReceiptHandle:
+        handle = self.parse_receipt(text, group)
         if topic and handle.topic != topic:
             raise InvalidFieldError("topic", f"receipt handle is for topic {handle.topic!r}")
         return handle
@@ -280,7 +280,7 @@ class DeliveryPart(BrokerBase):
         parsed: list[ReceiptHandle | Exception] = []
         for text in handles:
             try:
-                parsed.append(self._parse_receipt_for(topic, text))
+                parsed.append(self._parse_receipt_for(group, topic, text))
             except Exception as exc:  # noqa: BLE001 - reported per entry
                 parsed.append(exc)
 
@@ -303,7 +303,7 @@ class DeliveryPart(BrokerBase):
     def change_invisible_op(self, group: str, topic: str, handle_text: str, seconds: float,
                             ) -> Callable[[OpWrites], tuple[str, int]]:
         validate_group("consumer_group", group)
-        handle = self.parse_receipt(handle_text)
+        handle = self._parse_receipt_for(group, topic, handle_text)
         cfg = self.config
         if not 0 <= seconds <= cfg.max_invisible_duration_seconds:
             raise InvalidFieldError("invisible_duration_seconds",
@@ -323,13 +323,14 @@ class DeliveryPart(BrokerBase):
                   codec.encode_inflight(entry.attempt, deadline, entry.epoch))
             topic_ = handle.topic
             w.on_durable(lambda: self._notify_visible(topic_))
-            return self.receipt(handle.topic, handle.queue_id, handle.offset, entry.attempt, entry.epoch), deadline
+            return self.receipt(handle.topic, handle.queue_id, handle.offset, entry.attempt, entry.epoch,
+                                group=group), deadline
         return op
 
     def dead_letter_op(self, group: str, topic: str, handle_text: str) -> Callable[[OpWrites], tuple[str, int]]:
         """Moves one in-flight delivery to %DLQ%<group> now (the consumer gave up on it)."""
         validate_group("consumer_group", group)
-        handle = self._parse_receipt_for(topic, handle_text)
+        handle = self._parse_receipt_for(group, topic, handle_text)
 
         def op(w: OpWrites) -> tuple[str, int]:
             found = self._inflight(group, handle)

@@ -121,6 +121,8 @@ def test_commit_after_rollback_is_refused(core) -> None:
 
 def test_unknown_and_foreign_transaction_ids(core) -> None:
     with pytest.raises(TransactionNotFoundError):
+        end(core, core.txn_id(999), "COMMIT")  # an id of this store, naming nothing
+    with pytest.raises(InvalidIdError, match="carries no authenticator"):  # minted: never issued
         end(core, TransactionId(core.name, core.store_id, 999).encode(), "COMMIT")
     with pytest.raises(WrongBrokerError):
         end(core, TransactionId("other", core.store_id, 1).encode(), "COMMIT")

@@ -24,6 +24,8 @@ from txmq.errors import PermissionDeniedError, TxmqError, UnauthenticatedError
 
 from ..errors import abort_with
 from .acl import allows, describe
+from .delegation import act_for, effective_principal
+from .delegation import reset as reset_acting
 from .policy import ANY, INTERNAL, INTERNAL_ACTION, OPEN, Need, Policy
 from .store import AccessKey, CredentialStore, Credentials, Principal
 
@@ -35,6 +37,8 @@ class Caller:
     __slots__ = ("principal", "store")
 
     def __init__(self, principal: Principal, store: CredentialStore) -> None:
+        #: The principal the call is decided for: the one authenticated, or the end
+        #: principal a service identity acts for (``delegation``).
         self.principal = principal
         self.store = store
 
@@ -169,12 +173,14 @@ def authorize(credentials: Credentials, principal: Principal, method: str, needs
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, store: CredentialStore, policies: Mapping[str, Policy],
                  refuse: Refuse | None = None, accept_signatures: bool = False,
-                 signature_max_skew_seconds: float = 0.0) -> None:
+                 signature_max_skew_seconds: float = 0.0, acts_for_callers: bool = False) -> None:
         self.store = store
         self.policies = policies
         self.refuse = refuse
         self.accept_signatures = accept_signatures
         self.signature_max_skew_seconds = signature_max_skew_seconds
+        #: The proxy: the native calls a handler makes are for its caller (``delegation``).
+        self.acts_for_callers = acts_for_callers
         self._last_log = 0.0
         #: Refusals so far (UNAUTHENTICATED, PERMISSION_DENIED).
         self.refused = {"UNAUTHENTICATED": 0, "PERMISSION_DENIED": 0}
@@ -185,6 +191,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             return None
         credentials = self.store.current()
         principal = authenticate(credentials, context, self.accept_signatures, self.signature_max_skew_seconds)
+        # A service identity acting for an end principal is decided as that principal.
+        principal = effective_principal(credentials, principal, _metadata(context))
         if policy is None:
             authorize(credentials, principal, method, [Need((INTERNAL_ACTION,), "cluster", why="no policy")])
         elif policy.rights == INTERNAL:
@@ -212,6 +220,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         check = self._check
         refuse = self.refuse
         noted = self._noted
+        acts_for_callers = self.acts_for_callers
+
+        def end_principal(principal: Principal | None) -> str | None:
+            """Whom this handler's native calls are for (the proxy: its caller)."""
+            if not acts_for_callers or principal is None or principal.service:
+                return None
+            return principal.name
 
         async def refused(context: Any, error: TxmqError) -> Any:
             noted(method, error)
@@ -247,6 +262,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                             yield answer
                         return
                     token = CALLER.set(Caller(principal, self.store) if principal else None)
+                    acting = act_for(end_principal(principal))
                     args = prepare(request, context, principal, streamed)
                     try:
                         async for item in behavior(*args):
@@ -255,6 +271,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                         await _StreamGuard.refuse_if_violated(args[1])
                         raise
                     finally:
+                        reset_acting(acting)
                         CALLER.reset(token)
                 return gen_wrapper
 
@@ -268,6 +285,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                         return None
                     return answer
                 token = CALLER.set(Caller(principal, self.store) if principal else None)
+                acting = act_for(end_principal(principal))
                 args = prepare(request, context, principal, streamed)
                 try:
                     return await behavior(*args)
@@ -275,6 +293,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     await _StreamGuard.refuse_if_violated(args[1])
                     raise
                 finally:
+                    reset_acting(acting)
                     CALLER.reset(token)
             return wrapper
 
