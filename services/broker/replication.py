@@ -50,6 +50,7 @@ from txmq.v1 import nameserver_pb2, replication_pb2, replication_pb2_grpc
 
 from services.common.auth import TokenFile
 from services.common.channels import open_channel
+from services.common.etcd import etcd_credentials
 
 from .config import BrokerConfig
 from .coordination import EtcdUnavailable, InSync, Leader, ShardCoordinator, ShardState
@@ -115,7 +116,8 @@ class ReplicaNode:
         self._make_term = make_term
         self._on_role_change = on_role_change
         self.metrics = metrics
-        self.coord = ShardCoordinator(config.etcd_endpoints, config.etcd_prefix, self.shard, self.replica_id)
+        self.coord = ShardCoordinator(config.etcd_endpoints, config.etcd_prefix, self.shard, self.replica_id,
+                                      credentials=etcd_credentials(config))
         self.term: Term | None = None
         self.epoch = 0
         self.state = ShardState(None, InSync((), 0))
