@@ -120,7 +120,22 @@ def _done_already(exc: grpc.RpcError) -> bool:
 def setup_auth(endpoint: str, auth: EtcdAuth, tls: TlsFiles | None = None, timeout: float = 10.0) -> None:
     """Sets etcd at ``endpoint`` up as the module docstring says (idempotent). Raises
     ``grpc.RpcError`` for a refusal it cannot get past (root's password wrong, the
-    set-up certificate not a root user once authentication is on)."""
+    set-up certificate not a root user once authentication is on). A token etcd refuses
+    right after it started (it knows its tokens only once it applied its log) is fetched
+    again, until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _setup_auth(endpoint, auth, tls, timeout)
+            return
+        except grpc.RpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAVAILABLE) or \
+                    time.monotonic() >= deadline:
+                raise
+        time.sleep(0.1)
+
+
+def _setup_auth(endpoint: str, auth: EtcdAuth, tls: TlsFiles | None, timeout: float) -> None:
     from aetcd import rpc
 
     with _channel(endpoint, tls) as channel:
@@ -151,10 +166,19 @@ def setup_auth(endpoint: str, auth: EtcdAuth, tls: TlsFiles | None = None, timeo
         users.append((ROOT, auth.root_password, ROOT))
         if auth.admin_user:
             users.append((auth.admin_user, "", ROOT))
+        def current(name: str, password: str) -> bool:
+            """Whether ``password`` is ``name``'s already (False too while auth is off)."""
+            try:
+                stub.Authenticate(rpc.AuthenticateRequest(name=name, password=password), timeout=timeout)
+                return True
+            except grpc.RpcError:
+                return False
+
         for name, password, role in users:
             options = rpc.UserAddOptions(no_password=not password)
             step(stub.UserAdd, rpc.AuthUserAddRequest(name=name, password=password, options=options))
-            if password:
+            # Set only when it differs: a change revokes the user's tokens (root's: this one).
+            if password and not current(name, password):
                 step(stub.UserChangePassword, rpc.AuthUserChangePasswordRequest(name=name, password=password))
             step(stub.UserGrantRole, rpc.AuthUserGrantRoleRequest(user=name, role=role))
         step(stub.AuthEnable, rpc.AuthEnableRequest())
