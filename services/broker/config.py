@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from services.common.config import (DAY, MINUTE, GiB, HOUR, KiB, MiB, TiB, YEAR, ServiceConfig, bounded, choice,
                                     count, nbytes, seconds, tcp_port)
@@ -157,8 +156,6 @@ class BrokerConfig(ServiceConfig):
                 raise ValueError("etcd_endpoints must be set when replication_factor > 1")
             if bool(self.etcd_user) != bool(self.etcd_password_file):
                 raise ValueError("etcd_user and etcd_password_file go together (both set, or neither)")
-            if self.etcd_password_file and not os.access(self.etcd_password_file, os.R_OK):
-                raise ValueError(f"etcd_password_file {self.etcd_password_file!r} is not a readable file")
             if self.leader_lease_seconds != int(self.leader_lease_seconds):
                 raise ValueError(f"leader_lease_seconds must be a whole number (an etcd lease TTL), "
                                  f"got {self.leader_lease_seconds}")

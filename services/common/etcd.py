@@ -98,6 +98,9 @@ class TlsFiles:
     ca_file: str
     cert_file: str
     key_file: str
+    #: The name etcd's certificate is checked against when it is not the host dialed
+    #: (a sidecar dials 127.0.0.1; the member's certificate names its pod's DNS name).
+    server_name: str = ""
 
     def credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(Path(self.ca_file).read_bytes(), Path(self.key_file).read_bytes(),
@@ -109,7 +112,8 @@ def _channel(endpoint: str, tls: TlsFiles | None) -> grpc.Channel:
     if endpoint.startswith("https://"):
         if tls is None:
             raise ValueError(f"{endpoint}: TLS needs the set-up's certificate (ca, cert, key)")
-        return grpc.secure_channel(address, tls.credentials())
+        options = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
+        return grpc.secure_channel(address, tls.credentials(), options=options)
     return grpc.insecure_channel(address)
 
 
@@ -441,6 +445,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     setup.add_argument("--ca-file", default="")
     setup.add_argument("--cert-file", default="")
     setup.add_argument("--key-file", default="")
+    setup.add_argument("--server-name", default="",
+                       help="the name etcd's certificate is checked against (default: the endpoint's host)")
     setup.add_argument("--wait-seconds", type=float, default=120.0, help="wait this long for etcd to answer")
     setup.add_argument("--every-seconds", type=float, default=0.0,
                        help="keep it set up: apply it again this often (a sidecar), until SIGTERM")
@@ -461,7 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         sys.stderr.write(f"setup-auth: {exc}\n")
         return 2
-    tls = TlsFiles(args.ca_file, args.cert_file, args.key_file) if args.cert_file else None
+    tls = TlsFiles(args.ca_file, args.cert_file, args.key_file, args.server_name) if args.cert_file else None
 
     def apply() -> None:
         wait_serving(args.endpoint, tls, args.wait_seconds)
