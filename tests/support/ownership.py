@@ -768,42 +768,52 @@ def _etcd_attempt(census: Census, name: str, call: Callable[[], Any]) -> None:
 
 # ------------------------------------------------------------------------------------ the chart
 def chart_defaults(helm_bin: Path) -> list[str]:
-    """What a default ``helm template`` of the chart leaves off (empty: auth on in every
-    service, TLS on, the proxy requiring RocketMQ credentials, NetworkPolicies on with no
-    allow-all, the bundled etcd's authentication set up)."""
-    from tests.chart.chart import render
+    """What a default ``helm template`` of the chart leaves open (empty: nothing): auth on in
+    every service, TLS on, the proxy requiring signed RocketMQ requests, a NetworkPolicy per
+    component (one admitting every pod only where auth guards the port), every Secret a pod
+    mounts made by the render itself (or by its cert-manager Certificates) so a default
+    install starts, and the bundled etcd's authentication set up."""
+    from tests.chart.chart import COMPONENTS, render
 
     problems: list[str] = []
     r = render(helm_bin, [])
-    workloads = [d for d in r.docs if d["kind"] in ("StatefulSet", "Deployment")]
-    for w in workloads:
-        component = w["metadata"]["labels"].get("app.kubernetes.io/component", "")
-        if component == "etcd":
+    made = {d["metadata"]["name"] for d in r.docs if d["kind"] == "Secret"}
+    made |= {d["spec"]["secretName"] for d in r.docs if d["kind"] == "Certificate"}
+    auth_on: dict[str, bool] = {}
+    for w in r.docs:
+        if w["kind"] not in ("StatefulSet", "Deployment"):
             continue
-        container = w["spec"]["template"]["spec"]["containers"][0]
+        component = w["metadata"]["labels"].get("app.kubernetes.io/component", "")
+        spec = w["spec"]["template"]["spec"]
+        for volume in spec.get("volumes", []):
+            name = volume.get("secret", {}).get("secretName")
+            if name and name not in made:
+                problems.append(f"{component}: mounts Secret {name!r}, which a default install does not make")
+        if component not in COMPONENTS:
+            continue
+        container = spec["containers"][0]
         env = {**r.configmap_env(w, container), **{e["name"]: e.get("value", "") for e in container.get("env", [])
                                                   if "value" in e}}
-        if not env.get("TXMQ_AUTH_FILES"):
+        auth_on[component] = bool(env.get("TXMQ_AUTH_FILES"))
+        if not auth_on[component]:
             problems.append(f"{component}: auth off (TXMQ_AUTH_FILES empty)")
         if not env.get("TXMQ_TLS_CERT_FILE"):
             problems.append(f"{component}: TLS off")
         if component == "proxy" and "access-keys" not in env.get("TXMQ_AUTH_FILES", ""):
             problems.append("proxy: no RocketMQ access keys: clients are not required to sign")
-    policies = [d for d in r.docs if d["kind"] == "NetworkPolicy"]
-    if not policies:
-        problems.append("no NetworkPolicy")
-    for p in policies:
-        for rule in p["spec"].get("ingress", []):
-            if not rule.get("from"):
-                problems.append(f"NetworkPolicy {p['metadata']['name']} admits every pod on {rule.get('ports')}")
+    policies = {p["spec"]["podSelector"]["matchLabels"].get("app.kubernetes.io/component"): p
+                for p in r.docs if p["kind"] == "NetworkPolicy"}
+    for component in auth_on:
+        policy = policies.get(component)
+        if policy is None:
+            problems.append(f"{component}: no NetworkPolicy")
+            continue
+        for rule in policy["spec"].get("ingress", []):
+            if not rule.get("from") and not auth_on[component]:
+                problems.append(f"NetworkPolicy {policy['metadata']['name']} admits every pod, without auth, "
+                                f"on {rule.get('ports')}")
     replicated = render(helm_bin, [], sets={"broker.replicationFactor": "3", "etcd.enabled": "true"})
-    etcd = [d for d in replicated.docs if d["kind"] == "StatefulSet"
-            and d["metadata"]["labels"].get("app.kubernetes.io/component") == "etcd"]
-    if not etcd:
-        problems.append("the replicated render has no bundled etcd")
-    else:
-        containers = etcd[0]["spec"]["template"]["spec"]["containers"]
-        setup = [c for c in containers if "setup-auth" in (c.get("command", []) + c.get("args", []))]
-        if not setup:
-            problems.append("the bundled etcd's authentication is not set up")
+    if not [d for d in replicated.docs if d["kind"] == "Job"
+            and d["metadata"]["labels"].get("app.kubernetes.io/component") == "etcd-auth"]:
+        problems.append("the bundled etcd's authentication is not set up (no etcd-auth Job)")
     return problems
