@@ -172,9 +172,16 @@ class LocalServices:
         """etcd (its authentication on: txmq's keys for the brokers' password user only,
         root's password kept in the data directory), then the replicas of broker-0; returns
         once one leads with enough in sync."""
+        import grpc  # noqa: PLC0415 - only a replicated run needs it here
+
         say(f"txmq local: starting etcd and {self.replication_factor} replicas of {BROKER.name}")
         auth = password_auth(self.data_dir / "etcd-auth")
-        self.etcd = EtcdProcess(self.data_dir, auth=auth).start(READY_TIMEOUT_SECONDS)
+        try:
+            self.etcd = EtcdProcess(self.data_dir, auth=auth).start(READY_TIMEOUT_SECONDS)
+        except grpc.RpcError as exc:
+            fail(f"etcd in {self.data_dir} refused its authentication set-up ({exc.details()}): root's password "
+                 f"is kept in {self.data_dir / 'etcd-auth'}; if that was removed, remove {self.data_dir / 'etcd.data'} "
+                 "too (the shard's leadership records) and start again")
         etcd_user = {"TXMQ_ETCD_USER": auth.broker_users[0],
                      "TXMQ_ETCD_PASSWORD_FILE": str(self.data_dir / "etcd-auth" / "etcd-broker.password")}
         for r in range(self.replication_factor):

@@ -31,7 +31,7 @@ from txmq.errors import DiskFullError, InvalidFieldError
 from txmq.fifo import message_group_hash
 from txmq.names import validate_send_topic
 
-from . import idauth, validation
+from . import idauth, ownership, validation
 from .checks import ClaimSession
 from .config import BrokerConfig
 from .consumers import ConsumerGroups
@@ -226,6 +226,10 @@ class BrokerCore(GlobalPart, DeliveryPart, RetentionPart, QueriesPart):
         return op
 
     def _duplicate(self, record: LogRecord, entry: codec.DedupEntry) -> SendResult:
+        # A repeat answers what the first send stored, but only to the same sender: another
+        # topic's or producer group's message under this id is not this send's to learn of.
+        ownership.same_message(record, self.read_message(entry.seq), self._read_txn(entry.seq)
+                               if entry.kind != codec.DEDUP_NORMAL else None)
         if entry.kind == codec.DEDUP_NORMAL:
             return SendResult(record.message_id, entry.queue_id, entry.queue_offset, duplicate=True)
         row = self._read_txn(entry.seq)

@@ -228,8 +228,8 @@ class Native:
             topic=topic, body=b"census", type=C.MESSAGE_TYPE_TRANSACTION, producer_group=group,
             producer_client_id=f"census-{who}", **message)), timeout=RPC_TIMEOUT)
 
-    def normal(self, who: str, topic: str) -> None:
-        self.stub(who).SendMessage(broker_pb2.SendMessageRequest(message=C.Message(
+    def normal(self, who: str, topic: str) -> broker_pb2.SendMessageResponse:
+        return self.stub(who).SendMessage(broker_pb2.SendMessageRequest(message=C.Message(
             topic=topic, body=b"census", type=C.MESSAGE_TYPE_NORMAL)), timeout=RPC_TIMEOUT)
 
     def receive(self, who: str, group: str, topic: str, n: int = 1) -> list[C.DeliveredMessage]:
@@ -251,7 +251,8 @@ class Native:
         """A's and B's transactions and deliveries (A: alice, reader; B: bob, owner)."""
         s: dict[str, Any] = {}
         s["alice_txn"] = self.half("alice", "na", "ga").transaction_id
-        s["bob_txn"] = self.half("bob", "nb", "gb").transaction_id
+        bob = self.half("bob", "nb", "gb")
+        s["bob_txn"], s["bob_half_message_id"] = bob.transaction_id, bob.message_id
         s["bob_txn_2"] = self.half("bob", "nb", "gb").transaction_id
         s["bob_global"] = self.stub("bob").SendMessage(broker_pb2.SendMessageRequest(
             message=C.Message(topic="nb", body=b"g", type=C.MESSAGE_TYPE_TRANSACTION, producer_group="gb",
@@ -260,7 +261,7 @@ class Native:
             self.normal("owner", "tb")
         for _ in range(2):
             self.normal("owner", "ta")
-        self.normal("bob", "nb")
+        s["bob_normal_message_id"] = self.normal("bob", "nb").message_id
         s["owner_tb"] = self.receive("owner", "cs", "tb", 6)   # cs's deliveries of tb: owner's, not reader's
         s["reader_ta"] = self.receive("reader", "cs", "ta", 1)[0]
         s["bob_cb"] = self.receive("bob", "cb", "nb", 1)[0]
@@ -327,6 +328,13 @@ class Native:
                          lambda g=gid: alice.SendMessage(broker_pb2.SendMessageRequest(message=C.Message(
                              topic="na", body=b"x", type=C.MESSAGE_TYPE_TRANSACTION, producer_group="ga",
                              producer_client_id="census-alice"), global_transaction_id=g), timeout=RPC_TIMEOUT))
+        # B's message ids sent again as A's: the repeat must not tell A what B's send stored.
+        self.attempt("SendMessage half as ga with B's message id (a duplicate of B's transaction)",
+                     lambda: self.half("alice", "na", "ga", message_id=s["bob_half_message_id"]))
+        self.attempt("SendMessage to na with B's normal message id", lambda: alice.SendMessage(
+            broker_pb2.SendMessageRequest(message=C.Message(topic="na", body=b"x", type=C.MESSAGE_TYPE_NORMAL,
+                                                            message_id=s["bob_normal_message_id"])),
+            timeout=RPC_TIMEOUT))
         # Reading or resolving B's transaction.
         self.attempt("GetTransaction of B's", lambda: alice.GetTransaction(broker_pb2.GetTransactionRequest(
             transaction_id=s["bob_txn"]), timeout=RPC_TIMEOUT))
@@ -503,15 +511,17 @@ class Proxy:
         self.address = cluster.proxy_addresses[0]
         self.stub = service_pb2_grpc.MessagingServiceStub(native.raw(self.address))
 
-    def send_half(self, who: str, topic: str) -> Any:
+    def send_half(self, who: str, topic: str, message_id: str = "", expect_ok: bool = True) -> Any:
         from services.proxy.protocol import definition_pb2 as pb, service_pb2 as spb
 
         m = pb.Message(topic=pb.Resource(name=topic), body=b"census")
-        m.system_properties.message_id = uuid.uuid4().hex.upper()
+        m.system_properties.message_id = message_id or uuid.uuid4().hex.upper()
         m.system_properties.message_type = pb.TRANSACTION
         m.system_properties.body_encoding = pb.IDENTITY
         response = self.stub.SendMessage(spb.SendMessageRequest(messages=[m]), timeout=RPC_TIMEOUT,
                                          metadata=signed(who))
+        if not expect_ok:
+            return response
         assert response.status.code == RMQ_OK, response.status
         return response.entries[0]
 
@@ -535,7 +545,8 @@ class Proxy:
     def seed(self) -> dict[str, Any]:
         s: dict[str, Any] = {}
         s["rma_txn"] = self.send_half("rma", "ra").transaction_id
-        s["rmb_txn"] = self.send_half("rmb", "rb").transaction_id
+        rmb = self.send_half("rmb", "rb")
+        s["rmb_txn"], s["rmb_message_id"] = rmb.transaction_id, rmb.message_id
         s["rmb_txn_2"] = self.send_half("rmb", "rb").transaction_id
         s["native_gb_txn"] = self.native.half("bob", "nb", "gb").transaction_id
         for _ in range(8):
@@ -578,6 +589,8 @@ class Proxy:
                                      spb.EndTransactionRequest(topic=pb.Resource(name=tp), transaction_id=t,
                                                                resolution=r, source=so),
                                      timeout=RPC_TIMEOUT, metadata=signed("rma")))
+        self.attempt("rmq SendMessage half to ra with rb's message id", lambda: self.send_half(
+            "rma", "ra", message_id=s["rmb_message_id"], expect_ok=False))
         self.attempt("rmq EndTransaction own id naming topic rb", lambda: self.stub.EndTransaction(
             spb.EndTransactionRequest(topic=pb.Resource(name="rb"), transaction_id=s["rma_txn"], resolution=pb.COMMIT,
                                       source=pb.SOURCE_CLIENT), timeout=RPC_TIMEOUT, metadata=signed("rma")))

@@ -217,3 +217,14 @@ def test_legacy_receipt_records_round_trip() -> None:
     assert idauth.decode_legacy(idauth.encode_legacy(found)) == found
     secret = idauth.IdSecret(b"k" * 32, 9, 10)
     assert idauth.decode_secret(idauth.encode_secret(secret)) == secret
+
+
+def test_a_page_token_minted_from_a_sequence_continues_a_listing(open_core: Any) -> None:
+    """The pipeline pages QueryTransactions with tokens it makes from sequences (untagged):
+    a token is a cursor, not an id naming something the caller acts on."""
+    core = open_core()
+    core.db.call(core.create_topic_op("orders", 1))
+    sent = [half(core) for _ in range(3)]
+    first = core.parse_txn_id(sent[0].transaction_id)
+    rows, _token = core.query_txns("", 0, 0, 10, TransactionId(core.name, core.store_id, first).encode())
+    assert [core.txn_id(r.seq) for r in rows] == [s.transaction_id for s in sent[1:]]

@@ -79,6 +79,13 @@ def decide(rules: tuple[Rule, ...], principal: Principal | None, owned: Sequence
     return None
 
 
+def deciding() -> bool:
+    """Whether the call being served has a caller to authorize (auth on). Without one only
+    mismatches are refused, which the broker's operations refuse themselves, so the
+    lookups can be spared."""
+    return CALLER.get() is not None
+
+
 def authorize_owned(owned: Sequence[Owned]) -> None:
     """Raises the refusal of :func:`decide` for the call being served."""
     caller = CALLER.get()
