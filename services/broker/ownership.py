@@ -1,81 +1,65 @@
-"""What the ids of a BrokerService request name in this broker's store, authorized for the
-caller before the request runs (``services.common.auth.ownership`` decides; this module
-only looks up).
+"""What the ids of a BrokerService request name in this broker's store: the lookup the auth
+interceptor calls for the ids the policy table lists (``services.common.auth.policy``), whose
+decision (``services.common.auth.ownership``) it then applies, before the request runs.
 
 - A transaction id (EndTransaction, alone or in a Produce stream; the global transaction a
-  further part names) resolves to its transaction's producer group: the caller needs
-  ``check`` on that group, and a producer group it names must be that one.
-- A message id a send repeats (deduplication) answers what the first send stored only to
-  the same sender: the same topic, and for a half message the same producer group.
+  further part names, when this broker coordinates it) resolves to its transaction's
+  producer group: the caller needs ``check`` on that group, and a producer group it names
+  must be that one.
 - A receipt handle (AckMessages, the acks a ReceiveMessages carries,
   ChangeInvisibleDuration, DeadLetterMessage) resolves to its delivery's topic: the caller
   needs ``subscribe`` on it, and a topic it names must be that one. Its consumer group is
-  the one its authenticator was issued to (``idauth``), which the policy table checked.
+  the one its authenticator was issued to (``idauth``); the policy table checked that one.
+- A message id a send repeats (deduplication) answers what the first send stored only to
+  the same sender (:func:`same_message`, in the send's own operation).
 
-An id that does not parse, or whose authenticator does not verify, is left to the request
-itself, which refuses it naming the id (per entry where the request has entries). With auth
-off there is nobody to authorize: the lookups are skipped, and a name that is not what the
-id names is refused by the operation itself (INVALID_ARGUMENT, ``transactions.end_op``,
-``delivery._parse_receipt_for``). A
-transaction id that names no transaction is likewise left to the request (not found).
-The lookups read immutable facts (a transaction's group, a delivery's topic), so deciding
-before the request's operation runs cannot race it.
+An id that does not parse, whose authenticator does not verify, or that names nothing
+resolves to nothing: the request itself refuses it naming the id (per entry where the
+request has entries). The lookups read immutable facts (a transaction's group, a delivery's
+topic), so deciding before the request's operation runs cannot race it. With auth off there
+is no interceptor: a name that is not what the id names is refused by the operation itself
+(INVALID_ARGUMENT, ``transactions.end_op``, ``delivery._parse_receipt_for``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable
 
 from txmq.errors import InvalidFieldError, TxmqError
 from txmq.ids import TransactionId
 
 from services.common.auth.acl import CHECK, PRODUCER_GROUP, SUBSCRIBE, TOPIC
-from services.common.auth.ownership import Owned, authorize_owned, deciding
+from services.common.auth.ownership import Owned, Resolve
+from services.common.auth.policy import RECEIPT_HANDLE, TRANSACTION_ID, IdRef
 
 if TYPE_CHECKING:
     from .core import BrokerCore
     from .store.codec import LogRecord, TxnRow
 
 
-def _transaction(core: "BrokerCore", transaction_id: str, named_group: str, field: str) -> list[Owned]:
+def resolve(core: "BrokerCore", ref: IdRef) -> Owned | None:
+    """What ``ref`` names in ``core``'s store (None: nothing to authorize)."""
     try:
-        row = core.get_txn(transaction_id)
+        if ref.kind == TRANSACTION_ID:
+            if TransactionId.decode(ref.text).broker != core.name:
+                return None  # another shard's (a global transaction it coordinates): it decides
+            row = core.get_txn(ref.text)
+            return Owned(CHECK, PRODUCER_GROUP, row.producer_group, ref.named, ref.field, ref.text, ref.kind)
+        if ref.kind == RECEIPT_HANDLE:
+            handle = core.parse_receipt(ref.text, ref.scope)
+            return Owned(SUBSCRIBE, TOPIC, handle.topic, ref.named, ref.field, ref.text, ref.kind)
     except TxmqError:
-        return []  # an id this store did not issue, or naming nothing: the request says so
-    return [Owned(CHECK, PRODUCER_GROUP, row.producer_group, named_group, field, transaction_id, "transaction id")]
+        return None  # not an id this store issued (to that group), or naming nothing
+    raise ValueError(f"no lookup for {ref.kind!r}")
 
 
-def end_transaction(core: "BrokerCore", transaction_id: str, producer_group: str) -> None:
-    """EndTransaction (and a Produce stream's end_transaction entry)."""
-    if deciding():
-        authorize_owned(_transaction(core, transaction_id, producer_group, "producer_group"))
-
-
-def global_part(core: "BrokerCore", global_transaction_id: str, producer_group: str) -> None:
-    """A further part of a global transaction this broker coordinates: the global
-    transaction's group must be the part's."""
-    if not global_transaction_id or not deciding():
-        return
-    try:
-        local = TransactionId.decode(global_transaction_id).broker == core.name
-    except TxmqError:
-        return  # the send refuses it
-    if local:  # another coordinator checks its own (a part of another group is rolled back there)
-        authorize_owned(_transaction(core, global_transaction_id, producer_group, "message.producer_group"))
-
-
-def receipts(core: "BrokerCore", consumer_group: str, topic: str, handles: Sequence[str]) -> None:
-    """The topics of ``handles`` (issued to ``consumer_group``)."""
-    if not deciding():
-        return
-    owned = []
-    for text in handles:
-        try:
-            handle = core.parse_receipt(text, consumer_group)
-        except TxmqError:
-            continue  # refused by the request itself (per handle)
-        owned.append(Owned(SUBSCRIBE, TOPIC, handle.topic, topic, "topic", text, "receipt handle"))
-    authorize_owned(owned)
+def resolver(current: Callable[[], "BrokerCore | None"]) -> Resolve:
+    """The lookup over the store serving now (None on a replica that does not lead: the
+    request is refused there anyway)."""
+    def lookup(ref: IdRef) -> Owned | None:
+        core = current()
+        return resolve(core, ref) if core is not None else None
+    return lookup
 
 
 def same_message(record: "LogRecord", stored: "LogRecord | None", row: "TxnRow | None") -> None:

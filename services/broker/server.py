@@ -25,6 +25,7 @@ from services.common.aio import Deadline, note_slow_step, step_within
 from services.common.registration import Heartbeat
 from services.common.server import ServiceApp
 
+from . import ownership
 from .backup import OperationsServicer
 from .bridge import StoreBridge
 from .config import BrokerConfig
@@ -137,7 +138,9 @@ async def create_server(config: BrokerConfig) -> tuple[ServiceApp, int]:
     names.append(OPERATIONS_SERVICE_NAME)
     metrics.watch(lambda: terms[0] if terms else None)
     # A long poll waits by design: limited per connection, not by max_concurrent_rpcs.
-    app = ServiceApp("broker", config, metrics, registered, names, unmetered=("ReceiveMessages",))
+    # The ids a request carries are authorized for what they name in the store serving now.
+    app = ServiceApp("broker", config, metrics, registered, names, unmetered=("ReceiveMessages",),
+                     auth_options={"resolve": ownership.resolver(lambda: terms[0][0] if terms else None)})
     address = config.advertise_address or f"{'127.0.0.1' if config.host in ('0.0.0.0', '') else config.host}:{app.port}"
     if not replicated:
         app.core = terms[0][0]  # type: ignore[attr-defined]  # tests and tools reach the domain through the app

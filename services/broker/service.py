@@ -15,7 +15,7 @@ from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.common.errors import OK, entry_status
 from services.common.limits import Admission, ConnectionLimit
 
-from . import failpoints, groups, ownership, topics
+from . import failpoints, groups, topics
 from .bridge import StoreBridge
 from .checks import CheckReport, ClaimBatch
 from .core import BrokerCore
@@ -134,7 +134,6 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     # --- producing -----------------------------------------------------------------------
 
     def _send_op(self, request: broker_pb2.SendMessageRequest) -> Op:
-        ownership.global_part(self.core, request.global_transaction_id, request.message.producer_group)
         return guard_send(self.core.db, self.core.name, self.core.global_send_op(
             self.core.validate_message(record_from_proto(request.message)), begin=request.begin_global,
             participants=list(request.global_participants), global_id=request.global_transaction_id),
@@ -151,7 +150,6 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         if resolution is None:
             raise InvalidFieldError("resolution", "must be COMMIT, ROLLBACK or UNKNOWN")
         source = _SOURCES_FROM_PROTO.get(request.source, Source.NONE)  # NONE is refused
-        ownership.end_transaction(self.core, request.transaction_id, request.producer_group)
         return self.core.end_op(request.transaction_id, resolution, source,
                                 message_id=request.message_id, producer_group=request.producer_group,
                                 operator=request.operator, reason=request.reason)
@@ -269,7 +267,6 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         if request.filter_type not in broker_pb2.FilterType.values():
             raise InvalidFieldError("filter_type", f"unknown filter type {request.filter_type}")
         tags = parse_filter(request.filter_expression, request.filter_type == broker_pb2.FILTER_TYPE_SQL92)
-        ownership.receipts(self.core, request.consumer_group, request.topic, request.ack_receipt_handles)
         # Everything is checked (the first receive built, a long-poll slot held) before the
         # carried acks are applied: a refused receive applies none of them.
         first = self._receive_op(request, tags)
@@ -356,7 +353,6 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return response
 
     async def AckMessages(self, request: broker_pb2.AckMessagesRequest, context: Any) -> Any:
-        ownership.receipts(self.core, request.consumer_group, request.topic, request.receipt_handles)
         return broker_pb2.AckMessagesResponse(
             entries=await self._ack(request.consumer_group, request.topic, request.receipt_handles, "ack"))
 
@@ -371,14 +367,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     async def ChangeInvisibleDuration(self, request: broker_pb2.ChangeInvisibleDurationRequest,
                                       context: Any) -> Any:
-        ownership.receipts(self.core, request.consumer_group, request.topic, [request.receipt_handle])
         op = self.core.change_invisible_op(request.consumer_group, request.topic, request.receipt_handle,
                                            request.invisible_duration_seconds)
         handle, deadline = await self.bridge.run(op, sync=False)
         return broker_pb2.ChangeInvisibleDurationResponse(receipt_handle=handle, invisible_until_ms=deadline)
 
     async def DeadLetterMessage(self, request: broker_pb2.DeadLetterMessageRequest, context: Any) -> Any:
-        ownership.receipts(self.core, request.consumer_group, request.topic, [request.receipt_handle])
         op = self.core.dead_letter_op(request.consumer_group, request.topic, request.receipt_handle)
         topic, offset = await self.bridge.run(op, sync=False)
         return broker_pb2.DeadLetterMessageResponse(dead_letter_topic=topic, queue_offset=offset)

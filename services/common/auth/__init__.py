@@ -12,6 +12,7 @@ from ..runtime import StartupError
 from .client import TokenFile, bearer_interceptors
 from .delegation import ON_BEHALF_OF_HEADER, act_for, acting_for, on_behalf_interceptors
 from .interceptor import CALLER, AuthInterceptor, Refuse, current_principal, may
+from .ownership import Resolve
 from .policy import NATIVE, Policy
 from .store import CredentialsError, CredentialStore, hash_token
 
@@ -22,9 +23,10 @@ __all__ = ["CALLER", "AuthInterceptor", "CredentialStore", "CredentialsError", "
 
 def server_interceptor(config: Any, policies: Mapping[str, Policy] | None = None,
                        refuse: Refuse | None = None, accept_signatures: bool = False,
-                       acts_for_callers: bool = False) -> AuthInterceptor | None:
+                       acts_for_callers: bool = False, resolve: Resolve | None = None) -> AuthInterceptor | None:
     """The service's auth interceptor, or None when ``config.auth_files`` is empty;
-    ``acts_for_callers`` (the proxy): its handlers' native calls are for their caller."""
+    ``acts_for_callers`` (the proxy): its handlers' native calls are for their caller;
+    ``resolve`` (the broker): what a request's ids name in its store (``ownership``)."""
     if not config.auth_files:
         return None
     try:
@@ -32,7 +34,7 @@ def server_interceptor(config: Any, policies: Mapping[str, Policy] | None = None
     except CredentialsError as exc:
         raise StartupError(f"auth_files (TXMQ_AUTH_FILES): {exc}") from exc
     return AuthInterceptor(store, NATIVE if policies is None else policies, refuse, accept_signatures,
-                           getattr(config, "signature_max_skew_seconds", 0.0), acts_for_callers)
+                           getattr(config, "signature_max_skew_seconds", 0.0), acts_for_callers, resolve)
 
 
 def service_credentials(config: Any) -> list[Any]:

@@ -12,24 +12,27 @@ its store (the broker: ``services/broker/ownership.py``) and hands it here as an
 - that the caller holds the action on the recorded resource, whatever the request named or
   left empty: an empty field never skips the test. Service identities hold every right.
 
-The decision is a pure function of the ACL, the principal and the resolved resources
-(tested table-driven in ``tests/unit/test_ownership_decisions.py``); :func:`authorize_owned`
-applies it to the call being served (the caller the interceptor set, possibly the end
-principal a proxy acts for: ``delegation``).
+The policy table names each RPC's ids (``policy.IdRef``); the interceptor has the service
+resolve them (its ``Resolve``) and applies the decision, for the principal the call is for
+(possibly the end principal a proxy acts for: ``delegation``), in the same chain and at the
+same moment as the policy's own checks. The decision is a pure function of the ACL, the
+principal and the resolved resources (tested table-driven in
+``tests/unit/test_ownership_decisions.py``).
 
-With auth off (no principal) only the mismatch is refused, as INVALID_ARGUMENT naming the
-field: there is nobody to name in a PERMISSION_DENIED.
+With auth off there is no interceptor: the services' operations refuse a name that is not
+what the id names themselves (INVALID_ARGUMENT); :func:`decide` with no principal says the
+same.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 from txmq.errors import InvalidFieldError, PermissionDeniedError, TxmqError
 
 from .acl import Rule, allows, describe
-from .interceptor import CALLER
+from .policy import IdRef
 from .store import Principal
 
 #: Characters of an id quoted in a refusal.
@@ -79,19 +82,14 @@ def decide(rules: tuple[Rule, ...], principal: Principal | None, owned: Sequence
     return None
 
 
-def deciding() -> bool:
-    """Whether the call being served has a caller to authorize (auth on). Without one only
-    mismatches are refused, which the broker's operations refuse themselves, so the
-    lookups can be spared."""
-    return CALLER.get() is not None
+#: The service's lookup: what an id of a request names in its store (None: nothing to
+#: authorize — an id it did not issue, or naming nothing, which the request itself refuses).
+Resolve = Callable[[IdRef], "Owned | None"]
 
 
-def authorize_owned(owned: Sequence[Owned]) -> None:
-    """Raises the refusal of :func:`decide` for the call being served."""
-    caller = CALLER.get()
-    if caller is None:
-        refusal = decide((), None, owned)
-    else:
-        refusal = decide(caller.store.current().rules, caller.principal, owned)
+def authorize_ids(rules: tuple[Rule, ...], principal: Principal, refs: Sequence[IdRef], resolve: Resolve) -> None:
+    """Raises the refusal of :func:`decide` for the ids ``refs`` of a request, resolved."""
+    owned = [o for o in (resolve(ref) for ref in refs) if o is not None]
+    refusal = decide(rules, principal, owned)
     if refusal is not None:
         raise refusal
