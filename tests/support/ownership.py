@@ -319,6 +319,11 @@ class Native:
                              broker_pb2.ProduceEntry(request_id=1, end_transaction=end(t, "ga"))])]),
                              timeout=RPC_TIMEOUT)),
                          entries=lambda responses: [r.status.code for m in responses for r in m.results])
+        # Claiming to act for B (only service identities act for others).
+        raw = broker_pb2_grpc.BrokerServiceStub(self.raw(self.broker_address))
+        self.attempt("EndTransaction of B's acting for B (x-txmq-on-behalf-of from a non-service)",
+                     lambda: raw.EndTransaction(end(s["bob_txn"], "gb"), timeout=RPC_TIMEOUT,
+                                                metadata=bearer("alice") + [("x-txmq-on-behalf-of", "bob")]))
         # Its own transaction, named as another group's.
         self.attempt("EndTransaction own id naming gb", lambda: alice.EndTransaction(
             end(s["alice_txn"], "gb"), timeout=RPC_TIMEOUT))
@@ -589,6 +594,11 @@ class Proxy:
                                      spb.EndTransactionRequest(topic=pb.Resource(name=tp), transaction_id=t,
                                                                resolution=r, source=so),
                                      timeout=RPC_TIMEOUT, metadata=signed("rma")))
+        self.attempt("rmq EndTransaction of rb's acting for rmb (x-txmq-on-behalf-of from a client)",
+                     lambda: self.stub.EndTransaction(spb.EndTransactionRequest(
+                         topic=pb.Resource(name="rb"), transaction_id=s["rmb_txn"], resolution=pb.COMMIT,
+                         source=pb.SOURCE_CLIENT), timeout=RPC_TIMEOUT,
+                         metadata=signed("rma") + [("x-txmq-on-behalf-of", "rmb")]))
         self.attempt("rmq SendMessage half to ra with rb's message id", lambda: self.send_half(
             "rma", "ra", message_id=s["rmb_message_id"], expect_ok=False))
         self.attempt("rmq EndTransaction own id naming topic rb", lambda: self.stub.EndTransaction(
