@@ -42,7 +42,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -458,8 +457,6 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     setup.add_argument("--server-name", default="",
                        help="the name etcd's certificate is checked against (default: the endpoint's host)")
     setup.add_argument("--wait-seconds", type=float, default=120.0, help="wait this long for etcd to answer")
-    setup.add_argument("--every-seconds", type=float, default=0.0,
-                       help="keep it set up: apply it again this often (a sidecar), until SIGTERM")
     return parser.parse_args(argv)
 
 
@@ -469,7 +466,9 @@ def _read(path: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    from .logs import configure_logging  # noqa: PLC0415 - the command configures its own logging
+
+    configure_logging("etcd-auth")
     try:
         auth = EtcdAuth(tuple(args.broker_user), prefix=args.prefix,
                         broker_password=_read(args.broker_password_file),
@@ -483,16 +482,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         wait_serving(args.endpoint, tls, args.wait_seconds)
         setup_auth(args.endpoint, auth, tls)
 
-    if args.every_seconds > 0:  # a sidecar: keep it set up (etcd lost its data, users changed)
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        while True:
-            try:
-                apply()
-            except (grpc.RpcError, OSError, ValueError) as exc:
-                log.error("etcd set-up failed, trying again: %s", str(exc)[:300])
-            if stop.wait(args.every_seconds):
-                return 0
     try:
         apply()
     except grpc.RpcError as exc:

@@ -7,14 +7,13 @@ found are pinned by name below, each failing on the code before the fix."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, Iterator
 
 import grpc
 import pytest
 
-from tests.support.ownership import Census, Native, non_utf8_handle, run_cluster_census, secured_cluster
+from tests.support.ownership import Census, Native, run_cluster_census, secured_cluster
 from txmq.ids import TransactionId
 from txmq.v1 import broker_pb2, common_pb2
 
