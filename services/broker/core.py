@@ -228,11 +228,10 @@ class BrokerCore(GlobalPart, DeliveryPart, RetentionPart, QueriesPart):
     def _duplicate(self, record: LogRecord, entry: codec.DedupEntry) -> SendResult:
         # A repeat answers what the first send stored, but only to the same sender: another
         # topic's or producer group's message under this id is not this send's to learn of.
-        ownership.same_message(record, self.read_message(entry.seq), self._read_txn(entry.seq)
-                               if entry.kind != codec.DEDUP_NORMAL else None)
+        row = self._read_txn(entry.seq) if entry.kind != codec.DEDUP_NORMAL else None
+        ownership.same_message(record, self.read_message(entry.seq), row)
         if entry.kind == codec.DEDUP_NORMAL:
             return SendResult(record.message_id, entry.queue_id, entry.queue_offset, duplicate=True)
-        row = self._read_txn(entry.seq)
         state = row.state if row is not None else STATE_ROLLED_BACK
         return SendResult(record.message_id, row.queue_id if row else record.queue_id,
                           row.queue_offset if row else -1, self.txn_id(entry.seq), state, duplicate=True)

@@ -228,3 +228,26 @@ def test_a_page_token_minted_from_a_sequence_continues_a_listing(open_core: Any)
     first = core.parse_txn_id(sent[0].transaction_id)
     rows, _token = core.query_txns("", 0, 0, 10, TransactionId(core.name, core.store_id, first).encode())
     assert [core.txn_id(r.seq) for r in rows] == [s.transaction_id for s in sent[1:]]
+
+
+def test_a_repeated_message_id_answers_only_its_own_sender(open_core: Any) -> None:
+    """Deduplication tells a retry what its first send stored; another producer group's or
+    topic's send under that id learns nothing (it would learn the other's transaction id)."""
+    from txmq.errors import InvalidFieldError
+
+    core = open_core()
+    core.db.call(core.create_topic_op("orders", 1))
+    core.db.call(core.create_topic_op("other", 1))
+    first = half(core, group="pg")
+
+    def again(topic: str, group: str, kind: int = codec.KIND_HALF) -> Any:
+        record = core.validate_message(LogRecord(kind=kind, topic=topic, body=b"b", message_id=first.message_id,
+                                                 queue_id=0, stored_ms=0, producer_group=group))
+        return core.db.call(core.send_op(record))
+
+    retry = again("orders", "pg")
+    assert retry.duplicate and retry.transaction_id == first.transaction_id
+    with pytest.raises(InvalidFieldError, match="another producer group"):
+        again("orders", "intruder")
+    with pytest.raises(InvalidFieldError, match="another topic"):
+        again("other", "pg")
