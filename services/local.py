@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
-from services.common.etcd import EtcdProcess
+from services.common.etcd import EtcdProcess, password_auth
 from services.common.process import ServiceError, ServiceProcess, port_is_free
 
 HOST = "127.0.0.1"
@@ -169,16 +169,28 @@ class LocalServices:
         self.proxy = self._start(PROXY, self._env(PROXY, TXMQ_NAMESERVER_ADDRESSES=addresses))
 
     def _start_replicas(self, nameservers: str) -> None:
-        """etcd, then the replicas of broker-0; returns once one leads with enough in sync."""
+        """etcd (its authentication on: txmq's keys for the brokers' password user only,
+        root's password kept in the data directory), then the replicas of broker-0; returns
+        once one leads with enough in sync."""
+        import grpc  # noqa: PLC0415 - only a replicated run needs it here
+
         say(f"txmq local: starting etcd and {self.replication_factor} replicas of {BROKER.name}")
-        self.etcd = EtcdProcess(self.data_dir).start(READY_TIMEOUT_SECONDS)
+        auth = password_auth(self.data_dir / "etcd-auth")
+        try:
+            self.etcd = EtcdProcess(self.data_dir, auth=auth).start(READY_TIMEOUT_SECONDS)
+        except grpc.RpcError as exc:
+            fail(f"etcd in {self.data_dir} refused its authentication set-up ({exc.details()}): root's password "
+                 f"is kept in {self.data_dir / 'etcd-auth'}; if that was removed, remove {self.data_dir / 'etcd.data'} "
+                 "too (the shard's leadership records) and start again")
+        etcd_user = {"TXMQ_ETCD_USER": auth.broker_users[0],
+                     "TXMQ_ETCD_PASSWORD_FILE": str(self.data_dir / "etcd-auth" / "etcd-broker.password")}
         for r in range(self.replication_factor):
             role = Role(f"{BROKER.name}-r{r}", BROKER.module, BROKER.port + r, 9411 + r)
             proc = ServiceProcess(role.module, self._env(
                 role, TXMQ_BROKER_NAME=BROKER.name, TXMQ_DATA_DIR=str(self.data_dir / role.name),
                 TXMQ_NAMESERVER_ADDRESSES=nameservers, TXMQ_REPLICATION_FACTOR=str(self.replication_factor),
                 TXMQ_REPLICA_ID=str(r), TXMQ_MIN_INSYNC_REPLICAS="2", TXMQ_ETCD_ENDPOINTS=self.etcd.endpoint,
-                TXMQ_REPLICATION_PORT=str(REPLICATION_PORT + r if self.fixed_ports else 0)),
+                TXMQ_REPLICATION_PORT=str(REPLICATION_PORT + r if self.fixed_ports else 0), **etcd_user),
                 self.data_dir, role.name)
             self.started.append(proc)
             self.replicas.append(proc)
@@ -469,10 +481,28 @@ def show_services(services: LocalServices, data_dir_arg: str) -> None:
             extra += "  (leader)"
         say(f"txmq local: {proc.name:<10} {proc.address:<16} metrics http://{HOST}:{proc.metrics_port}/metrics"
             f"  log {shown / (proc.name + '.log')}{extra}")
+    for line in security_banner(os.environ, services.etcd is not None):
+        say(f"txmq local: {line}")
     if services.checker is None:
         say("txmq local: no checker yet (services.checker is not built): transactions left UNKNOWN stay pending")
     if services.proxy is not None:
         say(f"txmq local: RocketMQ 5 clients: endpoints {services.proxy.address} (docs/rocketmq-compat.md)")
+
+
+def security_banner(environ: Any, with_etcd: bool) -> list[str]:
+    """What the banner says about security: who can reach the services and whether they
+    ask for credentials (``TXMQ_AUTH_FILES``) and TLS (``TXMQ_TLS_*``) — open unless the
+    caller's environment set them."""
+    auth = bool(environ.get("TXMQ_AUTH_FILES"))
+    tls = bool(environ.get("TXMQ_TLS_CERT_FILE"))
+    lines = [f"security: listening on {HOST} only (loopback: reachable from this machine alone); "
+             + ("authentication on (TXMQ_AUTH_FILES)" if auth else
+                "OPEN: no authentication, every call allowed (set TXMQ_AUTH_FILES; docs/security.md)")
+             + ("; TLS on" if tls else "; plaintext (no TLS)")]
+    if with_etcd:
+        lines.append("security: etcd authentication on, txmq's keys for the brokers' user only "
+                     "(passwords in <data-dir>/etcd-auth)")
+    return lines
 
 
 def supervise(services: LocalServices) -> None:

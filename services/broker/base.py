@@ -13,10 +13,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from txmq.errors import InvalidIdError, ReceiptHandleNotFoundError, WrongBrokerError
-from txmq.ids import ReceiptHandle, TransactionId
+from txmq.ids import ReceiptHandle
 
 from .config import BrokerConfig
+from .idauth import IdAuthority
 from .store import codec
 from .store.codec import TxnRow
 from .store.db import Database, OpWrites
@@ -115,30 +115,30 @@ class BrokerContext:
     listeners: Listeners
     #: Check jitter and the queue a receive of every queue starts at.
     random: random.Random = field(default_factory=random.Random)
+    #: Issues and checks this store's ids (their MACs: ``idauth.py``); set by ``core.py``
+    #: once the deliveries in flight are loaded, before any id is issued or read.
+    ids: IdAuthority | None = None
 
     # --- identifiers ---------------------------------------------------------------------
 
+    def _authority(self) -> IdAuthority:
+        assert self.ids is not None, "the id authority is opened with the store (core.py)"
+        return self.ids
+
     def txn_id(self, seq: int) -> str:
-        return TransactionId(self.name, self.store_id, seq).encode()
+        return self._authority().txn_id(seq)
 
-    def parse_txn_id(self, text: str) -> int:
-        tid = TransactionId.decode(text)
-        if tid.broker != self.name:
-            raise WrongBrokerError("transaction id", text, tid.broker, self.name)
-        if tid.store_id != self.store_id:
-            raise InvalidIdError("transaction id", text, "issued by an earlier store of this broker")
-        return tid.sequence
+    def parse_txn_id(self, text: str, *, cursor: bool = False) -> int:
+        """The sequence of a transaction id this store issued (its MAC checked: ``idauth``);
+        ``cursor``: a page token, where the MAC is not needed."""
+        return self._authority().parse_txn_id(text, cursor=cursor)
 
-    def receipt(self, topic: str, queue_id: int, offset: int, attempt: int, epoch: int = 0) -> str:
-        return ReceiptHandle(self.name, self.store_id, topic, queue_id, offset, attempt, epoch).encode()
+    def receipt(self, topic: str, queue_id: int, offset: int, attempt: int, epoch: int = 0, *, group: str) -> str:
+        return self._authority().receipt(group, topic, queue_id, offset, attempt, epoch)
 
-    def parse_receipt(self, text: str) -> ReceiptHandle:
-        handle = ReceiptHandle.decode(text)
-        if handle.broker != self.name:
-            raise WrongBrokerError("receipt handle", text, handle.broker, self.name)
-        if handle.store_id != self.store_id:
-            raise ReceiptHandleNotFoundError(text)
-        return handle
+    def parse_receipt(self, text: str, group: str) -> ReceiptHandle:
+        """The delivery a receipt handle this store issued to ``group`` names."""
+        return self._authority().parse_receipt(group, text)
 
     # --- reading the store -----------------------------------------------------------------
 

@@ -279,6 +279,9 @@ class Claims:
     def _apply_report(self, w: OpWrites, row: TxnRow, r: CheckReport, now: int) -> bool:
         """Applies one report; True when it was a late answer (not on the current claim)
         that decided the transaction."""
+        if r.producer_group and r.producer_group != row.producer_group:
+            raise InvalidFieldError("producer_group", f"{r.producer_group!r} is not the group of "
+                                                      f"{self.ctx.txn_id(row.seq)}")
         if not r.claim_token or r.claim_token != row.claim_token:
             if r.outcome != OUTCOME_ANSWERED:
                 raise StaleClaimError(self.ctx.txn_id(row.seq), "not the transaction's current claim (never sent, "
@@ -333,12 +336,14 @@ class Claims:
         checker). COMMIT/ROLLBACK decide a transaction nobody decided yet, and are accepted
         as they are by one decided the same way; one decided otherwise refuses them. Nothing
         is spent; a late UNKNOWN or IN_PROGRESS changes nothing. True when it decided."""
-        if r.producer_group and r.producer_group != row.producer_group:
+        # Not on a current claim: the group the answering stream serves is the only proof
+        # it is the transaction's, so it must be named, and be the transaction's.
+        if not r.producer_group:
+            raise InvalidFieldError("producer_group", "an answer not on the current claim must name the "
+                                                      "transaction's group")
+        if r.producer_group != row.producer_group:
             raise InvalidFieldError("producer_group", f"{r.producer_group!r} is not the group of "
                                                       f"{self.ctx.txn_id(row.seq)}")
-        if not r.claim_token and not r.producer_group:
-            raise InvalidFieldError("producer_group", "an answer without a claim token must name the "
-                                                      "transaction's group")
         if r.result not in (CHECK_COMMIT, CHECK_ROLLBACK):
             return False
         target = STATE_COMMITTED if r.result == CHECK_COMMIT else STATE_ROLLED_BACK

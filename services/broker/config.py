@@ -108,6 +108,11 @@ class BrokerConfig(ServiceConfig):
     etcd_endpoints: tuple[str, ...] = ()
     #: Key prefix of this cluster's keys in etcd.
     etcd_prefix: str = "/txmq"
+    #: etcd's password authentication: this broker's etcd user (empty: none, or mTLS, where
+    #: etcd takes the user from the certificate's common name; docs/security.md).
+    etcd_user: str = ""
+    #: The file holding etcd_user's password (read again when it changes).
+    etcd_password_file: str = ""
     #: The leader's etcd lease (whole seconds, at least 1): a leader silent this long loses
     #: its shard to an in-sync follower.
     leader_lease_seconds: float = seconds(4.0, min=1, max=HOUR)
@@ -149,6 +154,8 @@ class BrokerConfig(ServiceConfig):
                                  f"got {self.min_insync_replicas}")
             if not self.etcd_endpoints:
                 raise ValueError("etcd_endpoints must be set when replication_factor > 1")
+            if bool(self.etcd_user) != bool(self.etcd_password_file):
+                raise ValueError("etcd_user and etcd_password_file go together (both set, or neither)")
             if self.leader_lease_seconds != int(self.leader_lease_seconds):
                 raise ValueError(f"leader_lease_seconds must be a whole number (an etcd lease TTL), "
                                  f"got {self.leader_lease_seconds}")

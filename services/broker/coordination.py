@@ -21,8 +21,10 @@ shard (no in-sync set yet) is the same transaction with the set created as {itse
 The client is aetcd's generated etcd v3 stubs on a channel with the services' shared options
 (``services.common.channels``), so reconnection is fast (gRPC's default backoff grows to
 two minutes). An ``https://`` endpoint is dialed with TLS, presenting the broker's own
-certificate (``TXMQ_TLS_*``; etcd's ``--client-cert-auth`` checks it); ``http://`` or none is
-plaintext. The channel is opened again when the TLS files change.
+certificate (``TXMQ_TLS_*``; etcd's ``--client-cert-auth`` checks it, and with etcd's
+authentication on its common name is the etcd user); ``http://`` or none is plaintext, with
+a password user when ``etcd_user`` is set (``services.common.etcd``). The channel is opened
+again when the TLS files change.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import grpc
 from aetcd import rpc
 
 from services.common.channels import open_channel, tls_generation
+from services.common.etcd import EtcdCredentials, token_interceptors
 
 from .replica.state import InSync, Leader, ShardState
 
@@ -55,8 +58,10 @@ class ShardCoordinator:
     :class:`EtcdUnavailable` when etcd cannot be reached within ``timeout``."""
 
     def __init__(self, endpoints: tuple[str, ...], prefix: str, shard: str, replica_id: int,
-                 timeout_seconds: float = 2.0) -> None:
+                 timeout_seconds: float = 2.0, credentials: EtcdCredentials | None = None) -> None:
         self.endpoints = endpoints
+        #: etcd's password authentication (None: none, or mTLS: the certificate is the user).
+        self.credentials = credentials
         self.shard = shard
         self.replica_id = replica_id
         self.timeout = timeout_seconds
@@ -90,7 +95,10 @@ class ShardCoordinator:
             address = self.endpoints[self._endpoint % len(self.endpoints)]
             self._tls_generation = tls_generation()
             secure = address.startswith("https://")  # else plaintext, whatever the broker's TLS
-            self._channel = open_channel(address.removeprefix("https://").removeprefix("http://"), secure=secure)
+            auth = (token_interceptors(self.credentials, lambda: self._channel, self.timeout)  # type: ignore[arg-type,return-value]
+                    if self.credentials is not None else None)
+            self._channel = open_channel(address.removeprefix("https://").removeprefix("http://"), secure=secure,
+                                         interceptors=auth)
             self._kv = rpc.KVStub(self._channel)
             self._lease = rpc.LeaseStub(self._channel)
         assert self._kv is not None and self._lease is not None

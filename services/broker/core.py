@@ -33,6 +33,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
+from . import idauth
 from .base import BrokerContext, Listeners, Sequence
 from .checks import Claims
 from .config import BrokerConfig
@@ -130,6 +131,12 @@ class BrokerCore:
         self.queues = Queues(ctx)
         self.consumers = ConsumerGroups()
         self.consumers.load(list(db.scan("consumers")), list(db.scan("inflight")))
+        ctx.ids = idauth.open_authority(
+            db, ctx.name, ctx.store_id, ctx.sequence.next,
+            [(g, t, q, o, e.attempt, e.epoch) for (g, t, q), c in self.consumers.cursors.items()
+             for o, e in c.inflight.items()], clock, self._still_in_flight)
+        #: Issues and checks this store's ids (``idauth.py``).
+        self.ids = ctx.ids
         self.schedule = CheckSchedule(ctx)
         self.timers = Timers(ctx, self.queues)
         self.transactions = Transactions(ctx, self.queues, self.schedule, self.timers)
@@ -193,6 +200,12 @@ class BrokerCore:
         log.info("store opened", extra={"fields": {
             "data_dir": config.data_dir, "next_seq": ctx.sequence.next, "topics": len(self.topics),
             "store_id": ctx.store_id}})
+
+    def _still_in_flight(self, d: idauth.Delivery) -> bool:
+        group, topic, queue, offset, attempt, epoch = d
+        cursor = self.consumers.get(group, topic, queue)
+        entry = cursor.inflight.get(offset) if cursor else None
+        return entry is not None and (entry.attempt, entry.epoch) == (attempt, epoch)
 
     def close(self) -> None:
         self.db.close()

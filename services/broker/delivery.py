@@ -115,7 +115,7 @@ class Deliveries:
             cursor.track(offset, attempt, now + invisible_ms, epoch)
             w.put("inflight", key, codec.encode_inflight(attempt, now + invisible_ms, epoch))
             out.append(Delivery(topic, q, offset, cq.log_seq, attempt, now + invisible_ms, cq.visible_ms,
-                                self.ctx.receipt(topic, q, offset, attempt, epoch)))
+                                self.ctx.receipt(topic, q, offset, attempt, epoch, group=group)))
 
     def _to_dlq(self, w: OpWrites, group: str, cq: CqEntry) -> int:
         """Stages the entry into %DLQ%<group>; returns its offset there."""
@@ -153,7 +153,7 @@ class Deliveries:
             cursor.track(o, 1, deadline, epoch)
             w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline, epoch))
             out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms,
-                                self.ctx.receipt(topic, q, o, 1, epoch)))
+                                self.ctx.receipt(topic, q, o, 1, epoch, group=group)))
         if offset != start:
             cursor.next_offset = offset
             w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(offset))
@@ -185,7 +185,7 @@ class Deliveries:
             cursor.group_of[o] = cq.group_hash
             w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline, epoch))
             out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms,
-                                self.ctx.receipt(topic, q, o, 1, epoch)))
+                                self.ctx.receipt(topic, q, o, 1, epoch, group=group)))
 
         filtered = 0
         for o in sorted(ahead):  # held back before: their groups may be free now
@@ -277,8 +277,8 @@ class Deliveries:
         if topic in self.queues.fifo_topics:
             w.on_durable(lambda: self.ctx.listeners.notify_visible(topic))
 
-    def _parse_receipt_for(self, topic: str, text: str) -> ReceiptHandle:
-        handle = self.ctx.parse_receipt(text)
+    def _parse_receipt_for(self, group: str, topic: str, text: str) -> ReceiptHandle:
+        handle = self.ctx.parse_receipt(text, group)
         if topic and handle.topic != topic:
             raise InvalidFieldError("topic", f"receipt handle is for topic {handle.topic!r}")
         return handle
@@ -289,7 +289,7 @@ class Deliveries:
         parsed: list[ReceiptHandle | Exception] = []
         for text in handles:
             try:
-                parsed.append(self._parse_receipt_for(topic, text))
+                parsed.append(self._parse_receipt_for(group, topic, text))
             except Exception as exc:  # noqa: BLE001 - reported per entry
                 parsed.append(exc)
 
@@ -312,7 +312,7 @@ class Deliveries:
     def change_invisible_op(self, group: str, topic: str, handle_text: str, seconds: float,
                             ) -> Callable[[OpWrites], tuple[str, int]]:
         validate_group("consumer_group", group)
-        handle = self.ctx.parse_receipt(handle_text)
+        handle = self._parse_receipt_for(group, topic, handle_text)
         cfg = self.ctx.config
         if not 0 <= seconds <= cfg.max_invisible_duration_seconds:
             raise InvalidFieldError("invisible_duration_seconds",
@@ -332,13 +332,14 @@ class Deliveries:
                   codec.encode_inflight(entry.attempt, deadline, entry.epoch))
             topic_ = handle.topic
             w.on_durable(lambda: self.ctx.listeners.notify_visible(topic_))
-            return self.ctx.receipt(handle.topic, handle.queue_id, handle.offset, entry.attempt, entry.epoch), deadline
+            return self.ctx.receipt(handle.topic, handle.queue_id, handle.offset, entry.attempt, entry.epoch,
+                                    group=group), deadline
         return op
 
     def dead_letter_op(self, group: str, topic: str, handle_text: str) -> Callable[[OpWrites], tuple[str, int]]:
         """Moves one in-flight delivery to %DLQ%<group> now (the consumer gave up on it)."""
         validate_group("consumer_group", group)
-        handle = self._parse_receipt_for(topic, handle_text)
+        handle = self._parse_receipt_for(group, topic, handle_text)
 
         def op(w: OpWrites) -> tuple[str, int]:
             found = self._inflight(group, handle)

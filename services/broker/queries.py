@@ -42,7 +42,7 @@ class Queries:
         now = ctx.clock()
         max_prepared = now - int(older_than_seconds * 1000) if older_than_seconds > 0 else None
         rows: list[TxnRow] = []
-        after = ctx.parse_txn_id(page_token) if page_token else 0
+        after = ctx.parse_txn_id(page_token, cursor=True) if page_token else 0
         if group and state == STATE_PREPARED:
             upper = codec.group_time_key(group, (max_prepared if max_prepared is not None else now) + 1, 0)
             start = codec.group_time_key(group, self.transactions.pending_floor(group), 0)

@@ -14,7 +14,7 @@ from typing import Callable
 from txmq.errors import DiskFullError
 from txmq.fifo import message_group_hash
 
-from . import validation
+from . import ownership, validation
 from .base import BrokerContext
 from .model import STATE_PREPARED, STATE_ROLLED_BACK, SendResult
 from .queues import Queues
@@ -80,9 +80,12 @@ class Sends:
         return op
 
     def _duplicate(self, record: LogRecord, entry: codec.DedupEntry) -> SendResult:
+        # A repeat answers what the first send stored, but only to the same sender: another
+        # topic's or producer group's message under this id is not this send's to learn of.
+        row = self.ctx.read_txn(entry.seq) if entry.kind != codec.DEDUP_NORMAL else None
+        ownership.same_message(record, self.ctx.read_message(entry.seq), row)
         if entry.kind == codec.DEDUP_NORMAL:
             return SendResult(record.message_id, entry.queue_id, entry.queue_offset, duplicate=True)
-        row = self.ctx.read_txn(entry.seq)
         state = row.state if row is not None else STATE_ROLLED_BACK
         return SendResult(record.message_id, row.queue_id if row else record.queue_id,
                           row.queue_offset if row else -1, self.ctx.txn_id(entry.seq), state, duplicate=True)

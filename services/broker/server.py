@@ -26,6 +26,7 @@ from services.common.aio import Deadline, note_slow_step, step_within
 from services.common.registration import Heartbeat
 from services.common.server import ServiceApp
 
+from . import ownership
 from .backup import OperationsServicer
 from .bridge import StoreBridge
 from .config import BrokerConfig
@@ -126,6 +127,10 @@ class BrokerProcess:
     def current(self) -> Serving | None:
         return self.serving
 
+    def _serving_core(self) -> BrokerCore | None:
+        serving = self.serving
+        return serving.core if serving is not None else None
+
     @property
     def store(self) -> Database:
         """The store open now (a replica's rebuild replaces the one opened at start)."""
@@ -198,7 +203,9 @@ class BrokerProcess:
         names.append(OPERATIONS_SERVICE_NAME)
         self.metrics.watch(self.current)
         # A long poll waits by design: limited per connection, not by max_concurrent_rpcs.
-        app = ServiceApp("broker", config, self.metrics, registered, names, unmetered=("ReceiveMessages",))
+        # The ids a request carries are authorized for what they name in the store serving now.
+        app = ServiceApp("broker", config, self.metrics, registered, names, unmetered=("ReceiveMessages",),
+                         auth_options={"resolve": ownership.resolver(self._serving_core)})
         host = "127.0.0.1" if config.host in ("0.0.0.0", "") else config.host
         self.address = config.advertise_address or f"{host}:{app.port}"
         # Tests and tools reach the domain and the replica through the app.

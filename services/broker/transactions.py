@@ -102,6 +102,9 @@ class Transactions:
                 raise TransactionNotFoundError(transaction_id)
             if message_id and message_id != row.message_id:
                 raise InvalidFieldError("message_id", f"{message_id!r} is not the message of {transaction_id}")
+            # Whether the caller may end this group's transaction is decided for every caller,
+            # named group or not, by the auth interceptor (ownership.py); here only a group
+            # that was named must be the transaction's (also with auth off).
             if producer_group and producer_group != row.producer_group:
                 raise InvalidFieldError("producer_group",
                                         f"{producer_group!r} is not the group of {transaction_id}")

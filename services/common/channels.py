@@ -39,12 +39,13 @@ def channel_options(max_message_bytes: int | None = None) -> tuple[tuple[str, An
 
 
 def open_channel(address: str, max_message_bytes: int | None = None, *,
-                 secure: bool | None = None) -> grpc.aio.Channel:
+                 secure: bool | None = None, interceptors: list[Any] | None = None) -> grpc.aio.Channel:
     """One asyncio channel with the shared options (its owner closes it). ``secure``: None,
     TLS with the process's current files when it has TLS, else plaintext; False, plaintext;
-    True, TLS (with the system's roots and no client certificate when the process has no TLS)."""
+    True, TLS (with the system's roots and no client certificate when the process has no TLS).
+    ``interceptors``: this channel's own, after the process's (etcd's token: ``etcd``)."""
     options = channel_options(max_message_bytes)
-    interceptors = list(_interceptors) or None
+    interceptors = [*_interceptors, *(interceptors or ())] or None
     material = tls.client_tls() if secure is not False else None
     if material is not None:
         material.current()

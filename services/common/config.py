@@ -241,8 +241,10 @@ def check_fields(config: Any) -> None:
 class ServiceConfig:
     """Fields every service has."""
 
-    #: Interface the gRPC and /metrics servers bind (0.0.0.0: every interface).
-    host: str = "0.0.0.0"
+    #: Interface the gRPC, /metrics and health servers bind. Loopback unless configured
+    #: (secure by default: a service started without settings is reachable from this host
+    #: only); 0.0.0.0 for every interface (the chart sets it, with auth and TLS on).
+    host: str = "127.0.0.1"
     #: gRPC port.
     port: int = tcp_port(0)
     #: Prometheus /metrics port.

@@ -8,8 +8,12 @@ SignedHeaders=x-mq-date-time, Signature=<hex HMAC-SHA1 of x-mq-date-time>``); th
 key names a principal of the credential store and the ACL is the native one. A RocketMQ
 producer's native producer group is its topic (see ``convert``), so a transactional
 producer needs ``check`` on ``producer_group:<topic>`` besides ``publish`` on the topic.
-The proxy then calls the native services as its own service identity: the client principal
-is checked here, once, and not carried further.
+The proxy then calls the native services as its own service identity *acting for* the client
+principal (``services.common.auth.delegation``): the brokers and checkers decide each call
+again for that principal, against what the ids it carries name in their stores (another
+group's transaction, another topic's receipt handle), and the proxy relays their refusal in
+band (PERMISSION_DENIED → FORBIDDEN). The checks here refuse early what the names alone
+rule out.
 """
 
 from __future__ import annotations
@@ -97,4 +101,4 @@ def refuse(method: str, error: TxmqError) -> Any:
     return getattr(service_pb2, described.output_type.name)(status=status(error))
 
 
-AUTH_OPTIONS = {"policies": POLICIES, "refuse": refuse, "accept_signatures": True}
+AUTH_OPTIONS = {"policies": POLICIES, "refuse": refuse, "accept_signatures": True, "acts_for_callers": True}

@@ -57,9 +57,10 @@ import grpc
 from txmq.v1 import checker_pb2, checker_pb2_grpc, common_pb2
 
 from services.common.aio import wait_event
+from services.common.auth import act_for
 from services.common.limits import ConnectionLimit
 
-from .clients import ClientRegistry
+from .clients import ClientKey, ClientRegistry
 from .config import ProxyConfig
 from .convert import check_to_rmq
 from .metrics import ProxyMetrics
@@ -98,10 +99,11 @@ class _Pending:
 class CheckerLink:
     """One client's subscription at one checker; reopened with backoff until closed."""
 
-    def __init__(self, manager: "CheckManager", address: str, client_id: str, groups: tuple[str, ...]) -> None:
+    def __init__(self, manager: "CheckManager", address: str, client: ClientKey, groups: tuple[str, ...]) -> None:
         self.manager = manager
         self.address = address
-        self.client_id = client_id
+        self.client = client
+        self.client_id = client.client_id
         self.groups = groups
         self.closed = False
         #: Sent CheckDrain: only answers to checks already written go on this link.
@@ -111,7 +113,7 @@ class CheckerLink:
         self.withheld = 0
         self.held_on = ""
         self._outbox: asyncio.Queue[Request | None] | None = None
-        self._task = asyncio.create_task(self._run(), name=f"check-link-{client_id}@{address}")
+        self._task = asyncio.create_task(self._run(), name=f"check-link-{client.client_id}@{address}")
 
     def send(self, request: Request) -> None:
         if not self.closed and self._outbox is not None:
@@ -132,6 +134,9 @@ class CheckerLink:
             yield item
 
     async def _run(self) -> None:
+        # Subscribed for the client's principal: the checker decides which groups it may
+        # serve, as for a native producer (``services.common.auth.delegation``).
+        act_for(self.client.principal)
         backoff = RECONNECT_BACKOFF_SECONDS
         failing = False
         stub = checker_pb2_grpc.CheckerServiceStub(self.manager.upstream.channel(self.address))
@@ -191,7 +196,7 @@ class CheckManager:
         self.registry = registry
         self.metrics = metrics
         self.monotonic = monotonic
-        self.links: dict[tuple[str, str], CheckerLink] = {}
+        self.links: dict[tuple[ClientKey, str], CheckerLink] = {}
         #: Links whose client left while owing answers (closed once nothing is owed).
         self.draining: set[CheckerLink] = set()
         #: transaction id → the check offered to a client here.
@@ -199,7 +204,7 @@ class CheckManager:
         #: Checks offered and not yet over, per client connection.
         self.per_connection = ConnectionLimit("max_pending_checks_per_connection",
                                               config.max_pending_checks_per_connection)
-        self._dirty: set[str] = set()
+        self._dirty: set[ClientKey] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         registry.on_change.append(self.client_changed)
@@ -208,8 +213,8 @@ class CheckManager:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="check-subscriptions")
 
-    def client_changed(self, client_id: str) -> None:
-        self._dirty.add(client_id)
+    def client_changed(self, client: ClientKey) -> None:
+        self._dirty.add(client)
         self._wake.set()
 
     def checkers_changed(self) -> None:
@@ -223,8 +228,8 @@ class CheckManager:
             await wait_event(self._wake, sweep)
             self._wake.clear()
             dirty, self._dirty = self._dirty, set()
-            for client_id in dirty:
-                await self._sync(client_id)
+            for client in dirty:
+                await self._sync(client)
             self._expire()
             self._refill()
             await self._close_drained()
@@ -233,13 +238,13 @@ class CheckManager:
             for client_type, count in self.registry.stream_count().items():
                 self.metrics.streams.labels(str(client_type)).set(count)
 
-    async def _sync(self, client_id: str) -> None:
+    async def _sync(self, client: ClientKey) -> None:
         """Makes the client's links match its topics and the live checkers."""
-        topics = self.registry.producers().get(client_id, ())
+        topics = self.registry.producers().get(client, ())
         groups = tuple(topics[: self.config.max_groups_per_client])
         wanted = set(self.upstream.checkers) if groups else set()
         for (cid, address), link in list(self.links.items()):
-            if cid != client_id:
+            if cid != client:
                 continue
             if address not in wanted or link.groups != groups:
                 del self.links[(cid, address)]
@@ -252,8 +257,8 @@ class CheckManager:
                 else:
                     await link.close()
         for address in wanted:
-            if (client_id, address) not in self.links:
-                self.links[(client_id, address)] = CheckerLink(self, address, client_id, groups)
+            if (client, address) not in self.links:
+                self.links[(client, address)] = CheckerLink(self, address, client, groups)
 
     def _owes(self, link: CheckerLink) -> bool:
         """Checks written to the client through this link are still waiting for answers."""
@@ -273,7 +278,7 @@ class CheckManager:
         for link in [*self.links.values(), *self.draining]:
             if not link.withheld or (peer is not None and link.held_on != peer):
                 continue
-            stream = self.registry.stream_for(link.client_id, link.groups[0]) if link.groups else None
+            stream = self.registry.stream_for(link.client, link.groups[0]) if link.groups else None
             if stream is not None and stream.peer == link.held_on and \
                     self.per_connection.available(link.held_on) == 0:
                 continue
@@ -297,7 +302,7 @@ class CheckManager:
                                                              result=common_pb2.CHECK_RESULT_ROLLBACK, credit=1)))
             self.metrics.checks.labels("orphan_rolled_back").inc()
             return
-        stream = self.registry.stream_for(link.client_id, check.message.topic)
+        stream = self.registry.stream_for(link.client, check.message.topic)
         if stream is None:
             self.metrics.checks.labels("no_stream").inc()
             link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))

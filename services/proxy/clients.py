@@ -1,5 +1,10 @@
 """The clients connected to this replica: their Telemetry streams and latest Settings.
 
+A client is its client id *and* the principal it authenticated as (:class:`ClientKey`):
+client ids are chosen by the clients, so two principals naming the same one are two
+clients — one can neither take the other's checks, nor end its subscriptions and renewals
+(NotifyClientTermination).
+
 Per connection, never shared between replicas: a stream knows its client's topics from the
 Settings the client sent (on this stream, or on an earlier stream of the same client id
 to this replica). A client that reconnects to another replica without re-sending Settings
@@ -19,7 +24,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from services.common.auth import may
 from services.common.auth.acl import CHECK, PRODUCER_GROUP
@@ -38,10 +43,19 @@ Outgoing = tuple[Command, OnWritten, OnWritten]
 OUTBOX_LIMIT = 1024
 
 
+class ClientKey(NamedTuple):
+    """A client of this replica: the principal it authenticated as (None with auth off) and
+    the client id it chose (the ``x-mq-client-id`` header)."""
+
+    principal: str | None
+    client_id: str
+
+
 class TelemetryStream:
-    def __init__(self, stream_id: int, client_id: str, peer: str = "") -> None:
+    def __init__(self, stream_id: int, key: ClientKey, peer: str = "") -> None:
         self.id = stream_id
-        self.client_id = client_id
+        self.key = key
+        self.client_id = key.client_id
         #: The client's connection (gRPC peer): limits per connection count against it.
         self.peer = peer
         self.closed = False
@@ -71,7 +85,7 @@ class TelemetryStream:
 
 @dataclass
 class ClientState:
-    client_id: str
+    key: ClientKey
     settings: definition_pb2.Settings | None = None
     topics: tuple[str, ...] = ()
     client_type: int = 0
@@ -84,29 +98,29 @@ class ClientRegistry:
     def __init__(self, idle_expiry_seconds: float, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.idle_expiry = idle_expiry_seconds
         self.monotonic = monotonic
-        self.clients: dict[str, ClientState] = {}
+        self.clients: dict[ClientKey, ClientState] = {}
         self._ids = itertools.count(1)
-        #: Called with a client id when its live streams or published topics change.
-        self.on_change: list[Callable[[str], None]] = []
-        #: Called with a client id when it went away from this replica: its last Telemetry
+        #: Called with a client when its live streams or published topics change.
+        self.on_change: list[Callable[[ClientKey], None]] = []
+        #: Called with a client when it went away from this replica: its last Telemetry
         #: stream ended, or it announced its termination.
-        self.on_gone: list[Callable[[str], None]] = []
+        self.on_gone: list[Callable[[ClientKey], None]] = []
 
-    def _changed(self, client_id: str) -> None:
+    def _changed(self, key: ClientKey) -> None:
         for notify in self.on_change:
-            notify(client_id)
+            notify(key)
 
-    def open_stream(self, client_id: str, peer: str = "") -> TelemetryStream:
-        state = self.clients.setdefault(client_id, ClientState(client_id))
-        stream = TelemetryStream(next(self._ids), client_id, peer)
+    def open_stream(self, key: ClientKey, peer: str = "") -> TelemetryStream:
+        state = self.clients.setdefault(key, ClientState(key))
+        stream = TelemetryStream(next(self._ids), key, peer)
         state.streams[stream.id] = stream
         state.idle_since = None
         if len(state.streams) == 1:
-            self._changed(client_id)
+            self._changed(key)
         return stream
 
     def update_settings(self, stream: TelemetryStream, settings: definition_pb2.Settings) -> None:
-        state = self.clients.setdefault(stream.client_id, ClientState(stream.client_id))
+        state = self.clients.setdefault(stream.key, ClientState(stream.key))
         # Checks (with their half messages) only for the topics the client may answer for.
         topics = tuple(t for t in publishing_topics(settings) if may(CHECK, PRODUCER_GROUP, t))
         changed = topics != state.topics
@@ -115,36 +129,36 @@ class ClientRegistry:
         state.topics = topics
         if changed:
             log.info("producer topics", extra={"fields": {"client_id": stream.client_id, "topics": list(topics)}})
-            self._changed(stream.client_id)
+            self._changed(stream.key)
 
     def close_stream(self, stream: TelemetryStream) -> None:
         stream.close()
-        state = self.clients.get(stream.client_id)
+        state = self.clients.get(stream.key)
         if state is None or state.streams.pop(stream.id, None) is None:
             return
         if not state.streams:
             state.idle_since = self.monotonic()
-            self._changed(stream.client_id)
+            self._changed(stream.key)
             for notify in self.on_gone:
-                notify(stream.client_id)
+                notify(stream.key)
 
-    def terminate(self, client_id: str) -> None:
+    def terminate(self, key: ClientKey) -> None:
         """NotifyClientTermination: the client is going away; its streams end soon. Its
         checks are no longer routed here (streams still open may stay for the rest)."""
-        state = self.clients.get(client_id)
+        state = self.clients.get(key)
         if state is not None and state.topics:
             state.topics = ()
-            self._changed(client_id)
+            self._changed(key)
         for notify in self.on_gone:
-            notify(client_id)
+            notify(key)
 
-    def producers(self) -> dict[str, tuple[str, ...]]:
-        """Client id → published topics, for clients with a live stream and topics."""
-        return {c.client_id: c.topics for c in self.clients.values() if c.streams and c.topics}
+    def producers(self) -> dict[ClientKey, tuple[str, ...]]:
+        """Client → published topics, for clients with a live stream and topics."""
+        return {c.key: c.topics for c in self.clients.values() if c.streams and c.topics}
 
-    def stream_for(self, client_id: str, topic: str) -> TelemetryStream | None:
+    def stream_for(self, key: ClientKey, topic: str) -> TelemetryStream | None:
         """A live stream of the client that publishes ``topic``."""
-        state = self.clients.get(client_id)
+        state = self.clients.get(key)
         if state is None or topic not in state.topics:
             return None
         for stream in reversed(list(state.streams.values())):  # the newest first
@@ -162,9 +176,9 @@ class ClientRegistry:
 
     def sweep(self) -> None:
         now = self.monotonic()
-        for client_id, state in list(self.clients.items()):
+        for key, state in list(self.clients.items()):
             if state.idle_since is not None and now - state.idle_since >= self.idle_expiry:
-                del self.clients[client_id]
+                del self.clients[key]
 
     def close(self) -> None:
         for state in self.clients.values():

@@ -146,15 +146,17 @@ class Relay:
                 await asyncio.sleep(min(pause, left))
                 pause = min(pause * 2, 1.0)
 
-    async def end(self, transaction_id: str, message_id: str, resolution: int,
-                  source: int) -> broker_pb2.EndTransactionResponse | None:
+    async def end(self, transaction_id: str, message_id: str, resolution: int, source: int,
+                  producer_group: str) -> broker_pb2.EndTransactionResponse | None:
         """EndTransaction on the shard the transaction id names, retried there with backoff
         while it is down. None when it still was: the decision is left to the check, which
         asks the producer again (RocketMQ's proxy sends EndTransaction one-way for the same
-        reason); a refusal is raised."""
+        reason); a refusal is raised. ``producer_group`` is the client's (its topic): the
+        broker refuses it for another group's transaction."""
         broker = TransactionId.decode(transaction_id).broker
         request = broker_pb2.EndTransactionRequest(
-            transaction_id=transaction_id, message_id=message_id, resolution=resolution, source=source)
+            transaction_id=transaction_id, message_id=message_id, resolution=resolution, source=source,
+            producer_group=producer_group)
         try:
             return await self._bound(broker, lambda stub: stub.EndTransaction(
                 request, timeout=self.config.rpc_timeout_seconds))

@@ -32,11 +32,12 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Hashable
 
 from txmq.errors import TxmqError
 
 from services.common.aio import wait_event
+from services.common.auth import act_for
 
 from .config import ProxyConfig
 from .metrics import ProxyMetrics
@@ -54,7 +55,8 @@ Key = tuple[str, str]  # (group, receipt handle as the client has it)
 
 @dataclass
 class Renewal:
-    client_id: str
+    #: The client (``clients.ClientKey``: its principal and client id).
+    client: Hashable
     group: str
     topic: str
     #: The handle the client holds (what its ack or nack will carry).
@@ -67,6 +69,8 @@ class Renewal:
     give_up_at: float
     renewals: int = 0
     inflight: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: The principal the renewals are for (the one that received the delivery).
+    principal: str | None = None
 
 
 class Renewer:
@@ -97,14 +101,16 @@ class Renewer:
 
     # --- what the servicer tells it ------------------------------------------------------
 
-    def add(self, client_id: str, group: str, topic: str, handle: str, invisible_seconds: float) -> None:
-        """A delivery made with ``auto_renew``: renew it until the client is done with it."""
+    def add(self, client: Hashable, group: str, topic: str, handle: str, invisible_seconds: float,
+            principal: str | None = None) -> None:
+        """A delivery made with ``auto_renew``: renew it (for ``principal``) until the client
+        is done with it."""
         if self.config.auto_renew_max_seconds <= 0:
             return
         now = self.monotonic()
-        renewal = Renewal(client_id, group, topic, handle, handle, invisible_seconds,
+        renewal = Renewal(client, group, topic, handle, handle, invisible_seconds,
                           next_at=now + self._interval(invisible_seconds),
-                          give_up_at=now + self.config.auto_renew_max_seconds)
+                          give_up_at=now + self.config.auto_renew_max_seconds, principal=principal)
         old = self.renewals.pop((group, handle), None)
         if old is not None and old.inflight is not None:
             old.inflight.cancel()
@@ -124,9 +130,9 @@ class Renewer:
             await asyncio.gather(asyncio.shield(renewal.inflight), return_exceptions=True)
         return renewal.current
 
-    def client_gone(self, client_id: str) -> None:
+    def client_gone(self, client: Hashable) -> None:
         """NotifyClientTermination, or the client's last Telemetry stream here ended."""
-        gone = [k for k, r in self.renewals.items() if r.client_id == client_id]
+        gone = [k for k, r in self.renewals.items() if r.client == client]
         for key in gone:
             self._drop(key, "client_gone")
 
@@ -158,6 +164,7 @@ class Renewer:
             await wait_event(self._wake, max(wait, 0.01))
 
     async def _renew(self, key: Key, renewal: Renewal) -> None:
+        act_for(renewal.principal)  # this task's calls are for the principal the delivery was made to
         seconds = renewal.invisible_seconds
         try:
             handle = await self.relay.change_invisible(renewal.group, renewal.topic, renewal.current, seconds)

@@ -20,11 +20,12 @@ from typing import Any, AsyncIterator, Callable
 from txmq.errors import TxmqError
 from txmq.v1 import common_pb2
 
+from services.common.auth import current_principal
 from services.common.limits import ConnectionLimit
 
 from . import settings as settings_mod
 from .checks import CheckManager
-from .clients import ClientRegistry, TelemetryStream
+from .clients import ClientKey, ClientRegistry, TelemetryStream
 from .codes import ProxyError, code_for, status, unsupported
 from .config import ProxyConfig
 from .convert import delivered_to_rmq, resource_name, seconds, to_native, to_resource, validate_filter
@@ -59,6 +60,12 @@ def client_id_of(context: Any) -> str:
         if key == CLIENT_ID_HEADER:
             return value if isinstance(value, str) else value.decode()
     return ""
+
+
+def client_of(context: Any) -> ClientKey:
+    """The client of a call: its client id, scoped to the principal it authenticated as."""
+    principal = current_principal()
+    return ClientKey(principal.name if principal is not None else None, client_id_of(context))
 
 
 def _failed(response_cls: Callable[..., Any], exc: BaseException, method: str) -> Any:
@@ -123,9 +130,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def NotifyClientTermination(self, request: spb.NotifyClientTerminationRequest,
                                       context: Any) -> spb.NotifyClientTerminationResponse:
-        client_id = client_id_of(context)
-        if client_id:
-            self.registry.terminate(client_id)
+        client = client_of(context)
+        if client.client_id:
+            self.registry.terminate(client)
         return spb.NotifyClientTerminationResponse(status=status())
 
     # --- producing -----------------------------------------------------------------------
@@ -176,11 +183,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         resolution, check_result, label = _RESOLUTIONS.get(request.resolution, _UNKNOWN)
         source_label = "server_check" if from_check else "client"
         try:
+            # The client's producer group is its topic (see convert): the broker decides
+            # whether this transaction is that group's, and whether the client may end it.
+            producer_group = resource_name(request.topic, "topic")
             if not request.transaction_id:
                 raise ProxyError(Code.INVALID_TRANSACTION_ID, "transaction_id is required")
             ended = await self.relay.end(request.transaction_id, request.message_id, resolution,
                                          common_pb2.TRANSACTION_SOURCE_CHECK if from_check
-                                         else common_pb2.TRANSACTION_SOURCE_CLIENT)
+                                         else common_pb2.TRANSACTION_SOURCE_CLIENT, producer_group)
         except Exception as exc:  # noqa: BLE001
             self.metrics.end_transactions.labels(label, source_label, Code.Name(code_for(exc))).inc()
             return _failed(spb.EndTransactionResponse, exc, "EndTransaction")
@@ -237,9 +247,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 await context.write(spb.ReceiveMessageResponse(message=delivered_to_rmq(d, now_ms)))
                 self.metrics.messages_out.labels(topic).inc()
             if request.auto_renew:  # written: the client has them (a failed write renews nothing)
-                client_id = client_id_of(context)
+                client = client_of(context)
                 for d in deliveries:
-                    self.renewer.add(client_id, group, d.topic, d.receipt_handle, invisible)
+                    self.renewer.add(client, group, d.topic, d.receipt_handle, invisible, client.principal)
         else:
             await context.write(spb.ReceiveMessageResponse(status=pb.Status(
                 code=Code.MESSAGE_NOT_FOUND, message="no new message")))
@@ -330,13 +340,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def Telemetry(self, request_iterator: AsyncIterator[spb.TelemetryCommand], context: Any) -> None:
         """Replies to every Settings with the proxy's settings (status OK), and carries
-        orphan checks to producers. Bound to the client by its ``x-mq-client-id``."""
-        client_id = client_id_of(context)
-        if not client_id:
+        orphan checks to producers. Bound to the client by its ``x-mq-client-id`` (and its principal)."""
+        client = client_of(context)
+        if not client.client_id:
             await context.write(spb.TelemetryCommand(status=pb.Status(
                 code=Code.CLIENT_ID_REQUIRED, message=f"the {CLIENT_ID_HEADER} header is required")))
             return
-        stream = self.registry.open_stream(client_id, context.peer())
+        stream = self.registry.open_stream(client, context.peer())
         reader = asyncio.ensure_future(self._read_telemetry(request_iterator, stream))
         try:
             while True:

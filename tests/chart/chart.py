@@ -36,6 +36,7 @@ POD_NAMED = {"broker_name", "checker_name", "proxy_name", "replica_id"}
 #: Broker settings only replicated shards read: with broker.replicationFactor 1 the chart
 #: leaves them out of the pods (so such a release renders as before replication existed).
 REPLICATION_ONLY = {"replication_factor", "min_insync_replicas", "replica_id", "etcd_endpoints", "etcd_prefix",
+                    "etcd_user", "etcd_password_file",
                     "leader_lease_seconds", "election_poll_seconds", "replica_lag_max_seconds",
                     "replication_batch_bytes", "replication_log_entries", "replication_port"}
 #: Settings of a component the chart takes from another component's `config`, so the two

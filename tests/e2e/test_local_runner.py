@@ -131,6 +131,35 @@ def test_replicated_run_serves_the_demo_from_a_shard_of_three_replicas(tmp_path)
             f"{result.stdout}\n{_service_logs(data_dir)}"
     assert (data_dir / "etcd.log").exists()
     assert _services_started_in(data_dir) == []
+    # Open and loopback-only, says the banner; etcd's authentication on (issue 30): started
+    # again over the run's data, etcd refuses a client without the brokers' password.
+    assert "127.0.0.1 only" in result.stdout and "OPEN: no authentication" in result.stdout
+    assert "etcd authentication on" in result.stdout
+    _etcd_keeps_its_authentication(data_dir)
+
+
+def _etcd_keeps_its_authentication(data_dir: Path) -> None:
+    import grpc
+    from aetcd import rpc
+
+    from services.common.etcd import EtcdProcess
+
+    passwords = data_dir / "etcd-auth"
+    assert all(p.stat().st_mode & 0o077 == 0 for p in passwords.iterdir())
+    etcd = EtcdProcess(data_dir).start()
+    try:
+        with grpc.insecure_channel(etcd.endpoint) as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                rpc.KVStub(channel).Put(rpc.PutRequest(key=b"/txmq/shards/broker-0/leader", value=b"{}"), timeout=10)
+            assert "user name is empty" in (refused.value.details() or "")
+            token = rpc.AuthStub(channel).Authenticate(rpc.AuthenticateRequest(
+                name="txmq-broker", password=(passwords / "etcd-broker.password").read_text().strip()),
+                timeout=10).token
+            found = rpc.KVStub(channel).Range(rpc.RangeRequest(key=b"/txmq/shards/broker-0/isr"), timeout=10,
+                                              metadata=[("token", token)]).kvs
+            assert found, "the shard's in-sync set is under the brokers' prefix"
+    finally:
+        etcd.stop()
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_SECONDS + 60)

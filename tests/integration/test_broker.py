@@ -103,7 +103,7 @@ def test_bad_input_gets_its_status_and_changes_nothing(cluster, topic, unique_na
     assert receive(s, unique_name("g"), topic) == []
 
 
-def test_unknown_transaction_is_not_found_and_conflict_is_failed_precondition(cluster, topic) -> None:
+def test_minted_transaction_is_invalid_and_conflict_is_failed_precondition(cluster, topic) -> None:
     s = stub(cluster)
     sent = half(s, topic)
     rolled = end(s, sent.transaction_id, C.TRANSACTION_RESOLUTION_ROLLBACK)
@@ -111,9 +111,11 @@ def test_unknown_transaction_is_not_found_and_conflict_is_failed_precondition(cl
     code, details, meta = status_of(lambda: end(s, sent.transaction_id))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "ROLLED_BACK" in details
     assert meta[REASON_METADATA_KEY] == "TRANSACTION_STATE_CONFLICT"
-    missing = TransactionId(cluster.brokers[0].name, TransactionId.decode(sent.transaction_id).store_id, 10**12)
-    code, details, _ = status_of(lambda: end(s, missing.encode()))
-    assert code == grpc.StatusCode.NOT_FOUND
+    # An id the broker never issued (its sequence made up) is refused before any lookup.
+    minted = TransactionId(cluster.brokers[0].name, TransactionId.decode(sent.transaction_id).store_id, 10**12)
+    code, details, meta = status_of(lambda: end(s, minted.encode()))
+    assert (code, meta[REASON_METADATA_KEY]) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ID"), details
+    assert "not an id this broker issued" in details
 
 
 def test_produce_stream_answers_each_request_by_id(cluster, topic) -> None:

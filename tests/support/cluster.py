@@ -16,7 +16,7 @@ from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_gr
 
 from . import netns as _netns
 from .certs import Certificate, CertificateAuthority, channel_credentials
-from .etcd import EtcdProcess
+from .etcd import EtcdAuth, EtcdProcess, TlsFiles, password_auth
 from .processes import ServiceProcess
 from .waiting import wait_until
 
@@ -100,6 +100,8 @@ class Cluster:
         self.min_insync_replicas = min_insync_replicas
         #: Replicated shards: etcd, and each shard's replicas by shard name.
         self.etcd: EtcdProcess | None = None
+        #: The brokers' etcd credentials (password mode: a cluster without TLS).
+        self.etcd_broker_env: dict[str, str] = {}
         self.shards: dict[str, list[ServiceProcess]] = {}
         #: ``netns=True``: every broker replica in a network namespace of its own on one
         #: bridge; etcd, name servers, checkers and proxies listen on the bridge address in
@@ -125,10 +127,21 @@ class Cluster:
             for proc in self.nameservers:
                 proc.wait_ready(ready_timeout)
             if replication_factor > 1:
-                etcd_tls = {}
+                # etcd's own authentication on, txmq's keys for the brokers only (see
+                # services/common/etcd.py): their certificates' names with TLS, else a password.
+                etcd_tls: dict[str, Any] = {}
+                replica_names = tuple(f"broker-{i}-r{r}" for i in range(brokers) for r in range(replication_factor))
                 if tls is not None:
                     cert = self.certificates["etcd"] = tls.issue("etcd", directory=self.workdir / "tls")
-                    etcd_tls = {"cert_file": cert.cert_file, "key_file": cert.key_file, "ca_file": tls.cert_file}
+                    admin = self.certificates["etcd-admin"] = tls.issue("etcd-admin", directory=self.workdir / "tls")
+                    etcd_tls = {"cert_file": cert.cert_file, "key_file": cert.key_file, "ca_file": tls.cert_file,
+                                "auth": EtcdAuth(replica_names, admin_user="etcd-admin"),
+                                "admin_tls": TlsFiles(tls.cert_file, admin.cert_file, admin.key_file)}
+                else:
+                    etcd_tls = {"auth": password_auth(self.workdir / "etcd-auth")}
+                    self.etcd_broker_env = {"TXMQ_ETCD_USER": etcd_tls["auth"].broker_users[0],
+                                            "TXMQ_ETCD_PASSWORD_FILE": str(self.workdir / "etcd-auth" /
+                                                                           "etcd-broker.password")}
                 self.etcd = EtcdProcess(self.workdir, host=self.network.gateway if self.network else "127.0.0.1",
                                         **etcd_tls)
                 self.etcd.start(ready_timeout)
@@ -143,7 +156,7 @@ class Cluster:
                         assert self.etcd is not None
                         env.update({**REPLICA_DEFAULTS, "TXMQ_REPLICATION_FACTOR": str(replication_factor),
                                     "TXMQ_REPLICA_ID": str(r), "TXMQ_MIN_INSYNC_REPLICAS": str(min_insync_replicas),
-                                    "TXMQ_ETCD_ENDPOINTS": self.etcd.endpoint})
+                                    "TXMQ_ETCD_ENDPOINTS": self.etcd.endpoint, **self.etcd_broker_env})
                     env.update({**(broker_env or {}), "TXMQ_NAMESERVER_ADDRESSES": ",".join(self.nameserver_addresses)})
                     host = self.network.add_host() if self.network else None
                     if host is not None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from services.broker import idauth
 from services.broker.base import BrokerContext, Listeners, Sequence
 from services.broker.bridge import StoreBridge
 from services.broker.checks import CHECK_COMMIT, OUTCOME_ANSWERED, OUTCOME_DELIVERED, CheckReport
@@ -78,6 +79,7 @@ def test_transactions_built_alone_call_their_hooks_after_the_row_is_staged(confi
     try:
         ctx = BrokerContext(config=config, name=config.broker_name, store_id=store_identity(db, config),
                             clock=clock, db=db, sequence=Sequence(db), listeners=Listeners())
+        ctx.ids = idauth.open_authority(db, ctx.name, ctx.store_id, ctx.sequence.next, [], clock, lambda _d: False)
         queues = Queues(ctx)
         db.call(queues.create_topic_op("orders", 1))
         schedule = CheckSchedule(ctx)

@@ -121,6 +121,8 @@ def test_commit_after_rollback_is_refused(core) -> None:
 
 def test_unknown_and_foreign_transaction_ids(core) -> None:
     with pytest.raises(TransactionNotFoundError):
+        end(core, core.txn_id(999), "COMMIT")  # an id of this store, naming nothing
+    with pytest.raises(InvalidIdError, match="carries no authenticator"):  # minted: never issued
         end(core, TransactionId(core.name, core.store_id, 999).encode(), "COMMIT")
     with pytest.raises(WrongBrokerError):
         end(core, TransactionId("other", core.store_id, 1).encode(), "COMMIT")
@@ -313,9 +315,11 @@ def claim_one(core, clock, lease: float = 5.0):
 
 
 def report(core, claim, outcome: int, result: int = 0, retry: float = 0.0):
+    # As the checker reports: an answer names the group of the stream that answered it.
+    group = claim.row.producer_group if outcome == OUTCOME_ANSWERED else ""
     (error, state, _late), = core.db.call(core.report_op([CheckReport(core.txn_id(claim.row.seq),
                                                                       claim.row.claim_token, outcome, result,
-                                                                      retry, 0.5)]))
+                                                                      retry, 0.5, group)]))
     if error is not None:
         raise error
     return state
@@ -391,9 +395,14 @@ def test_a_late_answer_decides_once_and_a_contradicting_one_is_refused(checked, 
     report(checked, second, OUTCOME_DELIVERED)
     with pytest.raises(StaleClaimError):  # only answers count on a stale claim
         report(checked, first, OUTCOME_DELIVERED)
-    # The first check's answer comes late: it decides, and spends nothing more.
+    # The first check's answer comes late: it must name the group (a claim token no longer
+    # current proves nothing: the broker keeps only the current one) ...
     (error, state, late), = checked.db.call(checked.report_op([CheckReport(
         sent.transaction_id, first.row.claim_token, OUTCOME_ANSWERED, CHECK_COMMIT)]))
+    assert isinstance(error, InvalidFieldError) and state == codec.STATE_PREPARED
+    # ... and then it decides, and spends nothing more.
+    (error, state, late), = checked.db.call(checked.report_op([CheckReport(
+        sent.transaction_id, first.row.claim_token, OUTCOME_ANSWERED, CHECK_COMMIT, producer_group="pg")]))
     assert (error, state, late) == (None, codec.STATE_COMMITTED, True)
     row = checked.get_txn(sent.transaction_id)
     assert row.source == codec.SOURCE_CHECK and row.checks_delivered == 2

@@ -19,14 +19,14 @@ import asyncio
 from txmq.v1 import checker_pb2, common_pb2
 
 from services.proxy.checks import CheckManager
-from services.proxy.clients import ClientRegistry
+from services.proxy.clients import ClientKey, ClientRegistry
 from services.proxy.config import ProxyConfig
 from services.proxy.metrics import ProxyMetrics
 from services.proxy.protocol import definition_pb2
 from services.proxy.upstream import Upstream
 
 TOPIC = "orders"
-CLIENT = "client-1"
+CLIENT = ClientKey(None, "client-1")
 
 
 def _check(transaction_id: str) -> checker_pb2.CheckRequest:

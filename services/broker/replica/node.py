@@ -22,6 +22,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from txmq.errors import InvalidFieldError, LeadershipLostError, NotLeaderError
 from txmq.v1 import nameserver_pb2, replication_pb2
 
+from services.common.etcd import etcd_credentials
+
 from ..config import BrokerConfig
 from ..coordination import EtcdUnavailable, ShardCoordinator
 from ..store.db import Database
@@ -47,7 +49,8 @@ class ReplicaNode:
         self.address, self.replication_address = address, replication_address
         self.rules = state.Rules.of(config)
         self.election = Election(self.rules)
-        self.coord = ShardCoordinator(config.etcd_endpoints, config.etcd_prefix, self.shard, self.replica_id)
+        self.coord = ShardCoordinator(config.etcd_endpoints, config.etcd_prefix, self.shard, self.replica_id,
+                                      credentials=etcd_credentials(config))
         self.shipper = Shipper(config)
         self.following = Following(config, lambda: self.db, self._rebuild)
         self._make_term, self._on_role_change = make_term, on_role_change

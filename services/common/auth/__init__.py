@@ -10,18 +10,23 @@ from typing import Any, Mapping
 
 from ..runtime import StartupError
 from .client import TokenFile, bearer_interceptors
+from .delegation import ON_BEHALF_OF_HEADER, act_for, acting_for, on_behalf_interceptors
 from .interceptor import CALLER, AuthInterceptor, Refuse, current_principal, may
+from .ownership import Resolve
 from .policy import NATIVE, Policy
 from .store import CredentialsError, CredentialStore, hash_token
 
-__all__ = ["CALLER", "AuthInterceptor", "CredentialStore", "CredentialsError", "NATIVE", "Policy",
-           "TokenFile", "bearer_interceptors", "current_principal", "hash_token", "may", "server_interceptor",
-           "service_credentials"]
+__all__ = ["CALLER", "AuthInterceptor", "CredentialStore", "CredentialsError", "NATIVE", "ON_BEHALF_OF_HEADER",
+           "Policy", "TokenFile", "act_for", "acting_for", "bearer_interceptors", "current_principal", "hash_token",
+           "may", "on_behalf_interceptors", "server_interceptor", "service_credentials"]
 
 
 def server_interceptor(config: Any, policies: Mapping[str, Policy] | None = None,
-                       refuse: Refuse | None = None, accept_signatures: bool = False) -> AuthInterceptor | None:
-    """The service's auth interceptor, or None when ``config.auth_files`` is empty."""
+                       refuse: Refuse | None = None, accept_signatures: bool = False,
+                       acts_for_callers: bool = False, resolve: Resolve | None = None) -> AuthInterceptor | None:
+    """The service's auth interceptor, or None when ``config.auth_files`` is empty;
+    ``acts_for_callers`` (the proxy): its handlers' native calls are for their caller;
+    ``resolve`` (the broker): what a request's ids name in its store (``ownership``)."""
     if not config.auth_files:
         return None
     try:
@@ -29,15 +34,16 @@ def server_interceptor(config: Any, policies: Mapping[str, Policy] | None = None
     except CredentialsError as exc:
         raise StartupError(f"auth_files (TXMQ_AUTH_FILES): {exc}") from exc
     return AuthInterceptor(store, NATIVE if policies is None else policies, refuse, accept_signatures,
-                           getattr(config, "signature_max_skew_seconds", 0.0))
+                           getattr(config, "signature_max_skew_seconds", 0.0), acts_for_callers, resolve)
 
 
 def service_credentials(config: Any) -> list[Any]:
-    """Client interceptors carrying this service's token (none without ``auth_token_file``)."""
+    """Client interceptors carrying this service's token (none without ``auth_token_file``)
+    and the end principal it acts for (``delegation``: only the proxy sets one)."""
     if not config.auth_token_file:
-        return []
+        return on_behalf_interceptors()
     try:
         source = TokenFile(config.auth_token_file, config.auth_reload_seconds)
     except (OSError, ValueError) as exc:
         raise StartupError(f"auth_token_file (TXMQ_AUTH_TOKEN_FILE): {exc}") from exc
-    return bearer_interceptors(source.token)
+    return bearer_interceptors(source.token) + on_behalf_interceptors()

@@ -2,19 +2,26 @@
 
     python -m services.common.auth new-token     # a fresh token and the digest to store
     python -m services.common.auth hash-token    # the digest of a token read from stdin
+    python -m services.common.auth bootstrap --out DIR [--release R] [--namespace NS]
+        [--admin NAME] [--app NAME ...] [--rocketmq-app NAME ...]
+                                                 # a deployment's credential files and Secrets
 """
 
 from __future__ import annotations
 
-import secrets
 import sys
 
+from .bootstrap import new_token
 from .store import hash_token
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["bootstrap"]:
+        from .bootstrap import main as bootstrap  # noqa: PLC0415 - only this verb needs it
+
+        return bootstrap(argv[1:])
     if argv == ["new-token"]:
-        token = "txmq_" + secrets.token_urlsafe(32)
+        token = new_token()
         sys.stdout.write(f"token:  {token}\ndigest: {hash_token(token)}\n")
         return 0
     if argv == ["hash-token"]:

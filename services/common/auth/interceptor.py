@@ -24,6 +24,9 @@ from txmq.errors import PermissionDeniedError, TxmqError, UnauthenticatedError
 
 from ..errors import abort_with
 from .acl import allows, describe
+from .delegation import act_for, effective_principal
+from .ownership import Resolve, authorize_ids
+from .delegation import reset as reset_acting
 from .policy import ANY, INTERNAL, INTERNAL_ACTION, OPEN, Need, Policy
 from .store import AccessKey, CredentialStore, Credentials, Principal
 
@@ -35,6 +38,8 @@ class Caller:
     __slots__ = ("principal", "store")
 
     def __init__(self, principal: Principal, store: CredentialStore) -> None:
+        #: The principal the call is decided for: the one authenticated, or the end
+        #: principal a service identity acts for (``delegation``).
         self.principal = principal
         self.store = store
 
@@ -169,12 +174,18 @@ def authorize(credentials: Credentials, principal: Principal, method: str, needs
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, store: CredentialStore, policies: Mapping[str, Policy],
                  refuse: Refuse | None = None, accept_signatures: bool = False,
-                 signature_max_skew_seconds: float = 0.0) -> None:
+                 signature_max_skew_seconds: float = 0.0, acts_for_callers: bool = False,
+                 resolve: Resolve | None = None) -> None:
         self.store = store
         self.policies = policies
         self.refuse = refuse
         self.accept_signatures = accept_signatures
         self.signature_max_skew_seconds = signature_max_skew_seconds
+        #: The proxy: the native calls a handler makes are for its caller (``delegation``).
+        self.acts_for_callers = acts_for_callers
+        #: The service's lookup of what a request's ids name in its store (``ownership``;
+        #: None: a service that holds no records ids name).
+        self.resolve = resolve
         self._last_log = 0.0
         #: Refusals so far (UNAUTHENTICATED, PERMISSION_DENIED).
         self.refused = {"UNAUTHENTICATED": 0, "PERMISSION_DENIED": 0}
@@ -185,13 +196,21 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             return None
         credentials = self.store.current()
         principal = authenticate(credentials, context, self.accept_signatures, self.signature_max_skew_seconds)
+        # A service identity acting for an end principal is decided as that principal.
+        principal = effective_principal(credentials, principal, _metadata(context))
         if policy is None:
             authorize(credentials, principal, method, [Need((INTERNAL_ACTION,), "cluster", why="no policy")])
         elif policy.rights == INTERNAL:
             authorize(credentials, principal, method, [Need((INTERNAL_ACTION,), "cluster")])
         elif policy.rights != ANY and request is not None:
             authorize(credentials, principal, method, policy.rights(request))  # type: ignore[operator]
+            self.authorize_ids(credentials, principal, policy, request)
         return principal
+
+    def authorize_ids(self, credentials: Credentials, principal: Principal, policy: Policy, request: Any) -> None:
+        """What the request's ids name in the store, authorized (after the names it carries)."""
+        if policy.ids is not None and self.resolve is not None:
+            authorize_ids(credentials.rules, principal, policy.ids(request), self.resolve)
 
     def _noted(self, method: str, error: TxmqError) -> None:
         self.refused[error.reason] = self.refused.get(error.reason, 0) + 1
@@ -212,6 +231,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         check = self._check
         refuse = self.refuse
         noted = self._noted
+        acts_for_callers = self.acts_for_callers
+
+        def end_principal(principal: Principal | None) -> str | None:
+            """Whom this handler's native calls are for (the proxy: its caller)."""
+            if not acts_for_callers or principal is None or principal.service:
+                return None
+            return principal.name
 
         async def refused(context: Any, error: TxmqError) -> Any:
             noted(method, error)
@@ -231,7 +257,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             when the policy says so (through the iterator and ``context.read()`` alike)."""
             if not streamed or principal is None or policy is None or not callable(policy.rights):
                 return request, context
-            guard = _StreamGuard(self, method, policy.rights, context, principal)
+            guard = _StreamGuard(self, method, policy, context, principal)
             return checked_requests(request, guard), _CheckedContext(context, guard)
 
         def wrap(behavior: Callable[..., Any], streamed: bool, streaming_response: bool) -> Callable[..., Any]:
@@ -247,6 +273,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                             yield answer
                         return
                     token = CALLER.set(Caller(principal, self.store) if principal else None)
+                    acting = act_for(end_principal(principal))
                     args = prepare(request, context, principal, streamed)
                     try:
                         async for item in behavior(*args):
@@ -255,6 +282,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                         await _StreamGuard.refuse_if_violated(args[1])
                         raise
                     finally:
+                        reset_acting(acting)
                         CALLER.reset(token)
                 return gen_wrapper
 
@@ -268,6 +296,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                         return None
                     return answer
                 token = CALLER.set(Caller(principal, self.store) if principal else None)
+                acting = act_for(end_principal(principal))
                 args = prepare(request, context, principal, streamed)
                 try:
                     return await behavior(*args)
@@ -275,6 +304,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     await _StreamGuard.refuse_if_violated(args[1])
                     raise
                 finally:
+                    reset_acting(acting)
                     CALLER.reset(token)
             return wrapper
 
@@ -298,11 +328,12 @@ class _StreamGuard:
     task of its own (the checker and the broker do) cannot end the call from there: the
     guard cancels the handler's task, whose wrapper then answers PERMISSION_DENIED."""
 
-    def __init__(self, interceptor: AuthInterceptor, method: str, rights: Any, context: Any,
+    def __init__(self, interceptor: AuthInterceptor, method: str, policy: Policy, context: Any,
                  principal: Principal) -> None:
         self.interceptor = interceptor
         self.method = method
-        self.rights = rights
+        self.policy = policy
+        self.rights = policy.rights
         self.context = context
         self.principal = principal
         self.task = asyncio.current_task()
@@ -310,7 +341,9 @@ class _StreamGuard:
 
     async def check(self, message: Any) -> None:
         try:
-            authorize(self.interceptor.store.current(), self.principal, self.method, self.rights(message))
+            credentials = self.interceptor.store.current()
+            authorize(credentials, self.principal, self.method, self.rights(message))
+            self.interceptor.authorize_ids(credentials, self.principal, self.policy, message)
         except PermissionDeniedError as error:
             self.interceptor._noted(self.method, error)
             self.violation = error

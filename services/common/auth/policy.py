@@ -6,6 +6,11 @@ function from the request to the rights it needs — ``Need(actions, kind, name)
 ``actions`` on that resource. For a stream of requests the function is applied to every
 message the client sends; for one request, to it alone. A method missing from the table is
 refused to all but service identities (default deny).
+
+A policy also lists the ids its request carries (``ids``: ``IdRef``s — a transaction id and
+the producer group the request names for it, a receipt handle, the consumer group it is
+presented for and the topic the request names). The interceptor has the service resolve each
+to what it names in its store and authorizes that (``ownership``), in the same place.
 """
 
 from __future__ import annotations
@@ -37,10 +42,32 @@ OPEN = "open"
 
 Rights = Callable[[Any], list[Need]]
 
+#: The kinds of id a request carries (``IdRef.kind``).
+TRANSACTION_ID = "transaction id"
+RECEIPT_HANDLE = "receipt handle"
+
+
+@dataclasses.dataclass(frozen=True)
+class IdRef:
+    """An id a request carries, to be resolved in the service's store and authorized."""
+
+    kind: str
+    text: str
+    #: The name the request gives the resource the id belongs to ("": none), and its field.
+    named: str
+    field: str
+    #: A receipt handle's consumer group (the one it must have been issued to).
+    scope: str = ""
+
+
+Ids = Callable[[Any], list[IdRef]]
+
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
     rights: Union[str, Rights]
+    #: The ids a request carries (None: none).
+    ids: Ids | None = None
 
 
 def internal(why: str) -> Need:
@@ -78,6 +105,34 @@ def end_needs(request: Any) -> list[Need]:
     if not request.producer_group:
         return [internal("an EndTransaction that names no producer_group")]
     return [Need((CHECK,), PRODUCER_GROUP, request.producer_group)]
+
+
+def end_ids(request: Any) -> list[IdRef]:
+    return [IdRef(TRANSACTION_ID, request.transaction_id, request.producer_group, "producer_group")]
+
+
+def send_ids(request: Any) -> list[IdRef]:
+    """A further part of a global transaction names the global transaction (the broker that
+    coordinates it authorizes it: a part of another group is rolled back elsewhere)."""
+    if not request.global_transaction_id:
+        return []
+    return [IdRef(TRANSACTION_ID, request.global_transaction_id, request.message.producer_group,
+                  "message.producer_group")]
+
+
+def _produce_ids(request: Any) -> list[IdRef]:
+    ids: list[IdRef] = []
+    for entry in request.entries:
+        which = entry.WhichOneof("request")
+        if which == "end_transaction":
+            ids.extend(end_ids(entry.end_transaction))
+        elif which == "send_message":
+            ids.extend(send_ids(entry.send_message))
+    return ids
+
+
+def _handles(group: str, topic: str, handles: Any) -> list[IdRef]:
+    return [IdRef(RECEIPT_HANDLE, h, topic, "topic", group) for h in handles]
 
 
 def _produce(request: Any) -> list[Need]:
@@ -147,13 +202,16 @@ NATIVE: Mapping[str, Policy] = {
     _ADMIN + "ListConsumerGroups": Policy(lambda r: _admin_consumers(ADMIN_READ, r.consumer_group)),
     _ADMIN + "ListDeadLetters": Policy(lambda r: _admin_consumers(ADMIN_READ, r.consumer_group)),
     _ADMIN + "RedriveDeadLetters": Policy(lambda r: _admin_consumers(ADMIN_WRITE, r.consumer_group)),
-    _BROKER + "SendMessage": Policy(lambda r: send_needs(r.message)),
-    _BROKER + "EndTransaction": Policy(end_needs),
-    _BROKER + "Produce": Policy(_produce),
-    _BROKER + "ReceiveMessages": Policy(_receive),
-    _BROKER + "AckMessages": Policy(_ack),
-    _BROKER + "ChangeInvisibleDuration": Policy(_consume),
-    _BROKER + "DeadLetterMessage": Policy(_consume),
+    _BROKER + "SendMessage": Policy(lambda r: send_needs(r.message), send_ids),
+    _BROKER + "EndTransaction": Policy(end_needs, end_ids),
+    _BROKER + "Produce": Policy(_produce, _produce_ids),
+    _BROKER + "ReceiveMessages": Policy(_receive, lambda r: _handles(r.consumer_group, r.topic,
+                                                                     r.ack_receipt_handles)),
+    _BROKER + "AckMessages": Policy(_ack, lambda r: _handles(r.consumer_group, r.topic, r.receipt_handles)),
+    _BROKER + "ChangeInvisibleDuration": Policy(_consume, lambda r: _handles(r.consumer_group, r.topic,
+                                                                             [r.receipt_handle])),
+    _BROKER + "DeadLetterMessage": Policy(_consume, lambda r: _handles(r.consumer_group, r.topic,
+                                                                       [r.receipt_handle])),
     _BROKER + "ReadQueue": Policy(lambda r: [_topic((SUBSCRIBE,), r.topic)]),
     _BROKER + "GetQueueOffsets": Policy(lambda r: [_topic((SUBSCRIBE,), r.topic)]),
     _BROKER + "CreateTopicQueues": Policy(INTERNAL),

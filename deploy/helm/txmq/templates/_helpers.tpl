@@ -232,7 +232,7 @@ release are named), comma-separated.
 
 {{/* The broker settings read only by replicated shards (left out of the pods otherwise). */}}
 {{- define "txmq.replicationSettings" -}}
-etcd_prefix,leader_lease_seconds,election_poll_seconds,replica_lag_max_seconds,replication_batch_bytes,replication_log_entries
+etcd_prefix,etcd_user,etcd_password_file,leader_lease_seconds,election_poll_seconds,replica_lag_max_seconds,replication_batch_bytes,replication_log_entries
 {{- end }}
 
 {{/*
