@@ -21,6 +21,7 @@ can reassemble the transaction (``ReceivedMessage.global_transaction_id`` / ``gl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
@@ -75,12 +76,12 @@ def validate_messages(messages: Sequence[Message]) -> list[Message]:
 
 
 def stamped(message: Message, parts: int, global_id: str = "") -> Message:
-    """``message`` with the transaction's size (and, once known, its id) in its properties."""
+    """``message`` with the transaction's size (and, once known, its id) in its properties;
+    every other field (delay, delivery time, message group, ...) as given."""
     properties = {**message.properties, GLOBAL_PARTS_PROPERTY: str(parts)}
     if global_id:
         properties[GLOBAL_TRANSACTION_PROPERTY] = global_id
-    return Message(message.topic, message.body, tag=message.tag, keys=message.keys, properties=properties,
-                   check_immunity_seconds=message.check_immunity_seconds)
+    return dataclasses.replace(message, properties=properties)
 
 
 def half_pb(producer: Any, message: Message, route: "QueueRoute", host: str) -> common_pb2.Message:
@@ -124,7 +125,7 @@ def send_global(producer: "TransactionProducer", messages: Sequence[Message], ar
                 host: str) -> GlobalTransactionResult:
     """Steps 1-4 of the module docstring with the sync producer."""
     messages = [producer._validate(m) for m in validate_messages(messages)]  # noqa: SLF001 - namespaced
-    routes = [producer._pick_queue(m.topic) for m in messages]  # noqa: SLF001
+    routes = [producer._pick_queue(m.topic, message_group=m.message_group) for m in messages]  # noqa: SLF001
     stamped_messages = [stamped(m, len(messages)) for m in messages]
     pbs = [half_pb(producer, m, r, host) for m, r in zip(stamped_messages, routes)]
     # Until it ends, a check of G reaching this instance is answered IN_PROGRESS (as for an
@@ -169,7 +170,7 @@ async def send_global_async(producer: "AsyncTransactionProducer", messages: Sequ
                             host: str) -> GlobalTransactionResult:
     """As :func:`send_global`; the parts after the first are sent concurrently."""
     messages = [producer._validate(m) for m in validate_messages(messages)]  # noqa: SLF001 - namespaced
-    routes = [await producer._pick_queue(m.topic) for m in messages]  # noqa: SLF001
+    routes = [await producer._pick_queue(m.topic, message_group=m.message_group) for m in messages]  # noqa: SLF001
     pbs = [half_pb(producer, stamped(m, len(messages)), r, host) for m, r in zip(messages, routes)]
     producer._open_globals.add(pbs[0].message_id)  # noqa: SLF001 - checks answered IN_PROGRESS until it ends
     try:
