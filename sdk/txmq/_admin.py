@@ -25,13 +25,40 @@ import grpc
 
 from ._auth import BearerToken, with_token
 from ._client import CHANNEL_OPTIONS, parse_nameservers, positive
-from ._errors import InvalidFieldError, NotANameServerError, TxmqError, error_from_rpc
+from ._errors import (InvalidFieldError, NotANameServerError, TopicExistsError, TopicTypeMismatchError, TxmqError,
+                      error_from_rpc)
 from ._names import in_namespace, namespace_of, unqualify, validate_namespace
 from ._tls import TLS, ChannelTLS, sync_channel
 from .v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
+_TYPE_NAMES = {common_pb2.TOPIC_TYPE_UNSPECIFIED: "NORMAL", common_pb2.TOPIC_TYPE_NORMAL: "NORMAL",
+               common_pb2.TOPIC_TYPE_FIFO: "FIFO"}
+
+
 _RESOLUTIONS = {"commit": common_pb2.TRANSACTION_RESOLUTION_COMMIT,
                 "rollback": common_pb2.TRANSACTION_RESOLUTION_ROLLBACK}
+
+
+def cut_per_broker(response: admin_pb2.ListTransactionsResponse,
+                   limit: int) -> admin_pb2.ListTransactionsResponse:
+    """A listing asked with ``limit + 1`` per broker, cut to ``limit`` per broker, with
+    ``truncated`` / ``truncated_brokers`` naming the brokers that had more (sans-I/O: the
+    asyncio Admin builds the same request and reads its answer the same way)."""
+    seen: dict[str, int] = {}
+    kept = []
+    cut: set[str] = set()
+    for t in response.transactions:
+        seen[t.broker_name] = seen.get(t.broker_name, 0) + 1
+        if seen[t.broker_name] > limit:
+            cut.add(t.broker_name)
+        else:
+            kept.append(t)
+    del response.transactions[:]
+    response.transactions.extend(kept)
+    del response.truncated_brokers[:]
+    response.truncated_brokers.extend(sorted(cut))
+    response.truncated = bool(cut)
+    return response
 
 
 class Admin:
@@ -69,12 +96,30 @@ class Admin:
 
     # --- topics ---------------------------------------------------------------------------
 
-    def create_topic(self, topic: str, *, queue_count: int = 0, fifo: bool = False) -> admin_pb2.CreateTopicResponse:
+    def create_topic(self, topic: str, *, queue_count: int = 0, fifo: bool = False,
+                     exist_ok: bool = False) -> admin_pb2.CreateTopicResponse:
         """Spreads ``queue_count`` queues (0: the name server's default) over the brokers;
-        ``fifo`` makes it a FIFO topic (every message carries a message group)."""
-        return self.call("admin", "CreateTopic", admin_pb2.CreateTopicRequest(
-            topic=self._in_ns("topic", topic), queue_count=queue_count,
-            topic_type=common_pb2.TOPIC_TYPE_FIFO if fifo else common_pb2.TOPIC_TYPE_NORMAL))
+        ``fifo`` makes it a FIFO topic (every message carries a message group).
+
+        ``exist_ok`` (as ``txmq topic create --exist-ok``): a topic that exists already with
+        this type is not an error — the answer then lists the queues it has; one of the
+        other type still raises (a topic's type cannot change)."""
+        wanted = common_pb2.TOPIC_TYPE_FIFO if fifo else common_pb2.TOPIC_TYPE_NORMAL
+        name = self._in_ns("topic", topic)
+        try:
+            return self.call("admin", "CreateTopic", admin_pb2.CreateTopicRequest(
+                topic=name, queue_count=queue_count, topic_type=wanted))
+        except TopicExistsError:
+            if not exist_ok:
+                raise
+        described = self.call("admin", "DescribeTopic", admin_pb2.DescribeTopicRequest(topic=name))
+        if described.topic_type != wanted:
+            raise TopicTypeMismatchError(topic, _TYPE_NAMES.get(described.topic_type, "NORMAL"), _TYPE_NAMES[wanted])
+        counts: dict[str, int] = {}
+        for q in described.queues:
+            counts[q.broker_name] = counts.get(q.broker_name, 0) + 1
+        return admin_pb2.CreateTopicResponse(topic=name, brokers=[
+            admin_pb2.BrokerQueues(broker_name=b, queue_count=n) for b, n in sorted(counts.items())])
 
     def list_topics(self) -> admin_pb2.ListTopicsResponse:
         """Every topic; with a namespace, that namespace's topics, named without it."""
@@ -140,14 +185,19 @@ class Admin:
     # --- transactions ---------------------------------------------------------------------
 
     def list_transactions(self, *, producer_group: str = "", state: int = 0, older_than_seconds: float = 0.0,
-                          limit: int = 100) -> admin_pb2.ListTransactionsResponse:
+                          limit: int = 100, key: str = "") -> admin_pb2.ListTransactionsResponse:
         """``state`` is a ``txmq.v1.common_pb2.TRANSACTION_STATE_*`` (0: any); ``limit`` is per
-        broker. With a namespace, the transactions of its producer groups alone."""
+        broker; ``key``: only transactions whose message carries that key. With a namespace,
+        the transactions of its producer groups alone — filtered on each broker before its
+        limit. ``truncated`` (and ``truncated_brokers``) say when a broker had more than
+        ``limit``: the list is cut."""
+        if limit < 1:
+            raise InvalidFieldError("limit", f"must be at least 1, got {limit}")
+        # One more than asked per broker tells a cut list from one that ended.
         response = self.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
             producer_group=self._in_ns("producer_group", producer_group), state=state,
-            older_than_seconds=older_than_seconds, limit=limit))
-        self._mine(response.transactions, lambda t: t.producer_group)
-        return response
+            older_than_seconds=older_than_seconds, limit=limit + 1, namespace=self.namespace, key=key))
+        return cut_per_broker(response, limit)
 
     def describe_transaction(self, transaction_id: str) -> admin_pb2.DescribeTransactionResponse:
         """The transaction and its message as sent (keys, tag, properties, body)."""

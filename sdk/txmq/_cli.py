@@ -59,6 +59,7 @@ from importlib import metadata
 from typing import Any, Callable, Sequence, TextIO
 
 from ._admin import Admin as _AdminClient
+from ._admin import cut_per_broker
 from ._errors import TopicExistsError, TxmqError
 from ._global_cli import add_global_commands
 from ._names import in_namespace
@@ -166,6 +167,7 @@ def transaction_dict(t: common_pb2.Transaction, now_ms: int | None = None) -> di
         "reason": t.reason,
         "queue_offset": t.queue_offset,
         "body_size_bytes": t.body_size_bytes,
+        "keys": list(t.keys),
     }
 
 
@@ -267,23 +269,15 @@ def _overdue_seconds(t: common_pb2.Transaction, now_ms: int) -> float:
 
 def _txn_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     # One more than asked per broker tells a cut list from one that ended.
-    response = admin.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
+    # The namespace and the key are filtered on each broker, before its limit.
+    response = cut_per_broker(admin.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
         producer_group=args.group or "", state=STATES[args.state] if args.state else 0,
-        older_than_seconds=args.older_than or 0.0, limit=args.limit + 1))
+        older_than_seconds=args.older_than or 0.0, limit=args.limit + 1, namespace=admin.namespace,
+        key=args.key or "")), args.limit)
     now = _now_ms()
-    per_broker: dict[str, int] = {}
-    kept = []
-    cut_brokers: set[str] = set()
-    for t in response.transactions:
-        if not admin.in_scope(t.producer_group):
-            continue
-        seen = per_broker[t.broker_name] = per_broker.get(t.broker_name, 0) + 1
-        if seen > args.limit:
-            cut_brokers.add(t.broker_name)
-        else:
-            kept.append(t)
+    cut_brokers = set(response.truncated_brokers)
     rows = []
-    for t in kept:
+    for t in response.transactions:
         row = transaction_dict(t, now)
         row["next_check_overdue_seconds"] = _overdue_seconds(t, now)
         rows.append(row)
@@ -298,14 +292,14 @@ def _txn_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
 
     def text() -> str:
         body = table(
-            ["TRANSACTION", "STATE", "GROUP", "TOPIC", "AGE", "CHECKS", "NEXT CHECK", "REASON"],
-            [[r["transaction_id"], r["state"], r["producer_group"], r["topic"],
+            ["TRANSACTION", "STATE", "GROUP", "TOPIC", "KEYS", "AGE", "CHECKS", "NEXT CHECK", "REASON"],
+            [[r["transaction_id"], r["state"], r["producer_group"], r["topic"], ",".join(r["keys"]),
               format_duration(r["age_seconds"] or 0), f"{r['checks_delivered']}/{r['checks_answered']}",
               next_check(r), r["discard_reason"] or r["reason"]] for r in rows])
         body += f"\n{len(rows)} transaction(s)"
         if cut_brokers:
             body += (f"; cut at --limit {args.limit} per broker on {', '.join(sorted(cut_brokers))}: "
-                     f"more match (raise --limit, or narrow with --group/--state/--older-than)")
+                     f"more match (raise --limit, or narrow with --group/--state/--older-than/--key)")
         if response.unreachable_brokers:
             body += f"; unreachable brokers (list incomplete): {', '.join(response.unreachable_brokers)}"
         if rows:
@@ -610,6 +604,7 @@ def _broker_status(admin: Admin, args: argparse.Namespace, out: Output) -> None:
             "pending": sum(g.pending for g in st.groups), "discarded": sum(g.discarded for g in st.groups),
             "oldest_pending_age_seconds": max(now - oldest, 0) / 1000 if oldest else None,
             "max_body_bytes": st.max_body_bytes, "max_delivery_attempts": st.max_delivery_attempts,
+            "draining": any(b.draining for b in shard),
             "replicas": len(shard) if leader is not None else 1,
             "in_sync": len(leader.replication.in_sync_replicas) if leader is not None else 1,
             "leader_replica": leader.replica_id if leader is not None else None,
@@ -619,9 +614,9 @@ def _broker_status(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     data = {"brokers": brokers, "unreachable_brokers": list(response.unreachable_brokers)}
 
     def text() -> str:
-        body = table(["SHARD", "REPLICAS IN SYNC", "LEADER", "STORE", "FREE DISK", "TOPICS", "PENDING", "DISCARDED",
-                      "OLDEST PENDING", "MAX BODY"],
-                     [[b["name"], f"{b['in_sync']}/{b['replicas']}",
+        body = table(["SHARD", "STATE", "REPLICAS IN SYNC", "LEADER", "STORE", "FREE DISK", "TOPICS", "PENDING",
+                      "DISCARDED", "OLDEST PENDING", "MAX BODY"],
+                     [[b["name"], "DRAINING" if b["draining"] else "serving", f"{b['in_sync']}/{b['replicas']}",
                        "-" if b["leader_replica"] is None else f"replica {b['leader_replica']} (epoch {b['epoch']})",
                        _bytes(b["store_bytes"]), _bytes(b["free_disk_bytes"]), b["topics"], b["pending"],
                        b["discarded"],
@@ -629,6 +624,8 @@ def _broker_status(admin: Admin, args: argparse.Namespace, out: Output) -> None:
                        _bytes(b["max_body_bytes"])] for b in brokers])
         if response.unreachable_brokers:
             body += f"\nunreachable brokers: {', '.join(response.unreachable_brokers)}"
+        if any(b["draining"] for b in brokers):
+            body += "\nDRAINING: takes no new sends (txmq broker drain SHARD --status; --undo ends it)"
         return body
     out(data, text)
 
@@ -653,7 +650,8 @@ def _broker_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     brokers = []
     for b in response.brokers:
         row: dict[str, Any] = {
-            "name": b.name, "address": b.address, "topics": len(b.topics), "last_heartbeat": _iso(b.last_heartbeat_ms),
+            "name": b.name, "address": b.address, "draining": b.draining, "topics": len(b.topics),
+            "last_heartbeat": _iso(b.last_heartbeat_ms),
             "heartbeat_age_seconds": max(now - b.last_heartbeat_ms, 0) / 1000}
         if b.role != nameserver_pb2.BROKER_ROLE_UNSPECIFIED:
             f = seen_by_leader.get((b.name, b.replica_id))
@@ -666,8 +664,9 @@ def _broker_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
 
     def text() -> str:
         return table(
-            ["SHARD", "REPLICA", "ROLE", "EPOCH", "IN SYNC", "LAG", "ADDRESS", "TOPICS", "LAST HEARTBEAT"],
-            [[b["name"], b.get("replica", "-"), b.get("role", "single"), b.get("epoch", "-"),
+            ["SHARD", "STATE", "REPLICA", "ROLE", "EPOCH", "IN SYNC", "LAG", "ADDRESS", "TOPICS", "LAST HEARTBEAT"],
+            [[b["name"], "DRAINING" if b["draining"] else "serving", b.get("replica", "-"), b.get("role", "single"),
+              b.get("epoch", "-"),
               (("yes" if b["in_sync"] else "NO") + ("" if b["complete"] else " (rebuilding)")) if "in_sync" in b else "-",
               (f"{b['lag_records']} rec / {format_duration(b['lag_seconds'])}" if b.get("role") == "follower"
                else "-"),
@@ -726,7 +725,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="bearer token for a cluster with auth on (default $TXMQ_TOKEN); "
                              "with auth on, txn resolve records this token's principal as the operator")
 
-    parser = argparse.ArgumentParser(prog="txmq", parents=[common],
+    parser = _Parser(prog="txmq", parents=[common],
                                      description="Operate a txmq cluster through its name servers.")
     parser.add_argument("--version", action="version", version=f"txmq {_version()}")
     commands = parser.add_subparsers(dest="noun", required=True,
@@ -737,6 +736,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", help="producer group (default all)")
     p.add_argument("--state", choices=["pending", "discarded", "committed", "rolled-back"])
     p.add_argument("--older-than", type=_duration_arg, help="prepared at least this long ago (60s, 5m, 1h)")
+    p.add_argument("--key", help="only transactions whose message carries this key")
     p.add_argument("--limit", type=_positive_int, default=100,
                    help="most rows per broker (default 100); a cut list says so")
     p.set_defaults(run=_txn_list)
@@ -883,24 +883,70 @@ def _default_operator() -> str:
         return ""
 
 
+#: JSON fields whose empty string is a value (an empty body), not a missing one.
+_EMPTY_IS_VALUE = frozenset({"body_utf8", "body_base64"})
+
+
+def json_nulls(data: Any) -> Any:
+    """``data`` as ``--json`` prints it: a missing value is null, never ``""``."""
+    if isinstance(data, dict):
+        return {k: (v if k in _EMPTY_IS_VALUE else json_nulls(v)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [json_nulls(v) for v in data]
+    return None if data == "" else data
+
+
+def error_json(err: TxmqError | None, message: str = "", *, usage: bool = False) -> str:
+    """An error as ``--json`` prints it (one line on stderr): ``code`` (the gRPC status
+    name, ``USAGE`` for a command line the CLI refused), ``reason``, ``message``, ``field``
+    (the request field it names, or null) and ``details``."""
+    if err is None:
+        body: dict[str, Any] = {"code": "USAGE" if usage else "UNKNOWN", "reason": None, "message": message,
+                                "field": None, "details": {}}
+    else:
+        details = {k: v for k, v in err.details.items() if k != "field"}
+        body = {"code": err.code.name, "reason": err.reason, "message": err.message,
+                "field": err.details.get("field") or None, "details": json.loads(json.dumps(details, default=str))}
+    return json.dumps({"error": body}, sort_keys=False)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose usage errors are JSON under ``--json`` (set by :func:`main`)."""
+
+    json_errors = False
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        if _Parser.json_errors:
+            self.exit(2, error_json(None, f"{self.prog}: {message}", usage=True) + "\n")
+        return super().error(message)
+
+
 def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    _Parser.json_errors = "--json" in argv
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
+    finally:
+        _Parser.json_errors = False
     nameserver = getattr(args, "nameserver", None) or os.environ.get("TXMQ_NAMESERVER") or DEFAULT_NAMESERVER
     as_json = getattr(args, "json", False)
+
+    def fail(err: TxmqError | None, message: str) -> None:
+        stderr.write((error_json(err, message) if as_json else f"txmq: {message}") + "\n")
+
     if getattr(args, "verb", None) == "resolve" and args.noun == "txn":
         args.operator = args.operator or _default_operator()
         if not args.operator:
-            stderr.write("txmq: --operator is required (no $USER to default to)\n")
+            fail(None, "--operator is required (no $USER to default to)")
             return 2
 
     def out(data: Any, table: Callable[[], str]) -> None:
-        stdout.write((json.dumps(data, indent=2, sort_keys=False) if as_json else table()) + "\n")
+        stdout.write((json.dumps(json_nulls(data), indent=2, sort_keys=False) if as_json else table()) + "\n")
 
     try:
         if args.noun == "completion":
@@ -914,19 +960,19 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
                           namespace=getattr(args, "namespace", None) or os.environ.get("TXMQ_NAMESPACE") or "")
             _in_namespace(args, admin.namespace)
         except TxmqError as err:
-            stderr.write(f"txmq: {err.message}\n")
+            fail(err, err.message)
             return 2
         try:
             args.run(admin, args, out)
             stdout.flush()
         except TxmqError as err:
             stdout.flush()
-            stderr.write(f"txmq: {err.message}\n")
+            fail(err, err.message)
             return 1
         except OSError as err:
             if isinstance(err, BrokenPipeError):
                 raise
-            stderr.write(f"txmq: {err}\n")  # --body-out FILE not writable
+            fail(None, str(err))  # --body-out FILE not writable
             return 1
         finally:
             admin.close()

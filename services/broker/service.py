@@ -335,10 +335,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         if request.limit < 0:
             raise InvalidFieldError("limit", f"{request.limit} is negative (0: the default page size)")
         rows, token = self.core.query_txns(request.producer_group, state_from_proto(request.state),
-                                           request.older_than_seconds, request.limit, request.page_token)
+                                           request.older_than_seconds, request.limit, request.page_token,
+                                           namespace=request.namespace, key=request.key)
         await self.bridge.settled()
-        return broker_pb2.QueryTransactionsResponse(
-            transactions=[txn_to_proto(self.core, r) for r in rows], next_page_token=token)
+        response = broker_pb2.QueryTransactionsResponse(next_page_token=token)
+        for row in rows:
+            t = response.transactions.add()
+            t.CopyFrom(txn_to_proto(self.core, row))
+            record = self.core.read_message(row.seq)
+            if record is not None:
+                t.keys.extend(record.keys)
+        return response
 
     async def GetTransaction(self, request: broker_pb2.GetTransactionRequest, context: Any) -> Any:
         row = self.core.get_txn(request.transaction_id)

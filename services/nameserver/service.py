@@ -121,9 +121,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     async def ListTransactions(self, request: admin_pb2.ListTransactionsRequest,
                                context: Any) -> admin_pb2.ListTransactionsResponse:
-        rows, unreachable = await self.admin.list_transactions(
-            request.producer_group, request.state, request.older_than_seconds, request.limit)
-        return admin_pb2.ListTransactionsResponse(transactions=rows, unreachable_brokers=unreachable)
+        rows, unreachable, truncated = await self.admin.list_transactions(
+            request.producer_group, request.state, request.older_than_seconds, request.limit,
+            request.namespace, request.key)
+        return admin_pb2.ListTransactionsResponse(transactions=rows, unreachable_brokers=unreachable,
+                                                  truncated=bool(truncated), truncated_brokers=truncated)
 
     async def DescribeTransaction(self, request: admin_pb2.DescribeTransactionRequest,
                                   context: Any) -> admin_pb2.DescribeTransactionResponse:

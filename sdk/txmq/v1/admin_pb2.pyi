@@ -8,6 +8,128 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ResetOffsetsRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic", "target", "timestamp_ms", "offsets", "shift", "dry_run", "force", "reason", "operator")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SHIFT_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    target: _broker_pb2.ResetTarget
+    timestamp_ms: int
+    offsets: _containers.RepeatedCompositeFieldContainer[BrokerQueueOffset]
+    shift: int
+    dry_run: bool
+    force: bool
+    reason: str
+    operator: str
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., target: _Optional[_Union[_broker_pb2.ResetTarget, str]] = ..., timestamp_ms: _Optional[int] = ..., offsets: _Optional[_Iterable[_Union[BrokerQueueOffset, _Mapping]]] = ..., shift: _Optional[int] = ..., dry_run: _Optional[bool] = ..., force: _Optional[bool] = ..., reason: _Optional[str] = ..., operator: _Optional[str] = ...) -> None: ...
+
+class BrokerQueueOffset(_message.Message):
+    __slots__ = ("broker_name", "queue_id", "offset")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    queue_id: int
+    offset: int
+    def __init__(self, broker_name: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ResetOffsetsResponse(_message.Message):
+    __slots__ = ("queues", "live_consumers", "applied", "operator", "unreachable_brokers")
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    LIVE_CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[_broker_pb2.QueueReset]
+    live_consumers: _containers.RepeatedCompositeFieldContainer[_broker_pb2.GroupClient]
+    applied: bool
+    operator: str
+    unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queues: _Optional[_Iterable[_Union[_broker_pb2.QueueReset, _Mapping]]] = ..., live_consumers: _Optional[_Iterable[_Union[_broker_pb2.GroupClient, _Mapping]]] = ..., applied: _Optional[bool] = ..., operator: _Optional[str] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetMessageRequest(_message.Message):
+    __slots__ = ("message_id",)
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    message_id: str
+    def __init__(self, message_id: _Optional[str] = ...) -> None: ...
+
+class GetMessageResponse(_message.Message):
+    __slots__ = ("message",)
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    message: _broker_pb2.FoundMessage
+    def __init__(self, message: _Optional[_Union[_broker_pb2.FoundMessage, _Mapping]] = ...) -> None: ...
+
+class FindMessagesRequest(_message.Message):
+    __slots__ = ("topic", "key", "limit", "begin_ms", "end_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    key: str
+    limit: int
+    begin_ms: int
+    end_ms: int
+    def __init__(self, topic: _Optional[str] = ..., key: _Optional[str] = ..., limit: _Optional[int] = ..., begin_ms: _Optional[int] = ..., end_ms: _Optional[int] = ...) -> None: ...
+
+class FindMessagesResponse(_message.Message):
+    __slots__ = ("messages", "truncated", "unreachable_brokers")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_broker_pb2.FoundMessage]
+    truncated: bool
+    unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, messages: _Optional[_Iterable[_Union[_broker_pb2.FoundMessage, _Mapping]]] = ..., truncated: _Optional[bool] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReadMessagesRequest(_message.Message):
+    __slots__ = ("topic", "broker_name", "queue_id", "offset", "limit")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    broker_name: str
+    queue_id: int
+    offset: int
+    limit: int
+    def __init__(self, topic: _Optional[str] = ..., broker_name: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ReadMessagesResponse(_message.Message):
+    __slots__ = ("messages", "min_offset", "max_offset")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_broker_pb2.FoundMessage]
+    min_offset: int
+    max_offset: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[_broker_pb2.FoundMessage, _Mapping]]] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+
+class ListGroupClientsRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class ListGroupClientsResponse(_message.Message):
+    __slots__ = ("clients", "unreachable_brokers")
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
+    clients: _containers.RepeatedCompositeFieldContainer[_broker_pb2.GroupClient]
+    unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, clients: _Optional[_Iterable[_Union[_broker_pb2.GroupClient, _Mapping]]] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ExpandTopicRequest(_message.Message):
     __slots__ = ("topic", "broker_name", "queue_count")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
@@ -73,24 +195,32 @@ class ListTopicsResponse(_message.Message):
     def __init__(self, topics: _Optional[_Iterable[_Union[TopicInfo, _Mapping]]] = ...) -> None: ...
 
 class ListTransactionsRequest(_message.Message):
-    __slots__ = ("producer_group", "state", "older_than_seconds", "limit")
+    __slots__ = ("producer_group", "state", "older_than_seconds", "limit", "namespace", "key")
     PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OLDER_THAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
     producer_group: str
     state: _common_pb2.TransactionState
     older_than_seconds: float
     limit: int
-    def __init__(self, producer_group: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., older_than_seconds: _Optional[float] = ..., limit: _Optional[int] = ...) -> None: ...
+    namespace: str
+    key: str
+    def __init__(self, producer_group: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., older_than_seconds: _Optional[float] = ..., limit: _Optional[int] = ..., namespace: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
 
 class ListTransactionsResponse(_message.Message):
-    __slots__ = ("transactions", "unreachable_brokers")
+    __slots__ = ("transactions", "unreachable_brokers", "truncated", "truncated_brokers")
     TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
     UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_BROKERS_FIELD_NUMBER: _ClassVar[int]
     transactions: _containers.RepeatedCompositeFieldContainer[_common_pb2.Transaction]
     unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, transactions: _Optional[_Iterable[_Union[_common_pb2.Transaction, _Mapping]]] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+    truncated: bool
+    truncated_brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, transactions: _Optional[_Iterable[_Union[_common_pb2.Transaction, _Mapping]]] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ..., truncated: _Optional[bool] = ..., truncated_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DescribeTransactionRequest(_message.Message):
     __slots__ = ("transaction_id",)

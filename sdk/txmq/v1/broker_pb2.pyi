@@ -20,6 +20,15 @@ class CheckOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECK_OUTCOME_DELIVERED: _ClassVar[CheckOutcome]
     CHECK_OUTCOME_ANSWERED: _ClassVar[CheckOutcome]
     CHECK_OUTCOME_UNDELIVERED: _ClassVar[CheckOutcome]
+
+class ResetTarget(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESET_TARGET_UNSPECIFIED: _ClassVar[ResetTarget]
+    RESET_TARGET_EARLIEST: _ClassVar[ResetTarget]
+    RESET_TARGET_LATEST: _ClassVar[ResetTarget]
+    RESET_TARGET_TIME: _ClassVar[ResetTarget]
+    RESET_TARGET_OFFSET: _ClassVar[ResetTarget]
+    RESET_TARGET_SHIFT: _ClassVar[ResetTarget]
 FILTER_TYPE_UNSPECIFIED: FilterType
 FILTER_TYPE_TAG: FilterType
 FILTER_TYPE_SQL92: FilterType
@@ -27,6 +36,12 @@ CHECK_OUTCOME_UNSPECIFIED: CheckOutcome
 CHECK_OUTCOME_DELIVERED: CheckOutcome
 CHECK_OUTCOME_ANSWERED: CheckOutcome
 CHECK_OUTCOME_UNDELIVERED: CheckOutcome
+RESET_TARGET_UNSPECIFIED: ResetTarget
+RESET_TARGET_EARLIEST: ResetTarget
+RESET_TARGET_LATEST: ResetTarget
+RESET_TARGET_TIME: ResetTarget
+RESET_TARGET_OFFSET: ResetTarget
+RESET_TARGET_SHIFT: ResetTarget
 
 class SendMessageRequest(_message.Message):
     __slots__ = ("message", "begin_global", "global_participants", "global_transaction_id")
@@ -125,7 +140,7 @@ class ProduceResult(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., status: _Optional[_Union[_common_pb2.EntryStatus, _Mapping]] = ..., send_message: _Optional[_Union[SendMessageResponse, _Mapping]] = ..., end_transaction: _Optional[_Union[EndTransactionResponse, _Mapping]] = ...) -> None: ...
 
 class ReceiveMessagesRequest(_message.Message):
-    __slots__ = ("consumer_group", "topic", "queue_id", "filter_expression", "max_messages", "invisible_duration_seconds", "long_polling_timeout_seconds", "filter_type", "ack_receipt_handles")
+    __slots__ = ("consumer_group", "topic", "queue_id", "filter_expression", "max_messages", "invisible_duration_seconds", "long_polling_timeout_seconds", "filter_type", "client_id", "ack_receipt_handles")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +149,7 @@ class ReceiveMessagesRequest(_message.Message):
     INVISIBLE_DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LONG_POLLING_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FILTER_TYPE_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     ACK_RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
     topic: str
@@ -143,8 +159,9 @@ class ReceiveMessagesRequest(_message.Message):
     invisible_duration_seconds: float
     long_polling_timeout_seconds: float
     filter_type: FilterType
+    client_id: str
     ack_receipt_handles: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., filter_expression: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_duration_seconds: _Optional[float] = ..., long_polling_timeout_seconds: _Optional[float] = ..., filter_type: _Optional[_Union[FilterType, str]] = ..., ack_receipt_handles: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., filter_expression: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_duration_seconds: _Optional[float] = ..., long_polling_timeout_seconds: _Optional[float] = ..., filter_type: _Optional[_Union[FilterType, str]] = ..., client_id: _Optional[str] = ..., ack_receipt_handles: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReceiveMessagesResponse(_message.Message):
     __slots__ = ("messages", "ack_entries")
@@ -371,18 +388,22 @@ class ReportChecksResponse(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[_common_pb2.EntryStatus, _Mapping]]] = ..., states: _Optional[_Iterable[_Union[_common_pb2.TransactionState, str]]] = ..., late: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class QueryTransactionsRequest(_message.Message):
-    __slots__ = ("producer_group", "state", "older_than_seconds", "limit", "page_token")
+    __slots__ = ("producer_group", "state", "older_than_seconds", "limit", "page_token", "namespace", "key")
     PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OLDER_THAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
     producer_group: str
     state: _common_pb2.TransactionState
     older_than_seconds: float
     limit: int
     page_token: str
-    def __init__(self, producer_group: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., older_than_seconds: _Optional[float] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    namespace: str
+    key: str
+    def __init__(self, producer_group: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., older_than_seconds: _Optional[float] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ..., namespace: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
 
 class QueryTransactionsResponse(_message.Message):
     __slots__ = ("transactions", "next_page_token")
@@ -607,3 +628,141 @@ class ListGlobalTransactionsResponse(_message.Message):
     TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
     transactions: _containers.RepeatedCompositeFieldContainer[GlobalTransactionSummary]
     def __init__(self, transactions: _Optional[_Iterable[_Union[GlobalTransactionSummary, _Mapping]]] = ...) -> None: ...
+
+class QueueOffset(_message.Message):
+    __slots__ = ("queue_id", "offset")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    offset: int
+    def __init__(self, queue_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ResetGroupOffsetsRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic", "target", "timestamp_ms", "offsets", "shift", "dry_run", "force", "operator", "reason")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SHIFT_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    target: ResetTarget
+    timestamp_ms: int
+    offsets: _containers.RepeatedCompositeFieldContainer[QueueOffset]
+    shift: int
+    dry_run: bool
+    force: bool
+    operator: str
+    reason: str
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., target: _Optional[_Union[ResetTarget, str]] = ..., timestamp_ms: _Optional[int] = ..., offsets: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ..., shift: _Optional[int] = ..., dry_run: _Optional[bool] = ..., force: _Optional[bool] = ..., operator: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class QueueReset(_message.Message):
+    __slots__ = ("broker_name", "queue_id", "current_offset", "new_offset", "min_offset", "max_offset", "lag_before", "lag_after", "inflight_invalidated")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEW_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAG_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    LAG_AFTER_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_INVALIDATED_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    queue_id: int
+    current_offset: int
+    new_offset: int
+    min_offset: int
+    max_offset: int
+    lag_before: int
+    lag_after: int
+    inflight_invalidated: int
+    def __init__(self, broker_name: _Optional[str] = ..., queue_id: _Optional[int] = ..., current_offset: _Optional[int] = ..., new_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., lag_before: _Optional[int] = ..., lag_after: _Optional[int] = ..., inflight_invalidated: _Optional[int] = ...) -> None: ...
+
+class GroupClient(_message.Message):
+    __slots__ = ("client_id", "address", "kind", "group", "topics", "last_seen_ms", "waiting", "capacity", "broker_name")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_MS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    address: str
+    kind: str
+    group: str
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    last_seen_ms: int
+    waiting: bool
+    capacity: int
+    broker_name: str
+    def __init__(self, client_id: _Optional[str] = ..., address: _Optional[str] = ..., kind: _Optional[str] = ..., group: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., last_seen_ms: _Optional[int] = ..., waiting: _Optional[bool] = ..., capacity: _Optional[int] = ..., broker_name: _Optional[str] = ...) -> None: ...
+
+class ResetGroupOffsetsResponse(_message.Message):
+    __slots__ = ("queues", "live_consumers", "applied")
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    LIVE_CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueReset]
+    live_consumers: _containers.RepeatedCompositeFieldContainer[GroupClient]
+    applied: bool
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueReset, _Mapping]]] = ..., live_consumers: _Optional[_Iterable[_Union[GroupClient, _Mapping]]] = ..., applied: _Optional[bool] = ...) -> None: ...
+
+class LookupMessagesRequest(_message.Message):
+    __slots__ = ("message_id", "topic", "key", "by_offset", "queue_id", "offset", "limit", "begin_ms", "end_ms")
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BY_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    message_id: str
+    topic: str
+    key: str
+    by_offset: bool
+    queue_id: int
+    offset: int
+    limit: int
+    begin_ms: int
+    end_ms: int
+    def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., key: _Optional[str] = ..., by_offset: _Optional[bool] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., limit: _Optional[int] = ..., begin_ms: _Optional[int] = ..., end_ms: _Optional[int] = ...) -> None: ...
+
+class FoundMessage(_message.Message):
+    __slots__ = ("message", "transaction_state", "scheduled")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_STATE_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_FIELD_NUMBER: _ClassVar[int]
+    message: _common_pb2.DeliveredMessage
+    transaction_state: _common_pb2.TransactionState
+    scheduled: bool
+    def __init__(self, message: _Optional[_Union[_common_pb2.DeliveredMessage, _Mapping]] = ..., transaction_state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., scheduled: _Optional[bool] = ...) -> None: ...
+
+class LookupMessagesResponse(_message.Message):
+    __slots__ = ("messages", "truncated")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[FoundMessage]
+    truncated: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[FoundMessage, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class DescribeGroupClientsRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class DescribeGroupClientsResponse(_message.Message):
+    __slots__ = ("clients",)
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    clients: _containers.RepeatedCompositeFieldContainer[GroupClient]
+    def __init__(self, clients: _Optional[_Iterable[_Union[GroupClient, _Mapping]]] = ...) -> None: ...

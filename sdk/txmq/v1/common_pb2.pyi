@@ -166,7 +166,7 @@ class DeliveredMessage(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., broker_name: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., transaction_id: _Optional[str] = ..., stored_at_ms: _Optional[int] = ..., visible_at_ms: _Optional[int] = ..., delivery_attempt: _Optional[int] = ..., receipt_handle: _Optional[str] = ..., invisible_until_ms: _Optional[int] = ...) -> None: ...
 
 class Transaction(_message.Message):
-    __slots__ = ("transaction_id", "message_id", "producer_group", "producer_client_id", "topic", "queue_id", "state", "prepared_at_ms", "ended_at_ms", "resolution_source", "checks_delivered", "checks_answered", "next_check_at_ms", "discard_reason", "operator", "reason", "queue_offset", "broker_name", "body_size_bytes", "discarded_at_ms")
+    __slots__ = ("transaction_id", "message_id", "producer_group", "producer_client_id", "topic", "queue_id", "state", "prepared_at_ms", "ended_at_ms", "resolution_source", "checks_delivered", "checks_answered", "next_check_at_ms", "discard_reason", "operator", "reason", "queue_offset", "broker_name", "body_size_bytes", "discarded_at_ms", "keys")
     TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +187,7 @@ class Transaction(_message.Message):
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     BODY_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISCARDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
     transaction_id: str
     message_id: str
     producer_group: str
@@ -207,7 +208,8 @@ class Transaction(_message.Message):
     broker_name: str
     body_size_bytes: int
     discarded_at_ms: int
-    def __init__(self, transaction_id: _Optional[str] = ..., message_id: _Optional[str] = ..., producer_group: _Optional[str] = ..., producer_client_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ..., prepared_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., resolution_source: _Optional[_Union[TransactionSource, str]] = ..., checks_delivered: _Optional[int] = ..., checks_answered: _Optional[int] = ..., next_check_at_ms: _Optional[int] = ..., discard_reason: _Optional[str] = ..., operator: _Optional[str] = ..., reason: _Optional[str] = ..., queue_offset: _Optional[int] = ..., broker_name: _Optional[str] = ..., body_size_bytes: _Optional[int] = ..., discarded_at_ms: _Optional[int] = ...) -> None: ...
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, transaction_id: _Optional[str] = ..., message_id: _Optional[str] = ..., producer_group: _Optional[str] = ..., producer_client_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ..., prepared_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., resolution_source: _Optional[_Union[TransactionSource, str]] = ..., checks_delivered: _Optional[int] = ..., checks_answered: _Optional[int] = ..., next_check_at_ms: _Optional[int] = ..., discard_reason: _Optional[str] = ..., operator: _Optional[str] = ..., reason: _Optional[str] = ..., queue_offset: _Optional[int] = ..., broker_name: _Optional[str] = ..., body_size_bytes: _Optional[int] = ..., discarded_at_ms: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TopicQueues(_message.Message):
     __slots__ = ("topic", "queue_count", "topic_type")

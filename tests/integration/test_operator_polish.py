@@ -1,0 +1,134 @@
+"""What an operator reads (issue 32, item 5), against real processes: a namespace's
+transaction listing is filtered on the brokers (before their limit) and says when it is
+cut; keys as a column and ``--key`` in ``txn list``; ``Admin.create_topic(exist_ok=True)``
+as ``topic create --exist-ok``; a drained shard shows in ``broker list`` and
+``broker status``; ``--json`` errors are JSON objects and missing values null."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+import txmq
+import txmq.errors
+from tests.support.cli import txmq_cli
+from tests.support.waiting import wait_until
+
+LocalState = txmq.LocalTransactionState
+
+
+class Commit(txmq.TransactionListener):
+    def execute_local_transaction(self, message, arg):
+        return LocalState.COMMIT
+
+    def check_local_transaction(self, message):
+        return LocalState.COMMIT
+
+
+def _text(cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI's table output, whole (piped: not cut to a terminal's width)."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    return subprocess.run([sys.executable, "-m", "txmq", "--nameserver", cluster.nameserver_address, *args],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def _commit_many(cluster, group: str, topic: str, count: int, *, namespace: str = "", keys=()) -> None:
+    with txmq.TransactionProducer(cluster.nameserver_address, producer_group=group, listener=Commit(),
+                                  namespace=namespace) as producer:
+        for i in range(count):
+            producer.send_in_transaction(txmq.Message(topic, f"m{i}".encode(), keys=keys))
+
+
+def test_a_namespace_listing_is_filtered_on_the_broker_and_says_when_it_is_cut(cluster, unique_name) -> None:
+    run = uuid.uuid4().hex[:8]
+    noisy, topic, ns = f"noisy-{run}", f"orders-{run}", f"ns{run}"
+    cluster.create_topic(topic, queue_count=1)
+    cluster.create_topic(f"{ns}%{topic}", queue_count=1)
+    _commit_many(cluster, noisy, topic, 150)
+    _commit_many(cluster, "billing", topic, 5, namespace=ns)
+    with txmq.Admin(cluster.nameserver_address, namespace=ns) as admin:
+        listed = admin.list_transactions()  # limit 100 per broker, 150 others came first
+        assert len(listed.transactions) == 5 and not listed.truncated
+        assert {t.producer_group for t in listed.transactions} == {f"{ns}%billing"}
+        cut = admin.list_transactions(limit=3)
+        assert len(cut.transactions) == 3 and cut.truncated and list(cut.truncated_brokers) == ["broker-0"]
+    done = txmq_cli(cluster, "--namespace", ns, "txn", "list")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert len(data["transactions"]) == 5 and data["truncated"] is False
+    done = _text(cluster, "--namespace", ns, "txn", "list", "--limit", "2")
+    assert done.returncode == 0, done.stderr
+    assert "cut at --limit 2 per broker on broker-0" in done.stdout
+
+
+def test_txn_list_shows_keys_and_filters_by_key(cluster, unique_name) -> None:
+    topic, group = unique_name("keyed"), unique_name("pg")
+    cluster.create_topic(topic, queue_count=1)
+    _commit_many(cluster, group, topic, 3, keys=("order-1", "customer-9"))
+    _commit_many(cluster, group, topic, 2, keys=("order-2",))
+    done = txmq_cli(cluster, "txn", "list", "--group", group, "--key", "order-2")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["transactions"]
+    assert len(rows) == 2 and all(r["keys"] == ["order-2"] for r in rows)
+    done = _text(cluster, "txn", "list", "--group", group)
+    assert "KEYS" in done.stdout.splitlines()[0] and "order-1,customer-9" in done.stdout
+
+
+def test_create_topic_exist_ok_matches_the_cli(cluster, unique_name) -> None:
+    topic = unique_name("declared")
+    with txmq.Admin(cluster.nameserver_address) as admin:
+        created = admin.create_topic(topic, queue_count=2)
+        assert sum(b.queue_count for b in created.brokers) == 2
+        with pytest.raises(txmq.TopicExistsError):
+            admin.create_topic(topic, queue_count=2)
+        again = admin.create_topic(topic, queue_count=2, exist_ok=True)
+        assert again.topic == topic and sum(b.queue_count for b in again.brokers) == 2
+        with pytest.raises(txmq.errors.TopicTypeMismatchError, match="exists as a NORMAL topic, not FIFO"):
+            admin.create_topic(topic, queue_count=2, fifo=True, exist_ok=True)
+
+
+def test_json_errors_are_objects_naming_the_field(cluster) -> None:
+    done = txmq_cli(cluster, "txn", "list", "--group", "not a group!")
+    assert done.returncode == 1
+    error = json.loads(done.stderr)["error"]
+    assert error["code"] == "INVALID_ARGUMENT" and error["field"] == "producer_group" and error["message"]
+    done = txmq_cli(cluster, "topic", "describe", "no-such-topic-anywhere")
+    error = json.loads(done.stderr)["error"]
+    assert done.returncode == 1 and error["code"] == "NOT_FOUND" and error["field"] is None
+    done = txmq_cli(cluster, "txn", "list", "--limit", "zero")
+    assert done.returncode == 2
+    error = json.loads(done.stderr)["error"]
+    assert error["code"] == "USAGE" and "--limit" in error["message"]
+
+
+def test_json_shows_missing_values_as_null(cluster, unique_name) -> None:
+    topic, group = unique_name("nulls"), unique_name("pg")
+    cluster.create_topic(topic, queue_count=1)
+    _commit_many(cluster, group, topic, 1)
+    done = txmq_cli(cluster, "txn", "list", "--group", group)
+    row = json.loads(done.stdout)["transactions"][0]
+    assert row["discarded_at"] is None and row["discard_reason"] is None and row["operator"] is None
+    assert row["next_check_at"] is None and row["ended_at"]  # set ones stay as they are
+
+
+def test_a_drained_shard_shows_in_broker_list_and_status(fresh_cluster) -> None:
+    done = txmq_cli(fresh_cluster, "broker", "drain", "broker-0")
+    assert done.returncode == 0, done.stderr
+
+    def listed_draining() -> bool:
+        brokers = json.loads(txmq_cli(fresh_cluster, "broker", "list").stdout)["brokers"]
+        return [b["draining"] for b in brokers] == [True]
+
+    wait_until(listed_draining, 30, message="broker list never showed the drained shard")
+    status = json.loads(txmq_cli(fresh_cluster, "broker", "status").stdout)["brokers"]
+    assert [b["draining"] for b in status] == [True]
+    text = _text(fresh_cluster, "broker", "status").stdout
+    assert "DRAINING" in text
+    done = txmq_cli(fresh_cluster, "broker", "drain", "broker-0", "--undo")
+    assert done.returncode == 0, done.stderr
+    wait_until(lambda: not listed_draining(), 30, message="broker list still shows the shard draining")
