@@ -18,8 +18,9 @@ and :meth:`Admin.list_topics` lists only that namespace's topics, named without 
 
 from __future__ import annotations
 
+import datetime as _dt
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import grpc
 
@@ -28,8 +29,9 @@ from ._client import CHANNEL_OPTIONS, parse_nameservers, positive
 from ._errors import (InvalidFieldError, NotANameServerError, TopicExistsError, TopicTypeMismatchError, TxmqError,
                       error_from_rpc)
 from ._names import in_namespace, namespace_of, unqualify, validate_namespace
+from ._resets import OffsetKey, ResetResult, reset_request, reset_result
 from ._tls import TLS, ChannelTLS, sync_channel
-from .v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
+from .v1 import admin_pb2, admin_pb2_grpc, broker_pb2, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 _TYPE_NAMES = {common_pb2.TOPIC_TYPE_UNSPECIFIED: "NORMAL", common_pb2.TOPIC_TYPE_NORMAL: "NORMAL",
                common_pb2.TOPIC_TYPE_FIFO: "FIFO"}
@@ -37,6 +39,14 @@ _TYPE_NAMES = {common_pb2.TOPIC_TYPE_UNSPECIFIED: "NORMAL", common_pb2.TOPIC_TYP
 
 _RESOLUTIONS = {"commit": common_pb2.TRANSACTION_RESOLUTION_COMMIT,
                 "rollback": common_pb2.TRANSACTION_RESOLUTION_ROLLBACK}
+
+
+def _ms_of(field: str, when: _dt.datetime | None) -> int:
+    if when is None:
+        return 0
+    if not isinstance(when, _dt.datetime) or when.tzinfo is None:
+        raise InvalidFieldError(field, "must be a timezone-aware datetime")
+    return round(when.timestamp() * 1000)
 
 
 def cut_per_broker(response: admin_pb2.ListTransactionsResponse,
@@ -181,6 +191,50 @@ class Admin:
             raise InvalidFieldError("message_ids", "name the messages to re-drive, or pass all=True (not both)")
         return self.call("admin", "RedriveDeadLetters", admin_pb2.RedriveDeadLettersRequest(
             consumer_group=self._in_ns("consumer_group", consumer_group), message_ids=list(message_ids), all=all))
+
+    def reset_offsets(self, consumer_group: str, topic: str, *, to_earliest: bool = False, to_latest: bool = False,
+                      to_time: _dt.datetime | None = None, to_offsets: Mapping[OffsetKey, int] | None = None,
+                      shift: int | None = None, dry_run: bool = True, force: bool = False, reason: str = "",
+                      operator: str = "") -> ResetResult:
+        """Moves the group's position in ``topic`` on every broker holding it (Kafka's
+        ``--reset-offsets``): exactly one of ``to_earliest``, ``to_latest``, ``to_time``,
+        ``to_offsets`` (``{queue: offset}``, or ``{(broker, queue): offset}`` when the topic
+        spans brokers) or ``shift``. ``dry_run`` (the default) only answers what would
+        change. Refused with ConsumersLiveError while the group has live consumers of the
+        topic, unless ``force`` (their deliveries in flight are then invalidated). The reset
+        is recorded with the caller's principal (auth on) or ``operator``, and ``reason``."""
+        request = reset_request(self._in_ns("consumer_group", consumer_group), self._in_ns("topic", topic),
+                                to_earliest=to_earliest, to_latest=to_latest, to_time=to_time, to_offsets=to_offsets,
+                                shift=shift, dry_run=dry_run, force=force, reason=reason, operator=operator)
+        return reset_result(request, self.call("admin", "ResetOffsets", request))
+
+    def group_clients(self, group: str) -> admin_pb2.ListGroupClientsResponse:
+        """The clients every live broker sees of ``group``: a consumer group's receivers
+        (live within the brokers' ``consumer_session_seconds``), a producer group's checkers
+        (each serving its producers' check streams, with their free credit)."""
+        return self.call("admin", "ListGroupClients",
+                         admin_pb2.ListGroupClientsRequest(group=self._in_ns("group", group)))
+
+    # --- messages ---------------------------------------------------------------------------
+
+    def get_message(self, message_id: str) -> broker_pb2.FoundMessage:
+        """One message by its id (a half message: with its transaction's state)."""
+        return self.call("admin", "GetMessage", admin_pb2.GetMessageRequest(message_id=message_id)).message
+
+    def find_messages(self, topic: str, key: str, *, limit: int = 32, begin: _dt.datetime | None = None,
+                      end: _dt.datetime | None = None) -> admin_pb2.FindMessagesResponse:
+        """The topic's messages carrying ``key`` (committed ones: a half message is found by
+        the txn tools), newest first, up to ``limit`` per broker, stored in [begin, end)."""
+        return self.call("admin", "FindMessages", admin_pb2.FindMessagesRequest(
+            topic=self._in_ns("topic", topic), key=key, limit=limit, begin_ms=_ms_of("begin", begin),
+            end_ms=_ms_of("end", end)))
+
+    def read_messages(self, topic: str, queue_id: int, offset: int, *, broker: str = "",
+                      limit: int = 1) -> admin_pb2.ReadMessagesResponse:
+        """Messages of one queue from ``offset`` (``broker`` names the queue's broker when
+        the topic spans several); nothing is delivered to anyone."""
+        return self.call("admin", "ReadMessages", admin_pb2.ReadMessagesRequest(
+            topic=self._in_ns("topic", topic), broker_name=broker, queue_id=queue_id, offset=offset, limit=limit))
 
     # --- transactions ---------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ NameServerService for listings), so it needs only the name server address.
 
     txmq txn list [--group G] [--state pending|discarded|committed|rolled-back]
                   [--older-than 60s] [--limit N]
-    txmq txn describe ID [--body-out FILE]
+    txmq txn describe ID|MESSAGE_ID [--body-out FILE]
+    txmq txn list ... [--key K]
     txmq txn resolve ID --commit|--rollback [--operator NAME] --reason TEXT
     txmq txn global GLOBAL_ID
     txmq txn list-global [--limit N]
@@ -15,6 +16,10 @@ NameServerService for listings), so it needs only the name server address.
     txmq topic delete NAME [--force]
     txmq group list [--topic T]
     txmq group describe GROUP [--topic T]
+    txmq group reset GROUP --topic T (--to-earliest | --to-latest | --to-time TIME |
+                     --to-offset [BROKER/]QUEUE:OFFSET | --shift N) [--dry-run | --execute] [--force]
+    txmq group clients GROUP
+    txmq message get MESSAGE_ID | find TOPIC --key K | print TOPIC --queue Q --offset O
     txmq dlq list GROUP [--limit N]
     txmq dlq redrive GROUP --ids ID [ID ...] | --all
     txmq topic expand TOPIC --broker SHARD [--queues N]
@@ -62,7 +67,8 @@ from ._admin import Admin as _AdminClient
 from ._admin import cut_per_broker
 from ._errors import TopicExistsError, TxmqError
 from ._global_cli import add_global_commands
-from ._names import in_namespace
+from ._group_cli import add_group_commands, add_message_commands, describe_by_message_id, is_message_id
+from ._names import in_namespace, unqualify
 from ._ops_cli import add_broker_commands, add_topic_commands
 from ._tls import add_tls_arguments, tls_from_args
 from .v1 import admin_pb2, common_pb2, nameserver_pb2
@@ -326,7 +332,24 @@ def _describe_text(row: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _with_helpers(handler: Callable[..., None]) -> Callable[[Admin, argparse.Namespace, Output], None]:
+    """A command of ``_group_cli`` given this module's helpers."""
+    helpers = argparse.Namespace(table=table, message_dict=message_dict, body_preview=body_preview,
+                                 describe_text=_describe_text, parse_duration=parse_duration)
+
+    def run(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+        # Their Admin methods put names in the namespace themselves (main already did).
+        for attr in ("topic", "group"):
+            value = getattr(args, attr, None)
+            if isinstance(value, str) and value:
+                setattr(args, attr, unqualify(admin.namespace, value))
+        handler(admin, args, out, helpers)
+    return run
+
+
 def _txn_describe(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+    if is_message_id(args.transaction_id):  # a message id: its transaction
+        args.transaction_id = describe_by_message_id(admin, args.transaction_id)
     response = admin.call("admin", "DescribeTransaction",
                           admin_pb2.DescribeTransactionRequest(transaction_id=args.transaction_id))
     now = _now_ms()
@@ -461,7 +484,10 @@ def _queue_status(q: Any) -> dict[str, Any]:
     return {"consumer_group": q.consumer_group, "topic": q.topic, "broker": q.broker_name, "queue_id": q.queue_id,
             "ack_offset": q.ack_offset, "next_offset": q.next_offset, "max_offset": q.max_offset,
             "lag_messages": q.lag_messages, "lag_seconds": q.lag_seconds, "inflight": q.inflight,
-            "retrying": q.retrying}
+            "retrying": q.retrying,
+            "last_reset": {"operator": q.last_reset_operator, "at": _iso(q.last_reset_at_ms),
+                           "reason": q.last_reset_reason, "target": q.last_reset_target}
+            if q.last_reset_at_ms else None}
 
 
 def _group_totals(queues: list[dict[str, Any]], dead: dict[str, int] | None = None) -> list[dict[str, Any]]:
@@ -528,6 +554,10 @@ def _group_describe(admin: Admin, args: argparse.Namespace, out: Output) -> None
         parts.append(f"dead letters: {total}" + (" (" + ", ".join(f"{b}: {n}" for b, n in sorted(dead.items())) + ")"
                                                  if total else "")
                      + (f"; txmq dlq list {args.group}" if total else ""))
+        resets = sorted({(q["last_reset"]["at"], q["last_reset"]["operator"], q["last_reset"]["target"], q["topic"],
+                          q["last_reset"]["reason"]) for q in queues if q["last_reset"]}, reverse=True)
+        for at, operator, target, topic, reason in resets[:3]:
+            parts.append(f"last reset of {topic}: {at} by {operator} (to {target})" + (f": {reason}" if reason else ""))
         parts.append("ACKED: every offset below is acknowledged; DELIVERED: the next never delivered; "
                      "LAG = END - ACKED; LAG AGE: how long the oldest unacknowledged message has been visible")
         if response.unreachable_brokers:
@@ -729,7 +759,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Operate a txmq cluster through its name servers.")
     parser.add_argument("--version", action="version", version=f"txmq {_version()}")
     commands = parser.add_subparsers(dest="noun", required=True,
-                                     metavar="{txn,topic,group,dlq,broker,checker,completion}")
+                                     metavar="{txn,topic,group,message,dlq,broker,checker,completion}")
 
     txn = commands.add_parser("txn", help="transactions").add_subparsers(dest="verb", required=True)
     p = txn.add_parser("list", parents=[common], help="transactions by group, state and age")
@@ -742,7 +772,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_txn_list)
     p = txn.add_parser("describe", parents=[common], help="one transaction with its message (keys, tag, "
                                                            "properties, body)")
-    p.add_argument("transaction_id")
+    p.add_argument("transaction_id", help="a transaction id, or the message id of a transactional message")
     p.add_argument("--body-out", metavar="FILE", help="write the body, raw, to FILE (- is not accepted: "
                                                        "binary bodies never go to the terminal)")
     p.set_defaults(run=_txn_describe)
@@ -755,6 +785,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", required=True, help="why (recorded on the transaction)")
     p.set_defaults(run=_txn_resolve)
     add_global_commands(txn, common, transaction_dict)
+    add_message_commands(commands, common, _with_helpers, _positive_int)
 
     topic = commands.add_parser("topic", help="topics").add_subparsers(dest="verb", required=True)
     p = topic.add_parser("list", parents=[common], help="topics and their queues")
@@ -786,6 +817,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("group")
     p.add_argument("--topic", help="only this topic")
     p.set_defaults(run=_group_describe)
+    add_group_commands(group, common, _with_helpers)
 
     dlq = commands.add_parser("dlq", help="dead letters (%%DLQ%%<group>)").add_subparsers(dest="verb", required=True)
     p = dlq.add_parser("list", parents=[common], help="a group's dead letters, oldest first")
@@ -944,6 +976,8 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         if not args.operator:
             fail(None, "--operator is required (no $USER to default to)")
             return 2
+    if getattr(args, "verb", None) == "reset" and args.noun == "group":
+        args.operator = args.operator or _default_operator()  # the principal, with auth on
 
     def out(data: Any, table: Callable[[], str]) -> None:
         stdout.write((json.dumps(json_nulls(data), indent=2, sort_keys=False) if as_json else table()) + "\n")

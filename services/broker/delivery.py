@@ -149,11 +149,11 @@ class Deliveries:
             if tags is not None and not self._passes(tags, cq):
                 skipped += 1
                 continue  # filtered out: never delivered to this group
-            deadline, epoch = now + invisible_ms, self.leader_epoch
-            cursor.track(o, 1, deadline, epoch)
-            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline, epoch))
-            out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms,
-                                self.ctx.receipt(topic, q, o, 1, epoch, group=group)))
+            deadline, epoch, attempt = now + invisible_ms, self.leader_epoch, cursor.first_attempt(o)
+            cursor.track(o, attempt, deadline, epoch)
+            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(attempt, deadline, epoch))
+            out.append(Delivery(topic, q, o, cq.log_seq, attempt, deadline, cq.visible_ms,
+                                self.ctx.receipt(topic, q, o, attempt, epoch, group=group)))
         if offset != start:
             cursor.next_offset = offset
             w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(offset))
@@ -180,12 +180,12 @@ class Deliveries:
 
         def deliver(o: int, cq: CqEntry) -> None:
             blocked.add(cq.group_hash)
-            deadline, epoch = now + invisible_ms, self.leader_epoch
-            cursor.track(o, 1, deadline, epoch)
+            deadline, epoch, attempt = now + invisible_ms, self.leader_epoch, cursor.first_attempt(o)
+            cursor.track(o, attempt, deadline, epoch)
             cursor.group_of[o] = cq.group_hash
-            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline, epoch))
-            out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms,
-                                self.ctx.receipt(topic, q, o, 1, epoch, group=group)))
+            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(attempt, deadline, epoch))
+            out.append(Delivery(topic, q, o, cq.log_seq, attempt, deadline, cq.visible_ms,
+                                self.ctx.receipt(topic, q, o, attempt, epoch, group=group)))
 
         filtered = 0
         for o in sorted(ahead):  # held back before: their groups may be free now

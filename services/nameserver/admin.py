@@ -378,10 +378,26 @@ class Admin:
 
     # plumbing
 
+    async def fan_out(self, method: str, request: Any, only: set[str] | None = None,
+                      tolerate: tuple[type[TxmqError], ...] = ()) -> tuple[list[tuple[BrokerRecord, Any]], list[str]]:
+        """:meth:`_fan_out` for the other Admin parts (``groupops.py``)."""
+        return await self._fan_out(method, request, only, tolerate)
+
+    async def call_broker(self, address: str, method: str, request: Any) -> Any:
+        """One BrokerService call (its refusal raised as the txmq error it stands for)."""
+        return await self._call(address, method, request)
+
+    @staticmethod
+    def is_down(error: TxmqError) -> bool:
+        """Whether a broker failing with ``error`` is down or broken (not refusing)."""
+        return error.code in _BROKER_DOWN
+
     async def _fan_out(self, method: str, request: Any, only: set[str] | None = None,
+                       tolerate: tuple[type[TxmqError], ...] = (),
                        ) -> tuple[list[tuple[BrokerRecord, Any]], list[str]]:
         """``method`` on every live broker (named in ``only`` when given): the answers and
-        the names of the brokers that did not answer (refusals are raised)."""
+        the names of the brokers that did not answer (refusals are raised, but those of the
+        ``tolerate`` types, which count as no answer)."""
         brokers = [b for b in self.registry.live_brokers() if only is None or b.name in only]
         await self.clients.retain({b.address for b in self.registry.live_brokers()})
         results = await asyncio.gather(*(self._call(b.address, method, request) for b in brokers),
@@ -389,6 +405,8 @@ class Admin:
         answers: list[tuple[BrokerRecord, Any]] = []
         unreachable: list[str] = []
         for broker, result in zip(brokers, results):
+            if tolerate and isinstance(result, tolerate):
+                continue
             if isinstance(result, TxmqError) and result.code in _BROKER_DOWN:
                 log.warning("broker did not answer %s", method, extra={"fields": {
                     "broker": broker.name, "address": broker.address, "error": result.message}})

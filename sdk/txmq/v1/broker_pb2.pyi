@@ -472,7 +472,7 @@ class DescribeConsumerGroupsRequest(_message.Message):
     def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
 
 class ConsumerQueueStatus(_message.Message):
-    __slots__ = ("consumer_group", "topic", "broker_name", "queue_id", "ack_offset", "next_offset", "max_offset", "lag_messages", "lag_seconds", "inflight", "retrying")
+    __slots__ = ("consumer_group", "topic", "broker_name", "queue_id", "ack_offset", "next_offset", "max_offset", "lag_messages", "lag_seconds", "inflight", "retrying", "last_reset_operator", "last_reset_at_ms", "last_reset_reason", "last_reset_target")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -484,6 +484,10 @@ class ConsumerQueueStatus(_message.Message):
     LAG_SECONDS_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_FIELD_NUMBER: _ClassVar[int]
     RETRYING_FIELD_NUMBER: _ClassVar[int]
+    LAST_RESET_OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    LAST_RESET_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_RESET_REASON_FIELD_NUMBER: _ClassVar[int]
+    LAST_RESET_TARGET_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
     topic: str
     broker_name: str
@@ -495,7 +499,11 @@ class ConsumerQueueStatus(_message.Message):
     lag_seconds: float
     inflight: int
     retrying: int
-    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., broker_name: _Optional[str] = ..., queue_id: _Optional[int] = ..., ack_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., lag_messages: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., inflight: _Optional[int] = ..., retrying: _Optional[int] = ...) -> None: ...
+    last_reset_operator: str
+    last_reset_at_ms: int
+    last_reset_reason: str
+    last_reset_target: str
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., broker_name: _Optional[str] = ..., queue_id: _Optional[int] = ..., ack_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., lag_messages: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., inflight: _Optional[int] = ..., retrying: _Optional[int] = ..., last_reset_operator: _Optional[str] = ..., last_reset_at_ms: _Optional[int] = ..., last_reset_reason: _Optional[str] = ..., last_reset_target: _Optional[str] = ...) -> None: ...
 
 class GroupDeadLetters(_message.Message):
     __slots__ = ("consumer_group", "broker_name", "dead_lettered")
