@@ -21,10 +21,9 @@ from txmq.errors import InvalidFieldError, NotFoundError
 from txmq.names import validate_receive_topic
 
 from .core import BrokerCore
-from .model import KIND_HALF, STATE_COMMITTED
+from .model import KIND_HALF, MAX_KEY_BYTES, STATE_COMMITTED
 from .store import codec
 from .store.codec import LogRecord
-from .validation import MAX_KEY_BYTES
 
 #: Most messages one lookup answers.
 MAX_LOOKUP = 1000

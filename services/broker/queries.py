@@ -13,11 +13,10 @@ from txmq.errors import InvalidFieldError, TransactionNotFoundError
 from txmq.names import namespace_of, validate_name, validate_namespace
 
 from .base import BrokerContext
-from .model import STATE_DISCARDED, STATE_PREPARED
+from .model import MAX_KEY_BYTES, STATE_DISCARDED, STATE_PREPARED
 from .store import codec
 from .store.codec import TxnRow
 from .transactions import Transactions
-from .validation import MAX_KEY_BYTES
 
 
 class Queries:

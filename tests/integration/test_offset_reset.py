@@ -308,3 +308,36 @@ def test_a_consumer_restarted_after_a_reset_starts_at_the_new_position(reset_clu
     assert {(m.queue_id, m.queue_offset) for m in got} == expected
     assert len(got) == len(expected)  # each once
     assert drain_now(cluster, group, topic) == []
+
+
+@pytest.mark.timeout(240)
+def test_a_reset_on_a_replicated_shard_survives_the_leader(fresh_cluster_factory, unique_name) -> None:
+    """RF3: the reset is one replicated write; the next leader serves the group from the new
+    position (and finds the messages by key: the key index is replicated too)."""
+    from tests.support import replicas
+
+    cluster = fresh_cluster_factory(brokers=1, replication_factor=3,
+                                    broker_env={"TXMQ_CONSUMER_SESSION_SECONDS": str(SESSION_SECONDS)})
+    topic, group = unique_name("rf3"), unique_name("g")
+    cluster.create_topic(topic, 2)
+    receipts = send(cluster, topic, [f"m{i}".encode() for i in range(30)], keys=("batch-7",))
+    drain(cluster, group, topic, 30)
+    wait_not_live(cluster, group, topic)
+    with txmq.Admin(cluster.nameserver_address) as admin:
+        done = admin.reset_offsets(group, topic, shift=-5, dry_run=False, operator="frank")
+    new = {q.queue_id: q.new_offset for q in done.queues}
+    replicas.wait_in_sync(cluster, "broker-0")
+    old = cluster.wait_leaders()["broker-0"]
+    old.kill()
+    cluster.wait_leaders(not_on=old)
+    expected = {(r.queue_id, r.queue_offset) for r in receipts if r.queue_offset >= new[r.queue_id]}
+    got = drain(cluster, group, topic, len(expected))
+    assert {(m.queue_id, m.queue_offset) for m in got} == expected
+    with txmq.Admin(cluster.nameserver_address) as admin:
+        found = wait_until(lambda: admin.find_messages(topic, "batch-7", limit=100), 30,
+                           ignore=(txmq.TxmqError,))
+        assert len(found.messages) == 30
+        status = {q.queue_id: q for q in admin.consumer_groups(group, topic=topic).queues}
+        assert {q.last_reset_operator for q in status.values()} == {"frank"}
+    old.restart(60)
+    replicas.stop_and_compare(cluster, "broker-0")
