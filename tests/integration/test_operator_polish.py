@@ -132,3 +132,29 @@ def test_a_drained_shard_shows_in_broker_list_and_status(fresh_cluster) -> None:
     done = txmq_cli(fresh_cluster, "broker", "drain", "broker-0", "--undo")
     assert done.returncode == 0, done.stderr
     wait_until(lambda: not listed_draining(), 30, message="broker list still shows the shard draining")
+
+
+def test_group_clients_lists_live_receivers_and_a_producer_groups_checkers(fresh_cluster_factory,
+                                                                          unique_name) -> None:
+    cluster = fresh_cluster_factory(checker=True)
+    topic, group, producer_group = unique_name("clients"), unique_name("cg"), unique_name("pg")
+    cluster.create_topic(topic, queue_count=1)
+    with txmq.SimpleConsumer(cluster.nameserver_address, consumer_group=group, subscriptions={topic: "*"},
+                             await_duration_seconds=0.2) as c, \
+            txmq.TransactionProducer(cluster.nameserver_address, producer_group=producer_group,
+                                     listener=Commit()) as producer:
+        c.receive()
+        done = txmq_cli(cluster, "group", "clients", group)
+        assert done.returncode == 0, done.stderr
+        clients = json.loads(done.stdout)["clients"]
+        assert [(k["kind"], k["topics"], k["broker"]) for k in clients] == [("consumer", [topic], "broker-0")]
+        producer.send_in_transaction(txmq.Message(topic, b"x"))  # the checker serves the group from now on
+
+        def checkers() -> list[dict]:
+            listed = json.loads(txmq_cli(cluster, "group", "clients", producer_group).stdout)["clients"]
+            return [k for k in listed if k["kind"] == "checker"]
+
+        served = wait_until(checkers, 30, message="no checker claimed the producer group's checks")
+        assert served[0]["capacity"] >= 1 and served[0]["client_id"]
+    text = _text(cluster, "group", "clients", unique_name("nobody")).stdout
+    assert "0 client(s)" in text
