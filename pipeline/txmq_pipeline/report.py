@@ -41,7 +41,7 @@ ADVICE = {
 }
 #: What an undecided transaction's decision looks like, once the operator knows it: a
 #: template, not a command (it runs nothing as pasted: COMMIT_OR_ROLLBACK is no option).
-DECIDE = "txn resolve {tid} --COMMIT_OR_ROLLBACK --reason '...'"
+DECIDE = "txn resolve {tid} --COMMIT_OR_ROLLBACK --reason 'audit: {kind}: <what the database shows>'"
 TITLES = {
     "pending_too_old": "Pending too long", "discarded_unresolved": "Discarded, not resolved",
     "committed_missing": "Committed but missing from the topic", "uncommitted_in_topic": "In a topic, not committed",
@@ -65,7 +65,7 @@ def commands(kind: str, row: dict[str, Any], nameserver: str) -> list[str]:
         out.append(shlex.join([*base, "message", "get", mid]))
     if kind in _RESOLVABLE and tid:
         out.append("#   then, when the producer's database shows the outcome: "
-                   + shlex.join(base) + " " + DECIDE.format(tid=tid))
+                   + shlex.join(base) + " " + DECIDE.format(tid=tid, kind=kind))
     return out
 
 
