@@ -18,6 +18,8 @@ BROKER_ENV = {
     "TXMQ_TRANSACTION_TIMEOUT_SECONDS": "1.0",
     "TXMQ_CHECK_INTERVAL_SECONDS": "0.5",
     "TXMQ_MAX_DELIVERY_ATTEMPTS": "3",
+    # A stopped client stops counting as a live consumer soon (offset resets wait for it).
+    "TXMQ_CONSUMER_SESSION_SECONDS": "3.0",
 }
 CHECKER_ENV = {
     "TXMQ_ANSWER_TIMEOUT_SECONDS": "2.0",
