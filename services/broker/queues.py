@@ -31,6 +31,10 @@ class Queues:
         self.fifo_topics: set[str] = set()
         #: (topic, queue) → the offset its next entry gets.
         self.queue_next: dict[tuple[str, int], int] = {}
+        #: (topic, queue) → the first offset consumers may not read yet (a replicated
+        #: leader whose commit point is stalled sets it at its first entry above the commit
+        #: point: see :meth:`readable_end`); empty: every entry is readable.
+        self.read_caps: dict[tuple[str, int], int] = {}
         for key, value in db.scan("topics"):
             self.topics[key.decode()] = codec.decode_u64(value, "topic", key)
         for key, _value in db.scan("meta", codec.TOPIC_TYPE_PREFIX, codec.TOPIC_TYPE_END):
@@ -122,6 +126,18 @@ class Queues:
 
     def next_offset(self, topic: str, queue_id: int) -> int:
         return self.queue_next.get((topic, queue_id), 0)
+
+    def readable_end(self, topic: str, queue_id: int) -> int:
+        """Where deliveries stop reading a queue: its next offset, or the cap a replicated
+        leader set while its commit point is stalled (entries from there on may not be on
+        enough replicas yet, so no consumer may see them: Kafka's high watermark)."""
+        end = self.queue_next.get((topic, queue_id), 0)
+        cap = self.read_caps.get((topic, queue_id))
+        return end if cap is None else min(end, cap)
+
+    def cap_reads(self, caps: dict[tuple[str, int], int] | None) -> None:
+        """Sets (None: lifts) the read caps of :meth:`readable_end`."""
+        self.read_caps = dict(caps or {})
 
     def first_offset(self, topic: str, queue_id: int) -> int:
         """The oldest retained entry's offset (the next offset when the queue is empty)."""
