@@ -251,6 +251,7 @@ class Admin:
         response = self.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
             producer_group=self._in_ns("producer_group", producer_group), state=state,
             older_than_seconds=older_than_seconds, limit=limit + 1, namespace=self.namespace, key=key))
+        self._mine(response.transactions, lambda t: t.producer_group)  # a broker from before the field
         return cut_per_broker(response, limit)
 
     def describe_transaction(self, transaction_id: str) -> admin_pb2.DescribeTransactionResponse:

@@ -276,10 +276,14 @@ def _overdue_seconds(t: common_pb2.Transaction, now_ms: int) -> float:
 def _txn_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     # One more than asked per broker tells a cut list from one that ended.
     # The namespace and the key are filtered on each broker, before its limit.
-    response = cut_per_broker(admin.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
+    response = admin.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
         producer_group=args.group or "", state=STATES[args.state] if args.state else 0,
         older_than_seconds=args.older_than or 0.0, limit=args.limit + 1, namespace=admin.namespace,
-        key=args.key or "")), args.limit)
+        key=args.key or ""))
+    kept = [t for t in response.transactions if admin.in_scope(t.producer_group)]  # a broker from before the field
+    del response.transactions[:]
+    response.transactions.extend(kept)
+    response = cut_per_broker(response, args.limit)
     now = _now_ms()
     cut_brokers = set(response.truncated_brokers)
     rows = []
