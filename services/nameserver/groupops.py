@@ -14,7 +14,8 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-from txmq.errors import (ConsumersLiveError, InvalidFieldError, InvalidIdError, NotFoundError, TopicNotFoundError,
+from txmq.errors import (ConsumersLiveError, InvalidFieldError, InvalidIdError, NoLeaderError, NotFoundError,
+                         TopicNotFoundError,
                          TxmqError, UnavailableError, error_from_status)
 from txmq.ids import MessageId
 from txmq.names import validate_group, validate_receive_topic
@@ -40,6 +41,10 @@ class GroupOps:
 
     async def reset_offsets(self, request: admin_pb2.ResetOffsetsRequest, operator: str) -> admin_pb2.ResetOffsetsResponse:
         validate_group("consumer_group", request.consumer_group)
+        leaderless = self.admin.registry.leaderless_shards(request.topic) if request.topic else []
+        if leaderless and not request.dry_run:
+            # Its queues would keep the old position: all or nothing, once it leads again.
+            raise NoLeaderError(request.topic, leaderless)
         holders = self._holders(request.topic)
         per_broker: dict[str, list[broker_pb2.QueueOffset]] = defaultdict(list)
         if request.target == broker_pb2.RESET_TARGET_OFFSET:
@@ -74,7 +79,7 @@ class GroupOps:
                 response.live_consumers.extend(answer.live_consumers)
         failed = sorted(b for b, a in planned.items() if isinstance(a, BaseException))
         if request.dry_run:
-            response.unreachable_brokers.extend(failed)
+            response.unreachable_brokers.extend(sorted(set(failed) | set(leaderless)))
             for b in sorted(planned):
                 if not isinstance(planned[b], BaseException):
                     response.queues.extend(planned[b].queues)
