@@ -1,0 +1,649 @@
+"""Anchored transactions for the sync SDK: the decision protocol of ``txmq._decisions``
+driven on the caller's database connection and on the producer's own ones.
+
+    with producer.transaction(conn) as tx:      # BEGIN; INSERT the COMMIT row (first statement)
+        tx.send(txmq.Message("orders", body))   # the half message leaves now, in the background
+        conn.execute("INSERT INTO orders ...")  # the caller's work, overlapping the half's round trip
+    # on exit: wait for the halves' durable acknowledgement, record their ids, COMMIT (the
+    # decision), then EndTransaction(COMMIT) in the background; tx.result says COMMITTED.
+
+Adapters turn a driver's connection into the few calls the protocol needs
+(:class:`LocalConnection` for the caller's, :class:`StoreConnection` for the producer's):
+psycopg 3 ``Connection``, SQLAlchemy 2 ``Session``, and any PostgreSQL DB-API connection
+(:class:`DBAPIConnection`). psycopg and SQLAlchemy are imported only when used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+from . import _decisions as core
+from ._checks import InProgress
+from ._errors import InvalidFieldError, TransactionStateError, TxmqError
+from ._types import LocalTransactionState, Message, TransactionMessage, TransactionState
+
+if TYPE_CHECKING:
+    from ._producer import TransactionProducer
+
+log = logging.getLogger(__name__)
+
+# --- fail points (crash tests only) -------------------------------------------------------
+
+#: ``TXMQ_SDK_FAILPOINT=<step>`` makes the process SIGKILL itself at that step of an
+#: anchored transaction (tests/integration/test_anchored_crash.py). Read once at import:
+#: unset, :func:`failpoint` is one comparison with an empty string.
+FAILPOINT = os.environ.get("TXMQ_SDK_FAILPOINT", "")
+FAILPOINTS = ("begin.after", "half.after", "commit.before", "commit.after", "end.sent")
+
+
+def failpoint(step: str) -> None:
+    if FAILPOINT and step == FAILPOINT:
+        log.critical("fail point %s reached: killing the process", step)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# --- results ------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class AnchoredResult:
+    """How an anchored transaction ended. ``state`` is the decision, taken by the database
+    commit: COMMITTED (the broker makes the messages visible once its EndTransaction, or a
+    check, reaches it) — the broker's acknowledgement of that is :attr:`acknowledged` /
+    :meth:`wait_acknowledged`. ``end_error``: why the background EndTransaction gave up
+    (the check then commits the messages from the decision row)."""
+
+    transaction_key: str
+    state: TransactionState
+    messages: tuple[TransactionMessage, ...]
+    _acked: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
+    _errors: list[TxmqError] = dataclasses.field(default_factory=list, repr=False)
+
+    @property
+    def acknowledged(self) -> bool:
+        """Whether the broker acknowledged the COMMIT of every message."""
+        return self._acked.is_set()
+
+    @property
+    def end_error(self) -> TxmqError | None:
+        return self._errors[0] if self._errors else None
+
+    def wait_acknowledged(self, timeout: float | None = None) -> bool:
+        """Waits (at most ``timeout`` seconds) for :attr:`acknowledged`; returns it."""
+        return self._acked.wait(timeout)
+
+
+# --- the caller's connection --------------------------------------------------------------
+
+class LocalConnection(Protocol):
+    """The caller's connection as an anchored transaction uses it (the documented
+    interface for other drivers; :class:`DBAPIConnection` covers PostgreSQL DB-API ones).
+
+    ``execute`` runs a statement in the current transaction (beginning one if none);
+    ``commit`` runs ``statement`` (when given) then COMMIT; ``rollback`` ends the
+    transaction. ``sqlstate(error)`` is the SQLSTATE of an error one of them raised, or
+    None when the connection was lost (then a COMMIT's outcome is unknown)."""
+
+    def in_transaction(self) -> bool: ...
+    def execute(self, statement: core.Statement) -> None: ...
+    def commit(self, statement: core.Statement | None) -> None: ...
+    def rollback(self) -> None: ...
+    def sqlstate(self, error: BaseException) -> str | None: ...
+
+
+def _module_of(obj: Any) -> str:
+    return type(obj).__module__.split(".", 1)[0]
+
+
+def _pg_sqlstate(error: BaseException, lost: bool) -> str | None:
+    """A psycopg / psycopg2 / SQLAlchemy-wrapped error's SQLSTATE; None when the connection
+    was lost; ``"client"`` for an error the server did not send."""
+    if lost:
+        return None
+    orig = getattr(error, "orig", None)  # SQLAlchemy's DBAPIError
+    if orig is not None and getattr(error, "connection_invalidated", False):
+        return None
+    for e in (error, orig):
+        if e is None:
+            continue
+        code = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
+        if code:
+            return str(code)
+    return "client"
+
+
+class PsycopgConnection:
+    """A psycopg 3 ``Connection`` (autocommit or not)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def in_transaction(self) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return self.conn.info.transaction_status != TransactionStatus.IDLE
+
+    def execute(self, statement: core.Statement) -> None:
+        if self.conn.autocommit and not self.in_transaction():
+            self.conn.execute("BEGIN")
+        self.conn.execute(statement.sql, statement.params, prepare=True)
+
+    def commit(self, statement: core.Statement | None) -> None:
+        conn = self.conn
+        with conn.pipeline():
+            if statement is not None:
+                conn.execute(statement.sql, statement.params, prepare=True)
+            if conn.autocommit:
+                conn.execute("COMMIT")
+            else:
+                conn.commit()
+
+    def rollback(self) -> None:
+        if self.conn.autocommit:
+            if self.in_transaction():
+                self.conn.execute("ROLLBACK")
+        else:
+            self.conn.rollback()
+
+    def sqlstate(self, error: BaseException) -> str | None:
+        return _pg_sqlstate(error, self.conn.broken or self.conn.closed)
+
+
+def _named(statement: core.Statement) -> tuple[str, dict[str, Any]]:
+    """``%s`` placeholders as SQLAlchemy ``text()`` binds ``:p0, :p1, ...``."""
+    parts = statement.sql.split("%s")
+    sql = "".join(p + (f":p{i}" if i < len(parts) - 1 else "") for i, p in enumerate(parts))
+    return sql, {f"p{i}": v for i, v in enumerate(statement.params)}
+
+
+class SQLAlchemySession:
+    """A SQLAlchemy 2 ``Session`` (on a PostgreSQL engine)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def in_transaction(self) -> bool:
+        return bool(self.session.in_transaction())
+
+    def execute(self, statement: core.Statement) -> None:
+        from sqlalchemy import text
+
+        sql, params = _named(statement)
+        self.session.execute(text(sql), params)
+
+    def commit(self, statement: core.Statement | None) -> None:
+        if statement is not None:
+            self.execute(statement)
+        self.session.commit()
+
+    def rollback(self) -> None:
+        self.session.rollback()
+
+    def sqlstate(self, error: BaseException) -> str | None:
+        return _pg_sqlstate(error, False)
+
+
+class DBAPIConnection:
+    """Any PostgreSQL DB-API 2.0 (PEP 249) connection: statements through ``cursor()``,
+    ``commit()`` and ``rollback()``; ``paramstyle`` its module's (format, pyformat, qmark,
+    numeric, or dollar for ``$1``). DB-API cannot tell whether a transaction is open:
+    ``in_transaction`` (a callable) can; without it the caller vouches that none is. An
+    error's SQLSTATE is read from ``error.sqlstate`` or ``error.pgcode`` unless
+    ``sqlstate`` (a callable) says; ``lost(error)`` says whether the connection was lost."""
+
+    def __init__(self, conn: Any, *, paramstyle: str = "format",
+                 in_transaction: Callable[[], bool] | None = None,
+                 sqlstate: Callable[[BaseException], str | None] | None = None,
+                 lost: Callable[[BaseException], bool] | None = None) -> None:
+        core.placeholders("", paramstyle)  # validates it
+        self.conn = conn
+        self.paramstyle = paramstyle
+        self._in_transaction = in_transaction
+        self._sqlstate = sqlstate
+        self._lost = lost
+
+    def in_transaction(self) -> bool:
+        return bool(self._in_transaction()) if self._in_transaction is not None else False
+
+    def run(self, statement: core.Statement) -> list[tuple[Any, ...]]:
+        cursor = self.conn.cursor()
+        try:
+            cursor.execute(core.placeholders(statement.sql, self.paramstyle), statement.params)
+            return [tuple(r) for r in cursor.fetchall()] if statement.rows else []
+        finally:
+            cursor.close()
+
+    def execute(self, statement: core.Statement) -> None:
+        self.run(statement)
+
+    def commit(self, statement: core.Statement | None) -> None:
+        if statement is not None:
+            self.run(statement)
+        self.conn.commit()
+
+    def rollback(self) -> None:
+        self.conn.rollback()
+
+    def sqlstate(self, error: BaseException) -> str | None:
+        if self._sqlstate is not None:
+            return self._sqlstate(error)
+        lost = self._lost(error) if self._lost is not None else bool(getattr(self.conn, "closed", False))
+        return _pg_sqlstate(error, lost)
+
+
+def local_connection(conn: Any) -> LocalConnection:
+    """The adapter of a caller's connection (psycopg, SQLAlchemy, or one already adapted)."""
+    if isinstance(conn, (PsycopgConnection, SQLAlchemySession, DBAPIConnection)):
+        return conn
+    module = _module_of(conn)
+    if module == "psycopg" and hasattr(conn, "pipeline") and not _is_coroutine_api(conn):
+        return PsycopgConnection(conn)
+    if module == "sqlalchemy" and hasattr(conn, "in_transaction") and hasattr(conn, "commit"):
+        return SQLAlchemySession(conn)
+    if all(callable(getattr(conn, m, None)) for m in ("in_transaction", "execute", "commit", "rollback", "sqlstate")):
+        return conn  # already a LocalConnection
+    raise InvalidFieldError("connection", f"a psycopg Connection, a SQLAlchemy Session or a "
+                                          f"txmq.anchored.DBAPIConnection, got {type(conn).__name__}")
+
+
+def _is_coroutine_api(conn: Any) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(getattr(conn, "commit", None))
+
+
+# --- the producer's own connections -------------------------------------------------------
+
+class StoreConnection:
+    """A connection of the producer's own, each statement in a transaction of its own."""
+
+    def __init__(self, run: Callable[[core.Statement], list[tuple[Any, ...]]], close: Callable[[], None],
+                 sqlstate: Callable[[BaseException], str | None]) -> None:
+        self.run = run
+        self.close = close
+        self.sqlstate = sqlstate
+
+
+def _psycopg_store(conn: Any) -> StoreConnection:
+    conn.autocommit = True
+
+    def run(statement: core.Statement) -> list[tuple[Any, ...]]:
+        cursor = conn.execute(statement.sql, statement.params, prepare=True)
+        return cursor.fetchall() if statement.rows else []
+
+    return StoreConnection(run, conn.close, lambda e: _pg_sqlstate(e, conn.broken or conn.closed))
+
+
+def open_store_connection(source: Any) -> StoreConnection:
+    """A new connection from a :class:`txmq.anchored.Decisions` source."""
+    if isinstance(source, str):
+        import psycopg
+
+        return _psycopg_store(psycopg.connect(source, autocommit=True))
+    if _module_of(source) == "sqlalchemy" and hasattr(source, "connect"):
+        from sqlalchemy import text
+
+        conn = source.connect().execution_options(isolation_level="AUTOCOMMIT")
+
+        def run(statement: core.Statement) -> list[tuple[Any, ...]]:
+            sql, params = _named(statement)
+            result = conn.execute(text(sql), params)
+            return [tuple(r) for r in result.fetchall()] if statement.rows else []
+
+        return StoreConnection(run, conn.close, lambda e: _pg_sqlstate(e, bool(getattr(e, "connection_invalidated",
+                                                                                   False))))
+    if callable(source):
+        conn = source()
+        if _module_of(conn) == "psycopg":
+            return _psycopg_store(conn)
+        dbapi = conn if isinstance(conn, DBAPIConnection) else DBAPIConnection(conn)
+
+        def run_dbapi(statement: core.Statement) -> list[tuple[Any, ...]]:
+            try:
+                rows = dbapi.run(statement)
+                dbapi.conn.commit()
+                return rows
+            except BaseException:
+                try:
+                    dbapi.conn.rollback()
+                except Exception:  # noqa: BLE001 - the first error is the one to report
+                    pass
+                raise
+
+        return StoreConnection(run_dbapi, dbapi.conn.close, dbapi.sqlstate)
+    raise InvalidFieldError("source", f"a connection string, a SQLAlchemy Engine or a connection factory, "
+                                      f"got {type(source).__name__}")
+
+
+class _Pool:
+    """The producer's own connections, opened when needed and kept while they work."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self._idle: list[StoreConnection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def run(self, statement: core.Statement) -> list[tuple[Any, ...]]:
+        """Runs ``statement`` on an idle connection (a new one if none); a failure raises
+        :class:`core.DatabaseError` and drops the connection when it was lost."""
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        try:
+            if conn is None:
+                conn = open_store_connection(self.source)
+        except Exception as exc:  # noqa: BLE001 - the database is unreachable
+            raise core.DatabaseError(None, exc) from exc
+        try:
+            rows = conn.run(statement)
+        except Exception as exc:  # noqa: BLE001 - classified, then the caller decides
+            state = conn.sqlstate(exc)
+            if state is None or state == "client":
+                self._discard(conn)
+            else:
+                self._give_back(conn)
+            raise core.DatabaseError(state if state != "client" else None, exc) from exc
+        self._give_back(conn)
+        return rows
+
+    def _give_back(self, conn: StoreConnection) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(conn)
+                return
+        self._discard(conn)
+
+    @staticmethod
+    def _discard(conn: StoreConnection) -> None:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - it is broken already
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            self._discard(conn)
+
+
+# --- the store: checks, ends, deletes, sweeps ---------------------------------------------
+
+class DecisionStore:
+    """A producer's side of its group's decisions table: answers checks from it, ends the
+    halves a COMMIT row lists, deletes COMMIT rows once acknowledged (in batches) and
+    sweeps (fences past retention; COMMIT rows left behind, repaired)."""
+
+    def __init__(self, producer: "TransactionProducer", decisions: core.Decisions) -> None:
+        self.producer = producer
+        self.settings = decisions.settings
+        self.group = producer.producer_group
+        self.pool = _Pool(decisions.source)
+        self._acked: list[str] = []
+        self._wake = threading.Condition()
+        self._stop = False
+        #: Keys of anchored transactions open in this process (checks: IN_PROGRESS here).
+        self.open_keys: set[str] = set()
+        self.ends = ThreadPoolExecutor(max_workers=8, thread_name_prefix="txmq-anchored-end")
+        self._thread = threading.Thread(target=self._run, name="txmq-decisions", daemon=True)
+        self._thread.start()
+
+    # checks
+    def check(self, message: TransactionMessage) -> "LocalTransactionState | InProgress":
+        key = core.transaction_key_of(message.properties)
+        if key in self.open_keys:
+            return InProgress(retry_after_seconds=self.settings.in_progress_retry_seconds)
+        verdict = core_run(core.check(self.settings, self.group, key, message.transaction_id), self.pool.run)
+        log.debug("check of %s (key %s): %s (%s)", message.transaction_id, key, verdict.answer, verdict.source.value)
+        if verdict.commit_transaction_ids:
+            # The row stays until the broker holds the COMMIT of every half it lists.
+            if self.commit_all(verdict.commit_transaction_ids):
+                self.acknowledged(key)
+        return verdict.answer
+
+    def commit_all(self, transaction_ids: Sequence[str]) -> bool:
+        """EndTransaction(COMMIT) of each (blocking); True when the broker holds every one
+        COMMITTED."""
+        deadline = time.monotonic() + core.END_RETRY_SECONDS
+        states = [self.producer._end_by_id(t, LocalTransactionState.COMMIT, deadline)[0]  # noqa: SLF001
+                  for t in transaction_ids]
+        return all(s is TransactionState.COMMITTED for s in states)
+
+    # deletes
+    def acknowledged(self, key: str) -> None:
+        with self._wake:
+            self._acked.append(key)
+            if len(self._acked) >= self.settings.delete_batch:
+                self._wake.notify()
+
+    def _run(self) -> None:
+        next_sweep = time.monotonic() + self.settings.sweep_interval_seconds
+        while True:
+            with self._wake:
+                if not self._stop and len(self._acked) < self.settings.delete_batch:
+                    self._wake.wait(0.05)
+                keys, self._acked = self._acked, []
+                stop = self._stop
+            if keys:
+                self._delete(keys)
+            if stop:
+                return
+            if time.monotonic() >= next_sweep:
+                self.sweep()
+                next_sweep = time.monotonic() + self.settings.sweep_interval_seconds
+
+    def _delete(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), self.settings.delete_batch):
+            batch = keys[i:i + self.settings.delete_batch]
+            try:
+                self.pool.run(core.delete_acknowledged_statement(self.settings, self.group, batch))
+            except core.DatabaseError as err:
+                # Left for the sweeper: it commits their halves again (idempotent) and deletes them.
+                log.warning("cannot delete %d acknowledged decision rows (the sweep repairs them): %s",
+                            len(batch), err)
+
+    def sweep(self) -> None:
+        """Fences past retention go; COMMIT rows older than ``repair_after_seconds`` get
+        their halves committed on the broker again, then go."""
+        try:
+            self.pool.run(core.sweep_fences_statement(self.settings, self.group))
+            rows = self.pool.run(core.lingering_statement(self.settings, self.group))
+        except core.DatabaseError as err:
+            log.warning("decisions sweep failed: %s", err)
+            return
+        for key, transaction_ids in rows:
+            if transaction_ids is None:
+                continue  # written by a client that does not record its halves: left to checks
+            if self.commit_all(transaction_ids):
+                self._delete([key])
+
+    def close(self) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+        self.ends.shutdown(wait=True)
+        self.pool.close()
+
+
+def core_run(steps: Any, run_statement: Callable[[core.Statement], Any]) -> Any:
+    """Drives a generator of statements (``core.check``) with a blocking runner."""
+    value: Any = None
+    error: core.DatabaseError | None = None
+    while True:
+        try:
+            step = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value
+        value = error = None
+        try:
+            value = run_statement(step)
+        except core.DatabaseError as err:
+            error = err
+
+
+# --- the transaction ----------------------------------------------------------------------
+
+class AnchoredTransaction:
+    """One anchored transaction on the caller's connection (see the module docstring and
+    :meth:`txmq.TransactionProducer.transaction`). Not for sharing between threads."""
+
+    def __init__(self, producer: "TransactionProducer", conn: Any, end: str) -> None:
+        if end not in ("hint", "await"):
+            raise InvalidFieldError("end", f"must be 'hint' or 'await', got {end!r}")
+        store = producer._decision_store  # noqa: SLF001
+        if store is None:
+            raise InvalidFieldError("decisions", "producer.transaction() needs a producer made with decisions=")
+        self.producer = producer
+        self.store = store
+        self.db = local_connection(conn)
+        self.end = end
+        self.plan = core.Plan(store.settings, producer.producer_group)
+        self._halves: list[Future[Any]] = []
+        self._entered = False
+        self._done = False
+        #: Set when the block ends: the decision and the broker's acknowledgement.
+        self.result: AnchoredResult | None = None
+
+    @property
+    def key(self) -> str:
+        """The transaction key (stamped on every message; the decision row's key)."""
+        return self.plan.key
+
+    def __enter__(self) -> "AnchoredTransaction":
+        if self._entered:
+            raise InvalidFieldError("transaction", "already entered")
+        self.producer._client.check_open()  # noqa: SLF001
+        if self.db.in_transaction():
+            raise InvalidFieldError("connection", "is inside a transaction: an anchored transaction must be the "
+                                                  "outermost one (its COMMIT is the decision); commit or roll back first")
+        self._entered = True
+        self.store.open_keys.add(self.plan.key)
+        try:
+            self.db.execute(self.plan.begin())
+        except BaseException:
+            self.store.open_keys.discard(self.plan.key)
+            self._rollback_quietly()
+            raise
+        failpoint("begin.after")
+        return self
+
+    def send(self, message: Message) -> "Future[TransactionMessage]":
+        """Sends ``message`` as a half message of this transaction, in the background; the
+        block's end waits for its durable acknowledgement (a failure rolls the local
+        transaction back and is raised there). Returns a future of the stored half."""
+        if not self._entered or self._done:
+            raise InvalidFieldError("transaction", "send() belongs inside the `with` block")
+        message = self.producer._validate(message)  # noqa: SLF001
+        keyed = dataclasses.replace(message, properties=self.plan.properties(message.properties))
+        future = self.store.ends.submit(self._send_half, keyed)
+        self._halves.append(future)
+        return future
+
+    def _send_half(self, message: Message) -> TransactionMessage:
+        half, _route = self.producer._send_half(message)  # noqa: SLF001
+        failpoint("half.after")
+        return half
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._done = True
+        try:
+            if exc_type is not None:
+                self._abort()
+                return
+            self._commit()
+        finally:
+            self.store.open_keys.discard(self.plan.key)
+
+    def _stored(self) -> tuple[list[TransactionMessage], TxmqError | BaseException | None]:
+        halves: list[TransactionMessage] = []
+        error: BaseException | None = None
+        for future in self._halves:
+            try:
+                halves.append(future.result())
+            except BaseException as exc:  # noqa: BLE001 - the first failure is raised
+                error = error or exc
+        return halves, error
+
+    def _abort(self) -> None:
+        """The block raised: roll back, then tell the broker (a hint) about every half as
+        it is stored."""
+        self._rollback_quietly()
+        for future in self._halves:
+            future.add_done_callback(self._rollback_half)
+
+    def _rollback_half(self, future: "Future[TransactionMessage]") -> None:
+        if future.exception() is None:
+            half = future.result()
+            try:
+                self.store.ends.submit(self._end_quietly, half.transaction_id, LocalTransactionState.ROLLBACK)
+            except RuntimeError:
+                pass  # shutting down: the check fences it
+
+    def _end_quietly(self, transaction_id: str, decision: LocalTransactionState) -> None:
+        self.producer._end_by_id(transaction_id, decision, time.monotonic() + core.END_RETRY_SECONDS)  # noqa: SLF001
+
+    def _rollback_quietly(self) -> None:
+        try:
+            self.db.rollback()
+        except Exception as err:  # noqa: BLE001 - a lost connection rolls back on the server anyway
+            log.debug("rollback of anchored transaction %s failed: %s", self.plan.key, err)
+
+    def _commit(self) -> None:
+        halves, error = self._stored()
+        if error is not None:
+            self._abort()
+            raise error
+        if not self.db.in_transaction():
+            raise InvalidFieldError("connection", "its transaction ended inside the anchored block (a commit or "
+                                                  "rollback there): the checks decide its messages from the table")
+        self.plan.transaction_ids = [h.transaction_id for h in halves]
+        failpoint("commit.before")
+        steps = self.plan.finish()
+        commit = next(steps)
+        try:
+            self.db.commit(commit.statement)
+        except Exception as exc:
+            state = self.db.sqlstate(exc)
+            try:
+                steps.throw(core.DatabaseError(state, exc))
+            except StopIteration:  # UNKNOWN: the connection broke during COMMIT
+                log.warning("anchored transaction %s: the COMMIT's answer was lost; the checks decide its "
+                            "%d message(s) from the decisions table", self.plan.key, len(halves))
+                raise exc from None
+            except core.DatabaseError:  # refused: rolled back
+                self._abort()
+                raise exc from None
+        failpoint("commit.after")
+        self.result = AnchoredResult(self.plan.key, TransactionState.COMMITTED, tuple(halves))
+        if not halves:
+            self.result._acked.set()  # noqa: SLF001
+            return
+        ending = self.store.ends.submit(self._end_committed, self.result)
+        if self.end == "await":
+            ending.result()
+
+    def _end_committed(self, result: AnchoredResult) -> None:
+        deadline = time.monotonic() + core.END_RETRY_SECONDS
+        acked = True
+        for half in result.messages:
+            state, error = self.producer._end_by_id(half.transaction_id, LocalTransactionState.COMMIT,  # noqa: SLF001
+                                                    deadline)
+            failpoint("end.sent")
+            if state is not TransactionState.COMMITTED:
+                acked = False
+                if error is not None:
+                    result._errors.append(error)  # noqa: SLF001
+                if isinstance(error, TransactionStateError):
+                    log.error("anchored transaction %s committed in the database but its message %s is %s on "
+                              "the broker", result.transaction_key, half.message_id, state)
+        if acked:
+            result._acked.set()  # noqa: SLF001
+            self.store.acknowledged(result.transaction_key)
