@@ -40,13 +40,19 @@ log = logging.getLogger(__name__)
 #: anchored transaction (tests/integration/test_anchored_crash.py). Read once at import:
 #: unset, :func:`failpoint` is one comparison with an empty string.
 FAILPOINT = os.environ.get("TXMQ_SDK_FAILPOINT", "")
-FAILPOINTS = ("begin.after", "half.after", "commit.before", "commit.after", "end.sent")
+FAILPOINTS = ("begin.after", "half.after", "commit.before", "commit.after", "end.inflight", "end.after")
 
 
 def failpoint(step: str) -> None:
     if FAILPOINT and step == FAILPOINT:
         log.critical("fail point %s reached: killing the process", step)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def failpoint_soon(step: str, seconds: float = 0.001) -> None:
+    """Dies ``seconds`` from now when ``step`` is armed (a request then is in flight)."""
+    if FAILPOINT and step == FAILPOINT:
+        threading.Timer(seconds, failpoint, (step,)).start()
 
 
 # --- results ------------------------------------------------------------------------------
@@ -193,7 +199,8 @@ class DBAPIConnection:
     """Any PostgreSQL DB-API 2.0 (PEP 249) connection: statements through ``cursor()``,
     ``commit()`` and ``rollback()``; ``paramstyle`` its module's (format, pyformat, qmark,
     numeric, or dollar for ``$1``). DB-API cannot tell whether a transaction is open:
-    ``in_transaction`` (a callable) can; without it the caller vouches that none is. An
+    ``in_transaction`` (a callable) can; without it the caller vouches that none is when
+    the block begins, and the adapter counts the one it began as open until it ends it. An
     error's SQLSTATE is read from ``error.sqlstate`` or ``error.pgcode`` unless
     ``sqlstate`` (a callable) says; ``lost(error)`` says whether the connection was lost."""
 
@@ -207,9 +214,10 @@ class DBAPIConnection:
         self._in_transaction = in_transaction
         self._sqlstate = sqlstate
         self._lost = lost
+        self._open = False
 
     def in_transaction(self) -> bool:
-        return bool(self._in_transaction()) if self._in_transaction is not None else False
+        return bool(self._in_transaction()) if self._in_transaction is not None else self._open
 
     def run(self, statement: core.Statement) -> list[tuple[Any, ...]]:
         cursor = self.conn.cursor()
@@ -220,14 +228,19 @@ class DBAPIConnection:
             cursor.close()
 
     def execute(self, statement: core.Statement) -> None:
+        self._open = True  # DB-API begins a transaction at the first statement
         self.run(statement)
 
     def commit(self, statement: core.Statement | None) -> None:
-        if statement is not None:
-            self.run(statement)
-        self.conn.commit()
+        try:
+            if statement is not None:
+                self.run(statement)
+            self.conn.commit()
+        finally:
+            self._open = False
 
     def rollback(self) -> None:
+        self._open = False
         self.conn.rollback()
 
     def sqlstate(self, error: BaseException) -> str | None:
@@ -400,21 +413,21 @@ class DecisionStore:
         key = core.transaction_key_of(message.properties)
         if key in self.open_keys:
             return InProgress(retry_after_seconds=self.settings.in_progress_retry_seconds)
-        verdict = core_run(core.check(self.settings, self.group, key, message.transaction_id), self.pool.run)
+        verdict = drive(core.answer_check(self.settings, self.group, key, message.transaction_id), self.perform)
         log.debug("check of %s (key %s): %s (%s)", message.transaction_id, key, verdict.answer, verdict.source.value)
-        if verdict.commit_transaction_ids:
-            # The row stays until the broker holds the COMMIT of every half it lists.
-            if self.commit_all(verdict.commit_transaction_ids):
-                self.acknowledged(key)
         return verdict.answer
 
-    def commit_all(self, transaction_ids: Sequence[str]) -> bool:
-        """EndTransaction(COMMIT) of each (blocking); True when the broker holds every one
-        COMMITTED."""
-        deadline = time.monotonic() + core.END_RETRY_SECONDS
-        states = [self.producer._end_by_id(t, LocalTransactionState.COMMIT, deadline)[0]  # noqa: SLF001
-                  for t in transaction_ids]
-        return all(s is TransactionState.COMMITTED for s in states)
+    def perform(self, step: Any) -> Any:
+        """One step of the store's flows (``core.answer_check``, ``acknowledge``, ``sweep``), blocking."""
+        if type(step) is core.Statement:
+            return self.pool.run(step)
+        if type(step) is core.Ends:
+            deadline = time.monotonic() + core.END_RETRY_SECONDS
+            return [self.producer._end_by_id(t, step.decision, deadline)  # noqa: SLF001
+                    for t in step.transaction_ids]
+        assert type(step) is core.Acknowledged, step
+        self.acknowledged(step.key)
+        return None
 
     # deletes
     def acknowledged(self, key: str) -> None:
@@ -436,7 +449,7 @@ class DecisionStore:
             if stop:
                 return
             if time.monotonic() >= next_sweep:
-                self.sweep()
+                drive(core.sweep(self.settings, self.group), self.perform)
                 next_sweep = time.monotonic() + self.settings.sweep_interval_seconds
 
     def _delete(self, keys: list[str]) -> None:
@@ -449,21 +462,6 @@ class DecisionStore:
                 log.warning("cannot delete %d acknowledged decision rows (the sweep repairs them): %s",
                             len(batch), err)
 
-    def sweep(self) -> None:
-        """Fences past retention go; COMMIT rows older than ``repair_after_seconds`` get
-        their halves committed on the broker again, then go."""
-        try:
-            self.pool.run(core.sweep_fences_statement(self.settings, self.group))
-            rows = self.pool.run(core.lingering_statement(self.settings, self.group))
-        except core.DatabaseError as err:
-            log.warning("decisions sweep failed: %s", err)
-            return
-        for key, transaction_ids in rows:
-            if transaction_ids is None:
-                continue  # written by a client that does not record its halves: left to checks
-            if self.commit_all(transaction_ids):
-                self._delete([key])
-
     def close(self) -> None:
         with self._wake:
             self._stop = True
@@ -473,8 +471,9 @@ class DecisionStore:
         self.pool.close()
 
 
-def core_run(steps: Any, run_statement: Callable[[core.Statement], Any]) -> Any:
-    """Drives a generator of statements (``core.check``) with a blocking runner."""
+def drive(steps: Any, perform: Callable[[Any], Any]) -> Any:
+    """Drives a flow of ``txmq._decisions`` with a blocking ``perform``; a DatabaseError
+    it raises is thrown into the flow."""
     value: Any = None
     error: core.DatabaseError | None = None
     while True:
@@ -484,7 +483,7 @@ def core_run(steps: Any, run_statement: Callable[[core.Statement], Any]) -> Any:
             return done.value
         value = error = None
         try:
-            value = run_statement(step)
+            value = perform(step)
         except core.DatabaseError as err:
             error = err
 
@@ -562,30 +561,34 @@ class AnchoredTransaction:
         finally:
             self.store.open_keys.discard(self.plan.key)
 
-    def _stored(self) -> tuple[list[TransactionMessage], TxmqError | BaseException | None]:
-        halves: list[TransactionMessage] = []
-        error: BaseException | None = None
-        for future in self._halves:
+
+    def perform(self, step: Any) -> Any:
+        """One step of ``core.closing`` on the caller's connection, blocking."""
+        kind = type(step)
+        if kind is core.AwaitHalves:
+            return [_outcome(f) for f in self._halves]
+        if kind is core.Commit:
+            failpoint("commit.before")
             try:
-                halves.append(future.result())
-            except BaseException as exc:  # noqa: BLE001 - the first failure is raised
-                error = error or exc
-        return halves, error
+                self.db.commit(step.statement)
+            except Exception as exc:
+                raise core.DatabaseError(self.db.sqlstate(exc), exc) from exc
+            return None
+        if kind is core.Rollback:
+            self._rollback_quietly()
+            return None
+        if kind is core.InTransaction:
+            return self.db.in_transaction()
+        assert kind is core.Hint, step
+        for transaction_id in step.transaction_ids:
+            try:
+                self.store.ends.submit(self._end_quietly, transaction_id, step.decision)
+            except RuntimeError:
+                pass  # shutting down: the check decides
+        return None
 
     def _abort(self) -> None:
-        """The block raised: roll back, then tell the broker (a hint) about every half as
-        it is stored."""
-        self._rollback_quietly()
-        for future in self._halves:
-            future.add_done_callback(self._rollback_half)
-
-    def _rollback_half(self, future: "Future[TransactionMessage]") -> None:
-        if future.exception() is None:
-            half = future.result()
-            try:
-                self.store.ends.submit(self._end_quietly, half.transaction_id, LocalTransactionState.ROLLBACK)
-            except RuntimeError:
-                pass  # shutting down: the check fences it
+        drive(core.closing(self.plan, raised=True), self.perform)
 
     def _end_quietly(self, transaction_id: str, decision: LocalTransactionState) -> None:
         self.producer._end_by_id(transaction_id, decision, time.monotonic() + core.END_RETRY_SECONDS)  # noqa: SLF001
@@ -597,53 +600,45 @@ class AnchoredTransaction:
             log.debug("rollback of anchored transaction %s failed: %s", self.plan.key, err)
 
     def _commit(self) -> None:
-        halves, error = self._stored()
-        if error is not None:
-            self._abort()
-            raise error
-        if not self.db.in_transaction():
-            raise InvalidFieldError("connection", "its transaction ended inside the anchored block (a commit or "
-                                                  "rollback there): the checks decide its messages from the table")
-        self.plan.transaction_ids = [h.transaction_id for h in halves]
-        failpoint("commit.before")
-        steps = self.plan.finish()
-        commit = next(steps)
-        try:
-            self.db.commit(commit.statement)
-        except Exception as exc:
-            state = self.db.sqlstate(exc)
-            try:
-                steps.throw(core.DatabaseError(state, exc))
-            except StopIteration:  # UNKNOWN: the connection broke during COMMIT
-                log.warning("anchored transaction %s: the COMMIT's answer was lost; the checks decide its "
-                            "%d message(s) from the decisions table", self.plan.key, len(halves))
-                raise exc from None
-            except core.DatabaseError:  # refused: rolled back
-                self._abort()
-                raise exc from None
+        closed = drive(core.closing(self.plan, raised=False), self.perform)
+        if closed.outcome is None:
+            raise closed.error
+        if closed.outcome is core.Outcome.UNKNOWN:
+            log.warning("anchored transaction %s: the COMMIT's answer was lost; the checks decide its "
+                        "%d message(s) from the decisions table", self.plan.key, len(closed.halves))
+            raise closed.error
+        if closed.outcome is core.Outcome.ROLLED_BACK:
+            raise closed.error
         failpoint("commit.after")
-        self.result = AnchoredResult(self.plan.key, TransactionState.COMMITTED, tuple(halves))
-        if not halves:
-            self.result._acked.set()  # noqa: SLF001
+        self.result = result = AnchoredResult(self.plan.key, TransactionState.COMMITTED, closed.halves)
+        if not closed.halves:
+            result._acked.set()  # noqa: SLF001
             return
-        ending = self.store.ends.submit(self._end_committed, self.result)
+        ending = self.store.ends.submit(self._end_committed, result)
         if self.end == "await":
             ending.result()
 
     def _end_committed(self, result: AnchoredResult) -> None:
-        deadline = time.monotonic() + core.END_RETRY_SECONDS
-        acked = True
-        for half in result.messages:
-            state, error = self.producer._end_by_id(half.transaction_id, LocalTransactionState.COMMIT,  # noqa: SLF001
-                                                    deadline)
-            failpoint("end.sent")
-            if state is not TransactionState.COMMITTED:
-                acked = False
-                if error is not None:
-                    result._errors.append(error)  # noqa: SLF001
-                if isinstance(error, TransactionStateError):
-                    log.error("anchored transaction %s committed in the database but its message %s is %s on "
-                              "the broker", result.transaction_key, half.message_id, state)
+        acked, errors = drive(core.acknowledge(result.transaction_key,
+                                               [h.transaction_id for h in result.messages]), self._perform_end)
+        result._errors.extend(errors)  # noqa: SLF001
+        for error in errors:
+            if isinstance(error, TransactionStateError):
+                log.error("anchored transaction %s committed in the database but the broker refused its "
+                          "COMMIT: %s", result.transaction_key, error)
         if acked:
             result._acked.set()  # noqa: SLF001
-            self.store.acknowledged(result.transaction_key)
+
+    def _perform_end(self, step: Any) -> Any:
+        if type(step) is core.Ends:
+            failpoint_soon("end.inflight")
+        elif type(step) is core.Acknowledged:
+            failpoint("end.after")
+        return self.store.perform(step)
+
+
+def _outcome(future: "Future[TransactionMessage]") -> tuple[Any, BaseException | None]:
+    try:
+        return future.result(), None
+    except BaseException as exc:  # noqa: BLE001 - the first failure is raised by the caller
+        return None, exc

@@ -488,3 +488,130 @@ class Decisions:
 
     def __repr__(self) -> str:  # never the connection string: it may hold a password
         return f"Decisions(table={self.settings.table!r}, source={type(self.source).__name__})"
+
+
+# --- the flows the drivers run ------------------------------------------------------------
+# Steps besides a Statement (run it in a transaction of its own on the producer's
+# connection; rows back) and Commit / Rollback (on the caller's connection):
+
+class AwaitHalves:
+    """Perform: wait until every half sent in the block is stored or failed; send back a
+    list of (TransactionMessage or None, error or None) in the order sent."""
+
+    __slots__ = ()
+
+
+class InTransaction:
+    """Perform: whether the caller's connection is still inside its transaction."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Hint:
+    """Perform: EndTransaction(``decision``) of each transaction id in the background,
+    without waiting (a hint: the decision is already taken)."""
+
+    decision: LocalTransactionState
+    transaction_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Ends:
+    """Perform: EndTransaction(``decision``) of each transaction id (concurrently where the
+    driver can), retried until ``END_RETRY_SECONDS``; send back their states (None: not
+    ended)."""
+
+    decision: LocalTransactionState
+    transaction_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Acknowledged:
+    """Perform: queue ``key``'s COMMIT row for the next batched delete."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """How a block ended: ``outcome`` None when it rolled back before any COMMIT (the
+    block raised or a half failed: ``error``); the halves stored."""
+
+    outcome: Outcome | None
+    halves: tuple[Any, ...]
+    error: BaseException | None = None
+
+
+def closing(plan: Plan, raised: bool) -> Generator[Any, Any, Closed]:
+    """The end of an anchored block: wait for the halves; if the block raised or a half
+    failed, roll back and hint ROLLBACK for the halves stored; else record the halves and
+    COMMIT (the decision). A refused COMMIT is a rollback (hinted); a lost one is UNKNOWN
+    (no hint: the check decides from the row)."""
+    results = yield AwaitHalves()
+    stored = tuple(h for h, e in results if h is not None)
+    error = next((e for _h, e in results if e is not None), None)
+    ids = tuple(h.transaction_id for h in stored)
+    if raised or error is not None:
+        yield Rollback()
+        if ids:
+            yield Hint(LocalTransactionState.ROLLBACK, ids)
+        return Closed(None, stored, error)
+    if not (yield InTransaction()):
+        raise InvalidFieldError("connection", "its transaction ended inside the anchored block (a commit or "
+                                              "rollback there): the checks decide its messages from the table")
+    plan.transaction_ids = list(ids)
+    steps = plan.finish()
+    commit = next(steps)
+    try:
+        yield commit
+    except DatabaseError as err:
+        try:
+            steps.throw(err)
+        except StopIteration:  # the answer to COMMIT was lost: the row decides, by the checks
+            return Closed(Outcome.UNKNOWN, stored, err.cause)
+        except DatabaseError:
+            if ids:
+                yield Hint(LocalTransactionState.ROLLBACK, ids)
+            return Closed(Outcome.ROLLED_BACK, stored, err.cause)
+    return Closed(Outcome.COMMITTED, stored)
+
+
+def acknowledge(key: str, transaction_ids: Sequence[str]) -> Generator[Any, Any, tuple[bool, list[Any]]]:
+    """After the local COMMIT (or a check or sweep that found a COMMIT row): commit every
+    half on the broker; once all are COMMITTED there, the row may go. Returns (acknowledged,
+    the errors of the ends that failed)."""
+    results = yield Ends(LocalTransactionState.COMMIT, tuple(transaction_ids))
+    from ._types import TransactionState
+
+    acked = all(state is TransactionState.COMMITTED for state, _e in results)
+    if acked:
+        yield Acknowledged(key)
+    return acked, [e for _s, e in results if e is not None]
+
+
+def answer_check(settings: DecisionSettings, group: str, key: str, transaction_id: str) -> Steps:
+    """A check (:func:`check`), then for a COMMIT row its halves committed on the broker
+    and the row queued for deletion."""
+    verdict = yield from check(settings, group, key, transaction_id)
+    if verdict.commit_transaction_ids:
+        yield from acknowledge(key, verdict.commit_transaction_ids)
+    return verdict
+
+
+def sweep(settings: DecisionSettings, group: str) -> Generator[Any, Any, int]:
+    """Fences past retention go; COMMIT rows older than ``repair_after_seconds`` are
+    acknowledged again (their halves committed: idempotent) and go. Returns how many COMMIT
+    rows it repaired; a database failure ends the sweep (the next one tries again)."""
+    repaired = 0
+    try:
+        yield sweep_fences_statement(settings, group)
+        rows = yield lingering_statement(settings, group)
+    except DatabaseError:
+        return repaired
+    for key, transaction_ids in rows:
+        if transaction_ids is None:
+            continue  # written by a client that does not record its halves: left to the checks
+        acked, _errors = yield from acknowledge(key, transaction_ids)
+        repaired += acked
+    return repaired

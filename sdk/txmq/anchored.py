@@ -19,9 +19,11 @@ psycopg 3 and SQLAlchemy 2 are optional: ``pip install 'txmq[psycopg]'`` / ``'tx
 
 from ._anchored import (AnchoredResult, AnchoredTransaction, DBAPIConnection, LocalConnection, PsycopgConnection,
                         SQLAlchemySession)
+from .aio._anchored import AsyncAnchoredResult, AsyncPsycopgConnection, AsyncSQLAlchemySession
 from ._decisions import (ANCHOR_PROPERTY, DEFAULT_TABLE, DecisionSettings, Decisions, resolver_grants_sql,
                          schema_sql)
 
-__all__ = ["ANCHOR_PROPERTY", "DEFAULT_TABLE", "AnchoredResult", "AnchoredTransaction", "DBAPIConnection",
+__all__ = ["ANCHOR_PROPERTY", "DEFAULT_TABLE", "AnchoredResult", "AnchoredTransaction", "AsyncAnchoredResult",
+           "AsyncPsycopgConnection", "AsyncSQLAlchemySession", "DBAPIConnection",
            "DecisionSettings", "Decisions", "LocalConnection", "PsycopgConnection", "SQLAlchemySession",
            "resolver_grants_sql", "schema_sql"]
