@@ -68,7 +68,9 @@ class CheckerConfig(ServiceConfig):
     #: (an end that reached the broker before the producer died leaves no check to come);
     #: fences older than resolver_fence_retention_seconds go.
     resolver_sweep_interval_seconds: float = seconds(10.0, max=HOUR)
+    #: Age past which the resolver's sweep repairs a COMMIT row.
     resolver_repair_after_seconds: float = seconds(30.0, max=DAY)
+    #: Age past which the resolver's sweep deletes a fence (longer than any check window).
     resolver_fence_retention_seconds: float = seconds(7 * DAY, max=YEAR)
 
     def validate(self) -> None:
