@@ -463,11 +463,12 @@ class DecisionStore:
                             len(batch), err)
 
     def close(self) -> None:
+        """Lets the ends in flight finish (their rows are deleted), then stops."""
+        self.ends.shutdown(wait=True)
         with self._wake:
             self._stop = True
             self._wake.notify()
         self._thread.join(timeout=10)
-        self.ends.shutdown(wait=True)
         self.pool.close()
 
 

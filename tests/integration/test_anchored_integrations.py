@@ -149,3 +149,19 @@ def test_a_dbapi_connection_and_a_factory_source(checked, dsn, unique_name):
         wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
     raw.close()
     assert orders(dsn) == ["d1"]
+
+
+@pytest.mark.parametrize("flavour", [[], ["--asyncio"]], ids=["sync", "asyncio"])
+def test_the_anchored_example_runs(checked, dsn, unique_name, flavour):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "anchored_orders.py"
+    done = subprocess.run([sys.executable, str(script), "--nameserver", checked.nameserver_address, "--dsn", dsn,
+                           "--topic", unique_name("ex"), *flavour], capture_output=True, text=True, timeout=120,
+                          env={**os.environ})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "placed 4, received 4" in done.stdout
+    wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
