@@ -404,7 +404,10 @@ class DecisionStore:
         self._stop = False
         #: Keys of anchored transactions open in this process (checks: IN_PROGRESS here).
         self.open_keys: set[str] = set()
-        self.ends = ThreadPoolExecutor(max_workers=8, thread_name_prefix="txmq-anchored-end")
+        #: Halves and ends in the background (threads made as needed, up to this many).
+        self.ends = ThreadPoolExecutor(max_workers=32, thread_name_prefix="txmq-anchored")
+        #: Set by close(): ends in flight stop retrying (the checks repair what they leave).
+        self.closing = False
         self._thread = threading.Thread(target=self._run, name="txmq-decisions", daemon=True)
         self._thread.start()
 
@@ -463,7 +466,8 @@ class DecisionStore:
                             len(batch), err)
 
     def close(self) -> None:
-        """Lets the ends in flight finish (their rows are deleted), then stops."""
+        """Lets the ends in flight finish without retrying (their rows are deleted), then stops."""
+        self.closing = True
         self.ends.shutdown(wait=True)
         with self._wake:
             self._stop = True

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
+import math
 import os
 import socket
 import threading
@@ -234,6 +235,10 @@ class TransactionProducer(Producer):
     transaction under ``message.transaction_id`` and answer by it, and the orphan (a
     transaction id no local transaction used) is rolled back; answering by a business key
     would commit it as a second copy of the message.
+
+    Anchored transactions (``decisions=txmq.anchored.Decisions(...)``, then
+    :meth:`transaction`): the decision is the database commit and checks are answered from
+    the group's decisions table, with no listener (docs/anchored-transactions.md).
     """
 
     def __init__(self, nameservers: str | Sequence[str], *, producer_group: str,
@@ -396,7 +401,12 @@ class TransactionProducer(Producer):
                 return self._client.broker_address(step.broker, refresh=step.refresh)
             return self._perform(step)
 
-        return run(end_by_id(transaction_id, decision, self.producer_group, deadline, time.monotonic,
+        store = self._decision_store
+
+        def clock() -> float:  # once the producer is closing, no more retries
+            return math.inf if store is not None and store.closing else time.monotonic()
+
+        return run(end_by_id(transaction_id, decision, self.producer_group, deadline, clock,
                              self.retry_backoff_seconds), perform)
 
     # --- the explicit form ----------------------------------------------------------------

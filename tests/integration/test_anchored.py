@@ -241,3 +241,27 @@ def test_a_commit_row_left_behind_is_repaired_by_the_sweeper(checked, dsn, uniqu
     with anchored_producer(checked, group, dsn, answer_checks=False, repair_after_seconds=0.5,
                            sweep_interval_seconds=0.2):
         wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+
+
+def test_close_gives_up_the_retries_of_an_end_and_the_check_repairs_it(fresh_cluster_factory, dsn, unique_name):
+    """The broker is down when the local COMMIT returns: the end keeps failing. close()
+    stops its retries (it does not wait them out: 30 s) and the transaction is still
+    committed later, from the row, once the broker is back."""
+    import time
+
+    cluster = fresh_cluster_factory(broker_env=BROKER_ENV, checker=True, checker_env=CHECKER_ENV)
+    group, topic = unique_name("g"), unique_name("orders")
+    cluster.create_topic(topic, 1)
+    producer = anchored_producer(cluster, group, dsn, answer_checks=False)
+    with psycopg.connect(dsn) as conn:
+        with producer.transaction(conn) as tx:
+            half = tx.send(txmq.Message(topic, b"late")).result(10)
+            cluster.kill_broker(0)
+    assert tx.result.state is txmq.TransactionState.COMMITTED and not tx.result.acknowledged
+    began = time.monotonic()
+    producer.close()
+    assert time.monotonic() - began < 20, "close() waited out the end's retries"
+    cluster.restart_broker(0)
+    with anchored_producer(cluster, group, dsn):
+        wait_state(cluster, half.transaction_id, COMMITTED, timeout=30)
+        wait_until(lambda: rows(dsn) == [], 15, message=lambda: f"decision rows left: {rows(dsn)}")

@@ -266,6 +266,8 @@ class AsyncDecisionStore:
         #: Background ends and hints (kept referenced until done).
         self.tasks: set[asyncio.Task[Any]] = set()
         self._stopped = False
+        #: Set by close(): ends in flight stop retrying (the checks repair what they leave).
+        self.closing = False
 
     def start(self) -> None:
         if self._task is None and not self._stopped:
@@ -333,6 +335,7 @@ class AsyncDecisionStore:
 
     async def close(self) -> None:
         self._stopped = True
+        self.closing = True
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=core.END_RETRY_SECONDS)
         if self._task is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import math
 import time
 from typing import Any, Callable, Sequence
 
@@ -156,6 +157,9 @@ class AsyncTransactionProducer(AsyncProducer):
 
     Start it with ``async with`` (or ``await producer.start()``) inside the event loop that
     will use it.
+
+    Anchored transactions (``decisions=txmq.anchored.Decisions(...)``, then
+    ``async with producer.transaction(conn)``): no listener needed (docs/anchored-transactions.md).
     """
 
     def __init__(self, nameservers: str | Sequence[str], *, producer_group: str,
@@ -254,7 +258,12 @@ class AsyncTransactionProducer(AsyncProducer):
                 return await self._client.broker_address(step.broker, refresh=step.refresh)
             return await self._perform(step)
 
-        return await run_async(end_by_id(transaction_id, decision, self.producer_group, deadline, time.monotonic,
+        store = self._decision_store
+
+        def clock() -> float:  # once the producer is closing, no more retries
+            return math.inf if store is not None and store.closing else time.monotonic()
+
+        return await run_async(end_by_id(transaction_id, decision, self.producer_group, deadline, clock,
                                          self.retry_backoff_seconds), perform)
 
     async def send_in_transaction(self, message: "Message | Sequence[Message]",
