@@ -206,6 +206,21 @@ def test_producer_killed_at_each_step(checked, dsn, unique_name, workers, step):
     assert counts == {"committed": int(commits), "fences": int(fenced)}, counts
 
 
+def test_an_attempt_given_up_on_shares_the_key_and_is_rolled_back(checked, dsn, unique_name, workers):
+    """A half stored by an attempt the producer gave up on (a send moved to another shard
+    after its answer was lost) carries the same key as the transaction. The producer dies
+    after its COMMIT; the checks find the COMMIT row: the half it lists is committed, the
+    other one — not listed — rolled back. The order is delivered once."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 2)
+    worker = Worker(checked, dsn, topic, group, "--orders", "1", "--no-checks", "--stray", failpoint="commit.after")
+    workers.append(worker)
+    assert worker.wait_exit(60) == -9, worker.stderr()
+    [stray] = worker.of("stray")
+    assert settle_and_check(checked, dsn, group, topic, unique_name) == {"committed": 1, "fences": 0}
+    assert describe(checked, stray["transaction_id"]).state == common_pb2.TRANSACTION_STATE_ROLLED_BACK
+
+
 def test_producer_killed_at_random_points_under_load(checked, dsn, unique_name, workers):
     """Two processes commit in a loop; each is SIGKILLed from outside (wherever it is)."""
     group, topic = unique_name("g"), unique_name("orders")

@@ -7,7 +7,9 @@ makes it SIGKILL itself at a step; the test kills it from outside otherwise.
            [--orders N | --forever] [--prefix P] [--hold FILE] [--no-checks]
 
 ``--hold FILE``: each transaction waits inside its block (after its half is stored) until
-FILE exists. Events: {"ready"}, {"half": order, "transaction_id": ...},
+FILE exists. ``--stray``: each transaction also stores a second half message with the same
+key that it does not commit — what a send attempt given up on leaves behind when the send
+moves to another shard (its answer was lost, yet it was stored). Events: {"ready"}, {"half": order, "transaction_id": ...},
 {"committed": order, "transaction_id": ...}, {"error": order, "type": ..., "message": ...}.
 """
 
@@ -36,7 +38,10 @@ def main() -> None:
     parser.add_argument("--prefix", default="o")
     parser.add_argument("--hold", default="")
     parser.add_argument("--no-checks", action="store_true")
+    parser.add_argument("--stray", action="store_true")
     args = parser.parse_args()
+
+    import dataclasses
 
     import psycopg
 
@@ -57,7 +62,12 @@ def main() -> None:
             if conn.closed or conn.broken:
                 conn = psycopg.connect(args.dsn)
             with producer.transaction(conn) as tx:
-                half = tx.send(txmq.Message(args.topic, order.encode()))
+                message = txmq.Message(args.topic, order.encode())
+                half = tx.send(message)
+                if args.stray:
+                    stray = dataclasses.replace(message, properties=tx.plan.properties(message.properties))
+                    left, _route = producer._send_half(stray)  # noqa: SLF001 - the lost attempt, stored
+                    emit(stray=order, transaction_id=left.transaction_id)
                 conn.execute("INSERT INTO orders (id, body) VALUES (%s, 'x')", (order,))
                 if args.hold:
                     stored = half.result()
