@@ -125,7 +125,8 @@ def _pg_sqlstate(error: BaseException, lost: bool) -> str | None:
 
 
 class PsycopgConnection:
-    """A psycopg 3 ``Connection`` (autocommit or not)."""
+    """A psycopg 3 ``Connection`` (autocommit or not). Its own ``prepare_threshold`` applies
+    (None for a server behind a transaction-pooling PgBouncer)."""
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
@@ -138,13 +139,13 @@ class PsycopgConnection:
     def execute(self, statement: core.Statement) -> None:
         if self.conn.autocommit and not self.in_transaction():
             self.conn.execute("BEGIN")
-        self.conn.execute(statement.sql, statement.params, prepare=True)
+        self.conn.execute(statement.sql, statement.params)
 
     def commit(self, statement: core.Statement | None) -> None:
         conn = self.conn
         with conn.pipeline():
             if statement is not None:
-                conn.execute(statement.sql, statement.params, prepare=True)
+                conn.execute(statement.sql, statement.params)
             if conn.autocommit:
                 conn.execute("COMMIT")
             else:
@@ -287,7 +288,7 @@ def _psycopg_store(conn: Any) -> StoreConnection:
     conn.autocommit = True
 
     def run(statement: core.Statement) -> list[tuple[Any, ...]]:
-        cursor = conn.execute(statement.sql, statement.params, prepare=True)
+        cursor = conn.execute(statement.sql, statement.params)
         return cursor.fetchall() if statement.rows else []
 
     return StoreConnection(run, conn.close, lambda e: _pg_sqlstate(e, conn.broken or conn.closed))

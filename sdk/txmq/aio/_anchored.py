@@ -73,13 +73,13 @@ class AsyncPsycopgConnection:
     async def execute(self, statement: core.Statement) -> None:
         if self.conn.autocommit and not self.in_transaction():
             await self.conn.execute("BEGIN")
-        await self.conn.execute(statement.sql, statement.params, prepare=True)
+        await self.conn.execute(statement.sql, statement.params)
 
     async def commit(self, statement: core.Statement | None) -> None:
         conn = self.conn
         async with conn.pipeline():
             if statement is not None:
-                await conn.execute(statement.sql, statement.params, prepare=True)
+                await conn.execute(statement.sql, statement.params)
             if conn.autocommit:
                 await conn.execute("COMMIT")
             else:
@@ -149,7 +149,7 @@ class _AsyncStoreConnection:
 
 def _psycopg_async_store(conn: Any) -> _AsyncStoreConnection:
     async def run(statement: core.Statement) -> list[tuple[Any, ...]]:
-        cursor = await conn.execute(statement.sql, statement.params, prepare=True)
+        cursor = await conn.execute(statement.sql, statement.params)
         return await cursor.fetchall() if statement.rows else []
 
     return _AsyncStoreConnection(run, conn.close, lambda e: _pg_sqlstate(e, conn.broken or conn.closed))
