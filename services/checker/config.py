@@ -75,7 +75,7 @@ class CheckerConfig(ServiceConfig):
 
     def validate(self) -> None:
         """Rules across fields (each field's own range is declared beside it)."""
-        from txmq._decisions import validate_table
+        from txmq.decisions import validate_table
 
         try:
             validate_table(self.resolver_table)

@@ -5,7 +5,7 @@ configured with a decisions table (``resolver_groups``: ``GROUP=DSN_FILE``, see
 For such a group the checker holds a connection to the group's decisions table (a role
 limited to it: ``txmq db init --resolver-role``) and, while **no producer of the group is
 subscribed**, answers the group's checks of anchored transactions itself, with the same
-protocol as the SDK (``txmq._decisions``): the fence under a lock timeout, the COMMIT row
+protocol as the SDK (``txmq.decisions``): the fence under a lock timeout, the COMMIT row
 read, the halves it lists committed on their brokers (EndTransaction, source CHECK) and
 the row deleted once they all are COMMITTED. So a group whose whole fleet is down is still
 decided correctly.
@@ -26,11 +26,11 @@ from typing import Any
 
 import grpc
 
-from txmq import _decisions as core
-from txmq._ids import TransactionId
-from txmq._types import LocalTransactionState, TransactionState, state_from_name, state_from_pb
-from txmq.aio._anchored import _AsyncPool, drive_async
+from txmq import LocalTransactionState, TransactionState
+from txmq import decisions as core
+from txmq.decisions import AsyncStorePool, drive_async
 from txmq.errors import InvalidFieldError, TransactionStateError, error_from_rpc
+from txmq.ids import TransactionId
 from txmq.v1 import broker_pb2, checker_pb2, common_pb2
 
 from .brokers import BrokerDirectory
@@ -42,6 +42,14 @@ log = logging.getLogger(__name__)
 _RESULTS = {LocalTransactionState.COMMIT: common_pb2.CHECK_RESULT_COMMIT,
             LocalTransactionState.ROLLBACK: common_pb2.CHECK_RESULT_ROLLBACK,
             LocalTransactionState.UNKNOWN: common_pb2.CHECK_RESULT_UNKNOWN}
+
+
+def _state(name: str) -> TransactionState | None:
+    """``TRANSACTION_STATE_COMMITTED`` (or ``COMMITTED``) → the SDK's enum."""
+    try:
+        return TransactionState[name.removeprefix("TRANSACTION_STATE_")]
+    except KeyError:
+        return None
 
 
 def parse_groups(entries: tuple[str, ...]) -> dict[str, str]:
@@ -68,7 +76,7 @@ def parse_groups(entries: tuple[str, ...]) -> dict[str, str]:
 class _Group:
     def __init__(self, name: str, dsn: str, settings: core.DecisionSettings) -> None:
         self.name = name
-        self.pool = _AsyncPool(dsn)
+        self.pool = AsyncStorePool(dsn)
         self.settings = settings
         self.stream: ProducerStream | None = None
         self.wake = asyncio.Event()
@@ -155,7 +163,7 @@ class Resolver:
         return common_pb2.CHECK_RESULT_IN_PROGRESS, float(verdict.answer.retry_after_seconds)
 
     def _performer(self, group: _Group) -> Any:
-        """How the flows of ``txmq._decisions`` run here: statements on the group's own
+        """How the flows of ``txmq.decisions`` run here: statements on the group's own
         connection, ends on the brokers, an acknowledged row deleted at once."""
         async def perform(step: Any) -> Any:
             if type(step) is core.Statement:
@@ -197,9 +205,9 @@ class Resolver:
         except grpc.aio.AioRpcError as exc:
             error = error_from_rpc(exc)
             if isinstance(error, TransactionStateError):
-                return state_from_name(getattr(error, "state", None)), error
+                return _state(str(getattr(error, "state", ""))), error
             return None, error
-        return state_from_pb(response.state), None
+        return _state(common_pb2.TransactionState.Name(response.state)), None
 
     async def close(self) -> None:
         for group in self.groups.values():
