@@ -390,6 +390,10 @@ class _Pool:
 
 # --- the store: checks, ends, deletes, sweeps ---------------------------------------------
 
+#: How long the first acknowledged key waits for others before their batched delete.
+DELETE_LINGER_SECONDS = 0.05
+
+
 class DecisionStore:
     """A producer's side of its group's decisions table: answers checks from it, ends the
     halves a COMMIT row lists, deletes COMMIT rows once acknowledged (in batches) and
@@ -437,15 +441,19 @@ class DecisionStore:
     def acknowledged(self, key: str) -> None:
         with self._wake:
             self._acked.append(key)
-            if len(self._acked) >= self.settings.delete_batch:
+            if len(self._acked) in (1, self.settings.delete_batch):
                 self._wake.notify()
 
     def _run(self) -> None:
+        """Idle until a key is acknowledged or the next sweep is due; then gathers keys for
+        ``DELETE_LINGER_SECONDS`` (or a full batch) and deletes them in one statement."""
         next_sweep = time.monotonic() + self.settings.sweep_interval_seconds
         while True:
             with self._wake:
-                if not self._stop and len(self._acked) < self.settings.delete_batch:
-                    self._wake.wait(0.05)
+                if not self._stop and not self._acked:
+                    self._wake.wait(max(0.0, next_sweep - time.monotonic()))
+                if not self._stop and self._acked and len(self._acked) < self.settings.delete_batch:
+                    self._wake.wait(DELETE_LINGER_SECONDS)
                 keys, self._acked = self._acked, []
                 stop = self._stop
             if keys:

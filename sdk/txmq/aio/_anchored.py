@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from .. import _decisions as core
-from .._anchored import _module_of, _named, _pg_sqlstate, failpoint, failpoint_soon
+from .._anchored import DELETE_LINGER_SECONDS, _module_of, _named, _pg_sqlstate, failpoint, failpoint_soon
 from .._checks import InProgress
 from .._errors import InvalidFieldError, TransactionStateError, TxmqError
 from .._types import LocalTransactionState, Message, TransactionMessage, TransactionState
@@ -251,6 +251,13 @@ async def drive_async(steps: Any, perform: Callable[[Any], Awaitable[Any]]) -> A
             error = err
 
 
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except asyncio.TimeoutError:
+        pass
+
+
 class AsyncDecisionStore:
     """The asyncio twin of ``txmq._anchored.DecisionStore`` (same flows, awaited)."""
 
@@ -302,18 +309,19 @@ class AsyncDecisionStore:
 
     def acknowledged(self, key: str) -> None:
         self._acked.append(key)
-        if self._wake is not None and len(self._acked) >= self.settings.delete_batch:
+        if self._wake is not None and len(self._acked) in (1, self.settings.delete_batch):
             self._wake.set()
 
     async def _run(self) -> None:
+        """As the sync store's: idle until a key comes or a sweep is due, then a batch."""
         assert self._wake is not None
         next_sweep = time.monotonic() + self.settings.sweep_interval_seconds
         while True:
-            if not self._stopped and len(self._acked) < self.settings.delete_batch:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), 0.05)
-                except asyncio.TimeoutError:
-                    pass
+            if not self._stopped and not self._acked:
+                await _wait(self._wake, max(0.0, next_sweep - time.monotonic()))
+                self._wake.clear()
+            if not self._stopped and self._acked and len(self._acked) < self.settings.delete_batch:
+                await _wait(self._wake, DELETE_LINGER_SECONDS)
             self._wake.clear()
             keys, self._acked = self._acked, []
             if keys:
