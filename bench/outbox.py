@@ -44,6 +44,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import random
 import sys
 import tempfile
 import threading
@@ -62,7 +63,9 @@ CREATE TABLE IF NOT EXISTS consumed (id bigserial PRIMARY KEY, ref text NOT NULL
 TXMQ_SYSTEMS = ("txmq", "anchored")
 #: The business payload (the message body and the outbox row carry it; a decision row does
 #: not): ``--body-bytes`` sets it in every benchmark process through the environment.
-BODY = b"x" * int(os.environ.get("BENCH_OUTBOX_BODY_BYTES", "256"))
+#: Incompressible (PostgreSQL would compress a repeated byte in a 16 KiB row to almost nothing),
+#: and the same in every process (seeded).
+BODY = random.Random(29).randbytes(int(os.environ.get("BENCH_OUTBOX_BODY_BYTES", "256"))).replace(b"|", b"-")
 #: The body of a caller's warm-up transaction (not counted).
 WARM_UP = b"warm-up"
 #: Latencies each caller keeps (a uniform sample beyond it).
