@@ -36,8 +36,13 @@ from dataclasses import dataclass, field
 from typing import Any, Generator, Sequence
 
 from ._checks import InProgress
-from ._errors import InvalidFieldError
-from ._types import TRANSACTION_KEY_PROPERTY, LocalTransactionState
+from ._errors import InvalidFieldError, TransactionStateError, TxmqError
+from ._faults import RetryAction, retry_action
+from ._ids import TransactionId
+from ._sending import Request, Sleep
+from ._types import (RESOLUTION_TO_PB, TRANSACTION_KEY_PROPERTY, LocalTransactionState, TransactionState,
+                     state_from_name, state_from_pb)
+from .v1 import broker_pb2, common_pb2
 
 #: The property that marks a half message of an anchored transaction (its value: the
 #: protocol version). A check of a message carrying it is answered from the decisions table.
@@ -429,13 +434,6 @@ def end_by_id(transaction_id: str, decision: LocalTransactionState, producer_gro
     retried there on transient errors until ``deadline`` (``clock()``: time.monotonic).
     Steps: :class:`Address`, ``_sending.Request`` and ``_sending.Sleep``. Returns (the
     broker's state or None, the error or None); never raises."""
-    from ._errors import TransactionStateError, TxmqError
-    from ._faults import RetryAction, retry_action
-    from ._ids import TransactionId
-    from ._sending import Request, Sleep
-    from ._types import RESOLUTION_TO_PB, state_from_name, state_from_pb
-    from .v1 import broker_pb2, common_pb2
-
     broker = TransactionId.decode(transaction_id).broker
     entry = broker_pb2.ProduceEntry(end_transaction=broker_pb2.EndTransactionRequest(
         transaction_id=transaction_id, resolution=RESOLUTION_TO_PB[decision],
@@ -582,8 +580,6 @@ def acknowledge(key: str, transaction_ids: Sequence[str]) -> Generator[Any, Any,
     half on the broker; once all are COMMITTED there, the row may go. Returns (acknowledged,
     the errors of the ends that failed)."""
     results = yield Ends(LocalTransactionState.COMMIT, tuple(transaction_ids))
-    from ._types import TransactionState
-
     acked = all(state is TransactionState.COMMITTED for state, _e in results)
     if acked:
         yield Acknowledged(key)
