@@ -9,12 +9,15 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+import txmq
+
 from tests.integration.test_anchored_crash import Worker, committed_orders, decision_rows, pg, undecided  # noqa: F401
 from tests.integration.test_checks import BROKER_ENV, CHECKER_ENV, describe
 import subprocess
 import sys
 from tests.support.postgres import dsn_for, fresh_database
 from tests.support.waiting import wait_until
+from txmq.anchored import Decisions
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -61,6 +64,20 @@ def test_the_checker_decides_a_group_whose_whole_fleet_is_down(pg, fresh_cluster
     logs = "".join(cluster.logs(400).values())
     assert "resolver answers the group's checks" in logs
     assert "txmq_resolver" not in logs and str(secret) not in logs.replace(f"{group}={secret}", "")
+
+    # A producer of the group comes back: the resolver leaves the group to it, and takes it
+    # again once the producer is gone.
+    def said(text: str) -> int:
+        return "".join(cluster.logs(400).values()).count(text)
+
+    answering = said("resolver answers the group's checks")
+    producer = txmq.TransactionProducer(cluster.nameserver_address, producer_group=group, checker_refresh_seconds=0.5,
+                                        decisions=Decisions(owner))
+    try:
+        wait_until(lambda: said("resolver leaves the group to its producers") >= 1, 20)
+    finally:
+        producer.close()
+    wait_until(lambda: said("resolver answers the group's checks") > answering, 20)
 
 
 def test_a_resolver_group_with_an_unreadable_dsn_file_stops_the_checker_with_a_clear_error(tmp_path):
