@@ -6,15 +6,15 @@ the group ever starts, yet every transaction is decided as its database says."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import psycopg
 import pytest
 
 import txmq
-
 from tests.integration.test_anchored_crash import Worker, committed_orders, decision_rows, pg, undecided  # noqa: F401
 from tests.integration.test_checks import BROKER_ENV, CHECKER_ENV, describe
-import subprocess
-import sys
 from tests.support.postgres import dsn_for, fresh_database
 from tests.support.waiting import wait_until
 from txmq.anchored import Decisions
