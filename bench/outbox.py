@@ -443,6 +443,8 @@ def _consume(poll: Any, start: Any, done: Any, out: Any, exit_: Any) -> None:
     cpu, began = time.process_time(), time.monotonic()
     last = began
     while True:
+        # Read before the poll: an empty poll begun before the last commit says nothing.
+        finishing = done.is_set()
         refs = poll()
         if refs:
             last = time.monotonic()
@@ -452,7 +454,7 @@ def _consume(poll: Any, start: Any, done: Any, out: Any, exit_: Any) -> None:
                     duplicates += 1
                 else:
                     seen[ref] = now
-        elif done.is_set():
+        elif finishing:
             break
     out.put(("consumer", len(seen), duplicates, time.process_time() - cpu, last - began, seen))
     exit_.wait(120)
