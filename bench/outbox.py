@@ -601,6 +601,13 @@ class Bench:
         self.phase = 0
 
     def __enter__(self) -> "Bench":
+        try:
+            return self._start()
+        except BaseException:
+            self.__exit__()  # what started is stopped (a PostgreSQL left running otherwise)
+            raise
+
+    def _start(self) -> "Bench":
         import psycopg
 
         from bench.peers import PostgresInstance, RabbitInstance
