@@ -2,9 +2,10 @@
 server, broker and checker, sync flavour on psycopg 3: the commit path (decided by the
 database commit, acknowledged in the background, delivered once, the decision row gone),
 rollback by an exception, a half that fails, a check while the transaction is open in an
-instance the checker cannot reach (IN_PROGRESS, then COMMIT), a lost EndTransaction
-repaired by the check from the row, a COMMIT row left behind repaired by the sweeper, and
-the refusals (a connection already in a transaction).
+instance the checker cannot reach (IN_PROGRESS, then COMMIT), a COMMIT row left behind
+repaired by the sweeper, and the refusals (a connection already in a transaction). A lost
+EndTransaction repaired by the check: test_anchored_crash.py (the producer killed after its
+COMMIT).
 
 Checks use the sub-second timings of ``tests/integration/test_checks.py``."""
 
@@ -183,25 +184,6 @@ def test_a_check_while_the_transaction_is_open_elsewhere_is_in_progress_then_com
         assert tx.result.state is txmq.TransactionState.COMMITTED
         wait_state(checked, half.transaction_id, COMMITTED)
         wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
-
-
-def test_a_lost_end_is_repaired_by_the_check_from_the_row(checked, dsn, unique_name):
-    """The local COMMIT happened but no EndTransaction ever left (the row is committed, the
-    broker still PREPARED): the check finds the COMMIT row, commits the half and deletes
-    the row."""
-    group, topic = unique_name("g"), unique_name("orders")
-    checked.create_topic(topic, 1)
-    with anchored_producer(checked, group, dsn, answer_checks=False) as sender, \
-            psycopg.connect(dsn) as conn:
-        with sender.transaction(conn) as tx:
-            half = tx.send(txmq.Message(topic, b"ended by the check")).result(10)
-            # Drop every EndTransaction of this producer (its end is only a hint).
-            sender._end_by_id = lambda *a, **k: (None, None)  # noqa: SLF001
-        assert tx.result.state is txmq.TransactionState.COMMITTED and not tx.result.acknowledged
-        assert rows(dsn) == [("commit", [half.transaction_id])]
-        with anchored_producer(checked, group, dsn):
-            wait_state(checked, half.transaction_id, COMMITTED, timeout=15)
-            wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
 
 
 def test_a_check_with_no_decision_row_fences_the_key(checked, dsn, unique_name):
