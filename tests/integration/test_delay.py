@@ -9,6 +9,7 @@ received it. Lateness is printed (p50/p99/max), never asserted: speed is for ben
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 import random
 import threading
@@ -224,14 +225,18 @@ def test_the_schedule_survives_a_leader_failover(fresh_cluster_factory, unique_n
     topic = unique_name("delayfo")
     cl.create_topic(topic, queue_count=2)
     due: dict[bytes, int] = {}
-    with txmq.Producer(cl.nameserver_address) as producer:
-        for i in range(200):
+    with txmq.Producer(cl.nameserver_address) as producer, concurrent.futures.ThreadPoolExecutor(8) as pool:
+        def send(i: int) -> None:
             body = f"m{i}".encode()
-            due[body] = now_ms() + 2500 + (i % 20) * 100
+            due[body] = now_ms() + 5000 + (i % 20) * 100
             producer.send(txmq.Message(topic, body, delivery_time=at(due[body])))
+        list(pool.map(send, range(200)))
     old = cl.wait_leaders()["broker-0"]
-    old.kill()  # before any is due
-    assert now_ms() < min(due.values())
+    old.kill()  # before most are due (the sends' time on a loaded machine decides how many)
+    killed_at = now_ms()
+    scheduled_across = [b for b, d in due.items() if d > killed_at]
+    assert len(scheduled_across) >= len(due) // 2, \
+        f"only {len(scheduled_across)} of {len(due)} still scheduled when the leader died: the sends took too long"
     cl.wait_leaders(not_on=old)
     got: dict[bytes, int] = {}
     with consumer(cl, unique_name("g"), topic) as c:
