@@ -66,8 +66,12 @@ proto-check: venv
 run: venv $(VENV)/.proxy-installed
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
+# Every test, on TEST_WORKERS worker processes (pytest-xdist): the CPU-heavy tests (chaos,
+# load, Spark, containers) one after another on one of them, the wait-bound tests on all,
+# as tests/support/lanes.py sorts them. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 4
 test: venv cc etcd netns-tools openssl proto-lint proto-check pipeline-deps browser proxy-deps chart-tools images-local
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n $(TEST_WORKERS)
 
 test-unit: venv
 	$(PY) -m pytest tests/unit

@@ -135,6 +135,7 @@ def test_committed_transaction_with_a_delivery_time_becomes_visible_then(cluster
         assert row.queue_offset == got[0].queue_offset
 
 
+@pytest.mark.heavy  # 10,000 delays
 @pytest.mark.timeout(300)
 def test_ten_thousand_delays_over_five_seconds_none_early_across_a_restart(fresh_cluster_factory,
                                                                            unique_name) -> None:
