@@ -143,15 +143,29 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 # ---------------------------------------------------------------------------- workers
-@pytest.hookimpl(tryfirst=True)
+# Under xdist (make test): each test's work unit (the heavy lane, its module's, a preset's)
+# and the order units are handed out in (tests/support/lanes.py).
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Under xdist: each test's work unit (the heavy lane, its module's, a preset's) and the
-    # order units are handed out in. Before xdist reads the groups (tryfirst).
     lanes.assign(config, items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    lanes.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return lanes.make_scheduler(config, log)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    lanes.unconfigure(config)
 
 
 # ---------------------------------------------------------------------------- last resorts
 def pytest_configure(config: pytest.Config) -> None:
+    lanes.configure(config)
     # A SIGTERM (CI cancelling the job) becomes a KeyboardInterrupt, so pytest tears the
     # fixtures down and the service processes are stopped instead of orphaned.
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:

@@ -16,9 +16,15 @@ Every test lands in exactly one *work unit*, a set of tests one worker runs in a
   of :data:`SHARED_FIXTURES` (tests/support/presets.py), so each starts once per run.
 - **every other test is a unit of its own**, handed to whichever worker is free.
 
-A test's own ``@pytest.mark.xdist_group(name)`` is left as it is (it overrides all of the
-above). Outside xdist (``-n 0``, a plain ``pytest tests/x.py``) nothing here changes a run:
-the groups are inert and the order is the collection's.
+A test's own ``@pytest.mark.xdist_group(name)`` puts it in that group instead of all of the
+above. Outside xdist (``-n 0``, a plain ``pytest tests/x.py``) nothing here changes a run:
+no groups, and the collection's order.
+
+How: each worker computes every test's group while it collects (:func:`assign`, which also
+sorts the collection) and writes them to a file of the run; the controller's scheduler
+(:class:`LaneScheduling`, xdist's load-by-scope with these groups as the scopes) reads them
+when it hands the units out. (xdist's own ``--dist loadgroup`` carries the group in the node
+id, which pytest 9.2 no longer lets a plugin change.)
 
 Order under xdist: the heavy lane first, then modules' and presets' units, then single
 tests, the unit tier last (hundreds of tests of milliseconds: they fill the workers' gaps at
@@ -27,9 +33,14 @@ the end of a run instead of leaving one worker running a long test alone).
 
 from __future__ import annotations
 
-from typing import Iterable
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
 
 import pytest
+from xdist.scheduler.loadscope import LoadScopeScheduling
 
 #: The xdist group of the heavy lane.
 HEAVY = "heavy"
@@ -39,9 +50,11 @@ HEAVY_FIXTURES = frozenset({"spark"})
 #: JVM, or a driver of its own as a user runs the audit job: ~15-45 s of CPU each).
 HEAVY_DIRECTORIES = ("tests/pipeline/",)
 #: Session-scoped shared clusters: the tests using one run on one worker, so it starts once
-#: (name → its group; filled by tests/support/presets.py's fixtures).
+#: (name → its group; filled by tests/support/presets.py's ``shared_cluster``).
 SHARED_FIXTURES: dict[str, str] = {}
 _SHARING_SCOPES = ("module", "class", "package")
+#: The workerinput key naming the run's directory of group files.
+_DIR_KEY = "txmq_lanes_dir"
 
 
 def is_worker(config: pytest.Config) -> bool:
@@ -60,15 +73,17 @@ def _scoped_fixtures(item: pytest.Item) -> Iterable[tuple[str, str]]:
 
 
 def group_of(item: pytest.Item) -> str | None:
-    """The xdist group this test belongs to (None: a unit of its own)."""
+    """The group this test belongs to (None: a unit of its own)."""
+    explicit = item.get_closest_marker("xdist_group")
+    if explicit is not None:
+        return str(explicit.args[0] if explicit.args else explicit.kwargs.get("name", "default"))
     if item.get_closest_marker("heavy") is not None or item.nodeid.startswith(HEAVY_DIRECTORIES):
         return HEAVY
     names = set(getattr(item, "fixturenames", ()))
     if names & HEAVY_FIXTURES:
         return HEAVY
-    path = item.nodeid.split("::", 1)[0]
     if any(scope in _SHARING_SCOPES for _name, scope in _scoped_fixtures(item)):
-        return path
+        return item.nodeid.split("::", 1)[0]
     for name in sorted(names):
         if name in SHARED_FIXTURES:
             return SHARED_FIXTURES[name]
@@ -84,17 +99,71 @@ def _rank(item: pytest.Item, group: str | None) -> int:
 
 
 def assign(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks every test with its group and sorts the collection into the order above
-    (stable: within a rank, the collection's order). Only under xdist."""
+    """In a worker: sorts the collection into the order above (stable: within a rank, the
+    collection's order) and writes every grouped test's group for the controller."""
     if not is_worker(config):
         return
-    ranks: dict[str, int] = {}
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            ranks[item.nodeid] = _rank(item, "explicit")
-            continue
-        group = group_of(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-        ranks[item.nodeid] = _rank(item, group)
-    items.sort(key=lambda it: ranks[it.nodeid])
+    groups = {item.nodeid: group_of(item) for item in items}
+    items.sort(key=lambda it: _rank(it, groups[it.nodeid]))
+    directory = config.workerinput.get(_DIR_KEY)  # type: ignore[attr-defined]
+    if directory:
+        worker = config.workerinput["workerid"]  # type: ignore[attr-defined]
+        path = Path(directory) / f"{worker}.json"
+        path.with_suffix(".tmp").write_text(json.dumps({k: v for k, v in groups.items() if v is not None}))
+        path.with_suffix(".tmp").replace(path)
+
+
+# ---------------------------------------------------------------------------- the controller
+class LaneScheduling(LoadScopeScheduling):
+    """xdist's load-by-scope, a test's scope being its group (:func:`group_of`, as the workers
+    wrote it) or, for a test of no group, the test itself."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        self._directory = Path(config.stash[_DIRECTORY])
+        self._groups: dict[str, str] | None = None
+
+    def _load(self) -> dict[str, str]:
+        # Every worker has written its file before it reported its collection, and
+        # the scheduler asks for scopes only once all collections are in.
+        files = sorted(self._directory.glob("*.json"))
+        if not files:
+            raise RuntimeError(f"no worker wrote its test groups into {self._directory}")
+        groups = [json.loads(f.read_text()) for f in files]
+        if any(g != groups[0] for g in groups):
+            raise RuntimeError(f"the workers computed different test groups ({[f.name for f in files]})")
+        return groups[0]
+
+    def _split_scope(self, nodeid: str) -> str:
+        if self._groups is None:
+            self._groups = self._load()
+        group = self._groups.get(nodeid)
+        return f"group:{group}" if group is not None else nodeid
+
+
+_DIRECTORY = pytest.StashKey[str]()
+
+
+def configure(config: pytest.Config) -> None:
+    """In the controller of a distributed run: the directory the workers' group files go to."""
+    distributing = config.getoption("dist", "no") != "no" and bool(config.getoption("tx", None))
+    if distributing and not is_worker(config):
+        config.stash[_DIRECTORY] = tempfile.mkdtemp(prefix="txmq-lanes-")
+
+
+def configure_node(node: Any) -> None:
+    node.workerinput[_DIR_KEY] = node.config.stash[_DIRECTORY]
+
+
+def make_scheduler(config: pytest.Config, log: Any) -> LaneScheduling | None:
+    """The scheduler of ``--dist loadgroup`` (pyproject.toml's default); another ``--dist``
+    keeps xdist's own."""
+    if config.getvalue("dist") == "loadgroup" and _DIRECTORY in config.stash:
+        return LaneScheduling(config, log)
+    return None
+
+
+def unconfigure(config: pytest.Config) -> None:
+    directory = config.stash.get(_DIRECTORY, None)
+    if directory:
+        shutil.rmtree(directory, ignore_errors=True)
