@@ -106,6 +106,14 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
     return make
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    try:
+        return (yield)
+    finally:
+        presets.release(nextitem)  # shared clusters the next test does not use
+
+
 # ---------------------------------------------------------------------------- logs on failure
 def pytest_runtest_setup(item: pytest.Item) -> None:
     # Where each running cluster's logs stand as this test begins; a failure shows what

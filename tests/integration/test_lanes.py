@@ -134,7 +134,9 @@ def _suite(root: Path) -> None:
 
 def _run(root: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
     log = root / f"log-{len(list(root.glob('log-*')))}.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "LANES_LOG": str(log)}
+    # The inner run's own options only (not those of the run that runs this test).
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHONPATH"))},
+           "PYTHONPATH": str(REPO), "LANES_LOG": str(log)}
     out = subprocess.run([sys.executable, "-m", "pytest", "t", "-q", *args], cwd=root, env=env,
                          capture_output=True, text=True, timeout=180)
     events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []

@@ -4,6 +4,7 @@ each: the official clients write their logs under it), shown when the test fails
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterator
 
 import pytest
@@ -37,10 +38,16 @@ RENEWING_PROXY_ENV = {
 }
 
 
-@pytest.fixture(scope="session")
+_RENEWING: "weakref.WeakKeyDictionary[Cluster, ServiceProcess]" = weakref.WeakKeyDictionary()
+
+
+@pytest.fixture
 def renewing_proxy(rmq_cluster: Cluster) -> ServiceProcess:
     """Started on first use; stopped with the shared cluster."""
-    return rmq_cluster.start_proxy(RENEWING_PROXY_ENV)
+    proxy = _RENEWING.get(rmq_cluster)
+    if proxy is None:
+        proxy = _RENEWING[rmq_cluster] = rmq_cluster.start_proxy(RENEWING_PROXY_ENV)
+    return proxy
 
 
 @pytest.fixture

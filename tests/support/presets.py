@@ -9,15 +9,15 @@ or to the ``fresh_cluster_factory`` fixture. The values are those the tests were
 against (their assertions count checks, attempts and leases from them): change one only
 together with the tests that read it.
 
-Shared clusters (one per preset, started once per run, see :func:`shared_cluster`): a test
-that only reads — its own topics and groups from ``unique_name``, no kill, restart or
+Shared clusters (one per preset, started once per run under ``make test``, see
+:func:`shared_cluster`): a test that only reads — its own topics and groups from ``unique_name``, no kill, restart or
 setting of its own — uses the preset's session fixture instead of starting a cluster.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import pytest
 
@@ -120,12 +120,18 @@ PROXY = {
 }
 
 # ---------------------------------------------------------------------------- shared clusters
-def shared_cluster(name: str, **cluster: Any) -> Callable[..., Iterator[Cluster]]:
-    """A session fixture: one :class:`Cluster` built with ``cluster`` (``broker_env=``,
-    ``checker=True``, ...), started by the first test that asks for it and stopped at the end
-    of the run. Under ``make test`` (xdist) every test using it runs on one worker, so it
-    starts once (tests/support/lanes.py). Tests using it must only read: their own topics
-    and groups (``unique_name``), nothing stopped, killed, paused or reconfigured.
+#: The shared clusters this process runs now, by fixture name.
+_LIVE: dict[str, Cluster] = {}
+
+
+def shared_cluster(name: str, **cluster: Any) -> Callable[..., Cluster]:
+    """A fixture: one :class:`Cluster` built with ``cluster`` (``broker_env=``, ``checker=True``,
+    ...), started by the first test that asks for it and kept for the tests that follow
+    while they ask for it too; stopped after the last of a row (:func:`release`), so it does
+    not idle through the rest of the run. Under ``make test`` (xdist) every test using it is
+    one work unit (tests/support/lanes.py), so it starts once. Tests using it must only
+    read: their own topics and groups (``unique_name``), nothing stopped, killed or
+    reconfigured (a test that pauses a process resumes it before it ends).
 
     In a conftest or a test module::
 
@@ -135,14 +141,21 @@ def shared_cluster(name: str, **cluster: Any) -> Callable[..., Iterator[Cluster]
     settings: Mapping[str, Any] = dict(cluster)
     lanes.SHARED_FIXTURES[name] = f"preset-{name}"
 
-    @pytest.fixture(scope="session", name=name)
-    def fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-        workdir: Path = tmp_path_factory.mktemp(name)
-        c = Cluster(workdir, **settings)
-        try:
-            yield c
-        finally:
-            c.stop()
+    @pytest.fixture(name=name)
+    def fixture(tmp_path_factory: pytest.TempPathFactory) -> Cluster:
+        c = _LIVE.get(name)
+        if c is None:
+            workdir: Path = tmp_path_factory.mktemp(name)
+            c = _LIVE[name] = Cluster(workdir, **settings)
+        return c
 
     fixture.__doc__ = f"The shared {name} (tests/support/presets.py): {settings}"
     return fixture
+
+
+def release(nextitem: pytest.Item | None) -> None:
+    """After a test's teardown: stops every shared cluster the next test does not use (all
+    of them after the last test)."""
+    wanted = set(getattr(nextitem, "fixturenames", ())) if nextitem is not None else set()
+    for name in [n for n in _LIVE if n not in wanted]:
+        _LIVE.pop(name).stop()
