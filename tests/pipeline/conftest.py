@@ -17,9 +17,11 @@ from tests.support import presets
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-#: The JIT of every test JVM (the session's and the audit jobs' drivers, see
-#: helpers.clean_env): C1 only, ~40 % less CPU for jobs of seconds (measured: a driver's
-#: JVM 20-24 s of CPU → 12-14 s). Nothing Spark or the job reads.
+#: The JIT of the session's JVM: C1 only, ~40 % less CPU for jobs of seconds (measured: a
+#: small job's JVM 20-24 s of CPU → 12-14 s). Nothing Spark reads. Not for the audit jobs
+#: run as a user runs them (helpers.clean_env): a follower reconciling for minutes may run
+#: slower on C1's code (one reconciliation took 55 s with C1 only on a loaded machine, and
+#: the test timed out; with the default JIT it passed).
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
 

@@ -89,14 +89,10 @@ def committed_offsets(cluster: Cluster, results: list[Any]) -> dict[str, tuple[s
 
 def clean_env() -> dict[str, str]:
     """This environment without anything that points Spark or Python at our code (no
-    PYSPARK_PYTHON, SPARK_*, PYTHONPATH): what a user's shell has. Only the test JVMs' JIT
-    setting stays (conftest.TEST_JVM_OPTIONS: less CPU, nothing the job reads)."""
+    PYSPARK_PYTHON, SPARK_*, PYTHONPATH): what a user's shell has."""
     import os
 
-    from .conftest import TEST_JVM_OPTIONS
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_", "PYTHON"))}
-    return {**env, "SPARK_SUBMIT_OPTS": TEST_JVM_OPTIONS}
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_", "PYTHON"))}
 
 
 def run_as_a_user(args: list[str], cwd: Any, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
