@@ -62,6 +62,11 @@ def shared(request):
     return "shared"
 
 
+@pytest.fixture(scope="session")
+def spark():
+    return "a JVM"
+
+
 @pytest.fixture
 def record(request):
     return lambda event: _write(request.node.nodeid, event)
@@ -111,6 +116,18 @@ def test_b(shared, record):
     record("run")
 '''
 
+SPARK = '''
+import time
+import pytest
+
+
+@pytest.mark.parametrize("i", range(2))
+def test_spark(spark, record, i):
+    record("start")
+    time.sleep(0.3)
+    record("end")
+'''
+
 SINGLES = '''
 import time
 import pytest
@@ -126,21 +143,31 @@ def test_single(record, i):
 def _suite(root: Path) -> None:
     (root / "t").mkdir()
     for name, text in {"conftest.py": CONFTEST, "test_heavy.py": HEAVY, "test_module.py": MODULE,
-                       "test_preset.py": PRESET, "test_preset_too.py": PRESET_TOO, "test_singles.py": SINGLES}.items():
+                       "test_preset.py": PRESET, "test_preset_too.py": PRESET_TOO, "test_singles.py": SINGLES, "test_spark.py": SPARK}.items():
         (root / "t" / name).write_text(textwrap.dedent(text))
     (root / "pytest.ini").write_text("[pytest]\nmarkers =\n    heavy: the heavy lane\n"
                                      "addopts = -p no:cacheprovider --dist loadgroup --no-loadscope-reorder\n")
 
 
-def _run(root: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
+def _run(root: Path, *args: str, lanes: str = "1") -> tuple[subprocess.CompletedProcess[str], list[dict]]:
     log = root / f"log-{len(list(root.glob('log-*')))}.jsonl"
     # The inner run's own options only (not those of the run that runs this test).
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHONPATH"))},
-           "PYTHONPATH": str(REPO), "LANES_LOG": str(log)}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHONPATH", "TXMQ_"))},
+           "PYTHONPATH": str(REPO), "LANES_LOG": str(log), "TXMQ_HEAVY_LANES": lanes}
     out = subprocess.run([sys.executable, "-m", "pytest", "t", "-q", *args], cwd=root, env=env,
                          capture_output=True, text=True, timeout=180)
     events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return out, events
+
+
+def _spans(events: list[dict], marker: str) -> list[tuple[float, float]]:
+    mine = [e for e in events if marker in e["test"]]
+    return sorted((s["time"], e["time"]) for s in mine if s["event"] == "start"
+                  for e in mine if e["event"] == "end" and e["test"] == s["test"])
+
+
+def _one_at_a_time(spans: list[tuple[float, float]]) -> bool:
+    return all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
 
 
 @pytest.mark.timeout(240)
@@ -148,13 +175,12 @@ def test_heavy_tests_never_overlap_and_shared_fixtures_start_once_on_workers(tmp
     _suite(tmp_path)
     out, events = _run(tmp_path, "-n", "3")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "21 passed" in out.stdout, out.stdout
+    assert "23 passed" in out.stdout, out.stdout
 
-    heavy = [e for e in events if "test_heavy" in e["test"]]
-    assert len({e["worker"] for e in heavy}) == 1, heavy  # one lane
-    spans = sorted((s["time"], e["time"]) for s in heavy if s["event"] == "start"
-                   for e in heavy if e["event"] == "end" and e["test"] == s["test"])
-    assert len(spans) == 4 and all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans  # one at a time
+    heavy = [e for e in events if "test_heavy" in e["test"] or "test_spark" in e["test"]]
+    assert len({e["worker"] for e in heavy}) == 1, heavy  # one lane, Spark's tests in it
+    spans = sorted(_spans(events, "test_heavy") + _spans(events, "test_spark"))
+    assert len(spans) == 6 and _one_at_a_time(spans), spans
 
     assert [e["event"] for e in events].count("module-setup") == 1
     assert len({e["worker"] for e in events if "test_module.py" in e["test"]}) == 1
@@ -162,7 +188,7 @@ def test_heavy_tests_never_overlap_and_shared_fixtures_start_once_on_workers(tmp
     assert len({e["worker"] for e in events if "test_preset" in e["test"]}) == 1
 
     ran = [e["test"] for e in events if e["event"] in ("run", "start")]
-    assert len(ran) == len(set(ran)) == 21  # each test once
+    assert len(ran) == len(set(ran)) == 23  # each test once
     # The heavy lane is handed out first: its worker runs nothing before it.
     lane = heavy[0]["worker"]
     first = min((e for e in events if e["worker"] == lane), key=lambda e: e["time"])
@@ -173,8 +199,20 @@ def test_without_workers_nothing_changes(tmp_path: Path) -> None:
     _suite(tmp_path)
     out, events = _run(tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "21 passed" in out.stdout
+    assert "23 passed" in out.stdout
     order = [e["test"].split("::")[0] for e in events if e["event"] in ("run", "start")]
     # The collection's order (files alphabetically), not the heavy lane first.
     assert order == sorted(order), order
     assert {e["worker"] for e in events} == {"main"}
+
+
+@pytest.mark.timeout(240)
+def test_two_heavy_lanes_put_spark_beside_the_rest_each_one_at_a_time(tmp_path: Path) -> None:
+    _suite(tmp_path)
+    out, events = _run(tmp_path, "-n", "3", lanes="2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "23 passed" in out.stdout, out.stdout
+    heavy_workers = {e["worker"] for e in events if "test_heavy" in e["test"]}
+    spark_workers = {e["worker"] for e in events if "test_spark" in e["test"]}
+    assert len(heavy_workers) == len(spark_workers) == 1 and heavy_workers != spark_workers, events
+    assert _one_at_a_time(_spans(events, "test_heavy")) and _one_at_a_time(_spans(events, "test_spark"))

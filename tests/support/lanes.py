@@ -5,7 +5,8 @@ lease, a fail-over) rather than compute.
 Every test lands in exactly one *work unit*, a set of tests one worker runs in a row:
 
 - **the heavy lane** (``@pytest.mark.heavy``, every test under :data:`HEAVY_DIRECTORIES`
-  and every test using a fixture of :data:`HEAVY_FIXTURES`): tests that keep a core busy for long — chaos and fault runs
+  and every test using a fixture of :data:`HEAVY_FIXTURES`; see :data:`SPARK` for a second
+  lane): tests that keep a core busy for long — chaos and fault runs
   against replicated shards, load and burst tests, Spark jobs, the container images. They
   are one unit, so they run one after another on one worker and never overlap each other,
   while the other workers run the wait-bound tests beside them. The unit is sent first: it is
@@ -34,6 +35,7 @@ the end of a run instead of leaving one worker running a long test alone).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -44,6 +46,10 @@ from xdist.scheduler.loadscope import LoadScopeScheduling
 
 #: The xdist group of the heavy lane.
 HEAVY = "heavy"
+#: With ``TXMQ_HEAVY_LANES=2`` (``make test HEAVY_LANES=2``) Spark's tests are a second
+#: heavy lane of their own, beside the first (each still one test at a time): on two cores
+#: a Spark driver and a chaos run then share the machine. The default is one lane.
+SPARK = "heavy-spark"
 #: Fixtures that make a test heavy by using them (one JVM per worker at most: Spark).
 HEAVY_FIXTURES = frozenset({"spark"})
 #: Directories whose every test is heavy: each pipeline test starts Spark (the session's
@@ -77,10 +83,10 @@ def group_of(item: pytest.Item) -> str | None:
     explicit = item.get_closest_marker("xdist_group")
     if explicit is not None:
         return str(explicit.args[0] if explicit.args else explicit.kwargs.get("name", "default"))
-    if item.get_closest_marker("heavy") is not None or item.nodeid.startswith(HEAVY_DIRECTORIES):
-        return HEAVY
     names = set(getattr(item, "fixturenames", ()))
-    if names & HEAVY_FIXTURES:
+    if item.nodeid.startswith(HEAVY_DIRECTORIES) or names & HEAVY_FIXTURES:
+        return SPARK if heavy_lanes() == 2 else HEAVY
+    if item.get_closest_marker("heavy") is not None:
         return HEAVY
     if any(scope in _SHARING_SCOPES for _name, scope in _scoped_fixtures(item)):
         return item.nodeid.split("::", 1)[0]
@@ -90,8 +96,16 @@ def group_of(item: pytest.Item) -> str | None:
     return None
 
 
+def heavy_lanes() -> int:
+    """1 (the default) or 2 (``TXMQ_HEAVY_LANES``: Spark's tests a lane of their own)."""
+    value = os.environ.get("TXMQ_HEAVY_LANES", "1")
+    if value not in ("1", "2"):
+        raise pytest.UsageError(f"TXMQ_HEAVY_LANES={value!r}: 1 or 2")
+    return int(value)
+
+
 def _rank(item: pytest.Item, group: str | None) -> int:
-    if group == HEAVY:
+    if group in (HEAVY, SPARK):
         return 0
     if item.nodeid.startswith("tests/unit/"):
         return 3
