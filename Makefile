@@ -9,7 +9,7 @@ PROTOS := $(wildcard protos/txmq/v1/*.proto)
 DATA_DIR ?= ./data
 
 
-.PHONY: all venv tools cc etcd netns-tools openssl proto proto-lint proto-check run test test-unit test-integration bench fuzz clean distclean
+.PHONY: all venv tools cc etcd netns-tools openssl postgresql proto proto-lint proto-check run test test-unit test-integration bench fuzz clean distclean
 
 all: test
 
@@ -51,6 +51,22 @@ openssl:
 	@command -v openssl >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null)
 	@command -v openssl >/dev/null || (echo "openssl: missing after apt-get install openssl" >&2; exit 1)
 
+# PostgreSQL (Debian's postgresql): the anchored-transaction tests run a private cluster of
+# it (initdb into a temporary folder, tests/support/postgres.py).
+postgresql:
+	@test -x "$$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | tail -1)" || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null)
+	@test -x "$$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | tail -1)" || (echo "postgresql: initdb missing after apt-get install postgresql" >&2; exit 1)
+
+# Node.js with the `pg` package (tests/integration/node): an anchored transaction from another
+# language, against protos/txmq/v1/DECISIONS.md.
+tests/integration/node/node_modules/.installed: tests/integration/node/package.json tests/integration/node/package-lock.json
+	command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq nodejs npm)
+	cd tests/integration/node && npm ci --no-audit --no-fund --silent
+	touch $@
+
+.PHONY: anchored-node-deps
+anchored-node-deps: tests/integration/node/node_modules/.installed
+
 # The only producer of generated code: Python stubs into the SDK package.
 proto: venv
 	rm -f sdk/txmq/v1/*_pb2.py sdk/txmq/v1/*_pb2.pyi sdk/txmq/v1/*_pb2_grpc.py
@@ -66,13 +82,19 @@ proto-check: venv
 run: venv $(VENV)/.proxy-installed
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
-test: venv cc etcd netns-tools openssl proto-lint proto-check pipeline-deps browser proxy-deps chart-tools images-local compose-tools registry-tools
-	$(PY) -m pytest tests
+# Every test, on TEST_WORKERS worker processes (pytest-xdist): the CPU-heavy tests (chaos,
+# load, Spark, containers) one after another on one of them, the wait-bound tests on all,
+# as tests/support/lanes.py sorts them. TEST_WORKERS=0 runs the suite in one process;
+# HEAVY_LANES=2 runs Spark's tests in a second heavy lane beside the first.
+TEST_WORKERS ?= 4
+HEAVY_LANES ?= 1
+test: venv cc etcd netns-tools openssl postgresql anchored-node-deps proto-lint proto-check pipeline-deps browser proxy-deps chart-tools images-local compose-tools registry-tools
+	TXMQ_HEAVY_LANES=$(HEAVY_LANES) $(PY) -m pytest tests -n $(TEST_WORKERS)
 
 test-unit: venv
 	$(PY) -m pytest tests/unit
 
-test-integration: venv cc etcd netns-tools
+test-integration: venv cc etcd netns-tools postgresql anchored-node-deps
 	$(PY) -m pytest tests/integration
 
 # --- data pipeline (pipeline/): PySpark 4.3, the `txmq` data source and the audit job.

@@ -44,6 +44,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import random
 import sys
 import tempfile
 import threading
@@ -58,7 +59,13 @@ CREATE TABLE IF NOT EXISTS orders (id bigserial PRIMARY KEY, ref text UNIQUE NOT
 CREATE TABLE IF NOT EXISTS outbox (id bigserial PRIMARY KEY, ref text NOT NULL, body bytea NOT NULL);
 CREATE TABLE IF NOT EXISTS consumed (id bigserial PRIMARY KEY, ref text NOT NULL, body bytea NOT NULL);
 """
-BODY = b"x" * 200
+#: The systems that run on txmq (its services are started for them).
+TXMQ_SYSTEMS = ("txmq", "anchored")
+#: The business payload (the message body and the outbox row carry it; a decision row does
+#: not): ``--body-bytes`` sets it in every benchmark process through the environment.
+#: Incompressible (PostgreSQL would compress a repeated byte in a 16 KiB row to almost nothing),
+#: and the same in every process (seeded).
+BODY = random.Random(29).randbytes(int(os.environ.get("BENCH_OUTBOX_BODY_BYTES", "256"))).replace(b"|", b"-")
 #: The body of a caller's warm-up transaction (not counted).
 WARM_UP = b"warm-up"
 #: Latencies each caller keeps (a uniform sample beyond it).
@@ -75,6 +82,8 @@ def _loop(job: Any, threads: int, start: Any, stop: Any, out: Any, name: str, ex
     committed = [0] * threads
     errors: list[str] = []
     latencies: list[list[float]] = [[] for _ in range(threads)]
+    # (ref, wall-clock time its job returned): the commit, for commit-to-consumer latency.
+    commits: list[list[tuple[str, float]]] = [[] for _ in range(threads)]
 
     def run(i: int) -> None:
         start.wait()
@@ -82,11 +91,14 @@ def _loop(job: Any, threads: int, start: Any, stop: Any, out: Any, name: str, ex
         while not stop.is_set():
             began = time.perf_counter()
             try:
-                if job(i, n):
+                done = job(i, n)
+                if done:
                     committed[i] += 1
                     lat = latencies[i]
                     if len(lat) < MAX_SAMPLES:
                         lat.append(time.perf_counter() - began)
+                        if isinstance(done, str):
+                            commits[i].append((done, time.time()))
                 else:
                     errors.append("not committed")
             except Exception as exc:  # noqa: BLE001 - counted and reported, the loop goes on
@@ -102,7 +114,7 @@ def _loop(job: Any, threads: int, start: Any, stop: Any, out: Any, name: str, ex
     for w in workers:
         w.join()
     out.put((name, sum(committed), errors[:5], len(errors), [x for lat in latencies for x in lat],
-             time.process_time() - cpu, time.monotonic() - wall))
+             time.process_time() - cpu, time.monotonic() - wall, [c for cs in commits for c in cs]))
     exit_.wait(120)
 
 
@@ -227,8 +239,149 @@ def txmq_async_caller(nameserver: str, dsn: str, topic: str, callers: int, start
             stopped = True
             await asyncio.gather(*tasks)
             out.put(("caller", sum(committed), errors[:5], len(errors), [x for lat in latencies for x in lat],
-                     time.process_time() - cpu, time.monotonic() - wall))
+                     time.process_time() - cpu, time.monotonic() - wall, []))
             await asyncio.to_thread(exit_.wait, 120)
+
+    asyncio.run(main())
+
+
+def anchored_caller(nameserver: str, dsn: str, topic: str, threads: int, start: Any, stop: Any, out: Any,
+                    exit_: Any) -> None:
+    """An anchored transaction per job (``producer.transaction(conn)``, docs/anchored-transactions.md):
+    the business row and the decision row in one PostgreSQL transaction, the half message
+    sent while the row is inserted, EndTransaction off the caller's path; checks answered
+    from the decisions table."""
+    import psycopg
+
+    import txmq
+    from txmq.anchored import Decisions
+
+    pid = os.getpid()
+    conns = [psycopg.connect(dsn) for _ in range(threads)]
+    producer = txmq.TransactionProducer(nameserver, producer_group="bench-anchored", decisions=Decisions(dsn))
+
+    def warm() -> None:
+        with producer.transaction(conns[0]) as tx:
+            tx.send(txmq.Message(topic, WARM_UP))
+            conns[0].execute("INSERT INTO orders (ref, body) VALUES (%s, %s)", (f"warm-{pid}", WARM_UP))
+
+    _warm_up(warm)
+
+    def job(i: int, n: int) -> str:
+        c = conns[i]
+        ref = f"{pid}-{i}-{n}"
+        with producer.transaction(c) as tx:
+            tx.send(txmq.Message(topic, ref.encode() + b"|" + BODY))
+            c.execute("INSERT INTO orders (ref, body) VALUES (%s, %s)", (ref, BODY))
+        return ref
+
+    try:
+        _loop(job, threads, start, stop, out, "caller", exit_)
+    finally:
+        producer.close()
+
+
+def anchored_async_caller(nameserver: str, dsn: str, topic: str, callers: int, start: Any, stop: Any, out: Any,
+                          exit_: Any) -> None:
+    """``callers`` coroutines of one process sharing one ``AsyncTransactionProducer`` with
+    ``decisions=``, each with its own ``psycopg.AsyncConnection``."""
+    import asyncio
+
+    import psycopg
+
+    import txmq
+    from txmq.aio import AsyncTransactionProducer
+    from txmq.anchored import Decisions
+
+    async def main() -> None:
+        pid = os.getpid()
+        conns = [await psycopg.AsyncConnection.connect(dsn) for _ in range(callers)]
+        committed, errors = [0] * callers, []
+        latencies: list[list[float]] = [[] for _ in range(callers)]
+        commits: list[list[tuple[str, float]]] = [[] for _ in range(callers)]
+        stopped = False
+
+        async def run(producer: Any, i: int) -> None:
+            c = conns[i]
+            n = 0
+            while not stopped:
+                began = time.perf_counter()
+                ref = f"{pid}-{i}-{n}"
+                n += 1
+                try:
+                    async with producer.transaction(c) as tx:
+                        tx.send(txmq.Message(topic, ref.encode() + b"|" + BODY))
+                        await c.execute("INSERT INTO orders (ref, body) VALUES (%s, %s)", (ref, BODY))
+                    committed[i] += 1
+                    if len(latencies[i]) < MAX_SAMPLES:
+                        latencies[i].append(time.perf_counter() - began)
+                        commits[i].append((ref, time.time()))
+                except Exception as exc:  # noqa: BLE001 - counted and reported, the loop goes on
+                    errors.append(f"{type(exc).__name__}: {exc}")
+
+        async with AsyncTransactionProducer(nameserver, producer_group="bench-anchored",
+                                            decisions=Decisions(dsn)) as producer:
+            async with producer.transaction(conns[0]) as tx:
+                tx.send(txmq.Message(topic, WARM_UP))
+                await conns[0].execute("INSERT INTO orders (ref, body) VALUES (%s, %s)", (f"warm-{pid}", WARM_UP))
+            out.put(("ready",))
+            await asyncio.to_thread(start.wait)
+            cpu, wall = time.process_time(), time.monotonic()
+            tasks = [asyncio.ensure_future(run(producer, i)) for i in range(callers)]
+            await asyncio.to_thread(stop.wait)
+            stopped = True
+            await asyncio.gather(*tasks)
+            out.put(("caller", sum(committed), errors[:5], len(errors), [x for lat in latencies for x in lat],
+                     time.process_time() - cpu, time.monotonic() - wall, [c for cs in commits for c in cs]))
+            await asyncio.to_thread(exit_.wait, 120)
+
+    asyncio.run(main())
+
+
+def outbox_async_caller(dsn: str, callers: int, start: Any, stop: Any, out: Any, exit_: Any) -> None:
+    """The outbox's transaction from ``callers`` coroutines of one process, each with its own
+    ``psycopg.AsyncConnection`` (the layout of an asyncio service)."""
+    import asyncio
+
+    import psycopg
+
+    async def main() -> None:
+        pid = os.getpid()
+        conns = [await psycopg.AsyncConnection.connect(dsn) for _ in range(callers)]
+        committed, errors = [0] * callers, []
+        latencies: list[list[float]] = [[] for _ in range(callers)]
+        commits: list[list[tuple[str, float]]] = [[] for _ in range(callers)]
+        stopped = False
+
+        async def run(i: int) -> None:
+            c = conns[i]
+            n = 0
+            while not stopped:
+                began = time.perf_counter()
+                ref = f"{pid}-{i}-{n}"
+                n += 1
+                try:
+                    async with c.transaction():
+                        await c.execute("INSERT INTO orders (ref, body) VALUES (%s, %s)", (ref, BODY))
+                        await c.execute("INSERT INTO outbox (ref, body) VALUES (%s, %s)", (ref, BODY))
+                        await c.execute("NOTIFY outbox")
+                    committed[i] += 1
+                    if len(latencies[i]) < MAX_SAMPLES:
+                        latencies[i].append(time.perf_counter() - began)
+                        commits[i].append((ref, time.time()))
+                except Exception as exc:  # noqa: BLE001 - counted and reported, the loop goes on
+                    errors.append(f"{type(exc).__name__}: {exc}")
+
+        out.put(("ready",))
+        await asyncio.to_thread(start.wait)
+        cpu, wall = time.process_time(), time.monotonic()
+        tasks = [asyncio.ensure_future(run(i)) for i in range(callers)]
+        await asyncio.to_thread(stop.wait)
+        stopped = True
+        await asyncio.gather(*tasks)
+        out.put(("caller", sum(committed), errors[:5], len(errors), [x for lat in latencies for x in lat],
+                 time.process_time() - cpu, time.monotonic() - wall, [c for cs in commits for c in cs]))
+        await asyncio.to_thread(exit_.wait, 120)
 
     asyncio.run(main())
 
@@ -246,7 +399,7 @@ def outbox_caller(dsn: str, threads: int, start: Any, stop: Any, out: Any, exit_
             c.execute("INSERT INTO orders (ref, body) VALUES (%s, %s)", (ref, BODY))
             c.execute("INSERT INTO outbox (ref, body) VALUES (%s, %s)", (ref, BODY))
             c.execute("NOTIFY outbox")
-        return True
+        return ref
 
     _loop(job, threads, start, stop, out, "caller", exit_)
 
@@ -283,23 +436,27 @@ def _consume(poll: Any, start: Any, done: Any, out: Any, exit_: Any) -> None:
     """Calls ``poll()`` (→ the refs it consumed) from ``start`` until ``done`` is set and a
     poll comes back empty; reports (consumed, duplicates, cpu seconds, seconds from start to
     the last consumed)."""
-    seen: set[str] = set()
+    seen: dict[str, float] = {}  # ref → wall-clock time first consumed
     duplicates = 0
     out.put(("ready",))
     start.wait()
     cpu, began = time.process_time(), time.monotonic()
     last = began
     while True:
+        # Read before the poll: an empty poll begun before the last commit says nothing.
+        finishing = done.is_set()
         refs = poll()
         if refs:
             last = time.monotonic()
+            now = time.time()
             for ref in refs:
                 if ref in seen:
                     duplicates += 1
-                seen.add(ref)
-        elif done.is_set():
+                else:
+                    seen[ref] = now
+        elif finishing:
             break
-    out.put(("consumer", len(seen), duplicates, time.process_time() - cpu, last - began))
+    out.put(("consumer", len(seen), duplicates, time.process_time() - cpu, last - began, seen))
     exit_.wait(120)
 
 
@@ -317,7 +474,9 @@ def txmq_consumer(nameserver: str, topic: str, group: str, start: Any, done: Any
             batch = consumer.receive(max_messages=256, invisible_duration_seconds=60)
             if batch:
                 acknowledge(consumer, batch, acks)
-            return [m.message_id for m in batch if m.body == BODY]
+            # Anchored transactions carry their order's ref: "ref|BODY".
+            return [m.message_id if m.body == BODY else m.body[:-len(BODY) - 1].decode()
+                    for m in batch if m.body == BODY or m.body.endswith(b"|" + BODY)]
 
         _consume(poll, start, done, out, exit_)
 
@@ -383,6 +542,25 @@ class Run:
     busy: float = 0.0
     #: txmq: ReceiveMessages + AckMessages the broker answered over the run.
     consumer_calls: float = 0.0
+    #: Commit (the caller's job returned) → first consumed, seconds, for the sampled jobs.
+    delivery: list[float] = field(default_factory=list)
+    #: WAL PostgreSQL wrote over the run (pg_stat_wal.wal_bytes), and the body size.
+    wal_bytes: float = 0.0
+    body_bytes: int = 0
+
+    def delivery_pct(self, q: float) -> float:
+        if not self.delivery:
+            return 0.0
+        xs = sorted(self.delivery)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
+
+    def per_txn_us(self, component: str) -> float:
+        return self.cpu.get(component, 0.0) / max(self.consumed, 1) * 1e6
+
+    @property
+    def cpu_per_txn_us(self) -> float:
+        """Every process's CPU per transaction (the broker counted once, inside txmq)."""
+        return sum(v for k, v in self.cpu.items() if k != "broker") / max(self.consumed, 1) * 1e6
 
     @property
     def rate(self) -> float:
@@ -409,7 +587,9 @@ class Run:
                 "duplicates": self.duplicates, "errors": self.errors, "seconds": round(self.seconds, 3),
                 "cpu_us_per_txn": {k: round(v / max(self.consumed, 1) * 1e6, 1) for k, v in self.cpu.items()},
                 "cpu_busy": round(self.busy, 3), "saturated": self.saturated, "ok": self.ok,
-                "consumer_calls_per_txn": round(self.consumer_calls / max(self.consumed, 1), 3)}
+                "consumer_calls_per_txn": round(self.consumer_calls / max(self.consumed, 1), 3),
+                "delivery_p50_ms": round(self.delivery_pct(0.5), 3), "delivery_p99_ms": round(self.delivery_pct(0.99), 3),
+                "wal_bytes_per_txn": round(self.wal_bytes / max(self.consumed, 1), 1), "body_bytes": self.body_bytes}
 
 
 class Bench:
@@ -421,17 +601,27 @@ class Bench:
         self.phase = 0
 
     def __enter__(self) -> "Bench":
+        try:
+            return self._start()
+        except BaseException:
+            self.__exit__()  # what started is stopped (a PostgreSQL left running otherwise)
+            raise
+
+    def _start(self) -> "Bench":
         import psycopg
 
         from bench.peers import PostgresInstance, RabbitInstance
 
         systems = self.args.systems
         self.pg = PostgresInstance(max_connections=max(self.args.callers) * 4 + 50)
+        from txmq.anchored import schema_sql
+
         with psycopg.connect(self.pg.dsn, autocommit=True) as c:
             c.execute(SCHEMA)
+            c.execute(schema_sql())
         if "rabbitmq" in systems:
             self.rabbit = RabbitInstance()
-        if any(s.startswith("txmq") for s in systems):
+        if any(s.startswith(TXMQ_SYSTEMS) for s in systems):
             from tests.support.cluster import Cluster
 
             self.cluster = Cluster(tempfile.mkdtemp(prefix="txmq-bench-outbox-"), brokers=1, checker=True,
@@ -450,8 +640,9 @@ class Bench:
         import psutil
 
         groups: dict[str, list[Any]] = {"postgresql": self.pg.processes()}
-        if system.startswith("txmq"):
+        if system.startswith(TXMQ_SYSTEMS):
             groups["txmq"] = [psutil.Process(p.pid) for p in self.cluster.processes if p.running]
+            groups["broker"] = [psutil.Process(b.pid) for b in self.cluster.brokers if b.running]
         if system == "rabbitmq":
             groups["rabbitmq"] = self.rabbit.processes()
         return groups
@@ -460,7 +651,7 @@ class Bench:
         import psycopg
 
         with psycopg.connect(self.pg.dsn, autocommit=True) as c:
-            c.execute("TRUNCATE orders, outbox, consumed")
+            c.execute("TRUNCATE orders, outbox, consumed, txmq_decisions")
             c.execute("VACUUM ANALYZE")
         if system == "rabbitmq":
             import pika
@@ -471,12 +662,37 @@ class Bench:
             ch.queue_declare("orders", durable=True)
             conn.close()
 
+    def wal_bytes(self) -> float:
+        import psycopg
+
+        with psycopg.connect(self.pg.dsn, autocommit=True) as c:
+            return float(c.execute("SELECT wal_bytes FROM pg_stat_wal").fetchone()[0])
+
+    def broker_round_trip_ms(self, sends: int = 200) -> float:
+        """p50 of a durable empty send (flush=sync) on this run's broker, one at a time: the
+        floor an anchored transaction adds at one caller (its half must be durable before
+        the local COMMIT)."""
+        import txmq
+
+        topic = "bench-outbox-rtt"
+        if not getattr(self, "_rtt_topic", False):
+            self.cluster.create_topic(topic, 1)
+            self._rtt_topic = True
+        times = []
+        with txmq.Producer(self.cluster.nameserver_address) as producer:
+            _warm_up(lambda: producer.send(txmq.Message(topic, b"")))
+            for _ in range(sends):
+                began = time.perf_counter()
+                producer.send(txmq.Message(topic, b""))
+                times.append(time.perf_counter() - began)
+        return sorted(times)[len(times) // 2] * 1000
+
     def _consumer_calls(self) -> float:
         from bench.transactions import consumer_calls
 
         return consumer_calls(self.cluster.brokers[0].metrics_port) if self.cluster is not None else 0.0
 
-    def run(self, system: str, callers: int) -> Run:
+    def run(self, system: str, callers: int, body_bytes: int = 256) -> Run:
         """One timed run of ``system`` with ``callers`` concurrent callers."""
         import psutil
         import psycopg
@@ -493,12 +709,19 @@ class Bench:
         out = ctx.Queue()
         procs = []
         dsn, seconds = self.pg.dsn, self.args.seconds
-        if system.startswith("txmq"):
+        os.environ["BENCH_OUTBOX_BODY_BYTES"] = str(body_bytes)  # the spawned processes' BODY
+        if system.startswith(TXMQ_SYSTEMS):
             topic, group = f"bench-outbox-{self.phase}", f"bench-outbox-{self.phase}"
             self.cluster.create_topic(topic, 8)
             ns = self.cluster.nameserver_address
             procs.append(ctx.Process(target=txmq_consumer, args=(ns, topic, group, start, done, out, exit_, acks)))
-            if system == "txmq-threads":
+            if system == "anchored":
+                procs += [ctx.Process(target=anchored_caller, args=(ns, dsn, topic, 1, start, stop, out, exit_))
+                          for _ in range(callers)]
+            elif system == "anchored-asyncio":
+                procs.append(ctx.Process(target=anchored_async_caller,
+                                         args=(ns, dsn, topic, callers, start, stop, out, exit_)))
+            elif system == "txmq-threads":
                 procs.append(ctx.Process(target=txmq_caller, args=(ns, dsn, topic, callers, start, stop, out, exit_)))
             elif system == "txmq-asyncio":
                 procs.append(ctx.Process(target=txmq_async_caller,
@@ -510,6 +733,9 @@ class Bench:
             procs.append(ctx.Process(target=outbox_relay, args=(dsn, start, done, out, exit_)))
             procs += [ctx.Process(target=outbox_caller, args=(dsn, 1, start, stop, out, exit_))
                       for _ in range(callers)]
+        elif system == "outbox-asyncio":
+            procs.append(ctx.Process(target=outbox_relay, args=(dsn, start, done, out, exit_)))
+            procs.append(ctx.Process(target=outbox_async_caller, args=(dsn, callers, start, stop, out, exit_)))
         elif system == "rabbitmq":
             port = self.rabbit.port
             procs.append(ctx.Process(target=rabbit_consumer, args=(port, start, done, out, exit_)))
@@ -520,13 +746,14 @@ class Bench:
         for p in procs:
             p.start()
         result = Run(system if acks == self.args.txmq_acks[0] or not system.startswith("txmq")
-                     else f"{system}/{acks}", callers)
+                     else f"{system}/{acks}", callers, body_bytes=body_bytes)
         calls = self._consumer_calls()
         try:
             for _ in procs:  # each process connects and warms up, then waits for the start
                 if out.get(timeout=120)[0] != "ready":
                     raise RuntimeError("a benchmark process reported before the start")
             services = self._service_processes(system)
+            wal = self.wal_bytes()
             before = {name: cpu_snapshot(ps) for name, ps in services.items()}
             psutil.cpu_percent(None)
             start.set()
@@ -537,6 +764,7 @@ class Bench:
             consumer = out.get(timeout=DRAIN_SECONDS)
             result.busy = psutil.cpu_percent(None) / 100
             after = {name: cpu_snapshot(ps) for name, ps in self._service_processes(system).items()}
+            result.wal_bytes = self.wal_bytes() - wal
             for name in before:
                 result.cpu[name] = cpu_between(before[name], after[name])
             result.cpu["callers"] = sum(r[5] for r in reports)
@@ -546,11 +774,12 @@ class Bench:
             result.errors = sum(r[3] for r in reports)
             result.error_samples = [e for r in reports for e in r[2]][:5]
             result.latencies = [x for r in reports for x in r[4]]
-            _name, result.consumed, result.duplicates, _cpu, result.seconds = consumer
+            _name, result.consumed, result.duplicates, _cpu, result.seconds, consumed_at = consumer
+            result.delivery = [consumed_at[ref] - at for r in reports for ref, at in r[7] if ref in consumed_at]
             with psycopg.connect(dsn, autocommit=True) as c:
                 # The warm-up transactions of txmq's callers are rows too, consumed before the start.
                 result.rows = c.execute("SELECT count(*) FROM orders").fetchone()[0]
-                if system.startswith("txmq"):
+                if system.startswith(TXMQ_SYSTEMS):
                     result.rows -= len(procs) - 1
         finally:
             exit_.set()
@@ -567,8 +796,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="each run's length")
     parser.add_argument("--callers", default="1,8,64", help="concurrent callers, comma-separated")
     parser.add_argument("--runs", type=int, default=3, help="runs of each row (the median is printed)")
-    parser.add_argument("--systems", default="txmq,txmq-asyncio,outbox,rabbitmq",
-                        help="of txmq, txmq-asyncio, txmq-threads, outbox, rabbitmq")
+    parser.add_argument("--systems", default="txmq,txmq-asyncio,anchored,anchored-asyncio,outbox,outbox-asyncio,rabbitmq",
+                        help="of txmq, txmq-asyncio, txmq-threads, anchored, anchored-asyncio, outbox, "
+                             "outbox-asyncio, rabbitmq")
+    parser.add_argument("--body-bytes", type=int, default=256, help="the business payload of every row")
+    parser.add_argument("--wal-bodies", default="16384",
+                        help="further payload sizes run for PostgreSQL's cost per transaction (anchored-asyncio and "
+                             "both outbox layouts at 8 callers, or the largest count below); empty: none")
     parser.add_argument("--txmq-acks", default="deferred",
                         help="how txmq's consumer acknowledges: deferred (ack_later, on its next receive) or calls "
                              "(ack_many); both, comma-separated, runs each txmq row both ways (the first unlabelled)")
@@ -580,17 +814,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--txmq-acks: comma-separated of deferred, calls")
     args.systems = [variant for x in args.systems.split(",") if x
                     for variant in ([x] + [f"{x}/{m}" for m in args.txmq_acks[1:]] if x.startswith("txmq") else [x])]
+    args.wal_bodies = [int(x) for x in args.wal_bodies.split(",") if x]
 
     rows: dict[tuple[str, int], Run] = {}
     every: list[dict[str, Any]] = []
     failed = False
+    round_trips: list[float] = []
+    wal_rows: dict[tuple[str, int], Run] = {}
     with Bench(args) as bench:
-        for callers in args.callers:
-            for system in args.systems:
+        if bench.cluster is not None:
+            round_trips.append(bench.broker_round_trip_ms())
+        plan = [(callers, system, args.body_bytes) for callers in args.callers for system in args.systems]
+        wal_callers = max([c for c in args.callers if c <= 8], default=min(args.callers))
+        plan += [(wal_callers, system, body) for body in args.wal_bodies
+                 for system in ("anchored-asyncio", "outbox", "outbox-asyncio") if system in args.systems]
+        for callers, system, body in plan:
                 runs = []
                 for i in range(args.runs):
                     try:
-                        r = bench.run(system, callers)
+                        r = bench.run(system, callers, body)
                     except Exception as exc:  # noqa: BLE001 - one failed run must not lose the others
                         failed = True
                         print(f"RUN FAILED: {system} × {callers} run {i + 1}: {exc!r}", file=sys.stderr)
@@ -602,11 +844,18 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"COUNTS DIFFER: {system} × {callers} run {i + 1}: committed {r.committed}, "
                               f"business rows {r.rows}, consumed {r.consumed}, duplicates {r.duplicates}; "
                               f"errors {r.errors} {r.error_samples}", file=sys.stderr)
-                    print(f"  {system:>13} × {callers:<3} run {i + 1}: {r.rate:8.1f} txn/s, p50 "
+                    print(f"  {system:>16} × {callers:<3} {body:>6} B run {i + 1}: {r.rate:8.1f} txn/s, p50 "
                           f"{r.pct(0.5):6.2f} ms{' (saturated)' if r.saturated else ''}", file=sys.stderr)
                 if runs:
-                    rows[(system, callers)] = sorted(runs, key=lambda r: r.rate)[len(runs) // 2]
+                    median = sorted(runs, key=lambda r: r.rate)[len(runs) // 2]
+                    if body == args.body_bytes:
+                        rows[(system, callers)] = median
+                    else:
+                        wal_rows[(system, body)] = median
+        if bench.cluster is not None:
+            round_trips.append(bench.broker_round_trip_ms())
     _print(rows, args)
+    _print_targets(rows, wal_rows, sorted(round_trips)[len(round_trips) // 2] if round_trips else 0.0, args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(every, f, indent=1)
@@ -620,7 +869,7 @@ def _print(rows: dict[tuple[str, int], Run], args: argparse.Namespace) -> None:
             f"{'service':>8} {'postgres':>8} {'callers':>8} {'consumer':>8} {'calls':>5}  checks")
     print(head)
     for (system, callers), r in rows.items():
-        outbox = rows.get(("outbox", callers))
+        outbox = best_outbox(rows, callers)
         ratio = f"{r.rate / outbox.rate:8.2f}" if outbox and outbox.rate else f"{'—':>8}"
         per = {k: v / max(r.consumed, 1) * 1e6 for k, v in r.cpu.items()}
         service = per.get("txmq", per.get("rabbitmq", 0.0))
@@ -631,12 +880,113 @@ def _print(rows: dict[tuple[str, int], Run], args: argparse.Namespace) -> None:
             check += ", saturated"
         print(f"{callers:>7} {system:>18} {r.rate:>9.1f} {r.pct(0.5):>7.2f} {r.pct(0.99):>7.2f} {ratio} "
               f"{service:>8.0f} {per.get('postgresql', 0):>8.0f} {per.get('callers', 0):>8.0f} "
-              f"{per.get('consumer', 0):>8.0f} {r.consumer_calls / max(r.consumed, 1) if system.startswith('txmq') else 0:>5.2f}"
+              f"{per.get('consumer', 0):>8.0f} {r.consumer_calls / max(r.consumed, 1) if system.startswith(TXMQ_SYSTEMS) else 0:>5.2f}"
               f"  {check}")
+    print("÷ outbox: the rate over the outbox's faster layout at the same callers (outbox: a process per "
+          "caller; outbox-asyncio: coroutines of one process). anchored: docs/anchored-transactions.md.")
     print("service: txmq's name server + broker + checker, or RabbitMQ's node; outbox has none "
           "(its relay is the consumer). calls: txmq's consumer calls (ReceiveMessages + AckMessages) per "
           f"transaction; its acks: {args.txmq_acks[0]} unless the system says /calls or /deferred. "
           "committed = business rows = consumed is checked per run.")
+
+
+def best_outbox(rows: dict[tuple[str, int], Run], callers: int) -> Run | None:
+    """The outbox's faster layout at ``callers`` (the one every ratio compares with)."""
+    found = [r for (system, c), r in rows.items() if c == callers and system in ("outbox", "outbox-asyncio")]
+    return max(found, key=lambda r: r.rate, default=None)
+
+
+def _cpu_line(r: Run) -> str:
+    parts = {k: r.per_txn_us(k) for k in r.cpu if k != "broker"}
+    return (f"{r.system} {r.cpu_per_txn_us:,.0f} µs (" + ", ".join(f"{k} {v:,.0f}" for k, v in parts.items())
+            + f"; machine busy {r.busy:.0%})")
+
+
+def _print_targets(rows: dict[tuple[str, int], Run], wal_rows: dict[tuple[str, int], Run], round_trip_ms: float,
+                   args: argparse.Namespace) -> None:
+    """Issue 29's targets, each with its ratio; a target not met says what stops it, from
+    the numbers of this run."""
+    print("\nTargets (issue 29), each against the outbox's faster layout at the same callers:")
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT MET"
+
+    for callers in (8, 64):
+        a, o = rows.get(("anchored-asyncio", callers)), best_outbox(rows, callers)
+        if a is None or o is None or not o.rate:
+            continue
+        ratio = a.rate / o.rate
+        print(f"- anchored-asyncio ≥ 1.0× the outbox at {callers} callers: {a.rate:,.0f} vs {o.rate:,.0f} txn/s "
+              f"({o.system}) = {ratio:.2f}× — {verdict(ratio >= 1.0)}")
+        if ratio < 1.0:
+            print(f"    what stops it: CPU per transaction {_cpu_line(a)} against {_cpu_line(o)}")
+        if callers == 64:
+            cpu_ratio = a.cpu_per_txn_us / max(o.cpu_per_txn_us, 1e-9)
+            print(f"- CPU per transaction (all processes) at 64 ≤ the outbox's: {a.cpu_per_txn_us:,.0f} vs "
+                  f"{o.cpu_per_txn_us:,.0f} µs = {cpu_ratio:.2f}× — {verdict(cpu_ratio <= 1.0)}")
+            if cpu_ratio > 1.0:
+                print(f"    where it goes: {_cpu_line(a)}; {_cpu_line(o)}")
+    o1 = best_outbox(rows, 1)
+    for system in ("anchored", "anchored-asyncio"):
+        a = rows.get((system, 1))
+        if a is None or o1 is None:
+            continue
+        floor = o1.pct(0.5) + round_trip_ms
+        print(f"- {system} p50 at 1 caller ≤ the outbox's p50 + one durable empty broker round trip: "
+              f"{a.pct(0.5):.2f} ms vs {o1.pct(0.5):.2f} + {round_trip_ms:.2f} = {floor:.2f} ms "
+              f"({a.pct(0.5) / max(floor, 1e-9):.2f}×) — {verdict(a.pct(0.5) <= floor)}")
+        if a.pct(0.5) > floor:
+            print(f"    what stops it: {a.pct(0.5) - floor:.2f} ms over the floor; the caller's CPU "
+                  f"{a.per_txn_us('callers'):,.0f} µs per transaction against the outbox caller's "
+                  f"{o1.per_txn_us('callers'):,.0f} µs, PostgreSQL {a.per_txn_us('postgresql'):,.0f} µs against "
+                  f"{o1.per_txn_us('postgresql'):,.0f} µs")
+        services = a.per_txn_us("txmq")
+        print(f"- {system} services' CPU per transaction at 1 caller ≤ 600 µs: {services:,.0f} µs "
+              f"({services / 600:.2f}×) — {verdict(services <= 600)}")
+        if services > 600:
+            print(f"    where it goes: the broker {a.per_txn_us('broker'):,.0f} µs of it (half message + "
+                  f"EndTransaction + the consumer's receive and ack calls), name server and checker the rest")
+    for callers in args.callers:
+        a, o = rows.get(("anchored-asyncio", callers)), best_outbox(rows, callers)
+        if a is None or o is None or not a.delivery or not o.delivery:
+            continue
+        ok = a.delivery_pct(0.5) <= o.delivery_pct(0.5) and a.delivery_pct(0.99) <= o.delivery_pct(0.99)
+        print(f"- commit-to-consumer at {callers} callers no worse than the outbox's relay: p50 "
+              f"{a.delivery_pct(0.5):.2f} vs {o.delivery_pct(0.5):.2f} ms, p99 {a.delivery_pct(0.99):.2f} vs "
+              f"{o.delivery_pct(0.99):.2f} ms — {verdict(ok)}")
+        if not ok:
+            print("    what stops it: the anchored message becomes visible at its EndTransaction (sent after the "
+                  "COMMIT, batched) and reaches the consumer at its next long-poll receive; the relay moves "
+                  "outbox rows as soon as NOTIFY wakes it")
+    wal_callers = max([c for c in args.callers if c <= 8], default=min(args.callers))
+    sizes = [(args.body_bytes, {s: rows.get((s, wal_callers)) for s in ("anchored-asyncio", "outbox", "outbox-asyncio")})]
+    sizes += [(b, {s: wal_rows.get((s, b)) for s in ("anchored-asyncio", "outbox", "outbox-asyncio")})
+              for b in args.wal_bodies]
+    for body, by in sizes:
+        a = by["anchored-asyncio"]
+        outs = [r for s, r in by.items() if s != "anchored-asyncio" and r is not None]
+        if a is None or not outs:
+            continue
+        o = max(outs, key=lambda r: r.rate)
+        a_cpu, o_cpu = a.per_txn_us("postgresql"), o.per_txn_us("postgresql")
+        a_wal, o_wal = a.wal_bytes / max(a.consumed, 1), o.wal_bytes / max(o.consumed, 1)
+        print(f"- PostgreSQL's cost per transaction at {body} B bodies ({wal_callers} callers) ≤ the outbox's: "
+              f"server CPU {a_cpu:,.0f} vs {o_cpu:,.0f} µs ({a_cpu / max(o_cpu, 1e-9):.2f}×), WAL "
+              f"{a_wal:,.0f} vs {o_wal:,.0f} B ({a_wal / max(o_wal, 1e-9):.2f}×) — "
+              f"{verdict(a_cpu <= o_cpu and a_wal <= o_wal)}")
+        if not (a_cpu <= o_cpu and a_wal <= o_wal):
+            print("    what stops it: the decision row is written three times (inserted, its halves recorded, "
+                  "deleted in batches once acknowledged) and the business row is the caller's own; the outbox "
+                  "writes its row and the relay moves it")
+    for callers in (8,):
+        for anchored, classic in (("anchored-asyncio", "txmq-asyncio"), ("anchored", "txmq")):
+            a, t = rows.get((anchored, callers)), rows.get((classic, callers))
+            if a is None or t is None:
+                continue
+            print(f"- broker CPU per transaction at {callers} callers: {anchored} {a.per_txn_us('broker'):,.0f} µs "
+                  f"beside {classic} (two synchronous round trips) {t.per_txn_us('broker'):,.0f} µs")
+    print(f"(one durable empty broker round trip, p50 of 200 sends at the start and end of this run: "
+          f"{round_trip_ms:.2f} ms)")
 
 
 if __name__ == "__main__":

@@ -74,16 +74,43 @@ class PostgresInstance:
         data = self.data = os.path.join(self.dir, "data")
         subprocess.run([*as_user, _pg_bin("initdb"), "-D", data, "-A", "trust", "-U", "bench", "-E", "UTF8"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        with open(self.log, "w") as log:
-            if as_user:
-                os.chown(self.log, user.pw_uid, user.pw_gid)
-            self.proc = subprocess.Popen(
-                [*as_user, _pg_bin("postgres"), "-D", data, "-p", str(self.port), "-k", self.dir,
-                 "-c", "listen_addresses=127.0.0.1", "-c", f"max_connections={max_connections}",
-                 "-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "shared_buffers=256MB"],
-                stdout=log, stderr=subprocess.STDOUT)
+        self.as_user = as_user
+        self.max_connections = max_connections
+        self._start("w")
         self.dsn = f"host=127.0.0.1 port={self.port} user=bench dbname=postgres"
         _wait("postgres", self._accepts, self.proc, self.log)
+
+    def _start(self, mode: str) -> None:
+        with open(self.log, mode) as log:
+            if self.as_user:
+                user = pwd.getpwnam("postgres")
+                os.chown(self.log, user.pw_uid, user.pw_gid)
+            self.proc = subprocess.Popen(
+                [*self.as_user, _pg_bin("postgres"), "-D", self.data, "-p", str(self.port), "-k", self.dir,
+                 "-c", "listen_addresses=127.0.0.1", "-c", f"max_connections={self.max_connections}",
+                 "-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "shared_buffers=256MB"],
+                stdout=log, stderr=subprocess.STDOUT)
+
+    def restart(self, *, immediate: bool = False) -> None:
+        """Stops the server (``immediate``: SIGQUIT, a crash-like stop whose restart runs
+        recovery from the WAL; else the fast shutdown) and starts it again on the same port
+        and data; returns once it accepts connections."""
+        self._shutdown(3 if immediate else 2)
+        self._start("a")
+        _wait("postgres", self._accepts, self.proc, self.log)
+
+    def _shutdown(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(os.path.join(self.data, "postmaster.pid")) as f:
+                    os.kill(int(f.readline()), sig)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                for p in self.processes():
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        p.kill()
+                self.proc.wait(10)
 
     def _accepts(self) -> bool:
         import psycopg
@@ -103,18 +130,8 @@ class PostgresInstance:
             return []
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            # SIGINT to the postmaster (its pid heads postmaster.pid) is the fast shutdown.
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                with open(os.path.join(self.data, "postmaster.pid")) as f:
-                    os.kill(int(f.readline()), 2)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                for p in self.processes():
-                    with contextlib.suppress(psutil.NoSuchProcess):
-                        p.kill()
-                self.proc.wait(10)
+        # SIGINT to the postmaster (its pid heads postmaster.pid) is the fast shutdown.
+        self._shutdown(2)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

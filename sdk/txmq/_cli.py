@@ -30,6 +30,7 @@ NameServerService for listings), so it needs only the name server address.
     txmq broker restore --from DIR --data-dir PATH [--replace]
     txmq broker drain SHARD [--wait 5m] [--status | --undo]
     txmq checker list
+    txmq db schema|init|status [--dsn DSN | --dsn-file FILE] [--table T]
     txmq completion bash
     txmq --version
 
@@ -65,6 +66,7 @@ from typing import Any, Callable, Sequence, TextIO
 
 from ._admin import Admin as _AdminClient
 from ._admin import cut_per_broker
+from ._db_cli import add_db_commands, run_db
 from ._errors import TopicExistsError, TxmqError
 from ._global_cli import add_global_commands
 from ._group_cli import add_group_commands, add_message_commands, describe_by_message_id, is_message_id
@@ -763,7 +765,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Operate a txmq cluster through its name servers.")
     parser.add_argument("--version", action="version", version=f"txmq {_version()}")
     commands = parser.add_subparsers(dest="noun", required=True,
-                                     metavar="{txn,topic,group,message,dlq,broker,checker,completion}")
+                                     metavar="{txn,topic,group,message,dlq,broker,checker,db,completion}")
 
     txn = commands.add_parser("txn", help="transactions").add_subparsers(dest="verb", required=True)
     p = txn.add_parser("list", parents=[common], help="transactions by group, state and age")
@@ -850,6 +852,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_broker_commands(broker, common, _duration_arg)
     checker = commands.add_parser("checker", help="checkers").add_subparsers(dest="verb", required=True)
     checker.add_parser("list", parents=[common], help="live checkers").set_defaults(run=_checker_list)
+    add_db_commands(commands, common)
     p = commands.add_parser("completion", help="print a shell completion script: "
                                                "eval \"$(txmq completion bash)\" (zsh: after bashcompinit)")
     p.add_argument("shell", choices=["bash", "zsh"])
@@ -989,6 +992,17 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
     try:
         if args.noun == "completion":
             stdout.write(completion_script(parser))
+            stdout.flush()
+            return 0
+        if args.noun == "db":
+            try:
+                run_db(args, out)
+            except TxmqError as err:
+                stderr.write(f"txmq: {err.message}\n")
+                return 2
+            except Exception as err:  # noqa: BLE001 - the database refused or is unreachable
+                stderr.write(f"txmq: {type(err).__name__}: {str(err).strip()}\n")
+                return 1
             stdout.flush()
             return 0
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
+import math
 import os
 import socket
 import threading
@@ -18,7 +19,9 @@ import time
 import uuid
 from typing import Any, Callable, Sequence
 
+from ._anchored import AnchoredTransaction, DecisionStore
 from ._checks import CheckResponder, InProgress
+from ._decisions import Address, Decisions, end_by_id, is_anchored
 from ._global import GlobalTransactionResult, send_global
 from ._tls import TLS
 from ._client import Client, QueueRoute, positive
@@ -232,6 +235,10 @@ class TransactionProducer(Producer):
     transaction under ``message.transaction_id`` and answer by it, and the orphan (a
     transaction id no local transaction used) is rolled back; answering by a business key
     would commit it as a second copy of the message.
+
+    Anchored transactions (``decisions=txmq.anchored.Decisions(...)``, then
+    :meth:`transaction`): the decision is the database commit and checks are answered from
+    the group's decisions table, with no listener (docs/anchored-transactions.md).
     """
 
     def __init__(self, nameservers: str | Sequence[str], *, producer_group: str,
@@ -244,11 +251,14 @@ class TransactionProducer(Producer):
                  answer_checks: bool = True, check_threads: int = 4,
                  checker_refresh_seconds: float = 5.0, linger_seconds: float = LINGER_SECONDS,
                  tls: TLS | None = None, token: str | None = None,
-                 open_transaction_retry_seconds: float = 5.0, namespace: str = "") -> None:
+                 open_transaction_retry_seconds: float = 5.0, namespace: str = "",
+                 decisions: "Decisions | None" = None) -> None:
         validate_group("producer_group", in_namespace(namespace, "producer_group", producer_group))
-        if listener is None and checker is None:
-            raise InvalidFieldError("listener", "give a listener (send_in_transaction) or a checker "
-                                    "(begin_transaction): something must answer checks")
+        if listener is None and checker is None and decisions is None:
+            raise InvalidFieldError("listener", "give a listener (send_in_transaction), a checker "
+                                    "(begin_transaction) or decisions (transaction): something must answer checks")
+        if decisions is not None and not isinstance(decisions, Decisions):
+            raise InvalidFieldError("decisions", f"must be a txmq.anchored.Decisions, got {type(decisions).__name__}")
         if listener is not None:
             for method in ("execute_local_transaction", "check_local_transaction"):
                 if not callable(getattr(listener, method, None)):
@@ -267,7 +277,8 @@ class TransactionProducer(Producer):
                          route_refresh_seconds=route_refresh_seconds, linger_seconds=linger_seconds, tls=tls, token=token,
                          namespace=namespace)
         self.listener = listener
-        self.checker = checker if checker is not None else listener.check_local_transaction  # type: ignore[union-attr]
+        self.checker = (checker if checker is not None else listener.check_local_transaction if listener is not None
+                        else None)
         self.open_transaction_retry_seconds = positive("open_transaction_retry_seconds",
                                                        open_transaction_retry_seconds)
         self.client_id = client_id or new_client_id()
@@ -275,6 +286,8 @@ class TransactionProducer(Producer):
         self._open: dict[str, str] = {}
         self._open_lock = threading.Lock()
         self._checks: CheckResponder | None = None
+        #: Anchored transactions (``transaction()``): the group's decisions table.
+        self._decision_store = DecisionStore(self, decisions) if decisions is not None else None
         if answer_checks:
             self._checks = CheckResponder(self._client, producer_group=self.producer_group,
                                           client_id=self.client_id, check=self._check_local_transaction,
@@ -289,6 +302,8 @@ class TransactionProducer(Producer):
         """Unsubscribes from the checkers, then closes the connections."""
         if self._checks is not None:
             self._checks.close()
+        if self._decision_store is not None:
+            self._decision_store.close()
         super().close()
 
     def connected_checkers(self) -> list[str]:
@@ -308,6 +323,12 @@ class TransactionProducer(Producer):
         if still_open:
             # Its explicit transaction is still running here: neither commit nor rollback yet.
             return InProgress(retry_after_seconds=self.open_transaction_retry_seconds)
+        if self._decision_store is not None and is_anchored(message.properties):
+            return self._decision_store.check(message)
+        if self.checker is None:
+            log.warning("check of transaction %s: not an anchored transaction and this producer has no "
+                        "listener or checker: UNKNOWN", message.transaction_id)
+            return LocalTransactionState.UNKNOWN
         return self.checker(message)
 
     def send_in_transaction(self, message: "Message | Sequence[Message]",
@@ -348,6 +369,45 @@ class TransactionProducer(Producer):
         return TransactionResult(message_id=half.message_id, transaction_id=half.transaction_id,
                                  local_state=local_state, state=state, topic=message.topic,
                                  broker_name=half.broker_name, queue_id=route.queue_id, end_error=end_error)
+
+    # --- anchored transactions ------------------------------------------------------------
+
+    def transaction(self, connection: Any, *, end: str = "hint") -> AnchoredTransaction:
+        """An anchored transaction on ``connection`` (a psycopg ``Connection``, a SQLAlchemy
+        ``Session``, or a :class:`txmq.anchored.DBAPIConnection`), whose decision is its
+        database commit (the producer needs ``decisions=``)::
+
+            with producer.transaction(conn) as tx:
+                tx.send(txmq.Message("orders", body))
+                conn.execute("INSERT INTO orders ...")
+            tx.result.state          # COMMITTED: decided by the database commit
+            tx.result.acknowledged   # the broker has the COMMIT too (wait_acknowledged())
+
+        The block begins the connection's transaction, whose first statement inserts the
+        decision row; each ``tx.send`` sends a half message at once, in the background;
+        the block's end waits for the halves to be stored, records their ids in the row,
+        and commits. Then EndTransaction(COMMIT) goes without making the caller wait
+        (``end="await"`` waits for it); a lost one is repaired from the row by a check.
+        A half that fails rolls the local transaction back and is raised; the block
+        raising rolls it back. Checks are answered from the decisions table by any
+        instance of the group (docs/anchored-transactions.md)."""
+        return AnchoredTransaction(self, connection, end)
+
+    def _end_by_id(self, transaction_id: str, decision: LocalTransactionState,
+                   deadline: float) -> tuple[TransactionState | None, TxmqError | None]:
+        """EndTransaction of a transaction known by its id only, retried until ``deadline``."""
+        def perform(step: Step) -> Any:
+            if type(step) is Address:
+                return self._client.broker_address(step.broker, refresh=step.refresh)
+            return self._perform(step)
+
+        store = self._decision_store
+
+        def clock() -> float:  # once the producer is closing, no more retries
+            return math.inf if store is not None and store.closing else time.monotonic()
+
+        return run(end_by_id(transaction_id, decision, self.producer_group, deadline, clock,
+                             self.retry_backoff_seconds), perform)
 
     # --- the explicit form ----------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 
-from services.common.config import HOUR, ServiceConfig, count, seconds
+from services.common.config import DAY, HOUR, MINUTE, YEAR, ServiceConfig, count, seconds
 
 
 def default_checker_name() -> str:
@@ -50,9 +50,41 @@ class CheckerConfig(ServiceConfig):
     rpc_timeout_seconds: float = seconds(5.0, max=HOUR)
     #: Most producer groups one Subscribe may name.
     max_groups_per_stream: int = count(64)
+    #: Producer groups whose checks the checker answers itself from their decisions table
+    #: while none of their producers is subscribed (anchored transactions,
+    #: services/checker/resolver.py): ``GROUP=DSN_FILE`` entries, each file holding a libpq
+    #: connection string for a role limited to that table (read at start, never logged).
+    resolver_groups: tuple[str, ...] = ()
+    #: The decisions table of those groups.
+    resolver_table: str = "txmq_decisions"
+    #: How long the resolver's check waits for a local transaction holding the key.
+    resolver_lock_timeout_seconds: float = seconds(0.5, max=MINUTE)
+    #: The retry-after of its IN_PROGRESS answers.
+    resolver_in_progress_retry_seconds: float = seconds(5.0, max=HOUR)
+    #: Checks the resolver answers at once, per group (its credit).
+    resolver_concurrency: int = count(16, max=1024)
+    #: While it serves a group, the resolver sweeps its table this often: COMMIT rows older
+    #: than resolver_repair_after_seconds get their halves committed (idempotent) and go
+    #: (an end that reached the broker before the producer died leaves no check to come);
+    #: fences older than resolver_fence_retention_seconds go.
+    resolver_sweep_interval_seconds: float = seconds(10.0, max=HOUR)
+    #: Age past which the resolver's sweep repairs a COMMIT row.
+    resolver_repair_after_seconds: float = seconds(30.0, max=DAY)
+    #: Age past which the resolver's sweep deletes a fence (longer than any check window).
+    resolver_fence_retention_seconds: float = seconds(7 * DAY, max=YEAR)
 
     def validate(self) -> None:
         """Rules across fields (each field's own range is declared beside it)."""
+        from txmq.decisions import validate_table
+
+        try:
+            validate_table(self.resolver_table)
+        except Exception as err:  # noqa: BLE001 - a config error names the field
+            raise ValueError(f"resolver_table: {err}") from None
+        for entry in self.resolver_groups:
+            group, sep, path = entry.partition("=")
+            if not (sep and group and path):
+                raise ValueError(f"resolver_groups: {entry!r} is not GROUP=DSN_FILE")
         if not self.checker_name or any(ch.isspace() for ch in self.checker_name):
             raise ValueError(f"checker_name must be set, without spaces, got {self.checker_name!r}")
         if self.answer_timeout_seconds > self.lease_seconds:

@@ -14,6 +14,7 @@ from .brokers import BrokerDirectory
 from .config import CheckerConfig
 from .dispatcher import Dispatcher
 from .metrics import CheckerMetrics
+from .resolver import Resolver
 from .service import CheckerServicer
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ async def create_server(config: CheckerConfig) -> tuple[ServiceApp, int]:
                             default_credit=config.default_check_credit, metrics=metrics)
     directory = BrokerDirectory(config, dispatcher)
     reporter.directory = directory
+    resolver = Resolver(config, dispatcher, directory)
     servicer = CheckerServicer(dispatcher, max_groups_per_stream=config.max_groups_per_stream,
                                max_pending_checks_per_connection=config.max_pending_checks_per_connection)
     app = ServiceApp("checker", config, metrics,
@@ -58,16 +60,21 @@ async def create_server(config: CheckerConfig) -> tuple[ServiceApp, int]:
 
     async def start() -> None:
         await directory.start()
+        await resolver.refresh()
         await heartbeat.start()
 
     async def stop() -> None:
         # Producers learn from the name servers first that this checker is leaving.
         await heartbeat.stop()
         # Checks not yet acknowledged go back to their brokers (due again at once).
+        await resolver.close()
         dispatcher.close()
         await directory.stop(flush_seconds=min(config.shutdown_grace_seconds, 2.0))
 
     app.every("sweep", min(config.answer_timeout_seconds / 5, 0.1), sweep)
+    if resolver.groups:
+        app.every("resolver", 0.2, resolver.refresh)
+        app.every("resolver-sweep", config.resolver_sweep_interval_seconds, resolver.sweep)
     app.on_start.append(start)
     app.on_stop.append(stop)
     return app, app.port

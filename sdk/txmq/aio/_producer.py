@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import math
 import time
 from typing import Any, Callable, Sequence
 
@@ -27,6 +28,8 @@ from .._sending import (Pick, Rebind, Request, Sleep, Step, configure, end_trans
 from .._types import (LocalTransactionState, Message, SendReceipt, TransactionMessage, TransactionResult,
                       TransactionState, message_to_pb)
 from ..v1 import broker_pb2, common_pb2
+from .._decisions import Address, Decisions, end_by_id, is_anchored
+from ._anchored import AsyncAnchoredTransaction, AsyncDecisionStore
 from ._checks import AsyncCheckResponder
 from ._client import AsyncClient
 
@@ -154,17 +157,25 @@ class AsyncTransactionProducer(AsyncProducer):
 
     Start it with ``async with`` (or ``await producer.start()``) inside the event loop that
     will use it.
+
+    Anchored transactions (``decisions=txmq.anchored.Decisions(...)``, then
+    ``async with producer.transaction(conn)``): no listener needed (docs/anchored-transactions.md).
     """
 
     def __init__(self, nameservers: str | Sequence[str], *, producer_group: str,
-                 listener: AsyncTransactionListener, client_id: str | None = None,
+                 listener: AsyncTransactionListener | None = None, client_id: str | None = None,
                  send_timeout_seconds: float = 3.0, max_attempts: int = 3, retry_backoff_seconds: float = 0.1,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, request_timeout_seconds: float = 3.0,
                  route_refresh_seconds: float = 30.0, answer_checks: bool = True, check_concurrency: int = 16,
                  checker_refresh_seconds: float = 5.0, tls: TLS | None = None, token: str | None = None,
-                 namespace: str = "") -> None:
+                 namespace: str = "", decisions: Decisions | None = None) -> None:
         validate_group("producer_group", in_namespace(namespace, "producer_group", producer_group))
-        for method in ("execute_local_transaction", "check_local_transaction"):
+        if listener is None and decisions is None:
+            raise InvalidFieldError("listener", "give a listener (send_in_transaction) or decisions "
+                                                "(transaction): something must answer checks")
+        if decisions is not None and not isinstance(decisions, Decisions):
+            raise InvalidFieldError("decisions", f"must be a txmq.anchored.Decisions, got {type(decisions).__name__}")
+        for method in ("execute_local_transaction", "check_local_transaction") if listener is not None else ():
             if not asyncio.iscoroutinefunction(getattr(listener, method, None)):
                 raise InvalidFieldError("listener", f"{method}() must be a coroutine function (async def)")
         if not isinstance(check_concurrency, int) or check_concurrency < 1:
@@ -178,6 +189,8 @@ class AsyncTransactionProducer(AsyncProducer):
                          route_refresh_seconds=route_refresh_seconds, tls=tls, token=token, namespace=namespace)
         self.listener = listener
         self.client_id = client_id or new_client_id()
+        #: Anchored transactions (``transaction()``): the group's decisions table.
+        self._decision_store = AsyncDecisionStore(self, decisions) if decisions is not None else None
         self._checks: AsyncCheckResponder | None = None
         if answer_checks:
             self._checks = AsyncCheckResponder(self._client, producer_group=self.producer_group,
@@ -187,6 +200,8 @@ class AsyncTransactionProducer(AsyncProducer):
 
     async def start(self) -> "AsyncTransactionProducer":
         """Starts answering checks (idempotent)."""
+        if self._decision_store is not None:
+            self._decision_store.start()
         if self._checks is not None:
             self._checks.start()
         return self
@@ -198,6 +213,8 @@ class AsyncTransactionProducer(AsyncProducer):
         """Unsubscribes from the checkers, then closes the connections."""
         if self._checks is not None:
             await self._checks.close()
+        if self._decision_store is not None:
+            await self._decision_store.close()
         await super().close()
 
     def connected_checkers(self) -> list[str]:
@@ -210,12 +227,52 @@ class AsyncTransactionProducer(AsyncProducer):
             return LocalTransactionState.ROLLBACK
         if message.message_id in self._open_globals:  # a multi-message transaction still being sent here
             return InProgress(retry_after_seconds=OPEN_GLOBAL_RETRY_SECONDS)
+        if self._decision_store is not None and is_anchored(message.properties):
+            return await self._decision_store.check(message)
+        if self.listener is None:
+            log.warning("check of transaction %s: not an anchored transaction and this producer has no "
+                        "listener: UNKNOWN", message.transaction_id)
+            return LocalTransactionState.UNKNOWN
         return await self.listener.check_local_transaction(message)
+
+    # --- anchored transactions ------------------------------------------------------------
+
+    def transaction(self, connection: Any, *, end: str = "hint") -> AsyncAnchoredTransaction:
+        """An anchored transaction on ``connection`` (a psycopg ``AsyncConnection`` or a
+        SQLAlchemy ``AsyncSession``): :meth:`txmq.TransactionProducer.transaction` for
+        asyncio, used as ``async with producer.transaction(conn) as tx:``."""
+        return AsyncAnchoredTransaction(self, connection, end)
+
+    async def _send_half(self, message: Message) -> TransactionMessage:
+        route, pb, sent = await self._send_new(message.topic, half_builder(message, self.producer_group,
+                                                                           self.client_id, _HOST),
+                                               message_group=message.message_group)
+        return TransactionMessage(message=message, message_id=sent.message_id or pb.message_id,
+                                  transaction_id=sent.transaction_id, broker_name=sent.broker_name or route.broker_name,
+                                  queue_id=route.queue_id)
+
+    async def _end_by_id(self, transaction_id: str, decision: LocalTransactionState,
+                         deadline: float) -> tuple[TransactionState | None, TxmqError | None]:
+        async def perform(step: Step) -> Any:
+            if type(step) is Address:
+                return await self._client.broker_address(step.broker, refresh=step.refresh)
+            return await self._perform(step)
+
+        store = self._decision_store
+
+        def clock() -> float:  # once the producer is closing, no more retries
+            return math.inf if store is not None and store.closing else time.monotonic()
+
+        return await run_async(end_by_id(transaction_id, decision, self.producer_group, deadline, clock,
+                                         self.retry_backoff_seconds), perform)
 
     async def send_in_transaction(self, message: "Message | Sequence[Message]",
                                   arg: Any = None) -> "TransactionResult | GlobalTransactionResult":
         """As :meth:`txmq.TransactionProducer.send_in_transaction`, awaiting the listener
         (several messages: one multi-message transaction, its parts sent concurrently)."""
+        if self.listener is None:
+            raise InvalidFieldError("listener", "send_in_transaction needs an AsyncTransactionListener; "
+                                    "with only decisions use transaction()")
         if isinstance(message, (list, tuple)):
             return await send_global_async(self, message, arg, _HOST)
         message = self._validate(message)

@@ -1,0 +1,658 @@
+"""Anchored transactions for the sync SDK: the decision protocol of ``txmq._decisions``
+driven on the caller's database connection and on the producer's own ones.
+
+    with producer.transaction(conn) as tx:      # BEGIN; INSERT the COMMIT row (first statement)
+        tx.send(txmq.Message("orders", body))   # the half message leaves now, in the background
+        conn.execute("INSERT INTO orders ...")  # the caller's work, overlapping the half's round trip
+    # on exit: wait for the halves' durable acknowledgement, record their ids, COMMIT (the
+    # decision), then EndTransaction(COMMIT) in the background; tx.result says COMMITTED.
+
+Adapters turn a driver's connection into the few calls the protocol needs
+(:class:`LocalConnection` for the caller's, :class:`StoreConnection` for the producer's):
+psycopg 3 ``Connection``, SQLAlchemy 2 ``Session``, and any PostgreSQL DB-API connection
+(:class:`DBAPIConnection`). psycopg and SQLAlchemy are imported only when used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+from . import _decisions as core
+from ._checks import InProgress
+from ._errors import InvalidFieldError, TransactionStateError, TxmqError
+from ._types import LocalTransactionState, Message, TransactionMessage, TransactionState
+
+if TYPE_CHECKING:
+    from ._producer import TransactionProducer
+
+log = logging.getLogger(__name__)
+
+# --- fail points (crash tests only) -------------------------------------------------------
+
+#: ``TXMQ_SDK_FAILPOINT=<step>`` makes the process SIGKILL itself at that step of an
+#: anchored transaction (tests/integration/test_anchored_crash.py). Read once at import:
+#: unset, :func:`failpoint` is one comparison with an empty string.
+FAILPOINT = os.environ.get("TXMQ_SDK_FAILPOINT", "")
+FAILPOINTS = ("begin.after", "half.after", "commit.before", "commit.after", "end.inflight", "end.after")
+
+
+def failpoint(step: str) -> None:
+    if FAILPOINT and step == FAILPOINT:
+        log.critical("fail point %s reached: killing the process", step)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def failpoint_soon(step: str, seconds: float = 0.001) -> None:
+    """Dies ``seconds`` from now when ``step`` is armed (a request then is in flight)."""
+    if FAILPOINT and step == FAILPOINT:
+        threading.Timer(seconds, failpoint, (step,)).start()
+
+
+# --- results ------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class AnchoredResult:
+    """How an anchored transaction ended. ``state`` is the decision, taken by the database
+    commit: COMMITTED (the broker makes the messages visible once its EndTransaction, or a
+    check, reaches it) — the broker's acknowledgement of that is :attr:`acknowledged` /
+    :meth:`wait_acknowledged`. ``end_error``: why the background EndTransaction gave up
+    (the check then commits the messages from the decision row)."""
+
+    transaction_key: str
+    state: TransactionState
+    messages: tuple[TransactionMessage, ...]
+    _acked: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
+    _errors: list[TxmqError] = dataclasses.field(default_factory=list, repr=False)
+
+    @property
+    def acknowledged(self) -> bool:
+        """Whether the broker acknowledged the COMMIT of every message."""
+        return self._acked.is_set()
+
+    @property
+    def end_error(self) -> TxmqError | None:
+        return self._errors[0] if self._errors else None
+
+    def wait_acknowledged(self, timeout: float | None = None) -> bool:
+        """Waits (at most ``timeout`` seconds) for :attr:`acknowledged`; returns it."""
+        return self._acked.wait(timeout)
+
+
+# --- the caller's connection --------------------------------------------------------------
+
+class LocalConnection(Protocol):
+    """The caller's connection as an anchored transaction uses it (the documented
+    interface for other drivers; :class:`DBAPIConnection` covers PostgreSQL DB-API ones).
+
+    ``execute`` runs a statement in the current transaction (beginning one if none);
+    ``commit`` runs ``statement`` (when given) then COMMIT; ``rollback`` ends the
+    transaction. ``sqlstate(error)`` is the SQLSTATE of an error one of them raised, or
+    None when the connection was lost (then a COMMIT's outcome is unknown)."""
+
+    def in_transaction(self) -> bool: ...
+    def execute(self, statement: core.Statement) -> None: ...
+    def commit(self, statement: core.Statement | None) -> None: ...
+    def rollback(self) -> None: ...
+    def sqlstate(self, error: BaseException) -> str | None: ...
+
+
+def _module_of(obj: Any) -> str:
+    return type(obj).__module__.split(".", 1)[0]
+
+
+def _pg_sqlstate(error: BaseException, lost: bool) -> str | None:
+    """A psycopg / psycopg2 / SQLAlchemy-wrapped error's SQLSTATE; None when the connection
+    was lost; ``"client"`` for an error the server did not send."""
+    if lost:
+        return None
+    orig = getattr(error, "orig", None)  # SQLAlchemy's DBAPIError
+    if orig is not None and getattr(error, "connection_invalidated", False):
+        return None
+    for e in (error, orig):
+        if e is None:
+            continue
+        code = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
+        if code:
+            return str(code)
+    return "client"
+
+
+class PsycopgConnection:
+    """A psycopg 3 ``Connection`` (autocommit or not). Its own ``prepare_threshold`` applies
+    (None for a server behind a transaction-pooling PgBouncer)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def in_transaction(self) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return self.conn.info.transaction_status != TransactionStatus.IDLE
+
+    def execute(self, statement: core.Statement) -> None:
+        if self.conn.autocommit and not self.in_transaction():
+            self.conn.execute("BEGIN")
+        self.conn.execute(statement.sql, statement.params)
+
+    def commit(self, statement: core.Statement | None) -> None:
+        conn = self.conn
+        with conn.pipeline():
+            if statement is not None:
+                conn.execute(statement.sql, statement.params)
+            if conn.autocommit:
+                conn.execute("COMMIT")
+            else:
+                conn.commit()
+
+    def rollback(self) -> None:
+        if self.conn.autocommit:
+            if self.in_transaction():
+                self.conn.execute("ROLLBACK")
+        else:
+            self.conn.rollback()
+
+    def sqlstate(self, error: BaseException) -> str | None:
+        return _pg_sqlstate(error, self.conn.broken or self.conn.closed)
+
+
+def _named(statement: core.Statement) -> tuple[str, dict[str, Any]]:
+    """``%s`` placeholders as SQLAlchemy ``text()`` binds ``:p0, :p1, ...``."""
+    parts = statement.sql.split("%s")
+    sql = "".join(p + (f":p{i}" if i < len(parts) - 1 else "") for i, p in enumerate(parts))
+    return sql, {f"p{i}": v for i, v in enumerate(statement.params)}
+
+
+class SQLAlchemySession:
+    """A SQLAlchemy 2 ``Session`` (on a PostgreSQL engine)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def in_transaction(self) -> bool:
+        return bool(self.session.in_transaction())
+
+    def execute(self, statement: core.Statement) -> None:
+        from sqlalchemy import text
+
+        sql, params = _named(statement)
+        self.session.execute(text(sql), params)
+
+    def commit(self, statement: core.Statement | None) -> None:
+        if statement is not None:
+            self.execute(statement)
+        self.session.commit()
+
+    def rollback(self) -> None:
+        self.session.rollback()
+
+    def sqlstate(self, error: BaseException) -> str | None:
+        return _pg_sqlstate(error, False)
+
+
+class DBAPIConnection:
+    """Any PostgreSQL DB-API 2.0 (PEP 249) connection: statements through ``cursor()``,
+    ``commit()`` and ``rollback()``; ``paramstyle`` its module's (format, pyformat, qmark,
+    numeric, or dollar for ``$1``). DB-API cannot tell whether a transaction is open:
+    ``in_transaction`` (a callable) can; without it the caller vouches that none is when
+    the block begins, and the adapter counts the one it began as open until it ends it. An
+    error's SQLSTATE is read from ``error.sqlstate`` or ``error.pgcode`` unless
+    ``sqlstate`` (a callable) says; ``lost(error)`` says whether the connection was lost."""
+
+    def __init__(self, conn: Any, *, paramstyle: str = "format",
+                 in_transaction: Callable[[], bool] | None = None,
+                 sqlstate: Callable[[BaseException], str | None] | None = None,
+                 lost: Callable[[BaseException], bool] | None = None) -> None:
+        core.placeholders("", paramstyle)  # validates it
+        self.conn = conn
+        self.paramstyle = paramstyle
+        self._in_transaction = in_transaction
+        self._sqlstate = sqlstate
+        self._lost = lost
+        self._open = False
+
+    def in_transaction(self) -> bool:
+        return bool(self._in_transaction()) if self._in_transaction is not None else self._open
+
+    def run(self, statement: core.Statement) -> list[tuple[Any, ...]]:
+        cursor = self.conn.cursor()
+        try:
+            cursor.execute(core.placeholders(statement.sql, self.paramstyle), statement.params)
+            return [tuple(r) for r in cursor.fetchall()] if statement.rows else []
+        finally:
+            cursor.close()
+
+    def execute(self, statement: core.Statement) -> None:
+        self._open = True  # DB-API begins a transaction at the first statement
+        self.run(statement)
+
+    def commit(self, statement: core.Statement | None) -> None:
+        try:
+            if statement is not None:
+                self.run(statement)
+            self.conn.commit()
+        finally:
+            self._open = False
+
+    def rollback(self) -> None:
+        self._open = False
+        self.conn.rollback()
+
+    def sqlstate(self, error: BaseException) -> str | None:
+        if self._sqlstate is not None:
+            return self._sqlstate(error)
+        lost = self._lost(error) if self._lost is not None else bool(getattr(self.conn, "closed", False))
+        return _pg_sqlstate(error, lost)
+
+
+def local_connection(conn: Any) -> LocalConnection:
+    """The adapter of a caller's connection (psycopg, SQLAlchemy, or one already adapted)."""
+    if isinstance(conn, (PsycopgConnection, SQLAlchemySession, DBAPIConnection)):
+        return conn
+    module = _module_of(conn)
+    if module == "psycopg" and hasattr(conn, "pipeline") and not _is_coroutine_api(conn):
+        return PsycopgConnection(conn)
+    if module == "sqlalchemy" and hasattr(conn, "in_transaction") and hasattr(conn, "commit"):
+        return SQLAlchemySession(conn)
+    if all(callable(getattr(conn, m, None)) for m in ("in_transaction", "execute", "commit", "rollback", "sqlstate")):
+        return conn  # already a LocalConnection
+    raise InvalidFieldError("connection", f"a psycopg Connection, a SQLAlchemy Session or a "
+                                          f"txmq.anchored.DBAPIConnection, got {type(conn).__name__}")
+
+
+def _is_coroutine_api(conn: Any) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(getattr(conn, "commit", None))
+
+
+# --- the producer's own connections -------------------------------------------------------
+
+class StoreConnection:
+    """A connection of the producer's own, each statement in a transaction of its own."""
+
+    def __init__(self, run: Callable[[core.Statement], list[tuple[Any, ...]]], close: Callable[[], None],
+                 sqlstate: Callable[[BaseException], str | None]) -> None:
+        self.run = run
+        self.close = close
+        self.sqlstate = sqlstate
+
+
+def _psycopg_store(conn: Any) -> StoreConnection:
+    conn.autocommit = True
+
+    def run(statement: core.Statement) -> list[tuple[Any, ...]]:
+        cursor = conn.execute(statement.sql, statement.params)
+        return cursor.fetchall() if statement.rows else []
+
+    return StoreConnection(run, conn.close, lambda e: _pg_sqlstate(e, conn.broken or conn.closed))
+
+
+def open_store_connection(source: Any) -> StoreConnection:
+    """A new connection from a :class:`txmq.anchored.Decisions` source."""
+    if isinstance(source, str):
+        import psycopg
+
+        return _psycopg_store(psycopg.connect(source, autocommit=True))
+    if _module_of(source) == "sqlalchemy" and hasattr(source, "connect"):
+        from sqlalchemy import text
+
+        conn = source.connect().execution_options(isolation_level="AUTOCOMMIT")
+
+        def run(statement: core.Statement) -> list[tuple[Any, ...]]:
+            sql, params = _named(statement)
+            result = conn.execute(text(sql), params)
+            return [tuple(r) for r in result.fetchall()] if statement.rows else []
+
+        return StoreConnection(run, conn.close, lambda e: _pg_sqlstate(e, bool(getattr(e, "connection_invalidated",
+                                                                                   False))))
+    if callable(source):
+        conn = source()
+        if _module_of(conn) == "psycopg":
+            return _psycopg_store(conn)
+        dbapi = conn if isinstance(conn, DBAPIConnection) else DBAPIConnection(conn)
+
+        def run_dbapi(statement: core.Statement) -> list[tuple[Any, ...]]:
+            try:
+                rows = dbapi.run(statement)
+                dbapi.conn.commit()
+                return rows
+            except BaseException:
+                try:
+                    dbapi.conn.rollback()
+                except Exception:  # noqa: BLE001 - the first error is the one to report
+                    pass
+                raise
+
+        return StoreConnection(run_dbapi, dbapi.conn.close, dbapi.sqlstate)
+    raise InvalidFieldError("source", f"a connection string, a SQLAlchemy Engine or a connection factory, "
+                                      f"got {type(source).__name__}")
+
+
+class _Pool:
+    """The producer's own connections, opened when needed and kept while they work."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self._idle: list[StoreConnection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def run(self, statement: core.Statement) -> list[tuple[Any, ...]]:
+        """Runs ``statement`` on an idle connection (a new one if none); a failure raises
+        :class:`core.DatabaseError` and drops the connection when it was lost."""
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        try:
+            if conn is None:
+                conn = open_store_connection(self.source)
+        except Exception as exc:  # noqa: BLE001 - the database is unreachable
+            raise core.DatabaseError(None, exc) from exc
+        try:
+            rows = conn.run(statement)
+        except Exception as exc:  # noqa: BLE001 - classified, then the caller decides
+            state = conn.sqlstate(exc)
+            if state is None or state == "client":
+                self._discard(conn)
+            else:
+                self._give_back(conn)
+            raise core.DatabaseError(state if state != "client" else None, exc) from exc
+        self._give_back(conn)
+        return rows
+
+    def _give_back(self, conn: StoreConnection) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(conn)
+                return
+        self._discard(conn)
+
+    @staticmethod
+    def _discard(conn: StoreConnection) -> None:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - it is broken already
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            self._discard(conn)
+
+
+# --- the store: checks, ends, deletes, sweeps ---------------------------------------------
+
+#: How long the first acknowledged key waits for others before their batched delete.
+DELETE_LINGER_SECONDS = 0.05
+
+
+class DecisionStore:
+    """A producer's side of its group's decisions table: answers checks from it, ends the
+    halves a COMMIT row lists, deletes COMMIT rows once acknowledged (in batches) and
+    sweeps (fences past retention; COMMIT rows left behind, repaired)."""
+
+    def __init__(self, producer: "TransactionProducer", decisions: core.Decisions) -> None:
+        self.producer = producer
+        self.settings = decisions.settings
+        self.group = producer.producer_group
+        self.pool = _Pool(decisions.source)
+        self._acked: list[str] = []
+        self._wake = threading.Condition()
+        self._stop = False
+        #: Keys of anchored transactions open in this process (checks: IN_PROGRESS here).
+        self.open_keys: set[str] = set()
+        #: Halves and ends in the background (threads made as needed, up to this many).
+        self.ends = ThreadPoolExecutor(max_workers=32, thread_name_prefix="txmq-anchored")
+        #: Set by close(): ends in flight stop retrying (the checks repair what they leave).
+        self.closing = False
+        self._thread = threading.Thread(target=self._run, name="txmq-decisions", daemon=True)
+        self._thread.start()
+
+    # checks
+    def check(self, message: TransactionMessage) -> "LocalTransactionState | InProgress":
+        key = core.transaction_key_of(message.properties)
+        if key in self.open_keys:
+            return InProgress(retry_after_seconds=self.settings.in_progress_retry_seconds)
+        verdict = drive(core.answer_check(self.settings, self.group, key, message.transaction_id), self.perform)
+        log.debug("check of %s (key %s): %s (%s)", message.transaction_id, key, verdict.answer, verdict.source.value)
+        return verdict.answer
+
+    def perform(self, step: Any) -> Any:
+        """One step of the store's flows (``core.answer_check``, ``acknowledge``, ``sweep``), blocking."""
+        if type(step) is core.Statement:
+            return self.pool.run(step)
+        if type(step) is core.Ends:
+            deadline = time.monotonic() + core.END_RETRY_SECONDS
+            return [self.producer._end_by_id(t, step.decision, deadline)  # noqa: SLF001
+                    for t in step.transaction_ids]
+        assert type(step) is core.Acknowledged, step
+        self.acknowledged(step.key)
+        return None
+
+    # deletes
+    def acknowledged(self, key: str) -> None:
+        with self._wake:
+            self._acked.append(key)
+            if len(self._acked) in (1, self.settings.delete_batch):
+                self._wake.notify()
+
+    def _run(self) -> None:
+        """Idle until a key is acknowledged or the next sweep is due; then gathers keys for
+        ``DELETE_LINGER_SECONDS`` (or a full batch) and deletes them in one statement."""
+        next_sweep = time.monotonic() + self.settings.sweep_interval_seconds
+        while True:
+            with self._wake:
+                if not self._stop and not self._acked:
+                    self._wake.wait(max(0.0, next_sweep - time.monotonic()))
+                if not self._stop and self._acked and len(self._acked) < self.settings.delete_batch:
+                    self._wake.wait(DELETE_LINGER_SECONDS)
+                keys, self._acked = self._acked, []
+                stop = self._stop
+            if keys:
+                self._delete(keys)
+            if stop:
+                return
+            if time.monotonic() >= next_sweep:
+                drive(core.sweep(self.settings, self.group), self.perform)
+                next_sweep = time.monotonic() + self.settings.sweep_interval_seconds
+
+    def _delete(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), self.settings.delete_batch):
+            batch = keys[i:i + self.settings.delete_batch]
+            try:
+                self.pool.run(core.delete_acknowledged_statement(self.settings, self.group, batch))
+            except core.DatabaseError as err:
+                # Left for the sweeper: it commits their halves again (idempotent) and deletes them.
+                log.warning("cannot delete %d acknowledged decision rows (the sweep repairs them): %s",
+                            len(batch), err)
+
+    def close(self) -> None:
+        """Lets the ends in flight finish without retrying (their rows are deleted), then stops."""
+        self.closing = True
+        self.ends.shutdown(wait=True)
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+        self.pool.close()
+
+
+def drive(steps: Any, perform: Callable[[Any], Any]) -> Any:
+    """Drives a flow of ``txmq._decisions`` with a blocking ``perform``; a DatabaseError
+    it raises is thrown into the flow."""
+    value: Any = None
+    error: core.DatabaseError | None = None
+    while True:
+        try:
+            step = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value
+        value = error = None
+        try:
+            value = perform(step)
+        except core.DatabaseError as err:
+            error = err
+
+
+# --- the transaction ----------------------------------------------------------------------
+
+class AnchoredTransaction:
+    """One anchored transaction on the caller's connection (see the module docstring and
+    :meth:`txmq.TransactionProducer.transaction`). Not for sharing between threads."""
+
+    def __init__(self, producer: "TransactionProducer", conn: Any, end: str) -> None:
+        if end not in ("hint", "await"):
+            raise InvalidFieldError("end", f"must be 'hint' or 'await', got {end!r}")
+        store = producer._decision_store  # noqa: SLF001
+        if store is None:
+            raise InvalidFieldError("decisions", "producer.transaction() needs a producer made with decisions=")
+        self.producer = producer
+        self.store = store
+        self.db = local_connection(conn)
+        self.end = end
+        self.plan = core.Plan(store.settings, producer.producer_group)
+        self._halves: list[Future[Any]] = []
+        self._entered = False
+        self._done = False
+        #: Set when the block ends: the decision and the broker's acknowledgement.
+        self.result: AnchoredResult | None = None
+
+    @property
+    def key(self) -> str:
+        """The transaction key (stamped on every message; the decision row's key)."""
+        return self.plan.key
+
+    def __enter__(self) -> "AnchoredTransaction":
+        if self._entered:
+            raise InvalidFieldError("transaction", "already entered")
+        self.producer._client.check_open()  # noqa: SLF001
+        if self.db.in_transaction():
+            raise InvalidFieldError("connection", "is inside a transaction: an anchored transaction must be the "
+                                                  "outermost one (its COMMIT is the decision); commit or roll back first")
+        self._entered = True
+        self.store.open_keys.add(self.plan.key)
+        try:
+            self.db.execute(self.plan.begin())
+        except BaseException:
+            self.store.open_keys.discard(self.plan.key)
+            self._rollback_quietly()
+            raise
+        failpoint("begin.after")
+        return self
+
+    def send(self, message: Message) -> "Future[TransactionMessage]":
+        """Sends ``message`` as a half message of this transaction, in the background; the
+        block's end waits for its durable acknowledgement (a failure rolls the local
+        transaction back and is raised there). Returns a future of the stored half."""
+        if not self._entered or self._done:
+            raise InvalidFieldError("transaction", "send() belongs inside the `with` block")
+        message = self.producer._validate(message)  # noqa: SLF001
+        keyed = dataclasses.replace(message, properties=self.plan.properties(message.properties))
+        future = self.store.ends.submit(self._send_half, keyed)
+        self._halves.append(future)
+        return future
+
+    def _send_half(self, message: Message) -> TransactionMessage:
+        half, _route = self.producer._send_half(message)  # noqa: SLF001
+        failpoint("half.after")
+        return half
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._done = True
+        try:
+            if exc_type is not None:
+                self._abort()
+                return
+            self._commit()
+        finally:
+            self.store.open_keys.discard(self.plan.key)
+
+
+    def perform(self, step: Any) -> Any:
+        """One step of ``core.closing`` on the caller's connection, blocking."""
+        kind = type(step)
+        if kind is core.AwaitHalves:
+            return [_outcome(f) for f in self._halves]
+        if kind is core.Commit:
+            failpoint("commit.before")
+            try:
+                self.db.commit(step.statement)
+            except Exception as exc:
+                raise core.DatabaseError(self.db.sqlstate(exc), exc) from exc
+            return None
+        if kind is core.Rollback:
+            self._rollback_quietly()
+            return None
+        if kind is core.InTransaction:
+            return self.db.in_transaction()
+        assert kind is core.Hint, step
+        for transaction_id in step.transaction_ids:
+            try:
+                self.store.ends.submit(self._end_quietly, transaction_id, step.decision)
+            except RuntimeError:
+                pass  # shutting down: the check decides
+        return None
+
+    def _abort(self) -> None:
+        drive(core.closing(self.plan, raised=True), self.perform)
+
+    def _end_quietly(self, transaction_id: str, decision: LocalTransactionState) -> None:
+        self.producer._end_by_id(transaction_id, decision, time.monotonic() + core.END_RETRY_SECONDS)  # noqa: SLF001
+
+    def _rollback_quietly(self) -> None:
+        try:
+            self.db.rollback()
+        except Exception as err:  # noqa: BLE001 - a lost connection rolls back on the server anyway
+            log.debug("rollback of anchored transaction %s failed: %s", self.plan.key, err)
+
+    def _commit(self) -> None:
+        closed = drive(core.closing(self.plan, raised=False), self.perform)
+        if closed.outcome is None:
+            raise closed.error
+        if closed.outcome is core.Outcome.UNKNOWN:
+            log.warning("anchored transaction %s: the COMMIT's answer was lost; the checks decide its "
+                        "%d message(s) from the decisions table", self.plan.key, len(closed.halves))
+            raise closed.error
+        if closed.outcome is core.Outcome.ROLLED_BACK:
+            raise closed.error
+        failpoint("commit.after")
+        self.result = result = AnchoredResult(self.plan.key, TransactionState.COMMITTED, closed.halves)
+        if not closed.halves:
+            result._acked.set()  # noqa: SLF001
+            return
+        ending = self.store.ends.submit(self._end_committed, result)
+        if self.end == "await":
+            ending.result()
+
+    def _end_committed(self, result: AnchoredResult) -> None:
+        acked, errors = drive(core.acknowledge(result.transaction_key,
+                                               [h.transaction_id for h in result.messages]), self._perform_end)
+        result._errors.extend(errors)  # noqa: SLF001
+        for error in errors:
+            if isinstance(error, TransactionStateError):
+                log.error("anchored transaction %s committed in the database but the broker refused its "
+                          "COMMIT: %s", result.transaction_key, error)
+        if acked:
+            result._acked.set()  # noqa: SLF001
+
+    def _perform_end(self, step: Any) -> Any:
+        if type(step) is core.Ends:
+            failpoint_soon("end.inflight")
+        elif type(step) is core.Acknowledged:
+            failpoint("end.after")
+        return self.store.perform(step)
+
+
+def _outcome(future: "Future[TransactionMessage]") -> tuple[Any, BaseException | None]:
+    try:
+        return future.result(), None
+    except BaseException as exc:  # noqa: BLE001 - the first failure is raised by the caller
+        return None, exc

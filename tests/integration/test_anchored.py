@@ -1,0 +1,249 @@
+"""Anchored transactions (``producer.transaction(conn)``) against a real PostgreSQL, name
+server, broker and checker, sync flavour on psycopg 3: the commit path (decided by the
+database commit, acknowledged in the background, delivered once, the decision row gone),
+rollback by an exception, a half that fails, a check while the transaction is open in an
+instance the checker cannot reach (IN_PROGRESS, then COMMIT), a COMMIT row left behind
+repaired by the sweeper, and the refusals (a connection already in a transaction). A lost
+EndTransaction repaired by the check: test_anchored_crash.py (the producer killed after its
+COMMIT).
+
+Checks use the sub-second timings of ``tests/integration/test_checks.py``."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import psycopg
+import pytest
+
+import txmq
+from tests.integration.test_checks import BROKER_ENV, CHECKER_ENV, COMMITTED, ROLLED_BACK, describe, wait_state
+from tests.support.cluster import Cluster
+from tests.support.postgres import PostgresInstance, fresh_database
+from tests.support.waiting import wait_until
+from txmq.anchored import Decisions, schema_sql
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[PostgresInstance]:
+    instance = PostgresInstance(max_connections=100)
+    try:
+        yield instance
+    finally:
+        instance.stop()
+
+
+@pytest.fixture
+def dsn(pg: PostgresInstance) -> str:
+    """A database of the test's own with the decisions table and an orders table."""
+    dsn = fresh_database(pg)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(schema_sql())
+        conn.execute("CREATE TABLE orders (id text PRIMARY KEY, body bytea NOT NULL)")
+    return dsn
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("anchored"), broker_env=BROKER_ENV, checker=True, checker_env=CHECKER_ENV)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def anchored_producer(cluster: Cluster, group: str, dsn: str, **options) -> txmq.TransactionProducer:
+    answer_checks = options.pop("answer_checks", True)
+    p = txmq.TransactionProducer(cluster.nameserver_address, producer_group=group, checker_refresh_seconds=0.5,
+                                 answer_checks=answer_checks,
+                                 decisions=Decisions(dsn, in_progress_retry_seconds=0.2, **options))
+    if answer_checks:
+        wait_until(lambda: len(p.connected_checkers()) == len(cluster.checkers), 10)
+    return p
+
+
+def rows(dsn: str) -> list[tuple]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT decision, transaction_ids FROM txmq_decisions ORDER BY decided_at").fetchall()
+
+
+def orders(dsn: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        return [r[0] for r in conn.execute("SELECT id FROM orders ORDER BY id")]
+
+
+def consume(cluster: Cluster, topic: str, group: str, want: int, timeout: float = 15.0) -> list[txmq.ReceivedMessage]:
+    got: list[txmq.ReceivedMessage] = []
+    with txmq.SimpleConsumer(cluster.nameserver_address, consumer_group=group, subscriptions={topic: "*"},
+                             await_duration_seconds=0.3) as consumer:
+        def done() -> bool:
+            batch = consumer.receive(32)
+            for m in batch:
+                consumer.ack(m)
+            got.extend(batch)
+            return len(got) >= want
+        wait_until(done, timeout, interval=0, message=lambda: f"{len(got)} of {want} consumed")
+        extra = consumer.receive(32, ) if want else []
+        got.extend(extra)
+    return got
+
+
+def test_commit_is_decided_by_the_database_and_acknowledged_in_the_background(checked, dsn, unique_name):
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 2)
+    with anchored_producer(checked, group, dsn) as producer, psycopg.connect(dsn) as conn:
+        with producer.transaction(conn) as tx:
+            sent = tx.send(txmq.Message(topic, b"order-1"))
+            conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
+        result = tx.result
+        assert result.state is txmq.TransactionState.COMMITTED
+        assert [m.body for m in result.messages] == [b"order-1"]
+        assert sent.result().transaction_id == result.messages[0].transaction_id
+        assert result.messages[0].transaction_key == tx.key
+        assert result.wait_acknowledged(10), result.end_error
+        assert describe(checked, result.messages[0].transaction_id).state == COMMITTED
+        # The COMMIT row goes once the broker acknowledged the COMMIT.
+        wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+    assert orders(dsn) == ["o1"]
+    received = consume(checked, topic, unique_name("c"), 1)
+    assert [m.body for m in received] == [b"order-1"]
+
+
+def test_end_await_waits_for_the_broker(checked, dsn, unique_name):
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn) as producer, psycopg.connect(dsn) as conn:
+        with producer.transaction(conn, end="await") as tx:
+            tx.send(txmq.Message(topic, b"a"))
+            tx.send(txmq.Message(topic, b"b"))
+        assert tx.result.acknowledged
+        ids = [m.transaction_id for m in tx.result.messages]
+        assert all(describe(checked, t).state == COMMITTED for t in ids)
+        wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+
+
+def test_an_exception_in_the_block_rolls_everything_back(checked, dsn, unique_name):
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn) as producer, psycopg.connect(dsn) as conn:
+        with pytest.raises(RuntimeError, match="changed my mind"):
+            with producer.transaction(conn) as tx:
+                half = tx.send(txmq.Message(topic, b"never"))
+                conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
+                raise RuntimeError("changed my mind")
+        assert tx.result is None
+        wait_state(checked, half.result().transaction_id, ROLLED_BACK)
+    assert orders(dsn) == []
+    assert rows(dsn) == []  # the COMMIT row went with the rollback; no check, so no fence
+
+
+def test_a_half_that_fails_rolls_the_local_transaction_back(checked, dsn, unique_name):
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn) as producer, psycopg.connect(dsn) as conn:
+        with pytest.raises(txmq.InvalidFieldError, match="message_group"):
+            with producer.transaction(conn) as tx:
+                tx.send(txmq.Message(topic, b"refused: a message group on a normal topic", message_group="m"))
+                conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
+        assert tx.result is None
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert orders(dsn) == [] and rows(dsn) == []
+
+
+def test_a_connection_inside_a_transaction_is_refused(checked, dsn, unique_name):
+    group = unique_name("g")
+    with anchored_producer(checked, group, dsn, ) as producer, psycopg.connect(dsn) as conn:
+        conn.execute("SELECT 1")  # psycopg opened a transaction
+        with pytest.raises(txmq.InvalidFieldError, match="outermost"):
+            with producer.transaction(conn):
+                pytest.fail("entered")
+        conn.rollback()
+    assert rows(dsn) == []
+
+
+def test_a_check_while_the_transaction_is_open_elsewhere_is_in_progress_then_commit(checked, dsn, unique_name):
+    """The sender answers no checks (the checker cannot reach it): another instance of the
+    group answers from the table. While the local transaction holds the key, the fence
+    waits and times out: IN_PROGRESS, never ROLLBACK. Then the commit is the answer."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as sender, \
+            anchored_producer(checked, group, dsn, check_lock_timeout_seconds=0.05) as answerer, \
+            psycopg.connect(dsn) as conn, psycopg.connect(dsn) as probe:
+        with sender.transaction(conn) as tx:
+            half = tx.send(txmq.Message(topic, b"slow")).result(10)
+            # Checks come every ~0.2 s; each finds the key locked. The broker's check counter
+            # grows with answers but the transaction stays PREPARED (IN_PROGRESS spends nothing).
+            wait_until(lambda: describe(checked, half.transaction_id).checks_answered >= 3, 15,
+                       message=lambda: f"{describe(checked, half.transaction_id)}")
+            assert describe(checked, half.transaction_id).state != ROLLED_BACK
+            assert probe.execute("SELECT count(*) FROM txmq_decisions").fetchone()[0] == 0  # nothing fenced
+            conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
+        assert tx.result.state is txmq.TransactionState.COMMITTED
+        wait_state(checked, half.transaction_id, COMMITTED)
+        wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+
+
+def test_a_check_with_no_decision_row_fences_the_key(checked, dsn, unique_name):
+    """A half whose local transaction is gone without committing (rolled back by the
+    server, say): the check inserts the fence and answers ROLLBACK; the fence stays."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as sender, \
+            anchored_producer(checked, group, dsn), psycopg.connect(dsn) as conn:
+        tx = sender.transaction(conn)
+        tx.__enter__()
+        half = tx.send(txmq.Message(topic, b"abandoned")).result(10)
+        conn.close()  # the server rolls the transaction back; nothing tells the broker
+        wait_state(checked, half.transaction_id, ROLLED_BACK, timeout=15)
+        assert rows(dsn) == [("rollback", None)]
+        # The fence stops a late insert of the same key.
+        with psycopg.connect(dsn) as late, pytest.raises(psycopg.errors.UniqueViolation):
+            late.execute("INSERT INTO txmq_decisions (producer_group, transaction_key, decision) "
+                         "VALUES (%s, %s, 'commit')", (sender.producer_group, tx.key))
+
+
+def test_a_commit_row_left_behind_is_repaired_by_the_sweeper(checked, dsn, unique_name):
+    """A COMMIT row whose delete was lost (the process died between the broker's
+    acknowledgement and the delete): the sweeper of any instance commits its halves again
+    (idempotent) and deletes it."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as sender, psycopg.connect(dsn) as conn:
+        with sender.transaction(conn, end="await") as tx:
+            tx.send(txmq.Message(topic, b"x"))
+        wait_until(lambda: rows(dsn) == [], 10)
+        conn.execute("INSERT INTO txmq_decisions (producer_group, transaction_key, decision, transaction_ids, "
+                     "decided_at) VALUES (%s, %s, 'commit', %s, now() - interval '1 minute')",
+                     (sender.producer_group, tx.key, [tx.result.messages[0].transaction_id]))
+        conn.commit()
+    assert [r[0] for r in rows(dsn)] == ["commit"]
+    with anchored_producer(checked, group, dsn, answer_checks=False, repair_after_seconds=0.5,
+                           sweep_interval_seconds=0.2):
+        wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+
+
+def test_close_gives_up_the_retries_of_an_end_and_the_check_repairs_it(fresh_cluster_factory, dsn, unique_name):
+    """The broker is down when the local COMMIT returns: the end keeps failing. close()
+    stops its retries (it does not wait them out: 30 s) and the transaction is still
+    committed later, from the row, once the broker is back."""
+    import time
+
+    cluster = fresh_cluster_factory(broker_env=BROKER_ENV, checker=True, checker_env=CHECKER_ENV)
+    group, topic = unique_name("g"), unique_name("orders")
+    cluster.create_topic(topic, 1)
+    producer = anchored_producer(cluster, group, dsn, answer_checks=False)
+    with psycopg.connect(dsn) as conn:
+        with producer.transaction(conn) as tx:
+            half = tx.send(txmq.Message(topic, b"late")).result(10)
+            cluster.kill_broker(0)
+    assert tx.result.state is txmq.TransactionState.COMMITTED and not tx.result.acknowledged
+    began = time.monotonic()
+    producer.close()
+    assert time.monotonic() - began < 20, "close() waited out the end's retries"
+    cluster.restart_broker(0)
+    with anchored_producer(cluster, group, dsn):
+        wait_state(cluster, half.transaction_id, COMMITTED, timeout=30)
+        wait_until(lambda: rows(dsn) == [], 15, message=lambda: f"decision rows left: {rows(dsn)}")

@@ -1,0 +1,167 @@
+"""Anchored transactions through each integration against a real PostgreSQL and txmq:
+psycopg 3 ``AsyncConnection`` (asyncio producer), SQLAlchemy 2 ``Session`` and
+``AsyncSession``, a plain DB-API connection (:class:`txmq.anchored.DBAPIConnection`), and
+the producer's own connections from a SQLAlchemy engine or a factory. Each commits (one
+message consumed, the business row present, the decision row gone) and rolls back (no
+message, no row); the asyncio one also answers a check from the table while the
+transaction is open elsewhere (IN_PROGRESS), then commits."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+import sqlalchemy
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+import txmq
+from tests.integration.test_anchored import checked, consume, dsn, orders, pg, rows  # noqa: F401 - fixtures
+from tests.integration.test_checks import COMMITTED, ROLLED_BACK, describe, wait_state
+from tests.support.waiting import wait_until
+from txmq.aio import AsyncTransactionProducer
+from txmq.anchored import DBAPIConnection, Decisions
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def url(dsn: str, driver: str = "psycopg") -> str:
+    parts = dict(p.split("=", 1) for p in dsn.split())
+    return f"postgresql+{driver}://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+
+
+async def async_producer(cluster, group: str, source, answer_checks: bool = True, **options):
+    p = AsyncTransactionProducer(cluster.nameserver_address, producer_group=group, checker_refresh_seconds=0.5,
+                                 answer_checks=answer_checks,
+                                 decisions=Decisions(source, in_progress_retry_seconds=0.2, **options))
+    await p.start()
+    if answer_checks:
+        deadline = asyncio.get_running_loop().time() + 10
+        while len(p.connected_checkers()) < len(cluster.checkers):
+            assert asyncio.get_running_loop().time() < deadline, "not subscribed to the checkers"
+            await asyncio.sleep(0.05)
+    return p
+
+
+def test_asyncio_psycopg_commit_rollback_and_a_check_while_open(checked, dsn, unique_name):
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 2)
+
+    async def main() -> tuple[str, str, str]:
+        sender = await async_producer(checked, group, dsn, answer_checks=False)
+        answerer = await async_producer(checked, group, dsn, check_lock_timeout_seconds=0.05)
+        try:
+            async with await psycopg.AsyncConnection.connect(dsn) as conn:
+                async with sender.transaction(conn) as tx:
+                    tx.send(txmq.Message(topic, b"async-1"))
+                    await conn.execute("INSERT INTO orders VALUES ('a1', 'x')")
+                assert tx.result.state is txmq.TransactionState.COMMITTED
+                assert await tx.result.wait_acknowledged(10), tx.result.end_error
+                committed = tx.result.messages[0].transaction_id
+
+                with pytest.raises(ZeroDivisionError):
+                    async with sender.transaction(conn) as tx2:
+                        half = tx2.send(txmq.Message(topic, b"never"))
+                        await conn.execute("INSERT INTO orders VALUES ('a2', 'x')")
+                        1 / 0
+                rolled = (await half).transaction_id
+
+                async with sender.transaction(conn) as tx3:
+                    slow = await tx3.send(txmq.Message(topic, b"async-slow"))
+                    await asyncio.to_thread(wait_until, lambda: describe(checked, slow.transaction_id)
+                                            .checks_answered >= 2, 15)
+                    assert describe(checked, slow.transaction_id).state != ROLLED_BACK
+                    await conn.execute("INSERT INTO orders VALUES ('a3', 'x')")
+                return committed, rolled, slow.transaction_id
+        finally:
+            await sender.close()
+            await answerer.close()
+
+    committed, rolled, slow = asyncio.run(main())
+    assert describe(checked, committed).state == COMMITTED
+    wait_state(checked, rolled, ROLLED_BACK)
+    wait_state(checked, slow, COMMITTED)
+    assert orders(dsn) == ["a1", "a3"]
+    wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+    assert sorted(m.body for m in consume(checked, topic, unique_name("c"), 2)) == [b"async-1", b"async-slow"]
+
+
+def test_sqlalchemy_session_with_an_engine_as_the_source(checked, dsn, unique_name):
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    engine = sqlalchemy.create_engine(url(dsn))
+    try:
+        with txmq.TransactionProducer(checked.nameserver_address, producer_group=group,
+                                      decisions=Decisions(engine)) as producer, Session(engine) as session:
+            with producer.transaction(session) as tx:
+                tx.send(txmq.Message(topic, b"sa-1"))
+                session.execute(sqlalchemy.text("INSERT INTO orders VALUES ('s1', 'x')"))
+            assert tx.result.wait_acknowledged(10), tx.result.end_error
+            with pytest.raises(KeyError):
+                with producer.transaction(session) as tx2:
+                    half = tx2.send(txmq.Message(topic, b"never"))
+                    session.execute(sqlalchemy.text("INSERT INTO orders VALUES ('s2', 'x')"))
+                    raise KeyError("no")
+            wait_state(checked, half.result().transaction_id, ROLLED_BACK)
+            wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+    finally:
+        engine.dispose()
+    assert orders(dsn) == ["s1"]
+    assert [m.body for m in consume(checked, topic, unique_name("c"), 1)] == [b"sa-1"]
+
+
+def test_sqlalchemy_async_session(checked, dsn, unique_name):
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+
+    async def main() -> None:
+        engine = create_async_engine(url(dsn))
+        producer = await async_producer(checked, group, engine)
+        try:
+            async with AsyncSession(engine) as session:
+                async with producer.transaction(session) as tx:
+                    tx.send(txmq.Message(topic, b"asa-1"))
+                    await session.execute(sqlalchemy.text("INSERT INTO orders VALUES ('x1', 'x')"))
+                assert await tx.result.wait_acknowledged(10), tx.result.end_error
+        finally:
+            await producer.close()
+            await engine.dispose()
+
+    asyncio.run(main())
+    assert orders(dsn) == ["x1"]
+    wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+
+
+def test_a_dbapi_connection_and_a_factory_source(checked, dsn, unique_name):
+    """psycopg used only through its DB-API face (cursor/commit/rollback) stands for any
+    PostgreSQL DB-API driver; the producer's own connections come from a factory."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    raw = psycopg.connect(dsn)
+    conn = DBAPIConnection(raw, paramstyle="format")
+    with txmq.TransactionProducer(checked.nameserver_address, producer_group=group,
+                                  decisions=Decisions(lambda: psycopg.connect(dsn))) as producer:
+        with producer.transaction(conn) as tx:
+            tx.send(txmq.Message(topic, b"dbapi-1"))
+            raw.cursor().execute("INSERT INTO orders VALUES ('d1', 'x')")
+        assert tx.result.wait_acknowledged(10), tx.result.end_error
+        wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+    raw.close()
+    assert orders(dsn) == ["d1"]
+
+
+@pytest.mark.parametrize("flavour", [[], ["--asyncio"]], ids=["sync", "asyncio"])
+def test_the_anchored_example_runs(checked, dsn, unique_name, flavour):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "anchored_orders.py"
+    done = subprocess.run([sys.executable, str(script), "--nameserver", checked.nameserver_address, "--dsn", dsn,
+                           "--topic", unique_name("ex"), *flavour], capture_output=True, text=True, timeout=120,
+                          env={**os.environ})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "placed 4, received 4" in done.stdout
+    wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")

@@ -1,0 +1,91 @@
+"""Checks answered with no producer online (issue 29, item 5 of What to build): the
+checker holds a connection to a group's decisions table, as a role limited to that table,
+and answers the group's checks itself while no producer of the group is subscribed. The
+producer under test is a separate process SIGKILLed at a fail point; no other instance of
+the group ever starts, yet every transaction is decided as its database says."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+import txmq
+from tests.integration.test_anchored_crash import Worker, committed_orders, decision_rows, pg, undecided  # noqa: F401
+from tests.integration.test_checks import BROKER_ENV, CHECKER_ENV, describe
+from tests.support.postgres import dsn_for, fresh_database
+from tests.support.waiting import wait_until
+from txmq.anchored import Decisions
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_the_checker_decides_a_group_whose_whole_fleet_is_down(pg, fresh_cluster_factory, unique_name, tmp_path):
+    owner = fresh_database(pg)
+    database = owner.rsplit("dbname=", 1)[1]
+    with psycopg.connect(owner, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id text PRIMARY KEY, body bytea NOT NULL)")
+        conn.execute("DO $$ BEGIN CREATE ROLE txmq_resolver LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+    done = subprocess.run([sys.executable, "-m", "txmq", "db", "init", "--dsn", owner, "--resolver-role",
+                           "txmq_resolver"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    resolver_dsn = dsn_for(pg, database).replace("user=bench", "user=txmq_resolver")
+    with psycopg.connect(resolver_dsn) as limited, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        limited.execute("SELECT * FROM orders")  # the role sees the decisions table only
+    secret = tmp_path / "orders.dsn"
+    secret.write_text(resolver_dsn + "\n")
+    secret.chmod(0o600)
+    group, topic = unique_name("g"), unique_name("orders")
+    cluster = fresh_cluster_factory(broker_env=BROKER_ENV, checker=True,
+                                    checker_env={**CHECKER_ENV, "TXMQ_RESOLVER_GROUPS": f"{group}={secret}",
+                                                 "TXMQ_RESOLVER_IN_PROGRESS_RETRY_SECONDS": "0.2",
+                                                 "TXMQ_RESOLVER_SWEEP_INTERVAL_SECONDS": "0.3",
+                                                 "TXMQ_RESOLVER_REPAIR_AFTER_SECONDS": "1"})
+    cluster.create_topic(topic, 1)
+    workers = []
+    try:
+        for step in ("commit.after", "half.after", "end.inflight"):
+            worker = Worker(cluster, owner, topic, group, "--orders", "1", "--no-checks", "--prefix", step,
+                            failpoint=step)
+            workers.append(worker)
+            assert worker.wait_exit(60) == -9, worker.stderr()
+        wait_until(lambda: not undecided(cluster, group), 60,
+                   message=lambda: f"undecided: {[describe(cluster, t) for t in undecided(cluster, group)]}")
+        wait_until(lambda: all(d == "rollback" for _k, d in decision_rows(owner)), 30,
+                   message=lambda: f"COMMIT rows left: {decision_rows(owner)}")
+    finally:
+        for w in workers:
+            w.kill()
+    committed = committed_orders(owner)
+    assert {o.split("-", 1)[0] for o in committed} == {"commit.after", "end.inflight"}
+    assert [d for _k, d in decision_rows(owner)] == ["rollback"]  # the fence of half.after's transaction
+    logs = "".join(cluster.logs(400).values())
+    assert "resolver answers the group's checks" in logs
+    assert "txmq_resolver" not in logs and str(secret) not in logs.replace(f"{group}={secret}", "")
+
+    # A producer of the group comes back: the resolver leaves the group to it, and takes it
+    # again once the producer is gone.
+    def said(text: str) -> int:
+        return "".join(cluster.logs(400).values()).count(text)
+
+    answering = said("resolver answers the group's checks")
+    producer = txmq.TransactionProducer(cluster.nameserver_address, producer_group=group, checker_refresh_seconds=0.5,
+                                        decisions=Decisions(owner))
+    try:
+        wait_until(lambda: said("resolver leaves the group to its producers") >= 1, 20)
+    finally:
+        producer.close()
+    wait_until(lambda: said("resolver answers the group's checks") > answering, 20)
+
+
+def test_a_resolver_group_with_an_unreadable_dsn_file_stops_the_checker_with_a_clear_error(tmp_path):
+    from services.checker.config import CheckerConfig
+    from services.checker.resolver import parse_groups
+
+    CheckerConfig(resolver_groups=(f"g={tmp_path / 'missing'}",)).validate()  # the entry's form is valid
+    with pytest.raises(ValueError, match="cannot read the DSN file of group 'g'"):
+        parse_groups((f"g={tmp_path / 'missing'}",))
+    with pytest.raises(ValueError, match="GROUP=DSN_FILE"):
+        CheckerConfig(resolver_groups=("no-equals-sign",)).validate()
