@@ -247,6 +247,7 @@ class Running:
         self._consumer.close()
 
 
+@pytest.mark.heavy  # a producer sending at full speed beside the consumer
 def test_under_load_nothing_before_the_new_position_again_nothing_after_it_skipped(reset_cluster,
                                                                                   unique_name) -> None:
     cluster = reset_cluster

@@ -1,11 +1,9 @@
 """The broker's configuration check at start (issue 32, item 5): an ``advertise_address``
 without its port is refused with a sentence naming the field, before the broker starts —
-not accepted and then never registered (the name servers cannot dial it)."""
+not accepted and then never registered (the name servers cannot dial it). The broker process
+refusing it is tests/integration/test_startup.py's."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import pytest
 
@@ -24,10 +22,3 @@ def test_an_advertise_address_without_a_port_is_refused_naming_the_field(address
 def test_host_and_port_pass(address) -> None:
     assert load_config(BrokerConfig, [], env={"TXMQ_ADVERTISE_ADDRESS": address}).advertise_address == address
 
-
-def test_the_broker_process_refuses_to_start(tmp_path) -> None:
-    done = subprocess.run([sys.executable, "-m", "services.broker", "--advertise-address", "broker-0.local",
-                           "--data-dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0
-    assert "advertise_address must be host:port" in done.stderr + done.stdout
-    assert not (tmp_path / "data").exists()  # refused before anything was opened
