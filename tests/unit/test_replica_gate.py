@@ -134,7 +134,7 @@ def test_a_lone_leader_delivers_what_is_committed_at_once_and_holds_back_the_res
 
     async def scenario() -> None:
         db = Database(str(tmp_path / "store"), sync=True, replicated=True)
-        db.begin_epoch(3)
+        db.replication.begin_epoch(3)
         config = dataclasses.replace(BrokerConfig(data_dir=str(tmp_path / "store"), flush="sync"))
         core = BrokerCore(config, clock=ms, db=db)
 
@@ -155,7 +155,7 @@ def test_a_lone_leader_delivers_what_is_committed_at_once_and_holds_back_the_res
         old = db.call(receive("old", invisible=1.0)).deliveries  # a delivery of all five, in the tail too
         assert [d.offset for d in old] == [0, 1, 2, 3, 4]
         tail_end = db.written
-        db.begin_epoch(9)
+        db.replication.begin_epoch(9)
         db.read_ticket = db.written
         clock = Clock()
         lead = Leadership(Rules("broker-0", 2, 3, 2, LAG, 1.0), epoch=9, isr=InSync((1, 2), 8), commit=committed,

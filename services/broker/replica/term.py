@@ -126,7 +126,7 @@ def _entries(db: Database, first: int) -> list[tuple[int, bytes, bytes]]:
     """Every replication log entry from ``first`` on."""
     out: list[tuple[int, bytes, bytes]] = []
     while first <= db.written:
-        batch = db.read_entries(first, 1 << 20)
+        batch = db.replication.read_entries(first, 1 << 20)
         if not batch:
             break
         out.extend(batch)
