@@ -542,6 +542,33 @@ def _group_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     out(data, text)
 
 
+def last_reset_lines(queues: list[dict[str, Any]], most: int = 3) -> list[str]:
+    """The last offset reset of each topic (``most`` topics, the latest reset first). Each
+    broker records the last reset of a group's topic on it (every queue row of that broker
+    repeats it) at its own time: one reset is shown once, at the latest, when every broker
+    holding the topic names it; else once per distinct reset, naming its brokers (the
+    others' were another, or none)."""
+    topics: list[tuple[str, list[str]]] = []
+    for topic in sorted({q["topic"] for q in queues}):
+        brokers = {q["broker"] for q in queues if q["topic"] == topic}
+        kinds: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+        for q in queues:
+            if q["topic"] == topic and (r := q["last_reset"]):
+                kinds.setdefault((r["operator"], r["target"], r["reason"]), {})[q["broker"]] = r
+        if not kinds:
+            continue
+        lines = []
+        for by_broker in kinds.values():
+            latest = max(by_broker.values(), key=lambda r: r["at"])
+            where = "" if set(by_broker) == brokers else f" (on {', '.join(sorted(by_broker))} only)"
+            lines.append((latest["at"], f"last reset of {topic}: {latest['at']} by {latest['operator']} "
+                                        f"(to {latest['target']})" + (f": {latest['reason']}" if latest["reason"]
+                                                                       else "") + where))
+        lines.sort(reverse=True)
+        topics.append((lines[0][0], [line for _at, line in lines]))
+    return [line for _at, lines in sorted(topics, reverse=True)[:most] for line in lines]
+
+
 def _group_describe(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     response = admin.call("admin", "ListConsumerGroups", admin_pb2.ListConsumerGroupsRequest(
         consumer_group=args.group, topic=args.topic or ""))
@@ -560,10 +587,7 @@ def _group_describe(admin: Admin, args: argparse.Namespace, out: Output) -> None
         parts.append(f"dead letters: {total}" + (" (" + ", ".join(f"{b}: {n}" for b, n in sorted(dead.items())) + ")"
                                                  if total else "")
                      + (f"; txmq dlq list {args.group}" if total else ""))
-        resets = sorted({(q["last_reset"]["at"], q["last_reset"]["operator"], q["last_reset"]["target"], q["topic"],
-                          q["last_reset"]["reason"]) for q in queues if q["last_reset"]}, reverse=True)
-        for at, operator, target, topic, reason in resets[:3]:
-            parts.append(f"last reset of {topic}: {at} by {operator} (to {target})" + (f": {reason}" if reason else ""))
+        parts.extend(last_reset_lines(queues))
         parts.append("ACKED: every offset below is acknowledged; DELIVERED: the next never delivered; "
                      "LAG = END - ACKED; LAG AGE: how long the oldest unacknowledged message has been visible")
         if response.unreachable_brokers:
@@ -949,6 +973,15 @@ def error_json(err: TxmqError | None, message: str = "", *, usage: bool = False)
     return json.dumps({"error": body}, sort_keys=False)
 
 
+def flag_named(message: str, err: TxmqError, flags: dict[str, str]) -> str:
+    """The refused request field that starts ``message``, named as the command's option
+    (``broker_name: required ...`` is ``--broker: required ...`` for ``message print``):
+    the operator reads the flag to fix. ``--json`` keeps the field (the API's name)."""
+    field = err.details.get("field")
+    flag = flags.get(field) if isinstance(field, str) else None
+    return f"{flag}{message[len(field):]}" if flag and field and message.startswith(f"{field}:") else message
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, whose usage errors are JSON under ``--json`` (set by :func:`main`)."""
 
@@ -976,6 +1009,8 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
     as_json = getattr(args, "json", False)
 
     def fail(err: TxmqError | None, message: str) -> None:
+        if err is not None and not as_json:
+            message = flag_named(message, err, getattr(args, "field_flags", None) or {})
         stderr.write((error_json(err, message) if as_json else f"txmq: {message}") + "\n")
 
     if getattr(args, "verb", None) == "resolve" and args.noun == "txn":

@@ -259,7 +259,8 @@ def add_group_commands(group: Any, common: argparse.ArgumentParser, run: Callabl
                                                         "(their deliveries in flight are invalidated)")
     p.add_argument("--reason", help="why (recorded with the reset)")
     p.add_argument("--operator", help="who (default $USER; with auth on the token's principal is recorded)")
-    p.set_defaults(run=run(_group_reset))
+    p.set_defaults(run=run(_group_reset), field_flags={"offsets": "--to-offset", "timestamp_ms": "--to-time",
+                                                       "operator": "--operator"})
     p = group.add_parser("clients", parents=[common], help="a group's clients: a consumer group's live receivers, a "
                                                             "producer group's checkers")
     p.add_argument("group")
@@ -280,7 +281,7 @@ def add_message_commands(commands: Any, common: argparse.ArgumentParser, run: Ca
     p.add_argument("--limit", type=positive, default=32, help="most messages per broker (default 32, at most 1000)")
     p.add_argument("--since", metavar="TIME", help="stored at TIME or later ('1h ago', ISO 8601)")
     p.add_argument("--until", metavar="TIME", help="stored before TIME")
-    p.set_defaults(run=run(_message_find))
+    p.set_defaults(run=run(_message_find), field_flags={"key": "--key", "limit": "--limit"})
     p = message.add_parser("print", parents=[common], help="messages of one queue from an offset (nothing is "
                                                             "delivered)")
     p.add_argument("topic")
@@ -288,5 +289,6 @@ def add_message_commands(commands: Any, common: argparse.ArgumentParser, run: Ca
     p.add_argument("--offset", type=int, required=True)
     p.add_argument("--broker", help="the queue's broker (when the topic spans brokers)")
     p.add_argument("--count", type=positive, default=1, help="how many messages (default 1, at most 1000)")
-    p.set_defaults(run=run(_message_print))
+    p.set_defaults(run=run(_message_print), field_flags={"broker_name": "--broker", "offset": "--offset",
+                                                         "limit": "--count"})
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -168,6 +170,10 @@ def test_cli_dry_run_prints_current_new_and_lag_change(reset_cluster, unique_nam
     queue0 = next(q for q in described["queues"] if q["queue_id"] == 0)
     assert queue0["ack_offset"] == 0 and queue0["last_reset"]["operator"] == "carol"
     assert queue0["last_reset"]["reason"] == "replay queue 0"
+    text = subprocess.run([sys.executable, "-m", "txmq", "--nameserver", cluster.nameserver_address, "group",
+                           "describe", group, "--topic", topic], capture_output=True, text=True, timeout=120)
+    [line] = [line for line in text.stdout.splitlines() if line.startswith("last reset")]
+    assert line.endswith("by carol (to offset): replay queue 0"), text.stdout  # one broker: recorded once
     done = txmq_cli(cluster, "group", "reset", group, "--topic", topic, "--to-time", "yesterday-ish")
     assert done.returncode == 1 and json.loads(done.stderr)["error"]["field"] == "to_time"
     done = txmq_cli(cluster, "group", "reset", group, "--topic", topic)

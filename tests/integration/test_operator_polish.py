@@ -2,7 +2,8 @@
 transaction listing is filtered on the brokers (before their limit) and says when it is
 cut; keys as a column and ``--key`` in ``txn list``; ``Admin.create_topic(exist_ok=True)``
 as ``topic create --exist-ok``; a drained shard shows in ``broker list`` and
-``broker status``; ``--json`` errors are JSON objects and missing values null."""
+``broker status``; ``--json`` errors are JSON objects and missing values null; a refused
+field is named as the command's option in the text."""
 
 from __future__ import annotations
 
@@ -104,6 +105,16 @@ def test_json_errors_are_objects_naming_the_field(cluster) -> None:
     assert done.returncode == 2
     error = json.loads(done.stderr)["error"]
     assert error["code"] == "USAGE" and "--limit" in error["message"]
+
+
+def test_a_refused_field_is_named_as_the_option_to_fix_and_json_keeps_the_field(cluster, unique_name) -> None:
+    topic = unique_name("flags")
+    cluster.create_topic(topic, queue_count=1)
+    done = _text(cluster, "message", "print", topic, "--queue", "0", "--offset", "0", "--broker", "nosuch")
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"txmq: --broker: 'nosuch' holds no queue of {topic!r}"
+    done = txmq_cli(cluster, "message", "print", topic, "--queue", "0", "--offset", "0", "--broker", "nosuch")
+    assert done.returncode == 1 and json.loads(done.stderr)["error"]["field"] == "broker_name"
 
 
 def test_json_shows_missing_values_as_null(cluster, unique_name) -> None:
