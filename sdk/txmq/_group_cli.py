@@ -64,7 +64,8 @@ def reset_dict(result: ResetResult) -> dict[str, Any]:
             "queues": [{"broker": q.broker_name, "queue_id": q.queue_id, "current_offset": q.current_offset,
                         "new_offset": q.new_offset, "min_offset": q.min_offset, "max_offset": q.max_offset,
                         "lag_before": q.lag_before, "lag_after": q.lag_after, "lag_change": q.lag_change,
-                        "inflight_invalidated": q.inflight_invalidated} for q in result.queues],
+                        "inflight_invalidated": q.inflight_invalidated, "asked_offset": q.asked_offset,
+                        "clamped": q.clamped} for q in result.queues],
             "live_consumers": [{"client_id": c.client_id, "address": c.address, "broker": c.broker_name,
                                 "waiting": c.waiting, "last_seen": _iso(c.last_seen_ms)}
                                for c in result.live_consumers],
@@ -89,6 +90,8 @@ def _group_reset(admin: Any, args: argparse.Namespace, out: Output, helpers: Any
                      [[q["broker"], q["queue_id"], q["current_offset"], q["new_offset"], q["lag_before"],
                        q["lag_after"], f"{q['lag_change']:+d}", q["inflight_invalidated"]] for q in data["queues"]])
         lines = [body]
+        lines.extend(f"{q.broker_name}/{q.queue_id}: asked {q.asked_offset}, the queue holds {q.min_offset}.."
+                     f"{q.max_offset}: NEW is {q.new_offset}" for q in result.queues if q.clamped)
         if result.live_consumers:
             lines.append(f"live consumers of {args.topic} in {args.group}: " + ", ".join(
                 f"{c.client_id}@{c.broker_name}" for c in result.live_consumers)

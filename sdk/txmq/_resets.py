@@ -39,11 +39,20 @@ class QueueChange:
     lag_before: int
     lag_after: int
     inflight_invalidated: int
+    #: The offset asked for (``to_offsets``, or the current offset plus ``shift``); None
+    #: for the other targets, which name no offset.
+    asked_offset: int | None = None
 
     @property
     def lag_change(self) -> int:
         """Messages the group will receive again (positive) or skip (negative)."""
         return self.lag_after - self.lag_before
+
+    @property
+    def clamped(self) -> bool:
+        """The offset asked for is outside what the queue retains (``min_offset`` ..
+        ``max_offset``): the new offset is the nearest end instead."""
+        return self.asked_offset is not None and self.asked_offset != self.new_offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +132,18 @@ def reset_request(consumer_group: str, topic: str, *, to_earliest: bool = False,
 
 
 def reset_result(request: admin_pb2.ResetOffsetsRequest, response: admin_pb2.ResetOffsetsResponse) -> ResetResult:
+    asked = {(o.broker_name, o.queue_id): o.offset for o in request.offsets}
+
+    def asked_offset(q: broker_pb2.QueueReset) -> int | None:
+        if request.target == broker_pb2.RESET_TARGET_SHIFT:
+            return q.current_offset + request.shift
+        if request.target == broker_pb2.RESET_TARGET_OFFSET:
+            return asked.get((q.broker_name, q.queue_id), asked.get(("", q.queue_id)))
+        return None
+
     queues = tuple(sorted((QueueChange(q.broker_name, q.queue_id, q.current_offset, q.new_offset, q.min_offset,
-                                       q.max_offset, q.lag_before, q.lag_after, q.inflight_invalidated)
+                                       q.max_offset, q.lag_before, q.lag_after, q.inflight_invalidated,
+                                       asked_offset(q))
                            for q in response.queues), key=lambda q: (q.broker_name, q.queue_id)))
     live = tuple(LiveConsumer(c.client_id, c.address, c.broker_name, c.waiting, c.last_seen_ms)
                  for c in response.live_consumers)

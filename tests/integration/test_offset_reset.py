@@ -160,6 +160,16 @@ def test_cli_dry_run_prints_current_new_and_lag_change(reset_cluster, unique_nam
     data = json.loads(done.stdout)
     assert data["applied"] is False and len(data["queues"]) == 2
     assert all(q["new_offset"] == q["current_offset"] - 1 and q["lag_change"] == 1 for q in data["queues"])
+    assert not any(q["clamped"] for q in data["queues"])
+    # An offset past the queue's end is clamped, and the text says so.
+    done = txmq_cli(cluster, "group", "reset", group, "--topic", topic, "--to-offset", "0:1000")
+    [queue0] = json.loads(done.stdout)["queues"]
+    assert queue0["clamped"] and queue0["asked_offset"] == 1000 and queue0["new_offset"] == queue0["max_offset"]
+    text = subprocess.run([sys.executable, "-m", "txmq", "--nameserver", cluster.nameserver_address, "group", "reset",
+                           group, "--topic", topic, "--to-offset", "0:1000"], capture_output=True, text=True,
+                          timeout=120)
+    assert f"broker-0/0: asked 1000, the queue holds 0..{queue0['max_offset']}: NEW is {queue0['max_offset']}" \
+        in text.stdout, text.stdout
     done = txmq_cli(cluster, "group", "reset", group, "--topic", topic, "--to-offset", "0:0", "--execute",
                     "--operator", "carol", "--reason", "replay queue 0")
     assert done.returncode == 0, done.stderr

@@ -75,3 +75,22 @@ def test_the_answer_read_back() -> None:
     assert result.applied and result.operator == "alice" and result.consumer_group == "g"
     assert [(q.broker_name, q.lag_change) for q in result.queues] == [("b0", 0), ("b1", 3)]
     assert [(c.client_id, c.waiting) for c in result.live_consumers] == [("c1", True)]
+
+
+def queue_reset(broker: str, queue: int, current: int, new: int, low: int, high: int) -> broker_pb2.QueueReset:
+    return broker_pb2.QueueReset(broker_name=broker, queue_id=queue, current_offset=current, new_offset=new,
+                                 min_offset=low, max_offset=high, lag_before=high - current, lag_after=high - new)
+
+
+def test_an_offset_outside_the_queue_says_it_was_clamped() -> None:
+    request = reset_request("g", "t", shift=-3)
+    result = reset_result(request, admin_pb2.ResetOffsetsResponse(queues=[
+        queue_reset("b0", 0, 1, 0, 0, 5), queue_reset("b0", 1, 9, 6, 0, 9)]))
+    assert [(q.asked_offset, q.clamped) for q in result.queues] == [(-2, True), (6, False)]
+    request = reset_request("g", "t", to_offsets={0: 1000, ("b1", 1): 2})
+    result = reset_result(request, admin_pb2.ResetOffsetsResponse(queues=[
+        queue_reset("b0", 0, 1, 5, 0, 5), queue_reset("b1", 1, 4, 2, 0, 9)]))
+    assert [(q.asked_offset, q.clamped) for q in result.queues] == [(1000, True), (2, False)]
+    result = reset_result(reset_request("g", "t", to_latest=True),
+                          admin_pb2.ResetOffsetsResponse(queues=[queue_reset("b0", 0, 1, 5, 0, 5)]))
+    assert [(q.asked_offset, q.clamped) for q in result.queues] == [(None, False)]  # no offset was asked for
