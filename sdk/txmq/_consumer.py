@@ -27,6 +27,7 @@ from ._client import Client, positive
 from ._errors import (ClientClosedError, InvalidFieldError, NoLeaderError, ReceiptHandleNotFoundError,
                       TopicNotFoundError, TxmqError, error_from_rpc)
 from ._names import in_namespace, validate_group, validate_receive_topic
+from ._producer import new_client_id
 from ._receiving import (AckOutcome, Receive, ack_groups, ack_request, ack_results, check_receive, deferred_acks,
                          receive_steps, received, report_deferred, settle)
 from ._sending import run
@@ -47,9 +48,11 @@ class _Target:
 
 
 def receive_request(consumer_group: str, target: _Target, max_messages: int, invisible_duration_seconds: float,
-                    wait_seconds: float, acks: Sequence[ReceivedMessage] = ()) -> broker_pb2.ReceiveMessagesRequest:
+                    wait_seconds: float, acks: Sequence[ReceivedMessage] = (),
+                    client_id: str = "") -> broker_pb2.ReceiveMessagesRequest:
     """The ReceiveMessages of one (topic, broker) target, its filter a tag expression or SQL92,
-    carrying the deferred acks ``acks`` (of that target)."""
+    carrying the deferred acks ``acks`` (of that target); ``client_id`` names the consumer
+    instance to the broker (``txmq group clients``, an offset reset's live consumers)."""
     expression = target.filter_expression
     sql = isinstance(expression, SqlFilter)
     return broker_pb2.ReceiveMessagesRequest(
@@ -57,7 +60,8 @@ def receive_request(consumer_group: str, target: _Target, max_messages: int, inv
         filter_expression=expression.expression if sql else expression,
         filter_type=broker_pb2.FILTER_TYPE_SQL92 if sql else broker_pb2.FILTER_TYPE_TAG,
         max_messages=max_messages, invisible_duration_seconds=invisible_duration_seconds,
-        long_polling_timeout_seconds=wait_seconds, ack_receipt_handles=[m.receipt_handle for m in acks])
+        long_polling_timeout_seconds=wait_seconds, ack_receipt_handles=[m.receipt_handle for m in acks],
+        client_id=client_id)
 
 
 def _subscriptions(subscriptions: Mapping[str, str | SqlFilter],
@@ -109,6 +113,8 @@ class SimpleConsumer:
         self.consumer_group = consumer_group
         self.subscriptions = _subscriptions(subscriptions, namespace)
         self.await_duration_seconds = positive("await_duration_seconds", await_duration_seconds)
+        #: ``host@pid@random``: how the brokers name this consumer (``txmq group clients``).
+        self.client_id = new_client_id()
         self._client = Client(nameservers, request_timeout_seconds=request_timeout_seconds,
                               route_refresh_seconds=route_refresh_seconds, what="consumer", tls=tls, token=token)
         self._round_robin = itertools.count()
@@ -248,7 +254,8 @@ class SimpleConsumer:
 
     def _receive_request(self, target: _Target, max_messages: int, invisible_duration_seconds: float,
                          wait_seconds: float) -> broker_pb2.ReceiveMessagesRequest:
-        return receive_request(self.consumer_group, target, max_messages, invisible_duration_seconds, wait_seconds)
+        return receive_request(self.consumer_group, target, max_messages, invisible_duration_seconds, wait_seconds,
+                               client_id=self.client_id)
 
     def _receive_from(self, target: _Target, max_messages: int, invisible_duration_seconds: float,
                       wait_seconds: float) -> list[ReceivedMessage]:
@@ -258,7 +265,7 @@ class SimpleConsumer:
             with self._lock:
                 carried = self._deferred.take(target.broker_name, target.topic)
             request = receive_request(self.consumer_group, target, max_messages, invisible_duration_seconds,
-                                      wait_seconds, carried)
+                                      wait_seconds, carried, self.client_id)
             response = self._client.call(self._client.broker(address).ReceiveMessages, request,
                                          timeout=wait_seconds + self._client.request_timeout_seconds)
         except TxmqError as err:

@@ -159,6 +159,8 @@ def test_group_clients_lists_live_receivers_and_a_producer_groups_checkers(fresh
         assert done.returncode == 0, done.stderr
         clients = json.loads(done.stdout)["clients"]
         assert [(k["kind"], k["topics"], k["broker"]) for k in clients] == [("consumer", [topic], "broker-0")]
+        # Named as the consumer instance (host@pid@random), its connection's address beside it.
+        assert clients[0]["client_id"] == c.client_id and clients[0]["address"] != c.client_id
         producer.send_in_transaction(txmq.Message(topic, b"x"))  # the checker serves the group from now on
 
         def checkers() -> list[dict]:
@@ -169,3 +171,22 @@ def test_group_clients_lists_live_receivers_and_a_producer_groups_checkers(fresh
         assert served[0]["capacity"] >= 1 and served[0]["client_id"]
     text = _text(cluster, "group", "clients", unique_name("nobody")).stdout
     assert "0 client(s)" in text
+
+
+def test_an_asyncio_consumer_is_named_by_its_client_id_too(cluster, unique_name) -> None:
+    import asyncio
+
+    import txmq.aio
+
+    topic, group = unique_name("aclients"), unique_name("cg")
+    cluster.create_topic(topic, queue_count=1)
+
+    async def receive_once() -> str:
+        async with txmq.aio.AsyncSimpleConsumer(cluster.nameserver_address, consumer_group=group,
+                                                subscriptions={topic: "*"}, await_duration_seconds=0.2) as c:
+            await c.receive()
+            return c.client_id
+
+    client_id = asyncio.run(receive_once())
+    clients = json.loads(txmq_cli(cluster, "group", "clients", group).stdout)["clients"]
+    assert [k["client_id"] for k in clients] == [client_id]  # live for consumer_session_seconds after

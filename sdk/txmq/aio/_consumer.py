@@ -14,6 +14,7 @@ from .._client import positive
 from .._consumer import _subscriptions, _Target, receive_request
 from .._errors import ClientClosedError, NoLeaderError, TopicNotFoundError, TxmqError
 from .._names import in_namespace, validate_group
+from .._producer import new_client_id
 from .._receiving import (AckOutcome, LongPoll, Receive, ack_groups, ack_request, ack_results,
                           check_receive, deferred_acks, receive_steps, received, report_deferred, settle)
 from .._sending import run_async
@@ -47,6 +48,7 @@ class AsyncSimpleConsumer:
         self.consumer_group = consumer_group
         self.subscriptions = _subscriptions(subscriptions, namespace)
         self.await_duration_seconds = positive("await_duration_seconds", await_duration_seconds)
+        self.client_id = new_client_id()  # how the brokers name this consumer (txmq group clients)
         self._client = AsyncClient(nameservers, request_timeout_seconds=request_timeout_seconds,
                                    route_refresh_seconds=route_refresh_seconds, what="consumer", tls=tls, token=token)
         self._round_robin = itertools.count()
@@ -161,7 +163,7 @@ class AsyncSimpleConsumer:
             address = await self._client.broker_address(target.broker_name)
             carried = self._deferred.take(target.broker_name, target.topic)
             request = receive_request(self.consumer_group, target, max_messages, invisible_duration_seconds,
-                                      wait_seconds, carried)
+                                      wait_seconds, carried, self.client_id)
             response = await self._client.call(self._client.broker(address).ReceiveMessages, request,
                                                timeout=wait_seconds + self._client.request_timeout_seconds)
         except (TxmqError, asyncio.CancelledError) as exc:
