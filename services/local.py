@@ -172,7 +172,7 @@ class LocalServices:
         """etcd (its authentication on: txmq's keys for the brokers' password user only,
         root's password kept in the data directory), then the replicas of broker-0; returns
         once one leads with enough in sync."""
-        import grpc  # noqa: PLC0415 - only a replicated run needs it here
+        import grpc  # only a replicated run needs it here
 
         say(f"txmq local: starting etcd and {self.replication_factor} replicas of {BROKER.name}")
         auth = password_auth(self.data_dir / "etcd-auth")
@@ -293,7 +293,7 @@ def _channel(address: str) -> Any:
 
 # ---------------------------------------------------------------------------- the demo
 def create_demo_topic(nameserver: str) -> None:
-    from txmq import Admin, TopicExistsError  # noqa: PLC0415 - the SDK, imported with the demo
+    from txmq import Admin, TopicExistsError  # the SDK, imported with the demo
 
     with Admin(nameserver, tls=client_tls()) as admin:
         try:
@@ -405,8 +405,8 @@ def run_demo(nameserver: str) -> bool:
 
 def _await_check(checked: threading.Event, transaction_id: str, nameserver: str) -> bool:
     """Waits (the producer still open to answer) until the checker's check resolved order-3."""
-    from txmq import Admin  # noqa: PLC0415 - the SDK, imported with the demo
-    from txmq.v1 import common_pb2  # noqa: PLC0415
+    from txmq import Admin  # the SDK, imported with the demo
+    from txmq.v1 import common_pb2
 
     say(f"demo: order-3 waits for the checker (first check {DEMO_CHECK_AFTER_SECONDS:g}s after the send)")
     deadline = time.monotonic() + DEMO_RECEIVE_SECONDS

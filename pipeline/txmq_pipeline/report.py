@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
+import matplotlib.pyplot as plt  # after choosing the backend
 
 _STATE_COLUMNS = ("committed", "rolled_back", "discarded", "pending")
 _STATE_COLORS = {"committed": "#2e7d32", "rolled_back": "#607d8b", "discarded": "#c62828", "pending": "#f9a825"}

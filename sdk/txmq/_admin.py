@@ -129,7 +129,7 @@ class Admin:
                              consumer_group=self._in_ns("consumer_group", consumer_group), limit=limit))
 
     def redrive_dead_letters(self, consumer_group: str, message_ids: Sequence[str] = (), *,
-                             all: bool = False) -> admin_pb2.RedriveDeadLettersResponse:  # noqa: A002
+                             all: bool = False) -> admin_pb2.RedriveDeadLettersResponse:
         """Gives dead letters back to their group alone (the next receive delivers them,
         attempt 1): the named message ids, or every one with ``all=True``."""
         if all == bool(message_ids):

@@ -214,7 +214,7 @@ class CheckResponder:
         message = check_message(check, connection.checker_name)
         try:
             outcome = self._check(message)
-        except Exception:  # noqa: BLE001 - the user's failure is an answer: UNKNOWN
+        except Exception:  # the user's failure is an answer: UNKNOWN
             log.exception("check_local_transaction raised for transaction %s: answering UNKNOWN",
                           check.transaction_id)
             outcome = None

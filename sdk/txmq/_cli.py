@@ -845,11 +845,11 @@ def completion_script(parser: argparse.ArgumentParser) -> str:
     """A bash completion function for ``txmq`` built from the parser: commands, their
     verbs and options (zsh loads it through bashcompinit)."""
     def options(p: argparse.ArgumentParser) -> list[str]:
-        return sorted(o for a in p._actions for o in a.option_strings if o.startswith("--"))  # noqa: SLF001
+        return sorted(o for a in p._actions for o in a.option_strings if o.startswith("--"))
 
     def subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-        for a in p._actions:  # noqa: SLF001 - argparse keeps its tree here
-            if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
+        for a in p._actions:  # argparse keeps its tree here
+            if isinstance(a, argparse._SubParsersAction):
                 return dict(a.choices)
         return {}
 

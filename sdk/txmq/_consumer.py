@@ -580,7 +580,7 @@ class PushConsumer:
         while True:
             try:
                 self._consume(message)
-            except Exception:  # noqa: BLE001 - the group goes on whatever became of this one
+            except Exception:  # the group goes on whatever became of this one
                 log.exception("push consumer %s: consuming %s failed", self.consumer_group, message.message_id)
             with self._lock:
                 waiting = self._group_queues[group]
@@ -631,7 +631,7 @@ class PushConsumer:
         try:
             try:
                 result = self.listener(message)
-            except Exception:  # noqa: BLE001 - a failed consumption is redelivered, not fatal
+            except Exception:  # a failed consumption is redelivered, not fatal
                 log.exception("push consumer %s: listener raised for message %s (attempt %d)",
                               self.consumer_group, message.message_id, message.delivery_attempt)
                 result = ConsumeResult.FAILURE

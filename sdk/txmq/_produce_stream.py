@@ -413,7 +413,7 @@ class ProduceStream:
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             detail = f"{getattr(code, 'name', code)}: {exc.details() if hasattr(exc, 'details') else exc}"
-        except Exception:  # noqa: BLE001 - never leave callers waiting
+        except Exception:  # never leave callers waiting
             log.exception("produce stream to %s: reader failed", self.address)
             detail = "reader failed"
         self._fail(session, detail)

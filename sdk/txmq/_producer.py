@@ -452,7 +452,7 @@ class TransactionProducer(Producer):
         half, route = self._send_half(keyed)
         with self._open_lock:
             self._open[half.message_id] = transaction.key
-        transaction._add(half, route)  # noqa: SLF001
+        transaction._add(half, route)
         return SendReceipt(message_id=half.message_id, topic=message.topic, broker_name=half.broker_name,
                            queue_id=route.queue_id, queue_offset=-1)
 
@@ -474,7 +474,7 @@ class TransactionProducer(Producer):
     def _execute(self, half: TransactionMessage, arg: Any) -> LocalTransactionState:
         try:
             state = self.listener.execute_local_transaction(half, arg)
-        except Exception:  # noqa: BLE001 - the local transaction's failure is an answer: UNKNOWN
+        except Exception:  # the local transaction's failure is an answer: UNKNOWN
             log.exception("execute_local_transaction raised for transaction %s: ending it as UNKNOWN",
                           half.transaction_id)
             return LocalTransactionState.UNKNOWN
@@ -526,13 +526,13 @@ class Transaction:
         results = []
         try:
             for half, route in self._halves:
-                state, error = self.producer._end(route, half.topic, half, decision)  # noqa: SLF001
+                state, error = self.producer._end(route, half.topic, half, decision)
                 results.append(TransactionResult(message_id=half.message_id, transaction_id=half.transaction_id,
                                                  local_state=decision, state=state, topic=half.topic,
                                                  broker_name=half.broker_name, queue_id=route.queue_id,
                                                  end_error=error))
         finally:
-            self.producer._close_transaction(self.messages)  # noqa: SLF001
+            self.producer._close_transaction(self.messages)
         return results
 
     def __enter__(self) -> "Transaction":

@@ -211,6 +211,6 @@ def report_deferred(consumer_group: str, messages: Sequence[Any], errors: Sequen
         if on_ack_error is not None:
             try:
                 on_ack_error(message, error)
-            except Exception:  # noqa: BLE001 - the application's callback must not stop the others
+            except Exception:  # the application's callback must not stop the others
                 log.exception("consumer %s: on_ack_error raised", consumer_group)
     return outcomes

@@ -197,7 +197,7 @@ class StoreBridge:
             _ticket, fn, _fail = waiting.popleft()
             try:
                 fn()
-            except Exception:  # noqa: BLE001 - one hook must not hold up the others
+            except Exception:  # one hook must not hold up the others
                 log.exception("durable hook failed")
 
     def fail_waiting(self, error: BaseException, above: int) -> None:
@@ -214,7 +214,7 @@ class StoreBridge:
             try:
                 if fail is not None:
                     fail(error)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("failure hook failed")
 
     def fail_all(self, error: BaseException) -> None:
@@ -226,7 +226,7 @@ class StoreBridge:
             if fail is not None:
                 try:
                     fail(error)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("failure hook failed")
 
     def _sync(self) -> None:
@@ -241,7 +241,7 @@ class StoreBridge:
         started = time.perf_counter()
         try:
             self.db.sync_wal()
-        except Exception as exc:  # noqa: BLE001 - the process stops
+        except Exception as exc:  # the process stops
             # Writes were applied that can no longer be made durable: stop, and let the
             # restart recover from what is on disk (nothing acknowledged depends on them).
             log.critical("WAL sync failed", exc_info=exc)

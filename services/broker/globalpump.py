@@ -85,7 +85,7 @@ class GlobalPump:
                     wait = await self._round(core, bridge)
                 except asyncio.CancelledError:
                     raise
-                except Exception:  # noqa: BLE001 - a lost leadership or a refused write: try again
+                except Exception:  # a lost leadership or a refused write: try again
                     log.warning("global transaction round failed", exc_info=True)
                     wait = self._retry_ms / 1000
             await wait_event(self._wake, wait)

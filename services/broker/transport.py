@@ -202,7 +202,7 @@ class ReplicationListener:
             log.debug("replication connection ended", extra={"fields": {"peer": conn.peer(), "error": str(exc)[:200]}})
         except asyncio.CancelledError:
             pass
-        except Exception:  # noqa: BLE001 - one connection's failure must not reach the server
+        except Exception:  # one connection's failure must not reach the server
             log.exception("replication session failed")
         finally:
             self.connections -= 1

@@ -466,7 +466,7 @@ def _read(path: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    from .logs import configure_logging  # noqa: PLC0415 - the command configures its own logging
+    from .logs import configure_logging  # the command configures its own logging
 
     configure_logging("etcd-auth")
     try:

@@ -73,8 +73,8 @@ def write_ready_file(path: str, **fields: Any) -> None:
 async def serve(config: Any, create_server: Callable[[Any], Awaitable[tuple[Any, int]]]) -> None:
     """Runs the service until SIGTERM/SIGINT; whatever fails before it is ready is a
     :class:`StartupError`."""
-    from .auth import service_credentials  # noqa: PLC0415 - auth imports StartupError from here
-    from .channels import use_credentials  # noqa: PLC0415
+    from .auth import service_credentials  # auth imports StartupError from here
+    from .channels import use_credentials
 
     stopping = asyncio.Event()
     try:

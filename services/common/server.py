@@ -139,7 +139,7 @@ class ServiceApp:
                 await job()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - one failed round must not end the loop
+            except Exception:  # one failed round must not end the loop
                 log.exception("periodic job %s failed", name)
 
     async def _set_health(self, status: int) -> None:
@@ -181,7 +181,7 @@ class ServiceApp:
         for hook in reversed(self.on_stop):
             try:
                 await hook()
-            except Exception:  # noqa: BLE001 - keep stopping the rest
+            except Exception:  # keep stopping the rest
                 log.exception("stop hook failed")
         self.metrics.close()
 

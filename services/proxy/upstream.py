@@ -95,7 +95,7 @@ class Upstream:
                 await self.refresh()
                 if self.clock() >= self._limits_due:
                     await self.refresh_limits()
-            except Exception:  # noqa: BLE001 - keep refreshing
+            except Exception:  # keep refreshing
                 log.exception("directory refresh failed")
 
     async def stop(self) -> None:

@@ -198,14 +198,14 @@ class _AsyncPool:
                 conn = await open_async_store_connection(self.source)
         except InvalidFieldError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the database is unreachable
+        except Exception as exc:  # the database is unreachable
             raise core.DatabaseError(None, exc) from exc
         try:
             rows = await conn.run(statement)
         except asyncio.CancelledError:
             await _close_quietly(conn)
             raise
-        except Exception as exc:  # noqa: BLE001 - classified, then the caller decides
+        except Exception as exc:  # classified, then the caller decides
             state = conn.sqlstate(exc)
             if state is None or state == "client":
                 await _close_quietly(conn)
@@ -301,7 +301,7 @@ class AsyncDecisionStore:
             return await self.pool.run(step)
         if type(step) is core.Ends:
             deadline = time.monotonic() + core.END_RETRY_SECONDS
-            return await asyncio.gather(*(self.producer._end_by_id(t, step.decision, deadline)  # noqa: SLF001
+            return await asyncio.gather(*(self.producer._end_by_id(t, step.decision, deadline)
                                           for t in step.transaction_ids))
         assert type(step) is core.Acknowledged, step
         self.acknowledged(step.key)
@@ -364,7 +364,7 @@ class AsyncAnchoredTransaction:
     def __init__(self, producer: "AsyncTransactionProducer", conn: Any, end: str) -> None:
         if end not in ("hint", "await"):
             raise InvalidFieldError("end", f"must be 'hint' or 'await', got {end!r}")
-        store = producer._decision_store  # noqa: SLF001
+        store = producer._decision_store
         if store is None:
             raise InvalidFieldError("decisions", "producer.transaction() needs a producer made with decisions=")
         self.producer = producer
@@ -384,7 +384,7 @@ class AsyncAnchoredTransaction:
     async def __aenter__(self) -> "AsyncAnchoredTransaction":
         if self._entered:
             raise InvalidFieldError("transaction", "already entered")
-        self.producer._client.check_open()  # noqa: SLF001
+        self.producer._client.check_open()
         if self.db.in_transaction():
             raise InvalidFieldError("connection", "is inside a transaction: an anchored transaction must be the "
                                                   "outermost one (its COMMIT is the decision); commit or roll back first")
@@ -404,14 +404,14 @@ class AsyncAnchoredTransaction:
         """Sends ``message`` as a half message now (a task); the block's end awaits it."""
         if not self._entered or self._done:
             raise InvalidFieldError("transaction", "send() belongs inside the `async with` block")
-        message = self.producer._validate(message)  # noqa: SLF001
+        message = self.producer._validate(message)
         keyed = dataclasses.replace(message, properties=self.plan.properties(message.properties))
         task = asyncio.ensure_future(self._send_half(keyed))
         self._halves.append(task)
         return task
 
     async def _send_half(self, message: Message) -> TransactionMessage:
-        half = await self.producer._send_half(message)  # noqa: SLF001
+        half = await self.producer._send_half(message)
         failpoint("half.after")
         return half
 
@@ -447,7 +447,7 @@ class AsyncAnchoredTransaction:
         assert kind is core.Hint, step
         deadline = time.monotonic() + core.END_RETRY_SECONDS
         for transaction_id in step.transaction_ids:
-            self.store.spawn(self.producer._end_by_id(transaction_id, step.decision, deadline))  # noqa: SLF001
+            self.store.spawn(self.producer._end_by_id(transaction_id, step.decision, deadline))
         return None
 
     async def _rollback_quietly(self) -> None:
@@ -469,7 +469,7 @@ class AsyncAnchoredTransaction:
         failpoint("commit.after")
         self.result = result = AsyncAnchoredResult(self.plan.key, TransactionState.COMMITTED, closed.halves)
         if not closed.halves:
-            result._acked.set()  # noqa: SLF001
+            result._acked.set()
             return
         ending = self.store.spawn(self._end_committed(result))
         if self.end == "await":
@@ -479,13 +479,13 @@ class AsyncAnchoredTransaction:
         acked, errors = await drive_async(core.acknowledge(result.transaction_key,
                                                            [h.transaction_id for h in result.messages]),
                                           self._perform_end)
-        result._errors.extend(errors)  # noqa: SLF001
+        result._errors.extend(errors)
         for error in errors:
             if isinstance(error, TransactionStateError):
                 log.error("anchored transaction %s committed in the database but the broker refused its "
                           "COMMIT: %s", result.transaction_key, error)
         if acked:
-            result._acked.set()  # noqa: SLF001
+            result._acked.set()
 
     async def _perform_end(self, step: Any) -> Any:
         if type(step) is core.Ends:

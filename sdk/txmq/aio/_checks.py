@@ -110,7 +110,7 @@ class AsyncCheckResponder:
                 outcome = await self._check(message)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - the user's failure is an answer: UNKNOWN
+            except Exception:  # the user's failure is an answer: UNKNOWN
                 log.exception("check_local_transaction raised for transaction %s: answering UNKNOWN",
                               check.transaction_id)
                 outcome = None

@@ -295,7 +295,7 @@ class AsyncTransactionProducer(AsyncProducer):
             state = await self.listener.execute_local_transaction(half, arg)
         except asyncio.CancelledError:
             raise  # the caller gave up: the transaction stays PREPARED and the check decides
-        except Exception:  # noqa: BLE001 - the local transaction's failure is an answer: UNKNOWN
+        except Exception:  # the local transaction's failure is an answer: UNKNOWN
             log.exception("execute_local_transaction raised for transaction %s: ending it as UNKNOWN",
                           half.transaction_id)
             return LocalTransactionState.UNKNOWN

@@ -171,7 +171,7 @@ class AsyncProduceStream:
             self._fail(session, f"write failed: {exc}")
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - never leave callers waiting
+        except Exception:  # never leave callers waiting
             log.exception("produce stream to %s: writer failed", self.address)
             self._fail(session, "writer failed")
 
@@ -196,7 +196,7 @@ class AsyncProduceStream:
             detail = f"{getattr(code, 'name', code)}: {exc.details() if hasattr(exc, 'details') else exc}"
         except asyncio.CancelledError:
             detail = "cancelled"
-        except Exception:  # noqa: BLE001 - never leave callers waiting
+        except Exception:  # never leave callers waiting
             log.exception("produce stream to %s: reader failed", self.address)
             detail = "reader failed"
         self._fail(session, detail)

@@ -630,7 +630,7 @@ class Database:
             self._closed = True
         try:
             self.db.flush_wal(True)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("final WAL flush failed")
         self.cf.clear()
         self.handles.clear()

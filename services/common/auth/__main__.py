@@ -17,7 +17,7 @@ from .store import hash_token
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["bootstrap"]:
-        from .bootstrap import main as bootstrap  # noqa: PLC0415 - only this verb needs it
+        from .bootstrap import main as bootstrap  # only this verb needs it
 
         return bootstrap(argv[1:])
     if argv == ["new-token"]:
