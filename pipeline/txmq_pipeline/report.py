@@ -157,7 +157,7 @@ def summary_line(result: Any) -> str:
 
 def _generated(result: Any) -> str:
     ms = getattr(result, "generated_at_ms", None)
-    when = dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc) if ms else dt.datetime.now(dt.timezone.utc)
+    when = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC) if ms else dt.datetime.now(dt.UTC)
     return when.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 

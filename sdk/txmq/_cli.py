@@ -135,11 +135,11 @@ def _duration_arg(text: str) -> float:
 def _iso(ms: int) -> str:
     if not ms:
         return ""
-    return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc).isoformat(timespec="milliseconds")
+    return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.UTC).isoformat(timespec="milliseconds")
 
 
 def _now_ms() -> int:
-    return int(_dt.datetime.now(tz=_dt.timezone.utc).timestamp() * 1000)
+    return int(_dt.datetime.now(tz=_dt.UTC).timestamp() * 1000)
 
 
 # --- rows ------------------------------------------------------------------------------------

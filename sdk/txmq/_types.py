@@ -283,7 +283,7 @@ def state_from_name(name: object) -> TransactionState | None:
 
 
 def ms_to_datetime(ms: int) -> _dt.datetime:
-    return _dt.datetime.fromtimestamp(ms / 1000.0, tz=_dt.timezone.utc)
+    return _dt.datetime.fromtimestamp(ms / 1000.0, tz=_dt.UTC)
 
 
 def message_to_pb(message: Message, message_id: str, queue_id: int, type_: int,

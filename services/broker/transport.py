@@ -186,7 +186,7 @@ class ReplicationListener:
                               f"more than {MAX_CONNECTIONS} replication connections at once")
             try:
                 hello = await asyncio.wait_for(self._hello(conn), HELLO_TIMEOUT_SECONDS)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED,
                               f"no hello within {HELLO_TIMEOUT_SECONDS:g} s") from None
             self._authenticate(conn, hello[5])

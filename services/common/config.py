@@ -301,7 +301,7 @@ class ServiceConfig:
         check_tls_settings(self)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -356,7 +356,7 @@ class _Parser(argparse.ArgumentParser):
         raise ValueError(message)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """The ``#:`` comments above each field, from the source of ``cls`` and its bases."""
     docs: dict[str, str] = {}

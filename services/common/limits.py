@@ -68,7 +68,7 @@ _refusals = RateLimitedWarning(log)
 _FLOATS = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _numeric_plan(descriptor: Descriptor) -> tuple[tuple[str, str, bool, Descriptor | None], ...]:
     """The fields of ``descriptor`` worth visiting: (name, kind, repeated, message type) for
     floating-point fields ("float"), Durations ("duration") and messages or maps that hold

@@ -71,7 +71,7 @@ class Heartbeat:
             if address in self._failing:
                 self._failing.discard(address)
                 log.info("name server reachable again", extra={"fields": {"nameserver": address}})
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, grpc.aio.AioRpcError, OSError) as exc:
             if address not in self._failing:
                 self._failing.add(address)
                 log.warning("name server unreachable", extra={"fields": {"nameserver": address,

@@ -182,7 +182,7 @@ class CheckerLink:
             self._outbox.put_nowait(None)
         try:
             await asyncio.wait_for(asyncio.shield(self._task), 0.5)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             pass
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)

@@ -181,7 +181,7 @@ class Upstream:
     async def _query_route(self, topic: str, for_send: bool) -> list[nameserver_pb2.QueueRoute]:
         now = self.clock()
         last: TxmqError | None = None
-        for address, stub in self._ns.items():
+        for stub in self._ns.values():
             try:
                 response = await stub.QueryRoute(nameserver_pb2.QueryRouteRequest(topic=topic, for_send=for_send),
                                                  timeout=self.config.rpc_timeout_seconds)

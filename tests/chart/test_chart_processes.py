@@ -433,7 +433,7 @@ def _signed(access_key: str, secret: str) -> tuple[tuple[str, str], ...]:
     import hashlib
     import hmac
 
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     signature = hmac.new(secret.encode(), stamp.encode(), hashlib.sha1).hexdigest()
     return (("x-mq-date-time", stamp), ("authorization", f"MQv2-HMAC-SHA1 Credential={access_key}, "
                                                          f"SignedHeaders=x-mq-date-time, Signature={signature}"))

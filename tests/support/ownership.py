@@ -126,7 +126,7 @@ def bearer(name: str) -> list[tuple[str, str]]:
 
 def signed(name: str, client_id: str = "") -> list[tuple[str, str]]:
     """A RocketMQ client's signed request headers (MQv2-HMAC-SHA1) for ``name``'s key."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     signature = hmac.new(secret_of(name).encode(), stamp.encode(), hashlib.sha1).hexdigest()
     return [("authorization", f"MQv2-HMAC-SHA1 Credential={access_key_of(name)}, SignedHeaders=x-mq-date-time, "
                               f"Signature={signature}"),

@@ -52,7 +52,7 @@ class AsyncAnchoredResult:
     async def wait_acknowledged(self, timeout: float | None = None) -> bool:
         try:
             await asyncio.wait_for(self._acked.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         return self._acked.is_set()
 
@@ -254,7 +254,7 @@ async def drive_async(steps: Any, perform: Callable[[Any], Awaitable[Any]]) -> A
 async def _wait(event: asyncio.Event, seconds: float) -> None:
     try:
         await asyncio.wait_for(event.wait(), seconds)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
 
 
@@ -351,7 +351,7 @@ class AsyncDecisionStore:
             self._wake.set()
             try:
                 await asyncio.wait_for(self._task, 10)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - closing anyway
+            except (TimeoutError, Exception):  # noqa: BLE001 - closing anyway
                 self._task.cancel()
         elif self._acked:
             await self._delete(self._acked)

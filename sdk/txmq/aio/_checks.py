@@ -268,7 +268,7 @@ class _CheckerConnection:
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), 0.5)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - cut below
+            except (TimeoutError, Exception):  # noqa: BLE001 - cut below
                 pass
         if call is not None:
             call.cancel()

@@ -249,7 +249,7 @@ class AsyncSimpleConsumer:
             if left is None or left > 0:
                 try:
                     await asyncio.wait_for(changed.wait(), left)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 continue
             await self._send_deferred(self._deferred.take_all())

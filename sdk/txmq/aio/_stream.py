@@ -114,7 +114,7 @@ class AsyncProduceStream:
         sent_at = time.monotonic()
         try:
             result = await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             session.pending.pop(request_id, None)
             if session.last_response < sent_at and not session.dead:
                 log.warning("produce stream to %s answered nothing for %.1fs: reconnecting", self.address, timeout)
@@ -151,7 +151,7 @@ class AsyncProduceStream:
                 if session.unanswered > 0:
                     try:
                         await asyncio.wait_for(session.answered.wait(), HOLD_SECONDS)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
                     for _ in range(LINGER_TURNS):
                         await asyncio.sleep(0)
