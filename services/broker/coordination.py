@@ -136,10 +136,11 @@ class ShardCoordinator:
             reply = await lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=ttl_seconds), timeout=self.timeout)
         except grpc.aio.AioRpcError as exc:
             raise await self._failed(exc) from None
-        self.lease_id = reply.ID
+        lease_id: int = reply.ID
+        self.lease_id = lease_id
         self.renewed_at = time.monotonic()
         self._ttl = ttl_seconds
-        return reply.ID
+        return lease_id
 
     async def acquire_lease(self, ttl_seconds: int, retry_seconds: float) -> None:
         """Grants this replica's lease, asking again every ``retry_seconds`` while etcd does

@@ -84,7 +84,8 @@ def _leader_gate(node: ReplicaNode) -> broker_pb2_grpc.BrokerServiceServicer:
         async def call(self: Any, request: Any, context: Any, _name: str = name) -> Any:
             return await getattr(node.serving().servicer, _name)(request, context)
         methods[name] = call
-    return type("LeaderGate", (broker_pb2_grpc.BrokerServiceServicer,), methods)()
+    gate: broker_pb2_grpc.BrokerServiceServicer = type("LeaderGate", (broker_pb2_grpc.BrokerServiceServicer,), methods)()
+    return gate
 
 
 class BrokerProcess:

@@ -195,9 +195,9 @@ class ReplicationListener:
             self._noted(refused, conn.peer())
             conn.refuse(refused)
         except replog.FrameError as exc:
-            refused = Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            self._noted(refused, conn.peer())
-            conn.refuse(refused)
+            refusal = Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            self._noted(refusal, conn.peer())
+            conn.refuse(refusal)
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, OSError) as exc:
             log.debug("replication connection ended", extra={"fields": {"peer": conn.peer(), "error": str(exc)[:200]}})
         except asyncio.CancelledError:

@@ -301,7 +301,7 @@ class BrokerDirectory:
             await self.refresh()
 
     @property
-    def _stubs(self) -> dict[str, nameserver_pb2_grpc.NameServerServiceStub]:
+    def _stubs(self) -> "dict[str, nameserver_pb2_grpc.NameServerServiceAsyncStub]":
         # From the pool at each use: it opens new channels when the TLS files change.
         return {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a))
                 for a in self.config.nameserver_addresses}

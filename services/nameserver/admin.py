@@ -43,12 +43,12 @@ class BrokerClients:
 
     def __init__(self, max_message_bytes: int) -> None:
         self._channels = ChannelPool(max_message_bytes)
-        self._stubs: dict[str, tuple[grpc.aio.Channel, broker_pb2_grpc.BrokerServiceStub]] = {}
+        self._stubs: dict[str, tuple[grpc.aio.Channel, broker_pb2_grpc.BrokerServiceAsyncStub]] = {}
 
-    def replication_stub(self, address: str) -> replication_pb2_grpc.ReplicationServiceStub:
+    def replication_stub(self, address: str) -> replication_pb2_grpc.ReplicationServiceAsyncStub:
         return replication_pb2_grpc.ReplicationServiceStub(self._channels.get(address))
 
-    def stub(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
+    def stub(self, address: str) -> broker_pb2_grpc.BrokerServiceAsyncStub:
         channel = self._channels.get(address)  # a new one when the TLS files changed
         stub = self._stubs.get(address)
         if stub is None or stub[0] is not channel:

@@ -75,7 +75,7 @@ class Relay:
         #: FIFO topic → the queues its groups are placed over (see txmq.fifo.group_route).
         self.group_routes: dict[str, list[nameserver_pb2.QueueRoute]] = {}
 
-    def _stub(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
+    def _stub(self, address: str) -> broker_pb2_grpc.BrokerServiceAsyncStub:
         return broker_pb2_grpc.BrokerServiceStub(self.upstream.channel(address))
 
     async def send(self, message: common_pb2.Message) -> broker_pb2.SendMessageResponse:
@@ -167,7 +167,7 @@ class Relay:
                 "broker": broker, "transaction_id": transaction_id, "error": str(exc)[:200]}})
             return None
 
-    async def _bound(self, broker: str, send: Callable[[broker_pb2_grpc.BrokerServiceStub], Awaitable[R]]) -> R:
+    async def _bound(self, broker: str, send: Callable[[broker_pb2_grpc.BrokerServiceAsyncStub], Awaitable[R]]) -> R:
         """A call bound to ``broker`` by an id, retried there with backoff while it fails
         transiently or the name servers do not list it (``retry_action(bound=True)``)."""
         attempt = 1

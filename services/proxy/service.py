@@ -30,15 +30,15 @@ from .codes import ProxyError, code_for, status, unsupported
 from .config import ProxyConfig
 from .convert import delivered_to_rmq, resource_name, seconds, to_native, to_resource, validate_filter
 from .metrics import ProxyMetrics
-from .protocol import Code, definition_pb2, service_pb2, service_pb2_grpc
+from .protocol import Code, service_pb2_grpc
+from .protocol import definition_pb2 as pb
+from .protocol import service_pb2 as spb
 from .relay import Relay
 from .renew import Renewer
 from .upstream import Upstream
 
 log = logging.getLogger(__name__)
 
-pb = definition_pb2
-spb = service_pb2
 
 CLIENT_ID_HEADER = "x-mq-client-id"
 #: Message types every topic accepts (txmq topics take normal and transactional messages).
@@ -360,8 +360,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 if on_written is not None:
                     on_written()
             # A command that did not decode ends the stream with its status (INVALID_ARGUMENT).
-            if reader.done() and not reader.cancelled() and reader.result() is not None:
-                raise reader.result()
+            if reader.done() and not reader.cancelled() and (refused := reader.result()) is not None:
+                raise refused
         finally:
             reader.cancel()
             self.registry.close_stream(stream)

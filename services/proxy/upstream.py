@@ -76,7 +76,7 @@ class Upstream:
         self._limits_due = 0.0
 
     @property
-    def _ns(self) -> dict[str, nameserver_pb2_grpc.NameServerServiceStub]:
+    def _ns(self) -> dict[str, nameserver_pb2_grpc.NameServerServiceAsyncStub]:
         # From the pool at each use: it opens new channels when the TLS files change.
         return {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a))
                 for a in self.config.nameserver_addresses}
@@ -214,7 +214,7 @@ class Upstream:
     def _channel(self, address: str) -> grpc.aio.Channel:
         return self._channels.get(address)
 
-    async def broker(self, name: str) -> broker_pb2_grpc.BrokerServiceStub:
+    async def broker(self, name: str) -> broker_pb2_grpc.BrokerServiceAsyncStub:
         """A stub for the broker ``name`` (listed again once if it is not known yet)."""
         address = self.brokers.get(name)
         if address is None:

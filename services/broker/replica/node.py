@@ -286,7 +286,7 @@ class ReplicaNode:
             out.followers.extend(self.lead.follower_status(time.monotonic(), self.db.written))
         return out
 
-    def role(self) -> int:
+    def role(self) -> nameserver_pb2.BrokerRole.ValueType:
         return nameserver_pb2.BROKER_ROLE_LEADER if self.term is not None else nameserver_pb2.BROKER_ROLE_FOLLOWER
 
     def known_epoch(self) -> int:

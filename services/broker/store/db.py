@@ -420,7 +420,7 @@ class Database:
         applied it, with the leader's undo record stored as it came (no before-image read
         here: replicas are equal at every lsn), all in one batch (unsynced). Returns the new
         log end."""
-        entries = []
+        entries: list[tuple[int, bytes, list[tuple[str, bytes, bytes | None]], bytes | None]] = []
         expect = self.written + 1
         last_epoch = self.last_epoch
         for lsn, value, undo in replog.unpack_entries(data):
