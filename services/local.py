@@ -310,7 +310,7 @@ def run_demo(nameserver: str) -> bool:
     """Three transactional sends and a consumer; True when the consumer saw exactly the
     committed message."""
     try:
-        from txmq import LocalTransactionState, Message, SimpleConsumer, TransactionProducer
+        from txmq import LocalTransactionState, Message, SimpleConsumer, TransactionListener, TransactionProducer
     except ImportError as exc:
         say(f"demo: skipped, the txmq SDK cannot be imported ({exc})")
         return False
@@ -328,7 +328,7 @@ def run_demo(nameserver: str) -> bool:
     checked = threading.Event()
     sent_at: dict[str, float] = {}
 
-    class DemoListener:
+    class DemoListener(TransactionListener):
         """The local transaction is a dict lookup: the key says how it ends."""
 
         def execute_local_transaction(self, message: Any, arg: Any) -> Any:
@@ -384,19 +384,19 @@ def run_demo(nameserver: str) -> bool:
                     f"(missing {sorted(set(committed.values()) - seen)})")
                 return False
             for msg in consumer.receive(max_messages=16, invisible_duration_seconds=30.0):
-                body = bytes(msg.body).decode("utf-8", "replace")
+                text = bytes(msg.body).decode("utf-8", "replace")
                 if msg.transaction_id in committed:
                     key = committed[msg.transaction_id]
                     if key not in seen:
-                        say(f"demo: consumed {key}: {body!r} (message {msg.message_id}, "
+                        say(f"demo: consumed {key}: {text!r} (message {msg.message_id}, "
                             f"transaction {msg.transaction_id})")
                     seen.add(key)
                 elif msg.transaction_id in not_delivered:
                     ok = False
                     say(f"demo: FAILED: consumed {not_delivered[msg.transaction_id]}, which was not "
-                        f"committed: {body!r}")
+                        f"committed: {text!r}")
                 else:
-                    say(f"demo: acknowledged a message left by an earlier run: {body!r}")
+                    say(f"demo: acknowledged a message left by an earlier run: {text!r}")
                 consumer.ack(msg)
     if ok:
         say("demo: ok: the consumer received the committed messages only")

@@ -22,7 +22,7 @@ import signal
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Generator, Protocol, TypeVar, cast
 
 from . import _decisions as core
 from ._checks import InProgress
@@ -134,7 +134,7 @@ class PsycopgConnection:
     def in_transaction(self) -> bool:
         from psycopg.pq import TransactionStatus
 
-        return self.conn.info.transaction_status != TransactionStatus.IDLE
+        return bool(self.conn.info.transaction_status != TransactionStatus.IDLE)
 
     def execute(self, statement: core.Statement) -> None:
         if self.conn.autocommit and not self.in_transaction():
@@ -261,7 +261,7 @@ def local_connection(conn: Any) -> LocalConnection:
     if module == "sqlalchemy" and hasattr(conn, "in_transaction") and hasattr(conn, "commit"):
         return SQLAlchemySession(conn)
     if all(callable(getattr(conn, m, None)) for m in ("in_transaction", "execute", "commit", "rollback", "sqlstate")):
-        return conn  # already a LocalConnection
+        return cast(LocalConnection, conn)  # already a LocalConnection
     raise InvalidFieldError("connection", f"a psycopg Connection, a SQLAlchemy Session or a "
                                           f"txmq.anchored.DBAPIConnection, got {type(conn).__name__}")
 
@@ -485,7 +485,10 @@ class DecisionStore:
         self.pool.close()
 
 
-def drive(steps: Any, perform: Callable[[Any], Any]) -> Any:
+R = TypeVar("R")
+
+
+def drive(steps: Generator[Any, Any, R], perform: Callable[[Any], Any]) -> R:
     """Drives a flow of ``txmq._decisions`` with a blocking ``perform``; a DatabaseError
     it raises is thrown into the flow."""
     value: Any = None
@@ -494,7 +497,8 @@ def drive(steps: Any, perform: Callable[[Any], Any]) -> Any:
         try:
             step = steps.send(value) if error is None else steps.throw(error)
         except StopIteration as done:
-            return done.value
+            outcome: R = done.value
+            return outcome
         value = error = None
         try:
             value = perform(step)
@@ -615,14 +619,13 @@ class AnchoredTransaction:
 
     def _commit(self) -> None:
         closed = drive(core.closing(self.plan, raised=False), self.perform)
-        if closed.outcome is None:
-            raise closed.error
-        if closed.outcome is core.Outcome.UNKNOWN:
-            log.warning("anchored transaction %s: the COMMIT's answer was lost; the checks decide its "
-                        "%d message(s) from the decisions table", self.plan.key, len(closed.halves))
-            raise closed.error
-        if closed.outcome is core.Outcome.ROLLED_BACK:
-            raise closed.error
+        if closed.outcome is not core.Outcome.COMMITTED:  # rolled back, before or at COMMIT, or UNKNOWN
+            error = closed.error
+            assert error is not None  # every other ending carries its error (core.closing)
+            if closed.outcome is core.Outcome.UNKNOWN:
+                log.warning("anchored transaction %s: the COMMIT's answer was lost; the checks decide its "
+                            "%d message(s) from the decisions table", self.plan.key, len(closed.halves))
+            raise error
         failpoint("commit.after")
         self.result = result = AnchoredResult(self.plan.key, TransactionState.COMMITTED, closed.halves)
         if not closed.halves:

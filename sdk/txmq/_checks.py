@@ -105,7 +105,7 @@ class CheckMessage(TransactionMessage):
 CheckFn = Callable[[TransactionMessage], Any]
 
 
-def answer_for(outcome: Any) -> tuple[int, float]:
+def answer_for(outcome: Any) -> tuple[common_pb2.CheckResult.ValueType, float]:
     """``check_local_transaction``'s return value → (CheckResult, retry_after_seconds)."""
     if isinstance(outcome, InProgress):
         return common_pb2.CHECK_RESULT_IN_PROGRESS, float(outcome.retry_after_seconds)

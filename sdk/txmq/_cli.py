@@ -270,7 +270,7 @@ def _overdue_seconds(t: common_pb2.Transaction, now_ms: int) -> float:
 def _txn_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     # One more than asked per broker tells a cut list from one that ended.
     response = admin.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
-        producer_group=args.group or "", state=STATES[args.state] if args.state else 0,
+        producer_group=args.group or "", state=STATES[args.state] if args.state else common_pb2.TRANSACTION_STATE_UNSPECIFIED,
         older_than_seconds=args.older_than or 0.0, limit=args.limit + 1))
     now = _now_ms()
     per_broker: dict[str, int] = {}
@@ -390,7 +390,7 @@ def _in_namespace(args: argparse.Namespace, namespace: str) -> None:
 
 def _topic_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     response = admin.list_topics()  # with a namespace, its topics alone
-    topics = [{"topic": t.topic, "type": _topic_type_name(t.topic_type), "queues": sum(b.queue_count for b in t.brokers),
+    topics: list[dict[str, Any]] = [{"topic": t.topic, "type": _topic_type_name(t.topic_type), "queues": sum(b.queue_count for b in t.brokers),
                "brokers": {b.broker_name: b.queue_count for b in t.brokers}} for t in response.topics]
     out({"topics": topics}, lambda: table(
         ["TOPIC", "TYPE", "QUEUES", "BROKERS"],

@@ -197,8 +197,9 @@ async def _parts_and_end_async(producer: "AsyncTransactionProducer", messages: l
         abandon(producer, pbs[0])
         await producer._end(routes[0], messages[0].topic, head, LocalTransactionState.ROLLBACK)
         raise failed
+    responses = [s for s in sent if not isinstance(s, BaseException)]  # every one: none failed
     halves = [head] + [half_of(stamped(m, len(messages), gid), pb, route, s)
-                       for m, pb, route, s in zip(messages[1:], pbs[1:], routes[1:], sent)]
+                       for m, pb, route, s in zip(messages[1:], pbs[1:], routes[1:], responses)]
     local_state = await producer._execute(head, arg)
     state, end_error = await producer._end(routes[0], messages[0].topic, head, local_state)
     return result_of(halves, local_state, state, end_error)

@@ -291,8 +291,8 @@ class ProduceStream:
         reply = _Reply(waited)
         lane = 0
         if waited:
-            place = getattr(self._local, "place", None)
-            if place is None:
+            place: int = getattr(self._local, "place", -1)
+            if place < 0:
                 place = self._local.place = next(self._places)
         with self._lock:
             if self._closed:

@@ -27,7 +27,7 @@ import math
 import os
 import re
 import typing
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -301,9 +301,13 @@ class ServiceConfig:
         check_tls_settings(self)
 
 
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def _type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+# Declared as a plain callable: the cache's own signature takes Hashable arguments, which
+# mypy does not see a class as.
+_hints: Callable[[type], dict[str, Any]] = functools.cache(_type_hints)
 
 
 def _parse(kind: Any, text: str) -> Any:
@@ -356,8 +360,7 @@ class _Parser(argparse.ArgumentParser):
         raise ValueError(message)
 
 
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
+def _read_field_docs(cls: type) -> dict[str, str]:
     """The ``#:`` comments above each field, from the source of ``cls`` and its bases."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
@@ -378,6 +381,9 @@ def field_docs(cls: type) -> dict[str, str]:
                 docs[assignment.group(1)] = " ".join(pending)
             pending = []
     return docs
+
+
+field_docs: Callable[[type], dict[str, str]] = functools.cache(_read_field_docs)  # as _hints
 
 
 def _help(cls: type, field: dataclasses.Field[Any], kind: Any, doc: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import inspect
 import logging
 import socket
 from typing import Any, Awaitable, Callable, Iterable
@@ -145,7 +146,7 @@ class ServiceApp:
     async def _set_health(self, status: int) -> None:
         for service in ["", *self.service_names]:
             result = self.health.set(service, status)
-            if hasattr(result, "__await__"):
+            if inspect.isawaitable(result):  # the asyncio servicer's
                 await result
 
     async def start(self) -> None:

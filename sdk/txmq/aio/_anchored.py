@@ -16,7 +16,7 @@ import dataclasses
 import inspect
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generator, TypeVar
 
 from .. import _decisions as core
 from .._anchored import DELETE_LINGER_SECONDS, _module_of, _named, _pg_sqlstate, failpoint, failpoint_soon
@@ -68,7 +68,7 @@ class AsyncPsycopgConnection:
     def in_transaction(self) -> bool:
         from psycopg.pq import TransactionStatus
 
-        return self.conn.info.transaction_status != TransactionStatus.IDLE
+        return bool(self.conn.info.transaction_status != TransactionStatus.IDLE)
 
     async def execute(self, statement: core.Statement) -> None:
         if self.conn.autocommit and not self.in_transaction():
@@ -235,7 +235,10 @@ async def _close_quietly(conn: _AsyncStoreConnection) -> None:
         pass
 
 
-async def drive_async(steps: Any, perform: Callable[[Any], Awaitable[Any]]) -> Any:
+R = TypeVar("R")
+
+
+async def drive_async(steps: Generator[Any, Any, R], perform: Callable[[Any], Awaitable[Any]]) -> R:
     """Drives a flow of ``txmq._decisions`` with a coroutine ``perform``."""
     value: Any = None
     error: core.DatabaseError | None = None
@@ -243,7 +246,8 @@ async def drive_async(steps: Any, perform: Callable[[Any], Awaitable[Any]]) -> A
         try:
             step = steps.send(value) if error is None else steps.throw(error)
         except StopIteration as done:
-            return done.value
+            outcome: R = done.value
+            return outcome
         value = error = None
         try:
             value = await perform(step)
@@ -458,14 +462,13 @@ class AsyncAnchoredTransaction:
 
     async def _commit(self) -> None:
         closed = await drive_async(core.closing(self.plan, raised=False), self.perform)
-        if closed.outcome is None:
-            raise closed.error
-        if closed.outcome is core.Outcome.UNKNOWN:
-            log.warning("anchored transaction %s: the COMMIT's answer was lost; the checks decide its "
-                        "%d message(s) from the decisions table", self.plan.key, len(closed.halves))
-            raise closed.error
-        if closed.outcome is core.Outcome.ROLLED_BACK:
-            raise closed.error
+        if closed.outcome is not core.Outcome.COMMITTED:  # rolled back, before or at COMMIT, or UNKNOWN
+            error = closed.error
+            assert error is not None  # every other ending carries its error (core.closing)
+            if closed.outcome is core.Outcome.UNKNOWN:
+                log.warning("anchored transaction %s: the COMMIT's answer was lost; the checks decide its "
+                            "%d message(s) from the decisions table", self.plan.key, len(closed.halves))
+            raise error
         failpoint("commit.after")
         self.result = result = AsyncAnchoredResult(self.plan.key, TransactionState.COMMITTED, closed.halves)
         if not closed.halves:
