@@ -445,14 +445,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         services.start(with_checker)
         show_services(services, args.data_dir)
         if not args.no_demo:
-            ok = run_demo(services.nameserver.address)  # type: ignore[union-attr]
+            ok = run_demo(services.nameserver.address)  # type: ignore[union-attr]  # started above
             if not ok:
                 code = 1
                 if not args.exit_after_demo:
                     say("demo: failed; the services keep running (see their logs)")
         if args.exit_after_demo:
             return code
-        parts = [f"nameserver {services.nameserver.address}", f"broker {services.broker.address}"]  # type: ignore[union-attr]
+        parts = [f"nameserver {services.nameserver.address}", f"broker {services.broker.address}"]  # type: ignore[union-attr]  # started
         if services.checker is not None:
             parts.append(f"checker {services.checker.address}")
         if services.proxy is not None:

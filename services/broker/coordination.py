@@ -95,6 +95,7 @@ class ShardCoordinator:
             address = self.endpoints[self._endpoint % len(self.endpoints)]
             self._tls_generation = tls_generation()
             secure = address.startswith("https://")  # else plaintext, whatever the broker's TLS
+            # The interceptors read the channel at call time: it is set just below.
             auth = (token_interceptors(self.credentials, lambda: self._channel, self.timeout)  # type: ignore[arg-type,return-value]
                     if self.credentials is not None else None)
             self._channel = open_channel(address.removeprefix("https://").removeprefix("http://"), secure=secure,

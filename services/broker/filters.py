@@ -48,7 +48,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NoReturn
 
 from txmq.errors import InvalidFieldError
 
@@ -326,9 +326,9 @@ class _Parser:
         t = self.accept(kind, text)
         if t is None:
             self.fail(self.tok.pos, f"expected {what}, found {self._describe(self.tok)}")
-        return t  # type: ignore[return-value]
+        return t
 
-    def fail(self, pos: int, problem: str) -> None:
+    def fail(self, pos: int, problem: str) -> NoReturn:
         raise FilterSyntaxError(self.text, pos, problem)
 
     @staticmethod
@@ -382,7 +382,7 @@ class _Parser:
         left = self.comparison()
         while True:
             if self.at("op", "=") or self.at("op", "<>"):
-                op = self.accept("op").text  # type: ignore[union-attr]
+                op = self.expect("op", None, "an operator").text  # at() saw it
                 right = self.comparison()
                 for side in (left, right):
                     if side.constant and side.value is None:

@@ -502,8 +502,8 @@ class ProduceStream:
                     ready.clear()
                     await context.write(response)
                     self.metrics.produce_out.inc()
-            if not reader.cancelled() and reader.exception() is not None:
-                raise reader.exception()  # type: ignore[misc]
+            if not reader.cancelled() and (failure := reader.exception()) is not None:
+                raise failure
         finally:
             reader.cancel()
 
@@ -543,5 +543,5 @@ class ProduceStream:
         if not isinstance(error, TxmqError):
             log.error("produce request failed", exc_info=error)
             error = TxmqError(f"internal error: {type(error).__name__}")
-            error.code = grpc.StatusCode.INTERNAL  # type: ignore[misc]
+            error.code = grpc.StatusCode.INTERNAL  # type: ignore[misc]  # this one's: the class's is a ClassVar
         return broker_pb2.ProduceResult(request_id=request_id, status=entry_status(error))

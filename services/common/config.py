@@ -432,7 +432,7 @@ def load_config(cls: type[T], argv: Sequence[str] | None = None,
     docs = field_docs(cls)
     parser = _Parser(prog=prog or cls.__name__, usage="%(prog)s [--setting VALUE ...]", description=_description(cls),
                      epilog="Each setting is also read from its TXMQ_* variable; a flag wins over the variable.")
-    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]  # a dataclass: T is not bound to one
         kind = hints[field.name]
         raw = env.get(env_name(field.name))
         if raw is not None:
@@ -441,7 +441,7 @@ def load_config(cls: type[T], argv: Sequence[str] | None = None,
                             metavar=_metavar(field.name, kind),
                             help=_help(cls, field, kind, docs.get(field.name, "")))
     args = parser.parse_args(list(argv) if argv is not None else [])
-    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]  # a dataclass: T is not bound to one
         raw = getattr(args, field.name)
         if raw is not None:
             values[field.name] = _read(cls, field.name, hints[field.name], raw, flag_name(field.name))

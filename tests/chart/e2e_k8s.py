@@ -45,13 +45,13 @@ def load_cluster() -> str | None:
     except Exception as exc:  # noqa: BLE001 - any failure means "no usable kubeconfig"
         try:
             config.load_incluster_config()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - neither configuration: no cluster to test
             print(f"e2e-k8s: no Kubernetes cluster is configured (KUBECONFIG={os.environ.get('KUBECONFIG', '')!r}: "
                   f"{exc}); nothing was run.", file=sys.stderr)
             return None
     try:
         version = client.VersionApi().get_code(_request_timeout=10)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - an unreachable cluster, whatever the error
         print(f"e2e-k8s: the configured cluster does not answer ({exc}); nothing was run.", file=sys.stderr)
         return None
     return f"Kubernetes {version.git_version}"

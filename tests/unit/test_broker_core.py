@@ -295,9 +295,9 @@ def test_query_transactions_by_group_state_and_age(core, clock) -> None:
 
 # --- checks: budget, refunds, discards (the broker's half of the checker) ---------------
 
-from services.broker.checks import (CHECK_COMMIT, CHECK_IN_PROGRESS, CHECK_ROLLBACK, CHECK_UNKNOWN,  # noqa: E402
+from services.broker.checks import (CHECK_COMMIT, CHECK_IN_PROGRESS, CHECK_ROLLBACK, CHECK_UNKNOWN,  # noqa: E402 - beside its section
                                     OUTCOME_ANSWERED, OUTCOME_DELIVERED, OUTCOME_UNDELIVERED, CheckReport)
-from txmq.errors import InvalidNameError, StaleClaimError  # noqa: E402
+from txmq.errors import InvalidNameError, StaleClaimError  # noqa: E402 - beside its section
 
 
 @pytest.fixture

@@ -236,7 +236,7 @@ class Database:
         if group is not None:
             staged = group.overlay.get((cf, key), _ABSENT)
             if staged is not _ABSENT:
-                return staged  # type: ignore[return-value]
+                return staged  # type: ignore[return-value]  # not _ABSENT: bytes, or None (deleted)
         return self.cf[cf].get(key)
 
     def scan(self, cf: str, start: bytes = b"", stop: bytes | None = None,
