@@ -8,5 +8,5 @@ out=$2
 bin=$(dirname "$py")
 "$py" -m grpc_tools.protoc -I protos \
   --plugin=protoc-gen-mypy="$bin/protoc-gen-mypy" --plugin=protoc-gen-mypy_grpc="$bin/protoc-gen-mypy_grpc" \
-  --python_out="$out" --grpc_python_out="$out" --mypy_out="$out" --mypy_grpc_out="$out" \
+  --python_out="$out" --grpc_python_out="$out" --mypy_out=quiet:"$out" --mypy_grpc_out=quiet:"$out" \
   protos/txmq/v1/*.proto
