@@ -39,7 +39,8 @@ from typing import Any, NoReturn, Sequence
 
 import grpc
 
-from txmq import TLS, Admin, LocalTransactionState, Message, SimpleConsumer, TopicExistsError, TransactionProducer
+from txmq import (TLS, Admin, LocalTransactionState, Message, SimpleConsumer, TopicExistsError, TransactionListener,
+                  TransactionProducer)
 from txmq.tls import ChannelTLS, sync_channel
 from txmq.v1 import common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
@@ -312,7 +313,7 @@ def run_demo(nameserver: str) -> bool:
     checked = threading.Event()
     sent_at: dict[str, float] = {}
 
-    class DemoListener:
+    class DemoListener(TransactionListener):
         """The local transaction is a dict lookup: the key says how it ends."""
 
         def execute_local_transaction(self, message: Any, arg: Any) -> Any:
@@ -368,19 +369,19 @@ def run_demo(nameserver: str) -> bool:
                     f"(missing {sorted(set(committed.values()) - seen)})")
                 return False
             for msg in consumer.receive(max_messages=16, invisible_duration_seconds=30.0):
-                body = bytes(msg.body).decode("utf-8", "replace")
+                text = bytes(msg.body).decode("utf-8", "replace")
                 if msg.transaction_id in committed:
                     key = committed[msg.transaction_id]
                     if key not in seen:
-                        say(f"demo: consumed {key}: {body!r} (message {msg.message_id}, "
+                        say(f"demo: consumed {key}: {text!r} (message {msg.message_id}, "
                             f"transaction {msg.transaction_id})")
                     seen.add(key)
                 elif msg.transaction_id in not_delivered:
                     ok = False
                     say(f"demo: FAILED: consumed {not_delivered[msg.transaction_id]}, which was not "
-                        f"committed: {body!r}")
+                        f"committed: {text!r}")
                 else:
-                    say(f"demo: acknowledged a message left by an earlier run: {body!r}")
+                    say(f"demo: acknowledged a message left by an earlier run: {text!r}")
                 consumer.ack(msg)
     if ok:
         say("demo: ok: the consumer received the committed messages only")
@@ -427,14 +428,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         services.start(with_checker)
         show_services(services, args.data_dir)
         if not args.no_demo:
-            ok = run_demo(services.nameserver.address)  # type: ignore[union-attr]
+            ok = run_demo(services.nameserver.address)  # type: ignore[union-attr]  # started above
             if not ok:
                 code = 1
                 if not args.exit_after_demo:
                     say("demo: failed; the services keep running (see their logs)")
         if args.exit_after_demo:
             return code
-        parts = [f"nameserver {services.nameserver.address}", f"broker {services.broker.address}"]  # type: ignore[union-attr]
+        parts = [f"nameserver {services.nameserver.address}", f"broker {services.broker.address}"]  # type: ignore[union-attr]  # started
         if services.checker is not None:
             parts.append(f"checker {services.checker.address}")
         if services.proxy is not None:

@@ -148,7 +148,8 @@ class Resolver:
             except InvalidFieldError:
                 pass  # expired meanwhile: a decision was already applied or is asked again
 
-    async def _decide(self, group: _Group, check: checker_pb2.CheckRequest) -> tuple[int, float]:
+    async def _decide(self, group: _Group,
+                      check: checker_pb2.CheckRequest) -> tuple[common_pb2.CheckResult.ValueType, float]:
         properties = dict(check.message.properties)
         if not core.is_anchored(properties):
             return common_pb2.CHECK_RESULT_UNKNOWN, 0.0

@@ -267,8 +267,9 @@ class _TokenAuth:
         token = await self.credentials.token(self.channel(), self.timeout)
         metadata = [(k, v) for k, v in (details.metadata or ()) if k != "token"]
         metadata.append(("token", token))
-        return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials,
-                                          details.wait_for_ready), token
+        # grpc.aio takes any sequence of pairs here; the stubs name only its Metadata class.
+        return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata,  # type: ignore[arg-type]
+                                          details.credentials, details.wait_for_ready), token
 
 
 class _TokenUnaryUnary(_TokenAuth, grpc.aio.UnaryUnaryClientInterceptor):

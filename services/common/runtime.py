@@ -152,7 +152,7 @@ def run_main(service: str, config_cls: type, create_server: Callable[[Any], Awai
     bound. An environment the service cannot start in: one line on stderr, exit status 1
     (the traceback is logged at DEBUG)."""
     try:
-        config = load_config(config_cls, sys.argv[1:], prog=f"python -m services.{service}")
+        config: Any = load_config(config_cls, sys.argv[1:], prog=f"python -m services.{service}")
     except ValueError as exc:
         print(f"{service}: bad configuration: {' '.join(str(exc).split())}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_CONFIGURATION) from None

@@ -21,7 +21,6 @@ before the service opens any channel; :func:`client_tls` is what ``channels`` re
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 from typing import Any
 
@@ -94,8 +93,10 @@ def server_credentials(config: Any) -> tuple[grpc.ServerCredentials, ServerCerti
     if not enabled(config):
         return None
     certificates = ServerCertificates(config.tls_cert_file, config.tls_key_file, config.tls_ca_file)
+    # fetch answers None to keep the current certificates (grpc's documented contract); the
+    # stubs allow no None.
     credentials = grpc.dynamic_ssl_server_credentials(
-        certificates.initial, certificates.fetch,
+        certificates.initial, certificates.fetch,  # type: ignore[arg-type]
         require_client_authentication=config.tls_client_auth == "require")
     return credentials, certificates
 
