@@ -9,7 +9,7 @@ PROTOS := $(wildcard protos/txmq/v1/*.proto)
 DATA_DIR ?= ./data
 
 
-.PHONY: all venv tools cc etcd netns-tools openssl postgresql proto proto-lint proto-check run test test-unit test-integration bench fuzz clean distclean
+.PHONY: all venv tools cc etcd netns-tools openssl postgresql proto proto-lint proto-check lint run test test-unit test-integration bench fuzz clean distclean
 
 all: test
 
@@ -67,10 +67,11 @@ tests/integration/node/node_modules/.installed: tests/integration/node/package.j
 .PHONY: anchored-node-deps
 anchored-node-deps: tests/integration/node/node_modules/.installed
 
-# The only producer of generated code: Python stubs into the SDK package.
+# The only producer of generated code: Python modules into the SDK package, with typed stubs
+# (mypy-protobuf: `*_pb2.pyi` for the messages, `*_pb2_grpc.pyi` for the stubs and servicers).
 proto: venv
-	rm -f sdk/txmq/v1/*_pb2.py sdk/txmq/v1/*_pb2.pyi sdk/txmq/v1/*_pb2_grpc.py
-	$(PY) -m grpc_tools.protoc -I protos --python_out=sdk --pyi_out=sdk --grpc_python_out=sdk $(PROTOS)
+	rm -f sdk/txmq/v1/*_pb2.py sdk/txmq/v1/*_pb2.pyi sdk/txmq/v1/*_pb2_grpc.py sdk/txmq/v1/*_pb2_grpc.pyi
+	tools/protoc.sh $(PY) sdk
 
 proto-lint: tools
 	cd protos && ../$(BUF) lint
@@ -78,6 +79,12 @@ proto-lint: tools
 # Fails when the checked-in stubs differ from what `make proto` produces.
 proto-check: venv
 	tools/check_generated.sh $(PY)
+
+# ruff over all our Python and mypy over services/ and the SDK (pyproject.toml says which
+# rules and how strict); `make test` runs it first, so a violation fails the build.
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 run: venv $(VENV)/.proxy-installed
 	$(PY) -m services.local --data-dir $(DATA_DIR)
@@ -88,7 +95,7 @@ run: venv $(VENV)/.proxy-installed
 # HEAVY_LANES=2 runs Spark's tests in a second heavy lane beside the first.
 TEST_WORKERS ?= 4
 HEAVY_LANES ?= 1
-test: venv cc etcd netns-tools openssl postgresql anchored-node-deps proto-lint proto-check pipeline-deps browser proxy-deps chart-tools images-local compose-tools registry-tools
+test: venv lint cc etcd netns-tools openssl postgresql anchored-node-deps proto-lint proto-check pipeline-deps browser proxy-deps chart-tools images-local compose-tools registry-tools
 	TXMQ_HEAVY_LANES=$(HEAVY_LANES) $(PY) -m pytest tests -n $(TEST_WORKERS)
 
 test-unit: venv

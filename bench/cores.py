@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.transactions import _cpu_with_children, _percentile, _run_phase
+from bench.transactions import _percentile, _run_phase
 
 
 def _create_topic(nameserver: str, topic: str, queues: int) -> None:

@@ -30,7 +30,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait(what: str, ready, proc: subprocess.Popen, log: str, timeout: float = 60.0) -> None:  # noqa: ANN001
+def _wait(what: str, ready, proc: subprocess.Popen, log: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -175,7 +175,7 @@ class RabbitInstance:
         except Exception:  # noqa: BLE001 - not up yet, whatever pika says
             return False
 
-    def parameters(self):  # noqa: ANN201 - pika.ConnectionParameters, imported lazily
+    def parameters(self):  # pika.ConnectionParameters, imported lazily
         import pika
 
         return pika.ConnectionParameters("127.0.0.1", self.port, connection_attempts=1, socket_timeout=5,
@@ -234,7 +234,7 @@ def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
 
 
 @contextlib.contextmanager
-def started(factory) -> Iterator:  # noqa: ANN001
+def started(factory) -> Iterator:
     instance = factory()
     try:
         yield instance

@@ -320,8 +320,6 @@ def main(argv: list[str] | None = None) -> int:
     if not ack_modes or any(m not in ACK_MODES for m in ack_modes):
         parser.error(f"--acks: comma-separated of {', '.join(ACK_MODES)}")
 
-    import psutil
-
     from services.common.process import ServiceProcess
 
     workdir = tempfile.mkdtemp(prefix="txmq-bench-")

@@ -37,6 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
+import grpc
+
+from txmq import (TLS, Admin, LocalTransactionState, Message, SimpleConsumer, TopicExistsError, TransactionListener,
+                  TransactionProducer)
+from txmq.tls import ChannelTLS, sync_channel
+from txmq.v1 import common_pb2, nameserver_pb2, nameserver_pb2_grpc
+
 from services.common.etcd import EtcdProcess, password_auth
 from services.common.process import ServiceError, ServiceProcess, port_is_free
 
@@ -172,8 +179,6 @@ class LocalServices:
         """etcd (its authentication on: txmq's keys for the brokers' password user only,
         root's password kept in the data directory), then the replicas of broker-0; returns
         once one leads with enough in sync."""
-        import grpc  # noqa: PLC0415 - only a replicated run needs it here
-
         say(f"txmq local: starting etcd and {self.replication_factor} replicas of {BROKER.name}")
         auth = password_auth(self.data_dir / "etcd-auth")
         try:
@@ -229,10 +234,6 @@ def wait_leader(nameserver: str, shard: str, replicas: Sequence[ServiceProcess],
                 timeout: float = READY_TIMEOUT_SECONDS) -> ServiceProcess:
     """The replica of ``shard`` the name server routes to, once its in-sync set can
     acknowledge writes (at least two members)."""
-    import grpc
-
-    from txmq.v1 import nameserver_pb2, nameserver_pb2_grpc
-
     deadline = time.monotonic() + timeout
     with _channel(nameserver) as channel:
         stub = nameserver_pb2_grpc.NameServerServiceStub(channel)
@@ -252,10 +253,6 @@ def wait_leader(nameserver: str, shard: str, replicas: Sequence[ServiceProcess],
 
 def wait_broker_registered(nameserver: str, broker_name: str, broker_address: str,
                            timeout: float = READY_TIMEOUT_SECONDS) -> None:
-    import grpc
-
-    from txmq.v1 import nameserver_pb2, nameserver_pb2_grpc
-
     deadline = time.monotonic() + timeout
     with _channel(nameserver) as channel:
         stub = nameserver_pb2_grpc.NameServerServiceStub(channel)
@@ -278,23 +275,17 @@ def client_tls() -> Any:
     cert, key, ca = (os.environ.get(f"TXMQ_TLS_{n}_FILE", "") for n in ("CERT", "KEY", "CA"))
     if not cert:
         return None
-    from txmq import TLS
-
     return TLS(ca_file=ca, cert_file=cert, key_file=key, server_name=os.environ.get("TXMQ_TLS_SERVER_NAME", ""))
 
 
 def _channel(address: str) -> Any:
     """A channel to a local service, with TLS when the services have it."""
-    from txmq.tls import ChannelTLS, sync_channel
-
     tls = client_tls()
     return sync_channel(address, (), ChannelTLS(tls) if tls is not None else None)
 
 
 # ---------------------------------------------------------------------------- the demo
 def create_demo_topic(nameserver: str) -> None:
-    from txmq import Admin, TopicExistsError  # noqa: PLC0415 - the SDK, imported with the demo
-
     with Admin(nameserver, tls=client_tls()) as admin:
         try:
             admin.create_topic(DEMO_TOPIC, queue_count=4)
@@ -309,12 +300,6 @@ def _name(value: Any) -> str:
 def run_demo(nameserver: str) -> bool:
     """Three transactional sends and a consumer; True when the consumer saw exactly the
     committed message."""
-    try:
-        from txmq import LocalTransactionState, Message, SimpleConsumer, TransactionProducer
-    except ImportError as exc:
-        say(f"demo: skipped, the txmq SDK cannot be imported ({exc})")
-        return False
-
     create_demo_topic(nameserver)
     run = uuid.uuid4().hex[:8]
     plan = [("order-1", LocalTransactionState.COMMIT),
@@ -328,7 +313,7 @@ def run_demo(nameserver: str) -> bool:
     checked = threading.Event()
     sent_at: dict[str, float] = {}
 
-    class DemoListener:
+    class DemoListener(TransactionListener):
         """The local transaction is a dict lookup: the key says how it ends."""
 
         def execute_local_transaction(self, message: Any, arg: Any) -> Any:
@@ -384,19 +369,19 @@ def run_demo(nameserver: str) -> bool:
                     f"(missing {sorted(set(committed.values()) - seen)})")
                 return False
             for msg in consumer.receive(max_messages=16, invisible_duration_seconds=30.0):
-                body = bytes(msg.body).decode("utf-8", "replace")
+                text = bytes(msg.body).decode("utf-8", "replace")
                 if msg.transaction_id in committed:
                     key = committed[msg.transaction_id]
                     if key not in seen:
-                        say(f"demo: consumed {key}: {body!r} (message {msg.message_id}, "
+                        say(f"demo: consumed {key}: {text!r} (message {msg.message_id}, "
                             f"transaction {msg.transaction_id})")
                     seen.add(key)
                 elif msg.transaction_id in not_delivered:
                     ok = False
                     say(f"demo: FAILED: consumed {not_delivered[msg.transaction_id]}, which was not "
-                        f"committed: {body!r}")
+                        f"committed: {text!r}")
                 else:
-                    say(f"demo: acknowledged a message left by an earlier run: {body!r}")
+                    say(f"demo: acknowledged a message left by an earlier run: {text!r}")
                 consumer.ack(msg)
     if ok:
         say("demo: ok: the consumer received the committed messages only")
@@ -405,8 +390,6 @@ def run_demo(nameserver: str) -> bool:
 
 def _await_check(checked: threading.Event, transaction_id: str, nameserver: str) -> bool:
     """Waits (the producer still open to answer) until the checker's check resolved order-3."""
-    from txmq import Admin  # noqa: PLC0415 - the SDK, imported with the demo
-    from txmq.v1 import common_pb2  # noqa: PLC0415
 
     say(f"demo: order-3 waits for the checker (first check {DEMO_CHECK_AFTER_SECONDS:g}s after the send)")
     deadline = time.monotonic() + DEMO_RECEIVE_SECONDS
@@ -445,14 +428,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         services.start(with_checker)
         show_services(services, args.data_dir)
         if not args.no_demo:
-            ok = run_demo(services.nameserver.address)  # type: ignore[union-attr]
+            ok = run_demo(services.nameserver.address)  # type: ignore[union-attr]  # started above
             if not ok:
                 code = 1
                 if not args.exit_after_demo:
                     say("demo: failed; the services keep running (see their logs)")
         if args.exit_after_demo:
             return code
-        parts = [f"nameserver {services.nameserver.address}", f"broker {services.broker.address}"]  # type: ignore[union-attr]
+        parts = [f"nameserver {services.nameserver.address}", f"broker {services.broker.address}"]  # type: ignore[union-attr]  # started
         if services.checker is not None:
             parts.append(f"checker {services.checker.address}")
         if services.proxy is not None:

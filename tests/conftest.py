@@ -194,5 +194,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for c in live_clusters():
         try:
             c.stop(timeout=5.0)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - reported; the other clusters still get stopped
             print(f"conftest: stopping {c!r} failed: {exc}", file=sys.stderr)

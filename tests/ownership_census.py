@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         chart = chart_defaults(helm_binary())
     print(census.table())
     print(f"\n{time.monotonic() - started:.0f} s")
-    print("B's resources afterwards:", "unchanged" if not changed else changed)
+    print("B's resources afterwards:", changed if changed else "unchanged")
     if not args.no_etcd:
-        print("etcd controls (the brokers' own access):", "ok" if not problems else problems)
+        print("etcd controls (the brokers' own access):", problems if problems else "ok")
     if not args.no_chart:
         print("default chart:", "auth, TLS, NetworkPolicy and etcd auth on" if not chart else "")
         for finding in chart:

@@ -5,7 +5,7 @@ set -euo pipefail
 py=${1:-.venv/bin/python}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$py" -m grpc_tools.protoc -I protos --python_out="$tmp" --pyi_out="$tmp" --grpc_python_out="$tmp" protos/txmq/v1/*.proto
+"$(dirname "$0")/protoc.sh" "$py" "$tmp"
 status=0
 for f in "$tmp"/txmq/v1/*; do
   name=$(basename "$f")

@@ -71,7 +71,7 @@ def timestamp(ms: int) -> dt.datetime | None:
     """Broker milliseconds → an aware UTC datetime (None for 0, "never")."""
     if not ms:
         return None
-    return dt.datetime.fromtimestamp(ms / 1000.0, tz=dt.timezone.utc)
+    return dt.datetime.fromtimestamp(ms / 1000.0, tz=dt.UTC)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
+import matplotlib.pyplot as plt  # after choosing the backend
 
 _STATE_COLUMNS = ("committed", "rolled_back", "discarded", "pending")
 _STATE_COLORS = {"committed": "#2e7d32", "rolled_back": "#607d8b", "discarded": "#c62828", "pending": "#f9a825"}
@@ -175,7 +175,7 @@ def summary_line(result: Any) -> str:
 
 def _generated(result: Any) -> str:
     ms = getattr(result, "generated_at_ms", None)
-    when = dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc) if ms else dt.datetime.now(dt.timezone.utc)
+    when = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC) if ms else dt.datetime.now(dt.UTC)
     return when.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 

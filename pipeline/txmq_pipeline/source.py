@@ -190,7 +190,7 @@ def parse_time_ms(value: str | int | float | dt.datetime | None) -> int | None:
     except ValueError:
         raise TxmqOptionError(f"not a time (epoch ms or ISO-8601): {value!r}") from None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.timezone.utc)
+        parsed = parsed.replace(tzinfo=dt.UTC)
     return int(parsed.timestamp() * 1000)
 
 

@@ -184,7 +184,7 @@ class Admin:
                              consumer_group=self._in_ns("consumer_group", consumer_group), limit=limit))
 
     def redrive_dead_letters(self, consumer_group: str, message_ids: Sequence[str] = (), *,
-                             all: bool = False) -> admin_pb2.RedriveDeadLettersResponse:  # noqa: A002
+                             all: bool = False) -> admin_pb2.RedriveDeadLettersResponse:
         """Gives dead letters back to their group alone (the next receive delivers them,
         attempt 1): the named message ids, or every one with ``all=True``."""
         if all == bool(message_ids):
@@ -238,8 +238,10 @@ class Admin:
 
     # --- transactions ---------------------------------------------------------------------
 
-    def list_transactions(self, *, producer_group: str = "", state: int = 0, older_than_seconds: float = 0.0,
-                          limit: int = 100, key: str = "") -> admin_pb2.ListTransactionsResponse:
+    def list_transactions(self, *, producer_group: str = "",
+                          state: common_pb2.TransactionState.ValueType = common_pb2.TRANSACTION_STATE_UNSPECIFIED,
+                          older_than_seconds: float = 0.0, limit: int = 100,
+                          key: str = "") -> admin_pb2.ListTransactionsResponse:
         """``state`` is a ``txmq.v1.common_pb2.TRANSACTION_STATE_*`` (0: any); ``limit`` is per
         broker; ``key``: only transactions whose message carries that key. With a namespace,
         the transactions of its producer groups alone — filtered on each broker before its
@@ -312,7 +314,7 @@ class Admin:
             try:
                 return getattr(stub, method)(request, timeout=self.request_timeout_seconds)
             except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     name = "AdminService" if service == "admin" else "NameServerService"
                     raise NotANameServerError(address, f"txmq.v1.{name}/{method}") from None
                 error = error_from_rpc(exc)

@@ -22,7 +22,7 @@ import signal
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generator, Protocol, TypeVar, cast
 
 from . import _decisions as core
 from ._checks import InProgress
@@ -134,7 +134,7 @@ class PsycopgConnection:
     def in_transaction(self) -> bool:
         from psycopg.pq import TransactionStatus
 
-        return self.conn.info.transaction_status != TransactionStatus.IDLE
+        return bool(self.conn.info.transaction_status != TransactionStatus.IDLE)
 
     def execute(self, statement: core.Statement) -> None:
         if self.conn.autocommit and not self.in_transaction():
@@ -261,7 +261,7 @@ def local_connection(conn: Any) -> LocalConnection:
     if module == "sqlalchemy" and hasattr(conn, "in_transaction") and hasattr(conn, "commit"):
         return SQLAlchemySession(conn)
     if all(callable(getattr(conn, m, None)) for m in ("in_transaction", "execute", "commit", "rollback", "sqlstate")):
-        return conn  # already a LocalConnection
+        return cast(LocalConnection, conn)  # already a LocalConnection
     raise InvalidFieldError("connection", f"a psycopg Connection, a SQLAlchemy Session or a "
                                           f"txmq.anchored.DBAPIConnection, got {type(conn).__name__}")
 
@@ -352,11 +352,11 @@ class _Pool:
         try:
             if conn is None:
                 conn = open_store_connection(self.source)
-        except Exception as exc:  # noqa: BLE001 - the database is unreachable
+        except Exception as exc:  # the database is unreachable
             raise core.DatabaseError(None, exc) from exc
         try:
             rows = conn.run(statement)
-        except Exception as exc:  # noqa: BLE001 - classified, then the caller decides
+        except Exception as exc:  # classified, then the caller decides
             state = conn.sqlstate(exc)
             if state is None or state == "client":
                 self._discard(conn)
@@ -431,7 +431,7 @@ class DecisionStore:
             return self.pool.run(step)
         if type(step) is core.Ends:
             deadline = time.monotonic() + core.END_RETRY_SECONDS
-            return [self.producer._end_by_id(t, step.decision, deadline)  # noqa: SLF001
+            return [self.producer._end_by_id(t, step.decision, deadline)
                     for t in step.transaction_ids]
         assert type(step) is core.Acknowledged, step
         self.acknowledged(step.key)
@@ -485,7 +485,10 @@ class DecisionStore:
         self.pool.close()
 
 
-def drive(steps: Any, perform: Callable[[Any], Any]) -> Any:
+R = TypeVar("R")
+
+
+def drive(steps: Generator[Any, Any, R], perform: Callable[[Any], Any]) -> R:
     """Drives a flow of ``txmq._decisions`` with a blocking ``perform``; a DatabaseError
     it raises is thrown into the flow."""
     value: Any = None
@@ -494,7 +497,8 @@ def drive(steps: Any, perform: Callable[[Any], Any]) -> Any:
         try:
             step = steps.send(value) if error is None else steps.throw(error)
         except StopIteration as done:
-            return done.value
+            outcome: R = done.value
+            return outcome
         value = error = None
         try:
             value = perform(step)
@@ -511,7 +515,7 @@ class AnchoredTransaction:
     def __init__(self, producer: "TransactionProducer", conn: Any, end: str) -> None:
         if end not in ("hint", "await"):
             raise InvalidFieldError("end", f"must be 'hint' or 'await', got {end!r}")
-        store = producer._decision_store  # noqa: SLF001
+        store = producer._decision_store
         if store is None:
             raise InvalidFieldError("decisions", "producer.transaction() needs a producer made with decisions=")
         self.producer = producer
@@ -533,7 +537,7 @@ class AnchoredTransaction:
     def __enter__(self) -> "AnchoredTransaction":
         if self._entered:
             raise InvalidFieldError("transaction", "already entered")
-        self.producer._client.check_open()  # noqa: SLF001
+        self.producer._client.check_open()
         if self.db.in_transaction():
             raise InvalidFieldError("connection", "is inside a transaction: an anchored transaction must be the "
                                                   "outermost one (its COMMIT is the decision); commit or roll back first")
@@ -554,14 +558,14 @@ class AnchoredTransaction:
         transaction back and is raised there). Returns a future of the stored half."""
         if not self._entered or self._done:
             raise InvalidFieldError("transaction", "send() belongs inside the `with` block")
-        message = self.producer._validate(message)  # noqa: SLF001
+        message = self.producer._validate(message)
         keyed = dataclasses.replace(message, properties=self.plan.properties(message.properties))
         future = self.store.ends.submit(self._send_half, keyed)
         self._halves.append(future)
         return future
 
     def _send_half(self, message: Message) -> TransactionMessage:
-        half, _route = self.producer._send_half(message)  # noqa: SLF001
+        half, _route = self.producer._send_half(message)
         failpoint("half.after")
         return half
 
@@ -605,7 +609,7 @@ class AnchoredTransaction:
         drive(core.closing(self.plan, raised=True), self.perform)
 
     def _end_quietly(self, transaction_id: str, decision: LocalTransactionState) -> None:
-        self.producer._end_by_id(transaction_id, decision, time.monotonic() + core.END_RETRY_SECONDS)  # noqa: SLF001
+        self.producer._end_by_id(transaction_id, decision, time.monotonic() + core.END_RETRY_SECONDS)
 
     def _rollback_quietly(self) -> None:
         try:
@@ -615,18 +619,17 @@ class AnchoredTransaction:
 
     def _commit(self) -> None:
         closed = drive(core.closing(self.plan, raised=False), self.perform)
-        if closed.outcome is None:
-            raise closed.error
-        if closed.outcome is core.Outcome.UNKNOWN:
-            log.warning("anchored transaction %s: the COMMIT's answer was lost; the checks decide its "
-                        "%d message(s) from the decisions table", self.plan.key, len(closed.halves))
-            raise closed.error
-        if closed.outcome is core.Outcome.ROLLED_BACK:
-            raise closed.error
+        if closed.outcome is not core.Outcome.COMMITTED:  # rolled back, before or at COMMIT, or UNKNOWN
+            error = closed.error
+            assert error is not None  # every other ending carries its error (core.closing)
+            if closed.outcome is core.Outcome.UNKNOWN:
+                log.warning("anchored transaction %s: the COMMIT's answer was lost; the checks decide its "
+                            "%d message(s) from the decisions table", self.plan.key, len(closed.halves))
+            raise error
         failpoint("commit.after")
         self.result = result = AnchoredResult(self.plan.key, TransactionState.COMMITTED, closed.halves)
         if not closed.halves:
-            result._acked.set()  # noqa: SLF001
+            result._acked.set()
             return
         ending = self.store.ends.submit(self._end_committed, result)
         if self.end == "await":
@@ -635,13 +638,13 @@ class AnchoredTransaction:
     def _end_committed(self, result: AnchoredResult) -> None:
         acked, errors = drive(core.acknowledge(result.transaction_key,
                                                [h.transaction_id for h in result.messages]), self._perform_end)
-        result._errors.extend(errors)  # noqa: SLF001
+        result._errors.extend(errors)
         for error in errors:
             if isinstance(error, TransactionStateError):
                 log.error("anchored transaction %s committed in the database but the broker refused its "
                           "COMMIT: %s", result.transaction_key, error)
         if acked:
-            result._acked.set()  # noqa: SLF001
+            result._acked.set()
 
     def _perform_end(self, step: Any) -> Any:
         if type(step) is core.Ends:

@@ -53,7 +53,8 @@ def with_token(channel: grpc.Channel, token: str | None) -> grpc.Channel:
 def _aio_details(details: Any, token: str) -> Any:
     metadata = [(k, v) for k, v in (details.metadata or ()) if k != "authorization"]
     metadata.append(("authorization", f"Bearer {token}"))
-    return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata,
+    # grpc.aio takes any sequence of pairs here; the stubs name only its Metadata class.
+    return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata,  # type: ignore[arg-type]
                                       details.credentials, details.wait_for_ready)
 
 

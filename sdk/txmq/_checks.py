@@ -105,7 +105,7 @@ class CheckMessage(TransactionMessage):
 CheckFn = Callable[[TransactionMessage], Any]
 
 
-def answer_for(outcome: Any) -> tuple[int, float]:
+def answer_for(outcome: Any) -> tuple[common_pb2.CheckResult.ValueType, float]:
     """``check_local_transaction``'s return value → (CheckResult, retry_after_seconds)."""
     if isinstance(outcome, InProgress):
         return common_pb2.CHECK_RESULT_IN_PROGRESS, float(outcome.retry_after_seconds)
@@ -214,7 +214,7 @@ class CheckResponder:
         message = check_message(check, connection.checker_name)
         try:
             outcome = self._check(message)
-        except Exception:  # noqa: BLE001 - the user's failure is an answer: UNKNOWN
+        except Exception:  # the user's failure is an answer: UNKNOWN
             log.exception("check_local_transaction raised for transaction %s: answering UNKNOWN",
                           check.transaction_id)
             outcome = None

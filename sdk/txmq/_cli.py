@@ -142,11 +142,11 @@ def _duration_arg(text: str) -> float:
 def _iso(ms: int) -> str:
     if not ms:
         return ""
-    return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc).isoformat(timespec="milliseconds")
+    return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.UTC).isoformat(timespec="milliseconds")
 
 
 def _now_ms() -> int:
-    return int(_dt.datetime.now(tz=_dt.timezone.utc).timestamp() * 1000)
+    return int(_dt.datetime.now(tz=_dt.UTC).timestamp() * 1000)
 
 
 # --- rows ------------------------------------------------------------------------------------
@@ -219,11 +219,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return format_table(headers, rows, terminal_width())
 
 
-def _bytes(n: int) -> str:
+def _bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024
     return str(n)
 
 
@@ -279,7 +279,8 @@ def _txn_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     # One more than asked per broker tells a cut list from one that ended.
     # The namespace and the key are filtered on each broker, before its limit.
     response = admin.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
-        producer_group=args.group or "", state=STATES[args.state] if args.state else 0,
+        producer_group=args.group or "",
+        state=STATES[args.state] if args.state else common_pb2.TRANSACTION_STATE_UNSPECIFIED,
         older_than_seconds=args.older_than or 0.0, limit=args.limit + 1, namespace=admin.namespace,
         key=args.key or ""))
     kept = [t for t in response.transactions if admin.in_scope(t.producer_group)]  # a broker from before the field
@@ -411,7 +412,7 @@ def _in_namespace(args: argparse.Namespace, namespace: str) -> None:
 
 def _topic_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     response = admin.list_topics()  # with a namespace, its topics alone
-    topics = [{"topic": t.topic, "type": _topic_type_name(t.topic_type), "queues": sum(b.queue_count for b in t.brokers),
+    topics: list[dict[str, Any]] = [{"topic": t.topic, "type": _topic_type_name(t.topic_type), "queues": sum(b.queue_count for b in t.brokers),
                "brokers": {b.broker_name: b.queue_count for b in t.brokers}} for t in response.topics]
     out({"topics": topics}, lambda: table(
         ["TOPIC", "TYPE", "QUEUES", "BROKERS"],
@@ -905,11 +906,11 @@ def completion_script(parser: argparse.ArgumentParser) -> str:
     """A bash completion function for ``txmq`` built from the parser: commands, their
     verbs and options (zsh loads it through bashcompinit)."""
     def options(p: argparse.ArgumentParser) -> list[str]:
-        return sorted(o for a in p._actions for o in a.option_strings if o.startswith("--"))  # noqa: SLF001
+        return sorted(o for a in p._actions for o in a.option_strings if o.startswith("--"))
 
     def subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-        for a in p._actions:  # noqa: SLF001 - argparse keeps its tree here
-            if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
+        for a in p._actions:  # argparse keeps its tree here
+            if isinstance(a, argparse._SubParsersAction):
                 return dict(a.choices)
         return {}
 

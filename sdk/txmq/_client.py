@@ -321,7 +321,7 @@ class Client:
         if address is not None:
             return address
         response = self._nameserver_call("ListBrokers", nameserver_pb2.ListBrokersRequest())
-        live = {broker.name: broker.address for broker in response.brokers}
+        live: dict[str, str] = {broker.name: broker.address for broker in response.brokers}
         with self._lock:
             self._broker_addresses.update(live)
             if broker_name not in live:

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import grpc
 
@@ -57,7 +57,7 @@ def receive_request(consumer_group: str, target: _Target, max_messages: int, inv
     sql = isinstance(expression, SqlFilter)
     return broker_pb2.ReceiveMessagesRequest(
         consumer_group=consumer_group, topic=target.topic, queue_id=-1,
-        filter_expression=expression.expression if sql else expression,
+        filter_expression=expression.expression if isinstance(expression, SqlFilter) else expression,
         filter_type=broker_pb2.FILTER_TYPE_SQL92 if sql else broker_pb2.FILTER_TYPE_TAG,
         max_messages=max_messages, invisible_duration_seconds=invisible_duration_seconds,
         long_polling_timeout_seconds=wait_seconds, ack_receipt_handles=[m.receipt_handle for m in acks],
@@ -69,7 +69,7 @@ def _subscriptions(subscriptions: Mapping[str, str | SqlFilter],
     """The subscriptions as they are sent: each topic in ``namespace``, each filter checked."""
     if not isinstance(subscriptions, Mapping) or not subscriptions:
         raise InvalidFieldError("subscriptions", "must map at least one topic to a filter expression")
-    out = {}
+    out: dict[str, str | SqlFilter] = {}
     for topic, expression in subscriptions.items():
         topic = in_namespace(namespace, "subscriptions", topic)
         validate_receive_topic(topic)
@@ -193,7 +193,7 @@ class SimpleConsumer:
         try:
             return run(steps, lambda step: self._receive_from(
                 step.target, step.max_messages, invisible_duration_seconds, step.wait_seconds)
-                if type(step) is Receive else self._long_poll(step.targets, max_messages, invisible_duration_seconds))
+                if isinstance(step, Receive) else self._long_poll(step.targets, max_messages, invisible_duration_seconds))
         finally:
             if alone:
                 self._polling_inline = False
@@ -450,7 +450,7 @@ class PushConsumer:
         self._acker: threading.Thread | None = None
         self._renewer: threading.Thread | None = None
         self._pollers: dict[_Target, threading.Thread] = {}
-        self._polls: dict[_Target, grpc.Future] = {}
+        self._polls: dict[_Target, grpc.Future[Any]] = {}
         self._acks: queue.SimpleQueue[ReceivedMessage | None] = queue.SimpleQueue()
         self._executor: cf.ThreadPoolExecutor | None = None
         # Message group → its messages waiting behind the one being consumed.
@@ -587,7 +587,7 @@ class PushConsumer:
         while True:
             try:
                 self._consume(message)
-            except Exception:  # noqa: BLE001 - the group goes on whatever became of this one
+            except Exception:  # the group goes on whatever became of this one
                 log.exception("push consumer %s: consuming %s failed", self.consumer_group, message.message_id)
             with self._lock:
                 waiting = self._group_queues[group]
@@ -638,7 +638,7 @@ class PushConsumer:
         try:
             try:
                 result = self.listener(message)
-            except Exception:  # noqa: BLE001 - a failed consumption is redelivered, not fatal
+            except Exception:  # a failed consumption is redelivered, not fatal
                 log.exception("push consumer %s: listener raised for message %s (attempt %d)",
                               self.consumer_group, message.message_id, message.delivery_attempt)
                 result = ConsumeResult.FAILURE

@@ -429,7 +429,8 @@ END_RETRY_SECONDS = 30.0
 
 
 def end_by_id(transaction_id: str, decision: LocalTransactionState, producer_group: str,
-              deadline: float, clock: Any, backoff_seconds: float = 0.1) -> Generator[Any, Any, Any]:
+              deadline: float, clock: Any, backoff_seconds: float = 0.1
+              ) -> Generator[Address | Request | Sleep, Any, tuple[TransactionState | None, TxmqError | None]]:
     """EndTransaction of ``transaction_id`` with ``decision`` on the shard its id names,
     retried there on transient errors until ``deadline`` (``clock()``: time.monotonic).
     Steps: :class:`Address`, ``_sending.Request`` and ``_sending.Sleep``. Returns (the

@@ -14,7 +14,7 @@ batch or one request on a stream.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Iterable, Mapping, cast
 
 import grpc
 
@@ -414,14 +414,15 @@ class PermissionDeniedError(TxmqError):
 # --- status <-> error -------------------------------------------------------------------
 
 def _all_subclasses(cls: type[TxmqError]) -> list[type[TxmqError]]:
-    out = []
+    out: list[type[TxmqError]] = []
     for sub in cls.__subclasses__():
         out.append(sub)
         out.extend(_all_subclasses(sub))
     return out
 
 
-_BY_REASON: dict[str, type[TxmqError]] = {c.reason: c for c in [TxmqError, *_all_subclasses(TxmqError)]}
+_ERROR_CLASSES: list[type[TxmqError]] = [TxmqError, *_all_subclasses(TxmqError)]
+_BY_REASON: dict[str, type[TxmqError]] = {c.reason: c for c in _ERROR_CLASSES}
 # The generic class for a code, used when the reason is unknown (another server version).
 _BY_CODE: dict[grpc.StatusCode, type[TxmqError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
@@ -475,7 +476,9 @@ def error_from_rpc(exc: grpc.RpcError) -> TxmqError:
     reason = ""
     details: dict[str, str] | None = None
     trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
-    for key, value in trailing or ():
+    # (key, value) pairs at run time: a namedtuple (sync) or a tuple (grpc.aio); the stubs
+    # declare an object with attributes instead.
+    for key, value in cast("Iterable[tuple[str, Any]]", trailing or ()):
         if key == REASON_METADATA_KEY:
             reason = value
         elif key == DETAILS_METADATA_KEY:

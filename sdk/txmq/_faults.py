@@ -72,7 +72,8 @@ OVERLOAD_RETRIES = 12
 def overload_backoff_seconds(retry: int) -> float:
     """The pause before the ``retry``-th retry of a request an overloaded server refused:
     50 ms doubling up to 2 s, with jitter (0.5-1.5x) so a refused burst comes back spread."""
-    return min(0.05 * 2 ** (retry - 1), 2.0) * (0.5 + random.random())
+    pause: float = min(0.05 * 2 ** (retry - 1), 2.0) * (0.5 + random.random())
+    return pause
 
 
 class OverloadBackoff:
@@ -199,7 +200,7 @@ class FaultTable:
                 s = self._shards[shard] = _Shard()
             s.consecutive += 1
             s.failures += 1
-            interval = min(self.base_avoid_seconds * 2 ** min(s.consecutive - 1, 30), self.max_avoid_seconds)
+            interval: float = min(self.base_avoid_seconds * 2 ** min(s.consecutive - 1, 30), self.max_avoid_seconds)
             s.avoid_until = self._clock() + interval
             s.probe_until = 0.0
             return interval

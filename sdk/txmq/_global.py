@@ -118,20 +118,20 @@ def result_of(halves: list[TransactionMessage], local_state: LocalTransactionSta
 def _send_bound(producer: "TransactionProducer", route: "QueueRoute", topic: str,
                 entry: broker_pb2.ProduceEntry) -> broker_pb2.SendMessageResponse:
     """One half message on the shard ``route`` names, retried there with the same id."""
-    return run(send_bound(producer, route, topic, entry), producer._perform)  # noqa: SLF001
+    return run(send_bound(producer, route, topic, entry), producer._perform)
 
 
 def send_global(producer: "TransactionProducer", messages: Sequence[Message], arg: Any,
                 host: str) -> GlobalTransactionResult:
     """Steps 1-4 of the module docstring with the sync producer."""
-    messages = [producer._validate(m) for m in validate_messages(messages)]  # noqa: SLF001 - namespaced
-    routes = [producer._pick_queue(m.topic, message_group=m.message_group) for m in messages]  # noqa: SLF001
+    messages = [producer._validate(m) for m in validate_messages(messages)]  # namespaced
+    routes = [producer._pick_queue(m.topic, message_group=m.message_group) for m in messages]
     stamped_messages = [stamped(m, len(messages)) for m in messages]
     pbs = [half_pb(producer, m, r, host) for m, r in zip(stamped_messages, routes)]
     # Until it ends, a check of G reaching this instance is answered IN_PROGRESS (as for an
     # open explicit transaction): the sends and the local transaction may outlast the timeout.
-    with producer._open_lock:  # noqa: SLF001
-        producer._open[pbs[0].message_id] = ""  # noqa: SLF001
+    with producer._open_lock:
+        producer._open[pbs[0].message_id] = ""
     halves: list[TransactionMessage] = []
     try:
         try:
@@ -148,13 +148,13 @@ def send_global(producer: "TransactionProducer", messages: Sequence[Message], ar
                 halves.append(half_of(stamped(m, len(messages), gid), pb, route, sent))
         except TxmqError:
             abandon(producer, pbs[0])
-            producer._end(routes[0], messages[0].topic, halves[0], LocalTransactionState.ROLLBACK)  # noqa: SLF001
+            producer._end(routes[0], messages[0].topic, halves[0], LocalTransactionState.ROLLBACK)
             raise
-        local_state = producer._execute(halves[0], arg)  # noqa: SLF001
-        state, end_error = producer._end(routes[0], messages[0].topic, halves[0], local_state)  # noqa: SLF001
+        local_state = producer._execute(halves[0], arg)
+        state, end_error = producer._end(routes[0], messages[0].topic, halves[0], local_state)
     finally:
-        with producer._open_lock:  # noqa: SLF001
-            producer._open.pop(pbs[0].message_id, None)  # noqa: SLF001
+        with producer._open_lock:
+            producer._open.pop(pbs[0].message_id, None)
     return result_of(halves, local_state, state, end_error)
 
 
@@ -163,16 +163,16 @@ def send_global(producer: "TransactionProducer", messages: Sequence[Message], ar
 async def _send_bound_async(producer: "AsyncTransactionProducer", route: "QueueRoute", topic: str,
                             entry: broker_pb2.ProduceEntry) -> broker_pb2.SendMessageResponse:
     """As :func:`_send_bound`."""
-    return await run_async(send_bound(producer, route, topic, entry), producer._perform)  # noqa: SLF001
+    return await run_async(send_bound(producer, route, topic, entry), producer._perform)
 
 
 async def send_global_async(producer: "AsyncTransactionProducer", messages: Sequence[Message], arg: Any,
                             host: str) -> GlobalTransactionResult:
     """As :func:`send_global`; the parts after the first are sent concurrently."""
-    messages = [producer._validate(m) for m in validate_messages(messages)]  # noqa: SLF001 - namespaced
-    routes = [await producer._pick_queue(m.topic, message_group=m.message_group) for m in messages]  # noqa: SLF001
+    messages = [producer._validate(m) for m in validate_messages(messages)]  # namespaced
+    routes = [await producer._pick_queue(m.topic, message_group=m.message_group) for m in messages]
     pbs = [half_pb(producer, stamped(m, len(messages)), r, host) for m, r in zip(messages, routes)]
-    producer._open_globals.add(pbs[0].message_id)  # noqa: SLF001 - checks answered IN_PROGRESS until it ends
+    producer._open_globals.add(pbs[0].message_id)  # checks answered IN_PROGRESS until it ends
     try:
         try:
             first = await _send_bound_async(producer, routes[0], messages[0].topic, send_entry(
@@ -183,7 +183,7 @@ async def send_global_async(producer: "AsyncTransactionProducer", messages: Sequ
         head = half_of(stamped(messages[0], len(messages), first.transaction_id), pbs[0], routes[0], first)
         return await _parts_and_end_async(producer, messages, pbs, routes, head, arg)
     finally:
-        producer._open_globals.discard(pbs[0].message_id)  # noqa: SLF001
+        producer._open_globals.discard(pbs[0].message_id)
 
 
 async def _parts_and_end_async(producer: "AsyncTransactionProducer", messages: list[Message],
@@ -196,10 +196,11 @@ async def _parts_and_end_async(producer: "AsyncTransactionProducer", messages: l
     failed = next((s for s in sent if isinstance(s, BaseException)), None)
     if failed is not None:
         abandon(producer, pbs[0])
-        await producer._end(routes[0], messages[0].topic, head, LocalTransactionState.ROLLBACK)  # noqa: SLF001
+        await producer._end(routes[0], messages[0].topic, head, LocalTransactionState.ROLLBACK)
         raise failed
+    responses = [s for s in sent if not isinstance(s, BaseException)]  # every one: none failed
     halves = [head] + [half_of(stamped(m, len(messages), gid), pb, route, s)
-                       for m, pb, route, s in zip(messages[1:], pbs[1:], routes[1:], sent)]
-    local_state = await producer._execute(head, arg)  # noqa: SLF001
-    state, end_error = await producer._end(routes[0], messages[0].topic, head, local_state)  # noqa: SLF001
+                       for m, pb, route, s in zip(messages[1:], pbs[1:], routes[1:], responses)]
+    local_state = await producer._execute(head, arg)
+    state, end_error = await producer._end(routes[0], messages[0].topic, head, local_state)
     return result_of(halves, local_state, state, end_error)

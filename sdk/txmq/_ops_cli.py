@@ -40,7 +40,8 @@ _MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 def serving_broker(admin: Any, shard: str) -> nameserver_pb2.BrokerInfo:
     """The broker serving ``shard`` now (its leader on a replicated shard)."""
-    listed = admin.call("nameserver", "ListBrokers", nameserver_pb2.ListBrokersRequest())
+    listed: nameserver_pb2.ListBrokersResponse = admin.call("nameserver", "ListBrokers",
+                                                            nameserver_pb2.ListBrokersRequest())
     for b in listed.brokers:
         if b.name == shard and b.role != nameserver_pb2.BROKER_ROLE_FOLLOWER:
             return b

@@ -291,8 +291,8 @@ class ProduceStream:
         reply = _Reply(waited)
         lane = 0
         if waited:
-            place = getattr(self._local, "place", None)
-            if place is None:
+            place: int = getattr(self._local, "place", -1)
+            if place < 0:
                 place = self._local.place = next(self._places)
         with self._lock:
             if self._closed:
@@ -413,7 +413,7 @@ class ProduceStream:
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             detail = f"{getattr(code, 'name', code)}: {exc.details() if hasattr(exc, 'details') else exc}"
-        except Exception:  # noqa: BLE001 - never leave callers waiting
+        except Exception:  # never leave callers waiting
             log.exception("produce stream to %s: reader failed", self.address)
             detail = "reader failed"
         self._fail(session, detail)

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, overload
 
 from ._anchored import AnchoredTransaction, DecisionStore
 from ._checks import CheckResponder, InProgress
@@ -29,7 +29,7 @@ from ._errors import InvalidFieldError, NoLeaderError, TransactionStateError, Tx
 from ._faults import RoutingStats
 from ._names import in_namespace, validate_group
 from ._produce_stream import LINGER_SECONDS
-from ._sending import (Pick, Rebind, Request, Sleep, Step, configure, end_transaction, finished, half_builder,
+from ._sending import (Pick, Rebind, Request, SenderOptions, Sleep, Step, configure, end_transaction, finished, half_builder,
                        outcome_of, pick_queue, run, send_new, validate)
 from ._types import (TRANSACTION_KEY_PROPERTY, LocalTransactionState, Message, SendReceipt, TransactionMessage,
                      TransactionResult, TransactionState, message_to_pb)
@@ -47,7 +47,7 @@ def new_client_id() -> str:
     return f"{_HOST}@{os.getpid()}@{uuid.uuid4().hex[:12]}"
 
 
-class Producer:
+class Producer(SenderOptions):
     """Sends normal messages. Thread-safe; share one per process and close it (or use it as
     a context manager).
 
@@ -331,8 +331,15 @@ class TransactionProducer(Producer):
             return LocalTransactionState.UNKNOWN
         return self.checker(message)
 
-    def send_in_transaction(self, message: "Message | Sequence[Message]",
-                            arg: Any = None) -> "TransactionResult | GlobalTransactionResult":
+    @overload
+    def send_in_transaction(self, message: Message, arg: Any = None) -> TransactionResult: ...
+
+    @overload
+    def send_in_transaction(self, message: list[Message] | tuple[Message, ...],
+                            arg: Any = None) -> GlobalTransactionResult: ...
+
+    def send_in_transaction(self, message: Message | list[Message] | tuple[Message, ...],
+                            arg: Any = None) -> TransactionResult | GlobalTransactionResult:
         """Sends ``message`` as a half message, runs the local transaction, then ends the
         transaction with its outcome.
 
@@ -396,8 +403,8 @@ class TransactionProducer(Producer):
     def _end_by_id(self, transaction_id: str, decision: LocalTransactionState,
                    deadline: float) -> tuple[TransactionState | None, TxmqError | None]:
         """EndTransaction of a transaction known by its id only, retried until ``deadline``."""
-        def perform(step: Step) -> Any:
-            if type(step) is Address:
+        def perform(step: Step | Address) -> Any:
+            if isinstance(step, Address):
                 return self._client.broker_address(step.broker, refresh=step.refresh)
             return self._perform(step)
 
@@ -438,7 +445,7 @@ class TransactionProducer(Producer):
         self._client.check_open()
         return Transaction(self, key)
 
-    def send(self, message: Message, transaction: "Transaction | None" = None) -> SendReceipt:  # type: ignore[override]
+    def send(self, message: Message, transaction: "Transaction | None" = None) -> SendReceipt:
         """A normal message, or with ``transaction`` a half message of that transaction
         (invisible until it commits)."""
         if transaction is None:
@@ -452,7 +459,7 @@ class TransactionProducer(Producer):
         half, route = self._send_half(keyed)
         with self._open_lock:
             self._open[half.message_id] = transaction.key
-        transaction._add(half, route)  # noqa: SLF001
+        transaction._add(half, route)
         return SendReceipt(message_id=half.message_id, topic=message.topic, broker_name=half.broker_name,
                            queue_id=route.queue_id, queue_offset=-1)
 
@@ -472,9 +479,10 @@ class TransactionProducer(Producer):
         return half, route
 
     def _execute(self, half: TransactionMessage, arg: Any) -> LocalTransactionState:
+        assert self.listener is not None  # send_in_transaction refuses a producer without one
         try:
             state = self.listener.execute_local_transaction(half, arg)
-        except Exception:  # noqa: BLE001 - the local transaction's failure is an answer: UNKNOWN
+        except Exception:  # the local transaction's failure is an answer: UNKNOWN
             log.exception("execute_local_transaction raised for transaction %s: ending it as UNKNOWN",
                           half.transaction_id)
             return LocalTransactionState.UNKNOWN
@@ -526,13 +534,13 @@ class Transaction:
         results = []
         try:
             for half, route in self._halves:
-                state, error = self.producer._end(route, half.topic, half, decision)  # noqa: SLF001
+                state, error = self.producer._end(route, half.topic, half, decision)
                 results.append(TransactionResult(message_id=half.message_id, transaction_id=half.transaction_id,
                                                  local_state=decision, state=state, topic=half.topic,
                                                  broker_name=half.broker_name, queue_id=route.queue_id,
                                                  end_error=error))
         finally:
-            self.producer._close_transaction(self.messages)  # noqa: SLF001
+            self.producer._close_transaction(self.messages)
         return results
 
     def __enter__(self) -> "Transaction":

@@ -54,7 +54,8 @@ def receive_steps(targets: Sequence[T], turn: int, max_messages: int, wait_secon
     finds nothing, the long polls. A pass that failed on every target raises the last error;
     an error that is not transient is raised at once."""
     if alone and len(targets) == 1:
-        return (yield Receive(targets[0], max_messages, wait_seconds))
+        received: list[Any] = yield Receive(targets[0], max_messages, wait_seconds)
+        return received
     start = turn % len(targets)
     rotated = [*targets[start:], *targets[:start]]
     out: list[Any] = []
@@ -75,7 +76,8 @@ def receive_steps(targets: Sequence[T], turn: int, max_messages: int, wait_secon
         return out
     if errors and len(errors) == len(rotated):
         raise errors[-1]
-    return (yield LongPoll([t for t in rotated if usable(t)] or rotated))
+    polled_out: list[Any] = yield LongPoll([t for t in rotated if usable(t)] or rotated)
+    return polled_out
 
 
 class _Outcome(Protocol):
@@ -159,7 +161,7 @@ class DeferredAcks:
 
     def add(self, message: Any) -> float:
         """Queues ``message``'s ack; returns when it is due (monotonic seconds)."""
-        remaining = message.invisible_until.timestamp() - time.time()
+        remaining: float = message.invisible_until.timestamp() - time.time()
         due = time.monotonic() + max(0.0, min(self.max_delay_seconds, remaining / 2))
         self._queued.setdefault((message.broker_name, message.topic), []).append(message)
         if self._due is None or due < self._due:
@@ -211,6 +213,6 @@ def report_deferred(consumer_group: str, messages: Sequence[Any], errors: Sequen
         if on_ack_error is not None:
             try:
                 on_ack_error(message, error)
-            except Exception:  # noqa: BLE001 - the application's callback must not stop the others
+            except Exception:  # the application's callback must not stop the others
                 log.exception("consumer %s: on_ack_error raised", consumer_group)
     return outcomes

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Protocol, Sequence
+from typing import Any, Callable, Generator, Iterator, Protocol, Sequence, TypeVar
 
 from ._client import QueueRoute, positive
 from ._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeError, NoLeaderError, QueueNotFoundError,
@@ -75,6 +75,8 @@ class Rebind:
 
 Step = Pick | Request | Sleep | Rebind
 Steps = Generator[Step, Any, Any]
+S = TypeVar("S")
+R = TypeVar("R")
 
 
 class _Client(Protocol):
@@ -87,9 +89,27 @@ class _Client(Protocol):
 
 class Sender(Protocol):
     """What the steps read and record on a producer (sync or asyncio)."""
-    _client: _Client
     _abandoned: Abandoned[str]
     _group_routes: dict[str, Sequence[QueueRoute]]
+    _next_queue: Iterator[int]
+    producer_group: str
+    namespace: str
+    max_attempts: int
+    send_timeout_seconds: float
+    retry_backoff_seconds: float
+    max_body_bytes: int
+
+    @property
+    def _client(self) -> _Client: ...
+
+
+class SenderOptions:
+    """The options and state :func:`configure` sets on a producer (sync or asyncio): the
+    producers derive from this for their declarations only."""
+    _abandoned: Abandoned[str]
+    _group_routes: dict[str, Sequence[QueueRoute]]
+    _next_queue: Iterator[int]
+    producer_group: str
     namespace: str
     max_attempts: int
     send_timeout_seconds: float
@@ -97,7 +117,7 @@ class Sender(Protocol):
     max_body_bytes: int
 
 
-def configure(sender: Any, *, producer_group: str, send_timeout_seconds: float, max_attempts: int,
+def configure(sender: SenderOptions, *, producer_group: str, send_timeout_seconds: float, max_attempts: int,
               retry_backoff_seconds: float, max_body_bytes: int, namespace: str = "") -> None:
     """Checks a producer's sending options (sync or asyncio alike) and sets them on it,
     with its round-robin turn, the attempts it gave up on and the queues its FIFO topics'
@@ -123,7 +143,8 @@ def configure(sender: Any, *, producer_group: str, send_timeout_seconds: float, 
 
 def backoff_seconds(sender: Sender, attempt: int) -> float:
     """The pause before attempt ``attempt + 1``: exponential, at most 2 s."""
-    return min(sender.retry_backoff_seconds * 2 ** (attempt - 1), 2.0)
+    pause: float = min(sender.retry_backoff_seconds * 2 ** (attempt - 1), 2.0)
+    return pause
 
 
 def leader_deadline(sender: Sender) -> float:
@@ -166,7 +187,7 @@ def validate(sender: Sender, message: Message) -> Message:
     return message
 
 
-def choose_queue(faults: FaultTable, routes: tuple[QueueRoute, ...], turn: int,
+def choose_queue(faults: FaultTable, routes: Sequence[QueueRoute], turn: int,
                  exclude: frozenset[str] | set[str]) -> QueueRoute:
     """The queue of ``routes`` for round-robin turn ``turn`` whose shard the fault table
     does not avoid (and not in ``exclude``: the shards this send failed on). Queues of
@@ -175,7 +196,7 @@ def choose_queue(faults: FaultTable, routes: tuple[QueueRoute, ...], turn: int,
     return faults.choose(routes, _shard_of, turn, exclude)
 
 
-def pick_queue(sender: Sender, routes: tuple[QueueRoute, ...], topic: str, exclude: frozenset[str] | set[str],
+def pick_queue(sender: Sender, routes: Sequence[QueueRoute], topic: str, exclude: frozenset[str] | set[str],
                message_group: str = "") -> QueueRoute:
     """``choose_queue`` for the producer's next turn; a message group's queue is fixed instead:
     hash(group) mod the queue count of the largest route seen while the current one only
@@ -183,7 +204,7 @@ def pick_queue(sender: Sender, routes: tuple[QueueRoute, ...], topic: str, exclu
     if message_group:
         routes = sender._group_routes[topic] = group_route(sender._group_routes.get(topic), routes, queue_key)
         return routes[group_queue_index(message_group, len(routes))]
-    return choose_queue(sender._client.faults, routes, next(sender._next_queue), exclude)  # type: ignore[attr-defined]
+    return choose_queue(sender._client.faults, routes, next(sender._next_queue), exclude)
 
 
 def queue_key(route: QueueRoute) -> tuple[str, int]:
@@ -243,7 +264,8 @@ def outcome_of(returned: object, transaction_id: str) -> LocalTransactionState:
 
 
 def send_new(sender: Sender, topic: str, build: Callable[[QueueRoute, str], common_pb2.Message],
-             message_group: str = "") -> Steps:
+             message_group: str = "") -> Generator[Step, Any, tuple[QueueRoute, common_pb2.Message,
+                                                                       broker_pb2.SendMessageResponse]]:
     """Sends a new message built by ``build(queue, message_id)`` on a queue the fault table
     picks; a transient failure moves it to another shard with a new id, or, with no other
     shard usable, retries it on the same one with the same id (see ``txmq.Producer``); an
@@ -296,7 +318,8 @@ def send_new(sender: Sender, topic: str, build: Callable[[QueueRoute, str], comm
         attempt += 1
 
 
-def send_bound(sender: Sender, route: QueueRoute, topic: str, entry: broker_pb2.ProduceEntry) -> Steps:
+def send_bound(sender: Sender, route: QueueRoute, topic: str,
+               entry: broker_pb2.ProduceEntry) -> Generator[Step, Any, broker_pb2.SendMessageResponse]:
     """A half message (a part of a multi-message transaction) on the shard ``route`` names,
     retried only there with the same id; an overloaded broker is asked again after its
     pause. Returns the SendMessageResponse."""
@@ -307,7 +330,8 @@ def send_bound(sender: Sender, route: QueueRoute, topic: str, entry: broker_pb2.
     while True:
         try:
             result = yield Request(route.broker_name, address, entry, True)
-            return result.send_message
+            response: broker_pb2.SendMessageResponse = result.send_message
+            return response
         except TxmqError as err:
             pause = overload.delay(err)
             if pause is not None:  # shed by the broker: nothing applied, the same part again later
@@ -321,7 +345,8 @@ def send_bound(sender: Sender, route: QueueRoute, topic: str, entry: broker_pb2.
 
 
 def end_transaction(sender: Sender, route: QueueRoute, topic: str, half: TransactionMessage,
-                    decision: LocalTransactionState, producer_group: str) -> Steps:
+                    decision: LocalTransactionState, producer_group: str
+                    ) -> Generator[Step, Any, tuple[TransactionState | None, TxmqError | None]]:
     """EndTransaction of ``half`` with ``decision``, retried on its shard (bound by its id)
     on transient errors. Returns (the broker's state or None, the error or None): never
     raises, a transaction not ended stays PREPARED and the checker resolves it."""
@@ -365,7 +390,7 @@ def rebind(sender: Sender, topic: str, route: QueueRoute, address: str, deadline
         return address
 
 
-def run(steps: Steps, perform: Callable[[Step], Any]) -> Any:
+def run(steps: Generator[S, Any, R], perform: Callable[[S], Any]) -> R:
     """Drives ``steps`` with a blocking ``perform``; returns their outcome."""
     value: Any = None
     error: TxmqError | None = None
@@ -373,7 +398,8 @@ def run(steps: Steps, perform: Callable[[Step], Any]) -> Any:
         try:
             step = steps.send(value) if error is None else steps.throw(error)
         except StopIteration as done:
-            return done.value
+            outcome: R = done.value
+            return outcome
         value = error = None
         try:
             value = perform(step)
@@ -381,7 +407,7 @@ def run(steps: Steps, perform: Callable[[Step], Any]) -> Any:
             error = err
 
 
-async def run_async(steps: Steps, perform: Callable[[Step], Any]) -> Any:
+async def run_async(steps: Generator[S, Any, R], perform: Callable[[S], Any]) -> R:
     """Drives ``steps`` with a coroutine ``perform``; returns their outcome."""
     value: Any = None
     error: TxmqError | None = None
@@ -389,7 +415,8 @@ async def run_async(steps: Steps, perform: Callable[[Step], Any]) -> Any:
         try:
             step = steps.send(value) if error is None else steps.throw(error)
         except StopIteration as done:
-            return done.value
+            outcome: R = done.value
+            return outcome
         value = error = None
         try:
             value = await perform(step)

@@ -63,7 +63,7 @@ class PemFiles:
         self._stat: tuple[Any, ...] = ()
 
     def _stats(self) -> tuple[Any, ...]:
-        out = []
+        out: list[tuple[int, int, int] | None] = []
         for path in self.paths:
             if not path:
                 out.append(None)

@@ -268,7 +268,7 @@ RESOLUTION_TO_PB = {
 }
 
 
-def state_from_pb(value: int) -> TransactionState | None:
+def state_from_pb(value: common_pb2.TransactionState.ValueType) -> TransactionState | None:
     return _STATE_FROM_PB.get(value)
 
 
@@ -283,10 +283,10 @@ def state_from_name(name: object) -> TransactionState | None:
 
 
 def ms_to_datetime(ms: int) -> _dt.datetime:
-    return _dt.datetime.fromtimestamp(ms / 1000.0, tz=_dt.timezone.utc)
+    return _dt.datetime.fromtimestamp(ms / 1000.0, tz=_dt.UTC)
 
 
-def message_to_pb(message: Message, message_id: str, queue_id: int, type_: int,
+def message_to_pb(message: Message, message_id: str, queue_id: int, type_: common_pb2.MessageType.ValueType,
                   born_timestamp_ms: int, born_host: str) -> common_pb2.Message:
     return common_pb2.Message(
         topic=message.topic, body=message.body, tag=message.tag, keys=message.keys,

@@ -3,6 +3,6 @@
 
 The public home of ``txmq._auth`` (what services and tools import)."""
 
-from ._auth import BearerToken, aio_bearer_interceptors, with_token  # noqa: F401 - re-exported
+from ._auth import BearerToken, aio_bearer_interceptors, with_token  # re-exported
 
 __all__ = ["BearerToken", "aio_bearer_interceptors", "with_token"]

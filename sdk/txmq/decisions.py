@@ -5,7 +5,7 @@ outside the SDK: the statements, the check's algorithm, the sweep, as generators
 
 The public home of ``txmq._decisions`` (applications use ``txmq.anchored``)."""
 
-from ._decisions import (  # noqa: F401 - re-exported
+from ._decisions import (  # re-exported
     ANCHOR_PROPERTY,
     DEFAULT_TABLE,
     Acknowledged,
@@ -23,8 +23,8 @@ from ._decisions import (  # noqa: F401 - re-exported
     transaction_key_of,
     validate_table,
 )
-from .aio._anchored import _AsyncPool as AsyncStorePool  # noqa: F401 - re-exported
-from .aio._anchored import drive_async  # noqa: F401 - re-exported
+from .aio._anchored import _AsyncPool as AsyncStorePool  # re-exported
+from .aio._anchored import drive_async  # re-exported
 
 __all__ = [
     "ANCHOR_PROPERTY",

@@ -4,7 +4,7 @@ from gRPC status (and ``EntryStatus``) in one place each.
 
 The public home of ``txmq._errors`` (what services, the pipeline and tools import)."""
 
-from ._errors import (  # noqa: F401 - re-exported
+from ._errors import (  # re-exported
     AlreadyExistsError,
     BrokerNotFoundError,
     CancelledError,

@@ -4,7 +4,7 @@ error, and the back-off on an overloaded service.
 
 The public home of ``txmq._faults`` (what services, the pipeline and tools import)."""
 
-from ._faults import (  # noqa: F401 - re-exported
+from ._faults import (  # re-exported
     ABANDONED_KEEP_SECONDS,
     FAULT_ROUTE_REFRESH_SECONDS,
     OVERLOAD_RETRIES,

@@ -2,7 +2,7 @@
 
 The public home of ``txmq._fifo`` (what services, the pipeline and tools import)."""
 
-from ._fifo import (  # noqa: F401 - re-exported
+from ._fifo import (  # re-exported
     MAX_MESSAGE_GROUP_BYTES,
     group_queue_index,
     group_route,

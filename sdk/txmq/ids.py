@@ -4,7 +4,7 @@ without shared state.
 
 The public home of ``txmq._ids`` (what services, the pipeline and tools import)."""
 
-from ._ids import (  # noqa: F401 - re-exported
+from ._ids import (  # re-exported
     MessageId,
     ReceiptHandle,
     TransactionId,

@@ -3,7 +3,7 @@
 
 The public home of ``txmq._names`` (what services, the pipeline and tools import)."""
 
-from ._names import (  # noqa: F401 - re-exported
+from ._names import (  # re-exported
     DISCARD_PREFIX,
     DLQ_PREFIX,
     GLOBAL_PARTS_PROPERTY,

@@ -5,7 +5,7 @@ its key and to open channels with them, and the ``--tls-*`` flags of the command
 
 The public home of ``txmq._tls`` (what services, the pipeline and tools import)."""
 
-from ._tls import (CLI_FLAGS, TLS, ChannelTLS, PemFiles, add_tls_arguments, changed_pair,  # noqa: F401 - re-exported
+from ._tls import (CLI_FLAGS, TLS, ChannelTLS, PemFiles, add_tls_arguments, changed_pair,  # re-exported
                    check_pair, sync_channel, tls_from_args)
 
 __all__ = ["CLI_FLAGS", "TLS", "ChannelTLS", "PemFiles", "add_tls_arguments", "changed_pair", "check_pair",

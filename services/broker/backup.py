@@ -141,7 +141,7 @@ def read_manifest(backup_dir: str) -> dict[str, Any]:
     path = os.path.join(backup_dir, MANIFEST)
     try:
         with open(path) as fh:
-            manifest = json.load(fh)
+            manifest: dict[str, Any] = json.load(fh)
     except FileNotFoundError:
         raise BackupError(f"{backup_dir}: no {MANIFEST} (not a backup, or one that did not finish)") from None
     except (OSError, ValueError) as exc:

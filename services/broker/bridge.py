@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import time
 from typing import Any, Callable, Iterator
@@ -149,17 +150,16 @@ class StoreBridge:
         try:
             result, ticket = self._apply(op, sync)
         except Exception as exc:  # noqa: BLE001 - the caller gets it through the future
-            self.when_durable(self.db.read_ticket, lambda exc=exc: fut.done() or fut.set_exception(exc),
-                              _failer(fut))
+            self.when_durable(self.db.read_ticket, functools.partial(_fail, fut, exc), _failer(fut))
             return fut
-        self.when_durable(ticket, lambda: fut.done() or fut.set_result(result), _failer(fut))
+        self.when_durable(ticket, functools.partial(_resolve, fut, result), _failer(fut))
         return fut
 
     def settled(self) -> asyncio.Future[None]:
         """Resolves once everything a read of the current state depends on is durable: a
         read-only RPC awaits it after reading, before answering."""
         fut: asyncio.Future[None] = self.loop.create_future()
-        self.when_durable(self.db.read_ticket, lambda: fut.done() or fut.set_result(None), _failer(fut))
+        self.when_durable(self.db.read_ticket, functools.partial(_resolve, fut, None), _failer(fut))
         return fut
 
     # --- durability -----------------------------------------------------------------------
@@ -205,7 +205,7 @@ class StoreBridge:
             _ticket, fn, _fail = waiting.popleft()
             try:
                 fn()
-            except Exception:  # noqa: BLE001 - one hook must not hold up the others
+            except Exception:  # one hook must not hold up the others
                 log.exception("durable hook failed")
 
     def fail_waiting(self, error: BaseException, above: int) -> None:
@@ -222,7 +222,7 @@ class StoreBridge:
             try:
                 if fail is not None:
                     fail(error)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("failure hook failed")
 
     def fail_all(self, error: BaseException) -> None:
@@ -234,7 +234,7 @@ class StoreBridge:
             if fail is not None:
                 try:
                     fail(error)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("failure hook failed")
 
     def _sync(self) -> None:
@@ -249,7 +249,7 @@ class StoreBridge:
         started = time.perf_counter()
         try:
             self.db.sync_wal()
-        except Exception as exc:  # noqa: BLE001 - the process stops
+        except Exception as exc:  # the process stops
             # Writes were applied that can no longer be made durable: stop, and let the
             # restart recover from what is on disk (nothing acknowledged depends on them).
             log.critical("WAL sync failed", exc_info=exc)
@@ -296,5 +296,15 @@ class StoreBridge:
                 waiters.discard(waiter)
 
 
+def _resolve(fut: asyncio.Future[Any], result: Any) -> None:
+    if not fut.done():
+        fut.set_result(result)
+
+
+def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
 def _failer(fut: asyncio.Future[Any]) -> Callable[[BaseException], None]:
-    return lambda exc: fut.done() or fut.set_exception(exc)
+    return functools.partial(_fail, fut)

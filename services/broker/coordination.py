@@ -95,6 +95,7 @@ class ShardCoordinator:
             address = self.endpoints[self._endpoint % len(self.endpoints)]
             self._tls_generation = tls_generation()
             secure = address.startswith("https://")  # else plaintext, whatever the broker's TLS
+            # The interceptors read the channel at call time: it is set just below.
             auth = (token_interceptors(self.credentials, lambda: self._channel, self.timeout)  # type: ignore[arg-type,return-value]
                     if self.credentials is not None else None)
             self._channel = open_channel(address.removeprefix("https://").removeprefix("http://"), secure=secure,
@@ -136,10 +137,11 @@ class ShardCoordinator:
             reply = await lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=ttl_seconds), timeout=self.timeout)
         except grpc.aio.AioRpcError as exc:
             raise await self._failed(exc) from None
-        self.lease_id = reply.ID
+        lease_id: int = reply.ID
+        self.lease_id = lease_id
         self.renewed_at = time.monotonic()
         self._ttl = ttl_seconds
-        return reply.ID
+        return lease_id
 
     async def acquire_lease(self, ttl_seconds: int, retry_seconds: float) -> None:
         """Grants this replica's lease, asking again every ``retry_seconds`` while etcd does

@@ -48,7 +48,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NoReturn
 
 from txmq.errors import InvalidFieldError
 
@@ -144,7 +144,9 @@ class _Node:
 
 
 def _const(value: Any, pos: int) -> _Node:
-    return _Node(lambda _p, v=value: v, boolean=isinstance(value, bool) or value is None,
+    def constant(_p: Props) -> Any:
+        return value
+    return _Node(constant, boolean=isinstance(value, bool) or value is None,
                  constant=True, value=value, pos=pos)
 
 
@@ -189,7 +191,8 @@ def _cmp(lv: Any, rv: Any) -> int:
         left, right = conversion
         lv = left(lv) if left else lv
         rv = right(rv) if right else rv
-    return (lv > rv) - (lv < rv)
+    order: int = (lv > rv) - (lv < rv)
+    return order
 
 
 def _equal(left: _Node, right: _Node) -> _Node:
@@ -228,10 +231,10 @@ def _logic(left: _Node, right: _Node, decisive: bool) -> _Node:
     """AND (``decisive`` FALSE) or OR (TRUE): either side decisive decides; else NULL if
     either side is NULL."""
     def ev(p: Props) -> bool | None:
-        lv = left.eval(p)
+        lv: bool | None = left.eval(p)
         if lv is decisive:
             return decisive
-        rv = right.eval(p)
+        rv: bool | None = right.eval(p)
         if rv is decisive:
             return decisive
         return None if lv is None or rv is None else not decisive
@@ -323,9 +326,9 @@ class _Parser:
         t = self.accept(kind, text)
         if t is None:
             self.fail(self.tok.pos, f"expected {what}, found {self._describe(self.tok)}")
-        return t  # type: ignore[return-value]
+        return t
 
-    def fail(self, pos: int, problem: str) -> None:
+    def fail(self, pos: int, problem: str) -> NoReturn:
         raise FilterSyntaxError(self.text, pos, problem)
 
     @staticmethod
@@ -379,7 +382,7 @@ class _Parser:
         left = self.comparison()
         while True:
             if self.at("op", "=") or self.at("op", "<>"):
-                op = self.accept("op").text  # type: ignore[union-attr]
+                op = self.expect("op", None, "an operator").text  # at() saw it
                 right = self.comparison()
                 for side in (left, right):
                     if side.constant and side.value is None:
@@ -475,7 +478,10 @@ class _Parser:
         if t.kind == "ident":
             self.i += 1
             name = t.text
-            return _Node(lambda p, n=name: p.get(n), prop=name, pos=t.pos)
+
+            def prop(p: Props) -> str | None:
+                return p.get(name)
+            return _Node(prop, prop=name, pos=t.pos)
         if self.accept("op", "("):
             node = self.or_()
             self.expect("op", ")", "')'")
@@ -501,7 +507,8 @@ class SqlFilter:
     def evaluate(self, properties: Props) -> bool | None:
         """TRUE, FALSE or None (NULL: unknown); a conversion failure is None too."""
         try:
-            return self._root.eval(properties)
+            result: bool | None = self._root.eval(properties)
+            return result
         except _EvaluationError:
             return None
 

@@ -46,8 +46,8 @@ def check(core: BrokerCore) -> dict[str, Any]:
     for index in ("due", "pending"):
         for key, _ in db.scan(index):
             group, _t, seq = codec.split_group_time_key(key)
-            value = db.get("txn", codec.txn_key(seq))
-            row = codec.decode_txn(value, key) if value is not None else None
+            stored_row = db.get("txn", codec.txn_key(seq))
+            row = codec.decode_txn(stored_row, key) if stored_row is not None else None
             if row is None or row.state != codec.STATE_PREPARED:
                 problems.append(f"{index} index entry for seq {seq} of {group!r} but the row is "
                                 f"{'missing' if row is None else codec.STATE_NAMES[row.state]}")
@@ -64,8 +64,9 @@ def check(core: BrokerCore) -> dict[str, Any]:
         seen[(topic, entry.log_seq)] = offset
     local = db.cf["replica"]
     replication = {}
-    if local.get(b"lsn") is not None:
-        replication = {"log_end": codec.decode_u64(local.get(b"lsn"), "replica lsn"),
+    lsn = local.get(b"lsn")
+    if lsn is not None:
+        replication = {"log_end": codec.decode_u64(lsn, "replica lsn"),
                        "epochs": replog.decode_epochs(local.get(b"epochs")),
                        "member": local.get(b"member") == b"1"}
     return {"records": counts, "counters": {g: list(c) for g, c in stored.items()},

@@ -33,10 +33,12 @@ from .model import STATE_COMMITTED, STATE_DISCARDED, STATE_ROLLED_BACK, Source
 
 log = logging.getLogger(__name__)
 
+_STATE_PB: dict[int, common_pb2.TransactionState.ValueType]
 _STATE_PB = {STATE_COMMITTED: common_pb2.TRANSACTION_STATE_COMMITTED,
              STATE_ROLLED_BACK: common_pb2.TRANSACTION_STATE_ROLLED_BACK,
              STATE_DISCARDED: common_pb2.TRANSACTION_STATE_DISCARDED}
 _DECIDED_FROM_PB = {v: k for k, v in _STATE_PB.items()}
+_SOURCE_PB: dict[int, common_pb2.TransactionSource.ValueType]
 _SOURCE_PB = {Source.CLIENT: common_pb2.TRANSACTION_SOURCE_CLIENT, Source.CHECK: common_pb2.TRANSACTION_SOURCE_CHECK,
               Source.OPERATOR: common_pb2.TRANSACTION_SOURCE_OPERATOR, Source.BROKER: common_pb2.TRANSACTION_SOURCE_BROKER}
 _SOURCE_FROM_PB = {v: k for k, v in _SOURCE_PB.items()}
@@ -85,7 +87,7 @@ class GlobalPump:
                     wait = await self._round(core, bridge)
                 except asyncio.CancelledError:
                     raise
-                except Exception:  # noqa: BLE001 - a lost leadership or a refused write: try again
+                except Exception:  # a lost leadership or a refused write: try again
                     log.warning("global transaction round failed", exc_info=True)
                     wait = self._retry_ms / 1000
             await wait_event(self._wake, wait)
@@ -111,7 +113,7 @@ class GlobalPump:
             waits.append(max(nxt - core.clock(), 0) / 1000)
         return min(waits) if waits else None
 
-    async def _stub(self, shard: str) -> broker_pb2_grpc.BrokerServiceStub:
+    async def _stub(self, shard: str) -> broker_pb2_grpc.BrokerServiceAsyncStub:
         address = self._addresses.get(shard)
         if address is None:
             await self._refresh()
@@ -136,7 +138,7 @@ class GlobalPump:
         try:
             stub = await self._stub(shard)
             await stub.ApplyGlobalTransaction(broker_pb2.ApplyGlobalTransactionRequest(
-                global_transaction_id=gid, state=_STATE_PB[state], source=_SOURCE_PB.get(source, 0),
+                global_transaction_id=gid, state=_STATE_PB[state], source=_SOURCE_PB.get(source, common_pb2.TRANSACTION_SOURCE_UNSPECIFIED),
                 producer_group=core.resolve_global(gid).producer_group), timeout=self._timeout)
         except (grpc.RpcError, LookupError) as err:
             log.info("push of global transaction %s to %s failed, trying again: %s", gid, shard,
@@ -173,7 +175,7 @@ class GlobalPump:
             self._count("pull", "failed")
             return
         state = _DECIDED_FROM_PB.get(answer.state)
-        self._count("pull", OUTCOMES.get(state, "prepared"))
+        self._count("pull", "prepared" if state is None else OUTCOMES.get(state, "prepared"))
         if state is None:  # PREPARED: its check decides it, ask again later
             core.pull_later(gid, self._retry_ms)
             return

@@ -60,7 +60,7 @@ from .transactions import Transactions
 MAX_PARTICIPANTS = 256
 _SOURCES = (codec.SOURCE_CLIENT, codec.SOURCE_CHECK, codec.SOURCE_OPERATOR, codec.SOURCE_BROKER)
 #: How G ended, as the metrics name it (``txmq_global_transactions_total{result}``).
-OUTCOMES = {STATE_COMMITTED: "committed", STATE_ROLLED_BACK: "rolled_back", STATE_DISCARDED: "discarded"}
+OUTCOMES: dict[int, str] = {STATE_COMMITTED: "committed", STATE_ROLLED_BACK: "rolled_back", STATE_DISCARDED: "discarded"}
 
 
 @dataclass

@@ -15,6 +15,7 @@ contiguous and the DLQ's next offset survives a restart.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
@@ -151,7 +152,7 @@ def return_dead_letters_op(core: BrokerCore, group: str, message_ids: list[str],
             redriven.append(message_id)
             woken.add(topic)
         for topic in woken:
-            w.on_durable(lambda t=topic: core.listeners.notify_visible(t))  # wakes long polls
+            w.on_durable(functools.partial(core.listeners.notify_visible, topic))  # wakes long polls
         found = set(redriven) | set(expired)
         return Returned(redriven, sorted(wanted - found) if not every else [], expired)
     return op

@@ -36,12 +36,15 @@ import logging
 import os
 import struct
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from txmq.errors import InvalidIdError, ReceiptHandleNotFoundError, WrongBrokerError
 from txmq.ids import ReceiptHandle, TransactionId
 
 from .store import codec
+
+if TYPE_CHECKING:  # the store imports this module
+    from .store.db import Database, OpWrites
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +189,7 @@ class IdAuthority:
         return handle
 
 
-def open_authority(db: object, broker: str, store_id: int, next_seq: int, inflight: Iterable[Delivery],
+def open_authority(db: Database, broker: str, store_id: int, next_seq: int, inflight: Iterable[Delivery],
                    clock: Callable[[], int], still_in_flight: Callable[[Delivery], bool]) -> IdAuthority:
     """The store's authority: its secret read from ``meta``, or created now (with the
     deliveries in flight recorded as legacy ones) and written in one batch. Legacy
@@ -194,21 +197,25 @@ def open_authority(db: object, broker: str, store_id: int, next_seq: int, inflig
 
     A replica's store opened without replication (a tool: fsck) never creates the secret:
     only its shard's leader does, in a replicated write, or the replicas would differ."""
-    value = db.get("meta", SECRET_KEY)  # type: ignore[attr-defined]
-    if value is None and not db.replicated and db.first_key("replica") is not None:  # type: ignore[attr-defined]
+    value = db.get("meta", SECRET_KEY)
+    if value is None and not db.replicated and db.first_key("replica") is not None:
         return IdAuthority(broker, store_id, None)
     if value is None:
         secret = IdSecret(os.urandom(SECRET_BYTES), next_seq, clock())
         legacy = frozenset(inflight)
-        db.call(lambda w: (w.put("meta", SECRET_KEY, encode_secret(secret)),  # type: ignore[attr-defined]
-                           w.put("meta", LEGACY_RECEIPTS_KEY, encode_legacy(legacy)) if legacy else None))
+
+        def create(w: OpWrites) -> None:
+            w.put("meta", SECRET_KEY, encode_secret(secret))
+            if legacy:
+                w.put("meta", LEGACY_RECEIPTS_KEY, encode_legacy(legacy))
+        db.call(create)
         log.info("id secret created", extra={"fields": {
             "legacy_transactions_below_seq": next_seq, "legacy_receipts": len(legacy)}})
         return IdAuthority(broker, store_id, secret, legacy)
     secret = decode_secret(value)
-    stored = db.get("meta", LEGACY_RECEIPTS_KEY)  # type: ignore[attr-defined]
+    stored = db.get("meta", LEGACY_RECEIPTS_KEY)
     legacy = decode_legacy(stored) if stored is not None else frozenset()
     live = frozenset(d for d in legacy if still_in_flight(d))
-    if stored is not None and not live and (db.replicated or db.first_key("replica") is None):  # type: ignore[attr-defined]
-        db.call(lambda w: w.delete("meta", LEGACY_RECEIPTS_KEY))  # type: ignore[attr-defined]
+    if stored is not None and not live and (db.replicated or db.first_key("replica") is None):
+        db.call(lambda w: w.delete("meta", LEGACY_RECEIPTS_KEY))
     return IdAuthority(broker, store_id, secret, live)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 import grpc
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from services.common.metrics import BaseMetrics
@@ -166,7 +166,7 @@ class _ReplicationCollector(Collector):
     def __init__(self, node: Any) -> None:
         self.node = node
 
-    def collect(self) -> Iterator[object]:
+    def collect(self) -> Iterator[Metric]:
         node = self.node
         status = node.status()
         leader = node.is_leader
@@ -210,7 +210,7 @@ class _ReplicationCollector(Collector):
         yield from (records, seconds, in_sync)
 
 
-def _consumer_families(db: Any, snap: StateSnapshot) -> Iterator[object]:
+def _consumer_families(db: Any, snap: StateSnapshot) -> Iterator[Metric]:
     """Consumer lag in seconds (the oldest unacknowledged message's age) and dead letters."""
     queues, dead = describe_positions(db, snap.positions, snap.topics, snap.queue_next, snap.now_ms)
     lag = GaugeMetricFamily("txmq_consumer_lag_seconds", "How long the oldest message a consumer group has not "
@@ -227,7 +227,7 @@ def _consumer_families(db: Any, snap: StateSnapshot) -> Iterator[object]:
     yield from (lag, letters)
 
 
-def _global_families(stats: GlobalStats) -> Iterator[object]:
+def _global_families(stats: GlobalStats) -> Iterator[Metric]:
     """Multi-message (global) transactions: live work of the commit protocol on this broker."""
     yield GaugeMetricFamily("txmq_global_transactions_open", "Global transactions this broker coordinates "
                             "that are undecided (PREPARED, or DISCARDED awaiting an operator)", value=stats.open)
@@ -288,7 +288,7 @@ class _StateCollector(Collector):
         self.current = current
         self.metrics = metrics
 
-    def collect(self) -> Iterator[object]:
+    def collect(self) -> Iterator[Metric]:
         pair = self.current()
         if pair is None:
             return

@@ -82,7 +82,7 @@ STATE_PREPARED = TxnState.PREPARED
 STATE_COMMITTED = TxnState.COMMITTED
 STATE_ROLLED_BACK = TxnState.ROLLED_BACK
 STATE_DISCARDED = TxnState.DISCARDED
-STATE_NAMES = {s: s.name for s in TxnState}
+STATE_NAMES: dict[int, str] = {s: s.name for s in TxnState}  # looked up by stored bytes
 
 SOURCE_NONE = Source.NONE
 SOURCE_CLIENT = Source.CLIENT

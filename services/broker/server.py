@@ -84,7 +84,8 @@ def _leader_gate(node: ReplicaNode) -> broker_pb2_grpc.BrokerServiceServicer:
         async def call(self: Any, request: Any, context: Any, _name: str = name) -> Any:
             return await getattr(node.serving().servicer, _name)(request, context)
         methods[name] = call
-    return type("LeaderGate", (broker_pb2_grpc.BrokerServiceServicer,), methods)()
+    gate: broker_pb2_grpc.BrokerServiceServicer = type("LeaderGate", (broker_pb2_grpc.BrokerServiceServicer,), methods)()
+    return gate
 
 
 class BrokerProcess:
@@ -210,13 +211,13 @@ class BrokerProcess:
         self.address = config.advertise_address or f"{host}:{app.port}"
         # Tests and tools reach the domain and the replica through the app.
         if self.serving is not None:
-            app.core = self.serving.core  # type: ignore[attr-defined]
-        app.node = self.node  # type: ignore[attr-defined]
+            app.core = self.serving.core  # type: ignore[attr-defined]  # for tests and tools, as above
+        app.node = self.node  # type: ignore[attr-defined]  # for tests and tools, as above
         replication_port = -1
         if self.node is not None:
             self.listener = ReplicationListener(config, self.node.replicate, app.auth)
             replication_port = await self.listener.start()
-            app.replication = self.listener  # type: ignore[attr-defined]
+            app.replication = self.listener  # type: ignore[attr-defined]  # for tests and tools, as above
             self.replication_address = f"{self.address.rpartition(':')[0]}:{replication_port}"
         app.replication_port = replication_port  # type: ignore[attr-defined]  # in the ready file
         app.every("disk", config.disk_check_interval_seconds, self.watch_disk)

@@ -4,6 +4,7 @@ codes in the shared interceptor (unary) or in ``EntryStatus`` (batches and the s
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any, AsyncIterator, Callable, Sequence
 
@@ -19,7 +20,7 @@ from . import adminrpc, failpoints, groups, topics
 from .bridge import StoreBridge
 from .checks import CheckReport, ClaimBatch
 from .core import BrokerCore
-from .filters import parse_filter
+from .filters import MessageFilter, parse_filter
 from .drain import guard_send
 from .metrics import BrokerMetrics
 from .model import CheckAnswer, CheckOutcome, EndResult, ReceiveResult, Resolution, SendResult, Source, TxnState
@@ -36,14 +37,15 @@ _RESOLUTIONS = {
     common_pb2.TRANSACTION_RESOLUTION_ROLLBACK: Resolution.ROLLBACK,
     common_pb2.TRANSACTION_RESOLUTION_UNKNOWN: Resolution.UNKNOWN,
 }
-_STATES_TO_PROTO = {
+# Keyed by the stored state and source (ints, TxnState and Source the named ones).
+_STATES_TO_PROTO: dict[int, common_pb2.TransactionState.ValueType] = {
     TxnState.PREPARED: common_pb2.TRANSACTION_STATE_PREPARED,
     TxnState.COMMITTED: common_pb2.TRANSACTION_STATE_COMMITTED,
     TxnState.ROLLED_BACK: common_pb2.TRANSACTION_STATE_ROLLED_BACK,
     TxnState.DISCARDED: common_pb2.TRANSACTION_STATE_DISCARDED,
 }
 _STATES_FROM_PROTO = {v: k for k, v in _STATES_TO_PROTO.items()}
-_SOURCES_TO_PROTO = {
+_SOURCES_TO_PROTO: dict[int, common_pb2.TransactionSource.ValueType] = {
     Source.NONE: common_pb2.TRANSACTION_SOURCE_UNSPECIFIED,
     Source.CLIENT: common_pb2.TRANSACTION_SOURCE_CLIENT,
     Source.CHECK: common_pb2.TRANSACTION_SOURCE_CHECK,
@@ -64,16 +66,16 @@ _ANSWERS_FROM_PROTO = {
 }
 
 
-def state_to_proto(state: int) -> int:
+def state_to_proto(state: int) -> common_pb2.TransactionState.ValueType:
     """A transaction state as TransactionState (UNSPECIFIED for none: a normal message)."""
     return _STATES_TO_PROTO.get(state, common_pb2.TRANSACTION_STATE_UNSPECIFIED)
 
 
-def source_to_proto(source: int) -> int:
+def source_to_proto(source: int) -> common_pb2.TransactionSource.ValueType:
     return _SOURCES_TO_PROTO.get(source, common_pb2.TRANSACTION_SOURCE_UNSPECIFIED)
 
 
-def state_from_proto(state: int) -> int:
+def state_from_proto(state: common_pb2.TransactionState.ValueType) -> int:
     """A TransactionState filter as the domain's state (0: any)."""
     if state == common_pb2.TRANSACTION_STATE_UNSPECIFIED:
         return 0
@@ -167,7 +169,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def EndTransaction(self, request: broker_pb2.EndTransactionRequest, context: Any) -> Any:
         return self._end_response(await self.bridge.run(self._end_op(request)))
 
-    async def Produce(self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest], context: Any) -> None:
+    # A grpc.aio stream answered through context.write(): the generated base declares only
+    # handlers that return an iterator.
+    async def Produce(  # type: ignore[override]
+            self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest], context: Any) -> None:
         await ProduceStream(context, self.bridge, self.metrics, self.produce_pending,
                             send=lambda r: self._send_response(self.bridge.apply(self._send_op(r))[0]),
                             end=lambda r: self._end_response(self.bridge.apply(self._end_op(r))[0])).run()
@@ -198,11 +203,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             finally:
                 receivers.wait_ends(receiver, request.topic, self.core.clock())
 
-    def _receive_op(self, request: broker_pb2.ReceiveMessagesRequest, tags: frozenset[str] | None) -> Op:
+    def _receive_op(self, request: broker_pb2.ReceiveMessagesRequest, tags: MessageFilter) -> Op:
         return self.core.receive_op(request.consumer_group, request.topic, request.queue_id, tags,
                                     request.max_messages, request.invisible_duration_seconds)
 
-    async def _receive(self, request: broker_pb2.ReceiveMessagesRequest, tags: frozenset[str] | None,
+    async def _receive(self, request: broker_pb2.ReceiveMessagesRequest, tags: MessageFilter,
                        wait: float, op: Op) -> broker_pb2.ReceiveMessagesResponse:
         """Applies the carried acks, then receives (waiting up to ``wait`` for messages)."""
         acks = (await self._ack(request.consumer_group, request.topic, request.ack_receipt_handles, "receive")
@@ -490,6 +495,10 @@ class ProduceStream:
             ready.append(results)
             wake.set()
 
+        def release_failed(results: broker_pb2.ProduceResponse, admitted: int, exc: BaseException) -> None:
+            release(broker_pb2.ProduceResponse(
+                results=[self._produce_error(x.request_id, exc) for x in results.results]), admitted)
+
         async def read() -> None:
             nonlocal waiting, reading
             try:
@@ -499,11 +508,10 @@ class ProduceStream:
                     results, ticket, admitted = self._produce(request)
                     waiting += 1
                     self.bridge.when_durable(
-                        ticket, lambda r=results, n=admitted: release(r, n),
+                        ticket, functools.partial(release, results, admitted),
                         # Leadership lost before the replicas had them: each entry fails
                         # retryably (its outcome is unknown; the same ids deduplicate).
-                        lambda exc, r=results, n=admitted: release(broker_pb2.ProduceResponse(
-                            results=[self._produce_error(x.request_id, exc) for x in r.results]), n))
+                        functools.partial(release_failed, results, admitted))
             finally:
                 reading = False
                 wake.set()
@@ -520,8 +528,8 @@ class ProduceStream:
                     ready.clear()
                     await context.write(response)
                     self.metrics.produce_out.inc()
-            if not reader.cancelled() and reader.exception() is not None:
-                raise reader.exception()  # type: ignore[misc]
+            if not reader.cancelled() and (failure := reader.exception()) is not None:
+                raise failure
         finally:
             reader.cancel()
 
@@ -561,5 +569,5 @@ class ProduceStream:
         if not isinstance(error, TxmqError):
             log.error("produce request failed", exc_info=error)
             error = TxmqError(f"internal error: {type(error).__name__}")
-            error.code = grpc.StatusCode.INTERNAL  # type: ignore[misc]
+            error.code = grpc.StatusCode.INTERNAL  # type: ignore[misc]  # this one's: the class's is a ClassVar
         return broker_pb2.ProduceResult(request_id=request_id, status=entry_status(error))

@@ -168,7 +168,7 @@ class TimerPump:
                         moved = await bridge.run(core.timer_op(), sync=True)
                     except asyncio.CancelledError:
                         raise
-                    except Exception:  # noqa: BLE001 - a lost leadership or a refused write: try again
+                    except Exception:  # a lost leadership or a refused write: try again
                         log.warning("timer round failed", exc_info=True)
                         moved, wait = 0, 0.1
                     else:

@@ -186,7 +186,7 @@ class ReplicationListener:
                               f"more than {MAX_CONNECTIONS} replication connections at once")
             try:
                 hello = await asyncio.wait_for(self._hello(conn), HELLO_TIMEOUT_SECONDS)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED,
                               f"no hello within {HELLO_TIMEOUT_SECONDS:g} s") from None
             self._authenticate(conn, hello[5])
@@ -195,14 +195,14 @@ class ReplicationListener:
             self._noted(refused, conn.peer())
             conn.refuse(refused)
         except replog.FrameError as exc:
-            refused = Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            self._noted(refused, conn.peer())
-            conn.refuse(refused)
+            refusal = Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            self._noted(refusal, conn.peer())
+            conn.refuse(refusal)
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, OSError) as exc:
             log.debug("replication connection ended", extra={"fields": {"peer": conn.peer(), "error": str(exc)[:200]}})
         except asyncio.CancelledError:
             pass
-        except Exception:  # noqa: BLE001 - one connection's failure must not reach the server
+        except Exception:  # one connection's failure must not reach the server
             log.exception("replication session failed")
         finally:
             self.connections -= 1

@@ -301,7 +301,7 @@ class BrokerDirectory:
             await self.refresh()
 
     @property
-    def _stubs(self) -> dict[str, nameserver_pb2_grpc.NameServerServiceStub]:
+    def _stubs(self) -> "dict[str, nameserver_pb2_grpc.NameServerServiceAsyncStub]":
         # From the pool at each use: it opens new channels when the TLS files change.
         return {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a))
                 for a in self.config.nameserver_addresses}
@@ -333,8 +333,8 @@ class BrokerDirectory:
                     live[info.name] = info
         moved: dict[str, list[tuple[broker_pb2.CheckReport, OnError]]] = {}
         for name, link in list(self.links.items()):
-            info = live.get(name)
-            if info is None or info.address != link.address:
+            current = live.get(name)
+            if current is None or current.address != link.address:
                 del self.links[name]
                 log.info("broker left", extra={"fields": {"broker": name, "address": link.address}})
                 await link.stop()
@@ -348,10 +348,10 @@ class BrokerDirectory:
                 link.start()
                 log.info("broker joined", extra={"fields": {"broker": name, "address": info.address}})
         for name in list(self._parked) + list(moved):
-            link = self.links.get(name)
-            if link is not None:
+            serving = self.links.get(name)
+            if serving is not None:
                 for report, on_error in [*self._parked.pop(name, []), *moved.pop(name, [])]:
-                    link.report(report, on_error)
+                    serving.report(report, on_error)
             else:
                 self._parked.setdefault(name, []).extend(moved.pop(name, []))
 

@@ -464,7 +464,8 @@ class Dispatcher:
             outcome=broker_pb2.CHECK_OUTCOME_DELIVERED, producer_client_id=d.stream.client_id,
             answer_timeout_seconds=self.answer_timeout))
 
-    def answered(self, stream: ProducerStream, check_id: str, result: int, retry_after_seconds: float, *,
+    def answered(self, stream: ProducerStream, check_id: str, result: common_pb2.CheckResult.ValueType,
+                 retry_after_seconds: float, *,
                  transaction_id: str = "", broker_name: str = "", producer_group: str = "") -> None:
         """CheckAnswer: reported ANSWERED. An answer for a check this stream does not hold
         that names its transaction, broker and group goes to the broker as a late answer.
@@ -496,8 +497,8 @@ class Dispatcher:
             retry_after_seconds=retry_after_seconds, producer_client_id=stream.client_id,
             producer_group=delivery.group), self._refusal_to(stream, check_id, delivery.group))
 
-    def _late_answer(self, stream: ProducerStream, check_id: str, result: int, transaction_id: str,
-                     broker_name: str, producer_group: str) -> None:
+    def _late_answer(self, stream: ProducerStream, check_id: str, result: common_pb2.CheckResult.ValueType,
+                     transaction_id: str, broker_name: str, producer_group: str) -> None:
         if producer_group not in stream.groups:
             raise InvalidFieldError("producer_group", f"{producer_group!r} is not a group this stream serves")
         if not broker_name:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import logging
 
-from txmq.v1 import checker_pb2, checker_pb2_grpc, nameserver_pb2
+from txmq.v1 import broker_pb2, checker_pb2, checker_pb2_grpc, nameserver_pb2
 
 from services.common.registration import Heartbeat
 from services.common.server import ServiceApp
 
-from .brokers import BrokerDirectory
+from .brokers import BrokerDirectory, OnError
 from .config import CheckerConfig
 from .dispatcher import Dispatcher
 from .metrics import CheckerMetrics
@@ -27,7 +27,7 @@ class _LateBoundReporter:
 
     directory: BrokerDirectory | None = None
 
-    def report(self, broker, report, on_error=None):  # type: ignore[no-untyped-def]
+    def report(self, broker: str, report: broker_pb2.CheckReport, on_error: OnError = None) -> None:
         if self.directory is not None:
             self.directory.report(broker, report, on_error)
 

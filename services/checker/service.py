@@ -76,7 +76,10 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
         #: The credit (checks owed) of one connection's streams together.
         self.pending = ConnectionLimit("max_pending_checks_per_connection", max_pending_checks_per_connection)
 
-    async def CheckTransactionState(self, request_iterator: AsyncIterator[checker_pb2.CheckTransactionStateRequest],
+    # A grpc.aio stream answered through context.write(): the generated base declares only
+    # handlers that return an iterator.
+    async def CheckTransactionState(self,  # type: ignore[override]
+                                    request_iterator: AsyncIterator[checker_pb2.CheckTransactionStateRequest],
                                     context: Any) -> None:
         requests = request_iterator.__aiter__()
         try:
@@ -111,8 +114,8 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
                 await context.write(response)
             # A request that did not decode (or carried a bad number) ends the stream with
             # its status (INVALID_ARGUMENT).
-            if reader.done() and not reader.cancelled() and reader.result() is not None:
-                raise reader.result()
+            if reader.done() and not reader.cancelled() and (refused := reader.result()) is not None:
+                raise refused
         finally:
             reader.cancel()
             self.dispatcher.unsubscribe(stream)

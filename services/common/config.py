@@ -27,7 +27,7 @@ import math
 import os
 import re
 import typing
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -297,13 +297,16 @@ class ServiceConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        from .tls import check_tls_settings  # the TLS rules live with the TLS code
         check_tls_settings(self)
 
 
-@functools.lru_cache(maxsize=None)
-def _hints(cls: type) -> dict[str, Any]:
+def _type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+# Declared as a plain callable: the cache's own signature takes Hashable arguments, which
+# mypy does not see a class as.
+_hints: Callable[[type], dict[str, Any]] = functools.cache(_type_hints)
 
 
 def _parse(kind: Any, text: str) -> Any:
@@ -356,8 +359,7 @@ class _Parser(argparse.ArgumentParser):
         raise ValueError(message)
 
 
-@functools.lru_cache(maxsize=None)
-def field_docs(cls: type) -> dict[str, str]:
+def _read_field_docs(cls: type) -> dict[str, str]:
     """The ``#:`` comments above each field, from the source of ``cls`` and its bases."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
@@ -378,6 +380,9 @@ def field_docs(cls: type) -> dict[str, str]:
                 docs[assignment.group(1)] = " ".join(pending)
             pending = []
     return docs
+
+
+field_docs: Callable[[type], dict[str, str]] = functools.cache(_read_field_docs)  # as _hints
 
 
 def _help(cls: type, field: dataclasses.Field[Any], kind: Any, doc: str) -> str:
@@ -426,7 +431,7 @@ def load_config(cls: type[T], argv: Sequence[str] | None = None,
     docs = field_docs(cls)
     parser = _Parser(prog=prog or cls.__name__, usage="%(prog)s [--setting VALUE ...]", description=_description(cls),
                      epilog="Each setting is also read from its TXMQ_* variable; a flag wins over the variable.")
-    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]  # a dataclass: T is not bound to one
         kind = hints[field.name]
         raw = env.get(env_name(field.name))
         if raw is not None:
@@ -435,7 +440,7 @@ def load_config(cls: type[T], argv: Sequence[str] | None = None,
                             metavar=_metavar(field.name, kind),
                             help=_help(cls, field, kind, docs.get(field.name, "")))
     args = parser.parse_args(list(argv) if argv is not None else [])
-    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]  # a dataclass: T is not bound to one
         raw = getattr(args, field.name)
         if raw is not None:
             values[field.name] = _read(cls, field.name, hints[field.name], raw, flag_name(field.name))
@@ -462,3 +467,23 @@ def config_env(config: Any) -> dict[str, str]:
 
 def field_names(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
+
+
+def check_tls_settings(config: Any) -> None:
+    """Raises :class:`ConfigError` for settings that cannot work together or files that cannot
+    be read (checked when the configuration is built, before anything is bound)."""
+    def refuse(name: str, problem: str) -> ConfigError:
+        return ConfigError(name, f"{env_name(name)} / {flag_name(name)}", getattr(config, name), problem)
+
+    if bool(config.tls_cert_file) != bool(config.tls_key_file):
+        name = "tls_key_file" if config.tls_cert_file else "tls_cert_file"
+        raise refuse(name, "tls_cert_file and tls_key_file go together (both set, or neither)")
+    if (config.tls_ca_file or config.tls_server_name) and not config.tls_cert_file:
+        name = "tls_ca_file" if config.tls_ca_file else "tls_server_name"
+        raise refuse(name, "TLS is on only with tls_cert_file and tls_key_file (this would be ignored)")
+    if config.tls_client_auth == "require" and not (config.tls_cert_file and config.tls_ca_file):
+        raise refuse("tls_client_auth", "require needs tls_cert_file, tls_key_file and tls_ca_file")
+    for name in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
+        path = getattr(config, name)
+        if path and not os.access(path, os.R_OK):
+            raise refuse(name, "not a readable file")

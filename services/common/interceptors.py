@@ -157,7 +157,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 except TxmqError as exc:
                     code = exc.code
                     await fail(context, exc)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # noqa: BLE001 - anything else is INTERNAL, mapped once here
                     code = grpc.StatusCode.INTERNAL
                     await fail(context, exc)
                 finally:

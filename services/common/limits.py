@@ -68,17 +68,17 @@ _refusals = RateLimitedWarning(log)
 _FLOATS = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _numeric_plan(descriptor: Descriptor) -> tuple[tuple[str, str, bool, Descriptor | None], ...]:
     """The fields of ``descriptor`` worth visiting: (name, kind, repeated, message type) for
     floating-point fields ("float"), Durations ("duration") and messages or maps that hold
     some ("message"); everything else is skipped without being read."""
-    plan = []
+    plan: list[tuple[str, str, bool, Descriptor | None]] = []
     for field in descriptor.fields:
         repeated = field.is_repeated
         if field.type in _FLOATS:
             plan.append((field.name, "float", repeated, None))
-        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+        elif field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type is not None:
             sub = field.message_type
             if sub.full_name == "google.protobuf.Duration":
                 plan.append((field.name, "duration", repeated, None))
@@ -86,7 +86,7 @@ def _numeric_plan(descriptor: Descriptor) -> tuple[tuple[str, str, bool, Descrip
                 plan.append((field.name, "timestamp", repeated, None))
             elif sub.GetOptions().map_entry:
                 value = sub.fields_by_name["value"]
-                if value.type in _FLOATS or (value.type == FieldDescriptor.TYPE_MESSAGE
+                if value.type in _FLOATS or (value.type == FieldDescriptor.TYPE_MESSAGE and value.message_type is not None
                                              and _may_hold_numbers(value.message_type)):
                     plan.append((field.name, "map", True, value.message_type))
             elif _may_hold_numbers(sub):

@@ -3,6 +3,8 @@ and the /metrics HTTP endpoint beside the gRPC server."""
 
 from __future__ import annotations
 
+from wsgiref.simple_server import WSGIServer
+
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 
 RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -18,7 +20,7 @@ class BaseMetrics:
         self.rpc_duration = Histogram(
             "txmq_rpc_duration_seconds", "Server-side duration of gRPC calls, by method and status code",
             ["service", "method", "code"], buckets=RPC_BUCKETS, registry=self.registry)
-        self._http = None
+        self._http: WSGIServer | None = None
 
     def serve(self, host: str, port: int) -> int:
         """Starts /metrics on ``port`` (0 = ephemeral); returns the bound port, -1 if disabled."""

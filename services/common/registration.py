@@ -24,7 +24,7 @@ from .channels import ChannelPool
 
 log = logging.getLogger(__name__)
 
-Call = Callable[[nameserver_pb2_grpc.NameServerServiceStub], Awaitable[object]]
+Call = Callable[["nameserver_pb2_grpc.NameServerServiceAsyncStub"], Awaitable[object]]  # a type-checking-only name
 
 
 class Heartbeat:
@@ -42,7 +42,7 @@ class Heartbeat:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
-    def _stubs(self) -> dict[str, nameserver_pb2_grpc.NameServerServiceStub]:
+    def _stubs(self) -> dict[str, nameserver_pb2_grpc.NameServerServiceAsyncStub]:
         # From the pool at each use: it opens new channels when the TLS files change.
         return {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a)) for a in self.nameservers}
 
@@ -71,7 +71,7 @@ class Heartbeat:
             if address in self._failing:
                 self._failing.discard(address)
                 log.info("name server reachable again", extra={"fields": {"nameserver": address}})
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, grpc.aio.AioRpcError, OSError) as exc:
             if address not in self._failing:
                 self._failing.add(address)
                 log.warning("name server unreachable", extra={"fields": {"nameserver": address,

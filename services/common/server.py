@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import inspect
 import logging
 import socket
 from typing import Any, Awaitable, Callable, Iterable
@@ -139,13 +140,13 @@ class ServiceApp:
                 await job()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - one failed round must not end the loop
+            except Exception:  # one failed round must not end the loop
                 log.exception("periodic job %s failed", name)
 
     async def _set_health(self, status: int) -> None:
         for service in ["", *self.service_names]:
             result = self.health.set(service, status)
-            if hasattr(result, "__await__"):
+            if inspect.isawaitable(result):  # the asyncio servicer's
                 await result
 
     async def start(self) -> None:
@@ -181,7 +182,7 @@ class ServiceApp:
         for hook in reversed(self.on_stop):
             try:
                 await hook()
-            except Exception:  # noqa: BLE001 - keep stopping the rest
+            except Exception:  # keep stopping the rest
                 log.exception("stop hook failed")
         self.metrics.close()
 

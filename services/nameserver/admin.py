@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 _OPERATOR_RESOLUTIONS = (common_pb2.TRANSACTION_RESOLUTION_COMMIT, common_pb2.TRANSACTION_RESOLUTION_ROLLBACK)
 # A broker failing with one of these is down or broken, not refusing the request.
-def _topic_type(fifo: bool) -> int:
+def _topic_type(fifo: bool) -> common_pb2.TopicType.ValueType:
     return common_pb2.TOPIC_TYPE_FIFO if fifo else common_pb2.TOPIC_TYPE_NORMAL
 
 
@@ -43,12 +43,12 @@ class BrokerClients:
 
     def __init__(self, max_message_bytes: int) -> None:
         self._channels = ChannelPool(max_message_bytes)
-        self._stubs: dict[str, tuple[grpc.aio.Channel, broker_pb2_grpc.BrokerServiceStub]] = {}
+        self._stubs: dict[str, tuple[grpc.aio.Channel, broker_pb2_grpc.BrokerServiceAsyncStub]] = {}
 
-    def replication_stub(self, address: str) -> replication_pb2_grpc.ReplicationServiceStub:
+    def replication_stub(self, address: str) -> replication_pb2_grpc.ReplicationServiceAsyncStub:
         return replication_pb2_grpc.ReplicationServiceStub(self._channels.get(address))
 
-    def stub(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
+    def stub(self, address: str) -> broker_pb2_grpc.BrokerServiceAsyncStub:
         channel = self._channels.get(address)  # a new one when the TLS files changed
         stub = self._stubs.get(address)
         if stub is None or stub[0] is not channel:
@@ -214,8 +214,8 @@ class Admin:
 
     # transactions
 
-    async def list_transactions(self, producer_group: str, state: int, older_than_seconds: float,
-                                limit: int, namespace: str = "", key: str = "",
+    async def list_transactions(self, producer_group: str, state: common_pb2.TransactionState.ValueType,
+                                older_than_seconds: float, limit: int, namespace: str = "", key: str = "",
                                 ) -> tuple[list[common_pb2.Transaction], list[str], list[str]]:
         """Every live broker's transactions matching the filter (``namespace`` and ``key``
         applied on each broker, before its limit), by prepared time; the brokers that did
@@ -251,8 +251,8 @@ class Admin:
         return await self._call(broker.address, "GetTransaction",
                                 broker_pb2.GetTransactionRequest(transaction_id=transaction_id))
 
-    async def resolve_transaction(self, transaction_id: str, resolution: int, operator: str,
-                                  reason: str) -> common_pb2.Transaction:
+    async def resolve_transaction(self, transaction_id: str, resolution: common_pb2.TransactionResolution.ValueType,
+                                  operator: str, reason: str) -> common_pb2.Transaction:
         if resolution not in _OPERATOR_RESOLUTIONS:
             raise InvalidFieldError("resolution", "must be TRANSACTION_RESOLUTION_COMMIT or "
                                     "TRANSACTION_RESOLUTION_ROLLBACK")

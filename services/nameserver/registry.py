@@ -348,10 +348,10 @@ class Registry:
         for key, record in [(k, r) for k, r in list(self._replicas.items()) if k[0] == broker_name]:
             self._replicas[key] = dataclasses.replace(
                 record, topics={t: n for t, n in record.topics.items() if t != topic})
-        record = self._brokers.get(broker_name)
-        if record is not None and topic in record.topics:
+        single = self._brokers.get(broker_name)
+        if single is not None and topic in single.topics:
             self._brokers[broker_name] = dataclasses.replace(
-                record, topics={t: n for t, n in record.topics.items() if t != topic})
+                single, topics={t: n for t, n in single.topics.items() if t != topic})
 
     # expiry
 

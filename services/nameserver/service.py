@@ -22,13 +22,13 @@ def broker_info(record: BrokerRecord) -> nameserver_pb2.BrokerInfo:
         name=record.name, address=record.address, last_heartbeat_ms=_ms(record.last_heartbeat),
         topics=[common_pb2.TopicQueues(topic=t, queue_count=n, topic_type=topic_type(t in record.fifo_topics))
                 for t, n in sorted(record.topics.items())],
-        replica_id=record.replica_id, role=record.role, leader_epoch=record.epoch, draining=record.draining)
+        replica_id=record.replica_id, role=nameserver_pb2.BrokerRole.ValueType(record.role), leader_epoch=record.epoch, draining=record.draining)
     if record.replication is not None:
         info.replication.CopyFrom(record.replication)
     return info
 
 
-def topic_type(fifo: bool) -> int:
+def topic_type(fifo: bool) -> common_pb2.TopicType.ValueType:
     return common_pb2.TOPIC_TYPE_FIFO if fifo else common_pb2.TOPIC_TYPE_NORMAL
 
 

@@ -182,7 +182,7 @@ class CheckerLink:
             self._outbox.put_nowait(None)
         try:
             await asyncio.wait_for(asyncio.shield(self._task), 0.5)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             pass
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
@@ -348,7 +348,7 @@ class CheckManager:
         self.pending[check.transaction_id] = entry
         self.metrics.checks_pending.set(len(self.pending))
 
-    def answered(self, transaction_id: str, result: int) -> bool:
+    def answered(self, transaction_id: str, result: common_pb2.CheckResult.ValueType) -> bool:
         """The client answered a check through this replica (already applied on the
         broker); tells the checker if the check was sent from here. ``result`` is a
         ``txmq.v1.CheckResult``."""

@@ -24,7 +24,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, TypeAlias
 
 from services.common.auth import may
 from services.common.auth.acl import CHECK, PRODUCER_GROUP
@@ -35,7 +35,7 @@ from .protocol import definition_pb2, service_pb2
 log = logging.getLogger(__name__)
 
 OnWritten = Callable[[], None] | None
-Command = service_pb2.TelemetryCommand
+Command: TypeAlias = service_pb2.TelemetryCommand
 #: A queued command and its callbacks: (command, on_writing, on_written).
 Outgoing = tuple[Command, OnWritten, OnWritten]
 

@@ -18,6 +18,7 @@ import importlib
 import importlib.util
 import sys
 import types
+from typing import TYPE_CHECKING
 
 
 def _load() -> tuple[types.ModuleType, types.ModuleType, types.ModuleType]:
@@ -35,7 +36,10 @@ def _load() -> tuple[types.ModuleType, types.ModuleType, types.ModuleType]:
             importlib.import_module("rocketmq.grpc_protocol.service_pb2_grpc"))
 
 
-definition_pb2, service_pb2, service_pb2_grpc = _load()
+if TYPE_CHECKING:  # untyped generated modules: Any to mypy (pyproject.toml), loaded by _load()
+    from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+else:
+    definition_pb2, service_pb2, service_pb2_grpc = _load()
 
 SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name
 

@@ -73,9 +73,9 @@ class Relay:
         self.config = config
         self.upstream = upstream
         #: FIFO topic → the queues its groups are placed over (see txmq.fifo.group_route).
-        self.group_routes: dict[str, list[nameserver_pb2.QueueRoute]] = {}
+        self.group_routes: dict[str, Sequence[nameserver_pb2.QueueRoute]] = {}
 
-    def _stub(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
+    def _stub(self, address: str) -> broker_pb2_grpc.BrokerServiceAsyncStub:
         return broker_pb2_grpc.BrokerServiceStub(self.upstream.channel(address))
 
     async def send(self, message: common_pb2.Message) -> broker_pb2.SendMessageResponse:
@@ -86,7 +86,7 @@ class Relay:
         overload = OverloadBackoff()
         deadline = time.monotonic() + self.config.rpc_timeout_seconds
         while True:
-            queues = await self._route_awaiting_leader(message.topic, deadline)
+            queues: Sequence[nameserver_pb2.QueueRoute] = await self._route_awaiting_leader(message.topic, deadline)
             if not queues:
                 raise TopicNotFoundError(message.topic)
             if message.message_group:  # its group's queue, always (as txmq.Producer)
@@ -146,8 +146,8 @@ class Relay:
                 await asyncio.sleep(min(pause, left))
                 pause = min(pause * 2, 1.0)
 
-    async def end(self, transaction_id: str, message_id: str, resolution: int, source: int,
-                  producer_group: str) -> broker_pb2.EndTransactionResponse | None:
+    async def end(self, transaction_id: str, message_id: str, resolution: common_pb2.TransactionResolution.ValueType,
+                  source: common_pb2.TransactionSource.ValueType, producer_group: str) -> broker_pb2.EndTransactionResponse | None:
         """EndTransaction on the shard the transaction id names, retried there with backoff
         while it is down. None when it still was: the decision is left to the check, which
         asks the producer again (RocketMQ's proxy sends EndTransaction one-way for the same
@@ -167,7 +167,7 @@ class Relay:
                 "broker": broker, "transaction_id": transaction_id, "error": str(exc)[:200]}})
             return None
 
-    async def _bound(self, broker: str, send: Callable[[broker_pb2_grpc.BrokerServiceStub], Awaitable[R]]) -> R:
+    async def _bound(self, broker: str, send: Callable[[broker_pb2_grpc.BrokerServiceAsyncStub], Awaitable[R]]) -> R:
         """A call bound to ``broker`` by an id, retried there with backoff while it fails
         transiently or the name servers do not list it (``retry_action(bound=True)``)."""
         attempt = 1

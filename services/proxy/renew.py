@@ -178,7 +178,7 @@ class Renewer:
                 self.metrics.renewals.labels("error").inc()
                 renewal.next_at = self.monotonic() + min(RETRY_SECONDS, self._interval(seconds))
             return
-        except Exception:  # noqa: BLE001 - keep renewing the others
+        except Exception:  # keep renewing the others
             log.exception("renewal failed")
             self.metrics.renewals.labels("error").inc()
             renewal.next_at = self.monotonic() + RETRY_SECONDS

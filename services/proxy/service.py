@@ -30,15 +30,15 @@ from .codes import ProxyError, code_for, status, unsupported
 from .config import ProxyConfig
 from .convert import delivered_to_rmq, resource_name, seconds, to_native, to_resource, validate_filter
 from .metrics import ProxyMetrics
-from .protocol import Code, definition_pb2, service_pb2, service_pb2_grpc
+from .protocol import Code, service_pb2_grpc
+from .protocol import definition_pb2 as pb
+from .protocol import service_pb2 as spb
 from .relay import Relay
 from .renew import Renewer
 from .upstream import Upstream
 
 log = logging.getLogger(__name__)
 
-pb = definition_pb2
-spb = service_pb2
 
 CLIENT_ID_HEADER = "x-mq-client-id"
 #: Message types every topic accepts (txmq topics take normal and transactional messages).
@@ -120,7 +120,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             brokers = await self.relay.brokers_of(topic)
             return spb.QueryAssignmentResponse(status=status(), assignments=[
                 pb.Assignment(message_queue=self._queue(topic, -1, name, endpoints)) for name in brokers])
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - answered in band, as each RPC below
             return _failed(spb.QueryAssignmentResponse, exc, "QueryAssignment")
 
     # --- liveness ------------------------------------------------------------------------
@@ -191,7 +191,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             ended = await self.relay.end(request.transaction_id, request.message_id, resolution,
                                          common_pb2.TRANSACTION_SOURCE_CHECK if from_check
                                          else common_pb2.TRANSACTION_SOURCE_CLIENT, producer_group)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - answered in band
             self.metrics.end_transactions.labels(label, source_label, Code.Name(code_for(exc))).inc()
             return _failed(spb.EndTransactionResponse, exc, "EndTransaction")
         if ended is None:  # its shard is down: the check decides (see Relay.end)
@@ -238,7 +238,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     group=group, topic=topic, broker=queue.broker.name, filter_expression=expression, sql=sql,
                     max_messages=batch, invisible_seconds=invisible, wait_seconds=wait,
                     client_id=client_id_of(context))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - answered in band
             await context.write(_failed(spb.ReceiveMessageResponse, exc, "ReceiveMessage"))
             return
         now_ms = int(time.time() * 1000)
@@ -264,7 +264,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             topic = resource_name(request.topic, "topic")
             handles = [await self.renewer.finish(group, e.receipt_handle) for e in request.entries]
             results = await self.relay.ack(group, topic, handles)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - answered in band
             self.metrics.acks.labels(Code.Name(code_for(exc))).inc(len(request.entries))
             return _failed(spb.AckMessageResponse, exc, "AckMessage")
         response = spb.AckMessageResponse()
@@ -293,7 +293,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             current = await self.renewer.finish(group, request.receipt_handle)
             handle = await self.relay.change_invisible(group, topic, current,
                                                        self._invisible_seconds(seconds(request.invisible_duration)))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - answered in band
             failed = _failed(spb.ChangeInvisibleDurationResponse, exc, "ChangeInvisibleDuration")
             failed.receipt_handle = request.receipt_handle
             return failed
@@ -313,7 +313,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 raise ProxyError(Code.INVALID_RECEIPT_HANDLE, "receipt_handle is required")
             handle = await self.renewer.finish(group, request.receipt_handle)
             await self.relay.dead_letter(group, topic, handle)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - answered in band
             self.metrics.dead_letters.labels(Code.Name(code_for(exc))).inc()
             return _failed(spb.ForwardMessageToDeadLetterQueueResponse, exc, "ForwardMessageToDeadLetterQueue")
         self.metrics.dead_letters.labels("ok").inc()
@@ -361,8 +361,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 if on_written is not None:
                     on_written()
             # A command that did not decode ends the stream with its status (INVALID_ARGUMENT).
-            if reader.done() and not reader.cancelled() and reader.result() is not None:
-                raise reader.result()
+            if reader.done() and not reader.cancelled() and (refused := reader.result()) is not None:
+                raise refused
         finally:
             reader.cancel()
             self.registry.close_stream(stream)

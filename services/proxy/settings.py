@@ -13,13 +13,14 @@ exponential policy.
 from __future__ import annotations
 
 import ipaddress
+from typing import TypeAlias
 
 from .config import ProxyConfig
 from .convert import backoff_delays, duration
 from .protocol import definition_pb2
 from .upstream import Limits
 
-Settings = definition_pb2.Settings
+Settings: TypeAlias = definition_pb2.Settings
 
 
 def reply(client: Settings, config: ProxyConfig, limits: "Limits | None" = None, *, fifo: bool = False) -> Settings:

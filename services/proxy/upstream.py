@@ -76,7 +76,7 @@ class Upstream:
         self._limits_due = 0.0
 
     @property
-    def _ns(self) -> dict[str, nameserver_pb2_grpc.NameServerServiceStub]:
+    def _ns(self) -> dict[str, nameserver_pb2_grpc.NameServerServiceAsyncStub]:
         # From the pool at each use: it opens new channels when the TLS files change.
         return {a: nameserver_pb2_grpc.NameServerServiceStub(self._channels.get(a))
                 for a in self.config.nameserver_addresses}
@@ -95,7 +95,7 @@ class Upstream:
                 await self.refresh()
                 if self.clock() >= self._limits_due:
                     await self.refresh_limits()
-            except Exception:  # noqa: BLE001 - keep refreshing
+            except Exception:  # keep refreshing
                 log.exception("directory refresh failed")
 
     async def stop(self) -> None:
@@ -181,7 +181,7 @@ class Upstream:
     async def _query_route(self, topic: str, for_send: bool) -> list[nameserver_pb2.QueueRoute]:
         now = self.clock()
         last: TxmqError | None = None
-        for address, stub in self._ns.items():
+        for stub in self._ns.values():
             try:
                 response = await stub.QueryRoute(nameserver_pb2.QueryRouteRequest(topic=topic, for_send=for_send),
                                                  timeout=self.config.rpc_timeout_seconds)
@@ -214,7 +214,7 @@ class Upstream:
     def _channel(self, address: str) -> grpc.aio.Channel:
         return self._channels.get(address)
 
-    async def broker(self, name: str) -> broker_pb2_grpc.BrokerServiceStub:
+    async def broker(self, name: str) -> broker_pb2_grpc.BrokerServiceAsyncStub:
         """A stub for the broker ``name`` (listed again once if it is not known yet)."""
         address = self.brokers.get(name)
         if address is None:

@@ -47,7 +47,7 @@ WORKLOAD_KINDS = {"StatefulSet", "Deployment"}
 
 
 def helm_binary() -> Path:
-    from tools.fetch_helm import fetch  # noqa: PLC0415 - downloads on first use
+    from tools.fetch_helm import fetch  # downloads on first use
 
     return fetch()
 
@@ -135,7 +135,7 @@ def copy_chart(dest: Path) -> Path:
 
 
 def config_class(component: str) -> type:
-    import importlib  # noqa: PLC0415
+    import importlib
 
     _module, config_module, cls = COMPONENTS[component]
     return getattr(importlib.import_module(config_module), cls)

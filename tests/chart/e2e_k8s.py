@@ -36,7 +36,7 @@ ROLLOUT_SECONDS = 600
 def load_cluster() -> str | None:
     """The configured cluster's description, or None when there is none."""
     try:
-        from kubernetes import client, config  # noqa: PLC0415
+        from kubernetes import client, config
     except ImportError:
         print("e2e-k8s: the `kubernetes` package is missing: make venv (requirements/chart.txt)", file=sys.stderr)
         return None
@@ -45,13 +45,13 @@ def load_cluster() -> str | None:
     except Exception as exc:  # noqa: BLE001 - any failure means "no usable kubeconfig"
         try:
             config.load_incluster_config()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - neither configuration: no cluster to test
             print(f"e2e-k8s: no Kubernetes cluster is configured (KUBECONFIG={os.environ.get('KUBECONFIG', '')!r}: "
                   f"{exc}); nothing was run.", file=sys.stderr)
             return None
     try:
         version = client.VersionApi().get_code(_request_timeout=10)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - an unreachable cluster, whatever the error
         print(f"e2e-k8s: the configured cluster does not answer ({exc}); nothing was run.", file=sys.stderr)
         return None
     return f"Kubernetes {version.git_version}"
@@ -81,8 +81,8 @@ SCENARIO = textwrap.dedent('''
 
 
 def run() -> int:
-    from kubernetes import client  # noqa: PLC0415
-    from tools.fetch_helm import fetch  # noqa: PLC0415
+    from kubernetes import client
+    from tools.fetch_helm import fetch
 
     helm = str(fetch())
     namespace = f"txmq-e2e-{uuid.uuid4().hex[:6]}"
@@ -123,7 +123,7 @@ def wait_rollout(apps, namespace: str) -> None:
 
 
 def scenario(core, namespace: str, image: str, nameserver: str, phase: str, release: str) -> None:
-    from kubernetes import client  # noqa: PLC0415
+    from kubernetes import client
 
     name = f"e2e-{phase}"
     token = client.V1EnvVar(name="TXMQ_TOKEN", value_from=client.V1EnvVarSource(

@@ -22,7 +22,7 @@ class FakeSecretsApi:
         api = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:  # http.server's name
                 path = self.path.split("?")[0]
                 parts = path.strip("/").split("/")
                 if path == "/version":

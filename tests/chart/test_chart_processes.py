@@ -372,16 +372,16 @@ class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInter
         return _CallDetails(details.method, details.timeout, [*(details.metadata or ()), self.metadata],
                             details.credentials, details.wait_for_ready, details.compression)
 
-    def intercept_unary_unary(self, continuation, details, request):  # noqa: ANN001, ANN201
+    def intercept_unary_unary(self, continuation, details, request):
         return continuation(self._details(details), request)
 
-    def intercept_unary_stream(self, continuation, details, request):  # noqa: ANN001, ANN201
+    def intercept_unary_stream(self, continuation, details, request):
         return continuation(self._details(details), request)
 
-    def intercept_stream_unary(self, continuation, details, requests):  # noqa: ANN001, ANN201
+    def intercept_stream_unary(self, continuation, details, requests):
         return continuation(self._details(details), requests)
 
-    def intercept_stream_stream(self, continuation, details, requests):  # noqa: ANN001, ANN201
+    def intercept_stream_stream(self, continuation, details, requests):
         return continuation(self._details(details), requests)
 
 
@@ -429,11 +429,11 @@ def _service_address(pods: LocalPods, component: str) -> str:
 
 def _signed(access_key: str, secret: str) -> tuple[tuple[str, str], ...]:
     """A RocketMQ 5 client's signature headers (MQv2-HMAC-SHA1 over x-mq-date-time)."""
-    import datetime  # noqa: PLC0415
-    import hashlib  # noqa: PLC0415
-    import hmac  # noqa: PLC0415
+    import datetime
+    import hashlib
+    import hmac
 
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     signature = hmac.new(secret.encode(), stamp.encode(), hashlib.sha1).hexdigest()
     return (("x-mq-date-time", stamp), ("authorization", f"MQv2-HMAC-SHA1 Credential={access_key}, "
                                                          f"SignedHeaders=x-mq-date-time, Signature={signature}"))
@@ -518,7 +518,7 @@ def test_rendered_pods_start_pass_their_probes_and_run_a_transaction(pods: Local
     # The proxy Service, as a RocketMQ 5 client uses it (its configured endpoint): every
     # replica serves MessagingService, and a route query reaches the name servers the chart
     # configured. Sending through the proxy is tests/proxy's job.
-    from services.proxy.protocol import SERVICE_NAME, Code, definition_pb2, service_pb2, service_pb2_grpc  # noqa: PLC0415
+    from services.proxy.protocol import SERVICE_NAME, Code, definition_pb2, service_pb2, service_pb2_grpc
 
     proxy_service = _service_address(pods, "proxy")
     for proxy in pods.of("proxy"):

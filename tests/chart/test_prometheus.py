@@ -90,7 +90,7 @@ def test_dashboard_is_well_formed() -> None:
 def test_dashboard_stat_thresholds_are_the_alerts(helm_bin: Path, rendered) -> None:
     """The check-lag and due-check stat panels turn red where their alerts fire, in the
     file (the chart's defaults) and in the ConfigMap (the release's values)."""
-    from .chart import render  # noqa: PLC0415
+    from .chart import render
 
     values = yaml.safe_load((CHART / "values.yaml").read_text())["metrics"]["prometheusRule"]
 
@@ -361,7 +361,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
 # ---------------------------------------------------------------------------- replication
 def _replication_alerts(helm_bin: Path) -> dict[str, str]:
     """The replication alerts' expressions as the chart renders them for a replicated release."""
-    from .chart import render, scenario_file  # noqa: PLC0415
+    from .chart import render, scenario_file
 
     (rule,) = render(helm_bin, [scenario_file("replicated")]).of_kind("PrometheusRule")
     return {r["alert"]: r["expr"] for g in rule["spec"]["groups"] if g["name"] == "txmq.replication"

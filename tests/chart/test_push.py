@@ -54,7 +54,7 @@ def registry(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.mark.timeout(900)  # four images through make and the registry
-def test_make_push_puts_every_image_where_the_chart_pulls_it(registry: str, inspected, helm_bin: Path) -> None:  # noqa: F811
+def test_make_push_puts_every_image_where_the_chart_pulls_it(registry: str, inspected, helm_bin: Path) -> None:
     prefix = f"{registry}/acme"
     env = {**os.environ, "DOCKER_HOST": os.environ.get("DOCKER_HOST", PRIVATE_SOCKET)}
     try:

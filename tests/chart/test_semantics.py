@@ -205,7 +205,7 @@ def test_every_setting_can_be_set_from_values(helm_bin: Path, tmp_path: Path) ->
     values_file = tmp_path / "every-setting.yaml"
     values_file.write_text(yaml.safe_dump(tree))
     r = render(helm_bin, [values_file])
-    from services.common.config import load_config  # noqa: PLC0415
+    from services.common.config import load_config
 
     for component in COMPONENTS:
         w = r.workload(component)
@@ -397,7 +397,7 @@ MUTATIONS = {
 
 def _fails_when_broken(helm_bin: Path, tmp_path: Path, mutation: tuple, scenario: str) -> None:
     """Replace ``old`` by ``new`` in a copy of the chart: ``check`` must fail on its render."""
-    from .chart import copy_chart  # noqa: PLC0415
+    from .chart import copy_chart
 
     path, old, new, check = mutation
     chart = copy_chart(tmp_path)
@@ -592,7 +592,7 @@ def test_schema_ranges_are_the_services_declared_ranges() -> None:
     """Every setting under `<component>.config` is held by the schema to the range its
     dataclass declares (services/common/config.py `seconds`, `count`, ...), so helm refuses
     at install exactly what the service would refuse at start."""
-    from tools.chart_schema import declared_schema  # noqa: PLC0415
+    from tools.chart_schema import declared_schema
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     differing = []
@@ -613,7 +613,7 @@ def test_resolver_groups_read_their_connection_string_from_a_mounted_secret(helm
     """checker.resolver.groups: each group's libpq connection string is a Secret's key
     mounted read-only as a file (never an environment value), and TXMQ_RESOLVER_GROUPS names
     that file for that group, as CheckerConfig parses it."""
-    from services.common.config import load_config  # noqa: PLC0415
+    from services.common.config import load_config
     r = render(helm_bin, sets={"checker.resolver.groups[0].group": "orders",
                                "checker.resolver.groups[0].secretName": "orders-dsn",
                                "checker.resolver.groups[1].group": "billing",

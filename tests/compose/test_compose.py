@@ -116,10 +116,10 @@ class Undecided(txmq.TransactionListener):
     def __init__(self) -> None:
         self.checked = threading.Event()
 
-    def execute_local_transaction(self, message, arg):  # noqa: ANN001, ANN201
+    def execute_local_transaction(self, message, arg):
         return LocalState.UNKNOWN
 
-    def check_local_transaction(self, message):  # noqa: ANN001, ANN201
+    def check_local_transaction(self, message):
         self.checked.set()
         return LocalState.COMMIT
 

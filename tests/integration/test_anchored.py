@@ -170,7 +170,7 @@ def test_a_check_while_the_transaction_is_open_elsewhere_is_in_progress_then_com
     group, topic = unique_name("g"), unique_name("orders")
     checked.create_topic(topic, 1)
     with anchored_producer(checked, group, dsn, answer_checks=False) as sender, \
-            anchored_producer(checked, group, dsn, check_lock_timeout_seconds=0.05) as answerer, \
+            anchored_producer(checked, group, dsn, check_lock_timeout_seconds=0.05), \
             psycopg.connect(dsn) as conn, psycopg.connect(dsn) as probe:
         with sender.transaction(conn) as tx:
             half = tx.send(txmq.Message(topic, b"slow")).result(10)

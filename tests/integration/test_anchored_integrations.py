@@ -64,7 +64,7 @@ def test_asyncio_psycopg_commit_rollback_and_a_check_while_open(checked, dsn, un
                     async with sender.transaction(conn) as tx2:
                         half = tx2.send(txmq.Message(topic, b"never"))
                         await conn.execute("INSERT INTO orders VALUES ('a2', 'x')")
-                        1 / 0
+                        raise ZeroDivisionError
                 rolled = (await half).transaction_id
 
                 async with sender.transaction(conn) as tx3:

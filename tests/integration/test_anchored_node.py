@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_anchored_crash import (checked, committed_orders, decision_rows, pg,  # noqa: F401
+from tests.integration.test_anchored_crash import (checked, committed_orders, decision_rows, pg,  # noqa: F401 - fixtures
                                                    prepare, settle_and_check)
 
 NODE_DIR = Path(__file__).parent / "node"

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 import txmq
-from tests.integration.test_anchored_crash import Worker, committed_orders, decision_rows, pg, undecided  # noqa: F401
+from tests.integration.test_anchored_crash import Worker, committed_orders, decision_rows, pg, undecided  # noqa: F401 - fixtures
 from tests.integration.test_checks import BROKER_ENV, CHECKER_ENV, describe
 from tests.support.postgres import dsn_for, fresh_database
 from tests.support.waiting import wait_until

@@ -200,7 +200,10 @@ def test_no_producer_connected_spends_nothing_and_the_due_age_grows(checked, uni
     with producer(checked, group, Listener(), answer_checks=False) as sender:
         transaction_id = sender.send_in_transaction(txmq.Message(topic, b"x")).transaction_id
     port = checked.brokers[0].metrics_port
-    due_age = lambda: metric(port, "txmq_check_due_oldest_age_seconds", {"group": group}) or 0.0  # noqa: E731
+
+    def due_age():
+        return metric(port, "txmq_check_due_oldest_age_seconds", {"group": group}) or 0.0
+
     first = wait_until(due_age, 5, message="the due-age gauge never became positive")
     wait_until(lambda: due_age() >= 10 * CHECK_INTERVAL + first, 15, interval=0.1,
                message=lambda: f"due age stuck at {due_age()}")

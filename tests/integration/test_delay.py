@@ -30,7 +30,7 @@ def now_ms() -> int:
 
 
 def at(ms: int) -> dt.datetime:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc)
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
 
 
 def ms(d: dt.datetime) -> int:

@@ -440,8 +440,13 @@ def test_a_discard_acts_on_every_part_and_an_operator_commit_publishes_them_all(
     cluster, driver, consumers = discarding
     coordinator = SHARDS[0] if case.listed else SHARDS[1]
     port = cluster.brokers[SHARDS.index(coordinator)].metrics_port
-    ended = lambda result: metric(port, "txmq_global_transactions_total", {"result": result})  # noqa: E731
-    pushed = lambda: metric(port, "txmq_global_pushes_total", {"result": "acknowledged"})  # noqa: E731
+
+    def ended(result):
+        return metric(port, "txmq_global_transactions_total", {"result": result})
+
+    def pushed():
+        return metric(port, "txmq_global_pushes_total", {"result": "acknowledged"})
+
     before = {r: ended(r) for r in ("discarded", "committed")} | {"pushed": pushed()}
     if case.shard:
         driver.arm(case.shard, case.step)

@@ -83,7 +83,10 @@ def test_native_rpcs_taking_ids(fuzzed: Cluster) -> None:
     b = broker_pb2_grpc.BrokerServiceStub(fuzzed.channel(fuzzed.brokers[0].address))
     a = admin_pb2_grpc.AdminServiceStub(fuzzed.channel())
     t = 5.0
-    entry_codes = lambda r: [e.code for e in r.entries]  # noqa: E731
+
+    def entry_codes(r):
+        return [e.code for e in r.entries]
+
     targets: list[Callable[[str], None]] = [
         lambda x: check(lambda: b.EndTransaction(broker_pb2.EndTransactionRequest(
             transaction_id=x, message_id=x, resolution=C.TRANSACTION_RESOLUTION_COMMIT,
@@ -152,7 +155,10 @@ def test_rocketmq_rpcs_taking_ids(fuzzed: Cluster) -> None:
     broker_name = fuzzed.brokers[0].name
     proxy = service_pb2_grpc.MessagingServiceStub(fuzzed.channel(fuzzed.proxy_addresses[0]))
     t, md = 5.0, [("x-mq-client-id", "fuzz")]
-    status = lambda r: [r.status.code]  # noqa: E731
+
+    def status(r):
+        return [r.status.code]
+
     topic, group = pb.Resource(name="fz"), pb.Resource(name="fz")
 
     def send(x: str) -> None:

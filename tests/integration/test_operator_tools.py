@@ -113,7 +113,7 @@ def test_group_lag_in_flight_and_retrying(cluster, admin, unique_name):
     topic, group = unique_name("events"), unique_name("slow")
     admin.create_topic(topic, queue_count=1)
     with txmq.Producer(cluster.nameserver_address) as producer:
-        for i in range(5):
+        for _ in range(5):
             producer.send(txmq.Message(topic, b"x"))
     with txmq.SimpleConsumer(cluster.nameserver_address, consumer_group=group, subscriptions={topic: "*"},
                              await_duration_seconds=0.5) as c:

@@ -192,7 +192,7 @@ def test_a_lone_leader_answers_reads_of_what_is_committed_and_refuses_sends_prom
           [(round(a, 2), round(b, 2), up_front) for a, b, up_front in refusals])
     slack = 3.0  # a loaded machine's scheduling; the unit tests pin the bound with a fake clock
     assert all(took <= LAG_MAX_SECONDS + ELECTION_POLL_SECONDS + slack for _at, took, _ in refusals), refusals
-    assert refusals[-1][2] and refusals[-1][1] < 1.0, f"a send long after the election was not refused at once"
+    assert refusals[-1][2] and refusals[-1][1] < 1.0, "a send long after the election was not refused at once"
     # A send failed while it waited was applied, above the commit point: a receive is still
     # answered at once, with the committed messages only (the queue's reads are capped at
     # the commit point: Kafka's high watermark), never with the uncommitted ones.

@@ -207,7 +207,7 @@ def test_a_rotated_server_certificate_is_served_without_a_restart_while_traffic_
             try:
                 assert "broker-0" in list_brokers(nameserver.address, creds)
                 handshakes.append(1)
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:  # noqa: BLE001 - every failure is collected and asserted on
                 failures.append(exc)
 
     threads = [threading.Thread(target=send), threading.Thread(target=connect)]

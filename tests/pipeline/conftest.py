@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import pytest
 
-import pyspark  # noqa: E402  (make pipeline-deps installs it; a missing PySpark must fail, not skip)
+import pyspark  # (make pipeline-deps installs it; a missing PySpark must fail, not skip)
 
 from tests.support import presets
 

@@ -7,7 +7,6 @@ the native services as its own service identity."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -206,7 +205,7 @@ def test_a_replayed_signature_is_refused(secured: Cluster, unique_name: Callable
     fresh one passes."""
     import datetime
     topic = unique_name("auth-replay")
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     fresh = _signed_query_route(secured, topic, now.strftime("%Y%m%dT%H%M%SZ"))
     assert fresh.status.code == 20000, fresh.status
     for shift in (-3600, 3600, -901):

@@ -66,7 +66,7 @@ def main() -> None:
                 half = tx.send(message)
                 if args.stray:
                     stray = dataclasses.replace(message, properties=tx.plan.properties(message.properties))
-                    left, _route = producer._send_half(stray)  # noqa: SLF001 - the lost attempt, stored
+                    left, _route = producer._send_half(stray)  # the lost attempt, stored
                     emit(stray=order, transaction_id=left.transaction_id)
                 conn.execute("INSERT INTO orders (id, body) VALUES (%s, 'x')", (order,))
                 if args.hold:

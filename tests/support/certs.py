@@ -16,6 +16,10 @@ import ssl
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import grpc
 
 #: Every certificate's names: what the tests dial.
 DEFAULT_SANS = ("DNS:localhost", "IP:127.0.0.1")

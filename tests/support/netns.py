@@ -323,7 +323,7 @@ def isolated(proc: object, *, clients: bool = False) -> Iterator[Host]:
     dialling it is cut. That is the partition in which a deposed leader could still be asked
     to acknowledge writes."""
     host = host_of(proc)
-    host.isolate(int(getattr(proc, "port")) if clients else None)
+    host.isolate(int(proc.port) if clients else None)
     try:
         yield host
     finally:

@@ -126,7 +126,7 @@ def bearer(name: str) -> list[tuple[str, str]]:
 
 def signed(name: str, client_id: str = "") -> list[tuple[str, str]]:
     """A RocketMQ client's signed request headers (MQv2-HMAC-SHA1) for ``name``'s key."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     signature = hmac.new(secret_of(name).encode(), stamp.encode(), hashlib.sha1).hexdigest()
     return [("authorization", f"MQv2-HMAC-SHA1 Credential={access_key_of(name)}, SignedHeaders=x-mq-date-time, "
                               f"Signature={signature}"),
@@ -402,8 +402,13 @@ class Native:
             "untagged tb handle": dataclasses.replace(ReceiptHandle.decode(tb_handles[0]), tag=b"").encode(),
             "another group's (cb) handle": s["bob_cb"].receipt_handle,
         }
-        per_entry = lambda r: [e.code for e in r.entries]  # noqa: E731
-        acks = lambda r: [e.code for e in r.ack_entries]  # noqa: E731
+
+        def per_entry(r):
+            return [e.code for e in r.entries]
+
+        def acks(r):
+            return [e.code for e in r.ack_entries]
+
         cases = [(f"captured tb handle naming {t or 'no topic'}", tb_handles[i], t)
                  for i, t in enumerate(("ta", "", "tb"))]
         cases += [(f"forged ({k}) naming ta", v, "ta") for k, v in forged.items()]

@@ -144,7 +144,7 @@ def exchange(address: tuple[str, int], data: bytes, timeout: float) -> tuple[lis
         while len(frames_in) < 6:
             try:
                 chunk = sock.recv(65536)
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 return frames_in, "silent"
             except OSError:
                 return frames_in, "reset"

@@ -52,7 +52,7 @@ def exchange(address: tuple[str, int], data: bytes, *, timeout: float = 3.0,
         while len(frames) < max_frames:
             try:
                 chunk = sock.recv(65536)
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 break
             except (ConnectionResetError, ssl.SSLError):
                 closed = True

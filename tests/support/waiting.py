@@ -29,7 +29,7 @@ def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: floa
             last_error = None
             if last_value:
                 return last_value  # type: ignore[return-value]
-        except ignore as exc:  # noqa: PERF203 - polling
+        except ignore as exc:  # polling
             last_error = exc
         if time.monotonic() >= deadline:
             text = message() if callable(message) else message

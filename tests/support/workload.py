@@ -202,7 +202,7 @@ class Workload:
         for client in self._clients:
             try:
                 client.close()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - closing what is left: best effort
                 pass
 
     # --- what must hold --------------------------------------------------------------------

@@ -125,10 +125,10 @@ class Package:
                 bases.append(bindings[head] + (f".{rest}" if rest else "") if head in bindings else text)
             info = ClassInfo(module, node.name, node.lineno, (node.end_lineno or node.lineno) - node.lineno + 1, bases)
             for item in node.body:
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name not in CONSTRUCTORS:
-                    if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "super"
-                           for n in ast.walk(item)):
-                        info.super_calls.append(item.name)
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name not in CONSTRUCTORS \
+                        and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "super"
+                                for n in ast.walk(item)):
+                    info.super_calls.append(item.name)
             out.append(info)
         return out
 

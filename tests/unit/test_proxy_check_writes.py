@@ -49,7 +49,7 @@ async def _scenario(write_completes: bool) -> tuple[bool, bool]:
         settings = definition_pb2.Settings(publishing=definition_pb2.Publishing(
             topics=[definition_pb2.Resource(name=TOPIC)]))
         registry.update_settings(stream, settings)
-        await manager._sync(CLIENT)  # noqa: SLF001 - the manager's loop step, run by hand
+        await manager._sync(CLIENT)  # the manager's loop step, run by hand
         link = manager.links[(CLIENT, "127.0.0.1:1")]
 
         manager.deliver(link, _check("t1"))
@@ -62,7 +62,7 @@ async def _scenario(write_completes: bool) -> tuple[bool, bool]:
             on_written()  # ... and sees the write complete (not so when the client cancels first)
 
         registry.close_stream(stream)
-        await manager._sync(CLIENT)  # noqa: SLF001
+        await manager._sync(CLIENT)
         drains = link in manager.draining and not link.closed
         relayed = manager.answered("t1", common_pb2.CHECK_RESULT_COMMIT)
         return drains, relayed

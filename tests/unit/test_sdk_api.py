@@ -122,7 +122,7 @@ def test_received_message_times_are_aware_datetimes():
             "transaction_id", "broker_name", "queue_id", "queue_offset", "delivery_attempt",
             "receipt_handle", "stored_at", "visible_at", "invisible_until"} <= fields
     from txmq._types import ms_to_datetime
-    assert ms_to_datetime(1_000) == dt.datetime(1970, 1, 1, 0, 0, 1, tzinfo=dt.timezone.utc)
+    assert ms_to_datetime(1_000) == dt.datetime(1970, 1, 1, 0, 0, 1, tzinfo=dt.UTC)
 
 
 # ------------------------------------------------------------------------- client-side validation

@@ -181,7 +181,7 @@ def test_deferred_acks_are_due_by_the_delay_or_half_the_invisibility_left_and_ta
     import time
 
     def message(broker: str, topic: str, invisible_for: float) -> SimpleNamespace:
-        until = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=invisible_for)
+        until = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=invisible_for)
         return SimpleNamespace(broker_name=broker, topic=topic, invisible_until=until)
 
     queue = _receiving.deferred_acks(1.0, None)

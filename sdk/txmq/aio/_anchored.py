@@ -16,7 +16,7 @@ import dataclasses
 import inspect
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generator, TypeVar
 
 from .. import _decisions as core
 from .._anchored import DELETE_LINGER_SECONDS, _module_of, _named, _pg_sqlstate, failpoint, failpoint_soon
@@ -52,7 +52,7 @@ class AsyncAnchoredResult:
     async def wait_acknowledged(self, timeout: float | None = None) -> bool:
         try:
             await asyncio.wait_for(self._acked.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         return self._acked.is_set()
 
@@ -68,7 +68,7 @@ class AsyncPsycopgConnection:
     def in_transaction(self) -> bool:
         from psycopg.pq import TransactionStatus
 
-        return self.conn.info.transaction_status != TransactionStatus.IDLE
+        return bool(self.conn.info.transaction_status != TransactionStatus.IDLE)
 
     async def execute(self, statement: core.Statement) -> None:
         if self.conn.autocommit and not self.in_transaction():
@@ -198,14 +198,14 @@ class _AsyncPool:
                 conn = await open_async_store_connection(self.source)
         except InvalidFieldError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the database is unreachable
+        except Exception as exc:  # the database is unreachable
             raise core.DatabaseError(None, exc) from exc
         try:
             rows = await conn.run(statement)
         except asyncio.CancelledError:
             await _close_quietly(conn)
             raise
-        except Exception as exc:  # noqa: BLE001 - classified, then the caller decides
+        except Exception as exc:  # classified, then the caller decides
             state = conn.sqlstate(exc)
             if state is None or state == "client":
                 await _close_quietly(conn)
@@ -235,7 +235,10 @@ async def _close_quietly(conn: _AsyncStoreConnection) -> None:
         pass
 
 
-async def drive_async(steps: Any, perform: Callable[[Any], Awaitable[Any]]) -> Any:
+R = TypeVar("R")
+
+
+async def drive_async(steps: Generator[Any, Any, R], perform: Callable[[Any], Awaitable[Any]]) -> R:
     """Drives a flow of ``txmq._decisions`` with a coroutine ``perform``."""
     value: Any = None
     error: core.DatabaseError | None = None
@@ -243,7 +246,8 @@ async def drive_async(steps: Any, perform: Callable[[Any], Awaitable[Any]]) -> A
         try:
             step = steps.send(value) if error is None else steps.throw(error)
         except StopIteration as done:
-            return done.value
+            outcome: R = done.value
+            return outcome
         value = error = None
         try:
             value = await perform(step)
@@ -254,7 +258,7 @@ async def drive_async(steps: Any, perform: Callable[[Any], Awaitable[Any]]) -> A
 async def _wait(event: asyncio.Event, seconds: float) -> None:
     try:
         await asyncio.wait_for(event.wait(), seconds)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
 
 
@@ -301,7 +305,7 @@ class AsyncDecisionStore:
             return await self.pool.run(step)
         if type(step) is core.Ends:
             deadline = time.monotonic() + core.END_RETRY_SECONDS
-            return await asyncio.gather(*(self.producer._end_by_id(t, step.decision, deadline)  # noqa: SLF001
+            return await asyncio.gather(*(self.producer._end_by_id(t, step.decision, deadline)
                                           for t in step.transaction_ids))
         assert type(step) is core.Acknowledged, step
         self.acknowledged(step.key)
@@ -351,7 +355,7 @@ class AsyncDecisionStore:
             self._wake.set()
             try:
                 await asyncio.wait_for(self._task, 10)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - closing anyway
+            except (TimeoutError, Exception):  # noqa: BLE001 - closing anyway
                 self._task.cancel()
         elif self._acked:
             await self._delete(self._acked)
@@ -364,7 +368,7 @@ class AsyncAnchoredTransaction:
     def __init__(self, producer: "AsyncTransactionProducer", conn: Any, end: str) -> None:
         if end not in ("hint", "await"):
             raise InvalidFieldError("end", f"must be 'hint' or 'await', got {end!r}")
-        store = producer._decision_store  # noqa: SLF001
+        store = producer._decision_store
         if store is None:
             raise InvalidFieldError("decisions", "producer.transaction() needs a producer made with decisions=")
         self.producer = producer
@@ -384,7 +388,7 @@ class AsyncAnchoredTransaction:
     async def __aenter__(self) -> "AsyncAnchoredTransaction":
         if self._entered:
             raise InvalidFieldError("transaction", "already entered")
-        self.producer._client.check_open()  # noqa: SLF001
+        self.producer._client.check_open()
         if self.db.in_transaction():
             raise InvalidFieldError("connection", "is inside a transaction: an anchored transaction must be the "
                                                   "outermost one (its COMMIT is the decision); commit or roll back first")
@@ -404,14 +408,14 @@ class AsyncAnchoredTransaction:
         """Sends ``message`` as a half message now (a task); the block's end awaits it."""
         if not self._entered or self._done:
             raise InvalidFieldError("transaction", "send() belongs inside the `async with` block")
-        message = self.producer._validate(message)  # noqa: SLF001
+        message = self.producer._validate(message)
         keyed = dataclasses.replace(message, properties=self.plan.properties(message.properties))
         task = asyncio.ensure_future(self._send_half(keyed))
         self._halves.append(task)
         return task
 
     async def _send_half(self, message: Message) -> TransactionMessage:
-        half = await self.producer._send_half(message)  # noqa: SLF001
+        half = await self.producer._send_half(message)
         failpoint("half.after")
         return half
 
@@ -447,7 +451,7 @@ class AsyncAnchoredTransaction:
         assert kind is core.Hint, step
         deadline = time.monotonic() + core.END_RETRY_SECONDS
         for transaction_id in step.transaction_ids:
-            self.store.spawn(self.producer._end_by_id(transaction_id, step.decision, deadline))  # noqa: SLF001
+            self.store.spawn(self.producer._end_by_id(transaction_id, step.decision, deadline))
         return None
 
     async def _rollback_quietly(self) -> None:
@@ -458,18 +462,17 @@ class AsyncAnchoredTransaction:
 
     async def _commit(self) -> None:
         closed = await drive_async(core.closing(self.plan, raised=False), self.perform)
-        if closed.outcome is None:
-            raise closed.error
-        if closed.outcome is core.Outcome.UNKNOWN:
-            log.warning("anchored transaction %s: the COMMIT's answer was lost; the checks decide its "
-                        "%d message(s) from the decisions table", self.plan.key, len(closed.halves))
-            raise closed.error
-        if closed.outcome is core.Outcome.ROLLED_BACK:
-            raise closed.error
+        if closed.outcome is not core.Outcome.COMMITTED:  # rolled back, before or at COMMIT, or UNKNOWN
+            error = closed.error
+            assert error is not None  # every other ending carries its error (core.closing)
+            if closed.outcome is core.Outcome.UNKNOWN:
+                log.warning("anchored transaction %s: the COMMIT's answer was lost; the checks decide its "
+                            "%d message(s) from the decisions table", self.plan.key, len(closed.halves))
+            raise error
         failpoint("commit.after")
         self.result = result = AsyncAnchoredResult(self.plan.key, TransactionState.COMMITTED, closed.halves)
         if not closed.halves:
-            result._acked.set()  # noqa: SLF001
+            result._acked.set()
             return
         ending = self.store.spawn(self._end_committed(result))
         if self.end == "await":
@@ -479,13 +482,13 @@ class AsyncAnchoredTransaction:
         acked, errors = await drive_async(core.acknowledge(result.transaction_key,
                                                            [h.transaction_id for h in result.messages]),
                                           self._perform_end)
-        result._errors.extend(errors)  # noqa: SLF001
+        result._errors.extend(errors)
         for error in errors:
             if isinstance(error, TransactionStateError):
                 log.error("anchored transaction %s committed in the database but the broker refused its "
                           "COMMIT: %s", result.transaction_key, error)
         if acked:
-            result._acked.set()  # noqa: SLF001
+            result._acked.set()
 
     async def _perform_end(self, step: Any) -> Any:
         if type(step) is core.Ends:

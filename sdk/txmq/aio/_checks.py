@@ -110,7 +110,7 @@ class AsyncCheckResponder:
                 outcome = await self._check(message)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - the user's failure is an answer: UNKNOWN
+            except Exception:  # the user's failure is an answer: UNKNOWN
                 log.exception("check_local_transaction raised for transaction %s: answering UNKNOWN",
                               check.transaction_id)
                 outcome = None
@@ -268,7 +268,7 @@ class _CheckerConnection:
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), 0.5)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - cut below
+            except (TimeoutError, Exception):  # noqa: BLE001 - cut below
                 pass
         if call is not None:
             call.cancel()

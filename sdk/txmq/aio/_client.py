@@ -55,8 +55,8 @@ class AsyncClient:
         self._closed = False
         self._ns_index = random.randrange(len(self._nameservers))
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._broker_stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
-        self._ns_stubs: dict[str, nameserver_pb2_grpc.NameServerServiceStub] = {}
+        self._broker_stubs: dict[str, broker_pb2_grpc.BrokerServiceAsyncStub] = {}
+        self._ns_stubs: dict[str, nameserver_pb2_grpc.NameServerServiceAsyncStub] = {}
         self._streams: dict[str, AsyncProduceStream] = {}
         self._broker_addresses: dict[str, str] = {}
         #: Which shards new sends avoid (shared by this client's producers and consumers).
@@ -117,7 +117,7 @@ class AsyncClient:
         self._channels, self._broker_stubs, self._ns_stubs = {}, {}, {}
         log.info("TLS files changed: new channels use them")
 
-    def broker(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
+    def broker(self, address: str) -> broker_pb2_grpc.BrokerServiceAsyncStub:
         self._check_tls()
         stub = self._broker_stubs.get(address)
         if stub is None:
@@ -148,7 +148,7 @@ class AsyncClient:
             raise
 
     async def call_bound(self, shard: str,
-                         method_of: Callable[[broker_pb2_grpc.BrokerServiceStub], Callable[..., Awaitable[Resp]]],
+                         method_of: Callable[[broker_pb2_grpc.BrokerServiceAsyncStub], Callable[..., Awaitable[Resp]]],
                          request: Any, timeout: float | None = None) -> Resp:
         """A unary call bound to ``shard`` by an id (an ack, an invisibility change): retried
         there with backoff while it fails transiently (``txmq._faults.retry_action``)."""
@@ -231,7 +231,7 @@ class AsyncClient:
         if address is not None:
             return address
         response = await self.nameserver_call("ListBrokers", nameserver_pb2.ListBrokersRequest())
-        live = {broker.name: broker.address for broker in response.brokers}
+        live: dict[str, str] = {broker.name: broker.address for broker in response.brokers}
         self._broker_addresses.update(live)
         if broker_name not in live:
             self._broker_addresses.pop(broker_name, None)

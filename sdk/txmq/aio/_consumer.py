@@ -106,7 +106,7 @@ class AsyncSimpleConsumer:
         self._polling_inline = self._polling_inline or alone
 
         async def perform(step: Receive | LongPoll) -> list[ReceivedMessage]:
-            if type(step) is Receive:
+            if isinstance(step, Receive):
                 return await self._receive_from(step.target, step.max_messages, invisible_duration_seconds,
                                                 step.wait_seconds)
             return await self._long_poll(step.targets, max_messages, invisible_duration_seconds)
@@ -251,7 +251,7 @@ class AsyncSimpleConsumer:
             if left is None or left > 0:
                 try:
                     await asyncio.wait_for(changed.wait(), left)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 continue
             await self._send_deferred(self._deferred.take_all())

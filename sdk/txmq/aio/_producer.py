@@ -13,7 +13,7 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, overload
 
 from .._errors import InvalidFieldError, NoLeaderError, TxmqError
 from .._client import QueueRoute, positive
@@ -23,7 +23,7 @@ from .._global import OPEN_GLOBAL_RETRY_SECONDS, GlobalTransactionResult, send_g
 from .._names import in_namespace, validate_group
 from .._producer import _HOST, DEFAULT_MAX_BODY_BYTES, new_client_id
 from .._tls import TLS
-from .._sending import (Pick, Rebind, Request, Sleep, Step, configure, end_transaction, finished, half_builder,
+from .._sending import (Pick, Rebind, Request, SenderOptions, Sleep, Step, configure, end_transaction, finished, half_builder,
                         outcome_of, pick_queue, run_async, send_new, validate)
 from .._types import (LocalTransactionState, Message, SendReceipt, TransactionMessage, TransactionResult,
                       TransactionState, message_to_pb)
@@ -36,7 +36,7 @@ from ._client import AsyncClient
 log = logging.getLogger(__name__)
 
 
-class AsyncProducer:
+class AsyncProducer(SenderOptions):
     """Sends normal messages from coroutines. Use it as ``async with`` (or call
     :meth:`close`). Routing and retries are those of :class:`txmq.Producer`: a send that
     fails transiently before anything was acknowledged moves to another shard with a new
@@ -253,8 +253,8 @@ class AsyncTransactionProducer(AsyncProducer):
 
     async def _end_by_id(self, transaction_id: str, decision: LocalTransactionState,
                          deadline: float) -> tuple[TransactionState | None, TxmqError | None]:
-        async def perform(step: Step) -> Any:
-            if type(step) is Address:
+        async def perform(step: Step | Address) -> Any:
+            if isinstance(step, Address):
                 return await self._client.broker_address(step.broker, refresh=step.refresh)
             return await self._perform(step)
 
@@ -266,8 +266,15 @@ class AsyncTransactionProducer(AsyncProducer):
         return await run_async(end_by_id(transaction_id, decision, self.producer_group, deadline, clock,
                                          self.retry_backoff_seconds), perform)
 
-    async def send_in_transaction(self, message: "Message | Sequence[Message]",
-                                  arg: Any = None) -> "TransactionResult | GlobalTransactionResult":
+    @overload
+    async def send_in_transaction(self, message: Message, arg: Any = None) -> TransactionResult: ...
+
+    @overload
+    async def send_in_transaction(self, message: list[Message] | tuple[Message, ...],
+                                  arg: Any = None) -> GlobalTransactionResult: ...
+
+    async def send_in_transaction(self, message: Message | list[Message] | tuple[Message, ...],
+                                  arg: Any = None) -> TransactionResult | GlobalTransactionResult:
         """As :meth:`txmq.TransactionProducer.send_in_transaction`, awaiting the listener
         (several messages: one multi-message transaction, its parts sent concurrently)."""
         if self.listener is None:
@@ -291,11 +298,12 @@ class AsyncTransactionProducer(AsyncProducer):
                                  broker_name=broker_name, queue_id=route.queue_id, end_error=end_error)
 
     async def _execute(self, half: TransactionMessage, arg: Any) -> LocalTransactionState:
+        assert self.listener is not None  # send_in_transaction refuses a producer without one
         try:
             state = await self.listener.execute_local_transaction(half, arg)
         except asyncio.CancelledError:
             raise  # the caller gave up: the transaction stays PREPARED and the check decides
-        except Exception:  # noqa: BLE001 - the local transaction's failure is an answer: UNKNOWN
+        except Exception:  # the local transaction's failure is an answer: UNKNOWN
             log.exception("execute_local_transaction raised for transaction %s: ending it as UNKNOWN",
                           half.transaction_id)
             return LocalTransactionState.UNKNOWN

@@ -114,7 +114,7 @@ class AsyncProduceStream:
         sent_at = time.monotonic()
         try:
             result = await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             session.pending.pop(request_id, None)
             if session.last_response < sent_at and not session.dead:
                 log.warning("produce stream to %s answered nothing for %.1fs: reconnecting", self.address, timeout)
@@ -151,7 +151,7 @@ class AsyncProduceStream:
                 if session.unanswered > 0:
                     try:
                         await asyncio.wait_for(session.answered.wait(), HOLD_SECONDS)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
                     for _ in range(LINGER_TURNS):
                         await asyncio.sleep(0)
@@ -171,7 +171,7 @@ class AsyncProduceStream:
             self._fail(session, f"write failed: {exc}")
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - never leave callers waiting
+        except Exception:  # never leave callers waiting
             log.exception("produce stream to %s: writer failed", self.address)
             self._fail(session, "writer failed")
 
@@ -196,7 +196,7 @@ class AsyncProduceStream:
             detail = f"{getattr(code, 'name', code)}: {exc.details() if hasattr(exc, 'details') else exc}"
         except asyncio.CancelledError:
             detail = "cancelled"
-        except Exception:  # noqa: BLE001 - never leave callers waiting
+        except Exception:  # never leave callers waiting
             log.exception("produce stream to %s: reader failed", self.address)
             detail = "reader failed"
         self._fail(session, detail)

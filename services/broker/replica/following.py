@@ -118,7 +118,7 @@ class Following:
                 log.info("replication session ended", extra={"fields": {
                     "leader": leader.replication_address or leader.address, "epoch": leader.epoch,
                     "code": kind_of, "error": str(exc)[:300]}})
-        except Exception:  # noqa: BLE001 - the election loop starts a new session
+        except Exception:  # the election loop starts a new session
             log.exception("replication session failed")
         finally:
             if conn is not None:

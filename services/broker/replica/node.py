@@ -131,7 +131,7 @@ class ReplicaNode:
                 await self._elect_round()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - one bad round must not end the loop
+            except Exception:  # one bad round must not end the loop
                 log.exception("election round failed")
             await asyncio.sleep(self.config.election_poll_seconds)
 
@@ -207,7 +207,7 @@ class ReplicaNode:
             "waiting_answers_failed": waiting, "commit_lsn": lead.commit, "log_end": self.db.written}})
         try:
             await term.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("closing the term failed")
         self._on_role_change()
 
@@ -287,7 +287,7 @@ class ReplicaNode:
             out.followers.extend(self.lead.follower_status(time.monotonic(), self.db.written))
         return out
 
-    def role(self) -> int:
+    def role(self) -> nameserver_pb2.BrokerRole.ValueType:
         return nameserver_pb2.BROKER_ROLE_LEADER if self.term is not None else nameserver_pb2.BROKER_ROLE_FOLLOWER
 
     def known_epoch(self) -> int:

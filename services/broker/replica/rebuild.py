@@ -87,7 +87,7 @@ async def rebuild_from(config: BrokerConfig, db: Database, leader: Leader) -> Da
     return new
 
 
-async def _fetch(stub: replication_pb2_grpc.ReplicationServiceStub, config: BrokerConfig, leader: Leader,
+async def _fetch(stub: replication_pb2_grpc.ReplicationServiceAsyncStub, config: BrokerConfig, leader: Leader,
                  staging: str) -> tuple[int, int]:
     """Writes the checkpoint's files into ``staging``, synced; returns (its log end, bytes)."""
     shutil.rmtree(staging, ignore_errors=True)

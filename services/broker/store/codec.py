@@ -21,11 +21,22 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
-# The kinds, states and sources stored here are the domain's named values (one byte each).
-from ..model import (KIND_HALF, KIND_NORMAL, SOURCE_BROKER, SOURCE_CHECK,  # noqa: F401 - re-exported
-                     SOURCE_CLIENT, SOURCE_NONE, SOURCE_OPERATOR, STATE_COMMITTED, STATE_DISCARDED,
-                     STATE_NAMES, STATE_PREPARED, STATE_ROLLED_BACK)
+# The kinds, states and sources stored here are the domain's named values (one byte each),
+# re-exported.
+from ..model import KIND_HALF as KIND_HALF
+from ..model import KIND_NORMAL as KIND_NORMAL
+from ..model import SOURCE_BROKER as SOURCE_BROKER
+from ..model import SOURCE_CHECK as SOURCE_CHECK
+from ..model import SOURCE_CLIENT as SOURCE_CLIENT
+from ..model import SOURCE_NONE as SOURCE_NONE
+from ..model import SOURCE_OPERATOR as SOURCE_OPERATOR
+from ..model import STATE_COMMITTED as STATE_COMMITTED
+from ..model import STATE_DISCARDED as STATE_DISCARDED
+from ..model import STATE_NAMES as STATE_NAMES
+from ..model import STATE_PREPARED as STATE_PREPARED
+from ..model import STATE_ROLLED_BACK as STATE_ROLLED_BACK
 
 VERSION = 1
 _FRAME = struct.Struct(">BI")
@@ -99,7 +110,7 @@ class Reader:
         self.data = data
         self.pos = pos
 
-    def fixed(self, st: struct.Struct) -> tuple:
+    def fixed(self, st: struct.Struct) -> tuple[Any, ...]:
         if self.pos + st.size > len(self.data):
             raise ValueError("truncated fixed field")
         out = st.unpack_from(self.data, self.pos)
@@ -291,7 +302,8 @@ def log_key(seq: int) -> bytes:
 
 
 def log_seq(key: bytes) -> int:
-    return _U64.unpack(key)[0]
+    decoded: int = _U64.unpack(key)[0]
+    return decoded
 
 
 # --- consume queues ----------------------------------------------------------------------
@@ -512,7 +524,8 @@ def decode_u64(value: bytes, what: str, key: bytes = b"") -> int:
     payload = unframe(value, what, key)
     if len(payload) != 8:
         raise CorruptRecordError(what, key, "wrong length")
-    return _U64.unpack(payload)[0]
+    decoded: int = _U64.unpack(payload)[0]
+    return decoded
 
 
 def consumer_key(group: str, topic: str, queue_id: int) -> bytes:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from . import replog
-from .replication_log import CannotTruncateError, ReplicationLog
+from .replication_log import ReplicationLog
 
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,7 @@ class Database:
         if group is not None:
             staged = group.overlay.get((cf, key), _ABSENT)
             if staged is not _ABSENT:
-                return staged  # type: ignore[return-value]
+                return staged  # type: ignore[return-value]  # not _ABSENT: bytes, or None (deleted)
         return self.cf[cf].get(key)
 
     def scan(self, cf: str, start: bytes = b"", stop: bytes | None = None,
@@ -410,7 +410,7 @@ class Database:
             self._closed = True
         try:
             self.db.flush_wal(True)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("final WAL flush failed")
         self.cf.clear()
         self.handles.clear()

@@ -50,7 +50,8 @@ def member_prefix(gid: str) -> bytes:
 
 
 def split_seq_key(key: bytes) -> int:
-    return _U64.unpack(key[1:9])[0]
+    decoded: int = _U64.unpack(key[1:9])[0]
+    return decoded
 
 
 def split_part_key(key: bytes) -> tuple[str, int]:

@@ -99,7 +99,7 @@ class ReplicationLog:
     def is_member(self) -> bool:
         """Whether this replica holds a complete copy of its shard (not a fresh or wiped
         store, not a rebuild in progress): only a member may lead."""
-        return self.store.cf["replica"].get(b"member") == b"1"
+        return bool(self.store.cf["replica"].get(b"member") == b"1")
 
     def set_member(self, member: bool) -> None:
         if member:
@@ -125,7 +125,7 @@ class ReplicationLog:
         applied it, with the leader's undo record stored as it came (no before-image read
         here: replicas are equal at every lsn), all in one batch (unsynced). Returns the new
         log end."""
-        entries = []
+        entries: list[tuple[int, bytes, list[tuple[str, bytes, bytes | None]], bytes | None]] = []
         expect = self.store.written + 1
         last_epoch = self.last_epoch
         for lsn, value, undo in replog.unpack_entries(data):

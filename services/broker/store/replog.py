@@ -65,7 +65,8 @@ def lsn_key(lsn: int) -> bytes:
 
 
 def key_lsn(key: bytes) -> int:
-    return _U64.unpack(key)[0]
+    decoded: int = _U64.unpack(key)[0]
+    return decoded
 
 
 def encode_entry(epoch: int, puts: Iterable[Put]) -> bytes:
@@ -115,7 +116,8 @@ def decode_entry(value: bytes, key: bytes = b"") -> tuple[int, list[Put]]:
 
 def entry_epoch(value: bytes) -> int:
     """The epoch of an encoded entry (header only; its CRC is checked when decoded)."""
-    return _U64.unpack_from(value, 5)[0]
+    decoded: int = _U64.unpack_from(value, 5)[0]
+    return decoded
 
 
 def pack_entries(entries: Iterable[tuple[int, bytes, bytes]]) -> bytes:
@@ -272,7 +274,8 @@ def encode_ack(durable_lsn: int) -> bytes:
 def decode_ack(body: bytes) -> int:
     if len(body) != _U64.size:
         raise FrameError(f"ack: {len(body)} bytes, not 8")
-    return _U64.unpack(body)[0]
+    decoded: int = _U64.unpack(body)[0]
+    return decoded
 
 
 def encode_start(epoch: int, commit: int, truncate_to: int, end_epoch: int) -> bytes:
@@ -282,7 +285,8 @@ def encode_start(epoch: int, commit: int, truncate_to: int, end_epoch: int) -> b
 def start_end_epoch(body: bytes) -> int:
     """The epoch a START frame's truncation point ends (its body already checked by
     :func:`decode_leader`)."""
-    return _START.unpack(body)[3]
+    decoded: int = _START.unpack(body)[3]
+    return decoded
 
 
 def encode_entries(epoch: int, commit: int, entries: Iterable[tuple[int, bytes, bytes]]) -> bytes:

@@ -75,7 +75,8 @@ def _details(details: Any) -> Any:
         return details
     metadata = [(k, v) for k, v in (details.metadata or ()) if k != ON_BEHALF_OF_HEADER]
     metadata.append((ON_BEHALF_OF_HEADER, urllib.parse.quote(principal, safe="")))
-    return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata,
+    # grpc.aio takes any sequence of pairs here; the stubs name only its Metadata class.
+    return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata,  # type: ignore[arg-type]
                                       details.credentials, details.wait_for_ready)
 
 

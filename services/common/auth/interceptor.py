@@ -203,7 +203,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         elif policy.rights == INTERNAL:
             authorize(credentials, principal, method, [Need((INTERNAL_ACTION,), "cluster")])
         elif policy.rights != ANY and request is not None:
-            authorize(credentials, principal, method, policy.rights(request))  # type: ignore[operator]
+            assert not isinstance(policy.rights, str), f"{method}: unknown rights {policy.rights!r}"  # the markers are above
+            authorize(credentials, principal, method, policy.rights(request))
             self.authorize_ids(credentials, principal, policy, request)
         return principal
 
@@ -333,6 +334,7 @@ class _StreamGuard:
         self.interceptor = interceptor
         self.method = method
         self.policy = policy
+        assert not isinstance(policy.rights, str), "a stream guard needs a rights function"  # prepare() checks
         self.rights = policy.rights
         self.context = context
         self.principal = principal

@@ -50,6 +50,7 @@ import logging
 import os
 import threading
 import time
+import zoneinfo
 from typing import Any, Callable, Iterable, Mapping
 
 import yaml
@@ -86,20 +87,19 @@ class AccessKey:
     secret: str
     #: The zone whose local time this key's clients stamp in x-mq-date-time (UTC, but the
     #: official Python and Java clients stamp their host's local time: see the module docstring).
-    time_zone: datetime.tzinfo = datetime.timezone.utc
+    time_zone: datetime.tzinfo = datetime.UTC
 
 
 def parse_time_zone(text: str) -> datetime.tzinfo:
     """``UTC``, a fixed offset ``+08:00`` / ``-05:30``, or an IANA name (``Asia/Shanghai``);
     raises ValueError."""
     if text.upper() in ("UTC", "Z"):
-        return datetime.timezone.utc
+        return datetime.UTC
     if text[:1] in "+-" and len(text) == 6 and text[3] == ":" and text[1:3].isdigit() and text[4:].isdigit():
         minutes = int(text[1:3]) * 60 + int(text[4:])
         if minutes > 14 * 60:
             raise ValueError(f"offset {text!r} is beyond ±14:00")
         return datetime.timezone(datetime.timedelta(minutes=minutes if text[0] == "+" else -minutes))
-    import zoneinfo
     try:
         return zoneinfo.ZoneInfo(text)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:

@@ -299,6 +299,6 @@ if __name__ == "__main__":
     time.tzset()
     try:
         SCENARIOS[sys.argv[1]](arguments)
-    except Exception as exc:  # noqa: BLE001 - reported to the test, then the exit status says it failed
+    except Exception as exc:  # reported to the test, then the exit status says it failed
         emit("error", type=type(exc).__name__, message=str(exc)[:500], code=getattr(exc, "code", None))
         raise
