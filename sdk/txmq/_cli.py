@@ -62,7 +62,7 @@ import shutil
 import sys
 import time
 from importlib import metadata
-from typing import Any, Callable, Sequence, TextIO
+from typing import Any, Callable, NoReturn, Sequence, TextIO
 
 from ._admin import Admin as _AdminClient
 from ._admin import cut_per_broker
@@ -786,7 +786,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="bearer token for a cluster with auth on (default $TXMQ_TOKEN); "
                              "with auth on, txn resolve records this token's principal as the operator")
 
-    parser = _Parser(prog="txmq", parents=[common],
+    # Typed as argparse's own: its subcommands are _Parser at run time too (add_subparsers
+    # makes its parsers of the parser's class), and take the plain `common` as a parent.
+    parser: argparse.ArgumentParser = _Parser(prog="txmq", parents=[common],
                                      description="Operate a txmq cluster through its name servers.")
     parser.add_argument("--version", action="version", version=f"txmq {_version()}")
     commands = parser.add_subparsers(dest="noun", required=True,
@@ -988,10 +990,10 @@ class _Parser(argparse.ArgumentParser):
 
     json_errors = False
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         if _Parser.json_errors:
             self.exit(2, error_json(None, f"{self.prog}: {message}", usage=True) + "\n")
-        return super().error(message)
+        super().error(message)
 
 
 def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from ._errors import InvalidFieldError, TxmqError
 from ._ids import MessageId, TransactionId
 from ._resets import ResetResult, parse_to_offset
-from .v1 import common_pb2
+from .v1 import broker_pb2, common_pb2
 
 Output = Callable[[Any, Callable[[], str]], None]
 _AGO = re.compile(r"^\s*(?:-\s*(?P<a>.+?)|(?P<b>.+?)\s+ago)\s*$")
@@ -35,7 +35,7 @@ def parse_time(text: str, field: str, parse_duration: Callable[[str], float],
                now: _dt.datetime | None = None) -> _dt.datetime:
     """An ISO 8601 time (UTC when it names no zone) or ``15m ago`` / ``-15m`` (a duration
     as ``parse_duration`` reads it)."""
-    now = now or _dt.datetime.now(tz=_dt.timezone.utc)
+    now = now or _dt.datetime.now(tz=_dt.UTC)
     match = _AGO.match(text)
     if match:
         try:
@@ -47,13 +47,13 @@ def parse_time(text: str, field: str, parse_duration: Callable[[str], float],
     except ValueError:
         raise InvalidFieldError(field, f"{text!r} is not an ISO 8601 time (2026-12-01T09:30:00Z) nor a time ago "
                                        "(15m ago, -15m)") from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=_dt.timezone.utc)
+    return when if when.tzinfo is not None else when.replace(tzinfo=_dt.UTC)
 
 
 def _iso(ms: int) -> str | None:
     if not ms:
         return None
-    return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc).isoformat(timespec="milliseconds")
+    return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.UTC).isoformat(timespec="milliseconds")
 
 
 # --- group reset / clients -----------------------------------------------------------------
@@ -75,8 +75,8 @@ def reset_dict(result: ResetResult) -> dict[str, Any]:
 def _group_reset(admin: Any, args: argparse.Namespace, out: Output, helpers: Any) -> None:
     table = helpers.table
     offsets: dict[Any, int] = {}
-    for text in args.to_offset or []:
-        broker, queue, offset = parse_to_offset(text)
+    for given in args.to_offset or []:
+        broker, queue, offset = parse_to_offset(given)
         offsets[(broker, queue) if broker else queue] = offset
     result = admin.reset_offsets(
         args.group, args.topic, to_earliest=args.to_earliest, to_latest=args.to_latest,
@@ -86,7 +86,7 @@ def _group_reset(admin: Any, args: argparse.Namespace, out: Output, helpers: Any
     data = reset_dict(result)
 
     def text() -> str:
-        body = table(["BROKER", "QUEUE", "CURRENT", "NEW", "LAG BEFORE", "LAG AFTER", "CHANGE", "IN FLIGHT"],
+        body: str = table(["BROKER", "QUEUE", "CURRENT", "NEW", "LAG BEFORE", "LAG AFTER", "CHANGE", "IN FLIGHT"],
                      [[q["broker"], q["queue_id"], q["current_offset"], q["new_offset"], q["lag_before"],
                        q["lag_after"], f"{q['lag_change']:+d}", q["inflight_invalidated"]] for q in data["queues"]])
         lines = [body]
@@ -119,7 +119,7 @@ def _group_clients(admin: Any, args: argparse.Namespace, out: Output, helpers: A
     data = {"group": args.group, "clients": clients, "unreachable_brokers": list(response.unreachable_brokers)}
 
     def text() -> str:
-        body = table(["KIND", "CLIENT", "ADDRESS", "BROKER", "TOPICS", "LAST SEEN (UTC)", "STATE"],
+        body: str = table(["KIND", "CLIENT", "ADDRESS", "BROKER", "TOPICS", "LAST SEEN (UTC)", "STATE"],
                      [[c["kind"], c["client_id"], c["address"] or "", c["broker"], ", ".join(c["topics"]),
                        (c["last_seen"] or "")[11:23],
                        ("waiting in a receive" if c["waiting"] else "") if c["kind"] == "consumer"
@@ -167,7 +167,8 @@ def _message_get(admin: Any, args: argparse.Namespace, out: Output, helpers: Any
                              f"txmq txn describe {data['transaction_id']}")
         elif data["scheduled"]:
             shown["note"] = "waits for its delivery time (not yet in its queue)"
-        return helpers.describe_text(shown)
+        described: str = helpers.describe_text(shown)
+        return described
     out(data, text)
 
 
@@ -180,7 +181,7 @@ def _message_find(admin: Any, args: argparse.Namespace, out: Output, helpers: An
             "unreachable_brokers": list(response.unreachable_brokers)}
 
     def text() -> str:
-        body = helpers.table(["MESSAGE ID", "BROKER", "QUEUE", "OFFSET", "VISIBLE (UTC)", "TAG", "KEYS", "BODY"],
+        body: str = helpers.table(["MESSAGE ID", "BROKER", "QUEUE", "OFFSET", "VISIBLE (UTC)", "TAG", "KEYS", "BODY"],
                              [[r["message_id"], r["broker"], r["queue_id"], r["queue_offset"],
                                (r["visible_at"] or "")[:23], r["tag"] or "", ",".join(r["keys"]),
                                helpers.body_preview(f.message.message.body, 60)]
@@ -206,7 +207,7 @@ def _message_print(admin: Any, args: argparse.Namespace, out: Output, helpers: A
             return (f"nothing at offset {args.offset} of queue {args.queue} (it holds {response.min_offset}.."
                     f"{response.max_offset - 1})" if response.max_offset > response.min_offset
                     else f"queue {args.queue} of {args.topic} is empty (next offset {response.max_offset})")
-        blocks = []
+        blocks: list[str] = []
         for r, f in zip(rows, response.messages):
             shown = {k: v for k, v in r.items() if k not in ("body_utf8", "body_base64")}
             shown["body"] = helpers.body_preview(f.message.message.body)
@@ -218,7 +219,7 @@ def _message_print(admin: Any, args: argparse.Namespace, out: Output, helpers: A
 def describe_by_message_id(admin: Any, message_id: str) -> str:
     """``txn describe MESSAGE_ID``: the transaction id of a transactional message (a
     TxmqError naming the id for a normal message)."""
-    found = admin.get_message(message_id)
+    found: broker_pb2.FoundMessage = admin.get_message(message_id)
     if not found.message.transaction_id:
         raise TxmqError(f"message {message_id} is not transactional (a normal message of "
                         f"{found.message.topic}): txmq message get {message_id}")

@@ -16,10 +16,12 @@ from .core import BrokerCore
 from .model import STATE_COMMITTED, STATE_DISCARDED, STATE_PREPARED, STATE_ROLLED_BACK
 from .store.codec import LogRecord
 
-_STATES = {STATE_PREPARED: common_pb2.TRANSACTION_STATE_PREPARED,
-           STATE_COMMITTED: common_pb2.TRANSACTION_STATE_COMMITTED,
-           STATE_ROLLED_BACK: common_pb2.TRANSACTION_STATE_ROLLED_BACK,
-           STATE_DISCARDED: common_pb2.TRANSACTION_STATE_DISCARDED}
+_STATES: dict[int, common_pb2.TransactionState.ValueType] = {
+    STATE_PREPARED: common_pb2.TRANSACTION_STATE_PREPARED,
+    STATE_COMMITTED: common_pb2.TRANSACTION_STATE_COMMITTED,
+    STATE_ROLLED_BACK: common_pb2.TRANSACTION_STATE_ROLLED_BACK,
+    STATE_DISCARDED: common_pb2.TRANSACTION_STATE_DISCARDED,
+}
 
 
 async def reset_group_offsets(core: BrokerCore, bridge: StoreBridge,

@@ -141,9 +141,7 @@ def _offset_at(core: BrokerCore, topic: str, q: int, low: int, high: int, timest
     while lo < hi:
         mid = (lo + hi) // 2
         found = visible_at(mid)
-        if found is None:
-            hi = mid
-        elif found[1] >= timestamp_ms:
+        if found is None or found[1] >= timestamp_ms:  # none visible from mid on, or at or after the time
             hi = mid
         else:
             lo = found[0] + 1

@@ -91,7 +91,7 @@ class GroupOps:
             raise ConsumersLiveError(request.consumer_group, request.topic,
                                      sorted({f"{c.client_id}@{c.broker_name}" for c in response.live_consumers}))
         applied = await self._each(targets, lambda b: ask(b, False))
-        errors = {b: a for b, a in applied.items() if isinstance(a, BaseException)}
+        errors = {b: a for b, a in applied.items() if isinstance(a, TxmqError)}
         for b in sorted(applied):
             if b not in errors:
                 response.queues.extend(applied[b].queues)

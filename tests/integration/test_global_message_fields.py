@@ -71,7 +71,7 @@ def test_delays_of_a_multi_message_transaction_hold_its_messages_back(cluster, u
     topic = unique_name("delayed")
     cluster.create_topic(topic, queue_count=2)
     sent_at = time.time()
-    due = dt.datetime.fromtimestamp(sent_at + DELAY_SECONDS, tz=dt.timezone.utc)
+    due = dt.datetime.fromtimestamp(sent_at + DELAY_SECONDS, tz=dt.UTC)
     result = _send(flavour, cluster, unique_name("pg"), [
         txmq.Message(topic, b"delayed", delay_seconds=DELAY_SECONDS),
         txmq.Message(topic, b"timed", delivery_time=due)])

@@ -68,7 +68,7 @@ def test_every_target_dry_run_first_then_executed(reset_cluster, unique_name) ->
     cluster.create_topic(topic, queue_count=1)
     first = send(cluster, topic, [f"a{i}".encode() for i in range(5)])
     time.sleep(0.05)  # a strictly later visibility time for the second batch (the broker's clock, ms)
-    mark = dt.datetime.now(tz=dt.timezone.utc)
+    mark = dt.datetime.now(tz=dt.UTC)
     time.sleep(0.05)
     second = send(cluster, topic, [f"b{i}".encode() for i in range(5)])
     assert [r.queue_offset for r in first + second] == list(range(10))

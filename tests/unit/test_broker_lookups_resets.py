@@ -48,10 +48,7 @@ def make_core(tmp_path, clock):
 
     yield make
     for core in cores:
-        try:
-            core.close()
-        except Exception:
-            pass
+        core.close()
 
 
 def send(core: BrokerCore, body: bytes, keys: tuple[str, ...] = (), kind: int = codec.KIND_NORMAL, **kw: Any):

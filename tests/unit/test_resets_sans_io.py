@@ -14,7 +14,7 @@ from txmq._resets import parse_to_offset, reset_request, reset_result
 from txmq.errors import InvalidFieldError
 from txmq.v1 import admin_pb2, broker_pb2
 
-NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 
 
 def test_one_target_each() -> None:
@@ -56,7 +56,7 @@ def test_to_offset_and_times_as_an_operator_types_them() -> None:
     assert parse_time("15m ago", "to_time", parse_duration, NOW) == NOW - dt.timedelta(minutes=15)
     assert parse_time("-2h", "to_time", parse_duration, NOW) == NOW - dt.timedelta(hours=2)
     assert parse_time("2026-12-01T09:30:00Z", "to_time", parse_duration) == NOW.replace(hour=9, minute=30)
-    assert parse_time("2026-12-01 09:30", "to_time", parse_duration).tzinfo == dt.timezone.utc  # no zone: UTC
+    assert parse_time("2026-12-01 09:30", "to_time", parse_duration).tzinfo == dt.UTC  # no zone: UTC
     assert parse_time("2026-12-01T09:30:00+01:00", "to_time", parse_duration) == NOW.replace(hour=8, minute=30)
     with pytest.raises(InvalidFieldError) as refused:
         parse_time("yesterday", "to_time", parse_duration)
