@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from .._errors import InvalidFieldError, NoLeaderError, TxmqError
 from .._client import QueueRoute, positive
-from .._checks import InProgress
+from .._checking import InProgress
 from .._faults import RoutingStats
 from .._global import OPEN_GLOBAL_RETRY_SECONDS, GlobalTransactionResult, send_global_async
 from .._names import in_namespace, validate_group
