@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import grpc
 
 from ._auth import BearerToken, with_token
-from ._client import CHANNEL_OPTIONS, parse_nameservers, positive
+from ._calling import CHANNEL_OPTIONS, parse_nameservers, positive
 from ._errors import InvalidFieldError, NotANameServerError, TxmqError, error_from_rpc
 from ._names import in_namespace, namespace_of, unqualify, validate_namespace
 from ._tls import TLS, ChannelTLS, sync_channel

@@ -23,7 +23,7 @@ from ._decisions import (  # noqa: F401 - re-exported
     transaction_key_of,
     validate_table,
 )
-from .aio._anchored import _AsyncPool as AsyncStorePool  # noqa: F401 - re-exported
+from .aio._anchored import AsyncStorePool  # noqa: F401 - re-exported
 from .aio._anchored import drive_async  # noqa: F401 - re-exported
 
 __all__ = [
