@@ -20,6 +20,9 @@ import uvloop
 from .config import env_name, load_config
 from .logs import configure_logging
 from . import tls
+from .auth import service_credentials
+from .channels import use_credentials
+from .startup import StartupError
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +40,6 @@ STOP_SECONDS = 10.0
 EXIT_STALL_SECONDS = 3.0
 #: A start cancelled by a SIGTERM ends within this (then the stop goes on regardless).
 START_CANCEL_SECONDS = 1.0
-
-
-class StartupError(Exception):
-    """The environment keeps a service from starting (a port in use, a data directory that
-    cannot be written...); the message is the one line the operator reads."""
 
 
 def describe_startup_failure(exc: BaseException, config: Any) -> str:
@@ -73,9 +71,6 @@ def write_ready_file(path: str, **fields: Any) -> None:
 async def serve(config: Any, create_server: Callable[[Any], Awaitable[tuple[Any, int]]]) -> None:
     """Runs the service until SIGTERM/SIGINT; whatever fails before it is ready is a
     :class:`StartupError`."""
-    from .auth import service_credentials  # noqa: PLC0415 - auth imports StartupError from here
-    from .channels import use_credentials  # noqa: PLC0415
-
     stopping = asyncio.Event()
     try:
         tls.use_config(config)  # before any channel is opened

@@ -21,7 +21,6 @@ before the service opens any channel; :func:`client_tls` is what ``channels`` re
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 from typing import Any
 
@@ -29,7 +28,6 @@ import grpc
 
 from txmq.tls import TLS, ChannelTLS, PemFiles, changed_pair, check_pair
 
-from .config import ConfigError, env_name, flag_name
 
 log = logging.getLogger(__name__)
 
@@ -38,26 +36,6 @@ _client: ChannelTLS | None = None
 
 def enabled(config: Any) -> bool:
     return bool(config.tls_cert_file)
-
-
-def check_tls_settings(config: Any) -> None:
-    """Raises :class:`ConfigError` for settings that cannot work together or files that cannot
-    be read (checked when the configuration is built, before anything is bound)."""
-    def refuse(name: str, problem: str) -> ConfigError:
-        return ConfigError(name, f"{env_name(name)} / {flag_name(name)}", getattr(config, name), problem)
-
-    if bool(config.tls_cert_file) != bool(config.tls_key_file):
-        name = "tls_key_file" if config.tls_cert_file else "tls_cert_file"
-        raise refuse(name, "tls_cert_file and tls_key_file go together (both set, or neither)")
-    if (config.tls_ca_file or config.tls_server_name) and not config.tls_cert_file:
-        name = "tls_ca_file" if config.tls_ca_file else "tls_server_name"
-        raise refuse(name, "TLS is on only with tls_cert_file and tls_key_file (this would be ignored)")
-    if config.tls_client_auth == "require" and not (config.tls_cert_file and config.tls_ca_file):
-        raise refuse("tls_client_auth", "require needs tls_cert_file, tls_key_file and tls_ca_file")
-    for name in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
-        path = getattr(config, name)
-        if path and not os.access(path, os.R_OK):
-            raise refuse(name, "not a readable file")
 
 
 def client_settings(config: Any) -> TLS | None:
