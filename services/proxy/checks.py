@@ -47,13 +47,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 import grpc
 
+from txmq.checking import Check, CheckStream, Refused, Subscribed
 from txmq.v1 import checker_pb2, checker_pb2_grpc, common_pb2
 
 from services.common.aio import wait_event
@@ -69,8 +69,6 @@ from .upstream import Upstream
 
 log = logging.getLogger(__name__)
 
-RECONNECT_BACKOFF_SECONDS = 0.1
-RECONNECT_BACKOFF_MAX_SECONDS = 5.0
 #: Kept this long past a check's answer timeout, for a late EndTransaction.
 PENDING_SLACK_SECONDS = 30.0
 #: Checks one client's subscription at one checker may hold (see the module docstring).
@@ -97,7 +95,10 @@ class _Pending:
 
 
 class CheckerLink:
-    """One client's subscription at one checker; reopened with backoff until closed."""
+    """One client's subscription at one checker; reopened with backoff until closed. The
+    stream itself (its Subscribe, sessions, response kinds, reconnect backoff) is the SDK's
+    check-stream core (``txmq.checking.CheckStream``); what this relay does with checks and
+    answers is its own (see the module's docstring)."""
 
     def __init__(self, manager: "CheckManager", address: str, client: ClientKey, groups: tuple[str, ...]) -> None:
         self.manager = manager
@@ -112,21 +113,22 @@ class CheckerLink:
         #: is at max_pending_checks_per_connection.
         self.withheld = 0
         self.held_on = ""
+        self.stream = CheckStream(address, address, producer_groups=groups, client_id=client.client_id,
+                                  credit=CHECK_CREDIT_PER_CLIENT)
         self._outbox: asyncio.Queue[Request | None] | None = None
         self._task = asyncio.create_task(self._run(), name=f"check-link-{client.client_id}@{address}")
 
     def send(self, request: Request) -> None:
-        if not self.closed and self._outbox is not None:
-            self._outbox.put_nowait(request)
+        if not self.closed:
+            self.stream.send(request)
 
     def drain(self) -> None:
         """No more checks for this link; it stays open for the answers owed on it."""
         self.draining = True
         self.send(Request(drain=checker_pb2.CheckDrain()))
 
-    async def _requests(self, outbox: "asyncio.Queue[Request | None]") -> AsyncIterator[Request]:
-        yield Request(subscribe=checker_pb2.Subscribe(producer_groups=list(self.groups), client_id=self.client_id,
-                                                      check_credit=CHECK_CREDIT_PER_CLIENT))
+    @staticmethod
+    async def _requests(outbox: "asyncio.Queue[Request | None]") -> AsyncIterator[Request]:
         while True:
             item = await outbox.get()
             if item is None:
@@ -137,43 +139,41 @@ class CheckerLink:
         # Subscribed for the client's principal: the checker decides which groups it may
         # serve, as for a native producer (``services.common.auth.delegation``).
         act_for(self.client.principal)
-        backoff = RECONNECT_BACKOFF_SECONDS
-        failing = False
+        stream = self.stream
         stub = checker_pb2_grpc.CheckerServiceStub(self.manager.upstream.channel(self.address))
         while not self.closed:
             outbox: asyncio.Queue[Request | None] = asyncio.Queue()
             self._outbox = outbox
+            session, subscribe = stream.open(outbox.put_nowait)
+            outbox.put_nowait(subscribe)
             call = stub.CheckTransactionState(self._requests(outbox))
             try:
                 async for response in call:
-                    kind = response.WhichOneof("command")
-                    if kind == "check":
-                        self.manager.deliver(self, response.check)
-                    elif kind == "subscribed":
-                        backoff = RECONNECT_BACKOFF_SECONDS
-                        if failing:
+                    event = stream.classify(response, session)
+                    if type(event) is Check:
+                        self.manager.deliver(self, event.check)
+                    elif type(event) is Subscribed:
+                        if stream.subscribed(event.checker_name):
                             log.info("checker reachable again", extra={"fields": {"checker": self.address}})
-                        failing = False
-                    elif kind == "error":
+                    elif type(event) is Refused:
                         log.debug("checker refused a request", extra={"fields": {
                             "checker": self.address, "client_id": self.client_id,
                             "reason": response.error.reason, "error": response.error.message[:200]}})
             except grpc.aio.AioRpcError as exc:
                 if self.closed:
                     return
-                if not failing:
+                if stream.failed():
                     log.warning("check stream failed, reopening", extra={"fields": {
                         "checker": self.address, "client_id": self.client_id, "code": exc.code().name,
                         "error": str(exc.details())[:200]}})
-                failing = True
             finally:
+                stream.end()
                 outbox.put_nowait(None)
                 self._outbox = None
             if self.closed or self.draining:  # a reopened stream would subscribe again
                 self.closed = True
                 return
-            await asyncio.sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, RECONNECT_BACKOFF_MAX_SECONDS)
+            await asyncio.sleep(stream.backoff.pause())
 
     async def close(self) -> None:
         """Half-closes the stream (the checker hands unacknowledged checks back at once)."""
