@@ -10,14 +10,13 @@ broker's ``max_delivery_attempts`` it moves to the group's dead-letter topic
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
 import itertools
 import logging
 import queue
 import threading
 import time
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import grpc
 
@@ -25,7 +24,7 @@ from ._calling import positive
 from ._client import Client
 from ._errors import ClientClosedError, InvalidFieldError, ReceiptHandleNotFoundError, TxmqError, error_from_rpc
 from ._names import in_namespace, validate_group
-from ._receiving import (AckOutcome, Receive, Target, ack_groups, ack_request, ack_results, check_receive, consumed,
+from ._receiving import (AckOutcome, GroupQueues, Receive, Target, ack_groups, ack_request, ack_results, check_receive, consumed,
                          deferred_acks, invisibility_request, receive_request, receive_steps, received,
                          report_deferred, retry_delay, settle, subscriptions_of, target_steps, with_invisibility)
 from ._sending import run
@@ -109,6 +108,23 @@ class SimpleConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __iter__(self) -> Iterator[ReceivedMessage]:
+        """``for message in consumer``: :meth:`messages` with its defaults."""
+        return self.messages()
+
+    def messages(self, max_messages: int = 16, invisible_duration_seconds: float = 30.0) -> Iterator[ReceivedMessage]:
+        """Every message as it arrives, one at a time, until the consumer is closed (from
+        another thread): :meth:`receive` in a loop. Acknowledge each (``ack`` or
+        ``ack_later``); the messages of one receive are invisible for
+        ``invisible_duration_seconds`` from when they came, so keep ``max_messages`` small
+        when each takes long."""
+        while not self._closing and not self._client.closed:
+            try:
+                batch = self.receive(max_messages, invisible_duration_seconds)
+            except ClientClosedError:
+                return
+            yield from batch
 
     # --- receive --------------------------------------------------------------------------
 
@@ -384,8 +400,8 @@ class PushConsumer:
         self._polls: dict[Target, grpc.Future] = {}
         self._acks: queue.SimpleQueue[ReceivedMessage | None] = queue.SimpleQueue()
         self._executor: cf.ThreadPoolExecutor | None = None
-        # Message group → its messages waiting behind the one being consumed.
-        self._group_queues: dict[str, collections.deque[ReceivedMessage]] = {}
+        # Message groups' messages waiting behind the one being consumed.
+        self._groups = GroupQueues()
 
     def __enter__(self) -> "PushConsumer":
         self.start()
@@ -501,31 +517,22 @@ class PushConsumer:
     def _dispatch(self, message: ReceivedMessage) -> None:
         """Hands a message to the pool, behind a message of its group being consumed."""
         assert self._executor is not None
-        group = message.message_group
-        if group:
-            with self._lock:
-                waiting = self._group_queues.get(group)
-                if waiting is not None:
-                    waiting.append(message)
-                    return
-                self._group_queues[group] = collections.deque()
-            self._executor.submit(self._consume_group, group, message)
+        if not self._groups.admit(message):
+            return
+        if message.message_group:
+            self._executor.submit(self._consume_group, message.message_group, message)
         else:
             self._executor.submit(self._consume, message)
 
     def _consume_group(self, group: str, message: ReceivedMessage) -> None:
         """Consumes ``message`` and then the messages of its group that arrived meanwhile."""
-        while True:
+        following: ReceivedMessage | None = message
+        while following is not None:
             try:
-                self._consume(message)
+                self._consume(following)
             except Exception:  # noqa: BLE001 - the group goes on whatever became of this one
-                log.exception("push consumer %s: consuming %s failed", self.consumer_group, message.message_id)
-            with self._lock:
-                waiting = self._group_queues[group]
-                if not waiting:
-                    del self._group_queues[group]
-                    return
-                message = waiting.popleft()
+                log.exception("push consumer %s: consuming %s failed", self.consumer_group, following.message_id)
+            following = self._groups.next(group)
 
     def _renew_loop(self) -> None:
         """Keeps the messages waiting behind their group's running one invisible: each whose
@@ -533,11 +540,7 @@ class PushConsumer:
         of it again (ChangeInvisibleDuration: the same delivery, no new attempt)."""
         every = min(max(self.invisible_duration_seconds / 4, 0.05), 5.0)
         while not self._stop.wait(every):
-            soon = time.time() + self.invisible_duration_seconds / 2
-            with self._lock:
-                due = [(group, m) for group, waiting in self._group_queues.items() for m in waiting
-                       if m.invisible_until.timestamp() < soon]
-            for group, message in due:
+            for group, message in self._groups.due(time.time() + self.invisible_duration_seconds / 2):
                 try:
                     renewed: ReceivedMessage | None = self._consumer.change_invisible_duration(
                         message, self.invisible_duration_seconds)
@@ -549,16 +552,7 @@ class PushConsumer:
                     log.warning("push consumer %s: cannot renew the invisibility of %s waiting behind its "
                                 "group: %s", self.consumer_group, message.message_id, err)
                     continue
-                with self._lock:
-                    waiting = self._group_queues.get(group)
-                    at = next((i for i, m in enumerate(waiting or ()) if m is message), None)
-                    if waiting is None or at is None:
-                        continue  # it started meanwhile (with a handle still valid: the same delivery)
-                    if renewed is None:
-                        del waiting[at]
-                    else:
-                        waiting[at] = renewed
-                if renewed is None:
+                if self._groups.renewed(group, message, renewed):
                     with self._cond:
                         self._inflight -= 1
                         self._cond.notify()

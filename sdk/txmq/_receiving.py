@@ -12,8 +12,10 @@ deadline. A push consumer's listener outcome (:func:`consumed`) and retry delay
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Mapping, Protocol, Sequence, TypeVar
@@ -328,3 +330,57 @@ def consumed(consumer_group: str, message: ReceivedMessage, result: object,
 def retry_delay(message: ReceivedMessage, retry_backoff_seconds: float, max_retry_backoff_seconds: float) -> float:
     """How long a failed consumption's message stays invisible before its redelivery."""
     return min(retry_backoff_seconds * 2 ** max(message.delivery_attempt - 1, 0), max_retry_backoff_seconds)
+
+
+class GroupQueues:
+    """A push consumer's FIFO rule: the messages of one message group run one after another
+    (a redelivery never overlaps a consumption of its group still running); those that
+    arrive meanwhile wait here, their invisibility renewed (:meth:`due`). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, collections.deque[ReceivedMessage]] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, message: ReceivedMessage) -> bool:
+        """True: consume ``message`` now (then call :meth:`next`); False: it waits behind
+        its group's running message."""
+        group = message.message_group
+        if not group:
+            return True
+        with self._lock:
+            waiting = self._waiting.get(group)
+            if waiting is not None:
+                waiting.append(message)
+                return False
+            self._waiting[group] = collections.deque()
+            return True
+
+    def next(self, group: str) -> ReceivedMessage | None:
+        """The group's running message ended: its next one to consume, or None (idle)."""
+        with self._lock:
+            waiting = self._waiting[group]
+            if not waiting:
+                del self._waiting[group]
+                return None
+            return waiting.popleft()
+
+    def due(self, before: float) -> list[tuple[str, ReceivedMessage]]:
+        """The waiting messages whose invisibility ends before ``before`` (epoch seconds)."""
+        with self._lock:
+            return [(group, m) for group, waiting in self._waiting.items() for m in waiting
+                    if m.invisible_until.timestamp() < before]
+
+    def renewed(self, group: str, message: ReceivedMessage, renewed: ReceivedMessage | None) -> bool:
+        """``message`` (waiting) got a new invisibility (``renewed``), or its handle was gone
+        (None: dropped, it was redelivered or settled meanwhile). True when it was dropped
+        here (one message fewer in flight)."""
+        with self._lock:
+            waiting = self._waiting.get(group)
+            at = next((i for i, m in enumerate(waiting or ()) if m is message), None)
+            if waiting is None or at is None:
+                return False  # it started meanwhile (with a handle still valid: the same delivery)
+            if renewed is None:
+                del waiting[at]
+                return True
+            waiting[at] = renewed
+            return False

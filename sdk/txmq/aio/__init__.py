@@ -26,7 +26,10 @@ answering are those of the sync SDK (``txmq``); values (``txmq.Message``, result
 used on.
 """
 
+from ._admin import AsyncAdmin
 from ._consumer import AsyncSimpleConsumer
-from ._producer import AsyncProducer, AsyncTransactionListener, AsyncTransactionProducer
+from ._producer import AsyncProducer, AsyncTransaction, AsyncTransactionListener, AsyncTransactionProducer
+from ._push import AsyncPushConsumer
 
-__all__ = ["AsyncProducer", "AsyncSimpleConsumer", "AsyncTransactionListener", "AsyncTransactionProducer"]
+__all__ = ["AsyncAdmin", "AsyncProducer", "AsyncPushConsumer", "AsyncSimpleConsumer", "AsyncTransaction",
+           "AsyncTransactionListener", "AsyncTransactionProducer"]

@@ -7,7 +7,7 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 from .._calling import positive
 from .._errors import ClientClosedError, TxmqError
@@ -84,6 +84,22 @@ class AsyncSimpleConsumer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def __aiter__(self) -> AsyncIterator[ReceivedMessage]:
+        """``async for message in consumer``: :meth:`messages` with its defaults."""
+        return self.messages()
+
+    async def messages(self, max_messages: int = 16,
+                       invisible_duration_seconds: float = 30.0) -> AsyncIterator[ReceivedMessage]:
+        """Every message as it arrives, one at a time, until the consumer is closed (see
+        :meth:`txmq.SimpleConsumer.messages`)."""
+        while not self._closing:
+            try:
+                batch = await self.receive(max_messages, invisible_duration_seconds)
+            except ClientClosedError:
+                return
+            for message in batch:
+                yield message
 
     # --- receive --------------------------------------------------------------------------
 
