@@ -9,12 +9,12 @@ PROTOS := $(wildcard protos/txmq/v1/*.proto)
 DATA_DIR ?= ./data
 
 
-.PHONY: all venv tools cc etcd netns-tools openssl postgresql proto proto-lint proto-check run test test-unit test-integration bench fuzz clean distclean
+.PHONY: all venv tools cc etcd netns-tools openssl postgresql proto proto-lint proto-check run docs test test-unit test-integration bench fuzz clean distclean
 
 all: test
 
 # The virtual environment: pinned requirements, the SDK and the services installed editable.
-$(VENV)/.installed: requirements/runtime.txt requirements/dev.txt sdk/pyproject.toml pyproject.toml
+$(VENV)/.installed: requirements/runtime.txt requirements/dev.txt requirements/docs.txt sdk/pyproject.toml pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements/dev.txt
@@ -82,8 +82,13 @@ proto-check: venv
 run: venv $(VENV)/.proxy-installed
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
-test: venv cc etcd netns-tools openssl postgresql anchored-node-deps proto-lint proto-check pipeline-deps browser proxy-deps chart-tools images-local compose-tools registry-tools
+test: venv cc etcd netns-tools openssl postgresql anchored-node-deps proto-lint proto-check docs pipeline-deps browser proxy-deps chart-tools images-local compose-tools registry-tools
 	$(PY) -m pytest tests
+
+# The SDK's API reference from its docstrings (pdoc, pinned in requirements/docs.txt) into
+# docs/api/ (not in git): open docs/api/index.html. Fails on any warning.
+docs: venv
+	$(PY) tools/apidocs.py docs/api
 
 test-unit: venv
 	$(PY) -m pytest tests/unit

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Container, Mapping, Sequence
 
 from ._errors import InvalidFieldError, TxmqError, error_from_entry
-from ._types import LocalTransactionState, TransactionMessage, message_from_pb
+from ._types import LocalTransactionState, Message, TransactionMessage, message_from_pb
 from .v1 import checker_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,8 @@ def check_answer(check: checker_pb2.CheckRequest, outcome: Any, producer_group: 
 
 
 def check_message(check: checker_pb2.CheckRequest, checker_name: str) -> CheckMessage:
-    return CheckMessage(message=message_from_pb(check.message), message_id=check.message.message_id,
+    message: Message = message_from_pb(check.message)
+    return CheckMessage(message=message, message_id=check.message.message_id,
                         transaction_id=check.transaction_id, broker_name=check.broker_name,
                         queue_id=check.message.queue_id, attempt=check.attempt, checker_name=checker_name)
 
