@@ -17,7 +17,7 @@ import pdoc
 #: The public modules: what applications, services and the pipeline import (never ``txmq._x``).
 MODULES = ("txmq", "txmq.aio", "txmq.anchored", "txmq.decisions", "txmq.errors", "txmq.names", "txmq.ids",
            "txmq.tls", "txmq.auth", "txmq.faults", "txmq.routes", "txmq.client", "txmq.checking",
-           "txmq.sending", "txmq.fifo", "txmq.backup")
+           "txmq.sending", "txmq.tracing", "txmq.fifo", "txmq.backup")
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[1] / "docs" / "api"
 
 

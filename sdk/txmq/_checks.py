@@ -39,6 +39,7 @@ from ._checking import (CHECK_CREDIT_PER_THREAD, MAX_UNSENT_ANSWERS, RECONNECT_B
                         RECONNECT_BACKOFF_SECONDS, RESEND_WINDOW_SECONDS, Check, CheckAnswering, CheckMessage,
                         CheckStream, InProgress, Refused, Request, Subscribed, answer_for, check_answer,
                         check_message)
+from . import _tracing as tracing
 from ._client import Client
 from ._errors import TxmqError
 from ._types import TransactionMessage
@@ -116,12 +117,15 @@ class CheckResponder:
             return  # closing: not started, so the checker hands it to another producer
         self.core.started(stream, check, session)
         message = check_message(check, stream.checker_name)
-        try:
-            outcome = self._check(message)
-        except Exception:  # noqa: BLE001 - the user's failure is an answer: UNKNOWN
-            log.exception("check_local_transaction raised for transaction %s: answering UNKNOWN",
-                          check.transaction_id)
-            outcome = None
+        with tracing.check(message, self.producer_group) as traced, traced.current():
+            try:
+                outcome = self._check(message)
+            except Exception as exc:  # noqa: BLE001 - the user's failure is an answer: UNKNOWN
+                log.exception("check_local_transaction raised for transaction %s: answering UNKNOWN",
+                              check.transaction_id)
+                traced.fail(exc)
+                outcome = None
+            tracing.checked(traced, outcome)
         self.core.answered(stream, check, outcome, session)
 
     def close(self) -> None:

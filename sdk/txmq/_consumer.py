@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 import grpc
 
 from ._calling import positive
+from . import _tracing as tracing
 from ._client import Client
 from ._errors import ClientClosedError, InvalidFieldError, ReceiptHandleNotFoundError, TxmqError, error_from_rpc
 from ._names import in_namespace, validate_group
@@ -141,6 +142,12 @@ class SimpleConsumer:
         until its next probe, so a shard that is down costs the others no latency. With a
         single (topic, broker) the receive is that one long poll, on the calling thread.
         """
+        started = tracing.now_ns()
+        out = self._receive(max_messages, invisible_duration_seconds)
+        tracing.received(self.consumer_group, out, started)
+        return out
+
+    def _receive(self, max_messages: int, invisible_duration_seconds: float) -> list[ReceivedMessage]:
         check_receive(max_messages)
         positive("invisible_duration_seconds", invisible_duration_seconds)
         self._client.check_open()
@@ -263,13 +270,17 @@ class SimpleConsumer:
     def _ack_group(self, broker_name: str, topic: str,
                    messages: list[ReceivedMessage]) -> list[TxmqError | None]:
         request = ack_request(self.consumer_group, topic, messages)
+        started = tracing.now_ns()
         try:
             response = self._client.call_bound(broker_name, lambda stub: stub.AckMessages, request)
         except ClientClosedError:
             raise
         except TxmqError as err:
-            return [err] * len(messages)
-        return ack_results(broker_name, response.entries, len(messages))
+            results: list[TxmqError | None] = [err] * len(messages)
+        else:
+            results = ack_results(broker_name, response.entries, len(messages))
+        tracing.acked(self.consumer_group, messages, results, started)
+        return results
 
     def ack_later(self, message: ReceivedMessage) -> None:
         """Acknowledges one delivery on this consumer's next receive from the message's broker
@@ -561,10 +572,12 @@ class PushConsumer:
 
     def _consume(self, message: ReceivedMessage) -> None:
         try:
-            try:
-                outcome = consumed(self.consumer_group, message, self.listener(message))
-            except Exception as exc:  # noqa: BLE001 - a failed consumption is redelivered, not fatal
-                outcome = consumed(self.consumer_group, message, None, exc)
+            with tracing.process(self.consumer_group, message) as traced, traced.current():
+                try:
+                    outcome = consumed(self.consumer_group, message, self.listener(message))
+                except Exception as exc:  # noqa: BLE001 - a failed consumption is redelivered, not fatal
+                    traced.fail(exc)
+                    outcome = consumed(self.consumer_group, message, None, exc)
             if outcome is ConsumeResult.SUCCESS:
                 self._acks.put(message)
                 return

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Protocol, Sequence
 
+from . import _tracing as tracing
 from ._calling import QueueRoute
 from ._errors import InvalidFieldError, TxmqError
 from ._ids import MessageId
@@ -50,9 +51,10 @@ class GlobalSender(Protocol):
     def _validate(self, message: Message) -> Message: ...
     def _pick_queue(self, topic: str) -> QueueRoute: ...
     def _perform(self, step: Step) -> Any: ...
-    def _execute(self, half: TransactionMessage, arg: Any) -> tuple[LocalTransactionState, Exception | None]: ...
+    def _execute(self, half: TransactionMessage, arg: Any,
+                 traced: tracing.Operation = ...) -> tuple[LocalTransactionState, Exception | None]: ...
     def _end(self, route: QueueRoute, topic: str, half: TransactionMessage,
-             local_state: LocalTransactionState) -> Ended: ...
+             local_state: LocalTransactionState, traced: tracing.Operation | None = ...) -> Ended: ...
 
 
 class AsyncGlobalSender(Protocol):
@@ -64,10 +66,10 @@ class AsyncGlobalSender(Protocol):
     def _validate(self, message: Message) -> Message: ...
     def _pick_queue(self, topic: str) -> Awaitable[QueueRoute]: ...
     def _perform(self, step: Step) -> Awaitable[Any]: ...
-    def _execute(self, half: TransactionMessage,
-                 arg: Any) -> Awaitable[tuple[LocalTransactionState, Exception | None]]: ...
+    def _execute(self, half: TransactionMessage, arg: Any,
+                 traced: tracing.Operation = ...) -> Awaitable[tuple[LocalTransactionState, Exception | None]]: ...
     def _end(self, route: QueueRoute, topic: str, half: TransactionMessage,
-             local_state: LocalTransactionState) -> Awaitable[Ended]: ...
+             local_state: LocalTransactionState, traced: tracing.Operation | None = ...) -> Awaitable[Ended]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +153,15 @@ def _send_bound(producer: GlobalSender, route: QueueRoute, topic: str,
 
 def send_global(producer: GlobalSender, messages: Sequence[Message], arg: Any,
                 host: str) -> GlobalTransactionResult:
-    """Steps 1-4 of the module docstring with the sync producer."""
+    """Steps 1-4 of the module docstring with the sync producer (traced as one send: every
+    message carries its context)."""
     messages = [producer._validate(m) for m in validate_messages(messages)]  # noqa: SLF001 - namespaced
+    with tracing.send(messages[0], transactional=True, client_id=producer.client_id) as traced:
+        return _send_global(producer, [traced.inject(m) for m in messages], arg, host, traced)
+
+
+def _send_global(producer: GlobalSender, messages: list[Message], arg: Any, host: str,
+                 traced: tracing.Operation) -> GlobalTransactionResult:
     routes = [producer._pick_queue(m.topic) for m in messages]  # noqa: SLF001
     stamped_messages = [stamped(m, len(messages)) for m in messages]
     pbs = [half_pb(producer, m, r, host) for m, r in zip(stamped_messages, routes)]
@@ -177,8 +186,10 @@ def send_global(producer: GlobalSender, messages: Sequence[Message], arg: Any,
             abandon(producer, pbs[0])
             producer._end(routes[0], messages[0].topic, halves[0], LocalTransactionState.ROLLBACK)  # noqa: SLF001
             raise
-        local_state, local_error = producer._execute(halves[0], arg)  # noqa: SLF001
-        state, end_error = producer._end(routes[0], messages[0].topic, halves[0], local_state)  # noqa: SLF001
+        tracing.sent(traced, message_id=halves[0].message_id, queue_id=routes[0].queue_id,
+                     broker_name=halves[0].broker_name, transaction_id=gid)
+        local_state, local_error = producer._execute(halves[0], arg, traced)  # noqa: SLF001
+        state, end_error = producer._end(routes[0], messages[0].topic, halves[0], local_state, traced)  # noqa: SLF001
     finally:
         producer._open.discard(pbs[0].message_id)  # noqa: SLF001
     return result_of(halves, local_state, state, end_error, local_error)
@@ -196,6 +207,12 @@ async def send_global_async(producer: AsyncGlobalSender, messages: Sequence[Mess
                             host: str) -> GlobalTransactionResult:
     """As :func:`send_global`; the parts after the first are sent concurrently."""
     messages = [producer._validate(m) for m in validate_messages(messages)]  # noqa: SLF001 - namespaced
+    with tracing.send(messages[0], transactional=True, client_id=producer.client_id) as traced:
+        return await _send_global_async(producer, [traced.inject(m) for m in messages], arg, host, traced)
+
+
+async def _send_global_async(producer: AsyncGlobalSender, messages: list[Message], arg: Any, host: str,
+                             traced: tracing.Operation) -> GlobalTransactionResult:
     routes = [await producer._pick_queue(m.topic) for m in messages]  # noqa: SLF001
     pbs = [half_pb(producer, stamped(m, len(messages)), r, host) for m, r in zip(messages, routes)]
     producer._open.add(pbs[0].message_id)  # noqa: SLF001 - checks answered IN_PROGRESS until it ends
@@ -207,14 +224,14 @@ async def send_global_async(producer: AsyncGlobalSender, messages: Sequence[Mess
             abandon(producer, pbs[0])
             raise
         head = half_of(stamped(messages[0], len(messages), first.transaction_id), pbs[0], routes[0], first)
-        return await _parts_and_end_async(producer, messages, pbs, routes, head, arg)
+        return await _parts_and_end_async(producer, messages, pbs, routes, head, arg, traced)
     finally:
         producer._open.discard(pbs[0].message_id)  # noqa: SLF001
 
 
 async def _parts_and_end_async(producer: AsyncGlobalSender, messages: list[Message],
                                pbs: list[common_pb2.Message], routes: list[QueueRoute],
-                               head: TransactionMessage, arg: Any) -> GlobalTransactionResult:
+                               head: TransactionMessage, arg: Any, traced: tracing.Operation) -> GlobalTransactionResult:
     gid = head.transaction_id
     sent = await asyncio.gather(*(_send_bound_async(producer, route, m.topic, send_entry(pb, global_id=gid))
                                   for m, pb, route in zip(messages[1:], pbs[1:], routes[1:])),
@@ -226,6 +243,8 @@ async def _parts_and_end_async(producer: AsyncGlobalSender, messages: list[Messa
         raise failed
     halves = [head] + [half_of(stamped(m, len(messages), gid), pb, route, s)
                        for m, pb, route, s in zip(messages[1:], pbs[1:], routes[1:], sent)]
-    local_state, local_error = await producer._execute(head, arg)  # noqa: SLF001
-    state, end_error = await producer._end(routes[0], messages[0].topic, head, local_state)  # noqa: SLF001
+    tracing.sent(traced, message_id=head.message_id, queue_id=routes[0].queue_id, broker_name=head.broker_name,
+                 transaction_id=gid)
+    local_state, local_error = await producer._execute(head, arg, traced)  # noqa: SLF001
+    state, end_error = await producer._end(routes[0], messages[0].topic, head, local_state, traced)  # noqa: SLF001
     return result_of(halves, local_state, state, end_error, local_error)

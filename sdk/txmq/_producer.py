@@ -29,6 +29,7 @@ from ._producing import (DEFAULT_MAX_BODY_BYTES, HOST, Ask, ExplicitTransaction,
                          transaction_result, who_answers)
 from ._sending import (Pick, Rebind, Request, Sleep, Step, configure, end_transaction, finished, half_builder,
                        pick_queue, run, send_new, validate)
+from . import _tracing as tracing
 from ._tls import TLS
 from ._types import LocalTransactionState, Message, SendReceipt, TransactionMessage, TransactionResult, TransactionState
 from .v1 import broker_pb2, common_pb2
@@ -106,9 +107,13 @@ class Producer:
         """Stores a normal message, visible to consumers at once. Raises the TxmqError the
         broker (or the client's own validation) refused it with."""
         message = self._validate(message)
-        route, pb, response = self._send_new(message.topic, normal_builder(message),
-                                             message_group=message.message_group)
-        return receipt(message, route, pb, response)
+        with tracing.send(message, transactional=False) as traced:
+            message = traced.inject(message)
+            route, pb, response = self._send_new(message.topic, normal_builder(message),
+                                                 message_group=message.message_group)
+            sent = receipt(message, route, pb, response)
+            tracing.sent(traced, message_id=sent.message_id, queue_id=sent.queue_id, broker_name=sent.broker_name)
+        return sent
 
     def _validate(self, message: Message) -> Message:
         """What the broker would refuse anyway, refused before a round trip, with the same
@@ -331,9 +336,12 @@ class TransactionProducer(Producer):
         if isinstance(message, (list, tuple)):
             return send_global(self, message, arg, HOST)
         message = self._validate(message)
-        half, route = self._send_half(message)
-        local_state, local_error = self._execute(half, arg)
-        state, end_error = self._end(route, message.topic, half, local_state)
+        with tracing.send(message, transactional=True, client_id=self.client_id) as traced:
+            half, route = self._send_half(traced.inject(message))
+            tracing.sent(traced, message_id=half.message_id, queue_id=route.queue_id, broker_name=half.broker_name,
+                         transaction_id=half.transaction_id)
+            local_state, local_error = self._execute(half, arg, traced)
+            state, end_error = self._end(route, message.topic, half, local_state, traced)
         return transaction_result(half, route, local_state, state, end_error, local_error)
 
     # --- anchored transactions ------------------------------------------------------------
@@ -410,7 +418,10 @@ class TransactionProducer(Producer):
             raise InvalidFieldError("transaction", "must come from this producer's begin_transaction()")
         transaction._check_open()
         message = self._validate(message)
-        half, route = self._send_half(keyed(message, transaction.key))
+        with tracing.send(message, transactional=True, client_id=self.client_id) as traced:
+            half, route = self._send_half(keyed(traced.inject(message), transaction.key))
+            tracing.sent(traced, message_id=half.message_id, queue_id=route.queue_id, broker_name=half.broker_name,
+                         transaction_id=half.transaction_id)
         self._open.add(half.message_id)
         transaction._add(half, route)  # noqa: SLF001
         return SendReceipt(message_id=half.message_id, topic=message.topic, broker_name=half.broker_name,
@@ -426,18 +437,25 @@ class TransactionProducer(Producer):
                                          message_group=message.message_group)
         return half_message(message, route, pb, sent), route
 
-    def _execute(self, half: TransactionMessage, arg: Any) -> tuple[LocalTransactionState, Exception | None]:
+    def _execute(self, half: TransactionMessage, arg: Any,
+                 traced: tracing.Operation = tracing.NOOP) -> tuple[LocalTransactionState, Exception | None]:
         """The local transaction's outcome, and the exception it raised (an outcome: UNKNOWN)."""
         assert self.listener is not None
-        try:
-            returned = self.listener.execute_local_transaction(half, arg)
-        except Exception as exc:  # noqa: BLE001 - the local transaction's failure is an answer: UNKNOWN
-            return executed(None, exc, half.transaction_id), exc
+        with tracing.local_transaction(traced, half) as local, local.current():
+            try:
+                returned = self.listener.execute_local_transaction(half, arg)
+            except Exception as exc:  # noqa: BLE001 - the local transaction's failure is an answer: UNKNOWN
+                local.fail(exc)
+                return executed(None, exc, half.transaction_id), exc
         return executed(returned, None, half.transaction_id), None
 
-    def _end(self, route: QueueRoute, topic: str, half: TransactionMessage,
-             local_state: LocalTransactionState) -> tuple[TransactionState | None, TxmqError | None]:
-        return run(end_transaction(self, route, topic, half, local_state, self.producer_group), self._perform)
+    def _end(self, route: QueueRoute, topic: str, half: TransactionMessage, local_state: LocalTransactionState,
+             traced: tracing.Operation | None = None) -> tuple[TransactionState | None, TxmqError | None]:
+        with tracing.end(traced, half, local_state) as ending:
+            state, error = run(end_transaction(self, route, topic, half, local_state, self.producer_group),
+                               self._perform)
+            tracing.ended(ending, state, error)
+        return state, error
 
 
 class Transaction:

@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import grpc
 
 from .._checking import Check, CheckAnswering, CheckStream, Refused, Request, Subscribed, check_message
+from .. import _tracing as tracing
 from .._errors import TxmqError
 from .._types import TransactionMessage
 from ..v1 import checker_pb2, checker_pb2_grpc, nameserver_pb2
@@ -90,14 +91,17 @@ class AsyncCheckResponder:
                 return  # not started: the checker hands it to another producer
             self.core.started(stream, check, session)
             message = check_message(check, stream.checker_name)
-            try:
-                outcome = await self._check(message)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - the user's failure is an answer: UNKNOWN
-                log.exception("check_local_transaction raised for transaction %s: answering UNKNOWN",
-                              check.transaction_id)
-                outcome = None
+            with tracing.check(message, self.producer_group) as traced, traced.current():
+                try:
+                    outcome = await self._check(message)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the user's failure is an answer: UNKNOWN
+                    log.exception("check_local_transaction raised for transaction %s: answering UNKNOWN",
+                                  check.transaction_id)
+                    traced.fail(exc)
+                    outcome = None
+                tracing.checked(traced, outcome)
         self.core.answered(stream, check, outcome, session)
 
     async def close(self) -> None:

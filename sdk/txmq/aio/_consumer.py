@@ -10,6 +10,7 @@ import time
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 from .._calling import positive
+from .. import _tracing as tracing
 from .._errors import ClientClosedError, TxmqError
 from .._names import in_namespace, validate_group
 from .._receiving import (AckOutcome, LongPoll, Receive, Target, ack_groups, ack_request, ack_results, check_receive,
@@ -106,6 +107,12 @@ class AsyncSimpleConsumer:
     async def receive(self, max_messages: int = 16, invisible_duration_seconds: float = 30.0) -> list[ReceivedMessage]:
         """Up to ``max_messages`` messages, or ``[]`` if none arrived within
         ``await_duration_seconds`` (see :meth:`txmq.SimpleConsumer.receive`)."""
+        started = tracing.now_ns()
+        out = await self._receive(max_messages, invisible_duration_seconds)
+        tracing.received(self.consumer_group, out, started)
+        return out
+
+    async def _receive(self, max_messages: int, invisible_duration_seconds: float) -> list[ReceivedMessage]:
         check_receive(max_messages)
         positive("invisible_duration_seconds", invisible_duration_seconds)
         self._client.check_open()
@@ -207,13 +214,17 @@ class AsyncSimpleConsumer:
 
     async def _ack_group(self, broker_name: str, topic: str, messages: list[ReceivedMessage]) -> list[TxmqError | None]:
         request = ack_request(self.consumer_group, topic, messages)
+        started = tracing.now_ns()
         try:
             response = await self._client.call_bound(broker_name, lambda stub: stub.AckMessages, request)
         except ClientClosedError:
             raise
         except TxmqError as err:
-            return [err] * len(messages)
-        return ack_results(broker_name, response.entries, len(messages))
+            results: list[TxmqError | None] = [err] * len(messages)
+        else:
+            results = ack_results(broker_name, response.entries, len(messages))
+        tracing.acked(self.consumer_group, messages, results, started)
+        return results
 
     def ack_later(self, message: ReceivedMessage) -> None:
         """Queues the ack of one delivery for this consumer's next receive from the

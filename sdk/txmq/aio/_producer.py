@@ -27,6 +27,7 @@ from .._producing import (DEFAULT_MAX_BODY_BYTES, HOST, Ask, ExplicitTransaction
                           receipt, transaction_key, transaction_result, who_answers)
 from .._sending import (Pick, Rebind, Request, Sleep, Step, configure, end_transaction, finished, half_builder,
                         pick_queue, run_async, send_new, validate)
+from .. import _tracing as tracing
 from .._tls import TLS
 from .._types import LocalTransactionState, Message, SendReceipt, TransactionMessage, TransactionResult, TransactionState
 from ..v1 import broker_pb2, common_pb2
@@ -77,9 +78,13 @@ class AsyncProducer:
     async def send(self, message: Message) -> SendReceipt:
         """Stores a normal message, visible to consumers at once."""
         message = self._validate(message)
-        route, pb, response = await self._send_new(message.topic, normal_builder(message),
-                                                   message_group=message.message_group)
-        return receipt(message, route, pb, response)
+        with tracing.send(message, transactional=False) as traced:
+            message = traced.inject(message)
+            route, pb, response = await self._send_new(message.topic, normal_builder(message),
+                                                       message_group=message.message_group)
+            sent = receipt(message, route, pb, response)
+            tracing.sent(traced, message_id=sent.message_id, queue_id=sent.queue_id, broker_name=sent.broker_name)
+        return sent
 
     def _validate(self, message: Message) -> Message:
         """The message as it is sent (its topic in the producer's namespace), once valid."""
@@ -296,7 +301,10 @@ class AsyncTransactionProducer(AsyncProducer):
             raise InvalidFieldError("transaction", "must come from this producer's begin_transaction()")
         transaction._check_open()  # noqa: SLF001
         message = self._validate(message)
-        half, route = await self._send_half_routed(keyed(message, transaction.key))
+        with tracing.send(message, transactional=True, client_id=self.client_id) as traced:
+            half, route = await self._send_half_routed(keyed(traced.inject(message), transaction.key))
+            tracing.sent(traced, message_id=half.message_id, queue_id=route.queue_id, broker_name=half.broker_name,
+                         transaction_id=half.transaction_id)
         self._open.add(half.message_id)
         transaction._add(half, route)  # noqa: SLF001
         return SendReceipt(message_id=half.message_id, topic=message.topic, broker_name=half.broker_name,
@@ -317,25 +325,34 @@ class AsyncTransactionProducer(AsyncProducer):
         if isinstance(message, (list, tuple)):
             return await send_global_async(self, message, arg, HOST)
         message = self._validate(message)
-        half, route = await self._send_half_routed(message)
-        local_state, local_error = await self._execute(half, arg)
-        state, end_error = await self._end(route, message.topic, half, local_state)
+        with tracing.send(message, transactional=True, client_id=self.client_id) as traced:
+            half, route = await self._send_half_routed(traced.inject(message))
+            tracing.sent(traced, message_id=half.message_id, queue_id=route.queue_id, broker_name=half.broker_name,
+                         transaction_id=half.transaction_id)
+            local_state, local_error = await self._execute(half, arg, traced)
+            state, end_error = await self._end(route, message.topic, half, local_state, traced)
         return transaction_result(half, route, local_state, state, end_error, local_error)
 
-    async def _execute(self, half: TransactionMessage, arg: Any) -> tuple[LocalTransactionState, Exception | None]:
+    async def _execute(self, half: TransactionMessage, arg: Any,
+                       traced: tracing.Operation = tracing.NOOP) -> tuple[LocalTransactionState, Exception | None]:
         assert self.listener is not None
-        try:
-            returned = await self.listener.execute_local_transaction(half, arg)
-        except asyncio.CancelledError:
-            raise  # the caller gave up: the transaction stays PREPARED and the check decides
-        except Exception as exc:  # noqa: BLE001 - the local transaction's failure is an answer: UNKNOWN
-            return executed(None, exc, half.transaction_id), exc
+        with tracing.local_transaction(traced, half) as local, local.current():
+            try:
+                returned = await self.listener.execute_local_transaction(half, arg)
+            except asyncio.CancelledError:
+                raise  # the caller gave up: the transaction stays PREPARED and the check decides
+            except Exception as exc:  # noqa: BLE001 - the local transaction's failure is an answer: UNKNOWN
+                local.fail(exc)
+                return executed(None, exc, half.transaction_id), exc
         return executed(returned, None, half.transaction_id), None
 
-    async def _end(self, route: QueueRoute, topic: str, half: TransactionMessage,
-                   local_state: LocalTransactionState) -> tuple[TransactionState | None, TxmqError | None]:
-        return await run_async(end_transaction(self, route, topic, half, local_state, self.producer_group),
-                               self._perform)
+    async def _end(self, route: QueueRoute, topic: str, half: TransactionMessage, local_state: LocalTransactionState,
+                   traced: tracing.Operation | None = None) -> tuple[TransactionState | None, TxmqError | None]:
+        with tracing.end(traced, half, local_state) as ending:
+            state, error = await run_async(end_transaction(self, route, topic, half, local_state,
+                                                           self.producer_group), self._perform)
+            tracing.ended(ending, state, error)
+        return state, error
 
 
 class AsyncTransaction:

@@ -12,6 +12,7 @@ import logging
 import time
 from typing import Awaitable, Callable, Mapping, Sequence
 
+from .. import _tracing as tracing
 from .._calling import positive
 from .._errors import ClientClosedError, InvalidFieldError, ReceiptHandleNotFoundError, TxmqError
 from .._receiving import GroupQueues, Target, consumed, receive_request, retry_delay
@@ -178,15 +179,17 @@ class AsyncPushConsumer:
         assert self._running is not None and self._acks is not None
         try:
             async with self._running:
-                try:
-                    returned = self.listener(message)
-                    if inspect.isawaitable(returned):
-                        returned = await returned
-                    outcome = consumed(self.consumer_group, message, returned)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - a failed consumption is redelivered, not fatal
-                    outcome = consumed(self.consumer_group, message, None, exc)
+                with tracing.process(self.consumer_group, message) as traced, traced.current():
+                    try:
+                        returned = self.listener(message)
+                        if inspect.isawaitable(returned):
+                            returned = await returned
+                        outcome = consumed(self.consumer_group, message, returned)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - a failed consumption is redelivered, not fatal
+                        traced.fail(exc)
+                        outcome = consumed(self.consumer_group, message, None, exc)
             if outcome is ConsumeResult.SUCCESS:
                 self._acks.put_nowait(message)
                 return

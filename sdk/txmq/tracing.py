@@ -1,0 +1,10 @@
+"""Tracing (see ``txmq._tracing``): W3C trace context in message properties and OpenTelemetry
+spans for send, the local transaction, checks, EndTransaction, receive, process and ack, a
+no-op unless ``opentelemetry-api`` is installed (``pip install txmq[tracing]``).
+
+The public home of ``txmq._tracing``: :func:`context_of` continues a received message's
+trace (``tracer.start_as_current_span("work", context=txmq.tracing.context_of(message))``)."""
+
+from ._tracing import ENABLED, TRACEPARENT, TRACESTATE, context_of  # noqa: F401 - re-exported
+
+__all__ = ["ENABLED", "TRACEPARENT", "TRACESTATE", "context_of"]
