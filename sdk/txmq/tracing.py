@@ -3,8 +3,18 @@ spans for send, the local transaction, checks, EndTransaction, receive, process 
 no-op unless ``opentelemetry-api`` is installed (``pip install txmq[tracing]``).
 
 The public home of ``txmq._tracing``: :func:`context_of` continues a received message's
-trace (``tracer.start_as_current_span("work", context=txmq.tracing.context_of(message))``)."""
+trace (``tracer.start_as_current_span("work", context=txmq.tracing.context_of(message))``);
+the span helpers are what the RocketMQ proxy's check relay records its checks with."""
 
-from ._tracing import ENABLED, TRACEPARENT, TRACESTATE, context_of  # noqa: F401 - re-exported
+from ._tracing import (  # noqa: F401 - re-exported
+    ENABLED,
+    NOOP,
+    TRACEPARENT,
+    TRACESTATE,
+    Operation,
+    check,
+    checked,
+    context_of,
+)
 
-__all__ = ["ENABLED", "TRACEPARENT", "TRACESTATE", "context_of"]
+__all__ = ["ENABLED", "NOOP", "TRACEPARENT", "TRACESTATE", "Operation", "check", "checked", "context_of"]

@@ -53,7 +53,8 @@ from typing import AsyncIterator, Callable
 
 import grpc
 
-from txmq.checking import Check, CheckStream, Refused, Subscribed
+from txmq import tracing
+from txmq.checking import Check, CheckStream, Refused, Subscribed, check_message
 from txmq.v1 import checker_pb2, checker_pb2_grpc, common_pb2
 
 from services.common.aio import wait_event
@@ -291,9 +292,17 @@ class CheckManager:
             await link.close()
 
     def deliver(self, link: CheckerLink, check: checker_pb2.CheckRequest) -> None:
+        """A check from ``link``'s checker for its client, traced as a check of the half
+        message (``txmq.tracing``: a child of the client's send when its message carries the
+        trace context) whose result says what the relay did with it."""
+        with tracing.check(check_message(check, link.address), check.message.producer_group) as traced:
+            outcome = self._deliver(link, check)
+            traced.set({"txmq.check.result": outcome, "messaging.client.id": link.client_id})
+
+    def _deliver(self, link: CheckerLink, check: checker_pb2.CheckRequest) -> str:
         if link.draining:  # sent before the checker read the drain; it hands the check back
             self.metrics.checks.labels("no_stream").inc()
-            return
+            return "no_stream"
         if (check.broker_name, check.message.message_id) in self.upstream.abandoned:
             # An orphan of a send this replica moved to another shard: its local transaction
             # never ran, and the client would find its message id committed (elsewhere).
@@ -301,12 +310,12 @@ class CheckManager:
             link.send(Request(answer=checker_pb2.CheckAnswer(check_id=check.check_id,
                                                              result=common_pb2.CHECK_RESULT_ROLLBACK, credit=1)))
             self.metrics.checks.labels("orphan_rolled_back").inc()
-            return
+            return "orphan_rolled_back"
         stream = self.registry.stream_for(link.client, check.message.topic)
         if stream is None:
             self.metrics.checks.labels("no_stream").inc()
             link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
-            return
+            return "no_stream"
         previous = self.pending.get(check.transaction_id)
         replaces = previous is not None and previous.peer == stream.peer  # checked again: no more held
         if self.per_connection.available(stream.peer) == 0 and not replaces:
@@ -318,7 +327,7 @@ class CheckManager:
             log.debug("check held back", extra={"fields": {
                 "client_id": link.client_id, "peer": stream.peer, "transaction_id": check.transaction_id,
                 "limit": f"max_pending_checks_per_connection={self.per_connection.limit}"}})
-            return
+            return "held_back"
         command = service_pb2.TelemetryCommand(
             recover_orphaned_transaction_command=service_pb2.RecoverOrphanedTransactionCommand(
                 message=check_to_rmq(check.message), transaction_id=check.transaction_id))
@@ -340,13 +349,15 @@ class CheckManager:
         if not stream.offer(command, written, writing):
             self.metrics.checks.labels("no_stream").inc()
             link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
-            return
+            return "no_stream"
         previous = self._drop(check.transaction_id)
         if previous is not None:  # checked again: the earlier check is over
             previous.link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
         self.per_connection.take(stream.peer)
         self.pending[check.transaction_id] = entry
         self.metrics.checks_pending.set(len(self.pending))
+        return "offered"
+
 
     def answered(self, transaction_id: str, result: int) -> bool:
         """The client answered a check through this replica (already applied on the
