@@ -23,6 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Protocol
 
 from . import _decisions as core
+from . import _tracing as tracing
 from ._checking import InProgress
 from ._database import DELETE_LINGER_SECONDS, failpoint, failpoint_soon, module_of, named, pg_sqlstate
 from ._errors import InvalidFieldError, TransactionStateError, TxmqError
@@ -511,13 +512,18 @@ class AnchoredTransaction:
         if not self._entered or self._done:
             raise InvalidFieldError("transaction", "send() belongs inside the `with` block")
         message = self.producer._validate(message)  # noqa: SLF001
+        traced = tracing.send(message, transactional=True)
+        message = traced.inject(message)
         keyed = dataclasses.replace(message, properties=self.plan.properties(message.properties))
-        future = self.store.ends.submit(self._send_half, keyed)
+        future = self.store.ends.submit(self._send_half, keyed, traced)
         self._halves.append(future)
         return future
 
-    def _send_half(self, message: Message) -> TransactionMessage:
-        half, _route = self.producer._send_half(message)  # noqa: SLF001
+    def _send_half(self, message: Message, traced: tracing.Operation) -> TransactionMessage:
+        with traced:
+            half, route = self.producer._send_half(message)  # noqa: SLF001
+            tracing.sent(traced, message_id=half.message_id, queue_id=route.queue_id, broker_name=half.broker_name,
+                         transaction_id=half.transaction_id)
         failpoint("half.after")
         return half
 

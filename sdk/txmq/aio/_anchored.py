@@ -19,6 +19,7 @@ import time
 from typing import Any, Awaitable, Callable, Protocol
 
 from .. import _decisions as core
+from .. import _tracing as tracing
 from .._database import DELETE_LINGER_SECONDS, failpoint, failpoint_soon, module_of, named, pg_sqlstate
 from .._checking import InProgress
 from .._errors import InvalidFieldError, TransactionStateError, TxmqError
@@ -415,13 +416,18 @@ class AsyncAnchoredTransaction:
         if not self._entered or self._done:
             raise InvalidFieldError("transaction", "send() belongs inside the `async with` block")
         message = self.producer._validate(message)  # noqa: SLF001
+        traced = tracing.send(message, transactional=True)
+        message = traced.inject(message)
         keyed = dataclasses.replace(message, properties=self.plan.properties(message.properties))
-        task = asyncio.ensure_future(self._send_half(keyed))
+        task = asyncio.ensure_future(self._send_half(keyed, traced))
         self._halves.append(task)
         return task
 
-    async def _send_half(self, message: Message) -> TransactionMessage:
-        half = await self.producer._send_half(message)  # noqa: SLF001
+    async def _send_half(self, message: Message, traced: tracing.Operation) -> TransactionMessage:
+        with traced:
+            half = await self.producer._send_half(message)  # noqa: SLF001
+            tracing.sent(traced, message_id=half.message_id, queue_id=half.queue_id, broker_name=half.broker_name,
+                         transaction_id=half.transaction_id)
         failpoint("half.after")
         return half
 
