@@ -114,17 +114,25 @@ class Operation:
 
 
 NOOP = Operation()
-
-
-def _tracer() -> Any:
-    return _trace.get_tracer("txmq")
+#: The SDK's tracer: a proxy until the application installs a tracer provider, then its tracer.
+_TRACER = _trace.get_tracer("txmq") if ENABLED else None
 
 
 def _start(name: str, kind: Any, parent: Any, attributes: Mapping[str, Any],
            links: Iterable[Any] = (), start_time: int | None = None) -> Operation:
-    span = _tracer().start_span(name, context=parent, kind=kind, attributes=dict(attributes), links=list(links),
-                                start_time=start_time)
+    span = _TRACER.start_span(name, context=parent, kind=kind, attributes=dict(attributes),  # type: ignore[union-attr]
+                              links=list(links), start_time=start_time)
+    if not span.is_recording() and not span.get_span_context().is_valid:
+        return NOOP  # no tracer provider, and no trace to continue: nothing to record or carry
     return Operation(span)
+
+
+def _idle(parent: Any = None) -> bool:
+    """No tracer provider installed and no trace to continue (in ``parent``, else the current
+    context): nothing to record or carry, so nothing is built."""
+    if not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
+        return False
+    return not _trace.get_current_span(parent).get_span_context().is_valid
 
 
 def context_of(message: Any) -> Any:
@@ -155,7 +163,7 @@ def _base(operation: str, kind_name: str, destination: str) -> dict[str, Any]:
 def send(message: Message, *, transactional: bool, client_id: str = "") -> Operation:
     """The send of ``message`` (for a transaction: the half message, the local transaction
     and the EndTransaction are its children). Inject its context with :meth:`Operation.inject`."""
-    if not ENABLED:
+    if not ENABLED or _idle():
         return NOOP
     attributes = _base("send", "send", message.topic)
     attributes["messaging.message.body.size"] = len(message.body)
@@ -193,6 +201,8 @@ def end(parent: Operation | None, half: Any, decision: Any) -> Operation:
     if not ENABLED:
         return NOOP
     context = parent.context() if parent else context_of(half)
+    if _idle(context):
+        return NOOP
     attributes = _base("end_transaction", "settle", half.topic)
     attributes.update({"txmq.transaction_id": half.transaction_id, "messaging.message.id": half.message_id,
                        "txmq.decision": getattr(decision, "name", str(decision))})
@@ -211,11 +221,14 @@ def check(message: Any, producer_group: str) -> Operation:
     send, wherever it was sent from. Make it current while the checker runs."""
     if not ENABLED:
         return NOOP
+    parent = context_of(message)
+    if _idle(parent):
+        return NOOP
     attributes = _base("check", "process", message.topic)
     attributes.update({"txmq.transaction_id": message.transaction_id, "messaging.message.id": message.message_id,
                        "messaging.consumer.group.name": producer_group,
                        "txmq.check.attempt": getattr(message, "attempt", 1)})
-    return _start(f"check {message.topic}", SpanKind.CONSUMER, context_of(message), attributes)
+    return _start(f"check {message.topic}", SpanKind.CONSUMER, parent, attributes)
 
 
 def checked(operation: Operation, outcome: Any) -> None:
@@ -234,7 +247,7 @@ def _topic_of(messages: list[Any]) -> str:
 def received(consumer_group: str, messages: list[Any], started_ns: int) -> None:
     """A receive that brought ``messages`` (begun at ``started_ns``, ``time.time_ns()``):
     one span linked to each message's send."""
-    if not ENABLED or not messages:
+    if not ENABLED or not messages or _idle():
         return
     topic = _topic_of(messages)
     attributes = _base("receive", "receive", topic)
@@ -249,17 +262,20 @@ def process(consumer_group: str, message: Any) -> Operation:
     the listener runs."""
     if not ENABLED:
         return NOOP
+    parent = context_of(message)
+    if _idle(parent):
+        return NOOP
     attributes = _base("process", "process", message.topic)
     attributes.update({"messaging.consumer.group.name": consumer_group, "messaging.message.id": message.message_id,
                        "messaging.destination.partition.id": str(message.queue_id),
                        "txmq.delivery_attempt": message.delivery_attempt})
-    return _start(f"process {message.topic}", SpanKind.CONSUMER, context_of(message), attributes)
+    return _start(f"process {message.topic}", SpanKind.CONSUMER, parent, attributes)
 
 
 def acked(consumer_group: str, messages: list[Any], errors: list[Any], started_ns: int) -> None:
     """An AckMessages of ``messages`` (their errors, None where acknowledged): one span linked
     to each message's send."""
-    if not ENABLED or not messages:
+    if not ENABLED or not messages or _idle():
         return
     topic = _topic_of(messages)
     attributes = _base("ack", "settle", topic)
