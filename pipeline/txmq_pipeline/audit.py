@@ -56,9 +56,9 @@ EXIT_CLEAN = 0
 EXIT_ERROR = 1
 EXIT_ANOMALIES = 2
 
-from .analysis import (ANOMALY_KINDS, BUCKETS_PER_DECADE, DEFAULT_PENDING_THRESHOLD_SECONDS,  # noqa: F401 - the audit's API
-                       EXAMPLES, SOURCES, STATES, anomalies, checks_distribution, latency, latency_histogram,
-                       of_topics, read_messages, read_transactions, state_counts)
+from .analysis import (  # noqa: F401 - the audit's API
+    ANOMALY_KINDS, BUCKETS_PER_DECADE, DEFAULT_PENDING_THRESHOLD_SECONDS, EXAMPLES, SOURCES, STATES, anomalies,
+    checks_distribution, latency, latency_histogram, of_topics, read_messages, read_transactions, state_counts)
 from .follow import follow, stop_on_signals
 
 

@@ -127,7 +127,8 @@ class Admin:
     def resolve_transaction(self, transaction_id: str, resolution: str, *, operator: str,
                             reason: str) -> admin_pb2.ResolveTransactionResponse:
         """An operator's ``"commit"`` or ``"rollback"`` of a pending or discarded transaction."""
-        return self._run(self.requests.resolve_transaction(transaction_id, resolution, operator=operator, reason=reason))
+        return self._run(self.requests.resolve_transaction(transaction_id, resolution, operator=operator,
+                                                           reason=reason))
 
     # --- brokers and checkers -------------------------------------------------------------
 

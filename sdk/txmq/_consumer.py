@@ -20,13 +20,13 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import grpc
 
-from ._calling import positive
 from . import _tracing as tracing
+from ._calling import positive
 from ._client import Client
 from ._errors import ClientClosedError, InvalidFieldError, ReceiptHandleNotFoundError, TxmqError, error_from_rpc
 from ._names import in_namespace, validate_group
-from ._receiving import (AckOutcome, GroupQueues, Receive, Target, ack_groups, ack_request, ack_results, check_receive, consumed,
-                         deferred_acks, invisibility_request, receive_request, receive_steps, received,
+from ._receiving import (AckOutcome, GroupQueues, Receive, Target, ack_groups, ack_request, ack_results, check_receive,
+                         consumed, deferred_acks, invisibility_request, receive_request, receive_steps, received,
                          report_deferred, retry_delay, settle, subscriptions_of, target_steps, with_invisibility)
 from ._sending import run
 from ._tls import TLS

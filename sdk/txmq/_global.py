@@ -231,7 +231,8 @@ async def _send_global_async(producer: AsyncGlobalSender, messages: list[Message
 
 async def _parts_and_end_async(producer: AsyncGlobalSender, messages: list[Message],
                                pbs: list[common_pb2.Message], routes: list[QueueRoute],
-                               head: TransactionMessage, arg: Any, traced: tracing.Operation) -> GlobalTransactionResult:
+                               head: TransactionMessage, arg: Any,
+                               traced: tracing.Operation) -> GlobalTransactionResult:
     gid = head.transaction_id
     sent = await asyncio.gather(*(_send_bound_async(producer, route, m.topic, send_entry(pb, global_id=gid))
                                   for m, pb, route in zip(messages[1:], pbs[1:], routes[1:])),

@@ -14,6 +14,7 @@ import math
 import time
 from typing import Any, Callable, Sequence
 
+from . import _tracing as tracing
 from ._anchored import AnchoredTransaction, DecisionStore
 from ._calling import QueueRoute, positive
 from ._checking import InProgress
@@ -24,12 +25,11 @@ from ._errors import InvalidFieldError, NoLeaderError, TxmqError
 from ._faults import RoutingStats
 from ._global import GlobalTransactionResult, send_global
 from ._produce_stream import LINGER_SECONDS
-from ._producing import (DEFAULT_MAX_BODY_BYTES, HOST, Ask, ExplicitTransaction, OpenTransactions, check_transaction_options, executed,
-                         half_message, keyed, new_client_id, normal_builder, receipt, transaction_key,
-                         transaction_result, who_answers)
+from ._producing import (DEFAULT_MAX_BODY_BYTES, HOST, Ask, ExplicitTransaction, OpenTransactions,
+                         check_transaction_options, executed, half_message, keyed, new_client_id, normal_builder,
+                         receipt, transaction_key, transaction_result, who_answers)
 from ._sending import (Pick, Rebind, Request, Sleep, Step, configure, end_transaction, finished, half_builder,
                        pick_queue, run, send_new, validate)
-from . import _tracing as tracing
 from ._tls import TLS
 from ._types import LocalTransactionState, Message, SendReceipt, TransactionMessage, TransactionResult, TransactionState
 from .v1 import broker_pb2, common_pb2
@@ -250,7 +250,8 @@ class TransactionProducer(Producer):
         check_transaction_options(namespace=namespace, producer_group=producer_group, listener=listener,
                                   checker=checker, decisions=decisions, client_id=client_id,
                                   checker_refresh_seconds=checker_refresh_seconds, workers_name="check_threads",
-                                  workers=check_threads, listener_method_ok=callable, listener_wants="is missing")
+                                  workers=check_threads, listener_method_ok=callable,
+                                  listener_problem=lambda method: f"has no method {method}()")
         super().__init__(nameservers, producer_group=producer_group,
                          send_timeout_seconds=send_timeout_seconds, max_attempts=max_attempts,
                          retry_backoff_seconds=retry_backoff_seconds, max_body_bytes=max_body_bytes,

@@ -41,7 +41,7 @@ def new_client_id() -> str:
 def check_transaction_options(*, namespace: str, producer_group: str, listener: Any, checker: Any,
                               decisions: Any, client_id: str | None, checker_refresh_seconds: float,
                               workers_name: str, workers: object, listener_method_ok: Callable[[Any], bool],
-                              listener_wants: str) -> None:
+                              listener_problem: Callable[[str], str]) -> None:
     """A transaction producer's own options (sync or asyncio alike), refused with the field
     they name: something must answer checks; a listener has both methods (of the kind
     ``listener_method_ok`` accepts); a checker is callable."""
@@ -53,7 +53,7 @@ def check_transaction_options(*, namespace: str, producer_group: str, listener: 
         raise InvalidFieldError("decisions", f"must be a txmq.anchored.Decisions, got {type(decisions).__name__}")
     for method in ("execute_local_transaction", "check_local_transaction") if listener is not None else ():
         if not listener_method_ok(getattr(listener, method, None)):
-            raise InvalidFieldError("listener", f"{method}() {listener_wants}")
+            raise InvalidFieldError("listener", listener_problem(method))
     if checker is not None and not callable(checker):
         raise InvalidFieldError("checker", "must be callable(message) -> LocalTransactionState | InProgress")
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:

@@ -56,7 +56,8 @@ class AsyncAdmin:
         """Whether a listed resource's ``name`` (as stored) is in this client's namespace."""
         return self.requests.in_scope(name)
 
-    async def create_topic(self, topic: str, *, queue_count: int = 0, fifo: bool = False) -> admin_pb2.CreateTopicResponse:
+    async def create_topic(self, topic: str, *, queue_count: int = 0,
+                           fifo: bool = False) -> admin_pb2.CreateTopicResponse:
         """See :meth:`txmq.Admin.create_topic`."""
         return await self._run(self.requests.create_topic(topic, queue_count=queue_count, fifo=fifo))
 
@@ -72,7 +73,8 @@ class AsyncAdmin:
         """See :meth:`txmq.Admin.describe_topic`."""
         return await self._run(self.requests.describe_topic(topic))
 
-    async def consumer_groups(self, consumer_group: str = "", *, topic: str = "") -> admin_pb2.ListConsumerGroupsResponse:
+    async def consumer_groups(self, consumer_group: str = "", *,
+                              topic: str = "") -> admin_pb2.ListConsumerGroupsResponse:
         """See :meth:`txmq.Admin.consumer_groups`."""
         return await self._run(self.requests.consumer_groups(consumer_group, topic=topic))
 
@@ -88,7 +90,8 @@ class AsyncAdmin:
     async def list_transactions(self, *, producer_group: str = "", state: int = 0, older_than_seconds: float = 0.0,
                           limit: int = 100) -> admin_pb2.ListTransactionsResponse:
         """See :meth:`txmq.Admin.list_transactions`."""
-        return await self._run(self.requests.list_transactions(producer_group=producer_group, state=state, older_than_seconds=older_than_seconds, limit=limit))
+        return await self._run(self.requests.list_transactions(producer_group=producer_group, state=state,
+                                                               older_than_seconds=older_than_seconds, limit=limit))
 
     async def describe_transaction(self, transaction_id: str) -> admin_pb2.DescribeTransactionResponse:
         """See :meth:`txmq.Admin.describe_transaction`."""
@@ -97,7 +100,8 @@ class AsyncAdmin:
     async def resolve_transaction(self, transaction_id: str, resolution: str, *, operator: str,
                             reason: str) -> admin_pb2.ResolveTransactionResponse:
         """See :meth:`txmq.Admin.resolve_transaction`."""
-        return await self._run(self.requests.resolve_transaction(transaction_id, resolution, operator=operator, reason=reason))
+        return await self._run(self.requests.resolve_transaction(transaction_id, resolution, operator=operator,
+                                                                 reason=reason))
 
     async def list_brokers(self, *, include_followers: bool = True) -> nameserver_pb2.ListBrokersResponse:
         """See :meth:`txmq.Admin.list_brokers`."""

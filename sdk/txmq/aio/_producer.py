@@ -16,6 +16,7 @@ import math
 import time
 from typing import Any, Awaitable, Callable, Sequence
 
+from .. import _tracing as tracing
 from .._calling import QueueRoute, positive
 from .._checking import InProgress
 from .._decisions import Address, Decisions, end_by_id
@@ -27,9 +28,9 @@ from .._producing import (DEFAULT_MAX_BODY_BYTES, HOST, Ask, ExplicitTransaction
                           receipt, transaction_key, transaction_result, who_answers)
 from .._sending import (Pick, Rebind, Request, Sleep, Step, configure, end_transaction, finished, half_builder,
                         pick_queue, run_async, send_new, validate)
-from .. import _tracing as tracing
 from .._tls import TLS
-from .._types import LocalTransactionState, Message, SendReceipt, TransactionMessage, TransactionResult, TransactionState
+from .._types import (LocalTransactionState, Message, SendReceipt, TransactionMessage, TransactionResult,
+                      TransactionState)
 from ..v1 import broker_pb2, common_pb2
 from ._anchored import AsyncAnchoredTransaction, AsyncDecisionStore
 from ._checks import AsyncCheckResponder
@@ -151,7 +152,8 @@ class AsyncTransactionListener(abc.ABC):
 
 #: A checker: ``(message) -> LocalTransactionState | InProgress``, a coroutine function or a
 #: plain function (called on the event loop).
-AsyncChecker = Callable[[TransactionMessage], "Awaitable[LocalTransactionState | InProgress] | LocalTransactionState | InProgress"]
+AsyncChecker = Callable[[TransactionMessage],
+                        "Awaitable[LocalTransactionState | InProgress] | LocalTransactionState | InProgress"]
 
 
 class AsyncTransactionProducer(AsyncProducer):
@@ -182,7 +184,7 @@ class AsyncTransactionProducer(AsyncProducer):
                                   checker=checker, decisions=decisions, client_id=client_id,
                                   checker_refresh_seconds=checker_refresh_seconds, workers_name="check_concurrency",
                                   workers=check_concurrency, listener_method_ok=inspect.iscoroutinefunction,
-                                  listener_wants="must be a coroutine function (async def)")
+                                  listener_problem=lambda m: f"{m}() must be a coroutine function (async def)")
         super().__init__(nameservers, producer_group=producer_group, send_timeout_seconds=send_timeout_seconds,
                          max_attempts=max_attempts, retry_backoff_seconds=retry_backoff_seconds,
                          max_body_bytes=max_body_bytes, request_timeout_seconds=request_timeout_seconds,
