@@ -10,7 +10,6 @@ import inspect
 import re
 
 import pytest
-
 import txmq
 import txmq.aio
 import txmq.anchored

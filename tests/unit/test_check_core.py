@@ -6,10 +6,18 @@ are tested against real checkers in tests/integration/test_check_drivers.py."""
 from __future__ import annotations
 
 import pytest
-
 import txmq
-from txmq._checking import (CHECK_CREDIT_PER_THREAD, MAX_UNSENT_ANSWERS, RESEND_WINDOW_SECONDS, Backoff, Check,
-                            CheckAnswering, Refused, Subscribed, answer_locally)
+from txmq._checking import (
+    CHECK_CREDIT_PER_THREAD,
+    MAX_UNSENT_ANSWERS,
+    RESEND_WINDOW_SECONDS,
+    Backoff,
+    Check,
+    CheckAnswering,
+    Refused,
+    Subscribed,
+    answer_locally,
+)
 from txmq.v1 import checker_pb2, common_pb2
 
 COMMIT = txmq.LocalTransactionState.COMMIT
