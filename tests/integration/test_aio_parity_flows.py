@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import txmq
@@ -24,8 +24,6 @@ from txmq.aio import (
 from txmq.v1 import common_pb2
 
 from tests.integration.test_checks import (
-    BROKER_ENV,
-    CHECKER_ENV,
     COMMITTED,
     PREPARED,
     ROLLED_BACK,
@@ -33,19 +31,17 @@ from tests.integration.test_checks import (
     received_bodies,
     wait_state,
 )
+from tests.support import presets
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
 
 LocalState = txmq.LocalTransactionState
 
 
-@pytest.fixture(scope="module")
-def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("aio-parity"), broker_env=BROKER_ENV, checker=True, checker_env=CHECKER_ENV)
-    try:
-        yield c
-    finally:
-        c.stop()
+@pytest.fixture
+def checked(checks_cluster: Cluster) -> Cluster:
+    """test_checks.py's shared cluster (tests/conftest.py): these tests only read it."""
+    return checks_cluster
 
 
 async def subscribed(producer: AsyncTransactionProducer, cluster: Cluster) -> AsyncTransactionProducer:
@@ -340,7 +336,8 @@ def test_a_decision_answered_while_its_checker_is_gone_decides_once_it_is_back(f
     """The check-stream core's late answer, through each driver: the check's stream ends
     (its checker is SIGKILLed) while the application decides; the answer waits, then goes
     on the next stream subscribed and decides the transaction."""
-    cluster = fresh_cluster_factory(broker_env=BROKER_ENV, checker=True, checker_env=CHECKER_ENV)
+    cluster = fresh_cluster_factory(broker_env=presets.CHECKS_BROKER, checker=True,
+                                    checker_env=presets.QUICK_CHECKER)
     group, topic = unique_name("g"), unique_name("orders")
     cluster.create_topic(topic, 1)
     asked, release = threading.Event(), threading.Event()

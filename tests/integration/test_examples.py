@@ -16,27 +16,22 @@ import pytest
 import txmq
 
 from services.common.auth.store import hash_token
-from tests.conftest import TEST_BROKER_ENV
+from tests.support import presets
 from tests.support.certs import CertificateAuthority
 from tests.support.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
-CHECKER_ENV = {"TXMQ_CLAIM_INTERVAL_SECONDS": "0.05", "TXMQ_BROKER_REFRESH_SECONDS": "0.5"}
 #: Run elsewhere (see the module docstring), or here with a cluster of their own.
 ELSEWHERE = {"transaction_producer.py", "simple_consumer.py", "anchored_orders.py", "tls_token.py",
              "offset_reset.py"}
 PLAIN = sorted(p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_") and p.name not in ELSEWHERE)
 
 
-@pytest.fixture(scope="module")
-def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("examples"), broker_env=TEST_BROKER_ENV, checker=True,
-                checker_env=CHECKER_ENV)
-    try:
-        yield c
-    finally:
-        c.stop()
+@pytest.fixture
+def checked(checks_cluster: Cluster) -> Cluster:
+    """test_checks.py's shared cluster (tests/conftest.py): each example has its own topic."""
+    return checks_cluster
 
 
 def run_example(name: str, nameserver: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -96,8 +91,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster,
         env[service] = {"TXMQ_AUTH_FILES": str(creds), "TXMQ_AUTH_TOKEN_FILE": str(token_file),
                         "TXMQ_TLS_CLIENT_AUTH": "none"}
     (workdir / "shop.token").write_text(TOKENS["shop"] + "\n")
-    c = Cluster(workdir, nameserver_env=env["nameserver"], broker_env={**TEST_BROKER_ENV, **env["broker"]},
-                checker=True, checker_env={**CHECKER_ENV, **env["checker"]}, tls=pki, token=TOKENS["operator"])
+    c = Cluster(workdir, nameserver_env=env["nameserver"], broker_env={**presets.BROKER, **env["broker"]},
+                checker=True, checker_env={**presets.CHECKER, **env["checker"]}, tls=pki, token=TOKENS["operator"])
     try:
         yield c, workdir
     finally:

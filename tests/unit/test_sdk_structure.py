@@ -2,13 +2,12 @@
 the broker's structure test uses): no class over ~350 lines; no module importing a
 sibling's private names; no import circles, and none hidden inside functions; the asyncio
 modules drive the shared cores, never their sync twins; the SDK never imports the
-services (``txmq broker restore`` runs ``python -m services.broker.restore``); and the
+services (``txmq broker restore`` runs ``python -m services.broker.restore``: what it does
+where they are not installed is tests/integration/test_backup.py's); and the
 same rules for the parts of the services and the pipeline whose circles issue 33 named."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -94,17 +93,3 @@ def test_no_import_circles_where_the_issue_found_them(directory, package):
     assert [(i.module, i.line, i.target) for i in pkg.function_imports()
             if pkg.internal(i.target) and pkg.module_of(i.target) in {f"{package}.{m}" for m in (
                 "config", "tls", "auth", "runtime", "audit", "follow")}] == []
-
-
-def test_restore_without_the_services_prints_the_command(tmp_path):
-    """Where the services are not installed, ``txmq broker restore`` says what to run there
-    (and fails), importing nothing of them."""
-    script = ("import sys; sys.modules['services'] = None\n"  # nothing named services can be found
-              "from txmq._cli import main\n"
-              f"sys.exit(main(['broker', 'restore', '--from', {str(tmp_path / 'b')!r}, '--data-dir', "
-              f"{str(tmp_path / 'd')!r}, '--replace']))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1, done
-    assert f"python -m services.broker.restore --from {tmp_path / 'b'} --data-dir {tmp_path / 'd'} --replace" \
-        in done.stderr, done.stderr
-    assert not (tmp_path / "d").exists()
