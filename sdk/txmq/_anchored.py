@@ -16,6 +16,7 @@ psycopg 3 ``Connection``, SQLAlchemy 2 ``Session``, and any PostgreSQL DB-API co
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import threading
 import time
@@ -228,8 +229,6 @@ def local_connection(conn: Any) -> LocalConnection:
 
 
 def _is_coroutine_api(conn: Any) -> bool:
-    import inspect
-
     return inspect.iscoroutinefunction(getattr(conn, "commit", None))
 
 

@@ -26,9 +26,9 @@ TWIN_IMPORTS_ALLOWED = {
         "the Produce stream's batching constants and direct_call, shared while the perf branch "
         "reworks both streams: they move to a core of their own once it has landed",
 }
-#: Optional database drivers, imported where they are used (``pip install txmq[psycopg]``),
-#: and the standard library's ``inspect``: the only imports allowed inside functions.
-LAZY = ("psycopg", "sqlalchemy", "inspect")
+#: Optional database drivers, imported where they are used (``pip install txmq[psycopg]``):
+#: the only imports allowed inside functions.
+LAZY = ("psycopg", "sqlalchemy")
 
 
 @pytest.fixture(scope="module")
