@@ -5,10 +5,13 @@ move the group back to a time and consume again.
     python examples/offset_reset.py --nameserver 127.0.0.1:9876
 
 Written against the Admin API of the offset-reset work (issue 32 item 1, the ``ops``
-branch): ``Admin.reset_offsets(group, topic=..., to_time=..., dry_run=...)`` answering per
-queue the current and new offsets. Consumes everything, resets the group to before the
-second half was sent (a dry run first), and checks that exactly the second half comes again.
-Exits 0 when it does; 2 when this SDK has no offset reset yet.
+branch): ``Admin.reset_offsets(group, topic, to_time=..., dry_run=..., force=...)`` answering
+per queue the current and new offsets, and the group's live consumers. Consumes everything,
+resets the group to before the second half was sent (a dry run first), and checks that
+exactly the second half comes again. A broker counts a consumer live for
+``consumer_session_seconds`` after its last receive, and refuses a reset under live
+consumers: the only one here is this script's own, closed, so the reset is forced. Exits 0
+when it worked; 2 when this SDK has no offset reset yet.
 """
 
 from __future__ import annotations
@@ -54,9 +57,12 @@ def main() -> int:
             producer.send(txmq.Message(args.topic, body))
     first_pass = consume(args.nameserver, args.topic, group, args.count, run)
     with txmq.Admin(args.nameserver) as admin:
-        plan = admin.reset_offsets(group, topic=args.topic, to_time=cut, dry_run=True)
-        print("dry run:", plan)
-        admin.reset_offsets(group, topic=args.topic, to_time=cut, dry_run=False)
+        plan = admin.reset_offsets(group, args.topic, to_time=cut, dry_run=True)
+        for q in plan.queues:
+            print(f"dry run: queue {q.queue_id} {q.current_offset} -> {q.new_offset} ({q.lag_change:+d} again)")
+        print(f"live consumers (this script's own, closed): {len(plan.live_consumers)}")
+        admin.reset_offsets(group, args.topic, to_time=cut, dry_run=False, force=True,
+                            operator="offset-reset-example", reason="replay after a bad deploy")
     again = consume(args.nameserver, args.topic, group, len(second), run)
     print(f"first pass {len(first_pass)}, after the reset {len(again)}")
     return 0 if len(first_pass) == args.count and sorted(again) == sorted(second) else 1
