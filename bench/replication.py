@@ -281,8 +281,8 @@ def append_cost(entries: int = 3000, per_message: int = 2) -> dict[str, float]:
               for name in ("leader", "shipped", "read")}
     leader = stores["leader"]
     log: list[tuple[int, bytes, bytes]] = []
-    leader.append_listeners.append(log.extend)
-    leader.begin_epoch(1)
+    leader.replication.append_listeners.append(log.extend)
+    leader.replication.begin_epoch(1)
     seq = 0
 
     def write(w: Any) -> None:
@@ -304,9 +304,9 @@ def append_cost(entries: int = 3000, per_message: int = 2) -> dict[str, float]:
             for name, undo in (("shipped", True), ("read", False)):
                 started = time.process_time()
                 if undo:
-                    stores[name].append_entries(replog.pack_entries(part), part[0][0] - 1)
+                    stores[name].replication.append_entries(replog.pack_entries(part), part[0][0] - 1)
                 else:  # the former follower: decode, then read the before-images (the leader's path)
-                    stores[name]._append([(lsn, data, replog.decode_entry(data)[1], None) for lsn, data, _ in part])
+                    stores[name].replication.append([(lsn, data, replog.decode_entry(data)[1], None) for lsn, data, _ in part])
                 if timed:
                     spent[name] += time.process_time() - started
         log.clear()

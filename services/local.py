@@ -37,6 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
+import grpc
+
+from txmq import TLS, Admin, LocalTransactionState, Message, SimpleConsumer, TopicExistsError, TransactionProducer
+from txmq.tls import ChannelTLS, sync_channel
+from txmq.v1 import common_pb2, nameserver_pb2, nameserver_pb2_grpc
+
 from services.common.etcd import EtcdProcess, password_auth
 from services.common.process import ServiceError, ServiceProcess, port_is_free
 
@@ -172,8 +178,6 @@ class LocalServices:
         """etcd (its authentication on: txmq's keys for the brokers' password user only,
         root's password kept in the data directory), then the replicas of broker-0; returns
         once one leads with enough in sync."""
-        import grpc  # noqa: PLC0415 - only a replicated run needs it here
-
         say(f"txmq local: starting etcd and {self.replication_factor} replicas of {BROKER.name}")
         auth = password_auth(self.data_dir / "etcd-auth")
         try:
@@ -229,10 +233,6 @@ def wait_leader(nameserver: str, shard: str, replicas: Sequence[ServiceProcess],
                 timeout: float = READY_TIMEOUT_SECONDS) -> ServiceProcess:
     """The replica of ``shard`` the name server routes to, once its in-sync set can
     acknowledge writes (at least two members)."""
-    import grpc
-
-    from txmq.v1 import nameserver_pb2, nameserver_pb2_grpc
-
     deadline = time.monotonic() + timeout
     with _channel(nameserver) as channel:
         stub = nameserver_pb2_grpc.NameServerServiceStub(channel)
@@ -252,10 +252,6 @@ def wait_leader(nameserver: str, shard: str, replicas: Sequence[ServiceProcess],
 
 def wait_broker_registered(nameserver: str, broker_name: str, broker_address: str,
                            timeout: float = READY_TIMEOUT_SECONDS) -> None:
-    import grpc
-
-    from txmq.v1 import nameserver_pb2, nameserver_pb2_grpc
-
     deadline = time.monotonic() + timeout
     with _channel(nameserver) as channel:
         stub = nameserver_pb2_grpc.NameServerServiceStub(channel)
@@ -278,23 +274,17 @@ def client_tls() -> Any:
     cert, key, ca = (os.environ.get(f"TXMQ_TLS_{n}_FILE", "") for n in ("CERT", "KEY", "CA"))
     if not cert:
         return None
-    from txmq import TLS
-
     return TLS(ca_file=ca, cert_file=cert, key_file=key, server_name=os.environ.get("TXMQ_TLS_SERVER_NAME", ""))
 
 
 def _channel(address: str) -> Any:
     """A channel to a local service, with TLS when the services have it."""
-    from txmq.tls import ChannelTLS, sync_channel
-
     tls = client_tls()
     return sync_channel(address, (), ChannelTLS(tls) if tls is not None else None)
 
 
 # ---------------------------------------------------------------------------- the demo
 def create_demo_topic(nameserver: str) -> None:
-    from txmq import Admin, TopicExistsError  # noqa: PLC0415 - the SDK, imported with the demo
-
     with Admin(nameserver, tls=client_tls()) as admin:
         try:
             admin.create_topic(DEMO_TOPIC, queue_count=4)
@@ -309,12 +299,6 @@ def _name(value: Any) -> str:
 def run_demo(nameserver: str) -> bool:
     """Three transactional sends and a consumer; True when the consumer saw exactly the
     committed message."""
-    try:
-        from txmq import LocalTransactionState, Message, SimpleConsumer, TransactionProducer
-    except ImportError as exc:
-        say(f"demo: skipped, the txmq SDK cannot be imported ({exc})")
-        return False
-
     create_demo_topic(nameserver)
     run = uuid.uuid4().hex[:8]
     plan = [("order-1", LocalTransactionState.COMMIT),
@@ -405,8 +389,6 @@ def run_demo(nameserver: str) -> bool:
 
 def _await_check(checked: threading.Event, transaction_id: str, nameserver: str) -> bool:
     """Waits (the producer still open to answer) until the checker's check resolved order-3."""
-    from txmq import Admin  # noqa: PLC0415 - the SDK, imported with the demo
-    from txmq.v1 import common_pb2  # noqa: PLC0415
 
     say(f"demo: order-3 waits for the checker (first check {DEMO_CHECK_AFTER_SECONDS:g}s after the send)")
     deadline = time.monotonic() + DEMO_RECEIVE_SECONDS

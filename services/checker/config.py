@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import socket
 
+from txmq.decisions import validate_table
+
 from services.common.config import DAY, HOUR, MINUTE, YEAR, ServiceConfig, count, seconds
 
 
@@ -75,8 +77,6 @@ class CheckerConfig(ServiceConfig):
 
     def validate(self) -> None:
         """Rules across fields (each field's own range is declared beside it)."""
-        from txmq.decisions import validate_table
-
         try:
             validate_table(self.resolver_table)
         except Exception as err:  # noqa: BLE001 - a config error names the field

@@ -31,6 +31,7 @@ from txmq import decisions as core
 from txmq.decisions import AsyncStorePool, drive_async
 from txmq.errors import InvalidFieldError, TransactionStateError, error_from_rpc
 from txmq.ids import TransactionId
+from txmq.names import validate_group
 from txmq.v1 import broker_pb2, checker_pb2, common_pb2
 
 from .brokers import BrokerDirectory
@@ -54,8 +55,6 @@ def _state(name: str) -> TransactionState | None:
 
 def parse_groups(entries: tuple[str, ...]) -> dict[str, str]:
     """``GROUP=DSN_FILE`` entries → {group: the DSN read from its file}."""
-    from txmq.names import validate_group
-
     groups: dict[str, str] = {}
     for entry in entries:
         group, sep, path = entry.partition("=")

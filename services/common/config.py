@@ -463,8 +463,6 @@ def field_names(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
-# --- TLS settings -------------------------------------------------------------------------
-
 def check_tls_settings(config: Any) -> None:
     """Raises :class:`ConfigError` for settings that cannot work together or files that cannot
     be read (checked when the configuration is built, before anything is bound)."""

@@ -37,3 +37,8 @@ def entry_status(error: TxmqError | None) -> common_pb2.EntryStatus:
 
 
 OK = common_pb2.EntryStatus(code=0)
+
+
+class StartupError(Exception):
+    """The environment keeps a service from starting (a port in use, a data directory that
+    cannot be written...); the message is the one line the operator reads."""

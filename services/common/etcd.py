@@ -47,6 +47,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import grpc
+from aetcd import rpc
+
+from .logs import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +142,6 @@ def setup_auth(endpoint: str, auth: EtcdAuth, tls: TlsFiles | None = None, timeo
 
 
 def _setup_auth(endpoint: str, auth: EtcdAuth, tls: TlsFiles | None, timeout: float) -> None:
-    from aetcd import rpc
-
     with _channel(endpoint, tls) as channel:
         stub = rpc.AuthStub(channel)
         metadata: list[tuple[str, str]] = []
@@ -192,8 +193,6 @@ def _setup_auth(endpoint: str, auth: EtcdAuth, tls: TlsFiles | None, timeout: fl
 
 def wait_serving(endpoint: str, tls: TlsFiles | None, timeout: float) -> None:
     """Until etcd at ``endpoint`` answers (any answer: an auth refusal counts)."""
-    from aetcd import rpc
-
     deadline = time.monotonic() + timeout
     while True:
         with _channel(endpoint, tls) as channel:
@@ -238,8 +237,6 @@ class EtcdCredentials:
     async def token(self, channel: grpc.aio.Channel, timeout: float) -> str:
         if self._token:
             return self._token
-        from aetcd import rpc
-
         async with self._lock:
             if not self._token:
                 reply = await rpc.AuthStub(channel).Authenticate(
@@ -466,8 +463,6 @@ def _read(path: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    from .logs import configure_logging  # noqa: PLC0415 - the command configures its own logging
-
     configure_logging("etcd-auth")
     try:
         auth = EtcdAuth(tuple(args.broker_user), prefix=args.prefix,

@@ -17,12 +17,12 @@ from typing import Any, Awaitable, Callable
 
 import uvloop
 
-from .config import env_name, load_config
-from .logs import configure_logging
-from . import tls
 from .auth import service_credentials
 from .channels import use_credentials
-from .startup import StartupError
+from .config import env_name, load_config
+from .errors import StartupError
+from .logs import configure_logging
+from . import tls
 
 log = logging.getLogger(__name__)
 

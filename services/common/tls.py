@@ -21,6 +21,7 @@ before the service opens any channel; :func:`client_tls` is what ``channels`` re
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 from typing import Any
 

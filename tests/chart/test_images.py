@@ -104,6 +104,11 @@ def test_images_hold_no_compiler_or_pip_and_run_as_the_chart_user(inspected):
         assert out[:2] == [str(UID), str(UID)]
         assert out[2].startswith("[] ") or out[2].startswith("['apt-get'] "), out  # Debian's apt, no build tools
         assert "'pip" not in out[2]
+    # The checker's resolver (checker.resolver.groups) talks to PostgreSQL: psycopg and the
+    # libpq of its binary wheel are in the image.
+    out = docker("run", "--rm", "--network", "host", "--read-only", "--entrypoint", "python", image("checker"),
+                 "-c", "import psycopg; print(psycopg.pq.__impl__, psycopg.pq.version())").stdout.split()
+    assert out[0] == "binary" and int(out[1]) > 0, out
 
 
 # ---------------------------------------------------------------------------- running them

@@ -112,6 +112,15 @@ BAD_VALUES = {
     "client auth gRPC cannot do": {"tls.clientAuth.broker": "request"},
     "TLS mount not a path": {"tls.mountPath": "tls"},
     "etcd endpoint of another scheme": {"etcd.endpoints[0]": "ftp://etcd:2379", "broker.replicationFactor": "3"},
+    # The checker's resolver (anchored transactions).
+    "resolver table not an identifier": {"checker.config.resolver_table": "decisions; drop table x"},
+    "resolver group without its secret": {"checker.resolver.groups[0].group": "orders"},
+    "resolver group of a system name": {"checker.resolver.groups[0].group": "%orders",
+                                        "checker.resolver.groups[0].secretName": "dsn"},
+    "resolver group named twice": {"checker.resolver.groups[0].group": "orders",
+                                   "checker.resolver.groups[0].secretName": "a",
+                                   "checker.resolver.groups[1].group": "orders",
+                                   "checker.resolver.groups[1].secretName": "b"},
 }
 
 #: What the refusal must name (the key that is wrong), when not the first key's last part.
@@ -123,6 +132,8 @@ BAD_VALUES_NAMED = {
     "election poll not below the lease": "election_poll_seconds",
     "cert-manager without an issuer": "tls.certManager.enabled needs tls.certManager.issuerRef.name",
     "etcd endpoint of another scheme": "etcd.endpoints",
+    "resolver group without its secret": "secretName",
+    "resolver group named twice": "checker.resolver.groups names orders twice",
 }
 
 

@@ -178,6 +178,8 @@ def test_every_setting_can_be_set_from_values(helm_bin: Path, tmp_path: Path) ->
                 new = "DEBUG"
             elif name == "flush":
                 new = "async"
+            elif name == "resolver_table":
+                new = "ops.decisions"
             else:
                 new = "/tmp/ready.json"
             sets[f"{component}.config.{name}"] = new
@@ -605,3 +607,43 @@ def test_schema_ranges_are_the_services_declared_ranges() -> None:
             elif prop != declared:
                 differing.append(f"{component}.config.{name}: chart {prop}, {cls.__name__} {declared}")
     assert not differing, "run python -m tools.chart_schema:\n" + "\n".join(differing)
+
+
+def test_resolver_groups_read_their_connection_string_from_a_mounted_secret(helm_bin: Path) -> None:
+    """checker.resolver.groups: each group's libpq connection string is a Secret's key
+    mounted read-only as a file (never an environment value), and TXMQ_RESOLVER_GROUPS names
+    that file for that group, as CheckerConfig parses it."""
+    from services.common.config import load_config  # noqa: PLC0415
+    r = render(helm_bin, sets={"checker.resolver.groups[0].group": "orders",
+                               "checker.resolver.groups[0].secretName": "orders-dsn",
+                               "checker.resolver.groups[1].group": "billing",
+                               "checker.resolver.groups[1].secretName": "billing-db",
+                               "checker.resolver.groups[1].key": "url",
+                               "checker.config.resolver_table": "ops.decisions"})
+    w = r.workload("checker")
+    c = _container(w)
+    env = _env(r, w)
+    fixed = {k: v for k, v in env.items() if k.startswith("TXMQ_") and isinstance(v, str) and "$(" not in v
+             and not k.startswith("TXMQ_TLS_") and not k.startswith("TXMQ_AUTH_")}  # files only the pod has
+    config = load_config(config_class("checker"), env={**fixed, "TXMQ_CHECKER_NAME": "txmq-checker-0"})
+    assert config.resolver_table == "ops.decisions"
+    volumes = {v["name"]: v for v in _pod_spec(w)["volumes"]}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    seen = {}
+    for entry in config.resolver_groups:
+        group, _, path = entry.partition("=")
+        directory, _, filename = path.rpartition("/")
+        mount = mounts[directory]
+        assert mount["readOnly"] is True
+        secret = volumes[mount["name"]]["secret"]
+        assert secret["defaultMode"] == 0o400
+        (item,) = secret["items"]
+        assert item["path"] == filename
+        seen[group] = (secret["secretName"], item["key"])
+    assert seen == {"orders": ("orders-dsn", "dsn"), "billing": ("billing-db", "url")}
+    assert not any("dsn" in str(e.get("valueFrom", "")).lower() for e in c.get("env", [])), "a DSN in the environment"
+    # No groups: no resolver volumes, and the variable says so.
+    default = render(helm_bin)
+    w = default.workload("checker")
+    assert _env(default, w)["TXMQ_RESOLVER_GROUPS"] == ""
+    assert not [v for v in _pod_spec(w)["volumes"] if v["name"].startswith("resolver-")]

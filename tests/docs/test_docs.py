@@ -153,7 +153,4 @@ def test_links_between_pages_resolve() -> None:
         for target in _LINK.findall(doc.read_text()):
             if not (doc.parent / target).exists():
                 broken.append(f"{doc.relative_to(REPO)} -> {target}")
-    # Pages other helpers are writing now (they exist after their branches merge).
-    pending = {"docs/security.md"}
-    broken = [b for b in broken if not any(b.endswith(p.split("/")[-1]) for p in pending)]
     assert not broken, broken

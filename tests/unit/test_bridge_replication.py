@@ -16,7 +16,7 @@ from txmq import LeadershipLostError
 def test_answers_wait_for_the_commit_point_and_fail_when_leadership_is_lost(tmp_path):
     async def scenario() -> None:
         db = Database(str(tmp_path / "store"), sync=True, replicated=True)
-        db.begin_epoch(7)
+        db.replication.begin_epoch(7)
         commit = {"lsn": 0}
         bridge = StoreBridge(db, asyncio.get_running_loop(), on_fatal=lambda exc: None)
         bridge.commit_gate = lambda: commit["lsn"]
@@ -53,18 +53,18 @@ def test_a_follower_drops_an_epoch_it_led_without_writing_and_follows_an_older_o
 
     leader = Database(str(tmp_path / "leader"), sync=False, replicated=True)
     follower = Database(str(tmp_path / "follower"), sync=False, replicated=True)
-    leader.begin_epoch(3)
+    leader.replication.begin_epoch(3)
     put(leader, b"a")
-    follower.append_entries(replog.pack_entries(leader.read_entries(1, 1 << 20)), follower.commit_lsn)
-    leader.begin_epoch(5)
+    follower.replication.append_entries(replog.pack_entries(leader.replication.read_entries(1, 1 << 20)), follower.replication.commit_lsn)
+    leader.replication.begin_epoch(5)
     put(leader, b"b")
     put(leader, b"c")
-    follower.begin_epoch(7)  # led, wrote nothing, lost the leadership
-    _epoch, end = replog.epoch_end(leader.epochs, follower.last_epoch, leader.written)
-    assert follower.truncate(min(follower.written, end)) == 0
-    assert follower.epochs == [(3, 1)]
-    follower.append_entries(replog.pack_entries(leader.read_entries(2, 1 << 20)), follower.commit_lsn)
-    assert follower.written == 3 and follower.epochs == [(3, 1), (5, 2)]
+    follower.replication.begin_epoch(7)  # led, wrote nothing, lost the leadership
+    _epoch, end = replog.epoch_end(leader.replication.epochs, follower.replication.last_epoch, leader.written)
+    assert follower.replication.truncate(min(follower.written, end)) == 0
+    assert follower.replication.epochs == [(3, 1)]
+    follower.replication.append_entries(replog.pack_entries(leader.replication.read_entries(2, 1 << 20)), follower.replication.commit_lsn)
+    assert follower.written == 3 and follower.replication.epochs == [(3, 1), (5, 2)]
     assert follower.digest() == leader.digest()
     leader.close()
     follower.close()
@@ -85,25 +85,25 @@ def test_a_follower_takes_back_what_it_wrote_in_epochs_its_new_leader_never_knew
 
     b = Database(str(tmp_path / "b"), sync=False, replicated=True)
     a = Database(str(tmp_path / "a"), sync=False, replicated=True)
-    b.begin_epoch(12)
+    b.replication.begin_epoch(12)
     for key in (b"x", b"y", b"z"):
         put(b, key, b"b12")
-    a.append_entries(replog.pack_entries(b.read_entries(1, 1 << 20)), a.commit_lsn)
+    a.replication.append_entries(replog.pack_entries(b.replication.read_entries(1, 1 << 20)), a.replication.commit_lsn)
     put(b, b"w", b"b12")  # lsn 4: A never receives it
-    a.begin_epoch(14)
+    a.replication.begin_epoch(14)
     put(a, b"x", b"a14")  # lsn 4 and 5 on A, acknowledged by nobody
     put(a, b"v", b"a14")
-    b.begin_epoch(18)
+    b.replication.begin_epoch(18)
     put(b, b"y", b"b18")  # lsn 5 on B
 
-    end_epoch, end = replog.epoch_end(b.epochs, a.last_epoch, b.written)
+    end_epoch, end = replog.epoch_end(b.replication.epochs, a.replication.last_epoch, b.written)
     truncate_to = min(a.written, end)
     assert (end_epoch, truncate_to) == (12, 4)
-    target = replog.follower_truncation(a.epochs, a.written, truncate_to, end_epoch)
+    target = replog.follower_truncation(a.replication.epochs, a.written, truncate_to, end_epoch)
     assert target == 3
-    a.truncate(target)
-    assert a.written == 3 and a.epochs == [(12, 1)]
-    a.append_entries(replog.pack_entries(b.read_entries(4, 1 << 20)), a.commit_lsn)
+    a.replication.truncate(target)
+    assert a.written == 3 and a.replication.epochs == [(12, 1)]
+    a.replication.append_entries(replog.pack_entries(b.replication.read_entries(4, 1 << 20)), a.replication.commit_lsn)
     assert a.written == b.written == 5
     assert a.digest() == b.digest()
     b.close()

@@ -15,14 +15,10 @@ from tests.unit.structure import Package
 REPO = Path(__file__).resolve().parents[2]
 #: The most lines a class of the broker may have.
 MAX_CLASS_LINES = 350
-#: Classes over the limit, each with what splits it. ``ReplicaNode`` becomes a driver of
-#: ~200 lines over a pure state machine (issue 33 item 2, on its own branch). ``Database``
-#: holds the replication log's write path (entries, undo records, epochs, truncation) beside
-#: the one it shares; it splits into the store and a ReplicaLog once item 2 has settled what
-#: the replica needs of it (docs/broker-internals.md).
-OVER_THE_LIMIT = {
-    "services.broker.store.db.Database": "the replication log's write path, after item 2",
-}
+#: Classes over the limit, each with what splits it (none today: ``Database`` handed the
+#: replication log to ``store/replication_log.py``, ``ReplicaNode`` became a driver over a
+#: pure state machine).
+OVER_THE_LIMIT: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")

@@ -39,10 +39,10 @@ def lone_leader(tmp_path, loop: asyncio.AbstractEventLoop, *, tail: int) -> tupl
     """Replica 2 leads after 0 and 1 died, its set {1, 2} keeping the dead 1 (min_insync 2).
     Its log holds 6 committed entries, then ``tail`` it cannot know were committed."""
     db = Database(str(tmp_path / "store"), sync=True, replicated=True)
-    db.begin_epoch(3)
+    db.replication.begin_epoch(3)
     for i in range(6 + tail):
         db.call(put(b"old-%d" % i))
-    db.begin_epoch(9)
+    db.replication.begin_epoch(9)
     db.read_ticket = db.written  # as a new leader does: nothing on disk shown before it is committed
     clock = Clock()
     lead = Leadership(Rules("broker-0", 2, 3, 2, LAG, 1.0), epoch=9, isr=InSync((1, 2), 8), commit=6, now=T0)

@@ -10,7 +10,8 @@ import random
 import pytest
 
 from services.broker.store import replog
-from services.broker.store.db import CannotTruncateError, Database
+from services.broker.store.db import Database
+from services.broker.store.replication_log import CannotTruncateError
 
 CFS = ("txn", "cq", "dedup", "counters", "inflight")
 
@@ -23,8 +24,8 @@ class Pair:
         self.leader = Database(str(tmp_path / "leader"), sync=False, replicated=True)
         self.follower = Database(str(tmp_path / "follower"), sync=False, replicated=True)
         self.shipped: list[tuple[int, bytes, bytes]] = []
-        self.leader.append_listeners.append(self.shipped.extend)
-        self.leader.begin_epoch(2)
+        self.leader.replication.append_listeners.append(self.shipped.extend)
+        self.leader.replication.begin_epoch(2)
 
     def reopen_follower(self) -> Database:
         self.follower.close()
@@ -98,23 +99,23 @@ def test_a_follower_stores_the_undo_records_its_own_before_images_give(pair, see
             digests[leader.written] = leader.digest()
         # Ship what is new, the commit point somewhere behind it (as a leader's lags).
         batch = [e for e in shipped if e[0] > follower.written]
-        commit = rng.randint(follower.commit_lsn, batch[0][0] - 1)
+        commit = rng.randint(follower.replication.commit_lsn, batch[0][0] - 1)
         expected = _expected_undo(follower, batch)
-        follower.append_entries(replog.pack_entries(batch), commit)
+        follower.replication.append_entries(replog.pack_entries(batch), commit)
         assert follower.written == leader.written
         for lsn, _data, undo in batch:
             stored = follower.cf["undo"].get(replog.lsn_key(lsn))
-            if lsn > follower.commit_lsn:
+            if lsn > follower.replication.commit_lsn:
                 assert stored == expected[lsn], f"seed {seed}: lsn {lsn}'s undo record is not its before-image"
                 assert stored == undo == leader.cf["undo"].get(replog.lsn_key(lsn))
                 checked += 1
-        leader.note_commit(commit)
+        leader.replication.note_commit(commit)
     assert checked > 40
     assert follower.digest() == leader.digest()
     # Taking back the uncommitted tail with the shipped records: the follower is where
     # the leader was at that lsn.
-    back = rng.randint(follower.commit_lsn, follower.written - 1)
-    follower.truncate(back)
+    back = rng.randint(follower.replication.commit_lsn, follower.written - 1)
+    follower.replication.truncate(back)
     assert follower.written == back
     assert follower.digest() == digests[back], f"seed {seed}: truncated to {back}, state differs"
 
@@ -125,15 +126,15 @@ def test_committed_entries_come_without_undo_records_and_cannot_be_taken_back(pa
         leader.apply(lambda w, i=i: w.put("txn", bytes([i % 3]), bytes([i])))
     # Entries 1-4 committed (no undo record), 5-6 above the commit point (with theirs).
     wire = [(lsn, data, b"" if lsn <= 4 else undo) for lsn, data, undo in pair.shipped]
-    follower.append_entries(replog.pack_entries(wire), 4)
-    assert follower.commit_lsn == 4
+    follower.replication.append_entries(replog.pack_entries(wire), 4)
+    assert follower.replication.commit_lsn == 4
     assert [replog.key_lsn(k) for k, _ in follower.scan("undo")] == [5, 6]
-    follower.truncate(4)
+    follower.replication.truncate(4)
     assert [v for _k, v in follower.scan("txn")] == [bytes([3]), bytes([1]), bytes([2])]  # as after lsn 4
     with pytest.raises(CannotTruncateError):
-        follower.truncate(3)
+        follower.replication.truncate(3)
     # The commit point moved with the entries, durably: a reopened store knows it.
-    assert pair.reopen_follower().commit_lsn == 4
+    assert pair.reopen_follower().replication.commit_lsn == 4
 
 
 def test_an_entry_above_the_commit_point_without_its_undo_record_is_refused_and_nothing_applied(pair):
@@ -142,11 +143,11 @@ def test_an_entry_above_the_commit_point_without_its_undo_record_is_refused_and_
         leader.apply(lambda w, i=i: w.put("txn", bytes([i]), b"v"))
     wire = [(lsn, data, b"" if lsn == 3 else undo) for lsn, data, undo in pair.shipped]
     with pytest.raises(ValueError, match="entry 3 comes without its undo record, above the commit point 1"):
-        follower.append_entries(replog.pack_entries(wire), 1)
+        follower.replication.append_entries(replog.pack_entries(wire), 1)
     corrupt = [(lsn, data, undo[:-1] + bytes([undo[-1] ^ 1])) for lsn, data, undo in pair.shipped]
     with pytest.raises(Exception, match="undo record"):
-        follower.append_entries(replog.pack_entries(corrupt), 0)
-    assert follower.written == 0 and follower.commit_lsn == 0
+        follower.replication.append_entries(replog.pack_entries(corrupt), 0)
+    assert follower.written == 0 and follower.replication.commit_lsn == 0
     assert list(follower.scan("txn")) == [] and list(follower.scan("undo")) == []
 
 
@@ -203,10 +204,10 @@ def test_clearing_committed_undo_records_and_the_trimmed_log_leaves_no_pile_of_r
     to close). Committed undo records now go with point tombstones, the trimmed log in
     disjoint strides; both still go, and uncommitted undo records stay."""
     db = Database(str(tmp_path / "s"), sync=False, replicated=True, replog_keep_entries=100)
-    db.begin_epoch(2)
+    db.replication.begin_epoch(2)
     for i in range(600):
         db.apply(_staging([("txn", f"k{i}".encode(), b"v")]))
-        db.note_commit(db.written - 1)  # one entry behind, as under load
+        db.replication.note_commit(db.written - 1)  # one entry behind, as under load
     assert _range_deletions(db, "undo") == 0
     assert _range_deletions(db, "replog") <= 600 // 25 + 1  # one per stride of 25, none overlapping
     kept = [replog.key_lsn(k) for k, _ in db.scan("undo")]

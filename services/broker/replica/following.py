@@ -23,7 +23,8 @@ from services.common.auth import TokenFile
 
 from ..config import BrokerConfig
 from ..store import replog
-from ..store.db import CannotTruncateError, Database
+from ..store.db import Database
+from ..store.replication_log import CannotTruncateError
 from ..transport import Connection, Refused, connect
 from .state import Leader
 
@@ -73,7 +74,7 @@ class Following:
             conn = await connect(leader.replication_address, max(self.config.leader_lease_seconds, 1.0))
             db = self._db()
             token = self._token.token() if self._token is not None else ""
-            conn.send(replog.encode_hello(self.shard, self.replica_id, leader.epoch, db.written, db.last_epoch, token))
+            conn.send(replog.encode_hello(self.shard, self.replica_id, leader.epoch, db.written, db.replication.last_epoch, token))
             kind, body = await conn.read()
             epoch, commit, truncate_to, _ = replog.decode_leader(kind, body)
             if kind == replog.CHECKPOINT:
@@ -83,9 +84,9 @@ class Following:
             if kind != replog.START:
                 raise RuntimeError(f"the leader's first answer is a {replog.KIND_NAMES[kind]}, not a start")
             # Entries of epochs the leader never knew are not its own, even below its answer.
-            target = replog.follower_truncation(db.epochs, db.written, truncate_to, replog.start_end_epoch(body))
+            target = replog.follower_truncation(db.replication.epochs, db.written, truncate_to, replog.start_end_epoch(body))
             try:
-                db.truncate(target)
+                db.replication.truncate(target)
             except CannotTruncateError as exc:
                 log.warning("cannot take back the log: rebuilding", extra={"fields": {"why": str(exc)}})
                 await conn.close()
@@ -96,7 +97,7 @@ class Following:
             if target < truncate_to:
                 # The leader ships from its own answer on: a new session tells it where this log ends now.
                 log.warning("log taken back past the leader's answer: epochs it never knew", extra={"fields": {
-                    "truncate_to": target, "leader_answer": truncate_to, "epochs": db.epochs}})
+                    "truncate_to": target, "leader_answer": truncate_to, "epochs": db.replication.epochs}})
                 return
             conn.send(replog.encode_ack(db.written))
             beat = asyncio.ensure_future(self._heartbeat(conn, db))
@@ -134,7 +135,7 @@ class Following:
             if epoch != leader.epoch:
                 return False
             if kind == replog.ENTRIES:
-                db.append_entries(entries, commit)
+                db.replication.append_entries(entries, commit)
                 if db.sync:
                     db.sync_wal()
                 conn.send(replog.encode_ack(db.written))
@@ -144,7 +145,7 @@ class Following:
             elif kind != replog.HEARTBEAT:
                 raise replog.FrameError(f"a {replog.KIND_NAMES[kind]} in the middle of a session")
             self.commit = max(self.commit, commit)
-            db.note_commit(commit)
+            db.replication.note_commit(commit)
 
     async def _heartbeat(self, conn: Connection, db: Database) -> None:
         while True:

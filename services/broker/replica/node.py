@@ -65,7 +65,7 @@ class ReplicaNode:
         self._stopping = False
         self.leadership_changes = 0
         self.refused_writes = 0
-        db.append_listeners.append(self.shipper.appended)
+        db.replication.append_listeners.append(self.shipper.appended)
 
     @property
     def is_leader(self) -> bool:
@@ -73,7 +73,7 @@ class ReplicaNode:
 
     @property
     def commit_lsn(self) -> int:
-        return self.lead.commit if self.lead is not None else self.db.commit_lsn
+        return self.lead.commit if self.lead is not None else self.db.replication.commit_lsn
 
     @property
     def messages_shipped(self) -> int:
@@ -87,7 +87,7 @@ class ReplicaNode:
                        asyncio.create_task(self._elect(), name="election")]
         log.info("replica started", extra={"fields": {
             "shard": self.shard, "replica_id": self.replica_id, "log_end": self.db.written,
-            "member": self.db.is_member, "epochs": self.db.epochs[-3:]}})
+            "member": self.db.replication.is_member, "epochs": self.db.replication.epochs[-3:]}})
 
     def stopping(self) -> None:
         """The process began to stop: it takes no leadership, and follower sessions it
@@ -143,7 +143,7 @@ class ReplicaNode:
         except EtcdUnavailable as exc:
             error = str(exc)
         view = View(shard, time.monotonic(), self.coord.renewed_at, self.coord.lease_id,
-                    self.epoch if self.term is not None else None, self.following.epoch, self.db.is_member,
+                    self.epoch if self.term is not None else None, self.following.epoch, self.db.replication.is_member,
                     self.db.written, self.following.commit, self._stopping, error)
         for action in self.election.round(view):
             match action:
@@ -157,7 +157,7 @@ class ReplicaNode:
                 case state.Follow(leader):
                     await self.following.start(leader)
                 case state.BecomeMember():
-                    self.db.set_member(True)
+                    self.db.replication.set_member(True)
                     log.info("replica is a complete member of its shard", extra={"fields": {"log_end": self.db.written}})
                 case state.StopFollowing():
                     await self.following.stop()
@@ -169,12 +169,12 @@ class ReplicaNode:
 
     async def _become_leader(self, epoch: int, isr: InSync) -> None:
         db = self.db
-        if not db.is_member:
-            db.set_member(True)  # the founder
-        db.begin_epoch(epoch)
+        if not db.replication.is_member:
+            db.replication.set_member(True)  # the founder
+        db.replication.begin_epoch(epoch)
         self.epoch = epoch
         started = time.monotonic()
-        lead = Leadership(self.rules, epoch, isr, db.commit_lsn, started)
+        lead = Leadership(self.rules, epoch, isr, db.replication.commit_lsn, started)
         self.shipper.lead()
         db.read_ticket = db.written  # nothing on disk is shown before it is committed
         term = await self._make_term(epoch)
@@ -281,7 +281,7 @@ class ReplicaNode:
         out = nameserver_pb2.ReplicationStatus(
             replication_factor=self.config.replication_factor, min_insync_replicas=self.config.min_insync_replicas,
             in_sync_replicas=list(self.state.isr.members), log_end=self.db.written,
-            commit_lsn=self.commit_lsn, complete=self.db.is_member)
+            commit_lsn=self.commit_lsn, complete=self.db.replication.is_member)
         if self.lead is not None:
             out.followers.extend(self.lead.follower_status(time.monotonic(), self.db.written))
         return out
@@ -291,4 +291,4 @@ class ReplicaNode:
 
     def known_epoch(self) -> int:
         leader = self.state.leader
-        return self.epoch if self.term is not None else (leader.epoch if leader else int(self.db.last_epoch))
+        return self.epoch if self.term is not None else (leader.epoch if leader else int(self.db.replication.last_epoch))

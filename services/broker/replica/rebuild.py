@@ -80,8 +80,8 @@ async def rebuild_from(config: BrokerConfig, db: Database, leader: Leader) -> Da
     _sync_dir(os.path.dirname(os.path.abspath(data_dir)))
     shutil.rmtree(trash, ignore_errors=True)
     new = Database(data_dir, **reopen)
-    new.set_member(False)  # a member again once its leader counts it in sync
-    new.append_listeners.extend(db.append_listeners)
+    new.replication.set_member(False)  # a member again once its leader counts it in sync
+    new.replication.append_listeners.extend(db.replication.append_listeners)
     log.warning("rebuilt from the leader's checkpoint", extra={"fields": {
         "log_end": log_end, "bytes": total, "seconds": round(time.monotonic() - started, 3)}})
     return new

@@ -75,7 +75,7 @@ class Shipper:
             event.set()
 
     def appended(self, entries: list[Entry]) -> None:
-        """``Database.append_listeners``: entries the store just wrote."""
+        """``ReplicationLog.append_listeners``: entries the store just wrote."""
         if not self._keeping:
             return
         tail = self._tail
@@ -110,7 +110,7 @@ class Shipper:
                 size += len(entry[1]) + len(entry[2])
                 i += 1
             return out
-        return db.read_entries(first, self.batch_bytes)
+        return db.replication.read_entries(first, self.batch_bytes)
 
     async def session(self, conn: Connection, hello: tuple[str, int, int, int, int, str], db: Database,
                       lead: Leadership, gate: Gate, *, leading: Callable[[], bool],
@@ -119,7 +119,7 @@ class Shipper:
         truncation point, then entries as it acknowledges them, while ``leading()``.
         ``on_end()`` runs when it ends, if it was the follower's newest session."""
         _shard, replica_id, _epoch, log_end, last_epoch, _token = hello
-        end_epoch, end = replog.epoch_end(db.epochs, last_epoch, db.written)
+        end_epoch, end = replog.epoch_end(db.replication.epochs, last_epoch, db.written)
         truncate_to = min(log_end, end) if log_end else 0
         progress = lead.connect(replica_id, time.monotonic(), db.written)
         log.info("follower connected", extra={"fields": {
@@ -168,7 +168,7 @@ class Shipper:
         reader: asyncio.Task[None] | None = None
         ticker: asyncio.Task[None] | None = None
         try:
-            if truncate_to + 1 < db.replog_first and truncate_to < db.written:
+            if truncate_to + 1 < db.replication.first and truncate_to < db.written:
                 conn.send(replog.encode_checkpoint_needed(epoch, lead.commit))
                 await conn.drain()
                 return

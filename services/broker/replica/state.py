@@ -372,7 +372,7 @@ class View:
     leading: int | None
     #: The epoch of the leader it follows, or None.
     following: int | None
-    #: Whether its store is a complete copy (``Database.is_member``), and its log end.
+    #: Whether its store is a complete copy (``ReplicationLog.is_member``), and its log end.
     member: bool
     written: int
     #: The commit point its leader last sent it (0: none yet in this session).

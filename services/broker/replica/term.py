@@ -57,7 +57,7 @@ class Gate:
         """The commit point may move (a local sync, an ack, a new in-sync set): answers up
         to it are told."""
         if self.lead.advance_commit(self.bridge.durable):
-            self._db().note_commit(self.lead.commit)
+            self._db().replication.note_commit(self.lead.commit)
             self.bridge.release()
 
     def acked(self, progress: Progress, durable: int) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..startup import StartupError
+from ..errors import StartupError
 from .client import TokenFile, bearer_interceptors
 from .delegation import ON_BEHALF_OF_HEADER, act_for, acting_for, on_behalf_interceptors
 from .interceptor import CALLER, AuthInterceptor, Refuse, current_principal, may

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import sys
 
+from .bootstrap import main as bootstrap
 from .bootstrap import new_token
 from .store import hash_token
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["bootstrap"]:
-        from .bootstrap import main as bootstrap  # noqa: PLC0415 - only this verb needs it
-
         return bootstrap(argv[1:])
     if argv == ["new-token"]:
         token = new_token()

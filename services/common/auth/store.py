@@ -50,6 +50,7 @@ import logging
 import os
 import threading
 import time
+import zoneinfo
 from typing import Any, Callable, Iterable, Mapping
 
 import yaml
@@ -99,7 +100,6 @@ def parse_time_zone(text: str) -> datetime.tzinfo:
         if minutes > 14 * 60:
             raise ValueError(f"offset {text!r} is beyond ±14:00")
         return datetime.timezone(datetime.timedelta(minutes=minutes if text[0] == "+" else -minutes))
-    import zoneinfo
     try:
         return zoneinfo.ZoneInfo(text)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:

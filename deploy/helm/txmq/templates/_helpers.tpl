@@ -565,3 +565,13 @@ volumeMounts:
     readOnly: true
   {{- end }}
 {{- end }}
+
+{{/* The checker's TXMQ_RESOLVER_GROUPS: GROUP=FILE for each checker.resolver.groups entry,
+the file its Secret's key is mounted as (the checker's statefulset mounts them). */}}
+{{- define "txmq.resolverGroups" -}}
+{{- $out := list }}
+{{- range $i, $g := .resolver.groups }}
+{{- $out = append $out (printf "%s=/etc/txmq/resolver/%d/dsn" $g.group $i) }}
+{{- end }}
+{{- join "," $out }}
+{{- end }}
