@@ -9,12 +9,12 @@ PROTOS := $(wildcard protos/txmq/v1/*.proto)
 DATA_DIR ?= ./data
 
 
-.PHONY: all venv tools cc etcd netns-tools openssl postgresql proto proto-lint proto-check lint run test test-unit test-integration bench fuzz clean distclean
+.PHONY: all venv tools cc etcd netns-tools openssl postgresql proto proto-lint proto-check lint run docs test test-unit test-integration bench fuzz clean distclean
 
 all: test
 
 # The virtual environment: pinned requirements, the SDK and the services installed editable.
-$(VENV)/.installed: requirements/runtime.txt requirements/dev.txt sdk/pyproject.toml pyproject.toml
+$(VENV)/.installed: requirements/runtime.txt requirements/dev.txt requirements/docs.txt sdk/pyproject.toml pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements/dev.txt
@@ -95,8 +95,13 @@ run: venv $(VENV)/.proxy-installed
 # HEAVY_LANES=2 runs Spark's tests in a second heavy lane beside the first.
 TEST_WORKERS ?= 4
 HEAVY_LANES ?= 1
-test: venv lint cc etcd netns-tools openssl postgresql anchored-node-deps proto-lint proto-check pipeline-deps browser proxy-deps chart-tools images-local compose-tools registry-tools
+test: venv lint cc etcd netns-tools openssl postgresql anchored-node-deps proto-lint proto-check docs pipeline-deps browser proxy-deps chart-tools images-local compose-tools registry-tools
 	TXMQ_HEAVY_LANES=$(HEAVY_LANES) $(PY) -m pytest tests -n $(TEST_WORKERS)
+
+# The SDK's API reference from its docstrings (pdoc, pinned in requirements/docs.txt) into
+# docs/api/ (not in git): open docs/api/index.html. Fails on any warning.
+docs: venv
+	$(PY) tools/apidocs.py docs/api
 
 test-unit: venv
 	$(PY) -m pytest tests/unit

@@ -42,7 +42,7 @@ from pyspark.sql import functions as F
 from txmq.tls import TLS
 
 from . import _broker
-from .audit import ANOMALY_KINDS, anomalies, of_topics, read_transactions
+from .analysis import ANOMALY_KINDS, anomalies, of_topics, read_transactions
 
 log = logging.getLogger(__name__)
 

@@ -73,17 +73,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 import txmq
-from txmq.errors import TransactionStateError, TxmqError, error_from_entry
-from txmq.faults import RetryAction, retry_action
+from txmq.client import QueueRoute
+from txmq.errors import NoLeaderError, TransactionStateError, TxmqError, error_from_entry
+from txmq.faults import Abandoned
 from txmq.ids import MessageId, TransactionId
 from txmq.names import in_namespace
-from txmq.v1 import broker_pb2, common_pb2
+from txmq.sending import Pick, Rebind, Request, Sleep, Steps, end_transaction, finished, send_new
+from txmq.v1 import common_pb2
 
 from . import _broker
 
@@ -263,99 +265,139 @@ def _local_property(name: str) -> str | None:
 
 
 @dataclass
-class _Request:
-    shard: str
-    address: str
-    entry: Any
+class _Flight:
+    """One row's send (or one EndTransaction): its steps, where its request went, its reply."""
+    steps: Steps
     tag: Any
-    attempt: int
-    #: Shards this row's send failed on (sends only).
-    failed_on: frozenset[str]
-    reply: Any = None
+    #: Performs the row's Pick step (its queue, from its key).
+    pick: Callable[[Pick], Any] | None = None
+    shard: str = ""
+    address: str = ""
+    send: bool = False
     started: float = 0.0
+    reply: Any = None
 
 
-#: Builds a row's send again for a shard outside the given ones: (shard, address, entry).
-Reroute = Any
+@dataclass
+class _Sending:
+    """What the SDK's send steps (``txmq.sending``) read and record of their sender: the
+    client (routes, fault table), the attempts and their backoff, the attempts given up on."""
+    _client: Any
+    max_attempts: int = ATTEMPTS
+    #: How long a send waits for its topic's route while its shards are between leaders.
+    send_timeout_seconds: float = 30.0
+    #: The first retry's pause on the same shard (doubling, at most 2 s).
+    retry_backoff_seconds: float = 0.2
+    _abandoned: Abandoned = field(default_factory=Abandoned)
 
 
-class _Sender:
-    """Pipelines requests on the Produce streams of one client and records every answer in
-    the client's fault table. A transient failure of a request bound to its shard (an
-    EndTransaction; a send answered NOT_LEADER or LEADERSHIP_LOST) is retried there, the
-    same request at the shard's current address (the broker deduplicates sends by message
-    id; decisions are idempotent). A send that failed otherwise before it was acknowledged
-    goes to ``reroute`` (given for sends), which builds it for another shard. Retries on a
-    shard wait out their backoff side by side (the requests of a shard that is down all
-    back off at once, not one after the other)."""
+class _Window:
+    """Drives the SDK's send steps (``txmq.sending.send_new`` per row, ``end_transaction`` per
+    decision: the producers' own routing and retries) for many rows at once, pipelined on
+    one client's Produce streams: a Request step is submitted to the stream and its row's
+    steps go on when the reply comes (every outcome recorded in the fault table); Sleep
+    steps wait side by side (the rows of a shard that is down all back off at once, not
+    one after the other); Pick (the row's queue) and Rebind (the shard's current address)
+    are performed at once. Yields each (tag, address of its last request, outcome or the
+    TxmqError it failed with)."""
 
-    def __init__(self, client: Any, reroute: Reroute | None = None) -> None:
+    def __init__(self, client: Any) -> None:
         self.client = client
-        self.reroute = reroute
-        self.inflight: collections.deque[_Request] = collections.deque()
-        #: (when, request): requests to send again on their shard once their backoff is over.
-        self.deferred: list[tuple[float, _Request]] = []
+        self.sending = _Sending(client)
+        self.inflight: collections.deque[_Flight] = collections.deque()
+        #: (when, flight): rows to go on once their pause is over.
+        self.sleeping: list[tuple[float, _Flight]] = []
+        self.done: collections.deque[tuple[Any, str, Any]] = collections.deque()
 
-    def submit(self, shard: str, address: str, entry: Any, tag: Any, attempt: int = 1,
-               failed_on: frozenset[str] = frozenset()) -> None:
-        request = _Request(shard, address, entry, tag, attempt, failed_on, started=time.monotonic())
-        request.reply = self.client.produce_stream(address).submit(entry)
-        self.inflight.append(request)
+    def start(self, steps: Steps, tag: Any, pick: Callable[[Pick], Any] | None = None) -> None:
+        self._advance(_Flight(steps, tag, pick), None, None)
 
-    def drain(self, keep: int = 0) -> Iterator[tuple[str, Any, Any]]:
-        """Waits for the oldest requests until at most ``keep`` are in flight (and takes
-        the oldest ones answered already, so a failing shard is known soon); yields
-        (address, tag, result) of each, or the error of one that failed for good."""
-        faults = self.client.faults
-        while (len(self.inflight) + len(self.deferred) > keep
-               or (self.inflight and self.inflight[0].reply.wait(0))):
-            self._resubmit_due()
-            if not self.inflight:
-                time.sleep(max(0.0, min(when for when, _ in self.deferred) - time.monotonic()))
-                continue
-            r = self.inflight.popleft()
+    def _advance(self, flight: _Flight, value: Any, error: TxmqError | None) -> None:
+        while True:
             try:
-                result = r.reply.result(timeout=60)
+                step = flight.steps.send(value) if error is None else flight.steps.throw(error)
+            except StopIteration as stop:
+                self.done.append((flight.tag, flight.address, stop.value))
+                return
+            except TxmqError as err:
+                self.done.append((flight.tag, flight.address, err))
+                return
+            value = error = None
+            kind = type(step)
+            if kind is Request:
+                flight.shard, flight.address, flight.send = step.shard, step.address, step.send
+                flight.started = time.monotonic()
+                flight.reply = self.client.produce_stream(step.address).submit(step.entry)
+                self.inflight.append(flight)
+                return
+            if kind is Sleep:
+                self.sleeping.append((time.monotonic() + step.seconds, flight))
+                return
+            try:
+                if kind is Pick:
+                    assert flight.pick is not None
+                    value = flight.pick(step)
+                else:
+                    value = self._rebind(step)
+            except TxmqError as err:
+                error = err
+
+    def _rebind(self, step: Rebind) -> str:
+        """The shard's current address (its leader may have moved), else the last one; raises
+        NoLeaderError while the shard is between leaders (the steps wait for one)."""
+        try:
+            if step.topic:
+                self.client.invalidate_route(step.topic)
+                self.client.route(step.topic, refresh=True)
+            return self.client.broker_address(step.route.broker_name, refresh=True)
+        except NoLeaderError:
+            raise
+        except TxmqError:
+            return step.address
+
+    def _wake(self) -> None:
+        now = time.monotonic()
+        due = [f for when, f in self.sleeping if when <= now]
+        if due:
+            self.sleeping = [(when, f) for when, f in self.sleeping if when > now]
+            for flight in due:
+                self._advance(flight, None, None)
+
+    def drain(self, keep: int = 0) -> Iterator[tuple[Any, str, Any]]:
+        """Waits for the oldest requests until at most ``keep`` rows are unfinished (and takes
+        the oldest ones answered already, so a failing shard is known soon)."""
+        faults = self.client.faults
+        while True:
+            while self.done:
+                yield self.done.popleft()
+            self._wake()
+            if self.done:
+                continue
+            if len(self.inflight) + len(self.sleeping) <= keep and not (
+                    self.inflight and self.inflight[0].reply.wait(0)):
+                return
+            if not self.inflight:
+                time.sleep(max(0.0, min(when for when, _ in self.sleeping) - time.monotonic()))
+                continue
+            flight = self.inflight.popleft()
+            try:
+                result = flight.reply.result(timeout=60)
                 if result.status.code:
                     raise error_from_entry(result.status)
             except TxmqError as err:
-                if err.retryable:
-                    faults.failed(r.shard)
-                else:
-                    faults.succeeded(r.shard)  # a refusal is an answer: the shard is up
-                action = retry_action(err, bound=self.reroute is None)
-                if action is RetryAction.FAIL or r.attempt >= ATTEMPTS:
-                    yield r.address, r.tag, err
-                    continue
-                if action is RetryAction.ELSEWHERE:
-                    shard, address, entry = self.reroute(r.tag, r.failed_on | {r.shard})
-                    if shard != r.shard:
-                        faults.rerouted()
-                        self.submit(shard, address, entry, r.tag, r.attempt + 1, r.failed_on | {r.shard})
-                        continue
-                self.deferred.append((time.monotonic() + min(0.1 * 2 ** r.attempt, 2.0), r))
+                finished(faults, flight.shard, err)
+                self._advance(flight, None, err)
                 continue
-            faults.succeeded(r.shard, time.monotonic() - r.started if self.reroute is not None else None)
-            yield r.address, r.tag, result
+            finished(faults, flight.shard, None, time.monotonic() - flight.started if flight.send else None)
+            self._advance(flight, result, None)
 
-    def _resubmit_due(self) -> None:
-        now = time.monotonic()
-        due = [r for when, r in self.deferred if when <= now]
-        if not due:
-            return
-        self.deferred = [(when, r) for when, r in self.deferred if when > now]
-        addresses: dict[str, str] = {}
-        for r in due:
-            if r.shard not in addresses:
-                addresses[r.shard] = self._address(r.shard, r.address)
-            self.submit(r.shard, addresses[r.shard], r.entry, r.tag, r.attempt + 1, r.failed_on)
 
-    def _address(self, shard: str, address: str) -> str:
-        """The shard's current address (its leader may have moved), else the last one."""
-        try:
-            return self.client.broker_address(shard, refresh=True)
-        except TxmqError:
-            return address
+@dataclass(frozen=True)
+class _Half:
+    """What an EndTransaction of the sink names: its transaction, message and shard."""
+    transaction_id: str
+    message_id: str
+    broker_name: str
 
 
 class TxmqStreamWriter(DataSourceStreamWriter):
@@ -395,25 +437,30 @@ class TxmqStreamWriter(DataSourceStreamWriter):
         client_id = f"spark-sink-{query}"[:255]
         host = socket.gethostname()
 
-        def send(values: dict[str, Any], index: int, failed_on: frozenset[str]) -> tuple[str, str, Any]:
-            route, pb = self._message(client, values, query, batch, partition, index, client_id, host, failed_on)
-            return route.broker_name, route.broker_address, broker_pb2.ProduceEntry(
-                send_message=broker_pb2.SendMessageRequest(message=pb))
+        window = _Window(client)
 
-        def reroute(tag: tuple[dict[str, Any], int], failed_on: frozenset[str]) -> tuple[str, str, Any]:
-            moved = send(*tag, failed_on)
-            if moved[0] not in failed_on:
-                out.rerouted += 1
-            return moved
+        def start(values: dict[str, Any], index: int) -> None:
+            topic = in_namespace(self.namespace, "topic", values["topic"]) if values.get("topic") else self.topic
+            key = row_key(query, self.epoch, batch, partition, index)
 
-        sender = _Sender(client, reroute)
+            def pick(step: Pick) -> Any:
+                route = client.faults.choose(client.route(step.topic), lambda q: q.broker_name,
+                                             int.from_bytes(key[:4], "big"), step.exclude)
+                if step.exclude and route.broker_name not in step.exclude:
+                    out.rerouted += 1
+                return route
+
+            def build(route: Any, _random_id: str) -> common_pb2.Message:
+                return self._message(values, topic, key, route, query, batch, client_id, host)
+
+            window.start(send_new(window.sending, topic, build), (values, index), pick)
+
         try:
             for index, row in enumerate(iterator):
-                values = row.asDict() if hasattr(row, "asDict") else dict(row)
-                sender.submit(*send(values, index, frozenset()), (values, index))
+                start(row.asDict() if hasattr(row, "asDict") else dict(row), index)
                 out.rows += 1
-                self._collect(sender.drain(WINDOW), out)
-            self._collect(sender.drain(0), out)
+                self._collect(window.drain(WINDOW), out)
+            self._collect(window.drain(0), out)
         finally:
             client.close()
         if out.rerouted:
@@ -421,14 +468,10 @@ class TxmqStreamWriter(DataSourceStreamWriter):
                         out.rerouted, batch, partition)
         return out
 
-    def _message(self, client: Any, values: dict[str, Any], query: str, batch: int, partition: int, index: int,
-                 client_id: str, host: str, failed_on: frozenset[str]) -> tuple[Any, common_pb2.Message]:
-        """The row's half message on the queue its key picks among the shards the fault
-        table does not avoid (and not ``failed_on``), with the id it has there."""
-        topic = in_namespace(self.namespace, "topic", values["topic"]) if values.get("topic") else self.topic
-        key = row_key(query, self.epoch, batch, partition, index)
-        routes = client.route(topic)
-        route = client.faults.choose(routes, lambda q: q.broker_name, int.from_bytes(key[:4], "big"), failed_on)
+    def _message(self, values: dict[str, Any], topic: str, key: bytes, route: Any, query: str, batch: int,
+                 client_id: str, host: str) -> common_pb2.Message:
+        """The row's half message on ``route``'s queue, with the id it has there (its row key
+        and that shard: the same on a retry there, another one on another shard)."""
         unique = message_unique(key, route.broker_name)
         body = values.get("body")
         if body is None:
@@ -440,40 +483,42 @@ class TxmqStreamWriter(DataSourceStreamWriter):
             keys.insert(0, str(values["key"]))
         properties = {str(k): str(v) for k, v in (values.get("properties") or {}).items()}
         properties.update({PROP_QUERY: query, PROP_EPOCH: str(self.epoch), PROP_BATCH: str(batch)})
-        pb = common_pb2.Message(
+        return common_pb2.Message(
             topic=topic, body=bytes(body), tag=values.get("tag") or "", keys=keys, properties=properties,
             message_id=MessageId(route.broker_name, route.queue_id, unique).encode(),
             type=common_pb2.MESSAGE_TYPE_TRANSACTION, producer_group=self.producer_group,
             producer_client_id=client_id, check_immunity_seconds=self.check_immunity_seconds,
             born_timestamp_ms=int(time.time() * 1000), born_host=host, queue_id=route.queue_id)
-        return route, pb
 
     @staticmethod
-    def _collect(results: Iterator[tuple[str, Any, Any]], out: SinkCommitMessage) -> None:
-        for address, _, result in results:
-            if isinstance(result, Exception):
-                raise result
-            sent = result.send_message
+    def _collect(results: Iterator[tuple[Any, str, Any]], out: SinkCommitMessage) -> None:
+        for _, address, outcome in results:
+            if isinstance(outcome, Exception):
+                raise outcome
+            _route, _pb, sent = outcome
             out.transactions.append((address, sent.transaction_id, sent.message_id, sent.transaction_state))
 
     # --- the driver -------------------------------------------------------------------
 
-    def _end(self, messages: Sequence[SinkCommitMessage | None], resolution: int) -> list[TxmqError]:
+    def _end(self, messages: Sequence[SinkCommitMessage | None],
+             decision: txmq.LocalTransactionState) -> list[TxmqError]:
+        """EndTransaction ``decision`` of every transaction the tasks reported, pipelined,
+        each retried on the shard its id names (``txmq.sending.end_transaction``); the errors
+        of those that failed for good (or were refused)."""
         client = _broker.connect(self.nameserver, self.tls)
-        sender = _Sender(client)
+        window = _Window(client)
         errors: list[TxmqError] = []
         try:
             for message in messages:
                 if message is None:
                     continue
                 for address, transaction_id, message_id, _state in message.transactions:
-                    sender.submit(TransactionId.decode(transaction_id).broker, address, broker_pb2.ProduceEntry(
-                        end_transaction=broker_pb2.EndTransactionRequest(
-                            transaction_id=transaction_id, message_id=message_id, resolution=resolution,
-                            source=common_pb2.TRANSACTION_SOURCE_CLIENT, producer_group=self.producer_group)),
-                        transaction_id)
-                    errors.extend(e for _, _, e in sender.drain(WINDOW) if isinstance(e, Exception))
-            errors.extend(e for _, _, e in sender.drain(0) if isinstance(e, Exception))
+                    shard = TransactionId.decode(transaction_id).broker
+                    half = _Half(transaction_id, message_id, shard)
+                    window.start(end_transaction(window.sending, QueueRoute(shard, address, -1), "", half,
+                                                 decision, self.producer_group), transaction_id)
+                    errors.extend(_end_errors(window.drain(WINDOW)))
+            errors.extend(_end_errors(window.drain(0)))
         finally:
             client.close()
         return errors
@@ -485,7 +530,7 @@ class TxmqStreamWriter(DataSourceStreamWriter):
     def commit(self, messages: Sequence[SinkCommitMessage | None], batchId: int) -> None:
         epoch = self._epoch_of(messages)
         self.log.mark_committed(batchId, epoch, [t[2] for m in messages if m is not None for t in m.transactions])
-        errors = [e for e in self._end(messages, common_pb2.TRANSACTION_RESOLUTION_COMMIT)
+        errors = [e for e in self._end(messages, txmq.LocalTransactionState.COMMIT)
                   if not (isinstance(e, TransactionStateError) and getattr(e, "state", None) == "COMMITTED")]
         if not errors:
             self.log.mark_settled(batchId, epoch)
@@ -502,9 +547,14 @@ class TxmqStreamWriter(DataSourceStreamWriter):
     def abort(self, messages: Sequence[SinkCommitMessage | None], batchId: int) -> None:
         epoch = self._epoch_of(messages)
         self.log.mark_aborted(batchId, epoch)
-        errors = self._end(messages, common_pb2.TRANSACTION_RESOLUTION_ROLLBACK)
+        errors = self._end(messages, txmq.LocalTransactionState.ROLLBACK)
         for e in errors[:5]:
             log.warning("txmq sink: rollback of batch %d failed (checks will roll it back): %r", batchId, e)
+
+
+def _end_errors(results: Iterator[tuple[Any, str, Any]]) -> list[TxmqError]:
+    """The errors among EndTransaction outcomes ((state, error) each)."""
+    return [error for _, _, (_state, error) in results if error is not None]
 
 
 # ----------------------------------------------------------------------------- checks

@@ -25,7 +25,7 @@ The generated stubs live in ``txmq.v1``.
 """
 
 from ._admin import Admin
-from ._checks import CheckMessage, InProgress
+from ._checking import CheckMessage, InProgress
 from ._consumer import PushConsumer, SimpleConsumer
 from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, ClientClosedError,
                       ConnectionLimitError, ConsumerGroupNotFoundError, ConsumersLiveError, DeadlineExceededError, DiskFullError,

@@ -18,57 +18,20 @@ and :meth:`Admin.list_topics` lists only that namespace's topics, named without 
 
 from __future__ import annotations
 
-import datetime as _dt
 import threading
-from typing import Any, Callable, Mapping, Sequence
+import datetime as _dt
+from typing import Any, Mapping, Sequence
 
 import grpc
 
+from ._administering import SERVICES, AdminCall, AdminRequests, AdminRpc, call_steps
 from ._auth import BearerToken, with_token
-from ._client import CHANNEL_OPTIONS, parse_nameservers, positive
-from ._errors import (InvalidFieldError, NotANameServerError, TopicExistsError, TopicTypeMismatchError, TxmqError,
-                      error_from_rpc)
-from ._names import in_namespace, namespace_of, unqualify, validate_namespace
-from ._resets import OffsetKey, ResetResult, reset_request, reset_result
+from ._calling import CHANNEL_OPTIONS, parse_nameservers, positive
+from ._errors import InvalidFieldError, NotANameServerError, TopicExistsError, error_from_rpc
+from ._resets import OffsetKey, ResetResult
+from ._sending import run
 from ._tls import TLS, ChannelTLS, sync_channel
 from .v1 import admin_pb2, admin_pb2_grpc, broker_pb2, common_pb2, nameserver_pb2, nameserver_pb2_grpc
-
-_TYPE_NAMES = {common_pb2.TOPIC_TYPE_UNSPECIFIED: "NORMAL", common_pb2.TOPIC_TYPE_NORMAL: "NORMAL",
-               common_pb2.TOPIC_TYPE_FIFO: "FIFO"}
-
-
-_RESOLUTIONS = {"commit": common_pb2.TRANSACTION_RESOLUTION_COMMIT,
-                "rollback": common_pb2.TRANSACTION_RESOLUTION_ROLLBACK}
-
-
-def _ms_of(field: str, when: _dt.datetime | None) -> int:
-    if when is None:
-        return 0
-    if not isinstance(when, _dt.datetime) or when.tzinfo is None:
-        raise InvalidFieldError(field, "must be a timezone-aware datetime")
-    return round(when.timestamp() * 1000)
-
-
-def cut_per_broker(response: admin_pb2.ListTransactionsResponse,
-                   limit: int) -> admin_pb2.ListTransactionsResponse:
-    """A listing asked with ``limit + 1`` per broker, cut to ``limit`` per broker, with
-    ``truncated`` / ``truncated_brokers`` naming the brokers that had more (sans-I/O: the
-    asyncio Admin builds the same request and reads its answer the same way)."""
-    seen: dict[str, int] = {}
-    kept = []
-    cut: set[str] = set()
-    for t in response.transactions:
-        seen[t.broker_name] = seen.get(t.broker_name, 0) + 1
-        if seen[t.broker_name] > limit:
-            cut.add(t.broker_name)
-        else:
-            kept.append(t)
-    del response.transactions[:]
-    response.transactions.extend(kept)
-    del response.truncated_brokers[:]
-    response.truncated_brokers.extend(sorted(cut))
-    response.truncated = bool(cut)
-    return response
 
 
 class Admin:
@@ -80,7 +43,9 @@ class Admin:
         """``tls``: the name servers are dialed with TLS (see :class:`txmq.TLS`); ``token``:
         sent as a bearer token on every call (a cluster with auth on); ``namespace``: the
         namespace of every topic and group named."""
-        self.namespace = validate_namespace(namespace)
+        #: The operations as calls (``txmq._administering``), shared with ``txmq.aio.AsyncAdmin``.
+        self.requests = AdminRequests(namespace)
+        self.namespace = self.requests.namespace
         self.addresses = parse_nameservers(nameservers)
         if tls is not None and not isinstance(tls, TLS):
             raise InvalidFieldError("tls", f"must be a txmq.TLS, got {type(tls).__name__}")
@@ -113,56 +78,31 @@ class Admin:
 
         ``exist_ok`` (as ``txmq topic create --exist-ok``): a topic that exists already with
         this type is not an error — the answer then lists the queues it has; one of the
-        other type still raises (a topic's type cannot change)."""
-        wanted = common_pb2.TOPIC_TYPE_FIFO if fifo else common_pb2.TOPIC_TYPE_NORMAL
-        name = self._in_ns("topic", topic)
+        other type still raises TopicTypeMismatchError (a topic's type cannot change)."""
         try:
-            return self.call("admin", "CreateTopic", admin_pb2.CreateTopicRequest(
-                topic=name, queue_count=queue_count, topic_type=wanted))
+            return self._run(self.requests.create_topic(topic, queue_count=queue_count, fifo=fifo))
         except TopicExistsError:
             if not exist_ok:
                 raise
-        described = self.call("admin", "DescribeTopic", admin_pb2.DescribeTopicRequest(topic=name))
-        if described.topic_type != wanted:
-            raise TopicTypeMismatchError(topic, _TYPE_NAMES.get(described.topic_type, "NORMAL"), _TYPE_NAMES[wanted])
-        counts: dict[str, int] = {}
-        for q in described.queues:
-            counts[q.broker_name] = counts.get(q.broker_name, 0) + 1
-        return admin_pb2.CreateTopicResponse(topic=name, brokers=[
-            admin_pb2.BrokerQueues(broker_name=b, queue_count=n) for b, n in sorted(counts.items())])
+        return self._run(self.requests.existing_topic(topic, fifo=fifo))
 
     def list_topics(self) -> admin_pb2.ListTopicsResponse:
         """Every topic; with a namespace, that namespace's topics, named without it."""
-        response = self.call("admin", "ListTopics", admin_pb2.ListTopicsRequest())
-        self._mine(response.topics, lambda t: t.topic)
-        for t in response.topics:
-            t.topic = unqualify(self.namespace, t.topic)
-        return response
-
-    def _in_ns(self, field: str, name: str) -> str:
-        return in_namespace(self.namespace, field, name)
+        return self._run(self.requests.list_topics())
 
     def in_scope(self, name: str) -> bool:
         """Whether a listed resource's ``name`` (as stored) is in this client's namespace
         (every name is, without one)."""
-        return not self.namespace or namespace_of(name) == self.namespace
-
-    def _mine(self, rows: Any, name: Callable[[Any], str]) -> None:
-        """Keeps the listed ``rows`` whose ``name(row)`` is in scope."""
-        if self.namespace:
-            kept = [r for r in rows if self.in_scope(name(r))]
-            del rows[:]
-            rows.extend(kept)
+        return self.requests.in_scope(name)
 
     def delete_topic(self, topic: str, *, force: bool = False) -> admin_pb2.DeleteTopicResponse:
         """Deletes a user topic on every broker. Refused (TopicInUseError) while consumer
         groups still read it, unless ``force``, and while transactions of it are undecided."""
-        return self.call("admin", "DeleteTopic", admin_pb2.DeleteTopicRequest(topic=self._in_ns("topic", topic),
-                                                                             force=force))
+        return self._run(self.requests.delete_topic(topic, force=force))
 
     def describe_topic(self, topic: str) -> admin_pb2.DescribeTopicResponse:
         """The topic's queues (offsets per broker) and every consumer group's position in them."""
-        return self.call("admin", "DescribeTopic", admin_pb2.DescribeTopicRequest(topic=self._in_ns("topic", topic)))
+        return self._run(self.requests.describe_topic(topic))
 
     # --- consumer groups and dead letters -------------------------------------------------
 
@@ -171,26 +111,17 @@ class Admin:
         seconds, in-flight and retrying deliveries; per group and broker its dead letters.
         A named group no broker knows raises ConsumerGroupNotFoundError. With a namespace,
         the groups of that namespace alone."""
-        response = self.call("admin", "ListConsumerGroups", admin_pb2.ListConsumerGroupsRequest(
-            consumer_group=self._in_ns("consumer_group", consumer_group), topic=self._in_ns("topic", topic)))
-        self._mine(response.queues, lambda q: q.consumer_group)
-        self._mine(response.dead_letters, lambda d: d.consumer_group)
-        return response
+        return self._run(self.requests.consumer_groups(consumer_group, topic=topic))
 
     def dead_letters(self, consumer_group: str, *, limit: int = 100) -> admin_pb2.ListDeadLettersResponse:
         """The group's dead letters (up to ``limit`` per broker), oldest first."""
-        return self.call("admin", "ListDeadLetters",
-                         admin_pb2.ListDeadLettersRequest(
-                             consumer_group=self._in_ns("consumer_group", consumer_group), limit=limit))
+        return self._run(self.requests.dead_letters(consumer_group, limit=limit))
 
     def redrive_dead_letters(self, consumer_group: str, message_ids: Sequence[str] = (), *,
                              all: bool = False) -> admin_pb2.RedriveDeadLettersResponse:
         """Gives dead letters back to their group alone (the next receive delivers them,
         attempt 1): the named message ids, or every one with ``all=True``."""
-        if all == bool(message_ids):
-            raise InvalidFieldError("message_ids", "name the messages to re-drive, or pass all=True (not both)")
-        return self.call("admin", "RedriveDeadLetters", admin_pb2.RedriveDeadLettersRequest(
-            consumer_group=self._in_ns("consumer_group", consumer_group), message_ids=list(message_ids), all=all))
+        return self._run(self.requests.redrive_dead_letters(consumer_group, message_ids, all=all))
 
     def reset_offsets(self, consumer_group: str, topic: str, *, to_earliest: bool = False, to_latest: bool = False,
                       to_time: _dt.datetime | None = None, to_offsets: Mapping[OffsetKey, int] | None = None,
@@ -203,38 +134,34 @@ class Admin:
         change. Refused with ConsumersLiveError while the group has live consumers of the
         topic, unless ``force`` (their deliveries in flight are then invalidated). The reset
         is recorded with the caller's principal (auth on) or ``operator``, and ``reason``."""
-        request = reset_request(self._in_ns("consumer_group", consumer_group), self._in_ns("topic", topic),
-                                to_earliest=to_earliest, to_latest=to_latest, to_time=to_time, to_offsets=to_offsets,
-                                shift=shift, dry_run=dry_run, force=force, reason=reason, operator=operator)
-        return reset_result(request, self.call("admin", "ResetOffsets", request))
+        result: ResetResult = self._run(self.requests.reset_offsets(
+            consumer_group, topic, to_earliest=to_earliest, to_latest=to_latest, to_time=to_time,
+            to_offsets=to_offsets, shift=shift, dry_run=dry_run, force=force, reason=reason, operator=operator))
+        return result
 
     def group_clients(self, group: str) -> admin_pb2.ListGroupClientsResponse:
         """The clients every live broker sees of ``group``: a consumer group's receivers
         (live within the brokers' ``consumer_session_seconds``), a producer group's checkers
         (each serving its producers' check streams, with their free credit)."""
-        return self.call("admin", "ListGroupClients",
-                         admin_pb2.ListGroupClientsRequest(group=self._in_ns("group", group)))
+        return self._run(self.requests.group_clients(group))
 
-    # --- messages ---------------------------------------------------------------------------
+    # --- messages -------------------------------------------------------------------------
 
     def get_message(self, message_id: str) -> broker_pb2.FoundMessage:
         """One message by its id (a half message: with its transaction's state)."""
-        return self.call("admin", "GetMessage", admin_pb2.GetMessageRequest(message_id=message_id)).message
+        return self._run(self.requests.get_message(message_id))
 
     def find_messages(self, topic: str, key: str, *, limit: int = 32, begin: _dt.datetime | None = None,
                       end: _dt.datetime | None = None) -> admin_pb2.FindMessagesResponse:
         """The topic's messages carrying ``key`` (committed ones: a half message is found by
         the txn tools), newest first, up to ``limit`` per broker, stored in [begin, end)."""
-        return self.call("admin", "FindMessages", admin_pb2.FindMessagesRequest(
-            topic=self._in_ns("topic", topic), key=key, limit=limit, begin_ms=_ms_of("begin", begin),
-            end_ms=_ms_of("end", end)))
+        return self._run(self.requests.find_messages(topic, key, limit=limit, begin=begin, end=end))
 
     def read_messages(self, topic: str, queue_id: int, offset: int, *, broker: str = "",
                       limit: int = 1) -> admin_pb2.ReadMessagesResponse:
         """Messages of one queue from ``offset`` (``broker`` names the queue's broker when
         the topic spans several); nothing is delivered to anyone."""
-        return self.call("admin", "ReadMessages", admin_pb2.ReadMessagesRequest(
-            topic=self._in_ns("topic", topic), broker_name=broker, queue_id=queue_id, offset=offset, limit=limit))
+        return self._run(self.requests.read_messages(topic, queue_id, offset, broker=broker, limit=limit))
 
     # --- transactions ---------------------------------------------------------------------
 
@@ -247,44 +174,34 @@ class Admin:
         the transactions of its producer groups alone — filtered on each broker before its
         limit. ``truncated`` (and ``truncated_brokers``) say when a broker had more than
         ``limit``: the list is cut."""
-        if limit < 1:
-            raise InvalidFieldError("limit", f"must be at least 1, got {limit}")
-        # One more than asked per broker tells a cut list from one that ended.
-        response = self.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
-            producer_group=self._in_ns("producer_group", producer_group), state=state,
-            older_than_seconds=older_than_seconds, limit=limit + 1, namespace=self.namespace, key=key))
-        self._mine(response.transactions, lambda t: t.producer_group)  # a broker from before the field
-        return cut_per_broker(response, limit)
+        return self._run(self.requests.list_transactions(producer_group=producer_group, state=state,
+                                                         older_than_seconds=older_than_seconds, limit=limit, key=key))
 
     def describe_transaction(self, transaction_id: str) -> admin_pb2.DescribeTransactionResponse:
         """The transaction and its message as sent (keys, tag, properties, body)."""
-        return self.call("admin", "DescribeTransaction",
-                         admin_pb2.DescribeTransactionRequest(transaction_id=transaction_id))
+        return self._run(self.requests.describe_transaction(transaction_id))
 
     def resolve_transaction(self, transaction_id: str, resolution: str, *, operator: str,
                             reason: str) -> admin_pb2.ResolveTransactionResponse:
         """An operator's ``"commit"`` or ``"rollback"`` of a pending or discarded transaction."""
-        if resolution not in _RESOLUTIONS:
-            raise InvalidFieldError("resolution", f"must be 'commit' or 'rollback', got {resolution!r}")
-        return self.call("admin", "ResolveTransaction", admin_pb2.ResolveTransactionRequest(
-            transaction_id=transaction_id, resolution=_RESOLUTIONS[resolution], operator=operator, reason=reason))
+        return self._run(self.requests.resolve_transaction(transaction_id, resolution, operator=operator,
+                                                           reason=reason))
 
     # --- brokers and checkers -------------------------------------------------------------
 
     def list_brokers(self, *, include_followers: bool = True) -> nameserver_pb2.ListBrokersResponse:
         """Live brokers, and with ``include_followers`` every replica of replicated shards."""
-        return self.call("nameserver", "ListBrokers",
-                         nameserver_pb2.ListBrokersRequest(include_followers=include_followers))
+        return self._run(self.requests.list_brokers(include_followers=include_followers))
 
     def broker_stats(self) -> admin_pb2.DescribeBrokersResponse:
         """Every live broker's store and free disk, limits and per-group transaction counters."""
-        return self.call("admin", "DescribeBrokers", admin_pb2.DescribeBrokersRequest())
+        return self._run(self.requests.broker_stats())
 
     def elect_leader(self, shard: str, replica_id: int) -> admin_pb2.ElectLeaderResponse:
-        return self.call("admin", "ElectLeader", admin_pb2.ElectLeaderRequest(shard=shard, replica_id=replica_id))
+        return self._run(self.requests.elect_leader(shard, replica_id))
 
     def list_checkers(self) -> nameserver_pb2.ListCheckersResponse:
-        return self.call("nameserver", "ListCheckers", nameserver_pb2.ListCheckersRequest())
+        return self._run(self.requests.list_checkers())
 
     # --- the calls ------------------------------------------------------------------------
 
@@ -306,19 +223,19 @@ class Admin:
 
     def call(self, service: str, method: str, request: Any) -> Any:
         """``service`` is ``"admin"`` or ``"nameserver"``; tries the name servers in turn."""
-        error: TxmqError | None = None
-        for address in self.addresses:
-            channel = self._channel(address)
-            stub: Any = (admin_pb2_grpc.AdminServiceStub(channel) if service == "admin"
-                         else nameserver_pb2_grpc.NameServerServiceStub(channel))
-            try:
-                return getattr(stub, method)(request, timeout=self.request_timeout_seconds)
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    name = "AdminService" if service == "admin" else "NameServerService"
-                    raise NotANameServerError(address, f"txmq.v1.{name}/{method}") from None
-                error = error_from_rpc(exc)
-                if not error.retryable:
-                    raise error from None
-        assert error is not None
-        raise error
+        return self._run(AdminCall(service, method, request))
+
+    def _run(self, call: AdminCall) -> Any:
+        return run(call_steps(self.addresses, call), self._perform)
+
+    def _perform(self, rpc: AdminRpc) -> Any:
+        channel = self._channel(rpc.address)
+        call = rpc.call
+        stub: Any = (admin_pb2_grpc.AdminServiceStub(channel) if call.service == "admin"
+                     else nameserver_pb2_grpc.NameServerServiceStub(channel))
+        try:
+            return getattr(stub, call.method)(call.request, timeout=self.request_timeout_seconds)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise NotANameServerError(rpc.address, f"txmq.v1.{SERVICES[call.service]}/{call.method}") from None
+            raise error_from_rpc(exc) from None

@@ -16,44 +16,34 @@ psycopg 3 ``Connection``, SQLAlchemy 2 ``Session``, and any PostgreSQL DB-API co
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
-import os
-import signal
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Generator, Protocol, TypeVar, cast
+from typing import Any, Callable, Generator, Protocol, TypeVar, cast
 
 from . import _decisions as core
-from ._checks import InProgress
+from . import _tracing as tracing
+from ._checking import InProgress
+from ._database import DELETE_LINGER_SECONDS, failpoint, failpoint_soon, module_of, named, pg_sqlstate
 from ._errors import InvalidFieldError, TransactionStateError, TxmqError
 from ._types import LocalTransactionState, Message, TransactionMessage, TransactionState
 
-if TYPE_CHECKING:
-    from ._producer import TransactionProducer
-
 log = logging.getLogger(__name__)
 
-# --- fail points (crash tests only) -------------------------------------------------------
 
-#: ``TXMQ_SDK_FAILPOINT=<step>`` makes the process SIGKILL itself at that step of an
-#: anchored transaction (tests/integration/test_anchored_crash.py). Read once at import:
-#: unset, :func:`failpoint` is one comparison with an empty string.
-FAILPOINT = os.environ.get("TXMQ_SDK_FAILPOINT", "")
-FAILPOINTS = ("begin.after", "half.after", "commit.before", "commit.after", "end.inflight", "end.after")
+class TransactionProducer(Protocol):
+    """What an anchored transaction and its store need of ``txmq.TransactionProducer``
+    (read through this protocol: the producer module imports this one)."""
+    producer_group: str
+    _client: Any
+    _decision_store: "DecisionStore | None"
 
-
-def failpoint(step: str) -> None:
-    if FAILPOINT and step == FAILPOINT:
-        log.critical("fail point %s reached: killing the process", step)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def failpoint_soon(step: str, seconds: float = 0.001) -> None:
-    """Dies ``seconds`` from now when ``step`` is armed (a request then is in flight)."""
-    if FAILPOINT and step == FAILPOINT:
-        threading.Timer(seconds, failpoint, (step,)).start()
-
+    def _validate(self, message: Message) -> Message: ...
+    def _send_half(self, message: Message) -> tuple[TransactionMessage, Any]: ...
+    def _end_by_id(self, transaction_id: str, decision: LocalTransactionState,
+                   deadline: float) -> tuple[TransactionState | None, TxmqError | None]: ...
 
 # --- results ------------------------------------------------------------------------------
 
@@ -103,27 +93,6 @@ class LocalConnection(Protocol):
     def sqlstate(self, error: BaseException) -> str | None: ...
 
 
-def _module_of(obj: Any) -> str:
-    return type(obj).__module__.split(".", 1)[0]
-
-
-def _pg_sqlstate(error: BaseException, lost: bool) -> str | None:
-    """A psycopg / psycopg2 / SQLAlchemy-wrapped error's SQLSTATE; None when the connection
-    was lost; ``"client"`` for an error the server did not send."""
-    if lost:
-        return None
-    orig = getattr(error, "orig", None)  # SQLAlchemy's DBAPIError
-    if orig is not None and getattr(error, "connection_invalidated", False):
-        return None
-    for e in (error, orig):
-        if e is None:
-            continue
-        code = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
-        if code:
-            return str(code)
-    return "client"
-
-
 class PsycopgConnection:
     """A psycopg 3 ``Connection`` (autocommit or not). Its own ``prepare_threshold`` applies
     (None for a server behind a transaction-pooling PgBouncer)."""
@@ -159,14 +128,7 @@ class PsycopgConnection:
             self.conn.rollback()
 
     def sqlstate(self, error: BaseException) -> str | None:
-        return _pg_sqlstate(error, self.conn.broken or self.conn.closed)
-
-
-def _named(statement: core.Statement) -> tuple[str, dict[str, Any]]:
-    """``%s`` placeholders as SQLAlchemy ``text()`` binds ``:p0, :p1, ...``."""
-    parts = statement.sql.split("%s")
-    sql = "".join(p + (f":p{i}" if i < len(parts) - 1 else "") for i, p in enumerate(parts))
-    return sql, {f"p{i}": v for i, v in enumerate(statement.params)}
+        return pg_sqlstate(error, self.conn.broken or self.conn.closed)
 
 
 class SQLAlchemySession:
@@ -181,7 +143,7 @@ class SQLAlchemySession:
     def execute(self, statement: core.Statement) -> None:
         from sqlalchemy import text
 
-        sql, params = _named(statement)
+        sql, params = named(statement)
         self.session.execute(text(sql), params)
 
     def commit(self, statement: core.Statement | None) -> None:
@@ -193,7 +155,7 @@ class SQLAlchemySession:
         self.session.rollback()
 
     def sqlstate(self, error: BaseException) -> str | None:
-        return _pg_sqlstate(error, False)
+        return pg_sqlstate(error, False)
 
 
 class DBAPIConnection:
@@ -248,14 +210,14 @@ class DBAPIConnection:
         if self._sqlstate is not None:
             return self._sqlstate(error)
         lost = self._lost(error) if self._lost is not None else bool(getattr(self.conn, "closed", False))
-        return _pg_sqlstate(error, lost)
+        return pg_sqlstate(error, lost)
 
 
 def local_connection(conn: Any) -> LocalConnection:
     """The adapter of a caller's connection (psycopg, SQLAlchemy, or one already adapted)."""
     if isinstance(conn, (PsycopgConnection, SQLAlchemySession, DBAPIConnection)):
         return conn
-    module = _module_of(conn)
+    module = module_of(conn)
     if module == "psycopg" and hasattr(conn, "pipeline") and not _is_coroutine_api(conn):
         return PsycopgConnection(conn)
     if module == "sqlalchemy" and hasattr(conn, "in_transaction") and hasattr(conn, "commit"):
@@ -267,8 +229,6 @@ def local_connection(conn: Any) -> LocalConnection:
 
 
 def _is_coroutine_api(conn: Any) -> bool:
-    import inspect
-
     return inspect.iscoroutinefunction(getattr(conn, "commit", None))
 
 
@@ -291,7 +251,7 @@ def _psycopg_store(conn: Any) -> StoreConnection:
         cursor = conn.execute(statement.sql, statement.params)
         return cursor.fetchall() if statement.rows else []
 
-    return StoreConnection(run, conn.close, lambda e: _pg_sqlstate(e, conn.broken or conn.closed))
+    return StoreConnection(run, conn.close, lambda e: pg_sqlstate(e, conn.broken or conn.closed))
 
 
 def open_store_connection(source: Any) -> StoreConnection:
@@ -300,21 +260,21 @@ def open_store_connection(source: Any) -> StoreConnection:
         import psycopg
 
         return _psycopg_store(psycopg.connect(source, autocommit=True))
-    if _module_of(source) == "sqlalchemy" and hasattr(source, "connect"):
+    if module_of(source) == "sqlalchemy" and hasattr(source, "connect"):
         from sqlalchemy import text
 
         conn = source.connect().execution_options(isolation_level="AUTOCOMMIT")
 
         def run(statement: core.Statement) -> list[tuple[Any, ...]]:
-            sql, params = _named(statement)
+            sql, params = named(statement)
             result = conn.execute(text(sql), params)
             return [tuple(r) for r in result.fetchall()] if statement.rows else []
 
-        return StoreConnection(run, conn.close, lambda e: _pg_sqlstate(e, bool(getattr(e, "connection_invalidated",
+        return StoreConnection(run, conn.close, lambda e: pg_sqlstate(e, bool(getattr(e, "connection_invalidated",
                                                                                    False))))
     if callable(source):
         conn = source()
-        if _module_of(conn) == "psycopg":
+        if module_of(conn) == "psycopg":
             return _psycopg_store(conn)
         dbapi = conn if isinstance(conn, DBAPIConnection) else DBAPIConnection(conn)
 
@@ -389,10 +349,6 @@ class _Pool:
 
 
 # --- the store: checks, ends, deletes, sweeps ---------------------------------------------
-
-#: How long the first acknowledged key waits for others before their batched delete.
-DELETE_LINGER_SECONDS = 0.05
-
 
 class DecisionStore:
     """A producer's side of its group's decisions table: answers checks from it, ends the
@@ -559,13 +515,18 @@ class AnchoredTransaction:
         if not self._entered or self._done:
             raise InvalidFieldError("transaction", "send() belongs inside the `with` block")
         message = self.producer._validate(message)
+        traced = tracing.send(message, transactional=True)
+        message = traced.inject(message)
         keyed = dataclasses.replace(message, properties=self.plan.properties(message.properties))
-        future = self.store.ends.submit(self._send_half, keyed)
+        future = self.store.ends.submit(self._send_half, keyed, traced)
         self._halves.append(future)
         return future
 
-    def _send_half(self, message: Message) -> TransactionMessage:
-        half, _route = self.producer._send_half(message)
+    def _send_half(self, message: Message, traced: tracing.Operation) -> TransactionMessage:
+        with traced:
+            half, route = self.producer._send_half(message)
+            tracing.sent(traced, message_id=half.message_id, queue_id=route.queue_id, broker_name=half.broker_name,
+                         transaction_id=half.transaction_id)
         failpoint("half.after")
         return half
 

@@ -58,19 +58,19 @@ import json
 import math
 import os
 import re
-import shutil
 import sys
 import time
 from importlib import metadata
 from typing import Any, Callable, NoReturn, Sequence, TextIO
 
 from ._admin import Admin as _AdminClient
-from ._admin import cut_per_broker
+from ._administering import cut_per_broker
 from ._db_cli import add_db_commands, run_db
 from ._errors import TopicExistsError, TxmqError
 from ._global_cli import add_global_commands
 from ._group_cli import add_group_commands, add_message_commands, describe_by_message_id, is_message_id
 from ._names import in_namespace, unqualify
+from ._tables import format_table, table, terminal_width  # noqa: F401 - the CLI's tables
 from ._ops_cli import add_broker_commands, add_topic_commands
 from ._tls import add_tls_arguments, tls_from_args
 from .v1 import admin_pb2, common_pb2, nameserver_pb2
@@ -177,46 +177,6 @@ def transaction_dict(t: common_pb2.Transaction, now_ms: int | None = None) -> di
         "body_size_bytes": t.body_size_bytes,
         "keys": list(t.keys),
     }
-
-
-#: Columns a table never cuts (what an operator copies into the next command).
-_UNCUT = {"TRANSACTION", "MESSAGE ID", "STATE"}
-_MIN_CUT_WIDTH = 8
-
-
-def terminal_width() -> int | None:
-    """``$COLUMNS``, else the terminal's width; None (no cutting) when the output goes to a
-    pipe or a file, where whole values matter more than the line's width."""
-    if os.environ.get("COLUMNS", "").isdigit():
-        return int(os.environ["COLUMNS"])
-    try:
-        if not os.isatty(sys.stdout.fileno()):
-            return None
-    except (AttributeError, OSError, ValueError):
-        return None
-    return shutil.get_terminal_size((100, 24)).columns
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], width: int | None = None) -> str:
-    """Aligned columns; with ``width``, the widest cuttable columns are cut (ending in "…")
-    until the table fits or every one is down to 8 characters."""
-    cells = [[str(h) for h in headers]] + [["" if v is None else str(v) for v in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    if width is not None:
-        cuttable = [i for i, h in enumerate(headers) if h not in _UNCUT]
-        while sum(widths) + 2 * (len(widths) - 1) > width:
-            i = max(cuttable, key=lambda c: widths[c], default=None)
-            if i is None or widths[i] <= _MIN_CUT_WIDTH:
-                break
-            widths[i] -= 1
-        cells = [[v if len(v) <= w else v[:w - 1] + "…" for v, w in zip(r, widths)] for r in cells]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
-    return "\n".join(lines)
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A table fitted to the terminal."""
-    return format_table(headers, rows, terminal_width())
 
 
 def _bytes(n: float) -> str:

@@ -8,73 +8,27 @@ Thread-safe. Channels are sync ``grpc`` channels, created on first use and close
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TypeVar
 
 import grpc
 
 from ._auth import BearerToken, with_token
-from ._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError,
-                      TxmqError, error_from_rpc)
-from ._faults import FaultTable, OverloadBackoff, RetryAction, retry_action
+from ._calling import (BOUND_ATTEMPTS, BOUND_BACKOFF_SECONDS, CHANNEL_OPTIONS,  # noqa: F401 - the client's values
+                       MAX_GRPC_MESSAGE_BYTES, BoundCall, BrokerAddress, BrokerAddresses, NameServerCall, NameServers,
+                       QueueRoute, Wait, parse_nameservers, positive, routes_of, bound_steps)
+from ._errors import ClientClosedError, InvalidFieldError, TopicNotFoundError, TxmqError, error_from_rpc
+from ._faults import FaultTable
 from ._routes import RouteCache
 from ._produce_stream import ProduceStream
+from ._sending import run
 from ._tls import TLS, ChannelTLS, sync_channel
 from .v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-#: gRPC message size limit both ways; above the brokers' largest body (4 MiB by default).
-MAX_GRPC_MESSAGE_BYTES = 16 * 1024 * 1024
-
-CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
-    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
-    # Reconnect within about a second of a peer coming back (gRPC's default backoff grows
-    # to 120 s, which would turn a broker restart or a failover into minutes).
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-)
-
-#: Attempts of a call bound to its shard (:meth:`Client.call_bound`), the first retry after
-#: BOUND_BACKOFF_SECONDS, doubling.
-BOUND_ATTEMPTS = 3
-BOUND_BACKOFF_SECONDS = 0.1
-
 Resp = TypeVar("Resp")
-
-
-@dataclass(frozen=True, slots=True)
-class QueueRoute:
-    """One queue of a topic: the broker holding it and its id there."""
-
-    broker_name: str
-    broker_address: str
-    queue_id: int
-    #: The broker is draining: consumers still read the queue, new sends go elsewhere.
-    draining: bool = False
-
-
-def parse_nameservers(nameservers: str | Sequence[str]) -> tuple[str, ...]:
-    """``"h1:9876,h2:9876"`` or ``["h1:9876", "h2:9876"]`` → a tuple of addresses."""
-    if isinstance(nameservers, str):
-        items = nameservers.replace(";", ",").split(",")
-    else:
-        items = list(nameservers)
-    addresses = tuple(a.strip() for a in items if isinstance(a, str) and a.strip())
-    if not addresses:
-        raise InvalidFieldError("nameservers", "at least one host:port is required")
-    return addresses
-
-
-def positive(name: str, value: float) -> float:
-    if not isinstance(value, (int, float)) or not value > 0:
-        raise InvalidFieldError(name, f"must be a positive number, got {value!r}")
-    return float(value)
 
 
 class Client:
@@ -83,7 +37,7 @@ class Client:
     def __init__(self, nameservers: str | Sequence[str], *, request_timeout_seconds: float,
                  route_refresh_seconds: float, what: str = "client", linger_seconds: float | None = None,
                  tls: TLS | None = None, token: str | None = None) -> None:
-        self._nameservers = parse_nameservers(nameservers)
+        self._nameservers = NameServers(nameservers)
         if tls is not None and not isinstance(tls, TLS):
             raise InvalidFieldError("tls", f"must be a txmq.TLS, got {type(tls).__name__}")
         if token is not None:
@@ -103,13 +57,11 @@ class Client:
         self._linger_seconds = linger_seconds
         self._lock = threading.Lock()
         self._closed = False
-        # Start at a random name server so clients spread over them; stay on one that works.
-        self._ns_index = random.randrange(len(self._nameservers))
         self._channels: dict[str, grpc.Channel] = {}
         self._broker_stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
         self._ns_stubs: dict[str, nameserver_pb2_grpc.NameServerServiceStub] = {}
         self._streams: dict[str, ProduceStream] = {}
-        self._broker_addresses: dict[str, str] = {}
+        self._broker_addresses = BrokerAddresses()
         #: Which shards new sends avoid (shared by this client's producers and consumers).
         self.faults = FaultTable()
         self._routes: RouteCache[tuple[QueueRoute, ...]] = RouteCache(self.faults)
@@ -216,32 +168,18 @@ class Client:
                    request: Any, timeout: float | None = None) -> Resp:
         """A unary call bound to ``shard`` by an id (an ack, an invisibility change): retried
         on that shard with backoff while it fails transiently or the name servers do not
-        list it (see ``_faults.retry_action``), asking its address again before each retry;
+        list it (see ``_calling.bound_steps``), asking its address again before each retry;
         recorded in the fault table."""
-        attempt = 1
-        overload = OverloadBackoff()
-        while True:
-            try:
-                address = self.broker_address(shard, refresh=attempt > 1)
-                response = self.call(method_of(self.broker(address)), request, timeout)
-            except ClientClosedError:
-                raise
-            except TxmqError as err:
-                pause = overload.delay(err)
-                if pause is not None:  # nothing applied: the same request again, later
-                    time.sleep(pause)
-                    continue
-                if err.retryable:
-                    self.faults.failed(shard)
-                if retry_action(err, bound=True) is RetryAction.FAIL or attempt >= BOUND_ATTEMPTS:
-                    raise
-                log.debug("call to %s failed (attempt %d of %d), retrying there: %s",
-                          shard, attempt, BOUND_ATTEMPTS, err)
-                time.sleep(BOUND_BACKOFF_SECONDS * 2 ** (attempt - 1))
-                attempt += 1
-                continue
-            self.faults.succeeded(shard)
-            return response
+        def perform(step: Any) -> Any:
+            if type(step) is BoundCall:
+                return self.call(method_of(self.broker(step.address)), request, timeout)
+            if type(step) is BrokerAddress:
+                return self.broker_address(step.shard, refresh=step.refresh)
+            assert type(step) is Wait
+            time.sleep(step.seconds)
+            return None
+
+        return run(bound_steps(self.faults, shard), perform)  # type: ignore[no-any-return]
 
     def nameserver_call(self, name: str, request: Any) -> Any:
         """A NameServerService call (``name``: the method) on the name servers in turn, from
@@ -251,33 +189,24 @@ class Client:
 
     def _nameserver_call(self, name: str, request: Any) -> Any:
         """Tries the name servers in turn, from the last one that answered; transient errors
-        move to the next, other errors are the answer."""
+        move to the next, other errors are the answer (``_calling.NameServers``)."""
         self.check_open()
         self._check_tls()
-        count = len(self._nameservers)
-        start = self._ns_index
-        error: TxmqError | None = None
-        for i in range(count):
-            index = (start + i) % count
-            address = self._nameservers[index]
-            stub = self._ns_stubs.get(address)
-            if stub is None:
-                with self._lock:
-                    self.check_open()
-                    stub = nameserver_pb2_grpc.NameServerServiceStub(self._channel_locked(address))
-                    self._ns_stubs[address] = stub
-            try:
-                response = self.call(getattr(stub, name), request)
-            except TxmqError as err:
-                if not err.retryable:
-                    raise
-                log.debug("name server %s failed %s: %s", address, name, err)
-                error = err
-                continue
-            self._ns_index = index
-            return response
-        assert error is not None
-        raise error
+        return run(self._nameservers.steps(name, request), self._perform_nameserver)
+
+    def _perform_nameserver(self, step: NameServerCall) -> Any:
+        stub = self._ns_stubs.get(step.address)
+        if stub is None:
+            with self._lock:
+                self.check_open()
+                stub = nameserver_pb2_grpc.NameServerServiceStub(self._channel_locked(step.address))
+                self._ns_stubs[step.address] = stub
+        try:
+            return self.call(getattr(stub, step.method), step.request)
+        except TxmqError as err:
+            if err.retryable:
+                log.debug("name server %s failed %s: %s", step.address, step.method, err)
+            raise
 
     # --- routes ---------------------------------------------------------------------------
 
@@ -301,14 +230,13 @@ class Client:
         now = time.monotonic()
         response = self._nameserver_call("QueryRoute", nameserver_pb2.QueryRouteRequest(topic=topic,
                                                                                         for_send=for_send))
-        routes = tuple(QueueRoute(q.broker_name, q.broker_address, q.queue_id, q.draining) for q in response.queues)
+        routes = routes_of(response)
         if not routes:
             self._routes.forget(topic)
             raise TopicNotFoundError(topic)
         with self._lock:
             self._routes.store(topic, routes, now)
-            for r in routes:
-                self._broker_addresses[r.broker_name] = r.broker_address
+        self._broker_addresses.learn(routes)
         return routes
 
     def invalidate_route(self, topic: str) -> None:
@@ -321,11 +249,4 @@ class Client:
         if address is not None:
             return address
         response = self._nameserver_call("ListBrokers", nameserver_pb2.ListBrokersRequest())
-        live: dict[str, str] = {broker.name: broker.address for broker in response.brokers}
-        with self._lock:
-            self._broker_addresses.update(live)
-            if broker_name not in live:
-                self._broker_addresses.pop(broker_name, None)
-        if broker_name not in live:
-            raise BrokerNotFoundError(broker_name)
-        return live[broker_name]
+        return self._broker_addresses.listed(response, broker_name)

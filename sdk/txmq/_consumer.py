@@ -10,78 +10,31 @@ broker's ``max_delivery_attempts`` it moves to the group's dead-letter topic
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
-import dataclasses
 import itertools
 import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import grpc
 
-from ._client import Client, positive
-from ._errors import (ClientClosedError, InvalidFieldError, NoLeaderError, ReceiptHandleNotFoundError,
-                      TopicNotFoundError, TxmqError, error_from_rpc)
-from ._names import in_namespace, validate_group, validate_receive_topic
-from ._producer import new_client_id
-from ._receiving import (AckOutcome, Receive, ack_groups, ack_request, ack_results, check_receive, deferred_acks,
-                         receive_steps, received, report_deferred, settle)
+from . import _tracing as tracing
+from ._calling import positive
+from ._client import Client
+from ._errors import ClientClosedError, InvalidFieldError, ReceiptHandleNotFoundError, TxmqError, error_from_rpc
+from ._names import in_namespace, validate_group
+from ._producing import new_client_id
+from ._receiving import (AckOutcome, GroupQueues, Receive, Target, ack_groups, ack_request, ack_results, check_receive,
+                         consumed, deferred_acks, invisibility_request, receive_request, receive_steps, received,
+                         report_deferred, retry_delay, settle, subscriptions_of, target_steps, with_invisibility)
 from ._sending import run
 from ._tls import TLS
-from ._types import ConsumeResult, ReceivedMessage, SqlFilter, ms_to_datetime, received_from_pb
+from ._types import ConsumeResult, ReceivedMessage, SqlFilter, received_from_pb
 from .v1 import broker_pb2
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class _Target:
-    """What one receive call asks: a subscribed topic on one broker (any of its queues)."""
-
-    topic: str
-    filter_expression: str | SqlFilter
-    broker_name: str
-
-
-def receive_request(consumer_group: str, target: _Target, max_messages: int, invisible_duration_seconds: float,
-                    wait_seconds: float, acks: Sequence[ReceivedMessage] = (),
-                    client_id: str = "") -> broker_pb2.ReceiveMessagesRequest:
-    """The ReceiveMessages of one (topic, broker) target, its filter a tag expression or SQL92,
-    carrying the deferred acks ``acks`` (of that target); ``client_id`` names the consumer
-    instance to the broker (``txmq group clients``, an offset reset's live consumers)."""
-    expression = target.filter_expression
-    sql = isinstance(expression, SqlFilter)
-    return broker_pb2.ReceiveMessagesRequest(
-        consumer_group=consumer_group, topic=target.topic, queue_id=-1,
-        filter_expression=expression.expression if isinstance(expression, SqlFilter) else expression,
-        filter_type=broker_pb2.FILTER_TYPE_SQL92 if sql else broker_pb2.FILTER_TYPE_TAG,
-        max_messages=max_messages, invisible_duration_seconds=invisible_duration_seconds,
-        long_polling_timeout_seconds=wait_seconds, ack_receipt_handles=[m.receipt_handle for m in acks],
-        client_id=client_id)
-
-
-def _subscriptions(subscriptions: Mapping[str, str | SqlFilter],
-                   namespace: str = "") -> dict[str, str | SqlFilter]:
-    """The subscriptions as they are sent: each topic in ``namespace``, each filter checked."""
-    if not isinstance(subscriptions, Mapping) or not subscriptions:
-        raise InvalidFieldError("subscriptions", "must map at least one topic to a filter expression")
-    out: dict[str, str | SqlFilter] = {}
-    for topic, expression in subscriptions.items():
-        topic = in_namespace(namespace, "subscriptions", topic)
-        validate_receive_topic(topic)
-        if expression is None:
-            expression = "*"
-        if isinstance(expression, SqlFilter):
-            out[topic] = expression
-            continue
-        if not isinstance(expression, str):
-            raise InvalidFieldError("subscriptions", f"filter expression of {topic!r} must be a str or SqlFilter")
-        out[topic] = expression.strip() or "*"
-    return out
 
 
 class SimpleConsumer:
@@ -111,7 +64,7 @@ class SimpleConsumer:
         deferred = deferred_acks(max_ack_delay_seconds, on_ack_error)
         self.namespace = namespace
         self.consumer_group = consumer_group
-        self.subscriptions = _subscriptions(subscriptions, namespace)
+        self.subscriptions = subscriptions_of(subscriptions, namespace)
         self.await_duration_seconds = positive("await_duration_seconds", await_duration_seconds)
         #: ``host@pid@random``: how the brokers name this consumer (``txmq group clients``).
         self.client_id = new_client_id()
@@ -121,7 +74,7 @@ class SimpleConsumer:
         self._lock = threading.Lock()
         # Long polls still running after a receive() returned, and what they brought since:
         # the next receive() returns it first.
-        self._polls: dict[_Target, cf.Future[list[ReceivedMessage]]] = {}
+        self._polls: dict[Target, cf.Future[list[ReceivedMessage]]] = {}
         self._buffer: list[ReceivedMessage] = []
         self._pool: cf.ThreadPoolExecutor | None = None
         # Whether a receive() long-polls its only target on its own thread now.
@@ -160,6 +113,23 @@ class SimpleConsumer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __iter__(self) -> Iterator[ReceivedMessage]:
+        """``for message in consumer``: :meth:`messages` with its defaults."""
+        return self.messages()
+
+    def messages(self, max_messages: int = 16, invisible_duration_seconds: float = 30.0) -> Iterator[ReceivedMessage]:
+        """Every message as it arrives, one at a time, until the consumer is closed (from
+        another thread): :meth:`receive` in a loop. Acknowledge each (``ack`` or
+        ``ack_later``); the messages of one receive are invisible for
+        ``invisible_duration_seconds`` from when they came, so keep ``max_messages`` small
+        when each takes long."""
+        while not self._closing and not self._client.closed:
+            try:
+                batch = self.receive(max_messages, invisible_duration_seconds)
+            except ClientClosedError:
+                return
+            yield from batch
+
     # --- receive --------------------------------------------------------------------------
 
     def receive(self, max_messages: int = 16, invisible_duration_seconds: float = 30.0) -> list[ReceivedMessage]:
@@ -175,6 +145,12 @@ class SimpleConsumer:
         until its next probe, so a shard that is down costs the others no latency. With a
         single (topic, broker) the receive is that one long poll, on the calling thread.
         """
+        started = tracing.now_ns()
+        out = self._receive(max_messages, invisible_duration_seconds)
+        tracing.received(self.consumer_group, out, started)
+        return out
+
+    def _receive(self, max_messages: int, invisible_duration_seconds: float) -> list[ReceivedMessage]:
         check_receive(max_messages)
         positive("invisible_duration_seconds", invisible_duration_seconds)
         self._client.check_open()
@@ -205,7 +181,7 @@ class SimpleConsumer:
             out, self._buffer = self._buffer[:max_messages], self._buffer[max_messages:]
         return out
 
-    def _long_poll(self, targets: list[_Target], max_messages: int,
+    def _long_poll(self, targets: list[Target], max_messages: int,
                    invisible_duration_seconds: float) -> list[ReceivedMessage]:
         with self._lock:
             if self._pool is None:
@@ -233,31 +209,17 @@ class SimpleConsumer:
             self._buffer.extend(rest)
         return out
 
-    def _targets(self, *, lenient: bool = False) -> list[_Target]:
-        """(topic, broker) pairs of every subscription. Topics without a route are skipped
-        while others have one; with none at all TopicNotFoundError is raised (unless lenient), or
-        NoLeaderError (retryable) when a topic is only between leaders."""
-        targets: list[_Target] = []
-        missing: TopicNotFoundError | NoLeaderError | None = None
-        for topic, expression in self.subscriptions.items():
-            try:
-                routes = self._client.route(topic, for_send=False)
-            except (TopicNotFoundError, NoLeaderError) as err:  # between leaders: retryable, raised first
-                log.debug("subscribed topic %s has no route yet", topic)
-                missing = missing if isinstance(missing, NoLeaderError) else err
-                continue
-            for broker in dict.fromkeys(r.broker_name for r in routes):
-                targets.append(_Target(topic, expression, broker))
-        if not targets and missing is not None and not lenient:
-            raise missing
-        return targets
+    def _targets(self, *, lenient: bool = False) -> list[Target]:
+        """(topic, broker) pairs of every subscription (``_receiving.target_steps``)."""
+        return run(target_steps(self.subscriptions, lenient=lenient),
+                   lambda step: self._client.route(step.topic, for_send=False))
 
-    def _receive_request(self, target: _Target, max_messages: int, invisible_duration_seconds: float,
+    def _receive_request(self, target: Target, max_messages: int, invisible_duration_seconds: float,
                          wait_seconds: float) -> broker_pb2.ReceiveMessagesRequest:
         return receive_request(self.consumer_group, target, max_messages, invisible_duration_seconds, wait_seconds,
                                client_id=self.client_id)
 
-    def _receive_from(self, target: _Target, max_messages: int, invisible_duration_seconds: float,
+    def _receive_from(self, target: Target, max_messages: int, invisible_duration_seconds: float,
                       wait_seconds: float) -> list[ReceivedMessage]:
         carried: list[ReceivedMessage] = []
         try:
@@ -312,13 +274,17 @@ class SimpleConsumer:
     def _ack_group(self, broker_name: str, topic: str,
                    messages: list[ReceivedMessage]) -> list[TxmqError | None]:
         request = ack_request(self.consumer_group, topic, messages)
+        started = tracing.now_ns()
         try:
             response = self._client.call_bound(broker_name, lambda stub: stub.AckMessages, request)
         except ClientClosedError:
             raise
         except TxmqError as err:
-            return [err] * len(messages)
-        return ack_results(broker_name, response.entries, len(messages))
+            results: list[TxmqError | None] = [err] * len(messages)
+        else:
+            results = ack_results(broker_name, response.entries, len(messages))
+        tracing.acked(self.consumer_group, messages, results, started)
+        return results
 
     def ack_later(self, message: ReceivedMessage) -> None:
         """Acknowledges one delivery on this consumer's next receive from the message's broker
@@ -381,13 +347,9 @@ class SimpleConsumer:
         ``delivery_attempt`` + 1). Returns the message with the receipt handle to use from now
         on (the broker may have issued a new one: the old one may no longer be valid)."""
         positive("seconds", seconds)
-        request = broker_pb2.ChangeInvisibleDurationRequest(
-            consumer_group=self.consumer_group, topic=message.topic,
-            receipt_handle=message.receipt_handle, invisible_duration_seconds=seconds)
         response = self._client.call_bound(message.broker_name, lambda stub: stub.ChangeInvisibleDuration,
-                                           request)
-        return dataclasses.replace(message, receipt_handle=response.receipt_handle,
-                                   invisible_until=ms_to_datetime(response.invisible_until_ms))
+                                           invisibility_request(self.consumer_group, message, seconds))
+        return with_invisibility(message, response)
 
 
 class PushConsumer:
@@ -449,12 +411,12 @@ class PushConsumer:
         self._supervisor: threading.Thread | None = None
         self._acker: threading.Thread | None = None
         self._renewer: threading.Thread | None = None
-        self._pollers: dict[_Target, threading.Thread] = {}
-        self._polls: dict[_Target, grpc.Future[Any]] = {}
+        self._pollers: dict[Target, threading.Thread] = {}
+        self._polls: dict[Target, grpc.Future[Any]] = {}
         self._acks: queue.SimpleQueue[ReceivedMessage | None] = queue.SimpleQueue()
         self._executor: cf.ThreadPoolExecutor | None = None
-        # Message group → its messages waiting behind the one being consumed.
-        self._group_queues: dict[str, collections.deque[ReceivedMessage]] = {}
+        # Message groups' messages waiting behind the one being consumed.
+        self._groups = GroupQueues()
 
     def __enter__(self) -> "PushConsumer":
         self.start()
@@ -521,7 +483,7 @@ class PushConsumer:
             found = len({t.topic for t in targets})
             self._stop.wait(self._consumer._client.route_refresh_seconds if found == wanted else 1.0)
 
-    def _poll(self, target: _Target) -> None:
+    def _poll(self, target: Target) -> None:
         client = self._consumer._client
         failures = 0
         while not self._stop.is_set():
@@ -570,31 +532,22 @@ class PushConsumer:
     def _dispatch(self, message: ReceivedMessage) -> None:
         """Hands a message to the pool, behind a message of its group being consumed."""
         assert self._executor is not None
-        group = message.message_group
-        if group:
-            with self._lock:
-                waiting = self._group_queues.get(group)
-                if waiting is not None:
-                    waiting.append(message)
-                    return
-                self._group_queues[group] = collections.deque()
-            self._executor.submit(self._consume_group, group, message)
+        if not self._groups.admit(message):
+            return
+        if message.message_group:
+            self._executor.submit(self._consume_group, message.message_group, message)
         else:
             self._executor.submit(self._consume, message)
 
     def _consume_group(self, group: str, message: ReceivedMessage) -> None:
         """Consumes ``message`` and then the messages of its group that arrived meanwhile."""
-        while True:
+        following: ReceivedMessage | None = message
+        while following is not None:
             try:
-                self._consume(message)
+                self._consume(following)
             except Exception:  # the group goes on whatever became of this one
-                log.exception("push consumer %s: consuming %s failed", self.consumer_group, message.message_id)
-            with self._lock:
-                waiting = self._group_queues[group]
-                if not waiting:
-                    del self._group_queues[group]
-                    return
-                message = waiting.popleft()
+                log.exception("push consumer %s: consuming %s failed", self.consumer_group, following.message_id)
+            following = self._groups.next(group)
 
     def _renew_loop(self) -> None:
         """Keeps the messages waiting behind their group's running one invisible: each whose
@@ -602,11 +555,7 @@ class PushConsumer:
         of it again (ChangeInvisibleDuration: the same delivery, no new attempt)."""
         every = min(max(self.invisible_duration_seconds / 4, 0.05), 5.0)
         while not self._stop.wait(every):
-            soon = time.time() + self.invisible_duration_seconds / 2
-            with self._lock:
-                due = [(group, m) for group, waiting in self._group_queues.items() for m in waiting
-                       if m.invisible_until.timestamp() < soon]
-            for group, message in due:
+            for group, message in self._groups.due(time.time() + self.invisible_duration_seconds / 2):
                 try:
                     renewed: ReceivedMessage | None = self._consumer.change_invisible_duration(
                         message, self.invisible_duration_seconds)
@@ -618,16 +567,7 @@ class PushConsumer:
                     log.warning("push consumer %s: cannot renew the invisibility of %s waiting behind its "
                                 "group: %s", self.consumer_group, message.message_id, err)
                     continue
-                with self._lock:
-                    waiting = self._group_queues.get(group)
-                    at = next((i for i, m in enumerate(waiting or ()) if m is message), None)
-                    if waiting is None or at is None:
-                        continue  # it started meanwhile (with a handle still valid: the same delivery)
-                    if renewed is None:
-                        del waiting[at]
-                    else:
-                        waiting[at] = renewed
-                if renewed is None:
+                if self._groups.renewed(group, message, renewed):
                     with self._cond:
                         self._inflight -= 1
                         self._cond.notify()
@@ -636,20 +576,16 @@ class PushConsumer:
 
     def _consume(self, message: ReceivedMessage) -> None:
         try:
-            try:
-                result = self.listener(message)
-            except Exception:  # a failed consumption is redelivered, not fatal
-                log.exception("push consumer %s: listener raised for message %s (attempt %d)",
-                              self.consumer_group, message.message_id, message.delivery_attempt)
-                result = ConsumeResult.FAILURE
-            if result is ConsumeResult.SUCCESS:
+            with tracing.process(self.consumer_group, message) as traced, traced.current():
+                try:
+                    outcome = consumed(self.consumer_group, message, self.listener(message))
+                except Exception as exc:  # noqa: BLE001 - a failed consumption is redelivered, not fatal
+                    traced.fail(exc)
+                    outcome = consumed(self.consumer_group, message, None, exc)
+            if outcome is ConsumeResult.SUCCESS:
                 self._acks.put(message)
                 return
-            if result is not ConsumeResult.FAILURE and result is not None:
-                log.warning("push consumer %s: listener returned %r, not a ConsumeResult: retrying",
-                            self.consumer_group, result)
-            delay = min(self.retry_backoff_seconds * 2 ** max(message.delivery_attempt - 1, 0),
-                        self.max_retry_backoff_seconds)
+            delay = retry_delay(message, self.retry_backoff_seconds, self.max_retry_backoff_seconds)
             try:
                 self._consumer.change_invisible_duration(message, delay)
             except TxmqError as err:

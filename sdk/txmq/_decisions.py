@@ -35,7 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Generator, Sequence
 
-from ._checks import InProgress
+from ._checking import InProgress
 from ._errors import InvalidFieldError, TransactionStateError, TxmqError
 from ._faults import RetryAction, retry_action
 from ._ids import TransactionId

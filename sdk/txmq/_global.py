@@ -24,25 +24,53 @@ import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Awaitable, Protocol, Sequence
 
+from . import _tracing as tracing
+from ._calling import QueueRoute
 from ._errors import InvalidFieldError, TxmqError
 from ._ids import MessageId
 from ._names import GLOBAL_PARTS_PROPERTY, GLOBAL_TRANSACTION_PROPERTY
-from ._sending import abandon, run, run_async, send_bound
+from ._producing import OpenTransactions
+from ._sending import Sender, Step, abandon, run, run_async, send_bound
 from ._types import LocalTransactionState, Message, TransactionMessage, TransactionState, message_to_pb
 from .v1 import broker_pb2, common_pb2
 
-if TYPE_CHECKING:
-    from ._client import QueueRoute
-    from ._producer import TransactionProducer
-    from .aio._producer import AsyncTransactionProducer
-
 #: Most messages one global transaction may hold (the broker's participant limit is per shard).
 MAX_MESSAGES = 1000
-#: How long a check of a multi-message transaction still being sent by this asyncio
-#: producer is deferred (the sync producer uses its ``open_transaction_retry_seconds``).
-OPEN_GLOBAL_RETRY_SECONDS = 1.0
+
+Ended = tuple[TransactionState | None, "TxmqError | None"]
+
+
+class GlobalSender(Sender, Protocol):
+    """What a multi-message transaction needs of ``txmq.TransactionProducer``."""
+    producer_group: str
+    client_id: str
+    #: Half messages of transactions open here (a check of one is answered IN_PROGRESS).
+    _open: OpenTransactions
+
+    def _validate(self, message: Message) -> Message: ...
+    def _pick_queue(self, topic: str, *, message_group: str = "") -> QueueRoute: ...
+    def _perform(self, step: Step) -> Any: ...
+    def _execute(self, half: TransactionMessage, arg: Any,
+                 traced: tracing.Operation = ...) -> tuple[LocalTransactionState, Exception | None]: ...
+    def _end(self, route: QueueRoute, topic: str, half: TransactionMessage,
+             local_state: LocalTransactionState, traced: tracing.Operation | None = ...) -> Ended: ...
+
+
+class AsyncGlobalSender(Sender, Protocol):
+    """What a multi-message transaction needs of ``txmq.aio.AsyncTransactionProducer``."""
+    producer_group: str
+    client_id: str
+    _open: OpenTransactions
+
+    def _validate(self, message: Message) -> Message: ...
+    def _pick_queue(self, topic: str, *, message_group: str = "") -> Awaitable[QueueRoute]: ...
+    def _perform(self, step: Step) -> Awaitable[Any]: ...
+    def _execute(self, half: TransactionMessage, arg: Any,
+                 traced: tracing.Operation = ...) -> Awaitable[tuple[LocalTransactionState, Exception | None]]: ...
+    def _end(self, route: QueueRoute, topic: str, half: TransactionMessage,
+             local_state: LocalTransactionState, traced: tracing.Operation | None = ...) -> Awaitable[Ended]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +89,8 @@ class GlobalTransactionResult:
     state: TransactionState | None
     messages: tuple[TransactionMessage, ...]
     end_error: "TxmqError | None" = None
+    #: The exception ``execute_local_transaction`` raised (the outcome is then UNKNOWN).
+    local_error: BaseException | None = None
 
 
 def validate_messages(messages: Sequence[Message]) -> list[Message]:
@@ -84,7 +114,7 @@ def stamped(message: Message, parts: int, global_id: str = "") -> Message:
     return dataclasses.replace(message, properties=properties)
 
 
-def half_pb(producer: Any, message: Message, route: "QueueRoute", host: str) -> common_pb2.Message:
+def half_pb(producer: Any, message: Message, route: QueueRoute, host: str) -> common_pb2.Message:
     pb = message_to_pb(message, MessageId.new(route.broker_name, route.queue_id).encode(), route.queue_id,
                        common_pb2.MESSAGE_TYPE_TRANSACTION, int(time.time() * 1000), host)
     pb.producer_group = producer.producer_group
@@ -100,7 +130,7 @@ def send_entry(pb: common_pb2.Message, *, begin: bool = False, participants: Seq
         message=pb, begin_global=begin, global_participants=list(participants), global_transaction_id=global_id))
 
 
-def half_of(message: Message, pb: common_pb2.Message, route: "QueueRoute",
+def half_of(message: Message, pb: common_pb2.Message, route: QueueRoute,
             sent: broker_pb2.SendMessageResponse) -> TransactionMessage:
     return TransactionMessage(message=message, message_id=sent.message_id or pb.message_id,
                               transaction_id=sent.transaction_id, broker_name=sent.broker_name or route.broker_name,
@@ -108,30 +138,37 @@ def half_of(message: Message, pb: common_pb2.Message, route: "QueueRoute",
 
 
 def result_of(halves: list[TransactionMessage], local_state: LocalTransactionState,
-              state: TransactionState | None, end_error: TxmqError | None) -> GlobalTransactionResult:
+              state: TransactionState | None, end_error: TxmqError | None,
+              local_error: BaseException | None = None) -> GlobalTransactionResult:
     return GlobalTransactionResult(global_transaction_id=halves[0].transaction_id, local_state=local_state,
-                                   state=state, messages=tuple(halves), end_error=end_error)
+                                   state=state, messages=tuple(halves), end_error=end_error, local_error=local_error)
 
 
 # --- sync --------------------------------------------------------------------------------
 
-def _send_bound(producer: "TransactionProducer", route: "QueueRoute", topic: str,
+def _send_bound(producer: GlobalSender, route: QueueRoute, topic: str,
                 entry: broker_pb2.ProduceEntry) -> broker_pb2.SendMessageResponse:
     """One half message on the shard ``route`` names, retried there with the same id."""
     return run(send_bound(producer, route, topic, entry), producer._perform)
 
 
-def send_global(producer: "TransactionProducer", messages: Sequence[Message], arg: Any,
+def send_global(producer: GlobalSender, messages: Sequence[Message], arg: Any,
                 host: str) -> GlobalTransactionResult:
-    """Steps 1-4 of the module docstring with the sync producer."""
+    """Steps 1-4 of the module docstring with the sync producer (traced as one send: every
+    message carries its context)."""
     messages = [producer._validate(m) for m in validate_messages(messages)]  # namespaced
+    with tracing.send(messages[0], transactional=True, client_id=producer.client_id) as traced:
+        return _send_global(producer, [traced.inject(m) for m in messages], arg, host, traced)
+
+
+def _send_global(producer: GlobalSender, messages: list[Message], arg: Any, host: str,
+                 traced: tracing.Operation) -> GlobalTransactionResult:
     routes = [producer._pick_queue(m.topic, message_group=m.message_group) for m in messages]
     stamped_messages = [stamped(m, len(messages)) for m in messages]
     pbs = [half_pb(producer, m, r, host) for m, r in zip(stamped_messages, routes)]
     # Until it ends, a check of G reaching this instance is answered IN_PROGRESS (as for an
     # open explicit transaction): the sends and the local transaction may outlast the timeout.
-    with producer._open_lock:
-        producer._open[pbs[0].message_id] = ""
+    producer._open.add(pbs[0].message_id)
     halves: list[TransactionMessage] = []
     try:
         try:
@@ -150,29 +187,36 @@ def send_global(producer: "TransactionProducer", messages: Sequence[Message], ar
             abandon(producer, pbs[0])
             producer._end(routes[0], messages[0].topic, halves[0], LocalTransactionState.ROLLBACK)
             raise
-        local_state = producer._execute(halves[0], arg)
-        state, end_error = producer._end(routes[0], messages[0].topic, halves[0], local_state)
+        tracing.sent(traced, message_id=halves[0].message_id, queue_id=routes[0].queue_id,
+                     broker_name=halves[0].broker_name, transaction_id=gid)
+        local_state, local_error = producer._execute(halves[0], arg, traced)
+        state, end_error = producer._end(routes[0], messages[0].topic, halves[0], local_state, traced)
     finally:
-        with producer._open_lock:
-            producer._open.pop(pbs[0].message_id, None)
-    return result_of(halves, local_state, state, end_error)
+        producer._open.discard(pbs[0].message_id)
+    return result_of(halves, local_state, state, end_error, local_error)
 
 
 # --- asyncio -----------------------------------------------------------------------------
 
-async def _send_bound_async(producer: "AsyncTransactionProducer", route: "QueueRoute", topic: str,
+async def _send_bound_async(producer: AsyncGlobalSender, route: QueueRoute, topic: str,
                             entry: broker_pb2.ProduceEntry) -> broker_pb2.SendMessageResponse:
     """As :func:`_send_bound`."""
     return await run_async(send_bound(producer, route, topic, entry), producer._perform)
 
 
-async def send_global_async(producer: "AsyncTransactionProducer", messages: Sequence[Message], arg: Any,
+async def send_global_async(producer: AsyncGlobalSender, messages: Sequence[Message], arg: Any,
                             host: str) -> GlobalTransactionResult:
     """As :func:`send_global`; the parts after the first are sent concurrently."""
     messages = [producer._validate(m) for m in validate_messages(messages)]  # namespaced
+    with tracing.send(messages[0], transactional=True, client_id=producer.client_id) as traced:
+        return await _send_global_async(producer, [traced.inject(m) for m in messages], arg, host, traced)
+
+
+async def _send_global_async(producer: AsyncGlobalSender, messages: list[Message], arg: Any, host: str,
+                             traced: tracing.Operation) -> GlobalTransactionResult:
     routes = [await producer._pick_queue(m.topic, message_group=m.message_group) for m in messages]
     pbs = [half_pb(producer, stamped(m, len(messages)), r, host) for m, r in zip(messages, routes)]
-    producer._open_globals.add(pbs[0].message_id)  # checks answered IN_PROGRESS until it ends
+    producer._open.add(pbs[0].message_id)  # checks answered IN_PROGRESS until it ends
     try:
         try:
             first = await _send_bound_async(producer, routes[0], messages[0].topic, send_entry(
@@ -181,14 +225,15 @@ async def send_global_async(producer: "AsyncTransactionProducer", messages: Sequ
             abandon(producer, pbs[0])
             raise
         head = half_of(stamped(messages[0], len(messages), first.transaction_id), pbs[0], routes[0], first)
-        return await _parts_and_end_async(producer, messages, pbs, routes, head, arg)
+        return await _parts_and_end_async(producer, messages, pbs, routes, head, arg, traced)
     finally:
-        producer._open_globals.discard(pbs[0].message_id)
+        producer._open.discard(pbs[0].message_id)
 
 
-async def _parts_and_end_async(producer: "AsyncTransactionProducer", messages: list[Message],
-                               pbs: list[common_pb2.Message], routes: list["QueueRoute"],
-                               head: TransactionMessage, arg: Any) -> GlobalTransactionResult:
+async def _parts_and_end_async(producer: AsyncGlobalSender, messages: list[Message],
+                               pbs: list[common_pb2.Message], routes: list[QueueRoute],
+                               head: TransactionMessage, arg: Any,
+                               traced: tracing.Operation) -> GlobalTransactionResult:
     gid = head.transaction_id
     sent = await asyncio.gather(*(_send_bound_async(producer, route, m.topic, send_entry(pb, global_id=gid))
                                   for m, pb, route in zip(messages[1:], pbs[1:], routes[1:])),
@@ -201,6 +246,8 @@ async def _parts_and_end_async(producer: "AsyncTransactionProducer", messages: l
     responses = [s for s in sent if not isinstance(s, BaseException)]  # every one: none failed
     halves = [head] + [half_of(stamped(m, len(messages), gid), pb, route, s)
                        for m, pb, route, s in zip(messages[1:], pbs[1:], routes[1:], responses)]
-    local_state = await producer._execute(head, arg)
-    state, end_error = await producer._end(routes[0], messages[0].topic, head, local_state)
-    return result_of(halves, local_state, state, end_error)
+    tracing.sent(traced, message_id=head.message_id, queue_id=routes[0].queue_id, broker_name=head.broker_name,
+                 transaction_id=gid)
+    local_state, local_error = await producer._execute(head, arg, traced)
+    state, end_error = await producer._end(routes[0], messages[0].topic, head, local_state, traced)
+    return result_of(halves, local_state, state, end_error, local_error)

@@ -16,6 +16,7 @@ import grpc
 
 from ._errors import TxmqError, error_from_rpc
 from ._ids import TransactionId
+from ._tables import table
 from .v1 import broker_pb2, broker_pb2_grpc
 
 Output = Callable[[Any, Callable[[], str]], None]
@@ -99,7 +100,6 @@ def _global_list(admin: Any, args: argparse.Namespace, out: Output) -> None:
     rows = sorted(joined.values(), key=lambda r: r["global_transaction_id"])
 
     def text() -> str:
-        from ._cli import table
         body = table(["GLOBAL TRANSACTION", "COORDINATOR", "OPEN PARTS", "TO BE TOLD"],
                      [[r["global_transaction_id"], r["coordinator_shard"],
                        ", ".join(f"{b}:{n}" for b, n in sorted(r["open_parts"].items())),

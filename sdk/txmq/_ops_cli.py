@@ -24,8 +24,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
+import shlex
+import subprocess
+import sys
 import time
 from typing import Any, Callable
 
@@ -238,22 +242,37 @@ def _backup_command(admin: Any, args: argparse.Namespace, out: Callable[[Any, Ca
                        f"{data['last_log_sequence']} (log end {data['log_end']})"))
 
 
+#: The services' restore, which ``txmq broker restore`` runs (the SDK never imports services).
+RESTORE_MODULE = "services.broker.restore"
+
+
+def restore_command(source: str, data_dir: str, replace: bool) -> list[str]:
+    """The command that restores ``source`` into ``data_dir`` where the services are installed."""
+    return [sys.executable, "-m", RESTORE_MODULE, "--from", source, "--data-dir", data_dir,
+            *(["--replace"] if replace else []), "--json"]
+
+
+def services_installed() -> bool:
+    """Whether the services' code is importable here (looked up, not imported)."""
+    spec = importlib.util.find_spec("services")
+    locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+    return any(os.path.exists(os.path.join(d, "broker", "restore.py")) for d in locations)
+
+
 def _restore_command(admin: Any, args: argparse.Namespace, out: Callable[[Any, Callable[[], str]], None]) -> None:
-    try:
-        from services.broker.backup import BackupError, restore
-    except ImportError:
+    command = restore_command(args.source, args.data_dir, args.replace)
+    if not services_installed():
         raise FailedPreconditionError(
             "restore runs where the broker's code is installed (the broker image, or `make venv`): "
-            "python -m services.broker.restore") from None
-    try:
-        r = restore(args.source, args.data_dir, replace=args.replace)
-    except BackupError as exc:
-        raise FailedPreconditionError(str(exc)) from None
-    data = {"data_dir": r.data_dir, "shard": r.shard, "last_log_sequence": r.last_log_sequence,
-            "files": r.files, "bytes": r.bytes, "records": r.records}
-    out(data, lambda: (f"restored {r.shard} into {r.data_dir} ({r.files} file(s), {r.bytes} bytes; up to log "
-                       f"sequence {r.last_log_sequence}); fsck found it consistent: start the broker on it "
-                       f"with TXMQ_BROKER_NAME={r.shard}"))
+            + " ".join(shlex.quote(a) for a in ["python", "-m", *command[2:-1]]))
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        reason = done.stderr.strip().removeprefix("restore: ") or f"{RESTORE_MODULE} exited with {done.returncode}"
+        raise FailedPreconditionError(reason)
+    data = json.loads(done.stdout)
+    out(data, lambda: (f"restored {data['shard']} into {data['data_dir']} ({data['files']} file(s), "
+                       f"{data['bytes']} bytes; up to log sequence {data['last_log_sequence']}); fsck found it "
+                       f"consistent: start the broker on it with TXMQ_BROKER_NAME={data['shard']}"))
 
 
 def add_broker_commands(broker: Any, common: argparse.ArgumentParser,

@@ -9,42 +9,35 @@ one producer shared by many threads keeps many sends in flight on one connection
 from __future__ import annotations
 
 import abc
-import dataclasses
 import logging
 import math
-import os
-import socket
-import threading
 import time
-import uuid
 from typing import Any, Callable, Sequence, overload
 
+from . import _tracing as tracing
 from ._anchored import AnchoredTransaction, DecisionStore
-from ._checks import CheckResponder, InProgress
-from ._decisions import Address, Decisions, end_by_id, is_anchored
-from ._global import GlobalTransactionResult, send_global
-from ._tls import TLS
-from ._client import Client, QueueRoute, positive
-from ._errors import InvalidFieldError, NoLeaderError, TransactionStateError, TxmqError
+from ._calling import QueueRoute, positive
+from ._checking import InProgress
+from ._checks import CheckResponder
+from ._client import Client
+from ._decisions import Address, Decisions, end_by_id
+from ._errors import InvalidFieldError, NoLeaderError, TxmqError
 from ._faults import RoutingStats
-from ._names import in_namespace, validate_group
+from ._global import GlobalTransactionResult, send_global
 from ._produce_stream import LINGER_SECONDS
+from ._producing import (DEFAULT_MAX_BODY_BYTES, HOST, Ask, ExplicitTransaction, OpenTransactions,
+                         check_transaction_options, executed, half_message, keyed, new_client_id, normal_builder,
+                         receipt, transaction_key, transaction_result, who_answers)
 from ._sending import (Pick, Rebind, Request, SenderOptions, Sleep, Step, configure, end_transaction, finished, half_builder,
-                       outcome_of, pick_queue, run, send_new, validate)
-from ._types import (TRANSACTION_KEY_PROPERTY, LocalTransactionState, Message, SendReceipt, TransactionMessage,
-                     TransactionResult, TransactionState, message_to_pb)
+                       pick_queue, run, send_new, validate)
+from ._tls import TLS
+from ._types import LocalTransactionState, Message, SendReceipt, TransactionMessage, TransactionResult, TransactionState
 from .v1 import broker_pb2, common_pb2
 
 log = logging.getLogger(__name__)
 
-#: The client's own body limit, the brokers' default ``max_body_bytes``.
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-_HOST = socket.gethostname()
-
-
-def new_client_id() -> str:
-    """``host@pid@random``: unique per producer instance, readable in the checker's logs."""
-    return f"{_HOST}@{os.getpid()}@{uuid.uuid4().hex[:12]}"
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "Producer", "Transaction", "TransactionListener", "TransactionProducer",
+           "new_client_id"]
 
 
 class Producer(SenderOptions):
@@ -114,12 +107,13 @@ class Producer(SenderOptions):
         """Stores a normal message, visible to consumers at once. Raises the TxmqError the
         broker (or the client's own validation) refused it with."""
         message = self._validate(message)
-        route, pb, response = self._send_new(message.topic, lambda route, message_id: message_to_pb(
-            message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_NORMAL, int(time.time() * 1000), _HOST),
-            message_group=message.message_group)
-        return SendReceipt(message_id=response.message_id or pb.message_id, topic=message.topic,
-                           broker_name=response.broker_name or route.broker_name,
-                           queue_id=response.queue_id, queue_offset=response.queue_offset)
+        with tracing.send(message, transactional=False) as traced:
+            message = traced.inject(message)
+            route, pb, response = self._send_new(message.topic, normal_builder(message),
+                                                 message_group=message.message_group)
+            sent = receipt(message, route, pb, response)
+            tracing.sent(traced, message_id=sent.message_id, queue_id=sent.queue_id, broker_name=sent.broker_name)
+        return sent
 
     def _validate(self, message: Message) -> Message:
         """What the broker would refuse anyway, refused before a round trip, with the same
@@ -253,23 +247,11 @@ class TransactionProducer(Producer):
                  tls: TLS | None = None, token: str | None = None,
                  open_transaction_retry_seconds: float = 5.0, namespace: str = "",
                  decisions: "Decisions | None" = None) -> None:
-        validate_group("producer_group", in_namespace(namespace, "producer_group", producer_group))
-        if listener is None and checker is None and decisions is None:
-            raise InvalidFieldError("listener", "give a listener (send_in_transaction), a checker "
-                                    "(begin_transaction) or decisions (transaction): something must answer checks")
-        if decisions is not None and not isinstance(decisions, Decisions):
-            raise InvalidFieldError("decisions", f"must be a txmq.anchored.Decisions, got {type(decisions).__name__}")
-        if listener is not None:
-            for method in ("execute_local_transaction", "check_local_transaction"):
-                if not callable(getattr(listener, method, None)):
-                    raise InvalidFieldError("listener", f"has no method {method}()")
-        if checker is not None and not callable(checker):
-            raise InvalidFieldError("checker", "must be callable(message) -> LocalTransactionState | InProgress")
-        if not isinstance(check_threads, int) or check_threads < 1:
-            raise InvalidFieldError("check_threads", f"must be an integer >= 1, got {check_threads!r}")
-        positive("checker_refresh_seconds", checker_refresh_seconds)
-        if client_id is not None and not 0 < len(client_id.encode()) <= 255:
-            raise InvalidFieldError("client_id", "must be 1-255 bytes")
+        check_transaction_options(namespace=namespace, producer_group=producer_group, listener=listener,
+                                  checker=checker, decisions=decisions, client_id=client_id,
+                                  checker_refresh_seconds=checker_refresh_seconds, workers_name="check_threads",
+                                  workers=check_threads, listener_method_ok=callable,
+                                  listener_problem=lambda method: f"has no method {method}()")
         super().__init__(nameservers, producer_group=producer_group,
                          send_timeout_seconds=send_timeout_seconds, max_attempts=max_attempts,
                          retry_backoff_seconds=retry_backoff_seconds, max_body_bytes=max_body_bytes,
@@ -282,9 +264,8 @@ class TransactionProducer(Producer):
         self.open_transaction_retry_seconds = positive("open_transaction_retry_seconds",
                                                        open_transaction_retry_seconds)
         self.client_id = client_id or new_client_id()
-        # Half messages of explicit transactions still open in this process: message id → key.
-        self._open: dict[str, str] = {}
-        self._open_lock = threading.Lock()
+        # Half messages of transactions still open in this process: their checks are IN_PROGRESS.
+        self._open = OpenTransactions()
         self._checks: CheckResponder | None = None
         #: Anchored transactions (``transaction()``): the group's decisions table.
         self._decision_store = DecisionStore(self, decisions) if decisions is not None else None
@@ -313,23 +294,16 @@ class TransactionProducer(Producer):
 
     def _check_local_transaction(self, message: TransactionMessage) -> "LocalTransactionState | InProgress":
         """A check: ROLLBACK for an orphan of an attempt this producer gave up on (its local
-        transaction never ran), else the listener's answer."""
-        if message.message_id in self._abandoned:
-            log.info("check of transaction %s: its half message %s was an attempt given up on, "
-                     "the local transaction never ran: ROLLBACK", message.transaction_id, message.message_id)
-            return LocalTransactionState.ROLLBACK
-        with self._open_lock:
-            still_open = message.message_id in self._open
-        if still_open:
-            # Its explicit transaction is still running here: neither commit nor rollback yet.
-            return InProgress(retry_after_seconds=self.open_transaction_retry_seconds)
-        if self._decision_store is not None and is_anchored(message.properties):
+        transaction never ran), IN_PROGRESS while it is open here, else the decisions table's
+        answer (anchored) or the checker's (``_producing.who_answers``)."""
+        answer = who_answers(self, message, self.checker is not None)
+        if answer is Ask.DECISIONS:
+            assert self._decision_store is not None
             return self._decision_store.check(message)
-        if self.checker is None:
-            log.warning("check of transaction %s: not an anchored transaction and this producer has no "
-                        "listener or checker: UNKNOWN", message.transaction_id)
-            return LocalTransactionState.UNKNOWN
-        return self.checker(message)
+        if answer is Ask.CHECKER:
+            assert self.checker is not None
+            return self.checker(message)
+        return answer
 
     @overload
     def send_in_transaction(self, message: Message, arg: Any = None) -> TransactionResult: ...
@@ -368,14 +342,15 @@ class TransactionProducer(Producer):
             raise InvalidFieldError("listener", "send_in_transaction needs a TransactionListener; "
                                     "with only a checker use begin_transaction()")
         if isinstance(message, (list, tuple)):
-            return send_global(self, message, arg, _HOST)
+            return send_global(self, message, arg, HOST)
         message = self._validate(message)
-        half, route = self._send_half(message)
-        local_state = self._execute(half, arg)
-        state, end_error = self._end(route, message.topic, half, local_state)
-        return TransactionResult(message_id=half.message_id, transaction_id=half.transaction_id,
-                                 local_state=local_state, state=state, topic=message.topic,
-                                 broker_name=half.broker_name, queue_id=route.queue_id, end_error=end_error)
+        with tracing.send(message, transactional=True, client_id=self.client_id) as traced:
+            half, route = self._send_half(traced.inject(message))
+            tracing.sent(traced, message_id=half.message_id, queue_id=route.queue_id, broker_name=half.broker_name,
+                         transaction_id=half.transaction_id)
+            local_state, local_error = self._execute(half, arg, traced)
+            state, end_error = self._end(route, message.topic, half, local_state, traced)
+        return transaction_result(half, route, local_state, state, end_error, local_error)
 
     # --- anchored transactions ------------------------------------------------------------
 
@@ -438,10 +413,7 @@ class TransactionProducer(Producer):
         IN_PROGRESS here without asking the checker (the broker prefers the instance that
         sent a half message, and retries after ``open_transaction_retry_seconds``).
         """
-        if key is None:
-            key = uuid.uuid4().hex
-        if not isinstance(key, str) or not 0 < len(key.encode()) <= 255:
-            raise InvalidFieldError("key", "must be 1-255 bytes")
+        key = transaction_key(key)
         self._client.check_open()
         return Transaction(self, key)
 
@@ -454,43 +426,44 @@ class TransactionProducer(Producer):
             raise InvalidFieldError("transaction", "must come from this producer's begin_transaction()")
         transaction._check_open()
         message = self._validate(message)
-        keyed = dataclasses.replace(message, properties={**message.properties,
-                                                         TRANSACTION_KEY_PROPERTY: transaction.key})
-        half, route = self._send_half(keyed)
-        with self._open_lock:
-            self._open[half.message_id] = transaction.key
+        with tracing.send(message, transactional=True, client_id=self.client_id) as traced:
+            half, route = self._send_half(keyed(traced.inject(message), transaction.key))
+            tracing.sent(traced, message_id=half.message_id, queue_id=route.queue_id, broker_name=half.broker_name,
+                         transaction_id=half.transaction_id)
+        self._open.add(half.message_id)
         transaction._add(half, route)
         return SendReceipt(message_id=half.message_id, topic=message.topic, broker_name=half.broker_name,
                            queue_id=route.queue_id, queue_offset=-1)
 
     def _close_transaction(self, halves: list[TransactionMessage]) -> None:
-        with self._open_lock:
-            for half in halves:
-                self._open.pop(half.message_id, None)
+        self._open.discard(*(half.message_id for half in halves))
 
     def _send_half(self, message: Message) -> tuple[TransactionMessage, QueueRoute]:
         """Stores ``message`` as a half message (see :class:`Producer` for retries)."""
         route, pb, sent = self._send_new(message.topic, half_builder(message, self.producer_group,
-                                                                     self.client_id, _HOST),
+                                                                     self.client_id, HOST),
                                          message_group=message.message_group)
-        half = TransactionMessage(message=message, message_id=sent.message_id or pb.message_id,
-                                  transaction_id=sent.transaction_id, broker_name=sent.broker_name or route.broker_name,
-                                  queue_id=route.queue_id)
-        return half, route
+        return half_message(message, route, pb, sent), route
 
-    def _execute(self, half: TransactionMessage, arg: Any) -> LocalTransactionState:
-        assert self.listener is not None  # send_in_transaction refuses a producer without one
-        try:
-            state = self.listener.execute_local_transaction(half, arg)
-        except Exception:  # the local transaction's failure is an answer: UNKNOWN
-            log.exception("execute_local_transaction raised for transaction %s: ending it as UNKNOWN",
-                          half.transaction_id)
-            return LocalTransactionState.UNKNOWN
-        return outcome_of(state, half.transaction_id)
+    def _execute(self, half: TransactionMessage, arg: Any,
+                 traced: tracing.Operation = tracing.NOOP) -> tuple[LocalTransactionState, Exception | None]:
+        """The local transaction's outcome, and the exception it raised (an outcome: UNKNOWN)."""
+        assert self.listener is not None
+        with tracing.local_transaction(traced, half) as local, local.current():
+            try:
+                returned = self.listener.execute_local_transaction(half, arg)
+            except Exception as exc:  # noqa: BLE001 - the local transaction's failure is an answer: UNKNOWN
+                local.fail(exc)
+                return executed(None, exc, half.transaction_id), exc
+        return executed(returned, None, half.transaction_id), None
 
-    def _end(self, route: QueueRoute, topic: str, half: TransactionMessage,
-             local_state: LocalTransactionState) -> tuple[TransactionState | None, TxmqError | None]:
-        return run(end_transaction(self, route, topic, half, local_state, self.producer_group), self._perform)
+    def _end(self, route: QueueRoute, topic: str, half: TransactionMessage, local_state: LocalTransactionState,
+             traced: tracing.Operation | None = None) -> tuple[TransactionState | None, TxmqError | None]:
+        with tracing.end(traced, half, local_state) as ending:
+            state, error = run(end_transaction(self, route, topic, half, local_state, self.producer_group),
+                               self._perform)
+            tracing.ended(ending, state, error)
+        return state, error
 
 
 class Transaction:
@@ -500,23 +473,20 @@ class Transaction:
 
     def __init__(self, producer: TransactionProducer, key: str) -> None:
         self.producer = producer
+        self._state = ExplicitTransaction(key)
         #: Stamped on each message (``message.transaction_key`` in checks).
         self.key = key
-        self._halves: list[tuple[TransactionMessage, QueueRoute]] = []
-        self._ended: LocalTransactionState | None = None
 
     @property
     def messages(self) -> list[TransactionMessage]:
         """The half messages sent so far, with their transaction ids."""
-        return [h for h, _r in self._halves]
+        return [h for h, _r in self._state.halves]
 
     def _check_open(self) -> None:
-        if self._ended is not None:
-            raise TransactionStateError(self.key, "COMMITTED" if self._ended is LocalTransactionState.COMMIT
-                                        else "ROLLED_BACK", "a further send, commit or rollback")
+        self._state.check_open()
 
     def _add(self, half: TransactionMessage, route: QueueRoute) -> None:
-        self._halves.append((half, route))
+        self._state.halves.append((half, route))
 
     def commit(self) -> list[TransactionResult]:
         """Makes every message of the transaction visible. A message whose EndTransaction
@@ -529,16 +499,12 @@ class Transaction:
         return self._end(LocalTransactionState.ROLLBACK)
 
     def _end(self, decision: LocalTransactionState) -> list[TransactionResult]:
-        self._check_open()
-        self._ended = decision
+        halves = self._state.end(decision)
         results = []
         try:
-            for half, route in self._halves:
+            for half, route in halves:
                 state, error = self.producer._end(route, half.topic, half, decision)
-                results.append(TransactionResult(message_id=half.message_id, transaction_id=half.transaction_id,
-                                                 local_state=decision, state=state, topic=half.topic,
-                                                 broker_name=half.broker_name, queue_id=route.queue_id,
-                                                 end_error=error))
+                results.append(transaction_result(half, route, decision, state, error))
         finally:
             self.producer._close_transaction(self.messages)
         return results
@@ -547,9 +513,6 @@ class Transaction:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if self._ended is not None:
-            return
-        if exc_type is None:
-            self.commit()
-        else:
-            self.rollback()
+        decision = self._state.on_exit(exc_type is not None)
+        if decision is not None:
+            self._end(decision)

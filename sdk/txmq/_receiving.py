@@ -1,19 +1,29 @@
-"""The simple consumers' receive logic without I/O, shared by ``txmq.SimpleConsumer`` and
-``txmq.aio.AsyncSimpleConsumer`` (same passes, long polls and errors), in the manner of
-``_sending``: :func:`receive_steps` yields ``Receive`` (one ReceiveMessages) and ``LongPoll``
-(the concurrent long polls) steps that the consumer performs, blocking or awaiting, and
-:func:`settle` sorts the long polls that ended. :class:`DeferredAcks` holds the acks of
-``ack_later`` until a receive of their (broker, topic) carries them, or their deadline.
+"""The consumers' receive logic without I/O, shared by ``txmq.SimpleConsumer``,
+``txmq.PushConsumer`` and their asyncio twins (same subscriptions, passes, long polls,
+requests and errors), in the manner of ``_sending``: :func:`target_steps` yields ``Routes``
+steps (a subscribed topic's queues) and returns what a receive asks (:class:`Target`: a
+topic on one broker); :func:`receive_steps` yields ``Receive`` (one ReceiveMessages) and
+``LongPoll`` (the concurrent long polls) steps that the consumer performs, blocking or
+awaiting, and :func:`settle` sorts the long polls that ended. :class:`DeferredAcks` holds
+the acks of ``ack_later`` until a receive of their (broker, topic) carries them, or their
+deadline. A push consumer's listener outcome (:func:`consumed`) and retry delay
+(:func:`retry_delay`) are decided here too.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import logging
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Generator, Mapping, Protocol, Sequence, TypeVar
 
-from ._errors import InternalError, InvalidFieldError, TxmqError, error_from_entry
+from ._errors import (InternalError, InvalidFieldError, NoLeaderError, TopicNotFoundError, TxmqError,
+                      error_from_entry)
+from ._names import in_namespace, validate_receive_topic
+from ._types import ConsumeResult, ReceivedMessage, SqlFilter, ms_to_datetime
 from .v1 import broker_pb2
 
 T = TypeVar("T")
@@ -22,6 +32,93 @@ log = logging.getLogger(__name__)
 
 #: A deferred ack's outcome: (the message, None when acknowledged or the TxmqError).
 AckOutcome = tuple[Any, "TxmqError | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What one receive call asks: a subscribed topic on one broker (any of its queues)."""
+
+    topic: str
+    filter_expression: str | SqlFilter
+    broker_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Routes:
+    """Perform: the queues of ``topic`` for receiving (a tuple of QueueRoute; a subscription
+    never creates a topic)."""
+    topic: str
+
+
+def subscriptions_of(subscriptions: Mapping[str, str | SqlFilter], namespace: str = "") -> dict[str, str | SqlFilter]:
+    """The subscriptions as they are sent: each topic in ``namespace``, each filter checked."""
+    if not isinstance(subscriptions, Mapping) or not subscriptions:
+        raise InvalidFieldError("subscriptions", "must map at least one topic to a filter expression")
+    out: dict[str, str | SqlFilter] = {}
+    for topic, expression in subscriptions.items():
+        topic = in_namespace(namespace, "subscriptions", topic)
+        validate_receive_topic(topic)
+        if expression is None:
+            expression = "*"
+        if isinstance(expression, SqlFilter):
+            out[topic] = expression
+            continue
+        if not isinstance(expression, str):
+            raise InvalidFieldError("subscriptions", f"filter expression of {topic!r} must be a str or SqlFilter")
+        out[topic] = expression.strip() or "*"
+    return out
+
+
+def target_steps(subscriptions: Mapping[str, str | SqlFilter], *, lenient: bool = False,
+                 ) -> Generator[Routes, Any, list[Target]]:
+    """(topic, broker) pairs of every subscription. Topics without a route are skipped while
+    others have one; with none at all TopicNotFoundError is raised (unless ``lenient``), or
+    NoLeaderError (retryable) when a topic is only between leaders."""
+    targets: list[Target] = []
+    missing: TopicNotFoundError | NoLeaderError | None = None
+    for topic, expression in subscriptions.items():
+        try:
+            routes = yield Routes(topic)
+        except (TopicNotFoundError, NoLeaderError) as err:  # between leaders: retryable, raised first
+            log.debug("subscribed topic %s has no route yet", topic)
+            missing = missing if isinstance(missing, NoLeaderError) else err
+            continue
+        for broker in dict.fromkeys(r.broker_name for r in routes):
+            targets.append(Target(topic, expression, broker))
+    if not targets and missing is not None and not lenient:
+        raise missing
+    return targets
+
+
+def receive_request(consumer_group: str, target: Target, max_messages: int, invisible_duration_seconds: float,
+                    wait_seconds: float, acks: Sequence[Any] = (),
+                    client_id: str = "") -> broker_pb2.ReceiveMessagesRequest:
+    """The ReceiveMessages of one (topic, broker) target, its filter a tag expression or SQL92,
+    carrying the deferred acks ``acks`` (of that target); ``client_id`` names the consumer
+    instance to the broker (``txmq group clients``, an offset reset's live consumers)."""
+    expression = target.filter_expression
+    sql = isinstance(expression, SqlFilter)
+    return broker_pb2.ReceiveMessagesRequest(
+        consumer_group=consumer_group, topic=target.topic, queue_id=-1,
+        filter_expression=expression.expression if isinstance(expression, SqlFilter) else expression,
+        filter_type=broker_pb2.FILTER_TYPE_SQL92 if sql else broker_pb2.FILTER_TYPE_TAG,
+        max_messages=max_messages, invisible_duration_seconds=invisible_duration_seconds,
+        long_polling_timeout_seconds=wait_seconds, ack_receipt_handles=[m.receipt_handle for m in acks],
+        client_id=client_id)
+
+
+def invisibility_request(consumer_group: str, message: ReceivedMessage,
+                         seconds: float) -> broker_pb2.ChangeInvisibleDurationRequest:
+    return broker_pb2.ChangeInvisibleDurationRequest(
+        consumer_group=consumer_group, topic=message.topic, receipt_handle=message.receipt_handle,
+        invisible_duration_seconds=seconds)
+
+
+def with_invisibility(message: ReceivedMessage, response: broker_pb2.ChangeInvisibleDurationResponse,
+                      ) -> ReceivedMessage:
+    """``message`` with the receipt handle (and invisibility) a ChangeInvisibleDuration gave."""
+    return dataclasses.replace(message, receipt_handle=response.receipt_handle,
+                               invisible_until=ms_to_datetime(response.invisible_until_ms))
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,3 +313,79 @@ def report_deferred(consumer_group: str, messages: Sequence[Any], errors: Sequen
             except Exception:  # the application's callback must not stop the others
                 log.exception("consumer %s: on_ack_error raised", consumer_group)
     return outcomes
+
+
+# --- push consumers ---------------------------------------------------------------------
+
+def consumed(consumer_group: str, message: ReceivedMessage, result: object,
+             error: BaseException | None = None) -> ConsumeResult:
+    """A push consumer's listener outcome: SUCCESS acknowledges; FAILURE, None, anything else
+    (logged) or an exception (``error``, logged with its traceback) retries."""
+    if error is not None:
+        log.error("push consumer %s: listener raised for message %s (attempt %d)", consumer_group,
+                  message.message_id, message.delivery_attempt, exc_info=error)
+        return ConsumeResult.FAILURE
+    if result is ConsumeResult.SUCCESS:
+        return ConsumeResult.SUCCESS
+    if result is not ConsumeResult.FAILURE and result is not None:
+        log.warning("push consumer %s: listener returned %r, not a ConsumeResult: retrying", consumer_group, result)
+    return ConsumeResult.FAILURE
+
+
+def retry_delay(message: ReceivedMessage, retry_backoff_seconds: float, max_retry_backoff_seconds: float) -> float:
+    """How long a failed consumption's message stays invisible before its redelivery."""
+    return min(retry_backoff_seconds * 2.0 ** max(message.delivery_attempt - 1, 0), max_retry_backoff_seconds)
+
+
+class GroupQueues:
+    """A push consumer's FIFO rule: the messages of one message group run one after another
+    (a redelivery never overlaps a consumption of its group still running); those that
+    arrive meanwhile wait here, their invisibility renewed (:meth:`due`). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, collections.deque[ReceivedMessage]] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, message: ReceivedMessage) -> bool:
+        """True: consume ``message`` now (then call :meth:`next`); False: it waits behind
+        its group's running message."""
+        group = message.message_group
+        if not group:
+            return True
+        with self._lock:
+            waiting = self._waiting.get(group)
+            if waiting is not None:
+                waiting.append(message)
+                return False
+            self._waiting[group] = collections.deque()
+            return True
+
+    def next(self, group: str) -> ReceivedMessage | None:
+        """The group's running message ended: its next one to consume, or None (idle)."""
+        with self._lock:
+            waiting = self._waiting[group]
+            if not waiting:
+                del self._waiting[group]
+                return None
+            return waiting.popleft()
+
+    def due(self, before: float) -> list[tuple[str, ReceivedMessage]]:
+        """The waiting messages whose invisibility ends before ``before`` (epoch seconds)."""
+        with self._lock:
+            return [(group, m) for group, waiting in self._waiting.items() for m in waiting
+                    if m.invisible_until.timestamp() < before]
+
+    def renewed(self, group: str, message: ReceivedMessage, renewed: ReceivedMessage | None) -> bool:
+        """``message`` (waiting) got a new invisibility (``renewed``), or its handle was gone
+        (None: dropped, it was redelivered or settled meanwhile). True when it was dropped
+        here (one message fewer in flight)."""
+        with self._lock:
+            waiting = self._waiting.get(group)
+            at = next((i for i, m in enumerate(waiting or ()) if m is message), None)
+            if waiting is None or at is None:
+                return False  # it started meanwhile (with a handle still valid: the same delivery)
+            if renewed is None:
+                del waiting[at]
+                return True
+            waiting[at] = renewed
+            return False

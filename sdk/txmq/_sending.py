@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Iterator, Protocol, Sequence, TypeVar
 
-from ._client import QueueRoute, positive
+from ._calling import QueueRoute, positive
 from ._errors import (ClientClosedError, InvalidFieldError, MessageTooLargeError, NoLeaderError, QueueNotFoundError,
                       TopicNotFoundError, TransactionStateError, TxmqError, WrongBrokerError)
 from ._faults import Abandoned, FaultTable, OverloadBackoff, RetryAction, retry_action

@@ -197,6 +197,9 @@ class TransactionResult:
     PREPARED after UNKNOWN. It is ``None`` when the EndTransaction could not be delivered
     after its retries (``end_error`` says why): the transaction is then PREPARED on the
     broker and the checker will resolve it by asking the producer group.
+
+    ``local_error`` is the exception ``execute_local_transaction`` raised (its outcome is then
+    UNKNOWN, and it is logged), None when it returned.
     """
 
     message_id: str
@@ -207,6 +210,7 @@ class TransactionResult:
     broker_name: str = ""
     queue_id: int = -1
     end_error: "TxmqError | None" = None
+    local_error: BaseException | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from ._decisions import (  # re-exported
     transaction_key_of,
     validate_table,
 )
-from .aio._anchored import _AsyncPool as AsyncStorePool  # re-exported
+from .aio._anchored import AsyncStorePool  # re-exported
 from .aio._anchored import drive_async  # re-exported
 
 __all__ = [

@@ -47,13 +47,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 import grpc
 
+from txmq import tracing
+from txmq.checking import Check, CheckStream, Refused, Subscribed, check_message
 from txmq.v1 import checker_pb2, checker_pb2_grpc, common_pb2
 
 from services.common.aio import wait_event
@@ -69,8 +70,6 @@ from .upstream import Upstream
 
 log = logging.getLogger(__name__)
 
-RECONNECT_BACKOFF_SECONDS = 0.1
-RECONNECT_BACKOFF_MAX_SECONDS = 5.0
 #: Kept this long past a check's answer timeout, for a late EndTransaction.
 PENDING_SLACK_SECONDS = 30.0
 #: Checks one client's subscription at one checker may hold (see the module docstring).
@@ -97,7 +96,10 @@ class _Pending:
 
 
 class CheckerLink:
-    """One client's subscription at one checker; reopened with backoff until closed."""
+    """One client's subscription at one checker; reopened with backoff until closed. The
+    stream itself (its Subscribe, sessions, response kinds, reconnect backoff) is the SDK's
+    check-stream core (``txmq.checking.CheckStream``); what this relay does with checks and
+    answers is its own (see the module's docstring)."""
 
     def __init__(self, manager: "CheckManager", address: str, client: ClientKey, groups: tuple[str, ...]) -> None:
         self.manager = manager
@@ -112,21 +114,22 @@ class CheckerLink:
         #: is at max_pending_checks_per_connection.
         self.withheld = 0
         self.held_on = ""
+        self.stream = CheckStream(address, address, producer_groups=groups, client_id=client.client_id,
+                                  credit=CHECK_CREDIT_PER_CLIENT)
         self._outbox: asyncio.Queue[Request | None] | None = None
         self._task = asyncio.create_task(self._run(), name=f"check-link-{client.client_id}@{address}")
 
     def send(self, request: Request) -> None:
-        if not self.closed and self._outbox is not None:
-            self._outbox.put_nowait(request)
+        if not self.closed:
+            self.stream.send(request)
 
     def drain(self) -> None:
         """No more checks for this link; it stays open for the answers owed on it."""
         self.draining = True
         self.send(Request(drain=checker_pb2.CheckDrain()))
 
-    async def _requests(self, outbox: "asyncio.Queue[Request | None]") -> AsyncIterator[Request]:
-        yield Request(subscribe=checker_pb2.Subscribe(producer_groups=list(self.groups), client_id=self.client_id,
-                                                      check_credit=CHECK_CREDIT_PER_CLIENT))
+    @staticmethod
+    async def _requests(outbox: "asyncio.Queue[Request | None]") -> AsyncIterator[Request]:
         while True:
             item = await outbox.get()
             if item is None:
@@ -137,43 +140,41 @@ class CheckerLink:
         # Subscribed for the client's principal: the checker decides which groups it may
         # serve, as for a native producer (``services.common.auth.delegation``).
         act_for(self.client.principal)
-        backoff = RECONNECT_BACKOFF_SECONDS
-        failing = False
+        stream = self.stream
         stub = checker_pb2_grpc.CheckerServiceStub(self.manager.upstream.channel(self.address))
         while not self.closed:
             outbox: asyncio.Queue[Request | None] = asyncio.Queue()
             self._outbox = outbox
+            session, subscribe = stream.open(outbox.put_nowait)
+            outbox.put_nowait(subscribe)
             call = stub.CheckTransactionState(self._requests(outbox))
             try:
                 async for response in call:
-                    kind = response.WhichOneof("command")
-                    if kind == "check":
-                        self.manager.deliver(self, response.check)
-                    elif kind == "subscribed":
-                        backoff = RECONNECT_BACKOFF_SECONDS
-                        if failing:
+                    event = stream.classify(response, session)
+                    if type(event) is Check:
+                        self.manager.deliver(self, event.check)
+                    elif type(event) is Subscribed:
+                        if stream.subscribed(event.checker_name):
                             log.info("checker reachable again", extra={"fields": {"checker": self.address}})
-                        failing = False
-                    elif kind == "error":
+                    elif type(event) is Refused:
                         log.debug("checker refused a request", extra={"fields": {
                             "checker": self.address, "client_id": self.client_id,
                             "reason": response.error.reason, "error": response.error.message[:200]}})
             except grpc.aio.AioRpcError as exc:
                 if self.closed:
                     return
-                if not failing:
+                if stream.failed():
                     log.warning("check stream failed, reopening", extra={"fields": {
                         "checker": self.address, "client_id": self.client_id, "code": exc.code().name,
                         "error": str(exc.details())[:200]}})
-                failing = True
             finally:
+                stream.end()
                 outbox.put_nowait(None)
                 self._outbox = None
             if self.closed or self.draining:  # a reopened stream would subscribe again
                 self.closed = True
                 return
-            await asyncio.sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, RECONNECT_BACKOFF_MAX_SECONDS)
+            await asyncio.sleep(stream.backoff.pause())
 
     async def close(self) -> None:
         """Half-closes the stream (the checker hands unacknowledged checks back at once)."""
@@ -291,9 +292,17 @@ class CheckManager:
             await link.close()
 
     def deliver(self, link: CheckerLink, check: checker_pb2.CheckRequest) -> None:
+        """A check from ``link``'s checker for its client, traced as a check of the half
+        message (``txmq.tracing``: a child of the client's send when its message carries the
+        trace context) whose result says what the relay did with it."""
+        with tracing.check(check_message(check, link.address), check.message.producer_group) as traced:
+            outcome = self._deliver(link, check)
+            traced.set({"txmq.check.result": outcome, "messaging.client.id": link.client_id})
+
+    def _deliver(self, link: CheckerLink, check: checker_pb2.CheckRequest) -> str:
         if link.draining:  # sent before the checker read the drain; it hands the check back
             self.metrics.checks.labels("no_stream").inc()
-            return
+            return "no_stream"
         if (check.broker_name, check.message.message_id) in self.upstream.abandoned:
             # An orphan of a send this replica moved to another shard: its local transaction
             # never ran, and the client would find its message id committed (elsewhere).
@@ -301,12 +310,12 @@ class CheckManager:
             link.send(Request(answer=checker_pb2.CheckAnswer(check_id=check.check_id,
                                                              result=common_pb2.CHECK_RESULT_ROLLBACK, credit=1)))
             self.metrics.checks.labels("orphan_rolled_back").inc()
-            return
+            return "orphan_rolled_back"
         stream = self.registry.stream_for(link.client, check.message.topic)
         if stream is None:
             self.metrics.checks.labels("no_stream").inc()
             link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
-            return
+            return "no_stream"
         previous = self.pending.get(check.transaction_id)
         replaces = previous is not None and previous.peer == stream.peer  # checked again: no more held
         if self.per_connection.available(stream.peer) == 0 and not replaces:
@@ -318,7 +327,7 @@ class CheckManager:
             log.debug("check held back", extra={"fields": {
                 "client_id": link.client_id, "peer": stream.peer, "transaction_id": check.transaction_id,
                 "limit": f"max_pending_checks_per_connection={self.per_connection.limit}"}})
-            return
+            return "held_back"
         command = service_pb2.TelemetryCommand(
             recover_orphaned_transaction_command=service_pb2.RecoverOrphanedTransactionCommand(
                 message=check_to_rmq(check.message), transaction_id=check.transaction_id))
@@ -340,13 +349,15 @@ class CheckManager:
         if not stream.offer(command, written, writing):
             self.metrics.checks.labels("no_stream").inc()
             link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
-            return
+            return "no_stream"
         previous = self._drop(check.transaction_id)
         if previous is not None:  # checked again: the earlier check is over
             previous.link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
         self.per_connection.take(stream.peer)
         self.pending[check.transaction_id] = entry
         self.metrics.checks_pending.set(len(self.pending))
+        return "offered"
+
 
     def answered(self, transaction_id: str, result: common_pb2.CheckResult.ValueType) -> bool:
         """The client answered a check through this replica (already applied on the

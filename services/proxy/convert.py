@@ -43,6 +43,7 @@ from txmq.v1 import common_pb2
 
 from txmq.errors import InvalidNameError
 from txmq.names import namespace_of, qualify, unqualify, validate_namespace
+from txmq.tracing import TRACEPARENT
 
 from .codes import ProxyError, unsupported
 from .protocol import Code, definition_pb2
@@ -128,9 +129,12 @@ def to_native(message: definition_pb2.Message, *, client_id: str, max_body_bytes
     if len(body) > max_body_bytes:
         raise ProxyError(Code.MESSAGE_BODY_TOO_LARGE,
                          f"message body is {len(body)} bytes, above the limit max_body_bytes={max_body_bytes}")
+    properties = dict(message.user_properties)
+    if sp.HasField("trace_context") and sp.trace_context and TRACEPARENT not in properties:
+        properties[TRACEPARENT] = sp.trace_context  # W3C trace context: the SDK's property
     native = common_pb2.Message(
         topic=topic, body=body, tag=sp.tag if sp.HasField("tag") else "", keys=list(sp.keys),
-        properties=dict(message.user_properties), message_id=sp.message_id, type=native_type,
+        properties=properties, message_id=sp.message_id, type=native_type,
         born_timestamp_ms=sp.born_timestamp.seconds * 1000 + sp.born_timestamp.nanos // 1_000_000,
         born_host=sp.born_host, deliver_at_ms=max(deliver_at_ms, 0), message_group=message_group)
     if native_type == common_pb2.MESSAGE_TYPE_TRANSACTION:
@@ -174,6 +178,8 @@ def _base(topic: str, m: common_pb2.Message, message_type: int) -> definition_pb
         sp.message_group = m.message_group
         if message_type == MessageType.NORMAL:
             sp.message_type = MessageType.FIFO
+    if m.properties.get(TRACEPARENT):
+        sp.trace_context = m.properties[TRACEPARENT]  # the official clients continue the trace from it
     return out
 
 

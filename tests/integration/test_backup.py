@@ -164,3 +164,17 @@ def test_backup_and_restore_refusals(fresh_cluster_factory, tmp_path: Path):
     no_manifest = subprocess.run([sys.executable, "-m", "services.broker.restore", "--from", str(tmp_path / "full"),
                                   "--data-dir", str(fresh)], capture_output=True, text=True, timeout=60)
     assert no_manifest.returncode == 1 and "no MANIFEST.json" in no_manifest.stderr
+
+
+def test_restore_without_the_services_prints_the_command(tmp_path):
+    """Where the services are not installed, ``txmq broker restore`` says what to run there
+    (and fails), importing nothing of them."""
+    script = ("import sys; sys.modules['services'] = None\n"  # nothing named services can be found
+              "from txmq._cli import main\n"
+              f"sys.exit(main(['broker', 'restore', '--from', {str(tmp_path / 'b')!r}, '--data-dir', "
+              f"{str(tmp_path / 'd')!r}, '--replace']))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done
+    assert f"python -m services.broker.restore --from {tmp_path / 'b'} --data-dir {tmp_path / 'd'} --replace" \
+        in done.stderr, done.stderr
+    assert not (tmp_path / "d").exists()

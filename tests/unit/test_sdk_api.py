@@ -296,7 +296,8 @@ def test_examples_use_only_the_public_api():
         assert not re.search(r"\btxmq\._|from txmq\.v1|_pb2", text), f"{path.name} reaches past the public API"
 
 
-@pytest.mark.parametrize("name", ["errors", "ids", "names", "client", "faults", "routes", "tls", "auth"])
+@pytest.mark.parametrize("name", ["errors", "ids", "names", "client", "faults", "routes", "tls", "auth", "checking",
+                                  "sending", "tracing"])
 def test_the_shared_kernel_has_public_homes(name):
     """Services, the pipeline and tools import ``txmq.errors``/``ids``/``names``/``client``
     (the same objects as the private modules), never an underscore module."""

@@ -19,6 +19,14 @@ coroutines on one event loop::
         results = await asyncio.gather(*(producer.send_in_transaction(txmq.Message("orders", body))
                                          for body in bodies))
 
+The asyncio twin of every sync client: :class:`AsyncProducer`, :class:`AsyncTransactionProducer`
+(``listener=``, ``checker=``, ``decisions=``; ``async with producer.begin_transaction() as tx``
+and ``async with producer.transaction(conn)``), :class:`AsyncSimpleConsumer` (``async for``),
+:class:`AsyncPushConsumer` and :class:`AsyncAdmin`, with the sync clients' options
+(tests/unit/test_aio_parity.py lists the few differences and why). Both flavours drive the
+same cores (docs/sdk-internals.md): routing, retries, checks and their flow control,
+receive passes, acks and tracing are decided once.
+
 Every coroutine of the process shares one connection and one Produce stream per broker, so
 many concurrent transactions travel in few stream messages. Errors, ids, routing and check
 answering are those of the sync SDK (``txmq``); values (``txmq.Message``, results,
@@ -26,7 +34,10 @@ answering are those of the sync SDK (``txmq``); values (``txmq.Message``, result
 used on.
 """
 
+from ._admin import AsyncAdmin
 from ._consumer import AsyncSimpleConsumer
-from ._producer import AsyncProducer, AsyncTransactionListener, AsyncTransactionProducer
+from ._producer import AsyncProducer, AsyncTransaction, AsyncTransactionListener, AsyncTransactionProducer
+from ._push import AsyncPushConsumer
 
-__all__ = ["AsyncProducer", "AsyncSimpleConsumer", "AsyncTransactionListener", "AsyncTransactionProducer"]
+__all__ = ["AsyncAdmin", "AsyncProducer", "AsyncPushConsumer", "AsyncSimpleConsumer", "AsyncTransaction",
+           "AsyncTransactionListener", "AsyncTransactionProducer"]

@@ -16,18 +16,29 @@ import dataclasses
 import inspect
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generator, TypeVar
+from typing import Any, Awaitable, Callable, Generator, Protocol, TypeVar
 
 from .. import _decisions as core
-from .._anchored import DELETE_LINGER_SECONDS, _module_of, _named, _pg_sqlstate, failpoint, failpoint_soon
-from .._checks import InProgress
+from .. import _tracing as tracing
+from .._database import DELETE_LINGER_SECONDS, failpoint, failpoint_soon, module_of, named, pg_sqlstate
+from .._checking import InProgress
 from .._errors import InvalidFieldError, TransactionStateError, TxmqError
 from .._types import LocalTransactionState, Message, TransactionMessage, TransactionState
 
-if TYPE_CHECKING:
-    from ._producer import AsyncTransactionProducer
-
 log = logging.getLogger(__name__)
+
+
+class AsyncTransactionProducer(Protocol):
+    """What an anchored transaction and its store need of ``txmq.aio.AsyncTransactionProducer``
+    (read through this protocol: the producer module imports this one)."""
+    producer_group: str
+    _client: Any
+    _decision_store: "AsyncDecisionStore | None"
+
+    def _validate(self, message: Message) -> Message: ...
+    async def _send_half(self, message: Message) -> TransactionMessage: ...
+    async def _end_by_id(self, transaction_id: str, decision: LocalTransactionState,
+                         deadline: float) -> tuple[TransactionState | None, TxmqError | None]: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
@@ -93,7 +104,7 @@ class AsyncPsycopgConnection:
             await self.conn.rollback()
 
     def sqlstate(self, error: BaseException) -> str | None:
-        return _pg_sqlstate(error, self.conn.broken or self.conn.closed)
+        return pg_sqlstate(error, self.conn.broken or self.conn.closed)
 
 
 class AsyncSQLAlchemySession:
@@ -108,7 +119,7 @@ class AsyncSQLAlchemySession:
     async def execute(self, statement: core.Statement) -> None:
         from sqlalchemy import text
 
-        sql, params = _named(statement)
+        sql, params = named(statement)
         await self.session.execute(text(sql), params)
 
     async def commit(self, statement: core.Statement | None) -> None:
@@ -120,13 +131,13 @@ class AsyncSQLAlchemySession:
         await self.session.rollback()
 
     def sqlstate(self, error: BaseException) -> str | None:
-        return _pg_sqlstate(error, False)
+        return pg_sqlstate(error, False)
 
 
 def async_local_connection(conn: Any) -> Any:
     if isinstance(conn, (AsyncPsycopgConnection, AsyncSQLAlchemySession)):
         return conn
-    module = _module_of(conn)
+    module = module_of(conn)
     if module == "psycopg" and inspect.iscoroutinefunction(getattr(conn, "commit", None)):
         return AsyncPsycopgConnection(conn)
     if module == "sqlalchemy" and inspect.iscoroutinefunction(getattr(conn, "commit", None)):
@@ -152,7 +163,7 @@ def _psycopg_async_store(conn: Any) -> _AsyncStoreConnection:
         cursor = await conn.execute(statement.sql, statement.params)
         return await cursor.fetchall() if statement.rows else []
 
-    return _AsyncStoreConnection(run, conn.close, lambda e: _pg_sqlstate(e, conn.broken or conn.closed))
+    return _AsyncStoreConnection(run, conn.close, lambda e: pg_sqlstate(e, conn.broken or conn.closed))
 
 
 async def open_async_store_connection(source: Any) -> _AsyncStoreConnection:
@@ -160,7 +171,7 @@ async def open_async_store_connection(source: Any) -> _AsyncStoreConnection:
         import psycopg
 
         return _psycopg_async_store(await psycopg.AsyncConnection.connect(source, autocommit=True))
-    if _module_of(source) == "sqlalchemy" and hasattr(source, "connect"):
+    if module_of(source) == "sqlalchemy" and hasattr(source, "connect"):
         from sqlalchemy import text
 
         conn = await source.connect()
@@ -168,24 +179,24 @@ async def open_async_store_connection(source: Any) -> _AsyncStoreConnection:
         conn = await options if inspect.isawaitable(options) else options
 
         async def run(statement: core.Statement) -> list[tuple[Any, ...]]:
-            sql, params = _named(statement)
+            sql, params = named(statement)
             result = await conn.execute(text(sql), params)
             return [tuple(r) for r in result.fetchall()] if statement.rows else []
 
-        return _AsyncStoreConnection(run, conn.close, lambda e: _pg_sqlstate(
+        return _AsyncStoreConnection(run, conn.close, lambda e: pg_sqlstate(
             e, bool(getattr(e, "connection_invalidated", False))))
     if callable(source):
         conn = source()
         if inspect.isawaitable(conn):
             conn = await conn
-        if _module_of(conn) == "psycopg":
+        if module_of(conn) == "psycopg":
             await conn.set_autocommit(True)
             return _psycopg_async_store(conn)
     raise InvalidFieldError("source", f"a connection string, a SQLAlchemy AsyncEngine or a factory of psycopg "
                                       f"AsyncConnections, got {type(source).__name__}")
 
 
-class _AsyncPool:
+class AsyncStorePool:
     def __init__(self, source: Any) -> None:
         self.source = source
         self._idle: list[_AsyncStoreConnection] = []
@@ -269,7 +280,7 @@ class AsyncDecisionStore:
         self.producer = producer
         self.settings = decisions.settings
         self.group = producer.producer_group
-        self.pool = _AsyncPool(decisions.source)
+        self.pool = AsyncStorePool(decisions.source)
         self.open_keys: set[str] = set()
         self._acked: list[str] = []
         self._wake: asyncio.Event | None = None
@@ -409,13 +420,18 @@ class AsyncAnchoredTransaction:
         if not self._entered or self._done:
             raise InvalidFieldError("transaction", "send() belongs inside the `async with` block")
         message = self.producer._validate(message)
+        traced = tracing.send(message, transactional=True)
+        message = traced.inject(message)
         keyed = dataclasses.replace(message, properties=self.plan.properties(message.properties))
-        task = asyncio.ensure_future(self._send_half(keyed))
+        task = asyncio.ensure_future(self._send_half(keyed, traced))
         self._halves.append(task)
         return task
 
-    async def _send_half(self, message: Message) -> TransactionMessage:
-        half = await self.producer._send_half(message)
+    async def _send_half(self, message: Message, traced: tracing.Operation) -> TransactionMessage:
+        with traced:
+            half = await self.producer._send_half(message)
+            tracing.sent(traced, message_id=half.message_id, queue_id=half.queue_id, broker_name=half.broker_name,
+                         transaction_id=half.transaction_id)
         failpoint("half.after")
         return half
 

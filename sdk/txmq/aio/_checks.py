@@ -1,41 +1,31 @@
-"""Answering checks from an event loop: the producer's side of
-``CheckerService.CheckTransactionState``, as ``txmq._checks`` does it with threads (same
-protocol, same flow control, same late answers; read that module's docstring first)::
+"""Answering checks from an event loop: the asyncio driver of the check-stream core
+(``txmq._checking``: the same protocol, flow control, late answers and resend window as
+the thread driver ``txmq._checks``)::
 
     discovery task ── ListCheckers every refresh_seconds ──▶ one connection task per checker
     connection task ── Subscribe(check_credit) ──▶ checker ── CheckRequest ──▶ a task per check:
         (at most check_concurrency run the listener at once) CheckReceived when it starts,
         await listener.check_local_transaction, CheckAnswer (+1 credit)
-
-Credit: ``CHECK_CREDIT_PER_THREAD × check_concurrency`` at subscribe, one more with every
-answer. An answer whose stream ended goes out on the next subscribed stream (to any
-checker) as a late answer, and so do the decisions sent on a stream in the
-``RESEND_WINDOW_SECONDS`` before it failed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import random
-import time
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from .._checks import (CHECK_CREDIT_PER_THREAD, MAX_UNSENT_ANSWERS, RECONNECT_BACKOFF_MAX_SECONDS,
-                       RECONNECT_BACKOFF_SECONDS, RESEND_WINDOW_SECONDS, check_answer, check_message)
-from .._errors import TxmqError, error_from_entry
+from .._checking import Check, CheckAnswering, CheckStream, Refused, Request, Subscribed, check_message
+from .. import _tracing as tracing
+from .._errors import TxmqError
 from .._types import TransactionMessage
-from ..v1 import checker_pb2, checker_pb2_grpc, common_pb2, nameserver_pb2
+from ..v1 import checker_pb2, checker_pb2_grpc, nameserver_pb2
 from ._client import AsyncClient
 
 log = logging.getLogger(__name__)
 
-Request = checker_pb2.CheckTransactionStateRequest
 CheckFn = Callable[[TransactionMessage], Awaitable[Any]]
-_DECISIONS = (common_pb2.CHECK_RESULT_COMMIT, common_pb2.CHECK_RESULT_ROLLBACK)
 
 
 class AsyncCheckResponder:
@@ -44,32 +34,30 @@ class AsyncCheckResponder:
     def __init__(self, client: AsyncClient, *, producer_group: str, client_id: str, check: CheckFn,
                  check_concurrency: int, refresh_seconds: float) -> None:
         self.client = client
-        self._client = client
         self.producer_group = producer_group
         self.client_id = client_id
         self._check = check
         self.refresh_seconds = refresh_seconds
-        self.check_credit = CHECK_CREDIT_PER_THREAD * check_concurrency
+        self.core = CheckAnswering(producer_group=producer_group, client_id=client_id, workers=check_concurrency)
+        self.check_credit = self.core.credit
         self._running: asyncio.Semaphore | None = None
         self._check_concurrency = check_concurrency
-        self._connections: dict[str, _CheckerConnection] = {}
-        self._unsent: collections.deque[Request] = collections.deque()
+        self._connections: dict[CheckStream, _CheckerConnection] = {}
         self._checks: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
-        self._stopped = False
 
     def start(self) -> None:
-        if self._task is None and not self._stopped:
+        if self._task is None and not self.core.closing:
             self._running = asyncio.Semaphore(self._check_concurrency)
             self._task = asyncio.ensure_future(self._discover())
 
     @property
     def connected(self) -> list[str]:
-        return sorted(c.checker_name for c in self._connections.values() if c.subscribed)
+        return self.core.connected
 
     async def _discover(self) -> None:
         failing = False
-        while not self._stopped:
+        while not self.core.closing:
             try:
                 await self.refresh()
                 failing = False
@@ -80,65 +68,45 @@ class AsyncCheckResponder:
             await asyncio.sleep(self.refresh_seconds)
 
     async def refresh(self) -> None:
-        response = await self._client.nameserver_call("ListCheckers", nameserver_pb2.ListCheckersRequest())
-        live = {c.address: c.name for c in response.checkers}
-        if self._stopped:
-            return
-        for address in [a for a in self._connections if a not in live]:
-            connection = self._connections.pop(address)
-            log.info("checker %s (%s) left: disconnecting", connection.checker_name, address)
-            await connection.close()
-        for address, name in live.items():
-            if address not in self._connections:
-                connection = self._connections[address] = _CheckerConnection(address, name, self)
-                connection.start()
+        response = await self.client.nameserver_call("ListCheckers", nameserver_pb2.ListCheckersRequest())
+        new, gone = self.core.refreshed({c.address: c.name for c in response.checkers})
+        for stream in gone:
+            connection = self._connections.pop(stream, None)
+            if connection is not None:
+                log.info("checker %s (%s) left: disconnecting", stream.checker_name, stream.address)
+                await connection.close()
+        for stream in new:
+            self._connections[stream] = connection = _CheckerConnection(stream, self)
+            connection.start()
 
-    def submit(self, check: checker_pb2.CheckRequest, connection: "_CheckerConnection", session: int) -> None:
-        task = asyncio.ensure_future(self._run_check(check, connection, session))
+    def submit(self, check: checker_pb2.CheckRequest, stream: CheckStream, session: int) -> None:
+        task = asyncio.ensure_future(self._run_check(check, stream, session))
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
 
-    async def _run_check(self, check: checker_pb2.CheckRequest, connection: "_CheckerConnection",
-                         session: int) -> None:
+    async def _run_check(self, check: checker_pb2.CheckRequest, stream: CheckStream, session: int) -> None:
         assert self._running is not None
         async with self._running:
-            if self._stopped:
+            if self.core.closing:
                 return  # not started: the checker hands it to another producer
-            connection.send(Request(received=checker_pb2.CheckReceived(check_id=check.check_id)), session)
-            message = check_message(check, connection.checker_name)
-            try:
-                outcome = await self._check(message)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the user's failure is an answer: UNKNOWN
-                log.exception("check_local_transaction raised for transaction %s: answering UNKNOWN",
-                              check.transaction_id)
-                outcome = None
-        answer = check_answer(check, outcome, self.producer_group)
-        if connection.send(Request(answer=answer), session):
-            return
-        if answer.result in _DECISIONS:
-            answer.credit = 0
-            self.send_late(Request(answer=answer))
-
-    def send_late(self, request: Request) -> None:
-        """On any subscribed stream, or kept until one is."""
-        for connection in list(self._connections.values()):
-            if connection.send_any(request):
-                return
-        self._unsent.append(request)
-        while len(self._unsent) > MAX_UNSENT_ANSWERS:
-            dropped = self._unsent.popleft()
-            log.warning("no checker reachable: check answer for transaction %s dropped (it is asked for again)",
-                        dropped.answer.transaction_id)
-
-    def take_unsent(self) -> list[Request]:
-        unsent, self._unsent = list(self._unsent), collections.deque()
-        return unsent
+            self.core.started(stream, check, session)
+            message = check_message(check, stream.checker_name)
+            with tracing.check(message, self.producer_group) as traced, traced.current():
+                try:
+                    outcome = await self._check(message)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the user's failure is an answer: UNKNOWN
+                    log.exception("check_local_transaction raised for transaction %s: answering UNKNOWN",
+                                  check.transaction_id)
+                    traced.fail(exc)
+                    outcome = None
+                tracing.checked(traced, outcome)
+        self.core.answered(stream, check, outcome, session)
 
     async def close(self) -> None:
         """Unsubscribes from every checker; checks not started are handed back."""
-        self._stopped = True
+        self.core.close()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -149,116 +117,72 @@ class AsyncCheckResponder:
         await asyncio.gather(*self._checks, return_exceptions=True)
 
 
-class _CheckerConnection:
-    """One checker: its stream, opened again with backoff when it fails."""
+async def _requests(outbox: "asyncio.Queue[Request | None]") -> AsyncIterator[Request]:
+    while True:
+        item = await outbox.get()
+        if item is None:
+            return
+        yield item
 
-    def __init__(self, address: str, checker_name: str, responder: AsyncCheckResponder) -> None:
-        self.address = address
-        self.checker_name = checker_name
+
+class _CheckerConnection:
+    """One checker: its stream as a task, opened again with backoff when it fails."""
+
+    def __init__(self, stream: CheckStream, responder: AsyncCheckResponder) -> None:
+        self.stream = stream
         self.responder = responder
-        self.subscribed = False
         self._stopped = False
         self._call: Any = None
         self._outbox: asyncio.Queue[Request | None] | None = None
-        self._session = 0
-        self._recent: collections.deque[tuple[float, Request]] = collections.deque()
         self._client = responder.client
         self._tls_generation = self._client.tls_generation()
-        self._channel = self._client.new_channel(address)
+        self._channel = self._client.new_channel(stream.address)
         self._stub = checker_pb2_grpc.CheckerServiceStub(self._channel)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
 
-    def send(self, request: Request, session: int) -> bool:
-        """Queues ``request`` on the stream ``session`` (False when that stream ended)."""
-        if self._outbox is None or session != self._session:
-            return False
-        self._outbox.put_nowait(request)
-        if request.answer.result in _DECISIONS:
-            now = time.monotonic()
-            self._recent.append((now, request))
-            while self._recent and self._recent[0][0] < now - RESEND_WINDOW_SECONDS:
-                self._recent.popleft()
-        return True
-
-    def send_any(self, request: Request) -> bool:
-        if self._outbox is None or not self.subscribed:
-            return False
-        self._outbox.put_nowait(request)
-        return True
-
-    def _resend_recent(self) -> None:
-        recent, self._recent = list(self._recent), collections.deque()
-        horizon = time.monotonic() - RESEND_WINDOW_SECONDS
-        for at, request in recent:
-            if at >= horizon:
-                again = Request()
-                again.CopyFrom(request)
-                again.answer.credit = 0
-                self.responder.send_late(again)
-
-    async def _requests(self, outbox: "asyncio.Queue[Request | None]") -> Any:
-        while True:
-            item = await outbox.get()
-            if item is None:
-                return
-            yield item
+    async def _open(self) -> tuple[Any, int, "asyncio.Queue[Request | None]"]:
+        outbox: asyncio.Queue[Request | None] = asyncio.Queue()
+        generation = self._client.tls_generation()
+        if generation != self._tls_generation:  # rotated TLS files: a new channel
+            await self._channel.close()
+            self._tls_generation = generation
+            self._channel = self._client.new_channel(self.stream.address)
+            self._stub = checker_pb2_grpc.CheckerServiceStub(self._channel)
+        session, subscribe = self.stream.open(outbox.put_nowait)
+        outbox.put_nowait(subscribe)
+        call = self._stub.CheckTransactionState(_requests(outbox))
+        self._call, self._outbox = call, outbox
+        return call, session, outbox
 
     async def _run(self) -> None:
-        backoff = RECONNECT_BACKOFF_SECONDS
-        failing = False
-        responder = self.responder
+        stream, core = self.stream, self.responder.core
         while not self._stopped:
-            outbox: asyncio.Queue[Request | None] = asyncio.Queue()
-            outbox.put_nowait(Request(subscribe=checker_pb2.Subscribe(
-                producer_groups=[responder.producer_group], client_id=responder.client_id,
-                check_credit=responder.check_credit)))
-            generation = self._client.tls_generation()
-            if generation != self._tls_generation:  # rotated TLS files: a new channel
-                await self._channel.close()
-                self._tls_generation = generation
-                self._channel = self._client.new_channel(self.address)
-                self._stub = checker_pb2_grpc.CheckerServiceStub(self._channel)
-            call = self._stub.CheckTransactionState(self._requests(outbox))
-            self._session += 1
-            session = self._session
-            self._call, self._outbox = call, outbox
+            call, session, outbox = await self._open()
             try:
                 async for response in call:
-                    kind = response.WhichOneof("command")
-                    if kind == "check":
-                        responder.submit(response.check, self, session)
-                    elif kind == "subscribed":
-                        self.checker_name = response.subscribed.checker_name or self.checker_name
-                        self.subscribed = True
-                        for late in responder.take_unsent():
-                            outbox.put_nowait(late)
-                        backoff = RECONNECT_BACKOFF_SECONDS
-                        if failing:
-                            log.info("checker %s (%s) reachable again", self.checker_name, self.address)
-                        failing = False
-                    elif kind == "error":
-                        error = error_from_entry(response.error)
-                        level = logging.DEBUG if getattr(error, "field", "") == "check_id" else logging.WARNING
-                        log.log(level, "checker %s refused a request: %s", self.checker_name, error)
+                    event = stream.classify(response, session)
+                    if type(event) is Check:
+                        self.responder.submit(event.check, stream, session)
+                    elif type(event) is Subscribed:
+                        if core.subscribed(stream, event.checker_name):
+                            log.info("checker %s (%s) reachable again", stream.checker_name, stream.address)
+                    elif type(event) is Refused:
+                        log.log(event.level, "checker %s refused a request: %s", stream.checker_name, event.error)
             except grpc.RpcError as exc:
-                if self._stopped:
-                    return
-                if not failing:
+                if not self._stopped and stream.failed():
                     code = exc.code() if hasattr(exc, "code") else None
-                    log.warning("check stream to checker %s (%s) failed (%s), reconnecting: %s", self.checker_name,
-                                self.address, code, exc.details() if hasattr(exc, "details") else exc)
-                failing = True
+                    log.warning("check stream to checker %s (%s) failed (%s), reconnecting: %s", stream.checker_name,
+                                stream.address, code, exc.details() if hasattr(exc, "details") else exc)
             finally:
-                self.subscribed = False
                 self._outbox = None
+                pause = core.ended(stream)
                 outbox.put_nowait(None)
-                if not self._stopped:
-                    self._resend_recent()
-            await asyncio.sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, RECONNECT_BACKOFF_MAX_SECONDS)
+            if self._stopped:
+                return
+            await asyncio.sleep(pause)
 
     async def close(self) -> None:
         self._stopped = True

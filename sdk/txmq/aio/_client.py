@@ -1,7 +1,8 @@
 """What the asyncio producers and consumers share: the name servers, the route cache, one
 ``grpc.aio`` channel per address, the pipelined Produce stream per broker and the error
-mapping of every call — the asyncio twin of ``txmq._client`` (same constants, same
-routes, same fault table).
+mapping of every call: the asyncio driver of the client core ``txmq._calling`` (the
+name servers' failover, calls bound to a shard, brokers' addresses), as ``txmq._client``
+is its blocking driver (same constants, same routes, same fault table).
 
 Not thread-safe: use a client from the event loop it was first used on.
 """
@@ -10,19 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import grpc
 
-from .._client import BOUND_ATTEMPTS, BOUND_BACKOFF_SECONDS, CHANNEL_OPTIONS, QueueRoute, parse_nameservers, positive
-from .._errors import (BrokerNotFoundError, ClientClosedError, InvalidFieldError, TopicNotFoundError, TxmqError,
-                       error_from_rpc)
-from .._faults import FaultTable, OverloadBackoff, RetryAction, retry_action
+from .._calling import (CHANNEL_OPTIONS, BoundCall, BrokerAddress, BrokerAddresses, NameServerCall, NameServers,
+                        QueueRoute, Wait, bound_steps, positive, routes_of)
+from .._errors import ClientClosedError, InvalidFieldError, TopicNotFoundError, TxmqError, error_from_rpc
+from .._faults import FaultTable
 from .._routes import RouteCache
 from .._auth import BearerToken, aio_bearer_interceptors
 from .._tls import TLS, ChannelTLS
+from .._sending import run_async
 from ..v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 from ._stream import AsyncProduceStream
 
@@ -37,7 +38,7 @@ class AsyncClient:
     def __init__(self, nameservers: str | Sequence[str], *, request_timeout_seconds: float,
                  route_refresh_seconds: float, what: str = "client", tls: TLS | None = None,
                  token: str | None = None) -> None:
-        self._nameservers = parse_nameservers(nameservers)
+        self._nameservers = NameServers(nameservers)
         if tls is not None and not isinstance(tls, TLS):
             raise InvalidFieldError("tls", f"must be a txmq.TLS, got {type(tls).__name__}")
         #: TLS material of every channel (None: plaintext), reread when its files change.
@@ -53,12 +54,11 @@ class AsyncClient:
         self.route_refresh_seconds = positive("route_refresh_seconds", route_refresh_seconds)
         self._what = what
         self._closed = False
-        self._ns_index = random.randrange(len(self._nameservers))
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._broker_stubs: dict[str, broker_pb2_grpc.BrokerServiceAsyncStub] = {}
         self._ns_stubs: dict[str, nameserver_pb2_grpc.NameServerServiceAsyncStub] = {}
         self._streams: dict[str, AsyncProduceStream] = {}
-        self._broker_addresses: dict[str, str] = {}
+        self._broker_addresses = BrokerAddresses()
         #: Which shards new sends avoid (shared by this client's producers and consumers).
         self.faults = FaultTable()
         self._routes: RouteCache[tuple[QueueRoute, ...]] = RouteCache(self.faults)
@@ -151,55 +151,35 @@ class AsyncClient:
                          method_of: Callable[[broker_pb2_grpc.BrokerServiceAsyncStub], Callable[..., Awaitable[Resp]]],
                          request: Any, timeout: float | None = None) -> Resp:
         """A unary call bound to ``shard`` by an id (an ack, an invisibility change): retried
-        there with backoff while it fails transiently (``txmq._faults.retry_action``)."""
-        attempt = 1
-        overload = OverloadBackoff()
-        while True:
-            try:
-                address = await self.broker_address(shard, refresh=attempt > 1)
-                response = await self.call(method_of(self.broker(address)), request, timeout)
-            except ClientClosedError:
-                raise
-            except TxmqError as err:
-                pause = overload.delay(err)
-                if pause is not None:  # nothing applied: the same request again, later
-                    await asyncio.sleep(pause)
-                    continue
-                if err.retryable:
-                    self.faults.failed(shard)
-                if retry_action(err, bound=True) is RetryAction.FAIL or attempt >= BOUND_ATTEMPTS:
-                    raise
-                await asyncio.sleep(BOUND_BACKOFF_SECONDS * 2 ** (attempt - 1))
-                attempt += 1
-                continue
-            self.faults.succeeded(shard)
-            return response
+        there with backoff while it fails transiently (``txmq._calling.bound_steps``)."""
+        async def perform(step: Any) -> Any:
+            if type(step) is BoundCall:
+                return await self.call(method_of(self.broker(step.address)), request, timeout)
+            if type(step) is BrokerAddress:
+                return await self.broker_address(step.shard, refresh=step.refresh)
+            assert type(step) is Wait
+            await asyncio.sleep(step.seconds)
+            return None
+
+        return await run_async(bound_steps(self.faults, shard), perform)
 
     async def nameserver_call(self, name: str, request: Any) -> Any:
         """Tries the name servers in turn, from the last one that answered; transient errors
-        move to the next, other errors are the answer."""
+        move to the next, other errors are the answer (``txmq._calling.NameServers``)."""
         self.check_open()
         self._check_tls()
-        count = len(self._nameservers)
-        error: TxmqError | None = None
-        for i in range(count):
-            index = (self._ns_index + i) % count
-            address = self._nameservers[index]
-            stub = self._ns_stubs.get(address)
-            if stub is None:
-                stub = self._ns_stubs[address] = nameserver_pb2_grpc.NameServerServiceStub(self.channel(address))
-            try:
-                response = await self.call(getattr(stub, name), request)
-            except TxmqError as err:
-                if not err.retryable:
-                    raise
-                log.debug("name server %s failed %s: %s", address, name, err)
-                error = err
-                continue
-            self._ns_index = index
-            return response
-        assert error is not None
-        raise error
+        return await run_async(self._nameservers.steps(name, request), self._perform_nameserver)
+
+    async def _perform_nameserver(self, step: NameServerCall) -> Any:
+        stub = self._ns_stubs.get(step.address)
+        if stub is None:
+            stub = self._ns_stubs[step.address] = nameserver_pb2_grpc.NameServerServiceStub(self.channel(step.address))
+        try:
+            return await self.call(getattr(stub, step.method), step.request)
+        except TxmqError as err:
+            if err.retryable:
+                log.debug("name server %s failed %s: %s", step.address, step.method, err)
+            raise
 
     # --- routes ---------------------------------------------------------------------------
 
@@ -213,13 +193,12 @@ class AsyncClient:
         now = time.monotonic()
         response = await self.nameserver_call("QueryRoute", nameserver_pb2.QueryRouteRequest(topic=topic,
                                                                                               for_send=for_send))
-        routes = tuple(QueueRoute(q.broker_name, q.broker_address, q.queue_id, q.draining) for q in response.queues)
+        routes = routes_of(response)
         if not routes:
             self._routes.forget(topic)
             raise TopicNotFoundError(topic)
         self._routes.store(topic, routes, now)
-        for r in routes:
-            self._broker_addresses[r.broker_name] = r.broker_address
+        self._broker_addresses.learn(routes)
         return routes
 
     def invalidate_route(self, topic: str) -> None:
@@ -231,9 +210,4 @@ class AsyncClient:
         if address is not None:
             return address
         response = await self.nameserver_call("ListBrokers", nameserver_pb2.ListBrokersRequest())
-        live: dict[str, str] = {broker.name: broker.address for broker in response.brokers}
-        self._broker_addresses.update(live)
-        if broker_name not in live:
-            self._broker_addresses.pop(broker_name, None)
-            raise BrokerNotFoundError(broker_name)
-        return live[broker_name]
+        return self._broker_addresses.listed(response, broker_name)

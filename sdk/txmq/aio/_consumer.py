@@ -4,23 +4,22 @@ subscriptions, receive passes and long polls, acks and invisibility changes)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import time
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
-from .._client import positive
-from .._consumer import _subscriptions, _Target, receive_request
-from .._errors import ClientClosedError, NoLeaderError, TopicNotFoundError, TxmqError
+from .._calling import positive
+from .. import _tracing as tracing
+from .._errors import ClientClosedError, TxmqError
 from .._names import in_namespace, validate_group
-from .._producer import new_client_id
-from .._receiving import (AckOutcome, LongPoll, Receive, ack_groups, ack_request, ack_results,
-                          check_receive, deferred_acks, receive_steps, received, report_deferred, settle)
+from .._producing import new_client_id
+from .._receiving import (AckOutcome, LongPoll, Receive, Target, ack_groups, ack_request, ack_results, check_receive,
+                          deferred_acks, invisibility_request, receive_request, receive_steps, received,
+                          report_deferred, settle, subscriptions_of, target_steps, with_invisibility)
 from .._sending import run_async
 from .._tls import TLS
-from .._types import ReceivedMessage, SqlFilter, ms_to_datetime, received_from_pb
-from ..v1 import broker_pb2
+from .._types import ReceivedMessage, SqlFilter, received_from_pb
 from ._client import AsyncClient
 
 log = logging.getLogger(__name__)
@@ -46,14 +45,14 @@ class AsyncSimpleConsumer:
         deferred = deferred_acks(max_ack_delay_seconds, on_ack_error)
         self.namespace = namespace
         self.consumer_group = consumer_group
-        self.subscriptions = _subscriptions(subscriptions, namespace)
+        self.subscriptions = subscriptions_of(subscriptions, namespace)
         self.await_duration_seconds = positive("await_duration_seconds", await_duration_seconds)
         self.client_id = new_client_id()  # how the brokers name this consumer (txmq group clients)
         self._client = AsyncClient(nameservers, request_timeout_seconds=request_timeout_seconds,
                                    route_refresh_seconds=route_refresh_seconds, what="consumer", tls=tls, token=token)
         self._round_robin = itertools.count()
         # Long polls still running after a receive returned; what they brought since comes first.
-        self._polls: dict[_Target, asyncio.Task[list[ReceivedMessage]]] = {}
+        self._polls: dict[Target, asyncio.Task[list[ReceivedMessage]]] = {}
         self._buffer: list[ReceivedMessage] = []
         # Whether a receive long-polls the only target itself now (one at a time).
         self._polling_inline = False
@@ -89,11 +88,33 @@ class AsyncSimpleConsumer:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def __aiter__(self) -> AsyncIterator[ReceivedMessage]:
+        """``async for message in consumer``: :meth:`messages` with its defaults."""
+        return self.messages()
+
+    async def messages(self, max_messages: int = 16,
+                       invisible_duration_seconds: float = 30.0) -> AsyncIterator[ReceivedMessage]:
+        """Every message as it arrives, one at a time, until the consumer is closed (see
+        :meth:`txmq.SimpleConsumer.messages`)."""
+        while not self._closing:
+            try:
+                batch = await self.receive(max_messages, invisible_duration_seconds)
+            except ClientClosedError:
+                return
+            for message in batch:
+                yield message
+
     # --- receive --------------------------------------------------------------------------
 
     async def receive(self, max_messages: int = 16, invisible_duration_seconds: float = 30.0) -> list[ReceivedMessage]:
         """Up to ``max_messages`` messages, or ``[]`` if none arrived within
         ``await_duration_seconds`` (see :meth:`txmq.SimpleConsumer.receive`)."""
+        started = tracing.now_ns()
+        out = await self._receive(max_messages, invisible_duration_seconds)
+        tracing.received(self.consumer_group, out, started)
+        return out
+
+    async def _receive(self, max_messages: int, invisible_duration_seconds: float) -> list[ReceivedMessage]:
         check_receive(max_messages)
         positive("invisible_duration_seconds", invisible_duration_seconds)
         self._client.check_open()
@@ -119,7 +140,7 @@ class AsyncSimpleConsumer:
             if alone:
                 self._polling_inline = False
 
-    async def _long_poll(self, targets: list[_Target], max_messages: int,
+    async def _long_poll(self, targets: list[Target], max_messages: int,
                          invisible_duration_seconds: float) -> list[ReceivedMessage]:
         for target in targets:
             if target not in self._polls:
@@ -141,22 +162,14 @@ class AsyncSimpleConsumer:
         self._buffer.extend(rest)
         return out
 
-    async def _targets(self) -> list[_Target]:
-        targets: list[_Target] = []
-        missing: TopicNotFoundError | NoLeaderError | None = None
-        for topic, expression in self.subscriptions.items():
-            try:
-                routes = await self._client.route(topic, for_send=False)
-            except (TopicNotFoundError, NoLeaderError) as err:  # between leaders: retryable, raised first
-                missing = missing if isinstance(missing, NoLeaderError) else err
-                continue
-            for broker in dict.fromkeys(r.broker_name for r in routes):
-                targets.append(_Target(topic, expression, broker))
-        if not targets and missing is not None:
-            raise missing
-        return targets
+    async def _targets(self, *, lenient: bool = False) -> list[Target]:
+        """(topic, broker) pairs of every subscription (``txmq._receiving.target_steps``)."""
+        async def routes(step: Any) -> Any:
+            return await self._client.route(step.topic, for_send=False)
 
-    async def _receive_from(self, target: _Target, max_messages: int, invisible_duration_seconds: float,
+        return await run_async(target_steps(self.subscriptions, lenient=lenient), routes)
+
+    async def _receive_from(self, target: Target, max_messages: int, invisible_duration_seconds: float,
                             wait_seconds: float) -> list[ReceivedMessage]:
         carried: list[ReceivedMessage] = []
         try:
@@ -203,13 +216,17 @@ class AsyncSimpleConsumer:
 
     async def _ack_group(self, broker_name: str, topic: str, messages: list[ReceivedMessage]) -> list[TxmqError | None]:
         request = ack_request(self.consumer_group, topic, messages)
+        started = tracing.now_ns()
         try:
             response = await self._client.call_bound(broker_name, lambda stub: stub.AckMessages, request)
         except ClientClosedError:
             raise
         except TxmqError as err:
-            return [err] * len(messages)
-        return ack_results(broker_name, response.entries, len(messages))
+            results: list[TxmqError | None] = [err] * len(messages)
+        else:
+            results = ack_results(broker_name, response.entries, len(messages))
+        tracing.acked(self.consumer_group, messages, results, started)
+        return results
 
     def ack_later(self, message: ReceivedMessage) -> None:
         """Queues the ack of one delivery for this consumer's next receive from the
@@ -259,10 +276,6 @@ class AsyncSimpleConsumer:
     async def change_invisible_duration(self, message: ReceivedMessage, seconds: float) -> ReceivedMessage:
         """See :meth:`txmq.SimpleConsumer.change_invisible_duration`."""
         positive("seconds", seconds)
-        request = broker_pb2.ChangeInvisibleDurationRequest(
-            consumer_group=self.consumer_group, topic=message.topic,
-            receipt_handle=message.receipt_handle, invisible_duration_seconds=seconds)
         response = await self._client.call_bound(message.broker_name, lambda stub: stub.ChangeInvisibleDuration,
-                                                 request)
-        return dataclasses.replace(message, receipt_handle=response.receipt_handle,
-                                   invisible_until=ms_to_datetime(response.invisible_until_ms))
+                                                 invisibility_request(self.consumer_group, message, seconds))
+        return with_invisibility(message, response)

@@ -10,25 +10,28 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import inspect
 import logging
 import math
 import time
-from typing import Any, Callable, Sequence, overload
+from typing import Any, Awaitable, Callable, Sequence
 
+from .. import _tracing as tracing
+from .._calling import QueueRoute, positive
+from .._checking import InProgress
+from .._decisions import Address, Decisions, end_by_id
 from .._errors import InvalidFieldError, NoLeaderError, TxmqError
-from .._client import QueueRoute, positive
-from .._checks import InProgress
 from .._faults import RoutingStats
-from .._global import OPEN_GLOBAL_RETRY_SECONDS, GlobalTransactionResult, send_global_async
-from .._names import in_namespace, validate_group
-from .._producer import _HOST, DEFAULT_MAX_BODY_BYTES, new_client_id
-from .._tls import TLS
+from .._global import GlobalTransactionResult, send_global_async
+from .._producing import (DEFAULT_MAX_BODY_BYTES, HOST, Ask, ExplicitTransaction, OpenTransactions,
+                          check_transaction_options, executed, half_message, keyed, new_client_id, normal_builder,
+                          receipt, transaction_key, transaction_result, who_answers)
 from .._sending import (Pick, Rebind, Request, SenderOptions, Sleep, Step, configure, end_transaction, finished, half_builder,
-                        outcome_of, pick_queue, run_async, send_new, validate)
+                        pick_queue, run_async, send_new, validate)
+from .._tls import TLS
 from .._types import (LocalTransactionState, Message, SendReceipt, TransactionMessage, TransactionResult,
-                      TransactionState, message_to_pb)
+                      TransactionState)
 from ..v1 import broker_pb2, common_pb2
-from .._decisions import Address, Decisions, end_by_id, is_anchored
 from ._anchored import AsyncAnchoredTransaction, AsyncDecisionStore
 from ._checks import AsyncCheckResponder
 from ._client import AsyncClient
@@ -53,8 +56,6 @@ class AsyncProducer(SenderOptions):
         self._client = AsyncClient(nameservers, request_timeout_seconds=request_timeout_seconds,
                                    route_refresh_seconds=route_refresh_seconds, what="producer", tls=tls,
                                    token=token)
-        #: First messages of multi-message transactions being sent now (checks: IN_PROGRESS).
-        self._open_globals: set[str] = set()
 
     async def close(self) -> None:
         """Closes the connections; sends in flight fail with ClientClosedError."""
@@ -78,12 +79,13 @@ class AsyncProducer(SenderOptions):
     async def send(self, message: Message) -> SendReceipt:
         """Stores a normal message, visible to consumers at once."""
         message = self._validate(message)
-        route, pb, response = await self._send_new(message.topic, lambda route, message_id: message_to_pb(
-            message, message_id, route.queue_id, common_pb2.MESSAGE_TYPE_NORMAL, int(time.time() * 1000), _HOST),
-            message_group=message.message_group)
-        return SendReceipt(message_id=response.message_id or pb.message_id, topic=message.topic,
-                           broker_name=response.broker_name or route.broker_name,
-                           queue_id=response.queue_id, queue_offset=response.queue_offset)
+        with tracing.send(message, transactional=False) as traced:
+            message = traced.inject(message)
+            route, pb, response = await self._send_new(message.topic, normal_builder(message),
+                                                       message_group=message.message_group)
+            sent = receipt(message, route, pb, response)
+            tracing.sent(traced, message_id=sent.message_id, queue_id=sent.queue_id, broker_name=sent.broker_name)
+        return sent
 
     def _validate(self, message: Message) -> Message:
         """The message as it is sent (its topic in the producer's namespace), once valid."""
@@ -148,47 +150,53 @@ class AsyncTransactionListener(abc.ABC):
         ``txmq.InProgress(retry_after_seconds=...)`` (spends nothing)."""
 
 
+#: A checker: ``(message) -> LocalTransactionState | InProgress``, a coroutine function or a
+#: plain function (called on the event loop).
+AsyncChecker = Callable[[TransactionMessage],
+                        "Awaitable[LocalTransactionState | InProgress] | LocalTransactionState | InProgress"]
+
+
 class AsyncTransactionProducer(AsyncProducer):
     """Sends messages in transactions from coroutines: half message, ``await
     listener.execute_local_transaction``, EndTransaction — :class:`txmq.TransactionProducer`
     for asyncio. Answers its group's checks for as long as it is open, running at most
-    ``check_concurrency`` ``check_local_transaction`` coroutines at once (and taking no more
-    checks than it can start soon: flow control, as the sync producer).
+    ``check_concurrency`` checks at once (and taking no more checks than it can start
+    soon: flow control, as the sync producer).
+
+    Three forms, as the sync producer's: ``send_in_transaction`` with a ``listener``;
+    ``async with producer.begin_transaction(key=...) as tx`` (the explicit form) with a
+    ``checker``; ``async with producer.transaction(conn)`` (anchored) with ``decisions``.
 
     Start it with ``async with`` (or ``await producer.start()``) inside the event loop that
     will use it.
-
-    Anchored transactions (``decisions=txmq.anchored.Decisions(...)``, then
-    ``async with producer.transaction(conn)``): no listener needed (docs/anchored-transactions.md).
     """
 
     def __init__(self, nameservers: str | Sequence[str], *, producer_group: str,
-                 listener: AsyncTransactionListener | None = None, client_id: str | None = None,
+                 listener: AsyncTransactionListener | None = None, checker: AsyncChecker | None = None,
+                 client_id: str | None = None,
                  send_timeout_seconds: float = 3.0, max_attempts: int = 3, retry_backoff_seconds: float = 0.1,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, request_timeout_seconds: float = 3.0,
                  route_refresh_seconds: float = 30.0, answer_checks: bool = True, check_concurrency: int = 16,
                  checker_refresh_seconds: float = 5.0, tls: TLS | None = None, token: str | None = None,
-                 namespace: str = "", decisions: Decisions | None = None) -> None:
-        validate_group("producer_group", in_namespace(namespace, "producer_group", producer_group))
-        if listener is None and decisions is None:
-            raise InvalidFieldError("listener", "give a listener (send_in_transaction) or decisions "
-                                                "(transaction): something must answer checks")
-        if decisions is not None and not isinstance(decisions, Decisions):
-            raise InvalidFieldError("decisions", f"must be a txmq.anchored.Decisions, got {type(decisions).__name__}")
-        for method in ("execute_local_transaction", "check_local_transaction") if listener is not None else ():
-            if not asyncio.iscoroutinefunction(getattr(listener, method, None)):
-                raise InvalidFieldError("listener", f"{method}() must be a coroutine function (async def)")
-        if not isinstance(check_concurrency, int) or check_concurrency < 1:
-            raise InvalidFieldError("check_concurrency", f"must be an integer >= 1, got {check_concurrency!r}")
-        positive("checker_refresh_seconds", checker_refresh_seconds)
-        if client_id is not None and not 0 < len(client_id.encode()) <= 255:
-            raise InvalidFieldError("client_id", "must be 1-255 bytes")
+                 open_transaction_retry_seconds: float = 5.0, namespace: str = "",
+                 decisions: Decisions | None = None) -> None:
+        check_transaction_options(namespace=namespace, producer_group=producer_group, listener=listener,
+                                  checker=checker, decisions=decisions, client_id=client_id,
+                                  checker_refresh_seconds=checker_refresh_seconds, workers_name="check_concurrency",
+                                  workers=check_concurrency, listener_method_ok=inspect.iscoroutinefunction,
+                                  listener_problem=lambda m: f"{m}() must be a coroutine function (async def)")
         super().__init__(nameservers, producer_group=producer_group, send_timeout_seconds=send_timeout_seconds,
                          max_attempts=max_attempts, retry_backoff_seconds=retry_backoff_seconds,
                          max_body_bytes=max_body_bytes, request_timeout_seconds=request_timeout_seconds,
                          route_refresh_seconds=route_refresh_seconds, tls=tls, token=token, namespace=namespace)
         self.listener = listener
+        self.checker: AsyncChecker | None = (
+            checker if checker is not None else listener.check_local_transaction if listener is not None else None)
+        self.open_transaction_retry_seconds = positive("open_transaction_retry_seconds",
+                                                       open_transaction_retry_seconds)
         self.client_id = client_id or new_client_id()
+        # Half messages of transactions still open here (explicit, multi-message): IN_PROGRESS.
+        self._open = OpenTransactions()
         #: Anchored transactions (``transaction()``): the group's decisions table.
         self._decision_store = AsyncDecisionStore(self, decisions) if decisions is not None else None
         self._checks: AsyncCheckResponder | None = None
@@ -218,22 +226,21 @@ class AsyncTransactionProducer(AsyncProducer):
         await super().close()
 
     def connected_checkers(self) -> list[str]:
+        """Names of the checkers whose stream is open and subscribed now (empty with
+        ``answer_checks=False``)."""
         return self._checks.connected if self._checks is not None else []
 
     async def _check_local_transaction(self, message: TransactionMessage) -> "LocalTransactionState | InProgress":
-        if message.message_id in self._abandoned:
-            log.info("check of transaction %s: its half message %s was an attempt given up on, "
-                     "the local transaction never ran: ROLLBACK", message.transaction_id, message.message_id)
-            return LocalTransactionState.ROLLBACK
-        if message.message_id in self._open_globals:  # a multi-message transaction still being sent here
-            return InProgress(retry_after_seconds=OPEN_GLOBAL_RETRY_SECONDS)
-        if self._decision_store is not None and is_anchored(message.properties):
+        """As :meth:`txmq.TransactionProducer._check_local_transaction` (``txmq._producing.who_answers``)."""
+        answer = who_answers(self, message, self.checker is not None)
+        if answer is Ask.DECISIONS:
+            assert self._decision_store is not None
             return await self._decision_store.check(message)
-        if self.listener is None:
-            log.warning("check of transaction %s: not an anchored transaction and this producer has no "
-                        "listener: UNKNOWN", message.transaction_id)
-            return LocalTransactionState.UNKNOWN
-        return await self.listener.check_local_transaction(message)
+        if answer is Ask.CHECKER:
+            assert self.checker is not None
+            outcome = self.checker(message)
+            return await outcome if inspect.isawaitable(outcome) else outcome
+        return answer
 
     # --- anchored transactions ------------------------------------------------------------
 
@@ -244,12 +251,14 @@ class AsyncTransactionProducer(AsyncProducer):
         return AsyncAnchoredTransaction(self, connection, end)
 
     async def _send_half(self, message: Message) -> TransactionMessage:
+        half, _route = await self._send_half_routed(message)
+        return half
+
+    async def _send_half_routed(self, message: Message) -> tuple[TransactionMessage, QueueRoute]:
         route, pb, sent = await self._send_new(message.topic, half_builder(message, self.producer_group,
-                                                                           self.client_id, _HOST),
+                                                                           self.client_id, HOST),
                                                message_group=message.message_group)
-        return TransactionMessage(message=message, message_id=sent.message_id or pb.message_id,
-                                  transaction_id=sent.transaction_id, broker_name=sent.broker_name or route.broker_name,
-                                  queue_id=route.queue_id)
+        return half_message(message, route, pb, sent), route
 
     async def _end_by_id(self, transaction_id: str, decision: LocalTransactionState,
                          deadline: float) -> tuple[TransactionState | None, TxmqError | None]:
@@ -266,12 +275,47 @@ class AsyncTransactionProducer(AsyncProducer):
         return await run_async(end_by_id(transaction_id, decision, self.producer_group, deadline, clock,
                                          self.retry_backoff_seconds), perform)
 
-    @overload
-    async def send_in_transaction(self, message: Message, arg: Any = None) -> TransactionResult: ...
+    # --- the explicit form ----------------------------------------------------------------
 
-    @overload
-    async def send_in_transaction(self, message: list[Message] | tuple[Message, ...],
-                                  arg: Any = None) -> GlobalTransactionResult: ...
+    def begin_transaction(self, *, key: str | None = None) -> "AsyncTransaction":
+        """Starts an explicit transaction (:meth:`txmq.TransactionProducer.begin_transaction`
+        for asyncio)::
+
+            async with producer.begin_transaction(key=order_id) as tx:
+                await producer.send(txmq.Message("orders", body), tx)   # half message: invisible
+                await db.commit_order(order_id)                          # your local transaction
+            # committed at the end of the block, rolled back if it raised
+
+        or ``await tx.commit()`` / ``await tx.rollback()``. Record ``key`` with your work, so
+        the ``checker`` answers a check by it; while the transaction is open here its checks
+        are answered IN_PROGRESS (retried after ``open_transaction_retry_seconds``)."""
+        key = transaction_key(key)
+        self._client.check_open()
+        return AsyncTransaction(self, key)
+
+    async def send(self, message: Message,
+                   transaction: "AsyncTransaction | None" = None) -> SendReceipt:
+        """A normal message, or with ``transaction`` a half message of that transaction
+        (invisible until it commits)."""
+        if transaction is None:
+            return await super().send(message)
+        if not isinstance(transaction, AsyncTransaction) or transaction.producer is not self:
+            raise InvalidFieldError("transaction", "must come from this producer's begin_transaction()")
+        transaction._check_open()
+        message = self._validate(message)
+        with tracing.send(message, transactional=True, client_id=self.client_id) as traced:
+            half, route = await self._send_half_routed(keyed(traced.inject(message), transaction.key))
+            tracing.sent(traced, message_id=half.message_id, queue_id=route.queue_id, broker_name=half.broker_name,
+                         transaction_id=half.transaction_id)
+        self._open.add(half.message_id)
+        transaction._add(half, route)
+        return SendReceipt(message_id=half.message_id, topic=message.topic, broker_name=half.broker_name,
+                           queue_id=route.queue_id, queue_offset=-1)
+
+    def _close_transaction(self, halves: list[TransactionMessage]) -> None:
+        self._open.discard(*(half.message_id for half in halves))
+
+    # --- with a listener ------------------------------------------------------------------
 
     async def send_in_transaction(self, message: Message | list[Message] | tuple[Message, ...],
                                   arg: Any = None) -> TransactionResult | GlobalTransactionResult:
@@ -279,37 +323,86 @@ class AsyncTransactionProducer(AsyncProducer):
         (several messages: one multi-message transaction, its parts sent concurrently)."""
         if self.listener is None:
             raise InvalidFieldError("listener", "send_in_transaction needs an AsyncTransactionListener; "
-                                    "with only decisions use transaction()")
+                                    "with only a checker use begin_transaction()")
         if isinstance(message, (list, tuple)):
-            return await send_global_async(self, message, arg, _HOST)
+            return await send_global_async(self, message, arg, HOST)
         message = self._validate(message)
+        with tracing.send(message, transactional=True, client_id=self.client_id) as traced:
+            half, route = await self._send_half_routed(traced.inject(message))
+            tracing.sent(traced, message_id=half.message_id, queue_id=route.queue_id, broker_name=half.broker_name,
+                         transaction_id=half.transaction_id)
+            local_state, local_error = await self._execute(half, arg, traced)
+            state, end_error = await self._end(route, message.topic, half, local_state, traced)
+        return transaction_result(half, route, local_state, state, end_error, local_error)
 
-        route, pb, sent = await self._send_new(message.topic, half_builder(message, self.producer_group,
-                                                                           self.client_id, _HOST),
-                                               message_group=message.message_group)
-        broker_name = sent.broker_name or route.broker_name
-        half = TransactionMessage(message=message, message_id=sent.message_id or pb.message_id,
-                                  transaction_id=sent.transaction_id, broker_name=broker_name,
-                                  queue_id=route.queue_id)
-        local_state = await self._execute(half, arg)
-        state, end_error = await self._end(route, message.topic, half, local_state)
-        return TransactionResult(message_id=half.message_id, transaction_id=half.transaction_id,
-                                 local_state=local_state, state=state, topic=message.topic,
-                                 broker_name=broker_name, queue_id=route.queue_id, end_error=end_error)
+    async def _execute(self, half: TransactionMessage, arg: Any,
+                       traced: tracing.Operation = tracing.NOOP) -> tuple[LocalTransactionState, Exception | None]:
+        assert self.listener is not None
+        with tracing.local_transaction(traced, half) as local, local.current():
+            try:
+                returned = await self.listener.execute_local_transaction(half, arg)
+            except asyncio.CancelledError:
+                raise  # the caller gave up: the transaction stays PREPARED and the check decides
+            except Exception as exc:  # noqa: BLE001 - the local transaction's failure is an answer: UNKNOWN
+                local.fail(exc)
+                return executed(None, exc, half.transaction_id), exc
+        return executed(returned, None, half.transaction_id), None
 
-    async def _execute(self, half: TransactionMessage, arg: Any) -> LocalTransactionState:
-        assert self.listener is not None  # send_in_transaction refuses a producer without one
+    async def _end(self, route: QueueRoute, topic: str, half: TransactionMessage, local_state: LocalTransactionState,
+                   traced: tracing.Operation | None = None) -> tuple[TransactionState | None, TxmqError | None]:
+        with tracing.end(traced, half, local_state) as ending:
+            state, error = await run_async(end_transaction(self, route, topic, half, local_state,
+                                                           self.producer_group), self._perform)
+            tracing.ended(ending, state, error)
+        return state, error
+
+
+class AsyncTransaction:
+    """An explicit transaction of an :class:`AsyncTransactionProducer`
+    (:meth:`AsyncTransactionProducer.begin_transaction`): :class:`txmq.Transaction` for
+    asyncio. Its messages are half messages until :meth:`commit` or :meth:`rollback` ends
+    them all; ``async with`` commits at the end of the block (rolls back if it raised)."""
+
+    def __init__(self, producer: AsyncTransactionProducer, key: str) -> None:
+        self.producer = producer
+        self._state = ExplicitTransaction(key)
+        #: Stamped on each message (``message.transaction_key`` in checks).
+        self.key = key
+
+    @property
+    def messages(self) -> list[TransactionMessage]:
+        """The half messages sent so far, with their transaction ids."""
+        return [h for h, _r in self._state.halves]
+
+    def _check_open(self) -> None:
+        self._state.check_open()
+
+    def _add(self, half: TransactionMessage, route: QueueRoute) -> None:
+        self._state.halves.append((half, route))
+
+    async def commit(self) -> list[TransactionResult]:
+        """Makes every message of the transaction visible (see :meth:`txmq.Transaction.commit`;
+        the EndTransactions go concurrently)."""
+        return await self._end(LocalTransactionState.COMMIT)
+
+    async def rollback(self) -> list[TransactionResult]:
+        """Discards every message of the transaction (none is ever delivered)."""
+        return await self._end(LocalTransactionState.ROLLBACK)
+
+    async def _end(self, decision: LocalTransactionState) -> list[TransactionResult]:
+        halves = self._state.end(decision)
         try:
-            state = await self.listener.execute_local_transaction(half, arg)
-        except asyncio.CancelledError:
-            raise  # the caller gave up: the transaction stays PREPARED and the check decides
-        except Exception:  # the local transaction's failure is an answer: UNKNOWN
-            log.exception("execute_local_transaction raised for transaction %s: ending it as UNKNOWN",
-                          half.transaction_id)
-            return LocalTransactionState.UNKNOWN
-        return outcome_of(state, half.transaction_id)
+            ended = await asyncio.gather(*(self.producer._end(route, half.topic, half, decision)
+                                           for half, route in halves))
+        finally:
+            self.producer._close_transaction(self.messages)
+        return [transaction_result(half, route, decision, state, error)
+                for (half, route), (state, error) in zip(halves, ended)]
 
-    async def _end(self, route: QueueRoute, topic: str, half: TransactionMessage,
-                   local_state: LocalTransactionState) -> tuple[TransactionState | None, TxmqError | None]:
-        return await run_async(end_transaction(self, route, topic, half, local_state, self.producer_group),
-                               self._perform)
+    async def __aenter__(self) -> "AsyncTransaction":
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        decision = self._state.on_exit(exc_type is not None)
+        if decision is not None:
+            await self._end(decision)
