@@ -190,3 +190,36 @@ def test_an_asyncio_consumer_is_named_by_its_client_id_too(cluster, unique_name)
     client_id = asyncio.run(receive_once())
     clients = json.loads(txmq_cli(cluster, "group", "clients", group).stdout)["clients"]
     assert [k["client_id"] for k in clients] == [client_id]  # live for consumer_session_seconds after
+
+
+def test_the_asyncio_admin_resets_finds_and_creates_as_the_sync_one(cluster, unique_name) -> None:
+    import asyncio
+
+    import txmq.aio
+
+    topic, group = unique_name("aadmin"), unique_name("cg")
+    cluster.create_topic(topic, queue_count=1)
+    with txmq.Producer(cluster.nameserver_address) as p:
+        sent = [p.send(txmq.Message(topic, f"m{i}".encode(), keys=("k-1",))) for i in range(3)]
+
+    async def operate() -> None:
+        async with txmq.aio.AsyncAdmin(cluster.nameserver_address) as admin:
+            again = await admin.create_topic(topic, queue_count=1, exist_ok=True)
+            assert [(b.broker_name, b.queue_count) for b in again.brokers] == [("broker-0", 1)]
+            with pytest.raises(txmq.errors.TopicExistsError):
+                await admin.create_topic(topic, queue_count=1)
+            found = await admin.find_messages(topic, "k-1")
+            assert sorted(m.message.message.message_id for m in found.messages) == sorted(r.message_id for r in sent)
+            got = await admin.get_message(sent[0].message_id)
+            assert got.message.message.body == b"m0"
+            read = await admin.read_messages(topic, 0, sent[1].queue_offset)
+            assert [m.message.message.body for m in read.messages] == [b"m1"]
+            plan = await admin.reset_offsets(group, topic, to_offsets={0: 1000})
+            assert not plan.applied and [(q.new_offset, q.clamped) for q in plan.queues] == [(3, True)]
+            done = await admin.reset_offsets(group, topic, shift=1, dry_run=False, operator="async-ops")
+            assert done.applied and done.operator == "async-ops"
+            assert (await admin.group_clients(group)).clients == []
+            listed = await admin.list_transactions(key="k-1", limit=1)
+            assert not listed.truncated and list(listed.transactions) == []  # sent, not transactional
+
+    asyncio.run(operate())
