@@ -30,14 +30,18 @@ _STATE_COLORS = {"committed": "#2e7d32", "rolled_back": "#607d8b", "discarded": 
 
 #: What an operator does about each kind of anomaly.
 ADVICE = {
-    "pending_too_old": "Prepared and never decided. Find out from the producer whether its local transaction "
-                       "happened, then commit or roll back:",
-    "discarded_unresolved": "The checks ran out without an answer. Decide it once the producer's state is "
-                            "known:",
+    "pending_too_old": "Prepared and never decided. Look at it first; then find out from the producer's own "
+                       "database whether its local transaction committed, and decide to match it (no decision "
+                       "is filled in: the wrong one loses or invents work):",
+    "discarded_unresolved": "The checks ran out without an answer. Look at it first; decide it only once the "
+                            "producer's database says what happened:",
     "committed_missing": "Committed, but its message is in no topic: data loss on the broker. Inspect it:",
     "uncommitted_in_topic": "A consumer could read a message whose transaction is not committed. Inspect it:",
     "duplicate_message_id": "One message id at several offsets: consumers see it twice. Inspect it:",
 }
+#: What an undecided transaction's decision looks like, once the operator knows it: a
+#: template, not a command (it runs nothing as pasted: COMMIT_OR_ROLLBACK is no option).
+DECIDE = "txn resolve {tid} --COMMIT_OR_ROLLBACK --reason 'audit: {kind}: <what the database shows>'"
 TITLES = {
     "pending_too_old": "Pending too long", "discarded_unresolved": "Discarded, not resolved",
     "committed_missing": "Committed but missing from the topic", "uncommitted_in_topic": "In a topic, not committed",
@@ -46,14 +50,28 @@ TITLES = {
 _RESOLVABLE = ("pending_too_old", "discarded_unresolved")
 
 
-def command(kind: str, row: dict[str, Any], nameserver: str) -> str:
-    """The txmq CLI command an operator runs for one anomaly."""
-    base = ["txmq", "--nameserver", nameserver, "txn"]
+def commands(kind: str, row: dict[str, Any], nameserver: str) -> list[str]:
+    """What an operator runs for one anomaly, first to last: always ``txn describe`` of its
+    transaction (``message get`` when only a message id is known), ids whole; for an
+    undecided transaction (pending, discarded) how to decide, as a comment — never a
+    decision filled in."""
+    base = ["txmq", "--nameserver", nameserver]
     tid = row.get("transaction_id") or ""
+    mid = row.get("message_id") or ""
+    out = []
+    if tid:
+        out.append(shlex.join([*base, "txn", "describe", tid]))
+    elif mid:
+        out.append(shlex.join([*base, "message", "get", mid]))
     if kind in _RESOLVABLE and tid:
-        return shlex.join([*base, "resolve", tid, "--rollback", "--reason", f"audit: {kind}"]) + \
-            "   # or --commit"
-    return shlex.join([*base, "describe", tid]) if tid else ""
+        out.append("#   then, when the producer's database shows the outcome: "
+                   + shlex.join(base) + " " + DECIDE.format(tid=tid, kind=kind))
+    return out
+
+
+def command(kind: str, row: dict[str, Any], nameserver: str) -> str:
+    """:func:`commands` as one block of lines."""
+    return "\n".join(commands(kind, row, nameserver))
 
 
 # ----------------------------------------------------------------------------- charts

@@ -28,7 +28,7 @@ from ._admin import Admin
 from ._checking import CheckMessage, InProgress
 from ._consumer import PushConsumer, SimpleConsumer
 from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, ClientClosedError,
-                      ConnectionLimitError, ConsumerGroupNotFoundError, DeadlineExceededError, DiskFullError,
+                      ConnectionLimitError, ConsumerGroupNotFoundError, ConsumersLiveError, DeadlineExceededError, DiskFullError,
                       FailedPreconditionError, InternalError, NotANameServerError,
                       InvalidArgumentError, InvalidFieldError, InvalidIdError, InvalidNameError,
                       LeadershipLostError, MessageTooLargeError, NoBrokerError, NoLeaderError, NotEnoughReplicasError,
@@ -36,6 +36,7 @@ from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, C
                       ShardDrainingError,
                       QueueNotFoundError, ReceiptHandleNotFoundError, ResourceExhaustedError,
                       StaleClaimError, SystemTopicError, TopicExistsError, TopicInUseError, TopicNotFoundError,
+                      TopicTypeMismatchError,
                       TransactionNotFoundError, TransactionStateError, TxmqError, UnauthenticatedError,
                       UnavailableError, UndecodableRequestError, WrongBrokerError)
 from ._faults import RoutingStats, ShardStats
@@ -78,6 +79,7 @@ __all__ = [
     "ClientClosedError",
     "ConnectionLimitError",
     "ConsumerGroupNotFoundError",
+    "ConsumersLiveError",
     "DeadlineExceededError",
     "DiskFullError",
     "FailedPreconditionError",
@@ -106,6 +108,7 @@ __all__ = [
     "TopicExistsError",
     "TopicInUseError",
     "TopicNotFoundError",
+    "TopicTypeMismatchError",
     "TransactionNotFoundError",
     "TransactionStateError",
     "TxmqError",

@@ -19,17 +19,19 @@ and :meth:`Admin.list_topics` lists only that namespace's topics, named without 
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+import datetime as _dt
+from typing import Any, Mapping, Sequence
 
 import grpc
 
 from ._administering import SERVICES, AdminCall, AdminRequests, AdminRpc, call_steps
 from ._auth import BearerToken, with_token
 from ._calling import CHANNEL_OPTIONS, parse_nameservers, positive
-from ._errors import InvalidFieldError, NotANameServerError, error_from_rpc
+from ._errors import InvalidFieldError, NotANameServerError, TopicExistsError, error_from_rpc
+from ._resets import OffsetKey, ResetResult
 from ._sending import run
 from ._tls import TLS, ChannelTLS, sync_channel
-from .v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
+from .v1 import admin_pb2, admin_pb2_grpc, broker_pb2, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 
 class Admin:
@@ -69,10 +71,20 @@ class Admin:
 
     # --- topics ---------------------------------------------------------------------------
 
-    def create_topic(self, topic: str, *, queue_count: int = 0, fifo: bool = False) -> admin_pb2.CreateTopicResponse:
+    def create_topic(self, topic: str, *, queue_count: int = 0, fifo: bool = False,
+                     exist_ok: bool = False) -> admin_pb2.CreateTopicResponse:
         """Spreads ``queue_count`` queues (0: the name server's default) over the brokers;
-        ``fifo`` makes it a FIFO topic (every message carries a message group)."""
-        return self._run(self.requests.create_topic(topic, queue_count=queue_count, fifo=fifo))
+        ``fifo`` makes it a FIFO topic (every message carries a message group).
+
+        ``exist_ok`` (as ``txmq topic create --exist-ok``): a topic that exists already with
+        this type is not an error — the answer then lists the queues it has; one of the
+        other type still raises TopicTypeMismatchError (a topic's type cannot change)."""
+        try:
+            return self._run(self.requests.create_topic(topic, queue_count=queue_count, fifo=fifo))
+        except TopicExistsError:
+            if not exist_ok:
+                raise
+        return self._run(self.requests.existing_topic(topic, fifo=fifo))
 
     def list_topics(self) -> admin_pb2.ListTopicsResponse:
         """Every topic; with a namespace, that namespace's topics, named without it."""
@@ -111,15 +123,59 @@ class Admin:
         attempt 1): the named message ids, or every one with ``all=True``."""
         return self._run(self.requests.redrive_dead_letters(consumer_group, message_ids, all=all))
 
+    def reset_offsets(self, consumer_group: str, topic: str, *, to_earliest: bool = False, to_latest: bool = False,
+                      to_time: _dt.datetime | None = None, to_offsets: Mapping[OffsetKey, int] | None = None,
+                      shift: int | None = None, dry_run: bool = True, force: bool = False, reason: str = "",
+                      operator: str = "") -> ResetResult:
+        """Moves the group's position in ``topic`` on every broker holding it (Kafka's
+        ``--reset-offsets``): exactly one of ``to_earliest``, ``to_latest``, ``to_time``,
+        ``to_offsets`` (``{queue: offset}``, or ``{(broker, queue): offset}`` when the topic
+        spans brokers) or ``shift``. ``dry_run`` (the default) only answers what would
+        change. Refused with ConsumersLiveError while the group has live consumers of the
+        topic, unless ``force`` (their deliveries in flight are then invalidated). The reset
+        is recorded with the caller's principal (auth on) or ``operator``, and ``reason``."""
+        result: ResetResult = self._run(self.requests.reset_offsets(
+            consumer_group, topic, to_earliest=to_earliest, to_latest=to_latest, to_time=to_time,
+            to_offsets=to_offsets, shift=shift, dry_run=dry_run, force=force, reason=reason, operator=operator))
+        return result
+
+    def group_clients(self, group: str) -> admin_pb2.ListGroupClientsResponse:
+        """The clients every live broker sees of ``group``: a consumer group's receivers
+        (live within the brokers' ``consumer_session_seconds``), a producer group's checkers
+        (each serving its producers' check streams, with their free credit)."""
+        return self._run(self.requests.group_clients(group))
+
+    # --- messages -------------------------------------------------------------------------
+
+    def get_message(self, message_id: str) -> broker_pb2.FoundMessage:
+        """One message by its id (a half message: with its transaction's state)."""
+        return self._run(self.requests.get_message(message_id))
+
+    def find_messages(self, topic: str, key: str, *, limit: int = 32, begin: _dt.datetime | None = None,
+                      end: _dt.datetime | None = None) -> admin_pb2.FindMessagesResponse:
+        """The topic's messages carrying ``key`` (committed ones: a half message is found by
+        the txn tools), newest first, up to ``limit`` per broker, stored in [begin, end)."""
+        return self._run(self.requests.find_messages(topic, key, limit=limit, begin=begin, end=end))
+
+    def read_messages(self, topic: str, queue_id: int, offset: int, *, broker: str = "",
+                      limit: int = 1) -> admin_pb2.ReadMessagesResponse:
+        """Messages of one queue from ``offset`` (``broker`` names the queue's broker when
+        the topic spans several); nothing is delivered to anyone."""
+        return self._run(self.requests.read_messages(topic, queue_id, offset, broker=broker, limit=limit))
+
     # --- transactions ---------------------------------------------------------------------
 
     def list_transactions(self, *, producer_group: str = "",
                           state: common_pb2.TransactionState.ValueType = common_pb2.TRANSACTION_STATE_UNSPECIFIED,
-                          older_than_seconds: float = 0.0, limit: int = 100) -> admin_pb2.ListTransactionsResponse:
+                          older_than_seconds: float = 0.0, limit: int = 100,
+                          key: str = "") -> admin_pb2.ListTransactionsResponse:
         """``state`` is a ``txmq.v1.common_pb2.TRANSACTION_STATE_*`` (0: any); ``limit`` is per
-        broker. With a namespace, the transactions of its producer groups alone."""
+        broker; ``key``: only transactions whose message carries that key. With a namespace,
+        the transactions of its producer groups alone — filtered on each broker before its
+        limit. ``truncated`` (and ``truncated_brokers``) say when a broker had more than
+        ``limit``: the list is cut."""
         return self._run(self.requests.list_transactions(producer_group=producer_group, state=state,
-                                                         older_than_seconds=older_than_seconds, limit=limit))
+                                                         older_than_seconds=older_than_seconds, limit=limit, key=key))
 
     def describe_transaction(self, transaction_id: str) -> admin_pb2.DescribeTransactionResponse:
         """The transaction and its message as sent (keys, tag, properties, body)."""

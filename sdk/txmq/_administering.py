@@ -12,17 +12,50 @@ An operation is added once here, then as one line in each flavour.
 
 from __future__ import annotations
 
+import datetime as _dt
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Sequence
+from typing import Any, Callable, Generator, Mapping, Sequence
 
-from ._errors import InvalidFieldError, TxmqError
+from ._errors import InvalidFieldError, TopicTypeMismatchError, TxmqError
 from ._names import in_namespace, namespace_of, unqualify, validate_namespace
+from ._resets import OffsetKey, reset_request, reset_result
 from .v1 import admin_pb2, common_pb2, nameserver_pb2
 
 _RESOLUTIONS = {"commit": common_pb2.TRANSACTION_RESOLUTION_COMMIT,
                 "rollback": common_pb2.TRANSACTION_RESOLUTION_ROLLBACK}
 #: The gRPC service each AdminCall names.
 SERVICES = {"admin": "AdminService", "nameserver": "NameServerService"}
+_TYPE_NAMES = {common_pb2.TOPIC_TYPE_UNSPECIFIED: "NORMAL", common_pb2.TOPIC_TYPE_NORMAL: "NORMAL",
+               common_pb2.TOPIC_TYPE_FIFO: "FIFO"}
+
+
+def _ms_of(field_name: str, when: _dt.datetime | None) -> int:
+    if when is None:
+        return 0
+    if not isinstance(when, _dt.datetime) or when.tzinfo is None:
+        raise InvalidFieldError(field_name, "must be a timezone-aware datetime")
+    return round(when.timestamp() * 1000)
+
+
+def cut_per_broker(response: admin_pb2.ListTransactionsResponse,
+                   limit: int) -> admin_pb2.ListTransactionsResponse:
+    """A listing asked with ``limit + 1`` per broker, cut to ``limit`` per broker, with
+    ``truncated`` / ``truncated_brokers`` naming the brokers that had more."""
+    seen: dict[str, int] = {}
+    kept = []
+    cut: set[str] = set()
+    for t in response.transactions:
+        seen[t.broker_name] = seen.get(t.broker_name, 0) + 1
+        if seen[t.broker_name] > limit:
+            cut.add(t.broker_name)
+        else:
+            kept.append(t)
+    del response.transactions[:]
+    response.transactions.extend(kept)
+    del response.truncated_brokers[:]
+    response.truncated_brokers.extend(sorted(cut))
+    response.truncated = bool(cut)
+    return response
 
 
 def _same(response: Any) -> Any:
@@ -95,6 +128,24 @@ class AdminRequests:
             topic=self.in_ns("topic", topic), queue_count=queue_count,
             topic_type=common_pb2.TOPIC_TYPE_FIFO if fifo else common_pb2.TOPIC_TYPE_NORMAL))
 
+    def existing_topic(self, topic: str, *, fifo: bool = False) -> AdminCall:
+        """``create_topic(..., exist_ok=True)`` after TopicExistsError: the topic as a
+        CreateTopicResponse (its queues per broker), TopicTypeMismatchError when it is of
+        the other type (a topic's type cannot change)."""
+        wanted = common_pb2.TOPIC_TYPE_FIFO if fifo else common_pb2.TOPIC_TYPE_NORMAL
+        name = self.in_ns("topic", topic)
+
+        def finish(described: Any) -> Any:
+            if described.topic_type != wanted:
+                raise TopicTypeMismatchError(topic, _TYPE_NAMES.get(described.topic_type, "NORMAL"),
+                                             _TYPE_NAMES[wanted])
+            counts: dict[str, int] = {}
+            for q in described.queues:
+                counts[q.broker_name] = counts.get(q.broker_name, 0) + 1
+            return admin_pb2.CreateTopicResponse(topic=name, brokers=[
+                admin_pb2.BrokerQueues(broker_name=b, queue_count=n) for b, n in sorted(counts.items())])
+        return AdminCall("admin", "DescribeTopic", admin_pb2.DescribeTopicRequest(topic=name), finish)
+
     def list_topics(self) -> AdminCall:
         def finish(response: Any) -> Any:
             self.mine(response.topics, lambda t: t.topic)
@@ -131,17 +182,51 @@ class AdminRequests:
         return AdminCall("admin", "RedriveDeadLetters", admin_pb2.RedriveDeadLettersRequest(
             consumer_group=self.in_ns("consumer_group", consumer_group), message_ids=list(message_ids), all=all))
 
+    def reset_offsets(self, consumer_group: str, topic: str, *, to_earliest: bool = False, to_latest: bool = False,
+                      to_time: _dt.datetime | None = None, to_offsets: Mapping[OffsetKey, int] | None = None,
+                      shift: int | None = None, dry_run: bool = True, force: bool = False, reason: str = "",
+                      operator: str = "") -> AdminCall:
+        """Its result is a :class:`txmq._resets.ResetResult`."""
+        request = reset_request(self.in_ns("consumer_group", consumer_group), self.in_ns("topic", topic),
+                                to_earliest=to_earliest, to_latest=to_latest, to_time=to_time, to_offsets=to_offsets,
+                                shift=shift, dry_run=dry_run, force=force, reason=reason, operator=operator)
+        return AdminCall("admin", "ResetOffsets", request, lambda response: reset_result(request, response))
+
+    def group_clients(self, group: str) -> AdminCall:
+        return AdminCall("admin", "ListGroupClients", admin_pb2.ListGroupClientsRequest(group=self.in_ns("group", group)))
+
+    # --- messages -------------------------------------------------------------------------
+
+    def get_message(self, message_id: str) -> AdminCall:
+        return AdminCall("admin", "GetMessage", admin_pb2.GetMessageRequest(message_id=message_id),
+                         lambda response: response.message)
+
+    def find_messages(self, topic: str, key: str, *, limit: int = 32, begin: _dt.datetime | None = None,
+                      end: _dt.datetime | None = None) -> AdminCall:
+        return AdminCall("admin", "FindMessages", admin_pb2.FindMessagesRequest(
+            topic=self.in_ns("topic", topic), key=key, limit=limit, begin_ms=_ms_of("begin", begin),
+            end_ms=_ms_of("end", end)))
+
+    def read_messages(self, topic: str, queue_id: int, offset: int, *, broker: str = "", limit: int = 1) -> AdminCall:
+        return AdminCall("admin", "ReadMessages", admin_pb2.ReadMessagesRequest(
+            topic=self.in_ns("topic", topic), broker_name=broker, queue_id=queue_id, offset=offset, limit=limit))
+
     # --- transactions ---------------------------------------------------------------------
 
     def list_transactions(self, *, producer_group: str = "",
                           state: common_pb2.TransactionState.ValueType = common_pb2.TRANSACTION_STATE_UNSPECIFIED,
-                          older_than_seconds: float = 0.0, limit: int = 100) -> AdminCall:
+                          older_than_seconds: float = 0.0, limit: int = 100, key: str = "") -> AdminCall:
+        """The namespace and ``key`` are filtered on each broker before its ``limit``; one
+        more than asked per broker tells a cut listing (``truncated``) from one that ended."""
+        if limit < 1:
+            raise InvalidFieldError("limit", f"must be at least 1, got {limit}")
+
         def finish(response: Any) -> Any:
-            self.mine(response.transactions, lambda t: t.producer_group)
-            return response
+            self.mine(response.transactions, lambda t: t.producer_group)  # a broker from before the field
+            return cut_per_broker(response, limit)
         return AdminCall("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
             producer_group=self.in_ns("producer_group", producer_group), state=state,
-            older_than_seconds=older_than_seconds, limit=limit), finish)
+            older_than_seconds=older_than_seconds, limit=limit + 1, namespace=self.namespace, key=key), finish)
 
     def describe_transaction(self, transaction_id: str) -> AdminCall:
         return AdminCall("admin", "DescribeTransaction",

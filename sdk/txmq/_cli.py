@@ -5,7 +5,8 @@ NameServerService for listings), so it needs only the name server address.
 
     txmq txn list [--group G] [--state pending|discarded|committed|rolled-back]
                   [--older-than 60s] [--limit N]
-    txmq txn describe ID [--body-out FILE]
+    txmq txn describe ID|MESSAGE_ID [--body-out FILE]
+    txmq txn list ... [--key K]
     txmq txn resolve ID --commit|--rollback [--operator NAME] --reason TEXT
     txmq txn global GLOBAL_ID
     txmq txn list-global [--limit N]
@@ -15,6 +16,10 @@ NameServerService for listings), so it needs only the name server address.
     txmq topic delete NAME [--force]
     txmq group list [--topic T]
     txmq group describe GROUP [--topic T]
+    txmq group reset GROUP --topic T (--to-earliest | --to-latest | --to-time TIME |
+                     --to-offset [BROKER/]QUEUE:OFFSET | --shift N) [--dry-run | --execute] [--force]
+    txmq group clients GROUP
+    txmq message get MESSAGE_ID | find TOPIC --key K | print TOPIC --queue Q --offset O
     txmq dlq list GROUP [--limit N]
     txmq dlq redrive GROUP --ids ID [ID ...] | --all
     txmq topic expand TOPIC --broker SHARD [--queues N]
@@ -56,14 +61,16 @@ import re
 import sys
 import time
 from importlib import metadata
-from typing import Any, Callable, Sequence, TextIO
+from typing import Any, Callable, NoReturn, Sequence, TextIO
 
 from ._admin import Admin as _AdminClient
+from ._administering import cut_per_broker
 from ._db_cli import add_db_commands, run_db
 from ._errors import TopicExistsError, TxmqError
 from ._global_cli import add_global_commands
+from ._group_cli import add_group_commands, add_message_commands, describe_by_message_id, is_message_id
+from ._names import in_namespace, unqualify
 from ._tables import format_table, table, terminal_width  # noqa: F401 - the CLI's tables
-from ._names import in_namespace
 from ._ops_cli import add_broker_commands, add_topic_commands
 from ._tls import add_tls_arguments, tls_from_args
 from .v1 import admin_pb2, common_pb2, nameserver_pb2
@@ -168,6 +175,7 @@ def transaction_dict(t: common_pb2.Transaction, now_ms: int | None = None) -> di
         "reason": t.reason,
         "queue_offset": t.queue_offset,
         "body_size_bytes": t.body_size_bytes,
+        "keys": list(t.keys),
     }
 
 
@@ -229,23 +237,20 @@ def _overdue_seconds(t: common_pb2.Transaction, now_ms: int) -> float:
 
 def _txn_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     # One more than asked per broker tells a cut list from one that ended.
+    # The namespace and the key are filtered on each broker, before its limit.
     response = admin.call("admin", "ListTransactions", admin_pb2.ListTransactionsRequest(
-        producer_group=args.group or "", state=STATES[args.state] if args.state else common_pb2.TRANSACTION_STATE_UNSPECIFIED,
-        older_than_seconds=args.older_than or 0.0, limit=args.limit + 1))
+        producer_group=args.group or "",
+        state=STATES[args.state] if args.state else common_pb2.TRANSACTION_STATE_UNSPECIFIED,
+        older_than_seconds=args.older_than or 0.0, limit=args.limit + 1, namespace=admin.namespace,
+        key=args.key or ""))
+    kept = [t for t in response.transactions if admin.in_scope(t.producer_group)]  # a broker from before the field
+    del response.transactions[:]
+    response.transactions.extend(kept)
+    response = cut_per_broker(response, args.limit)
     now = _now_ms()
-    per_broker: dict[str, int] = {}
-    kept = []
-    cut_brokers: set[str] = set()
-    for t in response.transactions:
-        if not admin.in_scope(t.producer_group):
-            continue
-        seen = per_broker[t.broker_name] = per_broker.get(t.broker_name, 0) + 1
-        if seen > args.limit:
-            cut_brokers.add(t.broker_name)
-        else:
-            kept.append(t)
+    cut_brokers = set(response.truncated_brokers)
     rows = []
-    for t in kept:
+    for t in response.transactions:
         row = transaction_dict(t, now)
         row["next_check_overdue_seconds"] = _overdue_seconds(t, now)
         rows.append(row)
@@ -260,14 +265,14 @@ def _txn_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
 
     def text() -> str:
         body = table(
-            ["TRANSACTION", "STATE", "GROUP", "TOPIC", "AGE", "CHECKS", "NEXT CHECK", "REASON"],
-            [[r["transaction_id"], r["state"], r["producer_group"], r["topic"],
+            ["TRANSACTION", "STATE", "GROUP", "TOPIC", "KEYS", "AGE", "CHECKS", "NEXT CHECK", "REASON"],
+            [[r["transaction_id"], r["state"], r["producer_group"], r["topic"], ",".join(r["keys"]),
               format_duration(r["age_seconds"] or 0), f"{r['checks_delivered']}/{r['checks_answered']}",
               next_check(r), r["discard_reason"] or r["reason"]] for r in rows])
         body += f"\n{len(rows)} transaction(s)"
         if cut_brokers:
             body += (f"; cut at --limit {args.limit} per broker on {', '.join(sorted(cut_brokers))}: "
-                     f"more match (raise --limit, or narrow with --group/--state/--older-than)")
+                     f"more match (raise --limit, or narrow with --group/--state/--older-than/--key)")
         if response.unreachable_brokers:
             body += f"; unreachable brokers (list incomplete): {', '.join(response.unreachable_brokers)}"
         if rows:
@@ -294,7 +299,24 @@ def _describe_text(row: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _with_helpers(handler: Callable[..., None]) -> Callable[[Admin, argparse.Namespace, Output], None]:
+    """A command of ``_group_cli`` given this module's helpers."""
+    helpers = argparse.Namespace(table=table, message_dict=message_dict, body_preview=body_preview,
+                                 describe_text=_describe_text, parse_duration=parse_duration)
+
+    def run(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+        # Their Admin methods put names in the namespace themselves (main already did).
+        for attr in ("topic", "group"):
+            value = getattr(args, attr, None)
+            if isinstance(value, str) and value:
+                setattr(args, attr, unqualify(admin.namespace, value))
+        handler(admin, args, out, helpers)
+    return run
+
+
 def _txn_describe(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+    if is_message_id(args.transaction_id):  # a message id: its transaction
+        args.transaction_id = describe_by_message_id(admin, args.transaction_id)
     response = admin.call("admin", "DescribeTransaction",
                           admin_pb2.DescribeTransactionRequest(transaction_id=args.transaction_id))
     now = _now_ms()
@@ -429,7 +451,10 @@ def _queue_status(q: Any) -> dict[str, Any]:
     return {"consumer_group": q.consumer_group, "topic": q.topic, "broker": q.broker_name, "queue_id": q.queue_id,
             "ack_offset": q.ack_offset, "next_offset": q.next_offset, "max_offset": q.max_offset,
             "lag_messages": q.lag_messages, "lag_seconds": q.lag_seconds, "inflight": q.inflight,
-            "retrying": q.retrying}
+            "retrying": q.retrying,
+            "last_reset": {"operator": q.last_reset_operator, "at": _iso(q.last_reset_at_ms),
+                           "reason": q.last_reset_reason, "target": q.last_reset_target}
+            if q.last_reset_at_ms else None}
 
 
 def _group_totals(queues: list[dict[str, Any]], dead: dict[str, int] | None = None) -> list[dict[str, Any]]:
@@ -478,6 +503,33 @@ def _group_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     out(data, text)
 
 
+def last_reset_lines(queues: list[dict[str, Any]], most: int = 3) -> list[str]:
+    """The last offset reset of each topic (``most`` topics, the latest reset first). Each
+    broker records the last reset of a group's topic on it (every queue row of that broker
+    repeats it) at its own time: one reset is shown once, at the latest, when every broker
+    holding the topic names it; else once per distinct reset, naming its brokers (the
+    others' were another, or none)."""
+    topics: list[tuple[str, list[str]]] = []
+    for topic in sorted({q["topic"] for q in queues}):
+        brokers = {q["broker"] for q in queues if q["topic"] == topic}
+        kinds: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+        for q in queues:
+            if q["topic"] == topic and (r := q["last_reset"]):
+                kinds.setdefault((r["operator"], r["target"], r["reason"]), {})[q["broker"]] = r
+        if not kinds:
+            continue
+        lines = []
+        for by_broker in kinds.values():
+            latest = max(by_broker.values(), key=lambda r: r["at"])
+            where = "" if set(by_broker) == brokers else f" (on {', '.join(sorted(by_broker))} only)"
+            lines.append((latest["at"], f"last reset of {topic}: {latest['at']} by {latest['operator']} "
+                                        f"(to {latest['target']})" + (f": {latest['reason']}" if latest["reason"]
+                                                                       else "") + where))
+        lines.sort(reverse=True)
+        topics.append((lines[0][0], [line for _at, line in lines]))
+    return [line for _at, lines in sorted(topics, reverse=True)[:most] for line in lines]
+
+
 def _group_describe(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     response = admin.call("admin", "ListConsumerGroups", admin_pb2.ListConsumerGroupsRequest(
         consumer_group=args.group, topic=args.topic or ""))
@@ -496,6 +548,7 @@ def _group_describe(admin: Admin, args: argparse.Namespace, out: Output) -> None
         parts.append(f"dead letters: {total}" + (" (" + ", ".join(f"{b}: {n}" for b, n in sorted(dead.items())) + ")"
                                                  if total else "")
                      + (f"; txmq dlq list {args.group}" if total else ""))
+        parts.extend(last_reset_lines(queues))
         parts.append("ACKED: every offset below is acknowledged; DELIVERED: the next never delivered; "
                      "LAG = END - ACKED; LAG AGE: how long the oldest unacknowledged message has been visible")
         if response.unreachable_brokers:
@@ -572,6 +625,7 @@ def _broker_status(admin: Admin, args: argparse.Namespace, out: Output) -> None:
             "pending": sum(g.pending for g in st.groups), "discarded": sum(g.discarded for g in st.groups),
             "oldest_pending_age_seconds": max(now - oldest, 0) / 1000 if oldest else None,
             "max_body_bytes": st.max_body_bytes, "max_delivery_attempts": st.max_delivery_attempts,
+            "draining": any(b.draining for b in shard),
             "replicas": len(shard) if leader is not None else 1,
             "in_sync": len(leader.replication.in_sync_replicas) if leader is not None else 1,
             "leader_replica": leader.replica_id if leader is not None else None,
@@ -581,9 +635,9 @@ def _broker_status(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     data = {"brokers": brokers, "unreachable_brokers": list(response.unreachable_brokers)}
 
     def text() -> str:
-        body = table(["SHARD", "REPLICAS IN SYNC", "LEADER", "STORE", "FREE DISK", "TOPICS", "PENDING", "DISCARDED",
-                      "OLDEST PENDING", "MAX BODY"],
-                     [[b["name"], f"{b['in_sync']}/{b['replicas']}",
+        body = table(["SHARD", "STATE", "REPLICAS IN SYNC", "LEADER", "STORE", "FREE DISK", "TOPICS", "PENDING",
+                      "DISCARDED", "OLDEST PENDING", "MAX BODY"],
+                     [[b["name"], "DRAINING" if b["draining"] else "serving", f"{b['in_sync']}/{b['replicas']}",
                        "-" if b["leader_replica"] is None else f"replica {b['leader_replica']} (epoch {b['epoch']})",
                        _bytes(b["store_bytes"]), _bytes(b["free_disk_bytes"]), b["topics"], b["pending"],
                        b["discarded"],
@@ -591,6 +645,8 @@ def _broker_status(admin: Admin, args: argparse.Namespace, out: Output) -> None:
                        _bytes(b["max_body_bytes"])] for b in brokers])
         if response.unreachable_brokers:
             body += f"\nunreachable brokers: {', '.join(response.unreachable_brokers)}"
+        if any(b["draining"] for b in brokers):
+            body += "\nDRAINING: takes no new sends (txmq broker drain SHARD --status; --undo ends it)"
         return body
     out(data, text)
 
@@ -615,7 +671,8 @@ def _broker_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     brokers = []
     for b in response.brokers:
         row: dict[str, Any] = {
-            "name": b.name, "address": b.address, "topics": len(b.topics), "last_heartbeat": _iso(b.last_heartbeat_ms),
+            "name": b.name, "address": b.address, "draining": b.draining, "topics": len(b.topics),
+            "last_heartbeat": _iso(b.last_heartbeat_ms),
             "heartbeat_age_seconds": max(now - b.last_heartbeat_ms, 0) / 1000}
         if b.role != nameserver_pb2.BROKER_ROLE_UNSPECIFIED:
             f = seen_by_leader.get((b.name, b.replica_id))
@@ -628,8 +685,9 @@ def _broker_list(admin: Admin, args: argparse.Namespace, out: Output) -> None:
 
     def text() -> str:
         return table(
-            ["SHARD", "REPLICA", "ROLE", "EPOCH", "IN SYNC", "LAG", "ADDRESS", "TOPICS", "LAST HEARTBEAT"],
-            [[b["name"], b.get("replica", "-"), b.get("role", "single"), b.get("epoch", "-"),
+            ["SHARD", "STATE", "REPLICA", "ROLE", "EPOCH", "IN SYNC", "LAG", "ADDRESS", "TOPICS", "LAST HEARTBEAT"],
+            [[b["name"], "DRAINING" if b["draining"] else "serving", b.get("replica", "-"), b.get("role", "single"),
+              b.get("epoch", "-"),
               (("yes" if b["in_sync"] else "NO") + ("" if b["complete"] else " (rebuilding)")) if "in_sync" in b else "-",
               (f"{b['lag_records']} rec / {format_duration(b['lag_seconds'])}" if b.get("role") == "follower"
                else "-"),
@@ -688,23 +746,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="bearer token for a cluster with auth on (default $TXMQ_TOKEN); "
                              "with auth on, txn resolve records this token's principal as the operator")
 
-    parser = argparse.ArgumentParser(prog="txmq", parents=[common],
+    # Typed as argparse's own: its subcommands are _Parser at run time too (add_subparsers
+    # makes its parsers of the parser's class), and take the plain `common` as a parent.
+    parser: argparse.ArgumentParser = _Parser(prog="txmq", parents=[common],
                                      description="Operate a txmq cluster through its name servers.")
     parser.add_argument("--version", action="version", version=f"txmq {_version()}")
     commands = parser.add_subparsers(dest="noun", required=True,
-                                     metavar="{txn,topic,group,dlq,broker,checker,db,completion}")
+                                     metavar="{txn,topic,group,message,dlq,broker,checker,db,completion}")
 
     txn = commands.add_parser("txn", help="transactions").add_subparsers(dest="verb", required=True)
     p = txn.add_parser("list", parents=[common], help="transactions by group, state and age")
     p.add_argument("--group", help="producer group (default all)")
     p.add_argument("--state", choices=["pending", "discarded", "committed", "rolled-back"])
     p.add_argument("--older-than", type=_duration_arg, help="prepared at least this long ago (60s, 5m, 1h)")
+    p.add_argument("--key", help="only transactions whose message carries this key")
     p.add_argument("--limit", type=_positive_int, default=100,
                    help="most rows per broker (default 100); a cut list says so")
     p.set_defaults(run=_txn_list)
     p = txn.add_parser("describe", parents=[common], help="one transaction with its message (keys, tag, "
                                                            "properties, body)")
-    p.add_argument("transaction_id")
+    p.add_argument("transaction_id", help="a transaction id, or the message id of a transactional message")
     p.add_argument("--body-out", metavar="FILE", help="write the body, raw, to FILE (- is not accepted: "
                                                        "binary bodies never go to the terminal)")
     p.set_defaults(run=_txn_describe)
@@ -717,6 +778,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", required=True, help="why (recorded on the transaction)")
     p.set_defaults(run=_txn_resolve)
     add_global_commands(txn, common, transaction_dict)
+    add_message_commands(commands, common, _with_helpers, _positive_int)
 
     topic = commands.add_parser("topic", help="topics").add_subparsers(dest="verb", required=True)
     p = topic.add_parser("list", parents=[common], help="topics and their queues")
@@ -748,6 +810,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("group")
     p.add_argument("--topic", help="only this topic")
     p.set_defaults(run=_group_describe)
+    add_group_commands(group, common, _with_helpers)
 
     dlq = commands.add_parser("dlq", help="dead letters (%%DLQ%%<group>)").add_subparsers(dest="verb", required=True)
     p = dlq.add_parser("list", parents=[common], help="a group's dead letters, oldest first")
@@ -846,24 +909,83 @@ def _default_operator() -> str:
         return ""
 
 
+#: JSON fields whose empty string is a value (an empty body), not a missing one.
+_EMPTY_IS_VALUE = frozenset({"body_utf8", "body_base64"})
+
+
+def json_nulls(data: Any) -> Any:
+    """``data`` as ``--json`` prints it: a missing value is null, never ``""``."""
+    if isinstance(data, dict):
+        return {k: (v if k in _EMPTY_IS_VALUE else json_nulls(v)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [json_nulls(v) for v in data]
+    return None if data == "" else data
+
+
+def error_json(err: TxmqError | None, message: str = "", *, usage: bool = False) -> str:
+    """An error as ``--json`` prints it (one line on stderr): ``code`` (the gRPC status
+    name, ``USAGE`` for a command line the CLI refused), ``reason``, ``message``, ``field``
+    (the request field it names, or null) and ``details``."""
+    if err is None:
+        body: dict[str, Any] = {"code": "USAGE" if usage else "UNKNOWN", "reason": None, "message": message,
+                                "field": None, "details": {}}
+    else:
+        details = {k: v for k, v in err.details.items() if k != "field"}
+        body = {"code": err.code.name, "reason": err.reason, "message": err.message,
+                "field": err.details.get("field") or None, "details": json.loads(json.dumps(details, default=str))}
+    return json.dumps({"error": body}, sort_keys=False)
+
+
+def flag_named(message: str, err: TxmqError, flags: dict[str, str]) -> str:
+    """The refused request field that starts ``message``, named as the command's option
+    (``broker_name: required ...`` is ``--broker: required ...`` for ``message print``):
+    the operator reads the flag to fix. ``--json`` keeps the field (the API's name)."""
+    field = err.details.get("field")
+    flag = flags.get(field) if isinstance(field, str) else None
+    return f"{flag}{message[len(field):]}" if flag and field and message.startswith(f"{field}:") else message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose usage errors are JSON under ``--json`` (set by :func:`main`)."""
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        if _Parser.json_errors:
+            self.exit(2, error_json(None, f"{self.prog}: {message}", usage=True) + "\n")
+        super().error(message)
+
+
 def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    _Parser.json_errors = "--json" in argv
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
+    finally:
+        _Parser.json_errors = False
     nameserver = getattr(args, "nameserver", None) or os.environ.get("TXMQ_NAMESERVER") or DEFAULT_NAMESERVER
     as_json = getattr(args, "json", False)
+
+    def fail(err: TxmqError | None, message: str) -> None:
+        if err is not None and not as_json:
+            message = flag_named(message, err, getattr(args, "field_flags", None) or {})
+        stderr.write((error_json(err, message) if as_json else f"txmq: {message}") + "\n")
+
     if getattr(args, "verb", None) == "resolve" and args.noun == "txn":
         args.operator = args.operator or _default_operator()
         if not args.operator:
-            stderr.write("txmq: --operator is required (no $USER to default to)\n")
+            fail(None, "--operator is required (no $USER to default to)")
             return 2
+    if getattr(args, "verb", None) == "reset" and args.noun == "group":
+        args.operator = args.operator or _default_operator()  # the principal, with auth on
 
     def out(data: Any, table: Callable[[], str]) -> None:
-        stdout.write((json.dumps(data, indent=2, sort_keys=False) if as_json else table()) + "\n")
+        stdout.write((json.dumps(json_nulls(data), indent=2, sort_keys=False) if as_json else table()) + "\n")
 
     try:
         if args.noun == "completion":
@@ -888,19 +1010,19 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
                           namespace=getattr(args, "namespace", None) or os.environ.get("TXMQ_NAMESPACE") or "")
             _in_namespace(args, admin.namespace)
         except TxmqError as err:
-            stderr.write(f"txmq: {err.message}\n")
+            fail(err, err.message)
             return 2
         try:
             args.run(admin, args, out)
             stdout.flush()
         except TxmqError as err:
             stdout.flush()
-            stderr.write(f"txmq: {err.message}\n")
+            fail(err, err.message)
             return 1
         except OSError as err:
             if isinstance(err, BrokenPipeError):
                 raise
-            stderr.write(f"txmq: {err}\n")  # --body-out FILE not writable
+            fail(None, str(err))  # --body-out FILE not writable
             return 1
         finally:
             admin.close()

@@ -25,6 +25,7 @@ from ._calling import positive
 from ._client import Client
 from ._errors import ClientClosedError, InvalidFieldError, ReceiptHandleNotFoundError, TxmqError, error_from_rpc
 from ._names import in_namespace, validate_group
+from ._producing import new_client_id
 from ._receiving import (AckOutcome, GroupQueues, Receive, Target, ack_groups, ack_request, ack_results, check_receive,
                          consumed, deferred_acks, invisibility_request, receive_request, receive_steps, received,
                          report_deferred, retry_delay, settle, subscriptions_of, target_steps, with_invisibility)
@@ -65,6 +66,8 @@ class SimpleConsumer:
         self.consumer_group = consumer_group
         self.subscriptions = subscriptions_of(subscriptions, namespace)
         self.await_duration_seconds = positive("await_duration_seconds", await_duration_seconds)
+        #: ``host@pid@random``: how the brokers name this consumer (``txmq group clients``).
+        self.client_id = new_client_id()
         self._client = Client(nameservers, request_timeout_seconds=request_timeout_seconds,
                               route_refresh_seconds=route_refresh_seconds, what="consumer", tls=tls, token=token)
         self._round_robin = itertools.count()
@@ -213,7 +216,8 @@ class SimpleConsumer:
 
     def _receive_request(self, target: Target, max_messages: int, invisible_duration_seconds: float,
                          wait_seconds: float) -> broker_pb2.ReceiveMessagesRequest:
-        return receive_request(self.consumer_group, target, max_messages, invisible_duration_seconds, wait_seconds)
+        return receive_request(self.consumer_group, target, max_messages, invisible_duration_seconds, wait_seconds,
+                               client_id=self.client_id)
 
     def _receive_from(self, target: Target, max_messages: int, invisible_duration_seconds: float,
                       wait_seconds: float) -> list[ReceivedMessage]:
@@ -223,7 +227,7 @@ class SimpleConsumer:
             with self._lock:
                 carried = self._deferred.take(target.broker_name, target.topic)
             request = receive_request(self.consumer_group, target, max_messages, invisible_duration_seconds,
-                                      wait_seconds, carried)
+                                      wait_seconds, carried, self.client_id)
             response = self._client.call(self._client.broker(address).ReceiveMessages, request,
                                          timeout=wait_seconds + self._client.request_timeout_seconds)
         except TxmqError as err:

@@ -180,6 +180,29 @@ class FailedPreconditionError(TxmqError):
     reason = "FAILED_PRECONDITION"
 
 
+class TopicTypeMismatchError(FailedPreconditionError):
+    """A topic exists with the other type (``Admin.create_topic(..., exist_ok=True)``)."""
+
+    reason = "TOPIC_TYPE_MISMATCH"
+
+    def __init__(self, topic: str, existing: str, wanted: str) -> None:
+        super().__init__(f"topic {topic!r} exists as a {existing} topic, not {wanted}: a topic's type cannot change "
+                         "(delete it and create it again)", topic=topic, existing=existing, wanted=wanted)
+
+
+class ConsumersLiveError(FailedPreconditionError):
+    """A consumer group's offsets cannot be reset while it has live consumers of the topic
+    (Kafka's rule): stop them, or force the reset."""
+
+    reason = "CONSUMERS_LIVE"
+
+    def __init__(self, group: str, topic: str, consumers: list[str]) -> None:
+        super().__init__(f"consumer group {group!r} has {len(consumers)} live consumer(s) of topic {topic!r} "
+                         f"({', '.join(consumers[:5])}{', ...' if len(consumers) > 5 else ''}): stop them first, "
+                         "or force the reset (their deliveries in flight are then invalidated)",
+                         group=group, topic=topic, consumers=consumers)
+
+
 class TransactionStateError(FailedPreconditionError):
     """A decision conflicting with the transaction's final state (the first decision wins)."""
 

@@ -21,6 +21,7 @@ can reassemble the transaction (``ReceivedMessage.global_transaction_id`` / ``gl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Protocol, Sequence
@@ -49,7 +50,7 @@ class GlobalSender(Sender, Protocol):
     _open: OpenTransactions
 
     def _validate(self, message: Message) -> Message: ...
-    def _pick_queue(self, topic: str) -> QueueRoute: ...
+    def _pick_queue(self, topic: str, *, message_group: str = "") -> QueueRoute: ...
     def _perform(self, step: Step) -> Any: ...
     def _execute(self, half: TransactionMessage, arg: Any,
                  traced: tracing.Operation = ...) -> tuple[LocalTransactionState, Exception | None]: ...
@@ -64,7 +65,7 @@ class AsyncGlobalSender(Sender, Protocol):
     _open: OpenTransactions
 
     def _validate(self, message: Message) -> Message: ...
-    def _pick_queue(self, topic: str) -> Awaitable[QueueRoute]: ...
+    def _pick_queue(self, topic: str, *, message_group: str = "") -> Awaitable[QueueRoute]: ...
     def _perform(self, step: Step) -> Awaitable[Any]: ...
     def _execute(self, half: TransactionMessage, arg: Any,
                  traced: tracing.Operation = ...) -> Awaitable[tuple[LocalTransactionState, Exception | None]]: ...
@@ -105,12 +106,12 @@ def validate_messages(messages: Sequence[Message]) -> list[Message]:
 
 
 def stamped(message: Message, parts: int, global_id: str = "") -> Message:
-    """``message`` with the transaction's size (and, once known, its id) in its properties."""
+    """``message`` with the transaction's size (and, once known, its id) in its properties;
+    every other field (delay, delivery time, message group, ...) as given."""
     properties = {**message.properties, GLOBAL_PARTS_PROPERTY: str(parts)}
     if global_id:
         properties[GLOBAL_TRANSACTION_PROPERTY] = global_id
-    return Message(message.topic, message.body, tag=message.tag, keys=message.keys, properties=properties,
-                   check_immunity_seconds=message.check_immunity_seconds)
+    return dataclasses.replace(message, properties=properties)
 
 
 def half_pb(producer: Any, message: Message, route: QueueRoute, host: str) -> common_pb2.Message:
@@ -162,7 +163,7 @@ def send_global(producer: GlobalSender, messages: Sequence[Message], arg: Any,
 
 def _send_global(producer: GlobalSender, messages: list[Message], arg: Any, host: str,
                  traced: tracing.Operation) -> GlobalTransactionResult:
-    routes = [producer._pick_queue(m.topic) for m in messages]
+    routes = [producer._pick_queue(m.topic, message_group=m.message_group) for m in messages]
     stamped_messages = [stamped(m, len(messages)) for m in messages]
     pbs = [half_pb(producer, m, r, host) for m, r in zip(stamped_messages, routes)]
     # Until it ends, a check of G reaching this instance is answered IN_PROGRESS (as for an
@@ -213,7 +214,7 @@ async def send_global_async(producer: AsyncGlobalSender, messages: Sequence[Mess
 
 async def _send_global_async(producer: AsyncGlobalSender, messages: list[Message], arg: Any, host: str,
                              traced: tracing.Operation) -> GlobalTransactionResult:
-    routes = [await producer._pick_queue(m.topic) for m in messages]
+    routes = [await producer._pick_queue(m.topic, message_group=m.message_group) for m in messages]
     pbs = [half_pb(producer, stamped(m, len(messages)), r, host) for m, r in zip(messages, routes)]
     producer._open.add(pbs[0].message_id)  # checks answered IN_PROGRESS until it ends
     try:

@@ -91,9 +91,11 @@ def target_steps(subscriptions: Mapping[str, str | SqlFilter], *, lenient: bool 
 
 
 def receive_request(consumer_group: str, target: Target, max_messages: int, invisible_duration_seconds: float,
-                    wait_seconds: float, acks: Sequence[Any] = ()) -> broker_pb2.ReceiveMessagesRequest:
+                    wait_seconds: float, acks: Sequence[Any] = (),
+                    client_id: str = "") -> broker_pb2.ReceiveMessagesRequest:
     """The ReceiveMessages of one (topic, broker) target, its filter a tag expression or SQL92,
-    carrying the deferred acks ``acks`` (of that target)."""
+    carrying the deferred acks ``acks`` (of that target); ``client_id`` names the consumer
+    instance to the broker (``txmq group clients``, an offset reset's live consumers)."""
     expression = target.filter_expression
     sql = isinstance(expression, SqlFilter)
     return broker_pb2.ReceiveMessagesRequest(
@@ -101,7 +103,8 @@ def receive_request(consumer_group: str, target: Target, max_messages: int, invi
         filter_expression=expression.expression if isinstance(expression, SqlFilter) else expression,
         filter_type=broker_pb2.FILTER_TYPE_SQL92 if sql else broker_pb2.FILTER_TYPE_TAG,
         max_messages=max_messages, invisible_duration_seconds=invisible_duration_seconds,
-        long_polling_timeout_seconds=wait_seconds, ack_receipt_handles=[m.receipt_handle for m in acks])
+        long_polling_timeout_seconds=wait_seconds, ack_receipt_handles=[m.receipt_handle for m in acks],
+        client_id=client_id)
 
 
 def invisibility_request(consumer_group: str, message: ReceivedMessage,

@@ -69,6 +69,11 @@ class StoreBridge:
         #: so the replica taking over can hold the whole log (and NotEnoughReplicasError
         #: while the commit point cannot reach what such a write would wait for).
         self.handover_guard: Callable[[], None] | None = None
+        #: Replicated shards: while set (a leader whose commit point is stalled, with its
+        #: queues' reads capped at that point: ``Queues.readable_end``), the answer of a write
+        #: that needs no sync (a receive, an ack) waits only for this commit point, not for
+        #: the uncommitted entries before it, which its reads no longer show.
+        self.unsynced_ceiling: Callable[[], int] | None = None
         self._failed: BaseException | None = None
         #: Called with the new durable position after every local sync (the replication
         #: leader recomputes its commit point).
@@ -100,13 +105,16 @@ class StoreBridge:
 
     def _apply(self, op: Op, sync: bool) -> tuple[Any, int]:
         applied = self.db.apply(op, sync=sync)
+        ticket = applied.ticket
         if applied.ticket == GROUP_TICKET:
             assert self._group_hooks is not None
             self._group_hooks.extend(applied.after)
         else:
+            if not sync and self.unsynced_ceiling is not None:
+                ticket = min(ticket, self.unsynced_ceiling())
             for fn in applied.after:
-                self.when_durable(applied.ticket, fn)
-        return applied.result, applied.ticket
+                self.when_durable(ticket, fn)
+        return applied.result, ticket
 
     @contextlib.contextmanager
     def grouped(self) -> Iterator[WriteGroup]:

@@ -94,6 +94,11 @@ class Claims:
         #: The turn that orders the groups of a claim (one more every claim).
         self._turn = 0
 
+    def session_groups(self, session_id: str) -> dict[str, int]:
+        """The groups (and capacity) a claim session holds now (empty: none known)."""
+        session = self._sessions.get(session_id)
+        return dict(session.groups) if session is not None else {}
+
     def claim_op(self, groups: Iterable[str], max_checks: int, lease_seconds: float,
                  ) -> Callable[[OpWrites], list[ClaimedCheck]]:
         """A claim without a session: ``groups`` named in full, each up to ``max_checks``."""

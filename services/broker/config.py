@@ -129,10 +129,21 @@ class BrokerConfig(ServiceConfig):
     #: port. The leader advertises ``<host of advertise_address>:<bound port>`` in etcd.
     replication_port: int = tcp_port(10912)
 
+    #: A consumer group's receiver that made no receive of a topic for this long is no
+    #: longer live there (Kafka's session timeout): a reset of the group's offsets in that
+    #: topic is refused while any receiver is live (or waits in a long poll), unless forced.
+    consumer_session_seconds: float = seconds(30.0, max=DAY)
+
     def validate(self) -> None:
         """Rules across fields (each field's own range is declared beside it)."""
         if not self.broker_name:
             raise ValueError("broker_name must be set")
+        if self.advertise_address:
+            host, sep, port = self.advertise_address.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or host.endswith(":") \
+                    and not host.startswith("["):
+                raise ValueError(f"advertise_address must be host:port (the address clients dial, with its port), "
+                                 f"got {self.advertise_address!r}")
         if self.max_body_bytes >= self.max_grpc_message_bytes:
             raise ValueError(f"max_body_bytes ({self.max_body_bytes}) must be below max_grpc_message_bytes "
                              f"({self.max_grpc_message_bytes}): a body travels in one gRPC message")

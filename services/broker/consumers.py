@@ -47,6 +47,14 @@ class Cursor:
     scanned_to: int = 0
     # (deadline_ms, offset); entries whose deadline no longer matches are stale.
     heap: list[tuple[int, int]] = field(default_factory=list)
+    #: Deliveries an offset reset revoked, offset → their attempt (stored as in-flight rows
+    #: with ``codec.REVOKED_DEADLINE``): the offset's next delivery counts on from it, so a
+    #: revoked delivery's receipt handle never names a live delivery (``resets.py``).
+    revoked: dict[int, int] = field(default_factory=dict)
+
+    def first_attempt(self, offset: int) -> int:
+        """The attempt number of a new delivery of ``offset`` (1, or one past a revoked one)."""
+        return self.revoked.pop(offset, 0) + 1
 
     def track(self, offset: int, attempt: int, deadline_ms: int, epoch: int = 0) -> None:
         self.inflight[offset] = Inflight(attempt, deadline_ms, epoch)
@@ -113,6 +121,8 @@ class ConsumerGroups:
                 cursor = self.cursors[(group, topic, queue_id)] = Cursor(offset + 1)
             if (attempt, deadline) == codec.SETTLED_PAST_CURSOR:
                 cursor.settled.add(offset)
+            elif deadline == codec.REVOKED_DEADLINE:
+                cursor.revoked[offset] = attempt
             else:
                 cursor.track(offset, attempt, deadline, epoch)
 
@@ -144,7 +154,7 @@ class ConsumerGroups:
         for group, t, q in [key for key in self.cursors if key[1] == topic]:
             cursor = self.cursors.pop((group, t, q))
             w.delete("consumers", codec.consumer_key(group, topic, q))
-            for offset in [*cursor.inflight, *cursor.settled]:
+            for offset in {*cursor.inflight, *cursor.settled, *cursor.revoked}:
                 w.delete("inflight", codec.inflight_key(group, topic, q, offset))
             groups.add(group)
         return sorted(groups)

@@ -13,7 +13,8 @@ each handed the components it needs:
 - ``globaltx.py`` — :class:`Globals`: multi-message transactions, hooked into the
   transactions' decisions and discards; ``globalviews.py`` reads them back;
 - ``delivery.py`` — :class:`Deliveries`: receive, redelivery, DLQ, ack, change-invisible;
-- ``retention.py`` — :class:`Retention`; ``queries.py`` — :class:`Queries`.
+- ``retention.py`` — :class:`Retention`; ``queries.py`` — :class:`Queries`;
+- ``receivers.py`` — :class:`Receivers`: the groups' live consumers and checkers (in memory).
 
 ``BrokerCore`` is a façade over them: the service, the tools and the tests call its
 operations, each the owning component's method (listed in ``__init__``).
@@ -44,6 +45,7 @@ from .globalviews import GlobalStats, GlobalViews
 from .model import Delivery, EndResult, ReceiveResult, SendResult
 from .queries import Queries
 from .queues import Queues
+from .receivers import Receivers
 from .retention import Retention
 from .schedule import CheckSchedule
 from .sends import Sends
@@ -147,6 +149,8 @@ class BrokerCore:
         self.deliveries = Deliveries(ctx, self.queues, self.consumers)
         self.retention = Retention(ctx, self.queues, self.consumers)
         self.queries = Queries(ctx, self.transactions)
+        #: The groups' consumers and checkers as this broker sees them (in memory).
+        self.receivers = Receivers(int(config.consumer_session_seconds * 1000))
         # The operations and reads, each its owner's: what the service, tools and tests call.
         self.txn_id = ctx.txn_id
         self.parse_txn_id = ctx.parse_txn_id

@@ -70,13 +70,16 @@ class Deliveries:
             next_deadline: int | None = None
             for q in queues:
                 cursor = self.cursor(w, group, topic, q)
+                held = False
                 if len(out) < max_messages:
-                    self._redeliver(w, group, topic, q, cursor, now, invisible_ms, max_messages, out)
+                    held = self._redeliver(w, group, topic, q, cursor, now, invisible_ms, max_messages, out)
                 deliver = self._deliver_fifo if topic in self.queues.fifo_topics else self._deliver_new
                 if len(out) < max_messages and deliver(w, group, topic, q, cursor, now, invisible_ms,
                                                        tags, max_messages, out):
                     next_deadline = now  # more to scan: the long poll comes back at once
                 d = cursor.next_deadline_ms()
+                if held and d is not None and d <= now:
+                    d = None  # redeliveries held back behind a read cap: nothing to wake for
                 if d is not None and (next_deadline is None or d < next_deadline):
                     next_deadline = d
             return ReceiveResult(out, next_deadline)
@@ -94,13 +97,20 @@ class Deliveries:
         return cursor
 
     def _redeliver(self, w: OpWrites, group: str, topic: str, q: int, cursor: Cursor, now: int,
-                   invisible_ms: int, limit: int, out: list[Delivery]) -> None:
+                   invisible_ms: int, limit: int, out: list[Delivery]) -> bool:
+        """Redelivers the queue's deliveries whose invisibility ended; returns whether some
+        were held back (at or past the queue's readable end: ``Queues.readable_end``)."""
         expired = cursor.pop_expired(now)
+        readable = self.queues.readable_end(topic, q)
+        held = [(o, e) for o, e in expired if o >= readable]
+        expired = [(o, e) for o, e in expired if o < readable]
+        for offset, entry in held:
+            cursor.push_back(offset, entry)
         for i, (offset, entry) in enumerate(expired):
             if len(out) >= limit:
                 for rest_offset, rest in expired[i:]:
                     cursor.push_back(rest_offset, rest)
-                return
+                return bool(held)
             key = codec.inflight_key(group, topic, q, offset)
             value = self.ctx.db.get("cq", codec.cq_key(topic, q, offset))
             if value is None:  # expired by retention: nothing left to deliver
@@ -116,6 +126,7 @@ class Deliveries:
             w.put("inflight", key, codec.encode_inflight(attempt, now + invisible_ms, epoch))
             out.append(Delivery(topic, q, offset, cq.log_seq, attempt, now + invisible_ms, cq.visible_ms,
                                 self.ctx.receipt(topic, q, offset, attempt, epoch, group=group)))
+        return bool(held)
 
     def _to_dlq(self, w: OpWrites, group: str, cq: CqEntry) -> int:
         """Stages the entry into %DLQ%<group>; returns its offset there."""
@@ -128,9 +139,9 @@ class Deliveries:
     def _deliver_new(self, w: OpWrites, group: str, topic: str, q: int, cursor: Cursor, now: int,
                      invisible_ms: int, tags: MessageFilter, limit: int,
                      out: list[Delivery]) -> bool:
-        """Delivers new messages of one queue; returns whether it stopped at
-        MAX_FILTERED_SCAN filtered-out entries with more left to scan."""
-        end = self.queues.next_offset(topic, q)
+        """Delivers new messages of one queue (up to its readable end); returns whether it
+        stopped at MAX_FILTERED_SCAN filtered-out entries with more left to scan."""
+        end = self.queues.readable_end(topic, q)
         start = cursor.next_offset
         if start >= end:
             return False
@@ -149,11 +160,11 @@ class Deliveries:
             if tags is not None and not self._passes(tags, cq):
                 skipped += 1
                 continue  # filtered out: never delivered to this group
-            deadline, epoch = now + invisible_ms, self.leader_epoch
-            cursor.track(o, 1, deadline, epoch)
-            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline, epoch))
-            out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms,
-                                self.ctx.receipt(topic, q, o, 1, epoch, group=group)))
+            deadline, epoch, attempt = now + invisible_ms, self.leader_epoch, cursor.first_attempt(o)
+            cursor.track(o, attempt, deadline, epoch)
+            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(attempt, deadline, epoch))
+            out.append(Delivery(topic, q, o, cq.log_seq, attempt, deadline, cq.visible_ms,
+                                self.ctx.receipt(topic, q, o, attempt, epoch, group=group)))
         if offset != start:
             cursor.next_offset = offset
             w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(offset))
@@ -167,8 +178,9 @@ class Deliveries:
         the next receive offers it again without reading the queue; the cursor stays before
         the first one. Returns whether it stopped at MAX_FILTERED_SCAN entries with
         filtered-out ones among them (a window of messages held back only because their
-        groups wait is not rescanned until an ack frees one)."""
-        end = self.queues.next_offset(topic, q)
+        groups wait is not rescanned until an ack frees one). Reads up to the queue's
+        readable end."""
+        end = self.queues.readable_end(topic, q)
         start = cursor.next_offset
         if start >= end:
             return False
@@ -180,20 +192,20 @@ class Deliveries:
 
         def deliver(o: int, cq: CqEntry) -> None:
             blocked.add(cq.group_hash)
-            deadline, epoch = now + invisible_ms, self.leader_epoch
-            cursor.track(o, 1, deadline, epoch)
+            deadline, epoch, attempt = now + invisible_ms, self.leader_epoch, cursor.first_attempt(o)
+            cursor.track(o, attempt, deadline, epoch)
             cursor.group_of[o] = cq.group_hash
-            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(1, deadline, epoch))
-            out.append(Delivery(topic, q, o, cq.log_seq, 1, deadline, cq.visible_ms,
-                                self.ctx.receipt(topic, q, o, 1, epoch, group=group)))
+            w.put("inflight", codec.inflight_key(group, topic, q, o), codec.encode_inflight(attempt, deadline, epoch))
+            out.append(Delivery(topic, q, o, cq.log_seq, attempt, deadline, cq.visible_ms,
+                                self.ctx.receipt(topic, q, o, attempt, epoch, group=group)))
 
         filtered = 0
         for o in sorted(ahead):  # held back before: their groups may be free now
             if len(out) >= limit:
                 break
             cq = ahead[o]
-            if cq.group_hash in blocked:
-                continue
+            if cq.group_hash in blocked or o >= end:
+                continue  # its group waits, or it lies past a read cap set since it was scanned
             del ahead[o]
             if tags is not None and not self._passes(tags, cq):
                 continue  # the group's filter changed meanwhile

@@ -145,8 +145,9 @@ def return_dead_letters_op(core: BrokerCore, group: str, message_ids: list[str],
             cursor = core.deliveries.cursor(w, group, topic, q)  # created as a receive would
             if offset not in cursor.inflight:
                 cursor.settled.discard(offset)  # a FIFO topic's dead letter past the cursor
-                cursor.track(offset, 0, now)
-                w.put("inflight", codec.inflight_key(group, topic, q, offset), codec.encode_inflight(0, now))
+                attempt = cursor.first_attempt(offset) - 1  # 0, or a delivery a reset revoked
+                cursor.track(offset, attempt, now)
+                w.put("inflight", codec.inflight_key(group, topic, q, offset), codec.encode_inflight(attempt, now))
             w.put("cq", codec.cq_key(dlq, 0, dlq_offset), tombstone)
             redriven.append(message_id)
             woken.add(topic)

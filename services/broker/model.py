@@ -13,6 +13,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+#: The most bytes one message key may have.
+MAX_KEY_BYTES = 1024
+
 
 class TxnState(enum.IntEnum):
     """Where a transaction is in its state machine (stored as one byte)."""

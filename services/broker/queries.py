@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from txmq.errors import TransactionNotFoundError
-from txmq.names import validate_name
+from txmq.errors import InvalidFieldError, TransactionNotFoundError
+from txmq.names import namespace_of, validate_name, validate_namespace
 
 from .base import BrokerContext
-from .model import STATE_DISCARDED, STATE_PREPARED
+from .model import MAX_KEY_BYTES, STATE_DISCARDED, STATE_PREPARED
 from .store import codec
 from .store.codec import TxnRow
 from .transactions import Transactions
@@ -31,12 +31,20 @@ class Queries:
         return row
 
     def query_txns(self, group: str, state: int, older_than_seconds: float, limit: int,
-                   page_token: str) -> tuple[list[TxnRow], str]:
+                   page_token: str, *, namespace: str = "", key: str = "") -> tuple[list[TxnRow], str]:
         """Transactions (of ``group``, in ``state``: either may be empty/0 for any),
-        prepared more than ``older_than_seconds`` ago when that is positive; up to
-        ``limit`` of them and the page token to continue from ('' at the end)."""
+        prepared more than ``older_than_seconds`` ago when that is positive, of a producer
+        group in ``namespace`` and whose message carries ``key`` when those are set; up to
+        ``limit`` of them and the page token to continue from ('' at the end). The filters
+        apply before the limit, so a page is never short because another namespace's
+        transactions took its places."""
         if group:
             validate_name("producer_group", group)
+        if namespace:
+            validate_namespace(namespace)
+        if len(key.encode()) > MAX_KEY_BYTES:
+            raise InvalidFieldError("key", f"at most {MAX_KEY_BYTES} bytes (no stored key is longer), "
+                                           f"got {len(key.encode())}")
         limit = min(limit if limit > 0 else 100, 10_000)
         ctx = self.ctx
         now = ctx.clock()
@@ -62,12 +70,20 @@ class Queries:
                 continue
             if max_prepared is not None and row.prepared_ms > max_prepared:
                 continue
+            if namespace and namespace_of(row.producer_group) != namespace:
+                continue
+            if key and not self._carries(seq, key):
+                continue
             if group and state == STATE_PREPARED and seq <= after:
                 continue
             rows.append(row)
             if len(rows) >= limit:
                 return rows, ctx.txn_id(seq)
         return rows, ""
+
+    def _carries(self, seq: int, key: str) -> bool:
+        record = self.ctx.read_message(seq)
+        return record is not None and key in record.keys
 
     def recount(self) -> dict[str, tuple[int, int]]:
         """(pending, discarded) per group from the transaction table: what the counters

@@ -10,7 +10,7 @@ plus one, so it survives a restart (retention never removes a queue's newest ent
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 from txmq.errors import InvalidFieldError, QueueNotFoundError, TopicNotFoundError
 from txmq.names import validate_receive_topic, validate_send_topic
@@ -31,6 +31,10 @@ class Queues:
         self.fifo_topics: set[str] = set()
         #: (topic, queue) → the offset its next entry gets.
         self.queue_next: dict[tuple[str, int], int] = {}
+        #: (topic, queue) → the first offset consumers may not read yet (a replicated
+        #: leader whose commit point is stalled sets it at its first entry above the commit
+        #: point: see :meth:`readable_end`); empty: every entry is readable.
+        self.read_caps: dict[tuple[str, int], int] = {}
         for key, value in db.scan("topics"):
             self.topics[key.decode()] = codec.decode_u64(value, "topic", key)
         for key, _value in db.scan("meta", codec.TOPIC_TYPE_PREFIX, codec.TOPIC_TYPE_END):
@@ -42,12 +46,21 @@ class Queues:
 
     # --- writing ---------------------------------------------------------------------------
 
-    def append(self, w: OpWrites, topic: str, queue_id: int, entry: CqEntry) -> int:
-        """Stages ``entry`` at the queue's next offset, moves the offset on, returns it."""
+    def append(self, w: OpWrites, topic: str, queue_id: int, entry: CqEntry, keys: Iterable[str] = ()) -> int:
+        """Stages ``entry`` at the queue's next offset, moves the offset on, returns it. The
+        message's ``keys`` go into the key index in the same batch (user topics: a message
+        put into its own topic; dead letters and discards are found by their original)."""
         offset = self.queue_next[(topic, queue_id)]
         w.put("cq", codec.cq_key(topic, queue_id, offset), codec.encode_cq_entry(entry))
         self.queue_next[(topic, queue_id)] = offset + 1
+        for key in set(keys):
+            w.put("keys", codec.key_index_key(topic, key, queue_id, offset), codec.KEY_INDEX_VALUE)
         return offset
+
+    def unindex(self, w: OpWrites, topic: str, queue_id: int, offset: int, keys: Iterable[str]) -> None:
+        """Stages the removal of a queue entry's key-index entries (its queue entry goes)."""
+        for key in set(keys):
+            w.delete("keys", codec.key_index_key(topic, key, queue_id, offset))
 
     def ensure_topic(self, w: OpWrites, topic: str, queue_count: int) -> bool:
         """Creates ``topic`` or grows it to ``queue_count`` queues; False when it has them."""
@@ -89,6 +102,9 @@ class Queues:
                 w.delete("cq", key)
                 entries += 1
             self.queue_next.pop((topic, q), None)
+        prefix = codec.topic_key_prefix(topic)
+        for key, _value in self.ctx.db.scan("keys", prefix, prefix[:-1] + b"\x01"):
+            w.delete("keys", key)
         if topic in self.fifo_topics:
             self.fifo_topics.discard(topic)
             w.delete("meta", codec.topic_type_key(topic))
@@ -110,6 +126,18 @@ class Queues:
 
     def next_offset(self, topic: str, queue_id: int) -> int:
         return self.queue_next.get((topic, queue_id), 0)
+
+    def readable_end(self, topic: str, queue_id: int) -> int:
+        """Where deliveries stop reading a queue: its next offset, or the cap a replicated
+        leader set while its commit point is stalled (entries from there on may not be on
+        enough replicas yet, so no consumer may see them: Kafka's high watermark)."""
+        end = self.queue_next.get((topic, queue_id), 0)
+        cap = self.read_caps.get((topic, queue_id))
+        return end if cap is None else min(end, cap)
+
+    def cap_reads(self, caps: dict[tuple[str, int], int] | None) -> None:
+        """Sets (None: lifts) the read caps of :meth:`readable_end`."""
+        self.read_caps = dict(caps or {})
 
     def first_offset(self, topic: str, queue_id: int) -> int:
         """The oldest retained entry's offset (the next offset when the queue is empty)."""

@@ -87,6 +87,7 @@ class Retention:
             if cursor.ack_offset() <= offset:
                 return False
         w.delete("cq", codec.cq_key(topic, queue_id, offset))
+        self.queues.unindex(w, topic, queue_id, offset, record.keys)
         if record.kind == KIND_HALF:
             w.delete("txn", codec.txn_key(seq))
         return True

@@ -65,7 +65,7 @@ class Sends:
             if record.kind == codec.KIND_NORMAL:
                 topic = record.topic
                 offset = self.queues.append(w, topic, record.queue_id, CqEntry(
-                    seq, now, record.tag, message_group_hash(record.message_group)))
+                    seq, now, record.tag, message_group_hash(record.message_group)), record.keys)
                 record.queue_offset = offset
                 w.put("log", codec.log_key(seq), codec.encode_log_record(record))
                 w.put("dedup", mid_key, codec.encode_dedup(

@@ -16,7 +16,7 @@ from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.common.errors import OK, entry_status
 from services.common.limits import Admission, ConnectionLimit
 
-from . import failpoints, groups, topics
+from . import adminrpc, failpoints, groups, topics
 from .bridge import StoreBridge
 from .checks import CheckReport, ClaimBatch
 from .core import BrokerCore
@@ -191,10 +191,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         if remaining is not None:
             # Answer (possibly empty) before the caller's deadline, never after it.
             wait = max(0.0, min(wait, remaining - 0.2))
+        receivers = self.core.receivers
+        receiver = receivers.received(request.consumer_group, request.topic, request.client_id, context.peer(),
+                                      self.core.clock())
         if wait <= 0:
             return await self._receive(request, tags, 0.0, first)
         with self.long_polls.hold(context.peer()):
-            return await self._receive(request, tags, wait, first)
+            receivers.wait_begins(receiver, request.topic)
+            try:
+                return await self._receive(request, tags, wait, first)
+            finally:
+                receivers.wait_ends(receiver, request.topic, self.core.clock())
 
     def _receive_op(self, request: broker_pb2.ReceiveMessagesRequest, tags: MessageFilter) -> Op:
         return self.core.receive_op(request.consumer_group, request.topic, request.queue_id, tags,
@@ -309,10 +316,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 request.session_id, request.groups_version, groups,
                 {g.producer_group: g.max_checks for g in request.limits}, request.max_checks, request.lease_seconds)
             batch: ClaimBatch = await self.bridge.run(op)
+            served = self.core.claims.session_groups(request.session_id)
         else:
             checks = await self.bridge.run(self.core.claim_op(request.producer_groups, request.max_checks,
                                                               request.lease_seconds))
             batch = ClaimBatch(checks)
+            served = {g: request.max_checks for g in request.producer_groups}
+        self.core.receivers.claimed(request.checker_id or context.peer(), served, self.core.clock())
         response = broker_pb2.ClaimChecksResponse(groups_needed=batch.groups_needed, more_due=batch.more_due)
         for c in batch.checks:
             record = self.core.read_message(c.row.seq)
@@ -340,10 +350,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         if request.limit < 0:
             raise InvalidFieldError("limit", f"{request.limit} is negative (0: the default page size)")
         rows, token = self.core.query_txns(request.producer_group, state_from_proto(request.state),
-                                           request.older_than_seconds, request.limit, request.page_token)
+                                           request.older_than_seconds, request.limit, request.page_token,
+                                           namespace=request.namespace, key=request.key)
         await self.bridge.settled()
-        return broker_pb2.QueryTransactionsResponse(
-            transactions=[txn_to_proto(self.core, r) for r in rows], next_page_token=token)
+        response = broker_pb2.QueryTransactionsResponse(next_page_token=token)
+        for row in rows:
+            t = response.transactions.add()
+            t.CopyFrom(txn_to_proto(self.core, row))
+            record = self.core.read_message(row.seq)
+            if record is not None:
+                t.keys.extend(record.keys)
+        return response
 
     async def GetTransaction(self, request: broker_pb2.GetTransactionRequest, context: Any) -> Any:
         row = self.core.get_txn(request.transaction_id)
@@ -376,13 +393,22 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         await self.bridge.settled()
         name = self.core.name
         return broker_pb2.DescribeConsumerGroupsResponse(
-            queues=[broker_pb2.ConsumerQueueStatus(
+            queues=[adminrpc.with_last_reset(self.core, broker_pb2.ConsumerQueueStatus(
                 consumer_group=q.group, topic=q.topic, broker_name=name, queue_id=q.queue_id,
                 ack_offset=q.ack_offset, next_offset=q.next_offset, max_offset=q.max_offset,
                 lag_messages=q.lag_messages, lag_seconds=q.lag_seconds, inflight=q.inflight,
-                retrying=q.retrying) for q in queues],
+                retrying=q.retrying)) for q in queues],
             dead_letters=[broker_pb2.GroupDeadLetters(consumer_group=g, broker_name=name, dead_lettered=n)
                           for g, n in sorted(dead.items())])
+
+    async def ResetGroupOffsets(self, request: broker_pb2.ResetGroupOffsetsRequest, context: Any) -> Any:
+        return await adminrpc.reset_group_offsets(self.core, self.bridge, request)
+
+    async def LookupMessages(self, request: broker_pb2.LookupMessagesRequest, context: Any) -> Any:
+        return await adminrpc.lookup_messages(self.core, self.bridge, request, message_to_proto)
+
+    async def DescribeGroupClients(self, request: broker_pb2.DescribeGroupClientsRequest, context: Any) -> Any:
+        return await adminrpc.describe_group_clients(self.core, self.bridge, request)
 
     async def ReturnDeadLetters(self, request: broker_pb2.ReturnDeadLettersRequest, context: Any) -> Any:
         if not request.all and not request.message_ids:

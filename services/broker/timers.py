@@ -118,14 +118,14 @@ class Timers:
         entry = CqEntry(seq, now, record.tag, message_group_hash(record.message_group))
         if record.kind == KIND_NORMAL:
             topic = record.topic
-            record.queue_offset = self.queues.append(w, topic, record.queue_id, entry)
+            record.queue_offset = self.queues.append(w, topic, record.queue_id, entry, record.keys)
             w.put("log", codec.log_key(seq), codec.encode_log_record(record))
         else:
             row = self.ctx.read_txn(seq)
             if row is None or row.state != STATE_COMMITTED:
                 return ""
             topic = row.topic
-            row.queue_offset = self.queues.append(w, topic, row.queue_id, entry)
+            row.queue_offset = self.queues.append(w, topic, row.queue_id, entry, record.keys)
             w.put("txn", codec.txn_key(seq), codec.encode_txn(row))
         return topic
 

@@ -131,13 +131,13 @@ class Transactions:
         if was == STATE_PREPARED:
             self._unindex(w, row)
         if state == STATE_COMMITTED:
-            tag, deliver_at, message_group = self._visibility_of(row.seq)
+            tag, deliver_at, message_group, keys = self._visibility_of(row.seq)
             if deliver_at > now:  # a timer message: visible at its delivery time
                 self.timers.schedule(w, deliver_at, row.seq)
             else:
                 topic = row.topic
                 row.queue_offset = self.queues.append(
-                    w, topic, row.queue_id, CqEntry(row.seq, now, tag, message_group_hash(message_group)))
+                    w, topic, row.queue_id, CqEntry(row.seq, now, tag, message_group_hash(message_group)), keys)
                 w.on_durable(lambda: ctx.listeners.notify_visible(topic))
         row.state = state
         row.source = source
@@ -194,10 +194,10 @@ class Transactions:
         value = self.ctx.db.get("log", codec.log_key(seq))
         return codec.decode_log_tag(value, codec.log_key(seq)) if value is not None else ""
 
-    def _visibility_of(self, seq: int) -> tuple[str, int, str]:
-        """The tag, delivery time (0: at once) and message group of a message in the log."""
+    def _visibility_of(self, seq: int) -> tuple[str, int, str, tuple[str, ...]]:
+        """The tag, delivery time (0: at once), message group and keys of a message in the log."""
         value = self.ctx.db.get("log", codec.log_key(seq))
-        return codec.decode_log_routing(value, codec.log_key(seq)) if value is not None else ("", 0, "")
+        return codec.decode_log_routing_keys(value, codec.log_key(seq)) if value is not None else ("", 0, "", ())
 
     # --- the pending index -----------------------------------------------------------------
 

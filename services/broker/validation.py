@@ -18,13 +18,11 @@ from txmq.ids import MessageId
 from txmq.names import validate_group, validate_send_topic
 
 from .config import BrokerConfig
-from .model import KIND_HALF
+from .model import KIND_HALF, MAX_KEY_BYTES
 from .store.codec import LogRecord
 
 #: A message id the client chose (not one of ours): 1-128 of these characters.
 _FOREIGN_ID = re.compile(r"[A-Za-z0-9_.:=+/-]{1,128}")
-#: The most bytes one message key may have.
-MAX_KEY_BYTES = 1024
 
 
 def validate_message(r: LogRecord, config: BrokerConfig, topics: Mapping[str, int], broker_name: str,

@@ -20,7 +20,7 @@ from txmq.errors import (AlreadyExistsError, BrokerNotFoundError, ConsumerGroupN
                           FailedPreconditionError, InvalidFieldError, NoLeaderError, TopicNotFoundError, TxmqError,
                           UnavailableError, error_from_rpc)
 from txmq.ids import TransactionId
-from txmq.names import dlq_topic, validate_group, validate_receive_topic, validate_send_topic
+from txmq.names import dlq_topic, validate_group, validate_namespace, validate_receive_topic, validate_send_topic
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, replication_pb2, replication_pb2_grpc
 
 from .registry import (BrokerRecord, QueueRoute, Registry, resolve_queue_count,
@@ -215,11 +215,15 @@ class Admin:
     # transactions
 
     async def list_transactions(self, producer_group: str, state: common_pb2.TransactionState.ValueType,
-                                older_than_seconds: float, limit: int) -> tuple[list[common_pb2.Transaction], list[str]]:
-        """Every live broker's transactions matching the filter, by prepared time; the
-        brokers that did not answer are returned beside them."""
+                                older_than_seconds: float, limit: int, namespace: str = "", key: str = "",
+                                ) -> tuple[list[common_pb2.Transaction], list[str], list[str]]:
+        """Every live broker's transactions matching the filter (``namespace`` and ``key``
+        applied on each broker, before its limit), by prepared time; the brokers that did
+        not answer, and those that had more than ``limit``, are returned beside them."""
         if producer_group:
             validate_group("producer_group", producer_group)
+        if namespace:
+            validate_namespace(namespace)
         if state not in common_pb2.TransactionState.values():
             raise InvalidFieldError("state", f"unknown transaction state {state}")
         if math.isnan(older_than_seconds) or older_than_seconds < 0:
@@ -227,16 +231,20 @@ class Admin:
         if limit < 0:
             raise InvalidFieldError("limit", f"must not be negative, got {limit}")
         request = broker_pb2.QueryTransactionsRequest(
-            producer_group=producer_group, state=state, older_than_seconds=older_than_seconds, limit=limit)
+            producer_group=producer_group, state=state, older_than_seconds=older_than_seconds, limit=limit,
+            namespace=namespace, key=key)
         answers, unreachable = await self._fan_out("QueryTransactions", request)
         rows: list[common_pb2.Transaction] = []
+        truncated: list[str] = []
         for broker, result in answers:
             for row in result.transactions:
                 if not row.broker_name:
                     row.broker_name = broker.name
                 rows.append(row)
+            if result.next_page_token:  # a full page: more may match there
+                truncated.append(broker.name)
         rows.sort(key=lambda t: (t.prepared_at_ms, t.broker_name, t.transaction_id))
-        return rows, unreachable
+        return rows, unreachable, sorted(truncated)
 
     async def describe_transaction(self, transaction_id: str) -> broker_pb2.GetTransactionResponse:
         broker = self._broker_of(transaction_id)
@@ -370,10 +378,26 @@ class Admin:
 
     # plumbing
 
+    async def fan_out(self, method: str, request: Any, only: set[str] | None = None,
+                      tolerate: tuple[type[TxmqError], ...] = ()) -> tuple[list[tuple[BrokerRecord, Any]], list[str]]:
+        """:meth:`_fan_out` for the other Admin parts (``groupops.py``)."""
+        return await self._fan_out(method, request, only, tolerate)
+
+    async def call_broker(self, address: str, method: str, request: Any) -> Any:
+        """One BrokerService call (its refusal raised as the txmq error it stands for)."""
+        return await self._call(address, method, request)
+
+    @staticmethod
+    def is_down(error: TxmqError) -> bool:
+        """Whether a broker failing with ``error`` is down or broken (not refusing)."""
+        return error.code in _BROKER_DOWN
+
     async def _fan_out(self, method: str, request: Any, only: set[str] | None = None,
+                       tolerate: tuple[type[TxmqError], ...] = (),
                        ) -> tuple[list[tuple[BrokerRecord, Any]], list[str]]:
         """``method`` on every live broker (named in ``only`` when given): the answers and
-        the names of the brokers that did not answer (refusals are raised)."""
+        the names of the brokers that did not answer (refusals are raised, but those of the
+        ``tolerate`` types, which count as no answer)."""
         brokers = [b for b in self.registry.live_brokers() if only is None or b.name in only]
         await self.clients.retain({b.address for b in self.registry.live_brokers()})
         results = await asyncio.gather(*(self._call(b.address, method, request) for b in brokers),
@@ -381,6 +405,8 @@ class Admin:
         answers: list[tuple[BrokerRecord, Any]] = []
         unreachable: list[str] = []
         for broker, result in zip(brokers, results):
+            if tolerate and isinstance(result, tolerate):
+                continue
             if isinstance(result, TxmqError) and result.code in _BROKER_DOWN:
                 log.warning("broker did not answer %s", method, extra={"fields": {
                     "broker": broker.name, "address": broker.address, "error": result.message}})

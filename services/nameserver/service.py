@@ -9,6 +9,7 @@ from services.common.auth import current_principal
 from txmq.v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 from .admin import Admin
+from .groupops import GroupOps
 from .registry import BrokerRecord, CheckerRecord, Registry
 
 
@@ -100,6 +101,28 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServiceServicer):
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     def __init__(self, admin: Admin) -> None:
         self.admin = admin
+        self.groups = GroupOps(admin)
+
+    async def ResetOffsets(self, request: admin_pb2.ResetOffsetsRequest, context: Any) -> admin_pb2.ResetOffsetsResponse:
+        # With auth on, the authenticated principal is the operator on record, not a free text.
+        principal = current_principal()
+        operator = principal.name if principal is not None else request.operator.strip()
+        return await self.groups.reset_offsets(request, operator)
+
+    async def GetMessage(self, request: admin_pb2.GetMessageRequest, context: Any) -> admin_pb2.GetMessageResponse:
+        return admin_pb2.GetMessageResponse(message=await self.groups.get_message(request.message_id))
+
+    async def FindMessages(self, request: admin_pb2.FindMessagesRequest,
+                           context: Any) -> admin_pb2.FindMessagesResponse:
+        return await self.groups.find_messages(request)
+
+    async def ReadMessages(self, request: admin_pb2.ReadMessagesRequest,
+                           context: Any) -> admin_pb2.ReadMessagesResponse:
+        return await self.groups.read_messages(request)
+
+    async def ListGroupClients(self, request: admin_pb2.ListGroupClientsRequest,
+                               context: Any) -> admin_pb2.ListGroupClientsResponse:
+        return await self.groups.group_clients(request.group)
 
     async def CreateTopic(self, request: admin_pb2.CreateTopicRequest,
                           context: Any) -> admin_pb2.CreateTopicResponse:
@@ -121,9 +144,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     async def ListTransactions(self, request: admin_pb2.ListTransactionsRequest,
                                context: Any) -> admin_pb2.ListTransactionsResponse:
-        rows, unreachable = await self.admin.list_transactions(
-            request.producer_group, request.state, request.older_than_seconds, request.limit)
-        return admin_pb2.ListTransactionsResponse(transactions=rows, unreachable_brokers=unreachable)
+        rows, unreachable, truncated = await self.admin.list_transactions(
+            request.producer_group, request.state, request.older_than_seconds, request.limit,
+            request.namespace, request.key)
+        return admin_pb2.ListTransactionsResponse(transactions=rows, unreachable_brokers=unreachable,
+                                                  truncated=bool(truncated), truncated_brokers=truncated)
 
     async def DescribeTransaction(self, request: admin_pb2.DescribeTransactionRequest,
                                   context: Any) -> admin_pb2.DescribeTransactionResponse:

@@ -196,15 +196,18 @@ class Relay:
         return dict(sorted({q.broker_name: q.broker_address for q in queues}.items()))
 
     async def receive(self, *, group: str, topic: str, broker: str, filter_expression: str, max_messages: int,
-                      invisible_seconds: float, wait_seconds: float, sql: bool = False,
+                      invisible_seconds: float, wait_seconds: float, sql: bool = False, client_id: str = "",
                       ) -> list[common_pb2.DeliveredMessage]:
+        """``client_id``: the RocketMQ client's, which the broker shows as the receiver (and
+        counts as live for an offset reset) instead of this proxy's address."""
         brokers = await self.brokers_of(topic)
         address = brokers.get(broker) or random.choice(list(brokers.values()))
         response = await call(self._stub(address).ReceiveMessages(broker_pb2.ReceiveMessagesRequest(
             consumer_group=group, topic=topic, queue_id=-1, filter_expression=filter_expression,
             filter_type=broker_pb2.FILTER_TYPE_SQL92 if sql else broker_pb2.FILTER_TYPE_TAG,
             max_messages=max_messages, invisible_duration_seconds=invisible_seconds,
-            long_polling_timeout_seconds=wait_seconds), timeout=wait_seconds + self.config.rpc_timeout_seconds))
+            long_polling_timeout_seconds=wait_seconds, client_id=client_id),
+            timeout=wait_seconds + self.config.rpc_timeout_seconds))
         return list(response.messages)
 
     async def ack(self, group: str, topic: str, handles: Sequence[str]) -> list[TxmqError | None]:

@@ -236,7 +236,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             with self.long_polls.hold(context.peer()) if wait > 0 else contextlib.nullcontext():
                 deliveries = await self.relay.receive(
                     group=group, topic=topic, broker=queue.broker.name, filter_expression=expression, sql=sql,
-                    max_messages=batch, invisible_seconds=invisible, wait_seconds=wait)
+                    max_messages=batch, invisible_seconds=invisible, wait_seconds=wait,
+                    client_id=client_id_of(context))
         except Exception as exc:  # noqa: BLE001 - answered in band
             await context.write(_failed(spb.ReceiveMessageResponse, exc, "ReceiveMessage"))
             return

@@ -486,3 +486,18 @@ def test_namespaced_rules_stop_at_their_namespace(secured: tuple[Cluster, Path])
     described = cluster.admin_stub().DescribeTopic(admin_pb2.DescribeTopicRequest(topic="teamB%events"),
                                                    timeout=RPC_TIMEOUT)
     assert [q.max_offset for q in described.queues] == [0]
+
+
+def test_an_offset_reset_records_the_callers_principal(secured: tuple[Cluster, Path]) -> None:
+    """Issue 32: a reset is admin-write on the consumer group; with auth on the principal
+    the token authenticates is recorded (group describe shows it), not the --operator text."""
+    cluster, _creds = secured
+    with txmq.Admin(cluster.nameserver_address, token=TOKENS["mallory"]) as admin:
+        with pytest.raises(txmq.PermissionDeniedError):
+            admin.reset_offsets("audited", "orders", to_latest=True, dry_run=False, operator="mallory")
+    with txmq.Admin(cluster.nameserver_address, token=TOKENS["operator"]) as admin:
+        done = admin.reset_offsets("audited", "orders", to_latest=True, dry_run=False, operator="not-me",
+                                   reason="auth test")
+        assert done.applied and done.operator == "operator"
+        status = admin.consumer_groups("audited", topic="orders").queues
+        assert status and {q.last_reset_operator for q in status} == {"operator"}

@@ -193,16 +193,15 @@ def test_a_lone_leader_answers_reads_of_what_is_committed_and_refuses_sends_prom
     slack = 3.0  # a loaded machine's scheduling; the unit tests pin the bound with a fake clock
     assert all(took <= LAG_MAX_SECONDS + ELECTION_POLL_SECONDS + slack for _at, took, _ in refusals), refusals
     assert refusals[-1][2] and refusals[-1][1] < 1.0, "a send long after the election was not refused at once"
-    # A send failed while it waited was applied: a receive now would read past the commit
-    # point, and is refused at once (retryably) rather than left to time out.
+    # A send failed while it waited was applied, above the commit point: a receive is still
+    # answered at once, with the committed messages only (the queue's reads are capped at
+    # the commit point: Kafka's high watermark), never with the uncommitted ones.
     receive = broker_pb2.ReceiveMessagesRequest(consumer_group=group + "-2", topic=topic, queue_id=-1,
                                                 max_messages=32, invisible_duration_seconds=60.0)
-    if all(up_front for _at, _took, up_front in refusals):
-        assert len(broker_stub(survivor.address).ReceiveMessages(receive, timeout=10).messages) == len(sent)
-    else:
-        with pytest.raises(grpc.RpcError) as caught:
-            broker_stub(survivor.address).ReceiveMessages(receive, timeout=10)
-        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
+    started = time.monotonic()
+    capped = broker_stub(survivor.address).ReceiveMessages(receive, timeout=10).messages
+    print(f"a receive after the refused sends answered in {time.monotonic() - started:.3f} s")
+    assert sorted(m.message.message_id for m in capped) == sorted(sent)
 
     other.restart(60)
     wait_until(lambda: send_raw(survivor.address, topic, message_id="after", timeout=5.0).message_id, 60,

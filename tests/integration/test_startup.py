@@ -47,6 +47,14 @@ def test_a_port_out_of_range_is_refused_with_status_2_before_anything_is_opened(
     assert not data_dir.exists()  # refused before the store was opened, so before any bind
 
 
+def test_an_advertise_address_without_its_port_is_refused_with_status_2(tmp_path: Path) -> None:
+    data_dir = tmp_path / "store"
+    proc = start("services.broker", tmp_path, TXMQ_ADVERTISE_ADDRESS="broker-0.local", TXMQ_DATA_DIR=str(data_dir))
+    assert proc.returncode == 2, proc
+    assert "advertise_address must be host:port" in one_line(proc)
+    assert not data_dir.exists()  # refused before the store was opened
+
+
 def test_a_data_dir_that_cannot_be_created_stops_the_broker_with_status_1(tmp_path: Path) -> None:
     proc = start("services.broker", tmp_path, TXMQ_DATA_DIR="/proc/nope")
     assert proc.returncode == 1, proc

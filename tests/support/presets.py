@@ -87,11 +87,13 @@ GLOBAL_BROKER = {
     "TXMQ_CHECK_INTERVAL_MAX_SECONDS": "0.4",
 }
 #: Behind the RocketMQ proxy (tests/proxy): redelivered after 3 attempts, which the proxy
-#: advertises to the official clients as their local retries.
+#: advertises to the official clients as their local retries; a stopped client stops counting
+#: as a live consumer after 3 s (an offset reset waits for it: tests/proxy/test_offset_reset_clients.py).
 PROXY_BROKER = {
     "TXMQ_TRANSACTION_TIMEOUT_SECONDS": "1.0",
     "TXMQ_CHECK_INTERVAL_SECONDS": "0.5",
     "TXMQ_MAX_DELIVERY_ATTEMPTS": "3",
+    "TXMQ_CONSUMER_SESSION_SECONDS": "3.0",
 }
 
 # ---------------------------------------------------------------------------- checkers

@@ -26,6 +26,9 @@ ACCOUNTED = {
     "AdminService/RedriveDeadLetters": "message ids looked up only in the named consumer group's DLQ "
                                        "(admin-write on that group)",
     "BrokerService/ReadQueue": "a queue id of the topic the policy checks",
+    "AdminService/ResetOffsets": "queue ids of the topic named; admin-write on the consumer group",
+    "AdminService/GetMessage": "admin-read on the whole cluster",
+    "AdminService/ReadMessages": "a queue id of the topic the policy checks (admin-read on it)",
     "BrokerService/GetTransaction": "admin-read on the whole cluster",
     "BrokerService/QueryTransactions": "a page token is a cursor over what the policy allows to list",
     "BrokerService/GetGlobalTransaction": "admin-read on the whole cluster",

@@ -109,3 +109,86 @@ def test_a_follower_back_in_time_commits_what_waited_and_nothing_fails(tmp_path)
         assert gate.lead.commit == db.written and not gate.lead.stalled(clock.now)
         db.close()
     asyncio.run(scenario())
+
+
+def test_a_lone_leader_delivers_what_is_committed_at_once_and_holds_back_the_rest(tmp_path):
+    """Issue 33 item 2, with the broker's domain over the replicated store: the queues'
+    reads are capped at the first entry above the commit point, so a plain receive (and an
+    ack) is answered at once with committed messages only — new deliveries and redeliveries
+    past the cap held back — while sends are refused; once a follower is back and the commit
+    point covers the tail, the caps are lifted and the rest is delivered."""
+    import dataclasses
+
+    from services.broker.config import BrokerConfig
+    from services.broker.core import BrokerCore, parse_tag_filter
+    from services.broker.store import codec
+    from services.broker.store.codec import LogRecord
+
+    class MsClock:
+        ms = 1_700_000_000_000
+
+        def __call__(self) -> int:
+            return self.ms
+
+    ms = MsClock()
+
+    async def scenario() -> None:
+        db = Database(str(tmp_path / "store"), sync=True, replicated=True)
+        db.replication.begin_epoch(3)
+        config = dataclasses.replace(BrokerConfig(data_dir=str(tmp_path / "store"), flush="sync"))
+        core = BrokerCore(config, clock=ms, db=db)
+
+        def send(body: bytes):
+            record = core.validate_message(LogRecord(kind=codec.KIND_NORMAL, topic="orders", body=body,
+                                                     message_id="", queue_id=0, stored_ms=0))
+            return core.send_op(record)
+
+        def receive(group: str, invisible: float = 30.0):
+            return core.receive_op(group, "orders", 0, parse_tag_filter("*"), 16, invisible)
+
+        db.call(core.create_topic_op("orders", 1))
+        for i in range(3):
+            db.call(send(b"m%d" % i))
+        committed = db.written
+        for i in range(3, 5):  # the tail the new leader cannot know was committed
+            db.call(send(b"m%d" % i))
+        old = db.call(receive("old", invisible=1.0)).deliveries  # a delivery of all five, in the tail too
+        assert [d.offset for d in old] == [0, 1, 2, 3, 4]
+        tail_end = db.written
+        db.replication.begin_epoch(9)
+        db.read_ticket = db.written
+        clock = Clock()
+        lead = Leadership(Rules("broker-0", 2, 3, 2, LAG, 1.0), epoch=9, isr=InSync((1, 2), 8), commit=committed,
+                          now=T0)
+        bridge = StoreBridge(db, asyncio.get_running_loop(), on_fatal=lambda exc: None)
+        gate = Gate(lead, bridge, lambda: db, clock=clock, cap_reads=core.queues.cap_reads)
+
+        clock.now = T0 + LAG + POLL  # replica 1 never came
+        gate.tick()
+        assert gate.capped and gate.caps == {("orders", 0): 3}
+        got = bridge.run(receive("fresh"), sync=False)
+        await asyncio.wait_for(got, 1.0)  # answered at once
+        fresh = got.result().deliveries
+        assert [core.read_message(d.log_seq).body for d in fresh] == [b"m0", b"m1", b"m2"]
+        acked = bridge.run(core.ack_op("fresh", "orders", [fresh[0].receipt_handle]), sync=False)
+        await asyncio.wait_for(acked, 1.0)
+        assert acked.result() == [None]
+        ms.ms += 2000  # the old deliveries' invisibility ended: 0..2 come again, 3..4 are held back
+        again = bridge.run(receive("old"), sync=False)
+        await asyncio.wait_for(again, 1.0)
+        assert [(d.offset, d.attempt) for d in again.result().deliveries] == [(0, 2), (1, 2), (2, 2)]
+        assert again.result().next_deadline_ms is None or again.result().next_deadline_ms > ms.ms
+        refused = bridge.run(send(b"lone"))
+        assert refused.done() and isinstance(refused.exception(), NotEnoughReplicasError)
+
+        progress = lead.connect(1, clock.now, db.written)  # replica 1 is back and catches up
+        await asyncio.sleep(0.05)  # the local sync has run
+        gate.acked(progress, db.written)
+        assert lead.commit >= tail_end  # the inherited tail is committed (receives since need no sync)
+        gate.tick()
+        assert not gate.capped and core.queues.read_caps == {}
+        rest = bridge.run(receive("fresh"), sync=False)
+        await asyncio.wait_for(rest, 1.0)
+        assert [core.read_message(d.log_seq).body for d in rest.result().deliveries] == [b"m3", b"m4"]
+        db.close()
+    asyncio.run(scenario())

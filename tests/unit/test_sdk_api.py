@@ -17,7 +17,8 @@ from txmq import _errors
 NOWHERE = "127.0.0.1:1"
 
 EXPORTS = [
-    "Admin", "ConsumerGroupNotFoundError", "NotANameServerError", "TopicInUseError", "Transaction",
+    "Admin", "ConsumerGroupNotFoundError", "ConsumersLiveError", "NotANameServerError", "TopicInUseError",
+    "TopicTypeMismatchError", "Transaction",
     "AlreadyExistsError", "BrokerNotFoundError", "CancelledError", "CheckMessage",
     "ClientClosedError", "ConnectionLimitError", "ConsumeResult", "DeadlineExceededError", "DiskFullError",
     "FailedPreconditionError", "GlobalTransactionResult", "InProgress", "InternalError", "InvalidArgumentError",

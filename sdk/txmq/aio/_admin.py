@@ -9,17 +9,19 @@ server failover, over ``grpc.aio`` channels.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import datetime as _dt
+from typing import Any, Mapping, Sequence
 
 import grpc
 
 from .._administering import SERVICES, AdminCall, AdminRequests, AdminRpc, call_steps
 from .._auth import BearerToken, aio_bearer_interceptors
 from .._calling import CHANNEL_OPTIONS, parse_nameservers, positive
-from .._errors import InvalidFieldError, NotANameServerError, error_from_rpc
+from .._errors import InvalidFieldError, NotANameServerError, TopicExistsError, error_from_rpc
+from .._resets import OffsetKey, ResetResult
 from .._sending import run_async
 from .._tls import TLS, ChannelTLS
-from ..v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
+from ..v1 import admin_pb2, admin_pb2_grpc, broker_pb2, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 
 class AsyncAdmin:
@@ -56,10 +58,15 @@ class AsyncAdmin:
         """Whether a listed resource's ``name`` (as stored) is in this client's namespace."""
         return self.requests.in_scope(name)
 
-    async def create_topic(self, topic: str, *, queue_count: int = 0,
-                           fifo: bool = False) -> admin_pb2.CreateTopicResponse:
+    async def create_topic(self, topic: str, *, queue_count: int = 0, fifo: bool = False,
+                           exist_ok: bool = False) -> admin_pb2.CreateTopicResponse:
         """See :meth:`txmq.Admin.create_topic`."""
-        return await self._run(self.requests.create_topic(topic, queue_count=queue_count, fifo=fifo))
+        try:
+            return await self._run(self.requests.create_topic(topic, queue_count=queue_count, fifo=fifo))
+        except TopicExistsError:
+            if not exist_ok:
+                raise
+        return await self._run(self.requests.existing_topic(topic, fifo=fifo))
 
     async def list_topics(self) -> admin_pb2.ListTopicsResponse:
         """See :meth:`txmq.Admin.list_topics`."""
@@ -87,12 +94,43 @@ class AsyncAdmin:
         """See :meth:`txmq.Admin.redrive_dead_letters`."""
         return await self._run(self.requests.redrive_dead_letters(consumer_group, message_ids, all=all))
 
+    async def reset_offsets(self, consumer_group: str, topic: str, *, to_earliest: bool = False,
+                            to_latest: bool = False, to_time: _dt.datetime | None = None,
+                            to_offsets: Mapping[OffsetKey, int] | None = None, shift: int | None = None,
+                            dry_run: bool = True, force: bool = False, reason: str = "",
+                            operator: str = "") -> ResetResult:
+        """See :meth:`txmq.Admin.reset_offsets`."""
+        result: ResetResult = await self._run(self.requests.reset_offsets(
+            consumer_group, topic, to_earliest=to_earliest, to_latest=to_latest, to_time=to_time,
+            to_offsets=to_offsets, shift=shift, dry_run=dry_run, force=force, reason=reason, operator=operator))
+        return result
+
+    async def group_clients(self, group: str) -> admin_pb2.ListGroupClientsResponse:
+        """See :meth:`txmq.Admin.group_clients`."""
+        return await self._run(self.requests.group_clients(group))
+
+    async def get_message(self, message_id: str) -> broker_pb2.FoundMessage:
+        """See :meth:`txmq.Admin.get_message`."""
+        return await self._run(self.requests.get_message(message_id))
+
+    async def find_messages(self, topic: str, key: str, *, limit: int = 32, begin: _dt.datetime | None = None,
+                            end: _dt.datetime | None = None) -> admin_pb2.FindMessagesResponse:
+        """See :meth:`txmq.Admin.find_messages`."""
+        return await self._run(self.requests.find_messages(topic, key, limit=limit, begin=begin, end=end))
+
+    async def read_messages(self, topic: str, queue_id: int, offset: int, *, broker: str = "",
+                            limit: int = 1) -> admin_pb2.ReadMessagesResponse:
+        """See :meth:`txmq.Admin.read_messages`."""
+        return await self._run(self.requests.read_messages(topic, queue_id, offset, broker=broker, limit=limit))
+
     async def list_transactions(self, *, producer_group: str = "",
                                 state: common_pb2.TransactionState.ValueType = common_pb2.TRANSACTION_STATE_UNSPECIFIED,
-                                older_than_seconds: float = 0.0, limit: int = 100) -> admin_pb2.ListTransactionsResponse:
+                                older_than_seconds: float = 0.0, limit: int = 100,
+                                key: str = "") -> admin_pb2.ListTransactionsResponse:
         """See :meth:`txmq.Admin.list_transactions`."""
         return await self._run(self.requests.list_transactions(producer_group=producer_group, state=state,
-                                                               older_than_seconds=older_than_seconds, limit=limit))
+                                                               older_than_seconds=older_than_seconds, limit=limit,
+                                                               key=key))
 
     async def describe_transaction(self, transaction_id: str) -> admin_pb2.DescribeTransactionResponse:
         """See :meth:`txmq.Admin.describe_transaction`."""

@@ -13,6 +13,7 @@ from .._calling import positive
 from .. import _tracing as tracing
 from .._errors import ClientClosedError, TxmqError
 from .._names import in_namespace, validate_group
+from .._producing import new_client_id
 from .._receiving import (AckOutcome, LongPoll, Receive, Target, ack_groups, ack_request, ack_results, check_receive,
                           deferred_acks, invisibility_request, receive_request, receive_steps, received,
                           report_deferred, settle, subscriptions_of, target_steps, with_invisibility)
@@ -46,6 +47,7 @@ class AsyncSimpleConsumer:
         self.consumer_group = consumer_group
         self.subscriptions = subscriptions_of(subscriptions, namespace)
         self.await_duration_seconds = positive("await_duration_seconds", await_duration_seconds)
+        self.client_id = new_client_id()  # how the brokers name this consumer (txmq group clients)
         self._client = AsyncClient(nameservers, request_timeout_seconds=request_timeout_seconds,
                                    route_refresh_seconds=route_refresh_seconds, what="consumer", tls=tls, token=token)
         self._round_robin = itertools.count()
@@ -174,7 +176,7 @@ class AsyncSimpleConsumer:
             address = await self._client.broker_address(target.broker_name)
             carried = self._deferred.take(target.broker_name, target.topic)
             request = receive_request(self.consumer_group, target, max_messages, invisible_duration_seconds,
-                                      wait_seconds, carried)
+                                      wait_seconds, carried, self.client_id)
             response = await self._client.call(self._client.broker(address).ReceiveMessages, request,
                                                timeout=wait_seconds + self._client.request_timeout_seconds)
         except (TxmqError, asyncio.CancelledError) as exc:

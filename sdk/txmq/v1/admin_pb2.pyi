@@ -21,6 +21,316 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ResetOffsetsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    SHIFT_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    topic: _builtins.str
+    target: _broker_pb2.ResetTarget.ValueType
+    timestamp_ms: _builtins.int
+    shift: _builtins.int
+    dry_run: _builtins.bool
+    force: _builtins.bool
+    reason: _builtins.str
+    """Why (recorded with the reset and the principal)."""
+    operator: _builtins.str
+    """Who, when auth is off (with auth on the caller's principal is recorded instead)."""
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___BrokerQueueOffset]:
+        """RESET_TARGET_OFFSET: per queue, on the broker named."""
+
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        target: _broker_pb2.ResetTarget.ValueType = ...,
+        timestamp_ms: _builtins.int = ...,
+        offsets: _abc.Iterable[Global___BrokerQueueOffset] | None = ...,
+        shift: _builtins.int = ...,
+        dry_run: _builtins.bool = ...,
+        force: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        operator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "dry_run", b"dry_run", "force", b"force", "offsets", b"offsets", "operator", b"operator", "reason", b"reason", "shift", b"shift", "target", b"target", "timestamp_ms", b"timestamp_ms", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetOffsetsRequest: _TypeAlias = ResetOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class BrokerQueueOffset(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    broker_name: _builtins.str
+    queue_id: _builtins.int
+    offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        broker_name: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "offset", b"offset", "queue_id", b"queue_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BrokerQueueOffset: _TypeAlias = BrokerQueueOffset  # noqa: Y015
+
+@_typing.final
+class ResetOffsetsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUES_FIELD_NUMBER: _builtins.int
+    LIVE_CONSUMERS_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _builtins.int
+    applied: _builtins.bool
+    operator: _builtins.str
+    """Who reset (recorded), for an applied reset."""
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedCompositeFieldContainer[_broker_pb2.QueueReset]: ...
+    @_builtins.property
+    def live_consumers(self) -> _containers.RepeatedCompositeFieldContainer[_broker_pb2.GroupClient]: ...
+    @_builtins.property
+    def unreachable_brokers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        queues: _abc.Iterable[_broker_pb2.QueueReset] | None = ...,
+        live_consumers: _abc.Iterable[_broker_pb2.GroupClient] | None = ...,
+        applied: _builtins.bool = ...,
+        operator: _builtins.str = ...,
+        unreachable_brokers: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "live_consumers", b"live_consumers", "operator", b"operator", "queues", b"queues", "unreachable_brokers", b"unreachable_brokers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetOffsetsResponse: _TypeAlias = ResetOffsetsResponse  # noqa: Y015
+
+@_typing.final
+class GetMessageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    message_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        message_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMessageRequest: _TypeAlias = GetMessageRequest  # noqa: Y015
+
+@_typing.final
+class GetMessageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def message(self) -> _broker_pb2.FoundMessage: ...
+    def __init__(
+        self,
+        *,
+        message: _broker_pb2.FoundMessage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMessageResponse: _TypeAlias = GetMessageResponse  # noqa: Y015
+
+@_typing.final
+class FindMessagesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    BEGIN_MS_FIELD_NUMBER: _builtins.int
+    END_MS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    key: _builtins.str
+    limit: _builtins.int
+    """Most messages per broker (0: 32, at most 1000)."""
+    begin_ms: _builtins.int
+    end_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        key: _builtins.str = ...,
+        limit: _builtins.int = ...,
+        begin_ms: _builtins.int = ...,
+        end_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_ms", b"begin_ms", "end_ms", b"end_ms", "key", b"key", "limit", b"limit", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FindMessagesRequest: _TypeAlias = FindMessagesRequest  # noqa: Y015
+
+@_typing.final
+class FindMessagesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _builtins.int
+    truncated: _builtins.bool
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_broker_pb2.FoundMessage]: ...
+    @_builtins.property
+    def unreachable_brokers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[_broker_pb2.FoundMessage] | None = ...,
+        truncated: _builtins.bool = ...,
+        unreachable_brokers: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "truncated", b"truncated", "unreachable_brokers", b"unreachable_brokers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FindMessagesResponse: _TypeAlias = FindMessagesResponse  # noqa: Y015
+
+@_typing.final
+class ReadMessagesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    broker_name: _builtins.str
+    queue_id: _builtins.int
+    offset: _builtins.int
+    limit: _builtins.int
+    """Most messages (0: 1, at most 1000)."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        broker_name: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "limit", b"limit", "offset", b"offset", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadMessagesRequest: _TypeAlias = ReadMessagesRequest  # noqa: Y015
+
+@_typing.final
+class ReadMessagesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    MIN_OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_OFFSET_FIELD_NUMBER: _builtins.int
+    min_offset: _builtins.int
+    max_offset: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_broker_pb2.FoundMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[_broker_pb2.FoundMessage] | None = ...,
+        min_offset: _builtins.int = ...,
+        max_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_offset", b"max_offset", "messages", b"messages", "min_offset", b"min_offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadMessagesResponse: _TypeAlias = ReadMessagesResponse  # noqa: Y015
+
+@_typing.final
+class ListGroupClientsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGroupClientsRequest: _TypeAlias = ListGroupClientsRequest  # noqa: Y015
+
+@_typing.final
+class ListGroupClientsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENTS_FIELD_NUMBER: _builtins.int
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def clients(self) -> _containers.RepeatedCompositeFieldContainer[_broker_pb2.GroupClient]: ...
+    @_builtins.property
+    def unreachable_brokers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        clients: _abc.Iterable[_broker_pb2.GroupClient] | None = ...,
+        unreachable_brokers: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clients", b"clients", "unreachable_brokers", b"unreachable_brokers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGroupClientsResponse: _TypeAlias = ListGroupClientsResponse  # noqa: Y015
+
+@_typing.final
 class ExpandTopicRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -214,11 +524,17 @@ class ListTransactionsRequest(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     OLDER_THAN_SECONDS_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
     producer_group: _builtins.str
     state: _common_pb2.TransactionState.ValueType
     older_than_seconds: _builtins.float
     limit: _builtins.int
     """Per broker."""
+    namespace: _builtins.str
+    """Only producer groups of this namespace (filtered on each broker, before the limit)."""
+    key: _builtins.str
+    """Only transactions whose message carries this key."""
     def __init__(
         self,
         *,
@@ -226,10 +542,12 @@ class ListTransactionsRequest(_message.Message):
         state: _common_pb2.TransactionState.ValueType = ...,
         older_than_seconds: _builtins.float = ...,
         limit: _builtins.int = ...,
+        namespace: _builtins.str = ...,
+        key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "older_than_seconds", b"older_than_seconds", "producer_group", b"producer_group", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "limit", b"limit", "namespace", b"namespace", "older_than_seconds", b"older_than_seconds", "producer_group", b"producer_group", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -241,21 +559,31 @@ class ListTransactionsResponse(_message.Message):
 
     TRANSACTIONS_FIELD_NUMBER: _builtins.int
     UNREACHABLE_BROKERS_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    TRUNCATED_BROKERS_FIELD_NUMBER: _builtins.int
+    truncated: _builtins.bool
+    """A broker had more than limit matching transactions (the list is cut)."""
     @_builtins.property
     def transactions(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Transaction]: ...
     @_builtins.property
     def unreachable_brokers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Brokers that did not answer (the list is then partial)."""
 
+    @_builtins.property
+    def truncated_brokers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The brokers whose list was cut."""
+
     def __init__(
         self,
         *,
         transactions: _abc.Iterable[_common_pb2.Transaction] | None = ...,
         unreachable_brokers: _abc.Iterable[_builtins.str] | None = ...,
+        truncated: _builtins.bool = ...,
+        truncated_brokers: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["transactions", b"transactions", "unreachable_brokers", b"unreachable_brokers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["transactions", b"transactions", "truncated", b"truncated", "truncated_brokers", b"truncated_brokers", "unreachable_brokers", b"unreachable_brokers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

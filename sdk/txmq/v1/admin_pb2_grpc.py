@@ -101,6 +101,31 @@ class AdminServiceStub:
                 request_serializer=txmq_dot_v1_dot_admin__pb2.ExpandTopicRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_admin__pb2.ExpandTopicResponse.FromString,
                 _registered_method=True)
+        self.ResetOffsets = channel.unary_unary(
+                '/txmq.v1.AdminService/ResetOffsets',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.ResetOffsetsRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.ResetOffsetsResponse.FromString,
+                _registered_method=True)
+        self.GetMessage = channel.unary_unary(
+                '/txmq.v1.AdminService/GetMessage',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.GetMessageRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.GetMessageResponse.FromString,
+                _registered_method=True)
+        self.FindMessages = channel.unary_unary(
+                '/txmq.v1.AdminService/FindMessages',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.FindMessagesRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.FindMessagesResponse.FromString,
+                _registered_method=True)
+        self.ReadMessages = channel.unary_unary(
+                '/txmq.v1.AdminService/ReadMessages',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.ReadMessagesRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.ReadMessagesResponse.FromString,
+                _registered_method=True)
+        self.ListGroupClients = channel.unary_unary(
+                '/txmq.v1.AdminService/ListGroupClients',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.ListGroupClientsRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.ListGroupClientsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -210,6 +235,50 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResetOffsets(self, request, context):
+        """Moves a consumer group's position in a topic on every broker holding its queues (Kafka's
+        kafka-consumer-groups --reset-offsets, RocketMQ's resetOffsetByTime): to the earliest or
+        latest offset, to a time, to given offsets, or by a shift. A dry run (the default in the
+        CLI) answers the new positions and changes nothing. Refused with FAILED_PRECONDITION
+        (reason CONSUMERS_LIVE) while the group has live consumers of the topic, unless force;
+        their deliveries in flight are then invalidated. Recorded with the caller's principal.
+        NOT_FOUND for a topic no live broker holds; INVALID_ARGUMENT naming the field.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMessage(self, request, context):
+        """One message by its message id, routed to the broker the id names. NOT_FOUND when the
+        broker no longer holds it (retention) or never did.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FindMessages(self, request, context):
+        """A topic's messages by key on every broker holding it (the key index), newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadMessages(self, request, context):
+        """A topic's messages by queue and offset on one broker, like a consumer would get them
+        (no delivery is made).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGroupClients(self, request, context):
+        """The clients connected to a group on every live broker: a consumer group's live
+        receivers, a producer group's checkers (which hold its producers' check streams).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -277,6 +346,31 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ExpandTopic,
                     request_deserializer=txmq_dot_v1_dot_admin__pb2.ExpandTopicRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_admin__pb2.ExpandTopicResponse.SerializeToString,
+            ),
+            'ResetOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetOffsets,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.ResetOffsetsRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.ResetOffsetsResponse.SerializeToString,
+            ),
+            'GetMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMessage,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.GetMessageRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.GetMessageResponse.SerializeToString,
+            ),
+            'FindMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindMessages,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.FindMessagesRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.FindMessagesResponse.SerializeToString,
+            ),
+            'ReadMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadMessages,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.ReadMessagesRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.ReadMessagesResponse.SerializeToString,
+            ),
+            'ListGroupClients': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroupClients,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.ListGroupClientsRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.ListGroupClientsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -632,6 +726,141 @@ class AdminService:
             '/txmq.v1.AdminService/ExpandTopic',
             txmq_dot_v1_dot_admin__pb2.ExpandTopicRequest.SerializeToString,
             txmq_dot_v1_dot_admin__pb2.ExpandTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/ResetOffsets',
+            txmq_dot_v1_dot_admin__pb2.ResetOffsetsRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.ResetOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/GetMessage',
+            txmq_dot_v1_dot_admin__pb2.GetMessageRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.GetMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FindMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/FindMessages',
+            txmq_dot_v1_dot_admin__pb2.FindMessagesRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.FindMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/ReadMessages',
+            txmq_dot_v1_dot_admin__pb2.ReadMessagesRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.ReadMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroupClients(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/ListGroupClients',
+            txmq_dot_v1_dot_admin__pb2.ListGroupClientsRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.ListGroupClientsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -78,6 +78,29 @@ class AdminServiceStub:
     from their next route refresh. NOT_FOUND for an unknown topic or shard; ALREADY_EXISTS
     when the shard already holds at least that many.
     """
+    ResetOffsets: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ResetOffsetsRequest, _admin_pb2.ResetOffsetsResponse]
+    """Moves a consumer group's position in a topic on every broker holding its queues (Kafka's
+    kafka-consumer-groups --reset-offsets, RocketMQ's resetOffsetByTime): to the earliest or
+    latest offset, to a time, to given offsets, or by a shift. A dry run (the default in the
+    CLI) answers the new positions and changes nothing. Refused with FAILED_PRECONDITION
+    (reason CONSUMERS_LIVE) while the group has live consumers of the topic, unless force;
+    their deliveries in flight are then invalidated. Recorded with the caller's principal.
+    NOT_FOUND for a topic no live broker holds; INVALID_ARGUMENT naming the field.
+    """
+    GetMessage: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetMessageRequest, _admin_pb2.GetMessageResponse]
+    """One message by its message id, routed to the broker the id names. NOT_FOUND when the
+    broker no longer holds it (retention) or never did.
+    """
+    FindMessages: _grpc.UnaryUnaryMultiCallable[_admin_pb2.FindMessagesRequest, _admin_pb2.FindMessagesResponse]
+    """A topic's messages by key on every broker holding it (the key index), newest first."""
+    ReadMessages: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ReadMessagesRequest, _admin_pb2.ReadMessagesResponse]
+    """A topic's messages by queue and offset on one broker, like a consumer would get them
+    (no delivery is made).
+    """
+    ListGroupClients: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListGroupClientsRequest, _admin_pb2.ListGroupClientsResponse]
+    """The clients connected to a group on every live broker: a consumer group's live
+    receivers, a producer group's checkers (which hold its producers' check streams).
+    """
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -128,6 +151,29 @@ class AdminServiceAsyncStub(AdminServiceStub):
     recreated): the shard creates them, routes list them at once, and producers send there
     from their next route refresh. NOT_FOUND for an unknown topic or shard; ALREADY_EXISTS
     when the shard already holds at least that many.
+    """
+    ResetOffsets: _aio.UnaryUnaryMultiCallable[_admin_pb2.ResetOffsetsRequest, _admin_pb2.ResetOffsetsResponse]  # type: ignore[assignment]
+    """Moves a consumer group's position in a topic on every broker holding its queues (Kafka's
+    kafka-consumer-groups --reset-offsets, RocketMQ's resetOffsetByTime): to the earliest or
+    latest offset, to a time, to given offsets, or by a shift. A dry run (the default in the
+    CLI) answers the new positions and changes nothing. Refused with FAILED_PRECONDITION
+    (reason CONSUMERS_LIVE) while the group has live consumers of the topic, unless force;
+    their deliveries in flight are then invalidated. Recorded with the caller's principal.
+    NOT_FOUND for a topic no live broker holds; INVALID_ARGUMENT naming the field.
+    """
+    GetMessage: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetMessageRequest, _admin_pb2.GetMessageResponse]  # type: ignore[assignment]
+    """One message by its message id, routed to the broker the id names. NOT_FOUND when the
+    broker no longer holds it (retention) or never did.
+    """
+    FindMessages: _aio.UnaryUnaryMultiCallable[_admin_pb2.FindMessagesRequest, _admin_pb2.FindMessagesResponse]  # type: ignore[assignment]
+    """A topic's messages by key on every broker holding it (the key index), newest first."""
+    ReadMessages: _aio.UnaryUnaryMultiCallable[_admin_pb2.ReadMessagesRequest, _admin_pb2.ReadMessagesResponse]  # type: ignore[assignment]
+    """A topic's messages by queue and offset on one broker, like a consumer would get them
+    (no delivery is made).
+    """
+    ListGroupClients: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListGroupClientsRequest, _admin_pb2.ListGroupClientsResponse]  # type: ignore[assignment]
+    """The clients connected to a group on every live broker: a consumer group's live
+    receivers, a producer group's checkers (which hold its producers' check streams).
     """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -254,6 +300,59 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         recreated): the shard creates them, routes list them at once, and producers send there
         from their next route refresh. NOT_FOUND for an unknown topic or shard; ALREADY_EXISTS
         when the shard already holds at least that many.
+        """
+
+    @_abc_1.abstractmethod
+    def ResetOffsets(
+        self,
+        request: _admin_pb2.ResetOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ResetOffsetsResponse, _abc.Awaitable[_admin_pb2.ResetOffsetsResponse]]:
+        """Moves a consumer group's position in a topic on every broker holding its queues (Kafka's
+        kafka-consumer-groups --reset-offsets, RocketMQ's resetOffsetByTime): to the earliest or
+        latest offset, to a time, to given offsets, or by a shift. A dry run (the default in the
+        CLI) answers the new positions and changes nothing. Refused with FAILED_PRECONDITION
+        (reason CONSUMERS_LIVE) while the group has live consumers of the topic, unless force;
+        their deliveries in flight are then invalidated. Recorded with the caller's principal.
+        NOT_FOUND for a topic no live broker holds; INVALID_ARGUMENT naming the field.
+        """
+
+    @_abc_1.abstractmethod
+    def GetMessage(
+        self,
+        request: _admin_pb2.GetMessageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GetMessageResponse, _abc.Awaitable[_admin_pb2.GetMessageResponse]]:
+        """One message by its message id, routed to the broker the id names. NOT_FOUND when the
+        broker no longer holds it (retention) or never did.
+        """
+
+    @_abc_1.abstractmethod
+    def FindMessages(
+        self,
+        request: _admin_pb2.FindMessagesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.FindMessagesResponse, _abc.Awaitable[_admin_pb2.FindMessagesResponse]]:
+        """A topic's messages by key on every broker holding it (the key index), newest first."""
+
+    @_abc_1.abstractmethod
+    def ReadMessages(
+        self,
+        request: _admin_pb2.ReadMessagesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ReadMessagesResponse, _abc.Awaitable[_admin_pb2.ReadMessagesResponse]]:
+        """A topic's messages by queue and offset on one broker, like a consumer would get them
+        (no delivery is made).
+        """
+
+    @_abc_1.abstractmethod
+    def ListGroupClients(
+        self,
+        request: _admin_pb2.ListGroupClientsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListGroupClientsResponse, _abc.Awaitable[_admin_pb2.ListGroupClientsResponse]]:
+        """The clients connected to a group on every live broker: a consumer group's live
+        receivers, a producer group's checkers (which hold its producers' check streams).
         """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

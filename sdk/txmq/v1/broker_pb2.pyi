@@ -88,6 +88,40 @@ CHECK_OUTCOME_UNDELIVERED: CheckOutcome.ValueType  # 3
 """No live producer took it: due again at once, nothing spent."""
 Global___CheckOutcome: _TypeAlias = CheckOutcome  # noqa: Y015
 
+class _ResetTarget:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ResetTargetEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ResetTarget.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RESET_TARGET_UNSPECIFIED: _ResetTarget.ValueType  # 0
+    RESET_TARGET_EARLIEST: _ResetTarget.ValueType  # 1
+    """The oldest retained offset of each queue."""
+    RESET_TARGET_LATEST: _ResetTarget.ValueType  # 2
+    """Each queue's end: only messages stored from now on are delivered."""
+    RESET_TARGET_TIME: _ResetTarget.ValueType  # 3
+    """The first message of each queue that became visible at or after timestamp_ms."""
+    RESET_TARGET_OFFSET: _ResetTarget.ValueType  # 4
+    """The offsets given per queue (offsets), clamped to what the queue retains."""
+    RESET_TARGET_SHIFT: _ResetTarget.ValueType  # 5
+    """Each queue's acknowledged offset plus shift (negative: back), clamped."""
+
+class ResetTarget(_ResetTarget, metaclass=_ResetTargetEnumTypeWrapper):
+    """Where a reset moves a consumer group (AdminService.ResetOffsets)."""
+
+RESET_TARGET_UNSPECIFIED: ResetTarget.ValueType  # 0
+RESET_TARGET_EARLIEST: ResetTarget.ValueType  # 1
+"""The oldest retained offset of each queue."""
+RESET_TARGET_LATEST: ResetTarget.ValueType  # 2
+"""Each queue's end: only messages stored from now on are delivered."""
+RESET_TARGET_TIME: ResetTarget.ValueType  # 3
+"""The first message of each queue that became visible at or after timestamp_ms."""
+RESET_TARGET_OFFSET: ResetTarget.ValueType  # 4
+"""The offsets given per queue (offsets), clamped to what the queue retains."""
+RESET_TARGET_SHIFT: ResetTarget.ValueType  # 5
+"""Each queue's acknowledged offset plus shift (negative: back), clamped."""
+Global___ResetTarget: _TypeAlias = ResetTarget  # noqa: Y015
+
 @_typing.final
 class SendMessageRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -366,6 +400,7 @@ class ReceiveMessagesRequest(_message.Message):
     INVISIBLE_DURATION_SECONDS_FIELD_NUMBER: _builtins.int
     LONG_POLLING_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     FILTER_TYPE_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
     ACK_RECEIPT_HANDLES_FIELD_NUMBER: _builtins.int
     consumer_group: _builtins.str
     topic: _builtins.str
@@ -382,6 +417,8 @@ class ReceiveMessagesRequest(_message.Message):
     """Wait up to this long for a message when none is ready (0 = return at once)."""
     filter_type: Global___FilterType.ValueType
     """How to read filter_expression (unspecified: a tag filter)."""
+    client_id: _builtins.str
+    """The consumer instance (shown by DescribeGroupClients; the caller's address when empty)."""
     @_builtins.property
     def ack_receipt_handles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Acknowledgements carried on this receive (the SDK's deferred acks): receipt handles of
@@ -402,11 +439,12 @@ class ReceiveMessagesRequest(_message.Message):
         invisible_duration_seconds: _builtins.float = ...,
         long_polling_timeout_seconds: _builtins.float = ...,
         filter_type: Global___FilterType.ValueType = ...,
+        client_id: _builtins.str = ...,
         ack_receipt_handles: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_receipt_handles", b"ack_receipt_handles", "consumer_group", b"consumer_group", "filter_expression", b"filter_expression", "filter_type", b"filter_type", "invisible_duration_seconds", b"invisible_duration_seconds", "long_polling_timeout_seconds", b"long_polling_timeout_seconds", "max_messages", b"max_messages", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_receipt_handles", b"ack_receipt_handles", "client_id", b"client_id", "consumer_group", b"consumer_group", "filter_expression", b"filter_expression", "filter_type", b"filter_type", "invisible_duration_seconds", b"invisible_duration_seconds", "long_polling_timeout_seconds", b"long_polling_timeout_seconds", "max_messages", b"max_messages", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1041,6 +1079,8 @@ class QueryTransactionsRequest(_message.Message):
     OLDER_THAN_SECONDS_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
     producer_group: _builtins.str
     """Empty for all groups."""
     state: _common_pb2.TransactionState.ValueType
@@ -1050,6 +1090,10 @@ class QueryTransactionsRequest(_message.Message):
     limit: _builtins.int
     page_token: _builtins.str
     """Resume after this transaction id (from the previous page's next_page_token)."""
+    namespace: _builtins.str
+    """Only producer groups of this namespace (txmq.names: "<namespace>%<group>"); empty for all."""
+    key: _builtins.str
+    """Only transactions whose message carries this key; empty for all."""
     def __init__(
         self,
         *,
@@ -1058,10 +1102,12 @@ class QueryTransactionsRequest(_message.Message):
         older_than_seconds: _builtins.float = ...,
         limit: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "older_than_seconds", b"older_than_seconds", "page_token", b"page_token", "producer_group", b"producer_group", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "limit", b"limit", "namespace", b"namespace", "older_than_seconds", b"older_than_seconds", "page_token", b"page_token", "producer_group", b"producer_group", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1262,6 +1308,10 @@ class ConsumerQueueStatus(_message.Message):
     LAG_SECONDS_FIELD_NUMBER: _builtins.int
     INFLIGHT_FIELD_NUMBER: _builtins.int
     RETRYING_FIELD_NUMBER: _builtins.int
+    LAST_RESET_OPERATOR_FIELD_NUMBER: _builtins.int
+    LAST_RESET_AT_MS_FIELD_NUMBER: _builtins.int
+    LAST_RESET_REASON_FIELD_NUMBER: _builtins.int
+    LAST_RESET_TARGET_FIELD_NUMBER: _builtins.int
     consumer_group: _builtins.str
     topic: _builtins.str
     broker_name: _builtins.str
@@ -1280,6 +1330,13 @@ class ConsumerQueueStatus(_message.Message):
     """Deliveries waiting for an acknowledgement."""
     retrying: _builtins.int
     """Of those, deliveries after the first (delivery_attempt > 1)."""
+    last_reset_operator: _builtins.str
+    """The last reset of the group's offsets in this topic on this broker (ResetGroupOffsets):
+    who, when (0: never), why, and to what ("earliest", "latest", "time", "offset", "shift").
+    """
+    last_reset_at_ms: _builtins.int
+    last_reset_reason: _builtins.str
+    last_reset_target: _builtins.str
     def __init__(
         self,
         *,
@@ -1294,10 +1351,14 @@ class ConsumerQueueStatus(_message.Message):
         lag_seconds: _builtins.float = ...,
         inflight: _builtins.int = ...,
         retrying: _builtins.int = ...,
+        last_reset_operator: _builtins.str = ...,
+        last_reset_at_ms: _builtins.int = ...,
+        last_reset_reason: _builtins.str = ...,
+        last_reset_target: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_offset", b"ack_offset", "broker_name", b"broker_name", "consumer_group", b"consumer_group", "inflight", b"inflight", "lag_messages", b"lag_messages", "lag_seconds", b"lag_seconds", "max_offset", b"max_offset", "next_offset", b"next_offset", "queue_id", b"queue_id", "retrying", b"retrying", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_offset", b"ack_offset", "broker_name", b"broker_name", "consumer_group", b"consumer_group", "inflight", b"inflight", "lag_messages", b"lag_messages", "lag_seconds", b"lag_seconds", "last_reset_at_ms", b"last_reset_at_ms", "last_reset_operator", b"last_reset_operator", "last_reset_reason", b"last_reset_reason", "last_reset_target", b"last_reset_target", "max_offset", b"max_offset", "next_offset", b"next_offset", "queue_id", b"queue_id", "retrying", b"retrying", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1704,3 +1765,354 @@ class ListGlobalTransactionsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListGlobalTransactionsResponse: _TypeAlias = ListGlobalTransactionsResponse  # noqa: Y015
+
+@_typing.final
+class QueueOffset(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    queue_id: _builtins.int
+    offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        queue_id: _builtins.int = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "queue_id", b"queue_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueOffset: _TypeAlias = QueueOffset  # noqa: Y015
+
+@_typing.final
+class ResetGroupOffsetsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    SHIFT_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    topic: _builtins.str
+    target: Global___ResetTarget.ValueType
+    timestamp_ms: _builtins.int
+    """RESET_TARGET_TIME: ms since the epoch (broker clock)."""
+    shift: _builtins.int
+    """RESET_TARGET_SHIFT."""
+    dry_run: _builtins.bool
+    """Compute and answer the new positions, change nothing."""
+    force: _builtins.bool
+    """Reset even while the group has live consumers (their deliveries in flight are
+    invalidated: their receipt handles no longer acknowledge anything).
+    """
+    operator: _builtins.str
+    """Who resets (the caller's principal with auth on), recorded with the reset."""
+    reason: _builtins.str
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueOffset]:
+        """RESET_TARGET_OFFSET: the queues of this broker to move (others are left as they are)."""
+
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        target: Global___ResetTarget.ValueType = ...,
+        timestamp_ms: _builtins.int = ...,
+        offsets: _abc.Iterable[Global___QueueOffset] | None = ...,
+        shift: _builtins.int = ...,
+        dry_run: _builtins.bool = ...,
+        force: _builtins.bool = ...,
+        operator: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "dry_run", b"dry_run", "force", b"force", "offsets", b"offsets", "operator", b"operator", "reason", b"reason", "shift", b"shift", "target", b"target", "timestamp_ms", b"timestamp_ms", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetGroupOffsetsRequest: _TypeAlias = ResetGroupOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class QueueReset(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    CURRENT_OFFSET_FIELD_NUMBER: _builtins.int
+    NEW_OFFSET_FIELD_NUMBER: _builtins.int
+    MIN_OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_OFFSET_FIELD_NUMBER: _builtins.int
+    LAG_BEFORE_FIELD_NUMBER: _builtins.int
+    LAG_AFTER_FIELD_NUMBER: _builtins.int
+    INFLIGHT_INVALIDATED_FIELD_NUMBER: _builtins.int
+    broker_name: _builtins.str
+    queue_id: _builtins.int
+    current_offset: _builtins.int
+    """The group's acknowledged offset before (everything below was acknowledged)."""
+    new_offset: _builtins.int
+    """Where the group reads from after the reset."""
+    min_offset: _builtins.int
+    """The queue's oldest retained offset and its end."""
+    max_offset: _builtins.int
+    lag_before: _builtins.int
+    """max_offset - current_offset, and max_offset - new_offset."""
+    lag_after: _builtins.int
+    inflight_invalidated: _builtins.int
+    """Deliveries in flight that the reset invalidated."""
+    def __init__(
+        self,
+        *,
+        broker_name: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        current_offset: _builtins.int = ...,
+        new_offset: _builtins.int = ...,
+        min_offset: _builtins.int = ...,
+        max_offset: _builtins.int = ...,
+        lag_before: _builtins.int = ...,
+        lag_after: _builtins.int = ...,
+        inflight_invalidated: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "current_offset", b"current_offset", "inflight_invalidated", b"inflight_invalidated", "lag_after", b"lag_after", "lag_before", b"lag_before", "max_offset", b"max_offset", "min_offset", b"min_offset", "new_offset", b"new_offset", "queue_id", b"queue_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueReset: _TypeAlias = QueueReset  # noqa: Y015
+
+@_typing.final
+class GroupClient(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    LAST_SEEN_MS_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    CAPACITY_FIELD_NUMBER: _builtins.int
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    """A consumer's client id (or address), or a checker's id."""
+    address: _builtins.str
+    kind: _builtins.str
+    """"consumer" or "checker"."""
+    group: _builtins.str
+    last_seen_ms: _builtins.int
+    waiting: _builtins.bool
+    """Consumers: a receive of it is waiting now (long poll). Checkers: claim capacity (the
+    free credit its producers of the group granted).
+    """
+    capacity: _builtins.int
+    broker_name: _builtins.str
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Consumers: the topics it received from; checkers: empty."""
+
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        address: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        group: _builtins.str = ...,
+        topics: _abc.Iterable[_builtins.str] | None = ...,
+        last_seen_ms: _builtins.int = ...,
+        waiting: _builtins.bool = ...,
+        capacity: _builtins.int = ...,
+        broker_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_name", b"broker_name", "capacity", b"capacity", "client_id", b"client_id", "group", b"group", "kind", b"kind", "last_seen_ms", b"last_seen_ms", "topics", b"topics", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupClient: _TypeAlias = GroupClient  # noqa: Y015
+
+@_typing.final
+class ResetGroupOffsetsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUES_FIELD_NUMBER: _builtins.int
+    LIVE_CONSUMERS_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
+    applied: _builtins.bool
+    """False for a dry run."""
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueReset]: ...
+    @_builtins.property
+    def live_consumers(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupClient]:
+        """Live consumers of the group on the topic (what refuses a reset without force)."""
+
+    def __init__(
+        self,
+        *,
+        queues: _abc.Iterable[Global___QueueReset] | None = ...,
+        live_consumers: _abc.Iterable[Global___GroupClient] | None = ...,
+        applied: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "live_consumers", b"live_consumers", "queues", b"queues"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetGroupOffsetsResponse: _TypeAlias = ResetGroupOffsetsResponse  # noqa: Y015
+
+@_typing.final
+class LookupMessagesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    BY_OFFSET_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    BEGIN_MS_FIELD_NUMBER: _builtins.int
+    END_MS_FIELD_NUMBER: _builtins.int
+    message_id: _builtins.str
+    """By message id (topic optional): the message, or its transaction when it is a half message."""
+    topic: _builtins.str
+    """By key: the messages of topic carrying this key (newest first), up to limit."""
+    key: _builtins.str
+    by_offset: _builtins.bool
+    """By queue and offset: by_offset, topic, queue_id, offset, up to limit messages from there."""
+    queue_id: _builtins.int
+    offset: _builtins.int
+    limit: _builtins.int
+    """Most messages (0: 32; at most 1000)."""
+    begin_ms: _builtins.int
+    """By key: only messages stored in [begin_ms, end_ms) (0: unbounded)."""
+    end_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        message_id: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        key: _builtins.str = ...,
+        by_offset: _builtins.bool = ...,
+        queue_id: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        limit: _builtins.int = ...,
+        begin_ms: _builtins.int = ...,
+        end_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_ms", b"begin_ms", "by_offset", b"by_offset", "end_ms", b"end_ms", "key", b"key", "limit", b"limit", "message_id", b"message_id", "offset", b"offset", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupMessagesRequest: _TypeAlias = LookupMessagesRequest  # noqa: Y015
+
+@_typing.final
+class FoundMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    TRANSACTION_STATE_FIELD_NUMBER: _builtins.int
+    SCHEDULED_FIELD_NUMBER: _builtins.int
+    transaction_state: _common_pb2.TransactionState.ValueType
+    """Transactional messages: the transaction's state (UNSPECIFIED for a normal message)."""
+    scheduled: _builtins.bool
+    """The message waits for its delivery time (not yet in its queue)."""
+    @_builtins.property
+    def message(self) -> _common_pb2.DeliveredMessage:
+        """As a consumer receives it (no receipt handle, delivery_attempt 0); queue_offset -1 for a
+        half message not (or not yet) committed.
+        """
+
+    def __init__(
+        self,
+        *,
+        message: _common_pb2.DeliveredMessage | None = ...,
+        transaction_state: _common_pb2.TransactionState.ValueType = ...,
+        scheduled: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "scheduled", b"scheduled", "transaction_state", b"transaction_state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FoundMessage: _TypeAlias = FoundMessage  # noqa: Y015
+
+@_typing.final
+class LookupMessagesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    truncated: _builtins.bool
+    """More matched than limit."""
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___FoundMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___FoundMessage] | None = ...,
+        truncated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupMessagesResponse: _TypeAlias = LookupMessagesResponse  # noqa: Y015
+
+@_typing.final
+class DescribeGroupClientsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """A consumer group or a producer group (both are looked up)."""
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeGroupClientsRequest: _TypeAlias = DescribeGroupClientsRequest  # noqa: Y015
+
+@_typing.final
+class DescribeGroupClientsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def clients(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupClient]: ...
+    def __init__(
+        self,
+        *,
+        clients: _abc.Iterable[Global___GroupClient] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clients", b"clients"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeGroupClientsResponse: _TypeAlias = DescribeGroupClientsResponse  # noqa: Y015

@@ -148,6 +148,21 @@ class BrokerServiceStub:
                 request_serializer=txmq_dot_v1_dot_broker__pb2.ListGlobalTransactionsRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_broker__pb2.ListGlobalTransactionsResponse.FromString,
                 _registered_method=True)
+        self.ResetGroupOffsets = channel.unary_unary(
+                '/txmq.v1.BrokerService/ResetGroupOffsets',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.ResetGroupOffsetsRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.ResetGroupOffsetsResponse.FromString,
+                _registered_method=True)
+        self.LookupMessages = channel.unary_unary(
+                '/txmq.v1.BrokerService/LookupMessages',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.LookupMessagesRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.LookupMessagesResponse.FromString,
+                _registered_method=True)
+        self.DescribeGroupClients = channel.unary_unary(
+                '/txmq.v1.BrokerService/DescribeGroupClients',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.DescribeGroupClientsRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.DescribeGroupClientsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -334,6 +349,33 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResetGroupOffsets(self, request, context):
+        """Moves a consumer group's position in the topic's queues on this broker (the name
+        server's fan-out of AdminService.ResetOffsets; see there). One WriteBatch through the
+        replicated write path. FAILED_PRECONDITION (reason CONSUMERS_LIVE) while the group has
+        live consumers of the topic here, unless force; NOT_FOUND for a topic this broker does
+        not hold; INVALID_ARGUMENT naming the field for a bad target.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LookupMessages(self, request, context):
+        """Messages of this broker found by message id, by key (the key index) or by queue and
+        offset (AdminService.GetMessage / FindMessages / ReadMessages fan out here).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeGroupClients(self, request, context):
+        """The clients this broker sees of a group: live receivers of a consumer group, and the
+        checkers claiming checks for a producer group.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -446,6 +488,21 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.ListGlobalTransactions,
                     request_deserializer=txmq_dot_v1_dot_broker__pb2.ListGlobalTransactionsRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_broker__pb2.ListGlobalTransactionsResponse.SerializeToString,
+            ),
+            'ResetGroupOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetGroupOffsets,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.ResetGroupOffsetsRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.ResetGroupOffsetsResponse.SerializeToString,
+            ),
+            'LookupMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupMessages,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.LookupMessagesRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.LookupMessagesResponse.SerializeToString,
+            ),
+            'DescribeGroupClients': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeGroupClients,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.DescribeGroupClientsRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.DescribeGroupClientsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1046,6 +1103,87 @@ class BrokerService:
             '/txmq.v1.BrokerService/ListGlobalTransactions',
             txmq_dot_v1_dot_broker__pb2.ListGlobalTransactionsRequest.SerializeToString,
             txmq_dot_v1_dot_broker__pb2.ListGlobalTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetGroupOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/ResetGroupOffsets',
+            txmq_dot_v1_dot_broker__pb2.ResetGroupOffsetsRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.ResetGroupOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/LookupMessages',
+            txmq_dot_v1_dot_broker__pb2.LookupMessagesRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.LookupMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeGroupClients(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/DescribeGroupClients',
+            txmq_dot_v1_dot_broker__pb2.DescribeGroupClientsRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.DescribeGroupClientsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -116,6 +116,21 @@ class BrokerServiceStub:
     """
     ListGlobalTransactions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListGlobalTransactionsRequest, _broker_pb2.ListGlobalTransactionsResponse]
     """The global transactions this broker holds undecided parts of or still pushes a decision for."""
+    ResetGroupOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ResetGroupOffsetsRequest, _broker_pb2.ResetGroupOffsetsResponse]
+    """Moves a consumer group's position in the topic's queues on this broker (the name
+    server's fan-out of AdminService.ResetOffsets; see there). One WriteBatch through the
+    replicated write path. FAILED_PRECONDITION (reason CONSUMERS_LIVE) while the group has
+    live consumers of the topic here, unless force; NOT_FOUND for a topic this broker does
+    not hold; INVALID_ARGUMENT naming the field for a bad target.
+    """
+    LookupMessages: _grpc.UnaryUnaryMultiCallable[_broker_pb2.LookupMessagesRequest, _broker_pb2.LookupMessagesResponse]
+    """Messages of this broker found by message id, by key (the key index) or by queue and
+    offset (AdminService.GetMessage / FindMessages / ReadMessages fan out here).
+    """
+    DescribeGroupClients: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeGroupClientsRequest, _broker_pb2.DescribeGroupClientsResponse]
+    """The clients this broker sees of a group: live receivers of a consumer group, and the
+    checkers claiming checks for a producer group.
+    """
 
 @_typing.type_check_only
 class BrokerServiceAsyncStub(BrokerServiceStub):
@@ -205,6 +220,21 @@ class BrokerServiceAsyncStub(BrokerServiceStub):
     """
     ListGlobalTransactions: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListGlobalTransactionsRequest, _broker_pb2.ListGlobalTransactionsResponse]  # type: ignore[assignment]
     """The global transactions this broker holds undecided parts of or still pushes a decision for."""
+    ResetGroupOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.ResetGroupOffsetsRequest, _broker_pb2.ResetGroupOffsetsResponse]  # type: ignore[assignment]
+    """Moves a consumer group's position in the topic's queues on this broker (the name
+    server's fan-out of AdminService.ResetOffsets; see there). One WriteBatch through the
+    replicated write path. FAILED_PRECONDITION (reason CONSUMERS_LIVE) while the group has
+    live consumers of the topic here, unless force; NOT_FOUND for a topic this broker does
+    not hold; INVALID_ARGUMENT naming the field for a bad target.
+    """
+    LookupMessages: _aio.UnaryUnaryMultiCallable[_broker_pb2.LookupMessagesRequest, _broker_pb2.LookupMessagesResponse]  # type: ignore[assignment]
+    """Messages of this broker found by message id, by key (the key index) or by queue and
+    offset (AdminService.GetMessage / FindMessages / ReadMessages fan out here).
+    """
+    DescribeGroupClients: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeGroupClientsRequest, _broker_pb2.DescribeGroupClientsResponse]  # type: ignore[assignment]
+    """The clients this broker sees of a group: live receivers of a consumer group, and the
+    checkers claiming checks for a producer group.
+    """
 
 class BrokerServiceServicer(metaclass=_abc_1.ABCMeta):
     """The broker: the durable store. Producers send here (one message per unary call, or
@@ -423,5 +453,38 @@ class BrokerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ListGlobalTransactionsResponse, _abc.Awaitable[_broker_pb2.ListGlobalTransactionsResponse]]:
         """The global transactions this broker holds undecided parts of or still pushes a decision for."""
+
+    @_abc_1.abstractmethod
+    def ResetGroupOffsets(
+        self,
+        request: _broker_pb2.ResetGroupOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ResetGroupOffsetsResponse, _abc.Awaitable[_broker_pb2.ResetGroupOffsetsResponse]]:
+        """Moves a consumer group's position in the topic's queues on this broker (the name
+        server's fan-out of AdminService.ResetOffsets; see there). One WriteBatch through the
+        replicated write path. FAILED_PRECONDITION (reason CONSUMERS_LIVE) while the group has
+        live consumers of the topic here, unless force; NOT_FOUND for a topic this broker does
+        not hold; INVALID_ARGUMENT naming the field for a bad target.
+        """
+
+    @_abc_1.abstractmethod
+    def LookupMessages(
+        self,
+        request: _broker_pb2.LookupMessagesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.LookupMessagesResponse, _abc.Awaitable[_broker_pb2.LookupMessagesResponse]]:
+        """Messages of this broker found by message id, by key (the key index) or by queue and
+        offset (AdminService.GetMessage / FindMessages / ReadMessages fan out here).
+        """
+
+    @_abc_1.abstractmethod
+    def DescribeGroupClients(
+        self,
+        request: _broker_pb2.DescribeGroupClientsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeGroupClientsResponse, _abc.Awaitable[_broker_pb2.DescribeGroupClientsResponse]]:
+        """The clients this broker sees of a group: live receivers of a consumer group, and the
+        checkers claiming checks for a producer group.
+        """
 
 def add_BrokerServiceServicer_to_server(servicer: BrokerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

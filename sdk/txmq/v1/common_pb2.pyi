@@ -449,6 +449,7 @@ class Transaction(_message.Message):
     BROKER_NAME_FIELD_NUMBER: _builtins.int
     BODY_SIZE_BYTES_FIELD_NUMBER: _builtins.int
     DISCARDED_AT_MS_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
     transaction_id: _builtins.str
     message_id: _builtins.str
     producer_group: _builtins.str
@@ -476,6 +477,10 @@ class Transaction(_message.Message):
     body_size_bytes: _builtins.int
     discarded_at_ms: _builtins.int
     """When the transaction was discarded (0 if never)."""
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The message's keys (set by listings that read the message)."""
+
     def __init__(
         self,
         *,
@@ -499,10 +504,11 @@ class Transaction(_message.Message):
         broker_name: _builtins.str = ...,
         body_size_bytes: _builtins.int = ...,
         discarded_at_ms: _builtins.int = ...,
+        keys: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body_size_bytes", b"body_size_bytes", "broker_name", b"broker_name", "checks_answered", b"checks_answered", "checks_delivered", b"checks_delivered", "discard_reason", b"discard_reason", "discarded_at_ms", b"discarded_at_ms", "ended_at_ms", b"ended_at_ms", "message_id", b"message_id", "next_check_at_ms", b"next_check_at_ms", "operator", b"operator", "prepared_at_ms", b"prepared_at_ms", "producer_client_id", b"producer_client_id", "producer_group", b"producer_group", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "reason", b"reason", "resolution_source", b"resolution_source", "state", b"state", "topic", b"topic", "transaction_id", b"transaction_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body_size_bytes", b"body_size_bytes", "broker_name", b"broker_name", "checks_answered", b"checks_answered", "checks_delivered", b"checks_delivered", "discard_reason", b"discard_reason", "discarded_at_ms", b"discarded_at_ms", "ended_at_ms", b"ended_at_ms", "keys", b"keys", "message_id", b"message_id", "next_check_at_ms", b"next_check_at_ms", "operator", b"operator", "prepared_at_ms", b"prepared_at_ms", "producer_client_id", b"producer_client_id", "producer_group", b"producer_group", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "reason", b"reason", "resolution_source", b"resolution_source", "state", b"state", "topic", b"topic", "transaction_id", b"transaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -178,7 +178,8 @@ class ReplicaNode:
         self.shipper.lead()
         db.read_ticket = db.written  # nothing on disk is shown before it is committed
         term = await self._make_term(epoch)
-        gate = Gate(lead, term.bridge, lambda: self.db, on_refused=self._refused)
+        gate = Gate(lead, term.bridge, lambda: self.db, on_refused=self._refused,
+                    cap_reads=term.core.queues.cap_reads)
         self.term, self.lead, self.gate = term, lead, gate
         self.leadership_changes += 1
         self.state = ShardState(Leader(self.replica_id, self.address(), epoch, self.coord.lease_id,

@@ -215,15 +215,18 @@ class Leadership:
             return True
         return any(r != self.rules.replica_id and self.gone(r, now) for r in members)
 
-    def refuse_any_write(self, now: float, read_ticket: int) -> TxmqError | None:
+    def refuse_any_write(self, now: float, read_ticket: int, *, capped: bool = False) -> TxmqError | None:
         """Why any write — also one that needs no sync (a receive, an ack) — is refused now,
         or None: the leadership is being handed over (the replica taking over must hold
         the whole log), or the commit point is stalled below ``read_ticket`` (the writes a
         read of the current state depends on). Such a write's answer could never be told,
-        and a receive would hold its messages invisible to everyone while it waited."""
+        and a receive would hold its messages invisible to everyone while it waited —
+        unless the reads are ``capped`` at the commit point (the queues show nothing above
+        it and such answers wait only for it: ``term.Gate``); a write needing a sync is
+        refused by :meth:`refuse_write` then."""
         if self.handing_over is not None:
             return NotLeaderError(self.rules.shard, self.rules.replica_id)
-        if read_ticket > self.commit and self.stalled(now):
+        if read_ticket > self.commit and self.stalled(now) and not capped:
             return NotEnoughReplicasError(self.rules.shard, self.able(now), self.rules.min_insync)
         return None
 

@@ -253,6 +253,12 @@ def decode_log_visibility(value: bytes, key: bytes = b"") -> tuple[str, int]:
 
 def decode_log_routing(value: bytes, key: bytes = b"") -> tuple[str, int, str]:
     """The tag, deliver_at_ms and message group of a log record, without copying the body."""
+    tag, deliver_at, group, _keys = decode_log_routing_keys(value, key)
+    return tag, deliver_at, group
+
+
+def decode_log_routing_keys(value: bytes, key: bytes = b"") -> tuple[str, int, str, tuple[str, ...]]:
+    """:func:`decode_log_routing` and the record's keys (a commit indexes them)."""
     payload = unframe(value, "log record", key)
     try:
         rd = Reader(payload)
@@ -262,9 +268,9 @@ def decode_log_routing(value: bytes, key: bytes = b"") -> tuple[str, int, str]:
             (n,) = _U16.unpack_from(payload, rd.pos)
             rd.pos += 2 + n
         tag = rd.s16()
-        for _ in range(1 + n_keys):  # born host, keys
-            (n,) = _U16.unpack_from(payload, rd.pos)
-            rd.pos += 2 + n
+        (n,) = _U16.unpack_from(payload, rd.pos)  # born host
+        rd.pos += 2 + n
+        keys = tuple(rd.s16() for _ in range(n_keys))
         for _ in range(n_props):
             (n,) = _U16.unpack_from(payload, rd.pos)
             rd.pos += 2 + n
@@ -272,7 +278,7 @@ def decode_log_routing(value: bytes, key: bytes = b"") -> tuple[str, int, str]:
             rd.pos += 4 + n
         (n,) = _U32.unpack_from(payload, rd.pos)
         rd.pos += 4 + n
-        return (tag, *_trailer(rd, payload))
+        return (tag, *_trailer(rd, payload), keys)
     except (ValueError, struct.error, UnicodeDecodeError) as exc:
         raise CorruptRecordError("log record", key, str(exc)) from None
 
@@ -573,3 +579,84 @@ def decode_inflight(value: bytes, key: bytes = b"") -> tuple[int, int, int]:
         raise CorruptRecordError("in-flight entry", key, str(exc)) from None
 
 
+
+
+#: An in-flight row's deadline marking a delivery revoked by an offset reset
+#: (``resets.py``): its attempt is kept so the offset's next delivery counts on from it, and
+#: a receipt handle of the revoked delivery never names a live one.
+REVOKED_DEADLINE = -2
+
+
+# --- offset resets -----------------------------------------------------------------------
+
+#: meta keys ``group_reset/<group> 0x00 <topic>``: the last reset of the group's offsets in
+#: the topic on this broker (who, when, why, to what).
+RESET_PREFIX = b"group_reset/"
+
+
+def reset_key(group: str, topic: str) -> bytes:
+    return RESET_PREFIX + group.encode() + SEP + topic.encode()
+
+
+def split_reset_key(key: bytes) -> tuple[str, str]:
+    group, topic = key[len(RESET_PREFIX):].split(SEP, 1)
+    return group.decode(), topic.decode()
+
+
+@dataclass(frozen=True, slots=True)
+class ResetRecord:
+    at_ms: int
+    operator: str
+    reason: str
+    #: ``ResetTarget`` number (broker.proto) and what it was given (time, shift).
+    target: int
+    argument: int
+
+
+_RESET = struct.Struct(">qBq")
+
+
+# at_ms i64 | target u8 | argument i64 | operator s16 | reason s16
+def encode_reset(r: ResetRecord) -> bytes:
+    w = Writer()
+    w.raw(_RESET.pack(r.at_ms, r.target, r.argument))
+    w.s16(r.operator)
+    w.s16(r.reason)
+    return frame(w.bytes())
+
+
+def decode_reset(value: bytes, key: bytes = b"") -> ResetRecord:
+    payload = unframe(value, "offset reset", key)
+    try:
+        reader = Reader(payload)
+        at_ms, target, argument = reader.fixed(_RESET)
+        return ResetRecord(at_ms, reader.s16(), reader.s16(), target, argument)
+    except (ValueError, struct.error, UnicodeDecodeError) as exc:
+        raise CorruptRecordError("offset reset", key, str(exc)) from None
+
+
+# --- the key index -----------------------------------------------------------------------
+
+#: ``keys`` family: topic 0x00 key 0x00 | queue u32 | offset u64 → b"" (framed): one entry
+#: per key of every message in a user topic's queue, written in the batch that puts the
+#: message into its queue, removed with its queue entry (retention, topic deletion).
+#: Keys may hold any character but 0x00 (refused at send).
+def key_index_prefix(topic: str, key: str) -> bytes:
+    return topic.encode() + SEP + key.encode() + SEP
+
+
+def key_index_key(topic: str, key: str, queue_id: int, offset: int) -> bytes:
+    return key_index_prefix(topic, key) + _QUEUE_POS.pack(queue_id, offset)
+
+
+def split_key_index_key(key: bytes, prefix: bytes) -> tuple[int, int]:
+    """(queue, offset) of an entry under ``prefix`` (:func:`key_index_prefix`)."""
+    return _QUEUE_POS.unpack(key[len(prefix):])
+
+
+def topic_key_prefix(topic: str) -> bytes:
+    """Every key-index entry of ``topic``."""
+    return topic.encode() + SEP
+
+
+KEY_INDEX_VALUE = frame(b"")

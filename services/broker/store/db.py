@@ -55,6 +55,7 @@ COLUMN_FAMILIES = (
     "undo",       # lsn -> undo record: the entry's keys as they were before it
     "replica",    # this replica's own bookkeeping: log end, epoch history, membership
     "global",     # multi-message transactions: open G, pushes due, undecided parts (store/globalcodec.py)
+    "keys",       # topic|key|queue|offset -> b"": the key index (codec.key_index_key)
 )
 
 #: Obsolete WAL files RocksDB keeps to reuse for new ones. Writing into a file whose blocks

@@ -47,7 +47,7 @@ from .codec import CorruptRecordError, frame, unframe
 #: (codes are stored: append only, never reorder). Everything else is local to a replica:
 #: ``replog``/``undo``/``replica`` (replication bookkeeping) and ``walfill`` (scratch).
 REPLICATED_CFS = ("log", "cq", "txn", "due", "pending", "dedup", "dedup_exp", "counters",
-                  "consumers", "inflight", "topics", "meta", "timer", "global")
+                  "consumers", "inflight", "topics", "meta", "timer", "global", "keys")
 CF_CODES = {name: i for i, name in enumerate(REPLICATED_CFS)}
 
 Put = tuple[str, bytes, "bytes | None"]

@@ -1,0 +1,97 @@
+"""The clients a broker sees of its groups, in memory: every consumer receiving from a
+group's topic (by client id, else its address) with when it last received and whether a
+receive of it waits now (a long poll), and the checkers claiming checks for a producer
+group (``checks.Claims`` tells it of each claim).
+
+**Live** (what an offset reset refuses to run under, Kafka's rule for a group with members):
+a consumer is live in (group, topic) while a receive of it waits, or for
+``consumer_session_seconds`` after its last receive there. Nothing here is persisted: after
+a restart or a fail-over a consumer is live again from its next receive, which a running
+consumer makes within its long-poll time.
+
+Owned by the event loop, like the rest of the domain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Clients remembered at most (the least recently seen are forgotten first).
+MAX_CLIENTS = 10_000
+
+
+@dataclass(slots=True)
+class Receiver:
+    group: str
+    client_id: str
+    address: str
+    #: Topic → when it last received from it (broker clock, ms).
+    topics: dict[str, int] = field(default_factory=dict)
+    #: Receives of it waiting now, by topic.
+    waiting: dict[str, int] = field(default_factory=dict)
+
+    def last_seen_ms(self) -> int:
+        return max(self.topics.values(), default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckerClaim:
+    producer_group: str
+    checker_id: str
+    #: The free credit its producers of the group granted at the last claim.
+    capacity: int
+    last_seen_ms: int
+
+
+class Receivers:
+    def __init__(self, session_ms: int) -> None:
+        self.session_ms = session_ms
+        self._receivers: dict[tuple[str, str], Receiver] = {}
+        #: (producer group, checker id) → its last claim.
+        self._checkers: dict[tuple[str, str], CheckerClaim] = {}
+
+    def received(self, group: str, topic: str, client_id: str, address: str, now_ms: int) -> Receiver:
+        """A receive of ``client_id`` (its ``address`` when it names none) from ``topic``."""
+        who = client_id or address
+        receiver = self._receivers.pop((group, who), None) or Receiver(group, who, address)
+        receiver.address = address or receiver.address
+        receiver.topics[topic] = now_ms
+        self._receivers[(group, who)] = receiver  # the most recently seen last
+        while len(self._receivers) > MAX_CLIENTS:
+            oldest = next(iter(self._receivers))
+            if self._receivers[oldest].waiting:
+                break
+            del self._receivers[oldest]
+        return receiver
+
+    def wait_begins(self, receiver: Receiver, topic: str) -> None:
+        receiver.waiting[topic] = receiver.waiting.get(topic, 0) + 1
+
+    def wait_ends(self, receiver: Receiver, topic: str, now_ms: int) -> None:
+        left = receiver.waiting.get(topic, 0) - 1
+        if left > 0:
+            receiver.waiting[topic] = left
+        else:
+            receiver.waiting.pop(topic, None)
+        receiver.topics[topic] = now_ms  # it was there until now
+
+    def live(self, group: str, topic: str, now_ms: int) -> list[Receiver]:
+        """The group's live consumers of ``topic`` (see the module docstring)."""
+        return [r for (g, _who), r in self._receivers.items()
+                if g == group and (r.waiting.get(topic) or now_ms - r.topics.get(topic, -2**62) < self.session_ms)]
+
+    def of_group(self, group: str, now_ms: int) -> list[Receiver]:
+        """The group's consumers seen within the session time (or waiting now)."""
+        return [r for (g, _who), r in self._receivers.items()
+                if g == group and (r.waiting or now_ms - r.last_seen_ms() < self.session_ms)]
+
+    def claimed(self, checker_id: str, groups: dict[str, int], now_ms: int) -> None:
+        """A checker's claim for ``groups`` (group → its producers' free credit)."""
+        for group, capacity in groups.items():
+            self._checkers[(group, checker_id)] = CheckerClaim(group, checker_id, capacity, now_ms)
+        while len(self._checkers) > MAX_CLIENTS:
+            del self._checkers[next(iter(self._checkers))]
+
+    def checkers_of(self, group: str, now_ms: int) -> list[CheckerClaim]:
+        """The checkers that claimed the producer group's checks within the session time."""
+        return [c for (g, _c), c in self._checkers.items() if g == group and now_ms - c.last_seen_ms < self.session_ms]
