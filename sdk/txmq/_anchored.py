@@ -142,14 +142,25 @@ class PsycopgConnection:
         self.conn.execute(statement.sql, statement.params)
 
     def commit(self, statement: core.Statement | None) -> None:
+        # Two plain round trips, not a pipeline: psycopg's pipeline ends with a second Sync
+        # (so two round trips as well) and costs 16 system calls against these 6.
         conn = self.conn
-        with conn.pipeline():
-            if statement is not None:
+        if statement is not None:
+            try:
                 conn.execute(statement.sql, statement.params)
-            if conn.autocommit:
-                conn.execute("COMMIT")
-            else:
-                conn.commit()
+            except BaseException:
+                self._rollback_after_error()
+                raise
+        if conn.autocommit:
+            conn.execute("COMMIT")
+        else:
+            conn.commit()
+
+    def _rollback_after_error(self) -> None:
+        try:
+            self.rollback()
+        except Exception:  # noqa: BLE001 - the statement's error is the one to report
+            pass
 
     def rollback(self) -> None:
         if self.conn.autocommit:

@@ -90,6 +90,57 @@ def consume(cluster: Cluster, topic: str, group: str, want: int, timeout: float 
     return got
 
 
+class WireTrace:
+    """libpq's own trace of a psycopg connection (every protocol message it sends and
+    receives), read back as the statements the client sent and its round trips (one per
+    ReadyForQuery the server answered)."""
+
+    def __init__(self, conn, path) -> None:
+        from psycopg import pq
+
+        self.conn, self.path = conn, path
+        self.file = open(path, "w")
+        conn.pgconn.trace(self.file.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+
+    def stop(self) -> tuple[list[str], int]:
+        """(the first two words of every statement sent, in order; round trips)."""
+        self.conn.pgconn.untrace()
+        self.file.close()
+        statements, round_trips = [], 0
+        for line in open(self.path):
+            direction, _length, kind, *rest = line.rstrip("\n").split("\t")
+            if direction == "F" and kind in ("Query", "Parse"):
+                # Query "SQL" / Parse "name" "SQL" ...: the SQL is the last quoted string that starts it.
+                sql = rest[0].split('"')[1 if kind == "Query" else 3]
+                statements.append(" ".join(sql.split()[:3]))
+            elif direction == "B" and kind == "ReadyForQuery":
+                round_trips += 1
+        return statements, round_trips
+
+
+#: What an anchored transaction with one statement of the caller's sends on the caller's
+#: connection, one round trip each: the bounds ride in the decision row's INSERT (no SET
+#: of their own), the halves are recorded by one UPDATE, nothing is read back.
+ANCHORED_STATEMENTS = ["BEGIN", "INSERT INTO txmq_decisions", "INSERT INTO orders", "UPDATE txmq_decisions SET",
+                       "COMMIT"]
+
+
+def test_an_anchored_transaction_costs_the_callers_connection_five_round_trips(checked, dsn, unique_name,
+                                                                               tmp_path):
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, psycopg.connect(dsn) as conn:
+        trace = WireTrace(conn, tmp_path / "wire.txt")
+        with producer.transaction(conn) as tx:
+            tx.send(txmq.Message(topic, b"counted"))
+            conn.execute("INSERT INTO orders VALUES ('c1', 'x')")
+        statements, round_trips = trace.stop()
+        assert tx.result.wait_acknowledged(10), tx.result.end_error
+    assert statements == ANCHORED_STATEMENTS
+    assert round_trips == len(ANCHORED_STATEMENTS)
+
+
 def test_commit_is_decided_by_the_database_and_acknowledged_in_the_background(checked, dsn, unique_name):
     group, topic = unique_name("g"), unique_name("orders")
     checked.create_topic(topic, 2)

@@ -76,14 +76,24 @@ class AsyncPsycopgConnection:
         await self.conn.execute(statement.sql, statement.params)
 
     async def commit(self, statement: core.Statement | None) -> None:
+        # Two plain round trips, not a pipeline (see txmq._anchored.PsycopgConnection.commit).
         conn = self.conn
-        async with conn.pipeline():
-            if statement is not None:
+        if statement is not None:
+            try:
                 await conn.execute(statement.sql, statement.params)
-            if conn.autocommit:
-                await conn.execute("COMMIT")
-            else:
-                await conn.commit()
+            except BaseException:
+                await self._rollback_after_error()
+                raise
+        if conn.autocommit:
+            await conn.execute("COMMIT")
+        else:
+            await conn.commit()
+
+    async def _rollback_after_error(self) -> None:
+        try:
+            await self.rollback()
+        except Exception:  # noqa: BLE001 - the statement's error is the one to report
+            pass
 
     async def rollback(self) -> None:
         if self.conn.autocommit:
