@@ -142,19 +142,15 @@ class PsycopgConnection:
         self.conn.execute(statement.sql, statement.params)
 
     def commit(self, statement: core.Statement | None) -> None:
-        # Two plain round trips, not a pipeline: psycopg's pipeline ends with a second Sync
-        # (so two round trips as well) and costs 16 system calls against these 6.
         conn = self.conn
-        if statement is not None:
-            try:
-                conn.execute(statement.sql, statement.params)
-            except BaseException:
-                self._rollback_after_error()
-                raise
-        if conn.autocommit:
-            conn.execute("COMMIT")
-        else:
-            conn.commit()
+        if statement is None:
+            conn.execute("COMMIT") if conn.autocommit else conn.commit()
+            return
+        try:
+            conn.execute(commit_query(conn, statement))
+        except BaseException:
+            self._rollback_after_error()  # a failed statement left the transaction aborted
+            raise
 
     def _rollback_after_error(self) -> None:
         try:
@@ -171,6 +167,19 @@ class PsycopgConnection:
 
     def sqlstate(self, error: BaseException) -> str | None:
         return _pg_sqlstate(error, self.conn.broken or self.conn.closed)
+
+
+def commit_query(conn: Any, statement: core.Statement) -> bytes:
+    """``statement`` and COMMIT as one simple query, for one round trip: its parameters
+    bound on the client by psycopg (``ClientCursor.mogrify``, psycopg's own quoting). A
+    pipeline would send the two as well, but ends with a second Sync: two round trips, and
+    16 system calls against these 4. The server parses the small UPDATE each time instead
+    of binding a prepared one."""
+    import psycopg
+
+    cursor = psycopg.AsyncClientCursor if isinstance(conn, psycopg.AsyncConnection) else psycopg.ClientCursor
+    text = cursor(conn).mogrify(statement.sql, statement.params)
+    return (text + "; COMMIT").encode()
 
 
 def _named(statement: core.Statement) -> tuple[str, dict[str, Any]]:
@@ -401,8 +410,11 @@ class _Pool:
 
 # --- the store: checks, ends, deletes, sweeps ---------------------------------------------
 
-#: How long the first acknowledged key waits for others before their batched delete.
-DELETE_LINGER_SECONDS = 0.05
+#: How long the first acknowledged key waits for others before their batched delete. An
+#: acknowledged row is garbage: waiting longer only leaves the table a little fuller, and at
+#: a few hundred transactions a second 0.5 s makes one DELETE of ~100 rows where 0.05 s
+#: made one of ~10 (each statement costs the database and the producer ~100-200 µs).
+DELETE_LINGER_SECONDS = 0.5
 
 
 class DecisionStore:

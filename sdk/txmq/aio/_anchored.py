@@ -19,7 +19,8 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from .. import _decisions as core
-from .._anchored import DELETE_LINGER_SECONDS, _module_of, _named, _pg_sqlstate, failpoint, failpoint_soon
+from .._anchored import (DELETE_LINGER_SECONDS, _module_of, _named, _pg_sqlstate, commit_query, failpoint,
+                         failpoint_soon)
 from .._checks import InProgress
 from .._errors import InvalidFieldError, TransactionStateError, TxmqError
 from .._types import LocalTransactionState, Message, TransactionMessage, TransactionState
@@ -76,18 +77,15 @@ class AsyncPsycopgConnection:
         await self.conn.execute(statement.sql, statement.params)
 
     async def commit(self, statement: core.Statement | None) -> None:
-        # Two plain round trips, not a pipeline (see txmq._anchored.PsycopgConnection.commit).
         conn = self.conn
-        if statement is not None:
-            try:
-                await conn.execute(statement.sql, statement.params)
-            except BaseException:
-                await self._rollback_after_error()
-                raise
-        if conn.autocommit:
-            await conn.execute("COMMIT")
-        else:
-            await conn.commit()
+        if statement is None:
+            await (conn.execute("COMMIT") if conn.autocommit else conn.commit())
+            return
+        try:
+            await conn.execute(commit_query(conn, statement))  # one round trip (txmq._anchored.commit_query)
+        except BaseException:
+            await self._rollback_after_error()  # a failed statement left the transaction aborted
+            raise
 
     async def _rollback_after_error(self) -> None:
         try:
