@@ -59,6 +59,8 @@ CREATE TABLE IF NOT EXISTS orders (id bigserial PRIMARY KEY, ref text UNIQUE NOT
 CREATE TABLE IF NOT EXISTS outbox (id bigserial PRIMARY KEY, ref text NOT NULL, body bytea NOT NULL);
 CREATE TABLE IF NOT EXISTS consumed (id bigserial PRIMARY KEY, ref text NOT NULL, body bytea NOT NULL);
 """
+#: CPU groups counted inside "txmq" (its services), shown apart too.
+SERVICE_PARTS = ("broker", "checker", "nameserver")
 #: The systems that run on txmq (its services are started for them).
 TXMQ_SYSTEMS = ("txmq", "anchored")
 #: The business payload (the message body and the outbox row carry it; a decision row does
@@ -562,7 +564,7 @@ class Run:
     @property
     def cpu_per_txn_us(self) -> float:
         """Every process's CPU per transaction (the broker counted once, inside txmq)."""
-        return sum(v for k, v in self.cpu.items() if k != "broker") / max(self.consumed, 1) * 1e6
+        return sum(v for k, v in self.cpu.items() if k not in SERVICE_PARTS) / max(self.consumed, 1) * 1e6
 
     @property
     def rate(self) -> float:
@@ -667,6 +669,8 @@ class Bench:
         if system.startswith(TXMQ_SYSTEMS):
             groups["txmq"] = [psutil.Process(p.pid) for p in self.cluster.processes if p.running]
             groups["broker"] = [psutil.Process(b.pid) for b in self.cluster.brokers if b.running]
+            groups["checker"] = [psutil.Process(c.pid) for c in self.cluster.checkers if c.running]
+            groups["nameserver"] = [psutil.Process(n.pid) for n in self.cluster.nameservers if n.running]
         if system == "rabbitmq":
             groups["rabbitmq"] = self.rabbit.processes()
         return groups
@@ -943,10 +947,12 @@ def _print(rows: dict[tuple[str, int], Run], args: argparse.Namespace) -> None:
               f"  {check}")
     counted = [(system, callers, r) for (system, callers), r in rows.items() if r.broker]
     if counted:
-        print("broker, per transaction (unary calls by method, Produce stream messages, WAL syncs):")
+        print("broker, per transaction (unary calls by method, Produce stream messages, WAL syncs), and the "
+              "services' CPU apart (µs):")
         for system, callers, r in counted:
             print(f"{callers:>7} {system:>18}  " + ", ".join(
-                f"{k} {v / max(r.consumed, 1):.2f}" for k, v in sorted(r.broker.items()) if v))
+                f"{k} {v / max(r.consumed, 1):.2f}" for k, v in sorted(r.broker.items()) if v)
+                  + "; " + ", ".join(f"{k} {r.per_txn_us(k):,.0f}" for k in SERVICE_PARTS))
     print("÷ outbox: the rate over the outbox's faster layout at the same callers (outbox: a process per "
           "caller; outbox-asyncio: coroutines of one process). anchored: docs/anchored-transactions.md.")
     print("service: txmq's name server + broker + checker, or RabbitMQ's node; outbox has none "
@@ -962,7 +968,7 @@ def best_outbox(rows: dict[tuple[str, int], Run], callers: int) -> Run | None:
 
 
 def _cpu_line(r: Run) -> str:
-    parts = {k: r.per_txn_us(k) for k in r.cpu if k != "broker"}
+    parts = {k: r.per_txn_us(k) for k in r.cpu if k not in SERVICE_PARTS}
     return (f"{r.system} {r.cpu_per_txn_us:,.0f} µs (" + ", ".join(f"{k} {v:,.0f}" for k, v in parts.items())
             + f"; machine busy {r.busy:.0%})")
 
