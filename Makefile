@@ -82,8 +82,14 @@ proto-check: venv
 run: venv $(VENV)/.proxy-installed
 	$(PY) -m services.local --data-dir $(DATA_DIR)
 
+# Every test, on TEST_WORKERS worker processes (pytest-xdist): the CPU-heavy tests (chaos,
+# load, Spark, containers) one after another on one of them, the wait-bound tests on all,
+# as tests/support/lanes.py sorts them. TEST_WORKERS=0 runs the suite in one process;
+# HEAVY_LANES=2 runs Spark's tests in a second heavy lane beside the first.
+TEST_WORKERS ?= 4
+HEAVY_LANES ?= 1
 test: venv cc etcd netns-tools openssl postgresql anchored-node-deps proto-lint proto-check pipeline-deps browser proxy-deps chart-tools images-local compose-tools registry-tools
-	$(PY) -m pytest tests
+	TXMQ_HEAVY_LANES=$(HEAVY_LANES) $(PY) -m pytest tests -n $(TEST_WORKERS)
 
 test-unit: venv
 	$(PY) -m pytest tests/unit

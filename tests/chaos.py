@@ -39,7 +39,7 @@ from pathlib import Path
 
 import grpc
 
-from tests.support import netns, replicas
+from tests.support import netns, presets, replicas
 from tests.support.cluster import Cluster
 from tests.support.processes import ServiceProcess
 from tests.support.waiting import WaitTimeout, wait_until
@@ -67,7 +67,7 @@ BROKER_ENV = {"TXMQ_TRANSACTION_TIMEOUT_SECONDS": "1.0", "TXMQ_CHECK_INTERVAL_SE
               # A wiped follower is beyond the kept log after a few seconds of load: it rebuilds
               # from a checkpoint (the rebuild faults act during that).
               "TXMQ_REPLICATION_LOG_ENTRIES": "500"}
-CHECKER_ENV = {"TXMQ_LEASE_SECONDS": "2.0", "TXMQ_ANSWER_TIMEOUT_SECONDS": "1.0"}
+CHECKER_ENV = presets.REPLICATED_CHECKER
 
 
 @dataclass

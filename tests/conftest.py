@@ -1,5 +1,6 @@
 """Fixtures: real txmq processes on ephemeral ports (see tests/support), unique names, and
-service logs attached to the report of a failing test (hidden for passing ones)."""
+service logs attached to the report of a failing test (hidden for passing ones); how
+``make test`` spreads the tests over its workers (tests/support/lanes.py)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,12 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tests.support import netns
+from tests.support import lanes, netns, presets
 from tests.support.cluster import Cluster, live_clusters
 
-#: Sub-second timings every test cluster runs with unless the test asks otherwise.
-TEST_BROKER_ENV = {
-    "TXMQ_TRANSACTION_TIMEOUT_SECONDS": "1.0",
-    "TXMQ_CHECK_INTERVAL_SECONDS": "0.5",
-    "TXMQ_MAX_DELIVERY_ATTEMPTS": "4",
-    # Each broker start pre-sizes its WAL; 64 MiB a start adds up over a test session.
-    "TXMQ_WAL_PREFILL_BYTES": str(1024 * 1024),
-}
+#: Sub-second timings every test cluster runs with unless the test asks otherwise
+#: (tests/support/presets.py).
+TEST_BROKER_ENV = presets.BROKER
 #: Lines of each service's log attached to a failing test's report.
 LOG_LINES_ON_FAILURE = 80
 
@@ -45,6 +41,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+
+
+#: test_checks.py's and test_explicit_transactions.py's cluster: checks fast and few.
+checks_cluster = presets.shared_cluster("checks_cluster", broker_env=presets.CHECKS_BROKER, checker=True,
+                                        checker_env=presets.QUICK_CHECKER)
+#: test_check_flow.py's and test_aio_sdk.py's cluster: checks again soon, late answers.
+flow_cluster = presets.shared_cluster("flow_cluster", broker_env=presets.FLOW_BROKER, checker=True,
+                                      checker_env=presets.FLOW_CHECKER)
 
 
 @pytest.fixture
@@ -102,6 +106,14 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
     return make
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    try:
+        return (yield)
+    finally:
+        presets.release(nextitem)  # shared clusters the next test does not use
+
+
 # ---------------------------------------------------------------------------- logs on failure
 def pytest_runtest_setup(item: pytest.Item) -> None:
     # Where each running cluster's logs stand as this test begins; a failure shows what
@@ -138,8 +150,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+# ---------------------------------------------------------------------------- workers
+# Under xdist (make test): each test's work unit (the heavy lane, its module's, a preset's)
+# and the order units are handed out in (tests/support/lanes.py).
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    lanes.assign(config, items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    lanes.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return lanes.make_scheduler(config, log)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    lanes.unconfigure(config)
+
+
 # ---------------------------------------------------------------------------- last resorts
 def pytest_configure(config: pytest.Config) -> None:
+    lanes.configure(config)
     # A SIGTERM (CI cancelling the job) becomes a KeyboardInterrupt, so pytest tears the
     # fixtures down and the service processes are stopped instead of orphaned.
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:

@@ -28,6 +28,9 @@ from tests.support.waiting import wait_until
 
 from .chart import CHART, COMPONENTS, Rendered
 
+#: Containers on the private Docker daemon: the heavy lane (tests/support/lanes.py).
+pytestmark = pytest.mark.heavy
+
 PRIVATE_SOCKET = "unix:///var/tmp/txmq-docker/docker.sock"
 VERSION = next(line.split('"')[1] for line in (CHART / "Chart.yaml").read_text().splitlines()
                if line.startswith("appVersion:"))

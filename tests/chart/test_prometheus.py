@@ -28,6 +28,7 @@ import yaml
 
 import txmq
 from tests.proxy.support import Clients
+from tests.support import presets
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
 from txmq.v1 import admin_pb2
@@ -36,19 +37,8 @@ from .chart import CHART, NAMESPACE
 
 DASHBOARD = CHART / "dashboards" / "txmq.json"
 LocalState = txmq.LocalTransactionState
-BROKER_ENV = {
-    "TXMQ_MAX_DELIVERY_ATTEMPTS": "2",
-    "TXMQ_TRANSACTION_TIMEOUT_SECONDS": "0.2",
-    "TXMQ_CHECK_INTERVAL_SECONDS": "0.2",
-    "TXMQ_CHECK_INTERVAL_MAX_SECONDS": "0.3",
-    "TXMQ_CHECK_MAX": "2",
-}
-CHECKER_ENV = {
-    "TXMQ_CLAIM_INTERVAL_SECONDS": "0.05",
-    "TXMQ_LEASE_SECONDS": "1.0",
-    "TXMQ_ANSWER_TIMEOUT_SECONDS": "0.5",
-    "TXMQ_BROKER_REFRESH_SECONDS": "0.5",
-}
+BROKER_ENV = presets.METRICS_BROKER
+CHECKER_ENV = presets.QUICK_CHECKER
 #: What Grafana would substitute: every namespace/group, and a window that spans the test.
 VARIABLES = {"$namespace": NAMESPACE, "$group": ".*", "$__rate_interval": "1m"}
 

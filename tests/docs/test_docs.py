@@ -21,6 +21,7 @@ from typing import Iterator
 import pytest
 
 from tests.support.cluster import Cluster
+from tests.support.postgres import PostgresInstance, fresh_database
 from tests.support.waiting import wait_until
 
 from .blocks import REPO, Block, blocks, every_block, pages
@@ -43,13 +44,26 @@ def docs_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c.stop()
 
 
-def _env(cluster: Cluster | None, tmp: Path) -> dict[str, str]:
+@pytest.fixture(scope="session")
+def docs_database() -> Iterator[str]:
+    """A PostgreSQL database the blocks may write to (anchored transactions), in
+    $TXMQ_DECISIONS_DSN."""
+    instance = PostgresInstance(max_connections=50)
+    try:
+        yield fresh_database(instance, "docs")
+    finally:
+        instance.stop()
+
+
+def _env(cluster: Cluster | None, tmp: Path, dsn: str = "") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TXMQ_")}
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env["TMPDIR"] = str(tmp)
     if cluster is not None:
         env["TXMQ_NAMESERVER"] = cluster.nameserver_address
         env["TXMQ_PROXY"] = cluster.proxy_addresses[0]
+    if dsn:
+        env["TXMQ_DECISIONS_DSN"] = dsn
     return env
 
 
@@ -102,12 +116,13 @@ def test_the_block_runs(block: Block, request: pytest.FixtureRequest, tmp_path: 
         _run_background(block, tmp_path)
         return
     cluster = request.getfixturevalue("docs_cluster")
+    dsn = request.getfixturevalue("docs_database") if "TXMQ_DECISIONS_DSN" in block.code else ""
     timeout = float(block.options.get("timeout") or 60)
     if block.kind == "python":
         args, stdin = [sys.executable, "-"], block.code
     else:
         args, stdin = ["bash", "-euo", "pipefail", "-c", block.code], ""
-    proc = subprocess.run(args, input=stdin, cwd=REPO, env=_env(cluster, tmp_path), capture_output=True, text=True,
+    proc = subprocess.run(args, input=stdin, cwd=REPO, env=_env(cluster, tmp_path, dsn), capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, (f"{block.id} ({block.language}) exited {proc.returncode}:\n{block.code}\n"
                                   f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")

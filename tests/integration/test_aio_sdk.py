@@ -9,26 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 
 import txmq
 from txmq.aio import AsyncProducer, AsyncSimpleConsumer, AsyncTransactionListener, AsyncTransactionProducer
-from tests.integration.test_check_flow import CHECKER_ENV, FAST_BROKER_ENV
 from tests.support.cluster import Cluster
 
 LocalState = txmq.LocalTransactionState
 AWAIT_SECONDS = 0.5
 
 
-@pytest.fixture(scope="module")
-def checked_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("aio"), broker_env=FAST_BROKER_ENV, checker=True, checker_env=CHECKER_ENV)
-    try:
-        yield c
-    finally:
-        c.stop()
+@pytest.fixture
+def checked_cluster(flow_cluster: Cluster) -> Cluster:
+    """test_check_flow.py's shared cluster (``flow_cluster``, tests/conftest.py)."""
+    return flow_cluster
 
 
 class Orders(AsyncTransactionListener):

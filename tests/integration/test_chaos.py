@@ -12,7 +12,8 @@ import pytest
 
 from tests.chaos import report, run_once
 
-pytestmark = pytest.mark.timeout(300)
+#: Three replicas, etcd and a mixed load under faults: the heavy lane (tests/support/lanes.py).
+pytestmark = [pytest.mark.timeout(300), pytest.mark.heavy]
 
 
 @pytest.mark.parametrize("seed", [6, 1])

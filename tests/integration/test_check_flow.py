@@ -24,30 +24,20 @@ import pytest
 import txmq
 from tests.integration.test_checks import (COMMITTED, PREPARED, ROLLED_BACK, Listener, RawStream, describe,
                                            producer, run_cli, wait_state)
+from tests.support import presets
 from tests.support.cluster import Cluster
 from tests.support.metrics import metric_sum
 from tests.support.waiting import wait_until
 from txmq.v1 import checker_pb2, common_pb2
 
 LocalState = txmq.LocalTransactionState
-ANSWER_TIMEOUT = 0.3
-LEASE = 0.6
-CHECKER_ENV = {
-    "TXMQ_CLAIM_INTERVAL_SECONDS": "0.05",
-    "TXMQ_LEASE_SECONDS": str(LEASE),
-    "TXMQ_ANSWER_TIMEOUT_SECONDS": str(ANSWER_TIMEOUT),
-    "TXMQ_BROKER_REFRESH_SECONDS": "0.5",
-}
+CHECKER_ENV = presets.FLOW_CHECKER
+ANSWER_TIMEOUT = float(CHECKER_ENV["TXMQ_ANSWER_TIMEOUT_SECONDS"])
+LEASE = float(CHECKER_ENV["TXMQ_LEASE_SECONDS"])
 #: Checks again soon after an unanswered one (a re-claim while the first answer is late).
-FAST_BROKER_ENV = {
-    "TXMQ_TRANSACTION_TIMEOUT_SECONDS": "0.3",
-    "TXMQ_CHECK_INTERVAL_SECONDS": "0.2",
-    "TXMQ_CHECK_INTERVAL_MAX_SECONDS": "0.3",
-    "TXMQ_CHECK_JITTER": "0",
-    "TXMQ_CHECK_MAX": "15",
-}
+FAST_BROKER_ENV = presets.FLOW_BROKER
 #: No second check for a minute: an answer after the timeout meets the claim it answers.
-SLOW_BROKER_ENV = {**FAST_BROKER_ENV, "TXMQ_CHECK_INTERVAL_SECONDS": "60", "TXMQ_CHECK_INTERVAL_MAX_SECONDS": "60"}
+SLOW_BROKER_ENV = presets.FLOW_SLOW_BROKER
 
 
 def _module_cluster(tmp_path_factory: pytest.TempPathFactory, name: str, broker_env: dict[str, str]
@@ -59,9 +49,10 @@ def _module_cluster(tmp_path_factory: pytest.TempPathFactory, name: str, broker_
         c.stop()
 
 
-@pytest.fixture(scope="module")
-def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    yield from _module_cluster(tmp_path_factory, "flow-fast", FAST_BROKER_ENV)
+@pytest.fixture
+def fast(flow_cluster: Cluster) -> Cluster:
+    """The session's ``flow_cluster`` (tests/conftest.py), shared with test_aio_sdk.py."""
+    return flow_cluster
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ import grpc
 import pytest
 
 import txmq
+from tests.support import presets
 from tests.support.cluster import Cluster
 from tests.support.metrics import metric
 from tests.support.waiting import wait_until
@@ -35,38 +36,24 @@ from txmq.v1 import admin_pb2, checker_pb2, checker_pb2_grpc, common_pb2
 REPO = Path(__file__).resolve().parents[2]
 LocalState = txmq.LocalTransactionState
 
-BROKER_ENV = {
-    "TXMQ_TRANSACTION_TIMEOUT_SECONDS": "0.3",
-    "TXMQ_CHECK_INTERVAL_SECONDS": "0.2",
-    "TXMQ_CHECK_INTERVAL_MAX_SECONDS": "0.5",
-    "TXMQ_CHECK_MAX": "3",
-}
-CHECK_MAX = 3
-CHECK_INTERVAL = 0.2
-TIMEOUT = 0.3
-LEASE = 1.0
-CHECKER_ENV = {
-    "TXMQ_CLAIM_INTERVAL_SECONDS": "0.05",
-    "TXMQ_LEASE_SECONDS": str(LEASE),
-    "TXMQ_ANSWER_TIMEOUT_SECONDS": "0.5",
-    "TXMQ_BROKER_REFRESH_SECONDS": "0.5",
-}
+BROKER_ENV = presets.CHECKS_BROKER
+CHECK_MAX = int(BROKER_ENV["TXMQ_CHECK_MAX"])
+CHECK_INTERVAL = float(BROKER_ENV["TXMQ_CHECK_INTERVAL_SECONDS"])
+TIMEOUT = float(BROKER_ENV["TXMQ_TRANSACTION_TIMEOUT_SECONDS"])
+CHECKER_ENV = presets.QUICK_CHECKER
+LEASE = float(CHECKER_ENV["TXMQ_LEASE_SECONDS"])
 PREPARED = common_pb2.TRANSACTION_STATE_PREPARED
 COMMITTED = common_pb2.TRANSACTION_STATE_COMMITTED
 ROLLED_BACK = common_pb2.TRANSACTION_STATE_ROLLED_BACK
 DISCARDED = common_pb2.TRANSACTION_STATE_DISCARDED
 
 
-@pytest.fixture(scope="module")
-def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A name server, a broker and a checker shared by this module's tests (each uses
-    groups and topics of its own)."""
-    c = Cluster(tmp_path_factory.mktemp("checks"), broker_env=BROKER_ENV, checker=True,
-                checker_env=CHECKER_ENV)
-    try:
-        yield c
-    finally:
-        c.stop()
+@pytest.fixture
+def checked(checks_cluster: Cluster) -> Cluster:
+    """A name server, a broker and a checker shared by this module's tests and
+    test_explicit_transactions.py's (each uses groups and topics of its own): the session's
+    ``checks_cluster`` (tests/conftest.py)."""
+    return checks_cluster
 
 
 # ------------------------------------------------------------------------------ helpers

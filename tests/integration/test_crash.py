@@ -77,6 +77,7 @@ def produce(nameserver: str, topic: str, index: int, ledger: Ledger, stop: threa
                     ledger.never.add(body)
 
 
+@pytest.mark.heavy  # full-speed load
 def test_sigkill_during_transactional_load_loses_nothing_acknowledged(fresh_cluster_factory, unique_name) -> None:
     # Every kill lands while the broker writes into a reused log file, whose old contents
     # recovery must not replay: a 4 MiB pre-sized WAL, and at most 1 MiB of WAL kept, so

@@ -13,12 +13,11 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 import txmq
-from tests.integration.test_checks import (BROKER_ENV, CHECKER_ENV, COMMITTED, PREPARED, ROLLED_BACK, describe,
+from tests.integration.test_checks import (COMMITTED, PREPARED, ROLLED_BACK, describe,
                                            received_bodies, wait_state)
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
@@ -26,13 +25,10 @@ from tests.support.waiting import wait_until
 LocalState = txmq.LocalTransactionState
 
 
-@pytest.fixture(scope="module")
-def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("explicit"), broker_env=BROKER_ENV, checker=True, checker_env=CHECKER_ENV)
-    try:
-        yield c
-    finally:
-        c.stop()
+@pytest.fixture
+def checked(checks_cluster: Cluster) -> Cluster:
+    """test_checks.py's shared cluster (``checks_cluster``, tests/conftest.py)."""
+    return checks_cluster
 
 
 def explicit_producer(cluster: Cluster, group: str, checker) -> txmq.TransactionProducer:

@@ -21,7 +21,8 @@ import txmq
 from tests.support.waiting import WaitTimeout, wait_until
 from txmq.v1 import admin_pb2, common_pb2
 
-pytestmark = pytest.mark.timeout(300)
+#: Producers and consumers at full speed through a broker kill: the heavy lane.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.heavy]
 
 #: Sub-second redelivery: a failed message comes back after 50-200 ms; an unacknowledged
 #: delivery (its consumer's ack lost in a kill) after 0.5 s. No message may run out of

@@ -27,13 +27,13 @@ from txmq.ids import MessageId
 from txmq.names import GLOBAL_TRANSACTION_PROPERTY
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from services.broker import failpoints
+from tests.support import presets
 from tests.support.cli import txmq_cli
 from tests.support.metrics import metric
 from tests.support.waiting import wait_until
 
 LocalState = txmq.LocalTransactionState
-FAST = {"TXMQ_TRANSACTION_TIMEOUT_SECONDS": "0.4", "TXMQ_CHECK_INTERVAL_SECONDS": "0.2",
-        "TXMQ_CHECK_INTERVAL_MAX_SECONDS": "0.4"}
+FAST = presets.GLOBAL_BROKER
 SHARDS = ("broker-0", "broker-1")
 
 

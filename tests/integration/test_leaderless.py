@@ -25,6 +25,7 @@ from txmq.aio import AsyncProducer
 from txmq.ids import TransactionId
 from txmq.v1 import nameserver_pb2
 
+from tests.support import presets
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
 
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.timeout(240)
 HEARTBEAT = {"TXMQ_HEARTBEAT_INTERVAL_SECONDS": "0.2"}
 NAMESERVER_ENV = {**HEARTBEAT, "TXMQ_BROKER_EXPIRY_SECONDS": "1.0"}
 BROKER_ENV = {**HEARTBEAT, "TXMQ_LEADER_LEASE_SECONDS": "2"}
-CHECKER_ENV = {"TXMQ_LEASE_SECONDS": "2.0", "TXMQ_ANSWER_TIMEOUT_SECONDS": "1.0"}
+CHECKER_ENV = presets.REPLICATED_CHECKER
 #: Errors that say the topic is gone: never right while its shard only changes leaders.
 GONE = (txmq.TopicNotFoundError, txmq.NoBrokerError)
 

@@ -22,6 +22,7 @@ import txmq
 from txmq.aio import AsyncProducer, AsyncSimpleConsumer, AsyncTransactionListener, AsyncTransactionProducer
 from txmq.errors import ConsumerGroupNotFoundError, InvalidNameError
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+from tests.support import presets
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
 
@@ -32,9 +33,7 @@ NAMESPACES = ("blue", "green")
 @pytest.fixture(scope="module")
 def ns_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = Cluster(tmp_path_factory.mktemp("namespaces"), checker=True,
-                broker_env={"TXMQ_TRANSACTION_TIMEOUT_SECONDS": "0.5", "TXMQ_CHECK_INTERVAL_SECONDS": "0.3",
-                            "TXMQ_MAX_DELIVERY_ATTEMPTS": "2", "TXMQ_WAL_PREFILL_BYTES": str(1024 * 1024)},
-                checker_env={"TXMQ_CLAIM_INTERVAL_SECONDS": "0.05", "TXMQ_BROKER_REFRESH_SECONDS": "0.5"})
+                broker_env=presets.NAMESPACES_BROKER, checker_env=presets.CHECKER)
     try:
         for ns in NAMESPACES:
             with txmq.Admin(c.nameserver_address, namespace=ns) as admin:

@@ -24,7 +24,7 @@ import txmq
 from txmq import _errors
 from txmq.v1 import admin_pb2, broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2
 
-from tests.support import replicas
+from tests.support import presets, replicas
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
 from tests.support.workload import Workload
@@ -35,7 +35,7 @@ SHARD = "broker-0"
 
 
 #: Checks claimed just before a leader dies come back after their lease: keep it short.
-CHECKER_ENV = {"TXMQ_LEASE_SECONDS": "2.0", "TXMQ_ANSWER_TIMEOUT_SECONDS": "1.0"}
+CHECKER_ENV = presets.REPLICATED_CHECKER
 
 
 def replicated(make: Callable[..., Cluster], **env: str) -> Cluster:

@@ -8,11 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
+import pytest
 
 from services.broker.store import replog
 from tests.integration.test_replication import replicated
 from tests.support.replfuzz import Census, run_on_cluster
 from tests.support.replstream import exchange, refusal, replication_address
+
+#: A replicated shard fuzzed: the heavy lane (tests/support/lanes.py).
+pytestmark = pytest.mark.heavy
 
 EXAMPLES = 60
 

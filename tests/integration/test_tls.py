@@ -24,6 +24,7 @@ import pytest
 
 import txmq
 from tests.conftest import TEST_BROKER_ENV
+from tests.support import presets
 from tests.integration.test_checks import COMMITTED, describe, wait_state
 from tests.support.certs import CertificateAuthority, install, served_serial
 from tests.support.certs import channel_credentials as credentials
@@ -37,7 +38,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from txmq.v1 import common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 LocalState = txmq.LocalTransactionState
-CHECKER_ENV = {"TXMQ_CLAIM_INTERVAL_SECONDS": "0.05", "TXMQ_BROKER_REFRESH_SECONDS": "0.5"}
+CHECKER_ENV = presets.CHECKER
 
 
 @pytest.fixture(scope="module")

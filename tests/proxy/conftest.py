@@ -1,46 +1,30 @@
-"""Fixtures of the proxy tests: one cluster per module (name server, broker, checker and
-two proxies, sub-second timings) and the client subprocesses of a test (a temporary HOME
+"""Fixtures of the proxy tests: one cluster shared by the modules that only read (name
+server, broker, checker and two proxies, sub-second timings) and the client subprocesses of a test (a temporary HOME
 each: the official clients write their logs under it), shown when the test fails."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterator
 
 import pytest
 
+from tests.support import presets
 from tests.support.cluster import Cluster
 from tests.support.processes import ServiceProcess
 
 from .support import Clients
 
-#: Sub-second timings: first check 1 s after the half message, redelivery after few attempts.
-BROKER_ENV = {
-    "TXMQ_TRANSACTION_TIMEOUT_SECONDS": "1.0",
-    "TXMQ_CHECK_INTERVAL_SECONDS": "0.5",
-    "TXMQ_MAX_DELIVERY_ATTEMPTS": "3",
-}
-CHECKER_ENV = {
-    "TXMQ_ANSWER_TIMEOUT_SECONDS": "2.0",
-    "TXMQ_BROKER_REFRESH_SECONDS": "0.5",
-}
-PROXY_ENV = {
-    "TXMQ_MIN_INVISIBLE_DURATION_SECONDS": "0.2",
-    "TXMQ_CONSUMER_BACKOFF_INITIAL_SECONDS": "0.2",
-    "TXMQ_CONSUMER_BACKOFF_MAX_SECONDS": "0.5",
-    "TXMQ_PUSH_LONG_POLLING_SECONDS": "2.0",
-    "TXMQ_DEFAULT_INVISIBLE_DURATION_SECONDS": "5.0",
-}
+#: Sub-second timings: first check 1 s after the half message, redelivery after few attempts
+#: (tests/support/presets.py).
+BROKER_ENV = presets.PROXY_BROKER
+CHECKER_ENV = presets.PROXY_CHECKER
+PROXY_ENV = presets.PROXY
 
-
-@pytest.fixture(scope="module")
-def rmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("proxy-cluster"), broker_env=BROKER_ENV, checker=True,
-                checker_env=CHECKER_ENV, proxies=2, proxy_env=PROXY_ENV,
-                nameserver_env={"TXMQ_AUTO_CREATE_TOPICS": "true"})
-    try:
-        yield c
-    finally:
-        c.stop()
+#: One cluster for every proxy module that only reads (each test has topics and groups of
+#: its own; a test pausing the broker resumes it before it ends).
+rmq_cluster = presets.shared_cluster("rmq_cluster", broker_env=BROKER_ENV, checker=True, checker_env=CHECKER_ENV,
+                                     proxies=2, proxy_env=PROXY_ENV, nameserver_env={"TXMQ_AUTO_CREATE_TOPICS": "true"})
 
 
 #: A third proxy: deliveries invisible 1 s by default (auto_renew must keep a slow push
@@ -54,10 +38,16 @@ RENEWING_PROXY_ENV = {
 }
 
 
-@pytest.fixture(scope="module")
+_RENEWING: "weakref.WeakKeyDictionary[Cluster, ServiceProcess]" = weakref.WeakKeyDictionary()
+
+
+@pytest.fixture
 def renewing_proxy(rmq_cluster: Cluster) -> ServiceProcess:
-    """Started on first use; stopped with the module's cluster."""
-    return rmq_cluster.start_proxy(RENEWING_PROXY_ENV)
+    """Started on first use; stopped with the shared cluster."""
+    proxy = _RENEWING.get(rmq_cluster)
+    if proxy is None:
+        proxy = _RENEWING[rmq_cluster] = rmq_cluster.start_proxy(RENEWING_PROXY_ENV)
+    return proxy
 
 
 @pytest.fixture

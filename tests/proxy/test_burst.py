@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.proxy.support import Clients
 from txmq.v1 import admin_pb2, broker_pb2, broker_pb2_grpc
+
+#: A thousand sends at once through a broker shedding load: the heavy lane (tests/support/lanes.py).
+pytestmark = pytest.mark.heavy
 
 
 def test_send_async_burst_through_the_proxy_loses_nothing(fresh_cluster_factory: Any, clients: Clients,

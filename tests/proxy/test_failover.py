@@ -33,6 +33,7 @@ WINDOW_DEADLINE_SECONDS = 40.0
 LOCAL_TRANSACTION_SECONDS = 0.1
 
 
+@pytest.mark.heavy  # a throughput comparison
 def test_official_client_keeps_throughput_through_the_proxy_when_a_shard_fails(
         fresh_cluster_factory, clients: Clients, unique_name: Callable[[str], str]) -> None:
     cluster = fresh_cluster_factory(brokers=2, checker=True, checker_env=CHECKER_ENV, proxies=1,

@@ -26,10 +26,12 @@ NAMESERVER_DEFAULTS = {
     "TXMQ_HEARTBEAT_INTERVAL_SECONDS": "0.5",
     "TXMQ_SHUTDOWN_GRACE_SECONDS": "1.0",
 }
-#: Settings every test broker gets unless the test overrides them.
+#: Settings every test broker gets unless the test overrides them (a broker pre-sizes its
+#: write-ahead log at each start: 64 MiB by default, a write that adds up over a run).
 BROKER_DEFAULTS = {
     "TXMQ_HEARTBEAT_INTERVAL_SECONDS": "0.5",
     "TXMQ_SHUTDOWN_GRACE_SECONDS": "1.0",
+    "TXMQ_WAL_PREFILL_BYTES": str(1024 * 1024),
 }
 #: Settings of every replica of a replicated test shard (sub-second failover).
 REPLICA_DEFAULTS = {

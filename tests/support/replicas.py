@@ -109,11 +109,17 @@ def delete_leader_key(cluster: Cluster, shard: str) -> int:
     """Deletes ``shard``'s leader key in etcd (as an etcd that lost it would): its leader
     steps down at its next election round. Returns the epoch it led in."""
     from services.broker.coordination import ShardCoordinator
+    from services.common.etcd import EtcdCredentials
 
     assert cluster.etcd is not None
+    # As a broker: etcd's authentication is on, txmq's keys are the brokers' (password mode
+    # without TLS; with TLS the test's own certificate would be needed, which no caller uses).
+    env = cluster.etcd_broker_env
+    credentials = (EtcdCredentials(env["TXMQ_ETCD_USER"], env["TXMQ_ETCD_PASSWORD_FILE"])
+                   if env.get("TXMQ_ETCD_USER") else None)
 
     async def delete() -> int:
-        coord = ShardCoordinator((cluster.etcd.endpoint,), "/txmq", shard, 0)
+        coord = ShardCoordinator((cluster.etcd.endpoint,), "/txmq", shard, 0, credentials=credentials)
         try:
             leader = (await coord.read()).leader
             assert leader is not None, f"{shard} has no leader key"
