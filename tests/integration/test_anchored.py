@@ -19,6 +19,7 @@ import pytest
 import txmq
 from tests.integration.test_checks import BROKER_ENV, CHECKER_ENV, COMMITTED, ROLLED_BACK, describe, wait_state
 from tests.support.cluster import Cluster
+from tests.support.metrics import metric_sum
 from tests.support.postgres import PostgresInstance, fresh_database
 from tests.support.waiting import wait_until
 from txmq.anchored import Decisions, schema_sql
@@ -141,6 +142,31 @@ def test_an_anchored_transaction_costs_the_callers_connection_four_round_trips(c
         assert tx.result.wait_acknowledged(10), tx.result.end_error
     assert statements == ANCHORED_STATEMENTS
     assert round_trips == ANCHORED_ROUND_TRIPS
+
+
+def end_calls(cluster: Cluster) -> tuple[float, float]:
+    """(unary EndTransaction calls, Produce stream entries) the broker has answered so far."""
+    port = cluster.brokers[0].metrics_port
+    return (metric_sum(port, "txmq_rpc_duration_seconds_count", {"method": "EndTransaction"}),
+            metric_sum(port, "txmq_produce_entries_total"))
+
+
+def test_the_end_of_an_anchored_transaction_rides_the_produce_stream(checked, dsn, unique_name):
+    """A caller alone sends its half as the unary SendMessage or on the stream, but the end
+    no caller waits for goes on the Produce stream: a stream entry costs the broker less CPU
+    than a unary call (bench.ends)."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, psycopg.connect(dsn) as conn:
+        unary_before, entries_before = end_calls(checked)
+        for i in range(3):
+            with producer.transaction(conn) as tx:
+                tx.send(txmq.Message(topic, b"streamed"))
+                conn.execute("INSERT INTO orders VALUES (%s, 'x')", (f"s{i}",))
+            assert tx.result.wait_acknowledged(10), tx.result.end_error
+        unary_after, entries_after = end_calls(checked)
+    assert unary_after == unary_before
+    assert entries_after - entries_before >= 3  # the three ends (and any half that took the stream)
 
 
 def test_commit_is_decided_by_the_database_and_acknowledged_in_the_background(checked, dsn, unique_name):
