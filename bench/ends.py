@@ -23,15 +23,14 @@ import psutil
 
 async def _round(producer, topic: str, transactions: int, way: str,
                  broker: psutil.Process) -> tuple[float, float, float, float]:
-    from txmq import LocalTransactionState, Message
-    from txmq._sending import RESOLUTION_TO_PB
+    from txmq import Message
     from txmq.v1 import broker_pb2, common_pb2
 
     async def one(i: int) -> None:
         half = await producer._send_half(Message(topic, b"x" * 256))  # noqa: SLF001
         end = broker_pb2.EndTransactionRequest(
             transaction_id=half.transaction_id, message_id=half.message_id,
-            resolution=RESOLUTION_TO_PB[LocalTransactionState.COMMIT], source=common_pb2.TRANSACTION_SOURCE_CLIENT,
+            resolution=common_pb2.TRANSACTION_RESOLUTION_COMMIT, source=common_pb2.TRANSACTION_SOURCE_CLIENT,
             producer_group=producer.producer_group)
         address = await producer._client.broker_address(half.broker_name)  # noqa: SLF001
         await producer._request(half.broker_name, address, broker_pb2.ProduceEntry(end_transaction=end),  # noqa: SLF001
