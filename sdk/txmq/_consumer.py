@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import grpc
 
@@ -408,7 +408,7 @@ class PushConsumer:
         self._acker: threading.Thread | None = None
         self._renewer: threading.Thread | None = None
         self._pollers: dict[Target, threading.Thread] = {}
-        self._polls: dict[Target, grpc.Future[Any]] = {}
+        self._polls: dict[Target, grpc.Future] = {}  # type: ignore[type-arg]  # generic in the stubs only: pdoc evaluates it
         self._acks: queue.SimpleQueue[ReceivedMessage | None] = queue.SimpleQueue()
         self._executor: cf.ThreadPoolExecutor | None = None
         # Message groups' messages waiting behind the one being consumed.
