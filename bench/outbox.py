@@ -59,6 +59,8 @@ CREATE TABLE IF NOT EXISTS orders (id bigserial PRIMARY KEY, ref text UNIQUE NOT
 CREATE TABLE IF NOT EXISTS outbox (id bigserial PRIMARY KEY, ref text NOT NULL, body bytea NOT NULL);
 CREATE TABLE IF NOT EXISTS consumed (id bigserial PRIMARY KEY, ref text NOT NULL, body bytea NOT NULL);
 """
+#: CPU groups counted inside "txmq" (its services), shown apart too.
+SERVICE_PARTS = ("broker", "checker", "nameserver")
 #: The systems that run on txmq (its services are started for them).
 TXMQ_SYSTEMS = ("txmq", "anchored")
 #: The business payload (the message body and the outbox row carry it; a decision row does
@@ -547,6 +549,8 @@ class Run:
     #: WAL PostgreSQL wrote over the run (pg_stat_wal.wal_bytes), and the body size.
     wal_bytes: float = 0.0
     body_bytes: int = 0
+    #: txmq: what the broker counted over the run (``broker_counts``), per name.
+    broker: dict[str, float] = field(default_factory=dict)
 
     def delivery_pct(self, q: float) -> float:
         if not self.delivery:
@@ -560,7 +564,7 @@ class Run:
     @property
     def cpu_per_txn_us(self) -> float:
         """Every process's CPU per transaction (the broker counted once, inside txmq)."""
-        return sum(v for k, v in self.cpu.items() if k != "broker") / max(self.consumed, 1) * 1e6
+        return sum(v for k, v in self.cpu.items() if k not in SERVICE_PARTS) / max(self.consumed, 1) * 1e6
 
     @property
     def rate(self) -> float:
@@ -589,7 +593,29 @@ class Run:
                 "cpu_busy": round(self.busy, 3), "saturated": self.saturated, "ok": self.ok,
                 "consumer_calls_per_txn": round(self.consumer_calls / max(self.consumed, 1), 3),
                 "delivery_p50_ms": round(self.delivery_pct(0.5), 3), "delivery_p99_ms": round(self.delivery_pct(0.99), 3),
-                "wal_bytes_per_txn": round(self.wal_bytes / max(self.consumed, 1), 1), "body_bytes": self.body_bytes}
+                "wal_bytes_per_txn": round(self.wal_bytes / max(self.consumed, 1), 1), "body_bytes": self.body_bytes,
+                "broker_per_txn": {k: round(v / max(self.consumed, 1), 3) for k, v in self.broker.items()}}
+
+
+def broker_counts(metrics_port: int) -> dict[str, float]:
+    """What a broker has counted so far: unary calls answered by method, Produce stream
+    messages in and out, WAL syncs (its /metrics)."""
+    import re
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("txmq_rpc_duration_seconds_count{"):
+            method = re.search(r'method="([^"]+)"', name)
+            if method and method.group(1) != "Produce":
+                counts[method.group(1)] = counts.get(method.group(1), 0.0) + float(value)
+        elif name.startswith("txmq_produce_stream_messages_total{"):
+            counts["Produce " + re.search(r'direction="([^"]+)"', name).group(1)] = float(value)
+        elif name == "txmq_store_wal_syncs_total":
+            counts["WAL syncs"] = float(value)
+    return counts
 
 
 class Bench:
@@ -643,6 +669,8 @@ class Bench:
         if system.startswith(TXMQ_SYSTEMS):
             groups["txmq"] = [psutil.Process(p.pid) for p in self.cluster.processes if p.running]
             groups["broker"] = [psutil.Process(b.pid) for b in self.cluster.brokers if b.running]
+            groups["checker"] = [psutil.Process(c.pid) for c in self.cluster.checkers if c.running]
+            groups["nameserver"] = [psutil.Process(n.pid) for n in self.cluster.nameservers if n.running]
         if system == "rabbitmq":
             groups["rabbitmq"] = self.rabbit.processes()
         return groups
@@ -687,10 +715,36 @@ class Bench:
                 times.append(time.perf_counter() - began)
         return sorted(times)[len(times) // 2] * 1000
 
+    def _broker_counts(self) -> dict[str, float]:
+        return broker_counts(self.cluster.brokers[0].metrics_port) if self.cluster is not None else {}
+
     def _consumer_calls(self) -> float:
         from bench.transactions import consumer_calls
 
         return consumer_calls(self.cluster.brokers[0].metrics_port) if self.cluster is not None else 0.0
+
+    def _profile(self, system: str, callers: int, body_bytes: int, procs: list[Any]) -> list[Any]:
+        """``py-spy record`` of every txmq service and benchmark process over the timed
+        window (``--profile DIR``): one collapsed-stack file per process, named after the
+        row and the process, for ``python -m bench.profile``."""
+        import subprocess
+
+        os.makedirs(self.args.profile, exist_ok=True)
+        named = [(f"caller{i}" if i else "consumer", p.pid) for i, p in enumerate(procs)]
+        if system.startswith(TXMQ_SYSTEMS):
+            named += [(p.name, p.pid) for p in self.cluster.processes if p.running]
+        spies = []
+        for name, pid in named:
+            out = os.path.join(self.args.profile, f"{system.replace('/', '-')}-{callers}-{body_bytes}-{name}.txt")
+            spies.append(subprocess.Popen(
+                [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--format", "raw",
+                 "--rate", str(self.args.profile_rate),
+                 # --native must stop the process to read its C stacks; else sampling does not.
+                 *([] if "--native" in self.args.profile_flags else ["--nonblocking"]),
+                 "--duration", str(max(1, int(self.args.seconds))), "--pid", str(pid), "--output", out,
+                 *self.args.profile_flags.split()],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        return spies
 
     def run(self, system: str, callers: int, body_bytes: int = 256) -> Run:
         """One timed run of ``system`` with ``callers`` concurrent callers."""
@@ -748,6 +802,7 @@ class Bench:
         result = Run(system if acks == self.args.txmq_acks[0] or not system.startswith("txmq")
                      else f"{system}/{acks}", callers, body_bytes=body_bytes)
         calls = self._consumer_calls()
+        counts = self._broker_counts()
         try:
             for _ in procs:  # each process connects and warms up, then waits for the start
                 if out.get(timeout=120)[0] != "ready":
@@ -757,8 +812,11 @@ class Bench:
             before = {name: cpu_snapshot(ps) for name, ps in services.items()}
             psutil.cpu_percent(None)
             start.set()
+            spies = self._profile(system, callers, body_bytes, procs) if self.args.profile else []
             time.sleep(seconds)
             stop.set()
+            for spy in spies:
+                spy.wait(60)
             reports = [out.get(timeout=DRAIN_SECONDS) for _ in range(len(procs) - 1)]
             done.set()
             consumer = out.get(timeout=DRAIN_SECONDS)
@@ -770,6 +828,7 @@ class Bench:
             result.cpu["callers"] = sum(r[5] for r in reports)
             result.cpu["consumer"] = consumer[3]
             result.consumer_calls = self._consumer_calls() - calls
+            result.broker = {k: v - counts.get(k, 0.0) for k, v in self._broker_counts().items()}
             result.committed = sum(r[1] for r in reports)
             result.errors = sum(r[3] for r in reports)
             result.error_samples = [e for r in reports for e in r[2]][:5]
@@ -807,6 +866,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="how txmq's consumer acknowledges: deferred (ack_later, on its next receive) or calls "
                              "(ack_many); both, comma-separated, runs each txmq row both ways (the first unlabelled)")
     parser.add_argument("--json", default="", help="also write every run here")
+    parser.add_argument("--profile", default="", help="a directory: py-spy records every process of each run "
+                                                      "there (collapsed stacks; read with python -m bench.profile)")
+    parser.add_argument("--profile-rate", type=int, default=200, help="py-spy's samples per second")
+    parser.add_argument("--profile-flags", default="", help="more py-spy record flags (--gil, --native, --idle)")
     args = parser.parse_args(argv)
     args.callers = [int(x) for x in args.callers.split(",") if x]
     args.txmq_acks = [x for x in args.txmq_acks.split(",") if x]
@@ -882,6 +945,14 @@ def _print(rows: dict[tuple[str, int], Run], args: argparse.Namespace) -> None:
               f"{service:>8.0f} {per.get('postgresql', 0):>8.0f} {per.get('callers', 0):>8.0f} "
               f"{per.get('consumer', 0):>8.0f} {r.consumer_calls / max(r.consumed, 1) if system.startswith(TXMQ_SYSTEMS) else 0:>5.2f}"
               f"  {check}")
+    counted = [(system, callers, r) for (system, callers), r in rows.items() if r.broker]
+    if counted:
+        print("broker, per transaction (unary calls by method, Produce stream messages, WAL syncs), and the "
+              "services' CPU apart (µs):")
+        for system, callers, r in counted:
+            print(f"{callers:>7} {system:>18}  " + ", ".join(
+                f"{k} {v / max(r.consumed, 1):.2f}" for k, v in sorted(r.broker.items()) if v)
+                  + "; " + ", ".join(f"{k} {r.per_txn_us(k):,.0f}" for k in SERVICE_PARTS))
     print("÷ outbox: the rate over the outbox's faster layout at the same callers (outbox: a process per "
           "caller; outbox-asyncio: coroutines of one process). anchored: docs/anchored-transactions.md.")
     print("service: txmq's name server + broker + checker, or RabbitMQ's node; outbox has none "
@@ -897,7 +968,7 @@ def best_outbox(rows: dict[tuple[str, int], Run], callers: int) -> Run | None:
 
 
 def _cpu_line(r: Run) -> str:
-    parts = {k: r.per_txn_us(k) for k in r.cpu if k != "broker"}
+    parts = {k: r.per_txn_us(k) for k in r.cpu if k not in SERVICE_PARTS}
     return (f"{r.system} {r.cpu_per_txn_us:,.0f} µs (" + ", ".join(f"{k} {v:,.0f}" for k, v in parts.items())
             + f"; machine busy {r.busy:.0%})")
 

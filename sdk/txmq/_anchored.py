@@ -26,7 +26,7 @@ from typing import Any, Callable, Generator, Protocol, TypeVar, cast
 from . import _decisions as core
 from . import _tracing as tracing
 from ._checking import InProgress
-from ._database import DELETE_LINGER_SECONDS, failpoint, failpoint_soon, module_of, named, pg_sqlstate
+from ._database import DELETE_LINGER_SECONDS, commit_query, failpoint, failpoint_soon, module_of, named, pg_sqlstate
 from ._errors import InvalidFieldError, TransactionStateError, TxmqError
 from ._types import LocalTransactionState, Message, TransactionMessage, TransactionState
 
@@ -112,13 +112,20 @@ class PsycopgConnection:
 
     def commit(self, statement: core.Statement | None) -> None:
         conn = self.conn
-        with conn.pipeline():
-            if statement is not None:
-                conn.execute(statement.sql, statement.params)
-            if conn.autocommit:
-                conn.execute("COMMIT")
-            else:
-                conn.commit()
+        if statement is None:
+            conn.execute("COMMIT") if conn.autocommit else conn.commit()
+            return
+        try:
+            conn.execute(commit_query(conn, statement))
+        except BaseException:
+            self._rollback_after_error()  # a failed statement left the transaction aborted
+            raise
+
+    def _rollback_after_error(self) -> None:
+        try:
+            self.rollback()
+        except Exception:  # noqa: BLE001 - the statement's error is the one to report
+            pass
 
     def rollback(self) -> None:
         if self.conn.autocommit:

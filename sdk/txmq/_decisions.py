@@ -354,8 +354,8 @@ def verdict_of_row(key: str, transaction_id: str, decision: str, transaction_ids
 # --- a transaction ------------------------------------------------------------------------
 
 class Commit:
-    """Perform: ``statement`` (None: none) then COMMIT, in one round trip where the driver
-    can (a pipeline). Raises :class:`DatabaseError`; sends back nothing."""
+    """Perform: ``statement`` (None: none) then COMMIT; a failed ``statement`` rolls the
+    transaction back. Raises :class:`DatabaseError`; sends back nothing."""
 
     __slots__ = ("statement",)
 

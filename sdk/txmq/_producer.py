@@ -140,13 +140,13 @@ class Producer(SenderOptions):
             return address
 
     def _request(self, shard: str, address: str, entry: broker_pb2.ProduceEntry,
-                 *, send: bool = False) -> broker_pb2.ProduceResult:
+                 *, send: bool = False, stream: bool = False) -> broker_pb2.ProduceResult:
         """One request on the Produce stream of ``address``, recorded in the fault table:
         a transient failure counts against ``shard``, any answer clears it (a send's
         latency is recorded too)."""
         started = time.monotonic()
         try:
-            result = self._client.produce_stream(address).request(entry, self.send_timeout_seconds)
+            result = self._client.produce_stream(address).request(entry, self.send_timeout_seconds, stream=stream)
         except TxmqError as err:
             finished(self._client.faults, shard, err)
             raise
@@ -377,10 +377,14 @@ class TransactionProducer(Producer):
 
     def _end_by_id(self, transaction_id: str, decision: LocalTransactionState,
                    deadline: float) -> tuple[TransactionState | None, TxmqError | None]:
-        """EndTransaction of a transaction known by its id only, retried until ``deadline``."""
+        """EndTransaction of a transaction known by its id only, retried until ``deadline``
+        (an anchored transaction's hint or a check's answer: on the Produce stream even when
+        alone, no caller waits on it)."""
         def perform(step: Step | Address) -> Any:
             if isinstance(step, Address):
                 return self._client.broker_address(step.broker, refresh=step.refresh)
+            if type(step) is Request:
+                return self._request(step.shard, step.address, step.entry, stream=True)
             return self._perform(step)
 
         store = self._decision_store

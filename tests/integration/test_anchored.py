@@ -19,6 +19,7 @@ import pytest
 import txmq
 from tests.integration.test_checks import BROKER_ENV, CHECKER_ENV, COMMITTED, ROLLED_BACK, describe, wait_state
 from tests.support.cluster import Cluster
+from tests.support.metrics import metric_sum
 from tests.support.postgres import PostgresInstance, fresh_database
 from tests.support.waiting import wait_until
 from txmq.anchored import Decisions, schema_sql
@@ -90,6 +91,84 @@ def consume(cluster: Cluster, topic: str, group: str, want: int, timeout: float 
     return got
 
 
+class WireTrace:
+    """libpq's own trace of a psycopg connection (every protocol message it sends and
+    receives), read back as the statements the client sent and its round trips (one per
+    ReadyForQuery the server answered)."""
+
+    def __init__(self, conn, path) -> None:
+        from psycopg import pq
+
+        self.conn, self.path = conn, path
+        self.file = open(path, "w")
+        conn.pgconn.trace(self.file.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+
+    def stop(self) -> tuple[list[str], int]:
+        """(the first two words of every statement sent, in order; round trips)."""
+        self.conn.pgconn.untrace()
+        self.file.close()
+        statements, round_trips = [], 0
+        for line in open(self.path):
+            direction, _length, kind, *rest = line.rstrip("\n").split("\t")
+            if direction == "F" and kind in ("Query", "Parse"):
+                # Query "SQL" / Parse "name" "SQL" ...: the SQL is the last quoted string that starts it.
+                sql = rest[0].split('"')[1 if kind == "Query" else 3]
+                statements.append(" ".join(sql.split()[:3]))
+            elif direction == "B" and kind == "ReadyForQuery":
+                round_trips += 1
+        return statements, round_trips
+
+
+#: What an anchored transaction with one statement of the caller's sends on the caller's
+#: connection: the bounds ride in the decision row's INSERT (no SET of their own), nothing
+#: is read back, and the UPDATE recording the halves travels with the COMMIT.
+ANCHORED_STATEMENTS = ["BEGIN", "INSERT INTO txmq_decisions", "INSERT INTO orders", "UPDATE txmq_decisions SET"]
+#: One round trip each, the last one the UPDATE and the COMMIT together (a pipeline made it
+#: two: its second Sync waits for a second answer).
+ANCHORED_ROUND_TRIPS = 4
+
+
+def test_an_anchored_transaction_costs_the_callers_connection_four_round_trips(checked, dsn, unique_name,
+                                                                               tmp_path):
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, psycopg.connect(dsn) as conn:
+        trace = WireTrace(conn, tmp_path / "wire.txt")
+        with producer.transaction(conn) as tx:
+            tx.send(txmq.Message(topic, b"counted"))
+            conn.execute("INSERT INTO orders VALUES ('c1', 'x')")
+        statements, round_trips = trace.stop()
+        assert tx.result.wait_acknowledged(10), tx.result.end_error
+    assert statements == ANCHORED_STATEMENTS
+    assert round_trips == ANCHORED_ROUND_TRIPS
+
+
+def end_calls(cluster: Cluster) -> tuple[float, float]:
+    """(unary EndTransaction calls, Produce stream entries) the broker has answered so far."""
+    port = cluster.brokers[0].metrics_port
+    return (metric_sum(port, "txmq_rpc_duration_seconds_count", {"method": "EndTransaction"}),
+            metric_sum(port, "txmq_produce_entries_total"))
+
+
+def test_the_end_of_an_anchored_transaction_rides_the_produce_stream(checked, dsn, unique_name):
+    """A caller alone sends its half as the unary SendMessage or on the stream, but the end
+    no caller waits for goes on the Produce stream: a stream entry costs the broker less CPU
+    than a unary call (bench.ends)."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, psycopg.connect(dsn) as conn:
+        unary_before, entries_before = end_calls(checked)
+        for i in range(3):
+            with producer.transaction(conn) as tx:
+                tx.send(txmq.Message(topic, b"streamed"))
+                conn.execute("INSERT INTO orders VALUES (%s, 'x')", (f"s{i}",))
+            assert tx.result.wait_acknowledged(10), tx.result.end_error
+        unary_after, entries_after = end_calls(checked)
+    assert unary_after == unary_before
+    assert entries_after - entries_before >= 3  # the three ends (and any half that took the stream)
+
+
 def test_commit_is_decided_by_the_database_and_acknowledged_in_the_background(checked, dsn, unique_name):
     group, topic = unique_name("g"), unique_name("orders")
     checked.create_topic(topic, 2)
@@ -149,6 +228,28 @@ def test_a_half_that_fails_rolls_the_local_transaction_back(checked, dsn, unique
                 conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
         assert tx.result is None
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert orders(dsn) == [] and rows(dsn) == []
+
+
+def test_a_commit_the_database_refuses_rolls_back_and_its_halves_with_it(checked, dsn, unique_name):
+    """A deferred constraint fails at COMMIT (the UPDATE and the COMMIT travel together):
+    the caller gets the driver's error, nothing of the transaction stays, its half is
+    rolled back (the hint), and the connection is usable."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with psycopg.connect(dsn, autocommit=True) as setup:
+        setup.execute("CREATE TABLE once (id text, CONSTRAINT once_id UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)")
+    with anchored_producer(checked, group, dsn) as producer, psycopg.connect(dsn) as conn:
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            with producer.transaction(conn) as tx:
+                half = tx.send(txmq.Message(topic, b"never"))
+                conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
+                conn.execute("INSERT INTO once VALUES ('a'), ('a')")  # checked at COMMIT
+        assert tx.result is None
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        wait_state(checked, half.result().transaction_id, ROLLED_BACK)
+        conn.execute("SELECT 1")
+        conn.rollback()
     assert orders(dsn) == [] and rows(dsn) == []
 
 

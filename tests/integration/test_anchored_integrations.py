@@ -17,7 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import txmq
-from tests.integration.test_anchored import checked, consume, dsn, orders, pg, rows  # noqa: F401 - fixtures
+from tests.integration.test_anchored import (ANCHORED_ROUND_TRIPS, ANCHORED_STATEMENTS, end_calls,  # noqa: F401 - fixtures
+                                             WireTrace, checked, consume, dsn, orders, pg, rows)
 from tests.integration.test_checks import COMMITTED, ROLLED_BACK, describe, wait_state
 from tests.support.waiting import wait_until
 from txmq.aio import AsyncTransactionProducer
@@ -85,6 +86,53 @@ def test_asyncio_psycopg_commit_rollback_and_a_check_while_open(checked, dsn, un
     assert orders(dsn) == ["a1", "a3"]
     wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
     assert sorted(m.body for m in consume(checked, topic, unique_name("c"), 2)) == [b"async-1", b"async-slow"]
+
+
+def test_an_asyncio_anchored_transaction_costs_the_callers_connection_four_round_trips(checked, dsn, unique_name,
+                                                                                       tmp_path):
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+
+    async def main() -> tuple[list[str], int]:
+        producer = await async_producer(checked, group, dsn, answer_checks=False)
+        try:
+            async with await psycopg.AsyncConnection.connect(dsn) as conn:
+                trace = WireTrace(conn, tmp_path / "wire.txt")
+                async with producer.transaction(conn) as tx:
+                    tx.send(txmq.Message(topic, b"counted"))
+                    await conn.execute("INSERT INTO orders VALUES ('c1', 'x')")
+                counted = trace.stop()
+                assert await tx.result.wait_acknowledged(10), tx.result.end_error
+                return counted
+        finally:
+            await producer.close()
+
+    statements, round_trips = asyncio.run(main())
+    assert statements == ANCHORED_STATEMENTS
+    assert round_trips == ANCHORED_ROUND_TRIPS
+
+
+def test_the_end_of_an_asyncio_anchored_transaction_rides_the_produce_stream(checked, dsn, unique_name):
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+
+    async def main() -> None:
+        producer = await async_producer(checked, group, dsn, answer_checks=False)
+        try:
+            async with await psycopg.AsyncConnection.connect(dsn) as conn:
+                for i in range(3):
+                    async with producer.transaction(conn) as tx:
+                        tx.send(txmq.Message(topic, b"streamed"))
+                        await conn.execute("INSERT INTO orders VALUES (%s, 'x')", (f"s{i}",))
+                    assert await tx.result.wait_acknowledged(10), tx.result.end_error
+        finally:
+            await producer.close()
+
+    unary_before, entries_before = end_calls(checked)
+    asyncio.run(main())
+    unary_after, entries_after = end_calls(checked)
+    assert unary_after == unary_before
+    assert entries_after - entries_before >= 3
 
 
 def test_sqlalchemy_session_with_an_engine_as_the_source(checked, dsn, unique_name):

@@ -20,7 +20,8 @@ from typing import Any, Awaitable, Callable, Generator, Protocol, TypeVar
 
 from .. import _decisions as core
 from .. import _tracing as tracing
-from .._database import DELETE_LINGER_SECONDS, failpoint, failpoint_soon, module_of, named, pg_sqlstate
+from .._database import (DELETE_LINGER_SECONDS, commit_query, failpoint, failpoint_soon, module_of, named,
+                         pg_sqlstate)
 from .._checking import InProgress
 from .._errors import InvalidFieldError, TransactionStateError, TxmqError
 from .._types import LocalTransactionState, Message, TransactionMessage, TransactionState
@@ -88,13 +89,20 @@ class AsyncPsycopgConnection:
 
     async def commit(self, statement: core.Statement | None) -> None:
         conn = self.conn
-        async with conn.pipeline():
-            if statement is not None:
-                await conn.execute(statement.sql, statement.params)
-            if conn.autocommit:
-                await conn.execute("COMMIT")
-            else:
-                await conn.commit()
+        if statement is None:
+            await (conn.execute("COMMIT") if conn.autocommit else conn.commit())
+            return
+        try:
+            await conn.execute(commit_query(conn, statement))  # one round trip (txmq._database.commit_query)
+        except BaseException:
+            await self._rollback_after_error()  # a failed statement left the transaction aborted
+            raise
+
+    async def _rollback_after_error(self) -> None:
+        try:
+            await self.rollback()
+        except Exception:  # noqa: BLE001 - the statement's error is the one to report
+            pass
 
     async def rollback(self) -> None:
         if self.conn.autocommit:

@@ -107,10 +107,11 @@ class AsyncProducer(SenderOptions):
             return address
 
     async def _request(self, shard: str, address: str, entry: broker_pb2.ProduceEntry,
-                       *, send: bool = False) -> broker_pb2.ProduceResult:
+                       *, send: bool = False, stream: bool = False) -> broker_pb2.ProduceResult:
         started = time.monotonic()
         try:
-            result = await self._client.produce_stream(address).request(entry, self.send_timeout_seconds)
+            result = await self._client.produce_stream(address).request(entry, self.send_timeout_seconds,
+                                                                        stream=stream)
         except TxmqError as err:
             finished(self._client.faults, shard, err)
             raise
@@ -262,9 +263,11 @@ class AsyncTransactionProducer(AsyncProducer):
 
     async def _end_by_id(self, transaction_id: str, decision: LocalTransactionState,
                          deadline: float) -> tuple[TransactionState | None, TxmqError | None]:
-        async def perform(step: Step | Address) -> Any:
+        async def perform(step: Step | Address) -> Any:  # as the sync producer's: on the stream
             if isinstance(step, Address):
                 return await self._client.broker_address(step.broker, refresh=step.refresh)
+            if type(step) is Request:
+                return await self._request(step.shard, step.address, step.entry, stream=True)
             return await self._perform(step)
 
         store = self._decision_store

@@ -75,12 +75,14 @@ class AsyncProduceStream:
         #: Requests sent direct (unary), by a coroutine alone.
         self.direct_sent = 0
 
-    async def request(self, entry: broker_pb2.ProduceEntry, timeout: float) -> broker_pb2.ProduceResult:
+    async def request(self, entry: broker_pb2.ProduceEntry, timeout: float, *,
+                      stream: bool = False) -> broker_pb2.ProduceResult:
         """Sends ``entry`` and awaits its response; a non-OK status raises the TxmqError it
-        stands for, no answer within ``timeout`` raises DeadlineExceededError."""
+        stands for, no answer within ``timeout`` raises DeadlineExceededError. ``stream``: on
+        the stream even when alone (as ``txmq._produce_stream.ProduceStream.request``)."""
         if self._closed:
             raise ClientClosedError("producer")
-        alone = self._callers == 0 and self._stub is not None
+        alone = not stream and self._callers == 0 and self._stub is not None
         self._callers += 1
         try:
             if alone:
