@@ -9,7 +9,9 @@ Docker daemon (its ``cpuacct`` cgroup) — beside its wall time, and their ratio
 it kept busy. Run it without ``-n`` (each worker would count its own tests, and nothing
 reaches the controller) and on a quiet machine (a loaded one stretches the wall time,
 not the CPU). A process still running when a test ends is counted when it is reaped: a
-module's shared cluster lands on the test after which it stops.
+module's shared cluster lands on the test after which it stops; and a grandchild its parent
+never waits for is not counted at all (the JVM of a Spark driver run as a user runs it, the
+session's JVM until the session ends): Spark's tests are heavy by rule, not by this count.
 """
 
 from __future__ import annotations
