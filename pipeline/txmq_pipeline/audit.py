@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Sequence
@@ -239,7 +240,14 @@ def _unreachable_hint(tls: TLS | None) -> str:
     return ""
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None,
+         stop: threading.Event | None = None, registry: Any = None) -> int:
+    """The job as ``python -m txmq_pipeline.audit ARGV`` runs it; its exit status.
+
+    A caller running it inside its own process (a notebook, the tests) may pass ``spark``:
+    the job then runs on that session (``--master`` unused) and leaves it running; with
+    ``--follow``, ``stop`` (set it to stop the follower; default: SIGTERM/SIGINT) and
+    ``registry`` (the Prometheus registry of its metrics; default: the process's)."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -250,10 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot reach the cluster through %s: %s%s", args.nameserver, err.message,
                   _unreachable_hint(args.tls) if isinstance(err, UnavailableError) else "")
         return EXIT_ERROR
-    from txmq_pipeline.session import session
+    own_session = spark is None
+    if spark is None:
+        from txmq_pipeline.session import session
 
-    spark = session("txmq-audit", args.master)
-    spark.sparkContext.setLogLevel("WARN")
+        spark = session("txmq-audit", args.master)
+        spark.sparkContext.setLogLevel("WARN")
     if args.follow:
         try:
             return follow(spark, nameserver=args.nameserver, output=args.output,
@@ -262,12 +272,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                           missing_grace_seconds=args.missing_grace_seconds, interval_seconds=args.interval_seconds,
                           metrics_port=args.metrics_port, max_offsets_per_trigger=args.max_offsets_per_trigger,
                           partitions_per_broker=args.transaction_partitions_per_broker, tls=args.tls,
-                          stop=stop_on_signals())
+                          stop=stop if stop is not None else stop_on_signals(), registry=registry)
         except Exception:
             log.exception("the continuous audit failed")
             return EXIT_ERROR
         finally:
-            spark.stop()
+            if own_session:
+                spark.stop()
     try:
         result = run(spark, nameserver=args.nameserver, output=args.output, topics=args.topics,
                      pending_threshold_seconds=args.pending_threshold_seconds, report_format=args.report_format,
@@ -277,7 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.exception("the audit failed")
         return EXIT_ERROR
     finally:
-        spark.stop()
+        if own_session:
+            spark.stop()
     log.info("audited %d transactions and %d messages in %.1f s: %d anomalies %s", result.transactions,
              result.messages, result.seconds, result.anomalies,
              {k: v for k, v in result.anomaly_counts.items() if v})

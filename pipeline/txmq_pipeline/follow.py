@@ -35,6 +35,7 @@ import os
 import signal
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -44,28 +45,38 @@ from txmq.tls import TLS
 from . import _broker
 from .analysis import ANOMALY_KINDS, anomalies, of_topics, read_transactions
 
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
 log = logging.getLogger(__name__)
 
 SEEN_COLUMNS = ("topic", "broker", "queue", "offset", "message_id", "transaction_id", "producer_group")
 
 
 class AuditMetrics:
-    """The follower's Prometheus metrics (one process: the default registry)."""
+    """The follower's Prometheus metrics, in ``registry`` (None: the process's default
+    registry, as ``python -m txmq_pipeline.audit --follow`` runs it)."""
 
-    def __init__(self) -> None:
-        from prometheus_client import Counter, Gauge
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        from prometheus_client import REGISTRY, Counter, Gauge
+
+        self.registry = registry = REGISTRY if registry is None else registry
 
         self.anomalies = Gauge("txmq_audit_anomalies", "Anomalies the continuous audit sees now, by kind",
-                               ["kind"])
+                               ["kind"], registry=registry)
         for kind in ANOMALY_KINDS:
             self.anomalies.labels(kind=kind).set(0)
-        self.messages = Gauge("txmq_audit_messages", "Messages (topic offsets) the continuous audit has read")
-        self.transactions = Gauge("txmq_audit_transactions", "Transactions in the last reconciliation")
-        self.batches = Counter("txmq_audit_batches", "Micro-batches this process reconciled")
-        self.last_batch = Gauge("txmq_audit_last_batch_id", "Id of the last micro-batch reconciled")
+        self.messages = Gauge("txmq_audit_messages", "Messages (topic offsets) the continuous audit has read",
+                              registry=registry)
+        self.transactions = Gauge("txmq_audit_transactions", "Transactions in the last reconciliation",
+                                  registry=registry)
+        self.batches = Counter("txmq_audit_batches", "Micro-batches this process reconciled", registry=registry)
+        self.last_batch = Gauge("txmq_audit_last_batch_id", "Id of the last micro-batch reconciled",
+                                registry=registry)
         self.evaluated = Gauge("txmq_audit_last_reconciliation_timestamp_seconds",
-                               "When the anomaly tables were last brought up to date")
-        self.seconds = Gauge("txmq_audit_reconciliation_seconds", "How long the last reconciliation took")
+                               "When the anomaly tables were last brought up to date", registry=registry)
+        self.seconds = Gauge("txmq_audit_reconciliation_seconds", "How long the last reconciliation took",
+                             registry=registry)
 
 
 class Follower:
@@ -191,32 +202,48 @@ class Follower:
 def follow(spark: SparkSession, *, nameserver: str, output: str, checkpoint: str, topics: str = "*",
            pending_threshold_seconds: float, missing_grace_seconds: float = 60.0, interval_seconds: float = 30.0,
            metrics_port: int | None = None, max_offsets_per_trigger: int | None = None,
-           partitions_per_broker: int = 4, tls: TLS | None = None, stop: threading.Event | None = None) -> int:
+           partitions_per_broker: int = 4, tls: TLS | None = None, stop: threading.Event | None = None,
+           registry: CollectorRegistry | None = None) -> int:
     """Runs the continuous audit until ``stop`` is set (SIGTERM/SIGINT from ``main``) or
-    the query fails (then raises)."""
+    the query fails (then raises). Its metrics go to ``registry`` (None: the process's
+    default one), served on ``metrics_port`` until it returns: a caller that follows more
+    than once in one process (a test) passes a fresh registry each time."""
     if "://" in output or "://" in checkpoint:
         raise ValueError("--follow writes its tables and checkpoint on local (or mounted) paths")
     os.makedirs(output, exist_ok=True)
-    metrics = AuditMetrics()
-    if metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(metrics_port)
-        log.info("metrics on :%d/metrics", metrics_port)
+    metrics = AuditMetrics(registry)
     follower = Follower(spark, nameserver=nameserver, output=output, checkpoint=checkpoint, topics=topics,
                         pending_threshold_seconds=pending_threshold_seconds,
                         missing_grace_seconds=missing_grace_seconds, metrics=metrics,
                         partitions_per_broker=partitions_per_broker, tls=tls)
-    reader = (spark.readStream.format("txmq").option("nameserver", nameserver).options(**_broker.tls_options(tls))
-              .option("topics", topics)
+    server = None
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        server, _thread = start_http_server(metrics_port, registry=metrics.registry)
+        log.info("metrics on :%d/metrics", metrics_port)
+    try:
+        return _run(spark, follower, checkpoint, interval_seconds=interval_seconds,
+                    max_offsets_per_trigger=max_offsets_per_trigger, stop=stop or threading.Event())
+    finally:
+        if server is not None:  # the port is free again once follow returns
+            server.shutdown()
+            server.server_close()
+
+
+def _run(spark: SparkSession, follower: Follower, checkpoint: str, *, interval_seconds: float,
+         max_offsets_per_trigger: int | None, stop: threading.Event) -> int:
+    reader = (spark.readStream.format("txmq").option("nameserver", follower.nameserver)
+              .options(**_broker.tls_options(follower.tls))
+              .option("topics", follower.topics)
               .option("startingOffsets", "earliest").option("includeBody", "false"))
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     query = (reader.load().select(*SEEN_COLUMNS).writeStream.queryName("txmq-audit-follow")
              .foreachBatch(follower.batch).option("checkpointLocation", os.path.join(checkpoint, "stream"))
              .trigger(processingTime=f"{max(interval_seconds, 0.1)} seconds").start())
-    log.info("following %s on %s: tables in %s, checkpoint %s", topics, nameserver, output, checkpoint)
-    stop = stop or threading.Event()
+    log.info("following %s on %s: tables in %s, checkpoint %s", follower.topics, follower.nameserver,
+             follower.output, checkpoint)
     try:
         while not stop.is_set():
             if query.awaitTermination(interval_seconds):

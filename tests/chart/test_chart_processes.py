@@ -67,10 +67,8 @@ from txmq.v1 import admin_pb2, admin_pb2_grpc, nameserver_pb2, nameserver_pb2_gr
 
 from .chart import NAMESPACE, REPO, WORKLOAD_KINDS, Rendered, render, scenario_file
 
-#: Every rendered pod booted as a process (replicated shards, etcd): the heavy lane
-#: (tests/support/lanes.py).
-pytestmark = pytest.mark.heavy
-
+# Not heavy (tests/support/lanes.py): the pods mostly wait for probes, elections and
+# checks — measured, 2-10 s of CPU (the test and every pod it started) per test of 8-45 s.
 LocalState = txmq.LocalTransactionState
 #: Settings naming a file of the TLS Secret (the services' and the bundled etcd's).
 _TLS_FILES = {"TXMQ_TLS_CERT_FILE", "TXMQ_TLS_KEY_FILE", "TXMQ_TLS_CA_FILE",

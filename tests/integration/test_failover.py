@@ -33,6 +33,8 @@ WINDOW_DEADLINE_SECONDS = 30.0
 LOCAL_TRANSACTION_SECONDS = 0.05
 
 
+# Heavy although it waits more than it computes (8 s of CPU in 22 s): its windows' rates are
+# compared, and a heavy test starting beside one window only would slow its calls alone.
 @pytest.mark.heavy  # a throughput comparison
 def test_one_shard_down_keeps_throughput_and_delivers_every_commit_once(fresh_cluster_factory, unique_name):
     cluster = fresh_cluster_factory(brokers=2, checker=True, nameserver_env=NAMESERVER_ENV)
@@ -91,7 +93,7 @@ def assert_every_commit_delivered_once(cluster, load: CommitLoad, topic: str, gr
 #: replicas to start and every commit to audit: more than the suite's default 120 s (it
 #: timed out so at load ~75, while passing in 52 s at that load when its windows ran fast).
 @pytest.mark.timeout(300)
-@pytest.mark.heavy  # a throughput comparison
+@pytest.mark.heavy  # a throughput comparison on six replicas and etcd: 22 s of CPU in 21 s
 def test_a_leader_killed_under_load_costs_the_other_shards_traffic_nothing(fresh_cluster_factory, unique_name):
     """Replicated shards (RF=3 on etcd, 1 s leases in tests): the leader of broker-1 is
     SIGKILLed under the load. While a follower takes over, new sends go to broker-0, whose

@@ -14,15 +14,18 @@ import pyspark  # (make pipeline-deps installs it; a missing PySpark must fail, 
 
 from tests.support import presets
 
+from .helpers import TEST_JVM_OPTIONS
+
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-#: The JIT of the session's JVM: C1 only, ~40 % less CPU for jobs of seconds (measured: a
-#: small job's JVM 20-24 s of CPU → 12-14 s). Nothing Spark reads. Not for the audit jobs
-#: run as a user runs them (helpers.clean_env): a follower reconciling for minutes may run
-#: slower on C1's code (one reconciliation took 55 s with C1 only on a loaded machine, and
-#: the test timed out; with the default JIT it passed).
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+#: The JIT of every test JVM (helpers.TEST_JVM_OPTIONS): C1 only, ~40 % less CPU for jobs
+#: of seconds (measured: a small job's JVM 20-24 s of CPU → 12-14 s). Nothing Spark reads.
+#: The session's JVM takes it from SPARK_SUBMIT_OPTS; a driver run as a user runs it
+#: (helpers.clean_env, which drops SPARK_*) from JAVA_TOOL_OPTIONS: a JVM setting, pointing
+#: nothing at our code. (The audit job run as a user, at a load of 4: 32-36 s with it,
+#: 46-47 s with the default JIT; a follower's reconciliations took 48-55 s on a loaded
+#: machine with either.)
 os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
 
 

@@ -87,19 +87,27 @@ def committed_offsets(cluster: Cluster, results: list[Any]) -> dict[str, tuple[s
     return out
 
 
+#: The JIT of every test JVM (C1 only: see conftest.py), and how a driver run as a user
+#: runs it gets it.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+DRIVER_JIT = {"JAVA_TOOL_OPTIONS": TEST_JVM_OPTIONS}
+
+
 def clean_env() -> dict[str, str]:
     """This environment without anything that points Spark or Python at our code (no
-    PYSPARK_PYTHON, SPARK_*, PYTHONPATH): what a user's shell has."""
+    PYSPARK_PYTHON, SPARK_*, PYTHONPATH): what a user's shell has; its JVM with the test
+    JVMs' JIT (:data:`DRIVER_JIT`)."""
     import os
 
-    return {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_", "PYTHON"))}
+    kept = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_", "PYTHON"))}
+    return {**kept, **DRIVER_JIT}
 
 
 def run_as_a_user(args: list[str], cwd: Any, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m txmq_pipeline.audit ARGS`` with the venv's interpreter, from ``cwd``, in
     an environment holding nothing that points Spark or Python at our code (plus ``env``)."""
     return subprocess.run([sys.executable, "-m", "txmq_pipeline.audit", *args], cwd=cwd,
-                          env={**clean_env(), **(env or {})}, capture_output=True, text=True, timeout=300)
+                          env={**clean_env(), **(env or {})}, capture_output=True, text=True, timeout=500)
 
 
 def run_until(predicate: Callable[[], Any], timeout: float, message: str) -> Any:

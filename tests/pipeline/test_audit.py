@@ -24,7 +24,7 @@ def _only(rows, group):
     return [r for r in rows if r["producer_group"] == group]
 
 
-@pytest.mark.timeout(300)  # a second Spark driver starts (the job as a user runs it), then Chromium
+@pytest.mark.timeout(600)  # a driver of its own (the job as a user runs it: 250 s at a load of 15), Chromium
 def test_audit_counts_known_outcomes_then_finds_injected_anomalies(spark, fresh_cluster_factory, unique_name,
                                                                    tmp_path):
     cluster = fresh_cluster_factory(brokers=2, broker_env=PIPELINE_BROKER_ENV, checker=True,

@@ -1,18 +1,24 @@
-"""The continuous audit (``python -m txmq_pipeline.audit --follow``) run as a user runs
-it: anomalies appear in its Prometheus metrics and tables while it runs; killed and
-started again on the same checkpoint, it resumes without reading anything twice and
-finds what was injected meanwhile."""
+"""The continuous audit (``python -m txmq_pipeline.audit --follow``): anomalies appear in
+its Prometheus metrics and tables while it runs; killed and started again on the same
+checkpoint, it resumes without reading anything twice and finds what was injected
+meanwhile.
+
+One follower runs as a user runs it (a process, a Spark driver of its own: the command's
+end to end); the others run the same entry point, ``audit.main``, on the tests' session
+(:class:`_InProcess`), which spares a JVM start-up and its cold first jobs each."""
 
 from __future__ import annotations
 
 import ast
 import contextlib
 import json
+import logging
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -21,6 +27,7 @@ import pytest
 
 from tests.support.certs import CertificateAuthority
 from tests.support.waiting import wait_until
+from txmq_pipeline import audit
 
 from .anomalies import inject
 from .conftest import PIPELINE_BROKER_ENV, PIPELINE_CHECKER_ENV
@@ -33,21 +40,77 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _argv(cluster, topic, out, port, *extra) -> list[str]:
+    return ["--follow", "--nameserver", cluster.nameserver_address, "--output", str(out), "--topics", topic,
+            "--master", "local[2]", "--interval-seconds", "0.5", "--pending-threshold-seconds", "2",
+            "--missing-grace-seconds", "2", "--metrics-port", str(port), "--transaction-partitions-per-broker", "1",
+            "--log-level", "DEBUG", *extra]
+
+
 def _start(cluster, topic, out, port, log_path, *extra):
+    """The follower as a user runs it: ``python -m txmq_pipeline.audit --follow``, a
+    Spark driver of its own."""
     log = open(log_path, "ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "txmq_pipeline.audit", "--follow", "--nameserver", cluster.nameserver_address,
-         "--output", str(out), "--topics", topic, "--master", "local[2]", "--interval-seconds", "0.5",
-         "--pending-threshold-seconds", "2", "--missing-grace-seconds", "2", "--metrics-port", str(port),
-         "--transaction-partitions-per-broker", "1", "--log-level", "DEBUG", *extra],
-        cwd=out.parent, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen([sys.executable, "-m", "txmq_pipeline.audit", *_argv(cluster, topic, out, port, *extra)],
+                            cwd=out.parent, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
+
+
+class _InProcess:
+    """The follower's entry point (``audit.main(["--follow", ...])``, what the command runs)
+    on the tests' SparkSession, in a thread: no JVM of its own to start. ``poll()``,
+    ``returncode`` and ``wait()`` as a process's; :meth:`stop` is its SIGTERM."""
+
+    def __init__(self, spark, argv: list[str], log_path) -> None:
+        from prometheus_client import CollectorRegistry
+
+        self.returncode: int | None = None
+        self._stop = threading.Event()
+        self._log = logging.FileHandler(log_path)
+        self._log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        logging.getLogger("txmq_pipeline").addHandler(self._log)
+        self._thread = threading.Thread(target=self._main, args=(spark, argv, CollectorRegistry()),
+                                        name="follower", daemon=True)
+        self._thread.start()
+
+    def _main(self, spark, argv, registry) -> None:
+        try:
+            self.returncode = audit.main(argv, spark=spark, stop=self._stop, registry=registry)
+        except BaseException:
+            logging.getLogger("txmq_pipeline").exception("audit.main raised")
+            self.returncode = -1
+
+    def poll(self) -> int | None:
+        return None if self._thread.is_alive() else self.returncode
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def wait(self, timeout: float) -> int | None:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the follower did not stop within {timeout} s")
+        logging.getLogger("txmq_pipeline").removeHandler(self._log)
+        self._log.close()
+        return self.returncode
 
 
 @contextlib.contextmanager
-def _following(cluster, topic, out, log_path, *extra):
-    """(process, metrics port) of a follower that runs while the block does; stopped with
-    SIGTERM after it (a clean stop: exit status 0), killed when the block fails."""
+def _following(cluster, topic, out, log_path, *extra, spark=None):
+    """(follower, metrics port) of a follower that runs while the block does: a process,
+    or with ``spark`` the entry point on that session (:class:`_InProcess`). Stopped with
+    SIGTERM after the block (a clean stop: exit status 0); a process is killed when the
+    block fails."""
     port = _free_port()
+    if spark is not None:
+        follower = _InProcess(spark, _argv(cluster, topic, out, port, *extra), log_path)
+        try:
+            yield follower, port
+        finally:
+            follower.stop()
+            status = follower.wait(60)
+        assert status == 0, log_path.read_text()[-3000:]
+        assert _metrics(port) == {}, "the metrics are still served after the follower returned"
+        return
     proc = _start(cluster, topic, out, port, log_path, *extra)
     try:
         yield proc, port
@@ -86,9 +149,11 @@ def _wait_metrics(port, expected: dict[str, float], proc, log_path, timeout=300.
                                                    if "txmq_pipeline" in line)[-4000:])
 
 
-@pytest.mark.timeout(900)  # two Spark drivers start, one after the other (slow on a loaded machine)
-def test_follow_updates_anomalies_as_they_happen_and_resumes_after_a_crash(fresh_cluster_factory, unique_name,
+@pytest.mark.timeout(600)  # a Spark driver of its own starts (slow on a loaded machine)
+def test_follow_updates_anomalies_as_they_happen_and_resumes_after_a_crash(spark, fresh_cluster_factory, unique_name,
                                                                          tmp_path):
+    """The follower as a user runs it, SIGKILLed; started again on its checkpoint (by the
+    entry point on the tests' session: another driver, as after a crash)."""
     cluster = fresh_cluster_factory(brokers=1, broker_env=PIPELINE_BROKER_ENV, checker=True,
                                     checker_env=PIPELINE_CHECKER_ENV)
     topic, group = unique_name("follow"), unique_name("g")
@@ -139,7 +204,7 @@ def test_follow_updates_anomalies_as_they_happen_and_resumes_after_a_crash(fresh
     cluster.restart_broker(0)
     cluster.wait_route(topic, 2)
 
-    with _following(cluster, topic, out, log_path) as (proc, port):  # then a clean stop
+    with _following(cluster, topic, out, log_path, spark=spark) as (proc, port):  # then a clean stop
         # 9 messages + the duplicate's second offset + the exposed half message: nothing read
         # twice across the restart.
         m = _wait_metrics(port, {"txmq_audit_messages": 11, "committed_missing": 1, "duplicate_message_id": 1,
@@ -162,12 +227,14 @@ def _last_batch_committed(out) -> bool:
     return bool(planned) and max(planned) in committed
 
 
-@pytest.mark.timeout(900)  # two Spark drivers start, one after the other
-def test_follow_started_again_with_no_new_messages_reconciles_every_interval(fresh_cluster_factory, unique_name,
+@pytest.mark.timeout(600)  # two followers, one after the other, each reconciling for tens of seconds when loaded
+def test_follow_started_again_with_no_new_messages_reconciles_every_interval(spark, fresh_cluster_factory, unique_name,
                                                                            tmp_path):
     """A stuck transaction makes no message: started again on its checkpoint with nothing new
     to read, so that Spark runs no micro-batch, the follower still reconciles what the
-    earlier run stored, reports the pending transaction again and keeps doing so."""
+    earlier run stored, reports the pending transaction again and keeps doing so. (The
+    follower's entry point on the tests' session; a follower started as a user starts it,
+    then killed and started again, is the test above.)"""
     cluster = fresh_cluster_factory(brokers=1, broker_env=PIPELINE_BROKER_ENV)
     topic, group = unique_name("resume"), unique_name("g")
     cluster.create_topic(topic, 2)
@@ -178,12 +245,12 @@ def test_follow_started_again_with_no_new_messages_reconciles_every_interval(fre
         send_workload(p, topic, {"commit": 3, "pending": 1})
         wait_settled(cluster, group, 4, pending=1)
 
-        with _following(cluster, topic, out, log_path) as (proc, port):
+        with _following(cluster, topic, out, log_path, spark=spark) as (proc, port):
             _wait_metrics(port, anomaly, proc, log_path)
             wait_until(lambda: _last_batch_committed(out), 60, interval=0.3, message="Spark never committed its batch")
 
         restarted = time.time()
-        with _following(cluster, topic, out, log_path) as (proc, port):
+        with _following(cluster, topic, out, log_path, spark=spark) as (proc, port):
             m = _wait_metrics(port, anomaly, proc, log_path)
             assert m["txmq_audit_batches_total"] == 0, m  # reconciled without a micro-batch
             first = m["txmq_audit_last_reconciliation_timestamp_seconds"]
@@ -195,10 +262,11 @@ def test_follow_started_again_with_no_new_messages_reconciles_every_interval(fre
                        60 + 2 * took, interval=0.3, message=lambda: f"no second reconciliation: {_metrics(port)}")
 
 
-@pytest.mark.timeout(600)
-def test_follow_over_mutual_tls(fresh_cluster_factory, unique_name, tmp_path):
+@pytest.mark.timeout(300)
+def test_follow_over_mutual_tls(spark, fresh_cluster_factory, unique_name, tmp_path):
     """With the --tls-* flags the streaming read and the follower's own reads reach a
-    cluster that requires client certificates."""
+    cluster that requires client certificates (the follower's entry point on the tests'
+    session)."""
     cluster = fresh_cluster_factory(brokers=1, broker_env=PIPELINE_BROKER_ENV,
                                     tls=CertificateAuthority(tmp_path / "pki"))
     topic, group = unique_name("follow-tls"), unique_name("g")
@@ -208,8 +276,8 @@ def test_follow_over_mutual_tls(fresh_cluster_factory, unique_name, tmp_path):
         wait_settled(cluster, group, 4, pending=1)
     tls = cluster.client_tls()
     out, log_path = tmp_path / "audit", tmp_path / "follow.log"
-    with _following(cluster, topic, out, log_path,
-                    "--tls-ca", tls.ca_file, "--tls-cert", tls.cert_file, "--tls-key", tls.key_file) as (proc, port):
+    with _following(cluster, topic, out, log_path, "--tls-ca", tls.ca_file, "--tls-cert", tls.cert_file,
+                    "--tls-key", tls.key_file, spark=spark) as (proc, port):
         _wait_metrics(port, {"txmq_audit_messages": 3, "txmq_audit_transactions": 4, "pending_too_old": 1,
                              "committed_missing": 0, "uncommitted_in_topic": 0, "duplicate_message_id": 0,
                              "discarded_unresolved": 0}, proc, log_path)

@@ -1,7 +1,7 @@
 """The Spark connector over TLS: its `tls.*` options (the CLI's --tls-* flags) reach the
 driver's and the tasks' channels; without them a TLS cluster refuses the read. The audit
-job, run as a user runs it, reaches the cluster with the --tls-* flags and the TXMQ_TLS_*
-variables, and without them says what is missing."""
+job reaches the cluster with the --tls-* flags and the TXMQ_TLS_* variables, and, run as
+a user runs it, without them says what is missing."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 import txmq
 from tests.support.certs import CertificateAuthority
 from tests.support.cluster import Cluster
+from txmq_pipeline import audit
 
 from .helpers import producer, run_as_a_user, Scripted, send_workload, wait_settled
 
@@ -44,27 +45,32 @@ def test_a_batch_read_over_mutual_tls(spark: Any, secure: Cluster, unique_name) 
         spark.read.format("txmq").options(**plain).load().collect()
 
 
-@pytest.mark.timeout(600)
-def test_the_audit_job_over_mutual_tls_with_the_flags_and_the_environment(secure: Cluster, unique_name,
-                                                                         tmp_path) -> None:
-    """One Spark driver (each takes ~40 s here): the CA and server name from flags, the
-    client certificate and key from TXMQ_TLS_* only, so the job fails if either source is
-    not read (without the flags no CA; without the environment no client certificate)."""
+def test_the_audit_job_over_mutual_tls_with_the_flags_and_the_environment(spark: Any, secure: Cluster, unique_name,
+                                                                         tmp_path, monkeypatch) -> None:
+    """The job's entry point (``audit.main``, what ``python -m txmq_pipeline.audit`` runs)
+    on the tests' session: the CA and server name from flags, the client certificate and
+    key from TXMQ_TLS_* only, so the job fails if either source is not read (without the
+    flags no CA; without the environment no client certificate). The job in a driver of
+    its own, as a user runs it, is test_audit's (plaintext) and test_follow's."""
     topic, group = unique_name("tls-audit"), unique_name("g")
     secure.create_topic(topic, 2)
     with producer(secure, group, Scripted()) as p:
         send_workload(p, topic, {"commit": 4, "rollback": 2, "pending": 1})
         wait_settled(secure, group, 7, pending=1)
     tls = secure.client_tls()
-    job = run_as_a_user(["--nameserver", secure.nameserver_address, "--topics", topic, "--master", "local[2]",
-                         "--report-format", "md", "--transaction-partitions-per-broker", "1", "--output", "./out",
-                         "--tls-ca", tls.ca_file, "--tls-server-name", "localhost"],
-                        cwd=tmp_path, env={"TXMQ_TLS_CERT_FILE": tls.cert_file, "TXMQ_TLS_KEY_FILE": tls.key_file})
-    assert job.returncode == 0, job.stderr[-3000:]
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    monkeypatch.setenv("TXMQ_TLS_CERT_FILE", tls.cert_file)
+    monkeypatch.setenv("TXMQ_TLS_KEY_FILE", tls.key_file)
+    out = tmp_path / "out"
+    status = audit.main(["--nameserver", secure.nameserver_address, "--topics", topic, "--master", "local[2]",
+                         "--report-format", "md", "--transaction-partitions-per-broker", "1", "--output", str(out),
+                         "--tls-ca", tls.ca_file, "--tls-server-name", "localhost"], spark=spark)
+    assert status == 0
+    assert spark.range(3).count() == 3  # the caller's session is left running
+    summary = json.loads((out / "summary.json").read_text())
     [counts] = [c for c in summary["state_counts"] if c["producer_group"] == group]
     assert (summary["transactions"], summary["messages"], summary["anomalies"]) == (7, 4, 0), summary
     assert (counts["committed"], counts["rolled_back"], counts["pending"]) == (4, 2, 1), counts
+    assert (out / "report.md").exists() and not (out / "report.html").exists()  # --report-format md
 
 
 def test_the_audit_job_without_tls_settings_says_what_is_missing(secure: Cluster, tmp_path) -> None:

@@ -52,8 +52,8 @@ HEAVY = "heavy"
 SPARK = "heavy-spark"
 #: Fixtures that make a test heavy by using them (one JVM per worker at most: Spark).
 HEAVY_FIXTURES = frozenset({"spark"})
-#: Directories whose every test is heavy: each pipeline test starts Spark (the session's
-#: JVM, or a driver of its own as a user runs the audit job: ~15-45 s of CPU each).
+#: Directories whose every test is heavy: each pipeline test runs Spark jobs (on the
+#: session's JVM; two start a driver of their own, as a user runs the audit job).
 HEAVY_DIRECTORIES = ("tests/pipeline/",)
 #: Session-scoped shared clusters: the tests using one run on one worker, so it starts once
 #: (name → its group; filled by tests/support/presets.py's ``shared_cluster``).
