@@ -186,6 +186,13 @@ def test_an_answer_after_the_timeout_and_past_the_checkers_memory_decides(slow, 
             raw.send(received=checker_pb2.CheckReceived(check_id=check.check_id))
             return any(r.error.details.get("check_id") for r in collector.other)
         wait_until(forgotten, 10, interval=0.1, message="the checker still holds the check")
+        # CheckReceived sent while polling may still be answered: the stream answers in order,
+        # so once the refusal of one more is in, so are theirs (else one arriving after
+        # ``count`` below is taken for the late answer's refusal).
+        refusals = sum(1 for r in collector.other if r.error.details.get("check_id"))
+        raw.send(received=checker_pb2.CheckReceived(check_id=check.check_id))
+        wait_until(lambda: sum(1 for r in collector.other if r.error.details.get("check_id")) > refusals, 5,
+                   message="the last CheckReceived was not refused")
         assert metric_sum(slow.checkers[0].metrics_port, "txmq_checks_total",
                           {"group": group, "result": "timeout"}) == 1
         assert describe(slow, transaction_id).state == PREPARED
