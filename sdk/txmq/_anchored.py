@@ -26,7 +26,7 @@ from typing import Any, Callable, Generator, Protocol, TypeVar, cast
 from . import _decisions as core
 from . import _tracing as tracing
 from ._checking import InProgress
-from ._database import DELETE_LINGER_SECONDS, commit_query, failpoint, failpoint_soon, module_of, named, pg_sqlstate
+from ._database import DELETE_LINGER_SECONDS, begin_query, commit_query, failpoint, failpoint_soon, module_of, named, pg_sqlstate
 from ._errors import InvalidFieldError, TransactionStateError, TxmqError
 from ._types import LocalTransactionState, Message, TransactionMessage, TransactionState
 
@@ -107,8 +107,9 @@ class PsycopgConnection:
 
     def execute(self, statement: core.Statement) -> None:
         if self.conn.autocommit and not self.in_transaction():
-            self.conn.execute("BEGIN")
-        self.conn.execute(statement.sql, statement.params)
+            self.conn.execute(begin_query(self.conn, statement))  # BEGIN with it: one round trip
+        else:
+            self.conn.execute(statement.sql, statement.params)
 
     def commit(self, statement: core.Statement | None) -> None:
         conn = self.conn

@@ -70,14 +70,24 @@ def named(statement: Statement) -> tuple[str, dict[str, Any]]:
     return sql, {f"p{i}": v for i, v in enumerate(statement.params)}
 
 
+def _bound(conn: Any, statement: Statement) -> str:
+    import psycopg  # the psycopg integration's own driver, present when it is in use
+
+    cursor = psycopg.AsyncClientCursor if isinstance(conn, psycopg.AsyncConnection) else psycopg.ClientCursor
+    return str(cursor(conn).mogrify(statement.sql, statement.params))
+
+
+def begin_query(conn: Any, statement: Statement) -> bytes:
+    """BEGIN and ``statement`` as one simple query, for one round trip, on an autocommit
+    connection (where the SDK itself begins; a connection that is not autocommit has
+    psycopg send its own BEGIN, with the connection's isolation level, first)."""
+    return ("BEGIN; " + _bound(conn, statement)).encode()
+
+
 def commit_query(conn: Any, statement: Statement) -> bytes:
     """``statement`` and COMMIT as one simple query, for one round trip: its parameters
     bound on the client by psycopg (``ClientCursor.mogrify``, psycopg's own quoting). A
     pipeline would send the two as well, but ends with a second Sync: two round trips, and
     16 system calls against these 4. The server parses the small UPDATE each time instead
     of binding a prepared one."""
-    import psycopg  # the psycopg integration's own driver, present when it is in use
-
-    cursor = psycopg.AsyncClientCursor if isinstance(conn, psycopg.AsyncConnection) else psycopg.ClientCursor
-    text = cursor(conn).mogrify(statement.sql, statement.params)
-    return (text + "; COMMIT").encode()
+    return (_bound(conn, statement) + "; COMMIT").encode()

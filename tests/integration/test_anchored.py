@@ -105,7 +105,7 @@ class WireTrace:
         conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
 
     def stop(self) -> tuple[list[str], int]:
-        """(the first two words of every statement sent, in order; round trips)."""
+        """(the first three words of every statement sent, in order; round trips)."""
         self.conn.pgconn.untrace()
         self.file.close()
         statements, round_trips = [], 0
@@ -121,27 +121,59 @@ class WireTrace:
 
 
 #: What an anchored transaction with one statement of the caller's sends on the caller's
-#: connection: the bounds ride in the decision row's INSERT (no SET of their own), nothing
-#: is read back, and the UPDATE recording the halves travels with the COMMIT.
-ANCHORED_STATEMENTS = ["BEGIN", "INSERT INTO txmq_decisions", "INSERT INTO orders", "UPDATE txmq_decisions SET"]
+#: connection (the first words of each): the bounds ride in the decision row's INSERT (no
+#: SET of their own), nothing is read back, and the UPDATE recording the halves travels
+#: with the COMMIT. A connection that is not autocommit has psycopg send its BEGIN alone
+#: first (with the connection's isolation level); on an autocommit one the SDK sends BEGIN
+#: with the INSERT.
+ANCHORED_STATEMENTS = {
+    False: ["BEGIN", "INSERT INTO txmq_decisions", "INSERT INTO orders", "UPDATE txmq_decisions SET"],
+    True: ["BEGIN; INSERT INTO", "INSERT INTO orders", "UPDATE txmq_decisions SET"],
+}
 #: One round trip each, the last one the UPDATE and the COMMIT together (a pipeline made it
 #: two: its second Sync waits for a second answer).
-ANCHORED_ROUND_TRIPS = 4
+ANCHORED_ROUND_TRIPS = {False: 4, True: 3}
 
 
-def test_an_anchored_transaction_costs_the_callers_connection_four_round_trips(checked, dsn, unique_name,
-                                                                               tmp_path):
+@pytest.mark.parametrize("autocommit", [False, True], ids=["transactional", "autocommit"])
+def test_an_anchored_transaction_costs_the_callers_connection_three_or_four_round_trips(
+        checked, dsn, unique_name, tmp_path, autocommit):
     group, topic = unique_name("g"), unique_name("orders")
     checked.create_topic(topic, 1)
-    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, psycopg.connect(dsn) as conn:
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, \
+            psycopg.connect(dsn, autocommit=autocommit) as conn:
         trace = WireTrace(conn, tmp_path / "wire.txt")
         with producer.transaction(conn) as tx:
             tx.send(txmq.Message(topic, b"counted"))
-            conn.execute("INSERT INTO orders VALUES ('c1', 'x')")
+            conn.execute("INSERT INTO orders VALUES (%s, 'x')", (f"c-{autocommit}",))
         statements, round_trips = trace.stop()
         assert tx.result.wait_acknowledged(10), tx.result.end_error
-    assert statements == ANCHORED_STATEMENTS
-    assert round_trips == ANCHORED_ROUND_TRIPS
+    assert orders(dsn).count(f"c-{autocommit}") == 1  # it committed
+    assert statements == ANCHORED_STATEMENTS[autocommit]
+    assert round_trips == ANCHORED_ROUND_TRIPS[autocommit]
+
+
+@pytest.mark.parametrize("ending", ["commit", "rollback"])
+def test_a_transaction_ended_inside_the_block_is_refused_and_its_messages_follow_it(checked, dsn, unique_name,
+                                                                                    ending):
+    """The caller commits (or rolls back) on the connection inside the block, against the
+    rules: the block raises, and the messages still agree with the database, because the
+    decision row was the transaction's first statement: committed with the caller's work
+    (the checks answer COMMIT from it) or gone with it (the checks fence ROLLBACK)."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    order = f"inside-{ending}"
+    with anchored_producer(checked, group, dsn) as producer, psycopg.connect(dsn) as conn:
+        with pytest.raises(txmq.InvalidFieldError, match="ended inside the anchored block"):
+            with producer.transaction(conn) as tx:
+                half = tx.send(txmq.Message(topic, order.encode())).result(10)
+                conn.execute("INSERT INTO orders VALUES (%s, 'x')", (order,))
+                conn.commit() if ending == "commit" else conn.rollback()
+        committed = ending == "commit"
+        wait_state(checked, half.transaction_id, COMMITTED if committed else ROLLED_BACK, timeout=20)
+        assert (order in orders(dsn)) is committed
+    if committed:
+        wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
 
 
 def end_calls(cluster: Cluster) -> tuple[float, float]:

@@ -88,19 +88,20 @@ def test_asyncio_psycopg_commit_rollback_and_a_check_while_open(checked, dsn, un
     assert sorted(m.body for m in consume(checked, topic, unique_name("c"), 2)) == [b"async-1", b"async-slow"]
 
 
-def test_an_asyncio_anchored_transaction_costs_the_callers_connection_four_round_trips(checked, dsn, unique_name,
-                                                                                       tmp_path):
+@pytest.mark.parametrize("autocommit", [False, True], ids=["transactional", "autocommit"])
+def test_an_asyncio_anchored_transaction_costs_the_callers_connection_three_or_four_round_trips(
+        checked, dsn, unique_name, tmp_path, autocommit):
     group, topic = unique_name("g"), unique_name("orders")
     checked.create_topic(topic, 1)
 
     async def main() -> tuple[list[str], int]:
         producer = await async_producer(checked, group, dsn, answer_checks=False)
         try:
-            async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit) as conn:
                 trace = WireTrace(conn, tmp_path / "wire.txt")
                 async with producer.transaction(conn) as tx:
                     tx.send(txmq.Message(topic, b"counted"))
-                    await conn.execute("INSERT INTO orders VALUES ('c1', 'x')")
+                    await conn.execute("INSERT INTO orders VALUES (%s, 'x')", (f"c-{autocommit}",))
                 counted = trace.stop()
                 assert await tx.result.wait_acknowledged(10), tx.result.end_error
                 return counted
@@ -108,8 +109,8 @@ def test_an_asyncio_anchored_transaction_costs_the_callers_connection_four_round
             await producer.close()
 
     statements, round_trips = asyncio.run(main())
-    assert statements == ANCHORED_STATEMENTS
-    assert round_trips == ANCHORED_ROUND_TRIPS
+    assert statements == ANCHORED_STATEMENTS[autocommit]
+    assert round_trips == ANCHORED_ROUND_TRIPS[autocommit]
 
 
 def test_the_end_of_an_asyncio_anchored_transaction_rides_the_produce_stream(checked, dsn, unique_name):

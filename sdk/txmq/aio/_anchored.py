@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Generator, Protocol, TypeVar
 
 from .. import _decisions as core
 from .. import _tracing as tracing
-from .._database import (DELETE_LINGER_SECONDS, commit_query, failpoint, failpoint_soon, module_of, named,
+from .._database import (DELETE_LINGER_SECONDS, begin_query, commit_query, failpoint, failpoint_soon, module_of, named,
                          pg_sqlstate)
 from .._checking import InProgress
 from .._errors import InvalidFieldError, TransactionStateError, TxmqError
@@ -84,8 +84,9 @@ class AsyncPsycopgConnection:
 
     async def execute(self, statement: core.Statement) -> None:
         if self.conn.autocommit and not self.in_transaction():
-            await self.conn.execute("BEGIN")
-        await self.conn.execute(statement.sql, statement.params)
+            await self.conn.execute(begin_query(self.conn, statement))  # BEGIN with it: one round trip
+        else:
+            await self.conn.execute(statement.sql, statement.params)
 
     async def commit(self, statement: core.Statement | None) -> None:
         conn = self.conn
