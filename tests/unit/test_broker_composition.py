@@ -27,14 +27,9 @@ from services.broker.store.codec import LogRecord
 from services.broker.timers import Timers
 from services.broker.transactions import Transactions
 from tests.support.waiting import wait_until
-from tests.unit.test_broker_core import Clock
+from tests.support.clock import Clock
 from txmq.errors import InvalidFieldError
 from txmq.ids import MessageId
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from services.broker.config import BrokerConfig
 from services.broker.core import BrokerCore, StoreIdentityError, parse_tag_filter
 from services.broker.store import codec
 from services.broker.store.codec import LogRecord
@@ -16,40 +15,6 @@ from txmq.errors import (DiskFullError, InvalidFieldError, InvalidIdError, Messa
                           TopicNotFoundError, TransactionNotFoundError, TransactionStateError,
                           WrongBrokerError)
 from txmq.ids import TransactionId
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ms = 1_700_000_000_000
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def advance(self, seconds: float) -> None:
-        self.ms += int(seconds * 1000)
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def make_core(tmp_path, clock):
-    cores: list[BrokerCore] = []
-
-    def make(**overrides: Any) -> BrokerCore:
-        config = dataclasses.replace(BrokerConfig(data_dir=str(tmp_path / "store"), flush="async"), **overrides)
-        core = BrokerCore(config, clock=clock)
-        cores.append(core)
-        return core
-
-    yield make
-    for core in cores:
-        try:
-            core.close()
-        except Exception:  # noqa: BLE001 - a test may have closed or broken it already
-            pass
 
 
 @pytest.fixture

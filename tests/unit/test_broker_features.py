@@ -18,14 +18,9 @@ from services.broker.model import RESOLUTION_COMMIT
 from services.broker.store import codec
 from services.broker.store.codec import LogRecord
 
-from tests.unit.test_broker_core import Clock
+from tests.support.clock import Clock
 
 START_MS = Clock().ms
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 @pytest.fixture

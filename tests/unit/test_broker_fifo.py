@@ -19,15 +19,14 @@ from tests.support.fifo_model import run_model
 from txmq.errors import InvalidFieldError
 from txmq.fifo import group_queue_index, message_group_hash
 
-from .test_broker_core import clock  # noqa: F401 - the clock fixture
-from .test_broker_core import make_core as broker_core  # noqa: F401 - the store fixture, under another name
 
 
 @pytest.fixture
-def make_core(broker_core):
-    """``test_broker_core``'s cores, dead-lettering after two deliveries unless told otherwise."""
+def make_core(make_core):
+    """The shared cores (tests/unit/conftest.py), dead-lettering after two deliveries unless
+    told otherwise."""
     def make(**overrides: Any) -> BrokerCore:
-        return broker_core(**{"max_delivery_attempts": 2, **overrides})
+        return make_core(**{"max_delivery_attempts": 2, **overrides})
     return make
 
 

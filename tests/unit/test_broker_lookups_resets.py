@@ -6,49 +6,23 @@ their attempts count on); the reset record; the live rule."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 
 from services.broker import lookups, resets, topics
-from services.broker.config import BrokerConfig
 from services.broker.core import BrokerCore, parse_tag_filter
 from services.broker.store import codec
 from services.broker.store.codec import LogRecord
 from txmq.errors import ConsumersLiveError, ReceiptHandleNotFoundError
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.ms = 1_700_000_000_000
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def advance(self, seconds: float) -> None:
-        self.ms += int(seconds * 1000)
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def make_core(tmp_path, clock):
-    cores: list[BrokerCore] = []
-
+def make_core(make_core):
+    """The shared cores (tests/unit/conftest.py), with a short consumer session."""
     def make(**overrides: Any) -> BrokerCore:
-        config = dataclasses.replace(BrokerConfig(data_dir=str(tmp_path / "store"), flush="async",
-                                                  consumer_session_seconds=5.0), **overrides)
-        core = BrokerCore(config, clock=clock)
-        cores.append(core)
-        return core
-
-    yield make
-    for core in cores:
-        core.close()
+        return make_core(**{"consumer_session_seconds": 5.0, **overrides})
+    return make
 
 
 def send(core: BrokerCore, body: bytes, keys: tuple[str, ...] = (), kind: int = codec.KIND_NORMAL, **kw: Any):

@@ -19,19 +19,6 @@ from txmq.ids import MessageId
 from txmq.names import GLOBAL_TRANSACTION_PROPERTY, discard_topic
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.ms = 1_700_000_000_000
-
-    def __call__(self) -> int:
-        return self.ms
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
 @pytest.fixture
 def shards(tmp_path, clock):
     made: list[BrokerCore] = []

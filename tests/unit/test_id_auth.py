@@ -23,6 +23,7 @@ from services.broker.store import codec
 from services.broker.store.codec import LogRecord
 from txmq.errors import InvalidIdError, ReceiptHandleNotFoundError, WrongBrokerError
 from txmq.ids import MessageId, ReceiptHandle, TransactionId
+from tests.support.clock import Clock
 
 CODECS = (MessageId, TransactionId, ReceiptHandle)
 
@@ -90,14 +91,6 @@ def test_tagged_ids_round_trip_and_stay_routable() -> None:
 
 
 # --------------------------------------------------------------------------- the authority
-class Clock:
-    def __init__(self) -> None:
-        self.ms = 1_700_000_000_000
-
-    def __call__(self) -> int:
-        return self.ms
-
-
 @pytest.fixture
 def open_core(tmp_path: Any) -> Any:
     cores: list[BrokerCore] = []
