@@ -142,7 +142,7 @@ class Resolver:
                     return  # not started in time: handed back to the broker, nothing spent
                 try:
                     result, retry_after = await self._decide(group, check)
-                except Exception:  # noqa: BLE001 - the check stays unanswered: it is claimed again
+                except Exception:  # the check stays unanswered: it is claimed again
                     log.exception("resolver cannot answer a check", extra={"fields": {
                         "group": group.name, "transaction_id": check.transaction_id}})
                     return
@@ -156,7 +156,7 @@ class Resolver:
                                              transaction_id=check.transaction_id, broker_name=check.broker_name,
                                              producer_group=group.name)
                 except InvalidFieldError:
-                    pass  # expired meanwhile, and the answer changes nothing
+                    pass  # refused as a late answer too: nothing more to tell the broker
         finally:
             # Whatever became of the check, its unit of credit comes back: a unit kept would
             # be a check the group can never be sent again.
