@@ -132,21 +132,36 @@ class Resolver:
 
     async def _answer(self, group: _Group, stream: ProducerStream, check: checker_pb2.CheckRequest) -> None:
         assert self._running is not None
-        async with self._running:
-            if stream.closed:
-                return
-            try:
-                self.dispatcher.received(stream, check.check_id)
-            except InvalidFieldError:
-                return  # expired or handed back meanwhile
-            result, retry_after = await self._decide(group, check)
-            if stream.closed:
-                return
-            try:
-                self.dispatcher.answered(stream, check.check_id, result, retry_after)
+        try:
+            async with self._running:
+                if stream.closed:
+                    return
+                try:
+                    self.dispatcher.received(stream, check.check_id)
+                except InvalidFieldError:
+                    return  # not started in time: handed back to the broker, nothing spent
+                try:
+                    result, retry_after = await self._decide(group, check)
+                except Exception:  # the check stays unanswered: it is claimed again
+                    log.exception("resolver cannot answer a check", extra={"fields": {
+                        "group": group.name, "transaction_id": check.transaction_id}})
+                    return
+                if stream.closed:
+                    return
+                try:
+                    # Named by its transaction, an answer that comes after its check expired
+                    # and was forgotten (a decision slower than the answer timeout and the
+                    # lease, as on a loaded machine) is a late answer: it still decides.
+                    self.dispatcher.answered(stream, check.check_id, result, retry_after,
+                                             transaction_id=check.transaction_id, broker_name=check.broker_name,
+                                             producer_group=group.name)
+                except InvalidFieldError:
+                    pass  # refused as a late answer too: nothing more to tell the broker
+        finally:
+            # Whatever became of the check, its unit of credit comes back: a unit kept would
+            # be a check the group can never be sent again.
+            if not stream.closed:
                 self.dispatcher.grant(stream, 1)
-            except InvalidFieldError:
-                pass  # expired meanwhile: a decision was already applied or is asked again
 
     async def _decide(self, group: _Group,
                       check: checker_pb2.CheckRequest) -> tuple[common_pb2.CheckResult.ValueType, float]:

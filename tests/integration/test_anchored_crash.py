@@ -237,11 +237,19 @@ def test_producer_killed_at_random_points_under_load(checked, dsn, unique_name, 
 
 # --- a check while the local transaction is open where the checker cannot reach ----------
 
-def test_a_check_while_the_transaction_is_open_in_an_unreachable_process(checked, dsn, unique_name, workers,
-                                                                       tmp_path):
+def test_a_check_while_the_transaction_is_open_in_an_unreachable_process(fresh_cluster_factory, dsn, unique_name,
+                                                                       workers, tmp_path):
     """The sender answers no checks; the survivor answers from the table: the key is held
     by the open local transaction, so every check is IN_PROGRESS (never ROLLBACK) however
-    many come; released, the transaction commits and its message is delivered."""
+    many come; released, the transaction commits and its message is delivered.
+
+    Each IN_PROGRESS answer comes after the survivor's lock timeout (0.5 s): the checker's
+    answer timeout must leave room above that on a loaded machine, or the answer is late,
+    the check counts as a timeout and spends budget (with the module's 0.5 s it did, and at
+    a load of 24 the transaction was discarded after check_max checks)."""
+    checked = fresh_cluster_factory(broker_env=BROKER_ENV, checker=True,
+                                    checker_env={**CHECKER_ENV, "TXMQ_ANSWER_TIMEOUT_SECONDS": "3",
+                                                 "TXMQ_LEASE_SECONDS": "3"})
     group, topic = unique_name("g"), unique_name("orders")
     checked.create_topic(topic, 1)
     hold = tmp_path / "release"
@@ -250,7 +258,7 @@ def test_a_check_while_the_transaction_is_open_in_an_unreachable_process(checked
     with survivor(checked, group, dsn):
         half = wait_until(lambda: worker.of("half"), 30, message=lambda: f"{worker.events} {worker.stderr()}")[0]
         transaction_id = half["transaction_id"]
-        wait_until(lambda: describe(checked, transaction_id).checks_answered >= 5, 30,
+        wait_until(lambda: describe(checked, transaction_id).checks_answered >= 5, 60,
                    message=lambda: f"{describe(checked, transaction_id)}")
         assert describe(checked, transaction_id).state == common_pb2.TRANSACTION_STATE_PREPARED
         assert decision_rows(dsn) == []  # no fence: the key is held

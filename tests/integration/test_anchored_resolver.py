@@ -14,7 +14,8 @@ import pytest
 
 import txmq
 from tests.integration.test_anchored_crash import Worker, committed_orders, decision_rows, pg, undecided  # noqa: F401 - fixtures
-from tests.integration.test_checks import BROKER_ENV, CHECKER_ENV, describe
+from tests.integration.test_checks import (BROKER_ENV, CHECK_MAX, CHECKER_ENV, COMMITTED, DISCARDED, LEASE,
+                                          PREPARED, ROLLED_BACK, describe)
 from tests.support.postgres import dsn_for, fresh_database
 from tests.support.waiting import wait_until
 from txmq.anchored import Decisions
@@ -78,6 +79,98 @@ def test_the_checker_decides_a_group_whose_whole_fleet_is_down(pg, fresh_cluster
     finally:
         producer.close()
     wait_until(lambda: said("resolver answers the group's checks") > answering, 20)
+
+
+def test_the_resolver_keeps_answering_when_its_answers_come_after_the_checks_expired(
+        pg, fresh_cluster_factory, unique_name, tmp_path):
+    """A slow resolver (here: each check waits 2 s for the key, past the 0.5 s answer
+    timeout and the 1 s lease after it, as a loaded machine makes any check) still gets
+    checks: every answer gives its check's credit back, and one for a forgotten check names
+    its transaction (a late answer). Before, each such answer was dropped with its unit of
+    credit, and after ``resolver_concurrency`` of them the group got no checks at all: a
+    transaction committed by its crashed producer stayed PREPARED."""
+    owner = fresh_database(pg)
+    with psycopg.connect(owner, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id text PRIMARY KEY, body bytea NOT NULL)")
+    done = subprocess.run([sys.executable, "-m", "txmq", "db", "init", "--dsn", owner],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    secret = tmp_path / "orders.dsn"
+    secret.write_text(owner + "\n")
+    secret.chmod(0o600)
+    group, topic = unique_name("g"), unique_name("orders")
+    concurrency = 2
+    cluster = fresh_cluster_factory(broker_env={**BROKER_ENV, "TXMQ_CHECK_MAX": "100"}, checker=True,
+                                    checker_env={**CHECKER_ENV, "TXMQ_RESOLVER_GROUPS": f"{group}={secret}",
+                                                 "TXMQ_RESOLVER_CONCURRENCY": str(concurrency),
+                                                 "TXMQ_RESOLVER_LOCK_TIMEOUT_SECONDS": "2.0",
+                                                 "TXMQ_RESOLVER_IN_PROGRESS_RETRY_SECONDS": "0.2"})
+    cluster.create_topic(topic, 1)
+    hold = tmp_path / "release"
+    # Holds its local transaction (and so the key) open until ``hold`` exists, then commits
+    # and dies before its EndTransaction: only a check can commit the message.
+    worker = Worker(cluster, owner, topic, group, "--orders", "1", "--no-checks", "--hold", str(hold),
+                    failpoint="commit.after")
+    try:
+        half = wait_until(lambda: worker.of("half"), 60, message=lambda: f"{worker.events} {worker.stderr()}")[0]
+        transaction_id = half["transaction_id"]
+        wait_until(lambda: describe(cluster, transaction_id).checks_delivered > 2 * concurrency, 90,
+                   message=lambda: f"the resolver stopped taking checks: {describe(cluster, transaction_id)}")
+        assert describe(cluster, transaction_id).state == PREPARED  # IN_PROGRESS, never ROLLBACK
+        hold.touch()
+        assert worker.wait_exit(60) == -9, worker.stderr()
+        wait_until(lambda: describe(cluster, transaction_id).state == COMMITTED, 60,
+                   message=lambda: f"{describe(cluster, transaction_id)}")
+    finally:
+        worker.kill()
+    assert committed_orders(owner) == {half["half"]}
+
+
+def test_a_transaction_discarded_while_the_resolver_waited_for_its_key_is_decided_by_the_late_answer(
+        pg, fresh_cluster_factory, unique_name, tmp_path):
+    """Every check of the transaction outlives its answer timeout and the lease after it
+    (the checker forgets it) while the resolver waits for the key its open local
+    transaction holds, and the broker discards the transaction after ``check_max`` checks.
+    Then the producer dies: the resolver's fence goes in, and its answer, ROLLBACK, though
+    for a forgotten check, still decides the transaction (a late answer, named by its
+    transaction). Before, that answer was dropped and the transaction stayed DISCARDED."""
+    owner = fresh_database(pg)
+    with psycopg.connect(owner, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id text PRIMARY KEY, body bytea NOT NULL)")
+    done = subprocess.run([sys.executable, "-m", "txmq", "db", "init", "--dsn", owner],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    secret = tmp_path / "orders.dsn"
+    secret.write_text(owner + "\n")
+    secret.chmod(0o600)
+    group, topic = unique_name("g"), unique_name("orders")
+    cluster = fresh_cluster_factory(broker_env=BROKER_ENV, checker=True,
+                                    checker_env={**CHECKER_ENV, "TXMQ_RESOLVER_GROUPS": f"{group}={secret}",
+                                                 "TXMQ_RESOLVER_LOCK_TIMEOUT_SECONDS": "60"})
+    cluster.create_topic(topic, 1)
+    forgotten_after = float(CHECKER_ENV["TXMQ_ANSWER_TIMEOUT_SECONDS"]) + LEASE
+
+    def fences_waiting_past_forget() -> int:
+        """The resolver's fences blocked on the key for longer than a check is remembered."""
+        with psycopg.connect(owner, autocommit=True) as conn:
+            return conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND query ILIKE '%%txmq_decisions%%'"
+                " AND now() - query_start > make_interval(secs => %s)", (forgotten_after + 1,)).fetchone()[0]
+
+    worker = Worker(cluster, owner, topic, group, "--orders", "1", "--no-checks", "--hold", str(tmp_path / "never"))
+    try:
+        half = wait_until(lambda: worker.of("half"), 60, message=lambda: f"{worker.events} {worker.stderr()}")[0]
+        transaction_id = half["transaction_id"]
+        wait_until(lambda: describe(cluster, transaction_id).state == DISCARDED, 60,
+                   message=lambda: f"{describe(cluster, transaction_id)}")
+        wait_until(lambda: fences_waiting_past_forget() >= CHECK_MAX, 60,
+                   message=lambda: f"{fences_waiting_past_forget()} fences waiting")
+    finally:
+        worker.kill()  # its local transaction rolls back: the waiting fences go in
+    wait_until(lambda: describe(cluster, transaction_id).state == ROLLED_BACK, 60,
+               message=lambda: f"{describe(cluster, transaction_id)}")
+    assert [d for _k, d in decision_rows(owner)] == ["rollback"] and committed_orders(owner) == set()
 
 
 def test_a_resolver_group_with_an_unreadable_dsn_file_stops_the_checker_with_a_clear_error(tmp_path):

@@ -28,6 +28,7 @@ import txmq
 from txmq.ids import MessageId
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from tests.support.metrics import metric_sum
+from tests.support.relay import SlowStartRelay
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,6 +129,25 @@ def test_send_then_receive_carries_every_field(cluster, unique_name):
         c.ack(message)
         with pytest.raises((txmq.NotFoundError, txmq.FailedPreconditionError)):
             c.ack(message)  # acknowledged already: the handle is stale
+
+
+def test_a_name_server_slow_to_answer_a_new_connection_is_still_reached(cluster, unique_name):
+    """A loaded machine may not run the name server for a while as a connection starts: its
+    HTTP/2 SETTINGS frame comes late (here 0.5 s, through a relay). Clients wait for it as
+    long as their call allows; before, every channel gave a connection attempt 100 ms and
+    the call failed (UNAVAILABLE: "connection attempt timed out before receiving SETTINGS
+    frame"): the Admin's at once, the producer's only after its retries had grown the
+    attempts' backoff past the delay."""
+    topic = unique_name("slow-start")
+    with SlowStartRelay(cluster.nameserver_address, first_reply_delay_seconds=0.5) as relay:
+        with txmq.Admin(relay.address) as admin:
+            admin.create_topic(topic, queue_count=1)
+        with txmq.Producer(relay.address, max_attempts=1) as producer:
+            sent = producer.send(txmq.Message(topic, b"through a slow name server"))
+        assert relay.connections >= 1  # (the channels share one connection)
+    with consumer(cluster, unique_name("group"), {topic: "*"}) as c:
+        got = receive_until(c, lambda got: len(got) >= 1)
+    assert [(m.message_id, m.body) for m in got] == [(sent.message_id, b"through a slow name server")]
 
 
 def test_broker_refusal_raises_the_same_error_class(cluster, unique_name):
