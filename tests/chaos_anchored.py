@@ -144,7 +144,7 @@ def run_once(seed: int, faults: int, workdir: Path, *, producers: int = 3, consu
             thread.join(FAILPOINT_WAIT + 60)
             if thread.is_alive():
                 raise WaitTimeout(f"the producer step {thread.name} did not finish")
-        result.violations += settle_and_check(cluster, pg, dsn, group, load, deliveries, log)
+        result.violations += settle_and_check(cluster, dsn, group, load, deliveries, log)
         result.summary = {**load.summary(), "delivered": len(deliveries.delivered),
                           "redeliveries": deliveries.deliveries - len(deliveries.delivered),
                           "fences": len([k for k, d in decision_rows(dsn) if d == "rollback"])}
@@ -238,7 +238,7 @@ def transactions(cluster: Cluster, group: str, state: int, key: str = "") -> lis
     return list(response.transactions)
 
 
-def settle_and_check(cluster: Cluster, pg: PostgresInstance, dsn: str, group: str, load: AnchoredLoad,
+def settle_and_check(cluster: Cluster, dsn: str, group: str, load: AnchoredLoad,
                      deliveries: Workload, log: Callable[[str], None]) -> list[str]:
     """Stops the producers' transactions, lets the checks settle (the producers left and a
     fresh instance of the group answer them from the table) and checks the invariants."""
@@ -266,10 +266,9 @@ def settle_and_check(cluster: Cluster, pg: PostgresInstance, dsn: str, group: st
              lambda: f"left PREPARED on the broker: {[t.transaction_id for t in transactions(cluster, group, prepared)][:10]}")
         wait(lambda: all(d == "rollback" for _k, d in decision_rows(dsn)), 60,
              lambda: f"COMMIT rows left in the decisions table: {[r for r in decision_rows(dsn) if r[1] != 'rollback'][:10]}")
-        orders = committed_orders(dsn)
-        expected = {f"{order}#{i}" for order, n in orders.items() for i in range(n)}
-        wait(lambda: expected <= set(deliveries.delivered), 90,
-             lambda: f"{len(expected - set(deliveries.delivered))} bodies of committed orders not delivered")
+        expected = expected_bodies(committed_orders(dsn))
+        wait(lambda: expected <= bodies(deliveries), 90,
+             lambda: f"{len(expected - bodies(deliveries))} bodies of committed orders not delivered")
         replicas.wait_in_sync(cluster, SHARD, timeout=90)
         time.sleep(1.0)  # late deliveries would show what must not be delivered, or a duplicate
         for t in transactions(cluster, group, discarded):
@@ -280,28 +279,47 @@ def settle_and_check(cluster: Cluster, pg: PostgresInstance, dsn: str, group: st
     with deliveries.lock:
         delivered = {b: set(p) for b, p in deliveries.delivered.items()}
     orders = committed_orders(dsn)
-    expected = {f"{order}#{i}" for order, n in orders.items() for i in range(n)}
-    told = {e["committed"]: e for e in load.events("committed")}
-    raised = {e["rolled_back"] for e in load.events("rolled_back")}
-    failed = {e["error"]: e for e in load.events("error")}
+    problems += judge(orders, delivered, load.events("committed"), load.events("rolled_back"), load.events("error"),
+                      describe=lambda order: describe_order(cluster, group, order))
+    expected = expected_bodies(orders)
+    log(f"  settled: {len(orders)} orders committed ({len(expected)} messages), {len(delivered)} bodies delivered")
+    return problems
+
+
+def bodies(deliveries: Workload) -> set[str]:
+    with deliveries.lock:
+        return set(deliveries.delivered)
+
+
+def expected_bodies(orders: dict[str, int]) -> set[str]:
+    return {f"{order}#{i}" for order, n in orders.items() for i in range(n)}
+
+
+def judge(orders: dict[str, int], delivered: dict[str, set[tuple[str, int, int]]], committed: list[dict[str, Any]],
+          rolled_back: list[dict[str, Any]], errors: list[dict[str, Any]],
+          describe: Callable[[str], str] = lambda order: "") -> list[str]:
+    """The invariants over the history: ``orders`` (the table: order -> its message count),
+    ``delivered`` (body -> the (broker, queue, offset) places it was delivered from) and
+    the producers' events (tests/support/anchored_load.py). Returns the violations."""
+    problems: list[str] = []
+    expected = expected_bodies(orders)
+    told = {e["committed"] for e in committed}
+    raised = {e["rolled_back"] for e in rolled_back}
+    failed = {e["error"]: e for e in errors}
     for body in sorted(expected - set(delivered))[:20]:
-        order = body.rsplit("#", 1)[0]
-        states = [(t.transaction_id, common_pb2.TransactionState.Name(t.state), t.resolution_source)
-                  for s in (prepared, discarded, common_pb2.TRANSACTION_STATE_ROLLED_BACK,
-                            common_pb2.TRANSACTION_STATE_COMMITTED)
-                  for t in transactions(cluster, group, s, key=order)]
-        problems.append(f"{body}: its order committed but it was never delivered "
-                        f"(producer told {'COMMITTED' if order in told else failed.get(order, 'nothing')}; "
-                        f"broker: {states})")
+        order = body.rpartition("#")[0]
+        said = "COMMITTED" if order in told else failed.get(order, "nothing")
+        problems.append(f"{body}: its order committed but it was never delivered (producer told {said}; "
+                        f"broker: {describe(order)})")
     for body, places in sorted(delivered.items()):
-        order, _, index = body.rpartition("#")
+        order = body.rpartition("#")[0]
         if body not in expected:
             why = ("rolled back by the block" if order in raised else
                    f"failed: {failed[order]}" if order in failed else "never committed")
             problems.append(f"{body}: delivered but its order is not in the table ({why})")
         if len(places) > 1:
             problems.append(f"{body}: stored twice, delivered from {sorted(places)}")
-    for order in sorted(set(told) - set(orders)):
+    for order in sorted(told - set(orders)):
         problems.append(f"{order}: the producer was told COMMITTED but its row is not in the table")
     for order in sorted(raised & set(orders)):
         problems.append(f"{order}: the block raised (rolled back) but its row is in the table")
@@ -309,8 +327,19 @@ def settle_and_check(cluster: Cluster, pg: PostgresInstance, dsn: str, group: st
         if e.get("retryable") is not True:
             problems.append(f"{order}: the transaction failed with an error the SDK does not retry: "
                             f"{e['type']}: {e['message']}")
-    log(f"  settled: {len(orders)} orders committed ({len(expected)} messages), {len(delivered)} bodies delivered")
     return problems
+
+
+def describe_order(cluster: Cluster, group: str, order: str) -> str:
+    """The broker's transactions carrying the order's key, with their states."""
+    from txmq.v1 import common_pb2
+
+    found = [f"{t.transaction_id} {common_pb2.TransactionState.Name(t.state)} source={t.resolution_source} "
+             f"checks={t.checks_delivered}/{t.checks_answered}"
+             for s in (common_pb2.TRANSACTION_STATE_PREPARED, common_pb2.TRANSACTION_STATE_DISCARDED,
+                       common_pb2.TRANSACTION_STATE_ROLLED_BACK, common_pb2.TRANSACTION_STATE_COMMITTED)
+             for t in transactions(cluster, group, s, key=order)]
+    return "; ".join(found) or "no transaction with its key"
 
 
 def main(argv: list[str] | None = None) -> int:
