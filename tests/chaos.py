@@ -143,12 +143,13 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
     return result
 
 
-def start_shard(workdir: Path, *, partitions: bool = False) -> Cluster:
+def start_shard(workdir: Path, *, partitions: bool = False, checker_env: dict[str, str] | None = None) -> Cluster:
     """The cluster every chaos run starts: a name server, etcd, a checker and one shard of
     three replicas (min_insync_replicas 2), with the chaos timings (:data:`BROKER_ENV`);
-    ``partitions``: each replica in a network namespace of its own."""
+    ``partitions``: each replica in a network namespace of its own; ``checker_env``: more
+    checker settings."""
     return Cluster(workdir, brokers=1, replication_factor=3, checker=True, broker_env=BROKER_ENV,
-                   checker_env=CHECKER_ENV, netns=partitions)
+                   checker_env={**CHECKER_ENV, **(checker_env or {})}, netns=partitions)
 
 
 def apply_fault(fault: str, cluster: Cluster, rnd: random.Random, result: RunResult, log=print, *,
@@ -281,7 +282,9 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
     from txmq.v1 import replication_pb2, replication_pb2_grpc
 
     if fault == "elect-kill-leader":
-        replicas.wait_in_sync(cluster, SHARD, timeout=60)
+        # Every replica in sync, so the transfer may choose any; a registration under a load
+        # that never pauses (the anchored run's) always shows the batch in flight.
+        replicas.wait_in_sync(cluster, SHARD, timeout=60, lag_records=100)
         leader = cluster.wait_leaders(60)[SHARD]
         target = rnd.choice([p for p in cluster.shards[SHARD] if p is not leader])
         old_epoch = replicas.leader_status(cluster, SHARD).leader_epoch

@@ -3,6 +3,7 @@ producers themselves die (part of ``make chaos``).
 
     python -m tests.chaos_anchored [--runs 10] [--seed S] [--faults 4] [--producers 3]
                                    [--consumers 2] [--partitions] [--classic] [--schedule s1,s2]
+                                   [--resolver drawn|on|off]
 
 Each run starts tests/chaos.py's cluster (a name server, etcd, a checker, one shard of
 three replicas) and a private PostgreSQL, then ``--producers`` producer processes
@@ -17,7 +18,13 @@ storm; the partitions with ``--partitions``) with the producers' own deaths:
 - ``failpoint:<step>`` (at least one per run, steps of ``txmq._database.FAILPOINTS``): a
   producer restarted armed with ``TXMQ_SDK_FAILPOINT`` dies at that step of its anchored
   transaction (inside it, with halves stored, just before or after COMMIT, during or after
-  EndTransaction), then restarts unarmed.
+  EndTransaction), then restarts unarmed;
+- ``kill-all-producers`` (every other run, drawn): the whole fleet SIGKILLed at once and
+  down for 2-5 s, so checks fall due while no producer is online.
+
+Every other run (drawn; ``--resolver on|off`` decides instead) the checker is configured
+to answer the group's checks itself from the decisions table while no producer of the
+group is subscribed (``TXMQ_RESOLVER_GROUPS``, docs/anchored-transactions.md).
 
 A producer step runs beside the schedule (it may fall inside the next broker fault). Then
 the producers stop starting transactions (the ones running keep answering checks), a
@@ -61,7 +68,10 @@ from tests.support.workload import Workload
 SHARD = chaos.SHARD
 #: The broker faults drawn: tests/chaos.py's, but the check storm (the classic listener's load).
 BROKER_FAULTS = chaos.FAULTS + tuple(f for f in chaos.MORE_FAULTS if f != "check-storm")
-PRODUCER_FAULTS = ("kill-producer",)
+PRODUCER_FAULTS = ("kill-producer", "kill-all-producers")
+#: How long the whole fleet stays down in ``kill-all-producers`` (checks fall due meanwhile:
+#: the first 1 s after a half message).
+FLEET_DOWN_SECONDS = (2.0, 5.0)
 #: How long an armed producer may take to reach its fail point (a broker fault may be holding
 #: its transaction up) before the step counts as missed.
 FAILPOINT_WAIT = 60.0
@@ -76,7 +86,8 @@ def failpoints() -> tuple[str, ...]:
 def schedule_for(seed: int, faults: int, producers: int = 3, partitions: bool = False,
                  more: bool = True) -> list[str]:
     """``faults`` broker faults as tests/chaos.py draws them, one ``kill-producer`` per
-    producer and one ``failpoint:<step>``, in a drawn order."""
+    producer and one ``failpoint:<step>``, in a drawn order; every other run (drawn) also
+    ``kill-all-producers``."""
     rnd = random.Random(seed)
     kinds = (chaos.FAULTS if not more else BROKER_FAULTS) + (chaos.PARTITIONS if partitions else ())
     broker = [rnd.choice(kinds) for _ in range(faults)]
@@ -84,7 +95,16 @@ def schedule_for(seed: int, faults: int, producers: int = 3, partitions: bool = 
         broker[rnd.randrange(faults)] = rnd.choice(chaos.PARTITIONS)
     steps = broker + ["kill-producer"] * producers + [f"failpoint:{rnd.choice(failpoints())}"]
     rnd.shuffle(steps)
+    extra = random.Random(seed + 2)  # drawn apart: the schedules drawn before it came stay as they were
+    if extra.random() < 0.5:
+        steps.insert(extra.randrange(len(steps) + 1), "kill-all-producers")
     return steps
+
+
+def resolver_for(seed: int) -> bool:
+    """Whether the run's checker answers the group's checks itself while no producer is
+    online (``TXMQ_RESOLVER_GROUPS``): every other run, drawn."""
+    return random.Random(seed + 3).random() < 0.5
 
 
 def check_schedule(schedule: list[str]) -> None:
@@ -99,10 +119,14 @@ def check_schedule(schedule: list[str]) -> None:
 
 def run_once(seed: int, faults: int, workdir: Path, *, producers: int = 3, consumers: int = 2,
              partitions: bool = False, more: bool = True, schedule: list[str] | None = None,
-             pg: PostgresInstance | None = None, log: Callable[[str], None] = print) -> chaos.RunResult:
+             resolver: bool | None = None, pg: PostgresInstance | None = None,
+             log: Callable[[str], None] = print) -> chaos.RunResult:
+    """One run (see the module's doc); ``resolver``: None draws it from the seed."""
     schedule = schedule if schedule is not None else schedule_for(seed, faults, producers, partitions, more)
     check_schedule(schedule)
-    log(f"chaos_anchored run seed={seed} producers={producers} consumers={consumers} schedule={schedule}")
+    resolver = resolver_for(seed) if resolver is None else resolver
+    log(f"chaos_anchored run seed={seed} producers={producers} consumers={consumers} "
+        f"resolver={'on' if resolver else 'off'} schedule={schedule}")
     rnd = random.Random(seed + 1)
     result = chaos.RunResult(seed, schedule)
     started = time.monotonic()
@@ -115,8 +139,14 @@ def run_once(seed: int, faults: int, workdir: Path, *, producers: int = 3, consu
     steps: list[threading.Thread] = []
     try:
         dsn = prepare(pg)
-        cluster = chaos.start_shard(workdir / "cluster", partitions=partitions)
         topic, group = f"anchored-{seed}", f"anchored-{seed}"
+        checker_env = {}
+        if resolver:
+            (workdir / "resolver.dsn").write_text(dsn)
+            checker_env = {"TXMQ_RESOLVER_GROUPS": f"{group}={workdir / 'resolver.dsn'}",
+                           "TXMQ_RESOLVER_IN_PROGRESS_RETRY_SECONDS": "0.5",
+                           "TXMQ_RESOLVER_REPAIR_AFTER_SECONDS": "1.0", "TXMQ_RESOLVER_SWEEP_INTERVAL_SECONDS": "0.5"}
+        cluster = chaos.start_shard(workdir / "cluster", partitions=partitions, checker_env=checker_env)
         cluster.create_topic(topic, 4)
         cluster.create_topic(f"{topic}-probe", 1)  # kill-two's probes
         deliveries = Workload(cluster.nameserver_address, topic, group, producers=0, consumers=consumers,
@@ -126,16 +156,19 @@ def run_once(seed: int, faults: int, workdir: Path, *, producers: int = 3, consu
         wait_until(lambda: load.committed() >= 10, 90, interval=0.1,
                    message=lambda: f"load did not start: {load.describe()}")
         kills = 0
+        locks = [threading.Lock() for _ in range(producers)]  # one producer step at a time per slot
         for step, fault in enumerate(schedule, 1):
             time.sleep(rnd.uniform(0.3, 1.5))  # load between faults
-            if fault == "kill-producer" or fault.startswith("failpoint:"):
+            if fault in PRODUCER_FAULTS or fault.startswith("failpoint:"):
                 slot = kills % producers if fault == "kill-producer" else rnd.randrange(producers)
                 kills += fault == "kill-producer"
-                action = producer_fault(load, fault, slot, rnd.uniform(0.0, 2.0), rnd.uniform(0.0, 1.5), log)
+                down = rnd.uniform(*FLEET_DOWN_SECONDS) if fault == "kill-all-producers" else rnd.uniform(0.0, 1.5)
+                action = producer_fault(load, fault, slot, rnd.uniform(0.0, 2.0), down, locks, log)
                 thread = threading.Thread(target=action, name=f"step-{step}", daemon=True)
                 thread.start()
                 steps.append(thread)
-                log(f"  step {step}/{len(schedule)} {fault} on producer {slot} started")
+                log(f"  step {step}/{len(schedule)} {fault}"
+                    f"{'' if fault == 'kill-all-producers' else f' on producer {slot}'} started")
                 continue
             chaos.apply_fault(fault, cluster, rnd, result, log, work=deliveries)
             log(f"  step {step}/{len(schedule)} {fault} done; {load.summary()} "
@@ -147,7 +180,8 @@ def run_once(seed: int, faults: int, workdir: Path, *, producers: int = 3, consu
         result.violations += settle_and_check(cluster, dsn, group, load, deliveries, log)
         result.summary = {**load.summary(), "delivered": len(deliveries.delivered),
                           "redeliveries": deliveries.deliveries - len(deliveries.delivered),
-                          "fences": len([k for k, d in decision_rows(dsn) if d == "rollback"])}
+                          "fences": len([k for k, d in decision_rows(dsn) if d == "rollback"]),
+                          "resolver_took_over": cluster.checkers[0].log_text(0).count("resolver answers the group")}
         missed = load.failpoints_missed
         if missed:
             log(f"  fail points not reached within {FAILPOINT_WAIT:.0f} s: {missed}")
@@ -184,21 +218,37 @@ def run_once(seed: int, faults: int, workdir: Path, *, producers: int = 3, consu
 
 
 def producer_fault(load: AnchoredLoad, fault: str, slot: int, delay: float, down: float,
-                   log: Callable[[str], None]) -> Callable[[], None]:
+                   locks: list[threading.Lock], log: Callable[[str], None]) -> Callable[[], None]:
     """The producer step as a thread's target: SIGKILL slot ``slot`` ``delay`` seconds from
     now; ``kill-producer`` restarts it ``down`` seconds later, ``failpoint:<step>`` restarts
-    it armed, waits for it to die at the step, then restarts it unarmed."""
+    it armed, waits for it to die at the step, then restarts it unarmed;
+    ``kill-all-producers`` kills every slot at once and restarts them ``down`` seconds later.
+    A slot's steps take its lock, so a death is never counted for the wrong step."""
 
     def run() -> None:
         time.sleep(delay)
-        load.kill(slot)
-        if fault == "kill-producer":
-            time.sleep(down)
-        else:
-            step = fault.split(":", 1)[1]
-            if not load.die_at(slot, step, FAILPOINT_WAIT):
-                log(f"    producer {slot} did not reach the fail point {step}")
-        load.start(slot)
+        if fault == "kill-all-producers":
+            for lock in locks:
+                lock.acquire()
+            try:
+                for other in range(len(locks)):
+                    load.kill(other)
+                time.sleep(down)
+                for other in range(len(locks)):
+                    load.start(other)
+            finally:
+                for lock in locks:
+                    lock.release()
+            return
+        with locks[slot]:
+            load.kill(slot)
+            if fault == "kill-producer":
+                time.sleep(down)
+            else:
+                step = fault.split(":", 1)[1]
+                if not load.die_at(slot, step, FAILPOINT_WAIT):
+                    log(f"    producer {slot} did not reach the fail point {step}")
+            load.start(slot)
 
     return run
 
@@ -352,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", action="store_true", help="also cut the leader off (network namespaces)")
     parser.add_argument("--classic", action="store_true", help=f"draw only {', '.join(sorted(set(chaos.FAULTS)))}")
     parser.add_argument("--schedule", default="", help="run this comma-separated schedule instead of drawing one")
+    parser.add_argument("--resolver", choices=("drawn", "on", "off"), default="drawn",
+                        help="the checker answers the group's checks while no producer is online (default: drawn)")
     args = parser.parse_args(argv)
     if args.producers < 1 or args.consumers < 1:
         parser.error("--producers and --consumers: at least 1")
@@ -376,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             results.append(run_once(seed, args.faults, base / str(seed), producers=args.producers,
                                     consumers=args.consumers, partitions=args.partitions, more=not args.classic,
-                                    schedule=schedule, pg=pg, log=lambda m: print(m, flush=True)))
+                                    schedule=schedule, resolver=None if args.resolver == "drawn" else args.resolver == "on",
+                                    pg=pg, log=lambda m: print(m, flush=True)))
     finally:
         pg.stop()
     ok = chaos.report(results)
