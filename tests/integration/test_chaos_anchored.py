@@ -1,8 +1,10 @@
 """A short anchored-transaction chaos run inside ``make test`` (``make chaos`` runs many
 with random seeds; tests/chaos_anchored.py says what it does and checks): a fixed seed and
 schedule — the leader SIGKILLed, a producer SIGKILLed at a random moment, a producer dying
-at its fail point right after COMMIT (before any EndTransaction) — reproduced with
-``python -m tests.chaos_anchored --seed 5 --schedule kill-leader,kill-producer,failpoint:commit.after``.
+at its fail point right after COMMIT (before any EndTransaction), the whole fleet killed
+at once while the checker's resolver answers for the group — reproduced with
+``python -m tests.chaos_anchored --seed 5 --resolver on
+--schedule kill-leader,kill-producer,failpoint:commit.after,kill-all-producers``.
 
 The invariants' judge is also checked on made-up histories: each violation it must see."""
 
@@ -13,20 +15,21 @@ import pytest
 from tests.chaos import report
 from tests.chaos_anchored import judge, run_once
 
-SCHEDULE = ["kill-leader", "kill-producer", "failpoint:commit.after"]
+SCHEDULE = ["kill-leader", "kill-producer", "failpoint:commit.after", "kill-all-producers"]
 
 
 #: Three replicas, etcd, PostgreSQL and three producer processes: the heavy lane.
 @pytest.mark.heavy
 @pytest.mark.timeout(300)
 def test_anchored_chaos_run_keeps_every_invariant(tmp_path):
-    result = run_once(5, faults=0, workdir=tmp_path / "chaos-anchored-5", schedule=SCHEDULE)
+    result = run_once(5, faults=0, workdir=tmp_path / "chaos-anchored-5", schedule=SCHEDULE, resolver=True)
     report([result])
     assert result.violations == [], f"schedule {result.schedule}: {result.violations[:10]}"
     assert result.failovers, "the schedule killed no leader"
-    assert result.summary["producer_kills"] >= 2, result.summary  # the kill and the one before arming
+    assert result.summary["producer_kills"] >= 5, result.summary  # 1 + the one before arming + 3 at once
     assert result.summary["failpoint_deaths"] == 1, "the producer armed with commit.after never died there"
     assert result.summary["delivered"] > 0 and result.summary["rolled_back"] > 0, result.summary
+    assert result.summary["resolver_took_over"] >= 1, "the checker's resolver never served the group"
 
 
 HERE = {("broker-0", 0, 1)}
