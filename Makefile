@@ -223,13 +223,17 @@ registry-tools:
 
 # Fault injection against replicated shards: many runs of random kills, pauses and wipes
 # under mixed load, each printing its seed and schedule (reproduce: CHAOS_ARGS="--seed N");
-# FIFO groups under broker kills and CPU burners (CHAOS_FIFO_ARGS="--seed N").
+# FIFO groups under broker kills and CPU burners (CHAOS_FIFO_ARGS="--seed N"); anchored
+# transactions against a private PostgreSQL with the producers SIGKILLed too
+# (CHAOS_ANCHORED_ARGS="--seed N", "--schedule kill-leader,failpoint:commit.after").
 CHAOS_ARGS ?= --runs 10 --faults 6
+CHAOS_ANCHORED_ARGS ?= --runs 10 --faults 4
 .PHONY: chaos
-chaos: venv etcd netns-tools
+chaos: venv etcd netns-tools postgresql
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
 	$(PY) -m tests.chaos_global $(CHAOS_GLOBAL_ARGS)
 	$(PY) -m tests.chaos_fifo $(CHAOS_FIFO_ARGS)
+	$(PY) -m tests.chaos_anchored $(CHAOS_ANCHORED_ARGS)
 
 # Every RPC of every service fuzzed (hypothesis): ≥ 10,000 requests per RPC, the status census
 # per RPC, then health and fsck (reproduce a subset: FUZZ_ARGS="--calls 500 --only BrokerService/Produce").

@@ -36,6 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -101,8 +102,7 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
     rnd = random.Random(seed + 1)
     result = RunResult(seed, schedule)
     started = time.monotonic()
-    cluster = Cluster(workdir, brokers=1, replication_factor=3, checker=True, broker_env=BROKER_ENV,
-                      checker_env=CHECKER_ENV, netns=partitions)
+    cluster = start_shard(workdir, partitions=partitions)
     work: Workload | None = None
     try:
         topic, group = f"chaos-{seed}", f"chaos-{seed}"
@@ -112,41 +112,7 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
         wait_until(lambda: work.sent >= 20, 60, message=lambda: f"load did not start: {work.summary()}")
         for step, fault in enumerate(schedule, 1):
             time.sleep(rnd.uniform(0.3, 1.5))  # load between faults
-            leader = cluster.wait_leaders(60)[SHARD]
-            followers = [p for p in cluster.shards[SHARD] if p is not leader]
-            if fault == "kill-leader":
-                kill_leader(cluster, leader, result, rnd.uniform(0.0, 1.5), log)
-            elif fault == "pause-leader":
-                leader.pause()
-                try:
-                    if wait_failover(cluster, leader, result, log):
-                        time.sleep(rnd.uniform(0.0, 1.0))
-                finally:
-                    leader.resume()
-                cluster.wait_leaders(60)
-            elif fault == "kill-follower":
-                victim = rnd.choice(followers)
-                victim.kill()
-                time.sleep(rnd.uniform(0.2, 1.5))
-                victim.restart(60)
-            elif fault == "wipe-follower":
-                victim = rnd.choice(followers)
-                victim.kill()
-                shutil.rmtree(victim.env["TXMQ_DATA_DIR"], ignore_errors=True)
-                time.sleep(rnd.uniform(0.0, 0.5))
-                victim.restart(60)
-            elif fault in PARTITIONS:
-                since = leader.log_size()
-                with netns.isolated(leader, clients=fault == "partition-leader-from-cluster"):
-                    t0 = time.monotonic()
-                    cluster.wait_leaders(60, not_on=leader)
-                    result.failovers.append(time.monotonic() - t0)
-                    # Cut off, it must find out by itself that it leads no more.
-                    wait_until(lambda: "stepped down" in leader.log_text(since), 30,
-                               message=lambda: f"the partitioned leader {leader.name} never stepped down")
-                    time.sleep(rnd.uniform(0.0, 1.0))
-            elif fault in MORE_FAULTS:
-                more_fault(fault, cluster, work, leader, followers, rnd, result, storm, log)
+            apply_fault(fault, cluster, rnd, result, log, work=work, storm=storm)
             log(f"  fault {step}/{len(schedule)} {fault} done; {work.summary()}")
         work.stop_producers()
         wait_until(lambda: not work.missing(), 90, interval=0.2,
@@ -160,10 +126,7 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
             f"{body}: a send failed with an error the SDK does not retry: {why}"
             for body, why in sorted(work.failed_for_good.items())]
         result.summary = work.summary()
-        replicas.stop_and_compare(cluster, SHARD)
-        spent = max(replicas.max_checks_spent(p) for p in cluster.shards[SHARD])
-        if spent > CHECK_MAX:
-            result.violations.append(f"a transaction was sent {spent} checks, above check_max={CHECK_MAX}")
+        result.violations += compare_replicas(cluster)
     except BaseException as exc:  # noqa: BLE001 - whatever ended the run is reported as its violation
         result.violations.append(f"run failed: {type(exc).__name__}: {exc}"[:2000])
         for name, text in cluster.logs(40).items():
@@ -178,6 +141,68 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
     for v in result.violations[:20]:
         log(f"  VIOLATION {v}")
     return result
+
+
+def start_shard(workdir: Path, *, partitions: bool = False, checker_env: dict[str, str] | None = None) -> Cluster:
+    """The cluster every chaos run starts: a name server, etcd, a checker and one shard of
+    three replicas (min_insync_replicas 2), with the chaos timings (:data:`BROKER_ENV`);
+    ``partitions``: each replica in a network namespace of its own; ``checker_env``: more
+    checker settings."""
+    return Cluster(workdir, brokers=1, replication_factor=3, checker=True, broker_env=BROKER_ENV,
+                   checker_env={**CHECKER_ENV, **(checker_env or {})}, netns=partitions)
+
+
+def apply_fault(fault: str, cluster: Cluster, rnd: random.Random, result: RunResult, log=print, *,
+                work: Any = None, storm: int = STORM) -> None:
+    """One fault of the schedule against the shard (any of :data:`FAULTS`,
+    :data:`MORE_FAULTS`, :data:`PARTITIONS`), returning once it is over and the shard has a
+    leader again. ``work`` is the load (its ``topic``'s probe topic takes ``kill-two``'s
+    probes; ``check-storm`` calls its ``storm``); fail-over times go to ``result``."""
+    leader = cluster.wait_leaders(60)[SHARD]
+    followers = [p for p in cluster.shards[SHARD] if p is not leader]
+    if fault == "kill-leader":
+        kill_leader(cluster, leader, result, rnd.uniform(0.0, 1.5), log)
+    elif fault == "pause-leader":
+        leader.pause()
+        try:
+            if wait_failover(cluster, leader, result, log):
+                time.sleep(rnd.uniform(0.0, 1.0))
+        finally:
+            leader.resume()
+        cluster.wait_leaders(60)
+    elif fault == "kill-follower":
+        victim = rnd.choice(followers)
+        victim.kill()
+        time.sleep(rnd.uniform(0.2, 1.5))
+        victim.restart(60)
+    elif fault == "wipe-follower":
+        victim = rnd.choice(followers)
+        victim.kill()
+        shutil.rmtree(victim.env["TXMQ_DATA_DIR"], ignore_errors=True)
+        time.sleep(rnd.uniform(0.0, 0.5))
+        victim.restart(60)
+    elif fault in PARTITIONS:
+        since = leader.log_size()
+        with netns.isolated(leader, clients=fault == "partition-leader-from-cluster"):
+            t0 = time.monotonic()
+            cluster.wait_leaders(60, not_on=leader)
+            result.failovers.append(time.monotonic() - t0)
+            # Cut off, it must find out by itself that it leads no more.
+            wait_until(lambda: "stepped down" in leader.log_text(since), 30,
+                       message=lambda: f"the partitioned leader {leader.name} never stepped down")
+            time.sleep(rnd.uniform(0.0, 1.0))
+    elif fault in MORE_FAULTS:
+        more_fault(fault, cluster, work, leader, followers, rnd, result, storm, log)
+
+
+def compare_replicas(cluster: Cluster) -> list[str]:
+    """Stops the shard's replicas and compares them (equal digests, fsck clean: raises
+    otherwise); returns the violation of a transaction sent more than ``check_max`` checks."""
+    replicas.stop_and_compare(cluster, SHARD)
+    spent = max(replicas.max_checks_spent(p) for p in cluster.shards[SHARD])
+    if spent > CHECK_MAX:
+        return [f"a transaction was sent {spent} checks, above check_max={CHECK_MAX}"]
+    return []
 
 
 def kill_leader(cluster: Cluster, leader: ServiceProcess, result: RunResult, down_seconds: float,
@@ -257,7 +282,9 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
     from txmq.v1 import replication_pb2, replication_pb2_grpc
 
     if fault == "elect-kill-leader":
-        replicas.wait_in_sync(cluster, SHARD, timeout=60)
+        # Every replica in sync, so the transfer may choose any; a registration under a load
+        # that never pauses (the anchored run's) always shows the batch in flight.
+        replicas.wait_in_sync(cluster, SHARD, timeout=60, lag_records=100)
         leader = cluster.wait_leaders(60)[SHARD]
         target = rnd.choice([p for p in cluster.shards[SHARD] if p is not leader])
         old_epoch = replicas.leader_status(cluster, SHARD).leader_epoch

@@ -1,0 +1,255 @@
+"""Anchored transactions in a loop, in producer processes that a chaos run SIGKILLs
+(tests/chaos_anchored.py): the process itself (``python -m tests.support.anchored_load``)
+and :class:`AnchoredLoad`, which starts, kills, arms and restarts a fleet of them.
+
+Each transaction, drawn from the process's seed: ``commit`` (one ``orders`` row, one
+message), ``double`` (one row, two messages), ``raise`` (the row and a message, then the
+block raises: rolled back). The order id is in every body (``<order>#<i>``) and in the
+message's keys; the row records how many messages the order has (``orders.messages``),
+so the table alone says what must be delivered. The process answers its group's checks
+from the decisions table and sweeps it, as every instance of an anchored group does.
+
+    python -m tests.support.anchored_load --nameserver A --dsn D --topic T --group G
+           --prefix P --stop-file F [--seed S]
+
+Events, one JSON line each on stdout: {"ready"}, {"begin": order, "kind": k},
+{"committed": order, "transaction_ids": [...]}, {"rolled_back": order} (the block raised
+on purpose), {"error": order, "type", "message", "retryable"} (the transaction failed:
+rolled back, or — a lost COMMIT — decided by the checks), {"idle": n} (``--stop-file``
+appeared: no more transactions; checks are still answered until SIGTERM), {"done": n}.
+``TXMQ_SDK_FAILPOINT`` (``txmq._database.FAILPOINTS``) makes it SIGKILL itself at that step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+KINDS = ("commit", "commit", "commit", "double", "raise")
+#: The table the load writes (with the decisions table, ``txmq.anchored.schema_sql()``).
+ORDERS_SQL = "CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, messages int NOT NULL)"
+#: The producers' decision settings: repairs and IN_PROGRESS retries within about a second.
+DECISION_SETTINGS = {"repair_after_seconds": 1.0, "sweep_interval_seconds": 0.5, "in_progress_retry_seconds": 0.5}
+
+
+class Deliberate(Exception):
+    """The block's own exception: the transaction is rolled back on purpose."""
+
+
+def emit(**event: object) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nameserver", required=True)
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--prefix", required=True)
+    parser.add_argument("--stop-file", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    import psycopg
+
+    import txmq
+    from txmq.anchored import Decisions
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    rnd = random.Random(args.seed)
+    producer = txmq.TransactionProducer(args.nameserver, producer_group=args.group, checker_refresh_seconds=0.5,
+                                        send_timeout_seconds=2.0, request_timeout_seconds=3.0,
+                                        decisions=Decisions(args.dsn, **DECISION_SETTINGS))
+    conn = psycopg.connect(args.dsn)
+    emit(ready=True)
+    n = 0
+    while not stop.is_set() and not os.path.exists(args.stop_file):
+        kind = rnd.choice(KINDS)
+        order = f"{args.prefix}-{n}"
+        n += 1
+        messages = 2 if kind == "double" else 1
+        emit(begin=order, kind=kind)
+        try:
+            if conn.closed or conn.broken:
+                conn = psycopg.connect(args.dsn)
+            with producer.transaction(conn) as tx:
+                for i in range(messages):
+                    tx.send(txmq.Message(args.topic, f"{order}#{i}".encode(), keys=[order]))
+                conn.execute("INSERT INTO orders (id, messages) VALUES (%s, %s)", (order, messages))
+                if kind == "raise":
+                    raise Deliberate(order)
+            assert tx.result is not None
+            emit(committed=order, transaction_ids=[m.transaction_id for m in tx.result.messages])
+        except Deliberate:
+            emit(rolled_back=order)
+        except Exception as exc:  # noqa: BLE001 - reported; the loop goes on (a fault is under test)
+            emit(error=order, type=type(exc).__name__, message=str(exc)[:300],
+                 retryable=getattr(exc, "retryable", None))
+            time.sleep(0.05)
+    emit(idle=n)
+    stop.wait()
+    producer.close()
+    emit(done=n)
+
+
+class LoadProcess:
+    """One producer process (one generation of producer ``index``); its events collected
+    as they come, its stderr in ``<workdir>/<prefix>.log``."""
+
+    def __init__(self, prefix: str, *, nameserver: str, dsn: str, topic: str, group: str, stop_file: Path,
+                 workdir: Path, seed: int, failpoint: str = "") -> None:
+        self.prefix = prefix
+        self.failpoint = failpoint
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env.pop("TXMQ_SDK_FAILPOINT", None)
+        if failpoint:
+            env["TXMQ_SDK_FAILPOINT"] = failpoint
+        self.log_path = workdir / f"{prefix}.log"
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.support.anchored_load", "--nameserver", nameserver, "--dsn", dsn,
+                 "--topic", topic, "--group", group, "--prefix", prefix, "--stop-file", str(stop_file),
+                 "--seed", str(seed)],
+                stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT, text=True)
+        self.events: list[dict[str, Any]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True, name=f"events-{prefix}")
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.events.append(json.loads(line))
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in list(self.events) if kind in e]
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_exit(self, timeout: float) -> int:
+        code = self.proc.wait(timeout)
+        self._reader.join(5)
+        return code
+
+    def kill(self) -> None:
+        if self.running:
+            self.proc.kill()
+        self.wait_exit(30)
+
+    def terminate(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM (closes its producer), SIGKILL if it has not exited within ``timeout``."""
+        if self.running:
+            self.proc.terminate()
+            try:
+                return self.wait_exit(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+        return self.proc.returncode
+
+    def stderr_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class AnchoredLoad:
+    """``producers`` producer processes of one group; each slot can be killed, armed with a
+    fail point and restarted (a new generation, a new order prefix). Every generation's
+    events are kept: together they are the clients' history."""
+
+    def __init__(self, workdir: Path, *, nameserver: str, dsn: str, topic: str, group: str, producers: int,
+                 seed: int) -> None:
+        self.workdir = workdir
+        self.settings = {"nameserver": nameserver, "dsn": dsn, "topic": topic, "group": group}
+        self.stop_file = workdir / "stop-producing"
+        self.seed = seed
+        self.lock = threading.Lock()
+        #: slot -> the process now in it
+        self.slots: dict[int, LoadProcess] = {}
+        self.history: list[LoadProcess] = []
+        self._generations = itertools.count()
+        self.kills = 0
+        #: fail point -> how many processes died of it
+        self.failpoints_reached: dict[str, int] = {}
+        self.failpoints_missed: list[str] = []
+        for slot in range(producers):
+            self.start(slot)
+
+    def start(self, slot: int, failpoint: str = "") -> LoadProcess:
+        generation = next(self._generations)
+        proc = LoadProcess(f"p{slot}g{generation}", stop_file=self.stop_file, workdir=self.workdir,
+                           seed=self.seed * 1000 + generation, failpoint=failpoint, **self.settings)
+        with self.lock:
+            self.slots[slot] = proc
+            self.history.append(proc)
+        return proc
+
+    def kill(self, slot: int) -> None:
+        with self.lock:
+            proc = self.slots[slot]
+            self.kills += 1
+        proc.kill()
+
+    def die_at(self, slot: int, failpoint: str, timeout: float) -> bool:
+        """Restarts ``slot`` armed with ``failpoint``, waits for it to die there (SIGKILL by
+        itself); False when it did not reach the step within ``timeout`` (then it is killed)."""
+        proc = self.start(slot, failpoint)
+        try:
+            died = proc.wait_exit(timeout) == -signal.SIGKILL
+        except subprocess.TimeoutExpired:
+            died = False
+        if died:
+            with self.lock:
+                self.failpoints_reached[failpoint] = self.failpoints_reached.get(failpoint, 0) + 1
+        else:
+            self.failpoints_missed.append(failpoint)
+            self.kill(slot)
+        return died
+
+    def committed(self) -> int:
+        return sum(len(p.of("committed")) for p in list(self.history))
+
+    def stop_producing(self, timeout: float) -> None:
+        """No more transactions: the processes running go idle (still answering checks)."""
+        from tests.support.waiting import wait_until
+
+        self.stop_file.touch()
+        wait_until(lambda: all(p.of("idle") or not p.running for p in list(self.slots.values())), timeout,
+                   interval=0.1, message=lambda: f"producers not idle: {self.describe()}")
+
+    def stop(self) -> None:
+        for proc in list(self.slots.values()):
+            proc.terminate()
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [e for p in list(self.history) for e in p.of(kind)]
+
+    def describe(self) -> str:
+        return "; ".join(f"{p.prefix}{'' if p.running else f' exit {p.proc.returncode}'} last "
+                         f"{p.events[-1] if p.events else None}" for p in list(self.slots.values()))
+
+    def summary(self) -> dict[str, int]:
+        return {"transactions": len(self.events("begin")), "committed_acked": len(self.events("committed")),
+                "rolled_back": len(self.events("rolled_back")), "errors": len(self.events("error")),
+                "producer_kills": self.kills, "failpoint_deaths": sum(self.failpoints_reached.values())}
+
+
+if __name__ == "__main__":
+    main()
