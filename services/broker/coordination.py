@@ -157,7 +157,8 @@ class ShardCoordinator:
     async def hold_lease(self, on_expired: Callable[[], Awaitable[None]]) -> None:
         """Renews the lease every third of its TTL until cancelled (:attr:`renewed_at` says
         when it last was). Found expired, ``on_expired()`` runs (a leader steps down) and a
-        new lease is granted."""
+        new lease is granted. Nothing but cancellation ends it: a replica whose lease task
+        died would never campaign again (every campaign names the lost lease)."""
         ttl = self._ttl
         while True:
             await asyncio.sleep(max(ttl / 3, 0.1))
@@ -165,6 +166,11 @@ class ShardCoordinator:
                 left = await self.keep_alive()
             except EtcdUnavailable as exc:
                 log.warning("lease renewal failed", extra={"fields": {"error": str(exc)[:200]}})
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - logged; the next round tries again
+                log.exception("lease renewal failed unexpectedly")
                 continue
             if left > 0:
                 self.renewed_at = time.monotonic()
@@ -182,7 +188,10 @@ class ShardCoordinator:
             reply = await call.read()
             await call.done_writing()
             call.cancel()
-        except grpc.aio.AioRpcError as exc:
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            # With etcd's authentication the stream is intercepted (the token): a call whose
+            # token could not be fetched fails its write with InvalidStateError, not an
+            # AioRpcError (etcd down) — the same unavailability.
             raise await self._failed(exc) from None
         if reply is grpc.aio.EOF:
             raise EtcdUnavailable("lease keep-alive stream closed")
