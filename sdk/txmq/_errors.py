@@ -224,11 +224,6 @@ class StaleClaimError(FailedPreconditionError):
                          transaction_id=transaction_id, problem=problem)
 
 
-class NoBrokerError(FailedPreconditionError):
-    reason = "NO_BROKER"
-
-    def __init__(self, what: str) -> None:
-        super().__init__(f"no live broker: {what}", what=what)
 
 
 class TopicInUseError(FailedPreconditionError):
@@ -305,6 +300,17 @@ class NotLeaderError(UnavailableError):
         super().__init__(f"replica {replica_id} of {shard!r} is not its leader: {where}; retry there",
                          shard=shard, replica_id=replica_id, leader_address=leader_address,
                          leader_replica=leader_replica)
+
+
+class NoBrokerError(UnavailableError):
+    """The name server has no live broker to route or create on: every broker is down, or
+    none has registered yet since the name server (re)started — they do within a heartbeat.
+    Retryable: a send asks the route again until its timeout."""
+
+    reason = "NO_BROKER"
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"no live broker: {what}", what=what)
 
 
 class NoLeaderError(UnavailableError):

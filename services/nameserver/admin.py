@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 
 from services.common.channels import ChannelPool
-from txmq.errors import (AlreadyExistsError, BrokerNotFoundError, ConsumerGroupNotFoundError,
+from txmq.errors import (AlreadyExistsError, BrokerNotFoundError, ConsumerGroupNotFoundError, NoBrokerError,
                           FailedPreconditionError, InvalidFieldError, NoLeaderError, TopicNotFoundError, TxmqError,
                           UnavailableError, error_from_rpc)
 from txmq.ids import TransactionId
@@ -95,6 +95,10 @@ class Admin:
         if queues:
             return queues
         self._refuse_leaderless(topic)
+        if not self.registry.live_brokers():
+            # With no broker registered nobody can say the topic does not exist (a name
+            # server just restarted hears from its brokers within a heartbeat): retryable.
+            raise NoBrokerError(f"cannot route topic {topic!r}")
         if not for_send or not should_auto_create(topic, enabled=self.auto_create_topics):
             raise TopicNotFoundError(topic)
         async with self._creating:

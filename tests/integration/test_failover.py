@@ -9,11 +9,14 @@ outage taken together, so a loaded machine and its drift weigh on both sides ali
 
 from __future__ import annotations
 
+import threading
 import time
 
+import grpc
 import pytest
 
 import txmq
+from txmq.errors import error_from_rpc
 from txmq.v1 import admin_pb2, common_pb2
 from tests.support import holdsync
 from tests.support.failover import (CommitListener, CommitLoad, describe, drain, healthy, pending, ratio,
@@ -342,3 +345,34 @@ def _received(consumer: txmq.SimpleConsumer, got: set[bytes]) -> set[bytes]:
         consumer.ack(m)
         got.add(m.body)
     return got
+
+
+def test_a_client_started_as_the_name_server_restarts_waits_for_the_brokers_to_register(fresh_cluster_factory,
+                                                                                       unique_name):
+    """The name server restarts and its broker has not beaten since (paused here; in life
+    it beats within a heartbeat): a new producer's first route lookup meets a name server
+    that knows no broker. That is retryable (NoBrokerError, UNAVAILABLE), not the topic's
+    absence: the send asks again until its timeout and goes through once the broker is
+    back. It failed at once before (TOPIC_NOT_FOUND, or NO_BROKER as a FAILED_PRECONDITION
+    with auto-creation on), seen in tests.chaos_anchored's kill-nameserver."""
+    cluster = fresh_cluster_factory(brokers=1)
+    topic = unique_name("orders")
+    cluster.create_topic(topic, 1)
+    broker = cluster.brokers[0]
+    broker.pause()
+    try:
+        cluster.nameservers[0].restart()
+        with pytest.raises(grpc.RpcError) as raised:
+            cluster.query_route(topic)
+        refused = error_from_rpc(raised.value)
+        assert isinstance(refused, txmq.NoBrokerError) and refused.retryable, refused
+        resumed = threading.Timer(1.5, broker.resume)
+        resumed.start()
+        with txmq.Producer(cluster.nameserver_address, send_timeout_seconds=20) as producer:
+            started = time.monotonic()
+            receipt = producer.send(txmq.Message(topic, b"after the restart"))
+        assert receipt.broker_name == "broker-0"
+        assert time.monotonic() - started >= 1.0  # it waited for the broker, it did not find a route at once
+        resumed.join()
+    finally:
+        broker.resume()
