@@ -11,6 +11,11 @@ workers run on this machine, so the interpreter running the driver is the right 
 For a cluster master (``k8s://``, ``spark://``, ``yarn``) the executors' interpreter is
 the image's: nothing is set here; ship the packages in the image or with ``--py-files``
 (see pipeline/README.md).
+
+No setting here lengthens the 10 s Spark waits for a streaming Python source's process to
+connect back (PySpark 4.3 hard-codes it; the batch reads' processes start through Spark's
+daemon, without that limit): the continuous audit copes with a busy machine itself
+(:mod:`txmq_pipeline.follow`).
 """
 
 from __future__ import annotations
