@@ -20,8 +20,8 @@ its own, which Spark gives a fixed 10 s to connect back; a reconciliation beside
 Spark jobs start Python processes too) made it miss that on a busy machine and failed the
 query. A first trigger that has not run after ``--first-trigger-timeout-seconds`` is
 logged, and the reconciliation runs anyway. A query that failed so (its source's process
-slower than those 10 s even alone) is started again on its checkpoint, up to
-``STREAM_START_ATTEMPTS`` times in all. Only batches stored
+slower than those 10 s even alone) is started again on its checkpoint after a pause, up
+to ``STREAM_START_ATTEMPTS`` times in all. Only batches stored
 completely count (Spark wrote ``_SUCCESS``): a write a crash cut short is not read, and
 Spark runs that batch again.
 
@@ -65,9 +65,12 @@ DEFAULT_FIRST_TRIGGER_TIMEOUT_SECONDS = 300.0
 
 #: How a query fails when its source's Python process (Spark starts one per streaming Python
 #: data source, and waits a fixed 10 s for it to connect back: not a setting in Spark 4.3)
-#: started too slowly, and how often the follower starts the query before giving up.
+#: started too slowly; how often the follower starts the query before giving up, pausing
+#: this long times the attempts so far in between (a load average of 25 on 2 cores made two
+#: starts in a row miss the 10 s, the third one did not).
 SOURCE_NOT_CONNECTED = "Python worker failed to connect back"
-STREAM_START_ATTEMPTS = 3
+STREAM_START_ATTEMPTS = 5
+STREAM_RESTART_PAUSE_SECONDS = 5.0
 
 SEEN_COLUMNS = ("topic", "broker", "queue", "offset", "message_id", "transaction_id", "producer_group")
 
@@ -173,12 +176,12 @@ class Follower:
         log.info("waiting for the stream's first trigger (its source starting) before the first reconciliation")
         poll = min(max(interval_seconds, 0.1), 1.0)
         while query.lastProgress is None:  # reported once the trigger, and its batch if any, ended
-            if stop.is_set() or query.awaitTermination(poll):
-                return False
             if time.monotonic() - started >= timeout_seconds:
                 log.warning("the stream has not run its first trigger in %.0f s (%s): reconciling what is stored "
                             "meanwhile", timeout_seconds, query.status.get("message"))
                 return True
+            if stop.is_set() or query.awaitTermination(poll):
+                return False
         log.info("the stream ran its first trigger in %.1f s", time.monotonic() - started)
         return True
 
@@ -322,11 +325,15 @@ def _run(spark: SparkSession, follower: Follower, checkpoint: str, *, interval_s
         except StreamingQueryException as exc:
             if SOURCE_NOT_CONNECTED not in str(exc) or attempt >= STREAM_START_ATTEMPTS:
                 raise
+        # Nothing is lost: the query starts again on its checkpoint, where it stopped. The
+        # pause, longer each time, lets a busy spell pass.
+        pause = STREAM_RESTART_PAUSE_SECONDS * attempt
         attempt += 1
-        # Nothing is lost: the query starts again on its checkpoint, where it stopped.
         log.warning("the stream's source did not start: its Python process did not connect back within Spark's "
-                    "fixed 10 s (a busy machine); starting the query again on its checkpoint (attempt %d of %d)",
-                    attempt, STREAM_START_ATTEMPTS)
+                    "fixed 10 s (a busy machine); starting the query again on its checkpoint in %.0f s (attempt %d "
+                    "of %d)", pause, attempt, STREAM_START_ATTEMPTS)
+        if stop.wait(pause):
+            return 0
 
 
 def stop_on_signals() -> threading.Event:
