@@ -66,11 +66,14 @@ DEFAULT_FIRST_TRIGGER_TIMEOUT_SECONDS = 300.0
 #: How a query fails when its source's Python process (Spark starts one per streaming Python
 #: data source, and waits a fixed 10 s for it to connect back: not a setting in Spark 4.3)
 #: started too slowly; how often the follower starts the query before giving up, pausing
-#: this long times the attempts so far in between (a load average of 25 on 2 cores made two
-#: starts in a row miss the 10 s, the third one did not).
+#: this long times the attempts so far in between, at most STREAM_RESTART_PAUSE_MAX_SECONDS.
+#: That process imports PySpark from Spark's pyspark.zip, compiling it (0.85 s of CPU
+#: against 0.27 s from site-packages): at a load average of 22 on 2 cores 9-11 s, and three
+#: starts in a row missed the 10 s.
 SOURCE_NOT_CONNECTED = "Python worker failed to connect back"
-STREAM_START_ATTEMPTS = 5
+STREAM_START_ATTEMPTS = 8
 STREAM_RESTART_PAUSE_SECONDS = 5.0
+STREAM_RESTART_PAUSE_MAX_SECONDS = 30.0
 
 SEEN_COLUMNS = ("topic", "broker", "queue", "offset", "message_id", "transaction_id", "producer_group")
 
@@ -327,7 +330,7 @@ def _run(spark: SparkSession, follower: Follower, checkpoint: str, *, interval_s
                 raise
         # Nothing is lost: the query starts again on its checkpoint, where it stopped. The
         # pause, longer each time, lets a busy spell pass.
-        pause = STREAM_RESTART_PAUSE_SECONDS * attempt
+        pause = min(STREAM_RESTART_PAUSE_SECONDS * attempt, STREAM_RESTART_PAUSE_MAX_SECONDS)
         attempt += 1
         log.warning("the stream's source did not start: its Python process did not connect back within Spark's "
                     "fixed 10 s (a busy machine); starting the query again on its checkpoint in %.0f s (attempt %d "
