@@ -195,6 +195,10 @@ def test_follow_updates_anomalies_as_they_happen_and_resumes_after_a_crash(spark
                 ("discarded_unresolved", results["discard"][0].transaction_id),
                 ("pending_too_old", results["pending"][0].transaction_id)}
             assert json.loads((out / "summary.json").read_text())["anomalies"] == 2
+            # Spark commits a batch once its reconciliation has returned: the crash comes after
+            # that (on a loaded machine it once came before, and the last commit below was an
+            # earlier batch's).
+            wait_until(lambda: _last_batch_committed(out), 60, interval=0.3, message="Spark never committed its batch")
         finally:
             proc.send_signal(signal.SIGKILL)  # a crash, not a clean stop
             proc.wait(30)
