@@ -75,12 +75,13 @@ def python_for_workers(master: str) -> str | None:
     return chosen or sys.executable
 
 
-def defaults(master: str) -> dict[str, str]:
+def defaults(master: str, given: Any = None) -> dict[str, str]:
     """The settings :func:`session` adds for ``master``: :data:`DEFAULTS`, and for a local
-    master :data:`LOCAL_DEFAULTS`, where the user's configuration has none."""
+    master :data:`LOCAL_DEFAULTS`, where the user's configuration (``given``, a SparkConf;
+    default: the one spark-submit and spark-defaults make) has none."""
     from pyspark import SparkConf
 
-    given = SparkConf()
+    given = SparkConf() if given is None else given
     chosen = {**DEFAULTS, **(LOCAL_DEFAULTS if is_local(master) else {})}
     return {key: value for key, value in chosen.items() if not given.contains(key)}
 
