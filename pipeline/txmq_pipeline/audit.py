@@ -54,7 +54,7 @@ from txmq_pipeline import _broker
 from .analysis import (  # noqa: F401 - the audit's API
     ANOMALY_KINDS, BUCKETS_PER_DECADE, DEFAULT_PENDING_THRESHOLD_SECONDS, EXAMPLES, SOURCES, STATES, anomalies,
     checks_distribution, latency, latency_histogram, of_topics, read_messages, read_transactions, state_counts)
-from .follow import follow, stop_on_signals
+from .follow import DEFAULT_FIRST_TRIGGER_TIMEOUT_SECONDS, follow, stop_on_signals
 
 log = logging.getLogger("txmq_pipeline.audit")
 
@@ -212,7 +212,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="a committed transaction whose message has not been read yet counts as missing after this")
     f.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     f.add_argument("--max-offsets-per-trigger", type=int, default=None)
+    f.add_argument("--first-trigger-timeout-seconds", type=float, default=DEFAULT_FIRST_TRIGGER_TIMEOUT_SECONDS,
+                   help="the first reconciliation waits for the stream's first trigger at most this long "
+                        "(default %(default).0f)")
     args = p.parse_args(argv)
+    if args.first_trigger_timeout_seconds < 0:
+        p.error(f"--first-trigger-timeout-seconds must be 0 or more, not {args.first_trigger_timeout_seconds:g}")
     try:
         args.tls = tls_from_args(args)
     except InvalidFieldError as err:
@@ -272,7 +277,8 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
                           missing_grace_seconds=args.missing_grace_seconds, interval_seconds=args.interval_seconds,
                           metrics_port=args.metrics_port, max_offsets_per_trigger=args.max_offsets_per_trigger,
                           partitions_per_broker=args.transaction_partitions_per_broker, tls=args.tls,
-                          stop=stop if stop is not None else stop_on_signals(), registry=registry)
+                          stop=stop if stop is not None else stop_on_signals(), registry=registry,
+                          first_trigger_timeout_seconds=args.first_trigger_timeout_seconds)
         except Exception:
             log.exception("the continuous audit failed")
             return EXIT_ERROR

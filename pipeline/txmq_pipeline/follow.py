@@ -13,8 +13,15 @@ the ``txmq`` source (from the earliest retained offset, without bodies). Each mi
 
 Between batches (a quiet topic makes none) the reconciliation runs again every
 ``--interval-seconds``, so a transaction left pending shows up without new messages; also
-before the first batch, which may never come (a query started again on its checkpoint with
-nothing new to read): it then reconciles what the earlier run stored. Only batches stored
+when the first trigger made no batch (a query started again on its checkpoint with nothing
+new to read): it then reconciles what the earlier run stored. The first reconciliation
+waits for the stream's first trigger: the ``txmq`` source starts in a Python process of
+its own, which Spark gives a fixed 10 s to connect back; a reconciliation beside it (its
+Spark jobs start Python processes too) made it miss that on a busy machine and failed the
+query. A first trigger that has not run after ``--first-trigger-timeout-seconds`` is
+logged, and the reconciliation runs anyway. A query that failed so (its source's process
+slower than those 10 s even alone) is started again on its checkpoint after a pause, up
+to ``STREAM_START_ATTEMPTS`` times in all. Only batches stored
 completely count (Spark wrote ``_SUCCESS``): a write a crash cut short is not read, and
 Spark runs that batch again.
 
@@ -39,6 +46,8 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.errors import StreamingQueryException
+from pyspark.sql.streaming import StreamingQuery
 
 from txmq.tls import TLS
 
@@ -49,6 +58,22 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
+
+#: How long the follower waits for its stream's first trigger before it reconciles anyway
+#: (``--first-trigger-timeout-seconds``).
+DEFAULT_FIRST_TRIGGER_TIMEOUT_SECONDS = 300.0
+
+#: How a query fails when its source's Python process (Spark starts one per streaming Python
+#: data source, and waits a fixed 10 s for it to connect back: not a setting in Spark 4.3)
+#: started too slowly; how often the follower starts the query before giving up, pausing
+#: this long times the attempts so far in between, at most STREAM_RESTART_PAUSE_MAX_SECONDS.
+#: That process imports PySpark from Spark's pyspark.zip, compiling it (0.85 s of CPU
+#: against 0.27 s from site-packages): at a load average of 22 on 2 cores 9-11 s, and three
+#: starts in a row missed the 10 s.
+SOURCE_NOT_CONNECTED = "Python worker failed to connect back"
+STREAM_START_ATTEMPTS = 8
+STREAM_RESTART_PAUSE_SECONDS = 5.0
+STREAM_RESTART_PAUSE_MAX_SECONDS = 30.0
 
 SEEN_COLUMNS = ("topic", "broker", "queue", "offset", "message_id", "transaction_id", "producer_group")
 
@@ -113,6 +138,55 @@ class Follower:
         with self.lock:
             if not self.batches_waiting:
                 self._evaluate()
+
+    # ------------------------------------------------------------------ the query
+    def watch(self, query: StreamingQuery, *, interval_seconds: float, stop: threading.Event,
+              first_trigger_timeout_seconds: float = DEFAULT_FIRST_TRIGGER_TIMEOUT_SECONDS) -> int:
+        """Reconciles while ``query`` (a streaming query whose batches go to :meth:`batch`)
+        runs, until ``stop`` is set (then stops it) or it ends (raises if it failed): first
+        once its first trigger has run (:meth:`_await_first_trigger`), then every
+        ``interval_seconds`` when no batch did."""
+        try:
+            if self._await_first_trigger(query, interval_seconds, stop, first_trigger_timeout_seconds):
+                while not stop.is_set():
+                    # Whether or not a batch came (a query resumed with nothing new to read
+                    # runs none), and never busier than half the time: a reconciliation
+                    # slower than the interval spaces them.
+                    last = self.last_evaluated
+                    if last is None or time.monotonic() - last >= max(interval_seconds, self.last_duration):
+                        self.refresh()
+                    if query.awaitTermination(interval_seconds):
+                        break  # ended (awaitTermination raised if it failed)
+        finally:
+            if query.isActive:
+                query.stop()
+        exc = query.exception()
+        if exc is not None:
+            raise exc
+        return 0
+
+    def _await_first_trigger(self, query: StreamingQuery, interval_seconds: float, stop: threading.Event,
+                             timeout_seconds: float) -> bool:
+        """Until the query has run its first trigger (its source started, its offsets read,
+        the batch they made, if any, reconciled by :meth:`batch`) or ``timeout_seconds``
+        passed; False when ``stop`` was set or the query ended first.
+
+        Its source starts in a Python process Spark gives a fixed 10 s to connect back
+        (not a setting, in Spark 4.3); a reconciliation started beside it on a busy machine
+        (its jobs start Python processes of their own) made it miss that and failed the
+        query, so the first reconciliation waits for it."""
+        started = time.monotonic()
+        log.info("waiting for the stream's first trigger (its source starting) before the first reconciliation")
+        poll = min(max(interval_seconds, 0.1), 1.0)
+        while query.lastProgress is None:  # reported once the trigger, and its batch if any, ended
+            if time.monotonic() - started >= timeout_seconds:
+                log.warning("the stream has not run its first trigger in %.0f s (%s): reconciling what is stored "
+                            "meanwhile", timeout_seconds, query.status.get("message"))
+                return True
+            if stop.is_set() or query.awaitTermination(poll):
+                return False
+        log.info("the stream ran its first trigger in %.1f s", time.monotonic() - started)
+        return True
 
     # ------------------------------------------------------------------ reconciliation
     def _seen(self) -> DataFrame | None:
@@ -203,7 +277,8 @@ def follow(spark: SparkSession, *, nameserver: str, output: str, checkpoint: str
            pending_threshold_seconds: float, missing_grace_seconds: float = 60.0, interval_seconds: float = 30.0,
            metrics_port: int | None = None, max_offsets_per_trigger: int | None = None,
            partitions_per_broker: int = 4, tls: TLS | None = None, stop: threading.Event | None = None,
-           registry: CollectorRegistry | None = None) -> int:
+           registry: CollectorRegistry | None = None,
+           first_trigger_timeout_seconds: float = DEFAULT_FIRST_TRIGGER_TIMEOUT_SECONDS) -> int:
     """Runs the continuous audit until ``stop`` is set (SIGTERM/SIGINT from ``main``) or
     the query fails (then raises). Its metrics go to ``registry`` (None: the process's
     default one), served on ``metrics_port`` until it returns: a caller that follows more
@@ -224,7 +299,8 @@ def follow(spark: SparkSession, *, nameserver: str, output: str, checkpoint: str
         log.info("metrics on :%d/metrics", metrics_port)
     try:
         return _run(spark, follower, checkpoint, interval_seconds=interval_seconds,
-                    max_offsets_per_trigger=max_offsets_per_trigger, stop=stop or threading.Event())
+                    max_offsets_per_trigger=max_offsets_per_trigger, stop=stop or threading.Event(),
+                    first_trigger_timeout_seconds=first_trigger_timeout_seconds)
     finally:
         if server is not None:  # the port is free again once follow returns
             server.shutdown()
@@ -232,35 +308,35 @@ def follow(spark: SparkSession, *, nameserver: str, output: str, checkpoint: str
 
 
 def _run(spark: SparkSession, follower: Follower, checkpoint: str, *, interval_seconds: float,
-         max_offsets_per_trigger: int | None, stop: threading.Event) -> int:
+         max_offsets_per_trigger: int | None, stop: threading.Event, first_trigger_timeout_seconds: float) -> int:
     reader = (spark.readStream.format("txmq").option("nameserver", follower.nameserver)
               .options(**_broker.tls_options(follower.tls))
               .option("topics", follower.topics)
               .option("startingOffsets", "earliest").option("includeBody", "false"))
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    query = (reader.load().select(*SEEN_COLUMNS).writeStream.queryName("txmq-audit-follow")
-             .foreachBatch(follower.batch).option("checkpointLocation", os.path.join(checkpoint, "stream"))
-             .trigger(processingTime=f"{max(interval_seconds, 0.1)} seconds").start())
-    log.info("following %s on %s: tables in %s, checkpoint %s", follower.topics, follower.nameserver,
-             follower.output, checkpoint)
-    try:
-        while not stop.is_set():
-            if query.awaitTermination(interval_seconds):
-                break  # ended (awaitTermination raised if it failed)
-            # Whether or not a batch came (a query resumed with nothing new to read runs
-            # none), and never busier than half the time: a reconciliation slower than the
-            # interval spaces them.
-            last = follower.last_evaluated
-            if last is None or time.monotonic() - last >= max(interval_seconds, follower.last_duration):
-                follower.refresh()
-    finally:
-        if query.isActive:
-            query.stop()
-    exc = query.exception()
-    if exc is not None:
-        raise exc
-    return 0
+    attempt = 1
+    while True:
+        query = (reader.load().select(*SEEN_COLUMNS).writeStream.queryName("txmq-audit-follow")
+                 .foreachBatch(follower.batch).option("checkpointLocation", os.path.join(checkpoint, "stream"))
+                 .trigger(processingTime=f"{max(interval_seconds, 0.1)} seconds").start())
+        log.info("following %s on %s: tables in %s, checkpoint %s", follower.topics, follower.nameserver,
+                 follower.output, checkpoint)
+        try:
+            return follower.watch(query, interval_seconds=interval_seconds, stop=stop,
+                                  first_trigger_timeout_seconds=first_trigger_timeout_seconds)
+        except StreamingQueryException as exc:
+            if SOURCE_NOT_CONNECTED not in str(exc) or attempt >= STREAM_START_ATTEMPTS:
+                raise
+        # Nothing is lost: the query starts again on its checkpoint, where it stopped. The
+        # pause, longer each time, lets a busy spell pass.
+        pause = min(STREAM_RESTART_PAUSE_SECONDS * attempt, STREAM_RESTART_PAUSE_MAX_SECONDS)
+        attempt += 1
+        log.warning("the stream's source did not start: its Python process did not connect back within Spark's "
+                    "fixed 10 s (a busy machine); starting the query again on its checkpoint in %.0f s (attempt %d "
+                    "of %d)", pause, attempt, STREAM_START_ATTEMPTS)
+        if stop.wait(pause):
+            return 0
 
 
 def stop_on_signals() -> threading.Event:
@@ -270,4 +346,5 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
-__all__ = ["AuditMetrics", "Follower", "follow", "stop_on_signals"]
+__all__ = ["DEFAULT_FIRST_TRIGGER_TIMEOUT_SECONDS", "SEEN_COLUMNS", "AuditMetrics", "Follower", "follow",
+           "stop_on_signals"]

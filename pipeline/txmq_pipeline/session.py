@@ -11,6 +11,13 @@ workers run on this machine, so the interpreter running the driver is the right 
 For a cluster master (``k8s://``, ``spark://``, ``yarn``) the executors' interpreter is
 the image's: nothing is set here; ship the packages in the image or with ``--py-files``
 (see pipeline/README.md).
+
+On a busy machine the JVM and its Python processes can take longer than Spark's 15 s to
+connect to each other (``spark.python.authenticate.socketTimeout``): :data:`DEFAULTS` raises
+it for every master. No setting lengthens the 10 s Spark waits for a streaming Python
+source's process to connect back (PySpark 4.3 hard-codes it; the batch reads' processes
+start through Spark's daemon, without that limit): the continuous audit copes with that
+itself (:mod:`txmq_pipeline.follow`).
 """
 
 from __future__ import annotations
@@ -21,6 +28,15 @@ import sys
 from typing import Any, Mapping
 
 log = logging.getLogger(__name__)
+
+#: For every master (only keys the user's --conf / spark-defaults left unset).
+DEFAULTS = {
+    # How long the JVM and a Python process it talks to wait for each other's connection
+    # and its authentication: the driver fetching a result or handing over local rows, a
+    # worker or a data source's planner connecting back. Spark's 15 s can be too short on
+    # a busy machine, and waiting longer for a local connection loses nothing.
+    "spark.python.authenticate.socketTimeout": "120s",
+}
 
 #: Quiet defaults for a local run (only keys the user's --conf / spark-defaults left unset).
 LOCAL_DEFAULTS = {
@@ -59,6 +75,17 @@ def python_for_workers(master: str) -> str | None:
     return chosen or sys.executable
 
 
+def defaults(master: str, given: Any = None) -> dict[str, str]:
+    """The settings :func:`session` adds for ``master``: :data:`DEFAULTS`, and for a local
+    master :data:`LOCAL_DEFAULTS`, where the user's configuration (``given``, a SparkConf;
+    default: the one spark-submit and spark-defaults make) has none."""
+    from pyspark import SparkConf
+
+    given = SparkConf() if given is None else given
+    chosen = {**DEFAULTS, **(LOCAL_DEFAULTS if is_local(master) else {})}
+    return {key: value for key, value in chosen.items() if not given.contains(key)}
+
+
 def session(app_name: str, master: str | None = None, conf: Mapping[str, str] | None = None) -> Any:
     """A SparkSession for ``app_name`` with the ``txmq`` data source registered; for a
     local master its Python workers run this interpreter (``sys.executable``) unless
@@ -79,14 +106,8 @@ def session(app_name: str, master: str | None = None, conf: Mapping[str, str] | 
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = builder.config("spark.pyspark.python", python)
-        from pyspark import SparkConf
-
-        given = SparkConf()
-        for key, value in LOCAL_DEFAULTS.items():
-            if not given.contains(key):
-                builder = builder.config(key, value)
         log.info("Spark master %s: Python workers run %s", resolved, python)
-    for key, value in (conf or {}).items():
+    for key, value in {**defaults(resolved), **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     txmq_pipeline.register(spark)

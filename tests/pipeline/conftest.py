@@ -44,7 +44,9 @@ def spark() -> Iterator["pyspark.sql.SparkSession"]:
                .config("spark.default.parallelism", "2")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.python.filterPushdown.enabled", "true")
-               .config("spark.driver.memory", "1g"))
+               .config("spark.driver.memory", "1g")
+               # What txmq_pipeline.session gives the audit's own drivers (session.DEFAULTS).
+               .config("spark.python.authenticate.socketTimeout", "120s"))
     try:
         session = builder.getOrCreate()
     except PySparkRuntimeError as exc:

@@ -47,12 +47,25 @@ def _argv(cluster, topic, out, port, *extra) -> list[str]:
             "--log-level", "DEBUG", *extra]
 
 
-def _start(cluster, topic, out, port, log_path, *extra):
+def _start(cluster, topic, out, port, log_path, *extra, env=None):
     """The follower as a user runs it: ``python -m txmq_pipeline.audit --follow``, a
-    Spark driver of its own."""
+    Spark driver of its own (its environment plus ``env``)."""
     log = open(log_path, "ab")
     return subprocess.Popen([sys.executable, "-m", "txmq_pipeline.audit", *_argv(cluster, topic, out, port, *extra)],
-                            cwd=out.parent, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
+                            cwd=out.parent, env={**clean_env(), **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _slow_first_source(tmp_path) -> str:
+    """A Python for Spark's workers (``PYSPARK_PYTHON``) whose first streaming source
+    process starts 12 s late, as on a busy machine: past the fixed 10 s Spark waits for it
+    to connect back, so the query's first start fails."""
+    script, mark = tmp_path / "slow-python", tmp_path / "slow-python.started"
+    script.write_text(f"""#!/bin/sh
+case "$*" in *python_streaming_source_runner*) mkdir '{mark}' 2>/dev/null && sleep 12;; esac
+exec '{sys.executable}' "$@"
+""")
+    script.chmod(0o755)
+    return str(script)
 
 
 class _InProcess:
@@ -152,8 +165,9 @@ def _wait_metrics(port, expected: dict[str, float], proc, log_path, timeout=300.
 @pytest.mark.timeout(600)  # a Spark driver of its own starts (slow on a loaded machine)
 def test_follow_updates_anomalies_as_they_happen_and_resumes_after_a_crash(spark, fresh_cluster_factory, unique_name,
                                                                          tmp_path):
-    """The follower as a user runs it, SIGKILLed; started again on its checkpoint (by the
-    entry point on the tests' session: another driver, as after a crash)."""
+    """The follower as a user runs it, on a machine so busy that its stream's source starts
+    too slowly the first time (the query is started again), SIGKILLed; started again on its
+    checkpoint (by the entry point on the tests' session: another driver, as after a crash)."""
     cluster = fresh_cluster_factory(brokers=1, broker_env=PIPELINE_BROKER_ENV, checker=True,
                                     checker_env=PIPELINE_CHECKER_ENV)
     topic, group = unique_name("follow"), unique_name("g")
@@ -163,11 +177,12 @@ def test_follow_updates_anomalies_as_they_happen_and_resumes_after_a_crash(spark
         send_workload(p, topic, {"commit": 6, "rollback": 2})
         wait_settled(cluster, group, 8)
 
-        proc = _start(cluster, topic, out, port, log_path)
+        proc = _start(cluster, topic, out, port, log_path, env={"PYSPARK_PYTHON": _slow_first_source(tmp_path)})
         try:
             _wait_metrics(port, {"txmq_audit_messages": 6, "txmq_audit_transactions": 8, "committed_missing": 0,
                                  "uncommitted_in_topic": 0, "duplicate_message_id": 0, "pending_too_old": 0,
                                  "discarded_unresolved": 0}, proc, log_path)
+            assert "did not connect back within Spark's fixed 10 s" in log_path.read_text()  # and started again
 
             # While it runs: a discarded transaction, one left pending, more commits.
             results = send_workload(p, topic, {"discard": 1, "pending": 1, "commit": 3})
@@ -180,6 +195,10 @@ def test_follow_updates_anomalies_as_they_happen_and_resumes_after_a_crash(spark
                 ("discarded_unresolved", results["discard"][0].transaction_id),
                 ("pending_too_old", results["pending"][0].transaction_id)}
             assert json.loads((out / "summary.json").read_text())["anomalies"] == 2
+            # Spark commits a batch once its reconciliation has returned: the crash comes after
+            # that (on a loaded machine it once came before, and the last commit below was an
+            # earlier batch's).
+            wait_until(lambda: _last_batch_committed(out), 60, interval=0.3, message="Spark never committed its batch")
         finally:
             proc.send_signal(signal.SIGKILL)  # a crash, not a clean stop
             proc.wait(30)
