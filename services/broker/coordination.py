@@ -169,7 +169,7 @@ class ShardCoordinator:
                 continue
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - logged; the next round tries again
+            except Exception:  # logged; the next round tries again
                 log.exception("lease renewal failed unexpectedly")
                 continue
             if left > 0:
