@@ -245,6 +245,11 @@ def view(shard: ShardState | None, **kwargs) -> View:
      [StepDown("lease not renewed for 1.2 s")]),
     ("leading, all well", view(ShardState(LEADER, FOUNDED), leading=40), [MaintainIsr()]),
     ("its own key from before a restart", view(ShardState(replace(LEADER, replica=ME), FOUNDED)), [Resign(40)]),
+    # A campaign whose answer was lost (etcd restarted), or a step-down while etcd was down
+    # whose key etcd kept: the key under its own lease, and it does not lead (seen in
+    # tests.chaos_anchored, seed 369037068: it followed itself and the shard stayed leaderless).
+    ("its own key under its own lease, not leading", view(ShardState(replace(LEADER, replica=ME, lease=55), FOUNDED)),
+     [Resign(40)]),
     ("a leader to follow", view(ShardState(LEADER, FOUNDED)), [Follow(LEADER)]),
     ("a new leader to follow", view(ShardState(LEADER, FOUNDED), following=39), [Follow(LEADER)]),
     ("following it", view(ShardState(LEADER, FOUNDED), following=40, follow_commit=18), []),

@@ -409,7 +409,12 @@ class Election:
             return [MaintainIsr()]
         leader = state.leader
         if leader is not None:
-            if leader.replica == rules.replica_id and leader.lease != view.lease_id:
+            if leader.replica == rules.replica_id:
+                # The key names this replica, which does not lead: a key of an earlier
+                # process (another lease), a campaign whose answer was lost, or a leader
+                # that stepped down while etcd was down and kept its key (etcd restores
+                # leases on restart). Following itself would hold the shard leaderless for
+                # as long as its lease is renewed: give the key up, then campaign.
                 return [Resign(leader.epoch)]
             self.last_leader = leader.replica
             if view.following != leader.epoch:
