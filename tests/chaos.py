@@ -399,6 +399,17 @@ def report(results: list[RunResult], log=print) -> bool:
     return not bad
 
 
+def seeds_to_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
+    """The seeds of a chaos command (``--seed``, or ``--runs`` drawn); with ``--partitions``
+    the network namespaces checked and cleaned first (the command refuses, naming why)."""
+    if args.partitions:
+        problem = netns.available()
+        if problem:
+            parser.error(f"--partitions: {problem}")
+        netns.cleanup_leftovers()
+    return [args.seed] if args.seed is not None else [random.randrange(1, 10**9) for _ in range(args.runs)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10)
@@ -409,12 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedule", default="", help="run this comma-separated schedule instead of drawing one")
     parser.add_argument("--storm", type=int, default=STORM, help="transactions of one check storm")
     args = parser.parse_args(argv)
-    if args.partitions:
-        problem = netns.available()
-        if problem:
-            parser.error(f"--partitions: {problem}")
-        netns.cleanup_leftovers()
-    seeds = [args.seed] if args.seed is not None else [random.randrange(1, 10**9) for _ in range(args.runs)]
+    seeds = seeds_to_run(parser, args)
     results = []
     base = Path(tempfile.mkdtemp(prefix="txmq-chaos-"))
     for seed in seeds:

@@ -413,14 +413,7 @@ def main(argv: list[str] | None = None) -> int:
             check_schedule(schedule)
         except ValueError as exc:
             parser.error(f"--schedule: {exc}")
-    if args.partitions:
-        from tests.support import netns
-
-        problem = netns.available()
-        if problem:
-            parser.error(f"--partitions: {problem}")
-        netns.cleanup_leftovers()
-    seeds = [args.seed] if args.seed is not None else [random.randrange(1, 10**9) for _ in range(args.runs)]
+    seeds = chaos.seeds_to_run(parser, args)
     results = []
     base = Path(tempfile.mkdtemp(prefix="txmq-chaos-anchored-"))
     pg = PostgresInstance(max_connections=200)

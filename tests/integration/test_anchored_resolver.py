@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -81,14 +82,9 @@ def test_the_checker_decides_a_group_whose_whole_fleet_is_down(pg, fresh_cluster
     wait_until(lambda: said("resolver answers the group's checks") > answering, 20)
 
 
-def test_the_resolver_keeps_answering_when_its_answers_come_after_the_checks_expired(
-        pg, fresh_cluster_factory, unique_name, tmp_path):
-    """A slow resolver (here: each check waits 2 s for the key, past the 0.5 s answer
-    timeout and the 1 s lease after it, as a loaded machine makes any check) still gets
-    checks: every answer gives its check's credit back, and one for a forgotten check names
-    its transaction (a late answer). Before, each such answer was dropped with its unit of
-    credit, and after ``resolver_concurrency`` of them the group got no checks at all: a
-    transaction committed by its crashed producer stayed PREPARED."""
+def orders_database(pg, tmp_path: Path) -> tuple[str, Path]:
+    """A fresh database with ``orders`` and the decisions table (``txmq db init``); its
+    connection string, and a 0600 file holding it (a resolver group's secret)."""
     owner = fresh_database(pg)
     with psycopg.connect(owner, autocommit=True) as conn:
         conn.execute("CREATE TABLE orders (id text PRIMARY KEY, body bytea NOT NULL)")
@@ -98,6 +94,18 @@ def test_the_resolver_keeps_answering_when_its_answers_come_after_the_checks_exp
     secret = tmp_path / "orders.dsn"
     secret.write_text(owner + "\n")
     secret.chmod(0o600)
+    return owner, secret
+
+
+def test_the_resolver_keeps_answering_when_its_answers_come_after_the_checks_expired(
+        pg, fresh_cluster_factory, unique_name, tmp_path):
+    """A slow resolver (here: each check waits 2 s for the key, past the 0.5 s answer
+    timeout and the 1 s lease after it, as a loaded machine makes any check) still gets
+    checks: every answer gives its check's credit back, and one for a forgotten check names
+    its transaction (a late answer). Before, each such answer was dropped with its unit of
+    credit, and after ``resolver_concurrency`` of them the group got no checks at all: a
+    transaction committed by its crashed producer stayed PREPARED."""
+    owner, secret = orders_database(pg, tmp_path)
     group, topic = unique_name("g"), unique_name("orders")
     concurrency = 2
     cluster = fresh_cluster_factory(broker_env={**BROKER_ENV, "TXMQ_CHECK_MAX": "100"}, checker=True,
@@ -134,15 +142,7 @@ def test_a_transaction_discarded_while_the_resolver_waited_for_its_key_is_decide
     Then the producer dies: the resolver's fence goes in, and its answer, ROLLBACK, though
     for a forgotten check, still decides the transaction (a late answer, named by its
     transaction). Before, that answer was dropped and the transaction stayed DISCARDED."""
-    owner = fresh_database(pg)
-    with psycopg.connect(owner, autocommit=True) as conn:
-        conn.execute("CREATE TABLE orders (id text PRIMARY KEY, body bytea NOT NULL)")
-    done = subprocess.run([sys.executable, "-m", "txmq", "db", "init", "--dsn", owner],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    secret = tmp_path / "orders.dsn"
-    secret.write_text(owner + "\n")
-    secret.chmod(0o600)
+    owner, secret = orders_database(pg, tmp_path)
     group, topic = unique_name("g"), unique_name("orders")
     cluster = fresh_cluster_factory(broker_env=BROKER_ENV, checker=True,
                                     checker_env={**CHECKER_ENV, "TXMQ_RESOLVER_GROUPS": f"{group}={secret}",

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.support.anchored_worker import emit
+
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("commit", "commit", "commit", "double", "raise")
 #: The table the load writes (with the decisions table, ``txmq.anchored.schema_sql()``).
@@ -45,11 +47,6 @@ DECISION_SETTINGS = {"repair_after_seconds": 1.0, "sweep_interval_seconds": 0.5,
 
 class Deliberate(Exception):
     """The block's own exception: the transaction is rolled back on purpose."""
-
-
-def emit(**event: object) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
 
 
 def main() -> None:

@@ -5,12 +5,10 @@ time, and a long run of filtered-out messages is scanned in bounded steps."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 
-from services.broker.config import BrokerConfig
 from services.broker.core import BrokerCore
 from services.broker.delivery import MAX_FILTERED_SCAN
 from services.broker.filters import parse_filter
@@ -24,23 +22,14 @@ START_MS = Clock().ms
 
 
 @pytest.fixture
-def open_core(tmp_path, clock):
-    cores: list[BrokerCore] = []
-
+def open_core(make_core):
+    """The shared cores (tests/unit/conftest.py), each holding the topic ``orders``."""
     def make(**overrides: Any) -> BrokerCore:
-        config = dataclasses.replace(BrokerConfig(data_dir=str(tmp_path / "store"), flush="async"), **overrides)
-        core = BrokerCore(config, clock=clock)
-        cores.append(core)
+        core = make_core(**overrides)
         if "orders" not in core.topics:
             core.db.call(core.create_topic_op("orders", 1))
         return core
-
-    yield make
-    for core in cores:
-        try:
-            core.close()
-        except Exception:  # noqa: BLE001 - closed already
-            pass
+    return make
 
 
 def send(core: BrokerCore, body: bytes, *, kind: int = codec.KIND_NORMAL, **fields: Any):
