@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import txmq
+from txmq.faults import FaultTable
 from txmq.v1 import admin_pb2, common_pb2
 
 from .waiting import wait_until
@@ -142,6 +143,14 @@ def shard_successes(producer: txmq.Producer, shard: str) -> int:
     return 0
 
 
+def shard_failures(producer: txmq.Producer, shard: str) -> int:
+    """Calls to ``shard`` the producer's fault table counted as failed."""
+    for s in producer.routing_stats().shards:
+        if s.shard == shard:
+            return s.failures
+    return 0
+
+
 def sent_to_again(producer: txmq.Producer, shard: str, timeout: float = 10.0) -> float:
     """Seconds until ``shard`` answered 10 more of the producer's sends (it takes traffic
     again), counted from now."""
@@ -152,14 +161,20 @@ def sent_to_again(producer: txmq.Producer, shard: str, timeout: float = 10.0) ->
     return time.monotonic() - since
 
 
-def ratio(during: Window, before: Window) -> float:
-    return during.rate / before.rate if before.rate else 0.0
-
-
-def healthy(before: Window, after: Window) -> Window:
-    """The windows on both sides of an outage as one: drift of the machine's load during the
-    run weighs on both sides of the comparison alike."""
-    return Window(before.transactions + after.transactions, before.seconds + after.seconds)
+def rerouted_bound(threads: int, seconds: float) -> int:
+    """The most sends that may pay a failed attempt on a dead shard over ``seconds``: one
+    per caller in flight when it died, then only the fault table's probes (one per
+    avoidance interval: 0.25, 0.5, 1 s, then every 2 s, FaultTable's defaults), and one more of
+    each for slack. A caller stuck on the dead shard shows as many more than this, whatever
+    the machine's load: the count, not the rate, is what the tests compare (the rates are
+    ``bench.failover``'s)."""
+    defaults = FaultTable()
+    probes, t, interval = 0, 0.0, defaults.base_avoid_seconds
+    while t < seconds:
+        t += interval
+        probes += 1
+        interval = min(2 * interval, defaults.max_avoid_seconds)
+    return 2 * (threads + probes)
 
 
 def table(rows: Sequence[tuple[str, Window]]) -> str:
