@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tests.support import lanes, netns, presets
+from tests.support import lanes, machinewatch, netns, presets
 from tests.support.cluster import Cluster, live_clusters
 
 #: Sub-second timings every test cluster runs with unless the test asks otherwise
@@ -24,6 +24,7 @@ TEST_BROKER_ENV = presets.BROKER
 LOG_LINES_ON_FAILURE = 80
 
 _OFFSETS = pytest.StashKey[dict[int, dict[str, int]]]()
+_MACHINE_WATCH = pytest.StashKey["machinewatch.Watch"]()
 
 
 # ---------------------------------------------------------------------------- clusters
@@ -186,6 +187,15 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     # Network namespaces and links a crashed earlier run left behind (its pid is gone).
     netns.cleanup_leftovers()
+    if not hasattr(session.config, "workerinput"):  # the controlling process only
+        session.config.stash[_MACHINE_WATCH] = machinewatch.Watch().start()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    watch = config.stash.get(_MACHINE_WATCH, None)
+    if watch is not None:
+        watch.stop()
+        terminalreporter.write_line(watch.summary())
 
 
 @pytest.hookimpl(trylast=True)

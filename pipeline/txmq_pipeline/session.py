@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from typing import Any, Mapping
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,31 @@ def session(app_name: str, master: str | None = None, conf: Mapping[str, str] | 
         log.info("Spark master %s: Python workers run %s", resolved, python)
     for key, value in {**defaults(resolved), **(conf or {})}.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = get_or_create(builder)
     txmq_pipeline.register(spark)
     return spark
+
+
+#: Starts of the JVM that exited before handing over its port, and the pause between two.
+JVM_START_ATTEMPTS = 3
+JVM_START_PAUSE_SECONDS = 2.0
+
+
+def get_or_create(builder: Any) -> Any:
+    """``builder.getOrCreate()``, started again (up to :data:`JVM_START_ATTEMPTS` in all)
+    when the JVM exits before handing over its port (``JAVA_GATEWAY_EXITED``): seen on a
+    busy machine whose threads ran out for a moment (``pthread_create failed: Resource
+    temporarily unavailable``), a transient for a job that a scheduler would otherwise
+    count as failed. Any other error is raised as it is."""
+    from pyspark.errors import PySparkRuntimeError
+
+    for attempt in range(1, JVM_START_ATTEMPTS + 1):
+        try:
+            return builder.getOrCreate()
+        except PySparkRuntimeError as exc:
+            if "JAVA_GATEWAY_EXITED" not in str(exc) or attempt == JVM_START_ATTEMPTS:
+                raise
+            log.warning("the JVM exited before handing over its port (start %d of %d); starting it again in %.0f s",
+                        attempt, JVM_START_ATTEMPTS, JVM_START_PAUSE_SECONDS)
+            time.sleep(JVM_START_PAUSE_SECONDS)
+    raise AssertionError("unreachable")

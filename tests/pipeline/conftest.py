@@ -12,6 +12,8 @@ import pytest
 
 import pyspark  # (make pipeline-deps installs it; a missing PySpark must fail, not skip)
 
+from txmq_pipeline.session import get_or_create
+
 from tests.support import presets
 
 from .helpers import TEST_JVM_OPTIONS
@@ -35,8 +37,6 @@ def spark() -> Iterator["pyspark.sql.SparkSession"]:
 
     import txmq_pipeline
 
-    from pyspark.errors import PySparkRuntimeError
-
     builder = (SparkSession.builder.master("local[2]").appName("txmq-pipeline-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
@@ -47,15 +47,7 @@ def spark() -> Iterator["pyspark.sql.SparkSession"]:
                .config("spark.driver.memory", "1g")
                # What txmq_pipeline.session gives the audit's own drivers (session.DEFAULTS).
                .config("spark.python.authenticate.socketTimeout", "120s"))
-    try:
-        session = builder.getOrCreate()
-    except PySparkRuntimeError as exc:
-        # Seen once on a machine loaded by parallel test runs: the JVM launcher exited
-        # before handing over its port (JAVA_GATEWAY_EXITED), with nothing logged. Starting
-        # the JVM is not what these tests test: try once more, then fail for real.
-        if "JAVA_GATEWAY_EXITED" not in str(exc):
-            raise
-        session = builder.getOrCreate()
+    session = get_or_create(builder)  # a JVM that exited before its port is started again
     session.sparkContext.setLogLevel("ERROR")
     txmq_pipeline.register(session)
     try:
