@@ -8,15 +8,18 @@ request of the process's coroutines (the design of ``txmq._produce_stream``, wit
   event loop run the coroutines it woke (``LINGER_TURNS`` loop turns, no timer) before it
   sends, so a caller whose next request follows at once (a commit after its half message)
   joins the next message instead of waiting for a round trip. A message whose answer is
-  later than ``HOLD_SECONDS`` stops holding the next.
+  later than ``HOLD_SECONDS`` stops holding the next. A hint (``stream=True``: an entry
+  nobody's critical path waits on, as an anchored transaction's end) holds nothing: the
+  half message of the caller's next transaction leaves at once, not one WAL sync later.
 - One reader task resolves the futures by request id (the broker answers out of order).
 - When the call fails, every request in flight fails with :class:`UnavailableError`
   (retryable: the caller retries with the same message id, which the broker
   deduplicates); the next request opens a new call.
 - A request with no answer within its timeout while the call answered nothing since it
   was sent marks the call dead (a half-open connection): it is cancelled.
-- A coroutine alone (no other in ``request``) goes direct: the unary call its entry stands
-  for, no writer or reader task, as ``txmq._produce_stream`` does for a thread alone.
+- A coroutine alone (no other in ``request``, hints aside) goes direct: the unary call its
+  entry stands for, no writer or reader task, as ``txmq._produce_stream`` does for a
+  thread alone.
 """
 
 from __future__ import annotations
@@ -50,7 +53,10 @@ class _Session:
         self.queued = asyncio.Event()
         self.answered = asyncio.Event()
         self.answered.set()
+        #: Entries sent and not answered that someone waits on (hints aside), and the
+        #: request ids of the hints in flight.
         self.unanswered = 0
+        self.hints: set[int] = set()
         self.dead = False
         self.last_response = time.monotonic()
         self.tasks: list[asyncio.Task[None]] = []
@@ -62,7 +68,7 @@ class AsyncProduceStream:
     def __init__(self, method: Callable[..., Any], address: str, stub: Any = None) -> None:
         self._method = method
         # The broker's unary SendMessage / EndTransaction, for a coroutine alone (None: the
-        # stream always); and how many coroutines are in ``request`` now.
+        # stream always); and how many coroutines are in ``request`` now, hints aside.
         self._stub = stub
         self._callers = 0
         self.address = address
@@ -79,15 +85,19 @@ class AsyncProduceStream:
                       stream: bool = False) -> broker_pb2.ProduceResult:
         """Sends ``entry`` and awaits its response; a non-OK status raises the TxmqError it
         stands for, no answer within ``timeout`` raises DeadlineExceededError. ``stream``: on
-        the stream even when alone (as ``txmq._produce_stream.ProduceStream.request``)."""
+        the stream even when alone, as a hint: nobody's critical path waits on it, so it
+        neither holds the next message nor counts as a caller (as
+        ``txmq._produce_stream.ProduceStream.request``)."""
         if self._closed:
             raise ClientClosedError("producer")
-        alone = not stream and self._callers == 0 and self._stub is not None
+        if stream:
+            return await self._stream(entry, timeout, hint=True)
+        alone = self._callers == 0 and self._stub is not None
         self._callers += 1
         try:
             if alone:
                 return await self._direct(entry, timeout)
-            return await self._stream(entry, timeout)
+            return await self._stream(entry, timeout, hint=False)
         finally:
             self._callers -= 1
 
@@ -105,10 +115,13 @@ class AsyncProduceStream:
                 raise ClientClosedError("producer") from None
             raise
 
-    async def _stream(self, entry: broker_pb2.ProduceEntry, timeout: float) -> broker_pb2.ProduceResult:
+    async def _stream(self, entry: broker_pb2.ProduceEntry, timeout: float, *,
+                      hint: bool) -> broker_pb2.ProduceResult:
         session = self._session if self._session is not None and not self._session.dead else self._open()
         request_id = next(self._ids)
         entry.request_id = request_id
+        if hint:
+            session.hints.add(request_id)
         future: asyncio.Future[broker_pb2.ProduceResult] = asyncio.get_running_loop().create_future()
         session.pending[request_id] = future
         session.queue.append(entry)
@@ -118,6 +131,7 @@ class AsyncProduceStream:
             result = await asyncio.wait_for(future, timeout)
         except TimeoutError:
             session.pending.pop(request_id, None)
+            session.hints.discard(request_id)
             if session.last_response < sent_at and not session.dead:
                 log.warning("produce stream to %s answered nothing for %.1fs: reconnecting", self.address, timeout)
                 self._fail(session, "no answer")
@@ -164,8 +178,10 @@ class AsyncProduceStream:
                     session.queued.clear()
                 if not batch:
                     continue
-                session.unanswered += len(batch)
-                session.answered.clear()
+                waited = sum(1 for e in batch if e.request_id not in session.hints)
+                if waited:
+                    session.unanswered += waited
+                    session.answered.clear()
                 self.messages_sent += 1
                 self.requests_sent += len(batch)
                 await session.call.write(broker_pb2.ProduceRequest(entries=batch))
@@ -185,7 +201,12 @@ class AsyncProduceStream:
                 if response is grpc.aio.EOF:
                     break
                 session.last_response = time.monotonic()
-                session.unanswered -= len(response.results)
+                hints = session.hints
+                for result in response.results:
+                    if result.request_id in hints:
+                        hints.discard(result.request_id)
+                    else:
+                        session.unanswered -= 1
                 if session.unanswered <= 0:
                     session.unanswered = 0
                     session.answered.set()
