@@ -15,7 +15,10 @@ second from Python); a stream carries tens of thousands. The design::
   request at once; a busy one sends fewer, larger messages, which is what both sides pay
   for (a gRPC message costs about as much as applying a request on the broker, and the
   broker syncs its WAL once per message). A message whose answer is late by more than
-  ``HOLD_SECONDS`` stops holding the next.
+  ``HOLD_SECONDS`` stops holding the next. A hint (``request(stream=True)``: an entry
+  nobody's critical path waits on, as an anchored transaction's end) holds nothing and is
+  lingered for by nobody; a caller alone while one is unanswered still takes the stream,
+  so that it shares the hint's message when the hint has not left yet.
 - Once a message of several requests is answered, the next one waits up to
   ``LINGER_SECONDS`` for the callers that answer woke and that will send here again: a
   commit follows its half message on the same broker, and on a client's only stream
@@ -117,14 +120,16 @@ class _Session:
     """One opened Produce call and the requests in flight on it."""
 
     __slots__ = ("queue", "pending", "call", "dead", "last_response", "unanswered", "answered",
-                 "returning", "lingering", "linger_seconds")
+                 "returning", "lingering", "linger_seconds", "hints")
 
     def __init__(self, linger_seconds: float | None = None) -> None:
         # None: the module's LINGER_SECONDS, read when lingering.
         self.linger_seconds = linger_seconds
         self.queue: queue.SimpleQueue[broker_pb2.ProduceEntry | None] = queue.SimpleQueue()
-        # Requests sent and not yet answered; ``answered`` is notified when it drops to 0.
+        # Requests sent and not yet answered, hints aside; ``answered`` is notified when it
+        # drops to 0. The request ids of the hints queued or in flight.
         self.unanswered = 0
+        self.hints: set[int] = set()
         self.answered = threading.Condition(threading.Lock())
         # Callers the last response answered that will send here again (``_returning``);
         # whether the sender lingers for that many requests.
@@ -189,8 +194,9 @@ def _requests(session: _Session) -> Iterator[broker_pb2.ProduceRequest]:
                 ended = True
                 break
             batch.append(item)
+        hints = session.hints
         with answered:
-            session.unanswered += len(batch)
+            session.unanswered += sum(1 for entry in batch if entry.request_id not in hints)
         yield broker_pb2.ProduceRequest(entries=batch)
         if ended:
             return
@@ -284,10 +290,11 @@ class ProduceStream:
         return self._submit(request, waited=False)[0]
 
     def _submit(self, request: broker_pb2.ProduceEntry, waited: bool,
-                now: float = 0.0) -> tuple[_Reply, _Session, int]:
+                now: float = 0.0, hint: bool = False) -> tuple[_Reply, _Session, int]:
         """Queues ``request`` (its request_id is assigned here); the reply gets the response
         whatever its status, or UnavailableError if the stream fails. A ``waited`` caller
-        counts as waiting (``_Lanes``) until it calls ``_Lanes.leave``."""
+        counts as waiting (``_Lanes``) until it calls ``_Lanes.leave``; a ``hint`` holds
+        no later message (see the module's docstring)."""
         reply = _Reply(waited)
         lane = 0
         if waited:
@@ -306,6 +313,8 @@ class ProduceStream:
             request_id = next(self._ids)
             request.request_id = request_id
             session.pending[request_id] = reply
+            if hint:
+                session.hints.add(request_id)
             session.put(request)
         return reply, session, request_id
 
@@ -313,9 +322,13 @@ class ProduceStream:
                 stream: bool = False) -> broker_pb2.ProduceResult:
         """Sends ``request`` and waits for its response; a non-OK status raises the TxmqError
         it stands for, no answer within ``timeout`` raises DeadlineExceededError. ``stream``:
-        on the stream even when alone (a request nobody waits on, as an anchored
-        transaction's end: a stream message costs the broker less than a unary call)."""
+        on the stream even when alone, as a hint (a request nobody's critical path waits
+        on, as an anchored transaction's end: a stream message costs the broker less than a
+        unary call)."""
         sent_at = time.monotonic()
+        if stream:
+            reply, session, request_id = self._submit(request, waited=False, hint=True)
+            return self._answer(reply, session, request_id, reply.wait(timeout), timeout, sent_at)
         if not stream and self._stub is not None and self._lanes.waiting == 0:
             with self._lock:
                 direct = self._lanes.waiting == 0 and not self._submitted_locked()
@@ -335,8 +348,14 @@ class ProduceStream:
         finally:
             with self._lock:
                 self._lanes.leave()
+        return self._answer(reply, session, request_id, answered, timeout, sent_at)
+
+    def _answer(self, reply: _Reply, session: _Session, request_id: int, answered: bool, timeout: float,
+                sent_at: float) -> broker_pb2.ProduceResult:
+        """The response ``reply`` got (``answered``: within ``timeout``), or what it raises."""
         if not answered:
             session.pending.pop(request_id, None)
+            session.hints.discard(request_id)
             if session.last_response < sent_at and not session.dead:
                 log.warning("produce stream to %s answered nothing for %.1fs: reconnecting",
                             self.address, timeout)
@@ -405,8 +424,15 @@ class ProduceStream:
                 results = response.results
                 replies = [pending.pop(result.request_id, None) for result in results]
                 returning = _returning(results, replies, self._sole())
+                hints = session.hints
+                answered_hints = 0
+                for result in results:
+                    if result.request_id in hints:
+                        hints.discard(result.request_id)
+                        answered_hints += 1
                 with answered:
-                    session.unanswered -= len(results)
+                    # (Floored at 0: a hint whose caller gave up waiting counts as a request.)
+                    session.unanswered = max(0, session.unanswered - (len(results) - answered_hints))
                     session.returning = returning
                     if session.unanswered <= 0:
                         answered.notify()
@@ -426,6 +452,7 @@ class ProduceStream:
             session.dead = True
             self._sessions = [None if s is session else s for s in self._sessions]
             failed, session.pending = session.pending, {}
+            session.hints.clear()
             closed = self._closed
         with session.answered:
             session.answered.notify()

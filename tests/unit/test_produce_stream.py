@@ -78,6 +78,19 @@ def test_requests_arriving_while_a_message_is_unanswered_leave_together_when_it_
     assert sender.session.unanswered == 4
 
 
+def test_a_hint_in_flight_holds_nothing(sender, monkeypatch) -> None:
+    # An anchored end (request(stream=True)) is a hint: nobody's critical path waits on it,
+    # so the half message after it leaves at once instead of behind its WAL sync.
+    monkeypatch.setattr(_pipeline, "HOLD_SECONDS", 60.0)
+    sender.session.hints.add(1)
+    sender.put(1)
+    assert sender.next_message() == [1]
+    assert sender.session.unanswered == 0
+    sender.put(2)
+    assert sender.next_message() == [2]
+    assert sender.session.unanswered == 1
+
+
 def _hold_one(sender: _Sender) -> None:
     """Leaves message [1] in flight and request 2 taken by the sender, held behind it."""
     sender.put(1)
