@@ -10,7 +10,11 @@ so the table alone says what must be delivered. The process answers its group's 
 from the decisions table and sweeps it, as every instance of an anchored group does.
 
     python -m tests.support.anchored_load --nameserver A --dsn D --topic T --group G
-           --prefix P --stop-file F [--seed S]
+           --prefix P --stop-file F [--seed S] [--asyncio]
+
+``--asyncio``: the same loop with ``txmq.aio`` and a psycopg ``AsyncConnection`` (the
+SDKs share the decision core, not their stream and end paths). :class:`AnchoredLoad`
+draws each generation's flavour from its seed.
 
 Events, one JSON line each on stdout: {"ready"}, {"begin": order, "kind": k},
 {"committed": order, "transaction_ids": [...]}, {"rolled_back": order} (the block raised
@@ -23,6 +27,7 @@ appeared: no more transactions; checks are still answered until SIGTERM), {"done
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import os
@@ -39,6 +44,8 @@ from tests.support.anchored_worker import emit
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("commit", "commit", "commit", "double", "raise")
+#: The SDK each producer process runs, drawn per generation.
+FLAVOURS = ("sync", "asyncio")
 #: The table the load writes (with the decisions table, ``txmq.anchored.schema_sql()``).
 ORDERS_SQL = "CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, messages int NOT NULL)"
 #: The producers' decision settings: repairs and IN_PROGRESS retries within about a second.
@@ -58,7 +65,11 @@ def main() -> None:
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--stop-file", required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--asyncio", action="store_true")
     args = parser.parse_args()
+    if args.asyncio:
+        asyncio.run(main_async(args))
+        return
 
     import psycopg
 
@@ -103,14 +114,62 @@ def main() -> None:
     emit(done=n)
 
 
+async def main_async(args: argparse.Namespace) -> None:
+    """:func:`main`'s loop with the asyncio SDK."""
+    import psycopg
+
+    import txmq
+    from txmq.aio import AsyncTransactionProducer
+    from txmq.anchored import Decisions
+
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    rnd = random.Random(args.seed)
+    producer = AsyncTransactionProducer(args.nameserver, producer_group=args.group, checker_refresh_seconds=0.5,
+                                        send_timeout_seconds=2.0, request_timeout_seconds=3.0,
+                                        decisions=Decisions(args.dsn, **DECISION_SETTINGS))
+    await producer.start()
+    conn = await psycopg.AsyncConnection.connect(args.dsn)
+    emit(ready=True)
+    n = 0
+    while not stop.is_set() and not os.path.exists(args.stop_file):
+        kind = rnd.choice(KINDS)
+        order = f"{args.prefix}-{n}"
+        n += 1
+        messages = 2 if kind == "double" else 1
+        emit(begin=order, kind=kind)
+        try:
+            if conn.closed or conn.broken:
+                conn = await psycopg.AsyncConnection.connect(args.dsn)
+            async with producer.transaction(conn) as tx:
+                for i in range(messages):
+                    tx.send(txmq.Message(args.topic, f"{order}#{i}".encode(), keys=[order]))
+                await conn.execute("INSERT INTO orders (id, messages) VALUES (%s, %s)", (order, messages))
+                if kind == "raise":
+                    raise Deliberate(order)
+            assert tx.result is not None
+            emit(committed=order, transaction_ids=[m.transaction_id for m in tx.result.messages])
+        except Deliberate:
+            emit(rolled_back=order)
+        except Exception as exc:  # noqa: BLE001 - reported; the loop goes on (a fault is under test)
+            emit(error=order, type=type(exc).__name__, message=str(exc)[:300],
+                 retryable=getattr(exc, "retryable", None))
+            await asyncio.sleep(0.05)
+    emit(idle=n)
+    await stop.wait()
+    await producer.close()
+    emit(done=n)
+
+
 class LoadProcess:
     """One producer process (one generation of producer ``index``); its events collected
     as they come, its stderr in ``<workdir>/<prefix>.log``."""
 
     def __init__(self, prefix: str, *, nameserver: str, dsn: str, topic: str, group: str, stop_file: Path,
-                 workdir: Path, seed: int, failpoint: str = "") -> None:
+                 workdir: Path, seed: int, failpoint: str = "", flavour: str = "sync") -> None:
         self.prefix = prefix
         self.failpoint = failpoint
+        self.flavour = flavour
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         env.pop("TXMQ_SDK_FAILPOINT", None)
         if failpoint:
@@ -120,7 +179,7 @@ class LoadProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.support.anchored_load", "--nameserver", nameserver, "--dsn", dsn,
                  "--topic", topic, "--group", group, "--prefix", prefix, "--stop-file", str(stop_file),
-                 "--seed", str(seed)],
+                 "--seed", str(seed), *(["--asyncio"] if flavour == "asyncio" else [])],
                 stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT, text=True)
         self.events: list[dict[str, Any]] = []
         self._reader = threading.Thread(target=self._read, daemon=True, name=f"events-{prefix}")
@@ -191,8 +250,10 @@ class AnchoredLoad:
 
     def start(self, slot: int, failpoint: str = "") -> LoadProcess:
         generation = next(self._generations)
-        proc = LoadProcess(f"p{slot}g{generation}", stop_file=self.stop_file, workdir=self.workdir,
-                           seed=self.seed * 1000 + generation, failpoint=failpoint, **self.settings)
+        seed = self.seed * 1000 + generation
+        flavour = random.Random(seed).choice(FLAVOURS)
+        proc = LoadProcess(f"p{slot}g{generation}{flavour[0]}", stop_file=self.stop_file, workdir=self.workdir,
+                           seed=seed, failpoint=failpoint, flavour=flavour, **self.settings)
         with self.lock:
             self.slots[slot] = proc
             self.history.append(proc)
@@ -245,7 +306,9 @@ class AnchoredLoad:
     def summary(self) -> dict[str, int]:
         return {"transactions": len(self.events("begin")), "committed_acked": len(self.events("committed")),
                 "rolled_back": len(self.events("rolled_back")), "errors": len(self.events("error")),
-                "producer_kills": self.kills, "failpoint_deaths": sum(self.failpoints_reached.values())}
+                "producer_kills": self.kills, "failpoint_deaths": sum(self.failpoints_reached.values()),
+                **{f"committed_{flavour}": sum(len(p.of("committed")) for p in list(self.history)
+                                               if p.flavour == flavour) for flavour in FLAVOURS}}
 
 
 if __name__ == "__main__":
