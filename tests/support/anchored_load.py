@@ -37,13 +37,18 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from tests.support.anchored_worker import emit
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("commit", "commit", "commit", "double", "raise")
+INSERT_ORDER = "INSERT INTO orders (id, messages) VALUES (%s, %s)"
+#: Every producer process's options, sync or asyncio (its decisions: DECISION_SETTINGS).
+PRODUCER_OPTIONS: dict[str, Any] = {"checker_refresh_seconds": 0.5, "send_timeout_seconds": 2.0,
+                                    "request_timeout_seconds": 3.0}
 #: The SDK each producer process runs, drawn per generation.
 FLAVOURS = ("sync", "asyncio")
 #: The table the load writes (with the decisions table, ``txmq.anchored.schema_sql()``).
@@ -78,87 +83,114 @@ def main() -> None:
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    rnd = random.Random(args.seed)
-    producer = txmq.TransactionProducer(args.nameserver, producer_group=args.group, checker_refresh_seconds=0.5,
-                                        send_timeout_seconds=2.0, request_timeout_seconds=3.0,
-                                        decisions=Decisions(args.dsn, **DECISION_SETTINGS))
+    producer = txmq.TransactionProducer(args.nameserver, producer_group=args.group,
+                                        decisions=Decisions(args.dsn, **DECISION_SETTINGS), **PRODUCER_OPTIONS)
     conn = psycopg.connect(args.dsn)
     emit(ready=True)
-    n = 0
-    while not stop.is_set() and not os.path.exists(args.stop_file):
-        kind = rnd.choice(KINDS)
-        order = f"{args.prefix}-{n}"
-        n += 1
-        messages = 2 if kind == "double" else 1
-        emit(begin=order, kind=kind)
+    orders = Orders(args, stop.is_set)
+    for order in orders:
         try:
             if conn.closed or conn.broken:
                 conn = psycopg.connect(args.dsn)
             with producer.transaction(conn) as tx:
-                for i in range(messages):
-                    tx.send(txmq.Message(args.topic, f"{order}#{i}".encode(), keys=[order]))
-                conn.execute("INSERT INTO orders (id, messages) VALUES (%s, %s)", (order, messages))
-                if kind == "raise":
-                    raise Deliberate(order)
-            assert tx.result is not None
-            emit(committed=order, transaction_ids=[m.transaction_id for m in tx.result.messages])
+                for message in order.messages(args.topic):
+                    tx.send(message)
+                conn.execute(INSERT_ORDER, (order.id, order.count))
+                order.end_block()
+            order.committed(tx.result)
         except Deliberate:
-            emit(rolled_back=order)
+            emit(rolled_back=order.id)
         except Exception as exc:  # noqa: BLE001 - reported; the loop goes on (a fault is under test)
-            emit(error=order, type=type(exc).__name__, message=str(exc)[:300],
-                 retryable=getattr(exc, "retryable", None))
+            order.failed(exc)
             time.sleep(0.05)
-    emit(idle=n)
+    emit(idle=orders.started)
     stop.wait()
     producer.close()
-    emit(done=n)
+    emit(done=orders.started)
 
 
 async def main_async(args: argparse.Namespace) -> None:
     """:func:`main`'s loop with the asyncio SDK."""
     import psycopg
 
-    import txmq
     from txmq.aio import AsyncTransactionProducer
     from txmq.anchored import Decisions
 
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    rnd = random.Random(args.seed)
-    producer = AsyncTransactionProducer(args.nameserver, producer_group=args.group, checker_refresh_seconds=0.5,
-                                        send_timeout_seconds=2.0, request_timeout_seconds=3.0,
-                                        decisions=Decisions(args.dsn, **DECISION_SETTINGS))
+    producer = AsyncTransactionProducer(args.nameserver, producer_group=args.group,
+                                        decisions=Decisions(args.dsn, **DECISION_SETTINGS), **PRODUCER_OPTIONS)
     await producer.start()
     conn = await psycopg.AsyncConnection.connect(args.dsn)
     emit(ready=True)
-    n = 0
-    while not stop.is_set() and not os.path.exists(args.stop_file):
-        kind = rnd.choice(KINDS)
-        order = f"{args.prefix}-{n}"
-        n += 1
-        messages = 2 if kind == "double" else 1
-        emit(begin=order, kind=kind)
+    orders = Orders(args, stop.is_set)
+    for order in orders:
         try:
             if conn.closed or conn.broken:
                 conn = await psycopg.AsyncConnection.connect(args.dsn)
             async with producer.transaction(conn) as tx:
-                for i in range(messages):
-                    tx.send(txmq.Message(args.topic, f"{order}#{i}".encode(), keys=[order]))
-                await conn.execute("INSERT INTO orders (id, messages) VALUES (%s, %s)", (order, messages))
-                if kind == "raise":
-                    raise Deliberate(order)
-            assert tx.result is not None
-            emit(committed=order, transaction_ids=[m.transaction_id for m in tx.result.messages])
+                for message in order.messages(args.topic):
+                    tx.send(message)
+                await conn.execute(INSERT_ORDER, (order.id, order.count))
+                order.end_block()
+            order.committed(tx.result)
         except Deliberate:
-            emit(rolled_back=order)
+            emit(rolled_back=order.id)
         except Exception as exc:  # noqa: BLE001 - reported; the loop goes on (a fault is under test)
-            emit(error=order, type=type(exc).__name__, message=str(exc)[:300],
-                 retryable=getattr(exc, "retryable", None))
+            order.failed(exc)
             await asyncio.sleep(0.05)
-    emit(idle=n)
+    emit(idle=orders.started)
     await stop.wait()
     await producer.close()
-    emit(done=n)
+    emit(done=orders.started)
+
+
+@dataclass(frozen=True)
+class Order:
+    """One transaction of the loop: its order id, its kind (``KINDS``), its messages."""
+
+    id: str
+    kind: str
+
+    @property
+    def count(self) -> int:
+        return 2 if self.kind == "double" else 1
+
+    def messages(self, topic: str) -> list[Any]:
+        import txmq
+
+        return [txmq.Message(topic, f"{self.id}#{i}".encode(), keys=(self.id,)) for i in range(self.count)]
+
+    def end_block(self) -> None:
+        """The block's last step: a ``raise`` transaction raises (rolled back on purpose)."""
+        if self.kind == "raise":
+            raise Deliberate(self.id)
+
+    def committed(self, result: Any) -> None:
+        assert result is not None
+        emit(committed=self.id, transaction_ids=[m.transaction_id for m in result.messages])
+
+    def failed(self, exc: Exception) -> None:
+        emit(error=self.id, type=type(exc).__name__, message=str(exc)[:300],
+             retryable=getattr(exc, "retryable", None))
+
+
+class Orders:
+    """The loop's transactions, drawn from ``--seed``, each announced ({"begin"}) as it
+    starts, until ``stopped()`` or the stop file appears; ``started``: how many."""
+
+    def __init__(self, args: argparse.Namespace, stopped: Callable[[], bool]) -> None:
+        self.args = args
+        self.stopped = stopped
+        self.started = 0
+
+    def __iter__(self) -> Iterator[Order]:
+        rnd = random.Random(self.args.seed)
+        while not self.stopped() and not os.path.exists(self.args.stop_file):
+            order = Order(f"{self.args.prefix}-{self.started}", rnd.choice(KINDS))
+            self.started += 1
+            emit(begin=order.id, kind=order.kind)
+            yield order
 
 
 class LoadProcess:
