@@ -86,8 +86,9 @@ class AsyncProduceStream:
         """Sends ``entry`` and awaits its response; a non-OK status raises the TxmqError it
         stands for, no answer within ``timeout`` raises DeadlineExceededError. ``stream``: on
         the stream even when alone, as a hint: nobody's critical path waits on it, so it
-        neither holds the next message nor counts as a caller (as
-        ``txmq._produce_stream.ProduceStream.request``)."""
+        neither holds the next message nor counts as a caller. (The sync stream's hints
+        hold nothing either, but there a caller alone still joins them: measured, each
+        way, in docs/performance.md.)"""
         if self._closed:
             raise ClientClosedError("producer")
         if stream:
