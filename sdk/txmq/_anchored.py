@@ -26,7 +26,8 @@ from typing import Any, Callable, Generator, Protocol, TypeVar, cast
 from . import _decisions as core
 from . import _tracing as tracing
 from ._checking import InProgress
-from ._database import DELETE_LINGER_SECONDS, begin_query, commit_query, failpoint, failpoint_soon, module_of, named, pg_sqlstate
+from ._database import (DELETE_LINGER_SECONDS, begin_query, commit_query, execute_simple, failpoint, failpoint_soon, folds_begin,
+                        module_of, named, pg_sqlstate)
 from ._errors import InvalidFieldError, TransactionStateError, TxmqError
 from ._types import LocalTransactionState, Message, TransactionMessage, TransactionState
 
@@ -106,20 +107,23 @@ class PsycopgConnection:
         return bool(self.conn.info.transaction_status != TransactionStatus.IDLE)
 
     def execute(self, statement: core.Statement) -> None:
-        if self.conn.autocommit and not self.in_transaction():
-            self.conn.execute(begin_query(self.conn, statement))  # BEGIN with it: one round trip
+        if folds_begin(self.conn):  # the connection's BEGIN with it: one round trip
+            execute_simple(self.conn, begin_query(self.conn, statement))
         else:
             self.conn.execute(statement.sql, statement.params)
 
     def commit(self, statement: core.Statement | None) -> None:
         conn = self.conn
-        if statement is None:
-            conn.execute("COMMIT") if conn.autocommit else conn.commit()
-            return
         try:
-            conn.execute(commit_query(conn, statement))
+            if statement is not None and not conn.pgconn.pipeline_status:
+                execute_simple(conn, commit_query(conn, statement))  # one round trip (txmq._database.commit_query)
+                return
+            if statement is not None:  # a pipeline takes one statement per query
+                conn.execute(statement.sql, statement.params)
+            conn.execute("COMMIT") if conn.autocommit else conn.commit()
         except BaseException:
-            self._rollback_after_error()  # a failed statement left the transaction aborted
+            if statement is not None:
+                self._rollback_after_error()  # a failed statement left the transaction aborted
             raise
 
     def _rollback_after_error(self) -> None:

@@ -77,11 +77,60 @@ def _bound(conn: Any, statement: Statement) -> str:
     return str(cursor(conn).mogrify(statement.sql, statement.params))
 
 
+def begin_command(conn: Any) -> str:
+    """The BEGIN psycopg itself would send to start a transaction on ``conn``: with the
+    connection's isolation level, read-only and deferrable settings (its public attributes,
+    None where the server's default applies)."""
+    from psycopg import IsolationLevel
+
+    parts = ["BEGIN"]
+    if conn.isolation_level is not None:
+        parts += ["ISOLATION LEVEL", IsolationLevel(conn.isolation_level).name.replace("_", " ")]
+    if conn.read_only is not None:
+        parts.append("READ ONLY" if conn.read_only else "READ WRITE")
+    if conn.deferrable is not None:
+        parts.append("DEFERRABLE" if conn.deferrable else "NOT DEFERRABLE")
+    return " ".join(parts)
+
+
 def begin_query(conn: Any, statement: Statement) -> bytes:
-    """BEGIN and ``statement`` as one simple query, for one round trip, on an autocommit
-    connection (where the SDK itself begins; a connection that is not autocommit has
-    psycopg send its own BEGIN, with the connection's isolation level, first)."""
-    return ("BEGIN; " + _bound(conn, statement)).encode()
+    """The connection's BEGIN and ``statement`` as one simple query: one round trip where
+    psycopg, on a connection that is not autocommit, sends its BEGIN alone first."""
+    return (begin_command(conn) + "; " + _bound(conn, statement)).encode()
+
+
+def folds_begin(conn: Any) -> bool:
+    """Whether the SDK may begin the transaction itself, with its first statement: the
+    connection is idle (no transaction, which psycopg would otherwise begin) and not in
+    pipeline mode (where statements queue and their results come later)."""
+    from psycopg.pq import TransactionStatus
+
+    pgconn = conn.pgconn
+    return bool(pgconn.transaction_status == TransactionStatus.IDLE and not pgconn.pipeline_status)
+
+
+def raise_failed(conn: Any, results: list[Any]) -> None:
+    """A failed statement among a simple query's results, raised as psycopg raises it (the
+    SQLSTATE's own class, e.g. ``UniqueViolation``)."""
+    from psycopg import errors
+    from psycopg.pq import ExecStatus
+
+    for result in results:
+        if result.status == ExecStatus.FATAL_ERROR:
+            raise errors.error_from_result(result, encoding=conn.info.encoding)
+
+
+def execute_simple(conn: Any, query: bytes) -> None:
+    """``query`` sent as it is (the simple query protocol, one round trip) on a psycopg
+    ``Connection``, under its lock, past psycopg's cursor: psycopg would start a transaction
+    with its own BEGIN first. The connection tracks the transaction's state from the server
+    (libpq's status), so its later ``execute``/``commit``/``rollback`` see the transaction."""
+    from psycopg import generators
+
+    with conn.lock:
+        conn.pgconn.send_query(query)
+        results = conn.wait(generators.execute(conn.pgconn))
+    raise_failed(conn, results)
 
 
 def commit_query(conn: Any, statement: Statement) -> bytes:

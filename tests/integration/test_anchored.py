@@ -121,22 +121,18 @@ class WireTrace:
 
 
 #: What an anchored transaction with one statement of the caller's sends on the caller's
-#: connection (the first words of each): the bounds ride in the decision row's INSERT (no
-#: SET of their own), nothing is read back, and the UPDATE recording the halves travels
-#: with the COMMIT. A connection that is not autocommit has psycopg send its BEGIN alone
-#: first (with the connection's isolation level); on an autocommit one the SDK sends BEGIN
-#: with the INSERT.
-ANCHORED_STATEMENTS = {
-    False: ["BEGIN", "INSERT INTO txmq_decisions", "INSERT INTO orders", "UPDATE txmq_decisions SET"],
-    True: ["BEGIN; INSERT INTO", "INSERT INTO orders", "UPDATE txmq_decisions SET"],
-}
+#: connection (the first words of each), autocommit or not: the SDK begins the transaction
+#: itself with the decision row's INSERT (psycopg, on a connection that is not autocommit,
+#: would send its BEGIN alone first), the bounds ride in that INSERT (no SET of their own),
+#: nothing is read back, and the UPDATE recording the halves travels with the COMMIT.
+ANCHORED_STATEMENTS = ["BEGIN; INSERT INTO", "INSERT INTO orders", "UPDATE txmq_decisions SET"]
 #: One round trip each, the last one the UPDATE and the COMMIT together (a pipeline made it
-#: two: its second Sync waits for a second answer).
-ANCHORED_ROUND_TRIPS = {False: 4, True: 3}
+#: two: its second Sync waits for a second answer). The outbox's transaction makes three.
+ANCHORED_ROUND_TRIPS = 3
 
 
 @pytest.mark.parametrize("autocommit", [False, True], ids=["transactional", "autocommit"])
-def test_an_anchored_transaction_costs_the_callers_connection_three_or_four_round_trips(
+def test_an_anchored_transaction_costs_the_callers_connection_three_round_trips(
         checked, dsn, unique_name, tmp_path, autocommit):
     group, topic = unique_name("g"), unique_name("orders")
     checked.create_topic(topic, 1)
@@ -149,8 +145,53 @@ def test_an_anchored_transaction_costs_the_callers_connection_three_or_four_roun
         statements, round_trips = trace.stop()
         assert tx.result.wait_acknowledged(10), tx.result.end_error
     assert orders(dsn).count(f"c-{autocommit}") == 1  # it committed
-    assert statements == ANCHORED_STATEMENTS[autocommit]
-    assert round_trips == ANCHORED_ROUND_TRIPS[autocommit]
+    assert statements == ANCHORED_STATEMENTS
+    assert round_trips == ANCHORED_ROUND_TRIPS
+
+
+#: A connection's transaction settings, as psycopg's own BEGIN would apply them, and what
+#: the server then reports inside the transaction.
+TRANSACTION_SETTINGS = {"isolation_level": psycopg.IsolationLevel.SERIALIZABLE, "read_only": False,
+                        "deferrable": True}
+TRANSACTION_SHOWN = ("serializable", "off", "on")
+SHOW_TRANSACTION = ("SELECT current_setting('transaction_isolation'), current_setting('transaction_read_only'), "
+                    "current_setting('transaction_deferrable')")
+
+
+@pytest.mark.parametrize("autocommit", [False, True], ids=["transactional", "autocommit"])
+def test_an_anchored_transaction_begins_with_the_connections_isolation_level(checked, dsn, unique_name, autocommit):
+    """The SDK sends the BEGIN itself (with the decision row): it is the one psycopg would
+    send, with the connection's isolation level, read-only and deferrable settings."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, \
+            psycopg.connect(dsn, autocommit=autocommit) as conn:
+        for name, value in TRANSACTION_SETTINGS.items():
+            setattr(conn, name, value)
+        with producer.transaction(conn) as tx:
+            tx.send(txmq.Message(topic, b"isolated"))
+            shown = conn.execute(SHOW_TRANSACTION).fetchone()
+            conn.execute("INSERT INTO orders VALUES (%s, 'x')", (f"iso-{autocommit}",))
+        assert tx.result.wait_acknowledged(10), tx.result.end_error
+    assert shown == TRANSACTION_SHOWN
+    assert orders(dsn).count(f"iso-{autocommit}") == 1
+
+
+def test_an_anchored_transaction_on_a_connection_in_pipeline_mode_commits(checked, dsn, unique_name):
+    """In pipeline mode a query holds one statement: the UPDATE recording the halves and the
+    COMMIT go as two (one simple query with both is refused there), and the SDK does not
+    begin the transaction past psycopg's queue."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, psycopg.connect(dsn) as conn:
+        with conn.pipeline():
+            with producer.transaction(conn) as tx:
+                tx.send(txmq.Message(topic, b"piped"))
+                conn.execute("INSERT INTO orders VALUES ('piped', 'x')")
+        assert tx.result.wait_acknowledged(10), tx.result.end_error
+    assert orders(dsn).count("piped") == 1
+    assert [m.body for m in consume(checked, topic, unique_name("c"), 1)] == [b"piped"]
+    wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
 
 
 @pytest.mark.parametrize("ending", ["commit", "rollback"])

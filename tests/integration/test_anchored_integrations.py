@@ -18,8 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import txmq
-from tests.integration.test_anchored import (ANCHORED_ROUND_TRIPS, ANCHORED_STATEMENTS, end_calls,  # noqa: F401 - fixtures
-                                             WireTrace, checked, consume, dsn, orders, pg, rows)
+from tests.integration.test_anchored import (ANCHORED_ROUND_TRIPS, ANCHORED_STATEMENTS,  # noqa: F401 - fixtures
+                                             SHOW_TRANSACTION, TRANSACTION_SETTINGS, TRANSACTION_SHOWN, WireTrace,
+                                             checked, consume, dsn, end_calls, orders, pg, rows)
 from tests.integration.test_checks import COMMITTED, ROLLED_BACK, describe, wait_state
 from tests.support.metrics import metric_sum
 from tests.support.waiting import wait_until
@@ -91,7 +92,7 @@ def test_asyncio_psycopg_commit_rollback_and_a_check_while_open(checked, dsn, un
 
 
 @pytest.mark.parametrize("autocommit", [False, True], ids=["transactional", "autocommit"])
-def test_an_asyncio_anchored_transaction_costs_the_callers_connection_three_or_four_round_trips(
+def test_an_asyncio_anchored_transaction_costs_the_callers_connection_three_round_trips(
         checked, dsn, unique_name, tmp_path, autocommit):
     group, topic = unique_name("g"), unique_name("orders")
     checked.create_topic(topic, 1)
@@ -111,8 +112,53 @@ def test_an_asyncio_anchored_transaction_costs_the_callers_connection_three_or_f
             await producer.close()
 
     statements, round_trips = asyncio.run(main())
-    assert statements == ANCHORED_STATEMENTS[autocommit]
-    assert round_trips == ANCHORED_ROUND_TRIPS[autocommit]
+    assert statements == ANCHORED_STATEMENTS
+    assert round_trips == ANCHORED_ROUND_TRIPS
+
+
+@pytest.mark.parametrize("autocommit", [False, True], ids=["transactional", "autocommit"])
+def test_an_asyncio_anchored_transaction_begins_with_the_connections_isolation_level(checked, dsn, unique_name,
+                                                                                     autocommit):
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+
+    async def main() -> tuple[Any, ...]:
+        producer = await async_producer(checked, group, dsn, answer_checks=False)
+        try:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit) as conn:
+                for name, value in TRANSACTION_SETTINGS.items():
+                    await getattr(conn, f"set_{name}")(value)
+                async with producer.transaction(conn) as tx:
+                    tx.send(txmq.Message(topic, b"isolated"))
+                    shown = await (await conn.execute(SHOW_TRANSACTION)).fetchone()
+                    await conn.execute("INSERT INTO orders VALUES (%s, 'x')", (f"aiso-{autocommit}",))
+                assert await tx.result.wait_acknowledged(10), tx.result.end_error
+                return shown
+        finally:
+            await producer.close()
+
+    assert asyncio.run(main()) == TRANSACTION_SHOWN
+    assert orders(dsn).count(f"aiso-{autocommit}") == 1
+
+
+def test_an_asyncio_anchored_transaction_on_a_connection_in_pipeline_mode_commits(checked, dsn, unique_name):
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+
+    async def main() -> None:
+        producer = await async_producer(checked, group, dsn, answer_checks=False)
+        try:
+            async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.pipeline():
+                async with producer.transaction(conn) as tx:
+                    tx.send(txmq.Message(topic, b"apiped"))
+                    await conn.execute("INSERT INTO orders VALUES ('apiped', 'x')")
+            assert await tx.result.wait_acknowledged(10), tx.result.end_error
+        finally:
+            await producer.close()
+
+    asyncio.run(main())
+    assert orders(dsn).count("apiped") == 1
+    assert [m.body for m in consume(checked, topic, unique_name("c"), 1)] == [b"apiped"]
 
 
 def test_the_end_of_an_asyncio_anchored_transaction_rides_the_produce_stream(checked, dsn, unique_name):

@@ -20,8 +20,8 @@ from typing import Any, Awaitable, Callable, Generator, Protocol, TypeVar
 
 from .. import _decisions as core
 from .. import _tracing as tracing
-from .._database import (DELETE_LINGER_SECONDS, begin_query, commit_query, failpoint, failpoint_soon, module_of, named,
-                         pg_sqlstate)
+from .._database import (DELETE_LINGER_SECONDS, begin_query, commit_query, failpoint, failpoint_soon, folds_begin,
+                         module_of, named, pg_sqlstate, raise_failed)
 from .._checking import InProgress
 from .._errors import InvalidFieldError, TransactionStateError, TxmqError
 from .._types import LocalTransactionState, Message, TransactionMessage, TransactionState
@@ -71,6 +71,16 @@ class AsyncAnchoredResult:
 
 # --- the caller's connection --------------------------------------------------------------
 
+async def execute_simple(conn: Any, query: bytes) -> None:
+    """``txmq._database.execute_simple`` on a psycopg ``AsyncConnection``."""
+    from psycopg import generators
+
+    async with conn.lock:
+        conn.pgconn.send_query(query)
+        results = await conn.wait(generators.execute(conn.pgconn))
+    raise_failed(conn, results)
+
+
 class AsyncPsycopgConnection:
     """A psycopg 3 ``AsyncConnection``."""
 
@@ -83,20 +93,23 @@ class AsyncPsycopgConnection:
         return bool(self.conn.info.transaction_status != TransactionStatus.IDLE)
 
     async def execute(self, statement: core.Statement) -> None:
-        if self.conn.autocommit and not self.in_transaction():
-            await self.conn.execute(begin_query(self.conn, statement))  # BEGIN with it: one round trip
+        if folds_begin(self.conn):  # the connection's BEGIN with it: one round trip
+            await execute_simple(self.conn, begin_query(self.conn, statement))
         else:
             await self.conn.execute(statement.sql, statement.params)
 
     async def commit(self, statement: core.Statement | None) -> None:
         conn = self.conn
-        if statement is None:
-            await (conn.execute("COMMIT") if conn.autocommit else conn.commit())
-            return
         try:
-            await conn.execute(commit_query(conn, statement))  # one round trip (txmq._database.commit_query)
+            if statement is not None and not conn.pgconn.pipeline_status:
+                await execute_simple(conn, commit_query(conn, statement))  # one round trip (txmq._database.commit_query)
+                return
+            if statement is not None:  # a pipeline takes one statement per query
+                await conn.execute(statement.sql, statement.params)
+            await (conn.execute("COMMIT") if conn.autocommit else conn.commit())
         except BaseException:
-            await self._rollback_after_error()  # a failed statement left the transaction aborted
+            if statement is not None:
+                await self._rollback_after_error()  # a failed statement left the transaction aborted
             raise
 
     async def _rollback_after_error(self) -> None:
