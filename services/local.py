@@ -162,7 +162,7 @@ class LocalServices:
         return proc
 
     def start(self, with_checker: bool) -> None:
-        self.nameserver = self._start(NAMESERVER, self._env(NAMESERVER, TXMQ_AUTO_CREATE_TOPICS="true"))
+        self.nameserver = self._start(NAMESERVER, self._env(NAMESERVER, TXMQ_AUTO_CREATE_TOPICS="true", TXMQ_EXPECTED_BROKERS="1"))
         addresses = self.nameserver.address
         if self.replication_factor > 1:
             self._start_replicas(addresses)

@@ -304,13 +304,17 @@ class NotLeaderError(UnavailableError):
 
 class NoBrokerError(UnavailableError):
     """The name server has no live broker to route or create on: every broker is down, or
-    none has registered yet since the name server (re)started — they do within a heartbeat.
-    Retryable: a send asks the route again until its timeout."""
+    none has registered yet since the name server (re)started — they do within a heartbeat;
+    or a topic no live broker holds while shards of the cluster (the name server's
+    ``expected_brokers``) have not all registered since it started: it may be on one of
+    them. Retryable: a send asks the route again until its timeout."""
 
     reason = "NO_BROKER"
 
-    def __init__(self, what: str) -> None:
-        super().__init__(f"no live broker: {what}", what=what)
+    def __init__(self, what: str, *, waiting: str = "") -> None:
+        """``waiting``: why the brokers that are live do not settle it yet (shards of the
+        cluster not heard from since the name server started)."""
+        super().__init__(f"{what}: {waiting}" if waiting else f"no live broker: {what}", what=what)
 
 
 class NoLeaderError(UnavailableError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from txmq.ids import TransactionId
 from txmq.names import dlq_topic, validate_group, validate_namespace, validate_receive_topic, validate_send_topic
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, replication_pb2, replication_pb2_grpc
 
-from .registry import (BrokerRecord, QueueRoute, Registry, resolve_queue_count,
+from .registry import (BrokerRecord, QueueRoute, Registry, registering, resolve_queue_count,
                        should_auto_create)
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,12 @@ class TopicCreation:
 
 class Admin:
     def __init__(self, registry: Registry, clients: BrokerClients, *, default_queue_count: int,
-                 auto_create_topics: bool, broker_rpc_timeout_seconds: float) -> None:
+                 auto_create_topics: bool, broker_rpc_timeout_seconds: float, expected_brokers: int = 0,
+                 registration_grace_seconds: float = 0.0) -> None:
         self.registry = registry
+        self.expected_brokers = expected_brokers
+        self.registration_grace_seconds = registration_grace_seconds
+        self._started = time.monotonic()
         self.clients = clients
         self.default_queue_count = default_queue_count
         self.auto_create_topics = auto_create_topics
@@ -99,6 +104,7 @@ class Admin:
             # With no broker registered nobody can say the topic does not exist (a name
             # server just restarted hears from its brokers within a heartbeat): retryable.
             raise NoBrokerError(f"cannot route topic {topic!r}")
+        self._refuse_unheard(topic, "route")
         if not for_send or not should_auto_create(topic, enabled=self.auto_create_topics):
             raise TopicNotFoundError(topic)
         async with self._creating:
@@ -112,11 +118,26 @@ class Admin:
     async def create_topic(self, topic: str, queue_count: int, *, fifo: bool = False) -> TopicCreation:
         validate_send_topic(topic)
         total = resolve_queue_count(queue_count, self.default_queue_count)
+        self._refuse_unheard(topic, "create")
         async with self._creating:
             creation = await self._create(topic, total, fifo=fifo)
         log.info("created topic", extra={"fields": {"topic": topic, "brokers": dict(creation.brokers),
                                                     "fifo": fifo}})
         return creation
+
+    def _refuse_unheard(self, topic: str, what: str) -> None:
+        """NoBrokerError (retryable) while shards of the cluster may not have registered
+        since this name server started (``expected_brokers``): the topic may be on one of
+        them, and creating it on the others would fork it."""
+        uptime = time.monotonic() - self._started
+        heard = self.registry.shards_heard()
+        if registering(uptime, self.registration_grace_seconds, heard, self.expected_brokers):
+            raise NoBrokerError(
+                f"cannot {what} topic {topic!r}",
+                waiting=f"this name server started {uptime:.1f} s ago and has heard from {heard} of the "
+                        f"{self.expected_brokers} expected shards (expected_brokers); the others register "
+                        f"within a heartbeat, or are taken for gone {self.registration_grace_seconds:g} s "
+                        f"after the start (registration_grace_seconds)")
 
     def _refuse_leaderless(self, topic: str) -> None:
         """NoLeaderError when shards between leaders hold ``topic``: it exists, and its queues

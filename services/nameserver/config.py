@@ -23,5 +23,17 @@ class NameServerConfig(ServiceConfig):
     auto_create_topics: bool = False
     #: Queues of a topic created by auto-creation or by a CreateTopic asking for 0.
     default_queue_count: int = count(4, max=MAX_QUEUE_COUNT)
+    #: The shards (distinct broker names) of the cluster. Until that many have registered
+    #: since this name server started, and for at most ``registration_grace_seconds``, a
+    #: topic no registered broker holds is not known to be missing: it may be on a shard not
+    #: heard from yet (a name server remembers nothing across a restart). QueryRoute answers
+    #: it NoBrokerError (retryable) instead of auto-creating it or TopicNotFound, and
+    #: CreateTopic is refused the same way: creating it on the registered shards would fork
+    #: it. 0: unknown, no wait (a topic nobody holds is missing as soon as a broker is live).
+    expected_brokers: int = count(0, min=0, zero="unknown: no wait")
+    #: The longest that wait lasts after a start: past it, the shards still silent are taken
+    #: for gone. A live broker registers again within its heartbeat interval (plus a 3 s
+    #: beat timeout), so at least twice ``heartbeat_interval_seconds`` + 3 s.
+    registration_grace_seconds: float = seconds(30.0, max=HOUR)
     #: Deadline of each call the name server makes to a broker (Admin fan-out).
     broker_rpc_timeout_seconds: float = seconds(5.0, max=HOUR)

@@ -134,6 +134,13 @@ def should_auto_create(topic: str, *, enabled: bool) -> bool:
     return enabled and not is_system_topic(topic)
 
 
+def registering(uptime_seconds: float, grace_seconds: float, heard: int, expected: int) -> bool:
+    """Whether a name server ``uptime_seconds`` old, having heard from ``heard`` of the
+    ``expected`` shards (0: unknown), may still hear from one holding a topic it does not
+    know: until every expected shard registered, for at most ``grace_seconds``."""
+    return expected > 0 and heard < expected and uptime_seconds < grace_seconds
+
+
 # --- the registry -----------------------------------------------------------------------
 
 class Registry:
@@ -232,6 +239,13 @@ class Registry:
         out = {(b.name, b.replica_id): b for b in self._brokers.values()}
         out.update(self._replicas)
         return [out[k] for k in sorted(out)]
+
+    def shards_heard(self) -> int:
+        """The shards whose topics this name server knows now: a broker or a shard's leader
+        registered, or a replicated shard between leaders whose last leader's topics are
+        kept (a shard heard from only by its followers is not: its topics are unknown)."""
+        self._expire()
+        return len(set(self._brokers) | set(self._shard_topics))
 
     def live_brokers(self) -> list[BrokerRecord]:
         """Live brokers sorted by name."""

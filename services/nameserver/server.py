@@ -21,7 +21,9 @@ async def create_server(config: NameServerConfig) -> tuple[ServiceApp, int]:
     clients = BrokerClients(config.max_grpc_message_bytes)
     admin = Admin(registry, clients, default_queue_count=config.default_queue_count,
                   auto_create_topics=config.auto_create_topics,
-                  broker_rpc_timeout_seconds=config.broker_rpc_timeout_seconds)
+                  broker_rpc_timeout_seconds=config.broker_rpc_timeout_seconds,
+                  expected_brokers=config.expected_brokers,
+                  registration_grace_seconds=config.registration_grace_seconds)
     metrics = NameServerMetrics()
     metrics.observe_registry(registry.live_broker_count, registry.live_checker_count)
     app = ServiceApp(

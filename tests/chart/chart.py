@@ -28,7 +28,7 @@ CHART_OWNED = {"host", "port", "metrics_port", "nameserver_addresses", "broker_n
                "proxy_name", "advertise_address", "data_dir", "replication_factor", "min_insync_replicas",
                "replica_id", "etcd_endpoints", "replication_port", "health_port", "tls_cert_file", "tls_key_file", "tls_ca_file",
                "tls_client_auth", "tls_server_name", "auth_files", "auth_token_file", "auth_reload_seconds",
-               "resolver_groups"}
+               "resolver_groups", "expected_brokers"}
 #: TLS settings the chart sets only with tls.enabled (and tls_server_name never: pods dial
 #: DNS names their peers' certificates carry).
 TLS_ONLY = {"health_port", "tls_cert_file", "tls_key_file", "tls_ca_file", "tls_client_auth", "tls_server_name"}

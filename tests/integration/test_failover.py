@@ -349,6 +349,47 @@ def test_sends_and_receives_go_on_while_no_name_server_answers(fresh_cluster_fac
     assert rounds >= 5
 
 
+def test_a_name_server_restarted_before_a_shard_registers_again_never_creates_its_topic_elsewhere(
+        fresh_cluster_factory, unique_name):
+    """The name server restarts (remembering nothing) while the broker holding a topic is
+    down; the other broker registers at once. A send to the topic, with auto-creation on,
+    met a name server that knew no holder and created the topic on the other broker: the
+    topic forked (its queues on both once the first came back). With the cluster's shard
+    count given (``expected_brokers``), the topic is not known missing until every shard has
+    registered (or the grace ran out): the route is NoBrokerError (retryable), the send waits,
+    CreateTopic is refused alike, and once the holder is back the topic routes to it alone."""
+    cluster = fresh_cluster_factory(brokers=2, nameserver_env={"TXMQ_EXPECTED_BROKERS": "2",
+                                                               "TXMQ_REGISTRATION_GRACE_SECONDS": "120"})
+    topic = unique_name("orders")
+    cluster.create_topic(topic, 1)
+    (route,) = cluster.query_route(topic)
+    holder = next(i for i, b in enumerate(cluster.brokers) if b.name == route.broker_name)
+    other = cluster.brokers[1 - holder]
+    cluster.kill_broker(holder)
+    cluster.nameservers[0].restart()
+    cluster.wait_brokers_registered(brokers=[other])
+    for _ in range(3):  # several of the other broker's heartbeats (0.5 s): still not created there
+        with pytest.raises(grpc.RpcError) as raised:
+            cluster.query_route(topic)
+        refused = error_from_rpc(raised.value)
+        assert isinstance(refused, txmq.NoBrokerError) and refused.retryable, refused
+        assert "1 of the 2 expected shards" in refused.message, refused.message
+        time.sleep(0.5)
+    with pytest.raises(txmq.NoBrokerError):
+        with txmq.Producer(cluster.nameserver_address, send_timeout_seconds=1.0) as producer:
+            producer.send(txmq.Message(topic, b"while a shard is silent"))
+    with pytest.raises(grpc.RpcError) as raised:
+        cluster.admin_stub().CreateTopic(admin_pb2.CreateTopicRequest(topic=unique_name("new"), queue_count=2),
+                                         timeout=10)
+    assert isinstance(error_from_rpc(raised.value), txmq.NoBrokerError)
+    cluster.restart_broker(holder)
+    routes = cluster.query_route(topic)
+    assert [(r.broker_name, r.queue_id) for r in routes] == [(route.broker_name, route.queue_id)]
+    with txmq.Producer(cluster.nameserver_address, send_timeout_seconds=10) as producer:
+        assert producer.send(txmq.Message(topic, b"after")).broker_name == route.broker_name
+    assert topic not in {t.topic for b in cluster.list_brokers() if b.name == other.name for t in b.topics}
+
+
 async def _async_producer(nameservers: str, ttl: float) -> "txmq.aio.AsyncProducer":
     import txmq.aio
     return txmq.aio.AsyncProducer(nameservers, route_refresh_seconds=ttl)

@@ -7,7 +7,7 @@ import pytest
 
 from txmq.errors import (BrokerNotFoundError, InvalidFieldError, InvalidNameError, NoBrokerError,
                           TopicExistsError)
-from services.nameserver.registry import (QueueRoute, Registry, resolve_queue_count,
+from services.nameserver.registry import (QueueRoute, Registry, registering, resolve_queue_count,
                                           should_auto_create, spread_queues, validate_address)
 
 
@@ -313,3 +313,33 @@ def test_an_unreplicated_broker_that_expired_is_not_between_leaders(registry: Re
     registry.register_broker("a", "h:1", [("orders", 1)])
     clock.advance(31)
     assert registry.route("orders") == [] and registry.leaderless_shards("orders") == []
+
+
+# --- after a start: shards not heard from yet ----------------------------------------------
+
+@pytest.mark.parametrize(("uptime", "heard", "expected", "waits"), [
+    (1.0, 1, 2, True),     # one shard of two has registered: the other may hold the topic
+    (1.0, 2, 2, False),    # every shard heard from: a topic nobody holds is missing
+    (1.0, 3, 2, False),    # more than expected (scaled up): as good as all
+    (29.9, 1, 2, True),
+    (30.0, 1, 2, False),   # the grace is over: the silent shard is taken for gone
+    (1.0, 0, 0, False),    # expected unknown: no wait (the no-live-broker case is apart)
+    (1.0, 1, 0, False),
+])
+def test_a_name_server_waits_for_its_expected_shards_for_at_most_the_grace(uptime, heard, expected, waits) -> None:
+    assert registering(uptime, 30.0, heard, expected) is waits
+
+
+def test_the_shards_heard_are_those_whose_topics_are_known(registry: Registry, clock: FakeClock) -> None:
+    assert registry.shards_heard() == 0
+    registry.register_broker("a", "h:1", [("orders", 2)])
+    assert registry.shards_heard() == 1
+    # A replicated shard heard from only by a follower: its topics are unknown, not heard.
+    registry.register_broker("b", "h1:11", replica_id=1, role=FOLLOWER, epoch=1)
+    assert registry.shards_heard() == 1
+    registry.register_broker("b", "h0:10", [("orders", 2)], replica_id=0, role=LEADER, epoch=1)
+    assert registry.shards_heard() == 2
+    registry.unregister_broker("b", 0)  # between leaders: its last leader's topics are kept
+    assert registry.shards_heard() == 2
+    clock.advance(31)  # every broker silent
+    assert registry.shards_heard() == 0
