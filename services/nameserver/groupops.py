@@ -1,5 +1,5 @@
-"""The Admin API's operator work of issue 32, over :class:`~services.nameserver.admin.Admin`
-(its registry and broker calls): resetting a consumer group's offsets on every broker
+"""The Admin API's operator work of issue 32, over the registry and the broker calls
+(:class:`~services.nameserver.brokercalls.BrokerCalls`): resetting a consumer group's offsets on every broker
 holding the topic, finding messages (by id, key, queue and offset), and a group's clients.
 
 A reset is all or nothing across brokers as far as the name server can make it: it first
@@ -21,18 +21,20 @@ from txmq.ids import MessageId
 from txmq.names import validate_group, validate_receive_topic
 from txmq.v1 import admin_pb2, broker_pb2
 
-from .admin import Admin
+from .brokercalls import BrokerCalls
+from .registry import Registry
 
 log = logging.getLogger(__name__)
 
 
 class GroupOps:
-    def __init__(self, admin: Admin) -> None:
-        self.admin = admin
+    def __init__(self, registry: Registry, calls: BrokerCalls) -> None:
+        self.registry = registry
+        self.calls = calls
 
     def _holders(self, topic: str) -> set[str]:
         validate_receive_topic(topic)
-        holders = {b.name for b in self.admin.registry.live_brokers() if topic in b.topics}
+        holders = {b.name for b in self.registry.live_brokers() if topic in b.topics}
         if not holders:
             raise TopicNotFoundError(topic)
         return holders
@@ -41,7 +43,7 @@ class GroupOps:
 
     async def reset_offsets(self, request: admin_pb2.ResetOffsetsRequest, operator: str) -> admin_pb2.ResetOffsetsResponse:
         validate_group("consumer_group", request.consumer_group)
-        leaderless = self.admin.registry.leaderless_shards(request.topic) if request.topic else []
+        leaderless = self.registry.leaderless_shards(request.topic) if request.topic else []
         if leaderless and not request.dry_run:
             # Its queues would keep the old position: all or nothing, once it leads again.
             raise NoLeaderError(request.topic, leaderless)
@@ -113,10 +115,10 @@ class GroupOps:
         out: dict[str, Any] = {}
         for name in sorted(brokers):
             try:
-                broker = self.admin.registry.live_broker(name)
-                out[name] = await self.admin.call_broker(broker.address, "ResetGroupOffsets", request_of(name))
+                broker = self.registry.live_broker(name)
+                out[name] = await self.calls.call(broker.address, "ResetGroupOffsets", request_of(name))
             except TxmqError as exc:
-                if not self.admin.is_down(exc):
+                if not self.calls.is_down(exc):
                     raise
                 out[name] = exc
         return out
@@ -132,10 +134,10 @@ class GroupOps:
         except InvalidIdError:
             broker = ""  # a message id the client chose: any broker may hold it
         if broker:
-            record = self.admin.registry.live_broker(broker)
-            answer = await self.admin.call_broker(record.address, "LookupMessages", request)
+            record = self.registry.live_broker(broker)
+            answer = await self.calls.call(record.address, "LookupMessages", request)
             return answer.messages[0]
-        answers, unreachable = await self.admin.fan_out("LookupMessages", request, tolerate=(NotFoundError,))
+        answers, unreachable = await self.calls.fan_out("LookupMessages", request, tolerate=(NotFoundError,))
         for _b, answer in answers:
             if answer.messages:
                 return answer.messages[0]
@@ -146,7 +148,7 @@ class GroupOps:
         if not request.key:
             raise InvalidFieldError("key", "required")
         holders = self._holders(request.topic)
-        answers, unreachable = await self.admin.fan_out("LookupMessages", broker_pb2.LookupMessagesRequest(
+        answers, unreachable = await self.calls.fan_out("LookupMessages", broker_pb2.LookupMessagesRequest(
             topic=request.topic, key=request.key, limit=request.limit, begin_ms=request.begin_ms,
             end_ms=request.end_ms), only=holders)
         found = [m for _b, a in answers for m in a.messages]
@@ -165,11 +167,11 @@ class GroupOps:
             broker = next(iter(holders))
         if broker not in holders:
             raise InvalidFieldError("broker_name", f"{broker!r} holds no queue of {request.topic!r}")
-        address = self.admin.registry.live_broker(broker).address
-        answer = await self.admin.call_broker(address, "LookupMessages", broker_pb2.LookupMessagesRequest(
+        address = self.registry.live_broker(broker).address
+        answer = await self.calls.call(address, "LookupMessages", broker_pb2.LookupMessagesRequest(
             topic=request.topic, by_offset=True, queue_id=request.queue_id, offset=request.offset,
             limit=request.limit or 1))
-        offsets = await self.admin.call_broker(address, "GetQueueOffsets",
+        offsets = await self.calls.call(address, "GetQueueOffsets",
                                                broker_pb2.GetQueueOffsetsRequest(topic=request.topic))
         response = admin_pb2.ReadMessagesResponse(messages=answer.messages)
         for q in offsets.queues:
@@ -181,7 +183,7 @@ class GroupOps:
 
     async def group_clients(self, group: str) -> admin_pb2.ListGroupClientsResponse:
         validate_group("group", group)
-        answers, unreachable = await self.admin.fan_out("DescribeGroupClients",
+        answers, unreachable = await self.calls.fan_out("DescribeGroupClients",
                                                         broker_pb2.DescribeGroupClientsRequest(group=group))
         clients = sorted((c for _b, a in answers for c in a.clients),
                          key=lambda c: (c.kind, c.client_id, c.broker_name))

@@ -11,6 +11,7 @@ from txmq.v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, names
 from .admin import Admin
 from .groupops import GroupOps
 from .registry import BrokerRecord, CheckerRecord, Registry
+from .topics import Topics
 
 
 def _ms(seconds: float) -> int:
@@ -42,9 +43,9 @@ def broker_queues(brokers: list[tuple[str, int]]) -> list[admin_pb2.BrokerQueues
 
 
 class NameServerServicer(nameserver_pb2_grpc.NameServerServiceServicer):
-    def __init__(self, registry: Registry, admin: Admin, *, heartbeat_interval_seconds: float) -> None:
+    def __init__(self, registry: Registry, topics: Topics, *, heartbeat_interval_seconds: float) -> None:
         self.registry = registry
-        self.admin = admin
+        self.topics = topics
         self.heartbeat_interval_seconds = heartbeat_interval_seconds
 
     async def RegisterBroker(self, request: nameserver_pb2.RegisterBrokerRequest,
@@ -80,7 +81,7 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServiceServicer):
 
     async def QueryRoute(self, request: nameserver_pb2.QueryRouteRequest,
                          context: Any) -> nameserver_pb2.QueryRouteResponse:
-        queues = await self.admin.route(request.topic, for_send=request.for_send)
+        queues = await self.topics.route(request.topic, for_send=request.for_send)
         return nameserver_pb2.QueryRouteResponse(topic=request.topic, queues=[
             nameserver_pb2.QueueRoute(broker_name=q.broker_name, broker_address=q.broker_address,
                                       queue_id=q.queue_id, draining=q.draining) for q in queues],
@@ -99,9 +100,10 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServiceServicer):
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
-    def __init__(self, admin: Admin) -> None:
+    def __init__(self, admin: Admin, topics: Topics, groups: GroupOps) -> None:
         self.admin = admin
-        self.groups = GroupOps(admin)
+        self.topics = topics
+        self.groups = groups
 
     async def ResetOffsets(self, request: admin_pb2.ResetOffsetsRequest, context: Any) -> admin_pb2.ResetOffsetsResponse:
         # With auth on, the authenticated principal is the operator on record, not a free text.
@@ -126,21 +128,21 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     async def CreateTopic(self, request: admin_pb2.CreateTopicRequest,
                           context: Any) -> admin_pb2.CreateTopicResponse:
-        creation = await self.admin.create_topic(request.topic, request.queue_count,
+        creation = await self.topics.create_topic(request.topic, request.queue_count,
                                                  fifo=request.topic_type == common_pb2.TOPIC_TYPE_FIFO)
         return admin_pb2.CreateTopicResponse(topic=creation.topic, brokers=broker_queues(creation.brokers))
 
     async def ExpandTopic(self, request: admin_pb2.ExpandTopicRequest,
                           context: Any) -> admin_pb2.ExpandTopicResponse:
-        expansion = await self.admin.expand_topic(request.topic, request.broker_name, request.queue_count)
+        expansion = await self.topics.expand_topic(request.topic, request.broker_name, request.queue_count)
         return admin_pb2.ExpandTopicResponse(topic=expansion.topic, brokers=broker_queues(expansion.brokers))
 
     async def ListTopics(self, request: admin_pb2.ListTopicsRequest,
                          context: Any) -> admin_pb2.ListTopicsResponse:
         return admin_pb2.ListTopicsResponse(topics=[
             admin_pb2.TopicInfo(topic=topic, brokers=broker_queues(brokers),
-                                topic_type=topic_type(self.admin.registry.is_fifo(topic)))
-            for topic, brokers in self.admin.list_topics()])
+                                topic_type=topic_type(self.topics.registry.is_fifo(topic)))
+            for topic, brokers in self.topics.list_topics()])
 
     async def ListTransactions(self, request: admin_pb2.ListTransactionsRequest,
                                context: Any) -> admin_pb2.ListTransactionsResponse:
@@ -181,7 +183,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         queues, consumers, unreachable = await self.admin.describe_topic(request.topic)
         return admin_pb2.DescribeTopicResponse(
             topic=request.topic, consumers=consumers, unreachable_brokers=unreachable,
-            topic_type=topic_type(self.admin.registry.is_fifo(request.topic)),
+            topic_type=topic_type(self.topics.registry.is_fifo(request.topic)),
             queues=[admin_pb2.TopicQueue(broker_name=broker, queue_id=q.queue_id, min_offset=q.min_offset,
                                          max_offset=q.max_offset) for broker, q in queues])
 
@@ -204,6 +206,6 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                                                     unreachable_brokers=unreachable)
 
     async def DeleteTopic(self, request: admin_pb2.DeleteTopicRequest, context: Any) -> admin_pb2.DeleteTopicResponse:
-        brokers, entries, groups = await self.admin.delete_topic(request.topic, request.force)
+        brokers, entries, groups = await self.topics.delete_topic(request.topic, request.force)
         return admin_pb2.DeleteTopicResponse(topic=request.topic, brokers=brokers, entries_deleted=entries,
                                              consumer_groups=groups)

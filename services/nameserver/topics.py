@@ -1,0 +1,194 @@
+"""The Admin API's topics, and the route lookup that may create one: creating a topic's
+queues across brokers (one creation at a time), expanding it onto a shard, deleting it;
+never creating a topic that may be held by a shard not heard from (between leaders, or not
+registered again since this name server started).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from txmq.errors import (AlreadyExistsError, BrokerNotFoundError, FailedPreconditionError, InvalidFieldError,
+                          NoBrokerError, NoLeaderError, TopicNotFoundError, TxmqError, UnavailableError)
+from txmq.names import validate_receive_topic, validate_send_topic
+from txmq.v1 import broker_pb2, common_pb2
+
+from .brokercalls import BrokerCalls
+from .registry import QueueRoute, Registry, registering, resolve_queue_count, should_auto_create
+
+log = logging.getLogger(__name__)
+
+
+def _topic_type(fifo: bool) -> common_pb2.TopicType.ValueType:
+    return common_pb2.TOPIC_TYPE_FIFO if fifo else common_pb2.TOPIC_TYPE_NORMAL
+
+
+@dataclass(frozen=True, slots=True)
+class TopicCreation:
+    topic: str
+    #: (broker name, its queue count of the topic), by broker name.
+    brokers: list[tuple[str, int]]
+
+
+class Topics:
+    def __init__(self, registry: Registry, calls: BrokerCalls, *, default_queue_count: int,
+                 auto_create_topics: bool, expected_brokers: int = 0, registration_grace_seconds: float = 0.0) -> None:
+        self.registry = registry
+        self.calls = calls
+        self.default_queue_count = default_queue_count
+        self.auto_create_topics = auto_create_topics
+        self.expected_brokers = expected_brokers
+        self.registration_grace_seconds = registration_grace_seconds
+        self._started = time.monotonic()
+        # One creation at a time: a second CreateTopic of the same topic sees the first's
+        # queues and an auto-creating QueryRoute the route the first made.
+        self._creating = asyncio.Lock()
+
+    async def route(self, topic: str, *, for_send: bool = False) -> list[QueueRoute]:
+        """QueryRoute: the topic's queues, auto-creating a user topic when configured and
+        the caller is about to send (never for a subscription). A topic only shards between
+        leaders hold is NoLeaderError (retryable), never created elsewhere."""
+        validate_receive_topic(topic)
+        queues = self.registry.route(topic)
+        if queues:
+            return queues
+        self._refuse_leaderless(topic)
+        if not self.registry.live_brokers():
+            # With no broker registered nobody can say the topic does not exist (a name
+            # server just restarted hears from its brokers within a heartbeat): retryable.
+            raise NoBrokerError(f"cannot route topic {topic!r}")
+        self._refuse_unheard(topic, "route")
+        if not for_send or not should_auto_create(topic, enabled=self.auto_create_topics):
+            raise TopicNotFoundError(topic)
+        async with self._creating:
+            queues = self.registry.route(topic)
+            if not queues:
+                creation = await self._create(topic, self.default_queue_count)
+                log.info("auto-created topic", extra={"fields": {"topic": topic, "brokers": dict(creation.brokers)}})
+                queues = self.registry.route(topic)
+        return queues
+
+    async def create_topic(self, topic: str, queue_count: int, *, fifo: bool = False) -> TopicCreation:
+        validate_send_topic(topic)
+        total = resolve_queue_count(queue_count, self.default_queue_count)
+        self._refuse_unheard(topic, "create")
+        async with self._creating:
+            creation = await self._create(topic, total, fifo=fifo)
+        log.info("created topic", extra={"fields": {"topic": topic, "brokers": dict(creation.brokers),
+                                                    "fifo": fifo}})
+        return creation
+
+    def _refuse_unheard(self, topic: str, what: str) -> None:
+        """NoBrokerError (retryable) while shards of the cluster may not have registered
+        since this name server started (``expected_brokers``): the topic may be on one of
+        them, and creating it on the others would fork it."""
+        uptime = time.monotonic() - self._started
+        heard = self.registry.shards_heard()
+        if registering(uptime, self.registration_grace_seconds, heard, self.expected_brokers):
+            raise NoBrokerError(
+                f"cannot {what} topic {topic!r}",
+                waiting=f"this name server started {uptime:.1f} s ago and has heard from {heard} of the "
+                        f"{self.expected_brokers} expected shards (expected_brokers); the others register "
+                        f"within a heartbeat, or are taken for gone {self.registration_grace_seconds:g} s "
+                        f"after the start (registration_grace_seconds)")
+
+    def _refuse_leaderless(self, topic: str) -> None:
+        """NoLeaderError when shards between leaders hold ``topic``: it exists, and its queues
+        come back with their shard's next leader (creating them elsewhere would fork it)."""
+        leaderless = self.registry.leaderless_shards(topic)
+        if leaderless:
+            raise NoLeaderError(topic, leaderless)
+
+    async def _create(self, topic: str, total: int, *, fifo: bool = False) -> TopicCreation:
+        plan = self.registry.plan_topic(topic, total)
+        self._refuse_leaderless(topic)
+        await self.calls.retain_live()
+        todo = [share for share in plan if share.missing]
+        results = await asyncio.gather(
+            *(self.calls.call(share.broker_address, "CreateTopicQueues",
+                         broker_pb2.CreateTopicQueuesRequest(topic=topic, queue_count=share.queue_count,
+                                                             topic_type=_topic_type(fifo)))
+              for share in todo),
+            return_exceptions=True)
+        counts = {share.broker_name: share.present for share in plan}
+        failures: list[tuple[str, str, TxmqError]] = []
+        for share, result in zip(todo, results):
+            if isinstance(result, TxmqError):
+                failures.append((share.broker_name, share.broker_address, result))
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            created = result.topic.queue_count or share.queue_count
+            self.registry.record_topic_queues(share.broker_name, topic, created, fifo=fifo)
+            counts[share.broker_name] = created
+        if failures:
+            name, address, exc = failures[0]
+            if not self.calls.is_down(exc):
+                raise exc  # the broker refused the request itself: the same error to the caller
+            raise UnavailableError(
+                f"broker {name!r} at {address} did not create its queues of topic {topic!r}: {exc.message}; "
+                "retry CreateTopic to complete it",
+                broker=name, address=address, topic=topic,
+                failed_brokers=[n for n, _a, _e in failures])
+        return TopicCreation(topic, sorted(counts.items()))
+
+    async def delete_topic(self, topic: str, force: bool) -> tuple[list[str], int, list[str]]:
+        """Every live broker holding ``topic`` deletes its queues; (brokers, entries deleted,
+        consumer groups whose positions went). A broker refusing (TOPIC_IN_USE) refuses it all
+        only when it refuses first: the check runs on each before any deletes."""
+        validate_send_topic(topic)
+        holders = {b.name for b in self.registry.live_brokers() if topic in b.topics}
+        if not holders:
+            self._refuse_leaderless(topic)
+            raise TopicNotFoundError(topic)
+        async with self._creating:
+            answers, unreachable = await self.calls.fan_out(
+                "DeleteTopicQueues", broker_pb2.DeleteTopicQueuesRequest(topic=topic, force=force), only=holders)
+        for broker, _r in answers:
+            self.registry.forget_topic_queues(broker.name, topic)
+        if unreachable:
+            raise UnavailableError(f"brokers {', '.join(unreachable)} did not delete their queues of topic "
+                                   f"{topic!r}; retry DeleteTopic to complete it", topic=topic,
+                                   failed_brokers=unreachable)
+        groups = sorted({g for _b, r in answers for g in r.consumer_groups})
+        log.info("deleted topic", extra={"fields": {"topic": topic, "brokers": [b.name for b, _r in answers],
+                                                    "force": force, "consumer_groups": groups}})
+        return sorted(b.name for b, _r in answers), sum(r.entries_deleted for _b, r in answers), groups
+
+    async def expand_topic(self, topic: str, broker_name: str, queue_count: int) -> TopicCreation:
+        """Creates ``queue_count`` queues of the existing ``topic`` on ``broker_name``."""
+        validate_send_topic(topic)
+        if queue_count < 0:
+            raise InvalidFieldError("queue_count", f"{queue_count} is negative")
+        async with self._creating:
+            live = {b.name: b for b in self.registry.live_brokers()}
+            holding = {name: b.topics[topic] for name, b in live.items() if b.topics.get(topic, 0) > 0}
+            if not holding:
+                self._refuse_leaderless(topic)
+                raise TopicNotFoundError(topic)
+            broker = live.get(broker_name)
+            if broker is None:
+                raise BrokerNotFoundError(broker_name)
+            if broker.draining:
+                raise FailedPreconditionError(f"shard {broker_name!r} is draining: it takes no new queues",
+                                              broker=broker_name)
+            count = queue_count or max(holding.values())
+            if holding.get(broker_name, 0) >= count:
+                raise AlreadyExistsError(f"shard {broker_name!r} already holds {holding[broker_name]} queue(s) of "
+                                         f"topic {topic!r}", topic=topic, broker=broker_name)
+            await self.calls.retain_live()
+            fifo = self.registry.is_fifo(topic)
+            result = await self.calls.call(broker.address, "CreateTopicQueues",
+                                      broker_pb2.CreateTopicQueuesRequest(topic=topic, queue_count=count,
+                                                                          topic_type=_topic_type(fifo)))
+            self.registry.record_topic_queues(broker_name, topic, result.topic.queue_count or count, fifo=fifo)
+            counts = {name: n for name, n in holding.items()}
+            counts[broker_name] = result.topic.queue_count or count
+        log.info("expanded topic", extra={"fields": {"topic": topic, "broker": broker_name, "brokers": counts}})
+        return TopicCreation(topic, sorted(counts.items()))
+
+    def list_topics(self) -> list[tuple[str, list[tuple[str, int]]]]:
+        return self.registry.topics()
