@@ -43,6 +43,8 @@ class Topics:
         self.expected_brokers = expected_brokers
         self.registration_grace_seconds = registration_grace_seconds
         self._started = time.monotonic()
+        #: Until every expected shard has registered once, or the grace is over (then never again).
+        self._waiting = expected_brokers > 0
         # One creation at a time: a second CreateTopic of the same topic sees the first's
         # queues and an auto-creating QueryRoute the route the first made.
         self._creating = asyncio.Lock()
@@ -85,6 +87,8 @@ class Topics:
         """NoBrokerError (retryable) while shards of the cluster may not have registered
         since this name server started (``expected_brokers``): the topic may be on one of
         them, and creating it on the others would fork it."""
+        if not self._waiting:
+            return
         uptime = time.monotonic() - self._started
         heard = self.registry.shards_heard()
         if registering(uptime, self.registration_grace_seconds, heard, self.expected_brokers):
@@ -94,6 +98,13 @@ class Topics:
                         f"{self.expected_brokers} expected shards (expected_brokers); the others register "
                         f"within a heartbeat, or are taken for gone {self.registration_grace_seconds:g} s "
                         f"after the start (registration_grace_seconds)")
+        self._waiting = False
+        fields = {"shards_heard": heard, "expected_brokers": self.expected_brokers, "after_seconds": round(uptime, 1)}
+        if heard >= self.expected_brokers:
+            log.info("every expected shard has registered: topics nobody holds are missing now", extra={"fields": fields})
+        else:
+            log.warning("registration grace over with expected shards silent: they are taken for gone",
+                        extra={"fields": fields})
 
     def _refuse_leaderless(self, topic: str) -> None:
         """NoLeaderError when shards between leaders hold ``topic``: it exists, and its queues

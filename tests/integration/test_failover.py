@@ -385,6 +385,7 @@ def test_a_name_server_restarted_before_a_shard_registers_again_never_creates_it
     cluster.restart_broker(holder)
     routes = cluster.query_route(topic)
     assert [(r.broker_name, r.queue_id) for r in routes] == [(route.broker_name, route.queue_id)]
+    assert "every expected shard has registered" in cluster.nameservers[0].log_tail(200)
     with txmq.Producer(cluster.nameserver_address, send_timeout_seconds=10) as producer:
         assert producer.send(txmq.Message(topic, b"after")).broker_name == route.broker_name
     assert topic not in {t.topic for b in cluster.list_brokers() if b.name == other.name for t in b.topics}
