@@ -9,7 +9,8 @@ transaction is open elsewhere (IN_PROGRESS), then commits."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+from typing import Any, AsyncIterator
 
 import psycopg
 import pytest
@@ -33,6 +34,17 @@ pytestmark = pytest.mark.timeout(120)
 def url(dsn: str, driver: str = "psycopg") -> str:
     parts = dict(p.split("=", 1) for p in dsn.split())
     return f"postgresql+{driver}://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+
+
+@contextlib.asynccontextmanager
+async def async_producing(cluster, group: str, source, answer_checks: bool = True,
+                          **options) -> AsyncIterator[AsyncTransactionProducer]:
+    """:func:`async_producer`, closed when the block ends."""
+    producer = await async_producer(cluster, group, source, answer_checks, **options)
+    try:
+        yield producer
+    finally:
+        await producer.close()
 
 
 async def async_producer(cluster, group: str, source, answer_checks: bool = True, **options):
@@ -98,8 +110,7 @@ def test_an_asyncio_anchored_transaction_costs_the_callers_connection_three_roun
     checked.create_topic(topic, 1)
 
     async def main() -> tuple[list[str], int]:
-        producer = await async_producer(checked, group, dsn, answer_checks=False)
-        try:
+        async with async_producing(checked, group, dsn, answer_checks=False) as producer:
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit) as conn:
                 trace = WireTrace(conn, tmp_path / "wire.txt")
                 async with producer.transaction(conn) as tx:
@@ -108,8 +119,6 @@ def test_an_asyncio_anchored_transaction_costs_the_callers_connection_three_roun
                 counted = trace.stop()
                 assert await tx.result.wait_acknowledged(10), tx.result.end_error
                 return counted
-        finally:
-            await producer.close()
 
     statements, round_trips = asyncio.run(main())
     assert statements == ANCHORED_STATEMENTS
@@ -123,8 +132,7 @@ def test_an_asyncio_anchored_transaction_begins_with_the_connections_isolation_l
     checked.create_topic(topic, 1)
 
     async def main() -> tuple[Any, ...]:
-        producer = await async_producer(checked, group, dsn, answer_checks=False)
-        try:
+        async with async_producing(checked, group, dsn, answer_checks=False) as producer:
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit) as conn:
                 for name, value in TRANSACTION_SETTINGS.items():
                     await getattr(conn, f"set_{name}")(value)
@@ -134,8 +142,6 @@ def test_an_asyncio_anchored_transaction_begins_with_the_connections_isolation_l
                     await conn.execute("INSERT INTO orders VALUES (%s, 'x')", (f"aiso-{autocommit}",))
                 assert await tx.result.wait_acknowledged(10), tx.result.end_error
                 return shown
-        finally:
-            await producer.close()
 
     assert asyncio.run(main()) == TRANSACTION_SHOWN
     assert orders(dsn).count(f"aiso-{autocommit}") == 1
@@ -146,15 +152,12 @@ def test_an_asyncio_anchored_transaction_on_a_connection_in_pipeline_mode_commit
     checked.create_topic(topic, 1)
 
     async def main() -> None:
-        producer = await async_producer(checked, group, dsn, answer_checks=False)
-        try:
+        async with async_producing(checked, group, dsn, answer_checks=False) as producer:
             async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.pipeline():
                 async with producer.transaction(conn) as tx:
                     tx.send(txmq.Message(topic, b"apiped"))
                     await conn.execute("INSERT INTO orders VALUES ('apiped', 'x')")
             assert await tx.result.wait_acknowledged(10), tx.result.end_error
-        finally:
-            await producer.close()
 
     asyncio.run(main())
     assert orders(dsn).count("apiped") == 1
@@ -166,16 +169,13 @@ def test_the_end_of_an_asyncio_anchored_transaction_rides_the_produce_stream(che
     checked.create_topic(topic, 1)
 
     async def main() -> None:
-        producer = await async_producer(checked, group, dsn, answer_checks=False)
-        try:
+        async with async_producing(checked, group, dsn, answer_checks=False) as producer:
             async with await psycopg.AsyncConnection.connect(dsn) as conn:
                 for i in range(3):
                     async with producer.transaction(conn) as tx:
                         tx.send(txmq.Message(topic, b"streamed"))
                         await conn.execute("INSERT INTO orders VALUES (%s, 'x')", (f"s{i}",))
                     assert await tx.result.wait_acknowledged(10), tx.result.end_error
-        finally:
-            await producer.close()
 
     unary_before, entries_before = end_calls(checked)
     asyncio.run(main())
@@ -195,19 +195,16 @@ def test_an_asyncio_caller_alone_sends_its_half_direct_while_its_last_end_is_in_
     n = 6
 
     async def main() -> list[Any]:
-        producer = await async_producer(checked, group, dsn, answer_checks=False)
         results = []
-        try:
-            async with await psycopg.AsyncConnection.connect(dsn) as conn:
-                for i in range(n):
-                    async with producer.transaction(conn) as tx:
-                        tx.send(txmq.Message(topic, b"direct"))
-                        await conn.execute("INSERT INTO orders VALUES (%s, 'x')", (f"d{i}",))
-                    results.append(tx.result)
-                for result in results:
-                    assert await result.wait_acknowledged(10), result.end_error
-        finally:
-            await producer.close()
+        async with async_producing(checked, group, dsn, answer_checks=False) as producer, \
+                await psycopg.AsyncConnection.connect(dsn) as conn:
+            for i in range(n):
+                async with producer.transaction(conn) as tx:
+                    tx.send(txmq.Message(topic, b"direct"))
+                    await conn.execute("INSERT INTO orders VALUES (%s, 'x')", (f"d{i}",))
+                results.append(tx.result)
+            for result in results:
+                assert await result.wait_acknowledged(10), result.end_error
         return results
 
     port = checked.brokers[0].metrics_port
@@ -247,15 +244,12 @@ def test_sqlalchemy_async_session(checked, dsn, unique_name):
 
     async def main() -> None:
         engine = create_async_engine(url(dsn))
-        producer = await async_producer(checked, group, engine)
-        try:
+        async with async_producing(checked, group, engine) as producer:
             async with AsyncSession(engine) as session:
                 async with producer.transaction(session) as tx:
                     tx.send(txmq.Message(topic, b"asa-1"))
                     await session.execute(sqlalchemy.text("INSERT INTO orders VALUES ('x1', 'x')"))
                 assert await tx.result.wait_acknowledged(10), tx.result.end_error
-        finally:
-            await producer.close()
             await engine.dispose()
 
     asyncio.run(main())
