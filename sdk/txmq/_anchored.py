@@ -26,8 +26,9 @@ from typing import Any, Callable, Generator, Protocol, TypeVar, cast
 from . import _decisions as core
 from . import _tracing as tracing
 from ._checking import InProgress
-from ._database import (DELETE_LINGER_SECONDS, begin_query, commit_query, execute_simple, failpoint, failpoint_soon, folds_begin,
-                        module_of, named, pg_sqlstate)
+from ._database import (DELETE_LINGER_SECONDS, as_sqlalchemy_error, begin_query, commit_query, execute_simple, failpoint,
+                        failpoint_soon, folds_begin, lost, module_of, named, pg_sqlstate, psycopg_under, raise_after_commit,
+                        session_folds_commit)
 from ._errors import InvalidFieldError, TransactionStateError, TxmqError
 from ._types import LocalTransactionState, Message, TransactionMessage, TransactionState
 
@@ -140,28 +141,71 @@ class PsycopgConnection:
             self.conn.rollback()
 
     def sqlstate(self, error: BaseException) -> str | None:
-        return pg_sqlstate(error, self.conn.broken or self.conn.closed)
+        return pg_sqlstate(error, lost(self.conn))
 
 
 class SQLAlchemySession:
-    """A SQLAlchemy 2 ``Session`` (on a PostgreSQL engine)."""
+    """A SQLAlchemy 2 ``Session`` (on a PostgreSQL engine). On psycopg 3 the decision row's
+    statements travel as on a psycopg ``Connection``: the connection's BEGIN with the INSERT,
+    the UPDATE with the COMMIT (after the Session's flush; ``Session.commit()`` then finds
+    nothing left to send), three round trips where the Session's own statements make five
+    (see ``txmq._database.session_folds_commit`` for when the COMMIT stays the Session's).
+    Other drivers go through the Session's ``execute`` and ``commit``."""
 
     def __init__(self, session: Any) -> None:
         self.session = session
+        #: What ``Session.commit()`` raised after the COMMIT the SDK sent (txmq._database.raise_after_commit).
+        self.error_after_commit: BaseException | None = None
 
     def in_transaction(self) -> bool:
         return bool(self.session.in_transaction())
 
+    def _send(self, statement: core.Statement, query: Callable[[Any, core.Statement], bytes]) -> bool:
+        """``statement`` as ``query`` builds it, straight to the psycopg connection of the
+        Session's transaction (which this begins in the Session, sending nothing); False
+        when that is not psycopg, in pipeline mode, or (for the first statement) already
+        inside a transaction."""
+        sa_connection = self.session.connection()
+        driver = psycopg_under(sa_connection)
+        if driver is None or (query is begin_query and not folds_begin(driver)) or driver.pgconn.pipeline_status:
+            return False
+        sql = query(driver, statement)
+        try:
+            execute_simple(driver, sql)
+        except BaseException as exc:
+            raise as_sqlalchemy_error(sa_connection, driver, sql, exc) from exc
+        return True
+
     def execute(self, statement: core.Statement) -> None:
         from sqlalchemy import text
 
-        sql, params = named(statement)
-        self.session.execute(text(sql), params)
+        if not self._send(statement, begin_query):
+            sql, params = named(statement)
+            self.session.execute(text(sql), params)
 
     def commit(self, statement: core.Statement | None) -> None:
-        if statement is not None:
-            self.execute(statement)
-        self.session.commit()
+        session = self.session
+        try:
+            if statement is not None and session.in_transaction():
+                session.flush()  # the caller's pending objects, inside the transaction
+                if session_folds_commit(session) and self._send(statement, commit_query):
+                    try:
+                        session.commit()  # SQLAlchemy ends its transaction; psycopg has nothing left to send
+                    except Exception as exc:  # noqa: BLE001 - its after_commit listeners: the database committed
+                        self.error_after_commit = exc
+                    return
+            if statement is not None:
+                self.execute(statement)
+            session.commit()
+        except BaseException:
+            self._rollback_after_error()  # the Session is usable again (SQLAlchemy wants a rollback first)
+            raise
+
+    def _rollback_after_error(self) -> None:
+        try:
+            self.rollback()
+        except Exception:  # noqa: BLE001 - the statement's error is the one to report
+            pass
 
     def rollback(self) -> None:
         self.session.rollback()
@@ -263,7 +307,7 @@ def _psycopg_store(conn: Any) -> StoreConnection:
         cursor = conn.execute(statement.sql, statement.params)
         return cursor.fetchall() if statement.rows else []
 
-    return StoreConnection(run, conn.close, lambda e: pg_sqlstate(e, conn.broken or conn.closed))
+    return StoreConnection(run, conn.close, lambda e: pg_sqlstate(e, lost(conn)))
 
 
 def open_store_connection(source: Any) -> StoreConnection:
@@ -601,12 +645,13 @@ class AnchoredTransaction:
             raise error
         failpoint("commit.after")
         self.result = result = AnchoredResult(self.plan.key, TransactionState.COMMITTED, closed.halves)
-        if not closed.halves:
+        if closed.halves:
+            ending = self.store.ends.submit(self._end_committed, result)
+            if self.end == "await":
+                ending.result()
+        else:
             result._acked.set()
-            return
-        ending = self.store.ends.submit(self._end_committed, result)
-        if self.end == "await":
-            ending.result()
+        raise_after_commit(self.db)
 
     def _end_committed(self, result: AnchoredResult) -> None:
         acked, errors = drive(core.acknowledge(result.transaction_key,

@@ -133,6 +133,55 @@ def execute_simple(conn: Any, query: bytes) -> None:
     raise_failed(conn, results)
 
 
+def psycopg_under(sa_connection: Any) -> Any | None:
+    """The psycopg 3 connection (sync or asyncio) a SQLAlchemy ``Connection`` runs on, or
+    None for another driver (psycopg2, asyncpg, ...: their statements go through SQLAlchemy)."""
+    driver = sa_connection.connection.driver_connection
+    return driver if module_of(driver) == "psycopg" else None
+
+
+def as_sqlalchemy_error(sa_connection: Any, driver: Any, query: bytes, error: BaseException) -> BaseException:
+    """A psycopg error of a statement the SDK sent itself under a SQLAlchemy connection, as
+    SQLAlchemy would have raised it (``IntegrityError``, ``OperationalError``, ... with the
+    driver's error as ``orig``; ``connection_invalidated`` when the connection was lost), so
+    a Session's caller catches what it always catches. Anything else as it is."""
+    import psycopg
+    from sqlalchemy import exc
+
+    if not isinstance(error, psycopg.Error):
+        return error
+    return exc.DBAPIError.instance(query.decode(errors="replace"), None, error, psycopg.Error,
+                                   connection_invalidated=lost(driver), dialect=sa_connection.dialect)
+
+
+def session_folds_commit(session: Any) -> bool:
+    """Whether the SDK may send a SQLAlchemy ``Session``'s COMMIT itself, with the decision
+    row's UPDATE, after flushing it, so that ``Session.commit()`` then finds nothing to send
+    (psycopg sends no COMMIT outside a transaction). Not when anything would still reach the
+    database inside ``Session.commit()`` and so land after the real COMMIT: a
+    ``before_commit`` listener, objects still pending after the flush (a flush listener
+    changed them), an open SAVEPOINT (released there), or a two-phase session."""
+    return not (session.dispatch.before_commit or session.get_nested_transaction() is not None or session.twophase
+                or session.new or session.dirty or session.deleted)
+
+
+def raise_after_commit(db: Any) -> None:
+    """Raises what a caller's connection raised after its COMMIT succeeded (a SQLAlchemy
+    ``after_commit`` listener; the adapter keeps it as ``error_after_commit``). The caller
+    sees it as ``Session.commit()`` would raise it, once the decision is recorded
+    (``tx.result`` COMMITTED) and its end sent: never as a failed COMMIT, which would roll
+    back the messages of a transaction the database committed."""
+    error = getattr(db, "error_after_commit", None)
+    if error is not None:
+        db.error_after_commit = None
+        raise error
+
+
+def lost(conn: Any) -> bool:
+    """Whether a psycopg connection was lost (then a COMMIT's outcome is unknown)."""
+    return bool(conn.broken or conn.closed)
+
+
 def commit_query(conn: Any, statement: Statement) -> bytes:
     """``statement`` and COMMIT as one simple query, for one round trip: its parameters
     bound on the client by psycopg (``ClientCursor.mogrify``, psycopg's own quoting). A

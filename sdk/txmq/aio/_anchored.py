@@ -20,8 +20,9 @@ from typing import Any, Awaitable, Callable, Generator, Protocol, TypeVar
 
 from .. import _decisions as core
 from .. import _tracing as tracing
-from .._database import (DELETE_LINGER_SECONDS, begin_query, commit_query, failpoint, failpoint_soon, folds_begin,
-                         module_of, named, pg_sqlstate, raise_failed)
+from .._database import (DELETE_LINGER_SECONDS, as_sqlalchemy_error, begin_query, commit_query, failpoint, failpoint_soon,
+                         folds_begin, lost, module_of, named, pg_sqlstate, psycopg_under, raise_after_commit, raise_failed,
+                         session_folds_commit)
 from .._checking import InProgress
 from .._errors import InvalidFieldError, TransactionStateError, TxmqError
 from .._types import LocalTransactionState, Message, TransactionMessage, TransactionState
@@ -126,28 +127,65 @@ class AsyncPsycopgConnection:
             await self.conn.rollback()
 
     def sqlstate(self, error: BaseException) -> str | None:
-        return pg_sqlstate(error, self.conn.broken or self.conn.closed)
+        return pg_sqlstate(error, lost(self.conn))
 
 
 class AsyncSQLAlchemySession:
-    """A SQLAlchemy 2 ``AsyncSession`` (on a PostgreSQL async engine)."""
+    """A SQLAlchemy 2 ``AsyncSession`` (on a PostgreSQL async engine); on psycopg 3 its
+    decision row's statements travel as :class:`txmq.anchored.SQLAlchemySession` sends them
+    (three round trips)."""
 
     def __init__(self, session: Any) -> None:
         self.session = session
+        #: What ``Session.commit()`` raised after the COMMIT the SDK sent (txmq._database.raise_after_commit).
+        self.error_after_commit: BaseException | None = None
 
     def in_transaction(self) -> bool:
         return bool(self.session.in_transaction())
 
+    async def _send(self, statement: core.Statement, query: Callable[[Any, core.Statement], bytes]) -> bool:
+        """``txmq.anchored.SQLAlchemySession._send``, awaited."""
+        sa_connection = (await self.session.connection()).sync_connection
+        driver = psycopg_under(sa_connection)
+        if driver is None or (query is begin_query and not folds_begin(driver)) or driver.pgconn.pipeline_status:
+            return False
+        sql = query(driver, statement)
+        try:
+            await execute_simple(driver, sql)
+        except BaseException as exc:
+            raise as_sqlalchemy_error(sa_connection, driver, sql, exc) from exc
+        return True
+
     async def execute(self, statement: core.Statement) -> None:
         from sqlalchemy import text
 
-        sql, params = named(statement)
-        await self.session.execute(text(sql), params)
+        if not await self._send(statement, begin_query):
+            sql, params = named(statement)
+            await self.session.execute(text(sql), params)
 
     async def commit(self, statement: core.Statement | None) -> None:
-        if statement is not None:
-            await self.execute(statement)
-        await self.session.commit()
+        session = self.session
+        try:
+            if statement is not None and session.in_transaction():
+                await session.flush()  # the caller's pending objects, inside the transaction
+                if session_folds_commit(session.sync_session) and await self._send(statement, commit_query):
+                    try:
+                        await session.commit()  # SQLAlchemy ends its transaction; psycopg has nothing left to send
+                    except Exception as exc:  # noqa: BLE001 - its after_commit listeners: the database committed
+                        self.error_after_commit = exc
+                    return
+            if statement is not None:
+                await self.execute(statement)
+            await session.commit()
+        except BaseException:
+            await self._rollback_after_error()  # the Session is usable again (SQLAlchemy wants a rollback first)
+            raise
+
+    async def _rollback_after_error(self) -> None:
+        try:
+            await self.rollback()
+        except Exception:  # noqa: BLE001 - the statement's error is the one to report
+            pass
 
     async def rollback(self) -> None:
         await self.session.rollback()
@@ -185,7 +223,7 @@ def _psycopg_async_store(conn: Any) -> _AsyncStoreConnection:
         cursor = await conn.execute(statement.sql, statement.params)
         return await cursor.fetchall() if statement.rows else []
 
-    return _AsyncStoreConnection(run, conn.close, lambda e: pg_sqlstate(e, conn.broken or conn.closed))
+    return _AsyncStoreConnection(run, conn.close, lambda e: pg_sqlstate(e, lost(conn)))
 
 
 async def open_async_store_connection(source: Any) -> _AsyncStoreConnection:
@@ -509,12 +547,13 @@ class AsyncAnchoredTransaction:
             raise error
         failpoint("commit.after")
         self.result = result = AsyncAnchoredResult(self.plan.key, TransactionState.COMMITTED, closed.halves)
-        if not closed.halves:
+        if closed.halves:
+            ending = self.store.spawn(self._end_committed(result))
+            if self.end == "await":
+                await ending
+        else:
             result._acked.set()
-            return
-        ending = self.store.spawn(self._end_committed(result))
-        if self.end == "await":
-            await ending
+        raise_after_commit(self.db)
 
     async def _end_committed(self, result: AsyncAnchoredResult) -> None:
         acked, errors = await drive_async(core.acknowledge(result.transaction_key,
