@@ -26,9 +26,9 @@ from typing import Any, Callable, Generator, Protocol, TypeVar, cast
 from . import _decisions as core
 from . import _tracing as tracing
 from ._checking import InProgress
-from ._database import (DELETE_LINGER_SECONDS, as_sqlalchemy_error, begin_query, commit_query, execute_simple, failpoint,
-                        failpoint_soon, folds_begin, lost, module_of, named, pg_sqlstate, psycopg_under, raise_after_commit,
-                        session_folds_commit)
+from ._database import (DELETE_LINGER_SECONDS, as_sqlalchemy_error, begin_query, commit_query, committed_by,
+                        execute_simple, failpoint, failpoint_soon, folds_begin, lost, module_of, named, pg_sqlstate,
+                        psycopg_under, raise_after_commit, session_folds_commit)
 from ._errors import InvalidFieldError, TransactionStateError, TxmqError
 from ._types import LocalTransactionState, Message, TransactionMessage, TransactionState
 
@@ -196,7 +196,13 @@ class SQLAlchemySession:
                     return
             if statement is not None:
                 self.execute(statement)
-            session.commit()
+            with committed_by(session) as committed:
+                try:
+                    session.commit()
+                except Exception as exc:
+                    if not committed:
+                        raise
+                    self.error_after_commit = exc  # an after_commit listener's: the database committed
         except BaseException:
             self._rollback_after_error()  # the Session is usable again (SQLAlchemy wants a rollback first)
             raise

@@ -4,11 +4,12 @@ connection is of, SQLSTATEs, placeholders, and when an acknowledged key's row go
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 from ._decisions import Statement
 
@@ -163,6 +164,25 @@ def session_folds_commit(session: Any) -> bool:
     changed them), an open SAVEPOINT (released there), or a two-phase session."""
     return not (session.dispatch.before_commit or session.get_nested_transaction() is not None or session.twophase
                 or session.new or session.dirty or session.deleted)
+
+
+@contextlib.contextmanager
+def committed_by(session: Any) -> Iterator[list[bool]]:
+    """A list that holds True once ``Session.commit()`` inside the block has committed in
+    the database: a listener put first among the session's ``after_commit`` ones (which
+    run after the DBAPI commit), so an error of a later one is told from a failed COMMIT."""
+    from sqlalchemy import event
+
+    committed: list[bool] = []
+
+    def mark(_session: Any) -> None:
+        committed.append(True)
+
+    event.listen(session, "after_commit", mark, insert=True)
+    try:
+        yield committed
+    finally:
+        event.remove(session, "after_commit", mark)
 
 
 def raise_after_commit(db: Any) -> None:

@@ -140,28 +140,53 @@ def test_what_reaches_the_database_inside_session_commit_commits_with_the_transa
     assert [m.body for m in consume(checked, topic, unique_name("c"), 1)] == [b"late"]
 
 
-def test_an_after_commit_listener_that_raises_leaves_the_transaction_committed(checked, dsn, unique_name):
+@pytest.mark.parametrize("commit", ["sdk", "session", "asyncio-session"])
+def test_an_after_commit_listener_that_raises_leaves_the_transaction_committed(checked, dsn, unique_name, commit):
     """A Session's ``after_commit`` listener runs once the database has committed: its
     error reaches the caller as ``Session.commit()`` would raise it, but the messages
-    follow the database (COMMITTED, delivered), never rolled back by it."""
+    follow the database (COMMITTED, delivered), never rolled back by it — whether the SDK
+    sent the COMMIT or the Session did (a ``before_commit`` listener keeps it the
+    Session's)."""
     group, topic = unique_name("g"), unique_name("orders")
     checked.create_topic(topic, 1)
 
-    def listener(session: Session) -> None:
-        raise LookupError("the cache is down")
+    def listen(session: Session) -> None:
+        def after(_session: Session) -> None:
+            raise LookupError("the cache is down")
+        event.listen(session, "after_commit", after)
+        if commit != "sdk":
+            event.listen(session, "before_commit", lambda _session: None)
 
-    engine = sqlalchemy.create_engine(url(dsn))
-    try:
-        with anchored_producer(checked, group, dsn, answer_checks=False) as producer, Session(engine) as session:
-            event.listen(session, "after_commit", listener)
-            with pytest.raises(LookupError):
-                with producer.transaction(session) as tx:
-                    tx.send(txmq.Message(topic, b"kept"))
-                    session.execute(text("INSERT INTO orders VALUES ('o1', 'x')"))
-            assert tx.result.state == txmq.TransactionState.COMMITTED
-            assert tx.result.wait_acknowledged(10), tx.result.end_error
-    finally:
-        engine.dispose()
+    def sync() -> None:
+        engine = sqlalchemy.create_engine(url(dsn))
+        try:
+            with anchored_producer(checked, group, dsn, answer_checks=False) as producer, Session(engine) as session:
+                listen(session)
+                with pytest.raises(LookupError):
+                    with producer.transaction(session) as tx:
+                        tx.send(txmq.Message(topic, b"kept"))
+                        session.execute(text("INSERT INTO orders VALUES ('o1', 'x')"))
+                assert tx.result.state == txmq.TransactionState.COMMITTED
+                assert tx.result.wait_acknowledged(10), tx.result.end_error
+        finally:
+            engine.dispose()
+
+    async def asyncio_() -> None:
+        engine = create_async_engine(url(dsn))
+        try:
+            async with async_producing(checked, group, dsn, answer_checks=False) as producer, \
+                    AsyncSession(engine) as session:
+                listen(session.sync_session)
+                with pytest.raises(LookupError):
+                    async with producer.transaction(session) as tx:
+                        tx.send(txmq.Message(topic, b"kept"))
+                        await session.execute(text("INSERT INTO orders VALUES ('o1', 'x')"))
+                assert tx.result.state == txmq.TransactionState.COMMITTED
+                assert await tx.result.wait_acknowledged(10), tx.result.end_error
+        finally:
+            await engine.dispose()
+
+    sync() if commit != "asyncio-session" else asyncio.run(asyncio_())
     assert orders(dsn) == ["o1"]
     assert [m.body for m in consume(checked, topic, unique_name("c"), 1)] == [b"kept"]
 

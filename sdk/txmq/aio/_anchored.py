@@ -20,9 +20,9 @@ from typing import Any, Awaitable, Callable, Generator, Protocol, TypeVar
 
 from .. import _decisions as core
 from .. import _tracing as tracing
-from .._database import (DELETE_LINGER_SECONDS, as_sqlalchemy_error, begin_query, commit_query, failpoint, failpoint_soon,
-                         folds_begin, lost, module_of, named, pg_sqlstate, psycopg_under, raise_after_commit, raise_failed,
-                         session_folds_commit)
+from .._database import (DELETE_LINGER_SECONDS, as_sqlalchemy_error, begin_query, commit_query, committed_by,
+                         failpoint, failpoint_soon, folds_begin, lost, module_of, named, pg_sqlstate, psycopg_under,
+                         raise_after_commit, raise_failed, session_folds_commit)
 from .._checking import InProgress
 from .._errors import InvalidFieldError, TransactionStateError, TxmqError
 from .._types import LocalTransactionState, Message, TransactionMessage, TransactionState
@@ -176,7 +176,13 @@ class AsyncSQLAlchemySession:
                     return
             if statement is not None:
                 await self.execute(statement)
-            await session.commit()
+            with committed_by(session.sync_session) as committed:
+                try:
+                    await session.commit()
+                except Exception as exc:
+                    if not committed:
+                        raise
+                    self.error_after_commit = exc  # an after_commit listener's: the database committed
         except BaseException:
             await self._rollback_after_error()  # the Session is usable again (SQLAlchemy wants a rollback first)
             raise
