@@ -191,12 +191,16 @@ STEPS = {
 }
 
 
+@pytest.mark.parametrize("connection", ["psycopg", "sqlalchemy"])
 @pytest.mark.parametrize("step", list(STEPS))
-def test_producer_killed_at_each_step(checked, dsn, unique_name, workers, step):
+def test_producer_killed_at_each_step(checked, dsn, unique_name, workers, step, connection):
+    """The caller's connection a psycopg ``Connection`` or a SQLAlchemy ``Session`` on
+    psycopg (whose BEGIN and COMMIT the SDK sends itself, after flushing the order row)."""
     group, topic = unique_name("g"), unique_name("orders")
     checked.create_topic(topic, 2)
     commits, fenced = STEPS[step]
-    worker = Worker(checked, dsn, topic, group, "--orders", "1", "--no-checks", failpoint=step)
+    flavour = ["--sqlalchemy"] if connection == "sqlalchemy" else []
+    worker = Worker(checked, dsn, topic, group, "--orders", "1", "--no-checks", *flavour, failpoint=step)
     workers.append(worker)
     code = worker.wait_exit(60)
     assert code == -9, f"the fail point {step} was not reached (exit {code}): {worker.events} {worker.stderr()}"
@@ -222,11 +226,13 @@ def test_an_attempt_given_up_on_shares_the_key_and_is_rolled_back(checked, dsn, 
 
 
 def test_producer_killed_at_random_points_under_load(checked, dsn, unique_name, workers):
-    """Two processes commit in a loop; each is SIGKILLed from outside (wherever it is)."""
+    """Two processes commit in a loop, the second on a SQLAlchemy ``Session``; each is
+    SIGKILLed from outside (wherever it is)."""
     group, topic = unique_name("g"), unique_name("orders")
     checked.create_topic(topic, 2)
     for i in range(2):
-        worker = Worker(checked, dsn, topic, group, "--forever", "--prefix", f"w{i}", "--no-checks")
+        flavour = ["--sqlalchemy"] if i == 1 else []
+        worker = Worker(checked, dsn, topic, group, "--forever", "--prefix", f"w{i}", "--no-checks", *flavour)
         workers.append(worker)
         wait_until(lambda: len(worker.of("committed")) >= 5 + 7 * i, 30,
                    message=lambda: f"worker events: {worker.events[-3:]} {worker.stderr()}")
@@ -301,13 +307,15 @@ def test_the_broker_killed_under_load(fresh_cluster_factory, dsn, unique_name, w
     assert counts["committed"] >= len(worker.of("committed"))
 
 
-def test_the_database_restarted_under_load(checked, unique_name, workers):
+@pytest.mark.parametrize("connection", ["psycopg", "sqlalchemy"])
+def test_the_database_restarted_under_load(checked, unique_name, workers, connection):
     instance = PostgresInstance(max_connections=50)
     try:
         dsn = prepare(instance)
         group, topic = unique_name("g"), unique_name("orders")
         checked.create_topic(topic, 2)
-        worker = Worker(checked, dsn, topic, group, "--forever", "--no-checks")
+        flavour = ["--sqlalchemy"] if connection == "sqlalchemy" else []
+        worker = Worker(checked, dsn, topic, group, "--forever", "--no-checks", *flavour)
         workers.append(worker)
         wait_until(lambda: len(worker.of("committed")) >= 10, 30, message=lambda: f"{worker.events[-3:]}")
         instance.restart(immediate=True)  # a crash-like stop: recovery from the WAL at start

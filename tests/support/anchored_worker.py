@@ -4,7 +4,11 @@ order id, and prints a JSON line per event. ``TXMQ_SDK_FAILPOINT`` (``txmq._anch
 makes it SIGKILL itself at a step; the test kills it from outside otherwise.
 
     python -m tests.support.anchored_worker --nameserver A --dsn D --topic T --group G
-           [--orders N | --forever] [--prefix P] [--hold FILE] [--no-checks]
+           [--orders N | --forever] [--prefix P] [--hold FILE] [--no-checks] [--sqlalchemy]
+
+``--sqlalchemy``: the caller's connection is a SQLAlchemy 2 ``Session`` on psycopg 3 (the
+order row an ORM object, flushed by the SDK before its COMMIT) instead of a psycopg
+``Connection``.
 
 ``--hold FILE``: each transaction waits inside its block (after its half is stored) until
 FILE exists. ``--stray``: each transaction also stores a second half message with the same
@@ -39,11 +43,10 @@ def main() -> None:
     parser.add_argument("--hold", default="")
     parser.add_argument("--no-checks", action="store_true")
     parser.add_argument("--stray", action="store_true")
+    parser.add_argument("--sqlalchemy", action="store_true")
     args = parser.parse_args()
 
     import dataclasses
-
-    import psycopg
 
     import txmq
     from txmq.anchored import Decisions
@@ -52,15 +55,14 @@ def main() -> None:
                                         answer_checks=not args.no_checks, send_timeout_seconds=2.0,
                                         decisions=Decisions(args.dsn, repair_after_seconds=1.0,
                                                             sweep_interval_seconds=0.5))
-    conn = psycopg.connect(args.dsn)
+    database = SessionDatabase(args.dsn) if args.sqlalchemy else PsycopgDatabase(args.dsn)
     emit(ready=True)
     n = 0
     while args.forever or n < args.orders:
         order = f"{args.prefix}-{os.getpid()}-{n}"
         n += 1
         try:
-            if conn.closed or conn.broken:
-                conn = psycopg.connect(args.dsn)
+            conn = database.connection()
             with producer.transaction(conn) as tx:
                 message = txmq.Message(args.topic, order.encode())
                 half = tx.send(message)
@@ -68,7 +70,7 @@ def main() -> None:
                     stray = dataclasses.replace(message, properties=tx.plan.properties(message.properties))
                     left, _route = producer._send_half(stray)  # the lost attempt, stored
                     emit(stray=order, transaction_id=left.transaction_id)
-                conn.execute("INSERT INTO orders (id, body) VALUES (%s, 'x')", (order,))
+                database.insert(order)
                 if args.hold:
                     stored = half.result()
                     emit(half=order, transaction_id=stored.transaction_id)
@@ -79,7 +81,63 @@ def main() -> None:
             emit(error=order, type=type(exc).__name__, message=str(exc)[:300])
             time.sleep(0.05)
     producer.close()
+    database.close()
     emit(done=n)
+
+
+class PsycopgDatabase:
+    """The caller's psycopg ``Connection`` (a new one once it broke)."""
+
+    def __init__(self, dsn: str) -> None:
+        import psycopg
+
+        self.dsn, self.conn = dsn, psycopg.connect(dsn)
+
+    def connection(self):
+        import psycopg
+
+        if self.conn.closed or self.conn.broken:
+            self.conn = psycopg.connect(self.dsn)
+        return self.conn
+
+    def insert(self, order: str) -> None:
+        self.conn.execute("INSERT INTO orders (id, body) VALUES (%s, 'x')", (order,))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class SessionDatabase:
+    """A SQLAlchemy ``Session`` on psycopg 3; the order row an ORM object."""
+
+    def __init__(self, dsn: str) -> None:
+        import sqlalchemy
+        from sqlalchemy.orm import DeclarativeBase, Session, mapped_column
+
+        class Base(DeclarativeBase):
+            pass
+
+        class Order(Base):
+            __tablename__ = "orders"
+            id = mapped_column(sqlalchemy.Text, primary_key=True)
+            body = mapped_column(sqlalchemy.LargeBinary, nullable=False)
+
+        parts = dict(p.split("=", 1) for p in dsn.split())
+        self.engine = sqlalchemy.create_engine(sqlalchemy.URL.create(
+            "postgresql+psycopg", username=parts.get("user"), host=parts.get("host"), port=int(parts["port"]),
+            database=parts.get("dbname")))
+        self.order = Order
+        self.session = Session(self.engine)
+
+    def connection(self):
+        return self.session
+
+    def insert(self, order: str) -> None:
+        self.session.add(self.order(id=order, body=b"x"))
+
+    def close(self) -> None:
+        self.session.close()
+        self.engine.dispose()
 
 
 if __name__ == "__main__":
