@@ -1,7 +1,7 @@
-"""Fault injection against a replicated shard, Jepsen-style (``make chaos``).
+"""Fault injection against replicated shards, Jepsen-style (``make chaos``).
 
     python -m tests.chaos [--runs 10] [--seed S] [--faults 6] [--partitions] [--classic]
-                          [--schedule f1,f2] [--storm N]
+                          [--schedule f1,f2] [--storm N] [--shards N]
 
 Each run starts a name server, etcd, a checker and one shard of three replicas
 (min_insync_replicas 2), puts a mixed transactional load on it (4 producers committing,
@@ -12,15 +12,29 @@ of :data:`MORE_FAULTS` (etcd, rebuilds, check storms, the name server), and — 
 ``--partitions`` (root, network namespaces; at least one per run) — cut the leader off with
 a real network partition (tests/support/netns.py): from everyone, or from etcd, the other
 replicas and the name server while its clients still reach it; the cut-off leader must step
-down by itself, and the partition heals after its successor serves. Every run prints its seed and schedule first; a failure is reproduced with
-``--seed``. After the schedule the load stops and the run checks:
+down by itself, and the partition heals after its successor serves.
+
+With ``--shards N`` (default 1) there are N such shards and the load's topic has queues on
+each (the name server spreads them; the run refuses to start otherwise), so producers,
+consumers and the checker work against all of them while one is between leaders. Each
+fault names the shard it hits, drawn from the seed (``kill-leader@broker-1``; etcd and
+name-server faults name none), and :data:`PAIR_FAULTS` hit two shards at once — both
+leaders killed together, one killed while the other is paused, and with ``--partitions``
+both cut off (:data:`PAIR_PARTITIONS`); every such run has at least one. A single-shard
+run's schedules name no shard and are what they always were.
+
+Every run prints its seed and schedule first; a failure is reproduced with ``--seed`` (and
+the same ``--shards``, ``--faults``, ``--partitions``, ``--classic``). After the schedule
+the load stops and the run checks, for every shard:
 
 - nothing acknowledged lost: every transaction acknowledged COMMITTED, and every UNKNOWN
   whose local transaction committed, is delivered;
 - nothing delivered that must not be: no rolled-back or never-run local transaction;
 - no committed message stored twice;
 - checks spent ≤ check_max for every transaction;
-- after quiescence every replica equal (a digest per column family) and clean under fsck.
+- after quiescence every replica equal (a digest per column family) and clean under fsck;
+- the load reached every shard (deliveries from each; printed per shard with
+  acknowledgements and checks answered).
 
 It prints the fail-over times (p50, max) over the leader kills and pauses.
 """
