@@ -223,14 +223,18 @@ registry-tools:
 
 # Fault injection against replicated shards: many runs of random kills, pauses and wipes
 # under mixed load, each printing its seed and schedule (reproduce: CHAOS_ARGS="--seed N");
+# the same against two shards at once, faults naming their shard and some hitting both
+# (reproduce: CHAOS_SHARDS_ARGS="--shards 2 --seed N");
 # FIFO groups under broker kills and CPU burners (CHAOS_FIFO_ARGS="--seed N"); anchored
 # transactions against a private PostgreSQL with the producers SIGKILLed too
 # (CHAOS_ANCHORED_ARGS="--seed N", "--schedule kill-leader,failpoint:commit.after").
 CHAOS_ARGS ?= --runs 10 --faults 6
+CHAOS_SHARDS_ARGS ?= --shards 2 --runs 5 --faults 6
 CHAOS_ANCHORED_ARGS ?= --runs 10 --faults 4
 .PHONY: chaos
 chaos: venv etcd netns-tools postgresql
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
+	$(PY) -m tests.chaos $(CHAOS_SHARDS_ARGS)
 	$(PY) -m tests.chaos_global $(CHAOS_GLOBAL_ARGS)
 	$(PY) -m tests.chaos_fifo $(CHAOS_FIFO_ARGS)
 	$(PY) -m tests.chaos_anchored $(CHAOS_ANCHORED_ARGS)

@@ -1,7 +1,7 @@
-"""Fault injection against a replicated shard, Jepsen-style (``make chaos``).
+"""Fault injection against replicated shards, Jepsen-style (``make chaos``).
 
     python -m tests.chaos [--runs 10] [--seed S] [--faults 6] [--partitions] [--classic]
-                          [--schedule f1,f2] [--storm N]
+                          [--schedule f1,f2] [--storm N] [--shards N]
 
 Each run starts a name server, etcd, a checker and one shard of three replicas
 (min_insync_replicas 2), puts a mixed transactional load on it (4 producers committing,
@@ -12,15 +12,29 @@ of :data:`MORE_FAULTS` (etcd, rebuilds, check storms, the name server), and — 
 ``--partitions`` (root, network namespaces; at least one per run) — cut the leader off with
 a real network partition (tests/support/netns.py): from everyone, or from etcd, the other
 replicas and the name server while its clients still reach it; the cut-off leader must step
-down by itself, and the partition heals after its successor serves. Every run prints its seed and schedule first; a failure is reproduced with
-``--seed``. After the schedule the load stops and the run checks:
+down by itself, and the partition heals after its successor serves.
+
+With ``--shards N`` (default 1) there are N such shards and the load's topic has queues on
+each (the name server spreads them; the run refuses to start otherwise), so producers,
+consumers and the checker work against all of them while one is between leaders. Each
+fault names the shard it hits, drawn from the seed (``kill-leader@broker-1``; etcd and
+name-server faults name none), and :data:`PAIR_FAULTS` hit two shards at once — both
+leaders killed together, one killed while the other is paused, and with ``--partitions``
+both cut off (:data:`PAIR_PARTITIONS`); every such run has at least one. A single-shard
+run's schedules name no shard and are what they always were.
+
+Every run prints its seed and schedule first; a failure is reproduced with ``--seed`` (and
+the same ``--shards``, ``--faults``, ``--partitions``, ``--classic``). After the schedule
+the load stops and the run checks, for every shard:
 
 - nothing acknowledged lost: every transaction acknowledged COMMITTED, and every UNKNOWN
   whose local transaction committed, is delivered;
 - nothing delivered that must not be: no rolled-back or never-run local transaction;
 - no committed message stored twice;
 - checks spent ≤ check_max for every transaction;
-- after quiescence every replica equal (a digest per column family) and clean under fsck.
+- after quiescence every replica equal (a digest per column family) and clean under fsck;
+- the load reached every shard (deliveries from each; printed per shard with
+  acknowledgements and checks answered).
 
 It prints the fail-over times (p50, max) over the leader kills and pauses.
 """
@@ -40,13 +54,14 @@ from typing import Any
 
 import grpc
 
-from tests.support import netns, presets, replicas
+from tests.support import netns, presets, replicas, shardset
 from tests.support.cluster import Cluster
 from tests.support.processes import ServiceProcess
+from tests.support.shardset import ShardSet
 from tests.support.waiting import WaitTimeout, wait_until
 from tests.support.workload import Workload
 
-SHARD = "broker-0"
+SHARD = shardset.FIRST
 CHECK_MAX = 15
 FAULTS = ("kill-leader", "kill-leader", "pause-leader", "kill-follower", "wipe-follower")
 #: Drawn too unless ``--classic`` (``more=False``): a leader elected by ``txmq broker elect``
@@ -78,36 +93,64 @@ class RunResult:
     failovers: list[float] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     summary: dict[str, int] = field(default_factory=dict)
+    #: Per shard: transactions acknowledged, messages delivered, checks answered.
+    by_shard: dict[str, dict[str, int]] = field(default_factory=dict)
     seconds: float = 0.0
 
 
 #: With ``--partitions``: the leader cut off from everyone, or from etcd, the other replicas
 #: and the name server while its clients (producers, consumers, the checker) still reach it.
 PARTITIONS = ("partition-leader", "partition-leader-from-cluster")
+#: With ``--shards`` 2 or more, faults that hit two shards at once (the first named shard's
+#: leader, then the second's): both leaders SIGKILLed together; the first killed while the
+#: second is paused (SIGSTOP past its lease).
+PAIR_FAULTS = ("kill-leaders", "kill-pause-leaders")
+#: With ``--shards`` 2 or more and ``--partitions``: both leaders cut off at once, the first
+#: from everyone, the second from the cluster while its clients still reach it.
+PAIR_PARTITIONS = ("partition-leaders",)
+#: Faults of the whole cluster, which name no shard.
+CLUSTER_FAULTS = ("pause-etcd", "restart-etcd", "kill-nameserver")
 
 
-def schedule_for(seed: int, faults: int, partitions: bool = False, more: bool = True) -> list[str]:
+def schedule_for(seed: int, faults: int, partitions: bool = False, more: bool = True, shards: int = 1) -> list[str]:
+    """The schedule of ``seed``. With ``shards`` > 1 every entry names the shards it hits
+    (:mod:`tests.support.shardset`), drawn from the seed too, and at least one fault hits
+    two shards at once; a single-shard schedule names none (and is what it always was)."""
     rnd = random.Random(seed)
-    kinds = FAULTS + (MORE_FAULTS if more else ()) + (PARTITIONS if partitions else ())
+    pairs = PAIR_FAULTS + (PAIR_PARTITIONS if partitions else ()) if shards > 1 else ()
+    kinds = FAULTS + (MORE_FAULTS if more else ()) + (PARTITIONS if partitions else ()) + pairs
     schedule = [rnd.choice(kinds) for _ in range(faults)]
-    if partitions and faults and not any(f in PARTITIONS for f in schedule):
+    cuts = PARTITIONS + PAIR_PARTITIONS
+    if partitions and faults and not any(f in cuts for f in schedule):
         schedule[rnd.randrange(faults)] = rnd.choice(PARTITIONS)  # every partition run partitions
-    return schedule
+    if shards == 1:
+        return schedule
+    if faults and not any(f in pairs for f in schedule):  # every multi-shard run hits two at once
+        free = [i for i, f in enumerate(schedule) if f not in cuts] or list(range(faults))
+        i = rnd.choice(free)
+        schedule[i] = rnd.choice(PAIR_PARTITIONS if schedule[i] in cuts else PAIR_FAULTS)
+    names = shardset.shard_names(shards)
+    return [shardset.label(f, () if f in CLUSTER_FAULTS else shardset.draw(rnd, names, 2 if f in pairs else 1))
+            for f in schedule]
 
 
 def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False, more: bool = True,
-             schedule: list[str] | None = None, storm: int = STORM, log=print) -> RunResult:
-    schedule = schedule if schedule is not None else schedule_for(seed, faults, partitions, more)
-    log(f"chaos run seed={seed} schedule={schedule}")
+             schedule: list[str] | None = None, storm: int = STORM, shards: int = 1, log=print) -> RunResult:
+    schedule = schedule if schedule is not None else schedule_for(seed, faults, partitions, more, shards)
+    log(f"chaos run seed={seed}{f' shards={shards}' if shards > 1 else ''} schedule={schedule}")
     rnd = random.Random(seed + 1)
     result = RunResult(seed, schedule)
     started = time.monotonic()
-    cluster = start_shard(workdir, partitions=partitions)
+    cluster = start_shard(workdir, partitions=partitions, shards=shards)
+    every = ShardSet(cluster)
     work: Workload | None = None
     try:
         topic, group = f"chaos-{seed}", f"chaos-{seed}"
-        cluster.create_topic(topic, 4)
-        cluster.create_topic(f"{topic}-probe", 1)  # what a probe sends (its outcome may stay unknown)
+        cluster.create_topic(topic, max(4, 2 * shards))  # the name server spreads the queues over the shards
+        cluster.create_topic(probe_topic(topic), shards)  # what a probe sends (its outcome may stay unknown)
+        for name, counts in ((topic, every.queues(topic)), (probe_topic(topic), every.queues(probe_topic(topic)))):
+            if not all(counts.values()):
+                raise AssertionError(f"topic {name} left shards without queues: {counts}")
         work = Workload(cluster.nameserver_address, topic, group, producers=4, consumers=2, seed=seed).start()
         wait_until(lambda: work.sent >= 20, 60, message=lambda: f"load did not start: {work.summary()}")
         for step, fault in enumerate(schedule, 1):
@@ -117,15 +160,18 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
         work.stop_producers()
         wait_until(lambda: not work.missing(), 90, interval=0.2,
                    message=lambda: f"never delivered: {describe_missing(cluster, work)} {work.summary()}")
-        replicas.wait_in_sync(cluster, SHARD, timeout=90)
+        every.wait_in_sync(timeout=90)
         time.sleep(1.0)  # late redeliveries would show a duplicate
         work.stop()
+        result.by_shard = work.by_shard()
         # No send fails for good: while the shard is between leaders the name servers answer
         # NoLeaderError (retryable), which a send waits out within its send timeout.
         result.violations = work.violations() + [
             f"{body}: a send failed with an error the SDK does not retry: {why}"
             for body, why in sorted(work.failed_for_good.items())]
         result.summary = work.summary()
+        result.violations += [f"the load never reached {name}: {result.by_shard}"
+                              for name in every.names if not result.by_shard.get(name, {}).get("delivered")]
         result.violations += compare_replicas(cluster)
     except BaseException as exc:  # noqa: BLE001 - whatever ended the run is reported as its violation
         result.violations.append(f"run failed: {type(exc).__name__}: {exc}"[:2000])
@@ -138,34 +184,44 @@ def run_once(seed: int, faults: int, workdir: Path, *, partitions: bool = False,
     result.seconds = time.monotonic() - started
     log(f"chaos run seed={seed}: {'OK' if not result.violations else 'VIOLATIONS'} in {result.seconds:.0f} s; "
         f"{result.summary}; fail-overs {[round(f, 2) for f in result.failovers]}")
+    if shards > 1:
+        log(f"  by shard: {result.by_shard}")
     for v in result.violations[:20]:
         log(f"  VIOLATION {v}")
     return result
 
 
-def start_shard(workdir: Path, *, partitions: bool = False, checker_env: dict[str, str] | None = None) -> Cluster:
-    """The cluster every chaos run starts: a name server, etcd, a checker and one shard of
-    three replicas (min_insync_replicas 2), with the chaos timings (:data:`BROKER_ENV`);
-    ``partitions``: each replica in a network namespace of its own; ``checker_env``: more
-    checker settings."""
-    return Cluster(workdir, brokers=1, replication_factor=3, checker=True, broker_env=BROKER_ENV,
+def start_shard(workdir: Path, *, partitions: bool = False, checker_env: dict[str, str] | None = None,
+                shards: int = 1) -> Cluster:
+    """The cluster every chaos run starts: a name server, etcd, a checker and ``shards``
+    shards of three replicas each (min_insync_replicas 2), with the chaos timings
+    (:data:`BROKER_ENV`); ``partitions``: each replica in a network namespace of its own;
+    ``checker_env``: more checker settings."""
+    return Cluster(workdir, brokers=shards, replication_factor=3, checker=True, broker_env=BROKER_ENV,
                    checker_env={**CHECKER_ENV, **(checker_env or {})}, netns=partitions)
 
 
-def apply_fault(fault: str, cluster: Cluster, rnd: random.Random, result: RunResult, log=print, *,
+def apply_fault(entry: str, cluster: Cluster, rnd: random.Random, result: RunResult, log=print, *,
                 work: Any = None, storm: int = STORM) -> None:
-    """One fault of the schedule against the shard (any of :data:`FAULTS`,
-    :data:`MORE_FAULTS`, :data:`PARTITIONS`), returning once it is over and the shard has a
-    leader again. ``work`` is the load (its ``topic``'s probe topic takes ``kill-two``'s
-    probes; ``check-storm`` calls its ``storm``); fail-over times go to ``result``."""
-    leader = cluster.wait_leaders(60)[SHARD]
-    followers = [p for p in cluster.shards[SHARD] if p is not leader]
+    """One entry of the schedule (any of :data:`FAULTS`, :data:`MORE_FAULTS`,
+    :data:`PARTITIONS`, :data:`PAIR_FAULTS`, :data:`PAIR_PARTITIONS`, against the shards it
+    names: see :mod:`tests.support.shardset`), returning once it is over and every shard
+    has a leader again. ``work`` is the load (its ``topic``'s probe topic takes
+    ``kill-two``'s probes; ``check-storm`` calls its ``storm``); fail-over times go to
+    ``result``."""
+    fault, shards = shardset.parse(entry)
+    if fault in PAIR_FAULTS + PAIR_PARTITIONS:
+        pair_fault(fault, cluster, shards, rnd, result, log)
+        return
+    shard = shards[0]
+    leader = cluster.wait_leaders(60)[shard]
+    followers = [p for p in cluster.shards[shard] if p is not leader]
     if fault == "kill-leader":
-        kill_leader(cluster, leader, result, rnd.uniform(0.0, 1.5), log)
+        kill_leader(cluster, leader, result, rnd.uniform(0.0, 1.5), log, shard=shard)
     elif fault == "pause-leader":
         leader.pause()
         try:
-            if wait_failover(cluster, leader, result, log):
+            if wait_failover(cluster, leader, result, log, shard=shard):
                 time.sleep(rnd.uniform(0.0, 1.0))
         finally:
             leader.resume()
@@ -185,122 +241,129 @@ def apply_fault(fault: str, cluster: Cluster, rnd: random.Random, result: RunRes
         since = leader.log_size()
         with netns.isolated(leader, clients=fault == "partition-leader-from-cluster"):
             t0 = time.monotonic()
-            cluster.wait_leaders(60, not_on=leader)
+            cluster.wait_leaders(60, shards=[shard], not_on=leader)
             result.failovers.append(time.monotonic() - t0)
             # Cut off, it must find out by itself that it leads no more.
-            wait_until(lambda: "stepped down" in leader.log_text(since), 30,
-                       message=lambda: f"the partitioned leader {leader.name} never stepped down")
+            wait_stepped_down(leader, since)
             time.sleep(rnd.uniform(0.0, 1.0))
     elif fault in MORE_FAULTS:
-        more_fault(fault, cluster, work, leader, followers, rnd, result, storm, log)
+        more_fault(fault, cluster, shard, work, leader, followers, rnd, result, storm, log)
+
+
+def pair_fault(fault: str, cluster: Cluster, shards: tuple[str, ...], rnd: random.Random, result: RunResult,
+               log=print) -> None:
+    """One of :data:`PAIR_FAULTS` or :data:`PAIR_PARTITIONS` against the leaders of two
+    shards at once (``shards``: the first, then the second); each shard's fail-over is timed
+    from the moment both were hit."""
+    first, second = shards
+    leaders = cluster.wait_leaders(60, shards=list(shards))
+    if fault == "partition-leaders":
+        since = {s: leaders[s].log_size() for s in shards}
+        with netns.isolated(leaders[first]), netns.isolated(leaders[second], clients=True):
+            t0 = time.monotonic()
+            for s in shards:
+                cluster.wait_leaders(60, shards=[s], not_on=leaders[s])
+                result.failovers.append(time.monotonic() - t0)
+            for s in shards:
+                wait_stepped_down(leaders[s], since[s])
+            time.sleep(rnd.uniform(0.0, 1.0))
+        cluster.wait_leaders(60)
+        return
+    killed, hit = leaders[first], leaders[second]
+    killed.kill()
+    if fault == "kill-leaders":
+        hit.kill()
+    else:
+        hit.pause()
+    t0 = time.monotonic()
+    try:
+        took_over = [wait_failover(cluster, leaders[s], result, log, shard=s, since=t0) for s in shards]
+        if all(took_over):
+            time.sleep(rnd.uniform(0.0, 1.5))
+    finally:
+        if fault == "kill-pause-leaders":
+            hit.resume()
+    for proc in (killed, hit) if fault == "kill-leaders" else (killed,):
+        proc.restart(60)
+    cluster.wait_leaders(60)
+
+
+def wait_stepped_down(leader: ServiceProcess, since: int) -> None:
+    """Until ``leader``, cut off, logs (after byte ``since``) that it stepped down by itself."""
+    wait_until(lambda: "stepped down" in leader.log_text(since), 30,
+               message=lambda: f"the partitioned leader {leader.name} never stepped down")
 
 
 def compare_replicas(cluster: Cluster) -> list[str]:
-    """Stops the shard's replicas and compares them (equal digests, fsck clean: raises
-    otherwise); returns the violation of a transaction sent more than ``check_max`` checks."""
-    replicas.stop_and_compare(cluster, SHARD)
-    spent = max(replicas.max_checks_spent(p) for p in cluster.shards[SHARD])
-    if spent > CHECK_MAX:
-        return [f"a transaction was sent {spent} checks, above check_max={CHECK_MAX}"]
-    return []
+    """Stops every shard's replicas and compares them (equal digests, fsck clean: raises
+    otherwise); returns the violations of transactions sent more than ``check_max`` checks."""
+    return ShardSet(cluster).stop_and_compare(CHECK_MAX)
 
 
 def kill_leader(cluster: Cluster, leader: ServiceProcess, result: RunResult, down_seconds: float,
-                log=print) -> None:
-    """SIGKILL of the leader; times the fail-over; restarts it ``down_seconds`` later (at
-    once when no other replica could take over: see :func:`wait_failover`)."""
+                log=print, *, shard: str = SHARD) -> None:
+    """SIGKILL of ``shard``'s leader; times the fail-over; restarts it ``down_seconds`` later
+    (at once when no other replica could take over: see :func:`wait_failover`)."""
     leader.kill()
-    if wait_failover(cluster, leader, result, log):
+    if wait_failover(cluster, leader, result, log, shard=shard):
         time.sleep(down_seconds)
     leader.restart(60)
     cluster.wait_leaders(60)
 
 
-def wait_failover(cluster: Cluster, leader: ServiceProcess, result: RunResult, log=print) -> bool:
-    """Waits for another replica to lead after ``leader`` was killed or paused, and times
-    it. If none does within :data:`FAILOVER_WAIT` seconds, that is right only when none
-    could: no other running replica is both in etcd's in-sync set and complete (two faults
-    in a row can leave the set as {the leader, a wiped replica still rebuilding} while the
-    third replica, back from a kill, is not yet re-admitted; electing it could lose what
-    only the leader and the wiped replica had acknowledged). Then it returns False and the
-    caller brings the leader back; a possible successor that never took over raises."""
-    t0 = time.monotonic()
+def wait_failover(cluster: Cluster, leader: ServiceProcess, result: RunResult, log=print, *,
+                  shard: str = SHARD, since: float | None = None) -> bool:
+    """Waits for another replica of ``shard`` to lead after ``leader`` was killed or paused,
+    and times it (from ``since``, a monotonic time, default now). If none does within
+    :data:`FAILOVER_WAIT` seconds, that is right only when none could: no other running
+    replica is both in etcd's in-sync set and complete (two faults in a row can leave the
+    set as {the leader, a wiped replica still rebuilding} while the third replica, back from
+    a kill, is not yet re-admitted; electing it could lose what only the leader and the
+    wiped replica had acknowledged). Then it returns False and the caller brings the leader
+    back; a possible successor that never took over raises."""
+    t0 = time.monotonic() if since is None else since
     try:
-        cluster.wait_leaders(FAILOVER_WAIT, not_on=leader)
+        cluster.wait_leaders(max(0.0, t0 + FAILOVER_WAIT - time.monotonic()), shards=[shard], not_on=leader)
     except WaitTimeout:
-        eligible, views = successors(cluster, leader)
+        eligible, views = ShardSet(cluster).successors(shard, leader)
         if eligible:
-            raise WaitTimeout(f"no fail-over within {FAILOVER_WAIT} s although replicas {eligible} could lead: "
-                              f"{views}") from None
+            raise WaitTimeout(f"no fail-over of {shard} within {FAILOVER_WAIT} s although replicas {eligible} "
+                              f"could lead: {views}") from None
         log(f"    no other replica could lead after {leader.name} stopped ({views}): bringing it back")
         return False
     result.failovers.append(time.monotonic() - t0)
     return True
 
 
-def successors(cluster: Cluster, leader: ServiceProcess) -> tuple[list[int], dict[int, str]]:
-    """The running replicas other than ``leader`` that may lead by their own registration
-    (named in the in-sync set as they read it from etcd, and complete), and what each said."""
-    others = {int(p.env["TXMQ_REPLICA_ID"]) for p in cluster.shards[SHARD] if p is not leader and p.running}
-    views = {b.replica_id: b for b in cluster.list_replicas() if b.name == SHARD and b.replica_id in others}
-    eligible = sorted(r for r, b in views.items()
-                      if r in b.replication.in_sync_replicas and b.replication.complete)
-    return eligible, {r: f"in-sync {list(b.replication.in_sync_replicas)} complete={b.replication.complete}"
-                      for r, b in sorted(views.items())}
+def probe_topic(topic: str) -> str:
+    return f"{topic}-probe"
 
 
-def probe_topic(work: Workload) -> str:
-    return f"{work.topic}-probe"
-
-
-def _probe_refused(survivor: ServiceProcess, topic: str, seconds: float) -> list[str]:
-    """Sends to the one replica left for ``seconds``: every answer must be a retryable
-    refusal (not leading, too few replicas, a deadline); an acknowledgement is a violation."""
-    from txmq.errors import TxmqError, error_from_rpc
-    from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
-
-    problems = []
-    ends = time.monotonic() + seconds
-    with grpc.insecure_channel(survivor.address) as channel:
-        stub = broker_pb2_grpc.BrokerServiceStub(channel)
-        while time.monotonic() < ends:
-            message = common_pb2.Message(topic=topic, body=b"probe", queue_id=0, type=common_pb2.MESSAGE_TYPE_NORMAL)
-            try:
-                stub.SendMessage(broker_pb2.SendMessageRequest(message=message), timeout=1.0)
-                problems.append(f"{survivor.name} acknowledged a send with one replica of three running")
-            except grpc.RpcError as exc:
-                err = error_from_rpc(exc)
-                if not isinstance(err, TxmqError) or not err.retryable:
-                    problems.append(f"{survivor.name} refused a send with a non-retryable {type(err).__name__}: {err}")
-            time.sleep(0.1)
-    return problems
-
-
-def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProcess, followers: list[ServiceProcess],
-               rnd: random.Random, result: RunResult, storm: int, log) -> None:
-    """One of :data:`MORE_FAULTS`."""
+def more_fault(fault: str, cluster: Cluster, shard: str, work: Workload, leader: ServiceProcess,
+               followers: list[ServiceProcess], rnd: random.Random, result: RunResult, storm: int, log) -> None:
+    """One of :data:`MORE_FAULTS` (against ``shard``, where it hits one)."""
     from txmq.v1 import replication_pb2, replication_pb2_grpc
 
     if fault == "elect-kill-leader":
         # Every replica in sync, so the transfer may choose any; a registration under a load
         # that never pauses (the anchored run's) always shows the batch in flight.
-        replicas.wait_in_sync(cluster, SHARD, timeout=60, lag_records=100)
-        leader = cluster.wait_leaders(60)[SHARD]
-        target = rnd.choice([p for p in cluster.shards[SHARD] if p is not leader])
-        old_epoch = replicas.leader_status(cluster, SHARD).leader_epoch
+        replicas.wait_in_sync(cluster, shard, timeout=60, lag_records=100)
+        leader = cluster.wait_leaders(60)[shard]
+        target = rnd.choice([p for p in cluster.shards[shard] if p is not leader])
+        old_epoch = replicas.leader_status(cluster, shard).leader_epoch
         moved = True
         with grpc.insecure_channel(leader.address) as channel:
             try:
                 replication_pb2_grpc.ReplicationServiceStub(channel).TransferLeadership(
-                    replication_pb2.TransferLeadershipRequest(shard=SHARD, replica_id=int(target.env["TXMQ_REPLICA_ID"])),
+                    replication_pb2.TransferLeadershipRequest(shard=shard, replica_id=int(target.env["TXMQ_REPLICA_ID"])),
                     timeout=30)
             except grpc.RpcError as exc:
                 moved = False
                 result.violations.append(f"txmq broker elect refused under load: {exc.code().name}: {exc.details()}")
         target.kill()  # the replica just elected, at once
         t0 = time.monotonic()
-        wait_until(lambda: cluster.leader(SHARD) not in (None, target)
-                   and replicas.leader_status(cluster, SHARD).leader_epoch > old_epoch, 60, interval=0.05,
+        wait_until(lambda: cluster.leader(shard) not in (None, target)
+                   and replicas.leader_status(cluster, shard).leader_epoch > old_epoch, 60, interval=0.05,
                    message="no leader after the elected replica was killed", ignore=(grpc.RpcError, KeyError))
         if moved:
             result.failovers.append(time.monotonic() - t0)
@@ -311,7 +374,7 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
         victims = [leader, next(p for p in followers if p is not survivor)]
         for victim in victims:
             victim.kill()
-        result.violations.extend(_probe_refused(survivor, probe_topic(work), rnd.uniform(1.0, 3.0)))
+        result.violations.extend(replicas.probe_refused(survivor, probe_topic(work.topic), rnd.uniform(1.0, 3.0)))
         rnd.shuffle(victims)
         for victim in victims:
             victim.restart(60)
@@ -321,7 +384,7 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
         victim.kill()
         shutil.rmtree(victim.env["TXMQ_DATA_DIR"], ignore_errors=True)
         time.sleep(1.0)  # the load writes past the log the leader keeps
-        others = [p for p in cluster.shards[SHARD] if p is not victim]
+        others = [p for p in cluster.shards[shard] if p is not victim]
         since = {p.name: p.log_size() for p in others}
         since_victim = victim.log_size()
         victim.restart(60)
@@ -336,7 +399,7 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
             time.sleep(rnd.uniform(0.5, 3.0))
             victim.resume()
         else:
-            kill_leader(cluster, cluster.wait_leaders(60)[SHARD], result, rnd.uniform(0.0, 1.0), log)
+            kill_leader(cluster, cluster.wait_leaders(60)[shard], result, rnd.uniform(0.0, 1.0), log, shard=shard)
         try:
             wait_until(lambda: "rebuilt from the leader's checkpoint" in victim.log_text(since_victim), 90,
                        interval=0.05)
@@ -364,7 +427,7 @@ def more_fault(fault: str, cluster: Cluster, work: Workload, leader: ServiceProc
     elif fault == "check-storm":
         took = work.storm(storm)
         log(f"    {storm} UNKNOWN transactions sent in {took:.1f} s; killing the leader as their checks fall due")
-        kill_leader(cluster, cluster.wait_leaders(60)[SHARD], result, 0.0, log)
+        kill_leader(cluster, cluster.wait_leaders(60)[shard], result, 0.0, log, shard=shard)
 
 
 def describe_missing(cluster: Cluster, work: Workload) -> list[str]:
@@ -419,14 +482,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--classic", action="store_true", help=f"draw only {', '.join(sorted(set(FAULTS)))}")
     parser.add_argument("--schedule", default="", help="run this comma-separated schedule instead of drawing one")
     parser.add_argument("--storm", type=int, default=STORM, help="transactions of one check storm")
+    parser.add_argument("--shards", type=int, default=1,
+                        help="shards of three replicas each; with 2 or more every fault names its shards, "
+                             "and some hit two at once")
     args = parser.parse_args(argv)
+    if args.shards < 1:
+        parser.error("--shards: at least 1")
     seeds = seeds_to_run(parser, args)
     results = []
     base = Path(tempfile.mkdtemp(prefix="txmq-chaos-"))
     for seed in seeds:
         results.append(run_once(seed, args.faults, base / str(seed), partitions=args.partitions, more=not args.classic,
                                 schedule=args.schedule.split(",") if args.schedule else None, storm=args.storm,
-                                log=lambda m: print(m, flush=True)))
+                                shards=args.shards, log=lambda m: print(m, flush=True)))
     ok = report(results)
     if ok:
         shutil.rmtree(base, ignore_errors=True)

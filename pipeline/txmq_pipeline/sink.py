@@ -444,11 +444,12 @@ class TxmqStreamWriter(DataSourceStreamWriter):
             key = row_key(query, self.epoch, batch, partition, index)
 
             def pick(step: Pick) -> Any:
-                route = client.faults.choose(client.route(step.topic), lambda q: q.broker_name,
-                                             int.from_bytes(key[:4], "big"), step.exclude)
-                if step.exclude and route.broker_name not in step.exclude:
+                choose = client.faults.choose_usable if step.moving else client.faults.choose
+                route = choose(client.route(step.topic), lambda q: q.broker_name,
+                               int.from_bytes(key[:4], "big"), step.exclude)
+                if route is not None and step.exclude and route.broker_name not in step.exclude:
                     out.rerouted += 1
-                return route
+                return route  # None (moving, no shard usable): the row stays on its shard
 
             def build(route: Any, _random_id: str) -> common_pb2.Message:
                 return self._message(values, topic, key, route, query, batch, client_id, host)

@@ -11,7 +11,9 @@ every id) it keeps the recent failures and the send latency:
 - once the interval is over, **one** send is let through as a probe while the others still
   avoid it; the probe's success clears the shard's record, its failure doubles the interval;
 - when every candidate is avoided, the one whose interval ends first is used anyway: a
-  send is never refused because every shard had failed once.
+  send is never refused because every shard had failed once; but a send that failed moves
+  only to a usable shard (:meth:`FaultTable.choose_usable`), else it stays on its own and
+  waits for it there.
 
 What an id binds to a shard (EndTransaction, check answers, acks, receipt handles) never
 consults the table: it is retried on its shard (:func:`retry_action` says ``SAME_SHARD``).
@@ -243,18 +245,34 @@ class FaultTable:
         if n == 0:
             raise ValueError("no candidates")
         with self._lock:
-            now = self._clock()
-            for i in range(n):
-                candidate = candidates[(start + i) % n]
-                shard = shard_of(candidate)
-                if shard not in exclude and self._usable_locked(shard, now):
-                    return candidate
+            found = self._choose_usable_locked(candidates, shard_of, start, exclude)
+            if found is not None:
+                return found
 
             def rank(i: int) -> tuple[bool, float, int]:
                 shard = shard_of(candidates[(start + i) % n])
                 s = self._shards.get(shard)
                 return (shard in exclude, s.avoid_until if s is not None else 0.0, i)
             return candidates[(start + min(range(n), key=rank)) % n]
+
+    def choose_usable(self, candidates: Sequence[T], shard_of: Callable[[T], str], start: int = 0,
+                      exclude: frozenset[str] | set[str] = frozenset()) -> T | None:
+        """As :meth:`choose`, but None when no candidate outside ``exclude`` is usable: where
+        a send that failed may move (when every shard is failing at once, moving would only
+        spend its attempts on shards known to fail, without a pause)."""
+        with self._lock:
+            return self._choose_usable_locked(candidates, shard_of, start, exclude)
+
+    def _choose_usable_locked(self, candidates: Sequence[T], shard_of: Callable[[T], str], start: int,
+                              exclude: frozenset[str] | set[str]) -> T | None:
+        now = self._clock()
+        n = len(candidates)
+        for i in range(n):
+            candidate = candidates[(start + i) % n]
+            shard = shard_of(candidate)
+            if shard not in exclude and self._usable_locked(shard, now):
+                return candidate
+        return None
 
     def any_avoided(self) -> bool:
         """Whether some shard has failed and not yet succeeded since (routes are refreshed

@@ -29,7 +29,7 @@ from ._producing import (DEFAULT_MAX_BODY_BYTES, HOST, Ask, ExplicitTransaction,
                          check_transaction_options, executed, half_message, keyed, new_client_id, normal_builder,
                          receipt, transaction_key, transaction_result, who_answers)
 from ._sending import (Pick, Rebind, Request, SenderOptions, Sleep, Step, configure, end_transaction, finished, half_builder,
-                       pick_queue, run, send_new, validate)
+                       pick_other, pick_queue, run, send_new, validate)
 from ._tls import TLS
 from ._types import LocalTransactionState, Message, SendReceipt, TransactionMessage, TransactionResult, TransactionState
 from .v1 import broker_pb2, common_pb2
@@ -158,6 +158,8 @@ class Producer(SenderOptions):
         if type(step) is Request:
             return self._request(step.shard, step.address, step.entry, send=step.send)
         if type(step) is Pick:
+            if step.moving:
+                return pick_other(self, self._client.route(step.topic), step.exclude)
             return self._pick_queue(step.topic, step.exclude, step.message_group)
         if type(step) is Sleep:
             time.sleep(step.seconds)

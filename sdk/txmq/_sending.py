@@ -42,10 +42,13 @@ STALE_ROUTE = (QueueNotFoundError, TopicNotFoundError, WrongBrokerError)
 @dataclass(frozen=True, slots=True)
 class Pick:
     """Perform: the producer's next queue of ``topic`` outside ``exclude`` (a QueueRoute);
-    with a ``message_group``, that group's queue (``pick_queue``)."""
+    with a ``message_group``, that group's queue (``pick_queue``). ``moving``: a send that
+    failed on the shards in ``exclude`` asks where to go: a queue of a usable shard, or
+    None when there is none (``pick_other``)."""
     topic: str
     exclude: frozenset[str]
     message_group: str = ""
+    moving: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +199,15 @@ def choose_queue(faults: FaultTable, routes: Sequence[QueueRoute], turn: int,
     return faults.choose(routes, _shard_of, turn, exclude)
 
 
+def pick_other(sender: Sender, routes: Sequence[QueueRoute], exclude: frozenset[str] | set[str]) -> QueueRoute | None:
+    """Where a send that failed on the shards in ``exclude`` moves: the producer's next
+    queue of a shard the fault table lets take traffic now (queues of draining shards only
+    when the topic has no other), or None when no shard is usable — every one is failing,
+    and the send stays on its own (same id, backed off, waiting for its leader)."""
+    routes = tuple(r for r in routes if not r.draining) or routes
+    return sender._client.faults.choose_usable(routes, _shard_of, next(sender._next_queue), exclude)
+
+
 def pick_queue(sender: Sender, routes: Sequence[QueueRoute], topic: str, exclude: frozenset[str] | set[str],
                message_group: str = "") -> QueueRoute:
     """``choose_queue`` for the producer's next turn; a message group's queue is fixed instead:
@@ -268,7 +280,8 @@ def send_new(sender: Sender, topic: str, build: Callable[[QueueRoute, str], comm
                                                                        broker_pb2.SendMessageResponse]]:
     """Sends a new message built by ``build(queue, message_id)`` on a queue the fault table
     picks; a transient failure moves it to another shard with a new id, or, with no other
-    shard usable, retries it on the same one with the same id (see ``txmq.Producer``); an
+    shard usable (none outside those it failed on that the fault table does not avoid),
+    retries it on the same one with the same id (see ``txmq.Producer``); an
     overloaded broker (nothing applied) is asked again with the same id after its pause.
     A message of a message group always goes to its group's queue and is never moved (that
     would break the group's order): it is retried there with the same id.
@@ -302,7 +315,10 @@ def send_new(sender: Sender, topic: str, build: Callable[[QueueRoute, str], comm
             if action is not RetryAction.SAME_SHARD and not message_group:
                 failed_on.add(route.broker_name)
                 try:
-                    moved = yield Pick(topic, frozenset(failed_on))
+                    # None when no other shard is usable: every one is failing (both leaders
+                    # of two shards lost at once), and bouncing between them would spend the
+                    # attempts in milliseconds; staying waits for this shard's next leader.
+                    moved = (yield Pick(topic, frozenset(failed_on), moving=True)) or route
                 except TxmqError as refresh_error:  # no route now: stay where it was
                     log.debug("cannot refresh the route of %s: %s", topic, refresh_error)
             log.debug("send of %s to %s failed (attempt %d of %d), retrying on %s: %s",

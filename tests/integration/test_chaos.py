@@ -2,7 +2,7 @@
 chaos`` runs many more with random seeds; see tests/chaos.py for the faults and the
 invariants). Fixed seeds, so a failure here reproduces with ``python -m tests.chaos --seed``
 (with ``--classic`` for the first two, which draw from the first faults only, and
-``--schedule`` for the third)."""
+``--schedule`` for the third; ``--shards 2 --classic --faults 3`` for the two-shard run)."""
 
 from __future__ import annotations
 
@@ -46,3 +46,19 @@ def test_chaos_run_with_an_elect_two_kills_and_a_check_storm_keeps_every_invaria
     report([result])
     assert result.violations == [], f"seed {seed} schedule {result.schedule}: {result.violations[:10]}"
     assert len(result.failovers) == 2
+
+
+def test_chaos_run_against_two_shards_keeps_every_invariant_on_each(tmp_path):
+    """Two shards of three replicas under one load: each shard's leader killed or paused
+    alone, then one shard's leader killed while the other's is paused. The load (and the
+    checker's claims) must have reached both shards, and both keep every invariant."""
+    seed = 4
+    result = run_once(seed, faults=3, workdir=tmp_path / f"chaos-shards-{seed}", more=False, shards=2)
+    report([result])
+    assert result.schedule == ["kill-leader@broker-1", "pause-leader@broker-0", "kill-pause-leaders@broker-0+broker-1"]
+    assert result.violations == [], f"seed {seed} schedule {result.schedule}: {result.violations[:10]}"
+    # Every stopped leader had an in-sync, complete follower: four fail-overs, two at once.
+    assert len(result.failovers) == 4
+    for shard in ("broker-0", "broker-1"):
+        counts = result.by_shard.get(shard, {})
+        assert counts.get("delivered") and counts.get("checks_answered"), f"{shard} was not under load: {result.by_shard}"

@@ -160,6 +160,50 @@ def test_a_leader_killed_under_load_costs_the_other_shards_traffic_nothing(fresh
         assert_every_commit_delivered_once(cluster, load, topic, group, unique_name("audit"))
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.heavy  # six replicas and etcd under a transactional load
+def test_both_leaders_killed_at_once_cost_only_the_calls_in_flight_and_the_probes(fresh_cluster_factory,
+                                                                                 unique_name):
+    """Replicated shards: the leaders of broker-0 and broker-1 SIGKILLed together (one node
+    held both). No shard is usable while their followers take over, so a send that failed
+    on one and then on the other stays there, backed off, as a send to a one-shard topic
+    does; it used to bounce back to the first dead leader at once and spend its attempts in
+    milliseconds (124 failed calls in such a window, where these bounds allow about 14).
+    Counted, not timed: only the callers in flight at the kill and the fault table's probes
+    may fail (retryably), and every commit is delivered once."""
+    cluster = fresh_cluster_factory(brokers=2, replication_factor=3, checker=True, nameserver_env=NAMESERVER_ENV)
+    cluster.wait_leaders()
+    topic, group = unique_name("orders"), unique_name("orders-producers")
+    cluster.create_topic(topic, 4)
+    listener = CommitListener(LOCAL_TRANSACTION_SECONDS)
+    with txmq.TransactionProducer(cluster.nameserver_address, producer_group=group, listener=listener,
+                                  checker_refresh_seconds=0.5) as producer:
+        wait_until(lambda: producer.connected_checkers(), 10, message="producer not subscribed to the checker")
+        load = CommitLoad(producer, topic, threads=4).start()
+        try:
+            load.window(100, WINDOW_DEADLINE_SECONDS)  # streams open, routes cached
+            assert shard_successes(producer, "broker-0") > 0 and shard_successes(producer, "broker-1") > 0
+            old = cluster.wait_leaders()
+            killed = time.monotonic()
+            for leader in old.values():
+                leader.kill()
+            for shard, leader in old.items():
+                cluster.wait_leaders(shards=[shard], not_on=leader)
+            between_leaders = time.monotonic() - killed
+            for shard in old:
+                sent_to_again(producer, shard)
+            failed_then = len(load.errors)
+            load.window(100, WINDOW_DEADLINE_SECONDS)
+        finally:
+            load.stop()
+        bound = rerouted_bound(load.threads, between_leaders + 1.0)  # + the routes' refresh
+        assert failed_then <= bound, (f"{failed_then} calls failed in the {between_leaders:.1f} s both shards were "
+                                      f"between leaders (at most {bound} may): {load.errors[:3]}")
+        assert len(load.errors) == failed_then, f"calls failed after both shards led again: {load.errors[failed_then:]}"
+        assert all(getattr(e, "retryable", False) for e in load.errors), load.errors[:3]
+        assert_every_commit_delivered_once(cluster, load, topic, group, unique_name("audit"))
+
+
 @pytest.fixture(scope="module")
 def gate_library(tmp_path_factory: pytest.TempPathFactory):
     return holdsync.build(tmp_path_factory.mktemp("holdsync"))

@@ -7,6 +7,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 from typing import Any
 
@@ -106,6 +107,29 @@ def max_checks_spent(proc: ServiceProcess) -> int:
         return max((codec.decode_txn(v, k).checks_delivered for k, v in db.scan("txn")), default=0)
     finally:
         db.close()
+
+
+def probe_refused(survivor: ServiceProcess, topic: str, seconds: float) -> list[str]:
+    """Sends to the one replica left for ``seconds``: every answer must be a retryable
+    refusal (not leading, too few replicas, a deadline); an acknowledgement is a violation."""
+    from txmq.errors import TxmqError, error_from_rpc
+    from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+
+    problems = []
+    ends = time.monotonic() + seconds
+    with grpc.insecure_channel(survivor.address) as channel:
+        stub = broker_pb2_grpc.BrokerServiceStub(channel)
+        while time.monotonic() < ends:
+            message = common_pb2.Message(topic=topic, body=b"probe", queue_id=0, type=common_pb2.MESSAGE_TYPE_NORMAL)
+            try:
+                stub.SendMessage(broker_pb2.SendMessageRequest(message=message), timeout=1.0)
+                problems.append(f"{survivor.name} acknowledged a send with one replica of three running")
+            except grpc.RpcError as exc:
+                err = error_from_rpc(exc)
+                if not isinstance(err, TxmqError) or not err.retryable:
+                    problems.append(f"{survivor.name} refused a send with a non-retryable {type(err).__name__}: {err}")
+            time.sleep(0.1)
+    return problems
 
 
 def delete_leader_key(cluster: Cluster, shard: str) -> int:

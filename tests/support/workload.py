@@ -54,6 +54,8 @@ class _Listener(txmq.TransactionListener):
             committed = self.workload.ran.get(body)
             sending = body in self.workload.sending and body not in self.workload.ran
             self.workload.checks_answered += 1
+            self.workload.checks_by_shard[message.broker_name] = self.workload.checks_by_shard.get(
+                message.broker_name, 0) + 1
         if sending:
             # The half message is stored but its send has not returned yet (its answer was
             # held up by a fail-over): the local transaction has not run *yet*. A careful
@@ -86,6 +88,10 @@ class Workload:
     #: bodies whose send_in_transaction has not returned yet.
     sending: set[str] = field(default_factory=set)
     checks_answered: int = 0
+    #: shard -> checks answered for its transactions.
+    checks_by_shard: dict[str, int] = field(default_factory=dict)
+    #: body -> the shard its half message was stored on (acknowledged half messages).
+    shard_of: dict[str, str] = field(default_factory=dict)
     sent: int = 0
     #: Deliveries in all (more than ``len(delivered)``: redeliveries, e.g. of messages
     #: whose ack or receive a fail-over took back).
@@ -143,6 +149,7 @@ class Workload:
         with self.lock:
             self.acknowledged[body] = result.state
             self.transaction_ids[body] = result.transaction_id
+            self.shard_of[body] = result.broker_name
             self.sent += 1
         return True
 
@@ -245,3 +252,21 @@ class Workload:
                     "committed_locally": sum(1 for v in self.ran.values() if v),
                     "delivered": len(self.delivered), "redeliveries": self.deliveries - len(self.delivered),
                     "checks_answered": self.checks_answered}
+
+    def by_shard(self) -> dict[str, dict[str, int]]:
+        """Per shard: transactions acknowledged, messages delivered (distinct bodies, by the
+        shard they were delivered from) and checks answered — where the load really went."""
+        with self.lock:
+            out: dict[str, dict[str, int]] = {}
+
+            def add(shard: str, what: str, n: int = 1) -> None:
+                row = out.setdefault(shard, {"acknowledged": 0, "delivered": 0, "checks_answered": 0})
+                row[what] += n
+            for shard in self.shard_of.values():
+                add(shard, "acknowledged")
+            for places in self.delivered.values():
+                for shard in {broker for broker, _, _ in places}:
+                    add(shard, "delivered")
+            for shard, n in self.checks_by_shard.items():
+                add(shard, "checks_answered", n)
+            return dict(sorted(out.items()))

@@ -55,7 +55,7 @@ def test_a_send_that_fails_moves_to_another_shard_with_a_new_id_and_the_first_is
     assert isinstance(first, _sending.Request) and first.shard == "broker-a" and first.send
     first_id = first.entry.send_message.message.message_id
     assert MessageId.decode(first_id).broker == "broker-a"
-    assert steps.throw(UnavailableError("down")) == _sending.Pick("t", frozenset({"broker-a"}))
+    assert steps.throw(UnavailableError("down")) == _sending.Pick("t", frozenset({"broker-a"}), moving=True)
     second = steps.send(B)
     second_id = second.entry.send_message.message.message_id
     assert second.shard == "broker-b" and MessageId.decode(second_id).broker == "broker-b"
@@ -72,12 +72,45 @@ def test_with_no_other_shard_a_send_retries_its_own_with_the_same_id_after_a_bac
     steps = _sending.send_new(sender, "t", _build)
     next(steps)
     first = steps.send(A)
-    assert steps.throw(UnavailableError("down")) == _sending.Pick("t", frozenset({"broker-a"}))
+    assert steps.throw(UnavailableError("down")) == _sending.Pick("t", frozenset({"broker-a"}), moving=True)
     assert steps.send(A) == _sending.Sleep(0.1)  # the pick found only the same shard
     assert steps.send(None) == _sending.Rebind("t", A, "a:1")
     again = steps.send("a:2")
     assert again.address == "a:2"
     assert again.entry.send_message.message.message_id == first.entry.send_message.message.message_id
+
+
+def test_a_send_that_failed_on_every_shard_stays_on_the_last_and_waits_for_its_leader() -> None:
+    """Both shards' leaders lost at once: the send moved once, failed there too, and the
+    fault table has no usable shard left (None): it stays, with its id, backed off, rather
+    than bouncing back to the first dead shard at once."""
+    sender = _sender()
+    sender._client.faults.failed("broker-a")
+    steps = _sending.send_new(sender, "t", _build)
+    next(steps)
+    steps.send(A)
+    assert steps.throw(UnavailableError("down")) == _sending.Pick("t", frozenset({"broker-a"}), moving=True)
+    second = steps.send(B)
+    assert steps.throw(UnavailableError("down too")) == _sending.Pick("t", frozenset({"broker-a", "broker-b"}),
+                                                                      moving=True)
+    assert steps.send(None) == _sending.Sleep(0.2)  # no shard usable: stays on broker-b
+    assert steps.send(None) == _sending.Rebind("t", B, "b:1")
+    assert steps.throw(NoLeaderError("t", ["broker-b"])) == _sending.Sleep(0.1)  # between leaders: waits
+    assert steps.send(None) == _sending.Rebind("t", B, "b:1")
+    again = steps.send("b:2")
+    assert again.shard == "broker-b" and again.address == "b:2"
+    assert again.entry.send_message.message.message_id == second.entry.send_message.message.message_id
+
+
+def test_a_moving_send_is_offered_only_a_shard_the_fault_table_lets_take_traffic() -> None:
+    sender = _sender()
+    faults = sender._client.faults
+    assert _sending.pick_other(sender, [A, B], frozenset({"broker-a"})) == B
+    faults.failed("broker-b")  # avoided now: no shard but the one it failed on
+    assert _sending.pick_other(sender, [A, B], frozenset({"broker-a"})) is None
+    assert faults.choose([A, B], lambda q: q.broker_name, 0, frozenset({"broker-a"})) == B  # a first pick still goes
+    faults.succeeded("broker-b")
+    assert _sending.pick_other(sender, [A, B], frozenset({"broker-a"})) == B
 
 
 def test_a_send_gives_up_after_max_attempts_and_a_refusal_at_once() -> None:

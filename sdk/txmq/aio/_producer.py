@@ -27,7 +27,7 @@ from .._producing import (DEFAULT_MAX_BODY_BYTES, HOST, Ask, ExplicitTransaction
                           check_transaction_options, executed, half_message, keyed, new_client_id, normal_builder,
                           receipt, transaction_key, transaction_result, who_answers)
 from .._sending import (Pick, Rebind, Request, SenderOptions, Sleep, Step, configure, end_transaction, finished, half_builder,
-                        pick_queue, run_async, send_new, validate)
+                        pick_other, pick_queue, run_async, send_new, validate)
 from .._tls import TLS
 from .._types import (LocalTransactionState, Message, SendReceipt, TransactionMessage, TransactionResult,
                       TransactionState)
@@ -123,6 +123,8 @@ class AsyncProducer(SenderOptions):
         if type(step) is Request:
             return await self._request(step.shard, step.address, step.entry, send=step.send)
         if type(step) is Pick:
+            if step.moving:
+                return pick_other(self, await self._client.route(step.topic), step.exclude)
             return await self._pick_queue(step.topic, step.exclude, step.message_group)
         if type(step) is Sleep:
             await asyncio.sleep(step.seconds)
