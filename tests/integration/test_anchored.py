@@ -11,12 +11,14 @@ Checks use the sub-second timings of ``tests/integration/test_checks.py``."""
 
 from __future__ import annotations
 
+import time
 from typing import Iterator
 
 import psycopg
 import pytest
 
 import txmq
+import txmq._produce_stream
 from tests.integration.test_checks import BROKER_ENV, CHECKER_ENV, COMMITTED, ROLLED_BACK, describe, wait_state
 from tests.support.cluster import Cluster
 from tests.support.metrics import metric_sum
@@ -305,6 +307,20 @@ def test_end_await_waits_for_the_broker(checked, dsn, unique_name):
         ids = [m.transaction_id for m in tx.result.messages]
         assert all(describe(checked, t).state == COMMITTED for t in ids)
         wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+
+
+def test_an_awaited_end_never_lingers_as_a_hint(checked, dsn, unique_name, monkeypatch):
+    """end="await": the caller waits on the end, so it goes as any request does, never as a
+    hint lingering for a request to share its message (patched to a minute here)."""
+    monkeypatch.setattr(txmq._produce_stream, "HINT_LINGER_SECONDS", 60.0)
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, psycopg.connect(dsn) as conn:
+        started = time.monotonic()
+        with producer.transaction(conn, end="await") as tx:
+            tx.send(txmq.Message(topic, b"awaited"))
+        assert tx.result.acknowledged
+        assert time.monotonic() - started < 20
 
 
 def test_an_exception_in_the_block_rolls_everything_back(checked, dsn, unique_name):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any, AsyncIterator
 
 import psycopg
@@ -19,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import txmq
+import txmq._produce_stream
 from tests.integration.test_anchored import (ANCHORED_ROUND_TRIPS, ANCHORED_STATEMENTS,  # noqa: F401 - fixtures
                                              SHOW_TRANSACTION, TRANSACTION_SETTINGS, TRANSACTION_SHOWN, WireTrace,
                                              checked, consume, dsn, end_calls, orders, pg, rows)
@@ -220,6 +222,25 @@ def test_an_asyncio_caller_alone_sends_its_half_in_the_message_of_its_last_end(c
     # n + 1 messages (2n before); a linger that ran out under load sends a pair apart.
     assert sends + streamed <= 1.5 * n, f"{sends:.0f} unary sends and {streamed:.0f} stream messages for {n}"
     assert sends < n, f"{sends:.0f} of {n} halves went direct"
+
+
+def test_an_awaited_asyncio_end_never_lingers_as_a_hint(checked, dsn, unique_name, monkeypatch):
+    """As the sync test_an_awaited_end_never_lingers_as_a_hint: an end the caller awaits is
+    no hint (the hint linger is patched to a minute here)."""
+    monkeypatch.setattr(txmq._produce_stream, "HINT_LINGER_SECONDS", 60.0)
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+
+    async def main() -> float:
+        async with async_producing(checked, group, dsn, answer_checks=False) as producer, \
+                await psycopg.AsyncConnection.connect(dsn) as conn:
+            started = time.monotonic()
+            async with producer.transaction(conn, end="await") as tx:
+                tx.send(txmq.Message(topic, b"awaited"))
+            assert tx.result.acknowledged
+            return time.monotonic() - started
+
+    assert asyncio.run(main()) < 20
 
 
 def test_sqlalchemy_session_with_an_engine_as_the_source(checked, dsn, unique_name):
