@@ -45,7 +45,7 @@ class TransactionProducer(Protocol):
     def _validate(self, message: Message) -> Message: ...
     def _send_half(self, message: Message) -> tuple[TransactionMessage, Any]: ...
     def _end_by_id(self, transaction_id: str, decision: LocalTransactionState,
-                   deadline: float) -> tuple[TransactionState | None, TxmqError | None]: ...
+                   deadline: float, *, hint: bool = True) -> tuple[TransactionState | None, TxmqError | None]: ...
 
 # --- results ------------------------------------------------------------------------------
 
@@ -443,13 +443,14 @@ class DecisionStore:
         log.debug("check of %s (key %s): %s (%s)", message.transaction_id, key, verdict.answer, verdict.source.value)
         return verdict.answer
 
-    def perform(self, step: Any) -> Any:
-        """One step of the store's flows (``core.answer_check``, ``acknowledge``, ``sweep``), blocking."""
+    def perform(self, step: Any, *, hint: bool = True) -> Any:
+        """One step of the store's flows (``core.answer_check``, ``acknowledge``, ``sweep``),
+        blocking; ``hint``: its ends are hints nobody waits on (not an ``end="await"``)."""
         if type(step) is core.Statement:
             return self.pool.run(step)
         if type(step) is core.Ends:
             deadline = time.monotonic() + core.END_RETRY_SECONDS
-            return [self.producer._end_by_id(t, step.decision, deadline)
+            return [self.producer._end_by_id(t, step.decision, deadline, hint=hint)
                     for t in step.transaction_ids]
         assert type(step) is core.Acknowledged, step
         self.acknowledged(step.key)
@@ -675,7 +676,7 @@ class AnchoredTransaction:
             failpoint_soon("end.inflight")
         elif type(step) is core.Acknowledged:
             failpoint("end.after")
-        return self.store.perform(step)
+        return self.store.perform(step, hint=self.end == "hint")  # "await": the caller waits on it
 
 
 def _outcome(future: "Future[TransactionMessage]") -> tuple[Any, BaseException | None]:

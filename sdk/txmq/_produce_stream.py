@@ -17,8 +17,13 @@ second from Python); a stream carries tens of thousands. The design::
   broker syncs its WAL once per message). A message whose answer is late by more than
   ``HOLD_SECONDS`` stops holding the next. A hint (``request(stream=True)``: an entry
   nobody's critical path waits on, as an anchored transaction's end) holds nothing and is
-  lingered for by nobody; a caller alone while one is unanswered still takes the stream,
-  so that it shares the hint's message when the hint has not left yet.
+  lingered for by nobody; a caller alone while one is unanswered still takes the stream.
+- A message of hints alone waits up to ``HINT_LINGER_SECONDS`` for a request to share it:
+  the next transaction's half message follows an anchored end within a millisecond or so,
+  and one message carries both (one gRPC message and one WAL sync instead of two; hints
+  arriving meanwhile join too). The request never waits: it joins the hints' message and
+  that message leaves at once. Nobody joining, the hints leave alone once the linger is
+  over; ``close`` sends them at once and waits for their answers.
 - Once a message of several requests is answered, the next one waits up to
   ``LINGER_SECONDS`` for the callers that answer woke and that will send here again: a
   commit follows its half message on the same broker, and on a client's only stream
@@ -162,13 +167,24 @@ SPLIT_AT = 6
 MERGE_AT = 4
 #: The window over which the most callers waiting at once is taken.
 LANE_WINDOW_SECONDS = 0.25
+#: Longest a message of hints alone waits for a request to share it (a hint nobody waits
+#: on costs the broker a gRPC message and a WAL sync of its own when it leaves alone).
+HINT_LINGER_SECONDS = 0.003
+#: Longest ``close`` waits for the hints on a stream to be answered.
+CLOSE_FLUSH_SECONDS = 1.0
+
+
+def hints_only(entries: "Sequence[broker_pb2.ProduceEntry]", hints: "set[int]") -> bool:
+    """Whether a message of ``entries`` would carry hints alone (``hints``: their request
+    ids), and so waits up to ``HINT_LINGER_SECONDS`` for a request to share it."""
+    return bool(entries) and all(entry.request_id in hints for entry in entries)
 
 
 def _requests(session: _Session) -> Iterator[broker_pb2.ProduceRequest]:
     """Everything queued once the message in flight is answered (and its callers had a
     moment to send again) leaves in one message: a request alone when the stream is idle,
     many together under load."""
-    get, get_nowait, queued = session.queue.get, session.queue.get_nowait, session.queue.qsize
+    get, queued = session.queue.get, session.queue.qsize
     answered = session.answered
     while True:
         item = get()
@@ -184,22 +200,52 @@ def _requests(session: _Session) -> Iterator[broker_pb2.ProduceRequest]:
                 session.lingering = False
                 session.returning = 0
         batch = [item]
-        ended = False
-        while len(batch) < MAX_BATCH:
-            try:
-                item = get_nowait()
-            except queue.Empty:
-                break
-            if item is None:
-                ended = True
-                break
-            batch.append(item)
+        ended = _take_queued(session, batch)
+        if not ended and hints_only(batch, session.hints):
+            ended = _linger_for_request(session, batch)
         hints = session.hints
         with answered:
             session.unanswered += sum(1 for entry in batch if entry.request_id not in hints)
         yield broker_pb2.ProduceRequest(entries=batch)
         if ended:
             return
+
+
+def _take_queued(session: _Session, batch: list[broker_pb2.ProduceEntry]) -> bool:
+    """Adds what is queued to ``batch``, up to ``MAX_BATCH``; whether the stream ended
+    (its ``None`` was taken)."""
+    get_nowait = session.queue.get_nowait
+    while len(batch) < MAX_BATCH:
+        try:
+            item = get_nowait()
+        except queue.Empty:
+            return False
+        if item is None:
+            return True
+        batch.append(item)
+    return False
+
+
+def _linger_for_request(session: _Session, batch: list[broker_pb2.ProduceEntry]) -> bool:
+    """``batch`` (hints alone) waits up to ``HINT_LINGER_SECONDS`` for a request, which
+    joins it and sends it at once (hints arriving meanwhile join it too); whether the
+    stream ended (closing: the hints leave now)."""
+    get, hints = session.queue.get, session.hints
+    deadline = time.monotonic() + HINT_LINGER_SECONDS
+    while len(batch) < MAX_BATCH:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        try:
+            item = get(timeout=remaining)
+        except queue.Empty:
+            return False
+        if item is None:
+            return True
+        batch.append(item)
+        if item.request_id not in hints:
+            return _take_queued(session, batch)
+    return False
 
 
 def direct_call(stub: Any, entry: broker_pb2.ProduceEntry) -> tuple[Callable[..., Any], Any, str]:
@@ -395,13 +441,26 @@ class ProduceStream:
         return self._lanes.count
 
     def close(self) -> None:
-        """Fails every request in flight with ClientClosedError. Idempotent."""
+        """Sends the hints still lingering and waits up to ``CLOSE_FLUSH_SECONDS`` for every
+        hint on the stream to be answered (a clean close drops no anchored end), then fails
+        every request still in flight with ClientClosedError. Idempotent."""
         with self._lock:
             self._closed = True
-            sessions, self._sessions = self._sessions, [None, None]
+            sessions = [s for s in self._sessions if s is not None]
+        hinted = [(s, s.hints.copy()) for s in sessions]
+        for session, hints in hinted:
+            if hints:
+                session.queue.put(None)  # the requests end: the lingering hints leave now
+        deadline = time.monotonic() + CLOSE_FLUSH_SECONDS
+        for session, hints in hinted:
+            for request_id in hints:
+                reply = session.pending.get(request_id)
+                if reply is not None:
+                    reply.wait(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self._sessions = [None, None]
         for session in sessions:
-            if session is not None:
-                session.call.cancel()
+            session.call.cancel()
 
     # --- the stream -----------------------------------------------------------------------
 

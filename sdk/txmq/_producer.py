@@ -378,15 +378,16 @@ class TransactionProducer(Producer):
         return AnchoredTransaction(self, connection, end)
 
     def _end_by_id(self, transaction_id: str, decision: LocalTransactionState,
-                   deadline: float) -> tuple[TransactionState | None, TxmqError | None]:
+                   deadline: float, *, hint: bool = True) -> tuple[TransactionState | None, TxmqError | None]:
         """EndTransaction of a transaction known by its id only, retried until ``deadline``
         (an anchored transaction's hint or a check's answer: on the Produce stream even when
-        alone, no caller waits on it)."""
+        alone, no caller waits on it). ``hint=False``: a caller waits on it (``end="await"``),
+        so it goes as any request, never lingering for one to share its message."""
         def perform(step: Step | Address) -> Any:
             if isinstance(step, Address):
                 return self._client.broker_address(step.broker, refresh=step.refresh)
             if type(step) is Request:
-                return self._request(step.shard, step.address, step.entry, stream=True)
+                return self._request(step.shard, step.address, step.entry, stream=hint)
             return self._perform(step)
 
         store = self._decision_store

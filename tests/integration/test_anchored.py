@@ -11,12 +11,14 @@ Checks use the sub-second timings of ``tests/integration/test_checks.py``."""
 
 from __future__ import annotations
 
+import time
 from typing import Iterator
 
 import psycopg
 import pytest
 
 import txmq
+import txmq._produce_stream
 from tests.integration.test_checks import BROKER_ENV, CHECKER_ENV, COMMITTED, ROLLED_BACK, describe, wait_state
 from tests.support.cluster import Cluster
 from tests.support.metrics import metric_sum
@@ -242,6 +244,37 @@ def test_the_end_of_an_anchored_transaction_rides_the_produce_stream(checked, ds
     assert entries_after - entries_before >= 3  # the three ends (and any half that took the stream)
 
 
+def test_a_caller_alone_sends_its_half_in_the_message_of_its_last_end(checked, dsn, unique_name):
+    """Back-to-back anchored transactions of one caller: the previous end (a hint nobody
+    waits on) lingers unsent for a moment on the Produce stream and the next half shares
+    its stream message: one gRPC message and one WAL sync for both (docs/performance.md).
+    Before, a half shared it only when the end's hand-off to the sending thread was slower
+    than the caller (1.25-1.9 messages per transaction)."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    n = 10
+    port = checked.brokers[0].metrics_port
+
+    def messages() -> float:
+        return (metric_sum(port, "txmq_rpc_duration_seconds_count", {"method": "SendMessage"})
+                + metric_sum(port, "txmq_produce_stream_messages_total", {"direction": "in"}))
+
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, psycopg.connect(dsn) as conn:
+        before = messages()
+        results = []
+        for i in range(n):
+            with producer.transaction(conn) as tx:
+                tx.send(txmq.Message(topic, b"shared"))
+                conn.execute("INSERT INTO orders VALUES (%s, 'x')", (f"h{i}",))
+            results.append(tx.result)
+        for result in results:
+            assert result.wait_acknowledged(10), result.end_error
+        sent = messages() - before
+    # The first half alone, each later one with the end before it, the last end alone:
+    # n + 1 messages; a linger that ran out under load sends a pair apart.
+    assert sent <= n + 3, f"{sent:.0f} messages for {n} anchored transactions"
+
+
 def test_commit_is_decided_by_the_database_and_acknowledged_in_the_background(checked, dsn, unique_name):
     group, topic = unique_name("g"), unique_name("orders")
     checked.create_topic(topic, 2)
@@ -274,6 +307,20 @@ def test_end_await_waits_for_the_broker(checked, dsn, unique_name):
         ids = [m.transaction_id for m in tx.result.messages]
         assert all(describe(checked, t).state == COMMITTED for t in ids)
         wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+
+
+def test_an_awaited_end_never_lingers_as_a_hint(checked, dsn, unique_name, monkeypatch):
+    """end="await": the caller waits on the end, so it goes as any request does, never as a
+    hint lingering for a request to share its message (patched to a minute here)."""
+    monkeypatch.setattr(txmq._produce_stream, "HINT_LINGER_SECONDS", 60.0)
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, psycopg.connect(dsn) as conn:
+        started = time.monotonic()
+        with producer.transaction(conn, end="await") as tx:
+            tx.send(txmq.Message(topic, b"awaited"))
+        assert tx.result.acknowledged
+        assert time.monotonic() - started < 20
 
 
 def test_an_exception_in_the_block_rolls_everything_back(checked, dsn, unique_name):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any, AsyncIterator
 
 import psycopg
@@ -19,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import txmq
+import txmq._produce_stream
 from tests.integration.test_anchored import (ANCHORED_ROUND_TRIPS, ANCHORED_STATEMENTS,  # noqa: F401 - fixtures
                                              SHOW_TRANSACTION, TRANSACTION_SETTINGS, TRANSACTION_SHOWN, WireTrace,
                                              checked, consume, dsn, end_calls, orders, pg, rows)
@@ -184,15 +186,15 @@ def test_the_end_of_an_asyncio_anchored_transaction_rides_the_produce_stream(che
     assert entries_after - entries_before >= 3
 
 
-def test_an_asyncio_caller_alone_sends_its_half_direct_while_its_last_end_is_in_flight(checked, dsn, unique_name):
+def test_an_asyncio_caller_alone_sends_its_half_in_the_message_of_its_last_end(checked, dsn, unique_name):
     """Back-to-back anchored transactions of one coroutine: the previous end (a hint on the
-    Produce stream, that nobody's critical path waits on) neither counts as a caller nor
-    holds the stream, so each half goes direct at once, the unary SendMessage. Before, the
-    half joined the stream behind the unanswered end and waited for its WAL sync (p50 at
-    one caller 5.9 → 4.6 ms, bench.outbox, docs/performance.md)."""
+    Produce stream that nobody's critical path waits on) lingers unsent for a moment, and
+    the next half, instead of going direct, shares its stream message: one gRPC message and
+    one WAL sync for both (docs/performance.md). Before, every half went direct and every
+    end alone: two messages per transaction."""
     group, topic = unique_name("g"), unique_name("orders")
     checked.create_topic(topic, 1)
-    n = 6
+    n = 8
 
     async def main() -> list[Any]:
         results = []
@@ -200,7 +202,7 @@ def test_an_asyncio_caller_alone_sends_its_half_direct_while_its_last_end_is_in_
                 await psycopg.AsyncConnection.connect(dsn) as conn:
             for i in range(n):
                 async with producer.transaction(conn) as tx:
-                    tx.send(txmq.Message(topic, b"direct"))
+                    tx.send(txmq.Message(topic, b"shared"))
                     await conn.execute("INSERT INTO orders VALUES (%s, 'x')", (f"d{i}",))
                 results.append(tx.result)
             for result in results:
@@ -208,10 +210,37 @@ def test_an_asyncio_caller_alone_sends_its_half_direct_while_its_last_end_is_in_
         return results
 
     port = checked.brokers[0].metrics_port
-    sends_before = metric_sum(port, "txmq_rpc_duration_seconds_count", {"method": "SendMessage"})
+
+    def messages() -> tuple[float, float]:
+        return (metric_sum(port, "txmq_rpc_duration_seconds_count", {"method": "SendMessage"}),
+                metric_sum(port, "txmq_produce_stream_messages_total", {"direction": "in"}))
+
+    before = messages()
     asyncio.run(main())
-    sends = metric_sum(port, "txmq_rpc_duration_seconds_count", {"method": "SendMessage"}) - sends_before
-    assert sends == n, f"{sends:.0f} of {n} halves went direct"
+    sends, streamed = (after - was for after, was in zip(messages(), before))
+    # The first half goes direct, each later one with the end before it, the last end alone:
+    # n + 1 messages (2n before); a linger that ran out under load sends a pair apart.
+    assert sends + streamed <= 1.5 * n, f"{sends:.0f} unary sends and {streamed:.0f} stream messages for {n}"
+    assert sends < n, f"{sends:.0f} of {n} halves went direct"
+
+
+def test_an_awaited_asyncio_end_never_lingers_as_a_hint(checked, dsn, unique_name, monkeypatch):
+    """As the sync test_an_awaited_end_never_lingers_as_a_hint: an end the caller awaits is
+    no hint (the hint linger is patched to a minute here)."""
+    monkeypatch.setattr(txmq._produce_stream, "HINT_LINGER_SECONDS", 60.0)
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+
+    async def main() -> float:
+        async with async_producing(checked, group, dsn, answer_checks=False) as producer, \
+                await psycopg.AsyncConnection.connect(dsn) as conn:
+            started = time.monotonic()
+            async with producer.transaction(conn, end="await") as tx:
+                tx.send(txmq.Message(topic, b"awaited"))
+            assert tx.result.acknowledged
+            return time.monotonic() - started
+
+    assert asyncio.run(main()) < 20
 
 
 def test_sqlalchemy_session_with_an_engine_as_the_source(checked, dsn, unique_name):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterator
+import time
+from typing import Any, Iterator
 
 import pytest
 
@@ -89,6 +90,40 @@ def test_a_hint_in_flight_holds_nothing(sender, monkeypatch) -> None:
     sender.put(2)
     assert sender.next_message() == [2]
     assert sender.session.unanswered == 1
+
+
+def test_a_hint_lingers_for_a_request_and_both_leave_in_one_message(sender, monkeypatch) -> None:
+    # The next transaction's half message follows an anchored end within a millisecond or
+    # so: it shares the end's stream message (one gRPC message, one WAL sync for both).
+    monkeypatch.setattr(_pipeline, "HINT_LINGER_SECONDS", 60.0)
+    sender.session.hints.add(1)
+    sender.put(1)
+    wait_until(lambda: sender.session.queue.qsize() == 0, 10, message="the sender never took the hint")
+    assert sender.sent.empty()
+    sender.put(2)
+    assert sender.next_message() == [1, 2]
+    assert sender.session.unanswered == 1  # the request, not the hint
+
+
+def test_hints_lingering_together_leave_with_the_request_that_joins_them(sender, monkeypatch) -> None:
+    monkeypatch.setattr(_pipeline, "HINT_LINGER_SECONDS", 60.0)
+    sender.session.hints.update({1, 2})
+    sender.put(1)
+    wait_until(lambda: sender.session.queue.qsize() == 0, 10, message="the sender never took the hint")
+    sender.put(2)
+    wait_until(lambda: sender.session.queue.qsize() == 0, 10, message="the sender never took the second hint")
+    assert sender.sent.empty()  # hints alone: still lingering
+    sender.put(3)
+    assert sender.next_message() == [1, 2, 3]
+
+
+def test_a_hint_nobody_joins_leaves_alone_once_the_linger_is_over(sender, monkeypatch) -> None:
+    monkeypatch.setattr(_pipeline, "HINT_LINGER_SECONDS", 0.05)
+    sender.session.hints.add(1)
+    started = time.monotonic()
+    sender.put(1)
+    assert sender.next_message() == [1]
+    assert time.monotonic() - started >= 0.05
 
 
 def _hold_one(sender: _Sender) -> None:
@@ -269,6 +304,138 @@ def test_a_session_with_no_linger_sends_the_first_caller_back_at_once(monkeypatc
     finally:
         s.session.queue.put(None)
         s.thread.join(10)
+
+
+# --- a stream against a broker that answers every message at once ------------------------
+
+class _Broker:
+    """The Produce method of a broker answering each stream message with its entries'
+    results at once, as one response; records the request ids of each message it got."""
+
+    def __init__(self) -> None:
+        self.messages: list[list[int]] = []
+
+    def __call__(self, requests: Iterator[broker_pb2.ProduceRequest]) -> "_Call":
+        return _Call(self, requests)
+
+
+class _Call:
+    """One Produce call: iterating it gives the responses; once the requests end it ends
+    after answering them all (as the broker does); ``cancel`` ends it at once."""
+
+    def __init__(self, broker: _Broker, requests: Iterator[broker_pb2.ProduceRequest]) -> None:
+        self._responses: "queue.SimpleQueue[broker_pb2.ProduceResponse | None]" = queue.SimpleQueue()
+        threading.Thread(target=self._serve, args=(broker, requests), daemon=True).start()
+
+    def _serve(self, broker: _Broker, requests: Iterator[broker_pb2.ProduceRequest]) -> None:
+        for request in requests:
+            broker.messages.append([e.request_id for e in request.entries])
+            self._responses.put(broker_pb2.ProduceResponse(results=[_answer(e) for e in request.entries]))
+        self._responses.put(None)
+
+    def __iter__(self) -> Iterator[broker_pb2.ProduceResponse]:
+        while (response := self._responses.get()) is not None:
+            yield response
+
+    def cancel(self) -> None:
+        self._responses.put(None)
+
+
+def _answer(entry: broker_pb2.ProduceEntry) -> broker_pb2.ProduceResult:
+    if entry.WhichOneof("request") == "send_message":
+        return broker_pb2.ProduceResult(request_id=entry.request_id, send_message={"message_id": "M1"})
+    return broker_pb2.ProduceResult(request_id=entry.request_id, end_transaction={"transaction_id": "T1"})
+
+
+def _end() -> broker_pb2.ProduceEntry:
+    return broker_pb2.ProduceEntry(end_transaction={"transaction_id": "T1"})
+
+
+def _send() -> broker_pb2.ProduceEntry:
+    return broker_pb2.ProduceEntry(send_message={"message": {"topic": "orders"}})
+
+
+class _Unary:
+    """The broker's unary methods, counting the calls a caller alone makes direct."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def SendMessage(self, request: Any, timeout: float) -> broker_pb2.SendMessageResponse:
+        self.calls += 1
+        return broker_pb2.SendMessageResponse(message_id="M1")
+
+    EndTransaction = SendMessage
+
+
+def _hint_in_background(stream: _pipeline.ProduceStream) -> "tuple[threading.Thread, list[Any]]":
+    """An anchored end sent as a hint from a thread of its own, as the producer does; the
+    list gets its answer (or what it raised)."""
+    got: list[Any] = []
+
+    def end() -> None:
+        try:
+            got.append(stream.request(_end(), timeout=10, stream=True))
+        except Exception as exc:  # noqa: BLE001 - the test checks what came
+            got.append(exc)
+
+    thread = threading.Thread(target=end, daemon=True)
+    thread.start()
+    return thread, got
+
+
+def _lingering(stream: _pipeline.ProduceStream) -> None:
+    """Waits until the stream's sender took the hint (and lingers with it)."""
+    session = wait_until(lambda: stream._sessions[0], 10, message="no stream opened")
+    wait_until(lambda: session.hints and session.queue.qsize() == 0, 10, message="the hint was never taken")
+
+
+def test_a_hint_alone_is_sent_after_the_linger_and_answered(monkeypatch) -> None:
+    monkeypatch.setattr(_pipeline, "HINT_LINGER_SECONDS", 0.05)
+    broker = _Broker()
+    stream = _pipeline.ProduceStream(broker, "broker:1", stub=_Unary())
+    try:
+        started = time.monotonic()
+        result = stream.request(_end(), timeout=10, stream=True)
+        assert time.monotonic() - started >= 0.05
+        assert result.end_transaction.transaction_id == "T1"
+        assert broker.messages == [[result.request_id]]
+    finally:
+        stream.close()
+
+
+def test_a_caller_alone_joins_a_lingering_hint_and_never_waits_for_the_linger(monkeypatch) -> None:
+    monkeypatch.setattr(_pipeline, "HINT_LINGER_SECONDS", 60.0)
+    broker, unary = _Broker(), _Unary()
+    stream = _pipeline.ProduceStream(broker, "broker:1", stub=unary)
+    try:
+        thread, ended = _hint_in_background(stream)
+        _lingering(stream)
+        assert broker.messages == []
+        started = time.monotonic()
+        result = stream.request(_send(), timeout=10)
+        assert time.monotonic() - started < 5  # not the 60 s linger
+        assert result.send_message.message_id == "M1"
+        thread.join(10)
+        assert [type(r) for r in ended] == [broker_pb2.ProduceResult]
+        assert broker.messages == [[ended[0].request_id, result.request_id]]  # one message for both
+        assert unary.calls == 0
+    finally:
+        stream.close()
+
+
+def test_close_sends_a_lingering_hint_and_it_is_answered(monkeypatch) -> None:
+    monkeypatch.setattr(_pipeline, "HINT_LINGER_SECONDS", 60.0)
+    broker = _Broker()
+    stream = _pipeline.ProduceStream(broker, "broker:1", stub=_Unary())
+    thread, ended = _hint_in_background(stream)
+    _lingering(stream)
+    started = time.monotonic()
+    stream.close()
+    assert time.monotonic() - started < 5
+    thread.join(10)
+    assert [type(r) for r in ended] == [broker_pb2.ProduceResult]  # answered, not ClientClosedError
+    assert broker.messages == [[ended[0].request_id]]
 
 
 # --- lanes ----------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ class AsyncTransactionProducer(Protocol):
     def _validate(self, message: Message) -> Message: ...
     async def _send_half(self, message: Message) -> TransactionMessage: ...
     async def _end_by_id(self, transaction_id: str, decision: LocalTransactionState,
-                         deadline: float) -> tuple[TransactionState | None, TxmqError | None]: ...
+                         deadline: float, *, hint: bool = True) -> tuple[TransactionState | None, TxmqError | None]: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
@@ -377,12 +377,12 @@ class AsyncDecisionStore:
         log.debug("check of %s (key %s): %s (%s)", message.transaction_id, key, verdict.answer, verdict.source.value)
         return verdict.answer
 
-    async def perform(self, step: Any) -> Any:
+    async def perform(self, step: Any, *, hint: bool = True) -> Any:
         if type(step) is core.Statement:
             return await self.pool.run(step)
         if type(step) is core.Ends:
             deadline = time.monotonic() + core.END_RETRY_SECONDS
-            return await asyncio.gather(*(self.producer._end_by_id(t, step.decision, deadline)
+            return await asyncio.gather(*(self.producer._end_by_id(t, step.decision, deadline, hint=hint)
                                           for t in step.transaction_ids))
         assert type(step) is core.Acknowledged, step
         self.acknowledged(step.key)
@@ -578,4 +578,4 @@ class AsyncAnchoredTransaction:
             failpoint_soon("end.inflight")
         elif type(step) is core.Acknowledged:
             failpoint("end.after")
-        return await self.store.perform(step)
+        return await self.store.perform(step, hint=self.end == "hint")  # "await": the caller waits on it

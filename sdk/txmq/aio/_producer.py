@@ -263,13 +263,13 @@ class AsyncTransactionProducer(AsyncProducer):
                                                message_group=message.message_group)
         return half_message(message, route, pb, sent), route
 
-    async def _end_by_id(self, transaction_id: str, decision: LocalTransactionState,
-                         deadline: float) -> tuple[TransactionState | None, TxmqError | None]:
-        async def perform(step: Step | Address) -> Any:  # as the sync producer's: on the stream
+    async def _end_by_id(self, transaction_id: str, decision: LocalTransactionState, deadline: float,
+                         *, hint: bool = True) -> tuple[TransactionState | None, TxmqError | None]:
+        async def perform(step: Step | Address) -> Any:  # as the sync producer's (hint: on the stream)
             if isinstance(step, Address):
                 return await self._client.broker_address(step.broker, refresh=step.refresh)
             if type(step) is Request:
-                return await self._request(step.shard, step.address, step.entry, stream=True)
+                return await self._request(step.shard, step.address, step.entry, stream=hint)
             return await self._perform(step)
 
         store = self._decision_store

@@ -11,6 +11,11 @@ request of the process's coroutines (the design of ``txmq._produce_stream``, wit
   later than ``HOLD_SECONDS`` stops holding the next. A hint (``stream=True``: an entry
   nobody's critical path waits on, as an anchored transaction's end) holds nothing: the
   half message of the caller's next transaction leaves at once, not one WAL sync later.
+- A message of hints alone waits up to ``HINT_LINGER_SECONDS`` (``txmq._produce_stream``)
+  for a request to share it; the request never waits, its arrival sends both at once (one
+  gRPC message and one WAL sync for the end and the next half). Nobody joining, the hints
+  leave alone once the linger is over; ``close`` sends them at once and waits for their
+  answers.
 - One reader task resolves the futures by request id (the broker answers out of order).
 - When the call fails, every request in flight fails with :class:`UnavailableError`
   (retryable: the caller retries with the same message id, which the broker
@@ -19,7 +24,7 @@ request of the process's coroutines (the design of ``txmq._produce_stream``, wit
   was sent marks the call dead (a half-open connection): it is cancelled.
 - A coroutine alone (no other in ``request``, hints aside) goes direct: the unary call its
   entry stands for, no writer or reader task, as ``txmq._produce_stream`` does for a
-  thread alone.
+  thread alone; but with a hint lingering unsent it takes the stream, to share its message.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from typing import Any, Callable
 import grpc
 
 from .._errors import ClientClosedError, DeadlineExceededError, UnavailableError, error_from_entry, error_from_rpc
-from .._produce_stream import HOLD_SECONDS, MAX_BATCH, direct_call
+from .. import _produce_stream
+from .._produce_stream import HOLD_SECONDS, MAX_BATCH, direct_call, hints_only
 from ..v1 import broker_pb2
 
 log = logging.getLogger(__name__)
@@ -51,6 +57,10 @@ class _Session:
         self.queue: list[broker_pb2.ProduceEntry] = []
         self.pending: dict[int, asyncio.Future[broker_pb2.ProduceResult]] = {}
         self.queued = asyncio.Event()
+        #: Set when an entry someone waits on is queued (what a message of hints alone
+        #: lingers for), or when closing (the hints leave now).
+        self.requested = asyncio.Event()
+        self.closing = False
         self.answered = asyncio.Event()
         self.answered.set()
         #: Entries sent and not answered that someone waits on (hints aside), and the
@@ -93,7 +103,7 @@ class AsyncProduceStream:
             raise ClientClosedError("producer")
         if stream:
             return await self._stream(entry, timeout, hint=True)
-        alone = self._callers == 0 and self._stub is not None
+        alone = self._callers == 0 and self._stub is not None and not self._hint_lingering()
         self._callers += 1
         try:
             if alone:
@@ -101,6 +111,12 @@ class AsyncProduceStream:
             return await self._stream(entry, timeout, hint=False)
         finally:
             self._callers -= 1
+
+    def _hint_lingering(self) -> bool:
+        """Whether hints wait unsent for a request to share their message (then a coroutine
+        alone joins them instead of going direct: one message and one WAL sync for both)."""
+        session = self._session
+        return session is not None and not session.dead and bool(session.queue)
 
     async def _direct(self, entry: broker_pb2.ProduceEntry, timeout: float) -> broker_pb2.ProduceResult:
         method, unary, kind = direct_call(self._stub, entry)
@@ -127,6 +143,8 @@ class AsyncProduceStream:
         session.pending[request_id] = future
         session.queue.append(entry)
         session.queued.set()
+        if not hint:
+            session.requested.set()
         sent_at = time.monotonic()
         try:
             result = await asyncio.wait_for(future, timeout)
@@ -143,10 +161,17 @@ class AsyncProduceStream:
         return result
 
     async def close(self) -> None:
-        """Fails every request in flight with ClientClosedError. Idempotent."""
+        """Sends the hints still lingering and waits up to ``CLOSE_FLUSH_SECONDS`` for every
+        hint on the call to be answered (a clean close drops no anchored end), then fails
+        every request still in flight with ClientClosedError. Idempotent."""
         self._closed = True
         session, self._session = self._session, None
         if session is not None:
+            hinted = [f for i, f in session.pending.items() if i in session.hints]
+            if hinted and not session.dead:
+                session.closing = True
+                session.requested.set()
+                await asyncio.wait(hinted, timeout=_produce_stream.CLOSE_FLUSH_SECONDS)
             self._fail(session, "closed")
             session.call.cancel()
             for task in session.tasks:
@@ -172,6 +197,8 @@ class AsyncProduceStream:
                         pass
                     for _ in range(LINGER_TURNS):
                         await asyncio.sleep(0)
+                if hints_only(session.queue, session.hints) and not session.closing:
+                    await self._linger_for_request(session)
                 if session.dead:
                     return
                 batch, session.queue = session.queue[:MAX_BATCH], session.queue[MAX_BATCH:]
@@ -193,6 +220,17 @@ class AsyncProduceStream:
         except Exception:  # never leave callers waiting
             log.exception("produce stream to %s: writer failed", self.address)
             self._fail(session, "writer failed")
+
+    @staticmethod
+    async def _linger_for_request(session: _Session) -> None:
+        """Hints alone wait up to ``HINT_LINGER_SECONDS`` for a request to share their
+        message; one queued (or the call closing) sends them at once."""
+        session.requested.clear()
+        timer = asyncio.get_running_loop().call_later(_produce_stream.HINT_LINGER_SECONDS, session.requested.set)
+        try:
+            await session.requested.wait()
+        finally:
+            timer.cancel()
 
     async def _read(self, session: _Session) -> None:
         detail = "the broker closed the stream"
@@ -233,6 +271,7 @@ class AsyncProduceStream:
             self._session = None
         session.queued.set()
         session.answered.set()
+        session.requested.set()
         failed, session.pending = session.pending, {}
         if failed:
             log.debug("produce stream to %s failed with %d in flight: %s", self.address, len(failed), detail)
