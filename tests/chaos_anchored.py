@@ -9,7 +9,8 @@ Each run starts tests/chaos.py's cluster (a name server, etcd, a checker, one sh
 three replicas) and a private PostgreSQL, then ``--producers`` producer processes
 (tests/support/anchored_load.py) running anchored transactions in a loop — one ``orders``
 row and one message, some two messages, some raising in the block to roll back; each
-process, drawn from the seed, on the sync SDK or on ``txmq.aio`` (the summary counts the
+process, in turn from the seed, on the sync SDK, on ``txmq.aio``, or on the sync SDK with a
+SQLAlchemy ``Session`` for the caller's connection (the summary counts the
 commits of each) — and
 ``--consumers`` consumers recording every delivery. The schedule, drawn from the seed and
 printed first, mixes ``--faults`` broker faults of tests/chaos.py (every one but the check

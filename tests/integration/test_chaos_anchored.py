@@ -14,6 +14,7 @@ import pytest
 
 from tests.chaos import report
 from tests.chaos_anchored import judge, run_once
+from tests.support.anchored_load import FLAVOURS
 
 SCHEDULE = ["kill-leader", "kill-producer", "failpoint:commit.after", "kill-all-producers"]
 
@@ -30,6 +31,7 @@ def test_anchored_chaos_run_keeps_every_invariant(tmp_path):
     assert result.summary["failpoint_deaths"] == 1, "the producer armed with commit.after never died there"
     assert result.summary["delivered"] > 0 and result.summary["rolled_back"] > 0, result.summary
     assert result.summary["resolver_took_over"] >= 1, "the checker's resolver never served the group"
+    assert all(result.summary[f"committed_{flavour}"] > 0 for flavour in FLAVOURS), result.summary
 
 
 HERE = {("broker-0", 0, 1)}

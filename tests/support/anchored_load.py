@@ -10,11 +10,12 @@ so the table alone says what must be delivered. The process answers its group's 
 from the decisions table and sweeps it, as every instance of an anchored group does.
 
     python -m tests.support.anchored_load --nameserver A --dsn D --topic T --group G
-           --prefix P --stop-file F [--seed S] [--asyncio]
+           --prefix P --stop-file F [--seed S] [--flavour sync|asyncio|sqlalchemy]
 
-``--asyncio``: the same loop with ``txmq.aio`` and a psycopg ``AsyncConnection`` (the
-SDKs share the decision core, not their stream and end paths). :class:`AnchoredLoad`
-draws each generation's flavour from its seed.
+``--flavour asyncio``: the same loop with ``txmq.aio`` and a psycopg ``AsyncConnection``
+(the SDKs share the decision core, not their stream and end paths); ``sqlalchemy``: the
+sync SDK on a SQLAlchemy ``Session`` over psycopg (whose BEGIN and COMMIT the SDK sends
+itself). :class:`AnchoredLoad` gives the generations the flavours in turn, from its seed.
 
 Events, one JSON line each on stdout: {"ready"}, {"begin": order, "kind": k},
 {"committed": order, "transaction_ids": [...]}, {"rolled_back": order} (the block raised
@@ -49,8 +50,10 @@ INSERT_ORDER = "INSERT INTO orders (id, messages) VALUES (%s, %s)"
 #: Every producer process's options, sync or asyncio (its decisions: DECISION_SETTINGS).
 PRODUCER_OPTIONS: dict[str, Any] = {"checker_refresh_seconds": 0.5, "send_timeout_seconds": 2.0,
                                     "request_timeout_seconds": 3.0}
-#: The SDK each producer process runs, drawn per generation.
-FLAVOURS = ("sync", "asyncio")
+#: The SDK (and the caller's connection) each producer process runs, in turn per generation
+#: from the run's seed, with the letter that marks it in the process's order prefix.
+FLAVOURS = ("sync", "asyncio", "sqlalchemy")
+FLAVOUR_MARKS = {"sync": "s", "asyncio": "a", "sqlalchemy": "q"}
 #: The table the load writes (with the decisions table, ``txmq.anchored.schema_sql()``).
 ORDERS_SQL = "CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, messages int NOT NULL)"
 #: The producers' decision settings: repairs and IN_PROGRESS retries within about a second.
@@ -70,13 +73,11 @@ def main() -> None:
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--stop-file", required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--asyncio", action="store_true")
+    parser.add_argument("--flavour", choices=FLAVOURS, default="sync")
     args = parser.parse_args()
-    if args.asyncio:
+    if args.flavour == "asyncio":
         asyncio.run(main_async(args))
         return
-
-    import psycopg
 
     import txmq
     from txmq.anchored import Decisions
@@ -85,17 +86,15 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     producer = txmq.TransactionProducer(args.nameserver, producer_group=args.group,
                                         decisions=Decisions(args.dsn, **DECISION_SETTINGS), **PRODUCER_OPTIONS)
-    conn = psycopg.connect(args.dsn)
+    database = SessionOrders(args.dsn) if args.flavour == "sqlalchemy" else PsycopgOrders(args.dsn)
     emit(ready=True)
     orders = Orders(args, stop.is_set)
     for order in orders:
         try:
-            if conn.closed or conn.broken:
-                conn = psycopg.connect(args.dsn)
-            with producer.transaction(conn) as tx:
+            with producer.transaction(database.connection()) as tx:
                 for message in order.messages(args.topic):
                     tx.send(message)
-                conn.execute(INSERT_ORDER, (order.id, order.count))
+                database.insert(order)
                 order.end_block()
             order.committed(tx.result)
         except Deliberate:
@@ -107,6 +106,47 @@ def main() -> None:
     stop.wait()
     producer.close()
     emit(done=orders.started)
+
+
+class PsycopgOrders:
+    """The sync loop's psycopg ``Connection`` (a new one once it broke)."""
+
+    def __init__(self, dsn: str) -> None:
+        import psycopg
+
+        self.dsn, self.conn = dsn, psycopg.connect(dsn)
+
+    def connection(self) -> Any:
+        import psycopg
+
+        if self.conn.closed or self.conn.broken:
+            self.conn = psycopg.connect(self.dsn)
+        return self.conn
+
+    def insert(self, order: "Order") -> None:
+        self.conn.execute(INSERT_ORDER, (order.id, order.count))
+
+
+class SessionOrders:
+    """The sync loop's SQLAlchemy ``Session`` on psycopg (rolled back by the SDK after a
+    failure, so the same one serves the next transaction)."""
+
+    def __init__(self, dsn: str) -> None:
+        import sqlalchemy
+        from sqlalchemy.orm import Session
+
+        parts = dict(p.split("=", 1) for p in dsn.split())
+        engine = sqlalchemy.create_engine(sqlalchemy.URL.create(
+            "postgresql+psycopg", username=parts.get("user"), host=parts.get("host"), port=int(parts["port"]),
+            database=parts.get("dbname")))
+        self.session = Session(engine)
+        self.statement = sqlalchemy.text("INSERT INTO orders (id, messages) VALUES (:id, :messages)")
+
+    def connection(self) -> Any:
+        return self.session
+
+    def insert(self, order: "Order") -> None:
+        self.session.execute(self.statement, {"id": order.id, "messages": order.count})
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -211,7 +251,7 @@ class LoadProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.support.anchored_load", "--nameserver", nameserver, "--dsn", dsn,
                  "--topic", topic, "--group", group, "--prefix", prefix, "--stop-file", str(stop_file),
-                 "--seed", str(seed), *(["--asyncio"] if flavour == "asyncio" else [])],
+                 "--seed", str(seed), "--flavour", flavour],
                 stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT, text=True)
         self.events: list[dict[str, Any]] = []
         self._reader = threading.Thread(target=self._read, daemon=True, name=f"events-{prefix}")
@@ -283,8 +323,8 @@ class AnchoredLoad:
     def start(self, slot: int, failpoint: str = "") -> LoadProcess:
         generation = next(self._generations)
         seed = self.seed * 1000 + generation
-        flavour = random.Random(seed).choice(FLAVOURS)
-        proc = LoadProcess(f"p{slot}g{generation}{flavour[0]}", stop_file=self.stop_file, workdir=self.workdir,
+        flavour = FLAVOURS[(self.seed + generation) % len(FLAVOURS)]  # in turn: the first fleet runs every one
+        proc = LoadProcess(f"p{slot}g{generation}{FLAVOUR_MARKS[flavour]}", stop_file=self.stop_file, workdir=self.workdir,
                            seed=seed, failpoint=failpoint, flavour=flavour, **self.settings)
         with self.lock:
             self.slots[slot] = proc
