@@ -17,8 +17,8 @@ from txmq.faults import FaultTable
 
 class FaultTableCollector(Collector):
     """The routing fault table's counters, read at scrape time: sends rerouted, shards
-    avoided (1) or not (0), and per shard the send latency (count and sum: rate(sum) /
-    rate(count) is the mean). Labelled by shard (a broker name) only."""
+    avoided (1) or not (0), and per shard the calls that failed and the send latency (count
+    and sum: rate(sum) / rate(count) is the mean). Labelled by shard (a broker name) only."""
 
     def __init__(self, faults: FaultTable) -> None:
         self.faults = faults
@@ -29,12 +29,18 @@ class FaultTableCollector(Collector):
                                   "sent again to another", value=stats.rerouted)
         avoided = GaugeMetricFamily("txmq_proxy_shard_avoided", "1 while new sends avoid the shard (it "
                                     "failed and no probe has succeeded since)", labels=["shard"])
+        failures = CounterMetricFamily("txmq_proxy_shard_failures", "Calls to the shard that failed as if it "
+                                       "were down (each such attempt of a send or of a call an id binds to it): "
+                                       "what makes new sends avoid it",
+                                       labels=["shard"])
         latency = SummaryMetricFamily("txmq_proxy_shard_send_seconds", "Latency of sends answered by each "
                                       "shard", labels=["shard"])
         for shard in stats.shards:
             avoided.add_metric([shard.shard], 1.0 if shard.avoided else 0.0)
+            failures.add_metric([shard.shard], shard.failures)
             latency.add_metric([shard.shard], count_value=shard.successes, sum_value=shard.latency_seconds_sum)
         yield avoided
+        yield failures
         yield latency
 
 

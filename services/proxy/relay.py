@@ -4,10 +4,13 @@
   send (same id, any replica) reaches the same broker, which deduplicates it, unless that
   broker's shard is failing: the upstream's fault table (``txmq.faults``, the SDK's) makes
   new sends skip it, and a send that fails with a retryable error (nothing acknowledged) is
-  sent again to another shard (the client's message id does not name a shard, so it is
-  kept). A half message attempt left behind may have been stored with its answer lost:
-  that orphan's check is answered ROLLBACK by this replica (``CheckManager``), never asked
-  of the client, whose checker would find the message id committed and commit it twice.
+  sent again to another shard the table lets take traffic (the client's message id does not
+  name a shard, so it is kept); with none (every shard failing at once: both leaders of two
+  shards lost together) it stays on its shard, backed off, until the shard's next leader,
+  as the SDK's sends do. A half message attempt left behind (moved from or given up on) may
+  have been stored with its answer lost: that orphan's check is answered ROLLBACK by this
+  replica (``CheckManager``), never asked of the client, whose checker would find the
+  message id committed and commit it twice.
 - EndTransaction goes to the broker the transaction id names; Ack, ChangeInvisibleDuration
   and dead-lettering to the broker the receipt handle names. No state is kept here: any
   replica serves any of them.
@@ -52,20 +55,44 @@ def _shard_of(queue: nameserver_pb2.QueueRoute) -> str:
     return queue.broker_name
 
 
+def _start(queues: Sequence[nameserver_pb2.QueueRoute], message_id: str) -> int:
+    """Where a send's choice of queue starts: a hash of its message id (random without one)."""
+    if not message_id:
+        return random.randrange(len(queues))
+    digest = hashlib.sha256(message_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % len(queues)
+
+
 def pick_queue(queues: Sequence[nameserver_pb2.QueueRoute], message_id: str,
                faults: FaultTable | None = None,
                exclude: frozenset[str] | set[str] = frozenset()) -> nameserver_pb2.QueueRoute:
     """The queue of a send: stable for a message id (retries meet their first attempt)
     while its shard is healthy; the next usable one (``faults``, not in ``exclude``)
-    otherwise."""
-    if not message_id:
-        start = random.randrange(len(queues))
-    else:
-        digest = hashlib.sha256(message_id.encode()).digest()
-        start = int.from_bytes(digest[:8], "big") % len(queues)
+    otherwise, or, with none usable, the one back soonest (a send is never refused because
+    every shard failed once)."""
+    start = _start(queues, message_id)
     if faults is None:
         return queues[start]
     return faults.choose(queues, _shard_of, start, exclude)
+
+
+def pick_other(queues: Sequence[nameserver_pb2.QueueRoute], message_id: str, faults: FaultTable,
+               exclude: frozenset[str] | set[str]) -> nameserver_pb2.QueueRoute | None:
+    """Where a send that failed on the shards in ``exclude`` moves: as ``pick_queue``, but
+    only to a shard the fault table lets take traffic now; None when there is none (every
+    shard is failing, e.g. two shards' leaders lost at once: the send stays on its own)."""
+    return faults.choose_usable(queues, _shard_of, _start(queues, message_id), exclude)
+
+
+def same_queue(queues: Sequence[nameserver_pb2.QueueRoute],
+               queue: nameserver_pb2.QueueRoute) -> nameserver_pb2.QueueRoute | None:
+    """``queue`` as ``queues`` (a newer route) have it, at its shard's current address; any
+    queue of its shard when that one is gone; None when the route does not list the shard."""
+    same_shard = [q for q in queues if q.broker_name == queue.broker_name]
+    for q in same_shard:
+        if q.queue_id == queue.queue_id:
+            return q
+    return same_shard[0] if same_shard else None
 
 
 class Relay:
@@ -79,57 +106,95 @@ class Relay:
         return broker_pb2_grpc.BrokerServiceStub(self.upstream.channel(address))
 
     async def send(self, message: common_pb2.Message) -> broker_pb2.SendMessageResponse:
+        """Sends ``message`` (its client message id kept throughout) on the queue
+        ``pick_queue`` chooses. A retryable failure (nothing acknowledged) moves it to a
+        shard the fault table lets take traffic (``pick_other``); with none (every shard
+        failing at once: both leaders of two shards lost together) it stays on its shard,
+        backed off, and is sent again at the address of the shard's next leader (the route
+        waits while the shard is between leaders), where moving would only spend its
+        attempts, and then its client's, on dead leaders in milliseconds. NOT_LEADER,
+        LEADERSHIP_LOST and a message group's send stay on their shard too, backed off. A
+        half message attempt left on a shard it moved from, or given up on, is
+        ``abandoned`` there (its orphan's check is answered ROLLBACK); one that succeeds on
+        its shard in the end is not."""
         faults = self.upstream.faults
         half = message.type == common_pb2.MESSAGE_TYPE_TRANSACTION
         failed_on: set[str] = set()
+        #: The queue of the last attempt, and where the next one goes (its shard's queue in
+        #: the route then; None: ``pick_queue``'s choice).
+        last: nameserver_pb2.QueueRoute | None = None
+        target: nameserver_pb2.QueueRoute | None = None
+        #: The shard of the last half message attempt that failed with nothing known (it may
+        #: be stored there): abandoned once the send moves away from it or gives up, never
+        #: while it waits to be sent there again (a check meanwhile would roll back a half
+        #: its retry then finds stored and the client commits).
+        unknown_on: str | None = None
         attempt = 1
         overload = OverloadBackoff()
         deadline = time.monotonic() + self.config.rpc_timeout_seconds
-        while True:
-            queues: Sequence[nameserver_pb2.QueueRoute] = await self._route_awaiting_leader(message.topic, deadline)
-            if not queues:
-                raise TopicNotFoundError(message.topic)
-            if message.message_group:  # its group's queue, always (as txmq.Producer)
-                queues = self.group_routes[message.topic] = group_route(
-                    self.group_routes.get(message.topic), queues, lambda q: (q.broker_name, q.queue_id))
-                queue = queues[group_queue_index(message.message_group, len(queues))]
-            else:
-                queues = [q for q in queues if not q.draining] or queues  # a draining shard takes no new sends
-                queue = pick_queue(queues, message.message_id, faults, failed_on)
-            if failed_on and queue.broker_name not in failed_on:
-                faults.rerouted()
-            message.queue_id = queue.queue_id
-            started = time.monotonic()
-            try:
-                response = await call(self._stub(queue.broker_address).SendMessage(
-                    broker_pb2.SendMessageRequest(message=message), timeout=self.config.rpc_timeout_seconds))
-            except TxmqError as exc:
-                pause = overload.delay(exc)
-                if pause is not None:  # nothing applied: the same request again, later
-                    await asyncio.sleep(pause)
+        try:
+            while True:
+                queues: Sequence[nameserver_pb2.QueueRoute] = await self._route_awaiting_leader(message.topic,
+                                                                                                deadline)
+                if not queues:
+                    raise TopicNotFoundError(message.topic)
+                if message.message_group:  # its group's queue, always (as txmq.Producer)
+                    queues = self.group_routes[message.topic] = group_route(
+                        self.group_routes.get(message.topic), queues, lambda q: (q.broker_name, q.queue_id))
+                    queue = queues[group_queue_index(message.message_group, len(queues))]
+                else:
+                    queues = [q for q in queues if not q.draining] or queues  # a draining shard takes no new sends
+                    queue = ((same_queue(queues, target) if target is not None else None)
+                             or pick_queue(queues, message.message_id, faults, failed_on))
+                if last is not None and queue.broker_name != last.broker_name:
+                    faults.rerouted()
+                    if unknown_on is not None:
+                        self.upstream.abandoned.add((unknown_on, message.message_id))
+                        unknown_on = None
+                last = queue
+                message.queue_id = queue.queue_id
+                started = time.monotonic()
+                try:
+                    response = await call(self._stub(queue.broker_address).SendMessage(
+                        broker_pb2.SendMessageRequest(message=message), timeout=self.config.rpc_timeout_seconds))
+                except TxmqError as exc:
+                    pause = overload.delay(exc)
+                    if pause is not None:  # nothing applied: the same request again, later
+                        await asyncio.sleep(pause)
+                        continue
+                    action = retry_action(exc, bound=False)
+                    if action is RetryAction.ELSEWHERE:
+                        faults.failed(queue.broker_name)
+                        if message.message_group:
+                            action = RetryAction.SAME_SHARD  # a group's message never moves: order would break
+                        elif half:
+                            unknown_on = queue.broker_name
+                    elif action is RetryAction.FAIL and exc.reason not in _STALE_ROUTE:
+                        raise
+                    if attempt >= SEND_ATTEMPTS:
+                        raise
+                    self.upstream.forget_route(message.topic)
+                    target = None  # a stale route: chosen again from the new one
+                    if action is RetryAction.ELSEWHERE:
+                        failed_on.add(queue.broker_name)
+                        # None when no other shard is usable: every one is failing, and bouncing
+                        # between them would spend the attempts in milliseconds; staying waits
+                        # for this shard's next leader.
+                        target = pick_other(queues, message.message_id, faults, failed_on)
+                    if action is not RetryAction.FAIL and target is None:  # it stays: give it a moment
+                        target = queue
+                        await asyncio.sleep(BOUND_BACKOFF_SECONDS * 2 ** (attempt - 1))
+                    attempt += 1
                     continue
-                action = retry_action(exc, bound=False)
-                if action is RetryAction.ELSEWHERE and message.message_group:
-                    faults.failed(queue.broker_name)
-                    action = RetryAction.SAME_SHARD  # a group's message never moves: order would break
-                elif action is RetryAction.ELSEWHERE:
-                    faults.failed(queue.broker_name)
-                    failed_on.add(queue.broker_name)
-                    if half:
-                        self.upstream.abandoned.add((queue.broker_name, message.message_id))
-                elif action is RetryAction.FAIL and exc.reason not in _STALE_ROUTE:
-                    raise
-                if attempt >= SEND_ATTEMPTS:
-                    raise
-                self.upstream.forget_route(message.topic)
-                if action is RetryAction.SAME_SHARD:  # it must stay there: give it a moment
-                    await asyncio.sleep(BOUND_BACKOFF_SECONDS * 2 ** (attempt - 1))
-                attempt += 1
-                continue
-            faults.succeeded(queue.broker_name, time.monotonic() - started)
-            if half:
-                self.upstream.abandoned.discard((queue.broker_name, message.message_id))
-            return response
+                faults.succeeded(queue.broker_name, time.monotonic() - started)
+                if half:
+                    unknown_on = None
+                    self.upstream.abandoned.discard((queue.broker_name, message.message_id))
+                return response
+        except BaseException:
+            if unknown_on is not None:  # given up on
+                self.upstream.abandoned.add((unknown_on, message.message_id))
+            raise
 
     async def _route_awaiting_leader(self, topic: str, deadline: float) -> list[nameserver_pb2.QueueRoute]:
         """The topic's queues; while the shards holding it are between leaders (NoLeaderError,

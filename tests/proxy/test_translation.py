@@ -13,7 +13,8 @@ from services.proxy.codes import code_for, status
 from services.proxy.config import ProxyConfig
 from services.proxy.convert import delivered_to_rmq, to_native
 from services.proxy.protocol import Code, definition_pb2 as pb
-from services.proxy.relay import pick_queue
+from services.proxy.relay import pick_other, pick_queue, same_queue
+from txmq.faults import FaultTable
 from txmq.errors import (InvalidIdError, MessageTooLargeError, NoLeaderError, ReceiptHandleNotFoundError,
                           TopicNotFoundError, TransactionNotFoundError, TransactionStateError, UnavailableError,
                           error_from_status)
@@ -166,6 +167,24 @@ def test_queue_choice_is_stable_per_message_id() -> None:
     chosen = {pick_queue(queues, f"id-{n}").queue_id for n in range(200)}
     assert len(chosen) == 8
     assert all(pick_queue(queues, "same") == pick_queue(queues, "same") for _ in range(10))
+
+
+def test_a_failed_send_moves_only_to_a_shard_the_fault_table_lets_take_traffic() -> None:
+    """Both shards failing (two leaders lost at once): no other shard to move to (None), the
+    send stays on its own and follows its next leader's address in the new route."""
+    queues = [nameserver_pb2.QueueRoute(broker_name=f"b{i % 2}", queue_id=i, broker_address=f"old-{i % 2}")
+              for i in range(4)]
+    faults = FaultTable()
+    faults.failed("b0")
+    assert pick_other(queues, "id", faults, {"b0"}).broker_name == "b1"
+    faults.failed("b1")
+    assert pick_other(queues, "id", faults, {"b0"}) is None
+    assert pick_queue(queues, "id", faults, {"b0"}).broker_name in {"b0", "b1"}  # a first pick still goes
+    moved = [nameserver_pb2.QueueRoute(broker_name=q.broker_name, queue_id=q.queue_id,
+                                       broker_address=f"new-{q.queue_id % 2}") for q in queues]
+    again = same_queue(moved, queues[1])
+    assert again is not None and (again.broker_name, again.queue_id, again.broker_address) == ("b1", 1, "new-1")
+    assert same_queue(moved[::2], queues[1]) is None  # b1 not routed (between leaders)
 
 
 @pytest.mark.parametrize("kind", [pb.LITE, 77])
