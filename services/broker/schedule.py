@@ -10,6 +10,7 @@ below it; the claims (``checks.py``) move floors up as they take keys.
 from __future__ import annotations
 
 import heapq
+from typing import Callable, Iterable
 
 from .base import BrokerContext, first_time
 from .store import codec
@@ -34,6 +35,9 @@ class CheckSchedule:
         #: The floors as a heap, so a claim finds the groups with due work without looking
         #: at idle ones (superseded entries are skipped, and dropped now and then).
         self._heap: list[tuple[int, str]] = []
+        #: Told the new floor whenever one is lowered (a key may fall due sooner than the
+        #: claims held on the broker expect: ``ClaimWaits.lowered``).
+        self.on_lowered: Callable[[int], None] | None = None
         self._load()
 
     def _load(self) -> None:
@@ -54,6 +58,8 @@ class CheckSchedule:
         w.put("due", codec.group_time_key(group, due_ms, seq), b"")
         if (due_ms, seq) < self.floor(group):
             self.set_floor(group, due_ms, seq)
+            if self.on_lowered is not None:
+                self.on_lowered(due_ms)
 
     def remove(self, w: OpWrites, row: TxnRow) -> None:
         """Stages the removal of the row's due key (the floor stays: it is a lower bound)."""
@@ -87,6 +93,11 @@ class CheckSchedule:
             if len(heap) > 4 * len(self.floors) + 1024:  # superseded entries: rebuild
                 heap[:] = [(f, g) for g, (f, _s) in self.floors.items() if f < NO_DUE_MS]
                 heapq.heapify(heap)
+
+    def earliest(self, groups: Iterable[str]) -> int:
+        """The earliest floor of ``groups``: none of them has a key due before it
+        (``NO_DUE_MS`` when none has a due key)."""
+        return min((self.floor(g)[0] for g in groups), default=NO_DUE_MS)
 
     def pop_due_groups(self, now: int) -> list[str]:
         """Groups whose floor has come, taken off the heap (the claim puts each back)."""

@@ -19,6 +19,7 @@ from services.common.limits import Admission, ConnectionLimit
 from . import adminrpc, failpoints, groups, topics
 from .bridge import StoreBridge
 from .checks import CheckReport, ClaimBatch
+from .claimwaits import ClaimWaits, hold_until
 from .core import BrokerCore
 from .filters import MessageFilter, parse_filter
 from .drain import guard_send
@@ -132,6 +133,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self.long_polls = ConnectionLimit("max_long_polls_per_connection", self.config.max_long_polls_per_connection)
         #: Sends on Produce streams applied and not yet answered (see ``_produce``).
         self.produce_pending = Admission(self.config.max_pending_produce_entries, "max_pending_produce_entries")
+        #: Claims that found nothing due, held until a check of theirs may be (``claimwaits.py``).
+        self.claim_waits = ClaimWaits()
+        core.schedule.on_lowered = self.claim_waits.lowered
 
     # --- producing -----------------------------------------------------------------------
 
@@ -312,11 +316,21 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         if request.session_id:
             groups = ({g.producer_group: g.max_checks for g in request.groups}
                       if request.groups or not request.groups_version else None)
-            op = self.core.session_claim_op(
-                request.session_id, request.groups_version, groups,
-                {g.producer_group: g.max_checks for g in request.limits}, request.max_checks, request.lease_seconds)
-            batch: ClaimBatch = await self.bridge.run(op)
+
+            def claim() -> Any:
+                return self.core.session_claim_op(
+                    request.session_id, request.groups_version, groups,
+                    {g.producer_group: g.max_checks for g in request.limits}, request.max_checks,
+                    request.lease_seconds)
+            batch: ClaimBatch = await self.bridge.run(claim())
             served = self.core.claims.session_groups(request.session_id)
+            if not (batch.checks or batch.groups_needed or batch.more_due):
+                until = hold_until(self.core.clock(), request.wait_ms, self.core.schedule.earliest(served))
+                peer = context.peer()
+                if until is not None and self.long_polls.available(peer) > 0:
+                    with self.long_polls.hold(peer):
+                        await self.claim_waits.hold(until, self.core.clock)
+                    batch = await self.bridge.run(claim())
         else:
             checks = await self.bridge.run(self.core.claim_op(request.producer_groups, request.max_checks,
                                                               request.lease_seconds))

@@ -7,7 +7,9 @@ groups whose free credit is below their capacity, with that free credit as their
 (split between the brokers). So a group whose producers are busy is not claimed for (its
 checks stay due in the broker), and a claim costs nothing per idle group. A claim runs
 every ``claim_interval_seconds``, at once when a group's free credit reaches half its
-capacity, and again at once when the broker says more is due. The claim is atomic and
+capacity, and again at once when the broker says more is due. A claim that finds nothing
+due is held on the broker (up to ``claim_wait_seconds``) until a check of the groups may
+fall due, so an idle checker claims about once per wait. The claim is atomic and
 leased on the broker, so replicas of the checker need no coordination: a check claimed by
 one is not handed to another until its lease ends.
 
@@ -117,10 +119,12 @@ class BrokerLink:
 
     async def _claim_loop(self) -> None:
         cfg = self.config
+        loop = asyncio.get_running_loop()
         while True:
             again = False
             # Cleared before the claim: credit granted while it runs wakes the next one.
             self._wake.clear()
+            started = loop.time()
             if self.dispatcher.total_free > 0:
                 try:
                     again = await self._claim()
@@ -132,7 +136,9 @@ class BrokerLink:
             if again:
                 await asyncio.sleep(0)  # more is due and there is credit: claim again at once
                 continue
-            await wait_event(self._wake, cfg.claim_interval_seconds)
+            # A claim the broker held has waited already; one answered at once (something
+            # due but no credit, an older broker, a failure) waits out the interval here.
+            await wait_event(self._wake, max(cfg.claim_interval_seconds - (loop.time() - started), 0.0))
 
     async def _claim(self) -> bool:
         """One claim in this link's session; True when it should be followed at once."""
@@ -142,7 +148,7 @@ class BrokerLink:
         limits = dispatcher.claim_limits(shares)
         request = broker_pb2.ClaimChecksRequest(
             max_checks=cfg.claim_batch, lease_seconds=cfg.lease_seconds, checker_id=cfg.checker_name,
-            session_id=self.session_id,
+            session_id=self.session_id, wait_ms=int(cfg.claim_wait_seconds * 1000),
             limits=[broker_pb2.ClaimGroup(producer_group=g, max_checks=n) for g, n in limits.items()])
         key = (dispatcher.version, shares)
         if key != self._sent_key:
@@ -150,7 +156,7 @@ class BrokerLink:
             request.groups.extend(broker_pb2.ClaimGroup(producer_group=g, max_checks=n)
                                   for g, n in dispatcher.claim_groups(shares).items())
         request.groups_version = self._groups_version
-        response = await self.stub.ClaimChecks(request, timeout=cfg.rpc_timeout_seconds)
+        response = await self.stub.ClaimChecks(request, timeout=cfg.rpc_timeout_seconds + cfg.claim_wait_seconds)
         if response.groups_needed:
             self._sent_key = None  # the broker forgot the session: send the groups again
             return True

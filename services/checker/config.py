@@ -30,6 +30,11 @@ class CheckerConfig(ServiceConfig):
     broker_refresh_seconds: float = seconds(5.0, max=HOUR)
     #: Pause between two claims of a broker that returned less than a full batch.
     claim_interval_seconds: float = seconds(0.2, max=HOUR)
+    #: How long a claim that finds nothing due may be held on the broker, answered as soon
+    #: as a check of the checker's groups may fall due (broker.proto ClaimChecksRequest
+    #: wait_ms): an idle checker then claims about once per wait instead of every
+    #: claim_interval_seconds. 0: every claim is answered at once.
+    claim_wait_seconds: float = seconds(1.0, min=0, max=60.0, zero="every claim is answered at once")
     #: Most checks one ClaimChecks asks for; a full batch is followed by another claim at once.
     claim_batch: int = count(256)
     #: A claimed check nobody reported on becomes due again after this long (broker side,

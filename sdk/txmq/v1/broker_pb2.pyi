@@ -845,6 +845,7 @@ class ClaimChecksRequest(_message.Message):
     GROUPS_VERSION_FIELD_NUMBER: _builtins.int
     GROUPS_FIELD_NUMBER: _builtins.int
     LIMITS_FIELD_NUMBER: _builtins.int
+    WAIT_MS_FIELD_NUMBER: _builtins.int
     max_checks: _builtins.int
     lease_seconds: _builtins.float
     """The claimed checks become due again after this long unless reported on."""
@@ -856,6 +857,12 @@ class ClaimChecksRequest(_message.Message):
     for it (groups_needed). A claim in a session ignores producer_groups.
     """
     groups_version: _builtins.int
+    wait_ms: _builtins.int
+    """A claim in a session that finds no check of the session's groups due, none even
+    waiting for capacity, is held up to this long (at most 60000), and answered as soon as
+    one of them may fall due (a new half message's first check, a check rescheduled).
+    0: answered at once.
+    """
     @_builtins.property
     def producer_groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Only these groups are claimed; a group nobody serves costs nothing. Without a
@@ -883,10 +890,11 @@ class ClaimChecksRequest(_message.Message):
         groups_version: _builtins.int = ...,
         groups: _abc.Iterable[Global___ClaimGroup] | None = ...,
         limits: _abc.Iterable[Global___ClaimGroup] | None = ...,
+        wait_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checker_id", b"checker_id", "groups", b"groups", "groups_version", b"groups_version", "lease_seconds", b"lease_seconds", "limits", b"limits", "max_checks", b"max_checks", "producer_groups", b"producer_groups", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checker_id", b"checker_id", "groups", b"groups", "groups_version", b"groups_version", "lease_seconds", b"lease_seconds", "limits", b"limits", "max_checks", b"max_checks", "producer_groups", b"producer_groups", "session_id", b"session_id", "wait_ms", b"wait_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
