@@ -17,6 +17,7 @@ import pytest
 
 from services.proxy.protocol import Code, definition_pb2, service_pb2, service_pb2_grpc
 from tests.support.fuzz import Census, Fuzzer, cluster_targets, fsck, seed, serving
+from tests.support.metrics import metric_sum
 from tests.support.waiting import wait_until
 from txmq.faults import FAULT_ROUTE_REFRESH_SECONDS
 from txmq.v1 import admin_pb2, broker_pb2, broker_pb2_grpc, checker_pb2, checker_pb2_grpc, common_pb2
@@ -299,9 +300,12 @@ def test_a_burst_through_the_proxy_loses_nothing_when_the_broker_sheds(fresh_clu
     # The cold proxy's sends shared their route lookups: the first, then a refresh at most
     # every FAULT_ROUTE_REFRESH_SECONDS while the shedding shard is avoided (one each), not
     # one name-server call per send waiting for a route (27 and 63 in ~5 s before).
+    # A call that failed otherwise (a deadline on a loaded machine) asks again at its retry
+    # (``Upstream.forget_route``): one more lookup each, counted by the proxy.
+    failed = int(metric_sum(c.proxies[0].metrics_port, "txmq_proxy_shard_failures_total"))
     lookups = _calls(c.nameservers[0], "QueryRoute")
-    print("route lookups", lookups, "in", round(elapsed, 1), "s")
-    assert lookups <= 2 + elapsed / FAULT_ROUTE_REFRESH_SECONDS, (lookups, elapsed)
+    print("route lookups", lookups, "in", round(elapsed, 1), "s;", failed, "calls failed")
+    assert lookups <= 2 + elapsed / FAULT_ROUTE_REFRESH_SECONDS + failed, (lookups, elapsed, failed)
     assert _shed(c.brokers[0]) > 0  # the broker did shed: the proxy retried
     stub = broker_pb2_grpc.BrokerServiceStub(c.channel(c.brokers[0].address))
     offsets = stub.GetQueueOffsets(broker_pb2.GetQueueOffsetsRequest(topic=topic), timeout=5)
