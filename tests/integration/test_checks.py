@@ -184,7 +184,10 @@ def test_unknown_from_execute_then_the_check_decides_value_mod_3(checked, unique
     for t, row in rows.items():
         if local[t] % 3 == 0:
             assert row.checks_delivered == CHECK_MAX and "check budget" in row.discard_reason
-            assert len(listener.calls(t)) == CHECK_MAX
+            # Each counted check reached the producer; one whose lease ran out before its
+            # DELIVERED report (a stall longer than the 1 s lease: seen once in make test, 15 s)
+            # is sent again, at least once, without spending the budget twice.
+            assert len(listener.calls(t)) >= CHECK_MAX
         else:
             assert row.resolution_source == common_pb2.TRANSACTION_SOURCE_CHECK
             assert row.checks_delivered == 1 and len(listener.calls(t)) == 1
