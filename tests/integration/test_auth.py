@@ -293,6 +293,48 @@ def test_census_of_unauthorized_actions(secured: tuple[Cluster, Path], capsys: p
         c.close()
 
 
+def test_a_stream_refused_mid_way_always_hears_permission_denied(secured: tuple[Cluster, Path]) -> None:
+    """A message refused after a stream has begun ends it with PERMISSION_DENIED every
+    time, even when the refusal comes while the service writes on the stream. Cancelling
+    that write half-way left its operation on the call, the refusal's status could not be
+    sent, and the caller heard nothing until its deadline: before the fix, 9 produce
+    streams in 10 and 1 check stream in 30 or so (CI saw it in the census)."""
+    cluster, _creds = secured
+    leader = cluster.leader("broker-0")
+    assert leader is not None
+    checker = checker_pb2_grpc.CheckerServiceStub(grpc.insecure_channel(cluster.checkers[0].address))
+    broker = broker_pb2_grpc.BrokerServiceStub(grpc.insecure_channel(leader.address))
+
+    def answer_for_another_group() -> Any:
+        return checker.CheckTransactionState(iter([
+            checker_pb2.CheckTransactionStateRequest(subscribe=checker_pb2.Subscribe(
+                producer_groups=["mallory"], client_id="rogue", check_credit=4)),
+            checker_pb2.CheckTransactionStateRequest(answer=checker_pb2.CheckAnswer(
+                check_id="forged", result=common_pb2.CHECK_RESULT_COMMIT, transaction_id="forged",
+                broker_name="broker-0", producer_group="orders"))]), metadata=bearer("mallory"), timeout=2.0)
+
+    def send_then_send_where_not_allowed() -> Any:
+        def entry(request_id: int, topic: str) -> broker_pb2.ProduceRequest:
+            return broker_pb2.ProduceRequest(entries=[broker_pb2.ProduceEntry(
+                request_id=request_id, send_message=broker_pb2.SendMessageRequest(message=common_pb2.Message(
+                    topic=topic, body=b"x", type=common_pb2.MESSAGE_TYPE_NORMAL)))])
+        return broker.Produce(iter([entry(1, "mallory-absent"), entry(2, "orders")]),
+                              metadata=bearer("mallory"), timeout=2.0)
+
+    outcomes: dict[str, dict[str, int]] = {}
+    for name, call, times in (("check answer", answer_for_another_group, 60),
+                              ("produce", send_then_send_where_not_allowed, 20)):
+        seen = outcomes.setdefault(name, {})
+        for _ in range(times):
+            try:
+                stream_refusal(call())
+                code = "OK"
+            except grpc.RpcError as exc:
+                code = exc.code().name
+            seen[code] = seen.get(code, 0) + 1
+    assert outcomes == {"check answer": {"PERMISSION_DENIED": 60}, "produce": {"PERMISSION_DENIED": 20}}
+
+
 def test_the_replication_port_lets_a_service_identity_past_authentication(secured: tuple[Cluster, Path]) -> None:
     """The census shows who is refused; this shows the broker's own token gets past the
     check to the session's (a replica id that is no replica: INVALID_ARGUMENT)."""

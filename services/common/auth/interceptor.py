@@ -327,7 +327,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 class _StreamGuard:
     """Checks each message of one stream. A message refused while the handler reads in a
     task of its own (the checker and the broker do) cannot end the call from there: the
-    guard cancels the handler's task, whose wrapper then answers PERMISSION_DENIED."""
+    guard cancels the handler's task, whose wrapper then answers PERMISSION_DENIED.
+
+    Never in the middle of a write: a write cancelled half-way leaves its operation on the
+    call, the refusal's status then fails to start (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS),
+    and the caller hears nothing until its deadline. A refusal that comes while the
+    handler writes ends the handler once the write is done (``_CheckedContext.write``)."""
 
     def __init__(self, interceptor: AuthInterceptor, method: str, policy: Policy, context: Any,
                  principal: Principal) -> None:
@@ -340,6 +345,9 @@ class _StreamGuard:
         self.principal = principal
         self.task = asyncio.current_task()
         self.violation: PermissionDeniedError | None = None
+        #: The handler's write under way, if any, and whether a refusal waits for it.
+        self.writing = False
+        self.stop_after_write = False
 
     async def check(self, message: Any) -> None:
         try:
@@ -350,7 +358,10 @@ class _StreamGuard:
             self.interceptor._noted(self.method, error)
             self.violation = error
             if self.task is not None and asyncio.current_task() is not self.task:
-                self.task.cancel()
+                if self.writing:
+                    self.stop_after_write = True
+                else:
+                    self.task.cancel()
                 raise asyncio.CancelledError from None
             await abort_with(self.context, error)
 
@@ -374,6 +385,20 @@ class _CheckedContext:
         if message is not grpc.aio.EOF:
             await self.guard.check(message)
         return message
+
+    async def write(self, message: Any) -> None:
+        guard = self.guard
+        guard.writing = True
+        try:
+            await self._context.write(message)
+        finally:
+            guard.writing = False
+        if guard.stop_after_write:
+            guard.stop_after_write = False
+            if asyncio.current_task() is guard.task:
+                raise asyncio.CancelledError
+            if guard.task is not None:
+                guard.task.cancel()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
