@@ -124,14 +124,8 @@ class PsycopgConnection:
             conn.execute("COMMIT") if conn.autocommit else conn.commit()
         except BaseException:
             if statement is not None:
-                self._rollback_after_error()  # a failed statement left the transaction aborted
+                rollback_after_error(self)  # a failed statement left the transaction aborted
             raise
-
-    def _rollback_after_error(self) -> None:
-        try:
-            self.rollback()
-        except Exception:  # noqa: BLE001 - the statement's error is the one to report
-            pass
 
     def rollback(self) -> None:
         if self.conn.autocommit:
@@ -204,14 +198,8 @@ class SQLAlchemySession:
                         raise
                     self.error_after_commit = exc  # an after_commit listener's: the database committed
         except BaseException:
-            self._rollback_after_error()  # the Session is usable again (SQLAlchemy wants a rollback first)
+            rollback_after_error(self)  # the Session is usable again (SQLAlchemy wants a rollback first)
             raise
-
-    def _rollback_after_error(self) -> None:
-        try:
-            self.rollback()
-        except Exception:  # noqa: BLE001 - the statement's error is the one to report
-            pass
 
     def rollback(self) -> None:
         self.session.rollback()
@@ -261,6 +249,10 @@ class DBAPIConnection:
             if statement is not None:
                 self.run(statement)
             self.conn.commit()
+        except BaseException:
+            if statement is not None:
+                rollback_after_error(self)  # a failed statement left the transaction aborted
+            raise
         finally:
             self._open = False
 
@@ -273,6 +265,15 @@ class DBAPIConnection:
             return self._sqlstate(error)
         lost = self._lost(error) if self._lost is not None else bool(getattr(self.conn, "closed", False))
         return pg_sqlstate(error, lost)
+
+
+def rollback_after_error(db: LocalConnection) -> None:
+    """After a statement of the commit failed: the transaction rolled back, so that the
+    caller's connection is usable again; the statement's error is the one to report."""
+    try:
+        db.rollback()
+    except Exception:  # noqa: BLE001 - a lost connection rolls back on the server anyway
+        pass
 
 
 def local_connection(conn: Any) -> LocalConnection:

@@ -307,6 +307,36 @@ def test_a_dbapi_connection_and_a_factory_source(checked, dsn, unique_name):
     assert orders(dsn) == ["d1"]
 
 
+def test_a_dbapi_connection_whose_final_statement_fails_is_usable_after(checked, dsn, unique_name):
+    """The decision row's last statement (recording the halves, sent with the COMMIT) fails
+    on a DB-API connection: the caller gets the driver's error, the half is rolled back, and
+    the connection is rolled back with it — before, it was left in the aborted transaction
+    and its next statement failed (InFailedSqlTransaction)."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with psycopg.connect(dsn, autocommit=True) as setup:
+        setup.execute("CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                      "$$ BEGIN RAISE EXCEPTION 'refused by a trigger'; END $$")
+        setup.execute(f"CREATE TRIGGER refuse BEFORE UPDATE ON txmq_decisions FOR EACH ROW "
+                      f"WHEN (NEW.producer_group = '{group}') EXECUTE FUNCTION refuse()")
+    raw = psycopg.connect(dsn)
+    conn = DBAPIConnection(raw, paramstyle="format")
+    with txmq.TransactionProducer(checked.nameserver_address, producer_group=group,
+                                  decisions=Decisions(lambda: psycopg.connect(dsn))) as producer:
+        with pytest.raises(psycopg.errors.RaiseException, match="refused by a trigger"):
+            with producer.transaction(conn) as tx:
+                half = tx.send(txmq.Message(topic, b"never"))
+                raw.cursor().execute("INSERT INTO orders VALUES ('d1', 'x')")
+        assert tx.result is None
+        wait_state(checked, half.result().transaction_id, ROLLED_BACK)
+        cursor = raw.cursor()
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
+        raw.rollback()
+    raw.close()
+    assert orders(dsn) == [] and rows(dsn) == []
+
+
 @pytest.mark.parametrize("flavour", [[], ["--asyncio"]], ids=["sync", "asyncio"])
 def test_the_anchored_example_runs(checked, dsn, unique_name, flavour):
     import os

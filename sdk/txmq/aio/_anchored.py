@@ -110,14 +110,8 @@ class AsyncPsycopgConnection:
             await (conn.execute("COMMIT") if conn.autocommit else conn.commit())
         except BaseException:
             if statement is not None:
-                await self._rollback_after_error()  # a failed statement left the transaction aborted
+                await rollback_after_error(self)  # a failed statement left the transaction aborted
             raise
-
-    async def _rollback_after_error(self) -> None:
-        try:
-            await self.rollback()
-        except Exception:  # noqa: BLE001 - the statement's error is the one to report
-            pass
 
     async def rollback(self) -> None:
         if self.conn.autocommit:
@@ -184,20 +178,23 @@ class AsyncSQLAlchemySession:
                         raise
                     self.error_after_commit = exc  # an after_commit listener's: the database committed
         except BaseException:
-            await self._rollback_after_error()  # the Session is usable again (SQLAlchemy wants a rollback first)
+            await rollback_after_error(self)  # the Session is usable again (SQLAlchemy wants a rollback first)
             raise
-
-    async def _rollback_after_error(self) -> None:
-        try:
-            await self.rollback()
-        except Exception:  # noqa: BLE001 - the statement's error is the one to report
-            pass
 
     async def rollback(self) -> None:
         await self.session.rollback()
 
     def sqlstate(self, error: BaseException) -> str | None:
         return pg_sqlstate(error, False)
+
+
+async def rollback_after_error(db: Any) -> None:
+    """After a statement of the commit failed: the transaction rolled back, so that the
+    caller's connection is usable again; the statement's error is the one to report."""
+    try:
+        await db.rollback()
+    except Exception:  # noqa: BLE001 - a lost connection rolls back on the server anyway
+        pass
 
 
 def async_local_connection(conn: Any) -> Any:
