@@ -450,7 +450,7 @@ class DecisionStore:
         if type(step) is core.Statement:
             return self.pool.run(step)
         if type(step) is core.Ends:
-            deadline = time.monotonic() + core.END_RETRY_SECONDS
+            deadline = time.monotonic() + step.seconds
             return [self.producer._end_by_id(t, step.decision, deadline, hint=hint)
                     for t in step.transaction_ids]
         assert type(step) is core.Acknowledged, step

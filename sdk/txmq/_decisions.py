@@ -220,6 +220,12 @@ def read_statement(settings: DecisionSettings, group: str, key: str) -> Statemen
                      f"WHERE producer_group = %s AND transaction_key = %s", (group, key), rows=True)
 
 
+def unfence_statement(settings: DecisionSettings, group: str, key: str) -> Statement:
+    """The fence a stale check inserted, deleted again (:func:`confirm_fence`)."""
+    return Statement(f"DELETE FROM {settings.table} WHERE producer_group = %s AND transaction_key = %s "
+                     f"AND decision = 'rollback'", (group, key))
+
+
 def delete_acknowledged_statement(settings: DecisionSettings, group: str, keys: Sequence[str]) -> Statement:
     """COMMIT rows whose every half the broker acknowledged COMMITTED."""
     return Statement(f"DELETE FROM {settings.table} WHERE producer_group = %s AND decision = 'commit' "
@@ -284,6 +290,7 @@ class Source(enum.Enum):
     COMMITTED = "committed"        # the COMMIT row lists the transaction
     NOT_LISTED = "not_listed"      # a COMMIT row that does not list it: an attempt given up on
     FENCED = "fenced"              # the check inserted the fence
+    STALE = "stale"                # its fence met a half the broker had committed: the fence went again
     FENCE_FOUND = "fence_found"    # a fence from an earlier check
     LOCKED = "locked"              # the local transaction holds the key
     UNAVAILABLE = "unavailable"    # the database failed: ask again
@@ -518,11 +525,12 @@ class Hint:
 @dataclass(frozen=True, slots=True)
 class Ends:
     """Perform: EndTransaction(``decision``) of each transaction id (concurrently where the
-    driver can), retried until ``END_RETRY_SECONDS``; send back their states (None: not
-    ended)."""
+    driver can), retried for ``seconds``; send back their (state, error) pairs (state None:
+    not ended)."""
 
     decision: LocalTransactionState
     transaction_ids: tuple[str, ...]
+    seconds: float = END_RETRY_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -589,11 +597,37 @@ def acknowledge(key: str, transaction_ids: Sequence[str]) -> Generator[Any, Any,
 
 def answer_check(settings: DecisionSettings, group: str, key: str, transaction_id: str) -> Steps:
     """A check (:func:`check`), then for a COMMIT row its halves committed on the broker
-    and the row queued for deletion."""
+    and the row queued for deletion; for a fence it inserted, the fence confirmed
+    (:func:`confirm_fence`)."""
     verdict = yield from check(settings, group, key, transaction_id)
     if verdict.commit_transaction_ids:
         yield from acknowledge(key, verdict.commit_transaction_ids)
+    elif verdict.source is Source.FENCED:
+        verdict = yield from confirm_fence(settings, group, key, transaction_id, verdict)
     return verdict
+
+
+#: How long a check retries the EndTransaction that confirms its fence (it answers the
+#: check with ROLLBACK anyway when the broker does not answer in time).
+FENCE_CONFIRM_SECONDS = 2.0
+
+
+def confirm_fence(settings: DecisionSettings, group: str, key: str, transaction_id: str,
+                  fenced: Verdict) -> Generator[Any, Any, Verdict]:
+    """After a check inserted a fence: the checked half rolled back on the broker (what the
+    answer says anyway). A check may be stale — claimed before the broker held the COMMIT,
+    answered after the COMMIT row's delete — and its fence then names a key whose local
+    transaction committed: the broker answers COMMITTED, the fence goes again (that key's
+    only local transaction has committed; none can ever try it again) and the answer is
+    COMMIT. Otherwise the fence stays (kept for the retention)."""
+    results = yield Ends(LocalTransactionState.ROLLBACK, (transaction_id,), FENCE_CONFIRM_SECONDS)
+    if not results or results[0][0] is not TransactionState.COMMITTED:
+        return fenced
+    try:
+        yield unfence_statement(settings, group, key)
+    except DatabaseError:
+        pass  # the fence stays for its retention: harmless, the key is never used again
+    return Verdict(LocalTransactionState.COMMIT, Source.STALE, key)
 
 
 def sweep(settings: DecisionSettings, group: str) -> Generator[Any, Any, int]:

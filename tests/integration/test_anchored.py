@@ -429,6 +429,51 @@ def test_a_check_with_no_decision_row_fences_the_key(checked, dsn, unique_name):
                          "VALUES (%s, %s, 'commit')", (sender.producer_group, tx.key))
 
 
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_stale_check_of_a_committed_transaction_leaves_no_fence(checked, dsn, unique_name, flavour):
+    """A check claimed before the broker held the COMMIT and answered after the COMMIT
+    row's delete finds no row, so it fences the key; the broker, asked to roll the half
+    back, says it is COMMITTED: the check was stale, the fence goes and the answer is
+    COMMIT. (make test saw such a fence left behind under load; the check is sent here by
+    hand, as it arrives then.) A fence whose half the broker rolls back stays."""
+    import asyncio
+
+    from txmq.aio import AsyncTransactionProducer
+
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, psycopg.connect(dsn) as conn:
+        with producer.transaction(conn) as tx:
+            tx.send(txmq.Message(topic, b"order-1"))
+            conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
+        assert tx.result.wait_acknowledged(10), tx.result.end_error
+        wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+        committed = tx.result.messages[0]
+        with anchored_producer(checked, group, dsn, answer_checks=False) as sender:
+            abandoned = sender.transaction(conn)
+            abandoned.__enter__()
+            gone = abandoned.send(txmq.Message(topic, b"abandoned")).result(10)
+            conn.rollback()  # nothing tells the broker: only the check can roll it back
+        store = producer._decision_store
+        if flavour == "sync":
+            answers = [store.check(committed), store.check(gone)]
+        else:
+            async def checks() -> list:
+                p = AsyncTransactionProducer(checked.nameserver_address, producer_group=group, answer_checks=False,
+                                             decisions=Decisions(dsn))
+                await p.start()
+                try:
+                    return [await p._decision_store.check(committed), await p._decision_store.check(gone)]
+                finally:
+                    await p.close()
+            answers = asyncio.run(checks())
+    assert answers == [txmq.LocalTransactionState.COMMIT, txmq.LocalTransactionState.ROLLBACK]
+    assert describe(checked, committed.transaction_id).state == COMMITTED
+    assert describe(checked, gone.transaction_id).state == ROLLED_BACK
+    assert rows(dsn) == [("rollback", None)]  # the abandoned one's fence only
+    assert orders(dsn) == ["o1"]
+
+
 def test_a_commit_row_left_behind_is_repaired_by_the_sweeper(checked, dsn, unique_name):
     """A COMMIT row whose delete was lost (the process died between the broker's
     acknowledgement and the delete): the sweeper of any instance commits its halves again

@@ -96,6 +96,28 @@ def test_answer_check_acknowledges_a_commit_row_once_the_broker_has_every_half()
     assert not any(isinstance(s, core.Acknowledged) for s in steps)
 
 
+def test_a_fence_is_confirmed_on_the_broker_and_kept_when_the_half_rolls_back():
+    rolled_back = txmq.TransactionState.ROLLED_BACK
+    for ended in [(rolled_back, None), (None, RuntimeError("unreachable"))]:
+        verdict, steps = drive(core.answer_check(S, "g", "k", "T1"), [[("rollback",)], [ended]])
+        assert verdict.answer is txmq.LocalTransactionState.ROLLBACK and verdict.source is core.Source.FENCED
+        assert steps[1] == core.Ends(txmq.LocalTransactionState.ROLLBACK, ("T1",), core.FENCE_CONFIRM_SECONDS)
+        assert len(steps) == 2  # nothing deletes the fence
+
+
+def test_a_stale_check_whose_half_the_broker_committed_takes_its_fence_back():
+    """Claimed before the broker held the COMMIT, answered after the COMMIT row's delete: the
+    fence names a key that committed; the broker says COMMITTED, the fence goes, the
+    answer is COMMIT (a failed delete leaves it for the retention)."""
+    committed = txmq.TransactionState.COMMITTED
+    for deleted in [None, LOST]:
+        verdict, steps = drive(core.answer_check(S, "g", "k", "T1"),
+                               [[("rollback",)], [(committed, RuntimeError("already committed"))], deleted])
+        assert verdict.answer is txmq.LocalTransactionState.COMMIT and verdict.source is core.Source.STALE
+        assert steps[2].sql.startswith("DELETE") and "decision = 'rollback'" in steps[2].sql
+        assert steps[2].params == ("g", "k")
+
+
 def half(tid: str) -> Any:
     return txmq.TransactionMessage(txmq.Message("t", b"x"), "M" + tid, tid, "broker-0", 0)
 

@@ -378,7 +378,7 @@ class AsyncDecisionStore:
         if type(step) is core.Statement:
             return await self.pool.run(step)
         if type(step) is core.Ends:
-            deadline = time.monotonic() + core.END_RETRY_SECONDS
+            deadline = time.monotonic() + step.seconds
             return await asyncio.gather(*(self.producer._end_by_id(t, step.decision, deadline, hint=hint)
                                           for t in step.transaction_ids))
         assert type(step) is core.Acknowledged, step
