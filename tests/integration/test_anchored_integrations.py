@@ -289,6 +289,67 @@ def test_sqlalchemy_async_session(checked, dsn, unique_name):
     wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
 
 
+def test_sqlalchemy_async_session_on_asyncpg(checked, dsn, unique_name):
+    """SQLAlchemy's asyncpg dialect, for the caller's Session and the producers' own
+    connections: a commit, a block that raises (rolled back), a COMMIT the database refuses
+    (SQLAlchemy's IntegrityError, the half rolled back, the Session usable), and a check
+    while the transaction is open, answered IN_PROGRESS from the table by another instance
+    on asyncpg, then the commit."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with psycopg.connect(dsn, autocommit=True) as setup:
+        setup.execute("CREATE TABLE once (id text, CONSTRAINT once_id UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)")
+    text = sqlalchemy.text
+
+    async def main() -> tuple[str, str, str, str]:
+        engine = create_async_engine(url(dsn, "asyncpg"))
+        try:
+            async with async_producing(checked, group, engine, answer_checks=False) as sender, \
+                    async_producing(checked, group, engine, check_lock_timeout_seconds=0.05):
+                async with AsyncSession(engine) as session:
+                    async with sender.transaction(session) as tx:
+                        tx.send(txmq.Message(topic, b"apg-1"))
+                        await session.execute(text("INSERT INTO orders VALUES ('p1', 'x')"))
+                    assert await tx.result.wait_acknowledged(10), tx.result.end_error
+                    committed = tx.result.messages[0].transaction_id
+
+                    with pytest.raises(ZeroDivisionError):
+                        async with sender.transaction(session) as tx2:
+                            half = tx2.send(txmq.Message(topic, b"never"))
+                            await session.execute(text("INSERT INTO orders VALUES ('p2', 'x')"))
+                            raise ZeroDivisionError
+                    rolled = (await half).transaction_id
+
+                    with pytest.raises(sqlalchemy.exc.IntegrityError):
+                        async with sender.transaction(session) as tx3:
+                            refused = tx3.send(txmq.Message(topic, b"never either"))
+                            await session.execute(text("INSERT INTO orders VALUES ('p3', 'x')"))
+                            await session.execute(text("INSERT INTO once VALUES ('a'), ('a')"))  # at COMMIT
+                    refused_id = (await refused).transaction_id
+                    assert (await session.execute(text("SELECT 1"))).scalar() == 1
+                    await session.rollback()
+
+                    async with sender.transaction(session) as tx4:
+                        slow = await tx4.send(txmq.Message(topic, b"apg-slow"))
+                        await asyncio.to_thread(wait_until, lambda: describe(checked, slow.transaction_id)
+                                                .checks_answered >= 2, 15)
+                        assert describe(checked, slow.transaction_id).state != ROLLED_BACK
+                        await session.execute(text("INSERT INTO orders VALUES ('p4', 'x')"))
+                    assert await tx4.result.wait_acknowledged(10), tx4.result.end_error
+                return committed, rolled, refused_id, slow.transaction_id
+        finally:
+            await engine.dispose()
+
+    committed, rolled, refused, slow = asyncio.run(main())
+    assert describe(checked, committed).state == COMMITTED
+    wait_state(checked, rolled, ROLLED_BACK)
+    wait_state(checked, refused, ROLLED_BACK)
+    wait_state(checked, slow, COMMITTED)
+    assert orders(dsn) == ["p1", "p4"]
+    wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+    assert sorted(m.body for m in consume(checked, topic, unique_name("c"), 2)) == [b"apg-1", b"apg-slow"]
+
+
 def test_a_dbapi_connection_and_a_factory_source(checked, dsn, unique_name):
     """psycopg used only through its DB-API face (cursor/commit/rollback) stands for any
     PostgreSQL DB-API driver; the producer's own connections come from a factory."""
