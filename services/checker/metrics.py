@@ -1,6 +1,7 @@
 """Checker metrics: check lag (due → started by a producer), checks by result, producers
-connected, checks in flight, free producer credit, late answers accepted and answers
-refused (by reason), per group. Labels are groups, results and reasons only."""
+connected, checks in flight, free producer credit, late answers accepted, answers
+refused (by reason) and the resolver's answers (by why), per group. Labels are groups,
+results, reasons and sources only."""
 
 from __future__ import annotations
 
@@ -45,6 +46,13 @@ class CheckerMetrics(BaseMetrics):
             "conflict (against the transaction's decision), stale (a claim no longer current), "
             "not_outstanding (a check id this stream does not hold), invalid, unavailable (the broker "
             "could not be reached)", ["group", "reason"], registry=self.registry)
+        self.resolver_answers = Counter(
+            "txmq_resolver_answers_total", "Checks the resolver answered from a group's decisions table, "
+            "by producer group and why: committed (a COMMIT row lists the half), not_listed, fenced (it "
+            "inserted the fence: rollback), fence_found, stale (its fence met a half the broker had "
+            "committed and went again), locked (in progress), unavailable (the database failed), "
+            "no_key, not_anchored (a message the table does not decide: unknown)",
+            ["group", "source"], registry=self.registry)
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
 
     def _child(self, metric: Any, *labels: str) -> Any:
@@ -81,3 +89,6 @@ class CheckerMetrics(BaseMetrics):
 
     def answer_refused(self, group: str, reason: str) -> None:
         self._child(self.answers_refused, group, reason).inc()
+
+    def resolver_answer(self, group: str, source: str) -> None:
+        self._child(self.resolver_answers, group, source).inc()

@@ -37,6 +37,7 @@ from txmq.v1 import broker_pb2, checker_pb2, common_pb2
 from .brokers import BrokerDirectory
 from .config import CheckerConfig
 from .dispatcher import Dispatcher, ProducerStream
+from .metrics import CheckerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,10 @@ class _Group:
 
 
 class Resolver:
-    def __init__(self, config: CheckerConfig, dispatcher: Dispatcher, directory: BrokerDirectory) -> None:
+    def __init__(self, config: CheckerConfig, dispatcher: Dispatcher, directory: BrokerDirectory,
+                 metrics: CheckerMetrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics
         self.dispatcher = dispatcher
         self.directory = directory
         self.client_id = f"resolver@{config.checker_name}"
@@ -167,10 +170,14 @@ class Resolver:
                       check: checker_pb2.CheckRequest) -> tuple[common_pb2.CheckResult.ValueType, float]:
         properties = dict(check.message.properties)
         if not core.is_anchored(properties):
+            if self.metrics is not None:
+                self.metrics.resolver_answer(group.name, "not_anchored")
             return common_pb2.CHECK_RESULT_UNKNOWN, 0.0
         key = core.transaction_key_of(properties)
         steps = core.answer_check(group.settings, group.name, key, check.transaction_id)
         verdict = await drive_async(steps, self._performer(group))
+        if self.metrics is not None:
+            self.metrics.resolver_answer(group.name, verdict.source.value)
         log.debug("resolver answered a check", extra={"fields": {
             "group": group.name, "transaction_id": check.transaction_id, "source": verdict.source.value}})
         if isinstance(verdict.answer, LocalTransactionState):

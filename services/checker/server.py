@@ -41,7 +41,7 @@ async def create_server(config: CheckerConfig) -> tuple[ServiceApp, int]:
                             default_credit=config.default_check_credit, metrics=metrics)
     directory = BrokerDirectory(config, dispatcher)
     reporter.directory = directory
-    resolver = Resolver(config, dispatcher, directory)
+    resolver = Resolver(config, dispatcher, directory, metrics)
     servicer = CheckerServicer(dispatcher, max_groups_per_stream=config.max_groups_per_stream,
                                max_pending_checks_per_connection=config.max_pending_checks_per_connection)
     app = ServiceApp("checker", config, metrics,

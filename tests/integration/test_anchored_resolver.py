@@ -17,6 +17,7 @@ import txmq
 from tests.integration.test_anchored_crash import Worker, committed_orders, decision_rows, pg, undecided  # noqa: F401 - fixtures
 from tests.integration.test_checks import (BROKER_ENV, CHECK_MAX, CHECKER_ENV, COMMITTED, DISCARDED, LEASE,
                                           PREPARED, ROLLED_BACK, describe)
+from tests.support.metrics import metric_sum
 from tests.support.postgres import dsn_for, fresh_database
 from tests.support.waiting import wait_until
 from txmq.anchored import Decisions
@@ -63,6 +64,10 @@ def test_the_checker_decides_a_group_whose_whole_fleet_is_down(pg, fresh_cluster
     committed = committed_orders(owner)
     assert {o.split("-", 1)[0] for o in committed} == {"commit.after", "end.inflight"}
     assert [d for _k, d in decision_rows(owner)] == ["rollback"]  # the fence of half.after's transaction
+    answers = {source: metric_sum(cluster.checkers[0].metrics_port, "txmq_resolver_answers_total",
+                                  {"group": group, "source": source})
+               for source in ("committed", "fenced")}
+    assert answers["committed"] >= 1 and answers["fenced"] == 1, answers  # one fence can be inserted
     logs = "".join(cluster.logs(400).values())
     assert "resolver answers the group's checks" in logs
     assert "txmq_resolver" not in logs and str(secret) not in logs.replace(f"{group}={secret}", "")
