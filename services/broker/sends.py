@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from txmq.errors import DiskFullError
+from txmq.errors import DiskFullError, TransactionStateError
 from txmq.fifo import message_group_hash
 
 from . import ownership, validation
 from .base import BrokerContext
-from .model import STATE_PREPARED, STATE_ROLLED_BACK, SendResult
+from .model import STATE_NAMES, STATE_PREPARED, STATE_ROLLED_BACK, SendResult
 from .queues import Queues
 from .store import codec
 from .store.codec import CqEntry, LogRecord
@@ -86,6 +86,13 @@ class Sends:
         ownership.same_message(record, self.ctx.read_message(entry.seq), row)
         if entry.kind == codec.DEDUP_NORMAL:
             return SendResult(record.message_id, entry.queue_id, entry.queue_offset, duplicate=True)
+        if row is not None and row.state == STATE_ROLLED_BACK:
+            # A half sent again after its transaction was rolled back (a check answered for
+            # an attempt whose answer was lost, then its sender sent it again): told as a
+            # success, the sender would run its local transaction and commit a message that
+            # can never be delivered. Refused, it runs none.
+            raise TransactionStateError(self.ctx.txn_id(entry.seq), STATE_NAMES[row.state],
+                                        f"a half message sent again with message id {record.message_id!r}")
         state = row.state if row is not None else STATE_ROLLED_BACK
         return SendResult(record.message_id, row.queue_id if row else record.queue_id,
                           row.queue_offset if row else -1, self.ctx.txn_id(entry.seq), state, duplicate=True)

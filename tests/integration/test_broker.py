@@ -152,6 +152,19 @@ def test_produce_stream_answers_each_request_by_id(cluster, topic) -> None:
     assert not once.duplicate and twice.duplicate and twice.transaction_id == once.transaction_id
 
 
+def test_a_half_sent_again_after_its_rollback_is_refused_and_a_prepared_one_deduplicates(cluster, topic) -> None:
+    """A repeat of a half whose transaction a check (or its producer) rolled back is
+    FAILED_PRECONDITION, so its sender runs no local transaction for a message that can
+    never commit; a repeat of one still prepared answers the first, as before."""
+    s = stub(cluster)
+    first = half(s, topic, b"once", message_id=f"again-{topic}")
+    assert half(s, topic, b"once", message_id=f"again-{topic}").duplicate
+    end(s, first.transaction_id, C.TRANSACTION_RESOLUTION_ROLLBACK)
+    code, details, _meta = status_of(lambda: half(s, topic, b"once", message_id=f"again-{topic}"))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "is ROLLED_BACK: a half message sent again" in details and f"again-{topic}" in details
+
+
 def test_long_poll_wakes_on_commit(cluster, topic, unique_name) -> None:
     s = stub(cluster)
     group = unique_name("g")

@@ -108,6 +108,20 @@ def test_duplicate_half_send_returns_the_first_transaction(core) -> None:
     assert len(receive(core)) == 1
 
 
+def test_a_half_sent_again_after_its_rollback_is_refused(core) -> None:
+    """Its sender would otherwise run its local transaction on a half that can never commit
+    (a check rolled back the attempt whose answer was lost, then the sender sent it again:
+    the proxy answers a given-up attempt's check ROLLBACK)."""
+    record = LogRecord(kind=codec.KIND_HALF, topic="orders", body=b"x", message_id="", queue_id=0,
+                       stored_ms=0, producer_group="pg")
+    first = core.db.call(core.send_op(core.validate_message(record)))
+    end(core, first.transaction_id, "ROLLBACK")
+    seq = core.next_seq
+    with pytest.raises(TransactionStateError, match="ROLLED_BACK: a half message sent again"):
+        core.db.call(core.send_op(core.validate_message(dataclasses.replace(record))))
+    assert core.next_seq == seq and receive(core) == []
+
+
 def test_limits_refuse_and_change_nothing(core) -> None:
     seq = core.next_seq
     cases = [
