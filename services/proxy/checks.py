@@ -303,9 +303,13 @@ class CheckManager:
         if link.draining:  # sent before the checker read the drain; it hands the check back
             self.metrics.checks.labels("no_stream").inc()
             return "no_stream"
-        if (check.broker_name, check.message.message_id) in self.upstream.abandoned:
+        orphan = (check.broker_name, check.message.message_id)
+        if orphan in self.upstream.abandoned:
             # An orphan of a send this replica moved to another shard: its local transaction
             # never ran, and the client would find its message id committed (elsewhere).
+            # Noted before the answer leaves: a repeat of this half that reaches the broker
+            # before the answer does must not be told as a success (relay.send).
+            self.upstream.orphans_rolled_back.add(orphan)
             link.send(Request(received=checker_pb2.CheckReceived(check_id=check.check_id)))
             link.send(Request(answer=checker_pb2.CheckAnswer(check_id=check.check_id,
                                                              result=common_pb2.CHECK_RESULT_ROLLBACK, credit=1)))

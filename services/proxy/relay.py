@@ -28,7 +28,8 @@ import random
 import time
 from typing import Awaitable, Callable, Sequence, TypeVar
 
-from txmq.errors import InvalidIdError, NoLeaderError, TopicNotFoundError, TxmqError, error_from_entry
+from txmq.errors import (InvalidIdError, NoLeaderError, TopicNotFoundError, TransactionStateError, TxmqError,
+                         error_from_entry)
 from txmq.faults import FaultTable, OverloadBackoff, RetryAction, retry_action
 from txmq.fifo import group_queue_index, group_route
 from txmq.ids import ReceiptHandle, TransactionId
@@ -39,6 +40,8 @@ from .upstream import Upstream, call
 
 #: Refusals after which a send is retried with a fresh route (the route was stale).
 _STALE_ROUTE = {"TOPIC_NOT_FOUND", "QUEUE_NOT_FOUND", "BROKER_NOT_FOUND"}
+#: A half's states a check's ROLLBACK still decides (see ``_refuse_rolled_back_orphan``).
+_UNDECIDED = (common_pb2.TRANSACTION_STATE_PREPARED, common_pb2.TRANSACTION_STATE_DISCARDED)
 #: Attempts of one send, over different shards while there are usable ones.
 SEND_ATTEMPTS = 3
 #: Attempts of a call bound to the shard an id names (EndTransaction, acks, invisibility,
@@ -189,12 +192,36 @@ class Relay:
                 faults.succeeded(queue.broker_name, time.monotonic() - started)
                 if half:
                     unknown_on = None
-                    self.upstream.abandoned.discard((queue.broker_name, message.message_id))
+                    key = (queue.broker_name, message.message_id)
+                    if key in self.upstream.orphans_rolled_back and response.transaction_state in _UNDECIDED:
+                        await self._refuse_rolled_back_orphan(message, response)
+                    self.upstream.abandoned.discard(key)
                 return response
         except BaseException:
             if unknown_on is not None:  # given up on
                 self.upstream.abandoned.add((unknown_on, message.message_id))
             raise
+
+    async def _refuse_rolled_back_orphan(self, message: common_pb2.Message,
+                                         response: broker_pb2.SendMessageResponse) -> None:
+        """A half sent again on a shard where this replica already answered its orphan's
+        check ROLLBACK, and found there still undecided: that answer has not reached the
+        broker yet (or was lost). Told as a success, the client would run its local
+        transaction and commit a message the answer then rolls back. The answer is made
+        good here (EndTransaction ROLLBACK, as the check's) and the client hears what it
+        would have heard had the answer arrived first: FAILED_PRECONDITION, the half
+        ROLLED_BACK."""
+        try:
+            await self.end(response.transaction_id, message.message_id, common_pb2.TRANSACTION_RESOLUTION_ROLLBACK,
+                           common_pb2.TRANSACTION_SOURCE_CHECK, message.producer_group)
+        except TxmqError as exc:  # the check's answer (in flight) or the next check decides it
+            log.warning("rolling back a repeated orphan failed", extra={"fields": {
+                "transaction_id": response.transaction_id, "error": str(exc)[:200]}})
+        log.info("a half sent again after its orphan's check was answered ROLLBACK: refused", extra={"fields": {
+            "transaction_id": response.transaction_id, "message_id": message.message_id}})
+        raise TransactionStateError(response.transaction_id, "ROLLED_BACK",
+                                    f"a half message sent again with message id {message.message_id!r} "
+                                    f"(its orphan's check was answered ROLLBACK)")
 
     async def _route_awaiting_leader(self, topic: str, deadline: float) -> list[nameserver_pb2.QueueRoute]:
         """The topic's queues; while the shards holding it are between leaders (NoLeaderError,

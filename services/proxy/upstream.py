@@ -69,6 +69,11 @@ class Upstream:
         #: (shard, client message id) of half message attempts given up on: their orphans'
         #: checks are answered ROLLBACK here (see ``relay`` and ``checks``).
         self.abandoned: Abandoned[tuple[str, str]] = Abandoned()
+        #: Those of ``abandoned`` whose orphan's check this replica answered ROLLBACK: the
+        #: answer may still be on its way to the broker when the client sends the half again
+        #: (same shard, same id), and the broker then answers the repeat as the PREPARED
+        #: half it still is. Such a repeat is never told as a success (``relay.send``).
+        self.orphans_rolled_back: Abandoned[tuple[str, str]] = Abandoned()
         self.on_checkers_changed: list[Callable[[], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._failing: set[str] = set()
