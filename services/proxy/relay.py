@@ -193,7 +193,8 @@ class Relay:
                 if half:
                     unknown_on = None
                     key = (queue.broker_name, message.message_id)
-                    if key in self.upstream.orphans_rolled_back and response.transaction_state in _UNDECIDED:
+                    if (response.duplicate and response.transaction_state in _UNDECIDED
+                            and key in self.upstream.orphans_rolled_back):
                         await self._refuse_rolled_back_orphan(message, response)
                     self.upstream.abandoned.discard(key)
                 return response
@@ -217,7 +218,7 @@ class Relay:
         except TxmqError as exc:  # the check's answer (in flight) or the next check decides it
             log.warning("rolling back a repeated orphan failed", extra={"fields": {
                 "transaction_id": response.transaction_id, "error": str(exc)[:200]}})
-        log.info("a half sent again after its orphan's check was answered ROLLBACK: refused", extra={"fields": {
+        log.warning("a half sent again after its orphan's check was answered ROLLBACK: refused", extra={"fields": {
             "transaction_id": response.transaction_id, "message_id": message.message_id}})
         raise TransactionStateError(response.transaction_id, "ROLLED_BACK",
                                     f"a half message sent again with message id {message.message_id!r} "
