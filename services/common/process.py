@@ -348,5 +348,7 @@ class ServiceProcess:
 
 
 def _looks_like_bind_failure(text: str) -> bool:
+    """Whether a start's log says it lost its port: gRPC's own words, or the services'
+    (``services.common.server.check_port_free``: "port N on HOST is already in use")."""
     lowered = text.lower()
-    return "bind" in lowered or "address already in use" in lowered
+    return "bind" in lowered or "already in use" in lowered
