@@ -142,6 +142,37 @@ class OpenTransactions:
             return iter(list(self._ids))
 
 
+class HalfAttempts:
+    """The attempts of one half message's send, each open here (``OpenTransactions``) from
+    the moment it is built until the send ends. An attempt stored with its answer lost is
+    sent again with the same id when it stays on its shard, and a check of it may arrive
+    meanwhile (the first check comes ``transaction_timeout_seconds`` after the store; a
+    send's retries can last longer). Asked of the listener or the decisions table, it would
+    find no local transaction and answer ROLLBACK; the retry would then find the half still
+    PREPARED, the answer not yet applied, and the caller, told a success, would commit a
+    message that answer rolls back. Open here, it is answered IN_PROGRESS instead. An
+    attempt the send moved away from or gave up on is abandoned (answered ROLLBACK, which
+    ``answer_locally`` tells first)."""
+
+    def __init__(self, open_here: OpenTransactions, build: Callable[[QueueRoute, str], common_pb2.Message]) -> None:
+        self._open = open_here
+        self._build = build
+        self._ids: list[str] = []
+
+    def build(self, route: QueueRoute, message_id: str) -> common_pb2.Message:
+        """``build`` for ``send_new``: the attempt is open here before it is sent."""
+        pb = self._build(route, message_id)
+        self._open.add(message_id)
+        self._ids.append(message_id)
+        return pb
+
+    def close(self, keep: str = "") -> None:
+        """The send ended: every attempt is closed here but ``keep`` (the stored half of an
+        explicit transaction, open until the transaction ends: no moment between the send
+        and its transaction when a check of it would not be answered IN_PROGRESS)."""
+        self._open.discard(*(message_id for message_id in self._ids if message_id != keep))
+
+
 class Ask(enum.Enum):
     """Who answers a check the producer cannot answer by itself."""
     DECISIONS = "the group's decisions table"

@@ -9,9 +9,12 @@ from types import SimpleNamespace
 import pytest
 
 from txmq import _receiving, _sending
+from txmq._checking import InProgress, answer_locally
 from txmq._client import QueueRoute
 from txmq._faults import FaultTable
 from txmq.errors import InvalidFieldError, NoLeaderError, UnavailableError
+from txmq._producing import HalfAttempts, OpenTransactions
+from txmq._types import LocalTransactionState
 from txmq.ids import MessageId
 from txmq.v1 import broker_pb2, common_pb2
 
@@ -238,3 +241,48 @@ def test_deferred_acks_are_due_by_the_delay_or_half_the_invisibility_left_and_ta
             _receiving.deferred_acks(bad, None)
     with pytest.raises(InvalidFieldError, match="on_ack_error"):
         _receiving.deferred_acks(1.0, "print")
+
+
+def _answer(sender: SimpleNamespace, open_here: OpenTransactions, message_id: str) -> object:
+    """What the producer answers a check of ``message_id`` by itself (None: it asks)."""
+    return answer_locally(SimpleNamespace(message_id=message_id, transaction_id="txn"), sender._abandoned,
+                          open_here, 1.0)
+
+
+def test_a_half_attempt_is_open_while_its_send_is_retried_and_an_orphan_once_the_send_moves_away() -> None:
+    """A check of an attempt stored with its answer lost, arriving while the send is
+    retried with the same id, is answered IN_PROGRESS: asked of the listener, which finds
+    no local transaction, it would roll back a half the retry then finds PREPARED and the
+    caller commits. Once the send moves away the attempt is an orphan (ROLLBACK)."""
+    sender = _sender()
+    open_here = OpenTransactions()
+    attempts = HalfAttempts(open_here, _build)
+    steps = _sending.send_new(sender, "t", attempts.build)
+    next(steps)
+    first_id = steps.send(A).entry.send_message.message.message_id
+    assert isinstance(_answer(sender, open_here, first_id), InProgress)  # in flight
+    assert steps.throw(UnavailableError("its answer lost")) == _sending.Pick("t", frozenset({"broker-a"}),
+                                                                             moving=True)
+    assert steps.send(None) == _sending.Sleep(0.1)  # no other shard: it stays, same id
+    assert isinstance(_answer(sender, open_here, first_id), InProgress)  # a check while it waits
+    assert steps.send(None) == _sending.Rebind("t", A, "a:1")
+    again = steps.send("a:1")
+    assert again.entry.send_message.message.message_id == first_id
+    assert steps.throw(UnavailableError("lost again")) == _sending.Pick("t", frozenset({"broker-a"}), moving=True)
+    second_id = steps.send(B).entry.send_message.message.message_id  # moved: a new id
+    assert _answer(sender, open_here, first_id) is LocalTransactionState.ROLLBACK
+    assert isinstance(_answer(sender, open_here, second_id), InProgress)
+    with pytest.raises(StopIteration):
+        steps.send(_stored(second_id))
+    attempts.close()
+    assert first_id not in open_here and second_id not in open_here
+    assert _answer(sender, open_here, second_id) is None  # the listener's (or the decisions table's) now
+
+
+def test_an_explicit_transactions_half_stays_open_past_its_send() -> None:
+    open_here = OpenTransactions()
+    attempts = HalfAttempts(open_here, _build)
+    attempts.build(A, "m-1")
+    attempts.build(B, "m-2")
+    attempts.close(keep="m-2")
+    assert "m-1" not in open_here and "m-2" in open_here

@@ -23,7 +23,7 @@ from .._decisions import Address, Decisions, end_by_id
 from .._errors import InvalidFieldError, NoLeaderError, TxmqError
 from .._faults import RoutingStats
 from .._global import GlobalTransactionResult, send_global_async
-from .._producing import (DEFAULT_MAX_BODY_BYTES, HOST, Ask, ExplicitTransaction, OpenTransactions,
+from .._producing import (DEFAULT_MAX_BODY_BYTES, HOST, Ask, ExplicitTransaction, HalfAttempts, OpenTransactions,
                           check_transaction_options, executed, half_message, keyed, new_client_id, normal_builder,
                           receipt, transaction_key, transaction_result, who_answers)
 from .._sending import (Pick, Rebind, Request, SenderOptions, Sleep, Step, configure, end_transaction, finished, half_builder,
@@ -257,11 +257,18 @@ class AsyncTransactionProducer(AsyncProducer):
         half, _route = await self._send_half_routed(message)
         return half
 
-    async def _send_half_routed(self, message: Message) -> tuple[TransactionMessage, QueueRoute]:
-        route, pb, sent = await self._send_new(message.topic, half_builder(message, self.producer_group,
-                                                                           self.client_id, HOST),
-                                               message_group=message.message_group)
-        return half_message(message, route, pb, sent), route
+    async def _send_half_routed(self, message: Message, *, keep_open: bool = False,
+                                ) -> tuple[TransactionMessage, QueueRoute]:
+        """As the sync producer's ``_send_half``: each attempt open here while the send
+        runs (:class:`HalfAttempts`); with ``keep_open`` the stored one stays open."""
+        attempts = HalfAttempts(self._open, half_builder(message, self.producer_group, self.client_id, HOST))
+        kept = ""
+        try:
+            route, pb, sent = await self._send_new(message.topic, attempts.build, message_group=message.message_group)
+            kept = pb.message_id if keep_open else ""
+            return half_message(message, route, pb, sent), route
+        finally:
+            attempts.close(kept)
 
     async def _end_by_id(self, transaction_id: str, decision: LocalTransactionState, deadline: float,
                          *, hint: bool = True) -> tuple[TransactionState | None, TxmqError | None]:
@@ -309,10 +316,10 @@ class AsyncTransactionProducer(AsyncProducer):
         transaction._check_open()
         message = self._validate(message)
         with tracing.send(message, transactional=True, client_id=self.client_id) as traced:
-            half, route = await self._send_half_routed(keyed(traced.inject(message), transaction.key))
+            half, route = await self._send_half_routed(keyed(traced.inject(message), transaction.key),
+                                                       keep_open=True)
             tracing.sent(traced, message_id=half.message_id, queue_id=route.queue_id, broker_name=half.broker_name,
                          transaction_id=half.transaction_id)
-        self._open.add(half.message_id)
         transaction._add(half, route)
         return SendReceipt(message_id=half.message_id, topic=message.topic, broker_name=half.broker_name,
                            queue_id=route.queue_id, queue_offset=-1)
