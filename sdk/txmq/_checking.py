@@ -143,8 +143,9 @@ def answer_locally(message: TransactionMessage, abandoned: Container[str], open_
                    open_retry_seconds: float) -> "LocalTransactionState | InProgress | None":
     """What a producer answers a check without asking the application, or None to ask it:
     ROLLBACK for the orphan of a send attempt it gave up on (its local transaction never
-    ran), IN_PROGRESS while the transaction (explicit, or multi-message being sent) is
-    still open in this process."""
+    ran), IN_PROGRESS while the transaction is still open in this process (a half being
+    sent, an explicit transaction, a listener's local transaction running, a multi-message
+    one being sent)."""
     if message.message_id in abandoned:
         log.info("check of transaction %s: its half message %s was an attempt given up on, "
                  "the local transaction never ran: ROLLBACK", message.transaction_id, message.message_id)

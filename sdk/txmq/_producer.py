@@ -331,7 +331,9 @@ class TransactionProducer(Producer):
            transaction is **not** run.
         2. ``listener.execute_local_transaction(message, arg)`` runs on the calling thread;
            ``message`` is a :class:`TransactionMessage` carrying the transaction id. If it
-           raises or returns None the outcome is UNKNOWN (the exception is logged).
+           raises or returns None the outcome is UNKNOWN (the exception is logged). Until
+           step 3 has sent the end, a check of the transaction reaching this producer is
+           answered IN_PROGRESS without asking ``check_local_transaction``.
         3. EndTransaction (COMMIT, ROLLBACK or UNKNOWN, source CLIENT), retried on transient
            errors. ``result.state`` is the broker's state after it (PREPARED after UNKNOWN).
            If it still fails after ``max_attempts``, this method does **not** raise: the
@@ -347,11 +349,17 @@ class TransactionProducer(Producer):
             return send_global(self, message, arg, HOST)
         message = self._validate(message)
         with tracing.send(message, transactional=True, client_id=self.client_id) as traced:
-            half, route = self._send_half(traced.inject(message))
-            tracing.sent(traced, message_id=half.message_id, queue_id=route.queue_id, broker_name=half.broker_name,
-                         transaction_id=half.transaction_id)
-            local_state, local_error = self._execute(half, arg, traced)
-            state, end_error = self._end(route, message.topic, half, local_state, traced)
+            # Open here until its end is sent: a check meanwhile (a local transaction that
+            # outlasts transaction_timeout_seconds) is answered IN_PROGRESS, not asked of the
+            # listener, whose lookup would find nothing committed yet.
+            half, route = self._send_half(traced.inject(message), keep_open=True)
+            try:
+                tracing.sent(traced, message_id=half.message_id, queue_id=route.queue_id,
+                             broker_name=half.broker_name, transaction_id=half.transaction_id)
+                local_state, local_error = self._execute(half, arg, traced)
+                state, end_error = self._end(route, message.topic, half, local_state, traced)
+            finally:
+                self._open.discard(half.message_id)
         return transaction_result(half, route, local_state, state, end_error, local_error)
 
     # --- anchored transactions ------------------------------------------------------------

@@ -119,7 +119,8 @@ def transaction_result(half: TransactionMessage, route: QueueRoute, local_state:
 
 
 class OpenTransactions:
-    """The half messages of transactions still open in this process (explicit ones, and
+    """The half messages of transactions still open in this process (halves being sent,
+    explicit transactions, a listener's local transaction until its end is sent,
     multi-message ones being sent): a check of one is answered IN_PROGRESS here. Thread-safe."""
 
     def __init__(self) -> None:

@@ -6,6 +6,7 @@ the key it recorded in its local database."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import txmq
+import txmq.aio
 from tests.integration.test_checks import (COMMITTED, PREPARED, ROLLED_BACK, describe,
                                            received_bodies, wait_state)
 from tests.support.cluster import Cluster
@@ -83,6 +85,71 @@ def test_a_check_of_an_open_transaction_is_in_progress_without_asking_the_checke
         assert row.state == PREPARED and asked == []
         tx.commit()
     assert describe(checked, tid).state == COMMITTED
+
+
+class _Slow(txmq.TransactionListener):
+    """A local transaction that outlasts several checks, then commits."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.asked: list[str] = []
+
+    def execute_local_transaction(self, message, arg):
+        deadline = time.monotonic() + 15
+        while describe(self.cluster, message.transaction_id).checks_answered < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)  # (decided by a check meanwhile: it commits anyway, late)
+        return LocalState.COMMIT
+
+    def check_local_transaction(self, message):  # finds nothing committed yet
+        self.asked.append(message.transaction_id)
+        return LocalState.ROLLBACK
+
+
+class _AsyncSlow(txmq.aio.AsyncTransactionListener):
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.asked: list[str] = []
+
+    async def execute_local_transaction(self, message, arg):
+        tid, deadline = message.transaction_id, time.monotonic() + 15
+        while describe(self.cluster, tid).checks_answered < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # (decided by a check meanwhile: it commits anyway, late)
+        return LocalState.COMMIT
+
+    async def check_local_transaction(self, message):
+        self.asked.append(message.transaction_id)
+        return LocalState.ROLLBACK
+
+
+def test_a_check_while_the_listeners_local_transaction_runs_is_in_progress_without_asking_it(checked, unique_name):
+    """Checks of a half whose ``execute_local_transaction`` still runs in this process (it
+    outlasts the first check) are answered IN_PROGRESS here, never asked of the listener's
+    ``check_local_transaction``, whose lookup would find nothing committed yet and roll
+    back a transaction that then commits."""
+    group, topic = unique_name("g"), unique_name("slow")
+    listener = _Slow(checked)
+    with txmq.TransactionProducer(checked.nameserver_address, producer_group=group, listener=listener,
+                                  checker_refresh_seconds=0.5, open_transaction_retry_seconds=0.2) as p:
+        wait_until(lambda: len(p.connected_checkers()) == len(checked.checkers), 10)
+        result = p.send_in_transaction(txmq.Message(topic, b"slow"))
+    assert (result.state, listener.asked) == (txmq.TransactionState.COMMITTED, [])
+    assert describe(checked, result.transaction_id).state == COMMITTED
+
+
+def test_the_asyncio_listeners_running_local_transaction_is_in_progress_too(checked, unique_name):
+    group, topic = unique_name("g"), unique_name("slow-aio")
+    listener = _AsyncSlow(checked)
+
+    async def main() -> txmq.TransactionResult:
+        async with txmq.aio.AsyncTransactionProducer(checked.nameserver_address, producer_group=group,
+                                                     listener=listener, checker_refresh_seconds=0.5,
+                                                     open_transaction_retry_seconds=0.2) as p:
+            while len(p.connected_checkers()) != len(checked.checkers):
+                await asyncio.sleep(0.05)
+            return await p.send_in_transaction(txmq.Message(topic, b"slow"))
+
+    result = asyncio.run(main())
+    assert (result.state, listener.asked) == (txmq.TransactionState.COMMITTED, [])
 
 
 CRASHING = textwrap.dedent("""

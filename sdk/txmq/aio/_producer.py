@@ -340,11 +340,15 @@ class AsyncTransactionProducer(AsyncProducer):
             return await send_global_async(self, message, arg, HOST)
         message = self._validate(message)
         with tracing.send(message, transactional=True, client_id=self.client_id) as traced:
-            half, route = await self._send_half_routed(traced.inject(message))
-            tracing.sent(traced, message_id=half.message_id, queue_id=route.queue_id, broker_name=half.broker_name,
-                         transaction_id=half.transaction_id)
-            local_state, local_error = await self._execute(half, arg, traced)
-            state, end_error = await self._end(route, message.topic, half, local_state, traced)
+            # Open here until its end is sent (as the sync producer's).
+            half, route = await self._send_half_routed(traced.inject(message), keep_open=True)
+            try:
+                tracing.sent(traced, message_id=half.message_id, queue_id=route.queue_id,
+                             broker_name=half.broker_name, transaction_id=half.transaction_id)
+                local_state, local_error = await self._execute(half, arg, traced)
+                state, end_error = await self._end(route, message.topic, half, local_state, traced)
+            finally:
+                self._open.discard(half.message_id)
         return transaction_result(half, route, local_state, state, end_error, local_error)
 
     async def _execute(self, half: TransactionMessage, arg: Any,
