@@ -456,14 +456,11 @@ class TransactionProducer(Producer):
         """Stores ``message`` as a half message (see :class:`Producer` for retries), each
         attempt open here while the send runs (:class:`HalfAttempts`); with ``keep_open``
         the stored one stays open."""
-        attempts = HalfAttempts(self._open, half_builder(message, self.producer_group, self.client_id, HOST))
-        kept = ""
-        try:
+        with HalfAttempts(self._open, half_builder(message, self.producer_group, self.client_id, HOST)) as attempts:
             route, pb, sent = self._send_new(message.topic, attempts.build, message_group=message.message_group)
-            kept = pb.message_id if keep_open else ""
+            if keep_open:
+                attempts.keep(pb.message_id)
             return half_message(message, route, pb, sent), route
-        finally:
-            attempts.close(kept)
 
     def _execute(self, half: TransactionMessage, arg: Any,
                  traced: tracing.Operation = tracing.NOOP) -> tuple[LocalTransactionState, Exception | None]:

@@ -159,6 +159,7 @@ class HalfAttempts:
         self._open = open_here
         self._build = build
         self._ids: list[str] = []
+        self._kept = ""
 
     def build(self, route: QueueRoute, message_id: str) -> common_pb2.Message:
         """``build`` for ``send_new``: the attempt is open here before it is sent."""
@@ -167,11 +168,21 @@ class HalfAttempts:
         self._ids.append(message_id)
         return pb
 
-    def close(self, keep: str = "") -> None:
-        """The send ended: every attempt is closed here but ``keep`` (the stored half of an
-        explicit transaction, open until the transaction ends: no moment between the send
-        and its transaction when a check of it would not be answered IN_PROGRESS)."""
-        self._open.discard(*(message_id for message_id in self._ids if message_id != keep))
+    def keep(self, message_id: str) -> None:
+        """The stored half stays open when the send ends (until its transaction ends: no
+        moment between the send and its transaction when a check of it would not be
+        answered IN_PROGRESS)."""
+        self._kept = message_id
+
+    def close(self) -> None:
+        """The send ended: every attempt is closed here but the one kept."""
+        self._open.discard(*(message_id for message_id in self._ids if message_id != self._kept))
+
+    def __enter__(self) -> "HalfAttempts":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 class Ask(enum.Enum):

@@ -85,7 +85,7 @@ class _Group:
 
 class Resolver:
     def __init__(self, config: CheckerConfig, dispatcher: Dispatcher, directory: BrokerDirectory,
-                 metrics: CheckerMetrics | None = None) -> None:
+                 metrics: CheckerMetrics) -> None:
         self.config = config
         self.metrics = metrics
         self.dispatcher = dispatcher
@@ -170,14 +170,12 @@ class Resolver:
                       check: checker_pb2.CheckRequest) -> tuple[common_pb2.CheckResult.ValueType, float]:
         properties = dict(check.message.properties)
         if not core.is_anchored(properties):
-            if self.metrics is not None:
-                self.metrics.resolver_answer(group.name, "not_anchored")
+            self.metrics.resolver_answer(group.name, "not_anchored")
             return common_pb2.CHECK_RESULT_UNKNOWN, 0.0
         key = core.transaction_key_of(properties)
         steps = core.answer_check(group.settings, group.name, key, check.transaction_id)
         verdict = await drive_async(steps, self._performer(group))
-        if self.metrics is not None:
-            self.metrics.resolver_answer(group.name, verdict.source.value)
+        self.metrics.resolver_answer(group.name, verdict.source.value)
         log.debug("resolver answered a check", extra={"fields": {
             "group": group.name, "transaction_id": check.transaction_id, "source": verdict.source.value}})
         if isinstance(verdict.answer, LocalTransactionState):

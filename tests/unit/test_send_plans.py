@@ -284,5 +284,6 @@ def test_an_explicit_transactions_half_stays_open_past_its_send() -> None:
     attempts = HalfAttempts(open_here, _build)
     attempts.build(A, "m-1")
     attempts.build(B, "m-2")
-    attempts.close(keep="m-2")
+    attempts.keep("m-2")
+    attempts.close()
     assert "m-1" not in open_here and "m-2" in open_here

@@ -261,14 +261,11 @@ class AsyncTransactionProducer(AsyncProducer):
                                 ) -> tuple[TransactionMessage, QueueRoute]:
         """As the sync producer's ``_send_half``: each attempt open here while the send
         runs (:class:`HalfAttempts`); with ``keep_open`` the stored one stays open."""
-        attempts = HalfAttempts(self._open, half_builder(message, self.producer_group, self.client_id, HOST))
-        kept = ""
-        try:
+        with HalfAttempts(self._open, half_builder(message, self.producer_group, self.client_id, HOST)) as attempts:
             route, pb, sent = await self._send_new(message.topic, attempts.build, message_group=message.message_group)
-            kept = pb.message_id if keep_open else ""
+            if keep_open:
+                attempts.keep(pb.message_id)
             return half_message(message, route, pb, sent), route
-        finally:
-            attempts.close(kept)
 
     async def _end_by_id(self, transaction_id: str, decision: LocalTransactionState, deadline: float,
                          *, hint: bool = True) -> tuple[TransactionState | None, TxmqError | None]:
