@@ -52,7 +52,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench import machine
+from bench import grpc_floor, machine
+from bench.grpc_floor import Floor
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS orders (id bigserial PRIMARY KEY, ref text UNIQUE NOT NULL, body bytea NOT NULL);
@@ -884,9 +885,11 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     round_trips: list[float] = []
     wal_rows: dict[tuple[str, int], Run] = {}
+    transport: Floor | None = None
     with Bench(args) as bench:
         if bench.cluster is not None:
             round_trips.append(bench.broker_round_trip_ms())
+            transport = grpc_floor.measure()
         plan = [(callers, system, args.body_bytes) for callers in args.callers for system in args.systems]
         wal_callers = max([c for c in args.callers if c <= 8], default=min(args.callers))
         plan += [(wal_callers, system, body) for body in args.wal_bodies
@@ -918,7 +921,7 @@ def main(argv: list[str] | None = None) -> int:
         if bench.cluster is not None:
             round_trips.append(bench.broker_round_trip_ms())
     _print(rows, args)
-    _print_targets(rows, wal_rows, sorted(round_trips)[len(round_trips) // 2] if round_trips else 0.0, args)
+    _print_targets(rows, wal_rows, sorted(round_trips)[len(round_trips) // 2] if round_trips else 0.0, args, transport)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(every, f, indent=1)
@@ -974,7 +977,7 @@ def _cpu_line(r: Run) -> str:
 
 
 def _print_targets(rows: dict[tuple[str, int], Run], wal_rows: dict[tuple[str, int], Run], round_trip_ms: float,
-                   args: argparse.Namespace) -> None:
+                   args: argparse.Namespace, transport: Floor | None = None) -> None:
     """Issue 29's targets, each with its ratio; a target not met says what stops it, from
     the numbers of this run."""
     print("\nTargets (issue 29), each against the outbox's faster layout at the same callers:")
@@ -1017,6 +1020,13 @@ def _print_targets(rows: dict[tuple[str, int], Run], wal_rows: dict[tuple[str, i
         if services > 600:
             print(f"    where it goes: the broker {a.per_txn_us('broker'):,.0f} µs of it (half message + "
                   f"EndTransaction + the consumer's receive and ack calls), name server and checker the rest")
+            if transport is not None and a.broker:
+                unary, streamed, alone = grpc_cost_us(a, transport)
+                print(f"    what stops it: Python gRPC alone costs {alone:,.0f} µs of it ({unary:.2f} unary calls × "
+                      f"{transport.unary_server_us:,.0f} µs + {streamed:.2f} stream messages × "
+                      f"{transport.stream_server_us:,.0f} µs per transaction, a bare grpc.aio server paced like one "
+                      f"caller: bench/grpc_floor.py), the broker's own work the other "
+                      f"{a.per_txn_us('broker') - alone:,.0f} µs")
     for callers in args.callers:
         a, o = rows.get(("anchored-asyncio", callers)), best_outbox(rows, callers)
         if a is None or o is None or not a.delivery or not o.delivery:
@@ -1058,6 +1068,17 @@ def _print_targets(rows: dict[tuple[str, int], Run], wal_rows: dict[tuple[str, i
                   f"beside {classic} (two synchronous round trips) {t.per_txn_us('broker'):,.0f} µs")
     print(f"(one durable empty broker round trip, p50 of 200 sends at the start and end of this run: "
           f"{round_trip_ms:.2f} ms)")
+    if transport is not None:
+        print(f"({transport.line()})")
+
+
+def grpc_cost_us(r: Run, floor: Floor) -> tuple[float, float, float]:
+    """(unary calls, Produce stream messages in, their cost in µs) per transaction of ``r``'s
+    broker, at ``floor``'s price of each: what Python gRPC alone would cost it."""
+    per = max(r.consumed, 1)
+    unary = sum(v for k, v in r.broker.items() if not k.startswith("Produce ") and k != "WAL syncs") / per
+    streamed = r.broker.get("Produce in", 0.0) / per
+    return unary, streamed, unary * floor.unary_server_us + streamed * floor.stream_server_us
 
 
 if __name__ == "__main__":
