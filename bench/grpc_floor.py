@@ -8,7 +8,8 @@ A bare ``grpc.aio`` server on uvloop (the broker's stack: ``services/common/runt
 ``services/common/server.py``, no interceptors) echoes each request, in a process of its
 own; a sync ``grpc`` client in another (the SDK's consumer and sync producers) sends one at
 a time with ``--pace-ms`` between them (~one caller's transaction interval: each request
-then wakes an idle server, as at one caller) two ways:
+then wakes an idle server, as at one caller) two ways, and then a ``grpc.aio`` client the
+stream way (the asyncio SDK's side):
 
 - **unary**: a new call per request (ReceiveMessages, SendMessage, EndTransaction);
 - **stream message**: one request and its answer on a bidirectional stream kept open (the
@@ -43,12 +44,15 @@ class Floor:
     unary_client_us: float
     stream_server_us: float
     stream_client_us: float
+    #: The client side of a stream message from ``grpc.aio`` (the asyncio SDK's Produce stream).
+    aio_stream_client_us: float
     pace_ms: float
 
     def line(self) -> str:
         return (f"Python gRPC alone, paced {self.pace_ms:g} ms: a unary call {self.unary_server_us:,.0f} µs of "
                 f"server CPU ({self.unary_client_us:,.0f} µs client), a stream message and its answer "
-                f"{self.stream_server_us:,.0f} µs ({self.stream_client_us:,.0f} µs client)")
+                f"{self.stream_server_us:,.0f} µs ({self.stream_client_us:,.0f} µs client, "
+                f"{self.aio_stream_client_us:,.0f} µs from grpc.aio)")
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -105,8 +109,29 @@ def _client(port: int, server_pid: int, calls: int, pace: float, size: int, resu
             time.sleep(pace)
         measured[kind] = ((_cpu_seconds(server_pid) - server0) / calls * 1e6, (_own_cpu() - own0) / calls * 1e6)
     requests.put(None)
-    results.put(measured)
     channel.close()
+    measured["aio"] = (0.0, asyncio.run(_aio_stream_client(port, calls, pace, payload)))
+    results.put(measured)
+
+
+async def _aio_stream_client(port: int, calls: int, pace: float, payload: bytes) -> float:
+    """CPU µs of this process per stream message and its answer from a ``grpc.aio`` client
+    (the default event loop, as the benchmark's asyncio callers run)."""
+    import grpc
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.stream_stream(_METHOD + "Stream")()
+        for _ in range(50):
+            await call.write(payload)
+            await call.read()
+        own0 = _own_cpu()
+        for _ in range(calls):
+            await call.write(payload)
+            await call.read()
+            await asyncio.sleep(pace)
+        spent = (_own_cpu() - own0) / calls * 1e6
+        await call.done_writing()
+    return spent
 
 
 def _own_cpu() -> float:
@@ -125,13 +150,13 @@ def measure(calls: int = 600, pace_ms: float = 3.0, size: int = 300) -> Floor:
         client = spawn.Process(target=_client, args=(port, server.pid, calls, pace_ms / 1000, size, results),
                                daemon=True)
         client.start()
-        measured = results.get(timeout=60 + calls * (pace_ms / 1000 + 0.01) * 2)
+        measured = results.get(timeout=60 + calls * (pace_ms / 1000 + 0.01) * 3)
         client.join(30)
     finally:
         server.kill()
         server.join(30)
     (unary_server, unary_client), (stream_server, stream_client) = measured["unary"], measured["stream"]
-    return Floor(unary_server, unary_client, stream_server, stream_client, pace_ms)
+    return Floor(unary_server, unary_client, stream_server, stream_client, measured["aio"][1], pace_ms)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,6 +32,10 @@ component (the service's processes, PostgreSQL's server processes, RabbitMQ's, t
 the consumer), from the same window. The table prints the median run of each row and the
 ratio of its rate to the outbox's at the same number of callers.
 
+Under issue 29's one-caller targets it also prints what Python's gRPC alone costs there
+(``bench/grpc_floor.py``, measured once per run): the broker's requests of a transaction and
+the caller's Produce messages at that price, and the rest as their own work.
+
 This is a benchmark, not a test: absolute numbers on a shared machine are noise, the ratios
 measured in the same run are the result. A run where the machine's CPUs were busy all the
 time is marked "saturated" (the rate is then what this machine could do, not a system's
@@ -977,7 +981,7 @@ def _cpu_line(r: Run) -> str:
 
 
 def _print_targets(rows: dict[tuple[str, int], Run], wal_rows: dict[tuple[str, int], Run], round_trip_ms: float,
-                   args: argparse.Namespace, transport: Floor | None = None) -> None:
+                   args: argparse.Namespace, transport: Floor | None) -> None:
     """Issue 29's targets, each with its ratio; a target not met says what stops it, from
     the numbers of this run."""
     print("\nTargets (issue 29), each against the outbox's faster layout at the same callers:")
@@ -1014,6 +1018,11 @@ def _print_targets(rows: dict[tuple[str, int], Run], wal_rows: dict[tuple[str, i
                   f"{a.per_txn_us('callers'):,.0f} µs per transaction against the outbox caller's "
                   f"{o1.per_txn_us('callers'):,.0f} µs, PostgreSQL {a.per_txn_us('postgresql'):,.0f} µs against "
                   f"{o1.per_txn_us('postgresql'):,.0f} µs")
+            if transport is not None and a.broker:
+                messages = a.broker.get("Produce in", 0.0) / max(a.consumed, 1)
+                client = transport.aio_stream_client_us if system == "anchored-asyncio" else transport.stream_client_us
+                print(f"    of the caller's CPU, gRPC's client side alone ~{messages * client:,.0f} µs ({messages:.2f} "
+                      f"Produce messages × {client:,.0f} µs, bench/grpc_floor.py), the rest psycopg and the SDK")
         services = a.per_txn_us("txmq")
         print(f"- {system} services' CPU per transaction at 1 caller ≤ 600 µs: {services:,.0f} µs "
               f"({services / 600:.2f}×) — {verdict(services <= 600)}")
