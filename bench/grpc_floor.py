@@ -110,12 +110,13 @@ def _client(port: int, server_pid: int, calls: int, pace: float, size: int, resu
         measured[kind] = ((_cpu_seconds(server_pid) - server0) / calls * 1e6, (_own_cpu() - own0) / calls * 1e6)
     requests.put(None)
     channel.close()
-    measured["aio"] = (0.0, asyncio.run(_aio_stream_client(port, calls, pace, payload)))
+    measured["aio"] = asyncio.run(_aio_stream_client(port, server_pid, calls, pace, payload))
     results.put(measured)
 
 
-async def _aio_stream_client(port: int, calls: int, pace: float, payload: bytes) -> float:
-    """CPU µs of this process per stream message and its answer from a ``grpc.aio`` client
+async def _aio_stream_client(port: int, server_pid: int, calls: int, pace: float,
+                             payload: bytes) -> tuple[float, float]:
+    """(server, client) CPU µs per stream message and its answer from a ``grpc.aio`` client
     (the default event loop, as the benchmark's asyncio callers run)."""
     import grpc
 
@@ -124,12 +125,12 @@ async def _aio_stream_client(port: int, calls: int, pace: float, payload: bytes)
         for _ in range(50):
             await call.write(payload)
             await call.read()
-        own0 = _own_cpu()
+        server0, own0 = _cpu_seconds(server_pid), _own_cpu()
         for _ in range(calls):
             await call.write(payload)
             await call.read()
             await asyncio.sleep(pace)
-        spent = (_own_cpu() - own0) / calls * 1e6
+        spent = ((_cpu_seconds(server_pid) - server0) / calls * 1e6, (_own_cpu() - own0) / calls * 1e6)
         await call.done_writing()
     return spent
 
