@@ -13,6 +13,8 @@ import grpc
 from txmq.errors import InvalidFieldError, TxmqError
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
+from services.common.auth import may, may_see
+from services.common.auth.acl import ADMIN_READ, CLUSTER, PRODUCER_GROUP, TOPIC
 from services.common.errors import OK, entry_status
 from services.common.limits import Admission, ConnectionLimit
 
@@ -386,14 +388,21 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return response
 
     async def GetBrokerStats(self, request: broker_pb2.GetBrokerStatsRequest, context: Any) -> Any:
+        # Open to every principal (the limits are for clients and proxies), so it lists only
+        # the topics and groups the caller holds a right on, and the newest transaction id
+        # (the end of QueryTransactions over every group) only to an operator of the cluster.
         core = self.core
         response = broker_pb2.GetBrokerStatsResponse(
             broker_name=core.name, store_bytes=self.metrics.store_bytes_value,
             free_disk_bytes=core.free_disk_bytes, max_body_bytes=core.config.max_body_bytes,
-            max_delivery_attempts=core.config.max_delivery_attempts, last_transaction_id=core.last_txn_id())
+            max_delivery_attempts=core.config.max_delivery_attempts,
+            last_transaction_id=core.last_txn_id() if may(ADMIN_READ, CLUSTER, "") else "")
         for topic, count in sorted(core.topics.items()):
-            response.topics.append(topic_queues(core, topic, count))
+            if may_see(TOPIC, topic):
+                response.topics.append(topic_queues(core, topic, count))
         for group, (pending, discarded) in sorted(core.counters.items()):
+            if not may_see(PRODUCER_GROUP, group):
+                continue
             response.groups.append(broker_pb2.GroupTransactionStats(
                 producer_group=group, pending=pending, discarded=discarded,
                 oldest_pending_prepared_at_ms=core.oldest_pending_ms(group) or 0))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.common.auth import current_principal
+from services.common.auth import current_principal, may_see
+from services.common.auth.acl import TOPIC
 from txmq.v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 from .admin import Admin
@@ -19,10 +20,13 @@ def _ms(seconds: float) -> int:
 
 
 def broker_info(record: BrokerRecord) -> nameserver_pb2.BrokerInfo:
+    """A broker as ListBrokers shows it: open to every principal (clients route with the
+    addresses), so with only the topics the caller holds a right on (``may_see``; all of them
+    for a service identity, an operator of the cluster, or with auth off)."""
     info = nameserver_pb2.BrokerInfo(
         name=record.name, address=record.address, last_heartbeat_ms=_ms(record.last_heartbeat),
         topics=[common_pb2.TopicQueues(topic=t, queue_count=n, topic_type=topic_type(t in record.fifo_topics))
-                for t, n in sorted(record.topics.items())],
+                for t, n in sorted(record.topics.items()) if may_see(TOPIC, t)],
         replica_id=record.replica_id, role=nameserver_pb2.BrokerRole.ValueType(record.role), leader_epoch=record.epoch, draining=record.draining)
     if record.replication is not None:
         info.replication.CopyFrom(record.replication)

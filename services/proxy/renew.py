@@ -118,12 +118,20 @@ class Renewer:
         self.metrics.renewing.set(len(self.renewals))
         self._wake.set()
 
-    async def finish(self, group: str, handle: str) -> str:
+    async def finish(self, group: str, handle: str, *, topic: str, principal: str | None) -> str:
         """The client acknowledged or nacked the delivery: stop renewing it. Returns the
-        handle to use on the broker (the newest one; ``handle`` if it is not renewed here)."""
-        renewal = self.renewals.pop((group, handle), None)
-        if renewal is None:
+        handle to use on the broker (the newest one; ``handle`` if it is not renewed here).
+
+        Only the principal the renewals are for, naming the delivery's topic, ends them: the
+        broker decides the call afterwards, and a call it refuses (another principal of the
+        group without the topic's right, a topic that is not the handle's) must not have
+        stopped the owner's renewals on the way (its delivery would be redelivered). Another
+        caller's call goes to the broker with ``handle`` as sent (still valid there: a
+        renewed delivery keeps its handle)."""
+        renewal = self.renewals.get((group, handle))
+        if renewal is None or renewal.topic != topic or renewal.principal != principal:
             return handle
+        del self.renewals[(group, handle)]
         self.metrics.renewing.set(len(self.renewals))
         if renewal.inflight is not None:
             # Let a renewal already sent land first: it must not undo the client's nack.

@@ -262,7 +262,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             group = resource_name(request.group, "group")
             topic = resource_name(request.topic, "topic")
-            handles = [await self.renewer.finish(group, e.receipt_handle) for e in request.entries]
+            principal = client_of(context).principal
+            handles = [await self.renewer.finish(group, e.receipt_handle, topic=topic, principal=principal)
+                       for e in request.entries]
             results = await self.relay.ack(group, topic, handles)
         except Exception as exc:  # noqa: BLE001 - answered in band
             self.metrics.acks.labels(Code.Name(code_for(exc))).inc(len(request.entries))
@@ -290,7 +292,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             group = resource_name(request.group, "group")
             topic = resource_name(request.topic, "topic")
-            current = await self.renewer.finish(group, request.receipt_handle)
+            current = await self.renewer.finish(group, request.receipt_handle, topic=topic,
+                                                principal=client_of(context).principal)
             handle = await self.relay.change_invisible(group, topic, current,
                                                        self._invisible_seconds(seconds(request.invisible_duration)))
         except Exception as exc:  # noqa: BLE001 - answered in band
@@ -311,7 +314,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             topic = resource_name(request.topic, "topic")
             if not request.receipt_handle:
                 raise ProxyError(Code.INVALID_RECEIPT_HANDLE, "receipt_handle is required")
-            handle = await self.renewer.finish(group, request.receipt_handle)
+            handle = await self.renewer.finish(group, request.receipt_handle, topic=topic,
+                                               principal=client_of(context).principal)
             await self.relay.dead_letter(group, topic, handle)
         except Exception as exc:  # noqa: BLE001 - answered in band
             self.metrics.dead_letters.labels(Code.Name(code_for(exc))).inc()

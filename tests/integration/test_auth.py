@@ -42,6 +42,8 @@ def credentials(tokens: dict[str, str] = TOKENS, extra_rules: list[dict[str, Any
             {"principal": "mallory", "resource": "topic:mallory-*", "actions": ["publish", "subscribe", "admin-write"]},
             {"principal": "mallory", "resource": "producer_group:mallory", "actions": ["check", "admin-read"]},
             {"principal": "mallory", "resource": "consumer_group:mallory", "actions": ["subscribe"]},
+            # An operator of its own consumer groups alone (test_an_offset_reset_needs_a_right_on_the_topic).
+            {"principal": "mallory", "resource": "consumer_group:mallory-ops", "actions": ["admin-write"]},
             # Everything of one namespace, nothing else (test_namespaced_rules_stop_at_their_namespace).
             {"principal": "tenant", "namespace": "teamA", "resource": "cluster",
              "actions": ["publish", "subscribe", "check"]},
@@ -543,3 +545,23 @@ def test_an_offset_reset_records_the_callers_principal(secured: tuple[Cluster, P
         assert done.applied and done.operator == "operator"
         status = admin.consumer_groups("audited", topic="orders").queues
         assert status and {q.last_reset_operator for q in status} == {"operator"}
+
+
+def test_an_offset_reset_needs_a_right_on_the_topic(secured: tuple[Cluster, Path]) -> None:
+    """admin-write on a consumer group is not a right on every topic: a reset of the group in
+    a topic the caller holds no right on is refused naming the topic (it would read that
+    topic's offsets and tell whether it exists) and changes nothing; one in its own topic
+    goes on."""
+    cluster, _creds = secured
+    cluster.create_topic("mallory-reset", queue_count=1)
+    with txmq.Admin(cluster.nameserver_address, token=TOKENS["mallory"]) as admin:
+        for dry_run in (True, False):
+            with pytest.raises(txmq.PermissionDeniedError) as refused:
+                admin.reset_offsets("mallory-ops", "orders", to_earliest=True, dry_run=dry_run, operator="mallory")
+            assert "topic 'orders'" in str(refused.value)
+        with pytest.raises(txmq.PermissionDeniedError):  # the same for a topic that does not exist
+            admin.reset_offsets("mallory-ops", "no-such-topic", to_earliest=True, dry_run=True)
+        planned = admin.reset_offsets("mallory-ops", "mallory-reset", to_earliest=True, dry_run=True)
+        assert not planned.applied and planned.queues
+    with txmq.Admin(cluster.nameserver_address, token=TOKENS["operator"]) as admin:
+        assert not [q for q in admin.consumer_groups(topic="orders").queues if q.consumer_group == "mallory-ops"]

@@ -56,9 +56,14 @@ def test_renews_with_the_newest_handle_until_finished() -> None:
         assert [c[2] for c in relay.calls[:3]] == ["h1", "h1'", "h1''"]
         assert all(c[:2] == ("g", "t") and c[3] == 0.1 for c in relay.calls)
         # The client's ack carries the handle it got; the broker gets the newest one.
-        newest = await renewer.finish("g", "h1")
+        # Another principal's call, or one naming another topic, ends nothing (the broker
+        # refuses it, or takes the handle as sent).
+        assert await renewer.finish("g", "h1", topic="t", principal="p2") == "h1"
+        assert await renewer.finish("g", "h1", topic="t2", principal=None) == "h1"
+        assert ("g", "h1") in renewer.renewals
+        newest = await renewer.finish("g", "h1", topic="t", principal=None)
         assert newest.startswith("h1'") and newest == relay.calls[-1][2] + "'"
-        assert await renewer.finish("g", "h1") == "h1"  # no longer renewed: unchanged
+        assert await renewer.finish("g", "h1", topic="t", principal=None) == "h1"  # no longer renewed: unchanged
         count = len(relay.calls)
         renewer.add("c1", "g", "t", "h2", 0.1)  # renewals go on for the others only
         await until(lambda: any(c[2].startswith("h2") for c in relay.calls[count:]))

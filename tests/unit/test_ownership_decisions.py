@@ -75,12 +75,26 @@ def test_ownership_decisions(principal: Principal | None, owned: list[Owned], ou
 
 
 def test_a_refusal_names_principal_action_and_the_resource_the_id_belongs_to() -> None:
-    refusal = decide(CREDENTIALS.rules, ALICE, [txn("gb", "ga")])
+    """... to a caller allowed on that resource, or who named it; never another's."""
+    refusal = decide(CREDENTIALS.rules, ALICE, [handle("shared-1", "shared-2")])
     assert isinstance(refusal, PermissionDeniedError)
-    assert (refusal.principal, refusal.action) == ("alice", "check")
-    assert "producer_group 'gb'" in refusal.resource and "'ga' named in producer_group" in refusal.resource
-    refusal = decide(CREDENTIALS.rules, ALICE, [handle("tb", "")])
-    assert isinstance(refusal, PermissionDeniedError) and "topic 'tb'" in refusal.resource
+    assert (refusal.principal, refusal.action) == ("alice", "subscribe")
+    assert "topic 'shared-1'" in refusal.resource and "'shared-2' named in topic" in refusal.resource
+    refusal = decide(CREDENTIALS.rules, ALICE, [txn("gb", "gb")])
+    assert isinstance(refusal, PermissionDeniedError) and "producer_group 'gb'" in refusal.resource
+
+
+@pytest.mark.parametrize(("owned", "hidden", "said"), [
+    (txn("gb", "ga"), "'gb'", "the producer_group of transaction id"),
+    (txn("gb", ""), "'gb'", "producer_group left empty"),
+    (handle("tb", "ta"), "'tb'", "not 'ta' named in topic"),
+    (handle("tb", ""), "'tb'", "the topic of receipt handle"),
+])
+def test_a_refusal_never_names_a_resource_the_caller_holds_no_right_on(owned: Owned, hidden: str, said: str) -> None:
+    refusal = decide(CREDENTIALS.rules, ALICE, [owned])
+    assert isinstance(refusal, PermissionDeniedError)
+    assert hidden not in refusal.message and hidden not in refusal.resource, refusal.message
+    assert said in refusal.message, refusal.message
 
 
 @pytest.mark.parametrize(("authenticated", "header", "outcome"), [

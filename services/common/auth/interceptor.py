@@ -23,7 +23,7 @@ import grpc
 from txmq.errors import PermissionDeniedError, TxmqError, UnauthenticatedError
 
 from ..errors import abort_with
-from .acl import allows, describe
+from .acl import ACTIONS, allows, describe
 from .delegation import act_for, effective_principal
 from .ownership import Resolve, authorize_ids
 from .delegation import reset as reset_acting
@@ -71,6 +71,13 @@ def may(action: str, kind: str, name: str) -> bool:
     if caller is None or caller.principal.service:
         return True
     return allows(caller.store.current().rules, caller.principal.name, action, kind, name)
+
+
+def may_see(kind: str, name: str) -> bool:
+    """Whether the caller of the call being served holds any right on a resource (always,
+    with auth off): what a listing open to every principal (GetBrokerStats, ListBrokers)
+    shows it of the topics and groups it lists. Another tenant's names are not its to learn."""
+    return any(may(action, kind, name) for action in ACTIONS)
 
 
 def _metadata(context: Any) -> dict[str, str]:

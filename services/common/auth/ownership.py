@@ -12,6 +12,9 @@ its store (the broker: ``services/broker/ownership.py``) and hands it here as an
 - that the caller holds the action on the recorded resource, whatever the request named or
   left empty: an empty field never skips the test. Service identities hold every right.
 
+A refusal names the recorded resource only to a caller holding the action on it (or that
+named it itself): a captured id never tells its holder another tenant's group or topic.
+
 The policy table names each RPC's ids (``policy.IdRef``); the interceptor has the service
 resolve them (its ``Resolve``) and applies the decision, for the principal the call is for
 (possibly the end principal a proxy acts for: ``delegation``), in the same chain and at the
@@ -70,15 +73,20 @@ def decide(rules: tuple[Rule, ...], principal: Principal | None, owned: Sequence
     InvalidFieldError for a mismatch)."""
     for o in owned:
         resource = describe(o.kind, o.recorded)
+        allowed = principal is None or principal.service or allows(rules, principal.name, o.action, o.kind,
+                                                                   o.recorded)
         if o.named and o.named != o.recorded:
             if principal is None:
                 return InvalidFieldError(o.field, f"{o.named!r} is not the {o.kind} of {_id(o)} ({o.recorded!r})")
+            if not allowed:  # never name a resource the caller holds no right on
+                return PermissionDeniedError(principal.name, o.action,
+                                             f"the {o.kind} of {_id(o)}: not {o.named!r} named in {o.field}")
             return PermissionDeniedError(principal.name, o.action,
                                          f"{resource}: {_id(o)} belongs to it, not to {o.named!r} named in {o.field}")
-        if principal is None or principal.service:
-            continue
-        if not allows(rules, principal.name, o.action, o.kind, o.recorded):
-            return PermissionDeniedError(principal.name, o.action, f"{resource} ({_id(o)} belongs to it)")
+        if not allowed:
+            assert principal is not None  # allowed when None
+            return PermissionDeniedError(principal.name, o.action, f"{resource} ({_id(o)} belongs to it)" if o.named
+                                         else f"the {o.kind} of {_id(o)} (named by no field: {o.field} left empty)")
     return None
 
 

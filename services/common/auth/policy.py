@@ -87,6 +87,14 @@ def _admin_consumers(action: str, group: str) -> list[Need]:
     return [Need((action,), CONSUMER_GROUP, group) if group else Need((action,), CLUSTER)]
 
 
+def _reset_offsets(request: Any) -> list[Need]:
+    """admin-write on the consumer group, and a reading right on the topic it is moved in: the
+    reset reads that topic's offsets (and says whether it exists), which a group's operator
+    holding no right on another's topic must not learn."""
+    return [*_admin_consumers(ADMIN_WRITE, request.consumer_group),
+            _topic((SUBSCRIBE, ADMIN_READ, ADMIN_WRITE), request.topic)]
+
+
 # --- txmq.v1 ------------------------------------------------------------------------------
 _TRANSACTION = common_pb2.MESSAGE_TYPE_TRANSACTION
 _OPERATOR = common_pb2.TRANSACTION_SOURCE_OPERATOR
@@ -238,7 +246,7 @@ NATIVE: Mapping[str, Policy] = {
     _OPERATIONS + "GetDrainStatus": Policy(lambda r: [Need((ADMIN_READ,), CLUSTER)]),
     _ADMIN + "ExpandTopic": Policy(lambda r: [_topic((ADMIN_WRITE,), r.topic)]),
     # Issue 32: resetting a group's position, finding messages, a group's clients.
-    _ADMIN + "ResetOffsets": Policy(lambda r: _admin_consumers(ADMIN_WRITE, r.consumer_group)),
+    _ADMIN + "ResetOffsets": Policy(_reset_offsets),
     _ADMIN + "GetMessage": Policy(lambda r: [Need((ADMIN_READ,), CLUSTER)]),
     _ADMIN + "FindMessages": Policy(lambda r: [_topic((ADMIN_READ,), r.topic)]),
     _ADMIN + "ReadMessages": Policy(lambda r: [_topic((ADMIN_READ,), r.topic)]),
