@@ -114,6 +114,27 @@ def topic_queues(core: BrokerCore, topic: str, count: int) -> common_pb2.TopicQu
         common_pb2.TOPIC_TYPE_FIFO if topic in core.fifo_topics else common_pb2.TOPIC_TYPE_NORMAL))
 
 
+def broker_stats(core: BrokerCore, store_bytes: int) -> broker_pb2.GetBrokerStatsResponse:
+    """GetBrokerStats' answer for the caller of the call being served. Open to every principal
+    (the limits are for clients and proxies), so it lists only the topics and groups the caller
+    holds a right on, and the newest transaction id (the end of QueryTransactions over every
+    group) only to an operator of the cluster."""
+    response = broker_pb2.GetBrokerStatsResponse(
+        broker_name=core.name, store_bytes=store_bytes,
+        free_disk_bytes=core.free_disk_bytes, max_body_bytes=core.config.max_body_bytes,
+        max_delivery_attempts=core.config.max_delivery_attempts,
+        last_transaction_id=core.last_txn_id() if may(ADMIN_READ, CLUSTER, "") else "")
+    for topic, count in sorted(core.topics.items()):
+        if may_see(TOPIC, topic):
+            response.topics.append(topic_queues(core, topic, count))
+    for group, (pending, discarded) in sorted(core.counters.items()):
+        if may_see(PRODUCER_GROUP, group):
+            response.groups.append(broker_pb2.GroupTransactionStats(
+                producer_group=group, pending=pending, discarded=discarded,
+                oldest_pending_prepared_at_ms=core.oldest_pending_ms(group) or 0))
+    return response
+
+
 def txn_to_proto(core: BrokerCore, t: TxnRow) -> common_pb2.Transaction:
     return common_pb2.Transaction(
         transaction_id=core.txn_id(t.seq), message_id=t.message_id, producer_group=t.producer_group,
@@ -388,28 +409,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return response
 
     async def GetBrokerStats(self, request: broker_pb2.GetBrokerStatsRequest, context: Any) -> Any:
-        # Open to every principal (the limits are for clients and proxies), so it lists only
-        # the topics and groups the caller holds a right on, and the newest transaction id
-        # (the end of QueryTransactions over every group) only to an operator of the cluster.
-        core = self.core
-        response = broker_pb2.GetBrokerStatsResponse(
-            broker_name=core.name, store_bytes=self.metrics.store_bytes_value,
-            free_disk_bytes=core.free_disk_bytes, max_body_bytes=core.config.max_body_bytes,
-            max_delivery_attempts=core.config.max_delivery_attempts,
-            last_transaction_id=core.last_txn_id() if may(ADMIN_READ, CLUSTER, "") else "")
-        for topic, count in sorted(core.topics.items()):
-            if may_see(TOPIC, topic):
-                response.topics.append(topic_queues(core, topic, count))
-        for group, (pending, discarded) in sorted(core.counters.items()):
-            if not may_see(PRODUCER_GROUP, group):
-                continue
-            response.groups.append(broker_pb2.GroupTransactionStats(
-                producer_group=group, pending=pending, discarded=discarded,
-                oldest_pending_prepared_at_ms=core.oldest_pending_ms(group) or 0))
+        response = broker_stats(self.core, self.metrics.store_bytes_value)
         await self.bridge.settled()
         return response
-
-
 
     async def DescribeConsumerGroups(self, request: broker_pb2.DescribeConsumerGroupsRequest, context: Any) -> Any:
         queues, dead = groups.describe_groups(self.core, request.consumer_group, request.topic)
