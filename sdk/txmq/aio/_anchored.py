@@ -527,6 +527,9 @@ class AsyncAnchoredTransaction:
             return None
         if kind is core.InTransaction:
             return self.db.in_transaction()
+        if kind is core.Settle:
+            self.store.spawn(drive_async(step.steps, self.store.perform))
+            return None
         assert kind is core.Hint, step
         deadline = time.monotonic() + core.END_RETRY_SECONDS
         for transaction_id in step.transaction_ids:

@@ -1,0 +1,81 @@
+"""Anchored transactions against what applications do to their own transaction inside the
+block, with a real PostgreSQL and txmq: a rollback followed by more statements, a commit
+with several messages (or none),. The invariant each
+test holds the SDK to: a message is delivered iff the decision row committed, whatever
+answers first (the end the SDK sends or a check), the caller is never told COMMITTED for
+a transaction whose decision row is gone, and the decisions table drains."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+import txmq
+from tests.integration.test_anchored import (anchored_producer, checked, dsn, orders, pg,  # noqa: F401 - fixtures
+                                             rows)
+from tests.integration.test_checks import COMMITTED, ROLLED_BACK, describe, wait_state
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_rollback_inside_the_block_then_more_statements_is_not_committed(checked, dsn, unique_name):
+    """The caller rolls back inside the block (the decision row goes with it) and runs more
+    statements: psycopg begins a new transaction, so the block's end finds one open. Its
+    COMMIT must not be reported as the decision: the row it would record is gone, and a
+    check fences the key (ROLLBACK) while the end, had it been sent, would commit."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, psycopg.connect(dsn) as conn:
+        with pytest.raises(txmq.InvalidFieldError, match="ended inside the anchored block"):
+            with producer.transaction(conn) as tx:
+                half = tx.send(txmq.Message(topic, b"never")).result(10)
+                conn.execute("INSERT INTO orders VALUES ('before', 'x')")
+                conn.rollback()
+                conn.execute("INSERT INTO orders VALUES ('after', 'x')")
+        assert tx.result is None
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        wait_state(checked, half.transaction_id, ROLLED_BACK, timeout=20)
+    assert orders(dsn) == []
+    assert rows(dsn) == [("rollback", None)]  # the key fenced, as a check would have
+
+
+def test_a_commit_inside_the_block_delivers_every_message_and_drains(checked, dsn, unique_name):
+    """The caller commits inside the block: the decision row committed (with the caller's
+    work) before the SDK recorded the halves. Every half must then commit, whatever order
+    the checks come in (a check of one that finds the row deleted after committing another
+    would fence the key), and the row must go."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 2)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, psycopg.connect(dsn) as conn:
+        with pytest.raises(txmq.InvalidFieldError, match="ended inside the anchored block"):
+            with producer.transaction(conn) as tx:
+                first = tx.send(txmq.Message(topic, b"first"))
+                second = tx.send(txmq.Message(topic, b"second"))
+                conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
+                first, second = first.result(10), second.result(10)
+                conn.commit()
+        store = producer._decision_store
+        # The checks, one after the other, as the checker would send them with no producer
+        # holding the key (the sender answers none here: the checks come only from this test).
+        assert store.check(first) is txmq.LocalTransactionState.COMMIT
+        wait_until(lambda: describe(checked, first.transaction_id).state == COMMITTED, 10)
+        wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+        assert store.check(second) is txmq.LocalTransactionState.COMMIT
+        wait_state(checked, second.transaction_id, COMMITTED)
+    assert orders(dsn) == ["o1"]
+    wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+
+
+def test_a_commit_inside_a_block_that_sent_nothing_leaves_no_row(checked, dsn, unique_name):
+    """No message, and the caller commits inside the block: no check will ever come for
+    the key, so nothing but the SDK can delete its committed decision row."""
+    group = unique_name("g")
+    with anchored_producer(checked, group, dsn, answer_checks=False, repair_after_seconds=0.5,
+                           sweep_interval_seconds=0.2) as producer, psycopg.connect(dsn) as conn:
+        with pytest.raises(txmq.InvalidFieldError, match="ended inside the anchored block"):
+            with producer.transaction(conn):
+                conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
+                conn.commit()
+        wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
+    assert orders(dsn) == ["o1"]
