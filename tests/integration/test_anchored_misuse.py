@@ -1,11 +1,13 @@
 """Anchored transactions against what applications do to their own transaction inside the
 block, with a real PostgreSQL and txmq: a rollback followed by more statements, a commit
-with several messages (or none),. The invariant each
+with several messages (or none), a task cancelled at the block's end. The invariant each
 test holds the SDK to: a message is delivered iff the decision row committed, whatever
 answers first (the end the SDK sends or a check), the caller is never told COMMITTED for
 a transaction whose decision row is gone, and the decisions table drains."""
 
 from __future__ import annotations
+
+import asyncio
 
 import psycopg
 import pytest
@@ -13,7 +15,8 @@ import pytest
 import txmq
 from tests.integration.test_anchored import (anchored_producer, checked, dsn, orders, pg,  # noqa: F401 - fixtures
                                              rows)
-from tests.integration.test_checks import COMMITTED, ROLLED_BACK, describe, wait_state
+from tests.integration.test_anchored_integrations import async_producing
+from tests.integration.test_checks import BROKER_ENV, CHECKER_ENV, COMMITTED, ROLLED_BACK, describe, wait_state
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -79,3 +82,41 @@ def test_a_commit_inside_a_block_that_sent_nothing_leaves_no_row(checked, dsn, u
                 conn.commit()
         wait_until(lambda: rows(dsn) == [], 10, message=lambda: f"decision rows left: {rows(dsn)}")
     assert orders(dsn) == ["o1"]
+
+
+def test_a_task_cancelled_at_the_blocks_end_rolls_its_transaction_back(fresh_cluster_factory, dsn, unique_name):
+    """asyncio.timeout / wait_for cancels the task while the block's end waits for a half
+    (the broker is stalled). The block must not leave its transaction open on the caller's
+    connection: the caller who catches the timeout and goes on would otherwise commit the
+    decision row (and its half) with whatever it does next, or find the connection refused
+    for its next transaction. The half is rolled back by the check."""
+    cluster = fresh_cluster_factory(broker_env=BROKER_ENV, checker=True, checker_env=CHECKER_ENV)
+    group, topic = unique_name("g"), unique_name("orders")
+    cluster.create_topic(topic, 1)
+
+    async def main() -> None:
+        async with async_producing(cluster, group, dsn) as producer:
+            conn = await psycopg.AsyncConnection.connect(dsn)
+            try:
+                tx = producer.transaction(conn)
+                await tx.__aenter__()
+                await conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
+                cluster.brokers[0].pause()
+                try:
+                    tx.send(txmq.Message(topic, b"stalled"))
+                    with pytest.raises(TimeoutError):
+                        await asyncio.wait_for(tx.__aexit__(None, None, None), 1.0)
+                finally:
+                    cluster.brokers[0].resume()
+                assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                await conn.execute("INSERT INTO orders VALUES ('o2', 'x')")  # the caller goes on
+                await conn.commit()
+                # The connection serves the next anchored transaction.
+                async with producer.transaction(conn) as again:
+                    again.send(txmq.Message(topic, b"next"))
+                assert await again.result.wait_acknowledged(10)
+            finally:
+                await conn.close()
+
+    asyncio.run(main())
+    assert orders(dsn) == ["o2"]
