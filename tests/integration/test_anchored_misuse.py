@@ -120,3 +120,70 @@ def test_a_task_cancelled_at_the_blocks_end_rolls_its_transaction_back(fresh_clu
 
     asyncio.run(main())
     assert orders(dsn) == ["o2"]
+
+
+def test_a_block_that_sends_nothing_commits_and_leaves_no_row(checked, dsn, unique_name):
+    group = unique_name("g")
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, psycopg.connect(dsn) as conn:
+        with producer.transaction(conn) as tx:
+            conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
+        assert tx.result.state is txmq.TransactionState.COMMITTED and tx.result.messages == ()
+        assert tx.result.acknowledged
+        assert rows(dsn) == []  # deleted by the transaction's own commit
+    assert orders(dsn) == ["o1"]
+
+
+@pytest.mark.parametrize("connection", ["asyncio-psycopg", "sqlalchemy"])
+@pytest.mark.parametrize("ending", ["commit", "rollback"])
+def test_a_transaction_ended_inside_the_block_then_continued_follows_its_decision_row(checked, dsn, unique_name,
+                                                                                      connection, ending):
+    """The caller commits (or rolls back) inside the block and goes on in a new transaction:
+    that one is rolled back, and both halves follow the decision row, committed with the
+    caller's commit or rolled back with its rollback (answered by the SDK, no check here)."""
+    import sqlalchemy
+    from sqlalchemy.orm import Session
+
+    from tests.integration.test_anchored_integrations import url
+
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 2)
+    bodies = [b"first", b"second"]
+
+    def sync() -> list:
+        engine = sqlalchemy.create_engine(url(dsn))
+        try:
+            with anchored_producer(checked, group, dsn, answer_checks=False) as producer, Session(engine) as session:
+                with pytest.raises(txmq.InvalidFieldError, match="ended inside the anchored block"):
+                    with producer.transaction(session) as tx:
+                        halves = [tx.send(txmq.Message(topic, b)) for b in bodies]
+                        session.execute(sqlalchemy.text("INSERT INTO orders VALUES ('before', 'x')"))
+                        session.commit() if ending == "commit" else session.rollback()
+                        session.execute(sqlalchemy.text("INSERT INTO orders VALUES ('after', 'x')"))
+                assert not session.in_transaction()
+                return [h.result(10) for h in halves]
+        finally:
+            engine.dispose()
+
+    async def asyncio_() -> list:
+        async with async_producing(checked, group, dsn, answer_checks=False) as producer:
+            async with await psycopg.AsyncConnection.connect(dsn) as conn:
+                with pytest.raises(txmq.InvalidFieldError, match="ended inside the anchored block"):
+                    async with producer.transaction(conn) as tx:
+                        halves = [tx.send(txmq.Message(topic, b)) for b in bodies]
+                        await conn.execute("INSERT INTO orders VALUES ('before', 'x')")
+                        await (conn.commit() if ending == "commit" else conn.rollback())
+                        await conn.execute("INSERT INTO orders VALUES ('after', 'x')")
+                assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                stored = [await h for h in halves]
+                # The settling runs in the background: kept alive until it is done.
+                await asyncio.to_thread(wait_until, lambda: all(
+                    describe(checked, h.transaction_id).state in (COMMITTED, ROLLED_BACK) for h in stored), 20)
+                return stored
+
+    stored = sync() if connection == "sqlalchemy" else asyncio.run(asyncio_())
+    committed = ending == "commit"
+    for half in stored:
+        wait_state(checked, half.transaction_id, COMMITTED if committed else ROLLED_BACK, timeout=20)
+    assert orders(dsn) == (["before"] if committed else [])
+    want = [] if committed else [("rollback", None)]
+    wait_until(lambda: rows(dsn) == want, 10, message=lambda: f"decision rows: {rows(dsn)}")
