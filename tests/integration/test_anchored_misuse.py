@@ -187,3 +187,58 @@ def test_a_transaction_ended_inside_the_block_then_continued_follows_its_decisio
     assert orders(dsn) == (["before"] if committed else [])
     want = [] if committed else [("rollback", None)]
     wait_until(lambda: rows(dsn) == want, 10, message=lambda: f"decision rows: {rows(dsn)}")
+
+
+def test_an_error_the_caller_caught_inside_the_block_rolls_back_at_its_end(checked, dsn, unique_name):
+    """A unique violation on the caller's own row, caught inside the block: the transaction
+    is aborted, so the block's COMMIT is refused (the driver's error), the half is rolled
+    back and the connection is usable. A connection already aborted before the block is
+    refused without a statement."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, psycopg.connect(dsn) as conn:
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            with producer.transaction(conn) as tx:
+                half = tx.send(txmq.Message(topic, b"never"))
+                conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
+                with pytest.raises(psycopg.errors.UniqueViolation):
+                    conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
+        assert tx.result is None
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        wait_state(checked, half.result().transaction_id, ROLLED_BACK)
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1 / 0")
+        with pytest.raises(txmq.InvalidFieldError, match="outermost"):
+            with producer.transaction(conn):
+                pytest.fail("entered")
+        conn.rollback()
+    assert orders(dsn) == [] and rows(dsn) == []
+
+
+def test_a_task_cancelled_inside_the_block_rolls_back_and_its_half_with_it(checked, dsn, unique_name):
+    """Cancelled at an await inside the block (a statement running): the block's end sees
+    CancelledError, rolls back and hints ROLLBACK for the half."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+
+    async def main() -> str:
+        async with async_producing(checked, group, dsn, answer_checks=False) as producer:
+            async with await psycopg.AsyncConnection.connect(dsn) as conn:
+                halves = []
+
+                async def block() -> None:
+                    async with producer.transaction(conn) as tx:
+                        halves.append(tx.send(txmq.Message(topic, b"never")))
+                        await conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
+                        await asyncio.shield(halves[0])  # stored before the cancel
+                        await conn.execute("SELECT pg_sleep(60)")
+
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(block(), 10.0)  # pg_sleep(60) outlasts it
+                assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                transaction_id = (await halves[0]).transaction_id
+                await asyncio.to_thread(wait_state, checked, transaction_id, ROLLED_BACK, 20)
+                return transaction_id
+
+    asyncio.run(main())
+    assert orders(dsn) == [] and rows(dsn) == []
