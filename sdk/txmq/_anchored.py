@@ -622,6 +622,12 @@ class AnchoredTransaction:
             return None
         if kind is core.InTransaction:
             return self.db.in_transaction()
+        if kind is core.Settle:
+            try:
+                self.store.ends.submit(drive, step.steps, self.store.perform)
+            except RuntimeError:
+                pass  # shutting down: the checks decide
+            return None
         assert kind is core.Hint, step
         for transaction_id in step.transaction_ids:
             try:

@@ -189,17 +189,49 @@ def begin_statement(settings: DecisionSettings, group: str, key: str) -> Stateme
                      (group, key, *params))
 
 
+#: The text of the error the statements before the local COMMIT raise when the decision row
+#: is not the one this transaction inserted (the caller committed or rolled back inside the
+#: block and went on in a new transaction): their COMMIT then never runs.
+ROW_GONE_MARK = " decision rows inserted by this transaction: it ended inside the anchored block"
+#: Its SQLSTATE (invalid_text_representation: the cast that raises it).
+ROW_GONE = "22P02"
+
+
+def _this_transactions_row(change: str, group: str, key: str, params: tuple[Any, ...] = ()) -> Statement:
+    """``change`` (an UPDATE's SET or a DELETE) of the key's COMMIT row *as this transaction
+    inserted it* (``xmin``: PostgreSQL 13 or later), failing when there is none: a row
+    committed or rolled back inside the block is not this transaction's, and its COMMIT is
+    then not the decision. The cast of the count raises only when it runs (ELSE of a count,
+    not a constant the planner would fold)."""
+    where = ("WHERE producer_group = %s AND transaction_key = %s AND decision = 'commit' "
+             "AND xmin = pg_current_xact_id()::xid")
+    return Statement(f"WITH mine AS ({change} {where} RETURNING 1) "
+                     f"SELECT CASE count(*) WHEN 1 THEN NULL ELSE (count(*) || '{ROW_GONE_MARK}')::int END FROM mine",
+                     (*params, group, key))
+
+
 def record_statement(settings: DecisionSettings, group: str, key: str, transaction_ids: Sequence[str]) -> Statement:
-    """Just before the local COMMIT: the transaction ids of the halves it commits."""
-    return Statement(f"UPDATE {settings.table} SET transaction_ids = %s "
-                     f"WHERE producer_group = %s AND transaction_key = %s AND decision = 'commit'",
-                     (list(transaction_ids), group, key))
+    """Just before the local COMMIT: the transaction ids of the halves it commits (raising
+    :data:`ROW_GONE` when the row is not this transaction's)."""
+    return _this_transactions_row(f"UPDATE {settings.table} SET transaction_ids = %s", group, key,
+                                  (list(transaction_ids),))
 
 
 def forget_statement(settings: DecisionSettings, group: str, key: str) -> Statement:
-    """A transaction that sent no message: its row goes with its own commit."""
-    return Statement(f"DELETE FROM {settings.table} WHERE producer_group = %s AND transaction_key = %s",
-                     (group, key))
+    """A transaction that sent no message: its row goes with its own commit (raising
+    :data:`ROW_GONE` as :func:`record_statement` does)."""
+    return _this_transactions_row(f"DELETE FROM {settings.table}", group, key)
+
+
+def adopt_statement(settings: DecisionSettings, group: str, key: str, transaction_ids: Sequence[str]) -> Statement:
+    """After the caller's transaction ended inside the block, on the producer's own
+    connection: a COMMIT row the caller committed (without its halves) records them.
+    Returns a row when it did."""
+    return Statement(f"UPDATE {settings.table} SET transaction_ids = %s "
+                     f"FROM (SELECT set_config('lock_timeout', %s, true)) AS bounds "
+                     f"WHERE producer_group = %s AND transaction_key = %s AND decision = 'commit' "
+                     f"AND transaction_ids IS NULL RETURNING decision",
+                     (list(transaction_ids), _ms(settings.check_lock_timeout_seconds), group, key), rows=True)
 
 
 def fence_statement(settings: DecisionSettings, group: str, key: str) -> Statement:
@@ -233,9 +265,11 @@ def delete_acknowledged_statement(settings: DecisionSettings, group: str, keys: 
 
 
 def sweep_fences_statement(settings: DecisionSettings, group: str) -> Statement:
-    """Fences past their retention (at most 10,000 a sweep)."""
+    """Fences past their retention, and COMMIT rows that list no halves (a caller's commit
+    inside the block, its producer gone before it recorded them: their checks read the
+    row, so nothing else deletes it), at most 10,000 a sweep."""
     return Statement(f"DELETE FROM {settings.table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {settings.table} "
-                     f"WHERE producer_group = %s AND decision = 'rollback' "
+                     f"WHERE producer_group = %s AND (decision = 'rollback' OR transaction_ids IS NULL) "
                      f"AND decided_at < now() - make_interval(secs => %s) LIMIT 10000))",
                      (group, settings.fence_retention_seconds))
 
@@ -306,6 +340,10 @@ class Verdict:
     source: Source
     key: str = ""
     commit_transaction_ids: tuple[str, ...] = ()
+    #: False for a COMMIT row that lists no halves (``transaction_ids`` NULL): the checked
+    #: half commits, and the row stays for the checks of the others (swept after the
+    #: fence retention).
+    lists_halves: bool = True
 
 
 Steps = Generator[Statement, Any, Verdict]
@@ -352,7 +390,9 @@ def verdict_of_row(key: str, transaction_id: str, decision: str, transaction_ids
     """What a committed row says about ``transaction_id``."""
     if decision == ROLLBACK:
         return Verdict(LocalTransactionState.ROLLBACK, Source.FENCE_FOUND, key)
-    listed = tuple(transaction_ids) if transaction_ids is not None else (transaction_id,)
+    if transaction_ids is None:
+        return Verdict(LocalTransactionState.COMMIT, Source.COMMITTED, key, (transaction_id,), lists_halves=False)
+    listed = tuple(transaction_ids)
     if transaction_id in listed:
         return Verdict(LocalTransactionState.COMMIT, Source.COMMITTED, key, listed)
     return Verdict(LocalTransactionState.ROLLBACK, Source.NOT_LISTED, key, listed)
@@ -565,8 +605,8 @@ def closing(plan: Plan, raised: bool) -> Generator[Any, Any, Closed]:
             yield Hint(LocalTransactionState.ROLLBACK, ids)
         return Closed(None, stored, error)
     if not (yield InTransaction()):
-        raise InvalidFieldError("connection", "its transaction ended inside the anchored block (a commit or "
-                                              "rollback there): the checks decide its messages from the table")
+        yield Settle(settle(plan.settings, plan.group, plan.key, ids))
+        raise ended_inside_the_block(len(ids))
     plan.transaction_ids = list(ids)
     steps = plan.finish()
     commit = next(steps)
@@ -578,10 +618,56 @@ def closing(plan: Plan, raised: bool) -> Generator[Any, Any, Closed]:
         except StopIteration:  # the answer to COMMIT was lost: the row decides, by the checks
             return Closed(Outcome.UNKNOWN, stored, err.cause)
         except DatabaseError:
+            if err.sqlstate == ROW_GONE and ROW_GONE_MARK in str(err.cause):
+                # Committed or rolled back inside the block, then a new transaction: that
+                # one is rolled back (the commit statement refused it), the row decides.
+                yield Settle(settle(plan.settings, plan.group, plan.key, ids))
+                return Closed(Outcome.ROLLED_BACK, stored, ended_inside_the_block(len(ids), err.cause))
             if ids:
                 yield Hint(LocalTransactionState.ROLLBACK, ids)
             return Closed(Outcome.ROLLED_BACK, stored, err.cause)
     return Closed(Outcome.COMMITTED, stored)
+
+
+def ended_inside_the_block(halves: int, cause: BaseException | None = None) -> InvalidFieldError:
+    """The error of a block whose transaction the caller ended inside it."""
+    error = InvalidFieldError("connection", f"its transaction ended inside the anchored block (a commit or "
+                                            f"rollback there): its {halves} message(s) follow the decision row, "
+                                            f"committed if the caller committed it, else rolled back")
+    error.__cause__ = cause
+    return error
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """Perform: drive ``steps`` (:func:`settle`: statements on the producer's own
+    connections, ends, acknowledged) in the background, nobody waiting on it."""
+
+    steps: Generator[Any, Any, None]
+
+
+def settle(settings: DecisionSettings, group: str, key: str, transaction_ids: Sequence[str]) -> Generator[Any, Any, None]:
+    """After the caller's transaction ended inside the block: what the decision row says,
+    made so on the broker for every half. Committed by the caller (without its halves): it
+    records them and they commit, then it goes (else the check of one half would delete it
+    and the checks of the others fence the key; with no half, nothing else would delete
+    it). Rolled back: the key is fenced and the halves rolled back. A database failure
+    leaves them to the checks."""
+    try:
+        adopted = yield adopt_statement(settings, group, key, transaction_ids)
+        if adopted:
+            yield from acknowledge(key, transaction_ids)
+            return
+        if not transaction_ids:
+            return  # rolled back with nothing sent: nothing to decide
+        fenced = yield fence_statement(settings, group, key)
+        if not fenced:
+            rows = yield read_statement(settings, group, key)
+            if not rows or rows[0][0] != ROLLBACK:
+                return  # not for this flow to guess: the checks read the row
+    except DatabaseError:
+        return
+    yield Ends(LocalTransactionState.ROLLBACK, tuple(transaction_ids))
 
 
 def acknowledge(key: str, transaction_ids: Sequence[str]) -> Generator[Any, Any, tuple[bool, list[Any]]]:
@@ -595,12 +681,16 @@ def acknowledge(key: str, transaction_ids: Sequence[str]) -> Generator[Any, Any,
     return acked, [e for _s, e in results if e is not None]
 
 
-def answer_check(settings: DecisionSettings, group: str, key: str, transaction_id: str) -> Steps:
+def answer_check(settings: DecisionSettings, group: str, key: str, transaction_id: str
+                 ) -> Generator[Any, Any, Verdict]:
     """A check (:func:`check`), then for a COMMIT row its halves committed on the broker
     and the row queued for deletion; for a fence it inserted, the fence confirmed
     (:func:`confirm_fence`)."""
     verdict = yield from check(settings, group, key, transaction_id)
-    if verdict.commit_transaction_ids:
+    if verdict.commit_transaction_ids and not verdict.lists_halves:
+        # Deleting it would leave the checks of its other halves to fence the key.
+        yield Ends(LocalTransactionState.COMMIT, verdict.commit_transaction_ids)
+    elif verdict.commit_transaction_ids:
         yield from acknowledge(key, verdict.commit_transaction_ids)
     elif verdict.source is Source.FENCED:
         verdict = yield from confirm_fence(settings, group, key, transaction_id, verdict)

@@ -126,8 +126,9 @@ class WireTrace:
 #: connection (the first words of each), autocommit or not: the SDK begins the transaction
 #: itself with the decision row's INSERT (psycopg, on a connection that is not autocommit,
 #: would send its BEGIN alone first), the bounds ride in that INSERT (no SET of their own),
-#: nothing is read back, and the UPDATE recording the halves travels with the COMMIT.
-ANCHORED_STATEMENTS = ["BEGIN; INSERT INTO", "INSERT INTO orders", "UPDATE txmq_decisions SET"]
+#: nothing is read back, and the UPDATE recording the halves (in a WITH that fails unless the
+#: row is this transaction's own) travels with the COMMIT.
+ANCHORED_STATEMENTS = ["BEGIN; INSERT INTO", "INSERT INTO orders", "WITH mine AS"]
 #: One round trip each, the last one the UPDATE and the COMMIT together (a pipeline made it
 #: two: its second Sync waits for a second answer). The outbox's transaction makes three.
 ANCHORED_ROUND_TRIPS = 3

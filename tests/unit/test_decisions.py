@@ -132,7 +132,7 @@ def test_closing_records_the_halves_and_commits():
 
 def test_closing_with_no_half_deletes_the_row_with_the_commit():
     closed, steps = drive(core.closing(core.Plan(S, "g", key="k"), raised=False), [[], True, None])
-    assert closed.outcome is core.Outcome.COMMITTED and steps[2].statement.sql.startswith("DELETE")
+    assert closed.outcome is core.Outcome.COMMITTED and "(DELETE FROM txmq_decisions" in steps[2].statement.sql
 
 
 def test_closing_after_a_failed_half_rolls_back_and_hints_the_others():
@@ -152,9 +152,48 @@ def test_a_refused_commit_is_rolled_back_and_a_lost_one_unknown_without_hint():
     assert closed.outcome is core.Outcome.UNKNOWN and not any(isinstance(s, core.Hint) for s in steps)
 
 
-def test_closing_refuses_a_transaction_ended_inside_the_block():
+def test_closing_refuses_a_transaction_ended_inside_the_block_and_settles_its_halves_from_the_row():
     with pytest.raises(txmq.InvalidFieldError, match="ended inside"):
-        drive(core.closing(core.Plan(S, "g"), raised=False), [[(half("T1"), None)], False])
+        drive(core.closing(core.Plan(S, "g"), raised=False), [[(half("T1"), None)], False, None])
+
+
+def test_a_commit_statement_that_finds_no_row_of_this_transaction_is_the_block_ended_inside():
+    """A commit or rollback inside the block, then a new transaction: the statement before
+    the COMMIT raises (ROW_GONE), the new transaction is rolled back, the row decides."""
+    gone = core.DatabaseError(core.ROW_GONE, RuntimeError(f'invalid input syntax: "0{core.ROW_GONE_MARK}"'))
+    closed, steps = drive(core.closing(core.Plan(S, "g"), raised=False), [[(half("T1"), None)], True, gone, None])
+    assert closed.outcome is core.Outcome.ROLLED_BACK and isinstance(closed.error, txmq.InvalidFieldError)
+    assert isinstance(steps[-1], core.Settle) and not any(isinstance(s, core.Hint) for s in steps)
+    assert "xmin = pg_current_xact_id()::xid" in steps[2].statement.sql
+
+
+def settle(answers: list[Any], ids: tuple[str, ...] = ("T1", "T2")) -> list[Any]:
+    return drive(core.settle(S, "g", "k", ids), answers)[1]
+
+
+def test_settle_commits_every_half_of_a_row_the_caller_committed_then_deletes_it():
+    committed = txmq.TransactionState.COMMITTED
+    steps = settle([[("commit",)], [(committed, None), (committed, None)], None])
+    assert steps[0].sql.startswith("UPDATE") and "transaction_ids IS NULL" in steps[0].sql
+    assert steps[1] == core.Ends(txmq.LocalTransactionState.COMMIT, ("T1", "T2"))
+    assert steps[2] == core.Acknowledged("k")
+    assert settle([[("commit",)], [], None], ids=())[-1] == core.Acknowledged("k")  # no half: the row goes
+
+
+def test_settle_fences_a_row_the_caller_rolled_back_and_rolls_its_halves_back():
+    steps = settle([[], [("rollback",)], []])
+    assert "ON CONFLICT" in steps[1].sql and steps[2] == core.Ends(txmq.LocalTransactionState.ROLLBACK, ("T1", "T2"))
+    assert settle([[]], ids=()) == settle([[]], ids=())[:1]  # nothing sent: no fence
+    assert len(settle([LOST])) == 1  # the database failed: left to the checks
+
+
+def test_a_commit_row_that_lists_no_halves_commits_the_checked_one_and_stays():
+    """Deleted after one half's check, the checks of the others would fence the key."""
+    committed = txmq.TransactionState.COMMITTED
+    verdict, steps = drive(core.answer_check(S, "g", "k", "T1"), [[], [("commit", None)], [(committed, None)]])
+    assert verdict.answer is txmq.LocalTransactionState.COMMIT
+    assert steps[-1] == core.Ends(txmq.LocalTransactionState.COMMIT, ("T1",))
+    assert "transaction_ids IS NULL" in core.sweep_fences_statement(S, "g").sql  # swept after the retention
 
 
 def test_the_sweep_repairs_only_rows_that_list_their_halves():

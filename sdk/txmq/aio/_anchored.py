@@ -453,6 +453,7 @@ class AsyncAnchoredTransaction:
         self._halves: list[asyncio.Task[TransactionMessage]] = []
         self._entered = False
         self._done = False
+        self._committing = False
         self.result: AsyncAnchoredResult | None = None
 
     @property
@@ -505,8 +506,27 @@ class AsyncAnchoredTransaction:
                 await drive_async(core.closing(self.plan, raised=True), self.perform)
                 return
             await self._commit()
+        except asyncio.CancelledError:
+            # Cancelled (asyncio.timeout, wait_for, a task group) before the COMMIT, waiting
+            # for the halves: the transaction must not stay open on the caller's connection,
+            # where what the caller does next would commit the decision row. (During the
+            # COMMIT the adapter ended it; the checks decide from the table.)
+            await asyncio.shield(self._abandon())
+            raise
         finally:
             self.store.open_keys.discard(self.plan.key)
+
+    async def _abandon(self) -> None:
+        """After a cancellation at the block's end: rolled back, and the halves already
+        stored rolled back too (a hint; the checks fence the rest). Not once the COMMIT was
+        sent: its outcome may be unknown, only the row can tell."""
+        if not self._committing and self.db.in_transaction():
+            await self._rollback_quietly()
+            stored = [t.result().transaction_id for t in self._halves
+                      if t.done() and not t.cancelled() and t.exception() is None]
+            deadline = time.monotonic() + core.END_RETRY_SECONDS
+            for transaction_id in stored:
+                self.store.spawn(self.producer._end_by_id(transaction_id, LocalTransactionState.ROLLBACK, deadline))
 
     async def perform(self, step: Any) -> Any:
         kind = type(step)
@@ -515,6 +535,7 @@ class AsyncAnchoredTransaction:
             return [(None, r) if isinstance(r, BaseException) else (r, None) for r in results]
         if kind is core.Commit:
             failpoint("commit.before")
+            self._committing = True
             try:
                 await self.db.commit(step.statement)
             except asyncio.CancelledError:
@@ -527,6 +548,9 @@ class AsyncAnchoredTransaction:
             return None
         if kind is core.InTransaction:
             return self.db.in_transaction()
+        if kind is core.Settle:
+            self.store.spawn(drive_async(step.steps, self.store.perform))
+            return None
         assert kind is core.Hint, step
         deadline = time.monotonic() + core.END_RETRY_SECONDS
         for transaction_id in step.transaction_ids:
