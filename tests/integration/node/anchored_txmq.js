@@ -75,9 +75,14 @@ async function main(args) {
   emit('half', { transaction_id: sent.transaction_id, key });
   if (args.die === 'open') die();
 
-  // 5. The halves recorded, then the COMMIT: the decision.
-  await db.query(`UPDATE ${TABLE} SET transaction_ids = $1 WHERE producer_group = $2 AND transaction_key = $3 ` +
-                 `AND decision = 'commit'`, [[sent.transaction_id], args.group, key]);
+  // 5. The halves recorded on the row this transaction inserted (xmin), then the COMMIT: the
+  // decision. The statement fails unless that row is there (DECISIONS.md step 5), so a COMMIT
+  // never decides for a row the application committed or rolled back earlier.
+  await db.query(`WITH mine AS (UPDATE ${TABLE} SET transaction_ids = $1 WHERE producer_group = $2 ` +
+                 `AND transaction_key = $3 AND decision = 'commit' AND xmin = pg_current_xact_id()::xid ` +
+                 `RETURNING 1) SELECT CASE count(*) WHEN 1 THEN NULL ` +
+                 `ELSE (count(*) || ' decision rows inserted by this transaction')::int END FROM mine`,
+                 [[sent.transaction_id], args.group, key]);
   await db.query('COMMIT');
   emit('committed', { order: args.order });
   if (args.die === 'committed') die();
