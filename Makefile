@@ -204,7 +204,7 @@ push:
 test-images: chart-tools images-local registry-tools
 	$(PY) -m pytest tests/chart/test_images.py tests/chart/test_push.py
 
-# The compose quick start (deploy/compose/, docs/compose.md) and its test (tests/compose):
+# The compose quick start (deploy/compose/, docs/operations/compose.md) and its test (tests/compose):
 # Debian's docker-compose 1.29, on the private daemon images-local starts.
 .PHONY: compose-tools test-compose
 compose-tools:

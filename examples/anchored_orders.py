@@ -32,12 +32,12 @@ def setup(dsn: str) -> None:
         conn.execute("CREATE TABLE IF NOT EXISTS shop_orders (id text PRIMARY KEY, amount int NOT NULL)")
 
 
-def place_orders(nameserver: str, dsn: str, topic: str, count: int) -> set[str]:
+def place_orders(nameserver: str, dsn: str, topic: str, count: int, run: str) -> set[str]:
     placed = set()
     with txmq.TransactionProducer(nameserver, producer_group="anchored-example",
                                   decisions=Decisions(dsn)) as producer, psycopg.connect(dsn) as conn:
         for i in range(count):
-            order = f"order-{uuid.uuid4().hex[:8]}"
+            order = f"order-{run}-{i}"
             try:
                 with producer.transaction(conn) as tx:
                     tx.send(txmq.Message(topic, order.encode(), keys=(order,)))
@@ -52,11 +52,11 @@ def place_orders(nameserver: str, dsn: str, topic: str, count: int) -> set[str]:
     return placed
 
 
-async def place_orders_async(nameserver: str, dsn: str, topic: str, count: int) -> set[str]:
+async def place_orders_async(nameserver: str, dsn: str, topic: str, count: int, run: str) -> set[str]:
     from txmq.aio import AsyncTransactionProducer
 
     async def one(producer: AsyncTransactionProducer, i: int) -> str | None:
-        order = f"order-{uuid.uuid4().hex[:8]}"
+        order = f"order-{run}-{i}"
         async with await psycopg.AsyncConnection.connect(dsn) as conn:
             try:
                 async with producer.transaction(conn) as tx:
@@ -76,14 +76,16 @@ async def place_orders_async(nameserver: str, dsn: str, topic: str, count: int) 
     return {o for o in done if o}
 
 
-def consume(nameserver: str, topic: str, expected: set[str]) -> set[str]:
+def consume(nameserver: str, topic: str, expected: set[str], run: str) -> set[str]:
+    """This run's orders received (a new group starts at the earliest message: earlier runs' too)."""
     got: set[str] = set()
     with txmq.SimpleConsumer(nameserver, consumer_group=f"anchored-example-{uuid.uuid4().hex[:6]}",
                              subscriptions={topic: "*"}, await_duration_seconds=1.0) as consumer:
         for _ in range(30):
             batch = consumer.receive(32)
             for m in batch:
-                got.add(m.body.decode())
+                if m.body.decode().startswith(f"order-{run}-"):
+                    got.add(m.body.decode())
                 consumer.ack(m)
             if got >= expected and not batch:
                 break
@@ -102,11 +104,12 @@ def main() -> int:
         parser.error("--dsn (or $TXMQ_DECISIONS_DSN) is required")
     setup(args.dsn)
     ensure_topic(args.nameserver, args.topic)
+    run = uuid.uuid4().hex[:8]  # this run's orders, told apart from earlier runs' in the topic
     if args.asyncio:
-        placed = asyncio.run(place_orders_async(args.nameserver, args.dsn, args.topic, args.count))
+        placed = asyncio.run(place_orders_async(args.nameserver, args.dsn, args.topic, args.count, run))
     else:
-        placed = place_orders(args.nameserver, args.dsn, args.topic, args.count)
-    received = consume(args.nameserver, args.topic, placed)
+        placed = place_orders(args.nameserver, args.dsn, args.topic, args.count, run)
+    received = consume(args.nameserver, args.topic, placed, run)
     print(f"placed {len(placed)}, received {len(received)}")
     return 0 if received == placed else 1
 

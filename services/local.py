@@ -14,7 +14,7 @@ environment reach every service (``TXMQ_LOG_LEVEL=DEBUG make run``), except the 
 runner sets itself (ports, addresses, names, directories). With ``TXMQ_TLS_CERT_FILE``,
 ``TXMQ_TLS_KEY_FILE`` and ``TXMQ_TLS_CA_FILE`` set, every service serves TLS with that
 certificate (one for all, valid for 127.0.0.1) and the runner's own calls and the demo use
-it too (README.md, "Security").
+it too (docs/howto/tls-auth.md).
 
 Flags: ``--ports auto`` binds ephemeral ports instead of the fixed ones (tests),
 ``--no-demo``, ``--exit-after-demo``, ``--replication-factor 3`` (the broker as a shard of
@@ -112,7 +112,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="broker data under <data-dir>/broker-0, service logs <data-dir>/<service>.log "
                              "(default ./data)")
     parser.add_argument("--ports", choices=("fixed", "auto"), default="fixed",
-                        help="fixed: nameserver 9876, broker 10911, checker 10921, metrics 9400-9402 "
+                        help="fixed: nameserver 9876, broker 10911, checker 10921, proxy 8081, metrics 9400-9403 "
                              "(default); auto: ephemeral ports, learned from each service's ready file")
     parser.add_argument("--no-demo", action="store_true", help="start the services without running the demo")
     parser.add_argument("--exit-after-demo", action="store_true",

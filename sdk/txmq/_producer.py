@@ -322,7 +322,7 @@ class TransactionProducer(Producer):
         Given a list (or tuple) of messages — on one topic or several, on one shard or
         several — sends them as one *multi-message transaction* and returns a
         :class:`txmq.GlobalTransactionResult`: every message becomes visible at the commit
-        or none does (see ``txmq._global`` and the README, "Multi-message transactions").
+        or none does (see ``txmq._global`` and docs/howto/transactions.md, "Multi-message transactions").
         The listener sees the first message; its ``transaction_id`` is the global
         transaction's id, the one checks ask about.
 

@@ -3,7 +3,8 @@ convention: docs/writing-docs.md). Python blocks and shell blocks share one smal
 name server, a broker, a checker; its address in $TXMQ_NAMESERVER, which the blocks use);
 a block marked `background` (`make run`) runs in a network namespace of its own, so the fixed
 ports it binds never meet another test's, until the line it names, then gets Ctrl-C.
-Also: links between the pages resolve, and the README stays a front door."""
+Also: links between the pages (and the READMEs of deploy/, pipeline/ and protos/)
+resolve, headings for their #fragments too, and the README stays a front door."""
 
 from __future__ import annotations
 
@@ -144,13 +145,30 @@ def test_the_readme_is_a_front_door() -> None:
         assert needed in text, needed
 
 
-_LINK = re.compile(r"\]\((?!https?://|#|mailto:)([^)\s#]+)(?:#[^)]*)?\)")
+_LINK = re.compile(r"\]\((?!https?://|mailto:)([^)\s#]*)(?:#([^)\s]*))?\)")
+_FENCED = re.compile(r"^ {0,3}(`{3,}|~{3,}).*?^ {0,3}\1", re.S | re.M)
+#: Pages outside docs/ whose links are checked too (their blocks are not run).
+OTHER_PAGES = ["deploy/docker/README.md", "deploy/helm/txmq/README.md", "pipeline/README.md",
+               "protos/STATUS.md", "protos/txmq/v1/DECISIONS.md"]
+
+
+def _anchors(page: Path) -> set[str]:
+    """The fragments GitHub gives the page's headings (lower case, punctuation dropped,
+    spaces as hyphens)."""
+    found = set()
+    for line in _FENCED.sub("", page.read_text()).splitlines():
+        if m := re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line):
+            found.add(re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-"))
+    return found
 
 
 def test_links_between_pages_resolve() -> None:
     broken = []
-    for doc in pages():
-        for target in _LINK.findall(doc.read_text()):
-            if not (doc.parent / target).exists():
+    for doc in [*pages(), *(REPO / p for p in OTHER_PAGES)]:
+        for target, fragment in _LINK.findall(_FENCED.sub("", doc.read_text())):
+            dest = doc.parent / target if target else doc
+            if not dest.exists():
                 broken.append(f"{doc.relative_to(REPO)} -> {target}")
+            elif fragment and dest.suffix == ".md" and fragment not in _anchors(dest):
+                broken.append(f"{doc.relative_to(REPO)} -> {target}#{fragment}: no such heading")
     assert not broken, broken

@@ -164,7 +164,7 @@ def _etcd_keeps_its_authentication(data_dir: Path) -> None:
 
 @pytest.mark.timeout(RUN_TIMEOUT_SECONDS + 60)
 def test_with_tls_settings_every_service_serves_tls_and_the_demo_runs_over_it(tmp_path):
-    """README "Security": TXMQ_TLS_* exported before `make run` turn TLS (mutual) on."""
+    """docs/howto/tls-auth.md: TXMQ_TLS_* exported before `make run` turn TLS (mutual) on."""
     from tests.support.certs import CertificateAuthority
 
     ca = CertificateAuthority(tmp_path / "pki")
