@@ -161,16 +161,19 @@ def test_check_answered_through_a_replica_that_did_not_send_it(rmq_cluster: Clus
             topic=pb.Resource(name=topic), message_id=entry.message_id, transaction_id=entry.transaction_id,
             resolution=pb.ROLLBACK, source=pb.SOURCE_SERVER_CHECK), timeout=10)
         assert answer.status.code == pb.OK, answer.status
+        # Counted as received once written to the live stream: the checker records it at once
+        # (its DELIVERED report to the broker may land after the decision, when it no longer
+        # matters). Awaited with the stream still open: the replica notes the write when its
+        # loop next runs, and a stream closed before that (a starved replica on a loaded
+        # machine) hands the check back instead, which is not what this test is about.
+        delivered = f'txmq_checks_total{{group="{topic}",result="delivered"}} 1.0'
+        wait_until(lambda: any(delivered in scrape(c.metrics_port) for c in rmq_cluster.checkers), 30.0,
+                   message=f"a checker's /metrics to show {delivered}")
     finally:
         telemetry.close()
     txn = transaction(rmq_cluster, entry.transaction_id)
     assert txn.state == common_pb2.TRANSACTION_STATE_ROLLED_BACK
     assert txn.resolution_source == common_pb2.TRANSACTION_SOURCE_CHECK
-    # Counted as received once written to the stream: the checker records it at once (its
-    # DELIVERED report to the broker may land after the decision, when it no longer matters).
-    delivered = f'txmq_checks_total{{group="{topic}",result="delivered"}} 1.0'
-    wait_until(lambda: any(delivered in scrape(c.metrics_port) for c in rmq_cluster.checkers), 10.0,
-               message=f"a checker's /metrics to show {delivered}")
 
 
 def _checker_metric(cluster: Cluster, name: str, labels: dict[str, str]) -> float:
