@@ -47,6 +47,20 @@ def dsn_of(args: argparse.Namespace) -> str:
     return dsn
 
 
+#: The oldest PostgreSQL the decision protocol runs on: step 5 of DECISIONS.md finds the row
+#: its transaction inserted by ``xmin = pg_current_xact_id()::xid`` (13 and later).
+MIN_SERVER_VERSION = 130000
+
+
+def require_server_version(version: int) -> None:
+    """Refuses a server older than :data:`MIN_SERVER_VERSION` (``server_version_num``)
+    before anything is created, rather than at the first commit."""
+    if version < MIN_SERVER_VERSION:
+        shown = f"{version // 10000}.{version // 100 % 100}" if version < 100000 else f"{version // 10000}.{version % 10000}"
+        raise InvalidFieldError("dsn", f"the server is PostgreSQL {shown}; anchored transactions need "
+                                       f"PostgreSQL 13 or later (pg_current_xact_id)")
+
+
 def run_db(args: argparse.Namespace, out: Callable[[Any, Callable[[], str]], None]) -> None:
     sql = schema_sql(args.table)
     if getattr(args, "resolver_role", ""):
@@ -58,6 +72,7 @@ def run_db(args: argparse.Namespace, out: Callable[[Any, Callable[[], str]], Non
 
     with psycopg.connect(dsn_of(args), autocommit=True) as conn:
         if args.db == "init":
+            require_server_version(conn.info.server_version)
             conn.execute(sql)
             out({"table": args.table, "created": True}, lambda: f"decisions table {args.table}: ready")
             return

@@ -5,6 +5,7 @@ against a real PostgreSQL: tests/integration/test_anchored*.py.)"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -255,3 +256,14 @@ def test_the_anchored_exports():
         "ANCHOR_PROPERTY", "DEFAULT_TABLE", "AnchoredResult", "AnchoredTransaction", "AsyncAnchoredResult",
         "AsyncPsycopgConnection", "AsyncSQLAlchemySession", "DBAPIConnection", "DecisionSettings", "Decisions",
         "LocalConnection", "PsycopgConnection", "SQLAlchemySession", "resolver_grants_sql", "schema_sql"])
+
+
+@pytest.mark.parametrize("version, shown", [(120015, "12.15"), (90624, "9.6")])
+def test_db_init_refuses_a_server_older_than_13_naming_its_version(version, shown):
+    from txmq._db_cli import require_server_version
+
+    with pytest.raises(txmq.InvalidFieldError, match=rf"PostgreSQL {re.escape(shown)}; .*13 or later") as err:
+        require_server_version(version)
+    assert err.value.field == "dsn"
+    require_server_version(130000)
+    require_server_version(150004)
