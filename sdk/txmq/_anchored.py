@@ -26,7 +26,7 @@ from typing import Any, Callable, Generator, Protocol, TypeVar, cast
 from . import _decisions as core
 from . import _tracing as tracing
 from ._checking import InProgress
-from ._database import (DELETE_LINGER_SECONDS, as_sqlalchemy_error, begin_query, commit_query, committed_by,
+from ._database import (DELETE_LINGER_SECONDS, STORE_PREPARE_THRESHOLD, as_sqlalchemy_error, begin_query, commit_query, committed_by,
                         execute_simple, failpoint, failpoint_soon, folds_begin, lost, module_of, named, pg_sqlstate,
                         psycopg_under, raise_after_commit, session_folds_commit)
 from ._errors import InvalidFieldError, TransactionStateError, TxmqError
@@ -309,6 +309,7 @@ class StoreConnection:
 
 def _psycopg_store(conn: Any) -> StoreConnection:
     conn.autocommit = True
+    conn.prepare_threshold = STORE_PREPARE_THRESHOLD
 
     def run(statement: core.Statement) -> list[tuple[Any, ...]]:
         cursor = conn.execute(statement.sql, statement.params)

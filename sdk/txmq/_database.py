@@ -22,6 +22,15 @@ log = logging.getLogger(__name__)
 DELETE_LINGER_SECONDS = 0.5
 
 
+#: psycopg's ``prepare_threshold`` on the producer's own connections (from a connection
+#: string or a factory): never prepared on the server. Behind a PgBouncer in transaction
+#: pooling (older than 1.21) a prepared statement stays on the server connection, which
+#: other clients' transactions use next: the next client to prepare one there fails
+#: ("prepared statement ... already exists") or runs another's statement. The store's
+#: statements are small; the server parses them each time.
+STORE_PREPARE_THRESHOLD = None
+
+
 # --- fail points (crash tests only) -------------------------------------------------------
 
 #: ``TXMQ_SDK_FAILPOINT=<step>`` makes the process SIGKILL itself at that step of an

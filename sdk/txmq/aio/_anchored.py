@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Generator, Protocol, TypeVar
 
 from .. import _decisions as core
 from .. import _tracing as tracing
-from .._database import (DELETE_LINGER_SECONDS, as_sqlalchemy_error, begin_query, commit_query, committed_by,
+from .._database import (DELETE_LINGER_SECONDS, STORE_PREPARE_THRESHOLD, as_sqlalchemy_error, begin_query, commit_query, committed_by,
                          failpoint, failpoint_soon, folds_begin, lost, module_of, named, pg_sqlstate, psycopg_under,
                          raise_after_commit, raise_failed, session_folds_commit)
 from .._checking import InProgress
@@ -222,6 +222,7 @@ class _AsyncStoreConnection:
 
 
 def _psycopg_async_store(conn: Any) -> _AsyncStoreConnection:
+    conn.prepare_threshold = STORE_PREPARE_THRESHOLD
     async def run(statement: core.Statement) -> list[tuple[Any, ...]]:
         cursor = await conn.execute(statement.sql, statement.params)
         return await cursor.fetchall() if statement.rows else []
