@@ -26,9 +26,9 @@ from typing import Any, Callable, Generator, Protocol, TypeVar, cast
 from . import _decisions as core
 from . import _tracing as tracing
 from ._checking import InProgress
-from ._database import (DELETE_LINGER_SECONDS, STORE_PREPARE_THRESHOLD, as_sqlalchemy_error, begin_query, commit_query, committed_by,
-                        execute_simple, failpoint, failpoint_soon, folds_begin, lost, module_of, named, pg_sqlstate,
-                        psycopg_under, raise_after_commit, session_folds_commit)
+from ._database import (DELETE_LINGER_SECONDS, STORE_PREPARE_THRESHOLD, as_sqlalchemy_error, begin_query, commit_query,
+                        commit_sqlstate, committed_by, execute_simple, failpoint, failpoint_soon, folds_begin, lost,
+                        module_of, named, pg_sqlstate, psycopg_under, raise_after_commit, session_folds_commit)
 from ._errors import InvalidFieldError, TransactionStateError, TxmqError
 from ._types import LocalTransactionState, Message, TransactionMessage, TransactionState
 
@@ -616,7 +616,7 @@ class AnchoredTransaction:
             try:
                 self.db.commit(step.statement)
             except Exception as exc:
-                raise core.DatabaseError(self.db.sqlstate(exc), exc) from exc
+                raise core.DatabaseError(commit_sqlstate(self.db, exc), exc) from exc
             return None
         if kind is core.Rollback:
             self._rollback_quietly()

@@ -11,7 +11,7 @@ import signal
 import threading
 from typing import Any, Iterator
 
-from ._decisions import Statement
+from ._decisions import IDLE_IN_TRANSACTION_TIMEOUT, Statement
 
 log = logging.getLogger(__name__)
 
@@ -56,21 +56,36 @@ def module_of(obj: Any) -> str:
     return type(obj).__module__.split(".", 1)[0]
 
 
-def pg_sqlstate(error: BaseException, lost: bool) -> str | None:
-    """A psycopg / psycopg2 / SQLAlchemy-wrapped error's SQLSTATE; None when the connection
-    was lost; ``"client"`` for an error the server did not send."""
-    if lost:
-        return None
-    orig = getattr(error, "orig", None)  # SQLAlchemy's DBAPIError
-    if orig is not None and getattr(error, "connection_invalidated", False):
-        return None
-    for e in (error, orig):
+def error_code(error: BaseException) -> str | None:
+    """The SQLSTATE a psycopg / psycopg2 / SQLAlchemy-wrapped error carries, if any."""
+    for e in (error, getattr(error, "orig", None)):  # orig: SQLAlchemy's DBAPIError
         if e is None:
             continue
         code = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
         if code:
             return str(code)
-    return "client"
+    return None
+
+
+def pg_sqlstate(error: BaseException, lost: bool) -> str | None:
+    """A psycopg / psycopg2 / SQLAlchemy-wrapped error's SQLSTATE; None when the connection
+    was lost; ``"client"`` for an error the server did not send."""
+    if lost:
+        return None
+    if getattr(error, "orig", None) is not None and getattr(error, "connection_invalidated", False):
+        return None
+    return error_code(error) or "client"
+
+
+def commit_sqlstate(db: Any, error: BaseException) -> str | None:
+    """The SQLSTATE of an error of the caller's commit: ``db.sqlstate(error)`` (None: the
+    connection was lost, the outcome unknown), except for a connection the server closed
+    saying it ended the session for idling in the transaction, before the COMMIT ran
+    (``txmq._decisions.IDLE_IN_TRANSACTION_TIMEOUT``): that one is told."""
+    state = db.sqlstate(error)
+    if state is None and error_code(error) == IDLE_IN_TRANSACTION_TIMEOUT:
+        return IDLE_IN_TRANSACTION_TIMEOUT
+    return state
 
 
 def named(statement: Statement) -> tuple[str, dict[str, Any]]:

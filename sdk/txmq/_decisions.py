@@ -56,6 +56,14 @@ DAY = 86400.0
 UNIQUE_VIOLATION = "23505"
 LOCK_NOT_AVAILABLE = "55P03"
 QUERY_CANCELED = "57014"  # statement_timeout
+#: The server ended the session for idling in a transaction (the FATAL of
+#: ``idle_in_transaction_session_timeout``). PostgreSQL raises it only while it waits for the
+#: next command or for one it has read but not begun (postgres.c disables the timeout once a
+#: command is read and catches a last-moment expiry before the command runs): a COMMIT sent
+#: then never ran. Not so PostgreSQL 17's ``transaction_timeout`` (25P04): its interrupt can
+#: be pending while CommitTransaction holds interrupts and be raised after the commit is
+#: durable, so a lost connection with 25P04 stays an unknown outcome.
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
 _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
 
 
@@ -448,7 +456,8 @@ class Plan:
     def finish(self) -> Generator[Commit, None, Outcome]:
         """The commit: the row records the halves (or goes, with none), then COMMIT.
         Returns COMMITTED, or UNKNOWN when the connection broke on the way (a DatabaseError
-        without SQLSTATE), or raises the DatabaseError of a refused commit (rolled back)."""
+        without SQLSTATE), or raises the DatabaseError of a refused commit (rolled back; a
+        lost connection carries a SQLSTATE only for :data:`IDLE_IN_TRANSACTION_TIMEOUT`)."""
         statement = (record_statement(self.settings, self.group, self.key, self.transaction_ids)
                      if self.transaction_ids else forget_statement(self.settings, self.group, self.key))
         try:
@@ -623,6 +632,12 @@ def closing(plan: Plan, raised: bool) -> Generator[Any, Any, Closed]:
                 # one is rolled back (the commit statement refused it), the row decides.
                 yield Settle(settle(plan.settings, plan.group, plan.key, ids))
                 return Closed(Outcome.ROLLED_BACK, stored, ended_inside_the_block(len(ids), err.cause))
+            if err.sqlstate == IDLE_IN_TRANSACTION_TIMEOUT:
+                # The server ended the session before the COMMIT ran: the transaction open on
+                # the connection rolled back. It is the decision's unless the caller committed
+                # inside the block and went on (then the row is committed): the row decides.
+                yield Settle(settle(plan.settings, plan.group, plan.key, ids))
+                return Closed(Outcome.ROLLED_BACK, stored, err.cause)
             if ids:
                 yield Hint(LocalTransactionState.ROLLBACK, ids)
             return Closed(Outcome.ROLLED_BACK, stored, err.cause)

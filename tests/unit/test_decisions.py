@@ -167,6 +167,41 @@ def test_a_commit_statement_that_finds_no_row_of_this_transaction_is_the_block_e
     assert "xmin = pg_current_xact_id()::xid" in steps[2].statement.sql
 
 
+def test_a_session_the_server_ended_for_idling_is_rolled_back_and_settled_from_the_row():
+    """25P03 (the server's FATAL for idle_in_transaction_session_timeout, raised before a
+    COMMIT it read could run): the transaction open on the connection rolled back, but it is
+    not the decision's when the caller committed inside the block, so the row decides
+    (Settle), never a blind ROLLBACK hint."""
+    idle = core.DatabaseError(core.IDLE_IN_TRANSACTION_TIMEOUT, RuntimeError("idle-in-transaction timeout"))
+    closed, steps = drive(core.closing(core.Plan(S, "g"), raised=False), [[(half("T1"), None)], True, idle, None])
+    assert closed.outcome is core.Outcome.ROLLED_BACK and closed.error is idle.cause
+    assert isinstance(steps[-1], core.Settle) and not any(isinstance(s, core.Hint) for s in steps)
+
+
+class _ServerError(Exception):
+    def __init__(self, sqlstate: str) -> None:
+        super().__init__(sqlstate)
+        self.sqlstate = sqlstate
+
+
+class _LostConnection:
+    """A caller's connection (txmq.anchored.LocalConnection) that was lost."""
+
+    def sqlstate(self, error: BaseException) -> str | None:
+        return None
+
+
+def test_only_the_idle_in_transaction_timeout_of_a_lost_connection_is_told():
+    """A lost connection's outcome is unknown (None), except 25P03. PostgreSQL 17's
+    transaction_timeout (25P04) can fire after the commit is durable: unknown."""
+    from txmq._database import commit_sqlstate
+
+    assert commit_sqlstate(_LostConnection(), _ServerError("25P03")) == core.IDLE_IN_TRANSACTION_TIMEOUT
+    assert commit_sqlstate(_LostConnection(), _ServerError("25P04")) is None
+    assert commit_sqlstate(_LostConnection(), _ServerError("57P01")) is None  # admin shutdown: unknown
+    assert commit_sqlstate(_LostConnection(), RuntimeError("EOF")) is None
+
+
 def settle(answers: list[Any], ids: tuple[str, ...] = ("T1", "T2")) -> list[Any]:
     return drive(core.settle(S, "g", "k", ids), answers)[1]
 

@@ -20,9 +20,10 @@ from typing import Any, Awaitable, Callable, Generator, Protocol, TypeVar
 
 from .. import _decisions as core
 from .. import _tracing as tracing
-from .._database import (DELETE_LINGER_SECONDS, STORE_PREPARE_THRESHOLD, as_sqlalchemy_error, begin_query, commit_query, committed_by,
-                         failpoint, failpoint_soon, folds_begin, lost, module_of, named, pg_sqlstate, psycopg_under,
-                         raise_after_commit, raise_failed, session_folds_commit)
+from .._database import (DELETE_LINGER_SECONDS, STORE_PREPARE_THRESHOLD, as_sqlalchemy_error, begin_query,
+                         commit_query, commit_sqlstate, committed_by, failpoint, failpoint_soon, folds_begin, lost,
+                         module_of, named, pg_sqlstate, psycopg_under, raise_after_commit, raise_failed,
+                         session_folds_commit)
 from .._checking import InProgress
 from .._errors import InvalidFieldError, TransactionStateError, TxmqError
 from .._types import LocalTransactionState, Message, TransactionMessage, TransactionState
@@ -542,7 +543,7 @@ class AsyncAnchoredTransaction:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                raise core.DatabaseError(self.db.sqlstate(exc), exc) from exc
+                raise core.DatabaseError(commit_sqlstate(self.db, exc), exc) from exc
             return None
         if kind is core.Rollback:
             await self._rollback_quietly()
