@@ -56,6 +56,18 @@ def module_of(obj: Any) -> str:
     return type(obj).__module__.split(".", 1)[0]
 
 
+def pool_kind(source: Any) -> str | None:
+    """``"sync"`` for a psycopg_pool ``ConnectionPool`` (or a subclass), ``"async"`` for an
+    ``AsyncConnectionPool``, else None."""
+    if module_of(source) != "psycopg_pool":
+        return None
+    import psycopg_pool
+
+    if isinstance(source, psycopg_pool.AsyncConnectionPool):
+        return "async"
+    return "sync" if isinstance(source, psycopg_pool.ConnectionPool) else None
+
+
 def error_code(error: BaseException) -> str | None:
     """The SQLSTATE a psycopg / psycopg2 / SQLAlchemy-wrapped error carries, if any."""
     for e in (error, getattr(error, "orig", None)):  # orig: SQLAlchemy's DBAPIError
@@ -82,7 +94,7 @@ def commit_sqlstate(db: Any, error: BaseException) -> str | None:
     connection was lost, the outcome unknown), except for a connection the server closed
     saying it ended the session for idling in the transaction, before the COMMIT ran
     (``txmq._decisions.IDLE_IN_TRANSACTION_TIMEOUT``): that one is told."""
-    state = db.sqlstate(error)
+    state: str | None = db.sqlstate(error)
     if state is None and error_code(error) == IDLE_IN_TRANSACTION_TIMEOUT:
         return IDLE_IN_TRANSACTION_TIMEOUT
     return state

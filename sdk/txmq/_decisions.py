@@ -528,16 +528,23 @@ class Decisions:
 
     ``source`` gives the producer connections of its own to the same database, for checks
     and cleanup (never the caller's): a libpq connection string (psycopg 3), a SQLAlchemy
-    ``Engine`` (``AsyncEngine`` for asyncio), or a callable returning a new connection
-    (a psycopg connection, or for the sync producer any PostgreSQL DB-API connection; an
-    asyncio producer's callable may be a coroutine function returning a psycopg
-    ``AsyncConnection``). The table must exist (``txmq db init``). The other options are
-    :class:`DecisionSettings`'.
+    ``Engine`` (``AsyncEngine`` for asyncio), a psycopg_pool ``ConnectionPool``
+    (``AsyncConnectionPool``; each statement borrows a connection and gives it back), or a
+    callable returning a new connection (a psycopg connection, or for the sync producer any
+    PostgreSQL DB-API connection; an asyncio producer's callable may be a coroutine function
+    returning a psycopg ``AsyncConnection``), which the producer keeps and closes. The table
+    must exist (``txmq db init``). The other options are :class:`DecisionSettings`'.
     """
 
     def __init__(self, source: Any, *, table: str = DEFAULT_TABLE, **settings: Any) -> None:
         if source is None or (isinstance(source, str) and not source.strip()):
             raise InvalidFieldError("source", "a connection string, an engine or a connection factory is required")
+        owner = getattr(source, "__self__", None)
+        if owner is not None and type(owner).__module__.split(".", 1)[0] == "psycopg_pool":
+            # The producer keeps a factory's connections and closes them: never given back.
+            raise InvalidFieldError("source", "pass the pool itself (Decisions(pool)), not one of its methods: the "
+                                              "producer keeps and closes a factory's connections, the pool would "
+                                              "count them out forever")
         self.source = source
         self.settings = DecisionSettings(table=table, **settings)
 

@@ -22,7 +22,7 @@ from .. import _decisions as core
 from .. import _tracing as tracing
 from .._database import (DELETE_LINGER_SECONDS, STORE_PREPARE_THRESHOLD, as_sqlalchemy_error, begin_query,
                          commit_query, commit_sqlstate, committed_by, failpoint, failpoint_soon, folds_begin, lost,
-                         module_of, named, pg_sqlstate, psycopg_under, raise_after_commit, raise_failed,
+                         module_of, named, pg_sqlstate, pool_kind, psycopg_under, raise_after_commit, raise_failed,
                          session_folds_commit)
 from .._checking import InProgress
 from .._errors import InvalidFieldError, TransactionStateError, TxmqError
@@ -231,7 +231,22 @@ def _psycopg_async_store(conn: Any) -> _AsyncStoreConnection:
     return _AsyncStoreConnection(run, conn.close, lambda e: pg_sqlstate(e, lost(conn)))
 
 
+def _pooled_async_store(pool: Any) -> _AsyncStoreConnection:
+    """``txmq._anchored._pooled_store`` on a psycopg_pool ``AsyncConnectionPool``."""
+    async def run(statement: core.Statement) -> list[tuple[Any, ...]]:
+        async with pool.connection() as conn:
+            cursor = await conn.execute(statement.sql, statement.params, prepare=False)
+            return await cursor.fetchall() if statement.rows else []
+
+    async def close() -> None:
+        pass
+
+    return _AsyncStoreConnection(run, close, lambda e: pg_sqlstate(e, False))
+
+
 async def open_async_store_connection(source: Any) -> _AsyncStoreConnection:
+    if pool_kind(source) == "async":
+        return _pooled_async_store(source)
     if isinstance(source, str):
         import psycopg
 
@@ -257,8 +272,9 @@ async def open_async_store_connection(source: Any) -> _AsyncStoreConnection:
         if module_of(conn) == "psycopg":
             await conn.set_autocommit(True)
             return _psycopg_async_store(conn)
-    raise InvalidFieldError("source", f"a connection string, a SQLAlchemy AsyncEngine or a factory of psycopg "
-                                      f"AsyncConnections, got {type(source).__name__}")
+    raise InvalidFieldError("source", f"a connection string, a SQLAlchemy AsyncEngine, a psycopg_pool "
+                                      f"AsyncConnectionPool or a factory of psycopg AsyncConnections, got "
+                                      f"{type(source).__name__}")
 
 
 class AsyncStorePool:
