@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import psycopg
 import pytest
 import sqlalchemy
+from sqlalchemy.orm import Session
 
 import txmq
 from tests.integration.test_anchored import (anchored_producer, checked, consume, dsn, orders,  # noqa: F401 - fixtures
@@ -83,9 +84,14 @@ def test_checks_answered_by_several_instances_through_pgbouncer(checked, dsn, bo
     source: Any = engine_through(through) if flavour == "sqlalchemy" else through
     with anchored_producer(checked, group, source, answer_checks=False) as sender, \
             psycopg.connect(through, prepare_threshold=None) as conn:  # the docs' setting for the caller's own
-        with sender.transaction(conn) as tx:
-            tx.send(txmq.Message(topic, b"committed"))
-            conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
+        if flavour == "sqlalchemy":  # the caller's Session on the same engine
+            with Session(source) as session, sender.transaction(session) as tx:
+                tx.send(txmq.Message(topic, b"committed"))
+                session.execute(sqlalchemy.text("INSERT INTO orders VALUES ('o1', 'x')"))
+        else:
+            with sender.transaction(conn) as tx:
+                tx.send(txmq.Message(topic, b"committed"))
+                conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
         assert tx.result.wait_acknowledged(10), tx.result.end_error
         halves = [abandon(sender, conn, topic, f"abandoned-{i}".encode()) for i in range(CHECKS)]
 
