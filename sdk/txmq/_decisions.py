@@ -618,7 +618,7 @@ def closing(plan: Plan, raised: bool) -> Generator[Any, Any, Closed]:
     if raised or error is not None:
         yield Rollback()
         if ids:
-            yield Hint(LocalTransactionState.ROLLBACK, ids)
+            yield Settle(rolled_back(plan.settings, plan.group, plan.key, ids))
         return Closed(None, stored, error)
     if not (yield InTransaction()):
         yield Settle(settle(plan.settings, plan.group, plan.key, ids))
@@ -690,6 +690,24 @@ def settle(settings: DecisionSettings, group: str, key: str, transaction_ids: Se
     except DatabaseError:
         return
     yield Ends(LocalTransactionState.ROLLBACK, tuple(transaction_ids))
+
+
+def rolled_back(settings: DecisionSettings, group: str, key: str,
+                transaction_ids: Sequence[str]) -> Generator[Any, Any, None]:
+    """After the block's own rollback (it raised, a half failed, it was cancelled): its
+    halves rolled back on the broker — unless the caller committed the decision row inside
+    the block, which the rollback then did not undo: they follow the row, committed (a
+    ROLLBACK for them would lose the messages of a committed transaction). A row not found
+    committed never commits (the SDK sends no COMMIT after its rollback), so no fence is
+    needed; a database failure leaves the halves to the checks."""
+    try:
+        adopted = yield adopt_statement(settings, group, key, transaction_ids)
+    except DatabaseError:
+        return
+    if adopted:
+        yield from acknowledge(key, transaction_ids)
+    else:
+        yield Ends(LocalTransactionState.ROLLBACK, tuple(transaction_ids))
 
 
 def acknowledge(key: str, transaction_ids: Sequence[str]) -> Generator[Any, Any, tuple[bool, list[Any]]]:

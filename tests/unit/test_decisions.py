@@ -135,13 +135,26 @@ def test_closing_with_no_half_deletes_the_row_with_the_commit():
     assert closed.outcome is core.Outcome.COMMITTED and "(DELETE FROM txmq_decisions" in steps[2].statement.sql
 
 
-def test_closing_after_a_failed_half_rolls_back_and_hints_the_others():
+def test_closing_after_a_failed_half_rolls_back_and_rolls_the_others_back_from_the_row():
     boom = txmq.UnavailableError("down")
     closed, steps = drive(core.closing(core.Plan(S, "g"), raised=False),
                           [[(half("T1"), None), (None, boom)], None, None])
     assert closed.outcome is None and closed.error is boom
     assert isinstance(steps[1], core.Rollback)
-    assert steps[2] == core.Hint(txmq.LocalTransactionState.ROLLBACK, ("T1",))
+    assert isinstance(steps[2], core.Settle) and not any(isinstance(s, core.Hint) for s in steps)
+
+
+def test_after_the_blocks_rollback_its_halves_follow_a_row_the_caller_committed_inside_it():
+    """rolled_back: no committed row (the rollback undid it): the halves are rolled back, no
+    fence; a row committed inside the block (no halves recorded): they commit; a database
+    failure: left to the checks."""
+    rollback, commit = txmq.LocalTransactionState.ROLLBACK, txmq.LocalTransactionState.COMMIT
+    steps = drive(core.rolled_back(S, "g", "k", ("T1",)), [[], None])[1]
+    assert steps[0].sql.startswith("UPDATE") and steps[1] == core.Ends(rollback, ("T1",))
+    committed = txmq.TransactionState.COMMITTED
+    steps = drive(core.rolled_back(S, "g", "k", ("T1",)), [[("commit",)], [(committed, None)], None])[1]
+    assert steps[1] == core.Ends(commit, ("T1",)) and steps[2] == core.Acknowledged("k")
+    assert drive(core.rolled_back(S, "g", "k", ("T1",)), [LOST])[1][1:] == []
 
 
 def test_a_refused_commit_is_rolled_back_and_a_lost_one_unknown_without_hint():

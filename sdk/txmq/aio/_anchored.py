@@ -542,9 +542,9 @@ class AsyncAnchoredTransaction:
             await self._rollback_quietly()
             stored = [t.result().transaction_id for t in self._halves
                       if t.done() and not t.cancelled() and t.exception() is None]
-            deadline = time.monotonic() + core.END_RETRY_SECONDS
-            for transaction_id in stored:
-                self.store.spawn(self.producer._end_by_id(transaction_id, LocalTransactionState.ROLLBACK, deadline))
+            if stored:  # rolled back on the broker, unless the caller committed the row inside the block
+                self.store.spawn(drive_async(core.rolled_back(self.store.settings, self.plan.group, self.plan.key,
+                                                              stored), self.store.perform))
 
     async def perform(self, step: Any) -> Any:
         kind = type(step)
