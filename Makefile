@@ -51,11 +51,13 @@ openssl:
 	@command -v openssl >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null)
 	@command -v openssl >/dev/null || (echo "openssl: missing after apt-get install openssl" >&2; exit 1)
 
-# PostgreSQL (Debian's postgresql): the anchored-transaction tests run a private cluster of
-# it (initdb into a temporary folder, tests/support/postgres.py).
+# PostgreSQL and PgBouncer (Debian's postgresql, pgbouncer): the anchored-transaction tests
+# run a private cluster (initdb into a temporary folder, tests/support/postgres.py) and a
+# private PgBouncer in front of it (tests/support/pgbouncer.py).
 postgresql:
-	@test -x "$$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | tail -1)" || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null)
+	@(test -x "$$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | tail -1)" && command -v pgbouncer >/dev/null) || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql pgbouncer >/dev/null)
 	@test -x "$$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | tail -1)" || (echo "postgresql: initdb missing after apt-get install postgresql" >&2; exit 1)
+	@command -v pgbouncer >/dev/null || (echo "postgresql: pgbouncer missing after apt-get install pgbouncer" >&2; exit 1)
 
 # Node.js with the `pg` package (tests/integration/node): an anchored transaction from another
 # language, against protos/txmq/v1/DECISIONS.md.

@@ -26,9 +26,9 @@ from typing import Any, Callable, Generator, Protocol, TypeVar, cast
 from . import _decisions as core
 from . import _tracing as tracing
 from ._checking import InProgress
-from ._database import (DELETE_LINGER_SECONDS, as_sqlalchemy_error, begin_query, commit_query, committed_by,
-                        execute_simple, failpoint, failpoint_soon, folds_begin, lost, module_of, named, pg_sqlstate,
-                        psycopg_under, raise_after_commit, session_folds_commit)
+from ._database import (DELETE_LINGER_SECONDS, STORE_PREPARE_THRESHOLD, as_sqlalchemy_error, begin_query, commit_query,
+                        commit_sqlstate, committed_by, execute_simple, failpoint, failpoint_soon, folds_begin, lost,
+                        module_of, named, pg_sqlstate, pool_kind, psycopg_under, raise_after_commit, session_folds_commit)
 from ._errors import InvalidFieldError, TransactionStateError, TxmqError
 from ._types import LocalTransactionState, Message, TransactionMessage, TransactionState
 
@@ -309,6 +309,7 @@ class StoreConnection:
 
 def _psycopg_store(conn: Any) -> StoreConnection:
     conn.autocommit = True
+    conn.prepare_threshold = STORE_PREPARE_THRESHOLD
 
     def run(statement: core.Statement) -> list[tuple[Any, ...]]:
         cursor = conn.execute(statement.sql, statement.params)
@@ -317,12 +318,27 @@ def _psycopg_store(conn: Any) -> StoreConnection:
     return StoreConnection(run, conn.close, lambda e: pg_sqlstate(e, lost(conn)))
 
 
+def _pooled_store(pool: Any) -> StoreConnection:
+    """Statements on connections a psycopg_pool ``ConnectionPool`` lends for each one (its
+    own transaction, committed as the pool's context ends; given back at once). Never
+    prepared on the server; the pool's connections are otherwise as the pool makes them."""
+    def run(statement: core.Statement) -> list[tuple[Any, ...]]:
+        with pool.connection() as conn:
+            cursor = conn.execute(statement.sql, statement.params, prepare=False)
+            return cursor.fetchall() if statement.rows else []
+
+    # No SQLSTATE (a lost connection, the pool's timeout): the pool replaces what broke.
+    return StoreConnection(run, lambda: None, lambda e: pg_sqlstate(e, False))
+
+
 def open_store_connection(source: Any) -> StoreConnection:
     """A new connection from a :class:`txmq.anchored.Decisions` source."""
     if isinstance(source, str):
         import psycopg
 
         return _psycopg_store(psycopg.connect(source, autocommit=True))
+    if pool_kind(source) == "sync":
+        return _pooled_store(source)
     if module_of(source) == "sqlalchemy" and hasattr(source, "connect"):
         from sqlalchemy import text
 
@@ -354,8 +370,8 @@ def open_store_connection(source: Any) -> StoreConnection:
                 raise
 
         return StoreConnection(run_dbapi, dbapi.conn.close, dbapi.sqlstate)
-    raise InvalidFieldError("source", f"a connection string, a SQLAlchemy Engine or a connection factory, "
-                                      f"got {type(source).__name__}")
+    raise InvalidFieldError("source", f"a connection string, a SQLAlchemy Engine, a psycopg_pool ConnectionPool or "
+                                      f"a connection factory, got {type(source).__name__}")
 
 
 class _Pool:
@@ -615,7 +631,7 @@ class AnchoredTransaction:
             try:
                 self.db.commit(step.statement)
             except Exception as exc:
-                raise core.DatabaseError(self.db.sqlstate(exc), exc) from exc
+                raise core.DatabaseError(commit_sqlstate(self.db, exc), exc) from exc
             return None
         if kind is core.Rollback:
             self._rollback_quietly()

@@ -11,7 +11,7 @@ import signal
 import threading
 from typing import Any, Iterator
 
-from ._decisions import Statement
+from ._decisions import IDLE_IN_TRANSACTION_TIMEOUT, Statement
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +20,15 @@ log = logging.getLogger(__name__)
 #: a few hundred transactions a second 0.5 s makes one DELETE of ~100 rows where 0.05 s
 #: made one of ~10 (each statement costs the database and the producer ~100-200 µs).
 DELETE_LINGER_SECONDS = 0.5
+
+
+#: psycopg's ``prepare_threshold`` on the producer's own connections (from a connection
+#: string or a factory): never prepared on the server. Behind a PgBouncer in transaction
+#: pooling (older than 1.21) a prepared statement stays on the server connection, which
+#: other clients' transactions use next: the next client to prepare one there fails
+#: ("prepared statement ... already exists") or runs another's statement. The store's
+#: statements are small; the server parses them each time.
+STORE_PREPARE_THRESHOLD = None
 
 
 # --- fail points (crash tests only) -------------------------------------------------------
@@ -47,21 +56,48 @@ def module_of(obj: Any) -> str:
     return type(obj).__module__.split(".", 1)[0]
 
 
-def pg_sqlstate(error: BaseException, lost: bool) -> str | None:
-    """A psycopg / psycopg2 / SQLAlchemy-wrapped error's SQLSTATE; None when the connection
-    was lost; ``"client"`` for an error the server did not send."""
-    if lost:
+def pool_kind(source: Any) -> str | None:
+    """``"sync"`` for a psycopg_pool ``ConnectionPool`` (or a subclass), ``"async"`` for an
+    ``AsyncConnectionPool``, else None."""
+    if module_of(source) != "psycopg_pool":
         return None
-    orig = getattr(error, "orig", None)  # SQLAlchemy's DBAPIError
-    if orig is not None and getattr(error, "connection_invalidated", False):
-        return None
-    for e in (error, orig):
+    import psycopg_pool
+
+    if isinstance(source, psycopg_pool.AsyncConnectionPool):
+        return "async"
+    return "sync" if isinstance(source, psycopg_pool.ConnectionPool) else None
+
+
+def error_code(error: BaseException) -> str | None:
+    """The SQLSTATE a psycopg / psycopg2 / SQLAlchemy-wrapped error carries, if any."""
+    for e in (error, getattr(error, "orig", None)):  # orig: SQLAlchemy's DBAPIError
         if e is None:
             continue
         code = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
         if code:
             return str(code)
-    return "client"
+    return None
+
+
+def pg_sqlstate(error: BaseException, lost: bool) -> str | None:
+    """A psycopg / psycopg2 / SQLAlchemy-wrapped error's SQLSTATE; None when the connection
+    was lost; ``"client"`` for an error the server did not send."""
+    if lost:
+        return None
+    if getattr(error, "orig", None) is not None and getattr(error, "connection_invalidated", False):
+        return None
+    return error_code(error) or "client"
+
+
+def commit_sqlstate(db: Any, error: BaseException) -> str | None:
+    """The SQLSTATE of an error of the caller's commit: ``db.sqlstate(error)`` (None: the
+    connection was lost, the outcome unknown), except for a connection the server closed
+    saying it ended the session for idling in the transaction, before the COMMIT ran
+    (``txmq._decisions.IDLE_IN_TRANSACTION_TIMEOUT``): that one is told."""
+    state: str | None = db.sqlstate(error)
+    if state is None and error_code(error) == IDLE_IN_TRANSACTION_TIMEOUT:
+        return IDLE_IN_TRANSACTION_TIMEOUT
+    return state
 
 
 def named(statement: Statement) -> tuple[str, dict[str, Any]]:

@@ -56,6 +56,14 @@ DAY = 86400.0
 UNIQUE_VIOLATION = "23505"
 LOCK_NOT_AVAILABLE = "55P03"
 QUERY_CANCELED = "57014"  # statement_timeout
+#: The server ended the session for idling in a transaction (the FATAL of
+#: ``idle_in_transaction_session_timeout``). PostgreSQL raises it only while it waits for the
+#: next command or for one it has read but not begun (postgres.c disables the timeout once a
+#: command is read and catches a last-moment expiry before the command runs): a COMMIT sent
+#: then never ran. Not so PostgreSQL 17's ``transaction_timeout`` (25P04): its interrupt can
+#: be pending while CommitTransaction holds interrupts and be raised after the commit is
+#: durable, so a lost connection with 25P04 stays an unknown outcome.
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
 _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
 
 
@@ -448,7 +456,8 @@ class Plan:
     def finish(self) -> Generator[Commit, None, Outcome]:
         """The commit: the row records the halves (or goes, with none), then COMMIT.
         Returns COMMITTED, or UNKNOWN when the connection broke on the way (a DatabaseError
-        without SQLSTATE), or raises the DatabaseError of a refused commit (rolled back)."""
+        without SQLSTATE), or raises the DatabaseError of a refused commit (rolled back; a
+        lost connection carries a SQLSTATE only for :data:`IDLE_IN_TRANSACTION_TIMEOUT`)."""
         statement = (record_statement(self.settings, self.group, self.key, self.transaction_ids)
                      if self.transaction_ids else forget_statement(self.settings, self.group, self.key))
         try:
@@ -519,16 +528,23 @@ class Decisions:
 
     ``source`` gives the producer connections of its own to the same database, for checks
     and cleanup (never the caller's): a libpq connection string (psycopg 3), a SQLAlchemy
-    ``Engine`` (``AsyncEngine`` for asyncio), or a callable returning a new connection
-    (a psycopg connection, or for the sync producer any PostgreSQL DB-API connection; an
-    asyncio producer's callable may be a coroutine function returning a psycopg
-    ``AsyncConnection``). The table must exist (``txmq db init``). The other options are
-    :class:`DecisionSettings`'.
+    ``Engine`` (``AsyncEngine`` for asyncio), a psycopg_pool ``ConnectionPool``
+    (``AsyncConnectionPool``; each statement borrows a connection and gives it back), or a
+    callable returning a new connection (a psycopg connection, or for the sync producer any
+    PostgreSQL DB-API connection; an asyncio producer's callable may be a coroutine function
+    returning a psycopg ``AsyncConnection``), which the producer keeps and closes. The table
+    must exist (``txmq db init``). The other options are :class:`DecisionSettings`'.
     """
 
     def __init__(self, source: Any, *, table: str = DEFAULT_TABLE, **settings: Any) -> None:
         if source is None or (isinstance(source, str) and not source.strip()):
             raise InvalidFieldError("source", "a connection string, an engine or a connection factory is required")
+        owner = getattr(source, "__self__", None)
+        if owner is not None and type(owner).__module__.split(".", 1)[0] == "psycopg_pool":
+            # The producer keeps a factory's connections and closes them: never given back.
+            raise InvalidFieldError("source", "pass the pool itself (Decisions(pool)), not one of its methods: the "
+                                              "producer keeps and closes a factory's connections, the pool would "
+                                              "count them out forever")
         self.source = source
         self.settings = DecisionSettings(table=table, **settings)
 
@@ -602,7 +618,7 @@ def closing(plan: Plan, raised: bool) -> Generator[Any, Any, Closed]:
     if raised or error is not None:
         yield Rollback()
         if ids:
-            yield Hint(LocalTransactionState.ROLLBACK, ids)
+            yield Settle(rolled_back(plan.settings, plan.group, plan.key, ids))
         return Closed(None, stored, error)
     if not (yield InTransaction()):
         yield Settle(settle(plan.settings, plan.group, plan.key, ids))
@@ -623,6 +639,12 @@ def closing(plan: Plan, raised: bool) -> Generator[Any, Any, Closed]:
                 # one is rolled back (the commit statement refused it), the row decides.
                 yield Settle(settle(plan.settings, plan.group, plan.key, ids))
                 return Closed(Outcome.ROLLED_BACK, stored, ended_inside_the_block(len(ids), err.cause))
+            if err.sqlstate == IDLE_IN_TRANSACTION_TIMEOUT:
+                # The server ended the session before the COMMIT ran: the transaction open on
+                # the connection rolled back. It is the decision's unless the caller committed
+                # inside the block and went on (then the row is committed): the row decides.
+                yield Settle(settle(plan.settings, plan.group, plan.key, ids))
+                return Closed(Outcome.ROLLED_BACK, stored, err.cause)
             if ids:
                 yield Hint(LocalTransactionState.ROLLBACK, ids)
             return Closed(Outcome.ROLLED_BACK, stored, err.cause)
@@ -668,6 +690,24 @@ def settle(settings: DecisionSettings, group: str, key: str, transaction_ids: Se
     except DatabaseError:
         return
     yield Ends(LocalTransactionState.ROLLBACK, tuple(transaction_ids))
+
+
+def rolled_back(settings: DecisionSettings, group: str, key: str,
+                transaction_ids: Sequence[str]) -> Generator[Any, Any, None]:
+    """After the block's own rollback (it raised, a half failed, it was cancelled): its
+    halves rolled back on the broker — unless the caller committed the decision row inside
+    the block, which the rollback then did not undo: they follow the row, committed (a
+    ROLLBACK for them would lose the messages of a committed transaction). A row not found
+    committed never commits (the SDK sends no COMMIT after its rollback), so no fence is
+    needed; a database failure leaves the halves to the checks."""
+    try:
+        adopted = yield adopt_statement(settings, group, key, transaction_ids)
+    except DatabaseError:
+        return
+    if adopted:
+        yield from acknowledge(key, transaction_ids)
+    else:
+        yield Ends(LocalTransactionState.ROLLBACK, tuple(transaction_ids))
 
 
 def acknowledge(key: str, transaction_ids: Sequence[str]) -> Generator[Any, Any, tuple[bool, list[Any]]]:

@@ -242,3 +242,26 @@ def test_a_task_cancelled_inside_the_block_rolls_back_and_its_half_with_it(check
 
     asyncio.run(main())
     assert orders(dsn) == [] and rows(dsn) == []
+
+
+@pytest.mark.parametrize("then", ["raise", "more-then-raise"])
+def test_a_commit_inside_a_block_that_then_raises_delivers_its_message(checked, dsn, unique_name, then):
+    """The caller commits inside the block (its work and the decision row committed), then
+    the block raises, with or without a new transaction begun after the commit. The rollback
+    at the block's end rolls back only what came after the commit: the row says COMMIT, so
+    the message must be delivered — a ROLLBACK hint for its half would lose the message of
+    a committed transaction."""
+    group, topic = unique_name("g"), unique_name("orders")
+    checked.create_topic(topic, 1)
+    with anchored_producer(checked, group, dsn, answer_checks=False) as producer, psycopg.connect(dsn) as conn:
+        with pytest.raises(LookupError):
+            with producer.transaction(conn) as tx:
+                half = tx.send(txmq.Message(topic, b"committed inside")).result(10)
+                conn.execute("INSERT INTO orders VALUES ('o1', 'x')")
+                conn.commit()
+                if then == "more-then-raise":
+                    conn.execute("INSERT INTO orders VALUES ('o2', 'x')")  # a new transaction, rolled back
+                raise LookupError("after the commit")
+        wait_state(checked, half.transaction_id, COMMITTED, timeout=20)
+    assert orders(dsn) == ["o1"]
+    wait_until(lambda: rows(dsn) == [], 15, message=lambda: f"decision rows left: {rows(dsn)}")

@@ -136,13 +136,26 @@ def test_closing_with_no_half_deletes_the_row_with_the_commit():
     assert closed.outcome is core.Outcome.COMMITTED and "(DELETE FROM txmq_decisions" in steps[2].statement.sql
 
 
-def test_closing_after_a_failed_half_rolls_back_and_hints_the_others():
+def test_closing_after_a_failed_half_rolls_back_and_rolls_the_others_back_from_the_row():
     boom = txmq.UnavailableError("down")
     closed, steps = drive(core.closing(core.Plan(S, "g"), raised=False),
                           [[(half("T1"), None), (None, boom)], None, None])
     assert closed.outcome is None and closed.error is boom
     assert isinstance(steps[1], core.Rollback)
-    assert steps[2] == core.Hint(txmq.LocalTransactionState.ROLLBACK, ("T1",))
+    assert isinstance(steps[2], core.Settle) and not any(isinstance(s, core.Hint) for s in steps)
+
+
+def test_after_the_blocks_rollback_its_halves_follow_a_row_the_caller_committed_inside_it():
+    """rolled_back: no committed row (the rollback undid it): the halves are rolled back, no
+    fence; a row committed inside the block (no halves recorded): they commit; a database
+    failure: left to the checks."""
+    rollback, commit = txmq.LocalTransactionState.ROLLBACK, txmq.LocalTransactionState.COMMIT
+    steps = drive(core.rolled_back(S, "g", "k", ("T1",)), [[], None])[1]
+    assert steps[0].sql.startswith("UPDATE") and steps[1] == core.Ends(rollback, ("T1",))
+    committed = txmq.TransactionState.COMMITTED
+    steps = drive(core.rolled_back(S, "g", "k", ("T1",)), [[("commit",)], [(committed, None)], None])[1]
+    assert steps[1] == core.Ends(commit, ("T1",)) and steps[2] == core.Acknowledged("k")
+    assert drive(core.rolled_back(S, "g", "k", ("T1",)), [LOST])[1][1:] == []
 
 
 def test_a_refused_commit_is_rolled_back_and_a_lost_one_unknown_without_hint():
@@ -166,6 +179,41 @@ def test_a_commit_statement_that_finds_no_row_of_this_transaction_is_the_block_e
     assert closed.outcome is core.Outcome.ROLLED_BACK and isinstance(closed.error, txmq.InvalidFieldError)
     assert isinstance(steps[-1], core.Settle) and not any(isinstance(s, core.Hint) for s in steps)
     assert "xmin = pg_current_xact_id()::xid" in steps[2].statement.sql
+
+
+def test_a_session_the_server_ended_for_idling_is_rolled_back_and_settled_from_the_row():
+    """25P03 (the server's FATAL for idle_in_transaction_session_timeout, raised before a
+    COMMIT it read could run): the transaction open on the connection rolled back, but it is
+    not the decision's when the caller committed inside the block, so the row decides
+    (Settle), never a blind ROLLBACK hint."""
+    idle = core.DatabaseError(core.IDLE_IN_TRANSACTION_TIMEOUT, RuntimeError("idle-in-transaction timeout"))
+    closed, steps = drive(core.closing(core.Plan(S, "g"), raised=False), [[(half("T1"), None)], True, idle, None])
+    assert closed.outcome is core.Outcome.ROLLED_BACK and closed.error is idle.cause
+    assert isinstance(steps[-1], core.Settle) and not any(isinstance(s, core.Hint) for s in steps)
+
+
+class _ServerError(Exception):
+    def __init__(self, sqlstate: str) -> None:
+        super().__init__(sqlstate)
+        self.sqlstate = sqlstate
+
+
+class _LostConnection:
+    """A caller's connection (txmq.anchored.LocalConnection) that was lost."""
+
+    def sqlstate(self, error: BaseException) -> str | None:
+        return None
+
+
+def test_only_the_idle_in_transaction_timeout_of_a_lost_connection_is_told():
+    """A lost connection's outcome is unknown (None), except 25P03. PostgreSQL 17's
+    transaction_timeout (25P04) can fire after the commit is durable: unknown."""
+    from txmq._database import commit_sqlstate
+
+    assert commit_sqlstate(_LostConnection(), _ServerError("25P03")) == core.IDLE_IN_TRANSACTION_TIMEOUT
+    assert commit_sqlstate(_LostConnection(), _ServerError("25P04")) is None
+    assert commit_sqlstate(_LostConnection(), _ServerError("57P01")) is None  # admin shutdown: unknown
+    assert commit_sqlstate(_LostConnection(), RuntimeError("EOF")) is None
 
 
 def settle(answers: list[Any], ids: tuple[str, ...] = ("T1", "T2")) -> list[Any]:

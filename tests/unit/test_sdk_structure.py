@@ -27,9 +27,10 @@ TWIN_IMPORTS_ALLOWED = {
         "the Produce stream's batching constants and direct_call, shared while the perf branch "
         "reworks both streams: they move to a core of their own once it has landed",
 }
-#: Optional database drivers, imported where they are used (``pip install txmq[psycopg]``):
-#: the only imports allowed inside functions.
-LAZY = ("psycopg", "sqlalchemy")
+#: Optional database drivers, imported where they are used (``pip install txmq[psycopg]``;
+#: psycopg_pool only when a pool is the decisions' source): the only imports allowed inside
+#: functions.
+LAZY = ("psycopg", "psycopg_pool", "sqlalchemy")
 
 
 @pytest.fixture(scope="module")

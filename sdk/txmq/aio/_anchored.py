@@ -20,9 +20,10 @@ from typing import Any, Awaitable, Callable, Generator, Protocol, TypeVar
 
 from .. import _decisions as core
 from .. import _tracing as tracing
-from .._database import (DELETE_LINGER_SECONDS, as_sqlalchemy_error, begin_query, commit_query, committed_by,
-                         failpoint, failpoint_soon, folds_begin, lost, module_of, named, pg_sqlstate, psycopg_under,
-                         raise_after_commit, raise_failed, session_folds_commit)
+from .._database import (DELETE_LINGER_SECONDS, STORE_PREPARE_THRESHOLD, as_sqlalchemy_error, begin_query,
+                         commit_query, commit_sqlstate, committed_by, failpoint, failpoint_soon, folds_begin, lost,
+                         module_of, named, pg_sqlstate, pool_kind, psycopg_under, raise_after_commit, raise_failed,
+                         session_folds_commit)
 from .._checking import InProgress
 from .._errors import InvalidFieldError, TransactionStateError, TxmqError
 from .._types import LocalTransactionState, Message, TransactionMessage, TransactionState
@@ -222,6 +223,7 @@ class _AsyncStoreConnection:
 
 
 def _psycopg_async_store(conn: Any) -> _AsyncStoreConnection:
+    conn.prepare_threshold = STORE_PREPARE_THRESHOLD
     async def run(statement: core.Statement) -> list[tuple[Any, ...]]:
         cursor = await conn.execute(statement.sql, statement.params)
         return await cursor.fetchall() if statement.rows else []
@@ -229,7 +231,22 @@ def _psycopg_async_store(conn: Any) -> _AsyncStoreConnection:
     return _AsyncStoreConnection(run, conn.close, lambda e: pg_sqlstate(e, lost(conn)))
 
 
+def _pooled_async_store(pool: Any) -> _AsyncStoreConnection:
+    """``txmq._anchored._pooled_store`` on a psycopg_pool ``AsyncConnectionPool``."""
+    async def run(statement: core.Statement) -> list[tuple[Any, ...]]:
+        async with pool.connection() as conn:
+            cursor = await conn.execute(statement.sql, statement.params, prepare=False)
+            return await cursor.fetchall() if statement.rows else []
+
+    async def close() -> None:
+        pass
+
+    return _AsyncStoreConnection(run, close, lambda e: pg_sqlstate(e, False))
+
+
 async def open_async_store_connection(source: Any) -> _AsyncStoreConnection:
+    if pool_kind(source) == "async":
+        return _pooled_async_store(source)
     if isinstance(source, str):
         import psycopg
 
@@ -255,8 +272,9 @@ async def open_async_store_connection(source: Any) -> _AsyncStoreConnection:
         if module_of(conn) == "psycopg":
             await conn.set_autocommit(True)
             return _psycopg_async_store(conn)
-    raise InvalidFieldError("source", f"a connection string, a SQLAlchemy AsyncEngine or a factory of psycopg "
-                                      f"AsyncConnections, got {type(source).__name__}")
+    raise InvalidFieldError("source", f"a connection string, a SQLAlchemy AsyncEngine, a psycopg_pool "
+                                      f"AsyncConnectionPool or a factory of psycopg AsyncConnections, got "
+                                      f"{type(source).__name__}")
 
 
 class AsyncStorePool:
@@ -524,9 +542,9 @@ class AsyncAnchoredTransaction:
             await self._rollback_quietly()
             stored = [t.result().transaction_id for t in self._halves
                       if t.done() and not t.cancelled() and t.exception() is None]
-            deadline = time.monotonic() + core.END_RETRY_SECONDS
-            for transaction_id in stored:
-                self.store.spawn(self.producer._end_by_id(transaction_id, LocalTransactionState.ROLLBACK, deadline))
+            if stored:  # rolled back on the broker, unless the caller committed the row inside the block
+                self.store.spawn(drive_async(core.rolled_back(self.store.settings, self.plan.group, self.plan.key,
+                                                              stored), self.store.perform))
 
     async def perform(self, step: Any) -> Any:
         kind = type(step)
@@ -541,7 +559,7 @@ class AsyncAnchoredTransaction:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                raise core.DatabaseError(self.db.sqlstate(exc), exc) from exc
+                raise core.DatabaseError(commit_sqlstate(self.db, exc), exc) from exc
             return None
         if kind is core.Rollback:
             await self._rollback_quietly()
