@@ -379,11 +379,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return False
         fifo = False
         for entry in settings.subscription.subscriptions:
+            # The topic as the policy authorized it (``<namespace>%<name>``): the bare name
+            # is another topic, maybe another tenant's, which this lookup (the proxy's own,
+            # on the name servers) must not tell the client about.
             try:
-                await self.upstream.route(entry.topic.name, for_send=False)
+                topic = resource_name(entry.topic, "topic")
+                await self.upstream.route(topic, for_send=False)
             except TxmqError:
-                continue  # a missing topic: the receive reports it
-            fifo = fifo or entry.topic.name in self.upstream.fifo_topics
+                continue  # a missing or bad topic: the receive reports it
+            fifo = fifo or topic in self.upstream.fifo_topics
         return fifo
 
     async def _read_telemetry(self, requests: AsyncIterator[spb.TelemetryCommand],

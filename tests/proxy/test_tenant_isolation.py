@@ -1,0 +1,78 @@
+"""Second-pass isolation of the RocketMQ proxy: what a principal with valid credentials for
+its own namespace learns of, or does to, resources outside it.
+
+The principal ``stg`` holds the namespace-wide rule the security docs show
+(``{namespace: staging, resource: cluster, actions: [publish, subscribe]}``): every topic and
+group of ``staging``, nothing outside it."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import grpc
+import pytest
+
+from services.proxy.protocol import Code, definition_pb2 as pb, service_pb2 as spb, service_pb2_grpc
+from tests.support.cluster import Cluster
+from tests.support.ownership import secured_cluster, signed
+from txmq.v1 import admin_pb2, common_pb2
+
+pytestmark = pytest.mark.timeout(180)
+
+RPC_TIMEOUT = 10.0
+STAGING = [{"principal": "stg", "namespace": "staging", "resource": "cluster", "actions": ["publish", "subscribe"]}]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = secured_cluster(tmp_path_factory.mktemp("tenant-isolation"), extra_acl=STAGING, extra_rmq=("stg",))
+    try:
+        admin = cluster.admin_stub()
+        # Another tenant's FIFO topic outside the namespace, and a FIFO topic of staging's own.
+        for topic in ("prodfifo", "staging%sfifo"):
+            admin.CreateTopic(admin_pb2.CreateTopicRequest(topic=topic, queue_count=1,
+                                                           topic_type=common_pb2.TOPIC_TYPE_FIFO), timeout=RPC_TIMEOUT)
+            cluster.wait_route(topic, 1)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _settings_reply(channel: grpc.Channel, who: str, topic: pb.Resource) -> spb.TelemetryCommand:
+    """The proxy's reply to a push consumer's Settings subscribing to ``topic``."""
+    settings = pb.Settings(client_type=pb.PUSH_CONSUMER, subscription=pb.Subscription(
+        group=pb.Resource(resource_namespace="staging", name="g"),
+        subscriptions=[pb.SubscriptionEntry(topic=topic, expression=pb.FilterExpression(type=pb.TAG,
+                                                                                        expression="*"))]))
+
+    def requests() -> Iterator[spb.TelemetryCommand]:
+        yield spb.TelemetryCommand(settings=settings)
+        time.sleep(RPC_TIMEOUT)  # open until the reply came (the call is cancelled then)
+
+    call = service_pb2_grpc.MessagingServiceStub(channel).Telemetry(
+        requests(), timeout=RPC_TIMEOUT, metadata=signed(who, f"{who}-{time.monotonic_ns()}"))
+    try:
+        for reply in call:
+            if reply.HasField("settings") or reply.status.code != Code.OK:
+                return reply
+        raise AssertionError("the Telemetry stream ended without a reply")
+    finally:
+        call.cancel()
+
+
+def test_settings_reveal_nothing_of_a_topic_outside_the_namespace(cluster: Cluster) -> None:
+    """A consumer's Settings reply says whether its subscriptions are FIFO. It must be about
+    the topics the consumer named — ``staging%<name>`` — never about a topic of the same name
+    outside the namespace, which the principal holds no right on (the proxy looked that one up
+    as its own service identity: ``prodfifo`` answered FIFO, ``staging%sfifo`` did not)."""
+    channel = grpc.insecure_channel(cluster.proxy_addresses[0])
+    try:
+        probe = _settings_reply(channel, "stg", pb.Resource(resource_namespace="staging", name="prodfifo"))
+        assert probe.status.code == Code.OK, probe.status
+        assert not probe.settings.subscription.fifo, "staging%prodfifo does not exist: the reply told of prodfifo"
+        own = _settings_reply(channel, "stg", pb.Resource(resource_namespace="staging", name="sfifo"))
+        assert own.status.code == Code.OK, own.status
+        assert own.settings.subscription.fifo, "staging%sfifo is FIFO"
+    finally:
+        channel.close()
