@@ -20,7 +20,8 @@ from typing import Any, AsyncIterator, Callable
 from txmq.errors import TxmqError
 from txmq.v1 import common_pb2
 
-from services.common.auth import current_principal
+from services.common.auth import current_principal, may
+from services.common.auth.acl import PUBLISH, TOPIC
 from services.common.limits import ConnectionLimit
 
 from . import settings as settings_mod
@@ -104,7 +105,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             topic = resource_name(request.topic, "topic")
             endpoints = settings_mod.advertised(self.config, request.endpoints, self.bound_port)
-            queues = await self.upstream.route(topic)
+            # The name servers create a missing topic (auto_create_topics) for the proxy's
+            # own identity: only for a client that may publish to it.
+            queues = await self.upstream.route(topic, for_send=may(PUBLISH, TOPIC, topic))
             return spb.QueryRouteResponse(status=status(), message_queues=[
                 self._queue(topic, q.queue_id, q.broker_name, endpoints, q.draining) for q in queues])
         except Exception as exc:  # noqa: BLE001 - answered in band

@@ -76,3 +76,61 @@ def test_settings_reveal_nothing_of_a_topic_outside_the_namespace(cluster: Clust
         assert own.settings.subscription.fifo, "staging%sfifo is FIFO"
     finally:
         channel.close()
+
+
+@pytest.fixture(scope="module")
+def auto_creating(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Topics created on a producer's first route (``auto_create_topics``), none created yet."""
+    cluster = secured_cluster(tmp_path_factory.mktemp("tenant-autocreate"), auto_create_topics=True)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _topics(cluster: Cluster) -> set[str]:
+    return {t.topic for t in cluster.admin_stub().ListTopics(admin_pb2.ListTopicsRequest(), timeout=RPC_TIMEOUT).topics}
+
+
+def test_only_a_publisher_creates_a_topic_by_routing_to_it(auto_creating: Cluster) -> None:
+    """Auto-creation is a producer's: ``reader`` (natively) and ``rowner`` (through the proxy)
+    may subscribe to ``ta``/``tb`` but not publish there. Their route lookups, receives and
+    assignments of a missing topic answer TOPIC_NOT_FOUND and create nothing (the proxy's
+    lookups, made as its own identity, created it for them; the name server did natively for
+    any for_send lookup). A publisher's first route still creates its topic."""
+    from tests.support.ownership import bearer
+    from txmq.v1 import nameserver_pb2, nameserver_pb2_grpc
+
+    cluster = auto_creating
+    ns = grpc.insecure_channel(cluster.nameserver_addresses[0])
+    proxy = grpc.insecure_channel(cluster.proxy_addresses[0])
+    try:
+        names = nameserver_pb2_grpc.NameServerServiceStub(ns)
+        with pytest.raises(grpc.RpcError) as refused:
+            names.QueryRoute(nameserver_pb2.QueryRouteRequest(topic="ta", for_send=True), timeout=RPC_TIMEOUT,
+                             metadata=bearer("reader"))
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND, refused.value
+        rmq = service_pb2_grpc.MessagingServiceStub(proxy)
+        tb, group = pb.Resource(name="tb"), pb.Resource(name="rcs")
+        route = rmq.QueryRoute(spb.QueryRouteRequest(topic=tb), timeout=RPC_TIMEOUT, metadata=signed("rowner"))
+        assignment = rmq.QueryAssignment(spb.QueryAssignmentRequest(topic=tb, group=group), timeout=RPC_TIMEOUT,
+                                         metadata=signed("rowner"))
+        frames = list(rmq.ReceiveMessage(spb.ReceiveMessageRequest(
+            group=group, message_queue=pb.MessageQueue(topic=tb, id=-1), batch_size=1,
+            filter_expression=pb.FilterExpression(type=pb.TAG, expression="*")),
+            timeout=RPC_TIMEOUT, metadata=signed("rowner")))
+        codes = {"QueryRoute": route.status.code, "QueryAssignment": assignment.status.code,
+                 "ReceiveMessage": frames[0].status.code}
+        assert codes == dict.fromkeys(codes, Code.TOPIC_NOT_FOUND), codes
+        assert not {"ta", "tb"} & _topics(cluster), "a subscriber's lookup created a topic"
+
+        # Publishers: natively and through the proxy, their first route creates the topic.
+        names.QueryRoute(nameserver_pb2.QueryRouteRequest(topic="na", for_send=True), timeout=RPC_TIMEOUT,
+                         metadata=bearer("alice"))
+        created = rmq.QueryRoute(spb.QueryRouteRequest(topic=pb.Resource(name="ra")), timeout=RPC_TIMEOUT,
+                                 metadata=signed("rma"))
+        assert created.status.code == Code.OK, created.status
+        assert {"na", "ra"} <= _topics(cluster)
+    finally:
+        ns.close()
+        proxy.close()

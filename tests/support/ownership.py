@@ -105,7 +105,7 @@ def write_credentials(workdir: Path, extra_acl: Iterable[dict[str, Any]] = (),
 
 
 def secured_cluster(workdir: Path, extra_acl: Iterable[dict[str, Any]] = (), extra_rmq: Iterable[str] = (),
-                    **kwargs: Any) -> Cluster:
+                    auto_create_topics: bool = False, **kwargs: Any) -> Cluster:
     """A cluster with auth on everywhere (name server, broker(s), checker, one proxy)."""
     workdir.mkdir(parents=True, exist_ok=True)
     creds, keys = write_credentials(workdir, extra_acl, extra_rmq)
@@ -120,7 +120,7 @@ def secured_cluster(workdir: Path, extra_acl: Iterable[dict[str, Any]] = (), ext
     return Cluster(workdir, broker_env=broker_env, checker=True, checker_env=env["checker"], proxies=1,
                    proxy_env={"TXMQ_DIRECTORY_REFRESH_SECONDS": "0.5", "TXMQ_MIN_INVISIBLE_DURATION_SECONDS": "0.2",
                               **env["proxy"]},
-                   nameserver_env={"TXMQ_AUTO_CREATE_TOPICS": "false", **env["nameserver"]},
+                   nameserver_env={"TXMQ_AUTO_CREATE_TOPICS": str(auto_create_topics).lower(), **env["nameserver"]},
                    token=token_of("operator"), **kwargs)
 
 
