@@ -1,0 +1,77 @@
+"""What one authenticated tenant can grow in a broker's memory with ids it chooses, on a real
+cluster with auth on (``tests.support.ownership``'s principals)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+import grpc
+import pytest
+
+from tests.support.cluster import Cluster
+from tests.support.ownership import bearer, secured_cluster
+from tests.support.waiting import wait_until
+from txmq.v1 import broker_pb2, broker_pb2_grpc
+
+pytestmark = pytest.mark.timeout(180)
+
+RPC_TIMEOUT = 10.0
+#: The broker's max_tracked_clients here.
+TRACKED = 20
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = secured_cluster(tmp_path_factory.mktemp("tenant-limits"),
+                              broker_env={"TXMQ_MAX_TRACKED_CLIENTS": str(TRACKED),
+                                          "TXMQ_MAX_LONG_POLLING_SECONDS": "60"})
+    try:
+        cluster.create_topic("na", queue_count=1)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _clients(stub: broker_pb2_grpc.BrokerServiceStub, group: str) -> list[broker_pb2.GroupClient]:
+    """The group's clients as the broker remembers them (an internal RPC: a service identity's)."""
+    return list(stub.DescribeGroupClients(broker_pb2.DescribeGroupClientsRequest(group=group),
+                                          timeout=RPC_TIMEOUT, metadata=bearer("nameserver")).clients)
+
+
+def test_client_ids_a_tenant_makes_up_stay_bounded_behind_a_long_poll(cluster: Cluster) -> None:
+    """The broker remembers each consumer (by the client id it names) for offset resets, at
+    most max_tracked_clients of them. Forgetting stopped at the least recently seen one while
+    it waited in a long poll: alice, holding one long poll open, made the broker remember
+    every client id she sent after it (the table grew by one per receive, without bound)."""
+    channel = grpc.insecure_channel(cluster.brokers[0].address)
+    stub = broker_pb2_grpc.BrokerServiceStub(channel)
+    poll_done = threading.Event()
+
+    def long_poll() -> None:
+        try:
+            stub.ReceiveMessages(broker_pb2.ReceiveMessagesRequest(
+                consumer_group="ca", topic="na", queue_id=-1, max_messages=1, invisible_duration_seconds=30,
+                long_polling_timeout_seconds=55, client_id="alice-waiting"), timeout=58, metadata=bearer("alice"))
+        except grpc.RpcError:
+            pass
+        finally:
+            poll_done.set()
+
+    poller = threading.Thread(target=long_poll, daemon=True)
+    poller.start()
+    try:
+        wait_until(lambda: any(c.waiting for c in _clients(stub, "ca")), 30,
+                   message="alice's long poll never waited")
+        for i in range(3 * TRACKED):
+            stub.ReceiveMessages(broker_pb2.ReceiveMessagesRequest(
+                consumer_group="ca", topic="na", queue_id=-1, max_messages=1, invisible_duration_seconds=30,
+                client_id=f"alice-{i}"), timeout=RPC_TIMEOUT, metadata=bearer("alice"))
+        clients = _clients(stub, "ca")
+        assert not poll_done.is_set(), "the long poll ended early (a loaded machine): nothing was shown"
+        assert len(clients) <= TRACKED, f"{len(clients)} clients remembered, above max_tracked_clients={TRACKED}"
+        # The waiting consumer is never the one forgotten (an offset reset must see it live).
+        assert any(c.client_id == "alice-waiting" and c.waiting for c in clients)
+    finally:
+        channel.close()
+        poller.join(70)
