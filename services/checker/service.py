@@ -35,7 +35,7 @@ from txmq.errors import InvalidFieldError, TxmqError
 from txmq.names import validate_group
 from txmq.v1 import checker_pb2, checker_pb2_grpc
 
-from services.common.limits import ConnectionLimit
+from services.common.limits import ConnectionLimit, connection_of
 
 from .dispatcher import Dispatcher, ProducerStream
 
@@ -87,7 +87,7 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
         except StopAsyncIteration:
             return
         client_id, groups, credit = validate_subscribe(first, self.max_groups)
-        peer = context.peer()
+        peer = connection_of(context)
         owed = min(credit or self.dispatcher.default_credit, self.dispatcher.queue_size)
         self.pending.take(peer, owed)
         try:

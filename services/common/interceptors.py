@@ -19,7 +19,7 @@ import grpc
 from txmq.errors import TxmqError
 
 from .errors import abort_with
-from .limits import Admission, ConnectionLimit, Refused, guard_deserializer
+from .limits import Admission, ConnectionLimit, Refused, connection_of, guard_deserializer
 from .metrics import BaseMetrics
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     if isinstance(request_or_iterator, Refused):
                         raise request_or_iterator.error
                     if streaming:
-                        with streams.hold(context.peer()) if streams else _nothing():
+                        with streams.hold(connection_of(context)) if streams else _nothing():
                             return await behavior(request_or_iterator, context)
                     if admission is None:
                         return await behavior(request_or_iterator, context)
@@ -149,7 +149,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 try:
                     if isinstance(request_or_iterator, Refused):
                         raise request_or_iterator.error
-                    with streams.hold(context.peer()) if streams else _nothing():
+                    with streams.hold(connection_of(context)) if streams else _nothing():
                         async for item in behavior(request_or_iterator, context):
                             yield item
                 except (asyncio.CancelledError, grpc.aio.AbortError):

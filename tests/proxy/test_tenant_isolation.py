@@ -7,15 +7,18 @@ group of ``staging``, nothing outside it."""
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 import grpc
 import pytest
+from google.protobuf import duration_pb2
 
 from services.proxy.protocol import Code, definition_pb2 as pb, service_pb2 as spb, service_pb2_grpc
 from tests.support.cluster import Cluster
 from tests.support.ownership import secured_cluster, signed
+from tests.support.waiting import wait_until
 from txmq.v1 import admin_pb2, common_pb2
 
 pytestmark = pytest.mark.timeout(180)
@@ -134,3 +137,100 @@ def test_only_a_publisher_creates_a_topic_by_routing_to_it(auto_creating: Cluste
     finally:
         ns.close()
         proxy.close()
+
+
+@pytest.fixture(scope="module")
+def small_shares(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The broker takes 2 long polls per connection, the checker 64 checks' credit (two of the
+    proxy's check subscriptions, 32 each) per connection: the proxy reaches both over one."""
+    cluster = secured_cluster(tmp_path_factory.mktemp("tenant-shares"),
+                              broker_env={"TXMQ_MAX_LONG_POLLS_PER_CONNECTION": "2"},
+                              checker_env={"TXMQ_MAX_PENDING_CHECKS_PER_CONNECTION": "64"})
+    try:
+        for topic in ("ta", "tb", "ra", "rb"):
+            cluster.create_topic(topic, queue_count=1)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+class _Producer:
+    """A RocketMQ producer's Telemetry stream, open (its Settings publish ``topic``) until closed."""
+
+    def __init__(self, channel: grpc.Channel, who: str, client_id: str, topic: str) -> None:
+        self._done = threading.Event()
+        settings = pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name=topic)]))
+
+        def requests() -> Iterator[spb.TelemetryCommand]:
+            yield spb.TelemetryCommand(settings=settings)
+            self._done.wait(120)
+
+        self._call = service_pb2_grpc.MessagingServiceStub(channel).Telemetry(
+            requests(), timeout=150, metadata=signed(who, client_id))
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            for _ in self._call:
+                pass
+        except grpc.RpcError:
+            pass
+
+    def close(self) -> None:
+        self._done.set()
+        self._call.cancel()
+        self._reader.join(30)
+
+
+def test_one_tenant_spends_only_its_own_share_of_the_proxys_connections(small_shares: Cluster) -> None:
+    """The proxy carries every tenant's long polls to a broker and every producer's check
+    subscription to a checker over one connection each, and those services limit what one
+    connection holds. Counted per connection alone, one tenant filled it: rowner's two long
+    polls made the broker refuse rreader's receive (TOO_MANY_REQUESTS), rma's two producers
+    left rmb's producer without a check subscription (its orphans never checked). Counted per
+    connection and the principal the proxy acts for, each tenant has its own share."""
+    from tests.support.metrics import metric_sum
+    from tests.support.ownership import bearer
+    from txmq.v1 import broker_pb2, broker_pb2_grpc
+
+    cluster = small_shares
+    proxy = grpc.insecure_channel(cluster.proxy_addresses[0])
+    broker = grpc.insecure_channel(cluster.brokers[0].address)
+    rmq = service_pb2_grpc.MessagingServiceStub(proxy)
+    producers: list[_Producer] = []
+
+    def receive(who: str, topic: str, client_id: str, wait: int) -> Any:
+        """The ReceiveMessage call (under way once made; its frames as it is iterated)."""
+        return rmq.ReceiveMessage(spb.ReceiveMessageRequest(
+            group=pb.Resource(name="rcs"), message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=-1),
+            filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"), batch_size=1,
+            long_polling_timeout=duration_pb2.Duration(seconds=wait)),
+            timeout=wait + 30, metadata=signed(who, client_id))
+
+    def waiting() -> int:
+        clients = broker_pb2_grpc.BrokerServiceStub(broker).DescribeGroupClients(
+            broker_pb2.DescribeGroupClientsRequest(group="rcs"), timeout=RPC_TIMEOUT, metadata=bearer("nameserver"))
+        return sum(c.waiting for c in clients.clients if c.client_id.startswith("rowner-poll"))
+
+    polls = [receive("rowner", "tb", f"rowner-poll-{i}", 25) for i in range(2)]
+    try:
+        wait_until(lambda: waiting() == 2, 30, message="rowner's long polls never waited on the broker")
+        frames = list(receive("rreader", "ta", "rreader-1", 1))
+        assert waiting() == 2, "rowner's long polls ended early (a loaded machine): nothing was shown"
+        assert frames[0].status.code == Code.MESSAGE_NOT_FOUND, frames[0].status
+
+        checker_metrics = cluster.checkers[0].metrics_port
+        producers += [_Producer(proxy, "rma", f"rma-{i}", "ra") for i in range(2)]
+        wait_until(lambda: metric_sum(checker_metrics, "txmq_producers_connected", {"group": "ra"}) == 2, 30,
+                   message="rma's producers were never subscribed")
+        producers.append(_Producer(proxy, "rmb", "rmb-1", "rb"))
+        wait_until(lambda: metric_sum(checker_metrics, "txmq_producers_connected", {"group": "rb"}) == 1, 30,
+                   message="rmb's producer never got a check subscription: rma's took the proxy's share")
+    finally:
+        for producer in producers:
+            producer.close()
+        for poll in polls:
+            poll.cancel()
+        proxy.close()
+        broker.close()

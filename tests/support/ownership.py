@@ -117,9 +117,10 @@ def secured_cluster(workdir: Path, extra_acl: Iterable[dict[str, Any]] = (), ext
     env["proxy"]["TXMQ_AUTH_FILES"] += f",{keys}"
     broker_env = {"TXMQ_TRANSACTION_TIMEOUT_SECONDS": "600", "TXMQ_MAX_DELIVERY_ATTEMPTS": "8",
                   **env["broker"], **kwargs.pop("broker_env", {})}
-    return Cluster(workdir, broker_env=broker_env, checker=True, checker_env=env["checker"], proxies=1,
+    return Cluster(workdir, broker_env=broker_env, checker=True,
+                   checker_env={**env["checker"], **kwargs.pop("checker_env", {})}, proxies=1,
                    proxy_env={"TXMQ_DIRECTORY_REFRESH_SECONDS": "0.5", "TXMQ_MIN_INVISIBLE_DURATION_SECONDS": "0.2",
-                              **env["proxy"]},
+                              **env["proxy"], **kwargs.pop("proxy_env", {})},
                    nameserver_env={"TXMQ_AUTO_CREATE_TOPICS": str(auto_create_topics).lower(), **env["nameserver"]},
                    token=token_of("operator"), **kwargs)
 
