@@ -78,6 +78,7 @@ class Metrics(Protocol):
     def credit(self, group: str, free: int) -> None: ...
     def late_answer(self, group: str) -> None: ...
     def answer_refused(self, group: str, reason: str) -> None: ...
+    def group_gone(self, group: str) -> None: ...
 
 
 class NullMetrics:
@@ -100,6 +101,9 @@ class NullMetrics:
         pass
 
     def answer_refused(self, group: str, reason: str) -> None:
+        pass
+
+    def group_gone(self, group: str) -> None:
         pass
 
 
@@ -324,6 +328,7 @@ class Dispatcher:
                     self.free.pop(group, None)
                     self.short.discard(group)
                     self.backlogged.discard(group)
+                    self.metrics.group_gone(group)
         stream.credit = 0
         self.version += 1
 

@@ -12,18 +12,20 @@ import pytest
 from tests.support.cluster import Cluster
 from tests.support.ownership import bearer, secured_cluster
 from tests.support.waiting import wait_until
-from txmq.v1 import broker_pb2, broker_pb2_grpc
+from txmq.v1 import broker_pb2, broker_pb2_grpc, checker_pb2, checker_pb2_grpc
 
 pytestmark = pytest.mark.timeout(180)
 
 RPC_TIMEOUT = 10.0
 #: The broker's max_tracked_clients here.
 TRACKED = 20
+#: alice may answer the checks of any producer group named wild-...
+WILDCARD = [{"principal": "alice", "resource": "producer_group:wild-*", "actions": ["check"]}]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = secured_cluster(tmp_path_factory.mktemp("tenant-limits"),
+    cluster = secured_cluster(tmp_path_factory.mktemp("tenant-limits"), extra_acl=WILDCARD,
                               broker_env={"TXMQ_MAX_TRACKED_CLIENTS": str(TRACKED),
                                           "TXMQ_MAX_LONG_POLLING_SECONDS": "60"})
     try:
@@ -75,3 +77,33 @@ def test_client_ids_a_tenant_makes_up_stay_bounded_behind_a_long_poll(cluster: C
     finally:
         channel.close()
         poller.join(70)
+
+
+def _wild_series(port: int) -> list[str]:
+    from tests.support.metrics import scrape
+
+    return [line for line in scrape(port).splitlines() if 'group="wild-' in line]
+
+
+def test_group_names_a_tenant_makes_up_leave_no_metric_series_behind(cluster: Cluster) -> None:
+    """A principal with a prefix right (producer_group:wild-*) may subscribe a check stream
+    to any number of group names it makes up. The checker kept eight series per group it ever
+    saw, at 0, for good: /metrics (and the checker's memory) grew with every name, forever.
+    A group's series go when its last producer leaves, unless it counted something."""
+    checker = cluster.checkers[0]
+    channel = grpc.insecure_channel(checker.address)
+    stub = checker_pb2_grpc.CheckerServiceStub(channel)
+    try:
+        for round_ in range(3):
+            groups = [f"wild-{round_}-{i}" for i in range(64)]
+            subscribe = checker_pb2.CheckTransactionStateRequest(subscribe=checker_pb2.Subscribe(
+                producer_groups=groups, client_id=f"alice-{round_}", check_credit=1))
+            call = stub.CheckTransactionState(iter([subscribe]), timeout=RPC_TIMEOUT, metadata=bearer("alice"))
+            first = next(call)
+            assert first.HasField("subscribed"), first
+            for _ in call:  # the stream ends once the checker read the half-close
+                pass
+        wait_until(lambda: not _wild_series(checker.metrics_port), 30,
+                   message=lambda: f"{len(_wild_series(checker.metrics_port))} series of made-up groups left")
+    finally:
+        channel.close()
