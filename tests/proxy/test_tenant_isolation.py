@@ -234,3 +234,42 @@ def test_one_tenant_spends_only_its_own_share_of_the_proxys_connections(small_sh
             poll.cancel()
         proxy.close()
         broker.close()
+
+
+def test_a_request_of_a_million_entries_is_refused_before_any_work(cluster: Cluster) -> None:
+    """The policy is decided on the proxy's one event loop, per entry of a request: a 3 MB
+    Settings naming ``ra`` 500,000 times held the loop (every tenant's calls on the replica)
+    for about ten seconds, and one SendMessage of a million tiny messages alike. A request
+    listing more entries than any client sends is refused naming the field, before the policy
+    looks at them (in band: BAD_REQUEST; a Telemetry stream ends INVALID_ARGUMENT)."""
+    from services.proxy.access import MAX_ENTRIES
+
+    channel = grpc.insecure_channel(cluster.proxy_addresses[0])
+    try:
+        rmq = service_pb2_grpc.MessagingServiceStub(channel)
+        too_many = MAX_ENTRIES + 1
+        settings = pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing(
+            topics=[pb.Resource(name="ra")] * too_many))
+
+        def requests() -> Iterator[spb.TelemetryCommand]:
+            yield spb.TelemetryCommand(settings=settings)
+            time.sleep(RPC_TIMEOUT)
+
+        with pytest.raises(grpc.RpcError) as ended:
+            for reply in rmq.Telemetry(requests(), timeout=RPC_TIMEOUT, metadata=signed("rma", "rma-many")):
+                assert not reply.HasField("settings"), "a Settings of too many topics was answered"
+        assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ended.value
+        assert "settings.publishing.topics" in ended.value.details(), ended.value.details()
+
+        message = pb.Message(topic=pb.Resource(name="ra"), body=b"x", system_properties=pb.SystemProperties(
+            message_id="m", message_type=pb.NORMAL))
+        sent = rmq.SendMessage(spb.SendMessageRequest(messages=[message] * too_many), timeout=RPC_TIMEOUT,
+                               metadata=signed("rma"))
+        assert sent.status.code == Code.BAD_REQUEST and "messages" in sent.status.message, sent.status
+        acked = rmq.AckMessage(spb.AckMessageRequest(
+            group=pb.Resource(name="rcs"), topic=pb.Resource(name="ta"),
+            entries=[spb.AckMessageEntry(message_id="m", receipt_handle="h")] * too_many),
+            timeout=RPC_TIMEOUT, metadata=signed("rreader"))
+        assert acked.status.code == Code.BAD_REQUEST and "entries" in acked.status.message, acked.status
+    finally:
+        channel.close()
