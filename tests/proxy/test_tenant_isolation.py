@@ -273,3 +273,50 @@ def test_a_request_of_a_million_entries_is_refused_before_any_work(cluster: Clus
         assert acked.status.code == Code.BAD_REQUEST and "entries" in acked.status.message, acked.status
     finally:
         channel.close()
+
+
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_client_that_left_leaves_no_big_settings_behind(cluster: Cluster) -> None:
+    """The proxy remembers a client for client_idle_expiry_seconds (600 s) after its last
+    Telemetry stream ends. It kept the client's whole last Settings, which nothing reads: one
+    tenant sending 4 MB Settings (a long user_agent.hostname) under ever new client ids
+    made the proxy hold 4 MB per id for ten minutes (80 ids: 390 MB of RSS)."""
+    proxy = cluster.proxies[0]
+    pid = proxy.pid
+    assert pid is not None
+    channel = grpc.insecure_channel(cluster.proxy_addresses[0], options=[
+        ("grpc.max_send_message_length", 8 << 20), ("grpc.max_receive_message_length", 8 << 20)])
+    rmq = service_pb2_grpc.MessagingServiceStub(channel)
+    big = pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="ra")]),
+                      user_agent=pb.UA(hostname="h" * (4 << 20)))
+
+    def one(client_id: str) -> None:
+        def requests() -> Iterator[spb.TelemetryCommand]:
+            yield spb.TelemetryCommand(settings=big)
+            time.sleep(RPC_TIMEOUT)
+
+        call = rmq.Telemetry(requests(), timeout=RPC_TIMEOUT, metadata=signed("rma", client_id))
+        try:
+            for reply in call:
+                if reply.HasField("settings"):
+                    return
+        finally:
+            call.cancel()
+
+    try:
+        one("rma-warm-up")
+        before = _rss_bytes(pid)
+        for i in range(80):
+            one(f"rma-big-{i}")
+        grown = _rss_bytes(pid) - before
+        # Kept, they are some 390 MiB; what the proxy's heap keeps anyway stays near 40 MiB.
+        assert grown < 160 << 20, f"the proxy grew {grown >> 20} MiB holding 80 departed clients' Settings"
+    finally:
+        channel.close()
