@@ -218,6 +218,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             wait = max(0.0, min(wait, remaining - DEADLINE_MARGIN_SECONDS))
         return wait
 
+    def _renewal_room(self, context: Any) -> int:
+        """How many deliveries a push receive of the caller may take: each is renewed until
+        acked (a broker call every half invisibility), at most max_renewals_per_principal
+        for one principal; none left is TOO_MANY_REQUESTS, before anything is received."""
+        room = self.renewer.room(client_of(context).principal)
+        if room <= 0:
+            limit = self.config.max_renewals_per_principal
+            raise ProxyError(Code.TOO_MANY_REQUESTS,
+                             f"{limit} deliveries are auto-renewed for this principal already: "
+                             f"max_renewals_per_principal={limit} reached (ack or nack some first)")
+        return room
+
     def _invisible_seconds(self, value: float) -> float:
         return min(max(value, self.config.min_invisible_duration_seconds), self.config.max_invisible_duration_seconds)
 
@@ -234,6 +246,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 seconds(request.invisible_duration) if request.HasField("invisible_duration")
                 else self.config.default_invisible_duration_seconds)
             batch = min(max(request.batch_size, 1), self.config.max_receive_batch)
+            if request.auto_renew and self.config.auto_renew_max_seconds > 0:
+                batch = min(batch, self._renewal_room(context))
             wait = self._long_poll_seconds(request, context)
             # A long poll counts against its connection's limit (42900 TOO_MANY_REQUESTS beyond).
             with self.long_polls.hold(context.peer()) if wait > 0 else contextlib.nullcontext():

@@ -320,3 +320,56 @@ def test_a_client_that_left_leaves_no_big_settings_behind(cluster: Cluster) -> N
         assert grown < 160 << 20, f"the proxy grew {grown >> 20} MiB holding 80 departed clients' Settings"
     finally:
         channel.close()
+
+
+@pytest.fixture(scope="module")
+def few_renewals(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A proxy that renews at most 3 deliveries per principal."""
+    cluster = secured_cluster(tmp_path_factory.mktemp("tenant-renewals"),
+                              proxy_env={"TXMQ_MAX_RENEWALS_PER_PRINCIPAL": "3"})
+    try:
+        for topic in ("ta", "tb"):
+            cluster.create_topic(topic, queue_count=1)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_one_principal_holds_at_most_its_share_of_auto_renewed_deliveries(few_renewals: Cluster) -> None:
+    """Each auto-renewed delivery costs the proxy a broker call every half invisibility (0.5 s
+    at the shortest) until acked, for up to auto_renew_max_seconds, all on its one loop: a
+    tenant receiving its own backlog with auto_renew and never acking made the proxy renew
+    without bound, for every tenant's loss. Beyond max_renewals_per_principal a push receive
+    takes no more (TOO_MANY_REQUESTS, nothing delivered); another principal's are unaffected."""
+    from tests.support.ownership import Census, Native
+
+    cluster = few_renewals
+    native = Native(cluster, Census())
+    channel = grpc.insecure_channel(cluster.proxy_addresses[0])
+    rmq = service_pb2_grpc.MessagingServiceStub(channel)
+
+    def push_receive(who: str, topic: str) -> list[spb.ReceiveMessageResponse]:
+        request = spb.ReceiveMessageRequest(
+            group=pb.Resource(name="rcs"), message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=-1),
+            filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"), batch_size=32, auto_renew=True,
+            long_polling_timeout=duration_pb2.Duration(seconds=1))
+        return list(rmq.ReceiveMessage(request, timeout=RPC_TIMEOUT, metadata=signed(who, f"{who}-push")))
+
+    try:
+        for _ in range(5):
+            native.normal("owner", "tb")
+            native.normal("owner", "ta")
+        got: list[pb.Message] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 3 and time.monotonic() < deadline:
+            got += [f.message for f in push_receive("rowner", "tb") if f.HasField("message")]
+        assert len(got) == 3, f"rowner received {len(got)} deliveries, its share is 3"
+        refused = push_receive("rowner", "tb")
+        assert refused[0].status.code == Code.TOO_MANY_REQUESTS, refused[0].status
+        assert "max_renewals_per_principal" in refused[0].status.message
+        assert not any(f.HasField("message") for f in refused)
+        other = [f.message for f in push_receive("rreader", "ta") if f.HasField("message")]
+        assert other, "rreader's share was spent by rowner"
+    finally:
+        native.close()
+        channel.close()
