@@ -126,6 +126,9 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
         try:
             async for request in requests:
                 self._handle(request, stream)
+                # Backpressure: a producer that reads none of the replies its requests
+                # queue is read no further until it does.
+                await stream.room.wait()
         except asyncio.CancelledError:
             raise
         except TxmqError as exc:

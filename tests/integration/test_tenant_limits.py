@@ -4,6 +4,7 @@ cluster with auth on (``tests.support.ownership``'s principals)."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Iterator
 
 import grpc
@@ -106,4 +107,52 @@ def test_group_names_a_tenant_makes_up_leave_no_metric_series_behind(cluster: Cl
         wait_until(lambda: not _wild_series(checker.metrics_port), 30,
                    message=lambda: f"{len(_wild_series(checker.metrics_port))} series of made-up groups left")
     finally:
+        channel.close()
+
+
+def test_a_producer_that_reads_nothing_is_read_no_further(cluster: Cluster) -> None:
+    """Each request the checker refuses on a check stream (an unknown check id, say) queues a
+    reply. The checker read on regardless of whether the producer read the replies, so a
+    producer sending a flood and reading nothing grew the checker's memory without bound.
+    Beyond MAX_QUEUED_REPLIES queued replies it reads no more of that stream until the
+    producer reads: a drain sent after the flood is not acted on while the producer reads
+    nothing, and is once it reads (every reply then arrives)."""
+    from services.checker.dispatcher import MAX_QUEUED_REPLIES
+    from tests.support.metrics import metric_sum
+
+    flood = 60 * MAX_QUEUED_REPLIES  # far beyond what the transport buffers either way
+    checker = cluster.checkers[0]
+    channel = grpc.insecure_channel(checker.address)
+    stub = checker_pb2_grpc.CheckerServiceStub(channel)
+    closing = threading.Event()
+
+    def requests() -> Iterator[checker_pb2.CheckTransactionStateRequest]:
+        yield checker_pb2.CheckTransactionStateRequest(subscribe=checker_pb2.Subscribe(
+            producer_groups=["ga"], client_id="alice-flood", check_credit=1))
+        bogus = checker_pb2.CheckTransactionStateRequest(received=checker_pb2.CheckReceived(check_id="nope"))
+        for _ in range(flood):
+            yield bogus
+        yield checker_pb2.CheckTransactionStateRequest(drain=checker_pb2.CheckDrain())
+        closing.wait(120)
+
+    def connected() -> float:
+        return metric_sum(checker.metrics_port, "txmq_producers_connected", {"group": "ga"})
+
+    call = stub.CheckTransactionState(requests(), timeout=150, metadata=bearer("alice"))
+    try:
+        assert next(call).HasField("subscribed")
+        wait_until(lambda: connected() == 1, 30, message="alice's stream never subscribed")
+        # Unbounded, the checker reached the drain about 3.5 s after the subscription here;
+        # bounded it never does while alice reads nothing (so this wait cannot flake).
+        time.sleep(15)
+        assert connected() == 1, "the checker read the whole flood while alice read nothing"
+        errors = 0
+        for response in call:
+            errors += response.HasField("error")
+            if errors == flood:
+                break
+        wait_until(lambda: connected() == 0, 30, message="the drain was never read once alice read")
+    finally:
+        closing.set()
+        call.cancel()
         channel.close()
