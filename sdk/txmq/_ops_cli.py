@@ -62,11 +62,18 @@ def _prepare_dir(path: str) -> None:
             raise InvalidArgumentError(f"--to {path}: not empty (a backup goes into an empty or new directory)")
     else:
         try:
-            os.makedirs(path)
+            os.makedirs(path, mode=0o700)  # its owner's alone: see _private
         except OSError as exc:
             raise InvalidArgumentError(f"--to {path}: cannot create it: {exc.strerror}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise InvalidArgumentError(f"--to {path}: not writable")
+
+
+def _private(path: str, mode: str = "wb") -> Any:
+    """A new file of the backup, readable by its owner only whatever the umask: a backup
+    holds every message of the shard and the store's id secret, as the credential files
+    hold tokens (``services.common.auth bootstrap`` writes those 0600 too)."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), mode)
 
 
 def _fsync(path: str) -> None:
@@ -110,7 +117,7 @@ def backup(admin: Any, shard: str, to: str, timeout: float) -> dict[str, Any]:
                     raise TxmqError(f"the broker sent a bad file name {chunk.file_name!r}")
                 name = chunk.file_name
                 digest = hashlib.sha256()
-                fh = open(os.path.join(to, name), "wb")
+                fh = _private(os.path.join(to, name))
             if fh is None:
                 raise TxmqError("the broker sent data before a file name")
             fh.write(chunk.data)
@@ -128,7 +135,7 @@ def backup(admin: Any, shard: str, to: str, timeout: float) -> dict[str, Any]:
                 "created_at_ms": manifest.created_at_ms, "broker_address": broker.address,
                 "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in manifest.files]}
         tmp = os.path.join(to, MANIFEST + ".tmp")
-        with open(tmp, "w") as out:
+        with _private(tmp, "w") as out:
             json.dump(data, out, indent=2)
             out.flush()
             os.fsync(out.fileno())

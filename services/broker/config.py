@@ -133,6 +133,9 @@ class BrokerConfig(ServiceConfig):
     #: longer live there (Kafka's session timeout): a reset of the group's offsets in that
     #: topic is refused while any receiver is live (or waits in a long poll), unless forced.
     consumer_session_seconds: float = seconds(30.0, max=DAY)
+    #: Consumers (client ids, chosen by the clients) and checkers the broker remembers for
+    #: that, in memory; the least recently seen that waits in no long poll is forgotten first.
+    max_tracked_clients: int = count(10_000, max=1_000_000)
 
     def validate(self) -> None:
         """Rules across fields (each field's own range is declared beside it)."""

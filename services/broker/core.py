@@ -150,7 +150,7 @@ class BrokerCore:
         self.retention = Retention(ctx, self.queues, self.consumers)
         self.queries = Queries(ctx, self.transactions)
         #: The groups' consumers and checkers as this broker sees them (in memory).
-        self.receivers = Receivers(int(config.consumer_session_seconds * 1000))
+        self.receivers = Receivers(int(config.consumer_session_seconds * 1000), config.max_tracked_clients)
         # The operations and reads, each its owner's: what the service, tools and tests call.
         self.txn_id = ctx.txn_id
         self.parse_txn_id = ctx.parse_txn_id

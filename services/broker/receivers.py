@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: Clients remembered at most (the least recently seen are forgotten first).
+#: Clients remembered at most by default (``max_tracked_clients``; the least recently seen
+#: are forgotten first, but never one waiting in a long poll).
 MAX_CLIENTS = 10_000
 
 
@@ -44,8 +45,9 @@ class CheckerClaim:
 
 
 class Receivers:
-    def __init__(self, session_ms: int) -> None:
+    def __init__(self, session_ms: int, max_clients: int = MAX_CLIENTS) -> None:
         self.session_ms = session_ms
+        self.max_clients = max_clients
         self._receivers: dict[tuple[str, str], Receiver] = {}
         #: (producer group, checker id) → its last claim.
         self._checkers: dict[tuple[str, str], CheckerClaim] = {}
@@ -57,9 +59,13 @@ class Receivers:
         receiver.address = address or receiver.address
         receiver.topics[topic] = now_ms
         self._receivers[(group, who)] = receiver  # the most recently seen last
-        while len(self._receivers) > MAX_CLIENTS:
-            oldest = next(iter(self._receivers))
-            if self._receivers[oldest].waiting:
+        while len(self._receivers) > self.max_clients:
+            # The least recently seen that waits in no long poll: a waiting one (the longest
+            # waiting is the oldest) must not stop the forgetting, or client ids chosen by
+            # one tenant would pile up without bound behind it. The waiting ones are bounded
+            # by the long polls allowed.
+            oldest = next((key for key, r in self._receivers.items() if not r.waiting and r is not receiver), None)
+            if oldest is None:
                 break
             del self._receivers[oldest]
         return receiver
@@ -89,7 +95,7 @@ class Receivers:
         """A checker's claim for ``groups`` (group → its producers' free credit)."""
         for group, capacity in groups.items():
             self._checkers[(group, checker_id)] = CheckerClaim(group, checker_id, capacity, now_ms)
-        while len(self._checkers) > MAX_CLIENTS:
+        while len(self._checkers) > self.max_clients:
             del self._checkers[next(iter(self._checkers))]
 
     def checkers_of(self, group: str, now_ms: int) -> list[CheckerClaim]:

@@ -13,10 +13,10 @@ import grpc
 from txmq.errors import InvalidFieldError, TxmqError
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
-from services.common.auth import may, may_see
+from services.common.auth import current_principal, may, may_see
 from services.common.auth.acl import ADMIN_READ, CLUSTER, PRODUCER_GROUP, TOPIC
 from services.common.errors import OK, entry_status
-from services.common.limits import Admission, ConnectionLimit
+from services.common.limits import Admission, ConnectionLimit, connection_of
 
 from . import adminrpc, failpoints, groups, topics
 from .bridge import StoreBridge
@@ -223,7 +223,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                                       self.core.clock())
         if wait <= 0:
             return await self._receive(request, tags, 0.0, first)
-        with self.long_polls.hold(context.peer()):
+        with self.long_polls.hold(connection_of(context, verified=current_principal() is not None)):
             receivers.wait_begins(receiver, request.topic)
             try:
                 return await self._receive(request, tags, wait, first)

@@ -29,6 +29,7 @@ without a claim, it decides the transaction if nobody did (broker.proto CheckOut
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import itertools
 import json
@@ -58,6 +59,11 @@ RESULT_NAMES = {
 
 SENT, RECEIVED, LATE = "sent", "received", "late"
 
+#: Responses queued for one stream beyond which the checker reads no more of its requests
+#: until the producer reads (each refused request queues one: a producer sending a flood
+#: and reading nothing grew the checker's memory without bound).
+MAX_QUEUED_REPLIES = 1024
+
 
 #: Why an answer was refused (the ``reason`` label of txmq_check_answers_refused_total).
 REFUSED_REASONS = ("conflict", "stale", "not_outstanding", "invalid", "unavailable")
@@ -78,6 +84,7 @@ class Metrics(Protocol):
     def credit(self, group: str, free: int) -> None: ...
     def late_answer(self, group: str) -> None: ...
     def answer_refused(self, group: str, reason: str) -> None: ...
+    def group_gone(self, group: str) -> None: ...
 
 
 class NullMetrics:
@@ -100,6 +107,9 @@ class NullMetrics:
         pass
 
     def answer_refused(self, group: str, reason: str) -> None:
+        pass
+
+    def group_gone(self, group: str) -> None:
         pass
 
 
@@ -129,6 +139,9 @@ class ProducerStream:
         self.checks: set[str] = set()
         self._outbox: collections.deque[Response] = collections.deque()
         self._waiter: Callable[[], None] | None = None
+        #: Set while fewer than MAX_QUEUED_REPLIES responses wait to be written (see ``pop``).
+        self.room = asyncio.Event()
+        self.room.set()
 
     def __repr__(self) -> str:
         return f"<ProducerStream {self.id} {self.client_id!r} {list(self.groups)} credit={self.credit}>"
@@ -152,6 +165,8 @@ class ProducerStream:
 
     def _push(self, response: Response) -> None:
         self._outbox.append(response)
+        if len(self._outbox) >= MAX_QUEUED_REPLIES:
+            self.room.clear()  # the stream's reader waits (the producer does not read)
         if self._waiter is not None:
             self._waiter()
 
@@ -159,7 +174,10 @@ class ProducerStream:
         """The next response to write, or None when nothing is queued."""
         if not self._outbox:
             return None
-        return self._outbox.popleft()
+        response = self._outbox.popleft()
+        if len(self._outbox) < MAX_QUEUED_REPLIES // 2:
+            self.room.set()
+        return response
 
     def set_waiter(self, wake: Callable[[], None] | None) -> None:
         self._waiter = wake
@@ -167,6 +185,7 @@ class ProducerStream:
     def close(self) -> None:
         self.closed = True
         self._outbox.clear()
+        self.room.set()
         if self._waiter is not None:
             self._waiter()
 
@@ -324,6 +343,7 @@ class Dispatcher:
                     self.free.pop(group, None)
                     self.short.discard(group)
                     self.backlogged.discard(group)
+                    self.metrics.group_gone(group)
         stream.credit = 0
         self.version += 1
 

@@ -13,6 +13,8 @@ from services.common.metrics import BaseMetrics
 
 from .dispatcher import REFUSED_REASONS
 
+#: Results only a check claimed from a broker is counted with (the dispatcher's).
+_CLAIMED = frozenset({"delivered", "undelivered", "timeout"})
 #: Check lag buckets, seconds: sub-second resolution where the target (p99 ≤ 1 s) lies.
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -54,6 +56,10 @@ class CheckerMetrics(BaseMetrics):
             "no_key, not_anchored (a message the table does not decide: unknown)",
             ["group", "source"], registry=self.registry)
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        #: Groups a check claimed from a broker was counted for: their series stay. (Answers,
+        #: late ones, and refusals are not enough: a stream sends those for any group it names.)
+        self._counted: set[str] = set()
+        self._gauges = (self.producers_connected, self.checks_in_flight, self.credit_free)
 
     def _child(self, metric: Any, *labels: str) -> Any:
         # ``labels()`` costs microseconds; these run several times per check.
@@ -63,11 +69,25 @@ class CheckerMetrics(BaseMetrics):
             child = self._children[key] = metric.labels(*labels)
         return child
 
+    def group_gone(self, group: str) -> None:
+        """The group's last producer stream left: its gauges go, and its other series too
+        unless a check claimed from a broker was counted for it. Group names are what the
+        producers subscribe (any name a prefix right allows): kept, every name ever
+        subscribed stayed a dozen series for good."""
+        for key in [k for k in self._children if k[1][:1] == (group,)]:
+            metric, labels = key
+            if metric in self._gauges or group not in self._counted:
+                del self._children[key]
+                metric.remove(*labels)
+
     # The dispatcher's Metrics protocol.
     def check_result(self, group: str, result: str) -> None:
+        if result in _CLAIMED:
+            self._counted.add(group)
         self._child(self.checks, group, result).inc()
 
     def check_lag(self, group: str, seconds: float) -> None:
+        self._counted.add(group)
         self._child(self.lag, group).observe(seconds)
 
     def producers(self, group: str, count: int) -> None:
@@ -91,4 +111,5 @@ class CheckerMetrics(BaseMetrics):
         self._child(self.answers_refused, group, reason).inc()
 
     def resolver_answer(self, group: str, source: str) -> None:
+        self._counted.add(group)  # the resolver's groups are the operator's configuration
         self._child(self.resolver_answers, group, source).inc()

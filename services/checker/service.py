@@ -35,7 +35,8 @@ from txmq.errors import InvalidFieldError, TxmqError
 from txmq.names import validate_group
 from txmq.v1 import checker_pb2, checker_pb2_grpc
 
-from services.common.limits import ConnectionLimit
+from services.common.auth import current_principal
+from services.common.limits import ConnectionLimit, connection_of
 
 from .dispatcher import Dispatcher, ProducerStream
 
@@ -87,7 +88,7 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
         except StopAsyncIteration:
             return
         client_id, groups, credit = validate_subscribe(first, self.max_groups)
-        peer = context.peer()
+        peer = connection_of(context, verified=current_principal() is not None)
         owed = min(credit or self.dispatcher.default_credit, self.dispatcher.queue_size)
         self.pending.take(peer, owed)
         try:
@@ -126,6 +127,9 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
         try:
             async for request in requests:
                 self._handle(request, stream)
+                # Backpressure: a producer that reads none of the replies its requests
+                # queue is read no further until it does.
+                await stream.room.wait()
         except asyncio.CancelledError:
             raise
         except TxmqError as exc:

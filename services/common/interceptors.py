@@ -19,7 +19,7 @@ import grpc
 from txmq.errors import TxmqError
 
 from .errors import abort_with
-from .limits import Admission, ConnectionLimit, Refused, guard_deserializer
+from .limits import Admission, ConnectionLimit, Refused, connection_of, guard_deserializer
 from .metrics import BaseMetrics
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,10 @@ InBand = Callable[[str, TxmqError], Any]
 class ServerInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, metrics: BaseMetrics, admission: Admission | None = None,
                  streams: ConnectionLimit | None = None, unmetered: frozenset[str] = frozenset(),
-                 in_band: InBand | None = None) -> None:
+                 in_band: InBand | None = None, *, delegated: bool = False) -> None:
         self.metrics = metrics
+        #: Auth is on, so a call's on-behalf-of header is checked (``connection_of``).
+        self.delegated = delegated
         #: Unary calls in flight (``max_concurrent_rpcs``); ``unmetered`` methods (long
         #: polls, which wait by design) are limited per connection instead.
         self.admission = admission
@@ -112,7 +114,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     if isinstance(request_or_iterator, Refused):
                         raise request_or_iterator.error
                     if streaming:
-                        with streams.hold(context.peer()) if streams else _nothing():
+                        with streams.hold(connection_of(context, verified=self.delegated)) if streams else _nothing():
                             return await behavior(request_or_iterator, context)
                     if admission is None:
                         return await behavior(request_or_iterator, context)
@@ -149,7 +151,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 try:
                     if isinstance(request_or_iterator, Refused):
                         raise request_or_iterator.error
-                    with streams.hold(context.peer()) if streams else _nothing():
+                    with streams.hold(connection_of(context, verified=self.delegated)) if streams else _nothing():
                         async for item in behavior(request_or_iterator, context):
                             yield item
                 except (asyncio.CancelledError, grpc.aio.AbortError):

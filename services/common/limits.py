@@ -25,6 +25,8 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from txmq.errors import ConnectionLimitError, InvalidFieldError, OverloadedError, UndecodableRequestError
 
+from .auth.delegation import ON_BEHALF_OF_HEADER
+
 log = logging.getLogger(__name__)
 
 #: At most one warning line per method and kind of refusal in this many seconds.
@@ -224,9 +226,29 @@ class Admission:
         self.in_flight -= 1
 
 
+def connection_of(context: Any, *, verified: bool) -> str:
+    """What a per-connection limit counts a call against: its connection (gRPC peer), and for
+    a service's call made for an end principal (the proxy's, naming it in
+    ``x-txmq-on-behalf-of``) that principal too. A proxy carries every tenant's long polls and
+    check subscriptions over one connection per service: counted by the connection alone, one
+    tenant filled it and the service refused every other tenant's calls through that proxy.
+
+    ``verified``: the header is one the auth interceptor checks (auth on: it refuses the header
+    from anyone but a service identity, as the call starts). With auth off anyone may send it,
+    so it is not read: a client naming a new principal on every call would escape the limit."""
+    peer = context.peer()
+    if not verified:
+        return peer
+    for key, value in context.invocation_metadata() or ():
+        if key == ON_BEHALF_OF_HEADER:
+            return f"{peer} for {value if isinstance(value, str) else value.decode(errors='replace')}"
+    return peer
+
+
 class ConnectionLimit:
     """At most ``limit`` of something (streams, long polls, pending checks) per connection
-    (gRPC peer: address and port); ``hold(peer)`` and ``take(peer, n)`` refuse beyond it."""
+    (gRPC peer: address and port, and the principal a service acts for: ``connection_of``);
+    ``hold(peer)`` and ``take(peer, n)`` refuse beyond it."""
 
     def __init__(self, setting: str, limit: int) -> None:
         self.setting = setting

@@ -68,7 +68,7 @@ class ServiceApp:
         self.admission = Admission(config.max_concurrent_rpcs)
         chain = ServerInterceptor(
             metrics, self.admission, ConnectionLimit("max_streams_per_connection", config.max_streams_per_connection),
-            frozenset(unmetered), in_band)
+            frozenset(unmetered), in_band, delegated=self.auth is not None)
         inner = [*([self.auth] if self.auth else []), *interceptors]
         self.server = grpc.aio.server(
             # The shared chain alone (auth off, no service interceptors): its wrapping is

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.common.auth import current_principal, may_see
-from services.common.auth.acl import TOPIC
+from services.common.auth import current_principal, may, may_see
+from services.common.auth.acl import PUBLISH, TOPIC
 from txmq.v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 from .admin import Admin
@@ -85,7 +85,10 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServiceServicer):
 
     async def QueryRoute(self, request: nameserver_pb2.QueryRouteRequest,
                          context: Any) -> nameserver_pb2.QueryRouteResponse:
-        queues = await self.topics.route(request.topic, for_send=request.for_send)
+        # Creating a missing topic (auto_create_topics) is a producer's doing: a caller that
+        # may only subscribe to it is answered TOPIC_NOT_FOUND, as without the setting.
+        for_send = request.for_send and may(PUBLISH, TOPIC, request.topic)
+        queues = await self.topics.route(request.topic, for_send=for_send)
         return nameserver_pb2.QueryRouteResponse(topic=request.topic, queues=[
             nameserver_pb2.QueueRoute(broker_name=q.broker_name, broker_address=q.broker_address,
                                       queue_id=q.queue_id, draining=q.draining) for q in queues],

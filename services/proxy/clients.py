@@ -86,7 +86,8 @@ class TelemetryStream:
 @dataclass
 class ClientState:
     key: ClientKey
-    settings: definition_pb2.Settings | None = None
+    # Not its Settings: a client's last Settings (megabytes, if it likes) was kept for
+    # client_idle_expiry_seconds after it left, per client id it chose; only these are read.
     topics: tuple[str, ...] = ()
     client_type: int = 0
     streams: dict[int, TelemetryStream] = field(default_factory=dict)
@@ -124,7 +125,6 @@ class ClientRegistry:
         # Checks (with their half messages) only for the topics the client may answer for.
         topics = tuple(t for t in publishing_topics(settings) if may(CHECK, PRODUCER_GROUP, t))
         changed = topics != state.topics
-        state.settings = settings
         state.client_type = settings.client_type
         state.topics = topics
         if changed:

@@ -80,6 +80,10 @@ class ProxyConfig(ServiceConfig):
     #: invisibility every half invisible duration until the client acks or nacks it or goes
     #: away, for at most this long after the delivery.
     auto_renew_max_seconds: float = seconds(1800.0, min=0, max=DAY, zero="never renew")
+    #: Deliveries the proxy renews at once for one principal (each costs a broker call every
+    #: half invisibility); a push receive beyond it is answered TOO_MANY_REQUESTS, nothing
+    #: delivered, until the principal acks or nacks some.
+    max_renewals_per_principal: int = count(10_000, max=10_000_000)
     #: Durations below this (Node.js push nacks send milliseconds) are raised to it.
     min_invisible_duration_seconds: float = seconds(1.0, max=HOUR)
     #: Longest invisibility a client may ask for (ChangeInvisibleDuration, receive).

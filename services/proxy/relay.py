@@ -282,8 +282,9 @@ class Relay:
             attempt += 1
 
     async def brokers_of(self, topic: str) -> dict[str, str]:
-        """Broker name → address of the brokers holding ``topic``, in name order."""
-        queues = await self.upstream.route(topic)
+        """Broker name → address of the brokers holding ``topic``, in name order (for
+        consumers: a missing topic is not created)."""
+        queues = await self.upstream.route(topic, for_send=False)
         if not queues:
             raise TopicNotFoundError(topic)
         return dict(sorted({q.broker_name: q.broker_address for q in queues}.items()))

@@ -29,6 +29,7 @@ invisibility when possible).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from dataclasses import dataclass, field
@@ -81,6 +82,8 @@ class Renewer:
         self.metrics = metrics
         self.monotonic = monotonic
         self.renewals: dict[Key, Renewal] = {}
+        #: Renewals per principal (``max_renewals_per_principal``).
+        self.held: collections.Counter[str | None] = collections.Counter()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -98,8 +101,21 @@ class Renewer:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self.renewals.clear()
+        self.held.clear()
 
     # --- what the servicer tells it ------------------------------------------------------
+
+    def room(self, principal: str | None) -> int:
+        """How many more deliveries may be renewed for ``principal``."""
+        return max(self.config.max_renewals_per_principal - self.held[principal], 0)
+
+    def _pop(self, key: Key) -> Renewal | None:
+        renewal = self.renewals.pop(key, None)
+        if renewal is not None:
+            self.held[renewal.principal] -= 1
+            if self.held[renewal.principal] <= 0:
+                del self.held[renewal.principal]
+        return renewal
 
     def add(self, client: Hashable, group: str, topic: str, handle: str, invisible_seconds: float,
             principal: str | None = None) -> None:
@@ -111,10 +127,11 @@ class Renewer:
         renewal = Renewal(client, group, topic, handle, handle, invisible_seconds,
                           next_at=now + self._interval(invisible_seconds),
                           give_up_at=now + self.config.auto_renew_max_seconds, principal=principal)
-        old = self.renewals.pop((group, handle), None)
+        old = self._pop((group, handle))
         if old is not None and old.inflight is not None:
             old.inflight.cancel()
         self.renewals[(group, handle)] = renewal
+        self.held[principal] += 1
         self.metrics.renewing.set(len(self.renewals))
         self._wake.set()
 
@@ -131,7 +148,7 @@ class Renewer:
         renewal = self.renewals.get((group, handle))
         if renewal is None or renewal.topic != topic or renewal.principal != principal:
             return handle
-        del self.renewals[(group, handle)]
+        self._pop((group, handle))
         self.metrics.renewing.set(len(self.renewals))
         if renewal.inflight is not None:
             # Let a renewal already sent land first: it must not undo the client's nack.
@@ -150,7 +167,7 @@ class Renewer:
         return max(invisible_seconds / 2, 0.05)
 
     def _drop(self, key: Key, result: str) -> None:
-        if self.renewals.pop(key, None) is not None:
+        if self._pop(key) is not None:
             self.metrics.renewals.labels(result).inc()
             self.metrics.renewing.set(len(self.renewals))
 

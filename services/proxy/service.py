@@ -20,7 +20,8 @@ from typing import Any, AsyncIterator, Callable
 from txmq.errors import TxmqError
 from txmq.v1 import common_pb2
 
-from services.common.auth import current_principal
+from services.common.auth import current_principal, may
+from services.common.auth.acl import PUBLISH, TOPIC
 from services.common.limits import ConnectionLimit
 
 from . import settings as settings_mod
@@ -104,7 +105,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             topic = resource_name(request.topic, "topic")
             endpoints = settings_mod.advertised(self.config, request.endpoints, self.bound_port)
-            queues = await self.upstream.route(topic)
+            # The name servers create a missing topic (auto_create_topics) for the proxy's
+            # own identity: only for a client that may publish to it.
+            queues = await self.upstream.route(topic, for_send=may(PUBLISH, TOPIC, topic))
             return spb.QueryRouteResponse(status=status(), message_queues=[
                 self._queue(topic, q.queue_id, q.broker_name, endpoints, q.draining) for q in queues])
         except Exception as exc:  # noqa: BLE001 - answered in band
@@ -215,6 +218,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             wait = max(0.0, min(wait, remaining - DEADLINE_MARGIN_SECONDS))
         return wait
 
+    def _renewal_room(self, context: Any) -> int:
+        """How many deliveries a push receive of the caller may take: each is renewed until
+        acked (a broker call every half invisibility), at most max_renewals_per_principal
+        for one principal; none left is TOO_MANY_REQUESTS, before anything is received."""
+        room = self.renewer.room(client_of(context).principal)
+        if room <= 0:
+            limit = self.config.max_renewals_per_principal
+            raise ProxyError(Code.TOO_MANY_REQUESTS,
+                             f"{limit} deliveries are auto-renewed for this principal already: "
+                             f"max_renewals_per_principal={limit} reached (ack or nack some first)")
+        return room
+
     def _invisible_seconds(self, value: float) -> float:
         return min(max(value, self.config.min_invisible_duration_seconds), self.config.max_invisible_duration_seconds)
 
@@ -231,6 +246,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 seconds(request.invisible_duration) if request.HasField("invisible_duration")
                 else self.config.default_invisible_duration_seconds)
             batch = min(max(request.batch_size, 1), self.config.max_receive_batch)
+            if request.auto_renew and self.config.auto_renew_max_seconds > 0:
+                batch = min(batch, self._renewal_room(context))
             wait = self._long_poll_seconds(request, context)
             # A long poll counts against its connection's limit (42900 TOO_MANY_REQUESTS beyond).
             with self.long_polls.hold(context.peer()) if wait > 0 else contextlib.nullcontext():
@@ -379,11 +396,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return False
         fifo = False
         for entry in settings.subscription.subscriptions:
+            # The topic as the policy authorized it (``<namespace>%<name>``): the bare name
+            # is another topic, maybe another tenant's, which this lookup (the proxy's own,
+            # on the name servers) must not tell the client about.
             try:
-                await self.upstream.route(entry.topic.name, for_send=False)
+                topic = resource_name(entry.topic, "topic")
+                await self.upstream.route(topic, for_send=False)
             except TxmqError:
-                continue  # a missing topic: the receive reports it
-            fifo = fifo or entry.topic.name in self.upstream.fifo_topics
+                continue  # a missing or bad topic: the receive reports it
+            fifo = fifo or topic in self.upstream.fifo_topics
         return fifo
 
     async def _read_telemetry(self, requests: AsyncIterator[spb.TelemetryCommand],

@@ -178,3 +178,25 @@ def test_restore_without_the_services_prints_the_command(tmp_path):
     assert f"python -m services.broker.restore --from {tmp_path / 'b'} --data-dir {tmp_path / 'd'} --replace" \
         in done.stderr, done.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_a_backup_is_readable_by_its_owner_only(fresh_cluster_factory, tmp_path: Path):
+    """A backup holds every message of the shard and the store's id secret (what transaction
+    ids and receipt handles are authenticated with): like the credential files, it is its
+    owner's alone — a directory made for it 0700, every file 0600 — whatever the umask (the
+    usual 022 left them readable by every user of the machine)."""
+    cluster = fresh_cluster_factory(brokers=1)
+    topic = "backup-modes"
+    cluster.create_topic(topic, queue_count=1)
+    with txmq.Producer(cluster.nameserver_address) as producer:
+        producer.send(txmq.Message(topic, b"secret"))
+    backup_dir = tmp_path / "backup"
+    previous = os.umask(0o022)
+    try:
+        out = txmq_cli(cluster, "broker", "backup", "broker-0", "--to", str(backup_dir))
+    finally:
+        os.umask(previous)
+    assert out.returncode == 0, out.stderr
+    assert backup_dir.stat().st_mode & 0o777 == 0o700, oct(backup_dir.stat().st_mode)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in backup_dir.iterdir()}
+    assert "MANIFEST.json" in modes and set(modes.values()) == {"0o600"}, modes

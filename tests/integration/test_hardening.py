@@ -165,14 +165,20 @@ def test_long_polls_per_connection_are_limited(fresh_cluster_factory: Any, uniqu
 
         # The first poll is waiting once a second one is refused; an immediate receive is not.
         # (A second poll that got in first answers empty within its 1 s deadline, and is tried again.)
-        def refused() -> bool:
+        def refused(acting_for: str = "") -> bool:
             try:
-                stub.ReceiveMessages(request, timeout=1)
+                stub.ReceiveMessages(request, timeout=1,
+                                     metadata=(("x-txmq-on-behalf-of", acting_for),) if acting_for else None)
             except grpc.RpcError as exc:
                 return exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and \
                     "max_long_polls_per_connection=1" in exc.details()
             return False
         wait_until(refused, timeout=10, message="a second long poll on the connection was not refused")
+        # With auth off nothing checks the proxy's on-behalf-of header, so naming a principal
+        # does not make a call another connection's share (with auth on, only a service may).
+        names = iter(f"made-up-{n}" for n in range(1000))
+        wait_until(lambda: refused(next(names)), timeout=10,
+                   message="a long poll naming a made-up principal escaped the connection's limit")
         stub.ReceiveMessages(immediate, timeout=5)
         first.result()
 

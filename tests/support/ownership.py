@@ -87,24 +87,28 @@ def access_key_of(name: str) -> str:
     return f"AK-{name.upper()}"
 
 
-def write_credentials(workdir: Path) -> tuple[Path, Path]:
-    """The credential file every service reads, and the access keys only the proxy reads."""
+def write_credentials(workdir: Path, extra_acl: Iterable[dict[str, Any]] = (),
+                      extra_rmq: Iterable[str] = ()) -> tuple[Path, Path]:
+    """The credential file every service reads, and the access keys only the proxy reads;
+    ``extra_rmq`` names more RocketMQ principals (an access key each), ``extra_acl`` their rules."""
+    rmq = (*RMQ_PRINCIPALS, *extra_rmq)
     principals: dict[str, Any] = {name: {"service": True, "tokens": [hash_token(token_of(name))]}
                                   for name in SERVICES}
     principals.update({name: {"tokens": [hash_token(token_of(name))]} for name in NATIVE_PRINCIPALS})
-    principals.update({name: {} for name in RMQ_PRINCIPALS})
+    principals.update({name: {} for name in rmq})
     creds = workdir / "credentials.json"
-    creds.write_text(json.dumps({"principals": principals, "acl": NATIVE_ACL + RMQ_ACL}))
+    creds.write_text(json.dumps({"principals": principals, "acl": [*NATIVE_ACL, *RMQ_ACL, *extra_acl]}))
     keys = workdir / "access-keys.json"
     keys.write_text(json.dumps({"access_keys": {access_key_of(n): {"principal": n, "secret": secret_of(n)}
-                                                for n in RMQ_PRINCIPALS}}))
+                                                for n in rmq}}))
     return creds, keys
 
 
-def secured_cluster(workdir: Path, **kwargs: Any) -> Cluster:
+def secured_cluster(workdir: Path, extra_acl: Iterable[dict[str, Any]] = (), extra_rmq: Iterable[str] = (),
+                    auto_create_topics: bool = False, **kwargs: Any) -> Cluster:
     """A cluster with auth on everywhere (name server, broker(s), checker, one proxy)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    creds, keys = write_credentials(workdir)
+    creds, keys = write_credentials(workdir, extra_acl, extra_rmq)
     env = {}
     for name in SERVICES:
         token_file = workdir / f"{name}.token"
@@ -113,10 +117,11 @@ def secured_cluster(workdir: Path, **kwargs: Any) -> Cluster:
     env["proxy"]["TXMQ_AUTH_FILES"] += f",{keys}"
     broker_env = {"TXMQ_TRANSACTION_TIMEOUT_SECONDS": "600", "TXMQ_MAX_DELIVERY_ATTEMPTS": "8",
                   **env["broker"], **kwargs.pop("broker_env", {})}
-    return Cluster(workdir, broker_env=broker_env, checker=True, checker_env=env["checker"], proxies=1,
+    return Cluster(workdir, broker_env=broker_env, checker=True,
+                   checker_env={**env["checker"], **kwargs.pop("checker_env", {})}, proxies=1,
                    proxy_env={"TXMQ_DIRECTORY_REFRESH_SECONDS": "0.5", "TXMQ_MIN_INVISIBLE_DURATION_SECONDS": "0.2",
-                              **env["proxy"]},
-                   nameserver_env={"TXMQ_AUTO_CREATE_TOPICS": "false", **env["nameserver"]},
+                              **env["proxy"], **kwargs.pop("proxy_env", {})},
+                   nameserver_env={"TXMQ_AUTO_CREATE_TOPICS": str(auto_create_topics).lower(), **env["nameserver"]},
                    token=token_of("operator"), **kwargs)
 
 

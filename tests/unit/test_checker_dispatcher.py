@@ -42,6 +42,7 @@ class Metrics:
         self.free: dict[str, int] = {}
         self.late: list[str] = []
         self.refused: list[tuple[str, str]] = []
+        self.gone: list[str] = []
 
     def credit(self, group, free):
         self.free[group] = free
@@ -51,6 +52,9 @@ class Metrics:
 
     def answer_refused(self, group, reason):
         self.refused.append((group, reason))
+
+    def group_gone(self, group):
+        self.gone.append(group)
 
     def check_result(self, group, result):
         self.results.append((group, result))
@@ -406,3 +410,26 @@ def test_validate_subscribe():
         validate_subscribe(sub(["bad group"]), 8)
     with pytest.raises(InvalidNameError):
         validate_subscribe(sub(["%DISCARD%g"]), 8)
+
+
+def test_a_group_that_leaves_keeps_its_series_only_if_a_claimed_check_counted() -> None:
+    """CheckerMetrics.group_gone: a group whose last producer left loses its gauges; a group no
+    claimed check ever counted for (a made-up name, answered late or refused at most) loses
+    every series, so names a producer makes up do not pile up on /metrics."""
+    from prometheus_client import generate_latest
+
+    from services.checker.metrics import CheckerMetrics
+
+    metrics = CheckerMetrics()
+    for group in ("real", "made-up"):
+        metrics.producers(group, 1)
+        metrics.credit(group, 4)
+    metrics.check_result("real", "delivered")
+    metrics.check_result("made-up", "commit")  # a late answer naming any transaction
+    metrics.answer_refused("made-up", "invalid")
+    for group in ("real", "made-up"):
+        metrics.group_gone(group)
+    text = generate_latest(metrics.registry).decode()
+    assert 'group="made-up"' not in text
+    assert 'txmq_checks_total{group="real",result="delivered"} 1.0' in text
+    assert 'txmq_producers_connected{group="real"}' not in text

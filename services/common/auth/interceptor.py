@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 import grpc
 
-from txmq.errors import PermissionDeniedError, TxmqError, UnauthenticatedError
+from txmq.errors import InvalidFieldError, PermissionDeniedError, TxmqError, UnauthenticatedError
 
 from ..errors import abort_with
 from .acl import ACTIONS, allows, describe
@@ -275,7 +275,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 async def gen_wrapper(request: Any, context: Any) -> Any:
                     try:
                         principal = check(context, method, policy, None if streamed else request)
-                    except (UnauthenticatedError, PermissionDeniedError) as error:
+                    except (UnauthenticatedError, PermissionDeniedError, InvalidFieldError) as error:
                         answer = await refused(context, error)
                         if answer is not None:
                             yield answer
@@ -297,7 +297,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             async def wrapper(request: Any, context: Any) -> Any:
                 try:
                     principal = check(context, method, policy, None if streamed else request)
-                except (UnauthenticatedError, PermissionDeniedError) as error:
+                except (UnauthenticatedError, PermissionDeniedError, InvalidFieldError) as error:
                     answer = await refused(context, error)
                     if answer is not None and streaming_response:
                         await context.write(answer)
