@@ -30,13 +30,10 @@ INVISIBLE_SECONDS = 1.0
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = secured_cluster(tmp_path_factory.mktemp("renewal-ownership"))
-    try:
+    with secured_cluster(tmp_path_factory.mktemp("renewal-ownership")) as cluster:
         for topic in ("ta", "tb"):
             cluster.create_topic(topic, queue_count=1)
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def _receive(stub: service_pb2_grpc.MessagingServiceStub, who: str, topic: str, auto_renew: bool,

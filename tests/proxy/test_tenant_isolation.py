@@ -84,11 +84,8 @@ def test_settings_reveal_nothing_of_a_topic_outside_the_namespace(cluster: Clust
 @pytest.fixture(scope="module")
 def auto_creating(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Topics created on a producer's first route (``auto_create_topics``), none created yet."""
-    cluster = secured_cluster(tmp_path_factory.mktemp("tenant-autocreate"), auto_create_topics=True)
-    try:
+    with secured_cluster(tmp_path_factory.mktemp("tenant-autocreate"), auto_create_topics=True) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def _topics(cluster: Cluster) -> set[str]:
@@ -325,14 +322,11 @@ def test_a_client_that_left_leaves_no_big_settings_behind(cluster: Cluster) -> N
 @pytest.fixture(scope="module")
 def few_renewals(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A proxy that renews at most 3 deliveries per principal."""
-    cluster = secured_cluster(tmp_path_factory.mktemp("tenant-renewals"),
-                              proxy_env={"TXMQ_MAX_RENEWALS_PER_PRINCIPAL": "3"})
-    try:
+    with secured_cluster(tmp_path_factory.mktemp("tenant-renewals"),
+                         proxy_env={"TXMQ_MAX_RENEWALS_PER_PRINCIPAL": "3"}) as cluster:
         for topic in ("ta", "tb"):
             cluster.create_topic(topic, queue_count=1)
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def test_one_principal_holds_at_most_its_share_of_auto_renewed_deliveries(few_renewals: Cluster) -> None:
