@@ -22,6 +22,12 @@ from ._faults import FaultTable, OverloadBackoff, RetryAction, retry_action
 #: gRPC message size limit both ways; above the brokers' largest body (4 MiB by default).
 MAX_GRPC_MESSAGE_BYTES = 16 * 1024 * 1024
 
+#: Most entries a native request's list of ids or entries may carry: the receipt handles of an
+#: AckMessages (and those a ReceiveMessages carries), the entries of one Produce stream message.
+#: Services refuse more (INVALID_ARGUMENT naming the field) before reading any, since the auth
+#: interceptor resolves every id a request carries; the SDK splits its own lists to fit.
+MAX_ENTRIES_PER_REQUEST = 1024
+
 #: How long one connection attempt may take (see CHANNEL_OPTIONS).
 CONNECT_TIMEOUT_MS = 2_000
 

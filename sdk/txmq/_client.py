@@ -16,7 +16,7 @@ import grpc
 
 from ._auth import BearerToken, with_token
 from ._calling import (BOUND_ATTEMPTS, BOUND_BACKOFF_SECONDS, CHANNEL_OPTIONS,  # noqa: F401 - the client's values
-                       MAX_GRPC_MESSAGE_BYTES, BoundCall, BrokerAddress, BrokerAddresses, NameServerCall, NameServers,
+                       MAX_ENTRIES_PER_REQUEST, MAX_GRPC_MESSAGE_BYTES, BoundCall, BrokerAddress, BrokerAddresses, NameServerCall, NameServers,
                        QueueRoute, Wait, parse_nameservers, positive, routes_of, bound_steps)
 from ._errors import ClientClosedError, InvalidFieldError, TopicNotFoundError, TxmqError, error_from_rpc
 from ._faults import FaultTable

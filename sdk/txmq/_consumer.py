@@ -255,7 +255,8 @@ class SimpleConsumer:
             raise error
 
     def ack_many(self, messages: Iterable[ReceivedMessage]) -> list[TxmqError | None]:
-        """Acknowledges many deliveries with one AckMessages per (broker, topic).
+        """Acknowledges many deliveries with one AckMessages per (broker, topic) and 1,024
+        deliveries (``txmq.client.MAX_ENTRIES_PER_REQUEST``).
 
         Does not raise for a failed entry: returns one result per message, in order, None
         where it was acknowledged and the TxmqError where not (a stale handle, or the
@@ -265,7 +266,7 @@ class SimpleConsumer:
         self._client.check_open()
         groups = ack_groups(messages)
         results: list[TxmqError | None] = [None] * len(messages)
-        for (broker_name, topic), indexes in groups.items():
+        for broker_name, topic, indexes in groups:
             errors = self._ack_group(broker_name, topic, [messages[i] for i in indexes])
             for index, error in zip(indexes, errors):
                 results[index] = error

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Mapping, Protocol, Sequence, TypeVar
 
+from ._calling import MAX_ENTRIES_PER_REQUEST
 from ._errors import (InternalError, InvalidFieldError, NoLeaderError, TopicNotFoundError, TxmqError,
                       error_from_entry)
 from ._names import in_namespace, validate_receive_topic
@@ -218,12 +219,16 @@ def received(faults: Any, target: Any, error: TxmqError | None) -> None:
         faults.failed(target.broker_name)
 
 
-def ack_groups(messages: Sequence[Any]) -> dict[tuple[str, str], list[int]]:
-    """The indexes of ``messages`` per (broker, topic): one AckMessages each."""
+def ack_groups(messages: Sequence[Any]) -> list[tuple[str, str, list[int]]]:
+    """The indexes of ``messages`` per (broker, topic), in runs of at most
+    ``MAX_ENTRIES_PER_REQUEST`` (the most receipt handles a broker takes in one request): one
+    AckMessages each."""
     groups: dict[tuple[str, str], list[int]] = {}
     for index, message in enumerate(messages):
         groups.setdefault((message.broker_name, message.topic), []).append(index)
-    return groups
+    return [(broker_name, topic, indexes[start:start + MAX_ENTRIES_PER_REQUEST])
+            for (broker_name, topic), indexes in groups.items()
+            for start in range(0, len(indexes), MAX_ENTRIES_PER_REQUEST)]
 
 
 def ack_request(consumer_group: str, topic: str, messages: Sequence[Any]) -> broker_pb2.AckMessagesRequest:
@@ -266,10 +271,15 @@ class DeferredAcks:
         return due
 
     def take(self, broker_name: str, topic: str) -> list[Any]:
-        """The acks a receive of (broker, topic) carries now (removed from the queue)."""
+        """The acks a receive of (broker, topic) carries now (removed from the queue): the
+        oldest ``MAX_ENTRIES_PER_REQUEST``, the most a receive may carry; the rest wait for
+        the next receive or their due time."""
         messages = self._queued.pop((broker_name, topic), None)
         if messages is None:
             return []
+        if len(messages) > MAX_ENTRIES_PER_REQUEST:
+            messages, self._queued[(broker_name, topic)] = (messages[:MAX_ENTRIES_PER_REQUEST],
+                                                            messages[MAX_ENTRIES_PER_REQUEST:])
         if not self._queued:
             self._due = None
         return messages

@@ -3,7 +3,7 @@
 broker and the error mapping of every call. For services, the pipeline and tools that
 speak the ``txmq.v1`` stubs directly; applications use the producers and consumers."""
 
-from ._calling import CHANNEL_OPTIONS, QueueRoute, parse_nameservers  # re-exported
+from ._calling import CHANNEL_OPTIONS, MAX_ENTRIES_PER_REQUEST, QueueRoute, parse_nameservers  # re-exported
 from ._client import Client
 
-__all__ = ["CHANNEL_OPTIONS", "Client", "QueueRoute", "parse_nameservers"]
+__all__ = ["CHANNEL_OPTIONS", "MAX_ENTRIES_PER_REQUEST", "Client", "QueueRoute", "parse_nameservers"]

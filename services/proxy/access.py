@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from services.common.auth.acl import CHECK, CONSUMER_GROUP, PRODUCER_GROUP, PUBLISH, SUBSCRIBE, TOPIC
 from services.common.auth.policy import ANY, OPEN, Need, Policy
+from txmq.client import MAX_ENTRIES_PER_REQUEST
 from txmq.errors import InvalidFieldError, TxmqError
 
 from .codes import ProxyError, status
@@ -33,7 +34,7 @@ _PREFIX = f"/{SERVICE_NAME}/"
 #: subscriptions of a Settings, entries of an ack). The official clients send a few; the
 #: policy below is decided per entry on the proxy's one event loop, so a request of a million
 #: (3 MB named ``ra`` 500,000 times) held every tenant's calls for seconds.
-MAX_ENTRIES = 1024
+MAX_ENTRIES = MAX_ENTRIES_PER_REQUEST
 
 
 def _bounded(items: Any, field: str) -> Any:

@@ -22,6 +22,7 @@ import pytest
 
 import txmq
 from txmq.aio import AsyncSimpleConsumer
+from txmq.client import MAX_ENTRIES_PER_REQUEST
 from tests.support.metrics import metric_sum
 from tests.support.waiting import wait_until
 
@@ -160,6 +161,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 KILLED_ASYNC = """
 import asyncio, os, signal, sys
 from txmq.aio import AsyncSimpleConsumer
+from txmq.client import MAX_ENTRIES_PER_REQUEST
 
 async def main():
     c = AsyncSimpleConsumer(sys.argv[1], consumer_group=sys.argv[2], subscriptions={sys.argv[3]: "*"},
@@ -263,3 +265,47 @@ def test_bad_deferred_ack_options_are_refused(cluster):
     with pytest.raises(txmq.InvalidFieldError, match="on_ack_error"):
         AsyncSimpleConsumer(cluster.nameserver_address, consumer_group="g", subscriptions={"t": "*"},
                             on_ack_error="log it")
+
+
+def test_more_acks_than_one_request_may_carry_are_split_and_all_applied(cluster, unique_name):
+    """A broker takes at most MAX_ENTRIES_PER_REQUEST receipt handles in one AckMessages, or in
+    one receive carrying acks, and refuses more whole (INVALID_ARGUMENT): ack_many and the
+    deferred acks split theirs. Before, ack_many of 1,100 deliveries was one request."""
+    topic, group = unique_name("topic"), unique_name("group")
+    cluster.create_topic(topic, queue_count=1)
+    n = MAX_ENTRIES_PER_REQUEST + 76
+    send(cluster, topic, 2 * n)
+    with consumer(cluster, group, topic, max_ack_delay_seconds=60.0) as c:
+        got = receive_all(c, 2 * n, invisible=60.0)
+        calls = ack_calls(cluster)
+        assert c.ack_many(got[:n]) == [None] * n
+        assert ack_calls(cluster) == calls + 2
+        carried = acks(cluster, "receive")
+        for message in got[n:]:
+            c.ack_later(message)
+        assert c.receive(max_messages=8, invisible_duration_seconds=60.0) == []
+        assert acks(cluster, "receive") == carried + MAX_ENTRIES_PER_REQUEST
+        assert [error for _m, error in c.flush_acks()] == [None] * 76
+        with consumer(cluster, group, topic) as other:
+            for message in (got[0], got[n - 1], got[n], got[-1]):
+                with pytest.raises(STALE):
+                    other.ack(message)
+
+
+def test_asyncio_ack_many_splits_more_acks_than_one_request_may_carry(cluster, unique_name):
+    topic, group = unique_name("topic"), unique_name("group")
+    cluster.create_topic(topic, queue_count=1)
+    n = MAX_ENTRIES_PER_REQUEST + 10
+    send(cluster, topic, n)
+
+    async def main() -> list[txmq.TxmqError | None]:
+        async with AsyncSimpleConsumer(cluster.nameserver_address, consumer_group=group, subscriptions={topic: "*"},
+                                       await_duration_seconds=AWAIT_SECONDS) as c:
+            got: list[txmq.ReceivedMessage] = []
+            while len(got) < n:
+                got.extend(await c.receive(max_messages=n - len(got), invisible_duration_seconds=60.0))
+            return await c.ack_many(got)
+
+    calls = ack_calls(cluster)
+    assert asyncio.run(main()) == [None] * n
+    assert ack_calls(cluster) == calls + 2

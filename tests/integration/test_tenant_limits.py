@@ -13,7 +13,9 @@ import pytest
 from tests.support.cluster import Cluster
 from tests.support.ownership import bearer, secured_cluster
 from tests.support.waiting import wait_until
-from txmq.v1 import broker_pb2, broker_pb2_grpc, checker_pb2, checker_pb2_grpc
+from txmq.client import MAX_ENTRIES_PER_REQUEST
+from txmq.ids import ReceiptHandle
+from txmq.v1 import broker_pb2, broker_pb2_grpc, checker_pb2, checker_pb2_grpc, common_pb2
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -155,4 +157,92 @@ def test_a_producer_that_reads_nothing_is_read_no_further(cluster: Cluster) -> N
     finally:
         closing.set()
         call.cancel()
+        channel.close()
+
+
+def _forged_handles(broker: str, topic: str, n: int) -> list[str]:
+    """Well-formed receipt handles (a valid checksum) of messages that do not exist: each one
+    the broker resolves to its owner before it may decide the call."""
+    return [ReceiptHandle(broker, 1, topic, 0, 1_000_000 + i, 1).encode() for i in range(n)]
+
+
+def test_lists_of_receipt_handles_beyond_the_limit_are_refused_before_any_is_resolved(cluster: Cluster) -> None:
+    """The auth interceptor resolves every receipt handle of a request to its owner, on the
+    broker's one event loop: only the message size bounded a list, so one AckMessages of
+    85,000 handles (4.5 MB) took the broker 3.4 s, another tenant's call waiting as long. More than
+    MAX_ENTRIES_PER_REQUEST handles, in an AckMessages or carried by a receive, are refused
+    whole naming the field, and change nothing: alice's own handle in the list stays unacked."""
+    broker = cluster.brokers[0]
+    channel = grpc.insecure_channel(broker.address)
+    stub = broker_pb2_grpc.BrokerServiceStub(channel)
+    try:
+        stub.SendMessage(broker_pb2.SendMessageRequest(message=common_pb2.Message(
+            topic="na", body=b"mine", type=common_pb2.MESSAGE_TYPE_NORMAL, queue_id=0)),
+            timeout=RPC_TIMEOUT, metadata=bearer("alice"))
+        received: list[broker_pb2.DeliveredMessage] = []
+        wait_until(lambda: received.extend(stub.ReceiveMessages(broker_pb2.ReceiveMessagesRequest(
+            consumer_group="ca", topic="na", queue_id=-1, max_messages=1, invisible_duration_seconds=60,
+            long_polling_timeout_seconds=1), timeout=RPC_TIMEOUT, metadata=bearer("alice")).messages) or received,
+            30, message="alice's message was never delivered")
+        mine = received[0].receipt_handle
+        too_many = [mine, *_forged_handles(broker.name, "na", MAX_ENTRIES_PER_REQUEST)]
+        calls = {
+            "receipt_handles": lambda: stub.AckMessages(broker_pb2.AckMessagesRequest(
+                consumer_group="ca", topic="na", receipt_handles=too_many), timeout=RPC_TIMEOUT,
+                metadata=bearer("alice")),
+            "ack_receipt_handles": lambda: stub.ReceiveMessages(broker_pb2.ReceiveMessagesRequest(
+                consumer_group="ca", topic="na", queue_id=-1, max_messages=1, invisible_duration_seconds=60,
+                ack_receipt_handles=too_many), timeout=RPC_TIMEOUT, metadata=bearer("alice")),
+        }
+        for field, call in calls.items():
+            with pytest.raises(grpc.RpcError) as refused:
+                call()
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+            assert field in refused.value.details() and f"at most {MAX_ENTRIES_PER_REQUEST}" in refused.value.details()
+        acked = stub.AckMessages(broker_pb2.AckMessagesRequest(consumer_group="ca", topic="na", receipt_handles=[mine]),
+                                 timeout=RPC_TIMEOUT, metadata=bearer("alice"))
+        assert [e.code for e in acked.entries] == [0], "a refused request acknowledged alice's message"
+    finally:
+        channel.close()
+
+
+def test_a_produce_message_of_more_entries_than_the_limit_ends_the_stream_and_stores_nothing(cluster: Cluster) -> None:
+    broker = cluster.brokers[0]
+    channel = grpc.insecure_channel(broker.address)
+    stub = broker_pb2_grpc.BrokerServiceStub(channel)
+    try:
+        def stored() -> int:
+            offsets = stub.GetQueueOffsets(broker_pb2.GetQueueOffsetsRequest(topic="na"), timeout=RPC_TIMEOUT,
+                                           metadata=bearer("alice"))
+            return sum(q.max_offset for q in offsets.queues)
+
+        before = stored()
+        entries = [broker_pb2.ProduceEntry(request_id=i + 1, send_message=broker_pb2.SendMessageRequest(
+            message=common_pb2.Message(topic="na", body=b"x", type=common_pb2.MESSAGE_TYPE_NORMAL, queue_id=0)))
+            for i in range(MAX_ENTRIES_PER_REQUEST + 1)]
+        call = stub.Produce(iter([broker_pb2.ProduceRequest(entries=entries)]), timeout=RPC_TIMEOUT,
+                            metadata=bearer("alice"))
+        with pytest.raises(grpc.RpcError) as refused:
+            list(call)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+        assert "entries" in refused.value.details() and f"at most {MAX_ENTRIES_PER_REQUEST}" in refused.value.details()
+        assert stored() == before
+    finally:
+        channel.close()
+
+
+def test_a_check_stream_naming_more_groups_than_any_setting_allows_is_refused_naming_the_field(
+        cluster: Cluster) -> None:
+    """alice may check any group named wild-...: a subscription naming 20,000 of them had each
+    decided by the auth interceptor before the checker's own max_groups_per_stream refused it."""
+    channel = grpc.insecure_channel(cluster.checkers[0].address)
+    stub = checker_pb2_grpc.CheckerServiceStub(channel)
+    try:
+        subscribe = checker_pb2.CheckTransactionStateRequest(subscribe=checker_pb2.Subscribe(
+            producer_groups=[f"wild-many-{i}" for i in range(20_000)], client_id="alice-many", check_credit=1))
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.CheckTransactionState(iter([subscribe]), timeout=RPC_TIMEOUT, metadata=bearer("alice")))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+        assert "subscribe.producer_groups" in refused.value.details()
+    finally:
         channel.close()

@@ -9,10 +9,11 @@ import math
 import pytest
 from google.protobuf import duration_pb2
 
-from services.common.limits import (Admission, ConnectionLimit, RateLimitedWarning, Refused, check_numbers,
-                                    guard_deserializer)
+from services.common.limits import (ENTRY_LIMITS, Admission, ConnectionLimit, RateLimitedWarning, Refused,
+                                    check_entries, check_numbers, guard_deserializer)
 from txmq.errors import ConnectionLimitError, InvalidFieldError, OverloadedError, UndecodableRequestError
 from txmq.faults import OVERLOAD_RETRIES, OverloadBackoff, RetryAction, overload_backoff_seconds, retry_action
+from txmq.client import MAX_ENTRIES_PER_REQUEST
 from txmq.v1 import broker_pb2, checker_pb2, common_pb2
 
 
@@ -61,6 +62,38 @@ def test_guarded_deserializers_refuse_without_raising_for_unary_and_raise_for_st
     stream = guard_deserializer(broker_pb2.ProduceRequest.FromString, "Produce", streaming=True)
     with pytest.raises(UndecodableRequestError, match="Produce: the request body does not decode"):
         stream(b"\xff\xff\xff")
+
+
+@pytest.mark.parametrize("request_at_limit, field", [
+    (lambda n: broker_pb2.AckMessagesRequest(receipt_handles=["h"] * n), "receipt_handles"),
+    (lambda n: broker_pb2.ReceiveMessagesRequest(ack_receipt_handles=["h"] * n), "ack_receipt_handles"),
+    (lambda n: broker_pb2.ProduceRequest(entries=[broker_pb2.ProduceEntry()] * n), "entries"),
+])
+def test_lists_of_ids_and_entries_are_refused_beyond_the_limit_naming_the_field(request_at_limit, field) -> None:
+    check_entries(request_at_limit(MAX_ENTRIES_PER_REQUEST))
+    with pytest.raises(InvalidFieldError) as refused:
+        check_entries(request_at_limit(MAX_ENTRIES_PER_REQUEST + 1))
+    assert refused.value.field == field
+    assert f"at most {MAX_ENTRIES_PER_REQUEST} entries per request, got {MAX_ENTRIES_PER_REQUEST + 1}" in str(refused.value)
+
+
+def test_a_check_streams_groups_are_bounded_by_the_checkers_largest_setting() -> None:
+    limit = dict(ENTRY_LIMITS["txmq.v1.CheckTransactionStateRequest"])[("subscribe", "producer_groups")]
+    over = checker_pb2.CheckTransactionStateRequest(subscribe=checker_pb2.Subscribe(producer_groups=["g"] * (limit + 1)))
+    with pytest.raises(InvalidFieldError, match="subscribe.producer_groups"):
+        check_entries(over)
+    check_entries(checker_pb2.CheckTransactionStateRequest(answer=checker_pb2.CheckAnswer()))  # no subscribe
+
+
+def test_a_guarded_deserializer_refuses_a_long_list_before_anything_reads_it() -> None:
+    unary = guard_deserializer(broker_pb2.AckMessagesRequest.FromString, "AckMessages", streaming=False)
+    body = broker_pb2.AckMessagesRequest(receipt_handles=["h"] * (MAX_ENTRIES_PER_REQUEST + 1)).SerializeToString()
+    refused = unary(body)
+    assert isinstance(refused, Refused) and refused.error.field == "receipt_handles"
+    stream = guard_deserializer(broker_pb2.ProduceRequest.FromString, "Produce", streaming=True)
+    with pytest.raises(InvalidFieldError, match="entries"):
+        stream(broker_pb2.ProduceRequest(entries=[broker_pb2.ProduceEntry()] * (MAX_ENTRIES_PER_REQUEST + 1))
+               .SerializeToString())
 
 
 def test_the_warning_is_rate_limited_per_key_and_counts_what_it_held_back(caplog: pytest.LogCaptureFixture) -> None:

@@ -7,6 +7,7 @@ here step by step, as the sync and asyncio drivers do."""
 from __future__ import annotations
 
 import datetime as dt
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
@@ -15,6 +16,7 @@ import txmq.anchored
 from txmq._administering import AdminCall, AdminRequests, AdminRpc, call_steps
 from txmq._calling import (
     BOUND_ATTEMPTS,
+    MAX_ENTRIES_PER_REQUEST,
     BoundCall,
     BrokerAddress,
     BrokerAddresses,
@@ -26,7 +28,7 @@ from txmq._calling import (
 )
 from txmq._faults import FaultTable
 from txmq._producing import Ask, ExplicitTransaction, OpenTransactions, check_transaction_options, who_answers
-from txmq._receiving import GroupQueues, Routes, Target, consumed, retry_delay, target_steps
+from txmq._receiving import DeferredAcks, GroupQueues, Routes, Target, ack_groups, consumed, retry_delay, target_steps
 from txmq._sending import run
 from txmq.v1 import admin_pb2, nameserver_pb2
 
@@ -262,3 +264,34 @@ def test_admin_calls_fail_over_between_name_servers():
     assert drive(call_steps(["a:1", "c:1"], AdminCall("admin", "ListTopics", None)), perform)[0] == "ok"
     with pytest.raises(txmq.NotANameServerError):  # not transient: the answer
         drive(call_steps(["a:1", "b:1", "c:1"], AdminCall("admin", "ListTopics", None)), perform)
+
+
+def _deliveries(n: int, broker_name: str, topic: str) -> list[Any]:
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60)
+    return [SimpleNamespace(topic=topic, message_id=f"m{i}", receipt_handle=f"h{i}", broker_name=broker_name,
+                            invisible_until=later) for i in range(n)]
+
+
+def test_acks_go_in_requests_of_at_most_the_brokers_limit_per_broker_and_topic():
+    """A broker refuses an AckMessages of more than MAX_ENTRIES_PER_REQUEST handles: the SDK's
+    ack_many of 2,500 deliveries of one broker and topic is three requests, in order."""
+    limit = MAX_ENTRIES_PER_REQUEST
+    a, b = _deliveries(2 * limit + 452, "b1", "t"), _deliveries(3, "b2", "t")
+    messages = [b[0], *a[:10], b[1], *a[10:], b[2]]
+    batches = ack_groups(messages)
+    assert [(broker, topic, len(indexes)) for broker, topic, indexes in batches] == [
+        ("b2", "t", 3), ("b1", "t", limit), ("b1", "t", limit), ("b1", "t", 452)]
+    assert sorted(i for _, _, indexes in batches for i in indexes) == list(range(len(messages)))
+    assert [messages[i].message_id for _, _, indexes in batches[1:] for i in indexes] == [m.message_id for m in a]
+
+
+def test_a_receive_carries_at_most_the_limit_of_deferred_acks_and_leaves_the_rest_queued():
+    deferred = DeferredAcks(1.0)
+    for message in _deliveries(MAX_ENTRIES_PER_REQUEST + 5, "b1", "t"):
+        deferred.add(message)
+    carried = deferred.take("b1", "t")
+    assert [m.message_id for m in carried] == [f"m{i}" for i in range(MAX_ENTRIES_PER_REQUEST)]
+    assert len(deferred) == 5 and deferred.next_due() is not None
+    assert [m.message_id for m in deferred.take("b1", "t")] == [f"m{i}" for i in range(MAX_ENTRIES_PER_REQUEST,
+                                                                                       MAX_ENTRIES_PER_REQUEST + 5)]
+    assert len(deferred) == 0 and deferred.next_due() is None

@@ -202,14 +202,15 @@ class AsyncSimpleConsumer:
             raise error
 
     async def ack_many(self, messages: Iterable[ReceivedMessage]) -> list[TxmqError | None]:
-        """One AckMessages per (broker, topic), concurrently; per message None or its error."""
+        """One AckMessages per (broker, topic) and 1,024 deliveries, concurrently; per message
+        None or its error."""
         messages = list(messages)
         self._client.check_open()
         groups = ack_groups(messages)
         results: list[TxmqError | None] = [None] * len(messages)
         answers = await asyncio.gather(*(self._ack_group(b, t, [messages[i] for i in idx])
-                                         for (b, t), idx in groups.items()))
-        for indexes, errors in zip(groups.values(), answers):
+                                         for b, t, idx in groups))
+        for (_, _, indexes), errors in zip(groups, answers):
             for index, error in zip(indexes, errors):
                 results[index] = error
         return results

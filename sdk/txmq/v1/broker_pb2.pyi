@@ -287,7 +287,11 @@ class ProduceRequest(_message.Message):
 
     ENTRIES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProduceEntry]: ...
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProduceEntry]:
+        """At most 1024 per stream message: a longer one ends the stream with INVALID_ARGUMENT
+        naming the field, nothing of it applied.
+        """
+
     def __init__(
         self,
         *,
@@ -425,7 +429,8 @@ class ReceiveMessagesRequest(_message.Message):
         this topic for this consumer group, as AckMessagesRequest.receipt_handles. The broker
         applies them, with the AckMessages code, once the request is valid and BEFORE it looks
         for messages or waits (a long poll holds no carried ack). Empty from clients that do
-        not defer acks. Needs the rights AckMessages needs.
+        not defer acks. Needs the rights AckMessages needs. At most 1024, as
+        AckMessagesRequest.receipt_handles.
         """
 
     def __init__(
@@ -489,7 +494,11 @@ class AckMessagesRequest(_message.Message):
     consumer_group: _builtins.str
     topic: _builtins.str
     @_builtins.property
-    def receipt_handles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def receipt_handles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """At most 1024 (a longer list is refused whole with INVALID_ARGUMENT naming the field,
+        before any handle is read): acknowledge more in several requests.
+        """
+
     def __init__(
         self,
         *,
