@@ -1,0 +1,107 @@
+"""The per-principal quotas' pure decisions (``services.common.auth.quota``): which names a
+principal's rights cover, counted up to the limit, and who is not counted, table-driven."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.auth.acl import ADMIN_WRITE, CHECK, CONSUMER_GROUP, PUBLISH, SUBSCRIBE, TOPIC, allows
+from services.common.auth.quota import Subject, count_covered, refuse_beyond, unlimited
+from services.common.auth.store import parse
+from txmq.errors import QuotaExceededError, ResourceExhaustedError
+
+RULES = parse([("credentials.yaml", {
+    "principals": {name: {} for name in ("alice", "bob", "ops", "wide", "staged", "plain", "exact")},
+    "acl": [
+        {"principal": "alice", "resource": "consumer_group:a.*", "actions": ["subscribe"]},
+        {"principal": "alice", "resource": "consumer_group:a.admin.*", "actions": ["admin-write"]},
+        {"principal": "alice", "resource": "consumer_group:shared", "actions": ["subscribe"]},
+        {"principal": "alice", "resource": "topic:a.*", "actions": ["publish", "subscribe"]},
+        {"principal": "alice", "resource": "producer_group:a.*", "actions": ["check"]},
+        {"principal": "bob", "resource": "consumer_group:b.*", "actions": ["subscribe"]},
+        {"principal": "bob", "resource": "consumer_group:a.*", "actions": ["admin-read"]},
+        {"principal": "ops", "resource": "cluster", "actions": ["admin-write"]},
+        {"principal": "wide", "resource": "consumer_group:*", "actions": ["subscribe"]},
+        {"principal": "staged", "namespace": "staging", "resource": "consumer_group:*", "actions": ["subscribe"]},
+        {"principal": "staged", "namespace": "staging", "resource": "cluster", "actions": ["publish"]},
+        {"principal": "plain", "namespace": "", "resource": "consumer_group:p*", "actions": ["subscribe"]},
+        {"principal": "exact", "resource": "consumer_group:e1", "actions": ["subscribe"]},
+        {"principal": "exact", "resource": "consumer_group:e2", "actions": ["subscribe"]},
+    ]})]).rules
+CONSUMERS = (SUBSCRIBE, ADMIN_WRITE)
+GROUPS = sorted((g,) for g in [
+    "a.1", "a.2", "a.admin.x", "a", "ab.1", "b.1", "b.2", "shared", "staging%x", "staging%y", "prod%x", "p1", "p2",
+    "px%p3", "e1", "e10", "e2"])
+
+
+def who(name: str) -> Subject:
+    return Subject(name, RULES)
+
+
+@pytest.mark.parametrize(("principal", "actions", "expected"), [
+    # Her prefix (not "a" itself, nor "ab.1"), her admin-write prefix inside it, her exact name.
+    ("alice", CONSUMERS, {"a.1", "a.2", "a.admin.x", "shared"}),
+    ("alice", (ADMIN_WRITE,), {"a.admin.x"}),
+    # Rights that create none (admin-read) count nothing.
+    ("bob", CONSUMERS, {"b.1", "b.2"}),
+    # A namespaced rule covers its namespace's names alone; "" the names in none.
+    ("staged", CONSUMERS, {"staging%x", "staging%y"}),
+    ("plain", CONSUMERS, {"p1", "p2"}),
+    # Exact names: e1 and e2, never e10.
+    ("exact", CONSUMERS, {"e1", "e2"}),
+])
+def test_a_principal_counts_the_names_its_creating_rights_cover(principal, actions, expected):
+    assert count_covered(who(principal), actions, CONSUMER_GROUP, GROUPS, 1000) == len(expected)
+    # The same as asking the ACL name by name.
+    assert {g for (g,) in GROUPS if any(allows(RULES, principal, a, CONSUMER_GROUP, g) for a in actions)} == expected
+
+
+def test_counting_stops_at_the_limit():
+    assert count_covered(who("alice"), CONSUMERS, CONSUMER_GROUP, GROUPS, 2) == 2
+
+
+def test_pairs_count_by_their_group():
+    pairs = sorted([("a.1", "t1"), ("a.1", "t2"), ("a.2", "t1"), ("ab.1", "t1"), ("b.1", "t1"), ("e1", "t"),
+                    ("e10", "t")])
+    assert count_covered(who("alice"), CONSUMERS, CONSUMER_GROUP, pairs, 1000) == 3
+    assert count_covered(who("exact"), CONSUMERS, CONSUMER_GROUP, pairs, 1000) == 1
+
+
+def test_system_names_are_never_counted():
+    topics = sorted([("%DLQ%staging%x",), ("%DISCARD%a.1",), ("staging%t",)])
+    assert count_covered(who("staged"), (PUBLISH,), TOPIC, topics, 1000) == 1
+
+
+@pytest.mark.parametrize(("principal", "kind", "actions", "free"), [
+    ("ops", CONSUMER_GROUP, CONSUMERS, True),     # admin-write on the cluster
+    ("ops", CONSUMER_GROUP, (SUBSCRIBE,), False),  # ... but subscribe is not among its rights
+    ("wide", CONSUMER_GROUP, CONSUMERS, True),    # consumer_group:*
+    ("wide", TOPIC, (PUBLISH,), False),
+    ("staged", TOPIC, (PUBLISH,), False),         # cluster, but in a namespace only
+    ("alice", CONSUMER_GROUP, CONSUMERS, False),
+])
+def test_who_is_not_counted(principal, kind, actions, free):
+    assert unlimited(who(principal), actions, kind) is free
+
+
+def test_the_refusal_names_the_setting_and_the_limit():
+    refuse_beyond(None, CONSUMERS, CONSUMER_GROUP, GROUPS, 1, "max_consumer_groups_per_principal", "consumer groups",
+                  "consumer group 'a.3'")  # not counted: nothing refused
+    refuse_beyond(who("wide"), CONSUMERS, CONSUMER_GROUP, GROUPS, 1, "max_consumer_groups_per_principal",
+                  "consumer groups", "consumer group 'a.3'")
+    refuse_beyond(who("alice"), CONSUMERS, CONSUMER_GROUP, GROUPS, 5, "max_consumer_groups_per_principal",
+                  "consumer groups", "consumer group 'a.3'")  # 4 of 5
+    with pytest.raises(QuotaExceededError) as caught:
+        refuse_beyond(who("alice"), CONSUMERS, CONSUMER_GROUP, GROUPS, 4, "max_consumer_groups_per_principal",
+                      "consumer groups", "consumer group 'a.3'")
+    error = caught.value
+    assert isinstance(error, ResourceExhaustedError) and not error.retryable
+    assert (error.setting, error.limit, error.principal) == ("max_consumer_groups_per_principal", 4, "alice")
+    assert "max_consumer_groups_per_principal=4" in error.message and "'a.3'" in error.message
+    # Another principal's names are never in it.
+    assert "b.1" not in error.message
+
+
+def test_producer_groups_count_by_check():
+    groups = sorted([("a.p",), ("a.q",), ("b.p",)])
+    assert count_covered(who("alice"), (CHECK,), "producer_group", groups, 10) == 2
