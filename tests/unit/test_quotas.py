@@ -1,10 +1,14 @@
 """The per-principal quotas' pure decisions (``services.common.auth.quota``): which names a
-principal's rights cover, counted up to the limit, and who is not counted, table-driven."""
+principal's rights cover, counted up to the limit; who is not counted; and the broker's
+sorted index of its consumer groups (``consumers.GroupNames``), table-driven."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from services.broker.consumers import GroupNames
 from services.common.auth.acl import ADMIN_WRITE, CHECK, CONSUMER_GROUP, PUBLISH, SUBSCRIBE, TOPIC, allows
 from services.common.auth.quota import Subject, count_covered, refuse_beyond, unlimited
 from services.common.auth.store import parse
@@ -105,3 +109,26 @@ def test_the_refusal_names_the_setting_and_the_limit():
 def test_producer_groups_count_by_check():
     groups = sorted([("a.p",), ("a.q",), ("b.p",)])
     assert count_covered(who("alice"), (CHECK,), "producer_group", groups, 10) == 2
+
+
+def test_the_broker_keeps_its_group_names_sorted_as_cursors_come_and_go():
+    names = GroupNames()
+    rng = random.Random(7)
+    names.rebuild([("g1", "t", 0), ("g1", "t", 1), ("g0", "u", 0)])
+    live: dict[tuple[str, str], int] = {("g1", "t"): 2, ("g0", "u"): 1}
+    for _ in range(2000):
+        pair = (f"g{rng.randrange(6)}", f"t{rng.randrange(3)}")
+        version = names.version
+        if rng.random() < 0.6 or not live.get(pair):
+            was_new = pair not in live
+            names.added(*pair)
+            live[pair] = live.get(pair, 0) + 1
+            assert (names.version != version) is was_new
+        else:
+            names.removed(*pair)
+            live[pair] -= 1
+            if not live[pair]:
+                del live[pair]
+        assert names.pairs == sorted(live)
+        assert names.groups == sorted({(g,) for g, _t in live})
+        assert all(names.has_pair(*p) for p in live) and all(names.has_group(g) for g, _t in live)
