@@ -14,7 +14,8 @@ import pytest
 
 from tests.support.cluster import Cluster
 from tests.support.ownership import bearer, secured_cluster
-from txmq.v1 import admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc, common_pb2
+from txmq.v1 import admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, \
+    nameserver_pb2_grpc
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -156,6 +157,34 @@ def test_producer_groups_a_tenant_makes_up_are_bounded(cluster: Cluster) -> None
     groups = _producer_groups(cluster)
     assert {"pg-0", "pg-1"} <= groups and not groups & {f"pg-{PRODUCER_GROUPS}", "pg-stream"}, groups
     _half(cluster, "txn-app", "pg-0")
+
+
+def _route(cluster: Cluster, who: str, topic: str) -> nameserver_pb2.QueryRouteResponse:
+    stub = nameserver_pb2_grpc.NameServerServiceStub(_channel(cluster.nameserver_address))
+    return stub.QueryRoute(nameserver_pb2.QueryRouteRequest(topic=topic, for_send=True), timeout=RPC_TIMEOUT,
+                           metadata=bearer(who))
+
+
+def _create(cluster: Cluster, who: str, topic: str) -> admin_pb2.CreateTopicResponse:
+    return _admin(cluster).CreateTopic(admin_pb2.CreateTopicRequest(topic=topic, queue_count=1), timeout=RPC_TIMEOUT,
+                             metadata=bearer(who))
+
+
+def test_topics_a_tenant_makes_up_are_bounded(cluster: Cluster) -> None:
+    """With a prefix right (topic:tt-*) and auto_create_topics, every route lookup of a new
+    name created a topic with queues on the brokers. Beyond the quota neither CreateTopic nor
+    an auto-creating lookup creates one; deleting one frees its place."""
+    _create(cluster, "topic-app", "tt-0")
+    assert _route(cluster, "topic-app", "tt-1").queues  # auto-created
+    _refused(lambda: _create(cluster, "topic-app", "tt-2"), "max_topics_per_principal", TOPICS)
+    _refused(lambda: _route(cluster, "topic-app", "tt-3"), "max_topics_per_principal", TOPICS)
+    listed = {t.topic for t in _admin(cluster).ListTopics(admin_pb2.ListTopicsRequest(), timeout=RPC_TIMEOUT,
+                                                          metadata=bearer("operator")).topics}
+    assert {"tt-0", "tt-1"} <= listed and not listed & {"tt-2", "tt-3"}, listed
+    assert _route(cluster, "topic-app", "tt-0").queues  # the existing ones keep working
+    _admin(cluster).DeleteTopic(admin_pb2.DeleteTopicRequest(topic="tt-0"), timeout=RPC_TIMEOUT,
+                                metadata=bearer("operator"))
+    _create(cluster, "topic-app", "tt-2")
 
 
 def _reset(cluster: Cluster, group: str, *, dry_run: bool = False) -> admin_pb2.ResetOffsetsResponse:
