@@ -1,6 +1,7 @@
 """The per-principal quotas' pure decisions (``services.common.auth.quota``): which names a
 principal's rights cover, counted up to the limit; who is not counted; and the broker's
-sorted index of its consumer groups (``consumers.GroupNames``), table-driven."""
+sorted index of its consumer groups (``consumers.GroupNames``) and its cached counts
+(``quotas.Quotas``), table-driven."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import random
 
 import pytest
 
+from services.broker.config import BrokerConfig
 from services.broker.consumers import GroupNames
+from services.broker.model import KIND_HALF
+from services.broker.quotas import Quotas
+from services.broker.store.codec import LogRecord
+from services.broker.store.db import OpWrites
 from services.common.auth.acl import ADMIN_WRITE, CHECK, CONSUMER_GROUP, PUBLISH, SUBSCRIBE, TOPIC, allows
 from services.common.auth.quota import Subject, count_covered, refuse_beyond, unlimited
 from services.common.auth.store import parse
@@ -24,6 +30,7 @@ RULES = parse([("credentials.yaml", {
         {"principal": "alice", "resource": "producer_group:a.*", "actions": ["check"]},
         {"principal": "bob", "resource": "consumer_group:b.*", "actions": ["subscribe"]},
         {"principal": "bob", "resource": "consumer_group:a.*", "actions": ["admin-read"]},
+        {"principal": "bob", "resource": "producer_group:b.*", "actions": ["check"]},
         {"principal": "ops", "resource": "cluster", "actions": ["admin-write"]},
         {"principal": "wide", "resource": "consumer_group:*", "actions": ["subscribe"]},
         {"principal": "staged", "namespace": "staging", "resource": "consumer_group:*", "actions": ["subscribe"]},
@@ -132,3 +139,47 @@ def test_the_broker_keeps_its_group_names_sorted_as_cursors_come_and_go():
         assert names.pairs == sorted(live)
         assert names.groups == sorted({(g,) for g, _t in live})
         assert all(names.has_pair(*p) for p in live) and all(names.has_group(g) for g, _t in live)
+
+
+def test_the_brokers_cached_counts_refuse_exactly_where_a_fresh_count_would():
+    """The broker caches each principal's counts and moves them on with the names it makes
+    itself; other principals' names invalidate them. Its refusals must be those of counting
+    afresh every time."""
+    config = BrokerConfig(max_consumer_groups_per_principal=4, max_subscriptions_per_principal=6,
+                          max_producer_groups_per_principal=3)
+    names, counters = GroupNames(), {}
+    quotas = Quotas(config, names, counters)
+    rng = random.Random(11)
+    subjects = [who("alice"), who("bob"), None]
+    for _ in range(3000):
+        subject = rng.choice(subjects)
+        prefix = {"alice": "a.", "bob": "b."}.get(subject.principal if subject else "", rng.choice(["a.", "b."]))
+        if rng.random() < 0.7:
+            group, topic = f"{prefix}{rng.randrange(8)}", f"t{rng.randrange(3)}"
+            fresh_groups = count_covered(subject, CONSUMERS, CONSUMER_GROUP, names.groups, 4) if subject else 0
+            fresh_pairs = count_covered(subject, CONSUMERS, CONSUMER_GROUP, names.pairs, 6) if subject else 0
+            expect_refused = subject is not None and not names.has_pair(group, topic) and (
+                (not names.has_group(group) and fresh_groups >= 4) or fresh_pairs >= 6)
+            op = quotas.subscribing(subject, group, topic, lambda w, g=group, t=topic: names.added(g, t))
+            try:
+                op(OpWrites())
+                refused = False
+            except QuotaExceededError:
+                refused = True
+            assert refused == expect_refused
+            if not refused and rng.random() < 0.2:
+                names.removed(group, topic)  # a topic deleted
+        else:
+            group = f"{prefix}p{rng.randrange(6)}"
+            fresh = count_covered(subject, (CHECK,), "producer_group", sorted((g,) for g in counters), 3) \
+                if subject else 0
+            expect_refused = subject is not None and group not in counters and fresh >= 3
+            record = LogRecord(kind=KIND_HALF, topic="t", body=b"", message_id="m", queue_id=0, stored_ms=0,
+                               producer_group=group)
+            op = quotas.producing(subject, record, lambda w, g=group: counters.setdefault(g, [0, 0]))
+            try:
+                op(OpWrites())
+                refused = False
+            except QuotaExceededError:
+                refused = True
+            assert refused == expect_refused
