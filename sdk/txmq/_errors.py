@@ -282,6 +282,20 @@ class ConnectionLimitError(ResourceExhaustedError):
                          setting=setting, limit=limit, held=held)
 
 
+class QuotaExceededError(ResourceExhaustedError):
+    """Creating ``what`` (a new consumer group, subscription, producer group or topic) would
+    make more than ``limit`` of its ``kind`` whose names the principal's rights cover on this
+    service (``setting`` names the quota). Nothing was created, and the existing ones keep
+    working: reuse a name, delete some (a topic), or have the operator raise the setting."""
+
+    reason = "QUOTA_EXCEEDED"
+
+    def __init__(self, setting: str, limit: int, principal: str, kind: str, what: str) -> None:
+        super().__init__(f"principal {principal!r} may not create {what}: its rights cover {limit} {kind} here "
+                         f"already, {setting}={limit} reached (nothing was created)",
+                         setting=setting, limit=limit, principal=principal, kind=kind, what=what)
+
+
 class UnavailableError(TxmqError):
     code = grpc.StatusCode.UNAVAILABLE
     reason = "UNAVAILABLE"

@@ -10,9 +10,12 @@ from typing import Callable
 from txmq.errors import InvalidFieldError
 from txmq.v1 import broker_pb2, common_pb2
 
+from services.common.auth.quota import relayed_subject
+
 from . import lookups, resets
 from .bridge import StoreBridge
 from .core import BrokerCore
+from .quotas import Quotas
 from .model import STATE_COMMITTED, STATE_DISCARDED, STATE_PREPARED, STATE_ROLLED_BACK
 from .store.codec import LogRecord
 
@@ -24,8 +27,10 @@ _STATES: dict[int, common_pb2.TransactionState.ValueType] = {
 }
 
 
-async def reset_group_offsets(core: BrokerCore, bridge: StoreBridge,
-                              request: broker_pb2.ResetGroupOffsetsRequest) -> broker_pb2.ResetGroupOffsetsResponse:
+async def reset_group_offsets(core: BrokerCore, bridge: StoreBridge, request: broker_pb2.ResetGroupOffsetsRequest,
+                              quotas: Quotas) -> broker_pb2.ResetGroupOffsetsResponse:
+    """A reset (or its dry run) that would give a group its first cursor in the topic here is
+    held to the quotas of the principal the name server relays it for (its ``operator``)."""
     offsets: dict[int, int] = {}
     for entry in request.offsets:
         if entry.queue_id in offsets:
@@ -35,6 +40,7 @@ async def reset_group_offsets(core: BrokerCore, bridge: StoreBridge,
                          timestamp_ms=request.timestamp_ms, offsets=offsets, shift=request.shift,
                          dry_run=request.dry_run, force=request.force, operator=request.operator,
                          reason=request.reason)
+    op = quotas.subscribing(relayed_subject(request.operator), request.consumer_group, request.topic, op)
     result: resets.ResetResult = await bridge.run(op, sync=not request.dry_run)
     if request.dry_run:
         await bridge.settled()

@@ -136,6 +136,20 @@ class BrokerConfig(ServiceConfig):
     #: Consumers (client ids, chosen by the clients) and checkers the broker remembers for
     #: that, in memory; the least recently seen that waits in no long poll is forgotten first.
     max_tracked_clients: int = count(10_000, max=1_000_000)
+    # --- per-principal quotas (docs/security.md, "One tenant's share of what tenants share") -
+    #: Consumer groups with positions on this broker whose names one principal's rights
+    #: (subscribe or admin-write) cover: a receive or offset reset making one more is refused
+    #: with RESOURCE_EXHAUSTED naming this (QUOTA_EXCEEDED); existing groups keep working. Not
+    #: counted: service identities, auth off, a principal whose right covers every group
+    #: (``cluster`` or ``consumer_group:*``). Each group holds cursors, its %DLQ% topic, series.
+    max_consumer_groups_per_principal: int = count(2_000, max=10_000_000)
+    #: (consumer group, topic) pairs with positions on this broker counted the same way (by
+    #: the group's name): each holds a cursor per queue of the topic here.
+    max_subscriptions_per_principal: int = count(20_000, max=100_000_000)
+    #: Producer groups with transactions on this broker (a counters row and metric series each,
+    #: kept for good) whose names one principal's check right covers: a half message naming one
+    #: more is refused likewise.
+    max_producer_groups_per_principal: int = count(2_000, max=10_000_000)
 
     def validate(self) -> None:
         """Rules across fields (each field's own range is declared beside it)."""

@@ -8,6 +8,7 @@ copied there (the metrics' snapshot).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass, field
 
@@ -105,9 +106,71 @@ class Position:
     retrying: int
 
 
+class GroupNames:
+    """The groups with a cursor here and their (group, topic) pairs, each as a sorted list of
+    tuples (what a per-principal quota counts: ``quotas.py``); ``version`` moves with either."""
+
+    def __init__(self) -> None:
+        self.groups: list[tuple[str]] = []
+        self.pairs: list[tuple[str, str]] = []
+        self.version = 0
+        self._queues: dict[tuple[str, str], int] = {}
+        self._pairs_of: dict[str, int] = {}
+
+    def rebuild(self, keys: "list[tuple[str, str, int]]") -> None:
+        self._queues = {}
+        for group, topic, _q in keys:
+            self._queues[(group, topic)] = self._queues.get((group, topic), 0) + 1
+        self._pairs_of = {}
+        for group, _topic in self._queues:
+            self._pairs_of[group] = self._pairs_of.get(group, 0) + 1
+        self.pairs = sorted(self._queues)
+        self.groups = sorted((g,) for g in self._pairs_of)
+        self.version += 1
+
+    def has_group(self, group: str) -> bool:
+        return group in self._pairs_of
+
+    def has_pair(self, group: str, topic: str) -> bool:
+        return (group, topic) in self._queues
+
+    def added(self, group: str, topic: str) -> None:
+        """A cursor of (group, topic) in one more queue."""
+        n = self._queues.get((group, topic), 0)
+        self._queues[(group, topic)] = n + 1
+        if n:
+            return
+        bisect.insort(self.pairs, (group, topic))
+        self.version += 1
+        pairs = self._pairs_of.get(group, 0)
+        self._pairs_of[group] = pairs + 1
+        if not pairs:
+            bisect.insort(self.groups, (group,))
+
+    def removed(self, group: str, topic: str) -> None:
+        n = self._queues.get((group, topic), 0) - 1
+        if n > 0:
+            self._queues[(group, topic)] = n
+            return
+        if n < 0:
+            return
+        del self._queues[(group, topic)]
+        del self.pairs[bisect.bisect_left(self.pairs, (group, topic))]
+        self.version += 1
+        pairs = self._pairs_of[group] - 1
+        if pairs:
+            self._pairs_of[group] = pairs
+        else:
+            del self._pairs_of[group]
+            del self.groups[bisect.bisect_left(self.groups, (group,))]
+
+
 class ConsumerGroups:
     def __init__(self) -> None:
         self.cursors: dict[tuple[str, str, int], Cursor] = {}
+        #: The groups and (group, topic) pairs of ``cursors``, sorted (kept by :meth:`add`
+        #: and :meth:`drop_topic`, the only places a key comes or goes).
+        self.names = GroupNames()
 
     def load(self, rows: list[tuple[bytes, bytes]], inflight: list[tuple[bytes, bytes]]) -> None:
         for key, value in rows:
@@ -125,6 +188,12 @@ class ConsumerGroups:
                 cursor.revoked[offset] = attempt
             else:
                 cursor.track(offset, attempt, deadline, epoch)
+        self.names.rebuild(list(self.cursors))
+
+    def add(self, group: str, topic: str, queue_id: int, cursor: Cursor) -> None:
+        """A new cursor (a group's first read of a queue)."""
+        self.cursors[(group, topic, queue_id)] = cursor
+        self.names.added(group, topic)
 
     def get(self, group: str, topic: str, queue_id: int) -> Cursor | None:
         return self.cursors.get((group, topic, queue_id))
@@ -153,6 +222,7 @@ class ConsumerGroups:
         groups = set()
         for group, t, q in [key for key in self.cursors if key[1] == topic]:
             cursor = self.cursors.pop((group, t, q))
+            self.names.removed(group, t)
             w.delete("consumers", codec.consumer_key(group, topic, q))
             for offset in {*cursor.inflight, *cursor.settled, *cursor.revoked}:
                 w.delete("inflight", codec.inflight_key(group, topic, q, offset))

@@ -92,7 +92,7 @@ class Deliveries:
         if cursor is None:
             start = self.queues.first_offset(topic, q)
             cursor = Cursor(start)
-            self.consumers.cursors[(group, topic, q)] = cursor
+            self.consumers.add(group, topic, q, cursor)
             w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(start))
         return cursor
 

@@ -15,6 +15,7 @@ from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
 from services.common.auth import current_principal, may, may_see
 from services.common.auth.acl import ADMIN_READ, CLUSTER, PRODUCER_GROUP, TOPIC
+from services.common.auth.quota import caller_subject
 from services.common.errors import OK, entry_status
 from services.common.limits import Admission, ConnectionLimit, connection_of
 
@@ -27,6 +28,7 @@ from .filters import MessageFilter, parse_filter
 from .drain import guard_send
 from .metrics import BrokerMetrics
 from .model import CheckAnswer, CheckOutcome, EndResult, ReceiveResult, Resolution, SendResult, Source, TxnState
+from .quotas import Quotas
 from .store import codec
 from .store.codec import LogRecord, TxnRow
 from .store.db import Op
@@ -159,14 +161,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         #: Claims that found nothing due, held until a check of theirs may be (``claimwaits.py``).
         self.claim_waits = ClaimWaits()
         core.schedule.on_lowered = self.claim_waits.lowered
+        self.quotas = Quotas(self.config, core.consumers.names, core.counters)
 
     # --- producing -----------------------------------------------------------------------
 
     def _send_op(self, request: broker_pb2.SendMessageRequest) -> Op:
-        return guard_send(self.core.db, self.core.name, self.core.global_send_op(
-            self.core.validate_message(record_from_proto(request.message)), begin=request.begin_global,
-            participants=list(request.global_participants), global_id=request.global_transaction_id),
-            request.message.message_id)
+        record = self.core.validate_message(record_from_proto(request.message))
+        return guard_send(self.core.db, self.core.name, self.quotas.producing(caller_subject(), record, (
+            self.core.global_send_op(record, begin=request.begin_global, participants=list(
+                request.global_participants), global_id=request.global_transaction_id))), request.message.message_id)
 
     def _send_response(self, result: SendResult) -> broker_pb2.SendMessageResponse:
         return broker_pb2.SendMessageResponse(
@@ -231,8 +234,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 receivers.wait_ends(receiver, request.topic, self.core.clock())
 
     def _receive_op(self, request: broker_pb2.ReceiveMessagesRequest, tags: MessageFilter) -> Op:
-        return self.core.receive_op(request.consumer_group, request.topic, request.queue_id, tags,
-                                    request.max_messages, request.invisible_duration_seconds)
+        return self.quotas.subscribing(caller_subject(), request.consumer_group, request.topic, self.core.receive_op(
+            request.consumer_group, request.topic, request.queue_id, tags, request.max_messages,
+            request.invisible_duration_seconds))
 
     async def _receive(self, request: broker_pb2.ReceiveMessagesRequest, tags: MessageFilter,
                        wait: float, op: Op) -> broker_pb2.ReceiveMessagesResponse:
@@ -427,7 +431,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                           for g, n in sorted(dead.items())])
 
     async def ResetGroupOffsets(self, request: broker_pb2.ResetGroupOffsetsRequest, context: Any) -> Any:
-        return await adminrpc.reset_group_offsets(self.core, self.bridge, request)
+        return await adminrpc.reset_group_offsets(self.core, self.bridge, request, self.quotas)
 
     async def LookupMessages(self, request: broker_pb2.LookupMessagesRequest, context: Any) -> Any:
         return await adminrpc.lookup_messages(self.core, self.bridge, request, message_to_proto)

@@ -32,6 +32,17 @@ DEFAULT_HOST = "127.0.0.1"
 #: ``python -m services.x`` resolves to this checkout even without an editable install.
 _SOURCE_ROOT = str(Path(__file__).resolve().parents[2])
 
+
+
+def child_pythonpath(inherited: str) -> str:
+    """A child's PYTHONPATH: this checkout first, then the parent's entries made absolute. The
+    child runs in its work directory, where a relative entry (``PYTHONPATH=sdk:.``, as the
+    tests are run) named nothing: the child then imported the ``txmq`` of whichever checkout
+    the virtualenv's editable install points at, not this one's."""
+    entries = [_SOURCE_ROOT] + [os.path.abspath(p) for p in inherited.split(os.pathsep) if p]
+    return os.pathsep.join(dict.fromkeys(entries))
+
+
 #: Processes started and not yet reaped; killed at interpreter exit as a last resort.
 _LIVE: set["ServiceProcess"] = set()
 _LIVE_LOCK = threading.Lock()
@@ -179,7 +190,7 @@ class ServiceProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
         env.update(self.env)
         env["PYTHONUNBUFFERED"] = "1"
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_SOURCE_ROOT, os.environ.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = child_pythonpath(os.environ.get("PYTHONPATH", ""))
         self._log = open(self.log_path, "ab")
         self._starts += 1
         banner = (f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {self.name} "

@@ -37,3 +37,9 @@ class NameServerConfig(ServiceConfig):
     registration_grace_seconds: float = seconds(30.0, max=HOUR)
     #: Deadline of each call the name server makes to a broker (Admin fan-out).
     broker_rpc_timeout_seconds: float = seconds(5.0, max=HOUR)
+    #: User topics the live brokers hold whose names one principal's rights (publish or
+    #: admin-write) cover: a CreateTopic or an auto-creating route lookup making one more is
+    #: refused with RESOURCE_EXHAUSTED naming this (QUOTA_EXCEEDED); existing topics keep
+    #: working, a deleted one frees its place. Not counted: service identities, auth off, a
+    #: principal whose right covers every topic (``cluster`` or ``topic:*``).
+    max_topics_per_principal: int = count(1_000, max=10_000_000)

@@ -25,7 +25,8 @@ async def create_server(config: NameServerConfig) -> tuple[ServiceApp, int]:
     calls = BrokerCalls(registry, clients, timeout_seconds=config.broker_rpc_timeout_seconds)
     topics = Topics(registry, calls, default_queue_count=config.default_queue_count,
                     auto_create_topics=config.auto_create_topics, expected_brokers=config.expected_brokers,
-                    registration_grace_seconds=config.registration_grace_seconds)
+                    registration_grace_seconds=config.registration_grace_seconds,
+                    max_topics_per_principal=config.max_topics_per_principal)
     metrics = NameServerMetrics()
     metrics.observe_registry(registry.live_broker_count, registry.live_checker_count)
     app = ServiceApp(

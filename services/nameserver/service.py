@@ -7,6 +7,7 @@ from typing import Any
 
 from services.common.auth import current_principal, may, may_see
 from services.common.auth.acl import PUBLISH, TOPIC
+from services.common.auth.quota import caller_subject
 from txmq.v1 import admin_pb2, admin_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 from .admin import Admin
@@ -88,7 +89,7 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServiceServicer):
         # Creating a missing topic (auto_create_topics) is a producer's doing: a caller that
         # may only subscribe to it is answered TOPIC_NOT_FOUND, as without the setting.
         for_send = request.for_send and may(PUBLISH, TOPIC, request.topic)
-        queues = await self.topics.route(request.topic, for_send=for_send)
+        queues = await self.topics.route(request.topic, for_send=for_send, subject=caller_subject())
         return nameserver_pb2.QueryRouteResponse(topic=request.topic, queues=[
             nameserver_pb2.QueueRoute(broker_name=q.broker_name, broker_address=q.broker_address,
                                       queue_id=q.queue_id, draining=q.draining) for q in queues],
@@ -136,7 +137,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def CreateTopic(self, request: admin_pb2.CreateTopicRequest,
                           context: Any) -> admin_pb2.CreateTopicResponse:
         creation = await self.topics.create_topic(request.topic, request.queue_count,
-                                                 fifo=request.topic_type == common_pb2.TOPIC_TYPE_FIFO)
+                                                 fifo=request.topic_type == common_pb2.TOPIC_TYPE_FIFO,
+                                                 subject=caller_subject())
         return admin_pb2.CreateTopicResponse(topic=creation.topic, brokers=broker_queues(creation.brokers))
 
     async def ExpandTopic(self, request: admin_pb2.ExpandTopicRequest,

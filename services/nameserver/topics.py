@@ -1,7 +1,11 @@
 """The Admin API's topics, and the route lookup that may create one: creating a topic's
 queues across brokers (one creation at a time), expanding it onto a shard, deleting it;
 never creating a topic that may be held by a shard not heard from (between leaders, or not
-registered again since this name server started).
+registered again since this name server started); never creating one beyond the caller's
+``max_topics_per_principal`` (``services.common.auth.quota``: the user topics the live
+brokers hold whose names its publish or admin-write rights cover — what the brokers
+register, so every name server counts the same and a restart forgets nothing once they
+registered again).
 """
 
 from __future__ import annotations
@@ -13,13 +17,19 @@ from dataclasses import dataclass
 
 from txmq.errors import (AlreadyExistsError, BrokerNotFoundError, FailedPreconditionError, InvalidFieldError,
                           NoBrokerError, NoLeaderError, TopicNotFoundError, TxmqError, UnavailableError)
-from txmq.names import validate_receive_topic, validate_send_topic
+from txmq.names import is_system_topic, validate_receive_topic, validate_send_topic
 from txmq.v1 import broker_pb2, common_pb2
+
+from services.common.auth.acl import ADMIN_WRITE, PUBLISH, TOPIC
+from services.common.auth.quota import Subject, refuse_beyond
 
 from .brokercalls import BrokerCalls
 from .registry import QueueRoute, Registry, registering, resolve_queue_count, should_auto_create
 
 log = logging.getLogger(__name__)
+
+#: The actions that create a topic (an auto-creating route lookup; CreateTopic).
+TOPIC_ACTIONS = (PUBLISH, ADMIN_WRITE)
 
 
 def _topic_type(fifo: bool) -> common_pb2.TopicType.ValueType:
@@ -35,7 +45,8 @@ class TopicCreation:
 
 class Topics:
     def __init__(self, registry: Registry, calls: BrokerCalls, *, default_queue_count: int,
-                 auto_create_topics: bool, expected_brokers: int = 0, registration_grace_seconds: float = 0.0) -> None:
+                 auto_create_topics: bool, expected_brokers: int = 0, registration_grace_seconds: float = 0.0,
+                 max_topics_per_principal: int = 1_000) -> None:
         self.registry = registry
         self.calls = calls
         self.default_queue_count = default_queue_count
@@ -48,11 +59,14 @@ class Topics:
         # One creation at a time: a second CreateTopic of the same topic sees the first's
         # queues and an auto-creating QueryRoute the route the first made.
         self._creating = asyncio.Lock()
+        self.max_topics_per_principal = max_topics_per_principal
+        #: The live brokers' topic tables and the sorted user topics they hold (rebuilt when one changes).
+        self._names: tuple[tuple[object, ...], list[tuple[str]]] = ((), [])
 
-    async def route(self, topic: str, *, for_send: bool = False) -> list[QueueRoute]:
+    async def route(self, topic: str, *, for_send: bool = False, subject: Subject | None = None) -> list[QueueRoute]:
         """QueryRoute: the topic's queues, auto-creating a user topic when configured and
-        the caller is about to send (never for a subscription). A topic only shards between
-        leaders hold is NoLeaderError (retryable), never created elsewhere."""
+        the caller is about to send (never for a subscription), within ``subject``'s quota. A
+        topic only shards between leaders hold is NoLeaderError (retryable), never created elsewhere."""
         validate_receive_topic(topic)
         queues = self.registry.route(topic)
         if queues:
@@ -68,17 +82,18 @@ class Topics:
         async with self._creating:
             queues = self.registry.route(topic)
             if not queues:
-                creation = await self._create(topic, self.default_queue_count)
+                creation = await self._create(topic, self.default_queue_count, subject=subject)
                 log.info("auto-created topic", extra={"fields": {"topic": topic, "brokers": dict(creation.brokers)}})
                 queues = self.registry.route(topic)
         return queues
 
-    async def create_topic(self, topic: str, queue_count: int, *, fifo: bool = False) -> TopicCreation:
+    async def create_topic(self, topic: str, queue_count: int, *, fifo: bool = False,
+                           subject: Subject | None = None) -> TopicCreation:
         validate_send_topic(topic)
         total = resolve_queue_count(queue_count, self.default_queue_count)
         self._refuse_unheard(topic, "create")
         async with self._creating:
-            creation = await self._create(topic, total, fifo=fifo)
+            creation = await self._create(topic, total, fifo=fifo, subject=subject)
         log.info("created topic", extra={"fields": {"topic": topic, "brokers": dict(creation.brokers),
                                                     "fifo": fifo}})
         return creation
@@ -113,9 +128,22 @@ class Topics:
         if leaderless:
             raise NoLeaderError(topic, leaderless)
 
-    async def _create(self, topic: str, total: int, *, fifo: bool = False) -> TopicCreation:
+    def _topic_names(self) -> list[tuple[str]]:
+        """The user topics the live brokers hold, sorted (what the topic quota counts)."""
+        tables = tuple(b.topics for b in self.registry.live_brokers())
+        held, names = self._names
+        if len(held) != len(tables) or any(a is not b for a, b in zip(held, tables)):
+            names = sorted((t,) for t in {t for table in tables for t in table} if not is_system_topic(t))
+            self._names = (tables, names)
+        return names
+
+    async def _create(self, topic: str, total: int, *, fifo: bool = False,
+                      subject: Subject | None = None) -> TopicCreation:
         plan = self.registry.plan_topic(topic, total)
         self._refuse_leaderless(topic)
+        if subject is not None and not self.registry.route(topic):  # a new topic: within the quota
+            refuse_beyond(subject, TOPIC_ACTIONS, TOPIC, self._topic_names(), self.max_topics_per_principal,
+                          "max_topics_per_principal", "topics", f"topic {topic!r}")
         await self.calls.retain_live()
         todo = [share for share in plan if share.missing]
         results = await asyncio.gather(

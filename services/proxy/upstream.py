@@ -16,6 +16,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import grpc
 
+from services.common.auth.delegation import on_behalf_metadata
 from services.common.channels import ChannelPool
 from txmq.errors import BrokerNotFoundError, TopicNotFoundError, TxmqError, UnavailableError, error_from_rpc
 from txmq.faults import Abandoned, FaultTable
@@ -188,8 +189,11 @@ class Upstream:
         last: TxmqError | None = None
         for stub in self._ns.values():
             try:
+                # A lookup that may create the topic is the client's (the name server counts it
+                # against that principal's max_topics_per_principal); the others are the proxy's.
                 response = await stub.QueryRoute(nameserver_pb2.QueryRouteRequest(topic=topic, for_send=for_send),
-                                                 timeout=self.config.rpc_timeout_seconds)
+                                                 timeout=self.config.rpc_timeout_seconds,
+                                                 metadata=on_behalf_metadata() if for_send else None)
             except grpc.aio.AioRpcError as exc:
                 last = error_from_rpc(exc)
                 if last.retryable:

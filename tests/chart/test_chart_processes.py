@@ -59,7 +59,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import txmq
-from services.common.process import port_is_free
+from services.common.process import child_pythonpath, port_is_free
 from tests.support.certs import CertificateAuthority, channel_credentials
 from tests.support.etcd import EtcdProcess
 from tests.support.waiting import wait_until
@@ -261,7 +261,7 @@ class LocalPods:
             cwd = self.workdir / pod.name
             cwd.mkdir(parents=True, exist_ok=True)
             env.update(pod.env)
-            env["PYTHONPATH"] = str(REPO)
+            env["PYTHONPATH"] = child_pythonpath(os.environ.get("PYTHONPATH", ""))  # this checkout's code
             pod.log_path = cwd / "container.log"
             with open(pod.log_path, "wb") as log:
                 pod.proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,

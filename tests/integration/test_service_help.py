@@ -12,10 +12,12 @@ def test_help_documents_every_field(service):
     documentation (the ``#:`` comment above it in config.py): none is left undocumented."""
     import dataclasses
     import importlib
+    import os
     import subprocess
     import sys
 
     from services.common.config import env_name, field_docs
+    from services.common.process import child_pythonpath
 
     module = importlib.import_module(f"services.{service}.config")
     cls = next(v for k, v in vars(module).items()
@@ -23,8 +25,10 @@ def test_help_documents_every_field(service):
     docs = field_docs(cls)
     undocumented = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
     assert undocumented == []
+    # No settings in its environment; the code it runs is this checkout's (its PYTHONPATH).
     shown = subprocess.run([sys.executable, "-m", f"services.{service}", "--help"], capture_output=True, text=True,
-                           env={"COLUMNS": "1000", "PATH": ""}, timeout=60)
+                           env={"COLUMNS": "1000", "PATH": "",
+                                "PYTHONPATH": child_pythonpath(os.environ.get("PYTHONPATH", ""))}, timeout=60)
     assert shown.returncode == 0, shown.stderr
     text = " ".join(shown.stdout.split())
     for field in dataclasses.fields(cls):

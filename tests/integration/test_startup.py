@@ -15,6 +15,7 @@ import pytest
 
 from services.broker.config import BrokerConfig
 from services.broker.core import BrokerCore
+from services.common.process import child_pythonpath
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +25,7 @@ def start(module: str, workdir: Path, **settings: str) -> subprocess.CompletedPr
     ports) in its environment; it is expected to refuse to start."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TXMQ_")}
     env.update({"TXMQ_HOST": "127.0.0.1", "TXMQ_PORT": "0", "TXMQ_METRICS_PORT": "0",
-                "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+                "PYTHONPATH": child_pythonpath(os.environ.get("PYTHONPATH", "")),
                 **settings})
     return subprocess.run([sys.executable, "-m", module], env=env, cwd=workdir, capture_output=True, text=True,
                           timeout=60)

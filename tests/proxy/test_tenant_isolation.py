@@ -367,3 +367,54 @@ def test_one_principal_holds_at_most_its_share_of_auto_renewed_deliveries(few_re
     finally:
         native.close()
         channel.close()
+
+
+#: rq, a RocketMQ client, may make up consumer groups rq-* and topics rt*.
+PREFIXED = [{"principal": "rq", "resource": "consumer_group:rq-*", "actions": ["subscribe"]},
+            {"principal": "rq", "resource": "topic:rt*", "actions": ["publish", "subscribe"]}]
+
+
+@pytest.fixture(scope="module")
+def small_quotas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two consumer groups per principal on the broker, two topics on the name server."""
+    with secured_cluster(tmp_path_factory.mktemp("tenant-quotas"), extra_acl=PREFIXED, extra_rmq=("rq",),
+                         auto_create_topics=True, broker_env={"TXMQ_MAX_CONSUMER_GROUPS_PER_PRINCIPAL": "2"},
+                         nameserver_env={"TXMQ_MAX_TOPICS_PER_PRINCIPAL": "2"}) as cluster:
+        cluster.create_topic("rt", queue_count=1)  # the operator's, yet rt* covers it: counted
+        yield cluster
+
+
+def test_a_proxied_client_is_held_to_its_own_quotas(small_quotas: Cluster) -> None:
+    """The proxy makes its clients' calls as its own service identity, which no quota counts.
+    The brokers count what they create for the principal the proxy acts for: rq's third new
+    consumer group is refused (TOO_MANY_REQUESTS naming the setting). And the lookup that
+    auto-creates a topic, which the proxy made as itself (so rq created topics without
+    bound), names rq to the name server: its topic beyond the quota is refused alike."""
+    channel = grpc.insecure_channel(small_quotas.proxy_addresses[0])
+    rmq = service_pb2_grpc.MessagingServiceStub(channel)
+
+    def receive(group: str) -> spb.ReceiveMessageResponse:
+        return list(rmq.ReceiveMessage(spb.ReceiveMessageRequest(
+            group=pb.Resource(name=group), message_queue=pb.MessageQueue(topic=pb.Resource(name="rt"), id=-1),
+            filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"), batch_size=1,
+            long_polling_timeout=duration_pb2.Duration(seconds=1)),
+            timeout=RPC_TIMEOUT, metadata=signed("rq", "rq-consumer")))[0]
+
+    def route(topic: str) -> spb.QueryRouteResponse:
+        return rmq.QueryRoute(spb.QueryRouteRequest(topic=pb.Resource(name=topic)), timeout=RPC_TIMEOUT,
+                              metadata=signed("rq", "rq-producer"))
+
+    try:
+        for group in ("rq-0", "rq-1"):
+            assert receive(group).status.code in (Code.OK, Code.MESSAGE_NOT_FOUND), group
+        refused = receive("rq-2").status
+        assert refused.code == Code.TOO_MANY_REQUESTS and "max_consumer_groups_per_principal=2" in refused.message, \
+            refused
+        assert receive("rq-0").status.code in (Code.OK, Code.MESSAGE_NOT_FOUND)
+
+        assert route("rt-a").status.code == Code.OK  # auto-created: rt and rt-a
+        refused = route("rt-b").status
+        assert refused.code == Code.TOO_MANY_REQUESTS and "max_topics_per_principal=2" in refused.message, refused
+        assert "rt-b" not in _topics(small_quotas)
+    finally:
+        channel.close()

@@ -88,13 +88,15 @@ def access_key_of(name: str) -> str:
 
 
 def write_credentials(workdir: Path, extra_acl: Iterable[dict[str, Any]] = (),
-                      extra_rmq: Iterable[str] = ()) -> tuple[Path, Path]:
+                      extra_rmq: Iterable[str] = (), extra_native: Iterable[str] = ()) -> tuple[Path, Path]:
     """The credential file every service reads, and the access keys only the proxy reads;
-    ``extra_rmq`` names more RocketMQ principals (an access key each), ``extra_acl`` their rules."""
+    ``extra_rmq`` names more RocketMQ principals (an access key each), ``extra_native`` more
+    native ones (a token each, ``token_of``), ``extra_acl`` their rules."""
     rmq = (*RMQ_PRINCIPALS, *extra_rmq)
     principals: dict[str, Any] = {name: {"service": True, "tokens": [hash_token(token_of(name))]}
                                   for name in SERVICES}
-    principals.update({name: {"tokens": [hash_token(token_of(name))]} for name in NATIVE_PRINCIPALS})
+    principals.update({name: {"tokens": [hash_token(token_of(name))]}
+                       for name in (*NATIVE_PRINCIPALS, *extra_native)})
     principals.update({name: {} for name in rmq})
     creds = workdir / "credentials.json"
     creds.write_text(json.dumps({"principals": principals, "acl": [*NATIVE_ACL, *RMQ_ACL, *extra_acl]}))
@@ -105,10 +107,10 @@ def write_credentials(workdir: Path, extra_acl: Iterable[dict[str, Any]] = (),
 
 
 def secured_cluster(workdir: Path, extra_acl: Iterable[dict[str, Any]] = (), extra_rmq: Iterable[str] = (),
-                    auto_create_topics: bool = False, **kwargs: Any) -> Cluster:
+                    auto_create_topics: bool = False, extra_native: Iterable[str] = (), **kwargs: Any) -> Cluster:
     """A cluster with auth on everywhere (name server, broker(s), checker, one proxy)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    creds, keys = write_credentials(workdir, extra_acl, extra_rmq)
+    creds, keys = write_credentials(workdir, extra_acl, extra_rmq, extra_native)
     env = {}
     for name in SERVICES:
         token_file = workdir / f"{name}.token"
@@ -121,7 +123,8 @@ def secured_cluster(workdir: Path, extra_acl: Iterable[dict[str, Any]] = (), ext
                    checker_env={**env["checker"], **kwargs.pop("checker_env", {})}, proxies=1,
                    proxy_env={"TXMQ_DIRECTORY_REFRESH_SECONDS": "0.5", "TXMQ_MIN_INVISIBLE_DURATION_SECONDS": "0.2",
                               **env["proxy"], **kwargs.pop("proxy_env", {})},
-                   nameserver_env={"TXMQ_AUTO_CREATE_TOPICS": str(auto_create_topics).lower(), **env["nameserver"]},
+                   nameserver_env={"TXMQ_AUTO_CREATE_TOPICS": str(auto_create_topics).lower(), **env["nameserver"],
+                                   **kwargs.pop("nameserver_env", {})},
                    token=token_of("operator"), **kwargs)
 
 

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from services.common.auth import hash_token
-from services.common.auth.delegation import ON_BEHALF_OF_HEADER, effective_principal
+from services.common.auth.delegation import (ON_BEHALF_OF_HEADER, act_for, effective_principal, on_behalf_metadata,
+                                             reset)
 from services.common.auth.ownership import Owned, decide
 from services.common.auth.store import Principal, parse
 from txmq.errors import InvalidFieldError, PermissionDeniedError, UnauthenticatedError
@@ -112,3 +113,15 @@ def test_whom_a_call_is_for(authenticated: Principal, header: str | None, outcom
     else:
         with pytest.raises(outcome):
             effective_principal(CREDENTIALS, authenticated, metadata)
+
+
+def test_a_lookup_that_may_create_a_topic_names_whom_it_is_for():
+    """The proxy's auto-creating route lookups carry the principal they are for (the name
+    server counts the topic against its quota); while it acts for itself, nothing."""
+    assert on_behalf_metadata() == []
+    token = act_for("ops team/ü")
+    try:
+        assert on_behalf_metadata() == [(ON_BEHALF_OF_HEADER, "ops%20team%2F%C3%BC")]
+    finally:
+        reset(token)
+    assert on_behalf_metadata() == []

@@ -27,7 +27,7 @@ EXPORTS = [
     "NoBrokerError", "NoLeaderError", "NotEnoughReplicasError", "NotFoundError", "NotLeaderError", "OverloadedError",
     "PermissionDeniedError", "Producer",
     "PropertiesTooLargeError", "PushConsumer",
-    "QueueNotFoundError", "ReceiptHandleNotFoundError", "ReceivedMessage",
+    "QueueNotFoundError", "QuotaExceededError", "ReceiptHandleNotFoundError", "ReceivedMessage",
     "ResourceExhaustedError", "RoutingStats", "SendReceipt", "ShardDrainingError", "ShardStats", "SimpleConsumer",
     "SqlFilter", "StaleClaimError", "SystemTopicError",
     "TLS", "TopicExistsError", "TopicNotFoundError", "TransactionListener", "TransactionMessage",

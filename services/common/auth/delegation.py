@@ -14,7 +14,10 @@ header is refused (PERMISSION_DENIED), never ignored; an unknown end principal i
 UNAUTHENTICATED. Without the header a service identity acts as itself.
 
 Name-server calls carry no header: routes and broker lists are the proxy's own directory,
-shared between the clients it serves.
+shared between the clients it serves. One exception: a route lookup that may create its
+topic (``for_send`` with ``auto_create_topics``) names the principal it is for
+(:func:`on_behalf_metadata`), so the name server holds the creation to that principal's
+topic quota, as it would its own lookup.
 """
 
 from __future__ import annotations
@@ -49,6 +52,13 @@ def reset(token: contextvars.Token[str | None]) -> None:
 
 def acting_for() -> str | None:
     return _ACTING_FOR.get()
+
+
+def on_behalf_metadata() -> list[tuple[str, str]]:
+    """The header naming :func:`acting_for`, for a call that must carry it outside
+    ``DELEGATED_PREFIXES`` (none while the task acts for the service itself)."""
+    principal = _ACTING_FOR.get()
+    return [] if principal is None else [(ON_BEHALF_OF_HEADER, urllib.parse.quote(principal, safe=""))]
 
 
 def effective_principal(credentials: Credentials, authenticated: Principal, metadata: Mapping[str, str]) -> Principal:
