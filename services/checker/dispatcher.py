@@ -137,6 +137,8 @@ class ProducerStream:
         self.closed = False
         #: Sent CheckDrain: no more checks, answers still welcome (see Dispatcher.drain).
         self.draining = False
+        #: Why the checker ended the stream (a revoked right: see Dispatcher.revoke), if it did.
+        self.refusal: TxmqError | None = None
         #: Check ids sent on this stream and not finished.
         self.checks: set[str] = set()
         self._outbox: collections.deque[Response] = collections.deque()
@@ -180,6 +182,14 @@ class ProducerStream:
         if len(self._outbox) < MAX_QUEUED_REPLIES // 2:
             self.room.set()
         return response
+
+    def withdraw(self, check_ids: set[str], reply: Response) -> None:
+        """Takes these checks out of the responses not yet written, and queues ``reply``."""
+        kept = [r for r in self._outbox if not (r.HasField("check") and r.check.check_id in check_ids)]
+        self._outbox = collections.deque(kept)
+        if len(kept) < MAX_QUEUED_REPLIES // 2:
+            self.room.set()
+        self.push(reply)
 
     def set_waiter(self, wake: Callable[[], None] | None) -> None:
         self._waiter = wake
@@ -321,10 +331,34 @@ class Dispatcher:
         log.info("producer draining", extra={"fields": {"client_id": stream.client_id, "stream": stream.id,
                                                          "answers_owed": len(stream.checks)}})
 
-    def _leave_groups(self, stream: ProducerStream) -> None:
-        """The stream serves its groups no more: no routing to it, its capacity and free
-        credit leave the groups' sums."""
-        for group in stream.groups:
+    def revoke(self, stream: ProducerStream, groups: Iterable[str], refusal: TxmqError) -> int:
+        """The stream's principal may check ``groups`` no more (a right revoked: ``standing``).
+        It serves them no more; its checks of them — queued, written, started — go back to
+        their brokers at once (UNDELIVERED: due now for the group's other producers; a started
+        one's unit of check_max stays spent, its producer had it) and their answers are
+        refused (not outstanding here); ``refusal`` is sent on it, and ends it once no group is
+        left. Returns how many checks went back."""
+        lost = set(groups).intersection(stream.groups)
+        if not lost or stream.closed:
+            return 0
+        if not stream.draining:
+            self._leave_groups(stream, lost)
+        stream.groups = tuple(g for g in stream.groups if g not in lost)
+        taken = [d for d in map(self.deliveries.__getitem__, stream.checks) if d.group in lost]
+        stream.withdraw({d.check_id for d in taken}, error_response(refusal))
+        for d in taken:
+            if d.state != LATE:
+                self._undelivered(d.broker, d.task, d.group, "revoked")
+            self._finish(d)
+        if not stream.groups:
+            stream.refusal = refusal
+            self.unsubscribe(stream)
+        return len(taken)
+
+    def _leave_groups(self, stream: ProducerStream, groups: Iterable[str] | None = None) -> None:
+        """The stream serves its groups (or ``groups`` of them) no more: no routing to it,
+        its capacity and free credit leave the groups' sums."""
+        for group in stream.groups if groups is None else groups:
             members = self.by_group.get(group)
             if members is not None:
                 members.pop(stream.id, None)
@@ -334,7 +368,8 @@ class Dispatcher:
                     del self.by_group[group]
                     self._rr.pop(group, None)
                     self.metrics.group_gone(group)
-        stream.credit = 0
+        if groups is None:
+            stream.credit = 0
         self.version += 1
 
     def grant(self, stream: ProducerStream, checks: int) -> None:

@@ -1,8 +1,8 @@
 """A right revoked by a credentials reload stops what the principal does on the calls it
 already holds open, on a real cluster with auth on (name server, broker, checker; the
-credential file rewritten while they run): a broker long poll, a broker Produce stream, a
-backup. Each test failed before the services decided held calls again (docs/security.md,
-"Revoking")."""
+credential file rewritten while they run): the checker's check stream (checks carry the half
+messages' bodies), a broker long poll, a broker Produce stream. Each test failed before the
+services decided held calls again (docs/security.md, "Revoking")."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ import txmq
 from services.common.auth import hash_token
 from tests.support.cluster import Cluster
 from tests.support.waiting import wait_until
-from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2, operations_pb2, operations_pb2_grpc
+from txmq.v1 import (admin_pb2, broker_pb2, broker_pb2_grpc, checker_pb2, checker_pb2_grpc, common_pb2,
+                     operations_pb2, operations_pb2_grpc)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -116,6 +117,146 @@ def creds(secured: tuple[Cluster, Path]) -> Iterator[Path]:
     yield secured[1]
     write_json(secured[1], credentials())
     time.sleep(3 * float(RELOAD["TXMQ_AUTH_RELOAD_SECONDS"]))
+
+
+class Unknown(txmq.TransactionListener):
+    def execute_local_transaction(self, message: Any, arg: Any) -> Any:
+        return txmq.LocalTransactionState.UNKNOWN
+
+    def check_local_transaction(self, message: Any) -> Any:
+        return txmq.LocalTransactionState.UNKNOWN
+
+
+def send_half(cluster: Cluster, group: str, body: bytes) -> str:
+    """A pending transaction of ``group`` (bob's), its first check due 0.5 s later."""
+    with txmq.TransactionProducer(cluster.nameserver_address, producer_group=group, listener=Unknown(),
+                                  answer_checks=False, token=TOKENS["bob"]) as producer:
+        return producer.send_in_transaction(txmq.Message("rv", body)).transaction_id
+
+
+def describe(cluster: Cluster, transaction_id: str) -> common_pb2.Transaction:
+    return cluster.admin_stub().DescribeTransaction(admin_pb2.DescribeTransactionRequest(
+        transaction_id=transaction_id), timeout=RPC_TIMEOUT).transaction
+
+
+class CheckStream:
+    """A producer's CheckTransactionState stream on the wire: what it sends, what it got."""
+
+    def __init__(self, cluster: Cluster, who: str, groups: list[str], tokens: dict[str, str] = TOKENS) -> None:
+        self.outbox: queue.Queue[checker_pb2.CheckTransactionStateRequest | None] = queue.Queue()
+        self.inbox: queue.Queue[checker_pb2.CheckTransactionStateResponse] = queue.Queue()
+        self.got: list[checker_pb2.CheckTransactionStateResponse] = []
+        self.ended: grpc.RpcError | None = None
+        self.done = threading.Event()
+        self.send(checker_pb2.CheckTransactionStateRequest(subscribe=checker_pb2.Subscribe(
+            producer_groups=groups, client_id=f"{who}-stream", check_credit=8)))
+        stub = checker_pb2_grpc.CheckerServiceStub(plain_channel(cluster.checkers[0].address))
+        self.call = stub.CheckTransactionState(self._requests(), metadata=bearer(who, tokens), timeout=150)
+        threading.Thread(target=self._read, daemon=True).start()
+        self.next("subscribed")
+
+    def send(self, request: checker_pb2.CheckTransactionStateRequest) -> None:
+        self.outbox.put(request)
+
+    def _requests(self) -> Iterator[checker_pb2.CheckTransactionStateRequest]:
+        while (item := self.outbox.get()) is not None:
+            yield item
+
+    def _read(self) -> None:
+        try:
+            for response in self.call:
+                self.got.append(response)
+                self.inbox.put(response)
+        except grpc.RpcError as exc:
+            self.ended = exc
+        finally:
+            self.done.set()
+
+    def next(self, kind: str, timeout: float = 15.0) -> Any:
+        while True:
+            try:
+                response = self.inbox.get(timeout=timeout)
+            except queue.Empty:
+                raise AssertionError(f"no {kind} on the stream in {timeout} s (got {self.got})") from None
+            if response.WhichOneof("command") == kind:
+                return getattr(response, kind)
+
+    def checked(self) -> list[str]:
+        """The transactions of every check the stream was sent."""
+        return [r.check.transaction_id for r in self.got if r.HasField("check")]
+
+    def end_status(self, timeout: float = 10.0) -> tuple[grpc.StatusCode, str]:
+        assert self.done.wait(timeout), f"the stream is still open after {timeout} s (got {self.got})"
+        assert self.ended is not None
+        return self.ended.code(), self.ended.details() or ""
+
+    def close(self) -> None:
+        self.outbox.put(None)
+        self.call.cancel()
+
+
+def test_a_revoked_group_leaves_an_open_check_stream(secured: tuple[Cluster, Path], creds: Path) -> None:
+    """alice's stream serves rv-a and rv-b. Her check right on rv-a is revoked: the stream is
+    told so (PERMISSION_DENIED naming rv-a), her answer to the rv-a check she holds is refused,
+    that check goes back to the broker at once with nothing spent and reaches bob (allowed),
+    and rv-a's later checks go to bob only while rv-b's still reach her. With rv-b revoked too
+    the stream ends PERMISSION_DENIED naming it. Before the fix her stream kept receiving
+    rv-a's checks — the half messages' bodies — until she subscribed again."""
+    cluster, _ = secured
+    alice = CheckStream(cluster, "alice", ["rv-a", "rv-b"])
+    bob: CheckStream | None = None
+    try:
+        held_txn = send_half(cluster, "rv-a", b"held by alice")
+        held = alice.next("check")
+        assert held.transaction_id == held_txn and held.message.body == b"held by alice"
+
+        write_json(creds, credentials(acl=without("alice", "producer_group:rv-a", "check")))
+        told = alice.next("error")
+        assert told.reason == "PERMISSION_DENIED" and "'rv-a'" in told.message, told
+        alice.send(checker_pb2.CheckTransactionStateRequest(answer=checker_pb2.CheckAnswer(
+            check_id=held.check_id, result=common_pb2.CHECK_RESULT_COMMIT)))
+        assert alice.next("error").reason == "INVALID_FIELD"  # not a check of hers any more
+        assert describe(cluster, held_txn).state == common_pb2.TRANSACTION_STATE_PREPARED
+
+        bob = CheckStream(cluster, "bob", ["rv-a"])
+        assert bob.next("check").transaction_id == held_txn  # at once: not after the 30 s timeout
+        assert describe(cluster, held_txn).checks_delivered == 0  # handed back, nothing spent
+
+        later_a = send_half(cluster, "rv-a", b"for bob only")
+        later_b = send_half(cluster, "rv-b", b"still alice's")
+        assert bob.next("check").transaction_id == later_a
+        assert alice.next("check").transaction_id == later_b
+        assert alice.checked() == [held_txn, later_b]
+
+        write_json(creds, credentials(acl=[r for r in without("alice", "producer_group:rv-a", "check")
+                                            if r["resource"] != "producer_group:rv-b"]))
+        code, details = alice.end_status()
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "'rv-b'" in details, details
+    finally:
+        alice.close()
+        if bob is not None:
+            bob.close()
+
+
+@pytest.mark.parametrize("revoked", ["token", "principal"])
+def test_a_check_stream_ends_when_its_credentials_go(secured: tuple[Cluster, Path], creds: Path,
+                                                     revoked: str) -> None:
+    """carol's token is rotated away (or carol is removed): her open check stream ends
+    UNAUTHENTICATED, and a check of her group that comes due afterwards is not sent to her.
+    Before the fix the stream, authenticated once, stayed open and was sent it."""
+    cluster, _ = secured
+    carol = CheckStream(cluster, "carol", ["rv-c"])
+    try:
+        if revoked == "token":
+            write_json(creds, credentials(tokens={**TOKENS, "carol": "a-rotated-token-0123456789abcdef"}))
+        else:
+            write_json(creds, credentials(absent=("carol",)))
+        code, details = carol.end_status()
+        assert code == grpc.StatusCode.UNAUTHENTICATED, (code, details)
+        after = send_half(cluster, "rv-c", b"not for carol")
+        assert after not in carol.checked()
+    finally:
+        carol.close()
 
 
 def _waiting(cluster: Cluster, group: str) -> bool:
