@@ -1,6 +1,7 @@
-"""Rights revoked while a call holds on, without processes: the pure decision (which groups a
-check stream loses), a held call decided again only when the credential store reloaded, and
-the checker handing back what a stream may no longer hold."""
+"""Rights revoked while a call holds on, without processes: the pure decisions (which groups a
+check stream loses, which topics a RocketMQ client may still be sent the checks of), a
+held call decided again only when the credential store reloaded, the checker handing back
+what a stream may no longer hold, and the proxy's clients decided again."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from services.checker.dispatcher import Dispatcher
 from services.checker.standing import Standing, refusal, revoked_groups
 from services.common.auth import Caller, CredentialStore, hash_token
 from services.common.auth.store import Principal, parse
+from services.proxy.clients import ClientKey, ClientRegistry, checkable
+from services.proxy.protocol import definition_pb2 as pb
 from txmq.errors import PermissionDeniedError, UnauthenticatedError
 from txmq.v1 import broker_pb2, common_pb2
 
@@ -71,6 +74,14 @@ def test_the_groups_a_stream_loses_are_those_its_principal_may_no_longer_check()
     error = refusal(alice, ("gb", "gc"))
     assert isinstance(error, PermissionDeniedError)
     assert error.message == "principal 'alice' may not check producer_group 'gb', producer_group 'gc'"
+
+
+def test_a_rocketmq_client_may_be_sent_the_checks_of_the_topics_it_may_check():
+    credentials = parse([("c", acl(("alice", "producer_group:ta", "check"), ("alice", "topic:tb", "publish")))])
+    assert checkable(credentials, "alice", ("ta", "tb")) == ("ta",)
+    assert checkable(credentials, "svc", ("ta", "tb")) == ("ta", "tb")
+    assert checkable(credentials, "gone", ("ta",)) == ()  # removed from the files
+    assert checkable(credentials, None, ("ta", "tb")) == ("ta", "tb")  # auth off
 
 
 # --------------------------------------------------------------------------- a held call
@@ -191,6 +202,40 @@ def test_a_stream_watched_after_a_reload_is_decided_at_once(tmp_path, dispatcher
     late = d.subscribe("alice-1", ["ga", "gb"], credit=1)
     standing.watch(late, caller)
     assert late.groups == ("ga",)
+
+
+# --------------------------------------------------------------------------- the proxy
+
+def test_the_proxy_decides_its_clients_check_topics_again_when_the_files_are_reloaded(tmp_path):
+    files = Files(tmp_path, acl(("alice", "producer_group:ta", "check"), ("alice", "producer_group:tb", "check")))
+    registry = ClientRegistry(60.0)
+    registry.store = files.store
+    changed: list[ClientKey] = []
+    registry.on_change.append(changed.append)
+    alice = ClientKey("alice", "client-1")
+    stream = registry.open_stream(alice, "peer-1")
+    settings = pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing(
+        topics=[pb.Resource(name="ta"), pb.Resource(name="tb")]))
+    registry.update_settings(stream, settings)  # auth off in this call: may() allows both
+    assert registry.producers() == {alice: ("ta", "tb")}
+    registry.revise()
+    assert registry.producers() == {alice: ("ta", "tb")}
+
+    files.write(acl(("alice", "producer_group:tb", "check")))
+    changed.clear()
+    registry.revise()
+    assert registry.producers() == {alice: ("tb",)} and changed == [alice]  # its subscriptions follow
+
+    def key_gone(credentials: Any) -> None:
+        raise UnauthenticatedError("signed request: access key 'AK' is not known")
+    bob = ClientKey("bob", "client-2")
+    bobs = registry.open_stream(bob, "peer-2", Caller(Principal("bob"), files.store, recheck=key_gone))
+    registry.update_settings(bobs, settings)
+    files.write(acl(("alice", "producer_group:tb", "check"), ("bob", "producer_group:ta", "check")))
+    registry.revise()
+    assert bobs.closed and isinstance(bobs.refusal, UnauthenticatedError)
+    assert registry.producers() == {alice: ("tb",)}
+    assert not stream.closed
 
 
 def test_a_revoked_stream_writes_none_of_the_checks_it_queued(dispatcher):
