@@ -40,6 +40,8 @@ from typing import Any, AsyncIterator, Callable
 from txmq.backup import MANIFEST, MANIFEST_FORMAT
 from txmq.v1 import common_pb2, operations_pb2, operations_pb2_grpc
 
+from services.common.auth import recheck
+
 from .config import BrokerConfig
 from .core import BrokerCore
 from .drain import drain_status, is_draining, set_draining_op
@@ -109,6 +111,7 @@ class OperationsServicer(operations_pb2_grpc.OperationsServiceServicer):
         total = 0
         try:
             async for name, size, data in checkpoint.chunks():
+                recheck()  # admin-read revoked during a backup: nothing more of the store
                 total += len(data)
                 yield operations_pb2.BackupStoreResponse(chunk=operations_pb2.BackupFileChunk(
                     file_name=name, file_size=size, data=data))

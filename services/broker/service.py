@@ -13,7 +13,7 @@ import grpc
 from txmq.errors import InvalidFieldError, TxmqError
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
-from services.common.auth import current_principal, may, may_see
+from services.common.auth import current_principal, may, may_see, recheck
 from services.common.auth.acl import ADMIN_READ, CLUSTER, PRODUCER_GROUP, TOPIC
 from services.common.auth.quota import caller_subject
 from services.common.errors import OK, entry_status
@@ -247,6 +247,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         deadline = loop.time() + wait
         topic = request.topic
         while True:
+            # A long poll that waited takes nothing under rights revoked meanwhile.
+            recheck()
             version = self.bridge.version(topic)
             result: ReceiveResult = await self.bridge.run(op, sync=False)
             left = deadline - loop.time()
@@ -357,6 +359,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 if until is not None and self.long_polls.available(peer) > 0:
                     with self.long_polls.hold(peer):
                         await self.claim_waits.hold(until, self.core.clock)
+                    recheck()  # a checker's identity revoked while the claim waited
                     batch = await self.bridge.run(claim())
         else:
             checks = await self.bridge.run(self.core.claim_op(request.producer_groups, request.max_checks,

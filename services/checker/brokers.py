@@ -125,7 +125,7 @@ class BrokerLink:
             # Cleared before the claim: credit granted while it runs wakes the next one.
             self._wake.clear()
             started = loop.time()
-            if self.dispatcher.total_free > 0:
+            if self.dispatcher.credit.total_free > 0:
                 try:
                     again = await self._claim()
                 except grpc.aio.AioRpcError as exc:
@@ -145,7 +145,7 @@ class BrokerLink:
         cfg = self.config
         dispatcher = self.dispatcher
         shares = max(self.shares(), 1)
-        limits = dispatcher.claim_limits(shares)
+        limits = dispatcher.credit.claim_limits(shares)
         request = broker_pb2.ClaimChecksRequest(
             max_checks=cfg.claim_batch, lease_seconds=cfg.lease_seconds, checker_id=cfg.checker_name,
             session_id=self.session_id, wait_ms=int(cfg.claim_wait_seconds * 1000),
@@ -154,7 +154,7 @@ class BrokerLink:
         if key != self._sent_key:
             self._groups_version += 1
             request.groups.extend(broker_pb2.ClaimGroup(producer_group=g, max_checks=n)
-                                  for g, n in dispatcher.claim_groups(shares).items())
+                                  for g, n in dispatcher.credit.claim_groups(shares).items())
         request.groups_version = self._groups_version
         response = await self.stub.ClaimChecks(request, timeout=cfg.rpc_timeout_seconds + cfg.claim_wait_seconds)
         if response.groups_needed:
@@ -164,10 +164,10 @@ class BrokerLink:
             self._sent_key = key
         if response.tasks:
             dispatcher.dispatch(self.name, response.tasks)
-        dispatcher.claimed(response.tasks, limits, shares)
-        if dispatcher.total_free <= 0:
+        dispatcher.credit.claimed(response.tasks, limits, shares)
+        if dispatcher.credit.total_free <= 0:
             return False
-        return response.more_due or len(response.tasks) >= cfg.claim_batch or dispatcher.backlog_has_credit()
+        return response.more_due or len(response.tasks) >= cfg.claim_batch or dispatcher.credit.backlog_has_credit()
 
     def _failed(self, what: str, error: TxmqError) -> None:
         if error.retryable:

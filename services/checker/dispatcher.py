@@ -45,6 +45,8 @@ from txmq.v1 import broker_pb2, checker_pb2, common_pb2
 
 from services.common.errors import entry_status
 
+from .credit import GroupCredit
+
 log = logging.getLogger(__name__)
 
 #: Longest IN_PROGRESS retry-after accepted (the broker caps it by the transaction's lifetime).
@@ -135,6 +137,8 @@ class ProducerStream:
         self.closed = False
         #: Sent CheckDrain: no more checks, answers still welcome (see Dispatcher.drain).
         self.draining = False
+        #: Why the checker ended the stream (a revoked right: see Dispatcher.revoke), if it did.
+        self.refusal: TxmqError | None = None
         #: Check ids sent on this stream and not finished.
         self.checks: set[str] = set()
         self._outbox: collections.deque[Response] = collections.deque()
@@ -178,6 +182,14 @@ class ProducerStream:
         if len(self._outbox) < MAX_QUEUED_REPLIES // 2:
             self.room.set()
         return response
+
+    def withdraw(self, check_ids: set[str], reply: Response) -> None:
+        """Takes these checks out of the responses not yet written, and queues ``reply``."""
+        kept = [r for r in self._outbox if not (r.HasField("check") and r.check.check_id in check_ids)]
+        self._outbox = collections.deque(kept)
+        if len(kept) < MAX_QUEUED_REPLIES // 2:
+            self.room.set()
+        self.push(reply)
 
     def set_waiter(self, wake: Callable[[], None] | None) -> None:
         self._waiter = wake
@@ -255,14 +267,8 @@ class Dispatcher:
         self.by_group: dict[str, dict[int, ProducerStream]] = {}
         self._rr: dict[str, int] = {}
         self.deliveries: dict[str, Delivery] = {}
-        #: Per group: the credit its streams announced, and what of it is free now.
-        self.capacity: dict[str, int] = {}
-        self.free: dict[str, int] = {}
-        #: Groups whose free credit is below their capacity (the claims name their limit).
-        self.short: set[str] = set()
-        #: Groups whose last claim took all it asked for (more may be due).
-        self.backlogged: set[str] = set()
-        self.total_free = 0
+        #: Per group: the credit its streams announced and what of it is free (the claims').
+        self.credit = GroupCredit(self.metrics)
         #: Grows whenever a group or a capacity changes (the claim sessions resend their list).
         self.version = 1
         self._flight: collections.Counter[str] = collections.Counter()
@@ -283,8 +289,7 @@ class Dispatcher:
             members = self.by_group.setdefault(group, {})
             members[stream.id] = stream
             self.metrics.producers(group, len(members))
-            self.capacity[group] = self.capacity.get(group, 0) + stream.capacity
-            self._move_credit(group, stream.credit)
+            self.credit.join(group, stream.capacity, stream.credit)
         self.version += 1
         log.info("producer subscribed", extra={"fields": {"client_id": client_id, "groups": list(stream.groups),
                                                            "stream": stream.id, "credit": stream.capacity,
@@ -326,25 +331,45 @@ class Dispatcher:
         log.info("producer draining", extra={"fields": {"client_id": stream.client_id, "stream": stream.id,
                                                          "answers_owed": len(stream.checks)}})
 
-    def _leave_groups(self, stream: ProducerStream) -> None:
-        """The stream serves its groups no more: no routing to it, its capacity and free
-        credit leave the groups' sums."""
-        for group in stream.groups:
+    def revoke(self, stream: ProducerStream, groups: Iterable[str], refusal: TxmqError) -> int:
+        """The stream's principal may check ``groups`` no more (a right revoked: ``standing``).
+        It serves them no more; its checks of them — queued, written, started — go back to
+        their brokers at once (UNDELIVERED: due now for the group's other producers; a started
+        one's unit of check_max stays spent, its producer had it) and their answers are
+        refused (not outstanding here); ``refusal`` is sent on it, and ends it once no group is
+        left. Returns how many checks went back."""
+        lost = set(groups).intersection(stream.groups)
+        if not lost or stream.closed:
+            return 0
+        if not stream.draining:
+            self._leave_groups(stream, lost)
+        stream.groups = tuple(g for g in stream.groups if g not in lost)
+        taken = [d for d in map(self.deliveries.__getitem__, stream.checks) if d.group in lost]
+        stream.withdraw({d.check_id for d in taken}, error_response(refusal))
+        for d in taken:
+            if d.state != LATE:
+                self._undelivered(d.broker, d.task, d.group, "revoked")
+            self._finish(d)
+        if not stream.groups:
+            stream.refusal = refusal
+            self.unsubscribe(stream)
+        return len(taken)
+
+    def _leave_groups(self, stream: ProducerStream, groups: Iterable[str] | None = None) -> None:
+        """The stream serves its groups (or ``groups`` of them) no more: no routing to it,
+        its capacity and free credit leave the groups' sums."""
+        for group in stream.groups if groups is None else groups:
             members = self.by_group.get(group)
             if members is not None:
                 members.pop(stream.id, None)
                 self.metrics.producers(group, len(members))
-                self.capacity[group] -= stream.capacity
-                self._move_credit(group, -stream.credit)
+                self.credit.leave(group, stream.capacity, stream.credit, last=not members)
                 if not members:
                     del self.by_group[group]
                     self._rr.pop(group, None)
-                    self.capacity.pop(group, None)
-                    self.free.pop(group, None)
-                    self.short.discard(group)
-                    self.backlogged.discard(group)
                     self.metrics.group_gone(group)
-        stream.credit = 0
+        if groups is None:
+            stream.credit = 0
         self.version += 1
 
     def grant(self, stream: ProducerStream, checks: int) -> None:
@@ -360,63 +385,13 @@ class Dispatcher:
         if checks <= 0:
             return
         stream.credit += checks
-        wake = False
-        for group in stream.groups:
-            before = self.free.get(group, 0)
-            self._move_credit(group, checks)
-            threshold = self._threshold(group)
-            wake = wake or before < threshold <= self.free[group]
-        if wake:
+        # Every group's credit moves (no short-circuit); a claim is worth it for one of them.
+        if any([self.credit.move(group, checks) for group in stream.groups]):
             self._wake()
-
-    def _move_credit(self, group: str, delta: int) -> None:
-        free = self.free.get(group, 0) + delta
-        self.free[group] = free
-        self.total_free += delta
-        if free < self.capacity.get(group, 0):
-            self.short.add(group)
-        else:
-            self.short.discard(group)
-        self.metrics.credit(group, free)
 
     def _wake(self) -> None:
         for wake in self.on_groups_changed:
             wake()
-
-    def claimable_groups(self) -> list[str]:
-        """Groups with free credit now."""
-        return sorted(g for g, free in self.free.items() if free > 0)
-
-    def claim_groups(self, shares: int = 1) -> dict[str, int]:
-        """Every group served, with its capacity split between ``shares`` claimers (brokers)."""
-        return {g: -(-c // shares) for g, c in self.capacity.items() if c > 0}
-
-    def claim_limits(self, shares: int = 1) -> dict[str, int]:
-        """The groups whose free credit is below their capacity, with that free credit split
-        between ``shares`` claimers: what one claim may take of them."""
-        return {g: -(-max(self.free.get(g, 0), 0) // shares) for g in self.short}
-
-    def claimed(self, tasks: Sequence[broker_pb2.CheckTask], limits: dict[str, int], shares: int = 1) -> None:
-        """After a claim: a group that got as many checks as it asked for may have more due
-        (``backlogged``); one that got fewer has none left."""
-        counts = collections.Counter(t.message.producer_group for t in tasks)
-        for group in list(self.backlogged):
-            if counts[group] == 0:
-                self.backlogged.discard(group)
-        for group, count in counts.items():
-            limit = limits.get(group, -(-self.capacity.get(group, 0) // shares))
-            if count >= limit:
-                self.backlogged.add(group)
-            else:
-                self.backlogged.discard(group)
-
-    def backlog_has_credit(self) -> bool:
-        """A backlogged group has enough free credit for another claim now."""
-        return any(self.free.get(g, 0) >= self._threshold(g) for g in self.backlogged)
-
-    def _threshold(self, group: str) -> int:
-        """Free credit that makes a claim for the group worth it: half its capacity."""
-        return max(1, self.capacity.get(group, 0) // 2)
 
     # --- dispatch ------------------------------------------------------------------------
 
@@ -438,7 +413,7 @@ class Dispatcher:
             for stream in route_order(members, lambda s: s.client_id, task.message.producer_client_id, start):
                 if stream.offer_check(request):
                     for g in stream.groups:
-                        self._move_credit(g, -1)
+                        self.credit.move(g, -1)
                     delivery = Delivery(check_id, broker, task, group, stream, deadline=now + self.answer_timeout)
                     self.deliveries[check_id] = delivery
                     self._flight_change(delivery, +1)

@@ -14,7 +14,7 @@ from services.common.metrics import BaseMetrics
 from .dispatcher import REFUSED_REASONS
 
 #: Results only a check claimed from a broker is counted with (the dispatcher's).
-_CLAIMED = frozenset({"delivered", "undelivered", "timeout"})
+_CLAIMED = frozenset({"delivered", "undelivered", "timeout", "revoked"})
 #: Check lag buckets, seconds: sub-second resolution where the target (p99 ≤ 1 s) lies.
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -28,7 +28,8 @@ class CheckerMetrics(BaseMetrics):
         self.checks = Counter(
             "txmq_checks_total", "Checks by producer group and result: delivered (started by a producer), "
             "commit, rollback, unknown, in_progress (answers), undelivered (no live producer took it), "
-            "timeout (not started or not answered in answer_timeout_seconds)",
+            "timeout (not started or not answered in answer_timeout_seconds), revoked (handed back: the "
+            "stream's principal lost its check right on the group)",
             ["group", "result"], registry=self.registry)
         self.producers_connected = Gauge(
             "txmq_producers_connected", "Producer streams subscribed, by producer group", ["group"],

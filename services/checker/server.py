@@ -57,6 +57,7 @@ async def create_server(config: CheckerConfig) -> tuple[ServiceApp, int]:
             nameserver_pb2.UnregisterCheckerRequest(name=config.checker_name)))
     async def sweep() -> None:
         dispatcher.expire()
+        servicer.standing.revise()  # a revoked check right ends the streams it opened, idle or not
 
     async def start() -> None:
         await directory.start()

@@ -23,6 +23,11 @@ The protocol on one stream:
    handed back to the broker at once (UNDELIVERED, nothing spent). A producer leaving
    while it still owes answers sends ``CheckDrain`` first: no more checks, unstarted ones
    handed back at once, the stream open for the answers it owes until it half-closes.
+5. A right revoked while the stream is open (the credential files reloaded) takes effect on
+   it within a sweep (``standing``): a group the principal may no longer check leaves the
+   stream (an ``error`` PERMISSION_DENIED naming it; its checks go back to the broker, its
+   answers are refused), and the stream ends PERMISSION_DENIED once no group is left, or
+   UNAUTHENTICATED once its credentials name its principal no more.
 """
 
 from __future__ import annotations
@@ -35,10 +40,11 @@ from txmq.errors import InvalidFieldError, TxmqError
 from txmq.names import validate_group
 from txmq.v1 import checker_pb2, checker_pb2_grpc
 
-from services.common.auth import current_principal
+from services.common.auth import CALLER, current_principal
 from services.common.limits import ConnectionLimit, connection_of
 
 from .dispatcher import Dispatcher, ProducerStream
+from .standing import Standing
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +82,8 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
         self.max_groups = max_groups_per_stream
         #: The credit (checks owed) of one connection's streams together.
         self.pending = ConnectionLimit("max_pending_checks_per_connection", max_pending_checks_per_connection)
+        #: What each stream's principal may still check, after a credentials reload.
+        self.standing = Standing(dispatcher)
 
     # A grpc.aio stream answered through context.write(): the generated base declares only
     # handlers that return an iterator.
@@ -91,9 +99,12 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
         peer = connection_of(context, verified=current_principal() is not None)
         owed = min(credit or self.dispatcher.default_credit, self.dispatcher.queue_size)
         self.pending.take(peer, owed)
+        stream = self.dispatcher.subscribe(client_id, groups, credit)
+        self.standing.watch(stream, CALLER.get())
         try:
-            await self._serve(requests, context, self.dispatcher.subscribe(client_id, groups, credit), groups)
+            await self._serve(requests, context, stream, groups)
         finally:
+            self.standing.forget(stream)
             self.pending.give_back(peer, owed)
 
     async def _serve(self, requests: AsyncIterator[checker_pb2.CheckTransactionStateRequest], context: Any,
@@ -105,6 +116,7 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
             await context.write(checker_pb2.CheckTransactionStateResponse(subscribed=checker_pb2.Subscribed(
                 checker_name=self.dispatcher.checker_name, producer_groups=groups)))
             while True:
+                self.standing.revise()  # nothing written under rules since revoked
                 response = stream.pop()
                 if response is None:
                     if stream.closed:
@@ -114,9 +126,12 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
                     continue
                 await context.write(response)
             # A request that did not decode (or carried a bad number) ends the stream with
-            # its status (INVALID_ARGUMENT).
+            # its status (INVALID_ARGUMENT); a revoked right with PERMISSION_DENIED or
+            # UNAUTHENTICATED.
             if reader.done() and not reader.cancelled() and (refused := reader.result()) is not None:
                 raise refused
+            if stream.refusal is not None:
+                raise stream.refusal
         finally:
             reader.cancel()
             self.dispatcher.unsubscribe(stream)
@@ -143,6 +158,7 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
     def _handle(self, request: checker_pb2.CheckTransactionStateRequest, stream: ProducerStream) -> None:
         kind = request.WhichOneof("command")
         check_id = ""
+        self.standing.revise()  # an answer for a group no longer allowed is not outstanding here
         try:
             if kind == "received":
                 check_id = request.received.check_id

@@ -228,6 +228,7 @@ class CheckManager:
         while True:
             await wait_event(self._wake, sweep)
             self._wake.clear()
+            self.registry.revise()  # rights revoked since: the clients' topics first
             dirty, self._dirty = self._dirty, set()
             for client in dirty:
                 await self._sync(client)

@@ -15,6 +15,12 @@ Writes to a stream never block the caller: each stream has an outbox its writer 
 item may carry callbacks run as its write starts (from then on the client may have it, even if
 the write's completion is never seen: the client can cancel the stream meanwhile) and once it
 was written (a check counts as received then).
+
+A client's check topics are those of its Settings it may ``check`` (the producer group of a
+RocketMQ producer is its topic), decided at each Settings and again whenever the credential
+files are reloaded (:meth:`ClientRegistry.revise`): a revoked right takes the topic's checks
+away from the clients already connected (their check subscriptions follow), and a stream whose
+credentials no longer name its principal (an access key removed) ends UNAUTHENTICATED.
 """
 
 from __future__ import annotations
@@ -26,8 +32,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, TypeAlias
 
-from services.common.auth import may
-from services.common.auth.acl import CHECK, PRODUCER_GROUP
+from txmq.errors import PermissionDeniedError, TxmqError, UnauthenticatedError
+
+from services.common.auth import Caller, CredentialStore, may
+from services.common.auth.acl import CHECK, PRODUCER_GROUP, allows
+from services.common.auth.store import Credentials
 
 from .convert import publishing_topics
 from .protocol import definition_pb2, service_pb2
@@ -51,13 +60,29 @@ class ClientKey(NamedTuple):
     client_id: str
 
 
+def checkable(credentials: Credentials, principal: str | None, topics: tuple[str, ...]) -> tuple[str, ...]:
+    """The topics of ``topics`` whose checks ``principal`` may be sent under ``credentials``
+    (its producer group is the topic; None: auth off, all of them)."""
+    if principal is None:
+        return topics
+    known = credentials.principals.get(principal)
+    if known is None:
+        return ()
+    return topics if known.service else tuple(t for t in topics if allows(
+        credentials.rules, principal, CHECK, PRODUCER_GROUP, t))
+
+
 class TelemetryStream:
-    def __init__(self, stream_id: int, key: ClientKey, peer: str = "") -> None:
+    def __init__(self, stream_id: int, key: ClientKey, peer: str = "", caller: Caller | None = None) -> None:
         self.id = stream_id
         self.key = key
         self.client_id = key.client_id
         #: The client's connection (gRPC peer): limits per connection count against it.
         self.peer = peer
+        #: Who opened it (None: auth off), decided again when the credentials are reloaded.
+        self.caller = caller
+        #: Why the proxy ended it (its credentials revoked), if it did.
+        self.refusal: TxmqError | None = None
         self.closed = False
         self._outbox: asyncio.Queue[Outgoing | None] = asyncio.Queue()
 
@@ -89,6 +114,8 @@ class ClientState:
     # Not its Settings: a client's last Settings (megabytes, if it likes) was kept for
     # client_idle_expiry_seconds after it left, per client id it chose; only these are read.
     topics: tuple[str, ...] = ()
+    #: The topics its last Settings published (``topics``: those it may check).
+    published: tuple[str, ...] = ()
     client_type: int = 0
     streams: dict[int, TelemetryStream] = field(default_factory=dict)
     #: Monotonic time the last stream ended (None while one is open).
@@ -101,6 +128,9 @@ class ClientRegistry:
         self.monotonic = monotonic
         self.clients: dict[ClientKey, ClientState] = {}
         self._ids = itertools.count(1)
+        #: The credential store (None: auth off), and the snapshot ``revise`` last decided under.
+        self.store: CredentialStore | None = None
+        self._seen: Credentials | None = None
         #: Called with a client when its live streams or published topics change.
         self.on_change: list[Callable[[ClientKey], None]] = []
         #: Called with a client when it went away from this replica: its last Telemetry
@@ -111,9 +141,9 @@ class ClientRegistry:
         for notify in self.on_change:
             notify(key)
 
-    def open_stream(self, key: ClientKey, peer: str = "") -> TelemetryStream:
+    def open_stream(self, key: ClientKey, peer: str = "", caller: Caller | None = None) -> TelemetryStream:
         state = self.clients.setdefault(key, ClientState(key))
-        stream = TelemetryStream(next(self._ids), key, peer)
+        stream = TelemetryStream(next(self._ids), key, peer, caller)
         state.streams[stream.id] = stream
         state.idle_since = None
         if len(state.streams) == 1:
@@ -123,13 +153,37 @@ class ClientRegistry:
     def update_settings(self, stream: TelemetryStream, settings: definition_pb2.Settings) -> None:
         state = self.clients.setdefault(stream.key, ClientState(stream.key))
         # Checks (with their half messages) only for the topics the client may answer for.
-        topics = tuple(t for t in publishing_topics(settings) if may(CHECK, PRODUCER_GROUP, t))
-        changed = topics != state.topics
+        state.published = publishing_topics(settings)
         state.client_type = settings.client_type
-        state.topics = topics
-        if changed:
-            log.info("producer topics", extra={"fields": {"client_id": stream.client_id, "topics": list(topics)}})
-            self._changed(stream.key)
+        self._set_topics(state, tuple(t for t in state.published if may(CHECK, PRODUCER_GROUP, t)))
+
+    def _set_topics(self, state: ClientState, topics: tuple[str, ...]) -> None:
+        if topics != state.topics:
+            state.topics = topics
+            log.info("producer topics", extra={"fields": {"client_id": state.key.client_id, "topics": list(topics)}})
+            self._changed(state.key)
+
+    def revise(self) -> None:
+        """Once the credential files were reloaded: each stream's credentials are decided
+        again (one that names its principal no more ends with the refusal), and each
+        client's check topics (a topic its principal may no longer check leaves them)."""
+        if self.store is None:
+            return
+        credentials = self.store.current()
+        if credentials is self._seen:
+            return
+        self._seen = credentials
+        for state in list(self.clients.values()):
+            for stream in list(state.streams.values()):
+                try:
+                    if stream.caller is not None:
+                        stream.caller.current()
+                except (UnauthenticatedError, PermissionDeniedError) as error:
+                    log.warning("telemetry stream ended: credentials revoked", extra={"fields": {
+                        "client_id": stream.client_id, "error": error.message}})
+                    stream.refusal = error
+                    self.close_stream(stream)
+            self._set_topics(state, checkable(credentials, state.key.principal, state.published))
 
     def close_stream(self, stream: TelemetryStream) -> None:
         stream.close()
@@ -147,7 +201,7 @@ class ClientRegistry:
         checks are no longer routed here (streams still open may stay for the rest)."""
         state = self.clients.get(key)
         if state is not None and state.topics:
-            state.topics = ()
+            state.topics = state.published = ()
             self._changed(key)
         for notify in self.on_gone:
             notify(key)

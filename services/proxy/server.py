@@ -52,6 +52,8 @@ async def create_server(config: ProxyConfig) -> tuple[ServiceApp, int]:
                      in_band=refusal_in_band, auth_options=AUTH_OPTIONS,
                      interceptors=[NamespaceInterceptor()])
     servicer.bound_port = app.port  # routes fall back to it when a client names no access point
+    # Clients' check topics and streams are decided again when the credentials are reloaded.
+    registry.store = app.auth.store if app.auth is not None else None
     app.servicer = servicer  # type: ignore[attr-defined]  # tests and tools reach the domain
 
     async def start() -> None:

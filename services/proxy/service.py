@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Callable
 from txmq.errors import TxmqError
 from txmq.v1 import common_pb2
 
-from services.common.auth import current_principal, may
+from services.common.auth import CALLER, current_principal, may, recheck
 from services.common.auth.acl import PUBLISH, TOPIC
 from services.common.limits import ConnectionLimit
 
@@ -255,6 +255,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     group=group, topic=topic, broker=queue.broker.name, filter_expression=expression, sql=sql,
                     max_messages=batch, invisible_seconds=invisible, wait_seconds=wait,
                     client_id=client_id_of(context))
+                recheck()  # its access key removed during the long poll: none of them written
         except Exception as exc:  # noqa: BLE001 - answered in band
             await context.write(_failed(spb.ReceiveMessageResponse, exc, "ReceiveMessage"))
             return
@@ -368,7 +369,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await context.write(spb.TelemetryCommand(status=pb.Status(
                 code=Code.CLIENT_ID_REQUIRED, message=f"the {CLIENT_ID_HEADER} header is required")))
             return
-        stream = self.registry.open_stream(client, context.peer())
+        stream = self.registry.open_stream(client, context.peer(), CALLER.get())
         reader = asyncio.ensure_future(self._read_telemetry(request_iterator, stream))
         try:
             while True:
@@ -376,6 +377,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 if item is None:
                     break
                 command, on_writing, on_written = item
+                recheck()  # its credentials revoked: it ends UNAUTHENTICATED, this unwritten
                 if on_writing is not None:
                     on_writing()
                 await context.write(command)
@@ -384,6 +386,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             # A command that did not decode ends the stream with its status (INVALID_ARGUMENT).
             if reader.done() and not reader.cancelled() and (refused := reader.result()) is not None:
                 raise refused
+            if stream.refusal is not None:
+                raise stream.refusal
         finally:
             reader.cancel()
             self.registry.close_stream(stream)

@@ -127,10 +127,10 @@ def test_a_stream_out_of_credit_is_skipped_and_no_credit_anywhere_is_undelivered
     fast = d.subscribe("fast", ["g"])
     d.dispatch("broker-0", [task("T3", client="slow")])
     assert [c.transaction_id for c in sent_checks(fast)] == ["T3"]
-    assert d.claimable_groups() == ["g"] and d.free["g"] == 1  # fast has one more
+    assert d.credit.claimable_groups() == ["g"] and d.credit.free["g"] == 1  # fast has one more
     d.dispatch("broker-0", [task("T4"), task("T5"), task("T6")])  # fast takes 1, nobody the others
     assert reports.outcomes() == [("T5", UNDELIVERED), ("T6", UNDELIVERED)]
-    assert len(sent_checks(slow)) == 2 and d.claimable_groups() == []
+    assert len(sent_checks(slow)) == 2 and d.credit.claimable_groups() == []
 
 
 def test_no_stream_for_the_group_is_undelivered_at_once(env):
@@ -139,7 +139,7 @@ def test_no_stream_for_the_group_is_undelivered_at_once(env):
     d.dispatch("broker-0", [task("T1", group="g")])
     assert reports.outcomes() == [("T1", UNDELIVERED)]
     assert ("g", "undelivered") in metrics.results
-    assert d.claimable_groups() == ["other"]
+    assert d.credit.claimable_groups() == ["other"]
 
 
 def test_a_stream_serving_two_groups_gets_the_checks_of_both(env):
@@ -238,8 +238,8 @@ def test_a_stream_that_ends_hands_back_unacknowledged_checks_only(env):
     d.received(s, first.check_id)
     d.unsubscribe(s)
     assert reports.outcomes() == [("T1", DELIVERED), ("T2", UNDELIVERED)]
-    assert d.deliveries == {} and metrics.connected == {"g": 0} and d.claimable_groups() == []
-    assert d.total_free == 0 and d.capacity == {}
+    assert d.deliveries == {} and metrics.connected == {"g": 0} and d.credit.claimable_groups() == []
+    assert d.credit.total_free == 0 and d.credit.capacity == {}
     d.unsubscribe(s)  # idempotent
     assert len(reports.sent) == 2
 
@@ -255,9 +255,9 @@ def test_a_draining_stream_gets_no_checks_hands_back_unstarted_ones_and_still_an
     d.drain(leaving)
     # The unstarted check goes back at once; the group's capacity is the other stream's.
     assert reports.outcomes() == [("T1", DELIVERED), ("T2", UNDELIVERED)]
-    assert metrics.connected == {"g": 1} and d.capacity == {"g": 3} and d.free == {"g": 3}
+    assert metrics.connected == {"g": 1} and d.credit.capacity == {"g": 3} and d.credit.free == {"g": 3}
     d.grant(leaving, 2)  # ignored: it takes no more checks
-    assert d.free == {"g": 3}
+    assert d.credit.free == {"g": 3}
     d.dispatch("broker-0", [task("T3", client="a")])
     assert sent_checks(leaving) == [] and [c.transaction_id for c in sent_checks(staying)] == ["T3"]
     # The answer it owed still counts as the answer to its check.
@@ -266,7 +266,7 @@ def test_a_draining_stream_gets_no_checks_hands_back_unstarted_ones_and_still_an
     assert set(d.deliveries) == staying.checks and metrics.late == []
     d.drain(leaving)  # idempotent
     d.unsubscribe(leaving)
-    assert d.capacity == {"g": 3} and d.free == {"g": 2} and d.total_free == 2 and metrics.connected == {"g": 1}
+    assert d.credit.capacity == {"g": 3} and d.credit.free == {"g": 2} and d.credit.total_free == 2 and metrics.connected == {"g": 1}
 
 
 def test_timeouts(env):
@@ -302,27 +302,27 @@ def test_a_stream_gets_no_more_than_its_credit_and_credit_comes_from_the_produce
     d, reports, clock, _ = env
     d.queue_size = 100
     s = d.subscribe("a", ["g"], credit=3)
-    assert d.claim_groups() == {"g": 3} and d.claim_limits() == {}  # idle: the capacity
+    assert d.credit.claim_groups() == {"g": 3} and d.credit.claim_limits() == {}  # idle: the capacity
     d.dispatch("broker-0", [task(f"T{i}") for i in range(5)])
     checks = sent_checks(s)
     assert len(checks) == 3 and reports.outcomes() == [("T3", UNDELIVERED), ("T4", UNDELIVERED)]
-    assert d.claim_limits() == {"g": 0} and d.claim_limits(2) == {"g": 0}
+    assert d.credit.claim_limits() == {"g": 0} and d.credit.claim_limits(2) == {"g": 0}
     # Answering gives nothing back by itself; the producer's credit does.
     d.answered(s, checks[0].check_id, common_pb2.CHECK_RESULT_COMMIT, 0)
-    assert d.free["g"] == 0
+    assert d.credit.free["g"] == 0
     d.grant(s, 1)
-    assert d.claim_limits() == {"g": 1}
+    assert d.credit.claim_limits() == {"g": 1}
     with pytest.raises(InvalidFieldError):
         d.grant(s, 0)
     # A check the producer never starts is handed back after the answer timeout; its
     # credit stays spent (the producer still holds it) — a stuck producer gets no more.
     clock.now += 1.01
     d.expire()
-    assert reports.outcomes()[-2:] == [("T1", UNDELIVERED), ("T2", UNDELIVERED)] and d.free["g"] == 1
+    assert reports.outcomes()[-2:] == [("T1", UNDELIVERED), ("T2", UNDELIVERED)] and d.credit.free["g"] == 1
     # Capacities are split between brokers, and a new stream changes the claim version.
     version = d.version
     d.subscribe("b", ["g"], credit=4)
-    assert d.version > version and d.claim_groups(2) == {"g": 4} and d.claim_limits(2) == {"g": 3}
+    assert d.version > version and d.credit.claim_groups(2) == {"g": 4} and d.credit.claim_limits(2) == {"g": 3}
 
 
 def test_a_group_that_got_its_whole_limit_is_claimed_again_once_it_has_credit(env):
@@ -332,15 +332,15 @@ def test_a_group_that_got_its_whole_limit_is_claimed_again_once_it_has_credit(en
     d.subscribe("b", ["h"], credit=4)
     tasks = [task(f"T{i}") for i in range(4)] + [task("U1", group="h")]
     d.dispatch("broker-0", tasks)
-    d.claimed(tasks, {})  # g got all 4 it could take (more may be due), h only 1 of 4
-    assert d.backlogged == {"g"}
-    assert not d.backlog_has_credit()  # g has no credit left
+    d.credit.claimed(tasks, {})  # g got all 4 it could take (more may be due), h only 1 of 4
+    assert d.credit.backlogged == {"g"}
+    assert not d.credit.backlog_has_credit()  # g has no credit left
     d.grant(s, 1)
-    assert not d.backlog_has_credit()  # less than half its capacity: not worth a claim yet
+    assert not d.credit.backlog_has_credit()  # less than half its capacity: not worth a claim yet
     d.grant(s, 1)
-    assert d.backlog_has_credit()
-    d.claimed([], {"g": 2})  # the next claim found nothing more
-    assert d.backlogged == set() and not d.backlog_has_credit()
+    assert d.credit.backlog_has_credit()
+    d.credit.claimed([], {"g": 2})  # the next claim found nothing more
+    assert d.credit.backlogged == set() and not d.credit.backlog_has_credit()
 
 
 def test_a_stream_without_flow_control_gets_the_default_credit_back_as_checks_end(env):
@@ -350,10 +350,10 @@ def test_a_stream_without_flow_control_gets_the_default_credit_back_as_checks_en
     first, second = sent_checks(s)
     assert reports.outcomes() == [("T3", UNDELIVERED)]
     d.answered(s, first.check_id, common_pb2.CHECK_RESULT_COMMIT, 0)
-    assert d.free["g"] == 1
+    assert d.credit.free["g"] == 1
     clock.now += 1.01
     d.expire()  # never started: handed back, and its credit with it
-    assert d.free["g"] == 2
+    assert d.credit.free["g"] == 2
 
 
 def test_a_late_answer_naming_its_transaction_goes_to_the_broker_without_a_claim(env):

@@ -11,14 +11,15 @@ from typing import Any, Mapping
 from ..errors import StartupError
 from .client import TokenFile, bearer_interceptors
 from .delegation import ON_BEHALF_OF_HEADER, act_for, acting_for, on_behalf_interceptors
-from .interceptor import CALLER, AuthInterceptor, Refuse, current_principal, may, may_see
+from .interceptor import CALLER, AuthInterceptor, Caller, Refuse, current_principal, may, may_see, recheck
 from .ownership import Resolve
 from .policy import NATIVE, Policy
 from .store import CredentialsError, CredentialStore, hash_token
 
-__all__ = ["CALLER", "AuthInterceptor", "CredentialStore", "CredentialsError", "NATIVE", "ON_BEHALF_OF_HEADER",
-           "Policy", "TokenFile", "act_for", "acting_for", "bearer_interceptors", "current_principal", "hash_token",
-           "may", "may_see", "on_behalf_interceptors", "server_interceptor", "service_credentials"]
+__all__ = ["CALLER", "AuthInterceptor", "Caller", "CredentialStore", "CredentialsError", "NATIVE",
+           "ON_BEHALF_OF_HEADER", "Policy", "TokenFile", "act_for", "acting_for", "bearer_interceptors",
+           "current_principal", "hash_token", "may", "may_see", "on_behalf_interceptors", "recheck",
+           "server_interceptor", "service_credentials"]
 
 
 def server_interceptor(config: Any, policies: Mapping[str, Policy] | None = None,

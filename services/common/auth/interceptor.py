@@ -32,16 +32,39 @@ from .store import AccessKey, CredentialStore, Credentials, Principal
 
 log = logging.getLogger(__name__)
 
+#: Decides a call again under a reloaded snapshot (raises the refusal).
+Recheck = Callable[[Credentials], None]
+
+
 class Caller:
-    """Who the call being served is for, and the store that said so."""
+    """Who the call being served is for, the store that said so, and the snapshot of its
+    files it was last decided under: a call that holds on (a stream, a long poll) is decided
+    again when they are reloaded (:meth:`current`), so a revoked credential or right stops it."""
 
-    __slots__ = ("principal", "store")
+    __slots__ = ("principal", "store", "credentials", "_recheck")
 
-    def __init__(self, principal: Principal, store: CredentialStore) -> None:
+    def __init__(self, principal: Principal, store: CredentialStore, credentials: Credentials | None = None,
+                 recheck: Recheck | None = None) -> None:
         #: The principal the call is decided for: the one authenticated, or the end
         #: principal a service identity acts for (``delegation``).
         self.principal = principal
         self.store = store
+        self.credentials = credentials if credentials is not None else store.current()
+        self._recheck = recheck
+
+    def current(self) -> Credentials:
+        """The store's current snapshot, the call decided again first if it is not the one
+        the call was last decided under: the credentials the call came with must still name
+        its principal (UnauthenticatedError: a token, certificate name or access key removed,
+        the principal gone or no longer a service identity), and a call of one request must
+        still be allowed it (PermissionDeniedError). While nothing was reloaded, one
+        comparison. A refusal stays: every later call raises it again."""
+        credentials = self.store.current()
+        if credentials is not self.credentials:
+            if self._recheck is not None:
+                self._recheck(credentials)
+            self.credentials = credentials
+        return credentials
 
 
 #: The caller of the call being served (None when auth is off or the method is open).
@@ -61,6 +84,16 @@ Refuse = Callable[[str, TxmqError], Any]
 def current_principal() -> Principal | None:
     caller = CALLER.get()
     return caller.principal if caller is not None else None
+
+
+def recheck() -> None:
+    """Decides the call being served again if the credential files were reloaded since it
+    was (:meth:`Caller.current`; nothing with auth off or for an open method): what a call that
+    held on — a long poll that waited, a stream about to write — passes before it hands out
+    more. Raises UnauthenticatedError or PermissionDeniedError."""
+    caller = CALLER.get()
+    if caller is not None:
+        caller.current()
 
 
 def may(action: str, kind: str, name: str) -> bool:
@@ -197,14 +230,34 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         #: Refusals so far (UNAUTHENTICATED, PERMISSION_DENIED).
         self.refused = {"UNAUTHENTICATED": 0, "PERMISSION_DENIED": 0}
 
-    def _check(self, context: Any, method: str, policy: Policy | None, request: Any) -> Principal | None:
-        """The caller's principal if ``request`` (None: a stream's opening) is allowed."""
+    def _check(self, context: Any, method: str, policy: Policy | None, request: Any) -> Caller | None:
+        """The caller if ``request`` (None: a stream's opening) is allowed."""
         if policy is not None and policy.rights == OPEN:
             return None
         credentials = self.store.current()
-        principal = authenticate(credentials, context, self.accept_signatures, self.signature_max_skew_seconds)
+        principal = self._principal(credentials, context, self.signature_max_skew_seconds)
+        self._authorize(credentials, principal, method, policy, request)
+        if request is not None and policy is not None and callable(policy.rights):
+            self.authorize_ids(credentials, principal, policy, request)
+
+        def recheck(now: Credentials) -> None:
+            # The signature's stamp was fresh when the call began: only its key is checked.
+            again = self._principal(now, context, 0.0)
+            if again != principal:
+                raise UnauthenticatedError(f"the credentials of this call no longer name principal "
+                                           f"{principal.name!r} (the credential files were reloaded)")
+            self._authorize(now, principal, method, policy, request)
+        return Caller(principal, self.store, credentials, recheck)
+
+    def _principal(self, credentials: Credentials, context: Any, max_skew_seconds: float) -> Principal:
+        principal = authenticate(credentials, context, self.accept_signatures, max_skew_seconds)
         # A service identity acting for an end principal is decided as that principal.
-        principal = effective_principal(credentials, principal, _metadata(context))
+        return effective_principal(credentials, principal, _metadata(context))
+
+    @staticmethod
+    def _authorize(credentials: Credentials, principal: Principal, method: str, policy: Policy | None,
+                   request: Any) -> None:
+        """The names ``request`` carries (None: a stream, whose messages are checked one by one)."""
         if policy is None:
             authorize(credentials, principal, method, [Need((INTERNAL_ACTION,), "cluster", why="no policy")])
         elif policy.rights == INTERNAL:
@@ -212,8 +265,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         elif policy.rights != ANY and request is not None:
             assert not isinstance(policy.rights, str), f"{method}: unknown rights {policy.rights!r}"  # the markers are above
             authorize(credentials, principal, method, policy.rights(request))
-            self.authorize_ids(credentials, principal, policy, request)
-        return principal
 
     def authorize_ids(self, credentials: Credentials, principal: Principal, policy: Policy, request: Any) -> None:
         """What the request's ids name in the store, authorized (after the names it carries)."""
@@ -260,12 +311,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     yield message
             return gen()
 
-        def prepare(request: Any, context: Any, principal: Principal | None, streamed: bool) -> tuple[Any, Any]:
+        def prepare(request: Any, context: Any, caller: Caller | None, streamed: bool) -> tuple[Any, Any]:
             """The handler's arguments: a stream of requests whose every message is checked
             when the policy says so (through the iterator and ``context.read()`` alike)."""
-            if not streamed or principal is None or policy is None or not callable(policy.rights):
+            if not streamed or caller is None or policy is None or not callable(policy.rights):
                 return request, context
-            guard = _StreamGuard(self, method, policy, context, principal)
+            guard = _StreamGuard(self, method, policy, context, caller)
             return checked_requests(request, guard), _CheckedContext(context, guard)
 
         def wrap(behavior: Callable[..., Any], streamed: bool, streaming_response: bool) -> Callable[..., Any]:
@@ -274,15 +325,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             if streaming_response and inspect.isasyncgenfunction(behavior):
                 async def gen_wrapper(request: Any, context: Any) -> Any:
                     try:
-                        principal = check(context, method, policy, None if streamed else request)
+                        caller = check(context, method, policy, None if streamed else request)
                     except (UnauthenticatedError, PermissionDeniedError, InvalidFieldError) as error:
                         answer = await refused(context, error)
                         if answer is not None:
                             yield answer
                         return
-                    token = CALLER.set(Caller(principal, self.store) if principal else None)
-                    acting = act_for(end_principal(principal))
-                    args = prepare(request, context, principal, streamed)
+                    token = CALLER.set(caller)
+                    acting = act_for(end_principal(caller.principal if caller else None))
+                    args = prepare(request, context, caller, streamed)
                     try:
                         async for item in behavior(*args):
                             yield item
@@ -296,16 +347,16 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
             async def wrapper(request: Any, context: Any) -> Any:
                 try:
-                    principal = check(context, method, policy, None if streamed else request)
+                    caller = check(context, method, policy, None if streamed else request)
                 except (UnauthenticatedError, PermissionDeniedError, InvalidFieldError) as error:
                     answer = await refused(context, error)
                     if answer is not None and streaming_response:
                         await context.write(answer)
                         return None
                     return answer
-                token = CALLER.set(Caller(principal, self.store) if principal else None)
-                acting = act_for(end_principal(principal))
-                args = prepare(request, context, principal, streamed)
+                token = CALLER.set(caller)
+                acting = act_for(end_principal(caller.principal if caller else None))
+                args = prepare(request, context, caller, streamed)
                 try:
                     return await behavior(*args)
                 except asyncio.CancelledError:
@@ -342,26 +393,28 @@ class _StreamGuard:
     handler writes ends the handler once the write is done (``_CheckedContext.write``)."""
 
     def __init__(self, interceptor: AuthInterceptor, method: str, policy: Policy, context: Any,
-                 principal: Principal) -> None:
+                 caller: Caller) -> None:
         self.interceptor = interceptor
         self.method = method
         self.policy = policy
         assert not isinstance(policy.rights, str), "a stream guard needs a rights function"  # prepare() checks
         self.rights = policy.rights
         self.context = context
-        self.principal = principal
+        self.caller = caller
+        self.principal = caller.principal
         self.task = asyncio.current_task()
-        self.violation: PermissionDeniedError | None = None
+        self.violation: UnauthenticatedError | PermissionDeniedError | None = None
         #: The handler's write under way, if any, and whether a refusal waits for it.
         self.writing = False
         self.stop_after_write = False
 
     async def check(self, message: Any) -> None:
         try:
-            credentials = self.interceptor.store.current()
+            # Under the current rules; the stream's credentials again first once they changed.
+            credentials = self.caller.current()
             authorize(credentials, self.principal, self.method, self.rights(message))
             self.interceptor.authorize_ids(credentials, self.principal, self.policy, message)
-        except PermissionDeniedError as error:
+        except (UnauthenticatedError, PermissionDeniedError) as error:
             self.interceptor._noted(self.method, error)
             self.violation = error
             if self.task is not None and asyncio.current_task() is not self.task:
