@@ -8,14 +8,17 @@ replicated shard in test_group_delete_replicated below."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 
 import pytest
 
 import txmq
+import txmq.aio
 from tests.support.cli import txmq_cli
 from tests.support.waiting import wait_until
+from txmq.v1 import admin_pb2
 
 #: Receivers are live this long after their last receive (the brokers' setting here).
 SESSION_SECONDS = 1.5
@@ -140,6 +143,11 @@ def test_dead_letters_are_kept_unless_asked_and_the_cli(fresh_cluster_factory, u
                    message="no dead letter")
     with txmq.Admin(cluster.nameserver_address) as admin:
         wait_not_live(admin, group)
+    async def dry_run_async() -> admin_pb2.DeleteConsumerGroupResponse:
+        async with txmq.aio.AsyncAdmin(cluster.nameserver_address) as admin:
+            return await admin.delete_consumer_group(group, dry_run=True)
+    dry = asyncio.run(dry_run_async())  # the asyncio flavour answers the same
+    assert not dry.applied and dry.brokers[0].dead_letters == 1 and dry.brokers[0].cursors == 1
     done = txmq_cli(cluster, "group", "delete", group, "--dry-run")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
