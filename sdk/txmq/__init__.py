@@ -29,6 +29,7 @@ from ._checking import CheckMessage, InProgress
 from ._consumer import PushConsumer, SimpleConsumer
 from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, ClientClosedError,
                       ConnectionLimitError, ConsumerGroupNotFoundError, ConsumersLiveError, DeadlineExceededError, DiskFullError,
+                      GroupNotEmptyError,
                       FailedPreconditionError, InternalError, NotANameServerError,
                       InvalidArgumentError, InvalidFieldError, InvalidIdError, InvalidNameError,
                       LeadershipLostError, MessageTooLargeError, NoBrokerError, NoLeaderError, NotEnoughReplicasError,
@@ -80,6 +81,7 @@ __all__ = [
     "ConnectionLimitError",
     "ConsumerGroupNotFoundError",
     "ConsumersLiveError",
+    "GroupNotEmptyError",
     "DeadlineExceededError",
     "DiskFullError",
     "FailedPreconditionError",

@@ -139,6 +139,23 @@ class Admin:
             to_offsets=to_offsets, shift=shift, dry_run=dry_run, force=force, reason=reason, operator=operator))
         return result
 
+    def delete_consumer_group(self, consumer_group: str, *, force: bool = False, dry_run: bool = False,
+                              dead_letters: bool = False, reason: str = "",
+                              operator: str = "") -> admin_pb2.DeleteConsumerGroupResponse:
+        """Deletes the group on every live broker (Kafka's ``deleteConsumerGroups``): its
+        positions, deliveries in flight (their receipt handles then acknowledge nothing:
+        ReceiptHandleNotFoundError), offset-reset records, remembered clients and metric
+        series; a later receive starts it as a new group. Its ``%DLQ%`` topic and dead letters
+        are kept unless ``dead_letters``. Refused with GroupNotEmptyError while the group has
+        live consumers, unless ``force``; ConsumerGroupNotFoundError when no broker knows it.
+        ``dry_run`` answers what would go. The answer lists per broker what went, and the
+        brokers that did not answer (``unreachable_brokers``: delete again once they are
+        back). Logged with the caller's principal (auth on) or ``operator``, and ``reason``."""
+        response: admin_pb2.DeleteConsumerGroupResponse = self._run(self.requests.delete_consumer_group(
+            consumer_group, force=force, dry_run=dry_run, dead_letters=dead_letters, reason=reason,
+            operator=operator))
+        return response
+
     def group_clients(self, group: str) -> admin_pb2.ListGroupClientsResponse:
         """The clients every live broker sees of ``group``: a consumer group's receivers
         (live within the brokers' ``consumer_session_seconds``), a producer group's checkers

@@ -192,6 +192,12 @@ class AdminRequests:
                                 shift=shift, dry_run=dry_run, force=force, reason=reason, operator=operator)
         return AdminCall("admin", "ResetOffsets", request, lambda response: reset_result(request, response))
 
+    def delete_consumer_group(self, consumer_group: str, *, force: bool = False, dry_run: bool = False,
+                              dead_letters: bool = False, reason: str = "", operator: str = "") -> AdminCall:
+        return AdminCall("admin", "DeleteConsumerGroup", admin_pb2.DeleteConsumerGroupRequest(
+            consumer_group=self.in_ns("consumer_group", consumer_group), force=force, dry_run=dry_run,
+            dead_letters=dead_letters, reason=reason, operator=operator))
+
     def group_clients(self, group: str) -> AdminCall:
         return AdminCall("admin", "ListGroupClients", admin_pb2.ListGroupClientsRequest(group=self.in_ns("group", group)))
 

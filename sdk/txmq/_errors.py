@@ -203,6 +203,19 @@ class ConsumersLiveError(FailedPreconditionError):
                          group=group, topic=topic, consumers=consumers)
 
 
+class GroupNotEmptyError(FailedPreconditionError):
+    """A consumer group cannot be deleted while it has live consumers (Kafka's
+    GROUP_NOT_EMPTY): stop them, or force the deletion."""
+
+    reason = "GROUP_NOT_EMPTY"
+
+    def __init__(self, group: str, consumers: list[str]) -> None:
+        super().__init__(f"consumer group {group!r} has {len(consumers)} live consumer(s) "
+                         f"({', '.join(consumers[:5])}{', ...' if len(consumers) > 5 else ''}): stop them first, "
+                         "or force the deletion (their deliveries in flight are then invalidated)",
+                         group=group, consumers=consumers)
+
+
 class TransactionStateError(FailedPreconditionError):
     """A decision conflicting with the transaction's final state (the first decision wins)."""
 

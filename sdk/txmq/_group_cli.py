@@ -4,6 +4,7 @@ operator's commands for a group's position, its clients, and finding messages.
     txmq group reset GROUP --topic T (--to-earliest | --to-latest | --to-time TIME |
                      --to-offset [BROKER/]QUEUE:OFFSET ... | --shift N)
                      [--dry-run | --execute] [--force] [--reason TEXT] [--operator NAME]
+    txmq group delete GROUP [--dry-run] [--force] [--dead-letters] [--reason TEXT] [--operator NAME]
     txmq group clients GROUP
     txmq message get MESSAGE_ID [--body-out FILE]
     txmq message find TOPIC --key KEY [--limit N] [--since 1h] [--until TIME]
@@ -13,6 +14,10 @@ operator's commands for a group's position, its clients, and finding messages.
 current offset, the new one and how the lag changes. ``--to-time`` takes an ISO 8601 time
 (``2026-12-01T09:30:00Z``; one without a zone is UTC) or how long ago (``15m ago``,
 ``-15m``).
+
+``group delete`` deletes at once unless ``--dry-run``: it prints, per broker, what went
+(positions, deliveries in flight, reset records, clients) and whether the group's dead
+letters were kept (the default) or deleted (``--dead-letters``).
 """
 
 from __future__ import annotations
@@ -105,6 +110,50 @@ def _group_reset(admin: Any, args: argparse.Namespace, out: Output, helpers: Any
             lines.append(f"unreachable brokers (not shown): {', '.join(result.unreachable_brokers)}")
         lines.append("CHANGE: messages the group receives again (+) or skips (-); IN FLIGHT: deliveries the reset "
                      "invalidates")
+        return "\n".join(lines)
+    out(data, text)
+
+
+def deletion_dict(response: Any) -> dict[str, Any]:
+    return {"consumer_group": response.consumer_group, "applied": response.applied,
+            "operator": response.operator or None,
+            "brokers": [{"broker": d.broker_name, "topics": list(d.topics), "cursors": d.cursors,
+                         "inflight": d.inflight, "resets": d.resets, "clients": d.clients,
+                         "dead_letters": d.dead_letters, "dead_letter_topic_deleted": d.dead_letter_topic_deleted}
+                        for d in response.brokers],
+            "live_consumers": [{"client_id": c.client_id, "address": c.address, "broker": c.broker_name,
+                                "waiting": c.waiting, "last_seen": _iso(c.last_seen_ms)}
+                               for c in response.live_consumers],
+            "unreachable_brokers": list(response.unreachable_brokers)}
+
+
+def _group_delete(admin: Any, args: argparse.Namespace, out: Output, helpers: Any) -> None:
+    table = helpers.table
+    response = admin.delete_consumer_group(args.group, force=args.force, dry_run=args.dry_run,
+                                           dead_letters=args.dead_letters, reason=args.reason or "",
+                                           operator=args.operator or "")
+    data = deletion_dict(response)
+
+    def text() -> str:
+        body: str = table(["BROKER", "TOPICS", "POSITIONS", "IN FLIGHT", "RESETS", "CLIENTS", "DEAD LETTERS"],
+                     [[b["broker"], ", ".join(b["topics"]), b["cursors"], b["inflight"], b["resets"], b["clients"],
+                       f"{b['dead_letters']} ({'deleted' if b['dead_letter_topic_deleted'] else 'kept'})"]
+                      for b in data["brokers"]])
+        lines = [body]
+        if response.live_consumers:
+            lines.append(f"live consumers of {args.group}: " + ", ".join(
+                f"{c.client_id}@{c.broker_name}" for c in response.live_consumers)
+                + ("" if response.applied else " (a deletion is refused while they run, unless --force)"))
+        if response.applied:
+            lines.append(f"deleted {args.group} (by {response.operator}): its next receive starts it as a new group; "
+                         "deliveries in flight were invalidated (their acks now fail)")
+            if not args.dead_letters:
+                lines.append(f"its dead letters (%DLQ%{args.group}) were kept: --dead-letters deletes them too")
+        else:
+            lines.append("dry run: nothing changed (run it again without --dry-run)")
+        if response.unreachable_brokers:
+            lines.append(f"unreachable brokers (not deleted there: run it again once they are back): "
+                         f"{', '.join(response.unreachable_brokers)}")
         return "\n".join(lines)
     out(data, text)
 
@@ -265,6 +314,16 @@ def add_group_commands(group: Any, common: argparse.ArgumentParser, run: Callabl
     p.add_argument("--operator", help="who (default $USER; with auth on the token's principal is recorded)")
     p.set_defaults(run=run(_group_reset), field_flags={"offsets": "--to-offset", "timestamp_ms": "--to-time",
                                                        "operator": "--operator"})
+    p = group.add_parser("delete", parents=[common], help="delete a consumer group on every broker: its positions, "
+                         "deliveries in flight, reset records and clients (dead letters kept unless --dead-letters)")
+    p.add_argument("group")
+    p.add_argument("--dry-run", action="store_true", help="show what would be deleted, change nothing")
+    p.add_argument("--force", action="store_true", help="even while the group has live consumers (their deliveries "
+                   "in flight are invalidated)")
+    p.add_argument("--dead-letters", action="store_true", help="also delete %%DLQ%%GROUP and its dead letters")
+    p.add_argument("--reason", help="why (logged with the deletion)")
+    p.add_argument("--operator", help="who (default $USER; with auth on the token's principal is recorded)")
+    p.set_defaults(run=run(_group_delete))
     p = group.add_parser("clients", parents=[common], help="a group's clients: a consumer group's live receivers, a "
                                                             "producer group's checkers")
     p.add_argument("group")

@@ -1,5 +1,5 @@
 """The operator RPCs of issue 32 (``ResetGroupOffsets``, ``LookupMessages``,
-``DescribeGroupClients``) and the last reset shown by ``DescribeConsumerGroups``:
+``DescribeGroupClients``), ``DeleteGroupState`` and the last reset shown by ``DescribeConsumerGroups``:
 proto ⇄ domain for ``service.BrokerServicer``, which delegates to these functions (the
 domain is ``resets.py``, ``lookups.py``, ``receivers.py``)."""
 
@@ -12,7 +12,7 @@ from txmq.v1 import broker_pb2, common_pb2
 
 from services.common.auth.quota import relayed_subject
 
-from . import lookups, resets
+from . import groupdelete, lookups, resets
 from .bridge import StoreBridge
 from .core import BrokerCore
 from .quotas import Quotas
@@ -55,6 +55,25 @@ async def reset_group_offsets(core: BrokerCore, bridge: StoreBridge, request: br
             client_id=c.client_id, address=c.address, kind="consumer", group=request.consumer_group,
             topics=[request.topic], last_seen_ms=c.last_seen_ms, waiting=c.waiting, broker_name=core.name)
             for c in result.live])
+
+
+async def delete_group_state(core: BrokerCore, bridge: StoreBridge,
+                             request: broker_pb2.DeleteGroupStateRequest) -> broker_pb2.DeleteGroupStateResponse:
+    op = groupdelete.delete_group_op(core, request.consumer_group, dry_run=request.dry_run, force=request.force,
+                                     dead_letters=request.dead_letters, operator=request.operator,
+                                     reason=request.reason)
+    result: groupdelete.GroupDeletion = await bridge.run(op, sync=not request.dry_run)
+    if request.dry_run:
+        await bridge.settled()
+    return broker_pb2.DeleteGroupStateResponse(
+        applied=result.applied,
+        deletion=broker_pb2.GroupDeletion(
+            broker_name=core.name, topics=result.topics, cursors=result.cursors, inflight=result.inflight,
+            resets=result.resets, clients=result.clients, dead_letters=result.dead_letters,
+            dead_letter_topic_deleted=result.dead_letter_topic_deleted),
+        live_consumers=[broker_pb2.GroupClient(
+            client_id=r.client_id, address=r.address, kind="consumer", group=r.group, topics=sorted(r.topics),
+            last_seen_ms=r.last_seen_ms(), waiting=bool(r.waiting), broker_name=core.name) for r in result.live])
 
 
 def found_to_proto(core: BrokerCore, f: lookups.Found, message: common_pb2.Message) -> broker_pb2.FoundMessage:

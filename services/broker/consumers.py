@@ -168,8 +168,8 @@ class GroupNames:
 class ConsumerGroups:
     def __init__(self) -> None:
         self.cursors: dict[tuple[str, str, int], Cursor] = {}
-        #: The groups and (group, topic) pairs of ``cursors``, sorted (kept by :meth:`add`
-        #: and :meth:`drop_topic`, the only places a key comes or goes).
+        #: The groups and (group, topic) pairs of ``cursors``, sorted (kept by :meth:`add`,
+        #: :meth:`remove` and :meth:`drop_topic`, the only places a key comes or goes).
         self.names = GroupNames()
 
     def load(self, rows: list[tuple[bytes, bytes]], inflight: list[tuple[bytes, bytes]]) -> None:
@@ -194,6 +194,12 @@ class ConsumerGroups:
         """A new cursor (a group's first read of a queue)."""
         self.cursors[(group, topic, queue_id)] = cursor
         self.names.added(group, topic)
+
+    def remove(self, key: tuple[str, str, int]) -> Cursor:
+        """Forgets one cursor (its group's deletion: ``groupdelete.py`` stages its rows)."""
+        cursor = self.cursors.pop(key)
+        self.names.removed(key[0], key[1])
+        return cursor
 
     def get(self, group: str, topic: str, queue_id: int) -> Cursor | None:
         return self.cursors.get((group, topic, queue_id))

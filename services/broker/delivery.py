@@ -87,11 +87,21 @@ class Deliveries:
 
     def cursor(self, w: OpWrites, group: str, topic: str, q: int) -> Cursor:
         """The group's cursor in one queue, created (at the oldest retained entry) when the
-        group first reads it."""
+        group first reads it. A group deleted before (``groupdelete.py``) starts so too, its
+        deliveries in flight then revoked: their offsets' next deliveries count on from them."""
         cursor = self.consumers.get(group, topic, q)
         if cursor is None:
             start = self.queues.first_offset(topic, q)
             cursor = Cursor(start)
+            key = codec.revoked_key(group, topic, q)
+            value = self.ctx.db.get("meta", key)
+            if value is not None:
+                w.delete("meta", key)
+                for offset, attempt in codec.decode_revoked(value, key).items():
+                    if offset >= start:  # below: gone to retention, never delivered again
+                        cursor.revoked[offset] = attempt
+                        w.put("inflight", codec.inflight_key(group, topic, q, offset),
+                              codec.encode_inflight(attempt, codec.REVOKED_DEADLINE))
             self.consumers.add(group, topic, q, cursor)
             w.put("consumers", codec.consumer_key(group, topic, q), codec.encode_u64(start))
         return cursor

@@ -96,6 +96,11 @@ def describe_positions(db: Database, positions: Iterable[Position], topics: Iter
     return out, dead
 
 
+def count_dead_letters(core: BrokerCore, group: str, max_dead: int = MAX_DEAD_COUNTED) -> int:
+    """The group's dead letters here not re-driven (counted up to ``max_dead``)."""
+    return sum(1 for _ in itertools.islice(_dead_letters(core.db, core.queues.queue_next, group), max_dead))
+
+
 def _oldest_unacked_age(db: Database, topic: str, q: int, ack: int, end: int, now: int) -> float:
     if ack >= end:
         return 0.0

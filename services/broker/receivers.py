@@ -91,6 +91,18 @@ class Receivers:
         return [r for (g, _who), r in self._receivers.items()
                 if g == group and (r.waiting or now_ms - r.last_seen_ms() < self.session_ms)]
 
+    def known(self, group: str) -> int:
+        """How many clients of the consumer group are remembered (live or not)."""
+        return sum(1 for g, _who in self._receivers if g == group)
+
+    def forget_group(self, group: str) -> int:
+        """Forgets every client of the consumer group (its deletion); returns how many. A
+        receive of it still waiting holds its own record and goes on (a forced deletion)."""
+        keys = [key for key in self._receivers if key[0] == group]
+        for key in keys:
+            del self._receivers[key]
+        return len(keys)
+
     def claimed(self, checker_id: str, groups: dict[str, int], now_ms: int) -> None:
         """A checker's claim for ``groups`` (group → its producers' free credit)."""
         for group, capacity in groups.items():

@@ -442,6 +442,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def DescribeGroupClients(self, request: broker_pb2.DescribeGroupClientsRequest, context: Any) -> Any:
         return await adminrpc.describe_group_clients(self.core, self.bridge, request)
 
+    async def DeleteGroupState(self, request: broker_pb2.DeleteGroupStateRequest, context: Any) -> Any:
+        return await adminrpc.delete_group_state(self.core, self.bridge, request)
+
     async def ReturnDeadLetters(self, request: broker_pb2.ReturnDeadLettersRequest, context: Any) -> Any:
         if not request.all and not request.message_ids:
             raise InvalidFieldError("message_ids", "name the messages to re-drive, or set all")

@@ -1,11 +1,17 @@
 """The Admin API's operator work of issue 32, over the registry and the broker calls
 (:class:`~services.nameserver.brokercalls.BrokerCalls`): resetting a consumer group's offsets on every broker
-holding the topic, finding messages (by id, key, queue and offset), and a group's clients.
+holding the topic, deleting a consumer group on every broker, finding messages (by id, key,
+queue and offset), and a group's clients.
 
 A reset is all or nothing across brokers as far as the name server can make it: it first
 asks every broker holding the topic for a dry run (which also reports live consumers), and
 only when every one answered and none has live consumers (or ``force``) does it ask each to
 apply. A broker failing between the two is reported, with what the others applied.
+
+A deletion asks every live broker the same way (a dry run first: live consumers on any
+broker refuse it, unless ``force``), then each to delete. Deleting is idempotent, so a
+broker that did not answer is listed (``unreachable_brokers``) and the others delete: the
+operator runs it again once it is back (its state of the group survives until then).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-from txmq.errors import (ConsumersLiveError, InvalidFieldError, InvalidIdError, NoLeaderError, NotFoundError,
+from txmq.errors import (ConsumerGroupNotFoundError, ConsumersLiveError, GroupNotEmptyError, InvalidFieldError, InvalidIdError, NoLeaderError, NotFoundError,
                          TopicNotFoundError,
                          TxmqError, UnavailableError, error_from_status)
 from txmq.ids import MessageId
@@ -110,6 +116,46 @@ class GroupOps:
         response.operator = operator
         return response
 
+    # --- deleting a group --------------------------------------------------------------------
+
+    async def delete_group(self, request: admin_pb2.DeleteConsumerGroupRequest,
+                           operator: str) -> admin_pb2.DeleteConsumerGroupResponse:
+        group = request.consumer_group
+        validate_group("consumer_group", group)
+        if not request.dry_run and not operator:
+            raise InvalidFieldError("operator", "required: who deletes the group (logged with the deletion)")
+
+        def ask(dry_run: bool) -> broker_pb2.DeleteGroupStateRequest:
+            return broker_pb2.DeleteGroupStateRequest(consumer_group=group, dry_run=dry_run, force=request.force,
+                                                      dead_letters=request.dead_letters, operator=operator,
+                                                      reason=request.reason)
+
+        planned, unreachable = await self.calls.fan_out("DeleteGroupState", ask(True))
+        response = admin_pb2.DeleteConsumerGroupResponse(consumer_group=group, unreachable_brokers=unreachable)
+        for _b, answer in planned:
+            response.live_consumers.extend(answer.live_consumers)
+        known = [a for _b, a in planned if group_known(a.deletion)]
+        if not known and not unreachable:
+            raise ConsumerGroupNotFoundError(group)
+        if request.dry_run:
+            response.brokers.extend(sorted((a.deletion for a in known), key=lambda d: d.broker_name))
+            return response
+        if response.live_consumers and not request.force:
+            raise GroupNotEmptyError(group, sorted({f"{c.client_id}@{c.broker_name}"
+                                                    for c in response.live_consumers}))
+        targets = {b.name for b, a in planned if group_known(a.deletion) or a.live_consumers}
+        applied, gone = await self.calls.fan_out("DeleteGroupState", ask(False), only=targets)
+        response.brokers.extend(sorted((a.deletion for _b, a in applied), key=lambda d: d.broker_name))
+        del response.unreachable_brokers[:]
+        response.unreachable_brokers.extend(sorted(set(unreachable) | set(gone)))
+        response.applied = True
+        response.operator = operator
+        log.warning("consumer group deleted", extra={"fields": {
+            "consumer_group": group, "operator": operator, "reason": request.reason, "forced": request.force,
+            "dead_letters": request.dead_letters, "brokers": sorted(b.name for b, _a in applied),
+            "unreachable": list(response.unreachable_brokers)}})
+        return response
+
     async def _each(self, brokers: set[str], request_of: Any) -> dict[str, Any]:
         """ResetGroupOffsets on each broker: its answer, or the error it failed with."""
         out: dict[str, Any] = {}
@@ -188,3 +234,10 @@ class GroupOps:
         clients = sorted((c for _b, a in answers for c in a.clients),
                          key=lambda c: (c.kind, c.client_id, c.broker_name))
         return admin_pb2.ListGroupClientsResponse(clients=clients, unreachable_brokers=unreachable)
+
+
+def group_known(deletion: broker_pb2.GroupDeletion) -> bool:
+    """Whether a broker holds anything of the group (what a deletion there would remove or
+    report: cursors, reset records, clients, dead letters)."""
+    return bool(deletion.cursors or deletion.resets or deletion.clients or deletion.dead_letters
+                or deletion.dead_letter_topic_deleted)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(180)
 
 RPC_TIMEOUT = 10.0
 GROUPS, SUBSCRIPTIONS, PRODUCER_GROUPS, TOPICS = 3, 4, 2, 2
-TENANTS = ("groups-app", "subs-app", "txn-app", "topic-app", "reset-app")
+TENANTS = ("groups-app", "subs-app", "txn-app", "topic-app", "reset-app", "del-app")
 ACL = [
     {"principal": "groups-app", "resource": "consumer_group:cg-*", "actions": ["subscribe"]},
     {"principal": "groups-app", "resource": "topic:qt", "actions": ["subscribe"]},
@@ -32,6 +32,8 @@ ACL = [
     {"principal": "topic-app", "resource": "topic:tt-*", "actions": ["publish", "admin-write"]},
     {"principal": "reset-app", "resource": "consumer_group:cr-*", "actions": ["admin-write"]},
     {"principal": "reset-app", "resource": "topic:qt", "actions": ["subscribe"]},
+    {"principal": "del-app", "resource": "consumer_group:cd-*", "actions": ["subscribe", "admin-write"]},
+    {"principal": "del-app", "resource": "topic:qt", "actions": ["subscribe"]},
 ]
 
 
@@ -203,3 +205,31 @@ def test_offset_resets_count_against_the_groups_quota(cluster: Cluster) -> None:
     _refused(lambda: _reset(cluster, f"cr-{GROUPS}"), "max_consumer_groups_per_principal", GROUPS)
     assert not any(g == f"cr-{GROUPS}" for g, _t in _groups_held(cluster))
     assert _reset(cluster, "cr-0").applied
+
+
+def _delete(cluster: Cluster, who: str, group: str) -> admin_pb2.DeleteConsumerGroupResponse:
+    return _admin(cluster).DeleteConsumerGroup(admin_pb2.DeleteConsumerGroupRequest(
+        consumer_group=group, force=True), timeout=RPC_TIMEOUT, metadata=bearer(who))
+
+
+def test_deleting_a_group_frees_its_place_and_needs_admin_write_on_it(cluster: Cluster) -> None:
+    """At its max_consumer_groups_per_principal a principal deletes one of its groups (it
+    holds admin-write on them) and can make a new one; a group it holds no right on is
+    refused PERMISSION_DENIED, the same whether that group exists or not."""
+    for i in range(GROUPS):
+        _receive(cluster, "del-app", f"cd-{i}")
+    _refused(lambda: _receive(cluster, "del-app", f"cd-{GROUPS}"), "max_consumer_groups_per_principal", GROUPS)
+    _receive(cluster, "operator", "not-a-tenant-group")  # someone else's group, with a live consumer
+    refusals = []
+    for group in ("not-a-tenant-group", "not-a-tenant-gone"):
+        with pytest.raises(grpc.RpcError) as caught:
+            _delete(cluster, "del-app", group)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED, caught.value
+        refusals.append(caught.value.details().replace(group, "GROUP"))
+    assert refusals[0] == refusals[1], refusals  # nothing learned of the other group
+    assert ("not-a-tenant-group", "qt") in _groups_held(cluster)
+    done = _delete(cluster, "del-app", "cd-0")
+    assert done.applied and done.operator == "del-app" and sum(b.cursors for b in done.brokers) == 2
+    assert not any(g == "cd-0" for g, _t in _groups_held(cluster))
+    _receive(cluster, "del-app", f"cd-{GROUPS}")  # its place is free
+    _refused(lambda: _receive(cluster, "del-app", "cd-0"), "max_consumer_groups_per_principal", GROUPS)

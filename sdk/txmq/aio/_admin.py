@@ -105,6 +105,15 @@ class AsyncAdmin:
             to_offsets=to_offsets, shift=shift, dry_run=dry_run, force=force, reason=reason, operator=operator))
         return result
 
+    async def delete_consumer_group(self, consumer_group: str, *, force: bool = False, dry_run: bool = False,
+                                    dead_letters: bool = False, reason: str = "",
+                                    operator: str = "") -> admin_pb2.DeleteConsumerGroupResponse:
+        """See :meth:`txmq.Admin.delete_consumer_group`."""
+        response: admin_pb2.DeleteConsumerGroupResponse = await self._run(self.requests.delete_consumer_group(
+            consumer_group, force=force, dry_run=dry_run, dead_letters=dead_letters, reason=reason,
+            operator=operator))
+        return response
+
     async def group_clients(self, group: str) -> admin_pb2.ListGroupClientsResponse:
         """See :meth:`txmq.Admin.group_clients`."""
         return await self._run(self.requests.group_clients(group))

@@ -1075,3 +1075,78 @@ class DeleteTopicResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteTopicResponse: _TypeAlias = DeleteTopicResponse  # noqa: Y015
+
+@_typing.final
+class DeleteConsumerGroupRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    DEAD_LETTERS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    force: _builtins.bool
+    dry_run: _builtins.bool
+    dead_letters: _builtins.bool
+    """Also delete %DLQ%<group> and its dead letters (default: kept, readable and re-drivable)."""
+    reason: _builtins.str
+    operator: _builtins.str
+    """Who, when auth is off (with auth on the caller's principal is recorded instead)."""
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        force: _builtins.bool = ...,
+        dry_run: _builtins.bool = ...,
+        dead_letters: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        operator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "dead_letters", b"dead_letters", "dry_run", b"dry_run", "force", b"force", "operator", b"operator", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteConsumerGroupRequest: _TypeAlias = DeleteConsumerGroupRequest  # noqa: Y015
+
+@_typing.final
+class DeleteConsumerGroupResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    BROKERS_FIELD_NUMBER: _builtins.int
+    LIVE_CONSUMERS_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    applied: _builtins.bool
+    operator: _builtins.str
+    @_builtins.property
+    def brokers(self) -> _containers.RepeatedCompositeFieldContainer[_broker_pb2.GroupDeletion]:
+        """Per broker that answered: what was deleted (or, in a dry run, would be)."""
+
+    @_builtins.property
+    def live_consumers(self) -> _containers.RepeatedCompositeFieldContainer[_broker_pb2.GroupClient]: ...
+    @_builtins.property
+    def unreachable_brokers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        brokers: _abc.Iterable[_broker_pb2.GroupDeletion] | None = ...,
+        live_consumers: _abc.Iterable[_broker_pb2.GroupClient] | None = ...,
+        applied: _builtins.bool = ...,
+        operator: _builtins.str = ...,
+        unreachable_brokers: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "brokers", b"brokers", "consumer_group", b"consumer_group", "live_consumers", b"live_consumers", "operator", b"operator", "unreachable_brokers", b"unreachable_brokers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteConsumerGroupResponse: _TypeAlias = DeleteConsumerGroupResponse  # noqa: Y015

@@ -126,6 +126,11 @@ class AdminServiceStub:
                 request_serializer=txmq_dot_v1_dot_admin__pb2.ListGroupClientsRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_admin__pb2.ListGroupClientsResponse.FromString,
                 _registered_method=True)
+        self.DeleteConsumerGroup = channel.unary_unary(
+                '/txmq.v1.AdminService/DeleteConsumerGroup',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.DeleteConsumerGroupRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.DeleteConsumerGroupResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -279,6 +284,21 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteConsumerGroup(self, request, context):
+        """Deletes a consumer group on every live broker (Kafka's deleteConsumerGroups, RocketMQ's
+        deleteSubscriptionGroup): its cursors, in-flight deliveries (their receipt handles go
+        stale), offset-reset records, remembered clients and metric series, in one WriteBatch
+        per broker. Its %DLQ% topic and dead letters are kept unless dead_letters. A receive of
+        the group afterwards starts it anew, like a new group. A dry run answers what would go
+        and changes nothing. FAILED_PRECONDITION (reason GROUP_NOT_EMPTY) while the group has
+        live consumers on any broker, unless force; NOT_FOUND (CONSUMER_GROUP_NOT_FOUND) when no
+        broker that answered knows the group. Brokers that did not answer are listed
+        (unreachable_brokers): run it again once they are back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -371,6 +391,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListGroupClients,
                     request_deserializer=txmq_dot_v1_dot_admin__pb2.ListGroupClientsRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_admin__pb2.ListGroupClientsResponse.SerializeToString,
+            ),
+            'DeleteConsumerGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteConsumerGroup,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.DeleteConsumerGroupRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.DeleteConsumerGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -861,6 +886,33 @@ class AdminService:
             '/txmq.v1.AdminService/ListGroupClients',
             txmq_dot_v1_dot_admin__pb2.ListGroupClientsRequest.SerializeToString,
             txmq_dot_v1_dot_admin__pb2.ListGroupClientsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteConsumerGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/DeleteConsumerGroup',
+            txmq_dot_v1_dot_admin__pb2.DeleteConsumerGroupRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.DeleteConsumerGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

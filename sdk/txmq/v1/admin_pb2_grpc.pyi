@@ -101,6 +101,17 @@ class AdminServiceStub:
     """The clients connected to a group on every live broker: a consumer group's live
     receivers, a producer group's checkers (which hold its producers' check streams).
     """
+    DeleteConsumerGroup: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteConsumerGroupRequest, _admin_pb2.DeleteConsumerGroupResponse]
+    """Deletes a consumer group on every live broker (Kafka's deleteConsumerGroups, RocketMQ's
+    deleteSubscriptionGroup): its cursors, in-flight deliveries (their receipt handles go
+    stale), offset-reset records, remembered clients and metric series, in one WriteBatch
+    per broker. Its %DLQ% topic and dead letters are kept unless dead_letters. A receive of
+    the group afterwards starts it anew, like a new group. A dry run answers what would go
+    and changes nothing. FAILED_PRECONDITION (reason GROUP_NOT_EMPTY) while the group has
+    live consumers on any broker, unless force; NOT_FOUND (CONSUMER_GROUP_NOT_FOUND) when no
+    broker that answered knows the group. Brokers that did not answer are listed
+    (unreachable_brokers): run it again once they are back.
+    """
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -174,6 +185,17 @@ class AdminServiceAsyncStub(AdminServiceStub):
     ListGroupClients: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListGroupClientsRequest, _admin_pb2.ListGroupClientsResponse]  # type: ignore[assignment]
     """The clients connected to a group on every live broker: a consumer group's live
     receivers, a producer group's checkers (which hold its producers' check streams).
+    """
+    DeleteConsumerGroup: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteConsumerGroupRequest, _admin_pb2.DeleteConsumerGroupResponse]  # type: ignore[assignment]
+    """Deletes a consumer group on every live broker (Kafka's deleteConsumerGroups, RocketMQ's
+    deleteSubscriptionGroup): its cursors, in-flight deliveries (their receipt handles go
+    stale), offset-reset records, remembered clients and metric series, in one WriteBatch
+    per broker. Its %DLQ% topic and dead letters are kept unless dead_letters. A receive of
+    the group afterwards starts it anew, like a new group. A dry run answers what would go
+    and changes nothing. FAILED_PRECONDITION (reason GROUP_NOT_EMPTY) while the group has
+    live consumers on any broker, unless force; NOT_FOUND (CONSUMER_GROUP_NOT_FOUND) when no
+    broker that answered knows the group. Brokers that did not answer are listed
+    (unreachable_brokers): run it again once they are back.
     """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -353,6 +375,23 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_admin_pb2.ListGroupClientsResponse, _abc.Awaitable[_admin_pb2.ListGroupClientsResponse]]:
         """The clients connected to a group on every live broker: a consumer group's live
         receivers, a producer group's checkers (which hold its producers' check streams).
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteConsumerGroup(
+        self,
+        request: _admin_pb2.DeleteConsumerGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DeleteConsumerGroupResponse, _abc.Awaitable[_admin_pb2.DeleteConsumerGroupResponse]]:
+        """Deletes a consumer group on every live broker (Kafka's deleteConsumerGroups, RocketMQ's
+        deleteSubscriptionGroup): its cursors, in-flight deliveries (their receipt handles go
+        stale), offset-reset records, remembered clients and metric series, in one WriteBatch
+        per broker. Its %DLQ% topic and dead letters are kept unless dead_letters. A receive of
+        the group afterwards starts it anew, like a new group. A dry run answers what would go
+        and changes nothing. FAILED_PRECONDITION (reason GROUP_NOT_EMPTY) while the group has
+        live consumers on any broker, unless force; NOT_FOUND (CONSUMER_GROUP_NOT_FOUND) when no
+        broker that answered knows the group. Brokers that did not answer are listed
+        (unreachable_brokers): run it again once they are back.
         """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -2133,3 +2133,126 @@ class DescribeGroupClientsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeGroupClientsResponse: _TypeAlias = DescribeGroupClientsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteGroupStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    DEAD_LETTERS_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    dry_run: _builtins.bool
+    """Count what would be deleted (and the live consumers), change nothing."""
+    force: _builtins.bool
+    """Delete even while the group has live consumers here (their deliveries in flight go:
+    their receipt handles then acknowledge nothing).
+    """
+    dead_letters: _builtins.bool
+    """Also delete the group's %DLQ% topic with its dead letters (default: kept)."""
+    operator: _builtins.str
+    """Who deletes (the caller's principal with auth on), logged with the deletion."""
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+        force: _builtins.bool = ...,
+        dead_letters: _builtins.bool = ...,
+        operator: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "dead_letters", b"dead_letters", "dry_run", b"dry_run", "force", b"force", "operator", b"operator", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteGroupStateRequest: _TypeAlias = DeleteGroupStateRequest  # noqa: Y015
+
+@_typing.final
+class GroupDeletion(_message.Message):
+    """What deleting a consumer group removes (or, in a dry run, would remove) on one broker."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    CURSORS_FIELD_NUMBER: _builtins.int
+    INFLIGHT_FIELD_NUMBER: _builtins.int
+    RESETS_FIELD_NUMBER: _builtins.int
+    CLIENTS_FIELD_NUMBER: _builtins.int
+    DEAD_LETTERS_FIELD_NUMBER: _builtins.int
+    DEAD_LETTER_TOPIC_DELETED_FIELD_NUMBER: _builtins.int
+    broker_name: _builtins.str
+    cursors: _builtins.int
+    """(topic, queue) cursors."""
+    inflight: _builtins.int
+    """Deliveries in flight (their receipt handles go stale)."""
+    resets: _builtins.int
+    """Offset-reset records (one per topic reset)."""
+    clients: _builtins.int
+    """Clients of the group this broker remembered."""
+    dead_letters: _builtins.int
+    """Dead letters in %DLQ%<group> here (not re-driven)."""
+    dead_letter_topic_deleted: _builtins.bool
+    """Whether %DLQ%<group> (with its dead letters) was deleted (or would be): false when
+    kept (no dead_letters option) or when there is none here.
+    """
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The topics the group had a position in here."""
+
+    def __init__(
+        self,
+        *,
+        broker_name: _builtins.str = ...,
+        topics: _abc.Iterable[_builtins.str] | None = ...,
+        cursors: _builtins.int = ...,
+        inflight: _builtins.int = ...,
+        resets: _builtins.int = ...,
+        clients: _builtins.int = ...,
+        dead_letters: _builtins.int = ...,
+        dead_letter_topic_deleted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "clients", b"clients", "cursors", b"cursors", "dead_letter_topic_deleted", b"dead_letter_topic_deleted", "dead_letters", b"dead_letters", "inflight", b"inflight", "resets", b"resets", "topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupDeletion: _TypeAlias = GroupDeletion  # noqa: Y015
+
+@_typing.final
+class DeleteGroupStateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETION_FIELD_NUMBER: _builtins.int
+    LIVE_CONSUMERS_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
+    applied: _builtins.bool
+    """False for a dry run."""
+    @_builtins.property
+    def deletion(self) -> Global___GroupDeletion: ...
+    @_builtins.property
+    def live_consumers(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupClient]:
+        """The group's live consumers here (what refuses the deletion without force)."""
+
+    def __init__(
+        self,
+        *,
+        deletion: Global___GroupDeletion | None = ...,
+        live_consumers: _abc.Iterable[Global___GroupClient] | None = ...,
+        applied: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deletion", b"deletion"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "deletion", b"deletion", "live_consumers", b"live_consumers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteGroupStateResponse: _TypeAlias = DeleteGroupStateResponse  # noqa: Y015

@@ -163,6 +163,11 @@ class BrokerServiceStub:
                 request_serializer=txmq_dot_v1_dot_broker__pb2.DescribeGroupClientsRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_broker__pb2.DescribeGroupClientsResponse.FromString,
                 _registered_method=True)
+        self.DeleteGroupState = channel.unary_unary(
+                '/txmq.v1.BrokerService/DeleteGroupState',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.DeleteGroupStateRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.DeleteGroupStateResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -376,6 +381,17 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteGroupState(self, request, context):
+        """Deletes a consumer group's state on this broker (the name server's fan-out of
+        AdminService.DeleteConsumerGroup; see there) in one WriteBatch through the replicated
+        write path: its cursors, in-flight deliveries, offset-reset records and remembered
+        clients (and its %DLQ% topic with dead_letters). FAILED_PRECONDITION (reason
+        GROUP_NOT_EMPTY) while the group has live consumers here, unless force.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -503,6 +519,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.DescribeGroupClients,
                     request_deserializer=txmq_dot_v1_dot_broker__pb2.DescribeGroupClientsRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_broker__pb2.DescribeGroupClientsResponse.SerializeToString,
+            ),
+            'DeleteGroupState': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroupState,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.DeleteGroupStateRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.DeleteGroupStateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1184,6 +1205,33 @@ class BrokerService:
             '/txmq.v1.BrokerService/DescribeGroupClients',
             txmq_dot_v1_dot_broker__pb2.DescribeGroupClientsRequest.SerializeToString,
             txmq_dot_v1_dot_broker__pb2.DescribeGroupClientsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroupState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/DeleteGroupState',
+            txmq_dot_v1_dot_broker__pb2.DeleteGroupStateRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.DeleteGroupStateResponse.FromString,
             options,
             channel_credentials,
             insecure,

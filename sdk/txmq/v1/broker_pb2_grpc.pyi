@@ -131,6 +131,13 @@ class BrokerServiceStub:
     """The clients this broker sees of a group: live receivers of a consumer group, and the
     checkers claiming checks for a producer group.
     """
+    DeleteGroupState: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteGroupStateRequest, _broker_pb2.DeleteGroupStateResponse]
+    """Deletes a consumer group's state on this broker (the name server's fan-out of
+    AdminService.DeleteConsumerGroup; see there) in one WriteBatch through the replicated
+    write path: its cursors, in-flight deliveries, offset-reset records and remembered
+    clients (and its %DLQ% topic with dead_letters). FAILED_PRECONDITION (reason
+    GROUP_NOT_EMPTY) while the group has live consumers here, unless force.
+    """
 
 @_typing.type_check_only
 class BrokerServiceAsyncStub(BrokerServiceStub):
@@ -234,6 +241,13 @@ class BrokerServiceAsyncStub(BrokerServiceStub):
     DescribeGroupClients: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeGroupClientsRequest, _broker_pb2.DescribeGroupClientsResponse]  # type: ignore[assignment]
     """The clients this broker sees of a group: live receivers of a consumer group, and the
     checkers claiming checks for a producer group.
+    """
+    DeleteGroupState: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteGroupStateRequest, _broker_pb2.DeleteGroupStateResponse]  # type: ignore[assignment]
+    """Deletes a consumer group's state on this broker (the name server's fan-out of
+    AdminService.DeleteConsumerGroup; see there) in one WriteBatch through the replicated
+    write path: its cursors, in-flight deliveries, offset-reset records and remembered
+    clients (and its %DLQ% topic with dead_letters). FAILED_PRECONDITION (reason
+    GROUP_NOT_EMPTY) while the group has live consumers here, unless force.
     """
 
 class BrokerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -485,6 +499,19 @@ class BrokerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_broker_pb2.DescribeGroupClientsResponse, _abc.Awaitable[_broker_pb2.DescribeGroupClientsResponse]]:
         """The clients this broker sees of a group: live receivers of a consumer group, and the
         checkers claiming checks for a producer group.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteGroupState(
+        self,
+        request: _broker_pb2.DeleteGroupStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteGroupStateResponse, _abc.Awaitable[_broker_pb2.DeleteGroupStateResponse]]:
+        """Deletes a consumer group's state on this broker (the name server's fan-out of
+        AdminService.DeleteConsumerGroup; see there) in one WriteBatch through the replicated
+        write path: its cursors, in-flight deliveries, offset-reset records and remembered
+        clients (and its %DLQ% topic with dead_letters). FAILED_PRECONDITION (reason
+        GROUP_NOT_EMPTY) while the group has live consumers here, unless force.
         """
 
 def add_BrokerServiceServicer_to_server(servicer: BrokerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -635,6 +635,32 @@ def decode_reset(value: bytes, key: bytes = b"") -> ResetRecord:
         raise CorruptRecordError("offset reset", key, str(exc)) from None
 
 
+# --- deleted groups' revoked deliveries ----------------------------------------------------
+
+#: meta keys ``group_revoked/<group> 0x00 <topic> 0x00 | queue u32``: the deliveries of a
+#: deleted consumer group that were in flight (or revoked) in one queue, offset → attempt
+#: (``groupdelete.py``). The group's next first cursor there takes them as revoked
+#: deliveries, so a receipt handle from before the deletion never names a delivery after it.
+REVOKED_PREFIX = b"group_revoked/"
+_REVOKED = struct.Struct(">QI")
+
+
+def revoked_key(group: str, topic: str, queue_id: int) -> bytes:
+    return REVOKED_PREFIX + group.encode() + SEP + topic.encode() + SEP + struct.pack(">I", queue_id)
+
+
+# (offset u64 | attempt u32) * n
+def encode_revoked(revoked: dict[int, int]) -> bytes:
+    return frame(b"".join(_REVOKED.pack(o, a) for o, a in sorted(revoked.items())))
+
+
+def decode_revoked(value: bytes, key: bytes = b"") -> dict[int, int]:
+    payload = unframe(value, "revoked deliveries", key)
+    if len(payload) % _REVOKED.size:
+        raise CorruptRecordError("revoked deliveries", key, f"{len(payload)} bytes")
+    return {o: a for o, a in _REVOKED.iter_unpack(payload)}
+
+
 # --- the key index -----------------------------------------------------------------------
 
 #: ``keys`` family: topic 0x00 key 0x00 | queue u32 | offset u64 → b"" (framed): one entry

@@ -254,6 +254,8 @@ NATIVE: Mapping[str, Policy] = {
     _BROKER + "ResetGroupOffsets": Policy(INTERNAL),
     _BROKER + "LookupMessages": Policy(INTERNAL),
     _BROKER + "DescribeGroupClients": Policy(INTERNAL),
+    _ADMIN + "DeleteConsumerGroup": Policy(lambda r: _admin_consumers(ADMIN_WRITE, r.consumer_group)),
+    _BROKER + "DeleteGroupState": Policy(INTERNAL),
     _REPLICATION + "FetchCheckpoint": Policy(INTERNAL),
     _REPLICATION + "TransferLeadership": Policy(INTERNAL),
     "/grpc.health.v1.Health/Check": Policy(OPEN),
