@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from services.common.process import child_pythonpath
 from tests.support.anchored_worker import emit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -242,7 +243,8 @@ class LoadProcess:
         self.prefix = prefix
         self.failpoint = failpoint
         self.flavour = flavour
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        # This checkout's code, its own sdk/ included (the parent's entries made absolute).
+        env = dict(os.environ, PYTHONPATH=child_pythonpath(os.environ.get("PYTHONPATH", "")))
         env.pop("TXMQ_SDK_FAILPOINT", None)
         if failpoint:
             env["TXMQ_SDK_FAILPOINT"] = failpoint
