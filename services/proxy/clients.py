@@ -281,9 +281,10 @@ class ClientRegistry:
     def sweep(self) -> None:
         now = self.monotonic()
         for principal, order in list(self._departed.items()):
-            for key in list(order):  # least recently departed first: the first still kept ends it
-                state = self.clients[key]
-                if state.idle_since is None or now - state.idle_since < self.idle_expiry:
+            while order:  # least recently departed first: the first one still kept ends it
+                key = next(iter(order))
+                idle_since = self.clients[key].idle_since
+                if idle_since is None or now - idle_since < self.idle_expiry:
                     break
                 del order[key]
                 del self.clients[key]
