@@ -21,6 +21,14 @@ RocketMQ producer is its topic), decided at each Settings and again whenever the
 files are reloaded (:meth:`ClientRegistry.revise`): a revoked right takes the topic's checks
 away from the clients already connected (their check subscriptions follow), and a stream whose
 credentials no longer name its principal (an access key removed) ends UNAUTHENTICATED.
+
+A client whose last stream ended is **departed**: remembered by its topics (so it is checked at
+once if it comes back within ``client_idle_expiry_seconds``) and by nothing else — no check in
+flight, subscription draining or renewal reads its record (they hold its :class:`ClientKey`).
+Client ids being the clients' choice, one principal keeps at most
+``max_departed_clients_per_principal`` departed clients here; the least recently departed beyond
+it is forgotten (:func:`forgotten`), as if its idle expiry had passed. Live clients are not
+capped here: each holds an open stream, which the per-connection stream limit counts.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, TypeAlias
+from typing import Callable, Collection, NamedTuple, TypeAlias
 
 from txmq.errors import PermissionDeniedError, TxmqError, UnauthenticatedError
 
@@ -50,6 +58,8 @@ Outgoing = tuple[Command, OnWritten, OnWritten]
 
 #: Commands queued for one stream beyond which offers are refused (a stuck client).
 OUTBOX_LIMIT = 1024
+#: Departed clients kept per principal by default (``max_departed_clients_per_principal``).
+MAX_DEPARTED_PER_PRINCIPAL = 1000
 
 
 class ClientKey(NamedTuple):
@@ -70,6 +80,12 @@ def checkable(credentials: Credentials, principal: str | None, topics: tuple[str
         return ()
     return topics if known.service else tuple(t for t in topics if allows(
         credentials.rules, principal, CHECK, PRODUCER_GROUP, t))
+
+
+def forgotten(departed: Collection[ClientKey], limit: int) -> list[ClientKey]:
+    """Which of one principal's departed clients (least recently departed first) to forget
+    so that at most ``limit`` stay: the least recently departed ones."""
+    return list(itertools.islice(departed, max(len(departed) - limit, 0)))
 
 
 class TelemetryStream:
@@ -123,10 +139,15 @@ class ClientState:
 
 
 class ClientRegistry:
-    def __init__(self, idle_expiry_seconds: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, idle_expiry_seconds: float, monotonic: Callable[[], float] = time.monotonic,
+                 max_departed_per_principal: int = MAX_DEPARTED_PER_PRINCIPAL) -> None:
         self.idle_expiry = idle_expiry_seconds
         self.monotonic = monotonic
+        self.max_departed = max_departed_per_principal
         self.clients: dict[ClientKey, ClientState] = {}
+        #: Principal → its departed clients (no live stream), least recently departed first;
+        #: every client without a live stream is here.
+        self._departed: dict[str | None, dict[ClientKey, None]] = {}
         self._ids = itertools.count(1)
         #: The credential store (None: auth off), and the snapshot ``revise`` last decided under.
         self.store: CredentialStore | None = None
@@ -145,13 +166,17 @@ class ClientRegistry:
         state = self.clients.setdefault(key, ClientState(key))
         stream = TelemetryStream(next(self._ids), key, peer, caller)
         state.streams[stream.id] = stream
+        if state.idle_since is not None:
+            self._returned(key)
         state.idle_since = None
         if len(state.streams) == 1:
             self._changed(key)
         return stream
 
     def update_settings(self, stream: TelemetryStream, settings: definition_pb2.Settings) -> None:
-        state = self.clients.setdefault(stream.key, ClientState(stream.key))
+        state = self.clients.get(stream.key)
+        if state is None or stream.closed:  # read after its stream ended: the client left
+            return
         # Checks (with their half messages) only for the topics the client may answer for.
         state.published = publishing_topics(settings)
         state.client_type = settings.client_type
@@ -192,6 +217,7 @@ class ClientRegistry:
             return
         if not state.streams:
             state.idle_since = self.monotonic()
+            self._depart(stream.key)
             self._changed(stream.key)
             for notify in self.on_gone:
                 notify(stream.key)
@@ -228,11 +254,42 @@ class ClientRegistry:
                 out[c.client_type] = out.get(c.client_type, 0) + len(c.streams)
         return out
 
+    def counts(self) -> tuple[int, int]:
+        """(live, departed) clients remembered here (for metrics)."""
+        departed = sum(len(order) for order in self._departed.values())
+        return len(self.clients) - departed, departed
+
+    def _depart(self, key: ClientKey) -> None:
+        """The client's last stream ended: the most recently departed of its principal's,
+        whose least recently departed beyond ``max_departed`` are forgotten."""
+        order = self._departed.setdefault(key.principal, {})
+        order.pop(key, None)
+        order[key] = None
+        for gone in forgotten(order, self.max_departed):
+            del order[gone]
+            del self.clients[gone]
+            log.debug("departed client forgotten", extra={"fields": {
+                "client_id": gone.client_id, "limit": f"max_departed_clients_per_principal={self.max_departed}"}})
+
+    def _returned(self, key: ClientKey) -> None:
+        order = self._departed.get(key.principal)
+        if order is not None:
+            order.pop(key, None)
+            if not order:
+                del self._departed[key.principal]
+
     def sweep(self) -> None:
         now = self.monotonic()
-        for key, state in list(self.clients.items()):
-            if state.idle_since is not None and now - state.idle_since >= self.idle_expiry:
+        for principal, order in list(self._departed.items()):
+            while order:  # least recently departed first: the first one still kept ends it
+                key = next(iter(order))
+                idle_since = self.clients[key].idle_since
+                if idle_since is None or now - idle_since < self.idle_expiry:
+                    break
+                del order[key]
                 del self.clients[key]
+            if not order:
+                del self._departed[principal]
 
     def close(self) -> None:
         for state in self.clients.values():

@@ -95,6 +95,11 @@ class ProxyConfig(ServiceConfig):
     #: Settings of a client whose Telemetry streams all ended are forgotten after this long
     #: (a client reconnecting to this replica within it is checked at once).
     client_idle_expiry_seconds: float = seconds(600.0, max=DAY)
+    #: Departed clients (every Telemetry stream ended, remembered for
+    #: client_idle_expiry_seconds by their topics) kept per principal; beyond, the least
+    #: recently departed is forgotten first (client ids are the clients' choice: one principal
+    #: naming a new one per stream grew the proxy's memory by one client each for that long).
+    max_departed_clients_per_principal: int = count(1000, max=1_000_000)
     #: Most producer groups (= topics) one client's check subscription names.
     max_groups_per_client: int = count(64)
 

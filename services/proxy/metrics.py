@@ -1,11 +1,11 @@
 """Proxy metrics: Telemetry streams by client type, check subscriptions, checks forwarded
 to clients, EndTransaction by source and result, messages in and out per topic, acks and
-dead-lettering by result, push consumers' invisibility renewals. Labels are client types,
-results and topics only."""
+dead-lettering by result, push consumers' invisibility renewals, the clients remembered (live
+and departed). Labels are client types, results, states and topics only."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 from prometheus_client import Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
@@ -42,6 +42,25 @@ class FaultTableCollector(Collector):
         yield avoided
         yield failures
         yield latency
+
+
+class ClientsCollector(Collector):
+    """The clients the proxy remembers, read at scrape time: live (a Telemetry stream open)
+    and departed (remembered by their topics for client_idle_expiry_seconds, at most
+    max_departed_clients_per_principal per principal). Not labelled by principal or client id."""
+
+    def __init__(self, counts: Callable[[], tuple[int, int]]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        live, departed = self.counts()
+        clients = GaugeMetricFamily("txmq_proxy_clients", "RocketMQ clients this proxy remembers, by state: "
+                                    "live (a Telemetry stream open) or departed (every stream ended, kept for "
+                                    "client_idle_expiry_seconds, at most max_departed_clients_per_principal "
+                                    "per principal)", labels=["state"])
+        clients.add_metric(["live"], live)
+        clients.add_metric(["departed"], departed)
+        yield clients
 
 
 class ProxyMetrics(BaseMetrics):
@@ -87,6 +106,10 @@ class ProxyMetrics(BaseMetrics):
         self.renewing = Gauge(
             "txmq_proxy_renewing_deliveries", "Deliveries whose invisibility the proxy is renewing",
             registry=self.registry)
+
+    def watch_clients(self, counts: Callable[[], tuple[int, int]]) -> None:
+        """Exposes the clients remembered (``ClientsCollector``): ``counts`` gives (live, departed)."""
+        self.registry.register(ClientsCollector(counts))
 
     def watch_faults(self, faults: FaultTable) -> None:
         """Exposes the routing fault table (``FaultTableCollector``)."""

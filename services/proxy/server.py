@@ -43,7 +43,9 @@ async def create_server(config: ProxyConfig) -> tuple[ServiceApp, int]:
     upstream = Upstream(config)
     metrics.watch_faults(upstream.faults)
     relay = Relay(config, upstream)
-    registry = ClientRegistry(config.client_idle_expiry_seconds)
+    registry = ClientRegistry(config.client_idle_expiry_seconds,
+                              max_departed_per_principal=config.max_departed_clients_per_principal)
+    metrics.watch_clients(registry.counts)
     checks = CheckManager(config, upstream, registry, metrics)
     renewer = Renewer(config, relay, metrics)
     servicer = MessagingServicer(config, upstream, relay, registry, checks, metrics, renewer=renewer)
