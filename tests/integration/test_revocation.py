@@ -36,6 +36,8 @@ BASE_ACL = [
     # alice answers the checks of two groups; bob sends every group's halves and may answer them.
     {"principal": "alice", "resource": "producer_group:rv-a", "actions": ["check"]},
     {"principal": "alice", "resource": "producer_group:rv-b", "actions": ["check"]},
+    {"principal": "alice", "resource": "producer_group:rv-d", "actions": ["check"]},
+    {"principal": "alice", "resource": "producer_group:rv-e", "actions": ["check"]},
     {"principal": "bob", "resource": "topic:rv", "actions": ["publish"]},
     {"principal": "bob", "resource": "topic:lp", "actions": ["publish"]},
     {"principal": "bob", "resource": "producer_group:rv-*", "actions": ["check"]},
@@ -388,3 +390,50 @@ def test_a_backup_held_across_a_revoke_streams_no_more_of_the_store(secured: tup
         assert ended.value.code() == grpc.StatusCode.PERMISSION_DENIED, ended.value
     finally:
         call.cancel()
+
+
+def test_an_answer_for_a_group_the_stream_lost_is_refused_in_band(secured: tuple[Cluster, Path],
+                                                                   creds: Path) -> None:
+    """alice's stream serves rv-d and rv-e; her check right on rv-d is revoked while she
+    holds an rv-d check. Her answer to it naming its group and transaction (as the SDK and
+    the proxy answer) is refused in band (an error naming the check, PERMISSION_DENIED) and
+    decides nothing; the stream goes on serving rv-e. Before the fix the stream policy
+    refused the answer and ended the whole stream, for rv-e too."""
+    cluster, _ = secured
+    alice = CheckStream(cluster, "alice", ["rv-d", "rv-e"])
+    try:
+        held_txn = send_half(cluster, "rv-d", b"answered too late")
+        held = alice.next("check")
+        assert held.transaction_id == held_txn
+
+        write_json(creds, credentials(acl=without("alice", "producer_group:rv-d", "check")))
+        assert alice.next("error").reason == "PERMISSION_DENIED"
+        alice.send(checker_pb2.CheckTransactionStateRequest(answer=checker_pb2.CheckAnswer(
+            check_id=held.check_id, result=common_pb2.CHECK_RESULT_COMMIT, transaction_id=held_txn,
+            broker_name=held.broker_name, producer_group="rv-d")))
+        refused = alice.next("error")
+        assert refused.reason == "PERMISSION_DENIED" and "'rv-d'" in refused.message, refused
+        assert json.loads(refused.details["check_id"]) == held.check_id
+        assert describe(cluster, held_txn).state == common_pb2.TRANSACTION_STATE_PREPARED
+
+        later_b = send_half(cluster, "rv-e", b"still alice's")
+        assert alice.next("check").transaction_id == later_b
+        assert not alice.done.is_set(), alice.ended
+    finally:
+        alice.close()
+
+
+def test_an_answer_for_a_group_the_stream_never_held_still_ends_it(secured: tuple[Cluster, Path]) -> None:
+    """An answer naming a group the stream's principal may not check and the stream never
+    subscribed (someone else's checks) is refused by the stream policy: the stream ends
+    PERMISSION_DENIED naming the group, as before."""
+    cluster, _ = secured
+    alice = CheckStream(cluster, "alice", ["rv-a"])
+    try:
+        alice.send(checker_pb2.CheckTransactionStateRequest(answer=checker_pb2.CheckAnswer(
+            check_id="0" * 24, result=common_pb2.CHECK_RESULT_COMMIT, transaction_id="forged",
+            broker_name="broker-0", producer_group="rv-c")))
+        code, details = alice.end_status()
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "'rv-c'" in details, (code, details)
+    finally:
+        alice.close()
