@@ -17,6 +17,10 @@ What stays the same as on the gRPC port:
   bearer token in the hello (``auth_token_file``) or its client certificate's names — and
   must be a service identity (``INTERNAL``, as every replication RPC): otherwise the
   answer is a REFUSED frame (UNAUTHENTICATED / PERMISSION_DENIED) and the connection closes.
+  An open session is decided again before each frame the leader sends once the credential
+  files were reloaded (one comparison otherwise; the leader sends at least a heartbeat
+  every ``election_poll_seconds``): a follower identity removed, or no longer a service
+  identity, ends its session the same way, and its reconnection is refused at its hello.
 - **Bad input** (a frame too long, an unknown kind, a malformed hello, no hello within
   ``HELLO_TIMEOUT_SECONDS``) gets a REFUSED frame naming what was wrong (INVALID_ARGUMENT,
   DEADLINE_EXCEEDED) and the connection is closed; nothing else changes.
@@ -42,6 +46,7 @@ from txmq.errors import PermissionDeniedError, UnauthenticatedError
 from services.common import tls
 from services.common.auth.interceptor import AuthInterceptor, authorize
 from services.common.auth.policy import INTERNAL_ACTION, Need
+from services.common.auth.store import Credentials, Principal
 from services.common.runtime import StartupError
 
 from .store import replog
@@ -84,6 +89,8 @@ class Connection:
         #: The follower's end: a REFUSED frame is its leader's refusal (on the leader's
         #: end it is only a frame no follower sends).
         self.follower = follower
+        #: On the leader's end with auth on: decides the follower again (raises Refused).
+        self.standing: Callable[[], None] | None = None
 
     async def read(self) -> tuple[int, bytes]:
         """The next frame: (kind, body). IncompleteReadError at the end of the stream,
@@ -100,6 +107,10 @@ class Connection:
         return kind, body
 
     def send(self, frame: bytes) -> None:
+        """Writes ``frame``; raises :class:`Refused` instead once the follower's credentials
+        were revoked (``ReplicationListener``: the session ends with that refusal)."""
+        if self.standing is not None:
+            self.standing()
         self.writer.write(frame)
 
     async def drain(self) -> None:
@@ -216,10 +227,28 @@ class ReplicationListener:
         return replog.decode_hello(body)
 
     def _authenticate(self, conn: Connection, token: str) -> None:
-        """With auth on, the follower must be a service identity (its token or certificate)."""
+        """With auth on, the follower must be a service identity (its token or certificate),
+        and stay one: ``conn.standing`` decides it again whenever the files were reloaded."""
         if self.auth is None:
             return
-        credentials = self.auth.store.current()
+        store = self.auth.store
+        seen = store.current()
+        principal = self._principal(conn, token, seen)
+
+        def standing() -> None:
+            nonlocal seen
+            credentials = store.current()
+            if credentials is seen:
+                return
+            if self._principal(conn, token, credentials) != principal:
+                raise Refused(grpc.StatusCode.UNAUTHENTICATED, f"the credentials of this session no longer name "
+                                                               f"principal {principal.name!r} (reloaded)")
+            seen = credentials  # a refusal stays: every later frame is refused again
+        conn.standing = standing
+
+    def _principal(self, conn: Connection, token: str, credentials: Credentials) -> Principal:
+        """The service identity the follower's token or certificate names under ``credentials``."""
+        assert self.auth is not None
         names = conn.certificate_names()
         if token:
             principal = credentials.principal_for_token(token)
@@ -233,6 +262,7 @@ class ReplicationListener:
             if principal is None:
                 raise UnauthenticatedError(problem)
             authorize(credentials, principal, METHOD, [Need((INTERNAL_ACTION,), "cluster")])
+            return principal
         except (UnauthenticatedError, PermissionDeniedError) as error:
             self.auth.refused[error.reason] = self.auth.refused.get(error.reason, 0) + 1
             code = grpc.StatusCode.UNAUTHENTICATED if isinstance(error, UnauthenticatedError) \

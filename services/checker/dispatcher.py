@@ -139,6 +139,8 @@ class ProducerStream:
         self.draining = False
         #: Why the checker ended the stream (a revoked right: see Dispatcher.revoke), if it did.
         self.refusal: TxmqError | None = None
+        #: The groups revoked from it, and what it was told (its answers for them are refused so).
+        self.lost: dict[str, TxmqError] = {}
         #: Check ids sent on this stream and not finished.
         self.checks: set[str] = set()
         self._outbox: collections.deque[Response] = collections.deque()
@@ -344,6 +346,7 @@ class Dispatcher:
         if not stream.draining:
             self._leave_groups(stream, lost)
         stream.groups = tuple(g for g in stream.groups if g not in lost)
+        stream.lost.update(dict.fromkeys(lost, refusal))
         taken = [d for d in map(self.deliveries.__getitem__, stream.checks) if d.group in lost]
         stream.withdraw({d.check_id for d in taken}, error_response(refusal))
         for d in taken:
@@ -465,7 +468,9 @@ class Dispatcher:
         """CheckAnswer: reported ANSWERED. An answer for a check this stream does not hold
         that names its transaction, broker and group goes to the broker as a late answer.
         A refusal by the broker (a decision against the first one) comes back on the
-        stream as an error."""
+        stream as an error. One naming a group revoked from the stream raises what the
+        stream was told of the revoke; one naming another group than its check's, an
+        InvalidFieldError."""
         name = RESULT_NAMES.get(result)
         if name is None:
             raise InvalidFieldError("result", f"must be COMMIT, ROLLBACK, UNKNOWN or IN_PROGRESS, got {result}")
@@ -478,10 +483,14 @@ class Dispatcher:
             raise InvalidFieldError("retry_after_seconds", "only IN_PROGRESS carries a retry-after")
         delivery = self.deliveries.get(check_id) if check_id else None
         if delivery is None or delivery.stream is not stream:
+            if producer_group in stream.lost:
+                raise stream.lost[producer_group]  # revoked: its checks here were finished
             if not transaction_id:
                 self._outstanding(stream, check_id)  # raises: not outstanding here
             self._late_answer(stream, check_id, result, transaction_id, broker_name, producer_group)
             return
+        if producer_group and producer_group != delivery.group:
+            raise InvalidFieldError("producer_group", f"{producer_group!r} is not the group of check {check_id!r}")
         if delivery.state == SENT:
             self._delivered(delivery)
         self._finish(delivery)

@@ -25,8 +25,9 @@ The protocol on one stream:
    handed back at once, the stream open for the answers it owes until it half-closes.
 5. A right revoked while the stream is open (the credential files reloaded) takes effect on
    it within a sweep (``standing``): a group the principal may no longer check leaves the
-   stream (an ``error`` PERMISSION_DENIED naming it; its checks go back to the broker, its
-   answers are refused), and the stream ends PERMISSION_DENIED once no group is left, or
+   stream (an ``error`` PERMISSION_DENIED naming it; its checks go back to the broker, an
+   answer for one, or naming the group, is refused in band the same way and the stream goes
+   on for its other groups), and the stream ends PERMISSION_DENIED once no group is left, or
    UNAUTHENTICATED once its credentials name its principal no more.
 """
 

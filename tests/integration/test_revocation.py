@@ -29,13 +29,17 @@ pytestmark = pytest.mark.timeout(180)
 
 RPC_TIMEOUT = 10.0
 SERVICES = ("nameserver", "broker", "checker")
+#: A second checker's identity (no process: the tests claim with it).
+CLAIMER = "claimer"
 PEOPLE = ("operator", "alice", "bob", "carol", "dave", "erin", "ops")
-TOKENS = {name: f"revocation-token-{name}-0123456789abcdef" for name in (*SERVICES, *PEOPLE)}
+TOKENS = {name: f"revocation-token-{name}-0123456789abcdef" for name in (*SERVICES, CLAIMER, *PEOPLE)}
 BASE_ACL = [
     {"principal": "operator", "resource": "cluster", "actions": ["admin-read", "admin-write", "subscribe"]},
     # alice answers the checks of two groups; bob sends every group's halves and may answer them.
     {"principal": "alice", "resource": "producer_group:rv-a", "actions": ["check"]},
     {"principal": "alice", "resource": "producer_group:rv-b", "actions": ["check"]},
+    {"principal": "alice", "resource": "producer_group:rv-d", "actions": ["check"]},
+    {"principal": "alice", "resource": "producer_group:rv-e", "actions": ["check"]},
     {"principal": "bob", "resource": "topic:rv", "actions": ["publish"]},
     {"principal": "bob", "resource": "topic:lp", "actions": ["publish"]},
     {"principal": "bob", "resource": "producer_group:rv-*", "actions": ["check"]},
@@ -50,7 +54,7 @@ RELOAD = {"TXMQ_AUTH_RELOAD_SECONDS": "0.2"}
 
 def credentials(tokens: dict[str, str] = TOKENS, acl: list[dict[str, Any]] = BASE_ACL,
                 absent: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {"principals": {name: {"service": name in SERVICES, "tokens": [hash_token(token)]}
+    return {"principals": {name: {"service": name in (*SERVICES, CLAIMER), "tokens": [hash_token(token)]}
                            for name, token in tokens.items() if name not in absent},
             "acl": [rule for rule in acl if rule["principal"] not in absent]}
 
@@ -388,3 +392,101 @@ def test_a_backup_held_across_a_revoke_streams_no_more_of_the_store(secured: tup
         assert ended.value.code() == grpc.StatusCode.PERMISSION_DENIED, ended.value
     finally:
         call.cancel()
+
+
+def test_an_answer_for_a_group_the_stream_lost_is_refused_in_band(secured: tuple[Cluster, Path],
+                                                                   creds: Path) -> None:
+    """alice's stream serves rv-d and rv-e; her check right on rv-d is revoked while she
+    holds an rv-d check. Her answer to it naming its group and transaction (as the SDK and
+    the proxy answer) is refused in band (an error naming the check, PERMISSION_DENIED) and
+    decides nothing; the stream goes on serving rv-e. Before the fix the stream policy
+    refused the answer and ended the whole stream, for rv-e too."""
+    cluster, _ = secured
+    alice = CheckStream(cluster, "alice", ["rv-d", "rv-e"])
+    try:
+        held_txn = send_half(cluster, "rv-d", b"answered too late")
+        held = alice.next("check")
+        assert held.transaction_id == held_txn
+
+        write_json(creds, credentials(acl=without("alice", "producer_group:rv-d", "check")))
+        assert alice.next("error").reason == "PERMISSION_DENIED"
+        alice.send(checker_pb2.CheckTransactionStateRequest(answer=checker_pb2.CheckAnswer(
+            check_id=held.check_id, result=common_pb2.CHECK_RESULT_COMMIT, transaction_id=held_txn,
+            broker_name=held.broker_name, producer_group="rv-d")))
+        refused = alice.next("error")
+        assert refused.reason == "PERMISSION_DENIED" and "'rv-d'" in refused.message, refused
+        assert json.loads(refused.details["check_id"]) == held.check_id
+        assert describe(cluster, held_txn).state == common_pb2.TRANSACTION_STATE_PREPARED
+
+        later_b = send_half(cluster, "rv-e", b"still alice's")
+        assert alice.next("check").transaction_id == later_b
+        assert not alice.done.is_set(), alice.ended
+    finally:
+        alice.close()
+
+
+def test_an_answer_for_a_group_the_stream_never_held_still_ends_it(secured: tuple[Cluster, Path]) -> None:
+    """An answer naming a group the stream's principal may not check and the stream never
+    subscribed (someone else's checks) is refused by the stream policy: the stream ends
+    PERMISSION_DENIED naming the group, as before."""
+    cluster, _ = secured
+    alice = CheckStream(cluster, "alice", ["rv-a"])
+    try:
+        alice.send(checker_pb2.CheckTransactionStateRequest(answer=checker_pb2.CheckAnswer(
+            check_id="0" * 24, result=common_pb2.CHECK_RESULT_COMMIT, transaction_id="forged",
+            broker_name="broker-0", producer_group="rv-c")))
+        code, details = alice.end_status()
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "'rv-c'" in details, (code, details)
+    finally:
+        alice.close()
+
+
+def test_a_claim_held_across_a_checker_identitys_removal_claims_nothing(secured: tuple[Cluster, Path],
+                                                                       creds: Path) -> None:
+    """A checker identity's ClaimChecks waits at the broker (nothing of rv-z due); the identity
+    is removed; a half of rv-z ends the wait: the claim ends UNAUTHENTICATED and takes no lease
+    on the check, which the group's producer is then checked for through the running checker
+    as soon as it is due. Fails without the broker's re-check after the claim's wait: the held
+    claim, authorized when it began, is answered."""
+    cluster, _ = secured
+    stub = broker_pb2_grpc.BrokerServiceStub(plain_channel(cluster.brokers[0].address))
+
+    def claim(wait_ms: int, groups: bool = True) -> Any:
+        return broker_pb2.ClaimChecksRequest(
+            session_id="rv-held", groups_version=1, checker_id="claimer-0", max_checks=4, lease_seconds=60.0,
+            groups=[broker_pb2.ClaimGroup(producer_group="rv-z", max_checks=4)] if groups else [], wait_ms=wait_ms)
+
+    def holding() -> bool:  # the held claim's session exists: it was authorized and claimed once
+        return not stub.ClaimChecks(claim(0, groups=False), metadata=bearer(CLAIMER),
+                                    timeout=RPC_TIMEOUT).groups_needed
+
+    def refused() -> bool:
+        try:
+            holding()
+        except grpc.RpcError as exc:
+            return exc.code() == grpc.StatusCode.UNAUTHENTICATED
+        return False
+
+    # Any check coming due sooner ends every held claim's wait (the previous tests' checks
+    # going back do): the claim is held again until one is held across the revoke.
+    for _ in range(5):
+        held = stub.ClaimChecks.future(claim(30_000), metadata=bearer(CLAIMER), timeout=40)
+        wait_until(holding, 15.0, message="the claim to be held at the broker")
+        write_json(creds, credentials(absent=(CLAIMER,)))
+        wait_until(refused, 15.0, message="the broker to read the removal")
+        if not held.done() or held.exception() is not None:
+            break  # held across the removal (and maybe woken after it)
+        write_json(creds, credentials())
+        wait_until(lambda: not refused(), 15.0, message="the broker to read the identity back")
+    else:
+        pytest.fail("no claim was held across the removal")
+    txn = send_half(cluster, "rv-z", b"not for a removed checker")
+    error = held.exception(timeout=15)
+    assert isinstance(error, grpc.RpcError), f"the held claim was answered: {held.result()}"
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED, error
+    # No lease was taken: the check reaches an allowed producer as soon as it is due.
+    bob = CheckStream(cluster, "bob", ["rv-z"])
+    try:
+        assert bob.next("check").transaction_id == txn
+    finally:
+        bob.close()

@@ -16,21 +16,23 @@ from typing import Any, Iterator
 
 import grpc
 import pytest
+from google.protobuf import duration_pb2
 
 from services.proxy.checks import CHECK_CREDIT_PER_CLIENT
-from services.proxy.protocol import definition_pb2 as pb, service_pb2 as spb, service_pb2_grpc
+from services.proxy.protocol import Code, definition_pb2 as pb, service_pb2 as spb, service_pb2_grpc
 from tests.support.cluster import Cluster
 from tests.support.metrics import metric_sum
-from tests.support.ownership import access_key_of, secret_of, secured_cluster, signed, write_credentials
+from tests.support.ownership import access_key_of, bearer, secret_of, secured_cluster, signed, write_credentials
 from tests.support.waiting import wait_until
+from txmq.v1 import broker_pb2, broker_pb2_grpc
 
 pytestmark = pytest.mark.timeout(180)
 
 RPC_TIMEOUT = 10.0
 RELOAD = {"TXMQ_AUTH_RELOAD_SECONDS": "0.2"}
 #: rmc and rmk produce transactionally to their own topics (a RocketMQ producer's group is
-#: its topic); rms sends the halves of both.
-RMQ = ("rmc", "rmk", "rms")
+#: its topic); rms sends the halves of both; rmr consumes rvr in group rvg (rms may too).
+RMQ = ("rmc", "rmk", "rms", "rmr")
 ACL = [
     {"principal": "rmc", "resource": "topic:rvt", "actions": ["publish"]},
     {"principal": "rmc", "resource": "producer_group:rvt", "actions": ["check"]},
@@ -38,6 +40,10 @@ ACL = [
     {"principal": "rmk", "resource": "producer_group:rvk", "actions": ["check"]},
     {"principal": "rms", "resource": "topic:rv*", "actions": ["publish"]},
     {"principal": "rms", "resource": "producer_group:rv*", "actions": ["check"]},
+    {"principal": "rmr", "resource": "topic:rvr", "actions": ["subscribe"]},
+    {"principal": "rmr", "resource": "consumer_group:rvg", "actions": ["subscribe"]},
+    {"principal": "rms", "resource": "topic:rvr", "actions": ["subscribe"]},
+    {"principal": "rms", "resource": "consumer_group:rvg", "actions": ["subscribe"]},
 ]
 
 
@@ -53,7 +59,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster,
                                            "TXMQ_LEASE_SECONDS": "60", **RELOAD},
                               proxy_env=RELOAD)
     try:
-        for topic in ("rvt", "rvk"):
+        for topic in ("rvt", "rvk", "rvr"):
             cluster.create_topic(topic, queue_count=1)
             cluster.wait_route(topic, 1)
         yield cluster, workdir
@@ -189,3 +195,60 @@ def test_a_removed_access_key_ends_an_open_telemetry_stream(secured: tuple[Clust
                    message="the subscription for rmk to end at the checker")
     finally:
         telemetry.close()
+
+
+def receive(cluster: Cluster, who: str, wait_seconds: int, invisible_seconds: float) -> list[spb.ReceiveMessageResponse]:
+    """A simple consumer's ReceiveMessage of rvr in group rvg: every frame the proxy wrote."""
+    request = spb.ReceiveMessageRequest(
+        group=pb.Resource(name="rvg"), message_queue=pb.MessageQueue(topic=pb.Resource(name="rvr"), id=-1),
+        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"), batch_size=4,
+        long_polling_timeout=duration_pb2.Duration(seconds=wait_seconds))
+    request.invisible_duration.FromMilliseconds(int(invisible_seconds * 1000))
+    return list(stub(cluster).ReceiveMessage(request, timeout=wait_seconds + RPC_TIMEOUT,
+                                             metadata=signed(who, f"{who}-simple")))
+
+
+def test_a_long_poll_whose_access_key_is_removed_is_written_nothing(secured: tuple[Cluster, Path],
+                                                                     files: Path) -> None:
+    """rmr long-polls rvr through the proxy; its access key is removed meanwhile (rmr and its
+    rights stay, so the broker, which knows no access keys, delivers to the proxy). A message
+    sent then is not written to rmr (the receive is refused in band, UNAUTHORIZED), and an
+    allowed consumer of the group gets it once its invisibility ends (the refused delivery
+    counted as one attempt). Fails without the proxy's re-check before writing."""
+    cluster, _ = secured
+    broker = broker_pb2_grpc.BrokerServiceStub(grpc.insecure_channel(cluster.brokers[0].address))
+
+    def waiting() -> bool:
+        clients = broker.DescribeGroupClients(broker_pb2.DescribeGroupClientsRequest(group="rvg"),
+                                              timeout=RPC_TIMEOUT, metadata=bearer("nameserver")).clients
+        return any(c.waiting for c in clients)
+
+    frames: list[Any] = []
+    poller = threading.Thread(target=lambda: frames.extend(receive(cluster, "rmr", 20, 1.0)), daemon=True)
+    poller.start()
+    wait_until(waiting, 15.0, message="rmr's long poll waiting at the broker")
+    rewrite(files, ACL, keys_of=tuple(n for n in RMQ if n != "rmr"))
+
+    def refused() -> bool:
+        route = stub(cluster).QueryRoute(spb.QueryRouteRequest(topic=pb.Resource(name="rvr")), timeout=RPC_TIMEOUT,
+                                         metadata=signed("rmr", "rmr-probe"))
+        return route.status.code == Code.UNAUTHORIZED
+    wait_until(refused, 15.0, message="the proxy to read the removal")
+    assert waiting(), "the long poll ended before the message came"
+    message = pb.Message(topic=pb.Resource(name="rvr"), body=b"not for rmr")
+    message.system_properties.message_id = uuid.uuid4().hex.upper()
+    message.system_properties.message_type = pb.NORMAL
+    message.system_properties.body_encoding = pb.IDENTITY
+    message.system_properties.born_host = "test"
+    sent = stub(cluster).SendMessage(spb.SendMessageRequest(messages=[message]), timeout=RPC_TIMEOUT,
+                                     metadata=signed("rms", "rms-sender"))
+    assert sent.status.code == pb.OK, sent.status
+    poller.join(30)
+    assert not poller.is_alive()
+    assert [f.message.body for f in frames if f.HasField("message")] == [], "written to rmr after the removal"
+    assert [f.status.code for f in frames if f.HasField("status")] == [Code.UNAUTHORIZED], frames
+
+    def redelivered() -> list[pb.Message]:
+        return [f.message for f in receive(cluster, "rms", 2, 30.0) if f.HasField("message")]
+    got = wait_until(redelivered, 15.0, message="the message for an allowed consumer")
+    assert [(m.body, m.system_properties.delivery_attempt) for m in got] == [(b"not for rmr", 2)]

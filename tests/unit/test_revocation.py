@@ -18,7 +18,7 @@ from services.common.auth import Caller, CredentialStore, hash_token
 from services.common.auth.store import Principal, parse
 from services.proxy.clients import ClientKey, ClientRegistry, checkable
 from services.proxy.protocol import definition_pb2 as pb
-from txmq.errors import PermissionDeniedError, UnauthenticatedError
+from txmq.errors import InvalidFieldError, PermissionDeniedError, UnauthenticatedError
 from txmq.v1 import broker_pb2, common_pb2
 
 from .test_checker_dispatcher import Metrics, Reports, sent_checks, task
@@ -247,3 +247,27 @@ def test_a_revoked_stream_writes_none_of_the_checks_it_queued(dispatcher):
     d.revoke(stream, ["ga"], refusal(Principal("alice"), ["ga"]))
     assert stream.pop() is None and stream.closed
     assert isinstance(stream.refusal, PermissionDeniedError)
+
+
+def test_an_answer_naming_a_group_the_stream_lost_is_refused_with_the_revoke(dispatcher):
+    """The answer is the checker's to refuse in band (the stream policy lets a group the
+    stream subscribed through, ``Need.in_band``): PERMISSION_DENIED as the stream was told,
+    late or not, and nothing reported; an answer naming another group than its check's is
+    refused too, and the group the stream keeps is still answered."""
+    d, reports, _ = dispatcher
+    stream = d.subscribe("alice-1", ["ga", "gb"], credit=4)
+    d.dispatch("broker-0", [task("A1", "ga"), task("B1", "gb")])
+    a1, b1 = (stream.pop().check for _ in range(2))
+    told = refusal(Principal("alice"), ["ga"])
+    d.revoke(stream, ["ga"], told)
+    reports.sent.clear()
+    for transaction_id in ("", "A1"):
+        with pytest.raises(PermissionDeniedError) as refused:
+            d.answered(stream, a1.check_id, common_pb2.CHECK_RESULT_COMMIT, 0.0, transaction_id=transaction_id,
+                       broker_name="broker-0", producer_group="ga")
+        assert refused.value is told
+    with pytest.raises(InvalidFieldError, match="not the group of check"):
+        d.answered(stream, b1.check_id, common_pb2.CHECK_RESULT_COMMIT, 0.0, producer_group="ga")
+    assert reports.sent == []
+    d.answered(stream, b1.check_id, common_pb2.CHECK_RESULT_COMMIT, 0.0, producer_group="gb")
+    assert reports.outcomes()[-1] == ("B1", broker_pb2.CHECK_OUTCOME_ANSWERED)

@@ -20,6 +20,7 @@ import grpc
 
 from txmq.v1 import replication_pb2, replication_pb2_grpc
 
+from services.common.auth import recheck
 from services.common.channels import open_channel
 
 from ..config import BrokerConfig
@@ -39,7 +40,9 @@ Refusal = Callable[[], "tuple[grpc.StatusCode, str] | None"]
 async def serve_checkpoint(db: Database, data_dir: str, request: replication_pb2.FetchCheckpointRequest,
                            context: Any, refusal: Refusal) -> AsyncIterator[replication_pb2.FetchCheckpointResponse]:
     """Streams a checkpoint of ``db`` to the follower ``request`` names, while
-    ``refusal()`` (asked again after the flush: the term may have ended meanwhile) is None."""
+    ``refusal()`` (asked again after the flush: the term may have ended meanwhile) is None
+    and the caller's credentials still name a service identity (decided again before each
+    chunk once the credential files were reloaded: UNAUTHENTICATED or PERMISSION_DENIED)."""
     refused = refusal()
     if refused is None:
         await flush_for_checkpoint(db)
@@ -52,6 +55,7 @@ async def serve_checkpoint(db: Database, data_dir: str, request: replication_pb2
     try:
         first = True
         async for name, size, data in checkpoint.chunks():
+            recheck()  # the follower's identity removed meanwhile: nothing more of the store
             yield replication_pb2.FetchCheckpointResponse(
                 file_name=name, file_size=size, data=data, log_end=checkpoint.log_end if first else 0)
             first = False

@@ -383,7 +383,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
 
 class _StreamGuard:
-    """Checks each message of one stream. A message refused while the handler reads in a
+    """Checks each message of one stream (an ``in_band`` need its first message was granted
+    is left to the handler: ``Need.in_band``). A message refused while the handler reads in a
     task of its own (the checker and the broker do) cannot end the call from there: the
     guard cancels the handler's task, whose wrapper then answers PERMISSION_DENIED.
 
@@ -404,6 +405,9 @@ class _StreamGuard:
         self.principal = caller.principal
         self.task = asyncio.current_task()
         self.violation: UnauthenticatedError | PermissionDeniedError | None = None
+        #: The rights the stream's first message was granted (None: none read yet): an
+        #: ``in_band`` need among them is the handler's to refuse (``Need.in_band``).
+        self.opening: frozenset[tuple[tuple[str, ...], str, str]] | None = None
         #: The handler's write under way, if any, and whether a refusal waits for it.
         self.writing = False
         self.stop_after_write = False
@@ -412,7 +416,13 @@ class _StreamGuard:
         try:
             # Under the current rules; the stream's credentials again first once they changed.
             credentials = self.caller.current()
-            authorize(credentials, self.principal, self.method, self.rights(message))
+            needs = self.rights(message)
+            if self.opening is None:
+                authorize(credentials, self.principal, self.method, needs)
+                self.opening = frozenset((n.actions, n.kind, n.name) for n in needs)
+            else:
+                authorize(credentials, self.principal, self.method,
+                          [n for n in needs if not (n.in_band and (n.actions, n.kind, n.name) in self.opening)])
             self.interceptor.authorize_ids(credentials, self.principal, self.policy, message)
         except (UnauthenticatedError, PermissionDeniedError) as error:
             self.interceptor._noted(self.method, error)

@@ -34,6 +34,11 @@ class Need:
     name: str = ""
     #: Why, when the resource alone does not say it (shown in the refusal).
     why: str = ""
+    #: On a stream: a right its first message was granted too, that the handler decides again
+    #: itself once the credentials are reloaded (the checker's ``standing``). Revoked since,
+    #: the message is not refused here but goes to the handler, which refuses it in band and
+    #: goes on for the rest of the stream; a right the stream never held refuses it here.
+    in_band: bool = False
 
 
 INTERNAL = "internal"
@@ -177,9 +182,13 @@ def _check_stream(request: Any) -> list[Need]:
     if which == "subscribe":
         return [Need((CHECK,), PRODUCER_GROUP, g) for g in request.subscribe.producer_groups]
     if which == "answer" and request.answer.producer_group:
-        return [Need((CHECK,), PRODUCER_GROUP, request.answer.producer_group)]
+        # A group the stream subscribed and lost since (a revoke) is refused in band by the
+        # checker: the stream goes on for its other groups (``in_band``). One it never held
+        # (someone else's checks) ends it here.
+        return [Need((CHECK,), PRODUCER_GROUP, request.answer.producer_group, in_band=True)]
     # Receipts, credit, and answers naming no group: the checker accepts an answer only for
-    # a check it sent on this stream, so for a group the opening message was allowed.
+    # a check it sent on this stream, so for a group the opening message was allowed (and
+    # still is: a revoke finishes the group's checks there, ``Dispatcher.revoke``).
     return []
 
 
