@@ -23,6 +23,8 @@ from __future__ import annotations
 import bisect
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
+from txmq.errors import QuotaExceededError
+
 from services.common.auth.acl import ADMIN_WRITE, CHECK, CONSUMER_GROUP, PRODUCER_GROUP, SUBSCRIBE
 from services.common.auth.quota import Subject, count_covered, refuse_beyond
 
@@ -40,9 +42,17 @@ CONSUMER_ACTIONS = (SUBSCRIBE, ADMIN_WRITE)
 PRODUCER_ACTIONS = (CHECK,)
 
 
+#: The broker's quota settings (``txmq_quota_refusals_total{setting}``).
+SETTINGS = ("max_consumer_groups_per_principal", "max_subscriptions_per_principal",
+            "max_producer_groups_per_principal")
+
+
 class Quotas:
-    def __init__(self, config: BrokerConfig, names: GroupNames, counters: Mapping[str, Any]) -> None:
+    def __init__(self, config: BrokerConfig, names: GroupNames, counters: Mapping[str, Any],
+                 refusals: Mapping[str, Any] | None = None) -> None:
         self.config = config
+        #: Setting → its refusals counter (``BaseMetrics.quota_refusals``), if metered.
+        self.refusals = refusals or {}
         self.names = names
         #: Producer group → its counters (``Transactions.counters``): rows are never deleted,
         #: so their number versions the sorted names.
@@ -62,6 +72,18 @@ class Quotas:
             return held
         return count
 
+    def _refuse_beyond(self, subject: Subject, actions: tuple[str, ...], kind: str,
+                       names: Sequence[tuple[str, ...]], limit: int, setting: str, plural: str, what: str,
+                       count: Callable[[Subject], int]) -> None:
+        """``refuse_beyond``, its refusals counted."""
+        try:
+            refuse_beyond(subject, actions, kind, names, limit, setting, plural, what, count)
+        except QuotaExceededError:
+            counter = self.refusals.get(setting)
+            if counter is not None:
+                counter.inc()
+            raise
+
     def _took(self, quota: str, subject: Subject, before: int, after: int) -> None:
         """The principal made one more name, the only change from version ``before`` to
         ``after`` (it holds the right that made it, so the name is one it counts): its count
@@ -77,12 +99,12 @@ class Quotas:
             return
         cfg = self.config
         if not names.has_group(group):
-            refuse_beyond(subject, CONSUMER_ACTIONS, CONSUMER_GROUP, names.groups,
+            self._refuse_beyond(subject, CONSUMER_ACTIONS, CONSUMER_GROUP, names.groups,
                           cfg.max_consumer_groups_per_principal, "max_consumer_groups_per_principal",
                           "consumer groups", f"consumer group {group!r}",
                           self._count("groups", names.version, CONSUMER_ACTIONS, CONSUMER_GROUP, names.groups,
                                       cfg.max_consumer_groups_per_principal))
-        refuse_beyond(subject, CONSUMER_ACTIONS, CONSUMER_GROUP, names.pairs,
+        self._refuse_beyond(subject, CONSUMER_ACTIONS, CONSUMER_GROUP, names.pairs,
                       cfg.max_subscriptions_per_principal, "max_subscriptions_per_principal",
                       "subscriptions (consumer group, topic)",
                       f"a subscription of consumer group {group!r} to topic {topic!r}",
@@ -97,7 +119,7 @@ class Quotas:
         if len(self._producer_names) != len(self.counters):  # made by calls nobody counts
             self._producer_names = sorted((g,) for g in self.counters)
         limit = self.config.max_producer_groups_per_principal
-        refuse_beyond(subject, PRODUCER_ACTIONS, PRODUCER_GROUP, self._producer_names, limit,
+        self._refuse_beyond(subject, PRODUCER_ACTIONS, PRODUCER_GROUP, self._producer_names, limit,
                       "max_producer_groups_per_principal", "producer groups", f"producer group {group!r}",
                       self._count("producer groups", len(self._producer_names), PRODUCER_ACTIONS, PRODUCER_GROUP,
                                   self._producer_names, limit))

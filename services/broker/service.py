@@ -28,7 +28,7 @@ from .filters import MessageFilter, parse_filter
 from .drain import guard_send
 from .metrics import BrokerMetrics
 from .model import CheckAnswer, CheckOutcome, EndResult, ReceiveResult, Resolution, SendResult, Source, TxnState
-from .quotas import Quotas
+from .quotas import SETTINGS as QUOTA_SETTINGS, Quotas
 from .store import codec
 from .store.codec import LogRecord, TxnRow
 from .store.db import Op
@@ -161,7 +161,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         #: Claims that found nothing due, held until a check of theirs may be (``claimwaits.py``).
         self.claim_waits = ClaimWaits()
         core.schedule.on_lowered = self.claim_waits.lowered
-        self.quotas = Quotas(self.config, core.consumers.names, core.counters)
+        self.quotas = Quotas(self.config, core.consumers.names, core.counters,
+                             metrics.quota_refusals(QUOTA_SETTINGS))
 
     # --- producing -----------------------------------------------------------------------
 

@@ -3,9 +3,10 @@ and the /metrics HTTP endpoint beside the gRPC server."""
 
 from __future__ import annotations
 
+from typing import Any, Iterable
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -21,6 +22,15 @@ class BaseMetrics:
             "txmq_rpc_duration_seconds", "Server-side duration of gRPC calls, by method and status code",
             ["service", "method", "code"], buckets=RPC_BUCKETS, registry=self.registry)
         self._http: WSGIServer | None = None
+
+    def quota_refusals(self, settings: Iterable[str]) -> dict[str, Any]:
+        """``txmq_quota_refusals_total{setting}``: calls refused at a per-principal quota
+        (``services.common.auth.quota``), one series per setting of this service, exported at 0
+        from the start (no principal label: the names are the tenants' choice, the series
+        would be unbounded). Returns each setting's counter."""
+        counter = Counter("txmq_quota_refusals_total", "Calls refused at a per-principal quota (nothing "
+                          "created), by the setting that refused them", ["setting"], registry=self.registry)
+        return {setting: counter.labels(setting) for setting in settings}
 
     def serve(self, host: str, port: int) -> int:
         """Starts /metrics on ``port`` (0 = ephemeral); returns the bound port, -1 if disabled."""

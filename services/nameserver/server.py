@@ -23,11 +23,12 @@ async def create_server(config: NameServerConfig) -> tuple[ServiceApp, int]:
                         checker_expiry_seconds=config.checker_expiry_seconds)
     clients = BrokerClients(config.max_grpc_message_bytes)
     calls = BrokerCalls(registry, clients, timeout_seconds=config.broker_rpc_timeout_seconds)
+    metrics = NameServerMetrics()
     topics = Topics(registry, calls, default_queue_count=config.default_queue_count,
                     auto_create_topics=config.auto_create_topics, expected_brokers=config.expected_brokers,
                     registration_grace_seconds=config.registration_grace_seconds,
-                    max_topics_per_principal=config.max_topics_per_principal)
-    metrics = NameServerMetrics()
+                    max_topics_per_principal=config.max_topics_per_principal,
+                    quota_refusals=metrics.quota_refusals(("max_topics_per_principal",))["max_topics_per_principal"])
     metrics.observe_registry(registry.live_broker_count, registry.live_checker_count)
     app = ServiceApp(
         "nameserver", config, metrics,

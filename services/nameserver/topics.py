@@ -14,9 +14,11 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from txmq.errors import (AlreadyExistsError, BrokerNotFoundError, FailedPreconditionError, InvalidFieldError,
-                          NoBrokerError, NoLeaderError, TopicNotFoundError, TxmqError, UnavailableError)
+                         NoBrokerError, NoLeaderError, QuotaExceededError, TopicNotFoundError, TxmqError,
+                         UnavailableError)
 from txmq.names import is_system_topic, validate_receive_topic, validate_send_topic
 from txmq.v1 import broker_pb2, common_pb2
 
@@ -46,7 +48,7 @@ class TopicCreation:
 class Topics:
     def __init__(self, registry: Registry, calls: BrokerCalls, *, default_queue_count: int,
                  auto_create_topics: bool, expected_brokers: int = 0, registration_grace_seconds: float = 0.0,
-                 max_topics_per_principal: int = 1_000) -> None:
+                 max_topics_per_principal: int = 1_000, quota_refusals: Any = None) -> None:
         self.registry = registry
         self.calls = calls
         self.default_queue_count = default_queue_count
@@ -60,6 +62,8 @@ class Topics:
         # queues and an auto-creating QueryRoute the route the first made.
         self._creating = asyncio.Lock()
         self.max_topics_per_principal = max_topics_per_principal
+        #: Counts the refusals at max_topics_per_principal, if metered.
+        self.quota_refusals = quota_refusals
         #: The live brokers' topic tables and the sorted user topics they hold (rebuilt when one changes).
         self._names: tuple[tuple[object, ...], list[tuple[str]]] = ((), [])
 
@@ -142,8 +146,13 @@ class Topics:
         plan = self.registry.plan_topic(topic, total)
         self._refuse_leaderless(topic)
         if subject is not None and not self.registry.route(topic):  # a new topic: within the quota
-            refuse_beyond(subject, TOPIC_ACTIONS, TOPIC, self._topic_names(), self.max_topics_per_principal,
-                          "max_topics_per_principal", "topics", f"topic {topic!r}")
+            try:
+                refuse_beyond(subject, TOPIC_ACTIONS, TOPIC, self._topic_names(), self.max_topics_per_principal,
+                              "max_topics_per_principal", "topics", f"topic {topic!r}")
+            except QuotaExceededError:
+                if self.quota_refusals is not None:
+                    self.quota_refusals.inc()
+                raise
         await self.calls.retain_live()
         todo = [share for share in plan if share.missing]
         results = await asyncio.gather(

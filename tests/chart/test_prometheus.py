@@ -74,7 +74,8 @@ def test_dashboard_is_well_formed() -> None:
                    "send latency per shard", "consumer lag (messages)",
                    "consumer lag (oldest unacknowledged, seconds)", "messages in and out", "dead letters",
                    "global transactions ended", "global transaction parts undecided",
-                   "oldest undecided global part", "global pushes and pulls"):
+                   "oldest undecided global part", "global pushes and pulls",
+                   "refused at a per-principal quota", "proxy clients remembered"):
         assert wanted in titles, wanted
     # Counts over a window that follows the zoom ($__rate_interval) change with it: none.
     for p in _panels():

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from tests.support.cluster import Cluster
+from tests.support.metrics import metric_sum
 from tests.support.ownership import bearer, secured_cluster
 from txmq.v1 import admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, \
     nameserver_pb2_grpc
@@ -89,9 +90,18 @@ def _groups_held(cluster: Cluster) -> set[tuple[str, str]]:
     return {(q.consumer_group, q.topic) for q in answer.queues}
 
 
-def _refused(call, setting: str, limit: int) -> grpc.RpcError:  # type: ignore[no-untyped-def]
+def _refusals(cluster: Cluster, setting: str) -> float:
+    """txmq_quota_refusals_total of ``setting`` on the service that holds it."""
+    service = cluster.nameservers[0] if setting == "max_topics_per_principal" else cluster.brokers[0]
+    return metric_sum(service.metrics_port, "txmq_quota_refusals_total", {"setting": setting})
+
+
+def _refused(cluster: Cluster, call, setting: str, limit: int) -> grpc.RpcError:  # type: ignore[no-untyped-def]
+    """``call`` refused at the quota ``setting`` (and counted on its service's /metrics)."""
+    counted = _refusals(cluster, setting)
     with pytest.raises(grpc.RpcError) as caught:
         call()
+    assert _refusals(cluster, setting) == counted + 1, f"the refusal at {setting} was not counted"
     error = caught.value
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
     assert f"{setting}={limit}" in error.details(), error.details()
@@ -106,13 +116,13 @@ def test_consumer_groups_a_tenant_makes_up_are_bounded_across_a_restart(cluster:
     restart (the count is what the store holds); an operator of the cluster is not counted."""
     for i in range(GROUPS):
         _receive(cluster, "groups-app", f"cg-{i}")
-    _refused(lambda: _receive(cluster, "groups-app", f"cg-{GROUPS}"), "max_consumer_groups_per_principal", GROUPS)
+    _refused(cluster, lambda: _receive(cluster, "groups-app", f"cg-{GROUPS}"), "max_consumer_groups_per_principal", GROUPS)
     assert not any(g == f"cg-{GROUPS}" for g, _t in _groups_held(cluster))
     _receive(cluster, "groups-app", "cg-0")  # the existing ones keep working
     _receive(cluster, "operator", "cg-by-operator")  # cluster rights: not counted
 
     cluster.restart_broker(0)
-    _refused(lambda: _receive(cluster, "groups-app", "cg-after-restart"), "max_consumer_groups_per_principal", GROUPS)
+    _refused(cluster, lambda: _receive(cluster, "groups-app", "cg-after-restart"), "max_consumer_groups_per_principal", GROUPS)
     _receive(cluster, "groups-app", f"cg-{GROUPS - 1}")
 
 
@@ -123,7 +133,7 @@ def test_subscriptions_of_a_tenants_groups_are_bounded(cluster: Cluster) -> None
     _receive(cluster, "subs-app", "cs-0", "qt2")
     _receive(cluster, "subs-app", "cs-0", "qt3")
     _receive(cluster, "subs-app", "cs-1", "qt")
-    _refused(lambda: _receive(cluster, "subs-app", "cs-1", "qt2"), "max_subscriptions_per_principal", SUBSCRIPTIONS)
+    _refused(cluster, lambda: _receive(cluster, "subs-app", "cs-1", "qt2"), "max_subscriptions_per_principal", SUBSCRIPTIONS)
     assert ("cs-1", "qt2") not in _groups_held(cluster)
     _receive(cluster, "subs-app", "cs-0", "qt2")
 
@@ -147,7 +157,7 @@ def test_producer_groups_a_tenant_makes_up_are_bounded(cluster: Cluster) -> None
     and nothing of it is stored; the tenant's groups keep sending."""
     for i in range(PRODUCER_GROUPS):
         _half(cluster, "txn-app", f"pg-{i}")
-    _refused(lambda: _half(cluster, "txn-app", f"pg-{PRODUCER_GROUPS}"), "max_producer_groups_per_principal",
+    _refused(cluster, lambda: _half(cluster, "txn-app", f"pg-{PRODUCER_GROUPS}"), "max_producer_groups_per_principal",
              PRODUCER_GROUPS)
     stream = _broker(cluster).Produce(iter([broker_pb2.ProduceRequest(entries=[
         broker_pb2.ProduceEntry(request_id=1, send_message=broker_pb2.SendMessageRequest(message=common_pb2.Message(
@@ -178,8 +188,8 @@ def test_topics_a_tenant_makes_up_are_bounded(cluster: Cluster) -> None:
     an auto-creating lookup creates one; deleting one frees its place."""
     _create(cluster, "topic-app", "tt-0")
     assert _route(cluster, "topic-app", "tt-1").queues  # auto-created
-    _refused(lambda: _create(cluster, "topic-app", "tt-2"), "max_topics_per_principal", TOPICS)
-    _refused(lambda: _route(cluster, "topic-app", "tt-3"), "max_topics_per_principal", TOPICS)
+    _refused(cluster, lambda: _create(cluster, "topic-app", "tt-2"), "max_topics_per_principal", TOPICS)
+    _refused(cluster, lambda: _route(cluster, "topic-app", "tt-3"), "max_topics_per_principal", TOPICS)
     listed = {t.topic for t in _admin(cluster).ListTopics(admin_pb2.ListTopicsRequest(), timeout=RPC_TIMEOUT,
                                                           metadata=bearer("operator")).topics}
     assert {"tt-0", "tt-1"} <= listed and not listed & {"tt-2", "tt-3"}, listed
@@ -201,8 +211,8 @@ def test_offset_resets_count_against_the_groups_quota(cluster: Cluster) -> None:
     and a dry run says so before anything is applied."""
     for i in range(GROUPS):
         assert _reset(cluster, f"cr-{i}").applied
-    _refused(lambda: _reset(cluster, f"cr-{GROUPS}", dry_run=True), "max_consumer_groups_per_principal", GROUPS)
-    _refused(lambda: _reset(cluster, f"cr-{GROUPS}"), "max_consumer_groups_per_principal", GROUPS)
+    _refused(cluster, lambda: _reset(cluster, f"cr-{GROUPS}", dry_run=True), "max_consumer_groups_per_principal", GROUPS)
+    _refused(cluster, lambda: _reset(cluster, f"cr-{GROUPS}"), "max_consumer_groups_per_principal", GROUPS)
     assert not any(g == f"cr-{GROUPS}" for g, _t in _groups_held(cluster))
     assert _reset(cluster, "cr-0").applied
 
@@ -218,7 +228,7 @@ def test_deleting_a_group_frees_its_place_and_needs_admin_write_on_it(cluster: C
     refused PERMISSION_DENIED, the same whether that group exists or not."""
     for i in range(GROUPS):
         _receive(cluster, "del-app", f"cd-{i}")
-    _refused(lambda: _receive(cluster, "del-app", f"cd-{GROUPS}"), "max_consumer_groups_per_principal", GROUPS)
+    _refused(cluster, lambda: _receive(cluster, "del-app", f"cd-{GROUPS}"), "max_consumer_groups_per_principal", GROUPS)
     _receive(cluster, "operator", "not-a-tenant-group")  # someone else's group, with a live consumer
     refusals = []
     for group in ("not-a-tenant-group", "not-a-tenant-gone"):
@@ -232,4 +242,4 @@ def test_deleting_a_group_frees_its_place_and_needs_admin_write_on_it(cluster: C
     assert done.applied and done.operator == "del-app" and sum(b.cursors for b in done.brokers) == 2
     assert not any(g == "cd-0" for g, _t in _groups_held(cluster))
     _receive(cluster, "del-app", f"cd-{GROUPS}")  # its place is free
-    _refused(lambda: _receive(cluster, "del-app", "cd-0"), "max_consumer_groups_per_principal", GROUPS)
+    _refused(cluster, lambda: _receive(cluster, "del-app", "cd-0"), "max_consumer_groups_per_principal", GROUPS)
