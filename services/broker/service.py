@@ -448,8 +448,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def DeleteGroupState(self, request: broker_pb2.DeleteGroupStateRequest, context: Any) -> Any:
         return await adminrpc.delete_group_state(self.core, self.bridge, request)
 
-    async def DeleteProducerGroupState(self, request: broker_pb2.DeleteProducerGroupStateRequest,
-                                       context: Any) -> Any:
+    async def DeleteProducerGroupState(self, request: broker_pb2.DeleteProducerGroupStateRequest, context: Any) -> Any:
         return await adminrpc.delete_producer_group_state(self.core, self.bridge, request)
 
     async def ReturnDeadLetters(self, request: broker_pb2.ReturnDeadLettersRequest, context: Any) -> Any:
