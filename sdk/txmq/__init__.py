@@ -29,7 +29,7 @@ from ._checking import CheckMessage, InProgress
 from ._consumer import PushConsumer, SimpleConsumer
 from ._errors import (AlreadyExistsError, BrokerNotFoundError, CancelledError, ClientClosedError,
                       ConnectionLimitError, ConsumerGroupNotFoundError, ConsumersLiveError, DeadlineExceededError, DiskFullError,
-                      GroupNotEmptyError,
+                      GroupNotEmptyError, ProducerGroupNotFoundError, ProducersLiveError, TransactionsOpenError,
                       FailedPreconditionError, InternalError, NotANameServerError,
                       InvalidArgumentError, InvalidFieldError, InvalidIdError, InvalidNameError,
                       LeadershipLostError, MessageTooLargeError, NoBrokerError, NoLeaderError, NotEnoughReplicasError,
@@ -82,6 +82,9 @@ __all__ = [
     "ConsumerGroupNotFoundError",
     "ConsumersLiveError",
     "GroupNotEmptyError",
+    "ProducerGroupNotFoundError",
+    "ProducersLiveError",
+    "TransactionsOpenError",
     "DeadlineExceededError",
     "DiskFullError",
     "FailedPreconditionError",

@@ -156,6 +156,24 @@ class Admin:
             operator=operator))
         return response
 
+    def delete_producer_group(self, producer_group: str, *, force: bool = False, dry_run: bool = False,
+                              discard_topic: bool = False, reason: str = "",
+                              operator: str = "") -> admin_pb2.DeleteProducerGroupResponse:
+        """Deletes the producer group on every live broker: its counters row, its metric series
+        and its place in ``max_producer_groups_per_principal``; a later half message makes it
+        anew. Its ended transactions stay (lookups by id, ``transactions``), and its
+        ``%DISCARD%`` topic is kept unless ``discard_topic``. Refused with
+        TransactionsOpenError while any broker holds a transaction of the group not ended
+        (PREPARED, DISCARDED and undecided, a global decision still being pushed), ``force`` or
+        not; with ProducersLiveError while its producers are live (half messages, checkers'
+        claims within the brokers' ``consumer_session_seconds``), unless ``force``;
+        ProducerGroupNotFoundError when no broker knows it. ``dry_run`` answers what would go
+        and what blocks it. Logged with the caller's principal (auth on) or ``operator``."""
+        response: admin_pb2.DeleteProducerGroupResponse = self._run(self.requests.delete_producer_group(
+            producer_group, force=force, dry_run=dry_run, discard_topic=discard_topic, reason=reason,
+            operator=operator))
+        return response
+
     def group_clients(self, group: str) -> admin_pb2.ListGroupClientsResponse:
         """The clients every live broker sees of ``group``: a consumer group's receivers
         (live within the brokers' ``consumer_session_seconds``), a producer group's checkers

@@ -198,6 +198,12 @@ class AdminRequests:
             consumer_group=self.in_ns("consumer_group", consumer_group), force=force, dry_run=dry_run,
             dead_letters=dead_letters, reason=reason, operator=operator))
 
+    def delete_producer_group(self, producer_group: str, *, force: bool = False, dry_run: bool = False,
+                              discard_topic: bool = False, reason: str = "", operator: str = "") -> AdminCall:
+        return AdminCall("admin", "DeleteProducerGroup", admin_pb2.DeleteProducerGroupRequest(
+            producer_group=self.in_ns("producer_group", producer_group), force=force, dry_run=dry_run,
+            discard_topic=discard_topic, reason=reason, operator=operator))
+
     def group_clients(self, group: str) -> AdminCall:
         return AdminCall("admin", "ListGroupClients", admin_pb2.ListGroupClientsRequest(group=self.in_ns("group", group)))
 

@@ -981,7 +981,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         if not args.operator:
             fail(None, "--operator is required (no $USER to default to)")
             return 2
-    if getattr(args, "verb", None) in ("reset", "delete") and args.noun == "group":
+    if getattr(args, "verb", None) in ("reset", "delete", "delete-producer") and args.noun == "group":
         args.operator = args.operator or _default_operator()  # the principal, with auth on
 
     def out(data: Any, table: Callable[[], str]) -> None:

@@ -161,6 +161,13 @@ class ConsumerGroupNotFoundError(NotFoundError):
                          consumer_group=group)
 
 
+class ProducerGroupNotFoundError(NotFoundError):
+    reason = "PRODUCER_GROUP_NOT_FOUND"
+
+    def __init__(self, group: str) -> None:
+        super().__init__(f"producer group {group!r} has no state on any live broker", producer_group=group)
+
+
 class AlreadyExistsError(TxmqError):
     code = grpc.StatusCode.ALREADY_EXISTS
     reason = "ALREADY_EXISTS"
@@ -214,6 +221,35 @@ class GroupNotEmptyError(FailedPreconditionError):
                          f"({', '.join(consumers[:5])}{', ...' if len(consumers) > 5 else ''}): stop them first, "
                          "or force the deletion (their deliveries in flight are then invalidated)",
                          group=group, consumers=consumers)
+
+
+class TransactionsOpenError(FailedPreconditionError):
+    """A producer group cannot be deleted while it has transactions not ended (PREPARED,
+    DISCARDED and undecided, or a global transaction's decision still being pushed): their
+    checks and late answers need the group. Decide them first (``txmq txn resolve``); no
+    force goes past them."""
+
+    reason = "TRANSACTIONS_OPEN"
+
+    def __init__(self, group: str, broker: str, pending: int, discarded: int, pushes: int) -> None:
+        super().__init__(f"producer group {group!r} has transactions not ended on {broker}: {pending} prepared, "
+                         f"{discarded} discarded and undecided, {pushes} global decision(s) still being pushed; "
+                         "decide them first (txmq txn resolve), the deletion never goes past them",
+                         group=group, broker=broker, pending=pending, discarded=discarded, global_pushes=pushes)
+
+
+class ProducersLiveError(FailedPreconditionError):
+    """A producer group cannot be deleted while its producers are live (half messages or
+    checkers' claims within the brokers' ``consumer_session_seconds``): stop them, or force
+    the deletion (a producer that sends again makes the group anew)."""
+
+    reason = "PRODUCERS_LIVE"
+
+    def __init__(self, group: str, producers: list[str]) -> None:
+        super().__init__(f"producer group {group!r} has {len(producers)} live producer(s) or checker(s) "
+                         f"({', '.join(producers[:5])}{', ...' if len(producers) > 5 else ''}): stop them first, "
+                         "or force the deletion (a producer that sends again makes the group anew)",
+                         group=group, producers=producers)
 
 
 class TransactionStateError(FailedPreconditionError):

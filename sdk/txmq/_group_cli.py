@@ -5,6 +5,7 @@ operator's commands for a group's position, its clients, and finding messages.
                      --to-offset [BROKER/]QUEUE:OFFSET ... | --shift N)
                      [--dry-run | --execute] [--force] [--reason TEXT] [--operator NAME]
     txmq group delete GROUP [--dry-run] [--force] [--dead-letters] [--reason TEXT] [--operator NAME]
+    txmq group delete-producer GROUP [--dry-run] [--force] [--discarded] [--reason TEXT] [--operator NAME]
     txmq group clients GROUP
     txmq message get MESSAGE_ID [--body-out FILE]
     txmq message find TOPIC --key KEY [--limit N] [--since 1h] [--until TIME]
@@ -18,6 +19,10 @@ current offset, the new one and how the lag changes. ``--to-time`` takes an ISO 
 ``group delete`` deletes at once unless ``--dry-run``: it prints, per broker, what went
 (positions, deliveries in flight, reset records, clients) and whether the group's dead
 letters were kept (the default) or deleted (``--dead-letters``).
+
+``group delete-producer`` deletes a producer group (its counters, metric series and quota
+place): a verb of its own, since a name does not say which kind of group it is, and the
+rules differ (no ``--force`` goes past a transaction not ended).
 """
 
 from __future__ import annotations
@@ -149,6 +154,52 @@ def _group_delete(admin: Any, args: argparse.Namespace, out: Output, helpers: An
                          "deliveries in flight were invalidated (their acks now fail)")
             if not args.dead_letters:
                 lines.append(f"its dead letters (%DLQ%{args.group}) were kept: --dead-letters deletes them too")
+        else:
+            lines.append("dry run: nothing changed (run it again without --dry-run)")
+        if response.unreachable_brokers:
+            lines.append(f"unreachable brokers (not deleted there: run it again once they are back): "
+                         f"{', '.join(response.unreachable_brokers)}")
+        return "\n".join(lines)
+    out(data, text)
+
+
+def producer_deletion_dict(response: Any) -> dict[str, Any]:
+    return {"producer_group": response.producer_group, "applied": response.applied,
+            "operator": response.operator or None,
+            "brokers": [{"broker": d.broker_name, "counters": d.counters, "pending": d.pending,
+                         "discarded": d.discarded, "global_pushes": d.global_pushes,
+                         "discard_topic": d.discard_topic, "discard_topic_deleted": d.discard_topic_deleted}
+                        for d in response.brokers],
+            "live_producers": [{"client_id": c.client_id, "kind": c.kind, "broker": c.broker_name,
+                                "last_seen": _iso(c.last_seen_ms)} for c in response.live_producers],
+            "unreachable_brokers": list(response.unreachable_brokers)}
+
+
+def _group_delete_producer(admin: Any, args: argparse.Namespace, out: Output, helpers: Any) -> None:
+    table = helpers.table
+    response = admin.delete_producer_group(args.group, force=args.force, dry_run=args.dry_run,
+                                           discard_topic=args.discarded, reason=args.reason or "",
+                                           operator=args.operator or "")
+    data = producer_deletion_dict(response)
+
+    def text() -> str:
+        body: str = table(["BROKER", "COUNTERS", "PREPARED", "DISCARDED", "GLOBAL PUSHES", "DISCARD TOPIC"],
+                          [[b["broker"], "yes" if b["counters"] else "no", b["pending"], b["discarded"],
+                            b["global_pushes"], ("deleted" if b["discard_topic_deleted"] else "kept")
+                            if b["discard_topic"] else "-"] for b in data["brokers"]])
+        lines = [body]
+        if any(b["pending"] or b["discarded"] or b["global_pushes"] for b in data["brokers"]):
+            lines.append(f"{args.group} has transactions not ended: a deletion is refused until they are "
+                         "decided (txmq txn resolve), --force or not")
+        if response.live_producers:
+            lines.append(f"live producers of {args.group}: " + ", ".join(
+                f"{c.client_id}@{c.broker_name} ({c.kind})" for c in response.live_producers)
+                + ("" if response.applied else " (a deletion is refused while they run, unless --force)"))
+        if response.applied:
+            lines.append(f"deleted {args.group} (by {response.operator}): its next half message makes it anew; "
+                         "its ended transactions stay")
+            if not args.discarded:
+                lines.append(f"its discard topic (%DISCARD%{args.group}) was kept: --discarded deletes it too")
         else:
             lines.append("dry run: nothing changed (run it again without --dry-run)")
         if response.unreachable_brokers:
@@ -324,6 +375,18 @@ def add_group_commands(group: Any, common: argparse.ArgumentParser, run: Callabl
     p.add_argument("--reason", help="why (logged with the deletion)")
     p.add_argument("--operator", help="who (default $USER; with auth on the token's principal is recorded)")
     p.set_defaults(run=run(_group_delete))
+    p = group.add_parser("delete-producer", parents=[common], help="delete a producer group on every broker: its "
+                         "counters, metric series and quota place (refused while it has transactions not ended; "
+                         "%%DISCARD%% kept unless --discarded)")
+    p.add_argument("group")
+    p.add_argument("--dry-run", action="store_true", help="show what would be deleted and what blocks it, "
+                   "change nothing")
+    p.add_argument("--force", action="store_true", help="even while the group has live producers (they make it "
+                   "anew when they send); never past transactions not ended")
+    p.add_argument("--discarded", action="store_true", help="also delete %%DISCARD%%GROUP and its messages")
+    p.add_argument("--reason", help="why (logged with the deletion)")
+    p.add_argument("--operator", help="who (default $USER; with auth on the token's principal is recorded)")
+    p.set_defaults(run=run(_group_delete_producer))
     p = group.add_parser("clients", parents=[common], help="a group's clients: a consumer group's live receivers, a "
                                                             "producer group's checkers")
     p.add_argument("group")

@@ -12,7 +12,7 @@ from txmq.v1 import broker_pb2, common_pb2
 
 from services.common.auth.quota import relayed_subject
 
-from . import groupdelete, lookups, resets
+from . import groupdelete, lookups, producerdelete, resets
 from .bridge import StoreBridge
 from .core import BrokerCore
 from .quotas import Quotas
@@ -74,6 +74,30 @@ async def delete_group_state(core: BrokerCore, bridge: StoreBridge,
         live_consumers=[broker_pb2.GroupClient(
             client_id=r.client_id, address=r.address, kind="consumer", group=r.group, topics=sorted(r.topics),
             last_seen_ms=r.last_seen_ms(), waiting=bool(r.waiting), broker_name=core.name) for r in result.live])
+
+
+async def delete_producer_group_state(core: BrokerCore, bridge: StoreBridge,
+                                     request: broker_pb2.DeleteProducerGroupStateRequest,
+                                     ) -> broker_pb2.DeleteProducerGroupStateResponse:
+    op = producerdelete.delete_producer_group_op(
+        core, request.producer_group, dry_run=request.dry_run, force=request.force,
+        discard=request.discard_topic, operator=request.operator, reason=request.reason)
+    result: producerdelete.ProducerGroupDeletion = await bridge.run(op, sync=not request.dry_run)
+    if request.dry_run:
+        await bridge.settled()
+    group = request.producer_group
+    return broker_pb2.DeleteProducerGroupStateResponse(
+        applied=result.applied,
+        deletion=broker_pb2.ProducerGroupDeletion(
+            broker_name=core.name, counters=result.counters, pending=result.pending, discarded=result.discarded,
+            global_pushes=result.global_pushes, discard_topic=result.discard_topic,
+            discard_topic_deleted=result.discard_topic_deleted),
+        live_producers=[
+            *(broker_pb2.GroupClient(client_id=who, kind="producer", group=group, last_seen_ms=at,
+                                     broker_name=core.name) for who, at in result.producers),
+            *(broker_pb2.GroupClient(client_id=c.checker_id, kind="checker", group=group,
+                                     last_seen_ms=c.last_seen_ms, capacity=c.capacity, broker_name=core.name)
+              for c in result.checkers)])
 
 
 def found_to_proto(core: BrokerCore, f: lookups.Found, message: common_pb2.Message) -> broker_pb2.FoundMessage:

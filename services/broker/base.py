@@ -51,6 +51,8 @@ class Listeners:
     end: list[Callable[[str, int, int], None]] = field(default_factory=list)
     #: A transaction was discarded: (group,).
     discard: list[Callable[[str], None]] = field(default_factory=list)
+    #: A producer group was deleted: (group,).
+    producer_group_gone: list[Callable[[str], None]] = field(default_factory=list)
     #: A message was stored: (topic, kind).
     stored: list[Callable[[str, int], None]] = field(default_factory=list)
     #: A global transaction's push or pull may be due (the pump wakes).
@@ -80,6 +82,10 @@ class Listeners:
 
     def notify_discard(self, group: str) -> None:
         for fn in self.discard:
+            fn(group)
+
+    def notify_producer_group_gone(self, group: str) -> None:
+        for fn in self.producer_group_gone:
             fn(group)
 
     def notify_global_due(self) -> None:

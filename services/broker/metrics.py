@@ -6,6 +6,7 @@ scrape reads the store from there."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import concurrent.futures
 import logging
 from typing import Any, Callable, Iterator
@@ -116,6 +117,17 @@ class BrokerMetrics(BaseMetrics):
 
     def record_discard(self, group: str) -> None:
         self.transactions_discarded.labels(group).inc()
+
+    def producer_group_gone(self, group: str) -> None:
+        """A producer group deleted (``producerdelete.py``): its labelled series go (its gauges
+        went with its counters row)."""
+        for key in [key for key in self._ended if key[0] == group]:
+            del self._ended[key]
+            _group, state, source = key
+            resolution = "commit" if STATE_NAMES.get(state) == "COMMITTED" else "rollback"
+            self.transactions_ended.remove(group, resolution, _SOURCES.get(source, "unknown"))
+        with contextlib.suppress(KeyError):  # none discarded: no series
+            self.transactions_discarded.remove(group)
 
     def record_global(self, result: str) -> None:
         self.global_transactions.labels(result).inc()

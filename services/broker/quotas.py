@@ -11,7 +11,8 @@ one at a time): two concurrent requests cannot both take the last place.
 - a consumer group's first cursor here (a receive, an offset reset): ``subscribe`` or
   ``admin-write`` on the group creates one, so either right makes a group count;
 - a producer group's first half message here (``check`` on the group): its counters row is
-  kept for good, with its metric series and its %DISCARD% topic.
+  kept, with its metric series and its %DISCARD% topic, until the group is deleted
+  (``producerdelete.py``; the names are then sorted again from the counters rows).
 
 Counts are cached per principal until the names or the rules change, and follow the names the
 principal itself makes: a principal refused at its limit and trying again, or making its names
@@ -49,19 +50,22 @@ SETTINGS = ("max_consumer_groups_per_principal", "max_subscriptions_per_principa
 
 class Quotas:
     def __init__(self, config: BrokerConfig, names: GroupNames, counters: Mapping[str, Any],
-                 refusals: Mapping[str, Any] | None = None) -> None:
+                 removed: Callable[[], int] = lambda: 0, refusals: Mapping[str, Any] | None = None) -> None:
         self.config = config
         #: Setting → its refusals counter (``BaseMetrics.quota_refusals``), if metered.
         self.refusals = refusals or {}
         self.names = names
-        #: Producer group → its counters (``Transactions.counters``): rows are never deleted,
-        #: so their number versions the sorted names.
+        #: Producer group → its counters (``Transactions.counters``): rows are deleted only with
+        #: their group (``removed``: how many so far), so (removed, their number) versions the
+        #: sorted names.
         self.counters = counters
+        self.removed = removed
         self._producer_names: list[tuple[str]] = []
+        self._producer_removed = 0
         #: (quota, principal) → (names version, the rules counted with, count).
         self._held: dict[tuple[str, str], tuple[int, Any, int]] = {}
 
-    def _count(self, quota: str, version: int, actions: tuple[str, ...], kind: str,
+    def _count(self, quota: str, version: Any, actions: tuple[str, ...], kind: str,
                names: Sequence[tuple[str, ...]], limit: int) -> Callable[[Subject], int]:
         def count(subject: Subject) -> int:
             cached = self._held.get((quota, subject.principal))
@@ -84,7 +88,7 @@ class Quotas:
                 counter.inc()
             raise
 
-    def _took(self, quota: str, subject: Subject, before: int, after: int) -> None:
+    def _took(self, quota: str, subject: Subject, before: Any, after: Any) -> None:
         """The principal made one more name, the only change from version ``before`` to
         ``after`` (it holds the right that made it, so the name is one it counts): its count
         follows without counting again."""
@@ -116,13 +120,19 @@ class Quotas:
         group = record.producer_group
         if subject is None or record.kind != KIND_HALF or group in self.counters:
             return
-        if len(self._producer_names) != len(self.counters):  # made by calls nobody counts
+        removed = self.removed()
+        if len(self._producer_names) != len(self.counters) or removed != self._producer_removed:
+            # made by calls nobody counts, or deleted
             self._producer_names = sorted((g,) for g in self.counters)
+            self._producer_removed = removed
         limit = self.config.max_producer_groups_per_principal
         self._refuse_beyond(subject, PRODUCER_ACTIONS, PRODUCER_GROUP, self._producer_names, limit,
                       "max_producer_groups_per_principal", "producer groups", f"producer group {group!r}",
-                      self._count("producer groups", len(self._producer_names), PRODUCER_ACTIONS, PRODUCER_GROUP,
+                      self._count("producer groups", self._producer_version(), PRODUCER_ACTIONS, PRODUCER_GROUP,
                                   self._producer_names, limit))
+
+    def _producer_version(self, more: int = 0) -> tuple[int, int]:
+        return (self._producer_removed, len(self._producer_names) + more)
 
     def subscribing(self, subject: Subject | None, group: str, topic: str,
                     op: Callable[[OpWrites], T]) -> Callable[[OpWrites], T]:
@@ -156,9 +166,10 @@ class Quotas:
                 return op(w)
             self.check_producer_group(subject, record)
             before = len(self._producer_names)
+            version = self._producer_version()
             result = op(w)
             if group in self.counters and len(self.counters) == before + 1:
                 bisect.insort(self._producer_names, (group,))
-                self._took("producer groups", subject, before, before + 1)
+                self._took("producer groups", subject, version, self._producer_version())
             return result
         return checked

@@ -1,7 +1,7 @@
 """The clients a broker sees of its groups, in memory: every consumer receiving from a
 group's topic (by client id, else its address) with when it last received and whether a
 receive of it waits now (a long poll), and the checkers claiming checks for a producer
-group (``checks.Claims`` tells it of each claim).
+group (``checks.Claims`` tells it of each claim) and the producers sending its half messages.
 
 **Live** (what an offset reset refuses to run under, Kafka's rule for a group with members):
 a consumer is live in (group, topic) while a receive of it waits, or for
@@ -51,6 +51,8 @@ class Receivers:
         self._receivers: dict[tuple[str, str], Receiver] = {}
         #: (producer group, checker id) → its last claim.
         self._checkers: dict[tuple[str, str], CheckerClaim] = {}
+        #: (producer group, producer client id) → when it last sent a half message here.
+        self._producers: dict[tuple[str, str], int] = {}
 
     def received(self, group: str, topic: str, client_id: str, address: str, now_ms: int) -> Receiver:
         """A receive of ``client_id`` (its ``address`` when it names none) from ``topic``."""
@@ -109,6 +111,25 @@ class Receivers:
             self._checkers[(group, checker_id)] = CheckerClaim(group, checker_id, capacity, now_ms)
         while len(self._checkers) > self.max_clients:
             del self._checkers[next(iter(self._checkers))]
+
+    def produced(self, group: str, client_id: str, now_ms: int) -> None:
+        """A half message of the producer group from ``client_id`` (what makes its producers
+        live for a deletion of the group, with its checkers' claims)."""
+        key = (group, client_id)
+        self._producers.pop(key, None)
+        self._producers[key] = now_ms  # the most recently seen last
+        while len(self._producers) > self.max_clients:
+            del self._producers[next(iter(self._producers))]
+
+    def producers_of(self, group: str, now_ms: int) -> list[tuple[str, int]]:
+        """(client id, last half message) of the group's producers seen within the session time."""
+        return [(who, at) for (g, who), at in self._producers.items() if g == group and now_ms - at < self.session_ms]
+
+    def forget_producers(self, group: str) -> None:
+        """Forgets the producer group's producers and checkers (its deletion)."""
+        for table in (self._producers, self._checkers):
+            for key in [key for key in table if key[0] == group]:
+                del table[key]
 
     def checkers_of(self, group: str, now_ms: int) -> list[CheckerClaim]:
         """The checkers that claimed the producer group's checks within the session time."""

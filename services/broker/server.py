@@ -155,6 +155,7 @@ class BrokerProcess:
         listeners.end.append(metrics.record_end)
         listeners.stored.append(metrics.record_stored)
         listeners.discard.append(metrics.record_discard)
+        listeners.producer_group_gone.append(metrics.producer_group_gone)
         listeners.global_outcome.append(metrics.record_global)
         listeners.topic.append(lambda _topic: self.heartbeat.kick())
         self.serving = Serving(core, bridge)

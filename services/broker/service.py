@@ -162,12 +162,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self.claim_waits = ClaimWaits()
         core.schedule.on_lowered = self.claim_waits.lowered
         self.quotas = Quotas(self.config, core.consumers.names, core.counters,
-                             metrics.quota_refusals(QUOTA_SETTINGS))
+                             lambda: core.transactions.groups_removed, metrics.quota_refusals(QUOTA_SETTINGS))
 
     # --- producing -----------------------------------------------------------------------
 
     def _send_op(self, request: broker_pb2.SendMessageRequest) -> Op:
         record = self.core.validate_message(record_from_proto(request.message))
+        if record.kind == codec.KIND_HALF:  # its producer is live (a deletion of the group waits for it)
+            self.core.receivers.produced(record.producer_group, record.producer_client_id, self.core.clock())
         return guard_send(self.core.db, self.core.name, self.quotas.producing(caller_subject(), record, (
             self.core.global_send_op(record, begin=request.begin_global, participants=list(
                 request.global_participants), global_id=request.global_transaction_id))), request.message.message_id)
@@ -445,6 +447,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     async def DeleteGroupState(self, request: broker_pb2.DeleteGroupStateRequest, context: Any) -> Any:
         return await adminrpc.delete_group_state(self.core, self.bridge, request)
+
+    async def DeleteProducerGroupState(self, request: broker_pb2.DeleteProducerGroupStateRequest, context: Any) -> Any:
+        return await adminrpc.delete_producer_group_state(self.core, self.bridge, request)
 
     async def ReturnDeadLetters(self, request: broker_pb2.ReturnDeadLettersRequest, context: Any) -> Any:
         if not request.all and not request.message_ids:

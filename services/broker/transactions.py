@@ -53,6 +53,9 @@ class Transactions:
             key.decode(): list(codec.decode_counters(value, key)) for key, value in ctx.db.scan("counters")}
         #: Per group, a time below which the pending index holds no key.
         self._pending_floor: dict[str, int] = {}
+        #: Counters rows deleted so far (a producer group's deletion): with their number it
+        #: versions the groups' names (``quotas.py``).
+        self.groups_removed = 0
         self.on_decide: list[DecideHook] = []
         self.on_discard: list[DiscardHook] = []
         self.end_guards: list[EndGuard] = []
@@ -189,6 +192,14 @@ class Transactions:
         counts[0] += pending
         counts[1] += discarded
         w.put("counters", group.encode(), codec.encode_counters(counts[0], counts[1]))
+
+    def forget_group(self, w: OpWrites, group: str) -> None:
+        """Stages the deletion of a producer group's counters row (``producerdelete.py``,
+        which refuses it while the group has a transaction not ended)."""
+        if self.counters.pop(group, None) is not None:
+            w.delete("counters", group.encode())
+            self.groups_removed += 1
+        self._pending_floor.pop(group, None)
 
     def _tag_of(self, seq: int) -> str:
         value = self.ctx.db.get("log", codec.log_key(seq))

@@ -21,10 +21,11 @@ from collections import defaultdict
 from typing import Any
 
 from txmq.errors import (ConsumerGroupNotFoundError, ConsumersLiveError, GroupNotEmptyError, InvalidFieldError, InvalidIdError, NoLeaderError, NotFoundError,
+                         ProducerGroupNotFoundError, ProducersLiveError, TransactionsOpenError,
                          TopicNotFoundError,
                          TxmqError, UnavailableError, error_from_status)
 from txmq.ids import MessageId
-from txmq.names import validate_group, validate_receive_topic
+from txmq.names import validate_group, validate_name, validate_receive_topic
 from txmq.v1 import admin_pb2, broker_pb2
 
 from .brokercalls import BrokerCalls
@@ -156,6 +157,52 @@ class GroupOps:
             "unreachable": list(response.unreachable_brokers)}})
         return response
 
+    async def delete_producer_group(self, request: admin_pb2.DeleteProducerGroupRequest,
+                                    operator: str) -> admin_pb2.DeleteProducerGroupResponse:
+        """Like :meth:`delete_group`: a dry run on every live broker first; a transaction not
+        ended on any refuses it (force or not), live producers on any refuse it unless
+        ``force``; then each broker that knows the group deletes it (and refuses again, in
+        its own batch, should a transaction have begun since)."""
+        group = request.producer_group
+        validate_name("producer_group", group)
+        if not request.dry_run and not operator:
+            raise InvalidFieldError("operator", "required: who deletes the group (logged with the deletion)")
+
+        def ask(dry_run: bool) -> broker_pb2.DeleteProducerGroupStateRequest:
+            return broker_pb2.DeleteProducerGroupStateRequest(
+                producer_group=group, dry_run=dry_run, force=request.force, discard_topic=request.discard_topic,
+                operator=operator, reason=request.reason)
+
+        planned, unreachable = await self.calls.fan_out("DeleteProducerGroupState", ask(True))
+        response = admin_pb2.DeleteProducerGroupResponse(producer_group=group, unreachable_brokers=unreachable)
+        for _b, answer in planned:
+            response.live_producers.extend(answer.live_producers)
+        known = [a for _b, a in planned if producer_group_known(a)]
+        if not known and not unreachable:
+            raise ProducerGroupNotFoundError(group)
+        if request.dry_run:
+            response.brokers.extend(sorted((a.deletion for a in known), key=lambda d: d.broker_name))
+            return response
+        for a in known:
+            d = a.deletion
+            if d.pending or d.discarded or d.global_pushes:
+                raise TransactionsOpenError(group, d.broker_name, d.pending, d.discarded, d.global_pushes)
+        if response.live_producers and not request.force:
+            raise ProducersLiveError(group, sorted({f"{c.client_id}@{c.broker_name}"
+                                                    for c in response.live_producers}))
+        targets = {b.name for b, a in planned if producer_group_known(a)}
+        applied, gone = await self.calls.fan_out("DeleteProducerGroupState", ask(False), only=targets)
+        response.brokers.extend(sorted((a.deletion for _b, a in applied), key=lambda d: d.broker_name))
+        del response.unreachable_brokers[:]
+        response.unreachable_brokers.extend(sorted(set(unreachable) | set(gone)))
+        response.applied = True
+        response.operator = operator
+        log.warning("producer group deleted", extra={"fields": {
+            "producer_group": group, "operator": operator, "reason": request.reason, "forced": request.force,
+            "discard_topic": request.discard_topic, "brokers": sorted(b.name for b, _a in applied),
+            "unreachable": list(response.unreachable_brokers)}})
+        return response
+
     async def _each(self, brokers: set[str], request_of: Any) -> dict[str, Any]:
         """ResetGroupOffsets on each broker: its answer, or the error it failed with."""
         out: dict[str, Any] = {}
@@ -241,3 +288,10 @@ def group_known(deletion: broker_pb2.GroupDeletion) -> bool:
     report: cursors, reset records, clients, dead letters)."""
     return bool(deletion.cursors or deletion.resets or deletion.clients or deletion.dead_letters
                 or deletion.dead_letter_topic_deleted)
+
+
+def producer_group_known(answer: broker_pb2.DeleteProducerGroupStateResponse) -> bool:
+    """Whether a broker holds anything of the producer group (its counters row, its
+    %DISCARD% topic, live producers or checkers)."""
+    d = answer.deletion
+    return bool(d.counters or d.discard_topic or answer.live_producers)

@@ -125,6 +125,12 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         operator = principal.name if principal is not None else request.operator.strip()
         return await self.groups.delete_group(request, operator)
 
+    async def DeleteProducerGroup(self, request: admin_pb2.DeleteProducerGroupRequest,
+                                  context: Any) -> admin_pb2.DeleteProducerGroupResponse:
+        principal = current_principal()
+        operator = principal.name if principal is not None else request.operator.strip()
+        return await self.groups.delete_producer_group(request, operator)
+
     async def GetMessage(self, request: admin_pb2.GetMessageRequest, context: Any) -> admin_pb2.GetMessageResponse:
         return admin_pb2.GetMessageResponse(message=await self.groups.get_message(request.message_id))
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 
 RPC_TIMEOUT = 10.0
 GROUPS, SUBSCRIPTIONS, PRODUCER_GROUPS, TOPICS = 3, 4, 2, 2
-TENANTS = ("groups-app", "subs-app", "txn-app", "topic-app", "reset-app", "del-app")
+TENANTS = ("groups-app", "subs-app", "txn-app", "topic-app", "reset-app", "del-app", "pdel-app")
 ACL = [
     {"principal": "groups-app", "resource": "consumer_group:cg-*", "actions": ["subscribe"]},
     {"principal": "groups-app", "resource": "topic:qt", "actions": ["subscribe"]},
@@ -35,6 +35,8 @@ ACL = [
     {"principal": "reset-app", "resource": "topic:qt", "actions": ["subscribe"]},
     {"principal": "del-app", "resource": "consumer_group:cd-*", "actions": ["subscribe", "admin-write"]},
     {"principal": "del-app", "resource": "topic:qt", "actions": ["subscribe"]},
+    {"principal": "pdel-app", "resource": "producer_group:pd-*", "actions": ["check", "admin-write"]},
+    {"principal": "pdel-app", "resource": "topic:qt", "actions": ["publish"]},
 ]
 
 
@@ -243,3 +245,40 @@ def test_deleting_a_group_frees_its_place_and_needs_admin_write_on_it(cluster: C
     assert not any(g == "cd-0" for g, _t in _groups_held(cluster))
     _receive(cluster, "del-app", f"cd-{GROUPS}")  # its place is free
     _refused(cluster, lambda: _receive(cluster, "del-app", "cd-0"), "max_consumer_groups_per_principal", GROUPS)
+
+
+def _ended_half(cluster: Cluster, who: str, group: str) -> None:
+    sent = _half(cluster, who, group)
+    _broker(cluster).EndTransaction(broker_pb2.EndTransactionRequest(
+        transaction_id=sent.transaction_id, resolution=common_pb2.TRANSACTION_RESOLUTION_ROLLBACK,
+        source=common_pb2.TRANSACTION_SOURCE_CLIENT, producer_group=group), timeout=RPC_TIMEOUT,
+        metadata=bearer(who))
+
+
+def _delete_producer(cluster: Cluster, who: str, group: str) -> admin_pb2.DeleteProducerGroupResponse:
+    return _admin(cluster).DeleteProducerGroup(admin_pb2.DeleteProducerGroupRequest(
+        producer_group=group, force=True), timeout=RPC_TIMEOUT, metadata=bearer(who))
+
+
+def test_deleting_a_producer_group_frees_its_place_and_needs_admin_write_on_it(cluster: Cluster) -> None:
+    """At its max_producer_groups_per_principal a principal deletes one of its producer groups
+    (its transactions ended; it holds admin-write on them) and can make a new one; a group it
+    holds no right on is refused PERMISSION_DENIED, the same whether that group exists or not."""
+    for i in range(PRODUCER_GROUPS):
+        _ended_half(cluster, "pdel-app", f"pd-{i}")
+    _refused(cluster, lambda: _half(cluster, "pdel-app", f"pd-{PRODUCER_GROUPS}"), "max_producer_groups_per_principal",
+             PRODUCER_GROUPS)
+    _ended_half(cluster, "txn-app", "pg-0")  # another tenant's group
+    refusals = []
+    for group in ("pg-0", "pg-not-made"):
+        with pytest.raises(grpc.RpcError) as caught:
+            _delete_producer(cluster, "pdel-app", group)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED, caught.value
+        refusals.append(caught.value.details().replace(group, "GROUP"))
+    assert refusals[0] == refusals[1], refusals  # nothing learned of the other group
+    assert "pg-0" in _producer_groups(cluster)
+    done = _delete_producer(cluster, "pdel-app", "pd-0")
+    assert done.applied and done.operator == "pdel-app" and [b.counters for b in done.brokers] == [True]
+    assert "pd-0" not in _producer_groups(cluster)
+    _ended_half(cluster, "pdel-app", f"pd-{PRODUCER_GROUPS}")  # its place is free
+    _refused(cluster, lambda: _half(cluster, "pdel-app", "pd-0"), "max_producer_groups_per_principal", PRODUCER_GROUPS)

@@ -148,7 +148,8 @@ def test_the_brokers_cached_counts_refuse_exactly_where_a_fresh_count_would():
     config = BrokerConfig(max_consumer_groups_per_principal=4, max_subscriptions_per_principal=6,
                           max_producer_groups_per_principal=3)
     names, counters = GroupNames(), {}
-    quotas = Quotas(config, names, counters)
+    removed = [0]
+    quotas = Quotas(config, names, counters, lambda: removed[0])
     rng = random.Random(11)
     subjects = [who("alice"), who("bob"), None]
     for _ in range(3000):
@@ -183,3 +184,6 @@ def test_the_brokers_cached_counts_refuse_exactly_where_a_fresh_count_would():
             except QuotaExceededError:
                 refused = True
             assert refused == expect_refused
+            if not refused and rng.random() < 0.1:
+                del counters[group]  # the producer group deleted (producerdelete.py)
+                removed[0] += 1

@@ -21,7 +21,7 @@ EXPORTS = [
     "TopicTypeMismatchError", "Transaction",
     "AlreadyExistsError", "BrokerNotFoundError", "CancelledError", "CheckMessage",
     "ClientClosedError", "ConnectionLimitError", "ConsumeResult", "DeadlineExceededError", "DiskFullError",
-    "FailedPreconditionError", "GlobalTransactionResult", "GroupNotEmptyError", "InProgress", "InternalError", "InvalidArgumentError",
+    "FailedPreconditionError", "GlobalTransactionResult", "GroupNotEmptyError", "ProducerGroupNotFoundError", "ProducersLiveError", "TransactionsOpenError", "InProgress", "InternalError", "InvalidArgumentError",
     "InvalidFieldError", "InvalidIdError",
     "InvalidNameError", "LeadershipLostError", "LocalTransactionState", "Message", "MessageTooLargeError",
     "NoBrokerError", "NoLeaderError", "NotEnoughReplicasError", "NotFoundError", "NotLeaderError", "OverloadedError",

@@ -114,6 +114,15 @@ class AsyncAdmin:
             operator=operator))
         return response
 
+    async def delete_producer_group(self, producer_group: str, *, force: bool = False, dry_run: bool = False,
+                                    discard_topic: bool = False, reason: str = "",
+                                    operator: str = "") -> admin_pb2.DeleteProducerGroupResponse:
+        """See :meth:`txmq.Admin.delete_producer_group`."""
+        response: admin_pb2.DeleteProducerGroupResponse = await self._run(self.requests.delete_producer_group(
+            producer_group, force=force, dry_run=dry_run, discard_topic=discard_topic, reason=reason,
+            operator=operator))
+        return response
+
     async def group_clients(self, group: str) -> admin_pb2.ListGroupClientsResponse:
         """See :meth:`txmq.Admin.group_clients`."""
         return await self._run(self.requests.group_clients(group))

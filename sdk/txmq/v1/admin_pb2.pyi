@@ -1150,3 +1150,85 @@ class DeleteConsumerGroupResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteConsumerGroupResponse: _TypeAlias = DeleteConsumerGroupResponse  # noqa: Y015
+
+@_typing.final
+class DeleteProducerGroupRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    DISCARD_TOPIC_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    producer_group: _builtins.str
+    force: _builtins.bool
+    """Delete even while producers of the group are live (they make it anew when they send).
+    Never past open transactions.
+    """
+    dry_run: _builtins.bool
+    discard_topic: _builtins.bool
+    """Also delete %DISCARD%<group> and the messages in it (default: kept)."""
+    reason: _builtins.str
+    operator: _builtins.str
+    """Who, when auth is off (with auth on the caller's principal is recorded instead)."""
+    def __init__(
+        self,
+        *,
+        producer_group: _builtins.str = ...,
+        force: _builtins.bool = ...,
+        dry_run: _builtins.bool = ...,
+        discard_topic: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        operator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["discard_topic", b"discard_topic", "dry_run", b"dry_run", "force", b"force", "operator", b"operator", "producer_group", b"producer_group", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteProducerGroupRequest: _TypeAlias = DeleteProducerGroupRequest  # noqa: Y015
+
+@_typing.final
+class DeleteProducerGroupResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    BROKERS_FIELD_NUMBER: _builtins.int
+    LIVE_PRODUCERS_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _builtins.int
+    producer_group: _builtins.str
+    applied: _builtins.bool
+    operator: _builtins.str
+    @_builtins.property
+    def brokers(self) -> _containers.RepeatedCompositeFieldContainer[_broker_pb2.ProducerGroupDeletion]:
+        """Per broker that knows the group: what was deleted (or, in a dry run, would be) and what
+        blocks it.
+        """
+
+    @_builtins.property
+    def live_producers(self) -> _containers.RepeatedCompositeFieldContainer[_broker_pb2.GroupClient]:
+        """Producers (kind "producer": half messages) and checkers (kind "checker": claims) seen."""
+
+    @_builtins.property
+    def unreachable_brokers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        producer_group: _builtins.str = ...,
+        brokers: _abc.Iterable[_broker_pb2.ProducerGroupDeletion] | None = ...,
+        live_producers: _abc.Iterable[_broker_pb2.GroupClient] | None = ...,
+        applied: _builtins.bool = ...,
+        operator: _builtins.str = ...,
+        unreachable_brokers: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "brokers", b"brokers", "live_producers", b"live_producers", "operator", b"operator", "producer_group", b"producer_group", "unreachable_brokers", b"unreachable_brokers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteProducerGroupResponse: _TypeAlias = DeleteProducerGroupResponse  # noqa: Y015

@@ -131,6 +131,11 @@ class AdminServiceStub:
                 request_serializer=txmq_dot_v1_dot_admin__pb2.DeleteConsumerGroupRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_admin__pb2.DeleteConsumerGroupResponse.FromString,
                 _registered_method=True)
+        self.DeleteProducerGroup = channel.unary_unary(
+                '/txmq.v1.AdminService/DeleteProducerGroup',
+                request_serializer=txmq_dot_v1_dot_admin__pb2.DeleteProducerGroupRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_admin__pb2.DeleteProducerGroupResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -299,6 +304,23 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteProducerGroup(self, request, context):
+        """Deletes a producer group on every live broker: its counters row (and so its metric
+        series and its place in max_producer_groups_per_principal), in one WriteBatch per broker.
+        Its ended transactions' rows stay (lookups by id and ListTransactions still find them
+        until retention), and its %DISCARD% topic stays unless discard_topic. A half message of
+        the group afterwards makes it anew. A dry run answers what would go and changes nothing.
+        FAILED_PRECONDITION (reason TRANSACTIONS_OPEN) while any broker holds a transaction of the
+        group not ended (PREPARED, DISCARDED, or a global transaction's decision still being
+        pushed), force or not; FAILED_PRECONDITION (PRODUCERS_LIVE) while any broker saw the
+        group's producers (half messages, checkers' claims) within consumer_session_seconds,
+        unless force; NOT_FOUND (PRODUCER_GROUP_NOT_FOUND) when no broker that answered knows the
+        group. Brokers that did not answer are listed (unreachable_brokers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -396,6 +418,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DeleteConsumerGroup,
                     request_deserializer=txmq_dot_v1_dot_admin__pb2.DeleteConsumerGroupRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_admin__pb2.DeleteConsumerGroupResponse.SerializeToString,
+            ),
+            'DeleteProducerGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteProducerGroup,
+                    request_deserializer=txmq_dot_v1_dot_admin__pb2.DeleteProducerGroupRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_admin__pb2.DeleteProducerGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -913,6 +940,33 @@ class AdminService:
             '/txmq.v1.AdminService/DeleteConsumerGroup',
             txmq_dot_v1_dot_admin__pb2.DeleteConsumerGroupRequest.SerializeToString,
             txmq_dot_v1_dot_admin__pb2.DeleteConsumerGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteProducerGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.AdminService/DeleteProducerGroup',
+            txmq_dot_v1_dot_admin__pb2.DeleteProducerGroupRequest.SerializeToString,
+            txmq_dot_v1_dot_admin__pb2.DeleteProducerGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

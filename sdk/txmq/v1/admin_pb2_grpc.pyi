@@ -112,6 +112,19 @@ class AdminServiceStub:
     broker that answered knows the group. Brokers that did not answer are listed
     (unreachable_brokers): run it again once they are back.
     """
+    DeleteProducerGroup: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteProducerGroupRequest, _admin_pb2.DeleteProducerGroupResponse]
+    """Deletes a producer group on every live broker: its counters row (and so its metric
+    series and its place in max_producer_groups_per_principal), in one WriteBatch per broker.
+    Its ended transactions' rows stay (lookups by id and ListTransactions still find them
+    until retention), and its %DISCARD% topic stays unless discard_topic. A half message of
+    the group afterwards makes it anew. A dry run answers what would go and changes nothing.
+    FAILED_PRECONDITION (reason TRANSACTIONS_OPEN) while any broker holds a transaction of the
+    group not ended (PREPARED, DISCARDED, or a global transaction's decision still being
+    pushed), force or not; FAILED_PRECONDITION (PRODUCERS_LIVE) while any broker saw the
+    group's producers (half messages, checkers' claims) within consumer_session_seconds,
+    unless force; NOT_FOUND (PRODUCER_GROUP_NOT_FOUND) when no broker that answered knows the
+    group. Brokers that did not answer are listed (unreachable_brokers).
+    """
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -196,6 +209,19 @@ class AdminServiceAsyncStub(AdminServiceStub):
     live consumers on any broker, unless force; NOT_FOUND (CONSUMER_GROUP_NOT_FOUND) when no
     broker that answered knows the group. Brokers that did not answer are listed
     (unreachable_brokers): run it again once they are back.
+    """
+    DeleteProducerGroup: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteProducerGroupRequest, _admin_pb2.DeleteProducerGroupResponse]  # type: ignore[assignment]
+    """Deletes a producer group on every live broker: its counters row (and so its metric
+    series and its place in max_producer_groups_per_principal), in one WriteBatch per broker.
+    Its ended transactions' rows stay (lookups by id and ListTransactions still find them
+    until retention), and its %DISCARD% topic stays unless discard_topic. A half message of
+    the group afterwards makes it anew. A dry run answers what would go and changes nothing.
+    FAILED_PRECONDITION (reason TRANSACTIONS_OPEN) while any broker holds a transaction of the
+    group not ended (PREPARED, DISCARDED, or a global transaction's decision still being
+    pushed), force or not; FAILED_PRECONDITION (PRODUCERS_LIVE) while any broker saw the
+    group's producers (half messages, checkers' claims) within consumer_session_seconds,
+    unless force; NOT_FOUND (PRODUCER_GROUP_NOT_FOUND) when no broker that answered knows the
+    group. Brokers that did not answer are listed (unreachable_brokers).
     """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -392,6 +418,25 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         live consumers on any broker, unless force; NOT_FOUND (CONSUMER_GROUP_NOT_FOUND) when no
         broker that answered knows the group. Brokers that did not answer are listed
         (unreachable_brokers): run it again once they are back.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteProducerGroup(
+        self,
+        request: _admin_pb2.DeleteProducerGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DeleteProducerGroupResponse, _abc.Awaitable[_admin_pb2.DeleteProducerGroupResponse]]:
+        """Deletes a producer group on every live broker: its counters row (and so its metric
+        series and its place in max_producer_groups_per_principal), in one WriteBatch per broker.
+        Its ended transactions' rows stay (lookups by id and ListTransactions still find them
+        until retention), and its %DISCARD% topic stays unless discard_topic. A half message of
+        the group afterwards makes it anew. A dry run answers what would go and changes nothing.
+        FAILED_PRECONDITION (reason TRANSACTIONS_OPEN) while any broker holds a transaction of the
+        group not ended (PREPARED, DISCARDED, or a global transaction's decision still being
+        pushed), force or not; FAILED_PRECONDITION (PRODUCERS_LIVE) while any broker saw the
+        group's producers (half messages, checkers' claims) within consumer_session_seconds,
+        unless force; NOT_FOUND (PRODUCER_GROUP_NOT_FOUND) when no broker that answered knows the
+        group. Brokers that did not answer are listed (unreachable_brokers).
         """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

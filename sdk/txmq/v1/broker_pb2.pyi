@@ -1926,7 +1926,7 @@ class GroupClient(_message.Message):
     """A consumer's client id (or address), or a checker's id."""
     address: _builtins.str
     kind: _builtins.str
-    """"consumer" or "checker"."""
+    """"consumer", "checker" or "producer" (a producer group's half messages)."""
     group: _builtins.str
     last_seen_ms: _builtins.int
     waiting: _builtins.bool
@@ -2256,3 +2256,120 @@ class DeleteGroupStateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteGroupStateResponse: _TypeAlias = DeleteGroupStateResponse  # noqa: Y015
+
+@_typing.final
+class DeleteProducerGroupStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    DISCARD_TOPIC_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    producer_group: _builtins.str
+    dry_run: _builtins.bool
+    """Count what would be deleted (and what blocks it), change nothing."""
+    force: _builtins.bool
+    """Delete even while producers of the group are live here (never past open transactions)."""
+    discard_topic: _builtins.bool
+    """Also delete the group's %DISCARD% topic with its messages (default: kept)."""
+    operator: _builtins.str
+    """Who deletes (the caller's principal with auth on), logged with the deletion."""
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        producer_group: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+        force: _builtins.bool = ...,
+        discard_topic: _builtins.bool = ...,
+        operator: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["discard_topic", b"discard_topic", "dry_run", b"dry_run", "force", b"force", "operator", b"operator", "producer_group", b"producer_group", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteProducerGroupStateRequest: _TypeAlias = DeleteProducerGroupStateRequest  # noqa: Y015
+
+@_typing.final
+class ProducerGroupDeletion(_message.Message):
+    """What deleting a producer group removes (or, in a dry run, would remove) on one broker,
+    and what blocks it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    COUNTERS_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    DISCARDED_FIELD_NUMBER: _builtins.int
+    GLOBAL_PUSHES_FIELD_NUMBER: _builtins.int
+    DISCARD_TOPIC_FIELD_NUMBER: _builtins.int
+    DISCARD_TOPIC_DELETED_FIELD_NUMBER: _builtins.int
+    broker_name: _builtins.str
+    counters: _builtins.bool
+    """Whether the broker holds the group's counters row (what is deleted)."""
+    pending: _builtins.int
+    """Transactions of the group PREPARED here (block the deletion)."""
+    discarded: _builtins.int
+    """Transactions of the group DISCARDED and not yet decided here (block the deletion)."""
+    global_pushes: _builtins.int
+    """Global transactions of the group coordinated here whose decision is still being pushed
+    to participants (block the deletion).
+    """
+    discard_topic: _builtins.bool
+    """Whether %DISCARD%<group> exists here."""
+    discard_topic_deleted: _builtins.bool
+    """Whether %DISCARD%<group> was deleted (or would be): false when kept."""
+    def __init__(
+        self,
+        *,
+        broker_name: _builtins.str = ...,
+        counters: _builtins.bool = ...,
+        pending: _builtins.int = ...,
+        discarded: _builtins.int = ...,
+        global_pushes: _builtins.int = ...,
+        discard_topic: _builtins.bool = ...,
+        discard_topic_deleted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "counters", b"counters", "discard_topic", b"discard_topic", "discard_topic_deleted", b"discard_topic_deleted", "discarded", b"discarded", "global_pushes", b"global_pushes", "pending", b"pending"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProducerGroupDeletion: _TypeAlias = ProducerGroupDeletion  # noqa: Y015
+
+@_typing.final
+class DeleteProducerGroupStateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETION_FIELD_NUMBER: _builtins.int
+    LIVE_PRODUCERS_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
+    applied: _builtins.bool
+    """False for a dry run."""
+    @_builtins.property
+    def deletion(self) -> Global___ProducerGroupDeletion: ...
+    @_builtins.property
+    def live_producers(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupClient]:
+        """The group's live producers and checkers here (what refuses the deletion without force)."""
+
+    def __init__(
+        self,
+        *,
+        deletion: Global___ProducerGroupDeletion | None = ...,
+        live_producers: _abc.Iterable[Global___GroupClient] | None = ...,
+        applied: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deletion", b"deletion"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "deletion", b"deletion", "live_producers", b"live_producers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteProducerGroupStateResponse: _TypeAlias = DeleteProducerGroupStateResponse  # noqa: Y015

@@ -168,6 +168,11 @@ class BrokerServiceStub:
                 request_serializer=txmq_dot_v1_dot_broker__pb2.DeleteGroupStateRequest.SerializeToString,
                 response_deserializer=txmq_dot_v1_dot_broker__pb2.DeleteGroupStateResponse.FromString,
                 _registered_method=True)
+        self.DeleteProducerGroupState = channel.unary_unary(
+                '/txmq.v1.BrokerService/DeleteProducerGroupState',
+                request_serializer=txmq_dot_v1_dot_broker__pb2.DeleteProducerGroupStateRequest.SerializeToString,
+                response_deserializer=txmq_dot_v1_dot_broker__pb2.DeleteProducerGroupStateResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -392,6 +397,18 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteProducerGroupState(self, request, context):
+        """Deletes a producer group's state on this broker (the name server's fan-out of
+        AdminService.DeleteProducerGroup; see there) in one WriteBatch through the replicated
+        write path: its counters row (and %DISCARD%<group> with discard_topic).
+        FAILED_PRECONDITION (reason TRANSACTIONS_OPEN) while it has transactions not ended here,
+        force or not; FAILED_PRECONDITION (PRODUCERS_LIVE) while its producers are live here,
+        unless force.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -524,6 +541,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.DeleteGroupState,
                     request_deserializer=txmq_dot_v1_dot_broker__pb2.DeleteGroupStateRequest.FromString,
                     response_serializer=txmq_dot_v1_dot_broker__pb2.DeleteGroupStateResponse.SerializeToString,
+            ),
+            'DeleteProducerGroupState': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteProducerGroupState,
+                    request_deserializer=txmq_dot_v1_dot_broker__pb2.DeleteProducerGroupStateRequest.FromString,
+                    response_serializer=txmq_dot_v1_dot_broker__pb2.DeleteProducerGroupStateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1232,6 +1254,33 @@ class BrokerService:
             '/txmq.v1.BrokerService/DeleteGroupState',
             txmq_dot_v1_dot_broker__pb2.DeleteGroupStateRequest.SerializeToString,
             txmq_dot_v1_dot_broker__pb2.DeleteGroupStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteProducerGroupState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txmq.v1.BrokerService/DeleteProducerGroupState',
+            txmq_dot_v1_dot_broker__pb2.DeleteProducerGroupStateRequest.SerializeToString,
+            txmq_dot_v1_dot_broker__pb2.DeleteProducerGroupStateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -138,6 +138,14 @@ class BrokerServiceStub:
     clients (and its %DLQ% topic with dead_letters). FAILED_PRECONDITION (reason
     GROUP_NOT_EMPTY) while the group has live consumers here, unless force.
     """
+    DeleteProducerGroupState: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteProducerGroupStateRequest, _broker_pb2.DeleteProducerGroupStateResponse]
+    """Deletes a producer group's state on this broker (the name server's fan-out of
+    AdminService.DeleteProducerGroup; see there) in one WriteBatch through the replicated
+    write path: its counters row (and %DISCARD%<group> with discard_topic).
+    FAILED_PRECONDITION (reason TRANSACTIONS_OPEN) while it has transactions not ended here,
+    force or not; FAILED_PRECONDITION (PRODUCERS_LIVE) while its producers are live here,
+    unless force.
+    """
 
 @_typing.type_check_only
 class BrokerServiceAsyncStub(BrokerServiceStub):
@@ -248,6 +256,14 @@ class BrokerServiceAsyncStub(BrokerServiceStub):
     write path: its cursors, in-flight deliveries, offset-reset records and remembered
     clients (and its %DLQ% topic with dead_letters). FAILED_PRECONDITION (reason
     GROUP_NOT_EMPTY) while the group has live consumers here, unless force.
+    """
+    DeleteProducerGroupState: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteProducerGroupStateRequest, _broker_pb2.DeleteProducerGroupStateResponse]  # type: ignore[assignment]
+    """Deletes a producer group's state on this broker (the name server's fan-out of
+    AdminService.DeleteProducerGroup; see there) in one WriteBatch through the replicated
+    write path: its counters row (and %DISCARD%<group> with discard_topic).
+    FAILED_PRECONDITION (reason TRANSACTIONS_OPEN) while it has transactions not ended here,
+    force or not; FAILED_PRECONDITION (PRODUCERS_LIVE) while its producers are live here,
+    unless force.
     """
 
 class BrokerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -512,6 +528,20 @@ class BrokerServiceServicer(metaclass=_abc_1.ABCMeta):
         write path: its cursors, in-flight deliveries, offset-reset records and remembered
         clients (and its %DLQ% topic with dead_letters). FAILED_PRECONDITION (reason
         GROUP_NOT_EMPTY) while the group has live consumers here, unless force.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteProducerGroupState(
+        self,
+        request: _broker_pb2.DeleteProducerGroupStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteProducerGroupStateResponse, _abc.Awaitable[_broker_pb2.DeleteProducerGroupStateResponse]]:
+        """Deletes a producer group's state on this broker (the name server's fan-out of
+        AdminService.DeleteProducerGroup; see there) in one WriteBatch through the replicated
+        write path: its counters row (and %DISCARD%<group> with discard_topic).
+        FAILED_PRECONDITION (reason TRANSACTIONS_OPEN) while it has transactions not ended here,
+        force or not; FAILED_PRECONDITION (PRODUCERS_LIVE) while its producers are live here,
+        unless force.
         """
 
 def add_BrokerServiceServicer_to_server(servicer: BrokerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

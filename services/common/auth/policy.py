@@ -265,6 +265,8 @@ NATIVE: Mapping[str, Policy] = {
     _BROKER + "DescribeGroupClients": Policy(INTERNAL),
     _ADMIN + "DeleteConsumerGroup": Policy(lambda r: _admin_consumers(ADMIN_WRITE, r.consumer_group)),
     _BROKER + "DeleteGroupState": Policy(INTERNAL),
+    _ADMIN + "DeleteProducerGroup": Policy(lambda r: _admin_group(ADMIN_WRITE, r.producer_group)),
+    _BROKER + "DeleteProducerGroupState": Policy(INTERNAL),
     _REPLICATION + "FetchCheckpoint": Policy(INTERNAL),
     _REPLICATION + "TransferLeadership": Policy(INTERNAL),
     "/grpc.health.v1.Health/Check": Policy(OPEN),

@@ -1,0 +1,154 @@
+"""Deleting a producer group (``AdminService.DeleteProducerGroup``, ``txmq group
+delete-producer``) against real processes: an idle group whose transactions ended goes on
+every broker (no longer in GetBrokerStats' groups; a dry run first changes nothing), stays
+gone across a restart, and its ended transactions stay readable; a PREPARED transaction
+refuses it, forced or not, until it ends; a live producer (its half messages) refuses it
+unless forced; the CLI. Auth and
+the quota are in test_tenant_quotas.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+import txmq
+import txmq.aio
+from tests.support.cli import txmq_cli
+from tests.support.waiting import wait_until
+
+#: Producers are live this long after their last half message or claim (the brokers' setting).
+SESSION_SECONDS = 1.5
+
+LocalState = txmq.LocalTransactionState
+
+
+@pytest.fixture
+def cluster(fresh_cluster_factory):
+    return fresh_cluster_factory(brokers=2, broker_env={"TXMQ_CONSUMER_SESSION_SECONDS": str(SESSION_SECONDS)})
+
+
+def producer(cluster, group: str, **kw) -> txmq.TransactionProducer:
+    return txmq.TransactionProducer(cluster.nameserver_address, producer_group=group,
+                                    checker=lambda _m: LocalState.ROLLBACK, **kw)
+
+
+def groups_listed(admin: txmq.Admin) -> dict[str, set[str]]:
+    """Producer group → the brokers whose GetBrokerStats list its counters."""
+    out: dict[str, set[str]] = {}
+    for b in admin.broker_stats().brokers:
+        for g in b.groups:
+            out.setdefault(g.producer_group, set()).add(b.broker_name)
+    return out
+
+
+def wait_not_live(admin: txmq.Admin, group: str) -> None:
+    wait_until(lambda: not admin.delete_producer_group(group, dry_run=True).live_producers, SESSION_SECONDS * 20,
+               message="the stopped producer stays live")
+
+
+def test_an_idle_group_goes_on_every_broker_and_stays_gone(cluster, unique_name) -> None:
+    topic, group, other = unique_name("pdel"), unique_name("pg"), unique_name("keep")
+    cluster.create_topic(topic, queue_count=4)  # over both brokers
+    ended = []
+    with producer(cluster, group, answer_checks=False) as p, producer(cluster, other, answer_checks=False) as q:
+        for i in range(8):
+            with p.begin_transaction(key=f"k{i}") as tx:
+                p.send(txmq.Message(topic, f"m{i}".encode()), tx)
+            ended += tx.messages
+        with q.begin_transaction(key="o") as tx:
+            q.send(txmq.Message(topic, b"o"), tx)
+    assert {m.broker_name for m in ended} == {"broker-0", "broker-1"}
+    with txmq.Admin(cluster.nameserver_address) as admin:
+        assert groups_listed(admin)[group] == {"broker-0", "broker-1"}
+        wait_not_live(admin, group)
+        dry = admin.delete_producer_group(group, dry_run=True)
+        assert not dry.applied and sorted(b.broker_name for b in dry.brokers) == ["broker-0", "broker-1"]
+        assert all(b.counters and not (b.pending or b.discarded or b.global_pushes) for b in dry.brokers)
+        assert group in groups_listed(admin)  # a dry run changed nothing
+        with pytest.raises(txmq.InvalidFieldError, match="operator"):
+            admin.delete_producer_group(group)
+        done = admin.delete_producer_group(group, operator="ann", reason="retired service")
+        assert done.applied and done.operator == "ann" and not done.unreachable_brokers
+        assert sorted(b.broker_name for b in done.brokers) == ["broker-0", "broker-1"]
+        listed = groups_listed(admin)
+        assert group not in listed and listed[other]  # another group keeps its counters
+        decided = admin.describe_transaction(ended[0].transaction_id)  # the decisions stay
+        assert decided.transaction.producer_group == group
+        with pytest.raises(txmq.ProducerGroupNotFoundError):
+            admin.delete_producer_group(group, operator="ann")
+    for i in range(2):
+        cluster.restart_broker(i)
+    with txmq.Admin(cluster.nameserver_address) as admin:
+        wait_until(lambda: len(admin.broker_stats().brokers) == 2, 30, message="brokers back")
+        assert group not in groups_listed(admin)  # gone from the stores, not only from memory
+        with pytest.raises(txmq.ProducerGroupNotFoundError):
+            admin.delete_producer_group(group, dry_run=True)
+
+
+def test_an_open_transaction_refuses_it_forced_or_not_until_it_ends(cluster, unique_name) -> None:
+    topic, group = unique_name("pdel"), unique_name("pg")
+    cluster.create_topic(topic, queue_count=2)
+    with producer(cluster, group, answer_checks=False) as p, txmq.Admin(cluster.nameserver_address) as admin:
+        tx = p.begin_transaction(key="open")
+        p.send(txmq.Message(topic, b"half"), tx)
+        wait_not_live(admin, group)
+        dry = admin.delete_producer_group(group, dry_run=True)
+        assert sum(b.pending for b in dry.brokers) == 1
+        for force in (False, True):
+            with pytest.raises(txmq.TransactionsOpenError, match=f"{group}.*1 prepared") as caught:
+                admin.delete_producer_group(group, force=force, operator="ann")
+            assert caught.value.reason == "TRANSACTIONS_OPEN"
+        assert group in groups_listed(admin)
+        tx.commit()
+        wait_not_live(admin, group)
+        assert admin.delete_producer_group(group, operator="ann").applied
+        assert group not in groups_listed(admin)
+
+
+def test_live_producers_refuse_it_unless_forced_and_the_cli(fresh_cluster_factory, unique_name) -> None:
+    cluster = fresh_cluster_factory(brokers=2, broker_env={"TXMQ_CONSUMER_SESSION_SECONDS": "30"})
+    topic, group = unique_name("pdel"), unique_name("pg")
+    cluster.create_topic(topic, queue_count=2)
+    with producer(cluster, group, answer_checks=False) as p:
+        with p.begin_transaction(key="a") as tx:  # a producer live from its half message
+            p.send(txmq.Message(topic, b"a"), tx)
+        client = tx.messages[0].broker_name
+        with txmq.Admin(cluster.nameserver_address) as admin:
+            live = admin.delete_producer_group(group, dry_run=True).live_producers
+            assert [(c.kind, c.broker_name) for c in live] == [("producer", client)]
+            with pytest.raises(txmq.ProducersLiveError, match=group):
+                admin.delete_producer_group(group, operator="ann")
+            assert group in groups_listed(admin)
+        refused = txmq_cli(cluster, "group", "delete-producer", group, "--operator", "carol")
+        assert refused.returncode == 1 and json.loads(refused.stderr)["error"]["reason"] == "PRODUCERS_LIVE"
+        dry = txmq_cli(cluster, "group", "delete-producer", group, "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert json.loads(dry.stdout)["applied"] is False and json.loads(dry.stdout)["live_producers"]
+        done = txmq_cli(cluster, "group", "delete-producer", group, "--force", "--operator", "carol")
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        assert data["applied"] is True and data["operator"] == "carol"
+        with txmq.Admin(cluster.nameserver_address) as admin:
+            assert group not in groups_listed(admin)
+            with pytest.raises(txmq.ProducerGroupNotFoundError):  # its producers forgotten with it
+                admin.delete_producer_group(group, dry_run=True)
+        with p.begin_transaction(key="b") as tx:  # a producer that sends again makes it anew
+            p.send(txmq.Message(topic, b"b"), tx)
+        with txmq.Admin(cluster.nameserver_address) as admin:
+            assert group in groups_listed(admin)
+
+
+def test_the_asyncio_admin_dry_run(cluster, unique_name) -> None:
+    topic, group = unique_name("pdel"), unique_name("pg")
+    cluster.create_topic(topic, queue_count=1)
+    with producer(cluster, group, answer_checks=False) as p:
+        with p.begin_transaction(key="a") as tx:
+            p.send(txmq.Message(topic, b"a"), tx)
+
+    async def run() -> None:
+        async with txmq.aio.AsyncAdmin(cluster.nameserver_address) as admin:
+            dry = await admin.delete_producer_group(group, dry_run=True)
+            assert not dry.applied and [b.counters for b in dry.brokers] == [True]
+    asyncio.run(run())
