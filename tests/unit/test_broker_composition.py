@@ -238,3 +238,19 @@ def test_the_components_are_the_facades_state(core):
     assert core.deliveries.leader_epoch == 7
     core.disk_full, core.free_disk_bytes = True, 10
     assert core.sends.disk_full and core.sends.free_disk_bytes == 10
+
+
+def test_a_servicer_made_anew_for_each_leadership_shares_its_metrics():
+    """A replicated broker makes a new BrokerServicer, over the process's one BrokerMetrics, at
+    each leadership it takes. The quota refusals' counter was registered by the servicer: a
+    replica leading for the second time failed every election round (DuplicateTimeseries), and
+    the shard's leadership could not come back to it."""
+    from services.broker.quotas import SETTINGS
+
+    metrics = BrokerMetrics()
+    first = metrics.quota_refusals(SETTINGS)
+    again = metrics.quota_refusals(SETTINGS)
+    assert all(first[s] is again[s] for s in SETTINGS)
+    first[SETTINGS[0]].inc()
+    assert metrics.registry.get_sample_value("txmq_quota_refusals_total", {"setting": SETTINGS[0]}) == 1
+    assert metrics.registry.get_sample_value("txmq_quota_refusals_total", {"setting": SETTINGS[1]}) == 0
