@@ -154,13 +154,18 @@ def _group_delete(admin: Any, args: argparse.Namespace, out: Output, helpers: An
                          "deliveries in flight were invalidated (their acks now fail)")
             if not args.dead_letters:
                 lines.append(f"its dead letters (%DLQ%{args.group}) were kept: --dead-letters deletes them too")
-        else:
-            lines.append("dry run: nothing changed (run it again without --dry-run)")
-        if response.unreachable_brokers:
-            lines.append(f"unreachable brokers (not deleted there: run it again once they are back): "
-                         f"{', '.join(response.unreachable_brokers)}")
-        return "\n".join(lines)
+        return "\n".join(_deletion_end(response, lines))
     out(data, text)
+
+
+def _deletion_end(response: Any, lines: list[str]) -> list[str]:
+    """The last lines of a group deletion's report: a dry run said, the brokers not reached."""
+    if not response.applied:
+        lines.append("dry run: nothing changed (run it again without --dry-run)")
+    if response.unreachable_brokers:
+        lines.append(f"unreachable brokers (not deleted there: run it again once they are back): "
+                     f"{', '.join(response.unreachable_brokers)}")
+    return lines
 
 
 def producer_deletion_dict(response: Any) -> dict[str, Any]:
@@ -200,12 +205,7 @@ def _group_delete_producer(admin: Any, args: argparse.Namespace, out: Output, he
                          "its ended transactions stay")
             if not args.discarded:
                 lines.append(f"its discard topic (%DISCARD%{args.group}) was kept: --discarded deletes it too")
-        else:
-            lines.append("dry run: nothing changed (run it again without --dry-run)")
-        if response.unreachable_brokers:
-            lines.append(f"unreachable brokers (not deleted there: run it again once they are back): "
-                         f"{', '.join(response.unreachable_brokers)}")
-        return "\n".join(lines)
+        return "\n".join(_deletion_end(response, lines))
     out(data, text)
 
 

@@ -145,12 +145,7 @@ class GroupOps:
             raise GroupNotEmptyError(group, sorted({f"{c.client_id}@{c.broker_name}"
                                                     for c in response.live_consumers}))
         targets = {b.name for b, a in planned if group_known(a.deletion) or a.live_consumers}
-        applied, gone = await self.calls.fan_out("DeleteGroupState", ask(False), only=targets)
-        response.brokers.extend(sorted((a.deletion for _b, a in applied), key=lambda d: d.broker_name))
-        del response.unreachable_brokers[:]
-        response.unreachable_brokers.extend(sorted(set(unreachable) | set(gone)))
-        response.applied = True
-        response.operator = operator
+        applied = await self._apply("DeleteGroupState", ask(False), targets, response, unreachable, operator)
         log.warning("consumer group deleted", extra={"fields": {
             "consumer_group": group, "operator": operator, "reason": request.reason, "forced": request.force,
             "dead_letters": request.dead_letters, "brokers": sorted(b.name for b, _a in applied),
@@ -191,17 +186,25 @@ class GroupOps:
             raise ProducersLiveError(group, sorted({f"{c.client_id}@{c.broker_name}"
                                                     for c in response.live_producers}))
         targets = {b.name for b, a in planned if producer_group_known(a)}
-        applied, gone = await self.calls.fan_out("DeleteProducerGroupState", ask(False), only=targets)
-        response.brokers.extend(sorted((a.deletion for _b, a in applied), key=lambda d: d.broker_name))
-        del response.unreachable_brokers[:]
-        response.unreachable_brokers.extend(sorted(set(unreachable) | set(gone)))
-        response.applied = True
-        response.operator = operator
+        applied = await self._apply("DeleteProducerGroupState", ask(False), targets, response, unreachable,
+                                    operator)
         log.warning("producer group deleted", extra={"fields": {
             "producer_group": group, "operator": operator, "reason": request.reason, "forced": request.force,
             "discard_topic": request.discard_topic, "brokers": sorted(b.name for b, _a in applied),
             "unreachable": list(response.unreachable_brokers)}})
         return response
+
+    async def _apply(self, method: str, request: Any, targets: set[str], response: Any,
+                     unreachable: list[str], operator: str) -> list[Any]:
+        """A group deletion's second step: ``method`` on the brokers that know the group, their
+        deletions (by broker name) and every broker not reached into ``response``."""
+        applied, gone = await self.calls.fan_out(method, request, only=targets)
+        response.brokers.extend(sorted((a.deletion for _b, a in applied), key=lambda d: d.broker_name))
+        del response.unreachable_brokers[:]
+        response.unreachable_brokers.extend(sorted(set(unreachable) | set(gone)))
+        response.applied = True
+        response.operator = operator
+        return applied
 
     async def _each(self, brokers: set[str], request_of: Any) -> dict[str, Any]:
         """ResetGroupOffsets on each broker: its answer, or the error it failed with."""
