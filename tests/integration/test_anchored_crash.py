@@ -191,15 +191,21 @@ STEPS = {
 }
 
 
-@pytest.mark.parametrize("connection", ["psycopg", "sqlalchemy"])
+#: The worker's flags for each kind of caller's connection.
+CONNECTIONS = {"psycopg": [], "sqlalchemy": ["--sqlalchemy"], "aio-psycopg": ["--aio"],
+               "aio-sqlalchemy": ["--aio", "--sqlalchemy"]}
+
+
+@pytest.mark.parametrize("connection", list(CONNECTIONS))
 @pytest.mark.parametrize("step", list(STEPS))
 def test_producer_killed_at_each_step(checked, dsn, unique_name, workers, step, connection):
     """The caller's connection a psycopg ``Connection`` or a SQLAlchemy ``Session`` on
-    psycopg (whose BEGIN and COMMIT the SDK sends itself, after flushing the order row)."""
+    psycopg (whose BEGIN and COMMIT the SDK sends itself, after flushing the order row), on
+    the sync SDK or on ``txmq.aio`` (an ``AsyncConnection``, an ``AsyncSession``)."""
     group, topic = unique_name("g"), unique_name("orders")
     checked.create_topic(topic, 2)
     commits, fenced = STEPS[step]
-    flavour = ["--sqlalchemy"] if connection == "sqlalchemy" else []
+    flavour = CONNECTIONS[connection]
     worker = Worker(checked, dsn, topic, group, "--orders", "1", "--no-checks", *flavour, failpoint=step)
     workers.append(worker)
     code = worker.wait_exit(60)

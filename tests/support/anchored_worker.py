@@ -8,7 +8,9 @@ makes it SIGKILL itself at a step; the test kills it from outside otherwise.
 
 ``--sqlalchemy``: the caller's connection is a SQLAlchemy 2 ``Session`` on psycopg 3 (the
 order row an ORM object, flushed by the SDK before its COMMIT) instead of a psycopg
-``Connection``.
+``Connection``. ``--aio``: the same on ``txmq.aio`` (an ``AsyncTransactionProducer``, a
+psycopg ``AsyncConnection`` or a SQLAlchemy ``AsyncSession``); ``--stray`` and ``--hold``
+are the sync worker's only.
 
 ``--hold FILE``: each transaction waits inside its block (after its half is stored) until
 FILE exists. ``--stray``: each transaction also stores a second half message with the same
@@ -44,7 +46,13 @@ def main() -> None:
     parser.add_argument("--no-checks", action="store_true")
     parser.add_argument("--stray", action="store_true")
     parser.add_argument("--sqlalchemy", action="store_true")
+    parser.add_argument("--aio", action="store_true")
     args = parser.parse_args()
+    if args.aio:
+        import asyncio
+
+        asyncio.run(run_async(args))
+        return
 
     import dataclasses
 
@@ -85,6 +93,108 @@ def main() -> None:
     emit(done=n)
 
 
+async def run_async(args: argparse.Namespace) -> None:
+    """The sync loop's transactions on ``txmq.aio``."""
+    import asyncio
+
+    import txmq
+    from txmq.aio import AsyncTransactionProducer
+    from txmq.anchored import Decisions
+
+    database = AsyncSessionDatabase(args.dsn) if args.sqlalchemy else await AsyncPsycopgDatabase.open(args.dsn)
+    async with AsyncTransactionProducer(args.nameserver, producer_group=args.group, checker_refresh_seconds=0.5,
+                                        answer_checks=not args.no_checks, send_timeout_seconds=2.0,
+                                        decisions=Decisions(args.dsn, repair_after_seconds=1.0,
+                                                            sweep_interval_seconds=0.5)) as producer:
+        emit(ready=True)
+        n = 0
+        while args.forever or n < args.orders:
+            order = f"{args.prefix}-{os.getpid()}-{n}"
+            n += 1
+            try:
+                conn = await database.connection()
+                async with producer.transaction(conn) as tx:
+                    tx.send(txmq.Message(args.topic, order.encode()))
+                    await database.insert(order)
+                emit(committed=order, transaction_id=tx.result.messages[0].transaction_id)
+            except Exception as exc:  # noqa: BLE001 - reported; the loop goes on (a fault is under test)
+                emit(error=order, type=type(exc).__name__, message=str(exc)[:300])
+                await asyncio.sleep(0.05)
+    await database.close()
+    emit(done=n)
+
+
+class AsyncPsycopgDatabase:
+    """The caller's psycopg ``AsyncConnection`` (a new one once it broke)."""
+
+    def __init__(self, dsn: str, conn) -> None:
+        self.dsn, self.conn = dsn, conn
+
+    @classmethod
+    async def open(cls, dsn: str) -> "AsyncPsycopgDatabase":
+        import psycopg
+
+        return cls(dsn, await psycopg.AsyncConnection.connect(dsn))
+
+    async def connection(self):
+        import psycopg
+
+        if self.conn.closed or self.conn.broken:
+            self.conn = await psycopg.AsyncConnection.connect(self.dsn)
+        return self.conn
+
+    async def insert(self, order: str) -> None:
+        await self.conn.execute("INSERT INTO orders (id, body) VALUES (%s, 'x')", (order,))
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+
+class AsyncSessionDatabase:
+    """A SQLAlchemy ``AsyncSession`` on psycopg 3; the order row an ORM object."""
+
+    def __init__(self, dsn: str) -> None:
+        from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+        self.engine = create_async_engine(sqlalchemy_url(dsn))
+        self.order = order_model()
+        self.session = AsyncSession(self.engine)
+
+    async def connection(self):
+        return self.session
+
+    async def insert(self, order: str) -> None:
+        self.session.add(self.order(id=order, body=b"x"))
+
+    async def close(self) -> None:
+        await self.session.close()
+        await self.engine.dispose()
+
+
+def sqlalchemy_url(dsn: str):
+    import sqlalchemy
+
+    parts = dict(p.split("=", 1) for p in dsn.split())
+    return sqlalchemy.URL.create("postgresql+psycopg", username=parts.get("user"), host=parts.get("host"),
+                                 port=int(parts["port"]), database=parts.get("dbname"))
+
+
+def order_model():
+    """The ``orders`` table's ORM class."""
+    import sqlalchemy
+    from sqlalchemy.orm import DeclarativeBase, mapped_column
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Order(Base):
+        __tablename__ = "orders"
+        id = mapped_column(sqlalchemy.Text, primary_key=True)
+        body = mapped_column(sqlalchemy.LargeBinary, nullable=False)
+
+    return Order
+
+
 class PsycopgDatabase:
     """The caller's psycopg ``Connection`` (a new one once it broke)."""
 
@@ -112,21 +222,10 @@ class SessionDatabase:
 
     def __init__(self, dsn: str) -> None:
         import sqlalchemy
-        from sqlalchemy.orm import DeclarativeBase, Session, mapped_column
+        from sqlalchemy.orm import Session
 
-        class Base(DeclarativeBase):
-            pass
-
-        class Order(Base):
-            __tablename__ = "orders"
-            id = mapped_column(sqlalchemy.Text, primary_key=True)
-            body = mapped_column(sqlalchemy.LargeBinary, nullable=False)
-
-        parts = dict(p.split("=", 1) for p in dsn.split())
-        self.engine = sqlalchemy.create_engine(sqlalchemy.URL.create(
-            "postgresql+psycopg", username=parts.get("user"), host=parts.get("host"), port=int(parts["port"]),
-            database=parts.get("dbname")))
-        self.order = Order
+        self.engine = sqlalchemy.create_engine(sqlalchemy_url(dsn))
+        self.order = order_model()
         self.session = Session(self.engine)
 
     def connection(self):
