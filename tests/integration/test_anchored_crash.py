@@ -313,14 +313,14 @@ def test_the_broker_killed_under_load(fresh_cluster_factory, dsn, unique_name, w
     assert counts["committed"] >= len(worker.of("committed"))
 
 
-@pytest.mark.parametrize("connection", ["psycopg", "sqlalchemy"])
+@pytest.mark.parametrize("connection", list(CONNECTIONS))
 def test_the_database_restarted_under_load(checked, unique_name, workers, connection):
     instance = PostgresInstance(max_connections=50)
     try:
         dsn = prepare(instance)
         group, topic = unique_name("g"), unique_name("orders")
         checked.create_topic(topic, 2)
-        flavour = ["--sqlalchemy"] if connection == "sqlalchemy" else []
+        flavour = CONNECTIONS[connection]
         worker = Worker(checked, dsn, topic, group, "--forever", "--no-checks", *flavour)
         workers.append(worker)
         wait_until(lambda: len(worker.of("committed")) >= 10, 30, message=lambda: f"{worker.events[-3:]}")
