@@ -4,7 +4,7 @@ every broker (no longer in GetBrokerStats' groups; a dry run first changes nothi
 gone across a restart, and its ended transactions stay readable; a PREPARED transaction
 refuses it, forced or not, until it ends; a live producer (its half messages) refuses it
 unless forced, and so does an idle one connected to a checker whose claims wait on the
-brokers; the CLI. Auth and
+brokers; the CLI; a replicated shard's deletion outlives its leader. Auth and
 the quota are in test_tenant_quotas.py."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import txmq.aio
 from tests.support import presets
 from tests.support.cli import txmq_cli
 from tests.support.waiting import wait_until
+from txmq.v1 import common_pb2
 
 #: Producers are live this long after their last half message or claim (the brokers' setting).
 SESSION_SECONDS = 1.5
@@ -188,3 +189,43 @@ def test_the_asyncio_admin_dry_run(cluster, unique_name) -> None:
             assert not dry.applied and [b.counters for b in dry.brokers] == [True]
     asyncio.run(run())
 
+
+@pytest.mark.timeout(240)
+def test_producer_group_delete_replicated(fresh_cluster_factory, unique_name) -> None:
+    """RF3: the deletion is one replicated write. Its leader killed after it, the next
+    leader knows nothing of the group (no counters row in GetBrokerStats, a dry run finds
+    no such group) while the group's ended transactions still answer with their decisions,
+    and a half message of the group makes it anew there; every replica's store agrees."""
+    from tests.support import replicas
+
+    cluster = fresh_cluster_factory(brokers=1, replication_factor=3,
+                                    broker_env={"TXMQ_CONSUMER_SESSION_SECONDS": str(SESSION_SECONDS)})
+    topic, group = unique_name("rf3"), unique_name("pg")
+    cluster.create_topic(topic, 2)
+    ended: list[txmq.SendReceipt] = []
+    with producer(cluster, group, answer_checks=False) as p:
+        for i in range(4):
+            with p.begin_transaction(key=f"k{i}") as tx:
+                p.send(txmq.Message(topic, f"m{i}".encode()), tx)
+            ended += tx.messages
+    with txmq.Admin(cluster.nameserver_address) as admin:
+        assert groups_listed(admin)[group] == {"broker-0"}
+        wait_not_live(admin, group)
+        assert admin.delete_producer_group(group, operator="frank").applied
+    replicas.wait_in_sync(cluster, "broker-0")
+    old = cluster.wait_leaders()["broker-0"]
+    old.kill()
+    cluster.wait_leaders(not_on=old)
+    with txmq.Admin(cluster.nameserver_address) as admin:
+        with pytest.raises(txmq.ProducerGroupNotFoundError):
+            wait_until(lambda: admin.delete_producer_group(group, dry_run=True), 30, ignore=(txmq.UnavailableError,))
+        assert group not in groups_listed(admin)
+        for m in ended:  # the decisions stay, on the new leader
+            decided = admin.describe_transaction(m.transaction_id).transaction
+            assert (decided.producer_group, decided.state) == (group, common_pb2.TRANSACTION_STATE_COMMITTED)
+        with producer(cluster, group, answer_checks=False) as p:
+            with p.begin_transaction(key="again") as tx:
+                p.send(txmq.Message(topic, b"again"), tx)
+        assert groups_listed(admin)[group] == {"broker-0"}
+    old.restart(60)
+    replicas.stop_and_compare(cluster, "broker-0")
