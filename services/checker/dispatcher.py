@@ -67,8 +67,9 @@ SENT, RECEIVED, LATE = "sent", "received", "late"
 MAX_QUEUED_REPLIES = 1024
 
 
-#: Why an answer was refused (the ``reason`` label of txmq_check_answers_refused_total).
-REFUSED_REASONS = ("conflict", "stale", "not_outstanding", "invalid", "unavailable")
+#: Why an answer was refused (the ``reason`` label of txmq_check_answers_refused_total):
+#: ``revoked`` names a group the stream lost when its check right was revoked (``standing``).
+REFUSED_REASONS = ("conflict", "stale", "not_outstanding", "invalid", "unavailable", "revoked")
 
 
 class Reporter(Protocol):
@@ -521,14 +522,19 @@ class Dispatcher:
             stream.push(error_response(error, check_id))
         return refused
 
-    def refused(self, stream: ProducerStream, check_id: str, error: TxmqError, *, answer: bool = False) -> None:
-        """A request on the stream refused here (not outstanding, invalid); an answer among
-        them is counted."""
+    def refused(self, stream: ProducerStream, check_id: str, error: TxmqError, *, answer: bool = False,
+                producer_group: str = "") -> None:
+        """A request on the stream refused here (not outstanding, invalid, naming a group
+        the stream lost by a revoke); an answer among them is counted, under the group it
+        names (``producer_group``) when the stream lost that group."""
         if answer:
             delivery = self.deliveries.get(check_id) if check_id else None
-            group = delivery.group if delivery is not None else (stream.groups[0] if stream.groups else "")
-            field = getattr(error, "field", "")
-            self.metrics.answer_refused(group, "not_outstanding" if field == "check_id" else "invalid")
+            if producer_group and stream.lost.get(producer_group) is error:
+                group, reason = producer_group, "revoked"
+            else:
+                group = delivery.group if delivery is not None else (stream.groups[0] if stream.groups else "")
+                reason = "not_outstanding" if getattr(error, "field", "") == "check_id" else "invalid"
+            self.metrics.answer_refused(group, reason)
         stream.push(error_response(error, check_id))
 
     def _finish(self, d: Delivery) -> None:

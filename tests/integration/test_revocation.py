@@ -21,6 +21,7 @@ import pytest
 import txmq
 from services.common.auth import hash_token
 from tests.support.cluster import Cluster
+from tests.support.metrics import metric
 from tests.support.waiting import wait_until
 from txmq.v1 import (admin_pb2, broker_pb2, broker_pb2_grpc, checker_pb2, checker_pb2_grpc, common_pb2,
                      operations_pb2, operations_pb2_grpc)
@@ -399,10 +400,16 @@ def test_an_answer_for_a_group_the_stream_lost_is_refused_in_band(secured: tuple
     """alice's stream serves rv-d and rv-e; her check right on rv-d is revoked while she
     holds an rv-d check. Her answer to it naming its group and transaction (as the SDK and
     the proxy answer) is refused in band (an error naming the check, PERMISSION_DENIED) and
-    decides nothing; the stream goes on serving rv-e. Before the fix the stream policy
-    refused the answer and ended the whole stream, for rv-e too."""
+    decides nothing, counted under rv-d as refused for the revoke (reason "revoked"); the
+    stream goes on serving rv-e. Before the fix the stream policy refused the answer and
+    ended the whole stream, for rv-e too; then the refusal was counted "invalid", under rv-e."""
     cluster, _ = secured
+    port = cluster.checkers[0].metrics_port
+
+    def refusals(group: str, reason: str) -> float | None:
+        return metric(port, "txmq_check_answers_refused_total", {"group": group, "reason": reason})
     alice = CheckStream(cluster, "alice", ["rv-d", "rv-e"])
+    assert refusals("rv-d", "revoked") == 0  # exported at 0 from the group's first producer
     try:
         held_txn = send_half(cluster, "rv-d", b"answered too late")
         held = alice.next("check")
@@ -417,6 +424,8 @@ def test_an_answer_for_a_group_the_stream_lost_is_refused_in_band(secured: tuple
         assert refused.reason == "PERMISSION_DENIED" and "'rv-d'" in refused.message, refused
         assert json.loads(refused.details["check_id"]) == held.check_id
         assert describe(cluster, held_txn).state == common_pb2.TRANSACTION_STATE_PREPARED
+        assert refusals("rv-d", "revoked") == 1
+        assert refusals("rv-e", "invalid") == 0 and not refusals("rv-d", "invalid")  # rv-d's went with its stream
 
         later_b = send_half(cluster, "rv-e", b"still alice's")
         assert alice.next("check").transaction_id == later_b

@@ -254,7 +254,7 @@ def test_an_answer_naming_a_group_the_stream_lost_is_refused_with_the_revoke(dis
     stream subscribed through, ``Need.in_band``): PERMISSION_DENIED as the stream was told,
     late or not, and nothing reported; an answer naming another group than its check's is
     refused too, and the group the stream keeps is still answered."""
-    d, reports, _ = dispatcher
+    d, reports, metrics = dispatcher
     stream = d.subscribe("alice-1", ["ga", "gb"], credit=4)
     d.dispatch("broker-0", [task("A1", "ga"), task("B1", "gb")])
     a1, b1 = (stream.pop().check for _ in range(2))
@@ -266,8 +266,13 @@ def test_an_answer_naming_a_group_the_stream_lost_is_refused_with_the_revoke(dis
             d.answered(stream, a1.check_id, common_pb2.CHECK_RESULT_COMMIT, 0.0, transaction_id=transaction_id,
                        broker_name="broker-0", producer_group="ga")
         assert refused.value is told
-    with pytest.raises(InvalidFieldError, match="not the group of check"):
+        # Counted as what it is, under the group it named (before: "invalid", under gb).
+        d.refused(stream, a1.check_id, refused.value, answer=True, producer_group="ga")
+    assert metrics.refused == [("ga", "revoked"), ("ga", "revoked")]
+    with pytest.raises(InvalidFieldError, match="not the group of check") as wrong:
         d.answered(stream, b1.check_id, common_pb2.CHECK_RESULT_COMMIT, 0.0, producer_group="ga")
+    d.refused(stream, b1.check_id, wrong.value, answer=True, producer_group="ga")
+    assert metrics.refused[-1] == ("gb", "invalid")
     assert reports.sent == []
     d.answered(stream, b1.check_id, common_pb2.CHECK_RESULT_COMMIT, 0.0, producer_group="gb")
     assert reports.outcomes()[-1] == ("B1", broker_pb2.CHECK_OUTCOME_ANSWERED)
