@@ -41,6 +41,8 @@ BASE_ACL = [
     {"principal": "alice", "resource": "producer_group:rv-b", "actions": ["check"]},
     {"principal": "alice", "resource": "producer_group:rv-d", "actions": ["check"]},
     {"principal": "alice", "resource": "producer_group:rv-e", "actions": ["check"]},
+    {"principal": "alice", "resource": "producer_group:rv-f", "actions": ["check"]},
+    {"principal": "alice", "resource": "producer_group:rv-g", "actions": ["check"]},
     {"principal": "bob", "resource": "topic:rv", "actions": ["publish"]},
     {"principal": "bob", "resource": "topic:lp", "actions": ["publish"]},
     {"principal": "bob", "resource": "producer_group:rv-*", "actions": ["check"]},
@@ -241,6 +243,34 @@ def test_a_revoked_group_leaves_an_open_check_stream(secured: tuple[Cluster, Pat
         alice.close()
         if bob is not None:
             bob.close()
+
+
+def test_a_check_right_granted_again_brings_the_group_back_to_the_open_stream(secured: tuple[Cluster, Path],
+                                                                             creds: Path) -> None:
+    """alice's stream serves rv-f and rv-g. Her check right on rv-f is revoked (the stream is
+    told) and a half of rv-f sent meanwhile is not checked through her: nobody serves rv-f,
+    its check stays due. The right is granted again: that check, and a later half's, reach
+    her on the same stream, which never subscribed again; rv-g's still do. Failed before:
+    the stream stayed without rv-f until its producer subscribed again."""
+    cluster, _ = secured
+    alice = CheckStream(cluster, "alice", ["rv-f", "rv-g"])
+    try:
+        write_json(creds, credentials(acl=without("alice", "producer_group:rv-f", "check")))
+        told = alice.next("error")
+        assert told.reason == "PERMISSION_DENIED" and "'rv-f'" in told.message, told
+        meanwhile = send_half(cluster, "rv-f", b"sent while revoked")
+        with pytest.raises(AssertionError, match="no check on the stream"):
+            alice.next("check", timeout=3.0)  # due 0.5 s after its send: not for alice now
+
+        write_json(creds, credentials())
+        assert alice.next("check").transaction_id == meanwhile
+        later = send_half(cluster, "rv-f", b"after the grant")
+        assert alice.next("check").transaction_id == later
+        still = send_half(cluster, "rv-g", b"the other group")
+        assert alice.next("check").transaction_id == still
+        assert [r.WhichOneof("command") for r in alice.got].count("subscribed") == 1 and not alice.done.is_set()
+    finally:
+        alice.close()
 
 
 @pytest.mark.parametrize("revoked", ["token", "principal"])
