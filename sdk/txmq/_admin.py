@@ -166,7 +166,7 @@ class Admin:
         TransactionsOpenError while any broker holds a transaction of the group not ended
         (PREPARED, DISCARDED and undecided, a global decision still being pushed), ``force`` or
         not; with ProducersLiveError while its producers are live (half messages, checkers'
-        claims within the brokers' ``consumer_session_seconds``), unless ``force``;
+        claims within the brokers' ``consumer_session_seconds`` or held by a broker now), unless ``force``;
         ProducerGroupNotFoundError when no broker knows it. ``dry_run`` answers what would go
         and what blocks it. Logged with the caller's principal (auth on) or ``operator``."""
         response: admin_pb2.DeleteProducerGroupResponse = self._run(self.requests.delete_producer_group(

@@ -240,7 +240,7 @@ class TransactionsOpenError(FailedPreconditionError):
 
 class ProducersLiveError(FailedPreconditionError):
     """A producer group cannot be deleted while its producers are live (half messages or
-    checkers' claims within the brokers' ``consumer_session_seconds``): stop them, or force
+    checkers' claims within the brokers' ``consumer_session_seconds`` or held by a broker now): stop them, or force
     the deletion (a producer that sends again makes the group anew)."""
 
     reason = "PRODUCERS_LIVE"

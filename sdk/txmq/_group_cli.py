@@ -214,7 +214,7 @@ def _group_clients(admin: Any, args: argparse.Namespace, out: Output, helpers: A
     response = admin.group_clients(args.group)
     clients = [{"kind": c.kind, "client_id": c.client_id, "address": c.address or None, "broker": c.broker_name,
                 "topics": list(c.topics), "last_seen": _iso(c.last_seen_ms),
-                "waiting": c.waiting if c.kind == "consumer" else None,
+                "waiting": c.waiting if c.kind in ("consumer", "checker") else None,
                 "capacity": c.capacity if c.kind == "checker" else None} for c in response.clients]
     data = {"group": args.group, "clients": clients, "unreachable_brokers": list(response.unreachable_brokers)}
 
@@ -223,7 +223,8 @@ def _group_clients(admin: Any, args: argparse.Namespace, out: Output, helpers: A
                      [[c["kind"], c["client_id"], c["address"] or "", c["broker"], ", ".join(c["topics"]),
                        (c["last_seen"] or "")[11:23],
                        ("waiting in a receive" if c["waiting"] else "") if c["kind"] == "consumer"
-                       else f"credit {c['capacity']}"] for c in clients])
+                       else f"credit {c['capacity']}" + (", claim held" if c["waiting"] else "")]
+                      for c in clients])
         body += f"\n{len(clients)} client(s) of {args.group}"
         if not clients:
             body += (": no consumer received from it and no checker claimed its checks lately "

@@ -95,7 +95,7 @@ async def delete_producer_group_state(core: BrokerCore, bridge: StoreBridge,
         live_producers=[
             *(broker_pb2.GroupClient(client_id=who, kind="producer", group=group, last_seen_ms=at,
                                      broker_name=core.name) for who, at in result.producers),
-            *(broker_pb2.GroupClient(client_id=c.checker_id, kind="checker", group=group,
+            *(broker_pb2.GroupClient(client_id=c.checker_id, kind="checker", group=group, waiting=c.held,
                                      last_seen_ms=c.last_seen_ms, capacity=c.capacity, broker_name=core.name)
               for c in result.checkers)])
 
@@ -142,7 +142,7 @@ async def describe_group_clients(core: BrokerCore, bridge: StoreBridge,
     for c in core.receivers.checkers_of(request.group, now):
         response.clients.append(broker_pb2.GroupClient(
             client_id=c.checker_id, kind="checker", group=c.producer_group, last_seen_ms=c.last_seen_ms,
-            capacity=c.capacity, broker_name=core.name))
+            waiting=c.held, capacity=c.capacity, broker_name=core.name))
     return response
 
 

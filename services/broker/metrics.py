@@ -89,6 +89,11 @@ class BrokerMetrics(BaseMetrics):
             "txmq_global_pulls_total", "Questions to a global transaction's coordinator about parts undecided "
             "here, by answer (committed, rolled_back, discarded: applied; prepared, failed: asked again; "
             "unknown: G unknown to its coordinator, rolled back)", ["answer"], registry=self.registry)
+        self.replication_refused = Counter(
+            "txmq_replication_sessions_refused_total", "Follower connections this replica's replication port "
+            "refused, by status code (UNAUTHENTICATED / PERMISSION_DENIED: its credentials; FAILED_PRECONDITION: "
+            "not the leader of its epoch; INVALID_ARGUMENT, DEADLINE_EXCEEDED: a bad or late hello; "
+            "RESOURCE_EXHAUSTED: too many connections)", ["code"], registry=self.registry)
         for result in GLOBAL_RESULTS:
             self.global_transactions.labels(result)
         for result in GLOBAL_PUSH_RESULTS:
@@ -110,6 +115,10 @@ class BrokerMetrics(BaseMetrics):
             child = self._ended[(group, state, source)] = self.transactions_ended.labels(
                 group, resolution, _SOURCES.get(source, "unknown"))
         child.inc()
+
+    def record_replication_refused(self, code: str) -> None:
+        """A follower's connection refused on the replication port (``transport.py``)."""
+        self.replication_refused.labels(code).inc()
 
     def record_sync(self, seconds: float, writes: int) -> None:
         self.wal_sync_seconds.observe(seconds)

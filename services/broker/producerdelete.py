@@ -20,7 +20,9 @@ table (``fsck``) agrees without the row.
 
 **Live producers** are the ones this broker knows: a half message of the group within
 ``consumer_session_seconds`` (``Receivers.produced``), or a checker's claim for it (a
-producer of the group holds a check stream to that checker). Refused while any is live
+producer of the group holds a check stream to that checker) within that time or held here now
+(an idle checker's claim waits on the broker up to its ``claim_wait_seconds``, which may be
+longer: ``Receivers.holding``). Refused while any is live
 (``ProducersLiveError``), unless ``force``: a producer that sends again makes the group anew
 (a new counters row, counted by its quota again).
 

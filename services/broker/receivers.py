@@ -1,7 +1,8 @@
 """The clients a broker sees of its groups, in memory: every consumer receiving from a
 group's topic (by client id, else its address) with when it last received and whether a
 receive of it waits now (a long poll), and the checkers claiming checks for a producer
-group (``checks.Claims`` tells it of each claim) and the producers sending its half messages.
+group (``checks.Claims`` tells it of each claim, and of each claim held on the broker while it
+waits: ``claimwaits.py``) and the producers sending its half messages.
 
 **Live** (what an offset reset refuses to run under, Kafka's rule for a group with members):
 a consumer is live in (group, topic) while a receive of it waits, or for
@@ -9,12 +10,18 @@ a consumer is live in (group, topic) while a receive of it waits, or for
 a restart or a fail-over a consumer is live again from its next receive, which a running
 consumer makes within its long-poll time.
 
+A checker is live for a producer group likewise: while a claim of it for the group is held
+here (an idle checker's long poll, up to its ``claim_wait_seconds``, which may be longer than
+the session time), or for ``consumer_session_seconds`` after its last claim.
+
 Owned by the event loop, like the rest of the domain.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+from dataclasses import dataclass, field, replace
+from typing import Iterator
 
 #: Clients remembered at most by default (``max_tracked_clients``; the least recently seen
 #: are forgotten first, but never one waiting in a long poll).
@@ -42,6 +49,8 @@ class CheckerClaim:
     #: The free credit its producers of the group granted at the last claim.
     capacity: int
     last_seen_ms: int
+    #: A claim of it for the group is held here now (``checkers_of`` sets it).
+    held: bool = False
 
 
 class Receivers:
@@ -51,6 +60,8 @@ class Receivers:
         self._receivers: dict[tuple[str, str], Receiver] = {}
         #: (producer group, checker id) → its last claim.
         self._checkers: dict[tuple[str, str], CheckerClaim] = {}
+        #: (producer group, checker id) → its claims held here now (``holding``).
+        self._held: dict[tuple[str, str], set[object]] = {}
         #: (producer group, producer client id) → when it last sent a half message here.
         self._producers: dict[tuple[str, str], int] = {}
 
@@ -108,9 +119,35 @@ class Receivers:
     def claimed(self, checker_id: str, groups: dict[str, int], now_ms: int) -> None:
         """A checker's claim for ``groups`` (group → its producers' free credit)."""
         for group, capacity in groups.items():
-            self._checkers[(group, checker_id)] = CheckerClaim(group, checker_id, capacity, now_ms)
+            self._checkers.pop((group, checker_id), None)
+            self._checkers[(group, checker_id)] = CheckerClaim(group, checker_id, capacity, now_ms)  # newest last
         while len(self._checkers) > self.max_clients:
-            del self._checkers[next(iter(self._checkers))]
+            # The least recently seen whose claim is not held now (the held ones are
+            # bounded by the long polls allowed, as a consumer's waiting receives).
+            oldest = next((key for key in self._checkers if key not in self._held), None)
+            if oldest is None:
+                break
+            del self._checkers[oldest]
+
+    @contextlib.contextmanager
+    def holding(self, checker_id: str, groups: dict[str, int], now_ms: int) -> Iterator[None]:
+        """A claim of ``checker_id`` for ``groups`` held here (``claimwaits.py``): its
+        checker is live for them while it waits, however long (producers connected to it
+        with nothing due), as a consumer is while its receive waits."""
+        self.claimed(checker_id, groups, now_ms)
+        token = object()
+        keys = [(group, checker_id) for group in groups]
+        for key in keys:
+            self._held.setdefault(key, set()).add(token)
+        try:
+            yield
+        finally:
+            for key in keys:
+                tokens = self._held.get(key)
+                if tokens is not None:
+                    tokens.discard(token)
+                    if not tokens:
+                        del self._held[key]
 
     def produced(self, group: str, client_id: str, now_ms: int) -> None:
         """A half message of the producer group from ``client_id`` (what makes its producers
@@ -126,11 +163,15 @@ class Receivers:
         return [(who, at) for (g, who), at in self._producers.items() if g == group and now_ms - at < self.session_ms]
 
     def forget_producers(self, group: str) -> None:
-        """Forgets the producer group's producers and checkers (its deletion)."""
-        for table in (self._producers, self._checkers):
+        """Forgets the producer group's producers and checkers (its deletion). A claim of it
+        still held goes on, and its checker is seen again when it ends (a forced deletion
+        of a group whose producers are still connected: they make it anew)."""
+        for table in (self._producers, self._checkers, self._held):
             for key in [key for key in table if key[0] == group]:
                 del table[key]
 
     def checkers_of(self, group: str, now_ms: int) -> list[CheckerClaim]:
-        """The checkers that claimed the producer group's checks within the session time."""
-        return [c for (g, _c), c in self._checkers.items() if g == group and now_ms - c.last_seen_ms < self.session_ms]
+        """The checkers that claimed the producer group's checks within the session time,
+        or whose claim for it is held now (``held``)."""
+        return [replace(c, held=True) if key in self._held else c for key, c in self._checkers.items()
+                if key[0] == group and (key in self._held or now_ms - c.last_seen_ms < self.session_ms)]

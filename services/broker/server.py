@@ -216,7 +216,8 @@ class BrokerProcess:
         app.node = self.node  # type: ignore[attr-defined]  # for tests and tools, as above
         replication_port = -1
         if self.node is not None:
-            self.listener = ReplicationListener(config, self.node.replicate, app.auth)
+            self.listener = ReplicationListener(config, self.node.replicate, app.auth,
+                                                on_refused=self.metrics.record_replication_refused)
             replication_port = await self.listener.start()
             app.replication = self.listener  # type: ignore[attr-defined]  # for tests and tools, as above
             self.replication_address = f"{self.address.rpartition(':')[0]}:{replication_port}"

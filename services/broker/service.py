@@ -285,10 +285,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return response
 
     async def GetQueueOffsets(self, request: broker_pb2.GetQueueOffsetsRequest, context: Any) -> Any:
-        response = broker_pb2.GetQueueOffsetsResponse(
-            topic=request.topic, broker_name=self.core.name,
-            queues=[broker_pb2.QueueOffsets(queue_id=q, min_offset=low, max_offset=high)
-                    for q, low, high in self.core.queue_offsets(request.topic)])
+        queues = [broker_pb2.QueueOffsets(queue_id=q, min_offset=low, max_offset=high)
+                  for q, low, high in self.core.queue_offsets(request.topic)]
+        response = broker_pb2.GetQueueOffsetsResponse(topic=request.topic, broker_name=self.core.name, queues=queues)
         await self.bridge.settled()
         return response
 
@@ -345,6 +344,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return broker_pb2.CreateTopicQueuesResponse(topic=topic_queues(self.core, request.topic, count))
 
     async def ClaimChecks(self, request: broker_pb2.ClaimChecksRequest, context: Any) -> Any:
+        peer = context.peer()
+        checker = request.checker_id or peer
         if request.session_id:
             groups = ({g.producer_group: g.max_checks for g in request.groups}
                       if request.groups or not request.groups_version else None)
@@ -358,10 +359,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             served = self.core.claims.session_groups(request.session_id)
             if not (batch.checks or batch.groups_needed or batch.more_due):
                 until = hold_until(self.core.clock(), request.wait_ms, self.core.schedule.earliest(served))
-                peer = context.peer()
                 if until is not None and self.long_polls.available(peer) > 0:
-                    with self.long_polls.hold(peer):
-                        await self.claim_waits.hold(until, self.core.clock)
+                    with self.long_polls.hold(peer), self.core.receivers.holding(checker, served, self.core.clock()):
+                        await self.claim_waits.hold(until, self.core.clock)  # its checker live meanwhile
                     recheck()  # a checker's identity revoked while the claim waited
                     batch = await self.bridge.run(claim())
         else:
@@ -369,7 +369,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                                                               request.lease_seconds))
             batch = ClaimBatch(checks)
             served = {g: request.max_checks for g in request.producer_groups}
-        self.core.receivers.claimed(request.checker_id or context.peer(), served, self.core.clock())
+        self.core.receivers.claimed(checker, served, self.core.clock())
         response = broker_pb2.ClaimChecksResponse(groups_needed=batch.groups_needed, more_due=batch.more_due)
         for c in batch.checks:
             record = self.core.read_message(c.row.seq)

@@ -141,10 +141,13 @@ class ReplicationListener:
     """The leader side's port: accepts a follower, (TLS,) reads its hello, authenticates
     it, and hands the connection to ``session`` (``ReplicaNode.replicate``)."""
 
-    def __init__(self, config: Any, session: Session, auth: AuthInterceptor | None) -> None:
+    def __init__(self, config: Any, session: Session, auth: AuthInterceptor | None,
+                 on_refused: Callable[[str], None] = lambda _code: None) -> None:
         self.config = config
         self.session = session
         self.auth = auth
+        #: Told the status code name of every refusal (``txmq_replication_sessions_refused_total``).
+        self.on_refused = on_refused
         self.tls = tls.stream_server_tls(config)
         self.port = 0
         self.connections = 0
@@ -179,6 +182,7 @@ class ReplicationListener:
     def _noted(self, refused: Refused, peer: str) -> None:
         name = refused.code.name
         self.refused[name] = self.refused.get(name, 0) + 1
+        self.on_refused(name)
         now = time.monotonic()
         if now - self._last_log >= 1.0:  # one line a second at most: refusals are cheap to cause
             self._last_log = now

@@ -67,8 +67,9 @@ SENT, RECEIVED, LATE = "sent", "received", "late"
 MAX_QUEUED_REPLIES = 1024
 
 
-#: Why an answer was refused (the ``reason`` label of txmq_check_answers_refused_total).
-REFUSED_REASONS = ("conflict", "stale", "not_outstanding", "invalid", "unavailable")
+#: Why an answer was refused (the ``reason`` label of txmq_check_answers_refused_total):
+#: ``revoked`` names a group the stream lost when its check right was revoked (``standing``).
+REFUSED_REASONS = ("conflict", "stale", "not_outstanding", "invalid", "unavailable", "revoked")
 
 
 class Reporter(Protocol):
@@ -129,6 +130,9 @@ class ProducerStream:
                  max_credit: int, legacy: bool = False) -> None:
         self.id = stream_id
         self.client_id = client_id
+        #: The groups it subscribed to, and those it serves now (a revoke takes some away,
+        #: a right granted again brings them back: ``Dispatcher.revoke``, ``readmit``).
+        self.subscribed = groups
         self.groups = groups
         self.max_credit = max_credit
         self.capacity = min(credit, max_credit)
@@ -287,17 +291,22 @@ class Dispatcher:
         stream = ProducerStream(next(self._ids), client_id, tuple(dict.fromkeys(groups)),
                                 self.default_credit if legacy else credit, self.queue_size, legacy)
         self.streams[stream.id] = stream
-        for group in stream.groups:
-            members = self.by_group.setdefault(group, {})
-            members[stream.id] = stream
-            self.metrics.producers(group, len(members))
-            self.credit.join(group, stream.capacity, stream.credit)
-        self.version += 1
+        self._join_groups(stream, stream.groups)
         log.info("producer subscribed", extra={"fields": {"client_id": client_id, "groups": list(stream.groups),
                                                            "stream": stream.id, "credit": stream.capacity,
                                                            "flow_control": not legacy}})
         self._wake()
         return stream
+
+    def _join_groups(self, stream: ProducerStream, groups: Iterable[str]) -> None:
+        """The stream serves ``groups``: checks routed to it, its capacity and free credit in
+        the groups' sums."""
+        for group in groups:
+            members = self.by_group.setdefault(group, {})
+            members[stream.id] = stream
+            self.metrics.producers(group, len(members))
+            self.credit.join(group, stream.capacity, stream.credit)
+        self.version += 1
 
     def unsubscribe(self, stream: ProducerStream) -> None:
         """The stream ended: checks it had not started are reported UNDELIVERED (due again
@@ -357,6 +366,23 @@ class Dispatcher:
             stream.refusal = refusal
             self.unsubscribe(stream)
         return len(taken)
+
+    def readmit(self, stream: ProducerStream, groups: Iterable[str]) -> tuple[str, ...]:
+        """The stream's principal may check ``groups`` again (a right granted again:
+        ``standing``): those of them it subscribed to and lost by a revoke serve it again, as
+        if it had subscribed again — its checks routed to it within its credit, its capacity
+        and free credit in the groups' sums, answers naming them accepted. Never a group it
+        did not subscribe to (so never more than ``max_groups_per_stream``); nothing for a
+        stream ended or draining. Returns the groups brought back."""
+        back = tuple(g for g in dict.fromkeys(groups) if g in stream.lost)
+        if not back or stream.closed or stream.draining:
+            return ()
+        for group in back:
+            del stream.lost[group]
+        stream.groups = tuple(g for g in stream.subscribed if g in back or g in stream.groups)
+        self._join_groups(stream, back)
+        self._wake()
+        return back
 
     def _leave_groups(self, stream: ProducerStream, groups: Iterable[str] | None = None) -> None:
         """The stream serves its groups (or ``groups`` of them) no more: no routing to it,
@@ -521,14 +547,19 @@ class Dispatcher:
             stream.push(error_response(error, check_id))
         return refused
 
-    def refused(self, stream: ProducerStream, check_id: str, error: TxmqError, *, answer: bool = False) -> None:
-        """A request on the stream refused here (not outstanding, invalid); an answer among
-        them is counted."""
+    def refused(self, stream: ProducerStream, check_id: str, error: TxmqError, *, answer: bool = False,
+                producer_group: str = "") -> None:
+        """A request on the stream refused here (not outstanding, invalid, naming a group
+        the stream lost by a revoke); an answer among them is counted, under the group it
+        names (``producer_group``) when the stream lost that group."""
         if answer:
             delivery = self.deliveries.get(check_id) if check_id else None
-            group = delivery.group if delivery is not None else (stream.groups[0] if stream.groups else "")
-            field = getattr(error, "field", "")
-            self.metrics.answer_refused(group, "not_outstanding" if field == "check_id" else "invalid")
+            if producer_group and stream.lost.get(producer_group) is error:
+                group, reason = producer_group, "revoked"
+            else:
+                group = delivery.group if delivery is not None else (stream.groups[0] if stream.groups else "")
+                reason = "not_outstanding" if getattr(error, "field", "") == "check_id" else "invalid"
+            self.metrics.answer_refused(group, reason)
         stream.push(error_response(error, check_id))
 
     def _finish(self, d: Delivery) -> None:

@@ -48,7 +48,8 @@ class CheckerMetrics(BaseMetrics):
             "txmq_check_answers_refused_total", "Producer answers refused, by producer group and reason: "
             "conflict (against the transaction's decision), stale (a claim no longer current), "
             "not_outstanding (a check id this stream does not hold), invalid, unavailable (the broker "
-            "could not be reached)", ["group", "reason"], registry=self.registry)
+            "could not be reached), revoked (a group the stream lost when its check right was revoked)",
+            ["group", "reason"], registry=self.registry)
         self.resolver_answers = Counter(
             "txmq_resolver_answers_total", "Checks the resolver answered from a group's decisions table, "
             "by producer group and why: committed (a COMMIT row lists the half), not_listed, fenced (it "

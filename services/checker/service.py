@@ -158,7 +158,7 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
 
     def _handle(self, request: checker_pb2.CheckTransactionStateRequest, stream: ProducerStream) -> None:
         kind = request.WhichOneof("command")
-        check_id = ""
+        check_id = group = ""
         self.standing.revise()  # an answer for a group no longer allowed is not outstanding here
         try:
             if kind == "received":
@@ -166,7 +166,7 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
                 self.dispatcher.received(stream, check_id)
             elif kind == "answer":
                 answer = request.answer
-                check_id = answer.check_id
+                check_id, group = answer.check_id, answer.producer_group
                 if answer.credit:
                     self.dispatcher.grant(stream, answer.credit)
                 self.dispatcher.answered(stream, check_id, answer.result, answer.retry_after_seconds,
@@ -182,4 +182,4 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
             else:
                 raise InvalidFieldError("command", "set received, answer, credit or drain")
         except TxmqError as error:
-            self.dispatcher.refused(stream, check_id, error, answer=kind == "answer")
+            self.dispatcher.refused(stream, check_id, error, answer=kind == "answer", producer_group=group)

@@ -14,9 +14,14 @@ and once the files were reloaded decides every stream again under the new rules:
 - a group its principal may no longer check (:func:`revoked_groups`) leaves the stream: its
   checks there go back to their brokers for the group's other producers, its answers are
   refused, and a PERMISSION_DENIED naming it is sent on the stream; with no group left the
-  stream ends with it (``Dispatcher.revoke``).
-
-A right granted again does not bring a group back to a stream: the producer subscribes again.
+  stream ends with it (``Dispatcher.revoke``);
+- a group the stream subscribed to and lost that way, which its principal may check again
+  (:func:`regained_groups`), comes back to it as at a subscribe (``Dispatcher.readmit``): its
+  checks reach the stream again within its credit, its answers are taken, without the
+  producer subscribing again. The stream is not told (its checks of the group simply come
+  again). Nothing else is granted by it: only what the stream subscribed to, for the
+  principal whose credentials were just decided again — what a new subscribe would get.
+  A stream that lost every group has ended; its producer subscribes again.
 """
 
 from __future__ import annotations
@@ -41,6 +46,14 @@ def revoked_groups(rules: tuple[Rule, ...], principal: Principal, groups: Iterab
     if principal.service:
         return ()
     return tuple(g for g in groups if not allows(rules, principal.name, CHECK, PRODUCER_GROUP, g))
+
+
+def regained_groups(rules: tuple[Rule, ...], principal: Principal, lost: Iterable[str]) -> tuple[str, ...]:
+    """The groups of ``lost`` (revoked from a stream) that ``principal`` may check again
+    under ``rules``."""
+    lost = tuple(lost)
+    still = set(revoked_groups(rules, principal, lost))
+    return tuple(g for g in lost if g not in still)
 
 
 def refusal(principal: Principal, groups: Iterable[str]) -> PermissionDeniedError:
@@ -92,6 +105,12 @@ class Standing:
         except (UnauthenticatedError, PermissionDeniedError) as refused:
             lost, error = stream.groups, refused
         else:
+            # Brought back first: a stream whose last group goes while another comes back stays.
+            back = self.dispatcher.readmit(stream, regained_groups(credentials.rules, caller.principal, stream.lost))
+            if back:
+                log.info("check stream's rights granted again", extra={"fields": {
+                    "client_id": stream.client_id, "stream": stream.id, "principal": caller.principal.name,
+                    "groups": list(back)}})
             lost = revoked_groups(credentials.rules, caller.principal, stream.groups)
             if not lost:
                 return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -17,7 +18,9 @@ import pytest
 
 import txmq
 from services.common.auth import hash_token
+from services.broker.replica.following import RETRY_MAX_SECONDS
 from tests.support.cluster import Cluster
+from tests.support.metrics import metric_sum
 from tests.support.replicas import leader_status, wait_in_sync
 from tests.support.waiting import wait_until
 from txmq.v1 import replication_pb2, replication_pb2_grpc
@@ -67,10 +70,8 @@ def follower_status(cluster: Cluster, replica_id: int) -> Any:
     return next(f for f in leader_status(cluster, "broker-0").replication.followers if f.replica_id == replica_id)
 
 
-def test_a_removed_replica_identity_stops_its_open_replication_session(shard: tuple[Cluster, Path]) -> None:
-    """The follower replicates as identity "replica"; "replica" is removed: its open session
-    ends (UNAUTHENTICATED), its reconnections are refused, and it leaves the in-sync set."""
-    cluster, creds = shard
+def as_replica(cluster: Cluster, creds: Path) -> tuple[Any, Any]:
+    """The follower restarted as identity "replica", in sync again: (leader, follower)."""
     follower = follower_of(cluster)
     follower.stop()
     follower.env["TXMQ_AUTH_TOKEN_FILE"] = str(creds.parent / "replica.token")
@@ -78,6 +79,18 @@ def test_a_removed_replica_identity_stops_its_open_replication_session(shard: tu
     wait_in_sync(cluster, "broker-0", replicas=2, timeout=60)
     leader = cluster.leader("broker-0")
     assert leader is not None and leader is not follower
+    return leader, follower
+
+
+def refused_sessions(leader: Any, code: str = "UNAUTHENTICATED") -> float:
+    return metric_sum(leader.metrics_port, "txmq_replication_sessions_refused_total", {"code": code})
+
+
+def test_a_removed_replica_identity_stops_its_open_replication_session(shard: tuple[Cluster, Path]) -> None:
+    """The follower replicates as identity "replica"; "replica" is removed: its open session
+    ends (UNAUTHENTICATED), its reconnections are refused, and it leaves the in-sync set."""
+    cluster, creds = shard
+    leader, follower = as_replica(cluster, creds)
     replica_id = int(follower.env["TXMQ_REPLICA_ID"])
     assert follower_status(cluster, replica_id).connected
     since = leader.log_size()
@@ -90,6 +103,29 @@ def test_a_removed_replica_identity_stops_its_open_replication_session(shard: tu
     refusals = [json.loads(line) for line in leader.log_text(since).splitlines()
                 if '"replication connection refused"' in line]
     assert refusals and all(r["code"] == "UNAUTHENTICATED" for r in refusals), refusals
+
+
+def test_a_refused_follower_reconnects_less_and_less_often(shard: tuple[Cluster, Path]) -> None:
+    """"replica" is removed: the leader refuses the follower's every reconnection (counted in
+    txmq_replication_sessions_refused_total), and the follower backs off — a handful of
+    refusals in 8 s, the gaps growing, not one per election poll (0.05 s here: ~160). With
+    "replica" back the follower is in sync again within the backoff's cap. Failed before:
+    the follower dialled the leader again at every election round, for ever."""
+    cluster, creds = shard
+    leader, follower = as_replica(cluster, creds)
+    assert refused_sessions(leader) == 0
+    write_credentials(creds, absent=("replica",))
+    wait_until(lambda: refused_sessions(leader) >= 1, 20.0, message="no refused session at the leader")
+    counts = []
+    for _ in range(8):
+        counts.append(refused_sessions(leader))
+        time.sleep(1.0)
+    counts.append(refused_sessions(leader))
+    assert counts[-1] - counts[0] <= 12, counts
+    assert counts[-1] - counts[4] <= counts[4] - counts[0] + 1, counts  # slower in the second half
+    write_credentials(creds)
+    wait_in_sync(cluster, "broker-0", replicas=2, timeout=2 * RETRY_MAX_SECONDS + 15)
+    assert follower.running
 
 
 def test_a_checkpoint_held_across_a_replica_identitys_removal_sends_no_more_of_the_store(

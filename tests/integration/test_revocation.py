@@ -21,6 +21,7 @@ import pytest
 import txmq
 from services.common.auth import hash_token
 from tests.support.cluster import Cluster
+from tests.support.metrics import metric
 from tests.support.waiting import wait_until
 from txmq.v1 import (admin_pb2, broker_pb2, broker_pb2_grpc, checker_pb2, checker_pb2_grpc, common_pb2,
                      operations_pb2, operations_pb2_grpc)
@@ -40,6 +41,8 @@ BASE_ACL = [
     {"principal": "alice", "resource": "producer_group:rv-b", "actions": ["check"]},
     {"principal": "alice", "resource": "producer_group:rv-d", "actions": ["check"]},
     {"principal": "alice", "resource": "producer_group:rv-e", "actions": ["check"]},
+    {"principal": "alice", "resource": "producer_group:rv-f", "actions": ["check"]},
+    {"principal": "alice", "resource": "producer_group:rv-g", "actions": ["check"]},
     {"principal": "bob", "resource": "topic:rv", "actions": ["publish"]},
     {"principal": "bob", "resource": "topic:lp", "actions": ["publish"]},
     {"principal": "bob", "resource": "producer_group:rv-*", "actions": ["check"]},
@@ -242,6 +245,34 @@ def test_a_revoked_group_leaves_an_open_check_stream(secured: tuple[Cluster, Pat
             bob.close()
 
 
+def test_a_check_right_granted_again_brings_the_group_back_to_the_open_stream(secured: tuple[Cluster, Path],
+                                                                             creds: Path) -> None:
+    """alice's stream serves rv-f and rv-g. Her check right on rv-f is revoked (the stream is
+    told) and a half of rv-f sent meanwhile is not checked through her: nobody serves rv-f,
+    its check stays due. The right is granted again: that check, and a later half's, reach
+    her on the same stream, which never subscribed again; rv-g's still do. Failed before:
+    the stream stayed without rv-f until its producer subscribed again."""
+    cluster, _ = secured
+    alice = CheckStream(cluster, "alice", ["rv-f", "rv-g"])
+    try:
+        write_json(creds, credentials(acl=without("alice", "producer_group:rv-f", "check")))
+        told = alice.next("error")
+        assert told.reason == "PERMISSION_DENIED" and "'rv-f'" in told.message, told
+        meanwhile = send_half(cluster, "rv-f", b"sent while revoked")
+        with pytest.raises(AssertionError, match="no check on the stream"):
+            alice.next("check", timeout=3.0)  # due 0.5 s after its send: not for alice now
+
+        write_json(creds, credentials())
+        assert alice.next("check").transaction_id == meanwhile
+        later = send_half(cluster, "rv-f", b"after the grant")
+        assert alice.next("check").transaction_id == later
+        still = send_half(cluster, "rv-g", b"the other group")
+        assert alice.next("check").transaction_id == still
+        assert [r.WhichOneof("command") for r in alice.got].count("subscribed") == 1 and not alice.done.is_set()
+    finally:
+        alice.close()
+
+
 @pytest.mark.parametrize("revoked", ["token", "principal"])
 def test_a_check_stream_ends_when_its_credentials_go(secured: tuple[Cluster, Path], creds: Path,
                                                      revoked: str) -> None:
@@ -399,10 +430,16 @@ def test_an_answer_for_a_group_the_stream_lost_is_refused_in_band(secured: tuple
     """alice's stream serves rv-d and rv-e; her check right on rv-d is revoked while she
     holds an rv-d check. Her answer to it naming its group and transaction (as the SDK and
     the proxy answer) is refused in band (an error naming the check, PERMISSION_DENIED) and
-    decides nothing; the stream goes on serving rv-e. Before the fix the stream policy
-    refused the answer and ended the whole stream, for rv-e too."""
+    decides nothing, counted under rv-d as refused for the revoke (reason "revoked"); the
+    stream goes on serving rv-e. Before the fix the stream policy refused the answer and
+    ended the whole stream, for rv-e too; then the refusal was counted "invalid", under rv-e."""
     cluster, _ = secured
+    port = cluster.checkers[0].metrics_port
+
+    def refusals(group: str, reason: str) -> float | None:
+        return metric(port, "txmq_check_answers_refused_total", {"group": group, "reason": reason})
     alice = CheckStream(cluster, "alice", ["rv-d", "rv-e"])
+    assert refusals("rv-d", "revoked") == 0  # exported at 0 from the group's first producer
     try:
         held_txn = send_half(cluster, "rv-d", b"answered too late")
         held = alice.next("check")
@@ -417,6 +454,8 @@ def test_an_answer_for_a_group_the_stream_lost_is_refused_in_band(secured: tuple
         assert refused.reason == "PERMISSION_DENIED" and "'rv-d'" in refused.message, refused
         assert json.loads(refused.details["check_id"]) == held.check_id
         assert describe(cluster, held_txn).state == common_pb2.TRANSACTION_STATE_PREPARED
+        assert refusals("rv-d", "revoked") == 1
+        assert refusals("rv-e", "invalid") == 0 and not refusals("rv-d", "invalid")  # rv-d's went with its stream
 
         later_b = send_half(cluster, "rv-e", b"still alice's")
         assert alice.next("check").transaction_id == later_b

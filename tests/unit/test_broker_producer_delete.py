@@ -119,6 +119,30 @@ def test_live_producers_and_checkers_refuse_it_unless_forced(make_core, clock) -
     assert "pg" not in core.counters and core.receivers.checkers_of("pg", clock.ms) == []
 
 
+def test_a_checkers_held_claim_refuses_it_however_long_it_waits(make_core, clock) -> None:
+    """An idle checker's claim waits on the broker (``claimwaits.py``) up to its
+    claim_wait_seconds, longer than the session here: its checker is live while it waits,
+    named in the refusal, and a forced deletion goes past it. Failed before: a claim seen
+    only when answered, so a fleet connected with nothing to do could be deleted unforced."""
+    core = make_core()
+    core.db.call(core.create_topic_op("orders", 1))
+    end(core, half(core))
+    clock.advance(6)  # the producer's half message is past the session
+    with core.receivers.holding("checker-idle", {"pg": 8}, clock.ms):
+        clock.advance(30)  # held far past consumer_session_seconds (5)
+        with pytest.raises(ProducersLiveError, match="checker-idle"):
+            delete(core)
+        dry = core.db.call(producerdelete.delete_producer_group_op(core, "pg"))
+        assert [(c.checker_id, c.held) for c in dry.checkers] == [("checker-idle", True)]
+        assert "pg" in core.counters
+        assert delete(core, force=True).applied and "pg" not in core.counters
+    assert core.receivers.checkers_of("pg", clock.ms) == []  # forgotten with it; its next claim is seen anew
+    with core.receivers.holding("checker-idle", {"pg": 8}, clock.ms):
+        pass
+    clock.advance(6)
+    assert core.receivers.checkers_of("pg", clock.ms) == []  # the hold ended: live for the session only
+
+
 def test_the_discard_topic_is_kept_unless_asked(make_core, clock) -> None:
     core = make_core()
     core.db.call(core.create_topic_op("orders", 1))

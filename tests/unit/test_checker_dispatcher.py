@@ -427,6 +427,9 @@ def test_a_group_that_leaves_keeps_its_series_only_if_a_claimed_check_counted() 
     metrics.check_result("real", "delivered")
     metrics.check_result("made-up", "commit")  # a late answer naming any transaction
     metrics.answer_refused("made-up", "invalid")
+    before = generate_latest(metrics.registry).decode()
+    for reason in ("conflict", "stale", "not_outstanding", "invalid", "unavailable", "revoked"):
+        assert f'txmq_check_answers_refused_total{{group="real",reason="{reason}"}} 0.0' in before
     for group in ("real", "made-up"):
         metrics.group_gone(group)
     text = generate_latest(metrics.registry).decode()

@@ -188,6 +188,41 @@ def test_the_checker_decides_its_streams_again_when_the_files_are_reloaded(tmp_p
     standing.forget(carol)
 
 
+def test_a_group_granted_again_comes_back_to_the_stream_that_lost_it(tmp_path, dispatcher):
+    """alice's stream subscribed ga and gx and lost gx to a revoke; a reload grants gx again:
+    the stream serves gx again as at a subscribe — its checks routed to it within its credit,
+    its capacity and free credit in gx's sums, its answers taken — without subscribing
+    again, and in its subscription's order. A group it never subscribed to is not added
+    (alice may check gy too), and a stream that lost its every group stays ended. Failed
+    before: the stream stayed without gx until its producer subscribed again."""
+    d, reports, metrics = dispatcher
+    files = Files(tmp_path, BOTH)
+    standing = Standing(d)
+    alice = d.subscribe("alice-1", ["gx", "ga"], credit=2)
+    lone = d.subscribe("alice-2", ["gx"], credit=2)
+    for stream in (alice, lone):
+        standing.watch(stream, Caller(Principal("alice"), files.store))
+    files.write(acl(("alice", "producer_group:ga", "check")))
+    standing.revise()
+    assert alice.groups == ("ga",) and set(alice.lost) == {"gx"} and lone.closed
+    d.dispatch("broker-0", [task("X1", "gx")])
+    assert reports.outcomes()[-1] == ("X1", UNDELIVERED) and sent_checks(alice) == []  # nobody serves gx
+
+    files.write(BOTH)  # gx allowed again (through g*), and gy
+    standing.revise()
+    assert alice.groups == ("gx", "ga") and alice.lost == {} and d.by_group["gx"] == {alice.id: alice}
+    assert (d.credit.capacity["gx"], d.credit.free["gx"]) == (2, 2) and metrics.connected["gx"] == 1
+    d.dispatch("broker-0", [task("X2", "gx"), task("X3", "gx"), task("X4", "gx")])
+    sent = sent_checks(alice)
+    assert [c.transaction_id for c in sent] == ["X2", "X3"]  # its credit, 2, and no more
+    assert reports.outcomes()[-1] == ("X4", UNDELIVERED)
+    d.answered(alice, sent[0].check_id, common_pb2.CHECK_RESULT_COMMIT, 0.0, producer_group="gx")
+    assert reports.outcomes()[-1] == ("X2", broker_pb2.CHECK_OUTCOME_ANSWERED)
+    assert lone.closed and lone.id not in d.streams
+    assert d.readmit(alice, ["gy"]) == ()  # never subscribed: nothing granted
+    standing.forget(alice)
+
+
 def test_a_stream_watched_after_a_reload_is_decided_at_once(tmp_path, dispatcher):
     """The files reloaded between a subscribe's check and its stream being watched."""
     d, _, _ = dispatcher
@@ -225,6 +260,10 @@ def test_the_proxy_decides_its_clients_check_topics_again_when_the_files_are_rel
     changed.clear()
     registry.revise()
     assert registry.producers() == {alice: ("tb",)} and changed == [alice]  # its subscriptions follow
+    files.write(acl(("alice", "producer_group:ta", "check"), ("alice", "producer_group:tb", "check")))
+    changed.clear()
+    registry.revise()  # granted again: back from what it published, as at its Settings
+    assert registry.producers() == {alice: ("ta", "tb")} and changed == [alice]
 
     def key_gone(credentials: Any) -> None:
         raise UnauthenticatedError("signed request: access key 'AK' is not known")
@@ -254,7 +293,7 @@ def test_an_answer_naming_a_group_the_stream_lost_is_refused_with_the_revoke(dis
     stream subscribed through, ``Need.in_band``): PERMISSION_DENIED as the stream was told,
     late or not, and nothing reported; an answer naming another group than its check's is
     refused too, and the group the stream keeps is still answered."""
-    d, reports, _ = dispatcher
+    d, reports, metrics = dispatcher
     stream = d.subscribe("alice-1", ["ga", "gb"], credit=4)
     d.dispatch("broker-0", [task("A1", "ga"), task("B1", "gb")])
     a1, b1 = (stream.pop().check for _ in range(2))
@@ -266,8 +305,13 @@ def test_an_answer_naming_a_group_the_stream_lost_is_refused_with_the_revoke(dis
             d.answered(stream, a1.check_id, common_pb2.CHECK_RESULT_COMMIT, 0.0, transaction_id=transaction_id,
                        broker_name="broker-0", producer_group="ga")
         assert refused.value is told
-    with pytest.raises(InvalidFieldError, match="not the group of check"):
+        # Counted as what it is, under the group it named (before: "invalid", under gb).
+        d.refused(stream, a1.check_id, refused.value, answer=True, producer_group="ga")
+    assert metrics.refused == [("ga", "revoked"), ("ga", "revoked")]
+    with pytest.raises(InvalidFieldError, match="not the group of check") as wrong:
         d.answered(stream, b1.check_id, common_pb2.CHECK_RESULT_COMMIT, 0.0, producer_group="ga")
+    d.refused(stream, b1.check_id, wrong.value, answer=True, producer_group="ga")
+    assert metrics.refused[-1] == ("gb", "invalid")
     assert reports.sent == []
     d.answered(stream, b1.check_id, common_pb2.CHECK_RESULT_COMMIT, 0.0, producer_group="gb")
     assert reports.outcomes()[-1] == ("B1", broker_pb2.CHECK_OUTCOME_ANSWERED)

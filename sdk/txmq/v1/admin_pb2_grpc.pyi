@@ -121,8 +121,8 @@ class AdminServiceStub:
     FAILED_PRECONDITION (reason TRANSACTIONS_OPEN) while any broker holds a transaction of the
     group not ended (PREPARED, DISCARDED, or a global transaction's decision still being
     pushed), force or not; FAILED_PRECONDITION (PRODUCERS_LIVE) while any broker saw the
-    group's producers (half messages, checkers' claims) within consumer_session_seconds,
-    unless force; NOT_FOUND (PRODUCER_GROUP_NOT_FOUND) when no broker that answered knows the
+    group's producers (half messages, checkers' claims) within consumer_session_seconds, or
+    holds a checker's claim for the group now, unless force; NOT_FOUND (PRODUCER_GROUP_NOT_FOUND) when no broker that answered knows the
     group. Brokers that did not answer are listed (unreachable_brokers).
     """
 
@@ -219,8 +219,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
     FAILED_PRECONDITION (reason TRANSACTIONS_OPEN) while any broker holds a transaction of the
     group not ended (PREPARED, DISCARDED, or a global transaction's decision still being
     pushed), force or not; FAILED_PRECONDITION (PRODUCERS_LIVE) while any broker saw the
-    group's producers (half messages, checkers' claims) within consumer_session_seconds,
-    unless force; NOT_FOUND (PRODUCER_GROUP_NOT_FOUND) when no broker that answered knows the
+    group's producers (half messages, checkers' claims) within consumer_session_seconds, or
+    holds a checker's claim for the group now, unless force; NOT_FOUND (PRODUCER_GROUP_NOT_FOUND) when no broker that answered knows the
     group. Brokers that did not answer are listed (unreachable_brokers).
     """
 
@@ -434,8 +434,8 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         FAILED_PRECONDITION (reason TRANSACTIONS_OPEN) while any broker holds a transaction of the
         group not ended (PREPARED, DISCARDED, or a global transaction's decision still being
         pushed), force or not; FAILED_PRECONDITION (PRODUCERS_LIVE) while any broker saw the
-        group's producers (half messages, checkers' claims) within consumer_session_seconds,
-        unless force; NOT_FOUND (PRODUCER_GROUP_NOT_FOUND) when no broker that answered knows the
+        group's producers (half messages, checkers' claims) within consumer_session_seconds, or
+        holds a checker's claim for the group now, unless force; NOT_FOUND (PRODUCER_GROUP_NOT_FOUND) when no broker that answered knows the
         group. Brokers that did not answer are listed (unreachable_brokers).
         """
 

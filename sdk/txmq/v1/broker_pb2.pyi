@@ -1930,8 +1930,9 @@ class GroupClient(_message.Message):
     group: _builtins.str
     last_seen_ms: _builtins.int
     waiting: _builtins.bool
-    """Consumers: a receive of it is waiting now (long poll). Checkers: claim capacity (the
-    free credit its producers of the group granted).
+    """A receive of the consumer, or a claim of the checker for the group, is waiting now
+    (long poll; a checker's idle claim held on the broker). Checkers' capacity: the free
+    credit its producers of the group granted.
     """
     capacity: _builtins.int
     broker_name: _builtins.str

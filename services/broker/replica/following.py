@@ -8,6 +8,15 @@ batch per frame, and acknowledges its durable log end. A leader answering that t
 cannot continue its own (too far behind, or no undo record to take the tail back) sends
 the replica to :mod:`.rebuild`. A session that ends is not retried here: the next
 election round follows again.
+
+**Backoff.** Consecutive sessions to the same leader epoch that end before appending (the
+leader refuses this replica — its replication right removed, a REFUSED frame —, cannot be
+reached, or answers nonsense) are retried after a pause (:func:`retry_after`: doubling from
+``election_poll_seconds`` up to :data:`RETRY_MAX_SECONDS`, with jitter) instead of at every
+election round, each a connection and a log line on the leader. A session that starts
+appending clears it, and a new leader (another epoch) is followed at once; a refusal that
+says the leader does not lead that epoch yet (FAILED_PRECONDITION: a new leader still
+opening its term) is not counted. So a fail-over is never delayed by it.
 """
 
 from __future__ import annotations
@@ -15,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
+import time
 from typing import Awaitable, Callable
 
 import grpc
@@ -30,10 +41,33 @@ from .state import Leader
 
 log = logging.getLogger(__name__)
 
+#: The longest pause between two sessions to a leader epoch that keeps failing them.
+RETRY_MAX_SECONDS = 10.0
+
+
+def retry_after(failures: int, now: float, *, first: float, most: float = RETRY_MAX_SECONDS,
+                jitter: float = 0.5) -> float:
+    """When (on the clock of ``now``) the next session to a leader epoch may start after
+    ``failures`` consecutive sessions to it failed: at once after none; else ``first``
+    doubled for each failure after the first, times 0.5 + ``jitter`` (in [0, 1): the
+    followers of one leader spread out), and never more than ``most``."""
+    if failures <= 0:
+        return now
+    return now + min(first * 2.0 ** min(failures - 1, 64) * (0.5 + jitter), most)
+
+
+def backs_off(error: BaseException) -> bool:
+    """Whether a session that failed with ``error`` before appending counts toward the
+    backoff: every failure but a refusal saying the leader does not lead that epoch
+    (FAILED_PRECONDITION: a new leader still opening its term refuses until it leads, and
+    is followed again at the next round, as a fail-over needs)."""
+    return not (isinstance(error, Refused) and error.code == grpc.StatusCode.FAILED_PRECONDITION)
+
 
 class Following:
     def __init__(self, config: BrokerConfig, db: Callable[[], Database],
-                 rebuild: Callable[[Leader], Awaitable[None]]) -> None:
+                 rebuild: Callable[[Leader], Awaitable[None]], *, clock: Callable[[], float] = time.monotonic,
+                 jitter: Callable[[], float] = random.random) -> None:
         self.config = config
         self.shard = config.broker_name
         self.replica_id = config.replica_id
@@ -47,12 +81,27 @@ class Following:
         self.commit = 0
         self._task: asyncio.Task[None] | None = None
         self._last_error: tuple[int, str] | None = None
+        self._clock = clock
+        self._jitter = jitter
+        #: Sessions to the leader of epoch ``_failed_epoch`` that failed in a row (see the
+        #: module's "Backoff"), and when the next one may start.
+        self.failures = 0
+        self._failed_epoch: int | None = None
+        self._retry_at = 0.0
 
     @property
     def epoch(self) -> int | None:
         return self.leader.epoch if self.leader is not None else None
 
+    def waiting(self, leader: Leader) -> bool:
+        """True while sessions to ``leader`` are backed off (its epoch failed them lately)."""
+        return leader.epoch == self._failed_epoch and self._clock() < self._retry_at
+
     async def start(self, leader: Leader) -> None:
+        """Follows ``leader`` in a new session, unless sessions to it are backed off (the
+        next election round asks again)."""
+        if self.waiting(leader):
+            return
         await self.stop()
         self.leader = leader
         self.commit = 0
@@ -66,8 +115,19 @@ class Following:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    def _failed(self, leader: Leader) -> float:
+        """A session to ``leader`` ended before appending; returns the pause before the next."""
+        if leader.epoch != self._failed_epoch:
+            self._failed_epoch, self.failures = leader.epoch, 0
+        self.failures += 1
+        now = self._clock()
+        self._retry_at = retry_after(self.failures, now, first=self.config.election_poll_seconds,
+                                     jitter=self._jitter())
+        return self._retry_at - now
+
     async def _session(self, leader: Leader) -> None:
         conn: Connection | None = None
+        appending = False
         try:
             if not leader.replication_address:
                 raise Refused(grpc.StatusCode.UNAVAILABLE, "the leader advertises no replication address")
@@ -100,6 +160,8 @@ class Following:
                     "truncate_to": target, "leader_answer": truncate_to, "epochs": db.replication.epochs}})
                 return
             conn.send(replog.encode_ack(db.written))
+            appending = True
+            self.failures, self._failed_epoch = 0, None
             beat = asyncio.ensure_future(self._heartbeat(conn, db))
             try:
                 rebuild = await self._append(conn, db, leader)
@@ -111,14 +173,17 @@ class Following:
         except asyncio.CancelledError:
             raise
         except (Refused, OSError, EOFError, TimeoutError, replog.FrameError) as exc:
+            pause = self._failed(leader) if not appending and backs_off(exc) else 0.0
             kind_of = exc.code.name if isinstance(exc, Refused) else type(exc).__name__
             if (leader.epoch, kind_of) != self._last_error:
-                # Once per leader and kind: a dead leader is retried every poll until etcd moves on.
+                # Once per leader and kind: a dead leader is retried (backing off) until etcd moves on.
                 self._last_error = (leader.epoch, kind_of)
                 log.info("replication session ended", extra={"fields": {
                     "leader": leader.replication_address or leader.address, "epoch": leader.epoch,
-                    "code": kind_of, "error": str(exc)[:300]}})
+                    "code": kind_of, "error": str(exc)[:300], "retry_in_seconds": round(pause, 3)}})
         except Exception:  # the election loop starts a new session
+            if not appending:
+                self._failed(leader)
             log.exception("replication session failed")
         finally:
             if conn is not None:
