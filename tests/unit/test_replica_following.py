@@ -12,6 +12,7 @@ import pytest
 from services.broker.config import BrokerConfig
 from services.broker.replica.following import RETRY_MAX_SECONDS, Following, backs_off, retry_after
 from services.broker.replica.state import Leader
+from services.broker.store import replog
 from services.broker.transport import Refused
 
 POLL = 0.05
@@ -32,13 +33,18 @@ def test_the_jitter_spreads_a_pause_from_half_to_one_and_a_half_times_its_step()
     assert retry_after(3, 0.0, first=1.0, most=4.0, jitter=0.999) == 4.0
 
 
-def test_a_leader_not_leading_its_epoch_yet_is_no_reason_to_back_off() -> None:
-    """A new leader refuses sessions until its term is open (FAILED_PRECONDITION): its
-    followers retry at every round, so a fail-over is not delayed; every other failure counts."""
+def test_a_leader_not_leading_its_epoch_yet_or_out_of_reach_is_no_reason_to_back_off() -> None:
+    """A new leader refuses sessions until its term is open (FAILED_PRECONDITION), and a
+    leader out of reach (crashed, partitioned away) answers nothing: its followers retry at
+    every round, so neither a fail-over nor the rejoin after a healed partition is delayed.
+    A refusal of this replica, or a stream that is not the protocol, counts."""
     assert not backs_off(Refused(grpc.StatusCode.FAILED_PRECONDITION, "replica 0 does not lead 'broker-0' in epoch 9"))
+    for error in (ConnectionRefusedError(111, "refused"), ConnectionResetError(104, "reset"), TimeoutError(),
+                  EOFError()):
+        assert not backs_off(error), error
     for error in (Refused(grpc.StatusCode.UNAUTHENTICATED, "the bearer token is not known"),
                   Refused(grpc.StatusCode.PERMISSION_DENIED, "not a service identity"),
-                  ConnectionRefusedError(111, "refused"), TimeoutError(), EOFError()):
+                  replog.FrameError("a frame of 4 GiB")):
         assert backs_off(error), error
 
 

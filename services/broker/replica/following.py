@@ -9,14 +9,15 @@ cannot continue its own (too far behind, or no undo record to take the tail back
 the replica to :mod:`.rebuild`. A session that ends is not retried here: the next
 election round follows again.
 
-**Backoff.** Consecutive sessions to the same leader epoch that end before appending (the
-leader refuses this replica — its replication right removed, a REFUSED frame —, cannot be
-reached, or answers nonsense) are retried after a pause (:func:`retry_after`: doubling from
+**Backoff.** Consecutive sessions to the same leader epoch that end before appending
+because the leader refuses this replica (its replication right removed, a REFUSED frame)
+or answers nonsense are retried after a pause (:func:`retry_after`: doubling from
 ``election_poll_seconds`` up to :data:`RETRY_MAX_SECONDS`, with jitter) instead of at every
 election round, each a connection and a log line on the leader. A session that starts
 appending clears it, and a new leader (another epoch) is followed at once; a refusal that
 says the leader does not lead that epoch yet (FAILED_PRECONDITION: a new leader still
-opening its term) is not counted. So a fail-over is never delayed by it.
+opening its term) is not counted, nor is a leader that cannot be reached (retried at every
+round: a healed partition is rejoined at once). So a fail-over is never delayed by it.
 """
 
 from __future__ import annotations
@@ -58,10 +59,16 @@ def retry_after(failures: int, now: float, *, first: float, most: float = RETRY_
 
 def backs_off(error: BaseException) -> bool:
     """Whether a session that failed with ``error`` before appending counts toward the
-    backoff: every failure but a refusal saying the leader does not lead that epoch
-    (FAILED_PRECONDITION: a new leader still opening its term refuses until it leads, and
-    is followed again at the next round, as a fail-over needs)."""
-    return not (isinstance(error, Refused) and error.code == grpc.StatusCode.FAILED_PRECONDITION)
+    backoff: a refusal (the leader answered, and will answer the same: this replica's
+    credentials or right, a hello it does not take) or a stream that is not the protocol —
+    except a refusal saying the leader does not lead that epoch yet (FAILED_PRECONDITION: a
+    new leader still opening its term, followed again at the next round, as a fail-over
+    needs). Not a leader that cannot be reached (refused or cut connections, timeouts: a
+    crash, a partition): retried at every round, so a follower rejoins as soon as a
+    partition heals and the shard has its quorum back without waiting out a pause."""
+    if isinstance(error, Refused):
+        return error.code != grpc.StatusCode.FAILED_PRECONDITION
+    return isinstance(error, replog.FrameError)
 
 
 class Following:
