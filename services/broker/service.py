@@ -13,11 +13,11 @@ import grpc
 from txmq.errors import InvalidFieldError, TxmqError
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
-from services.common.auth import current_principal, may, may_see, recheck
+from services.common.auth import may, may_see, recheck
 from services.common.auth.acl import ADMIN_READ, CLUSTER, PRODUCER_GROUP, TOPIC
 from services.common.auth.quota import caller_subject
 from services.common.errors import OK, entry_status
-from services.common.limits import Admission, ConnectionLimit, connection_of
+from services.common.limits import Admission, caller_limit
 
 from . import adminrpc, failpoints, groups, topics
 from .bridge import StoreBridge
@@ -155,7 +155,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self.bridge = bridge
         self.metrics = metrics
         self.config = core.config
-        self.long_polls = ConnectionLimit("max_long_polls_per_connection", self.config.max_long_polls_per_connection)
+        self.long_polls = caller_limit(self.config, metrics, "max_long_polls_per_connection", "max_long_polls_per_principal")
         #: Sends on Produce streams applied and not yet answered (see ``_produce``).
         self.produce_pending = Admission(self.config.max_pending_produce_entries, "max_pending_produce_entries")
         #: Claims that found nothing due, held until a check of theirs may be (``claimwaits.py``).
@@ -229,7 +229,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                                       self.core.clock())
         if wait <= 0:
             return await self._receive(request, tags, 0.0, first)
-        with self.long_polls.hold(connection_of(context, verified=current_principal() is not None)):
+        with self.long_polls.hold(context):
             receivers.wait_begins(receiver, request.topic)
             try:
                 return await self._receive(request, tags, wait, first)
@@ -359,8 +359,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             if not (batch.checks or batch.groups_needed or batch.more_due):
                 until = hold_until(self.core.clock(), request.wait_ms, self.core.schedule.earliest(served))
                 peer = context.peer()
-                if until is not None and self.long_polls.available(peer) > 0:
-                    with self.long_polls.hold(peer):
+                if until is not None and self.long_polls.per_connection.available(peer) > 0:
+                    with self.long_polls.per_connection.hold(peer):  # a checker's: a service identity
                         await self.claim_waits.hold(until, self.core.clock)
                     recheck()  # a checker's identity revoked while the claim waited
                     batch = await self.bridge.run(claim())
