@@ -406,7 +406,11 @@ class CallerLimit:
 
     def take(self, context: Any, n: int = 1) -> tuple[str, str | None]:
         caller = CALLER.get()
-        peer = connection_of(context, verified=caller is not None)
+        if caller is None:  # auth off: the connection alone, as before
+            peer = context.peer()
+            self.per_connection.take(peer, n)
+            return peer, None
+        peer = connection_of(context, verified=True)
         self.per_connection.take(peer, n)
         principal = principal_key(caller) if self.per_principal is not None else None
         if principal is not None:
@@ -425,6 +429,14 @@ class CallerLimit:
 
     @contextlib.contextmanager
     def hold(self, context: Any) -> Iterator[None]:
+        if CALLER.get() is None:  # auth off: the connection alone, as before (nothing more per call)
+            peer = context.peer()
+            self.per_connection.take(peer)
+            try:
+                yield
+            finally:
+                self.per_connection.give_back(peer)
+            return
         held = self.take(context)
         try:
             yield
