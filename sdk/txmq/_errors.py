@@ -310,14 +310,17 @@ class DiskFullError(ResourceExhaustedError):
 
 class OverloadedError(ResourceExhaustedError):
     """The server had ``limit`` calls in flight and refused this one before running it
-    (nothing applied): retry after a backoff with the same request (same ids)."""
+    (nothing applied): retry after a backoff with the same request (same ids). With
+    ``principal``, the calls in flight were that principal's own, all its connections together
+    (``max_concurrent_rpcs_per_principal``: its fair share of the server), not everyone's."""
 
     reason = "OVERLOADED"
     retryable = True
 
-    def __init__(self, setting: str, limit: int) -> None:
-        super().__init__(f"server overloaded: {setting}={limit} calls in flight; nothing applied, retry later",
-                         setting=setting, limit=limit)
+    def __init__(self, setting: str, limit: int, principal: str = "") -> None:
+        whose = f"principal {principal!r} has {setting}={limit}" if principal else f"{setting}={limit}"
+        super().__init__(f"server overloaded: {whose} calls in flight; nothing applied, retry later",
+                         setting=setting, limit=limit, **({"principal": principal} if principal else {}))
 
 
 class ConnectionLimitError(ResourceExhaustedError):
@@ -329,6 +332,18 @@ class ConnectionLimitError(ResourceExhaustedError):
     def __init__(self, setting: str, limit: int, held: int) -> None:
         super().__init__(f"this connection holds {held} already: {setting}={limit} reached",
                          setting=setting, limit=limit, held=held)
+
+
+class PrincipalLimitError(ResourceExhaustedError):
+    """One principal holds ``limit`` streams, long polls, pending checks or live clients on
+    this service already, all its connections together (``setting`` names the limit): more
+    connections do not help; close some, or have the operator raise the setting."""
+
+    reason = "PRINCIPAL_LIMIT"
+
+    def __init__(self, setting: str, limit: int, principal: str, held: int) -> None:
+        super().__init__(f"principal {principal!r} holds {held} already over all its connections: "
+                         f"{setting}={limit} reached", setting=setting, limit=limit, principal=principal, held=held)
 
 
 class QuotaExceededError(ResourceExhaustedError):

@@ -89,6 +89,10 @@ class BrokerConfig(ServiceConfig):
     #: Receives waiting (long polling) at once on one connection; one more is refused with
     #: RESOURCE_EXHAUSTED naming this (a proxy multiplexes its clients' polls on one).
     max_long_polls_per_connection: int = count(1000, max=1_000_000)
+    #: Receives of one principal waiting at once, all its connections together (auth on; a
+    #: proxy's for a principal are that principal's); one more is refused with
+    #: RESOURCE_EXHAUSTED (PRINCIPAL_LIMIT) naming this.
+    max_long_polls_per_principal: int = count(5000, max=1_000_000)
     #: Sends on Produce streams applied and not yet answered (waiting for their WAL sync),
     #: all streams together; a send beyond it is refused in band, in its own entry, with a
     #: retryable OVERLOADED naming this (nothing applied; the SDK backs off and sends the

@@ -13,11 +13,11 @@ import grpc
 from txmq.errors import InvalidFieldError, TxmqError
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
-from services.common.auth import current_principal, may, may_see, recheck
+from services.common.auth import may, may_see, recheck
 from services.common.auth.acl import ADMIN_READ, CLUSTER, PRODUCER_GROUP, TOPIC
 from services.common.auth.quota import caller_subject
 from services.common.errors import OK, entry_status
-from services.common.limits import Admission, ConnectionLimit, connection_of
+from services.common.limits import Admission, caller_limit
 
 from . import adminrpc, failpoints, groups, topics
 from .bridge import StoreBridge
@@ -154,14 +154,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self.core = core
         self.bridge = bridge
         self.metrics = metrics
-        self.config = core.config
-        self.long_polls = ConnectionLimit("max_long_polls_per_connection", self.config.max_long_polls_per_connection)
+        self.config = config = core.config
+        self.long_polls = caller_limit(config, metrics, "max_long_polls_per_connection", "max_long_polls_per_principal")
         #: Sends on Produce streams applied and not yet answered (see ``_produce``).
-        self.produce_pending = Admission(self.config.max_pending_produce_entries, "max_pending_produce_entries")
+        self.produce_pending = Admission(config.max_pending_produce_entries, "max_pending_produce_entries")
         #: Claims that found nothing due, held until a check of theirs may be (``claimwaits.py``).
         self.claim_waits = ClaimWaits()
         core.schedule.on_lowered = self.claim_waits.lowered
-        self.quotas = Quotas(self.config, core.consumers.names, core.counters,
+        self.quotas = Quotas(config, core.consumers.names, core.counters,
                              lambda: core.transactions.groups_removed, metrics.quota_refusals(QUOTA_SETTINGS))
 
     # --- producing -----------------------------------------------------------------------
@@ -229,7 +229,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                                       self.core.clock())
         if wait <= 0:
             return await self._receive(request, tags, 0.0, first)
-        with self.long_polls.hold(connection_of(context, verified=current_principal() is not None)):
+        with self.long_polls.hold(context):
             receivers.wait_begins(receiver, request.topic)
             try:
                 return await self._receive(request, tags, wait, first)
@@ -246,9 +246,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         """Applies the carried acks, then receives (waiting up to ``wait`` for messages)."""
         acks = (await self._ack(request.consumer_group, request.topic, request.ack_receipt_handles, "receive")
                 if request.ack_receipt_handles else [])
-        loop = asyncio.get_running_loop()
+        loop, topic = asyncio.get_running_loop(), request.topic
         deadline = loop.time() + wait
-        topic = request.topic
         while True:
             # A long poll that waited takes nothing under rights revoked meanwhile.
             recheck()
@@ -359,8 +358,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             served = self.core.claims.session_groups(request.session_id)
             if not (batch.checks or batch.groups_needed or batch.more_due):
                 until = hold_until(self.core.clock(), request.wait_ms, self.core.schedule.earliest(served))
-                if until is not None and self.long_polls.available(peer) > 0:
-                    with self.long_polls.hold(peer), self.core.receivers.holding(checker, served, self.core.clock()):
+                polls = self.long_polls.per_connection  # a checker's (a service identity): per connection only
+                if until is not None and polls.available(peer) > 0:
+                    with polls.hold(peer), self.core.receivers.holding(checker, served, self.core.clock()):
                         await self.claim_waits.hold(until, self.core.clock)  # its checker live meanwhile
                     recheck()  # a checker's identity revoked while the claim waited
                     batch = await self.bridge.run(claim())

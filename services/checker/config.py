@@ -51,6 +51,11 @@ class CheckerConfig(ServiceConfig):
     #: Checks one connection's streams may be owed at once (the credit they announce, added
     #: up); a stream announcing more is refused with RESOURCE_EXHAUSTED naming this.
     max_pending_checks_per_connection: int = count(16_384, max=100_000_000)
+    #: Checks one principal's streams may be owed at once, all its connections together (auth
+    #: on; a proxy's streams for a principal are that principal's): 1,024 producers at the
+    #: default credit. A stream announcing more is refused with RESOURCE_EXHAUSTED
+    #: (PRINCIPAL_LIMIT) naming this.
+    max_pending_checks_per_principal: int = count(65_536, max=100_000_000)
     #: Most reports in one ReportChecks call.
     report_batch: int = count(512)
     #: Deadline of each call to a broker or a name server.

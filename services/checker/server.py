@@ -20,6 +20,8 @@ from .service import CheckerServicer
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = checker_pb2.DESCRIPTOR.services_by_name["CheckerService"].full_name
+#: The checker's own per-principal limit (``txmq_quota_refusals_total{setting}``).
+PENDING_PER_PRINCIPAL = "max_pending_checks_per_principal"
 
 
 class _LateBoundReporter:
@@ -43,7 +45,9 @@ async def create_server(config: CheckerConfig) -> tuple[ServiceApp, int]:
     reporter.directory = directory
     resolver = Resolver(config, dispatcher, directory, metrics)
     servicer = CheckerServicer(dispatcher, max_groups_per_stream=config.max_groups_per_stream,
-                               max_pending_checks_per_connection=config.max_pending_checks_per_connection)
+                               max_pending_checks_per_connection=config.max_pending_checks_per_connection,
+                               max_pending_checks_per_principal=config.max_pending_checks_per_principal,
+                               refused=metrics.quota_refusals((PENDING_PER_PRINCIPAL,))[PENDING_PER_PRINCIPAL])
     app = ServiceApp("checker", config, metrics,
                      [(checker_pb2_grpc.add_CheckerServiceServicer_to_server, servicer)], [SERVICE_NAME])
     address = config.advertise_address or f"{'127.0.0.1' if config.host in ('0.0.0.0', '') else config.host}:{app.port}"

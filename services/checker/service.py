@@ -41,8 +41,8 @@ from txmq.errors import InvalidFieldError, TxmqError
 from txmq.names import validate_group
 from txmq.v1 import checker_pb2, checker_pb2_grpc
 
-from services.common.auth import CALLER, current_principal
-from services.common.limits import ConnectionLimit, connection_of
+from services.common.auth import CALLER
+from services.common.limits import CallerLimit, ConnectionLimit, PrincipalLimit
 
 from .dispatcher import Dispatcher, ProducerStream
 from .standing import Standing
@@ -78,11 +78,15 @@ def validate_subscribe(request: checker_pb2.CheckTransactionStateRequest,
 
 class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
     def __init__(self, dispatcher: Dispatcher, *, max_groups_per_stream: int,
-                 max_pending_checks_per_connection: int = 16_384) -> None:
+                 max_pending_checks_per_connection: int = 16_384, max_pending_checks_per_principal: int = 65_536,
+                 refused: Any = None) -> None:
         self.dispatcher = dispatcher
         self.max_groups = max_groups_per_stream
-        #: The credit (checks owed) of one connection's streams together.
-        self.pending = ConnectionLimit("max_pending_checks_per_connection", max_pending_checks_per_connection)
+        #: The credit (checks owed) of one connection's streams together, and (auth on) of one
+        #: principal's streams over all its connections (``refused``: its refusals counter).
+        self.pending = CallerLimit(
+            ConnectionLimit("max_pending_checks_per_connection", max_pending_checks_per_connection),
+            PrincipalLimit("max_pending_checks_per_principal", max_pending_checks_per_principal, refused))
         #: What each stream's principal may still check, after a credentials reload.
         self.standing = Standing(dispatcher)
 
@@ -97,16 +101,15 @@ class CheckerServicer(checker_pb2_grpc.CheckerServiceServicer):
         except StopAsyncIteration:
             return
         client_id, groups, credit = validate_subscribe(first, self.max_groups)
-        peer = connection_of(context, verified=current_principal() is not None)
         owed = min(credit or self.dispatcher.default_credit, self.dispatcher.queue_size)
-        self.pending.take(peer, owed)
+        held = self.pending.take(context, owed)
         stream = self.dispatcher.subscribe(client_id, groups, credit)
         self.standing.watch(stream, CALLER.get())
         try:
             await self._serve(requests, context, stream, groups)
         finally:
             self.standing.forget(stream)
-            self.pending.give_back(peer, owed)
+            self.pending.give_back(held, owed)
 
     async def _serve(self, requests: AsyncIterator[checker_pb2.CheckTransactionStateRequest], context: Any,
                      stream: ProducerStream, groups: tuple[str, ...]) -> None:

@@ -285,6 +285,16 @@ class ServiceConfig:
     max_pending_rpcs: int = count(20_000, min=100, max=1_000_000)
     #: Streams one connection may hold open (RESOURCE_EXHAUSTED naming this beyond).
     max_streams_per_connection: int = count(1000, max=1_000_000)
+    #: Streams one principal may hold open here, all its connections together (auth on; a
+    #: proxy's streams for a principal are that principal's, a service identity's own are not
+    #: counted): more connections do not lift max_streams_per_connection for a tenant. Beyond,
+    #: RESOURCE_EXHAUSTED (PRINCIPAL_LIMIT) naming this.
+    max_streams_per_principal: int = count(5000, max=1_000_000)
+    #: Unary calls of one principal in flight at once, all its connections together (auth on;
+    #: counted as max_streams_per_principal): its share of max_concurrent_rpcs, so one tenant's
+    #: slow calls cannot fill it for every other. Beyond, the retryable OVERLOADED naming this
+    #: (nothing applied; the SDK and the proxy back off and retry).
+    max_concurrent_rpcs_per_principal: int = count(1000, max=1_000_000)
     #: Credential files (principals, hashed tokens, access keys, ACL; see README "Security").
     #: Empty: no authentication, everything allowed (the embedded default of ``make run``);
     #: set: every call needs credentials and the ACL's permission (default deny).

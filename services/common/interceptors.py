@@ -1,8 +1,10 @@
 """The one interceptor chain every RPC of every service passes through: request bodies
 decoded and their numbers checked (``limits.guard_deserializer``), load shed beyond
 ``max_concurrent_rpcs`` and streams limited per connection (``limits``), timing and status
-codes for metrics, and domain error → status mapping. Security (TLS, authentication,
-ACLs) will be added here, in one place."""
+codes for metrics, and domain error → status mapping. It runs before authentication (the
+outermost interceptor: a flood is shed before any credential is looked at), so what is
+counted per principal is counted by the auth interceptor once it knows the principal
+(``limits.PrincipalShares``)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import grpc
 from txmq.errors import TxmqError
 
 from .errors import abort_with
-from .limits import Admission, ConnectionLimit, Refused, connection_of, guard_deserializer
+from .limits import Admission, ConnectionLimit, Refused, connection_of, guard_deserializer, quiet_method
 from .metrics import BaseMetrics
 
 log = logging.getLogger(__name__)
@@ -75,7 +77,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         request_deserializer = guard_deserializer(handler.request_deserializer, method,
                                                   streaming=handler.request_streaming)
         # Health and reflection: decoded and mapped like the rest, neither limited nor timed.
-        quiet = method == "Check" or method == "Watch" or "ServerReflection" in full_method
+        quiet = quiet_method(full_method)
         admission = self.admission if not quiet and method not in self.unmetered else None
         streams = self.streams if not quiet else None
         in_band = self.in_band

@@ -11,7 +11,26 @@ shared interceptor, ``interceptors.py``, applies it):
   RESOURCE_EXHAUSTED (``OverloadedError``) instead of queueing them until gRPC's own
   pending-request cap cancels them (CANCELLED tells a client nothing about whether to retry);
 - more open streams, long polls or pending checks on one connection than the service's
-  ``max_*_per_connection``: RESOURCE_EXHAUSTED naming the limit (``ConnectionLimitError``).
+  ``max_*_per_connection``: RESOURCE_EXHAUSTED naming the limit (``ConnectionLimitError``);
+- with auth on, more of them held by one principal over all its connections than the
+  service's ``max_*_per_principal`` (``PrincipalLimitError``), and more of its unary calls in
+  flight than ``max_concurrent_rpcs_per_principal``: its fair share of ``max_concurrent_rpcs``,
+  refused with the same retryable OVERLOADED as a full server (``PrincipalShares``).
+
+**Per principal.** A principal with valid credentials opens as many connections as it likes:
+counted per connection alone, one tenant held 100 connections × 1,000 streams, and its slow
+unary calls filled the process-wide ``max_concurrent_rpcs`` so every other tenant was shed.
+So, once the auth interceptor knows whom a call is for, it is counted against that principal
+too (``PrincipalShares`` for streams and unary calls, every service; ``CallerLimit`` for what
+a service counts itself: long polls, pending checks). Whom: the end principal a proxy names in
+``x-txmq-on-behalf-of`` (the proxy's calls for a tenant are that tenant's), the authenticated
+principal otherwise; a service identity acting as itself is never counted per principal
+(``principal_key``): its calls are the fleet's own work (heartbeats, registrations, claims and
+reports, route lookups), which grows with the tenants it serves and not with any one of them,
+and one identity is shared by every replica of a component (all proxies, all checkers), so a
+cap on it would be a cap on the cluster; the per-connection limits and ``max_concurrent_rpcs``
+still bound it. With auth off no principal is known (the on-behalf-of header is anyone's to
+send): the per-connection limits alone apply, as before.
 """
 
 from __future__ import annotations
@@ -26,10 +45,14 @@ from typing import Any, Callable, Iterator
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from txmq.client import MAX_ENTRIES_PER_REQUEST
-from txmq.errors import ConnectionLimitError, InvalidFieldError, OverloadedError, UndecodableRequestError
+from txmq.errors import (ConnectionLimitError, InvalidFieldError, OverloadedError, PrincipalLimitError, TxmqError,
+                         UndecodableRequestError)
 
 from .auth.delegation import ON_BEHALF_OF_HEADER
+from .auth.interceptor import CALLER, Caller
+from .auth.store import Principal
 from .config import MAX_COUNT
+from .metrics import BaseMetrics
 
 log = logging.getLogger(__name__)
 
@@ -281,36 +304,193 @@ def connection_of(context: Any, *, verified: bool) -> str:
     return peer
 
 
-class ConnectionLimit:
-    """At most ``limit`` of something (streams, long polls, pending checks) per connection
-    (gRPC peer: address and port, and the principal a service acts for: ``connection_of``);
-    ``hold(peer)`` and ``take(peer, n)`` refuse beyond it."""
+#: Makes the refusal of a limit: (setting, limit, key, held) → the error.
+Refusal = Callable[[str, int, str, int], TxmqError]
 
-    def __init__(self, setting: str, limit: int) -> None:
+
+class KeyedLimit:
+    """At most ``limit`` of something per key (a connection, a principal); ``take(key, n)``
+    refuses beyond it with the error ``refusal`` makes, counted in ``refused`` (a metric's
+    child: ``txmq_quota_refusals_total{setting}``), and ``hold(key)`` takes one for a block."""
+
+    __slots__ = ("setting", "limit", "held", "_refusal", "refused")
+
+    def __init__(self, setting: str, limit: int, refusal: Refusal, refused: Any = None) -> None:
         self.setting = setting
         self.limit = limit
         self.held: dict[str, int] = {}
+        self._refusal = refusal
+        self.refused = refused
 
-    def take(self, peer: str, n: int = 1) -> None:
-        held = self.held.get(peer, 0)
+    def take(self, key: str, n: int = 1) -> None:
+        held = self.held.get(key, 0)
         if held + n > self.limit:
-            raise ConnectionLimitError(self.setting, self.limit, held)
-        self.held[peer] = held + n
+            if self.refused is not None:
+                self.refused.inc()
+            raise self._refusal(self.setting, self.limit, key, held)
+        self.held[key] = held + n
 
-    def give_back(self, peer: str, n: int = 1) -> None:
-        left = self.held.get(peer, 0) - n
+    def give_back(self, key: str, n: int = 1) -> None:
+        left = self.held.get(key, 0) - n
         if left > 0:
-            self.held[peer] = left
+            self.held[key] = left
         else:
-            self.held.pop(peer, None)
+            self.held.pop(key, None)
 
-    def available(self, peer: str) -> int:
-        return max(self.limit - self.held.get(peer, 0), 0)
+    def available(self, key: str) -> int:
+        return max(self.limit - self.held.get(key, 0), 0)
 
     @contextlib.contextmanager
-    def hold(self, peer: str) -> Iterator[None]:
-        self.take(peer)
+    def hold(self, key: str) -> Iterator[None]:
+        self.take(key)
         try:
             yield
         finally:
-            self.give_back(peer)
+            self.give_back(key)
+
+
+def _per_connection(setting: str, limit: int, key: str, held: int) -> TxmqError:
+    return ConnectionLimitError(setting, limit, held)
+
+
+def _per_principal(setting: str, limit: int, key: str, held: int) -> TxmqError:
+    return PrincipalLimitError(setting, limit, key, held)
+
+
+def _fair_share(setting: str, limit: int, key: str, held: int) -> TxmqError:
+    return OverloadedError(setting, limit, key)
+
+
+class ConnectionLimit(KeyedLimit):
+    """At most ``limit`` of something (streams, long polls, pending checks) per connection
+    (gRPC peer: address and port, and the principal a service acts for: ``connection_of``);
+    ``hold(peer)`` and ``take(peer, n)`` refuse beyond it (``ConnectionLimitError``)."""
+
+    __slots__ = ()
+
+    def __init__(self, setting: str, limit: int) -> None:
+        super().__init__(setting, limit, _per_connection)
+
+
+class PrincipalLimit(KeyedLimit):
+    """At most ``limit`` of something per principal, all its connections together (keyed by
+    the principal's name: ``principal_key``); refused with ``PrincipalLimitError``, or with
+    ``fair_share`` the retryable ``OverloadedError`` (unary calls in flight, which end soon)."""
+
+    __slots__ = ()
+
+    def __init__(self, setting: str, limit: int, refused: Any = None, *, fair_share: bool = False) -> None:
+        super().__init__(setting, limit, _fair_share if fair_share else _per_principal, refused)
+
+
+def principal_key(caller: Caller | None) -> str | None:
+    """Whom a per-principal limit counts the call being served against: its principal (the
+    end principal of a service's call made for one); None — not counted — with auth off, for
+    an open method, or for a service identity acting as itself (see the module's docstring)."""
+    if caller is None or caller.principal.service:
+        return None
+    return caller.principal.name
+
+
+class CallerLimit:
+    """One thing a call holds while it runs — a long poll, a check stream's pending checks —
+    limited per connection (``per_connection``) and, with auth on, per principal over all its
+    connections (``per_principal``; None: per connection only). ``take(context, n)`` returns
+    what ``give_back`` returns; nothing is held after a refusal."""
+
+    __slots__ = ("per_connection", "per_principal")
+
+    def __init__(self, per_connection: ConnectionLimit, per_principal: PrincipalLimit | None = None) -> None:
+        self.per_connection = per_connection
+        self.per_principal = per_principal
+
+    def take(self, context: Any, n: int = 1) -> tuple[str, str | None]:
+        caller = CALLER.get()
+        if caller is None:  # auth off: the connection alone, as before
+            peer = context.peer()
+            self.per_connection.take(peer, n)
+            return peer, None
+        peer = connection_of(context, verified=True)
+        self.per_connection.take(peer, n)
+        principal = principal_key(caller) if self.per_principal is not None else None
+        if principal is not None:
+            try:
+                self.per_principal.take(principal, n)  # type: ignore[union-attr]  # not None: checked above
+            except TxmqError:
+                self.per_connection.give_back(peer, n)
+                raise
+        return peer, principal
+
+    def give_back(self, held: tuple[str, str | None], n: int = 1) -> None:
+        peer, principal = held
+        self.per_connection.give_back(peer, n)
+        if principal is not None:
+            self.per_principal.give_back(principal, n)  # type: ignore[union-attr]  # taken: not None
+
+    @contextlib.contextmanager
+    def hold(self, context: Any) -> Iterator[None]:
+        if CALLER.get() is None:  # auth off: the connection alone, as before (nothing more per call)
+            peer = context.peer()
+            self.per_connection.take(peer)
+            try:
+                yield
+            finally:
+                self.per_connection.give_back(peer)
+            return
+        held = self.take(context)
+        try:
+            yield
+        finally:
+            self.give_back(held)
+
+
+def caller_limit(config: Any, metrics: BaseMetrics, per_connection: str, per_principal: str) -> CallerLimit:
+    """The :class:`CallerLimit` of two settings of ``config``, named (``max_long_polls_per_connection``,
+    ``max_long_polls_per_principal``); its refusals per principal are counted in ``metrics``."""
+    return CallerLimit(ConnectionLimit(per_connection, getattr(config, per_connection)),
+                       PrincipalLimit(per_principal, getattr(config, per_principal),
+                                      metrics.quota_refusals((per_principal,))[per_principal]))
+
+
+def quiet_method(full_method: str) -> bool:
+    """Health and reflection: decoded and mapped like the rest, neither limited nor timed."""
+    method = full_method.rsplit("/", 1)[-1]
+    return method == "Check" or method == "Watch" or "ServerReflection" in full_method
+
+
+class PrincipalShares:
+    """What one principal's calls may hold of this service at once, all its connections
+    together: open streams (``streams``: ``max_streams_per_principal``) and unary calls in
+    flight (``unary``: ``max_concurrent_rpcs_per_principal``; ``unmetered`` methods, the long
+    polls, are the service's own to count: ``CallerLimit``). The auth interceptor counts a call
+    once it knows whom it is for (:meth:`admit`) and gives it back when the call ends."""
+
+    __slots__ = ("streams", "unary", "unmetered", "_plans")
+
+    def __init__(self, streams: PrincipalLimit, unary: PrincipalLimit, unmetered: frozenset[str] = frozenset()) -> None:
+        self.streams = streams
+        self.unary = unary
+        self.unmetered = unmetered
+        #: (full method, streaming) → the limit its calls count against (None: none).
+        self._plans: dict[tuple[str, bool], PrincipalLimit | None] = {}
+
+    def limit_for(self, full_method: str, streaming: bool) -> PrincipalLimit | None:
+        """The limit a call of ``full_method`` counts against (decided once per method)."""
+        key = (full_method, streaming)
+        try:
+            return self._plans[key]
+        except KeyError:
+            plan = None if quiet_method(full_method) else self.streams if streaming else (
+                None if full_method.rsplit("/", 1)[-1] in self.unmetered else self.unary)
+            self._plans[key] = plan
+            return plan
+
+    def admit(self, full_method: str, streaming: bool, principal: Principal) -> PrincipalLimit | None:
+        """Counts a call of ``principal`` (raises the refusal); returns the limit to give it
+        back to (``give_back(principal.name)``), None when it is not counted."""
+        if principal.service:
+            return None
+        limit = self.limit_for(full_method, streaming)
+        if limit is not None:
+            limit.take(principal.name)
+        return limit

@@ -22,16 +22,18 @@ class BaseMetrics:
             "txmq_rpc_duration_seconds", "Server-side duration of gRPC calls, by method and status code",
             ["service", "method", "code"], buckets=RPC_BUCKETS, registry=self.registry)
         self._quota_refusals = Counter(
-            "txmq_quota_refusals_total", "Calls refused at a per-principal quota (nothing created), by the "
-            "setting that refused them", ["setting"], registry=self.registry)
+            "txmq_quota_refusals_total", "Calls refused at a per-principal quota or limit (nothing created or "
+            "held), by the setting that refused them", ["setting"], registry=self.registry)
         self._http: WSGIServer | None = None
 
     def quota_refusals(self, settings: Iterable[str]) -> dict[str, Any]:
         """``txmq_quota_refusals_total{setting}``: calls refused at a per-principal quota
-        (``services.common.auth.quota``), one series per setting of this service, exported at 0
-        from the start (no principal label: the names are the tenants' choice, the series
-        would be unbounded). Returns each setting's counter; asked again (a replicated broker's
-        servicer is made anew at each leadership it takes), the same ones."""
+        (``services.common.auth.quota``) or limit (``services.common.limits``: streams, unary
+        calls in flight, long polls, pending checks, live clients), one series per setting of
+        this service, exported at 0 from the start (no principal label: the names are the
+        tenants' choice, the series would be unbounded). Returns each setting's counter; asked
+        again (a replicated broker's servicer is made anew at each leadership it takes), the
+        same ones."""
         return {setting: self._quota_refusals.labels(setting) for setting in settings}
 
     def serve(self, host: str, port: int) -> int:

@@ -19,7 +19,7 @@ from .aio import Deadline, step_within
 from .auth import server_interceptor
 from .config import ServiceConfig
 from .interceptors import InBand, Registrar, ServerInterceptor
-from .limits import Admission, ConnectionLimit
+from .limits import Admission, ConnectionLimit, PrincipalLimit, PrincipalShares
 from .metrics import BaseMetrics
 from .runtime import STOP_SECONDS, StartupError
 from .tls import server_credentials
@@ -31,6 +31,8 @@ Hook = Callable[[], Awaitable[None]]
 SERVER_STOP_SLACK_SECONDS = 1.0
 #: Cancelled periodic jobs end within this.
 PERIODIC_STOP_SECONDS = 1.0
+#: The per-principal limits every service has (``txmq_quota_refusals_total{setting}``).
+PRINCIPAL_SETTINGS = ("max_streams_per_principal", "max_concurrent_rpcs_per_principal")
 
 
 def check_port_free(host: str, port: int, setting: str) -> None:
@@ -61,8 +63,15 @@ class ServiceApp:
         ``auth_options``: the proxy's authentication options; ``interceptors``: the
         service's own, innermost (a request deserializer they replace serves the others)."""
         self.name = name
+        refused = metrics.quota_refusals(PRINCIPAL_SETTINGS)
+        #: Each principal's open streams and unary calls in flight (counted with auth on).
+        self.shares = PrincipalShares(
+            PrincipalLimit("max_streams_per_principal", config.max_streams_per_principal,
+                           refused["max_streams_per_principal"]),
+            PrincipalLimit("max_concurrent_rpcs_per_principal", config.max_concurrent_rpcs_per_principal,
+                           refused["max_concurrent_rpcs_per_principal"], fair_share=True), frozenset(unmetered))
         # Authentication and ACLs (None unless config.auth_files); auth_options: the proxy's.
-        self.auth = server_interceptor(config, **(auth_options or {}))
+        self.auth = server_interceptor(config, **(auth_options or {}), shares=self.shares)
         self.config = config
         self.metrics = metrics
         self.admission = Admission(config.max_concurrent_rpcs)

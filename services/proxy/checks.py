@@ -36,11 +36,13 @@ never). A client that stops answering is thus sent at most that many checks
 per checker until they are forgotten; the rest stay due in the broker.
 
 One connection is sent at most ``max_pending_checks_per_connection`` checks at once (all its
-clients and checkers together: a connection may carry many client ids). A check that comes
-while its client's connection is at the limit is held back: not written and not
-acknowledged, so the checker counts it undelivered after its answer timeout (nothing spent)
-and it stays due on the broker; the link's credit for it is given back only once the
-connection has room again, so the checker sends no more meanwhile.
+clients and checkers together: a connection may carry many client ids), and one principal at
+most ``max_pending_checks_per_principal`` over all its connections (auth on: each check is
+kept here with its half message until it is over, and connections are the principal's to
+multiply). A check that comes while its client's connection or principal is at its limit is
+held back: not written and not acknowledged, so the checker counts it undelivered after its
+answer timeout (nothing spent) and it stays due on the broker; the link's credit for it is
+given back only once there is room again, so the checker sends no more meanwhile.
 """
 
 from __future__ import annotations
@@ -59,9 +61,9 @@ from txmq.v1 import checker_pb2, checker_pb2_grpc, common_pb2
 
 from services.common.aio import wait_event
 from services.common.auth import act_for
-from services.common.limits import ConnectionLimit
+from services.common.limits import ConnectionLimit, PrincipalLimit, principal_key
 
-from .clients import ClientKey, ClientRegistry
+from .clients import ClientKey, ClientRegistry, TelemetryStream
 from .config import ProxyConfig
 from .convert import check_to_rmq
 from .metrics import ProxyMetrics
@@ -88,6 +90,8 @@ class _Pending:
     forget_after: float
     #: The connection of the client's stream it was offered on (counted against its limit).
     peer: str
+    #: The principal of that stream (counted against its limit; None: not counted).
+    principal: str | None = None
     #: Its write to the client's stream began: the client may hold it from then on, even if
     #: the stream ends before the write's completion is seen (so its answer is still owed).
     writing: bool = False
@@ -111,7 +115,7 @@ class CheckerLink:
         #: Sent CheckDrain: only answers to checks already written go on this link.
         self.draining = False
         #: Credit held back from the checker while the client's connection (``held_on``)
-        #: is at max_pending_checks_per_connection.
+        #: is at max_pending_checks_per_connection (or its principal at the per-principal limit).
         self.withheld = 0
         self.held_on = ""
         self.stream = CheckStream(address, address, producer_groups=groups, client_id=client.client_id,
@@ -205,6 +209,8 @@ class CheckManager:
         #: Checks offered and not yet over, per client connection.
         self.per_connection = ConnectionLimit("max_pending_checks_per_connection",
                                               config.max_pending_checks_per_connection)
+        #: ... and per principal, all its connections together.
+        self.per_principal = PrincipalLimit("max_pending_checks_per_principal", config.max_pending_checks_per_principal)
         self._dirty: set[ClientKey] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -271,18 +277,30 @@ class CheckManager:
         entry = self.pending.pop(transaction_id, None)
         if entry is not None:
             self.per_connection.give_back(entry.peer)
-            self._refill(entry.peer)
+            if entry.principal is not None:
+                self.per_principal.give_back(entry.principal)
+            self._refill(entry.peer, entry.principal)
         return entry
 
-    def _refill(self, peer: str | None = None) -> None:
+    def _has_room(self, stream: TelemetryStream, replaced: _Pending | None = None) -> bool:
+        """Whether one more check may be written to ``stream``: its connection and its
+        principal are under their limits (``replaced``: the check it replaces, given back)."""
+        if self.per_connection.available(stream.peer) == 0 and not (replaced is not None and replaced.peer == stream.peer):
+            return False
+        principal = principal_key(stream.caller)
+        return principal is None or self.per_principal.available(principal) > 0 or (
+            replaced is not None and replaced.principal == principal)
+
+    def _refill(self, peer: str | None = None, principal: str | None = None) -> None:
         """Gives the checkers back the credit held back for connections (``peer``, or all)
-        that have room again, or whose client left (its checks go elsewhere then)."""
+        and principals (``principal``) that have room again, or whose client left (its checks
+        go elsewhere then)."""
         for link in [*self.links.values(), *self.draining]:
-            if not link.withheld or (peer is not None and link.held_on != peer):
+            if not link.withheld or (peer is not None and link.held_on != peer and (
+                    principal is None or link.client.principal != principal)):
                 continue
             stream = self.registry.stream_for(link.client, link.groups[0]) if link.groups else None
-            if stream is not None and stream.peer == link.held_on and \
-                    self.per_connection.available(link.held_on) == 0:
+            if stream is not None and stream.peer == link.held_on and not self._has_room(stream):
                 continue
             link.send(Request(credit=checker_pb2.CheckCredit(checks=link.withheld)))
             link.withheld = 0
@@ -321,9 +339,8 @@ class CheckManager:
             self.metrics.checks.labels("no_stream").inc()
             link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
             return "no_stream"
-        previous = self.pending.get(check.transaction_id)
-        replaces = previous is not None and previous.peer == stream.peer  # checked again: no more held
-        if self.per_connection.available(stream.peer) == 0 and not replaces:
+        # A check of a transaction offered here already replaces it: no more held.
+        if not self._has_room(stream, self.pending.get(check.transaction_id)):
             # Held back: neither written nor acknowledged (the checker hands it back to the
             # broker after its answer timeout, nothing spent); its credit waits for room.
             link.withheld += 1
@@ -331,13 +348,14 @@ class CheckManager:
             self.metrics.checks.labels("held_back").inc()
             log.debug("check held back", extra={"fields": {
                 "client_id": link.client_id, "peer": stream.peer, "transaction_id": check.transaction_id,
-                "limit": f"max_pending_checks_per_connection={self.per_connection.limit}"}})
+                "limit": f"max_pending_checks_per_connection={self.per_connection.limit}, "
+                         f"max_pending_checks_per_principal={self.per_principal.limit}"}})
             return "held_back"
         command = service_pb2.TelemetryCommand(
             recover_orphaned_transaction_command=service_pb2.RecoverOrphanedTransactionCommand(
                 message=check_to_rmq(check.message), transaction_id=check.transaction_id))
         entry = _Pending(link, check, self.monotonic() + check.answer_timeout_seconds + PENDING_SLACK_SECONDS,
-                         stream.peer)
+                         stream.peer, principal_key(stream.caller))
 
         def written() -> None:
             # A check counts as received once written to a live Telemetry stream (unless
@@ -359,6 +377,8 @@ class CheckManager:
         if previous is not None:  # checked again: the earlier check is over
             previous.link.send(Request(credit=checker_pb2.CheckCredit(checks=1)))
         self.per_connection.take(stream.peer)
+        if entry.principal is not None:
+            self.per_principal.take(entry.principal)
         self.pending[check.transaction_id] = entry
         self.metrics.checks_pending.set(len(self.pending))
         return "offered"

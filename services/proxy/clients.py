@@ -27,8 +27,12 @@ once if it comes back within ``client_idle_expiry_seconds``) and by nothing else
 flight, subscription draining or renewal reads its record (they hold its :class:`ClientKey`).
 Client ids being the clients' choice, one principal keeps at most
 ``max_departed_clients_per_principal`` departed clients here; the least recently departed beyond
-it is forgotten (:func:`forgotten`), as if its idle expiry had passed. Live clients are not
-capped here: each holds an open stream, which the per-connection stream limit counts.
+it is forgotten (:func:`forgotten`), as if its idle expiry had passed. A principal has at most
+``max_live_clients_per_principal`` live clients here (auth on; a service identity is not
+counted): each costs a check subscription on every checker and its Settings, and client ids
+and connections are the principal's to multiply, so a stream that would make one more is
+refused (TOO_MANY_REQUESTS in band) with nothing remembered; a live client's further streams,
+and a departed one's return within its principal's limit, are not refused.
 """
 
 from __future__ import annotations
@@ -38,13 +42,14 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Collection, NamedTuple, TypeAlias
+from typing import Any, Callable, Collection, NamedTuple, TypeAlias
 
 from txmq.errors import PermissionDeniedError, TxmqError, UnauthenticatedError
 
 from services.common.auth import Caller, CredentialStore, may
 from services.common.auth.acl import CHECK, PRODUCER_GROUP, allows
 from services.common.auth.store import Credentials
+from services.common.limits import PrincipalLimit, principal_key
 
 from .convert import publishing_topics
 from .protocol import definition_pb2, service_pb2
@@ -60,6 +65,8 @@ Outgoing = tuple[Command, OnWritten, OnWritten]
 OUTBOX_LIMIT = 1024
 #: Departed clients kept per principal by default (``max_departed_clients_per_principal``).
 MAX_DEPARTED_PER_PRINCIPAL = 1000
+#: Live clients per principal by default (``max_live_clients_per_principal``).
+MAX_LIVE_PER_PRINCIPAL = 1000
 
 
 class ClientKey(NamedTuple):
@@ -136,14 +143,19 @@ class ClientState:
     streams: dict[int, TelemetryStream] = field(default_factory=dict)
     #: Monotonic time the last stream ended (None while one is open).
     idle_since: float | None = None
+    #: The principal this live client counts against (``max_live_clients_per_principal``).
+    live_as: str | None = None
 
 
 class ClientRegistry:
     def __init__(self, idle_expiry_seconds: float, monotonic: Callable[[], float] = time.monotonic,
-                 max_departed_per_principal: int = MAX_DEPARTED_PER_PRINCIPAL) -> None:
+                 max_departed_per_principal: int = MAX_DEPARTED_PER_PRINCIPAL,
+                 max_live_per_principal: int = MAX_LIVE_PER_PRINCIPAL, refused: Any = None) -> None:
         self.idle_expiry = idle_expiry_seconds
         self.monotonic = monotonic
         self.max_departed = max_departed_per_principal
+        #: Live clients per principal (``refused``: its refusals counter).
+        self.live = PrincipalLimit("max_live_clients_per_principal", max_live_per_principal, refused)
         self.clients: dict[ClientKey, ClientState] = {}
         #: Principal → its departed clients (no live stream), least recently departed first;
         #: every client without a live stream is here.
@@ -163,7 +175,16 @@ class ClientRegistry:
             notify(key)
 
     def open_stream(self, key: ClientKey, peer: str = "", caller: Caller | None = None) -> TelemetryStream:
-        state = self.clients.setdefault(key, ClientState(key))
+        """Raises ``PrincipalLimitError`` for a client going live beyond its principal's
+        ``max_live_clients_per_principal`` (nothing changed)."""
+        state = self.clients.get(key)
+        if state is None or not state.streams:
+            live_as = principal_key(caller)
+            if live_as is not None:
+                self.live.take(live_as)
+            if state is None:
+                state = self.clients[key] = ClientState(key)
+            state.live_as = live_as
         stream = TelemetryStream(next(self._ids), key, peer, caller)
         state.streams[stream.id] = stream
         if state.idle_since is not None:
@@ -216,6 +237,9 @@ class ClientRegistry:
         if state is None or state.streams.pop(stream.id, None) is None:
             return
         if not state.streams:
+            if state.live_as is not None:
+                self.live.give_back(state.live_as)
+                state.live_as = None
             state.idle_since = self.monotonic()
             self._depart(stream.key)
             self._changed(stream.key)

@@ -24,13 +24,21 @@ class ProxyConfig(ServiceConfig):
     #: and backs off on the brokers' own OVERLOADED refusals itself.
     max_concurrent_rpcs: int = count(20_000, max=1_000_000)
     max_pending_rpcs: int = count(40_000, min=100, max=1_000_000)
+    #: One principal's share of max_concurrent_rpcs (half of it, as everywhere).
+    max_concurrent_rpcs_per_principal: int = count(10_000, max=1_000_000)
     #: ReceiveMessage long polls waiting at once on one client connection; one more is
     #: answered 42900 TOO_MANY_REQUESTS naming this.
     max_long_polls_per_connection: int = count(1000, max=1_000_000)
+    #: ReceiveMessage long polls of one principal waiting at once, all its connections
+    #: together (auth on); one more is answered 42900 TOO_MANY_REQUESTS naming this.
+    max_long_polls_per_principal: int = count(5000, max=1_000_000)
     #: Orphan checks (each with its half message) written to one client connection and not
     #: yet answered, all its clients and checkers together; more are held back (they stay
     #: due on the broker, nothing spent) until one is answered or forgotten.
     max_pending_checks_per_connection: int = count(128, max=1_000_000)
+    #: The same for one principal, all its connections together (auth on): 32 connections
+    #: at max_pending_checks_per_connection.
+    max_pending_checks_per_principal: int = count(4096, max=1_000_000)
     #: Replay protection of signed requests (auth on): a signature whose x-mq-date-time
     #: stamp is further than this from the proxy's clock is refused UNAUTHORIZED (40100). The
     #: stamp is read in the access key's ``time_zone`` (the official Python and Java clients stamp
@@ -100,6 +108,10 @@ class ProxyConfig(ServiceConfig):
     #: recently departed is forgotten first (client ids are the clients' choice: one principal
     #: naming a new one per stream grew the proxy's memory by one client each for that long).
     max_departed_clients_per_principal: int = count(1000, max=1_000_000)
+    #: Live clients (an open Telemetry stream; each has a check subscription on every
+    #: checker) one principal may have on this replica, all its connections together (auth
+    #: on); a Telemetry stream making one more is answered 42900 TOO_MANY_REQUESTS naming this.
+    max_live_clients_per_principal: int = count(1000, max=1_000_000)
     #: Most producer groups (= topics) one client's check subscription names.
     max_groups_per_client: int = count(64)
 

@@ -29,6 +29,8 @@ from .upstream import Upstream
 log = logging.getLogger(__name__)
 
 _METHODS = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].methods_by_name
+#: The proxy's own per-principal limit of its clients (``txmq_quota_refusals_total{setting}``).
+LIVE_PER_PRINCIPAL = "max_live_clients_per_principal"
 
 
 def refusal_in_band(method: str, error: TxmqError) -> Any:
@@ -44,7 +46,9 @@ async def create_server(config: ProxyConfig) -> tuple[ServiceApp, int]:
     metrics.watch_faults(upstream.faults)
     relay = Relay(config, upstream)
     registry = ClientRegistry(config.client_idle_expiry_seconds,
-                              max_departed_per_principal=config.max_departed_clients_per_principal)
+                              max_departed_per_principal=config.max_departed_clients_per_principal,
+                              max_live_per_principal=config.max_live_clients_per_principal,
+                              refused=metrics.quota_refusals((LIVE_PER_PRINCIPAL,))[LIVE_PER_PRINCIPAL])
     metrics.watch_clients(registry.counts)
     checks = CheckManager(config, upstream, registry, metrics)
     renewer = Renewer(config, relay, metrics)

@@ -22,7 +22,7 @@ from txmq.v1 import common_pb2
 
 from services.common.auth import CALLER, current_principal, may, recheck
 from services.common.auth.acl import PUBLISH, TOPIC
-from services.common.limits import ConnectionLimit
+from services.common.limits import caller_limit
 
 from . import settings as settings_mod
 from .checks import CheckManager
@@ -69,6 +69,16 @@ def client_of(context: Any) -> ClientKey:
     return ClientKey(principal.name if principal is not None else None, client_id_of(context))
 
 
+def open_telemetry(registry: ClientRegistry, context: Any) -> TelemetryStream:
+    """The calling client's new Telemetry stream; refused without a client id
+    (CLIENT_ID_REQUIRED) or for a new live client of a principal that has
+    ``max_live_clients_per_principal`` already (``ClientRegistry.open_stream``)."""
+    client = client_of(context)
+    if not client.client_id:
+        raise ProxyError(Code.CLIENT_ID_REQUIRED, f"the {CLIENT_ID_HEADER} header is required")
+    return registry.open_stream(client, context.peer(), CALLER.get())
+
+
 def _failed(response_cls: Callable[..., Any], exc: BaseException, method: str) -> Any:
     if not isinstance(exc, TxmqError):
         log.exception("unexpected error in %s", method, exc_info=exc)
@@ -86,7 +96,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.checks = checks
         self.metrics = metrics
         self.bound_port = bound_port
-        self.long_polls = ConnectionLimit("max_long_polls_per_connection", config.max_long_polls_per_connection)
+        self.long_polls = caller_limit(config, metrics, "max_long_polls_per_connection", "max_long_polls_per_principal")
         #: EndTransactions carried on past their caller's cancellation (see EndTransaction).
         self._ending: set[asyncio.Task[spb.EndTransactionResponse]] = set()
         self.renewer = renewer or Renewer(config, relay, metrics)
@@ -249,8 +259,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             if request.auto_renew and self.config.auto_renew_max_seconds > 0:
                 batch = min(batch, self._renewal_room(context))
             wait = self._long_poll_seconds(request, context)
-            # A long poll counts against its connection's limit (42900 TOO_MANY_REQUESTS beyond).
-            with self.long_polls.hold(context.peer()) if wait > 0 else contextlib.nullcontext():
+            # A long poll counts against its connection's and its principal's limits (42900 beyond).
+            with self.long_polls.hold(context) if wait > 0 else contextlib.nullcontext():
                 deliveries = await self.relay.receive(
                     group=group, topic=topic, broker=queue.broker.name, filter_expression=expression, sql=sql,
                     max_messages=batch, invisible_seconds=invisible, wait_seconds=wait,
@@ -364,12 +374,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def Telemetry(self, request_iterator: AsyncIterator[spb.TelemetryCommand], context: Any) -> None:
         """Replies to every Settings with the proxy's settings (status OK), and carries
         orphan checks to producers. Bound to the client by its ``x-mq-client-id`` (and its principal)."""
-        client = client_of(context)
-        if not client.client_id:
-            await context.write(spb.TelemetryCommand(status=pb.Status(
-                code=Code.CLIENT_ID_REQUIRED, message=f"the {CLIENT_ID_HEADER} header is required")))
+        try:
+            stream = open_telemetry(self.registry, context)
+        except TxmqError as exc:  # no client id, or max_live_clients_per_principal reached
+            await context.write(spb.TelemetryCommand(status=status(exc)))
             return
-        stream = self.registry.open_stream(client, context.peer(), CALLER.get())
         reader = asyncio.ensure_future(self._read_telemetry(request_iterator, stream))
         try:
             while True:

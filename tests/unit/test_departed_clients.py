@@ -1,11 +1,17 @@
 """The proxy's departed clients, without processes: which of a principal's departed clients are
 forgotten beyond ``max_departed_clients_per_principal`` (the pure decision), and the registry
-keeping at most that many per principal, never another principal's, never a live one."""
+keeping at most that many per principal, never another principal's, never a live one; and its
+live clients held to ``max_live_clients_per_principal``."""
 
 from __future__ import annotations
 
+import pytest
+
+from services.common.auth import Caller
+from services.common.auth.store import Principal
 from services.proxy.clients import ClientKey, ClientRegistry, forgotten
 from services.proxy.protocol import definition_pb2 as pb
+from txmq.errors import PrincipalLimitError
 
 
 def keys(principal: str, n: int) -> list[ClientKey]:
@@ -84,3 +90,31 @@ def test_departed_clients_expire_and_a_settings_read_after_the_stream_ended_keep
     registry.sweep()
     registry.update_settings(stream, pb.Settings(client_type=pb.PRODUCER))
     assert registry.clients == {} and registry.counts() == (0, 0)
+
+
+def _caller(name: str, service: bool = False) -> Caller:
+    return Caller(Principal(name, service=service), store=None, credentials=object())  # type: ignore[arg-type]
+
+
+def test_live_clients_are_capped_per_principal_and_a_refused_one_leaves_nothing_behind() -> None:
+    """``max_live_clients_per_principal``: a stream that would make one more live client of a
+    principal is refused with nothing remembered; a live client's second stream is not one more;
+    a client whose last stream ended gives its place back; other principals, service identities
+    and auth off (no caller) are not held to it."""
+    registry = ClientRegistry(600.0, monotonic=Clock(), max_live_per_principal=2)
+    alice = _caller("alice")
+    first = registry.open_stream(ClientKey("alice", "a-0"), "ipv4:10.0.0.1:1", alice)
+    registry.open_stream(ClientKey("alice", "a-1"), "ipv4:10.0.0.1:2", alice)  # another connection
+    registry.open_stream(ClientKey("alice", "a-1"), "ipv4:10.0.0.1:3", alice)  # the same client again
+    with pytest.raises(PrincipalLimitError, match="max_live_clients_per_principal=2"):
+        registry.open_stream(ClientKey("alice", "a-2"), "ipv4:10.0.0.1:4", alice)
+    assert ClientKey("alice", "a-2") not in registry.clients and registry.counts() == (2, 0)
+    registry.open_stream(ClientKey("bob", "b-0"), "ipv4:10.0.0.2:1", _caller("bob"))
+    for i in range(3):
+        registry.open_stream(ClientKey("proxy", f"p-{i}"), "ipv4:10.0.0.3:1", _caller("proxy", service=True))
+        registry.open_stream(ClientKey(None, f"open-{i}"), "ipv4:10.0.0.4:1")
+    registry.close_stream(first)  # a-0 departs: its place is free
+    registry.open_stream(ClientKey("alice", "a-2"), "ipv4:10.0.0.1:4", alice)
+    with pytest.raises(PrincipalLimitError):  # a-0 coming back is one more again
+        registry.open_stream(ClientKey("alice", "a-0"), "ipv4:10.0.0.1:5", alice)
+    assert registry.live.held == {"alice": 2, "bob": 1}

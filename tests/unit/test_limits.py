@@ -1,5 +1,5 @@
 """services/common/limits.py: number checks of requests, guarded deserializers, the
-rate-limited warning, admission and limits per connection (pure, no server)."""
+rate-limited warning, admission and limits per connection and per principal (pure, no server)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,13 @@ import math
 import pytest
 from google.protobuf import duration_pb2
 
-from services.common.limits import (ENTRY_LIMITS, Admission, ConnectionLimit, RateLimitedWarning, Refused,
-                                    check_entries, check_numbers, guard_deserializer)
-from txmq.errors import ConnectionLimitError, InvalidFieldError, OverloadedError, UndecodableRequestError
+from services.common.auth import CALLER, ON_BEHALF_OF_HEADER, Caller
+from services.common.auth.store import Principal
+from services.common.limits import (ENTRY_LIMITS, Admission, CallerLimit, ConnectionLimit, PrincipalLimit,
+                                    PrincipalShares, RateLimitedWarning, Refused, check_entries, check_numbers,
+                                    guard_deserializer)
+from txmq.errors import (ConnectionLimitError, InvalidFieldError, OverloadedError, PrincipalLimitError,
+                         UndecodableRequestError)
 from txmq.faults import OVERLOAD_RETRIES, OverloadBackoff, RetryAction, overload_backoff_seconds, retry_action
 from txmq.client import MAX_ENTRIES_PER_REQUEST
 from txmq.v1 import broker_pb2, checker_pb2, common_pb2
@@ -174,3 +178,115 @@ def test_a_gzip_body_is_inflated_only_up_to_the_limit() -> None:
     assert len(bomb) < 100_000
     assert len(convert.inflate(bomb, 1000)) == 1001  # stopped one byte past the limit
     assert convert.inflate(zlib.compress(b"hello"), 1000) == b"hello"
+
+
+# --- per principal ---------------------------------------------------------------------------
+
+class _Counter:
+    def __init__(self) -> None:
+        self.value = 0
+
+    def inc(self) -> None:
+        self.value += 1
+
+
+class _Context:
+    """What the limits read of a servicer context: its peer and its metadata."""
+
+    def __init__(self, peer: str, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+        self._peer = peer
+        self._metadata = metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+
+def _as(name: str, service: bool = False) -> Caller:
+    return Caller(Principal(name, service=service), store=None, credentials=object())  # type: ignore[arg-type]
+
+
+def test_a_principal_limit_counts_every_connection_together_names_the_setting_and_counts_refusals() -> None:
+    refused = _Counter()
+    limit = PrincipalLimit("max_streams_per_principal", 2, refused)
+    limit.take("alice")
+    limit.take("alice")
+    limit.take("bob")
+    with pytest.raises(PrincipalLimitError, match="max_streams_per_principal=2") as caught:
+        limit.take("alice")
+    error = caught.value
+    assert (error.reason, error.principal, error.held, error.limit, error.retryable) == \
+        ("PRINCIPAL_LIMIT", "alice", 2, 2, False)
+    assert refused.value == 1 and limit.held == {"alice": 2, "bob": 1}
+    limit.give_back("alice")
+    limit.take("alice")  # given back: room again
+
+
+def test_a_principals_unary_share_is_refused_as_a_retryable_overload_naming_it() -> None:
+    share = PrincipalLimit("max_concurrent_rpcs_per_principal", 1, fair_share=True)
+    share.take("alice")
+    with pytest.raises(OverloadedError) as caught:
+        share.take("alice")
+    assert caught.value.retryable and caught.value.principal == "alice"
+    assert "principal 'alice' has max_concurrent_rpcs_per_principal=1 calls in flight" in caught.value.message
+    assert OverloadBackoff().delay(caught.value) is not None  # the SDK backs off and retries it
+
+
+def test_a_caller_limit_counts_the_connection_and_the_principal_and_holds_nothing_after_a_refusal() -> None:
+    limit = CallerLimit(ConnectionLimit("max_long_polls_per_connection", 10),
+                        PrincipalLimit("max_long_polls_per_principal", 3))
+    token = CALLER.set(_as("alice"))
+    try:
+        held = [limit.take(_Context(f"ipv4:10.0.0.1:{port}")) for port in (1, 2, 3)]  # three connections
+        with pytest.raises(PrincipalLimitError, match="max_long_polls_per_principal=3"):
+            limit.take(_Context("ipv4:10.0.0.1:4"))
+        assert "ipv4:10.0.0.1:4" not in limit.per_connection.held  # refused: nothing held
+        limit.give_back(held[0])
+        with limit.hold(_Context("ipv4:10.0.0.1:4")):
+            assert limit.per_principal.held == {"alice": 3}  # type: ignore[union-attr]
+    finally:
+        CALLER.reset(token)
+    # A proxy acting for alice counts against alice; the proxy acting as itself is not counted.
+    token = CALLER.set(_as("alice"))
+    try:
+        via_proxy = _Context("ipv4:10.0.0.9:1", ((ON_BEHALF_OF_HEADER, "alice"),))
+        assert limit.take(via_proxy) == ("ipv4:10.0.0.9:1 for alice", "alice")  # her third
+        with pytest.raises(PrincipalLimitError):
+            limit.take(via_proxy)
+    finally:
+        CALLER.reset(token)
+    token = CALLER.set(_as("proxy", service=True))
+    try:
+        for _ in range(5):
+            limit.take(_Context("ipv4:10.0.0.9:1"))
+    finally:
+        CALLER.reset(token)
+    # Auth off: no principal, the connection's limit alone.
+    for _ in range(10):
+        limit.take(_Context("ipv4:10.0.0.7:1"))
+    with pytest.raises(ConnectionLimitError):
+        limit.take(_Context("ipv4:10.0.0.7:1"))
+
+
+def test_principal_shares_count_streams_and_unary_calls_but_not_long_polls_health_or_services() -> None:
+    shares = PrincipalShares(PrincipalLimit("max_streams_per_principal", 1),
+                             PrincipalLimit("max_concurrent_rpcs_per_principal", 1, fair_share=True),
+                             frozenset({"ReceiveMessages"}))
+    alice, broker = Principal("alice"), Principal("broker-0", service=True)
+    assert shares.admit("/txmq.v1.BrokerService/Produce", True, alice) is shares.streams
+    with pytest.raises(PrincipalLimitError):
+        shares.admit("/txmq.v1.CheckerService/CheckTransactionState", True, alice)
+    assert shares.admit("/txmq.v1.BrokerService/SendMessage", False, alice) is shares.unary
+    with pytest.raises(OverloadedError):
+        shares.admit("/txmq.v1.BrokerService/EndTransaction", False, alice)
+    # A long poll is the service's own to count (CallerLimit); health and reflection are never counted.
+    assert shares.admit("/txmq.v1.BrokerService/ReceiveMessages", False, alice) is None
+    assert shares.admit("/grpc.health.v1.Health/Watch", True, alice) is None
+    assert shares.admit("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", True, alice) is None
+    # A service identity acting as itself: never counted.
+    assert shares.admit("/txmq.v1.BrokerService/ClaimChecks", False, broker) is None
+    assert shares.admit("/txmq.v1.BrokerService/Produce", True, broker) is None
+    shares.streams.give_back("alice")
+    assert shares.admit("/txmq.v1.BrokerService/Produce", True, alice) is shares.streams

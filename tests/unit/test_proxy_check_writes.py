@@ -9,7 +9,8 @@ tests/proxy/test_replicas.py: the check was forgotten and its answer went nowher
 
 Real objects throughout (registry, upstream, check manager); the one checker address is
 an unused port, so the check link's stream only retries: what is asserted is the proxy's
-own bookkeeping, which decides whether the answer is relayed.
+own bookkeeping, which decides whether the answer is relayed. Also the checks held back
+per principal (``max_pending_checks_per_principal``), over all its connections.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import asyncio
 
 from txmq.v1 import checker_pb2, common_pb2
 
+from services.common.auth import Caller
+from services.common.auth.store import Principal
 from services.proxy.checks import CheckManager
 from services.proxy.clients import ClientKey, ClientRegistry
 from services.proxy.config import ProxyConfig
@@ -77,3 +80,38 @@ def test_a_check_whose_write_completed_is_still_owed_after_the_client_left() -> 
 
 def test_a_check_whose_write_began_is_owed_even_if_its_completion_was_never_seen() -> None:
     assert asyncio.run(_scenario(write_completes=False)) == (True, True)
+
+
+async def _per_principal() -> list[tuple[str, int]]:
+    """alice's two clients on two connections, max_pending_checks_per_principal=1: the
+    second client's check is held back although its own connection has room, and its
+    credit goes back to the checker once alice's first check is answered. Returns, after
+    each step, (what the check manager did, the credit the second client's link holds back)."""
+    config = ProxyConfig(nameserver_addresses=("127.0.0.1:1",), max_pending_checks_per_connection=5,
+                         max_pending_checks_per_principal=1)
+    upstream = Upstream(config)
+    upstream.checkers = {"127.0.0.1:1": "checker-0"}
+    registry = ClientRegistry(idle_expiry_seconds=60.0)
+    manager = CheckManager(config, upstream, registry, ProxyMetrics())
+    alice = Caller(Principal("alice"), store=None, credentials=object())  # type: ignore[arg-type]
+    settings = definition_pb2.Settings(publishing=definition_pb2.Publishing(topics=[definition_pb2.Resource(name=TOPIC)]))
+    links = []
+    try:
+        for n in (1, 2):
+            client = ClientKey("alice", f"alice-{n}")
+            registry.update_settings(registry.open_stream(client, f"peer-{n}", alice), settings)
+            await manager._sync(client)  # the manager's loop step, run by hand
+            links.append(manager.links[(client, "127.0.0.1:1")])
+        steps = [(manager._deliver(links[0], _check("t1")), links[1].withheld),
+                 (manager._deliver(links[1], _check("t2")), links[1].withheld)]
+        manager.answered("t1", common_pb2.CHECK_RESULT_COMMIT)
+        steps.append(("answered", links[1].withheld))
+        steps.append((manager._deliver(links[1], _check("t3")), links[1].withheld))
+        return steps
+    finally:
+        await manager.stop()
+        await upstream.stop()
+
+
+def test_checks_are_held_back_per_principal_over_all_its_connections() -> None:
+    assert asyncio.run(_per_principal()) == [("offered", 0), ("held_back", 1), ("answered", 0), ("offered", 0)]

@@ -25,7 +25,7 @@ EXPORTS = [
     "InvalidFieldError", "InvalidIdError",
     "InvalidNameError", "LeadershipLostError", "LocalTransactionState", "Message", "MessageTooLargeError",
     "NoBrokerError", "NoLeaderError", "NotEnoughReplicasError", "NotFoundError", "NotLeaderError", "OverloadedError",
-    "PermissionDeniedError", "Producer",
+    "PermissionDeniedError", "PrincipalLimitError", "Producer",
     "PropertiesTooLargeError", "PushConsumer",
     "QueueNotFoundError", "QuotaExceededError", "ReceiptHandleNotFoundError", "ReceivedMessage",
     "ResourceExhaustedError", "RoutingStats", "SendReceipt", "ShardDrainingError", "ShardStats", "SimpleConsumer",

@@ -4,8 +4,11 @@ request asks (``policy``). Every RPC of a service with auth on passes it; the ha
 only for an allowed call, with its caller in :data:`CALLER`.
 
 Refusals: UNAUTHENTICATED when no principal has the credentials (or none came),
-PERMISSION_DENIED for a known principal without the right, each naming what was missing.
-The proxy answers them in band (``refuse``), as the official clients expect.
+PERMISSION_DENIED for a known principal without the right, each naming what was missing;
+RESOURCE_EXHAUSTED for an allowed call beyond its principal's share of the service (``shares``:
+its open streams and unary calls in flight, all its connections together; the call is counted
+from here, where its principal is known, to its end). The proxy answers them in band
+(``refuse``), as the official clients expect.
 """
 
 from __future__ import annotations
@@ -16,11 +19,11 @@ import datetime
 import inspect
 import logging
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import grpc
 
-from txmq.errors import InvalidFieldError, PermissionDeniedError, TxmqError, UnauthenticatedError
+from txmq.errors import InvalidFieldError, PermissionDeniedError, ResourceExhaustedError, TxmqError, UnauthenticatedError
 
 from ..errors import abort_with
 from .acl import ACTIONS, allows, describe
@@ -79,6 +82,21 @@ CERTIFICATE_NAME_KEYS = ("x509_common_name", "x509_subject_alternative_name")
 
 #: method, error → the response that refuses in band (the proxy); None: a gRPC status.
 Refuse = Callable[[str, TxmqError], Any]
+
+
+class Held(Protocol):
+    """A limit a call was counted against (``services.common.limits.PrincipalLimit``)."""
+
+    def give_back(self, key: str, n: int = 1) -> None: ...
+
+
+class Shares(Protocol):
+    """What an allowed call is counted against once its principal is known
+    (``services.common.limits.PrincipalShares``)."""
+
+    def admit(self, full_method: str, streaming: bool, principal: Principal) -> Held | None:
+        """Counts the call (raises the refusal: a ``ResourceExhaustedError``); returns the
+        limit to give it back to, None when it is not counted."""
 
 
 def current_principal() -> Principal | None:
@@ -215,7 +233,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, store: CredentialStore, policies: Mapping[str, Policy],
                  refuse: Refuse | None = None, accept_signatures: bool = False,
                  signature_max_skew_seconds: float = 0.0, acts_for_callers: bool = False,
-                 resolve: Resolve | None = None) -> None:
+                 resolve: Resolve | None = None, shares: Shares | None = None) -> None:
         self.store = store
         self.policies = policies
         self.refuse = refuse
@@ -226,6 +244,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         #: The service's lookup of what a request's ids name in its store (``ownership``;
         #: None: a service that holds no records ids name).
         self.resolve = resolve
+        #: Each principal's share of the service (None: not counted per principal).
+        self.shares = shares
         self._last_log = 0.0
         #: Refusals so far (UNAUTHENTICATED, PERMISSION_DENIED).
         self.refused = {"UNAUTHENTICATED": 0, "PERMISSION_DENIED": 0}
@@ -291,6 +311,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         refuse = self.refuse
         noted = self._noted
         acts_for_callers = self.acts_for_callers
+        shares = self.shares
 
         def end_principal(principal: Principal | None) -> str | None:
             """Whom this handler's native calls are for (the proxy: its caller)."""
@@ -322,11 +343,21 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         def wrap(behavior: Callable[..., Any], streamed: bool, streaming_response: bool) -> Callable[..., Any]:
             """The handler behind the check: ``streamed`` requests are checked as they come
             (the opening only authenticates), a single request before the handler runs."""
+            streaming = streamed or streaming_response
+
+            def admit(caller: Caller | None) -> Held | None:
+                """The call counted against its principal's share (raises the refusal)."""
+                if shares is None or caller is None:
+                    return None
+                return shares.admit(method, streaming, caller.principal)
+
             if streaming_response and inspect.isasyncgenfunction(behavior):
                 async def gen_wrapper(request: Any, context: Any) -> Any:
                     try:
                         caller = check(context, method, policy, None if streamed else request)
-                    except (UnauthenticatedError, PermissionDeniedError, InvalidFieldError) as error:
+                        held = admit(caller)
+                    except (UnauthenticatedError, PermissionDeniedError, InvalidFieldError,
+                            ResourceExhaustedError) as error:
                         answer = await refused(context, error)
                         if answer is not None:
                             yield answer
@@ -341,6 +372,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                         await _StreamGuard.refuse_if_violated(args[1])
                         raise
                     finally:
+                        if held is not None:
+                            held.give_back(caller.principal.name)  # type: ignore[union-attr]  # held: a caller
                         reset_acting(acting)
                         CALLER.reset(token)
                 return gen_wrapper
@@ -348,7 +381,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             async def wrapper(request: Any, context: Any) -> Any:
                 try:
                     caller = check(context, method, policy, None if streamed else request)
-                except (UnauthenticatedError, PermissionDeniedError, InvalidFieldError) as error:
+                    held = admit(caller)
+                except (UnauthenticatedError, PermissionDeniedError, InvalidFieldError, ResourceExhaustedError) as error:
                     answer = await refused(context, error)
                     if answer is not None and streaming_response:
                         await context.write(answer)
@@ -363,6 +397,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     await _StreamGuard.refuse_if_violated(args[1])
                     raise
                 finally:
+                    if held is not None:
+                        held.give_back(caller.principal.name)  # type: ignore[union-attr]  # held: a caller
                     reset_acting(acting)
                     CALLER.reset(token)
             return wrapper
