@@ -1,5 +1,6 @@
-"""The checker's domain: which producer streams serve which groups, how many checks each
-can take (its credit), where each claimed check goes, and what to report to its broker.
+"""The checker's domain: where each claimed check goes, and what to report to its broker.
+Which producer streams serve which groups, and how many checks each can take (its credit),
+is ``streams``'s; the groups' credit sums, which the claims read, ``credit``'s.
 
 Everything here runs on the checker's event loop and never blocks. A producer stream is
 sent no more checks than the credit it granted (``Subscribe.check_credit`` plus every
@@ -29,10 +30,8 @@ without a claim, it decides the transaction if nobody did (broker.proto CheckOut
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import itertools
-import json
 import logging
 import math
 import os
@@ -43,9 +42,8 @@ from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 from txmq.errors import InvalidFieldError, TxmqError
 from txmq.v1 import broker_pb2, checker_pb2, common_pb2
 
-from services.common.errors import entry_status
-
 from .credit import GroupCredit
+from .streams import Membership, ProducerStream, error_response
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +58,6 @@ RESULT_NAMES = {
 }
 
 SENT, RECEIVED, LATE = "sent", "received", "late"
-
-#: Responses queued for one stream beyond which the checker reads no more of its requests
-#: until the producer reads (each refused request queues one: a producer sending a flood
-#: and reading nothing grew the checker's memory without bound).
-MAX_QUEUED_REPLIES = 1024
 
 
 #: Why an answer was refused (the ``reason`` label of txmq_check_answers_refused_total):
@@ -114,98 +107,6 @@ class NullMetrics:
 
     def group_gone(self, group: str) -> None:
         pass
-
-
-Response = checker_pb2.CheckTransactionStateResponse
-
-
-class ProducerStream:
-    """One subscribed CheckTransactionState stream: its producer instance, its groups, the
-    checks it can still be sent (``credit``) and the responses waiting to be written.
-    ``capacity`` is the credit it announced (at most ``max_credit``; the default for a
-    stream without flow control, ``legacy``): credit granted later only refills it, so a
-    stream never holds more checks not yet answered than its capacity."""
-
-    def __init__(self, stream_id: int, client_id: str, groups: tuple[str, ...], credit: int,
-                 max_credit: int, legacy: bool = False) -> None:
-        self.id = stream_id
-        self.client_id = client_id
-        #: The groups it subscribed to, and those it serves now (a revoke takes some away,
-        #: a right granted again brings them back: ``Dispatcher.revoke``, ``readmit``).
-        self.subscribed = groups
-        self.groups = groups
-        self.max_credit = max_credit
-        self.capacity = min(credit, max_credit)
-        self.credit = self.capacity
-        self.legacy = legacy
-        self.closed = False
-        #: Sent CheckDrain: no more checks, answers still welcome (see Dispatcher.drain).
-        self.draining = False
-        #: Why the checker ended the stream (a revoked right: see Dispatcher.revoke), if it did.
-        self.refusal: TxmqError | None = None
-        #: The groups revoked from it, and what it was told (its answers for them are refused so).
-        self.lost: dict[str, TxmqError] = {}
-        #: Check ids sent on this stream and not finished.
-        self.checks: set[str] = set()
-        self._outbox: collections.deque[Response] = collections.deque()
-        self._waiter: Callable[[], None] | None = None
-        #: Set while fewer than MAX_QUEUED_REPLIES responses wait to be written (see ``pop``).
-        self.room = asyncio.Event()
-        self.room.set()
-
-    def __repr__(self) -> str:
-        return f"<ProducerStream {self.id} {self.client_id!r} {list(self.groups)} credit={self.credit}>"
-
-    @property
-    def has_room(self) -> bool:
-        return not (self.closed or self.draining) and self.credit > 0
-
-    def offer_check(self, response: Response) -> bool:
-        """Sends a check against one unit of credit, unless closed or out of credit."""
-        if not self.has_room:
-            return False
-        self.credit -= 1
-        self._push(response)
-        return True
-
-    def push(self, response: Response) -> None:
-        """Queues a reply (not bounded: one per request the producer sent)."""
-        if not self.closed:
-            self._push(response)
-
-    def _push(self, response: Response) -> None:
-        self._outbox.append(response)
-        if len(self._outbox) >= MAX_QUEUED_REPLIES:
-            self.room.clear()  # the stream's reader waits (the producer does not read)
-        if self._waiter is not None:
-            self._waiter()
-
-    def pop(self) -> Response | None:
-        """The next response to write, or None when nothing is queued."""
-        if not self._outbox:
-            return None
-        response = self._outbox.popleft()
-        if len(self._outbox) < MAX_QUEUED_REPLIES // 2:
-            self.room.set()
-        return response
-
-    def withdraw(self, check_ids: set[str], reply: Response) -> None:
-        """Takes these checks out of the responses not yet written, and queues ``reply``."""
-        kept = [r for r in self._outbox if not (r.HasField("check") and r.check.check_id in check_ids)]
-        self._outbox = collections.deque(kept)
-        if len(kept) < MAX_QUEUED_REPLIES // 2:
-            self.room.set()
-        self.push(reply)
-
-    def set_waiter(self, wake: Callable[[], None] | None) -> None:
-        self._waiter = wake
-
-    def close(self) -> None:
-        self.closed = True
-        self._outbox.clear()
-        self.room.set()
-        if self._waiter is not None:
-            self._waiter()
 
 
 S = TypeVar("S")
@@ -269,17 +170,12 @@ class Dispatcher:
         self.monotonic = monotonic
         self._ids = itertools.count(1)
         self.streams: dict[int, ProducerStream] = {}
-        #: group → stream id → stream, in subscription order.
-        self.by_group: dict[str, dict[int, ProducerStream]] = {}
-        self._rr: dict[str, int] = {}
         self.deliveries: dict[str, Delivery] = {}
         #: Per group: the credit its streams announced and what of it is free (the claims').
         self.credit = GroupCredit(self.metrics)
-        #: Grows whenever a group or a capacity changes (the claim sessions resend their list).
-        self.version = 1
+        #: Which streams serve each group (their routing, their credit in the groups' sums).
+        self.membership = Membership(self.metrics, self.credit)
         self._flight: collections.Counter[str] = collections.Counter()
-        #: Called when a group gains its first stream or enough free credit for a claim.
-        self.on_groups_changed: list[Callable[[], None]] = []
 
     # --- subscriptions and credit --------------------------------------------------------
 
@@ -291,22 +187,12 @@ class Dispatcher:
         stream = ProducerStream(next(self._ids), client_id, tuple(dict.fromkeys(groups)),
                                 self.default_credit if legacy else credit, self.queue_size, legacy)
         self.streams[stream.id] = stream
-        self._join_groups(stream, stream.groups)
+        self.membership.join(stream, stream.groups)
         log.info("producer subscribed", extra={"fields": {"client_id": client_id, "groups": list(stream.groups),
                                                            "stream": stream.id, "credit": stream.capacity,
                                                            "flow_control": not legacy}})
-        self._wake()
+        self.membership.wake()
         return stream
-
-    def _join_groups(self, stream: ProducerStream, groups: Iterable[str]) -> None:
-        """The stream serves ``groups``: checks routed to it, its capacity and free credit in
-        the groups' sums."""
-        for group in groups:
-            members = self.by_group.setdefault(group, {})
-            members[stream.id] = stream
-            self.metrics.producers(group, len(members))
-            self.credit.join(group, stream.capacity, stream.credit)
-        self.version += 1
 
     def unsubscribe(self, stream: ProducerStream) -> None:
         """The stream ended: checks it had not started are reported UNDELIVERED (due again
@@ -322,7 +208,7 @@ class Dispatcher:
                 self._undelivered(delivery.broker, delivery.task, delivery.group)
         stream.checks.clear()
         if not stream.draining:
-            self._leave_groups(stream)
+            self.membership.leave(stream)
         log.info("producer unsubscribed", extra={"fields": {"client_id": stream.client_id, "stream": stream.id}})
 
     def drain(self, stream: ProducerStream) -> None:
@@ -337,7 +223,7 @@ class Dispatcher:
             if delivery.state == SENT:
                 self._finish(delivery)
                 self._undelivered(delivery.broker, delivery.task, delivery.group)
-        self._leave_groups(stream)
+        self.membership.leave(stream)
         stream.draining = True
         log.info("producer draining", extra={"fields": {"client_id": stream.client_id, "stream": stream.id,
                                                          "answers_owed": len(stream.checks)}})
@@ -353,9 +239,8 @@ class Dispatcher:
         if not lost or stream.closed:
             return 0
         if not stream.draining:
-            self._leave_groups(stream, lost)
-        stream.groups = tuple(g for g in stream.groups if g not in lost)
-        stream.lost.update(dict.fromkeys(lost, refusal))
+            self.membership.leave(stream, lost)
+        stream.lose(lost, refusal)
         taken = [d for d in map(self.deliveries.__getitem__, stream.checks) if d.group in lost]
         stream.withdraw({d.check_id for d in taken}, error_response(refusal))
         for d in taken:
@@ -377,50 +262,16 @@ class Dispatcher:
         back = tuple(g for g in dict.fromkeys(groups) if g in stream.lost)
         if not back or stream.closed or stream.draining:
             return ()
-        for group in back:
-            del stream.lost[group]
-        stream.groups = tuple(g for g in stream.subscribed if g in back or g in stream.groups)
-        self._join_groups(stream, back)
-        self._wake()
+        stream.regain(back)
+        self.membership.join(stream, back)
+        self.membership.wake()
         return back
-
-    def _leave_groups(self, stream: ProducerStream, groups: Iterable[str] | None = None) -> None:
-        """The stream serves its groups (or ``groups`` of them) no more: no routing to it,
-        its capacity and free credit leave the groups' sums."""
-        for group in stream.groups if groups is None else groups:
-            members = self.by_group.get(group)
-            if members is not None:
-                members.pop(stream.id, None)
-                self.metrics.producers(group, len(members))
-                self.credit.leave(group, stream.capacity, stream.credit, last=not members)
-                if not members:
-                    del self.by_group[group]
-                    self._rr.pop(group, None)
-                    self.metrics.group_gone(group)
-        if groups is None:
-            stream.credit = 0
-        self.version += 1
 
     def grant(self, stream: ProducerStream, checks: int) -> None:
         """More credit for the stream (CheckCredit); raises InvalidFieldError when not positive."""
         if checks <= 0:
             raise InvalidFieldError("credit", f"must be positive, got {checks}")
-        self._give_back(stream, checks)
-
-    def _give_back(self, stream: ProducerStream, checks: int) -> None:
-        if stream.closed or stream.draining:
-            return
-        checks = min(checks, stream.capacity - stream.credit)
-        if checks <= 0:
-            return
-        stream.credit += checks
-        # Every group's credit moves (no short-circuit); a claim is worth it for one of them.
-        if any([self.credit.move(group, checks) for group in stream.groups]):
-            self._wake()
-
-    def _wake(self) -> None:
-        for wake in self.on_groups_changed:
-            wake()
+        self.membership.give_back(stream, checks)
 
     # --- dispatch ------------------------------------------------------------------------
 
@@ -431,9 +282,7 @@ class Dispatcher:
         now = self.monotonic()
         for task in tasks:
             group = task.message.producer_group
-            members = list(self.by_group.get(group, {}).values())
-            start = self._rr.get(group, 0)
-            self._rr[group] = start + 1
+            members, start = self.membership.route(group)
             check_id = _new_check_id()
             request = checker_pb2.CheckTransactionStateResponse(check=checker_pb2.CheckRequest(
                 check_id=check_id, transaction_id=task.transaction_id, message=task.message,
@@ -441,8 +290,7 @@ class Dispatcher:
                 answer_timeout_seconds=self.answer_timeout))
             for stream in route_order(members, lambda s: s.client_id, task.message.producer_client_id, start):
                 if stream.offer_check(request):
-                    for g in stream.groups:
-                        self.credit.move(g, -1)
+                    self.membership.took(stream)
                     delivery = Delivery(check_id, broker, task, group, stream, deadline=now + self.answer_timeout)
                     self.deliveries[check_id] = delivery
                     self._flight_change(delivery, +1)
@@ -569,7 +417,7 @@ class Dispatcher:
         if d.state != LATE:
             self._flight_change(d, -1)
         if d.stream.legacy:
-            self._give_back(d.stream, 1)  # no flow control: its credit comes back here
+            self.membership.give_back(d.stream, 1)  # no flow control: its credit comes back here
 
     def _flight_change(self, d: Delivery, delta: int) -> None:
         self._flight[d.group] += delta
@@ -602,11 +450,3 @@ class Dispatcher:
         """Shutdown: every stream ends and its unstarted checks are reported UNDELIVERED."""
         for stream in list(self.streams.values()):
             self.unsubscribe(stream)
-
-
-def error_response(error: TxmqError, check_id: str = "") -> Response:
-    """A refused request on the stream; names the check it was about."""
-    status = entry_status(error)
-    if check_id:
-        status.details["check_id"] = json.dumps(check_id)
-    return checker_pb2.CheckTransactionStateResponse(error=status)
