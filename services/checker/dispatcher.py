@@ -1,6 +1,7 @@
-"""The checker's domain: where each claimed check goes, and what to report to its broker.
-Which producer streams serve which groups, and how many checks each can take (its credit),
-is ``streams``'s; the groups' credit sums, which the claims read, ``credit``'s.
+"""The checker's domain: where each claimed check goes, and what becomes of it. Which
+producer streams serve which groups, and how many checks each can take (its credit), is
+``streams``'s; the groups' credit sums, which the claims read, ``credit``'s; what each
+check's broker is told, and what is counted of it, ``reports``'s.
 
 Everything here runs on the checker's event loop and never blocks. A producer stream is
 sent no more checks than the credit it granted (``Subscribe.check_credit`` plus every
@@ -33,7 +34,6 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -43,33 +43,12 @@ from txmq.errors import InvalidFieldError, TxmqError
 from txmq.v1 import broker_pb2, checker_pb2, common_pb2
 
 from .credit import GroupCredit
+from .reports import CheckReports, Reporter, answer_name
 from .streams import Membership, ProducerStream, error_response
 
 log = logging.getLogger(__name__)
 
-#: Longest IN_PROGRESS retry-after accepted (the broker caps it by the transaction's lifetime).
-MAX_RETRY_AFTER_SECONDS = 365 * 24 * 3600.0
-
-RESULT_NAMES = {
-    common_pb2.CHECK_RESULT_COMMIT: "commit",
-    common_pb2.CHECK_RESULT_ROLLBACK: "rollback",
-    common_pb2.CHECK_RESULT_UNKNOWN: "unknown",
-    common_pb2.CHECK_RESULT_IN_PROGRESS: "in_progress",
-}
-
 SENT, RECEIVED, LATE = "sent", "received", "late"
-
-
-#: Why an answer was refused (the ``reason`` label of txmq_check_answers_refused_total):
-#: ``revoked`` names a group the stream lost when its check right was revoked (``standing``).
-REFUSED_REASONS = ("conflict", "stale", "not_outstanding", "invalid", "unavailable", "revoked")
-
-
-class Reporter(Protocol):
-    """Where reports about a broker's checks go (batched per broker, in order)."""
-
-    def report(self, broker: str, report: broker_pb2.CheckReport,
-               on_error: Callable[[TxmqError], None] | None = None) -> None: ...
 
 
 class Metrics(Protocol):
@@ -142,32 +121,21 @@ def _new_check_id() -> str:
     return os.urandom(12).hex()
 
 
-def refused_reason(error: TxmqError) -> str:
-    """The txmq_check_answers_refused_total reason of a broker's refusal of an answer."""
-    if error.reason == "TRANSACTION_STATE_CONFLICT":
-        return "conflict"
-    if error.reason == "STALE_CLAIM":
-        return "stale"
-    if error.retryable or error.reason == "BROKER_NOT_FOUND":
-        return "unavailable"
-    return "invalid"
-
-
 class Dispatcher:
     def __init__(self, *, checker_name: str, reporter: Reporter, answer_timeout_seconds: float,
                  lease_seconds: float, queue_size: int, default_credit: int = 64,
                  metrics: Metrics | None = None, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.checker_name = checker_name
-        self.reporter = reporter
         self.answer_timeout = answer_timeout_seconds
         self.lease = lease_seconds
         #: Most credit one stream may hold (bounds what is queued for it).
         self.queue_size = queue_size
         self.default_credit = min(default_credit, queue_size)
         self.metrics: Metrics = metrics or NullMetrics()
-        self.clock = clock
         self.monotonic = monotonic
+        #: What the brokers are told of each check, and what is counted of it.
+        self.reports = CheckReports(reporter, self.metrics, answer_timeout_seconds, clock)
         self._ids = itertools.count(1)
         self.streams: dict[int, ProducerStream] = {}
         self.deliveries: dict[str, Delivery] = {}
@@ -205,7 +173,7 @@ class Dispatcher:
             if delivery.state != LATE:
                 self._flight_change(delivery, -1)
             if delivery.state == SENT:
-                self._undelivered(delivery.broker, delivery.task, delivery.group)
+                self.reports.undelivered(delivery.broker, delivery.task, delivery.group)
         stream.checks.clear()
         if not stream.draining:
             self.membership.leave(stream)
@@ -222,7 +190,7 @@ class Dispatcher:
             delivery = self.deliveries[check_id]
             if delivery.state == SENT:
                 self._finish(delivery)
-                self._undelivered(delivery.broker, delivery.task, delivery.group)
+                self.reports.undelivered(delivery.broker, delivery.task, delivery.group)
         self.membership.leave(stream)
         stream.draining = True
         log.info("producer draining", extra={"fields": {"client_id": stream.client_id, "stream": stream.id,
@@ -245,7 +213,7 @@ class Dispatcher:
         stream.withdraw({d.check_id for d in taken}, error_response(refusal))
         for d in taken:
             if d.state != LATE:
-                self._undelivered(d.broker, d.task, d.group, "revoked")
+                self.reports.undelivered(d.broker, d.task, d.group, "revoked")
             self._finish(d)
         if not stream.groups:
             stream.refusal = refusal
@@ -298,14 +266,8 @@ class Dispatcher:
                     queued += 1
                     break
             else:
-                self._undelivered(broker, task, group)
+                self.reports.undelivered(broker, task, group)
         return queued
-
-    def _undelivered(self, broker: str, task: broker_pb2.CheckTask, group: str, result: str = "undelivered") -> None:
-        self.metrics.check_result(group, result)
-        self.reporter.report(broker, broker_pb2.CheckReport(
-            transaction_id=task.transaction_id, claim_token=task.claim_token,
-            outcome=broker_pb2.CHECK_OUTCOME_UNDELIVERED))
 
     # --- the producer's side -------------------------------------------------------------
 
@@ -329,12 +291,7 @@ class Dispatcher:
     def _delivered(self, d: Delivery) -> None:
         d.state = RECEIVED
         d.deadline = self.monotonic() + self.answer_timeout
-        self.metrics.check_result(d.group, "delivered")
-        self.metrics.check_lag(d.group, max(self.clock() * 1000 - d.task.due_at_ms, 0) / 1000)
-        self.reporter.report(d.broker, broker_pb2.CheckReport(
-            transaction_id=d.task.transaction_id, claim_token=d.task.claim_token,
-            outcome=broker_pb2.CHECK_OUTCOME_DELIVERED, producer_client_id=d.stream.client_id,
-            answer_timeout_seconds=self.answer_timeout))
+        self.reports.delivered(d.broker, d.task, d.group, d.stream.client_id)
 
     def answered(self, stream: ProducerStream, check_id: str, result: common_pb2.CheckResult.ValueType,
                  retry_after_seconds: float, *,
@@ -345,55 +302,22 @@ class Dispatcher:
         stream as an error. One naming a group revoked from the stream raises what the
         stream was told of the revoke; one naming another group than its check's, an
         InvalidFieldError."""
-        name = RESULT_NAMES.get(result)
-        if name is None:
-            raise InvalidFieldError("result", f"must be COMMIT, ROLLBACK, UNKNOWN or IN_PROGRESS, got {result}")
-        if result == common_pb2.CHECK_RESULT_IN_PROGRESS:
-            if not (math.isfinite(retry_after_seconds) and 0 < retry_after_seconds <= MAX_RETRY_AFTER_SECONDS):
-                raise InvalidFieldError("retry_after_seconds",
-                                        f"IN_PROGRESS needs a retry-after in (0, {MAX_RETRY_AFTER_SECONDS:.0f}] "
-                                        f"seconds, got {retry_after_seconds}")
-        elif retry_after_seconds:
-            raise InvalidFieldError("retry_after_seconds", "only IN_PROGRESS carries a retry-after")
+        answer_name(result, retry_after_seconds)  # raises for an invalid answer
         delivery = self.deliveries.get(check_id) if check_id else None
         if delivery is None or delivery.stream is not stream:
             if producer_group in stream.lost:
                 raise stream.lost[producer_group]  # revoked: its checks here were finished
             if not transaction_id:
                 self._outstanding(stream, check_id)  # raises: not outstanding here
-            self._late_answer(stream, check_id, result, transaction_id, broker_name, producer_group)
+            self.reports.late_answer(stream, check_id, result, transaction_id, broker_name, producer_group)
             return
         if producer_group and producer_group != delivery.group:
             raise InvalidFieldError("producer_group", f"{producer_group!r} is not the group of check {check_id!r}")
         if delivery.state == SENT:
             self._delivered(delivery)
         self._finish(delivery)
-        self.metrics.check_result(delivery.group, name)
-        self.reporter.report(delivery.broker, broker_pb2.CheckReport(
-            transaction_id=delivery.task.transaction_id, claim_token=delivery.task.claim_token,
-            outcome=broker_pb2.CHECK_OUTCOME_ANSWERED, result=result,
-            retry_after_seconds=retry_after_seconds, producer_client_id=stream.client_id,
-            producer_group=delivery.group), self._refusal_to(stream, check_id, delivery.group))
-
-    def _late_answer(self, stream: ProducerStream, check_id: str, result: common_pb2.CheckResult.ValueType,
-                     transaction_id: str, broker_name: str, producer_group: str) -> None:
-        if producer_group not in stream.groups:
-            raise InvalidFieldError("producer_group", f"{producer_group!r} is not a group this stream serves")
-        if not broker_name:
-            raise InvalidFieldError("broker_name", "required with transaction_id")
-        if result not in (common_pb2.CHECK_RESULT_COMMIT, common_pb2.CHECK_RESULT_ROLLBACK):
-            return  # a late UNKNOWN or IN_PROGRESS changes nothing
-        self.metrics.check_result(producer_group, RESULT_NAMES[result])
-        self.reporter.report(broker_name, broker_pb2.CheckReport(
-            transaction_id=transaction_id, outcome=broker_pb2.CHECK_OUTCOME_ANSWERED, result=result,
-            producer_client_id=stream.client_id, producer_group=producer_group),
-            self._refusal_to(stream, check_id, producer_group))
-
-    def _refusal_to(self, stream: ProducerStream, check_id: str, group: str) -> Callable[[TxmqError], None]:
-        def refused(error: TxmqError) -> None:
-            self.metrics.answer_refused(group, refused_reason(error))
-            stream.push(error_response(error, check_id))
-        return refused
+        self.reports.answered(delivery.broker, delivery.task, delivery.group, stream, check_id, result,
+                              retry_after_seconds)
 
     def refused(self, stream: ProducerStream, check_id: str, error: TxmqError, *, answer: bool = False,
                 producer_group: str = "") -> None:
@@ -402,12 +326,8 @@ class Dispatcher:
         names (``producer_group``) when the stream lost that group."""
         if answer:
             delivery = self.deliveries.get(check_id) if check_id else None
-            if producer_group and stream.lost.get(producer_group) is error:
-                group, reason = producer_group, "revoked"
-            else:
-                group = delivery.group if delivery is not None else (stream.groups[0] if stream.groups else "")
-                reason = "not_outstanding" if getattr(error, "field", "") == "check_id" else "invalid"
-            self.metrics.answer_refused(group, reason)
+            self.reports.answer_refused(stream, error, delivery.group if delivery is not None else None,
+                                        producer_group)
         stream.push(error_response(error, check_id))
 
     def _finish(self, d: Delivery) -> None:
@@ -434,7 +354,7 @@ class Dispatcher:
         for d in [d for d in self.deliveries.values() if d.deadline <= now]:
             if d.state == SENT:
                 self._finish(d)
-                self._undelivered(d.broker, d.task, d.group, "timeout")
+                self.reports.undelivered(d.broker, d.task, d.group, "timeout")
             elif d.state == RECEIVED:
                 d.state = LATE
                 d.deadline = now + self.lease
