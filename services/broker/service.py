@@ -1,5 +1,6 @@
-"""BrokerService: translates proto ⇄ domain and nothing else. Domain errors become status
-codes in the shared interceptor (unary) or in ``EntryStatus`` (batches and the stream)."""
+"""BrokerService: translates proto ⇄ domain (``convert``) and nothing else. Domain errors
+become status codes in the shared interceptor (unary) or in ``EntryStatus`` (batches and the
+stream)."""
 
 from __future__ import annotations
 
@@ -23,97 +24,19 @@ from . import adminrpc, failpoints, groups, topics
 from .bridge import StoreBridge
 from .checks import CheckReport, ClaimBatch
 from .claimwaits import ClaimWaits, hold_until
+from .convert import (ANSWERS_FROM_PROTO, OUTCOMES_FROM_PROTO, RESOLUTIONS, SOURCES_FROM_PROTO, STATES_FROM_PROTO,
+                      message_to_proto, record_from_proto, source_to_proto, state_from_proto, state_to_proto,
+                      topic_queues, txn_to_proto)
 from .core import BrokerCore
 from .filters import MessageFilter, parse_filter
 from .drain import guard_send
 from .metrics import BrokerMetrics
-from .model import CheckAnswer, CheckOutcome, EndResult, ReceiveResult, Resolution, SendResult, Source, TxnState
+from .model import EndResult, ReceiveResult, SendResult, Source
 from .quotas import SETTINGS as QUOTA_SETTINGS, Quotas
 from .store import codec
-from .store.codec import LogRecord, TxnRow
 from .store.db import Op
 
 log = logging.getLogger(__name__)
-
-# The proto enums ⇄ the domain's types (model.py), here and nowhere else: their numbers
-# are not assumed equal.
-_RESOLUTIONS = {
-    common_pb2.TRANSACTION_RESOLUTION_COMMIT: Resolution.COMMIT,
-    common_pb2.TRANSACTION_RESOLUTION_ROLLBACK: Resolution.ROLLBACK,
-    common_pb2.TRANSACTION_RESOLUTION_UNKNOWN: Resolution.UNKNOWN,
-}
-# Keyed by the stored state and source (ints, TxnState and Source the named ones).
-_STATES_TO_PROTO: dict[int, common_pb2.TransactionState.ValueType] = {
-    TxnState.PREPARED: common_pb2.TRANSACTION_STATE_PREPARED,
-    TxnState.COMMITTED: common_pb2.TRANSACTION_STATE_COMMITTED,
-    TxnState.ROLLED_BACK: common_pb2.TRANSACTION_STATE_ROLLED_BACK,
-    TxnState.DISCARDED: common_pb2.TRANSACTION_STATE_DISCARDED,
-}
-_STATES_FROM_PROTO = {v: k for k, v in _STATES_TO_PROTO.items()}
-_SOURCES_TO_PROTO: dict[int, common_pb2.TransactionSource.ValueType] = {
-    Source.NONE: common_pb2.TRANSACTION_SOURCE_UNSPECIFIED,
-    Source.CLIENT: common_pb2.TRANSACTION_SOURCE_CLIENT,
-    Source.CHECK: common_pb2.TRANSACTION_SOURCE_CHECK,
-    Source.OPERATOR: common_pb2.TRANSACTION_SOURCE_OPERATOR,
-    Source.BROKER: common_pb2.TRANSACTION_SOURCE_BROKER,
-}
-_SOURCES_FROM_PROTO = {v: k for k, v in _SOURCES_TO_PROTO.items()}
-_OUTCOMES_FROM_PROTO = {
-    broker_pb2.CHECK_OUTCOME_DELIVERED: CheckOutcome.DELIVERED,
-    broker_pb2.CHECK_OUTCOME_ANSWERED: CheckOutcome.ANSWERED,
-    broker_pb2.CHECK_OUTCOME_UNDELIVERED: CheckOutcome.UNDELIVERED,
-}
-_ANSWERS_FROM_PROTO = {
-    common_pb2.CHECK_RESULT_COMMIT: CheckAnswer.COMMIT,
-    common_pb2.CHECK_RESULT_ROLLBACK: CheckAnswer.ROLLBACK,
-    common_pb2.CHECK_RESULT_UNKNOWN: CheckAnswer.UNKNOWN,
-    common_pb2.CHECK_RESULT_IN_PROGRESS: CheckAnswer.IN_PROGRESS,
-}
-
-
-def state_to_proto(state: int) -> common_pb2.TransactionState.ValueType:
-    """A transaction state as TransactionState (UNSPECIFIED for none: a normal message)."""
-    return _STATES_TO_PROTO.get(state, common_pb2.TRANSACTION_STATE_UNSPECIFIED)
-
-
-def source_to_proto(source: int) -> common_pb2.TransactionSource.ValueType:
-    return _SOURCES_TO_PROTO.get(source, common_pb2.TRANSACTION_SOURCE_UNSPECIFIED)
-
-
-def state_from_proto(state: common_pb2.TransactionState.ValueType) -> int:
-    """A TransactionState filter as the domain's state (0: any)."""
-    if state == common_pb2.TRANSACTION_STATE_UNSPECIFIED:
-        return 0
-    found = _STATES_FROM_PROTO.get(state)
-    if found is None:
-        raise InvalidFieldError("state", f"{state} is not a TransactionState")
-    return found
-
-
-def record_from_proto(m: common_pb2.Message) -> LogRecord:
-    kind = codec.KIND_HALF if m.type == common_pb2.MESSAGE_TYPE_TRANSACTION else codec.KIND_NORMAL
-    return LogRecord(kind=kind, topic=m.topic, body=m.body, message_id=m.message_id, queue_id=m.queue_id,
-                     stored_ms=0, tag=m.tag, keys=tuple(m.keys), properties=dict(m.properties),
-                     producer_group=m.producer_group, producer_client_id=m.producer_client_id,
-                     check_immunity_seconds=m.check_immunity_seconds, born_ms=m.born_timestamp_ms,
-                     born_host=m.born_host, deliver_at_ms=m.deliver_at_ms, delay_seconds=m.delay_seconds,
-                     message_group=m.message_group)
-
-
-def message_to_proto(r: LogRecord) -> common_pb2.Message:
-    return common_pb2.Message(
-        topic=r.topic, body=r.body, tag=r.tag, keys=r.keys, properties=r.properties,
-        message_id=r.message_id,
-        type=common_pb2.MESSAGE_TYPE_TRANSACTION if r.kind == codec.KIND_HALF else common_pb2.MESSAGE_TYPE_NORMAL,
-        producer_group=r.producer_group, producer_client_id=r.producer_client_id,
-        check_immunity_seconds=r.check_immunity_seconds, born_timestamp_ms=r.born_ms,
-        born_host=r.born_host, queue_id=r.queue_id, deliver_at_ms=r.deliver_at_ms, message_group=r.message_group)
-
-
-def topic_queues(core: BrokerCore, topic: str, count: int) -> common_pb2.TopicQueues:
-    """A topic this broker holds, with its type, as it registers and reports it."""
-    return common_pb2.TopicQueues(topic=topic, queue_count=count, topic_type=(
-        common_pb2.TOPIC_TYPE_FIFO if topic in core.fifo_topics else common_pb2.TOPIC_TYPE_NORMAL))
 
 
 def broker_stats(core: BrokerCore, store_bytes: int) -> broker_pb2.GetBrokerStatsResponse:
@@ -135,18 +58,6 @@ def broker_stats(core: BrokerCore, store_bytes: int) -> broker_pb2.GetBrokerStat
                 producer_group=group, pending=pending, discarded=discarded,
                 oldest_pending_prepared_at_ms=core.oldest_pending_ms(group) or 0))
     return response
-
-
-def txn_to_proto(core: BrokerCore, t: TxnRow) -> common_pb2.Transaction:
-    return common_pb2.Transaction(
-        transaction_id=core.txn_id(t.seq), message_id=t.message_id, producer_group=t.producer_group,
-        producer_client_id=t.producer_client_id, topic=t.topic, queue_id=t.queue_id,
-        state=state_to_proto(t.state), prepared_at_ms=t.prepared_ms, ended_at_ms=t.ended_ms,
-        resolution_source=source_to_proto(t.source),
-        checks_delivered=t.checks_delivered, checks_answered=t.checks_answered,
-        next_check_at_ms=t.next_due_ms, discard_reason=t.discard_reason, operator=t.operator,
-        reason=t.reason, queue_offset=t.queue_offset, broker_name=core.name,
-        body_size_bytes=t.body_size, discarded_at_ms=t.discarded_ms)
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
@@ -181,10 +92,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             duplicate=result.duplicate, broker_name=self.core.name)
 
     def _end_op(self, request: broker_pb2.EndTransactionRequest) -> Op:
-        resolution = _RESOLUTIONS.get(request.resolution)
+        resolution = RESOLUTIONS.get(request.resolution)
         if resolution is None:
             raise InvalidFieldError("resolution", "must be COMMIT, ROLLBACK or UNKNOWN")
-        source = _SOURCES_FROM_PROTO.get(request.source, Source.NONE)  # NONE is refused
+        source = SOURCES_FROM_PROTO.get(request.source, Source.NONE)  # NONE is refused
         return self.core.end_op(request.transaction_id, resolution, source,
                                 message_id=request.message_id, producer_group=request.producer_group,
                                 operator=request.operator, reason=request.reason)
@@ -382,8 +293,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     async def ReportChecks(self, request: broker_pb2.ReportChecksRequest, context: Any) -> Any:
         # An unknown enum number becomes 0, which the report refuses (per entry, naming the field).
-        reports = [CheckReport(r.transaction_id, r.claim_token, _OUTCOMES_FROM_PROTO.get(r.outcome, 0),
-                               _ANSWERS_FROM_PROTO.get(r.result, 0), r.retry_after_seconds,
+        reports = [CheckReport(r.transaction_id, r.claim_token, OUTCOMES_FROM_PROTO.get(r.outcome, 0),
+                               ANSWERS_FROM_PROTO.get(r.result, 0), r.retry_after_seconds,
                                r.answer_timeout_seconds, r.producer_group) for r in request.reports]
         results = await self.bridge.run(self.core.report_op(reports))
         response = broker_pb2.ReportChecksResponse()
@@ -466,8 +377,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     # --- multi-message (global) transactions (globaltx.py) -------------------------------
 
     async def ApplyGlobalTransaction(self, request: broker_pb2.ApplyGlobalTransactionRequest, context: Any) -> Any:
-        state = _STATES_FROM_PROTO.get(request.state, 0)
-        source = _SOURCES_FROM_PROTO.get(request.source, Source.NONE)
+        state = STATES_FROM_PROTO.get(request.state, 0)
+        source = SOURCES_FROM_PROTO.get(request.source, Source.NONE)
         decided = await self.bridge.run(self.core.apply_global_op(request.global_transaction_id, state, source,
                                                                   request.producer_group))
         return broker_pb2.ApplyGlobalTransactionResponse(parts_decided=decided)
