@@ -85,6 +85,18 @@ def message_to_proto(r: LogRecord) -> common_pb2.Message:
         born_host=r.born_host, queue_id=r.queue_id, deliver_at_ms=r.deliver_at_ms, message_group=r.message_group)
 
 
+def delivered_to_proto(core: BrokerCore, topic: str, queue_id: int, offset: int, log_seq: int, visible_ms: int,
+                       record: LogRecord, *, attempt: int = 0, receipt_handle: str = "",
+                       invisible_until_ms: int = 0) -> common_pb2.DeliveredMessage:
+    """A message of a queue, as ReadQueue returns it, or as ReceiveMessages does with its
+    delivery (``attempt``, ``receipt_handle``, ``invisible_until_ms``)."""
+    return common_pb2.DeliveredMessage(
+        topic=topic, message=message_to_proto(record), broker_name=core.name, queue_id=queue_id,
+        queue_offset=offset, transaction_id=core.txn_id(log_seq) if record.kind == codec.KIND_HALF else "",
+        stored_at_ms=record.stored_ms, visible_at_ms=visible_ms, delivery_attempt=attempt,
+        receipt_handle=receipt_handle, invisible_until_ms=invisible_until_ms)
+
+
 def topic_queues(core: BrokerCore, topic: str, count: int) -> common_pb2.TopicQueues:
     """A topic this broker holds, with its type, as it registers and reports it."""
     return common_pb2.TopicQueues(topic=topic, queue_count=count, topic_type=(

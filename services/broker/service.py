@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Callable
 
 import grpc
 
@@ -24,14 +24,14 @@ from . import adminrpc, failpoints, groups, topics
 from .bridge import StoreBridge
 from .checks import CheckReport, ClaimBatch
 from .claimwaits import ClaimWaits, hold_until
+from .consumerrpc import ConsumerRpc
 from .convert import (ANSWERS_FROM_PROTO, OUTCOMES_FROM_PROTO, RESOLUTIONS, SOURCES_FROM_PROTO, STATES_FROM_PROTO,
-                      message_to_proto, record_from_proto, source_to_proto, state_from_proto, state_to_proto,
-                      topic_queues, txn_to_proto)
+                      delivered_to_proto, message_to_proto, record_from_proto, source_to_proto, state_from_proto,
+                      state_to_proto, topic_queues, txn_to_proto)
 from .core import BrokerCore
-from .filters import MessageFilter, parse_filter
 from .drain import guard_send
 from .metrics import BrokerMetrics
-from .model import EndResult, ReceiveResult, SendResult, Source
+from .model import EndResult, SendResult, Source
 from .quotas import SETTINGS as QUOTA_SETTINGS, Quotas
 from .store import codec
 from .store.db import Op
@@ -65,15 +65,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self.core = core
         self.bridge = bridge
         self.metrics = metrics
-        self.config = config = core.config
-        self.long_polls = caller_limit(config, metrics, "max_long_polls_per_connection", "max_long_polls_per_principal")
+        self.config = core.config
+        #: Long polls: consumers' receives that wait, and checkers' claims held on the broker.
+        self.long_polls = caller_limit(self.config, metrics, "max_long_polls_per_connection",
+                                       "max_long_polls_per_principal")
         #: Sends on Produce streams applied and not yet answered (see ``_produce``).
-        self.produce_pending = Admission(config.max_pending_produce_entries, "max_pending_produce_entries")
+        self.produce_pending = Admission(self.config.max_pending_produce_entries, "max_pending_produce_entries")
         #: Claims that found nothing due, held until a check of theirs may be (``claimwaits.py``).
         self.claim_waits = ClaimWaits()
         core.schedule.on_lowered = self.claim_waits.lowered
-        self.quotas = Quotas(config, core.consumers.names, core.counters,
+        self.quotas = Quotas(self.config, core.consumers.names, core.counters,
                              lambda: core.transactions.groups_removed, metrics.quota_refusals(QUOTA_SETTINGS))
+        self.consumer_rpc = ConsumerRpc(core, bridge, metrics, self.quotas, self.long_polls)
 
     # --- producing -----------------------------------------------------------------------
 
@@ -124,56 +127,19 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     # --- consuming -----------------------------------------------------------------------
 
     async def ReceiveMessages(self, request: broker_pb2.ReceiveMessagesRequest, context: Any) -> Any:
-        if request.filter_type not in broker_pb2.FilterType.values():
-            raise InvalidFieldError("filter_type", f"unknown filter type {request.filter_type}")
-        tags = parse_filter(request.filter_expression, request.filter_type == broker_pb2.FILTER_TYPE_SQL92)
-        # Everything is checked (the first receive built, a long-poll slot held) before the
-        # carried acks are applied: a refused receive applies none of them.
-        first = self._receive_op(request, tags)
-        wait = min(max(request.long_polling_timeout_seconds, 0.0), self.config.max_long_polling_seconds)
-        remaining = context.time_remaining()
-        if remaining is not None:
-            # Answer (possibly empty) before the caller's deadline, never after it.
-            wait = max(0.0, min(wait, remaining - 0.2))
-        receivers = self.core.receivers
-        receiver = receivers.received(request.consumer_group, request.topic, request.client_id, context.peer(),
-                                      self.core.clock())
-        if wait <= 0:
-            return await self._receive(request, tags, 0.0, first)
-        with self.long_polls.hold(context):
-            receivers.wait_begins(receiver, request.topic)
-            try:
-                return await self._receive(request, tags, wait, first)
-            finally:
-                receivers.wait_ends(receiver, request.topic, self.core.clock())
+        return await self.consumer_rpc.receive(request, context)
 
-    def _receive_op(self, request: broker_pb2.ReceiveMessagesRequest, tags: MessageFilter) -> Op:
-        return self.quotas.subscribing(caller_subject(), request.consumer_group, request.topic, self.core.receive_op(
-            request.consumer_group, request.topic, request.queue_id, tags, request.max_messages,
-            request.invisible_duration_seconds))
+    async def AckMessages(self, request: broker_pb2.AckMessagesRequest, context: Any) -> Any:
+        return await self.consumer_rpc.ack(request)
 
-    async def _receive(self, request: broker_pb2.ReceiveMessagesRequest, tags: MessageFilter,
-                       wait: float, op: Op) -> broker_pb2.ReceiveMessagesResponse:
-        """Applies the carried acks, then receives (waiting up to ``wait`` for messages)."""
-        acks = (await self._ack(request.consumer_group, request.topic, request.ack_receipt_handles, "receive")
-                if request.ack_receipt_handles else [])
-        loop, topic = asyncio.get_running_loop(), request.topic
-        deadline = loop.time() + wait
-        while True:
-            # A long poll that waited takes nothing under rights revoked meanwhile.
-            recheck()
-            version = self.bridge.version(topic)
-            result: ReceiveResult = await self.bridge.run(op, sync=False)
-            left = deadline - loop.time()
-            if result.deliveries or left <= 0:
-                break
-            if result.next_deadline_ms is not None:
-                left = min(left, max((result.next_deadline_ms - self.core.clock()) / 1000, 0.001))
-            await self.bridge.wait_visible(topic, version, left)
-            op = self._receive_op(request, tags)
-        response = await self._deliveries(request.consumer_group, result)
-        response.ack_entries.extend(acks)
-        return response
+    async def ChangeInvisibleDuration(self, request: broker_pb2.ChangeInvisibleDurationRequest,
+                                      context: Any) -> Any:
+        return await self.consumer_rpc.change_invisible(request)
+
+    async def DeadLetterMessage(self, request: broker_pb2.DeadLetterMessageRequest, context: Any) -> Any:
+        return await self.consumer_rpc.dead_letter(request)
+
+    # --- reading queues ------------------------------------------------------------------
 
     async def ReadQueue(self, request: broker_pb2.ReadQueueRequest, context: Any) -> Any:
         entries, next_offset = self.core.read_queue(request.topic, request.queue_id, request.start_offset,
@@ -186,64 +152,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             record = self.core.read_message(entry.log_seq)
             if record is None:
                 continue  # removed by retention between the scan and the read
-            response.messages.append(common_pb2.DeliveredMessage(
-                topic=request.topic, message=message_to_proto(record), broker_name=self.core.name,
-                queue_id=request.queue_id, queue_offset=offset,
-                transaction_id=self.core.txn_id(entry.log_seq) if record.kind == codec.KIND_HALF else "",
-                stored_at_ms=record.stored_ms, visible_at_ms=entry.visible_ms))
+            response.messages.append(delivered_to_proto(self.core, request.topic, request.queue_id, offset,
+                                                        entry.log_seq, entry.visible_ms, record))
         await self.bridge.settled()
         return response
 
     async def GetQueueOffsets(self, request: broker_pb2.GetQueueOffsetsRequest, context: Any) -> Any:
-        queues = [broker_pb2.QueueOffsets(queue_id=q, min_offset=low, max_offset=high)
-                  for q, low, high in self.core.queue_offsets(request.topic)]
-        response = broker_pb2.GetQueueOffsetsResponse(topic=request.topic, broker_name=self.core.name, queues=queues)
+        response = broker_pb2.GetQueueOffsetsResponse(
+            topic=request.topic, broker_name=self.core.name,
+            queues=[broker_pb2.QueueOffsets(queue_id=q, min_offset=low, max_offset=high)
+                    for q, low, high in self.core.queue_offsets(request.topic)])
         await self.bridge.settled()
         return response
-
-    async def _deliveries(self, group: str, result: ReceiveResult) -> broker_pb2.ReceiveMessagesResponse:
-        response = broker_pb2.ReceiveMessagesResponse()
-        gone: list[str] = []
-        for d in result.deliveries:
-            record = self.core.read_message(d.log_seq)
-            if record is None:
-                gone.append(d.receipt_handle)  # removed by retention
-                continue
-            response.messages.append(common_pb2.DeliveredMessage(
-                topic=d.topic, message=message_to_proto(record), broker_name=self.core.name,
-                queue_id=d.queue_id, queue_offset=d.offset,
-                transaction_id=self.core.txn_id(d.log_seq) if record.kind == codec.KIND_HALF else "",
-                stored_at_ms=record.stored_ms, visible_at_ms=d.visible_ms, delivery_attempt=d.attempt,
-                receipt_handle=d.receipt_handle, invisible_until_ms=d.deadline_ms))
-            self.metrics.record_delivered(d.topic, 1)
-        if gone:
-            await self.bridge.run(self.core.ack_op(group, "", gone), sync=False)
-        return response
-
-    async def AckMessages(self, request: broker_pb2.AckMessagesRequest, context: Any) -> Any:
-        return broker_pb2.AckMessagesResponse(
-            entries=await self._ack(request.consumer_group, request.topic, request.receipt_handles, "ack"))
-
-    async def _ack(self, group: str, topic: str, handles: Sequence[str], via: str) -> list[common_pb2.EntryStatus]:
-        """Acknowledges ``handles`` (AckMessages, and the acks a ReceiveMessages carries): one
-        batch that replicates without holding the answer; one status per handle, in order."""
-        results = await self.bridge.run(self.core.ack_op(group, topic, list(handles)), sync=False)
-        entries = [entry_status(r) if isinstance(r, TxmqError) else
-                   (OK if r is None else entry_status(TxmqError(str(r)))) for r in results]
-        self.metrics.record_acks(via, [e.code for e in entries])
-        return entries
-
-    async def ChangeInvisibleDuration(self, request: broker_pb2.ChangeInvisibleDurationRequest,
-                                      context: Any) -> Any:
-        op = self.core.change_invisible_op(request.consumer_group, request.topic, request.receipt_handle,
-                                           request.invisible_duration_seconds)
-        handle, deadline = await self.bridge.run(op, sync=False)
-        return broker_pb2.ChangeInvisibleDurationResponse(receipt_handle=handle, invisible_until_ms=deadline)
-
-    async def DeadLetterMessage(self, request: broker_pb2.DeadLetterMessageRequest, context: Any) -> Any:
-        op = self.core.dead_letter_op(request.consumer_group, request.topic, request.receipt_handle)
-        topic, offset = await self.bridge.run(op, sync=False)
-        return broker_pb2.DeadLetterMessageResponse(dead_letter_topic=topic, queue_offset=offset)
 
     # --- administration ------------------------------------------------------------------
 
