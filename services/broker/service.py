@@ -14,7 +14,7 @@ import grpc
 from txmq.errors import InvalidFieldError, TxmqError
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
-from services.common.auth import may, may_see, recheck
+from services.common.auth import may, may_see
 from services.common.auth.acl import ADMIN_READ, CLUSTER, PRODUCER_GROUP, TOPIC
 from services.common.auth.quota import caller_subject
 from services.common.errors import OK, entry_status
@@ -22,12 +22,11 @@ from services.common.limits import Admission, caller_limit
 
 from . import adminrpc, failpoints, groups, topics
 from .bridge import StoreBridge
-from .checks import CheckReport, ClaimBatch
-from .claimwaits import ClaimWaits, hold_until
+from .checkerrpc import CheckerRpc
 from .consumerrpc import ConsumerRpc
-from .convert import (ANSWERS_FROM_PROTO, OUTCOMES_FROM_PROTO, RESOLUTIONS, SOURCES_FROM_PROTO, STATES_FROM_PROTO,
-                      delivered_to_proto, message_to_proto, record_from_proto, source_to_proto, state_from_proto,
-                      state_to_proto, topic_queues, txn_to_proto)
+from .convert import (RESOLUTIONS, SOURCES_FROM_PROTO, STATES_FROM_PROTO, delivered_to_proto, message_to_proto,
+                      record_from_proto, source_to_proto, state_from_proto, state_to_proto, topic_queues,
+                      txn_to_proto)
 from .core import BrokerCore
 from .drain import guard_send
 from .metrics import BrokerMetrics
@@ -71,12 +70,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                                        "max_long_polls_per_principal")
         #: Sends on Produce streams applied and not yet answered (see ``_produce``).
         self.produce_pending = Admission(self.config.max_pending_produce_entries, "max_pending_produce_entries")
-        #: Claims that found nothing due, held until a check of theirs may be (``claimwaits.py``).
-        self.claim_waits = ClaimWaits()
-        core.schedule.on_lowered = self.claim_waits.lowered
         self.quotas = Quotas(self.config, core.consumers.names, core.counters,
                              lambda: core.transactions.groups_removed, metrics.quota_refusals(QUOTA_SETTINGS))
         self.consumer_rpc = ConsumerRpc(core, bridge, metrics, self.quotas, self.long_polls)
+        # A checker's claims held on the broker are its long polls (a service identity: per connection only).
+        self.checker_rpc = CheckerRpc(core, bridge, self.long_polls.per_connection)
 
     # --- producing -----------------------------------------------------------------------
 
@@ -84,9 +82,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         record = self.core.validate_message(record_from_proto(request.message))
         if record.kind == codec.KIND_HALF:  # its producer is live (a deletion of the group waits for it)
             self.core.receivers.produced(record.producer_group, record.producer_client_id, self.core.clock())
-        return guard_send(self.core.db, self.core.name, self.quotas.producing(caller_subject(), record, (
-            self.core.global_send_op(record, begin=request.begin_global, participants=list(
-                request.global_participants), global_id=request.global_transaction_id))), request.message.message_id)
+        subject = caller_subject()
+        send = self.core.global_send_op(record, begin=request.begin_global,
+                                        participants=list(request.global_participants),
+                                        global_id=request.global_transaction_id)
+        return guard_send(self.core.db, self.core.name, self.quotas.producing(subject, record, send),
+                          request.message.message_id)
 
     def _send_response(self, result: SendResult) -> broker_pb2.SendMessageResponse:
         return broker_pb2.SendMessageResponse(
@@ -174,55 +175,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return broker_pb2.CreateTopicQueuesResponse(topic=topic_queues(self.core, request.topic, count))
 
     async def ClaimChecks(self, request: broker_pb2.ClaimChecksRequest, context: Any) -> Any:
-        peer = context.peer()
-        checker = request.checker_id or peer
-        if request.session_id:
-            groups = ({g.producer_group: g.max_checks for g in request.groups}
-                      if request.groups or not request.groups_version else None)
-
-            def claim() -> Any:
-                return self.core.session_claim_op(
-                    request.session_id, request.groups_version, groups,
-                    {g.producer_group: g.max_checks for g in request.limits}, request.max_checks,
-                    request.lease_seconds)
-            batch: ClaimBatch = await self.bridge.run(claim())
-            served = self.core.claims.session_groups(request.session_id)
-            if not (batch.checks or batch.groups_needed or batch.more_due):
-                until = hold_until(self.core.clock(), request.wait_ms, self.core.schedule.earliest(served))
-                polls = self.long_polls.per_connection  # a checker's (a service identity): per connection only
-                if until is not None and polls.available(peer) > 0:
-                    with polls.hold(peer), self.core.receivers.holding(checker, served, self.core.clock()):
-                        await self.claim_waits.hold(until, self.core.clock)  # its checker live meanwhile
-                    recheck()  # a checker's identity revoked while the claim waited
-                    batch = await self.bridge.run(claim())
-        else:
-            checks = await self.bridge.run(self.core.claim_op(request.producer_groups, request.max_checks,
-                                                              request.lease_seconds))
-            batch = ClaimBatch(checks)
-            served = {g: request.max_checks for g in request.producer_groups}
-        self.core.receivers.claimed(checker, served, self.core.clock())
-        response = broker_pb2.ClaimChecksResponse(groups_needed=batch.groups_needed, more_due=batch.more_due)
-        for c in batch.checks:
-            record = self.core.read_message(c.row.seq)
-            response.tasks.append(broker_pb2.CheckTask(
-                transaction_id=self.core.txn_id(c.row.seq),
-                message=message_to_proto(record) if record is not None else common_pb2.Message(),
-                due_at_ms=c.due_ms, attempt=c.attempt, broker_name=self.core.name,
-                claim_token=c.row.claim_token, prepared_at_ms=c.row.prepared_ms))
-        return response
+        return await self.checker_rpc.claim(request, context)
 
     async def ReportChecks(self, request: broker_pb2.ReportChecksRequest, context: Any) -> Any:
-        # An unknown enum number becomes 0, which the report refuses (per entry, naming the field).
-        reports = [CheckReport(r.transaction_id, r.claim_token, OUTCOMES_FROM_PROTO.get(r.outcome, 0),
-                               ANSWERS_FROM_PROTO.get(r.result, 0), r.retry_after_seconds,
-                               r.answer_timeout_seconds, r.producer_group) for r in request.reports]
-        results = await self.bridge.run(self.core.report_op(reports))
-        response = broker_pb2.ReportChecksResponse()
-        for error, state, late in results:
-            response.entries.append(OK if error is None else entry_status(error))
-            response.states.append(state_to_proto(state))
-            response.late.append(late)
-        return response
+        return await self.checker_rpc.report(request)
 
     async def QueryTransactions(self, request: broker_pb2.QueryTransactionsRequest, context: Any) -> Any:
         if request.limit < 0:
@@ -279,7 +235,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def DeleteGroupState(self, request: broker_pb2.DeleteGroupStateRequest, context: Any) -> Any:
         return await adminrpc.delete_group_state(self.core, self.bridge, request)
 
-    async def DeleteProducerGroupState(self, request: broker_pb2.DeleteProducerGroupStateRequest, context: Any) -> Any:
+    async def DeleteProducerGroupState(self, request: broker_pb2.DeleteProducerGroupStateRequest,
+                                       context: Any) -> Any:
         return await adminrpc.delete_producer_group_state(self.core, self.bridge, request)
 
     async def ReturnDeadLetters(self, request: broker_pb2.ReturnDeadLettersRequest, context: Any) -> Any:
