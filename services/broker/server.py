@@ -30,12 +30,13 @@ from . import ownership
 from .backup import OperationsServicer
 from .bridge import StoreBridge
 from .config import BrokerConfig
+from .convert import topic_queues
 from .core import BrokerCore, StoreIdentityError, open_database
 from .drain import is_draining
 from .globalpump import GlobalPump
 from .metrics import BrokerMetrics
 from .replication import ReplicaNode, ReplicationServicer, Term
-from .service import BrokerServicer, topic_queues
+from .service import BrokerServicer
 from .store import codec
 from .store.db import Database
 from .timers import TimerPump

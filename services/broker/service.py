@@ -1,19 +1,20 @@
-"""BrokerService: translates proto ⇄ domain and nothing else. Domain errors become status
-codes in the shared interceptor (unary) or in ``EntryStatus`` (batches and the stream)."""
+"""BrokerService: translates proto ⇄ domain (``convert``) and nothing else. Domain errors
+become status codes in the shared interceptor (unary) or in ``EntryStatus`` (batches and the
+stream)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Callable
 
 import grpc
 
 from txmq.errors import InvalidFieldError, TxmqError
 from txmq.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
-from services.common.auth import may, may_see, recheck
+from services.common.auth import may, may_see
 from services.common.auth.acl import ADMIN_READ, CLUSTER, PRODUCER_GROUP, TOPIC
 from services.common.auth.quota import caller_subject
 from services.common.errors import OK, entry_status
@@ -21,99 +22,20 @@ from services.common.limits import Admission, caller_limit
 
 from . import adminrpc, failpoints, groups, topics
 from .bridge import StoreBridge
-from .checks import CheckReport, ClaimBatch
-from .claimwaits import ClaimWaits, hold_until
+from .checkerrpc import CheckerRpc
+from .consumerrpc import ConsumerRpc
+from .convert import (RESOLUTIONS, SOURCES_FROM_PROTO, STATES_FROM_PROTO, delivered_to_proto, message_to_proto,
+                      record_from_proto, source_to_proto, state_from_proto, state_to_proto, topic_queues,
+                      txn_to_proto)
 from .core import BrokerCore
-from .filters import MessageFilter, parse_filter
 from .drain import guard_send
 from .metrics import BrokerMetrics
-from .model import CheckAnswer, CheckOutcome, EndResult, ReceiveResult, Resolution, SendResult, Source, TxnState
+from .model import EndResult, SendResult, Source
 from .quotas import SETTINGS as QUOTA_SETTINGS, Quotas
 from .store import codec
-from .store.codec import LogRecord, TxnRow
 from .store.db import Op
 
 log = logging.getLogger(__name__)
-
-# The proto enums ⇄ the domain's types (model.py), here and nowhere else: their numbers
-# are not assumed equal.
-_RESOLUTIONS = {
-    common_pb2.TRANSACTION_RESOLUTION_COMMIT: Resolution.COMMIT,
-    common_pb2.TRANSACTION_RESOLUTION_ROLLBACK: Resolution.ROLLBACK,
-    common_pb2.TRANSACTION_RESOLUTION_UNKNOWN: Resolution.UNKNOWN,
-}
-# Keyed by the stored state and source (ints, TxnState and Source the named ones).
-_STATES_TO_PROTO: dict[int, common_pb2.TransactionState.ValueType] = {
-    TxnState.PREPARED: common_pb2.TRANSACTION_STATE_PREPARED,
-    TxnState.COMMITTED: common_pb2.TRANSACTION_STATE_COMMITTED,
-    TxnState.ROLLED_BACK: common_pb2.TRANSACTION_STATE_ROLLED_BACK,
-    TxnState.DISCARDED: common_pb2.TRANSACTION_STATE_DISCARDED,
-}
-_STATES_FROM_PROTO = {v: k for k, v in _STATES_TO_PROTO.items()}
-_SOURCES_TO_PROTO: dict[int, common_pb2.TransactionSource.ValueType] = {
-    Source.NONE: common_pb2.TRANSACTION_SOURCE_UNSPECIFIED,
-    Source.CLIENT: common_pb2.TRANSACTION_SOURCE_CLIENT,
-    Source.CHECK: common_pb2.TRANSACTION_SOURCE_CHECK,
-    Source.OPERATOR: common_pb2.TRANSACTION_SOURCE_OPERATOR,
-    Source.BROKER: common_pb2.TRANSACTION_SOURCE_BROKER,
-}
-_SOURCES_FROM_PROTO = {v: k for k, v in _SOURCES_TO_PROTO.items()}
-_OUTCOMES_FROM_PROTO = {
-    broker_pb2.CHECK_OUTCOME_DELIVERED: CheckOutcome.DELIVERED,
-    broker_pb2.CHECK_OUTCOME_ANSWERED: CheckOutcome.ANSWERED,
-    broker_pb2.CHECK_OUTCOME_UNDELIVERED: CheckOutcome.UNDELIVERED,
-}
-_ANSWERS_FROM_PROTO = {
-    common_pb2.CHECK_RESULT_COMMIT: CheckAnswer.COMMIT,
-    common_pb2.CHECK_RESULT_ROLLBACK: CheckAnswer.ROLLBACK,
-    common_pb2.CHECK_RESULT_UNKNOWN: CheckAnswer.UNKNOWN,
-    common_pb2.CHECK_RESULT_IN_PROGRESS: CheckAnswer.IN_PROGRESS,
-}
-
-
-def state_to_proto(state: int) -> common_pb2.TransactionState.ValueType:
-    """A transaction state as TransactionState (UNSPECIFIED for none: a normal message)."""
-    return _STATES_TO_PROTO.get(state, common_pb2.TRANSACTION_STATE_UNSPECIFIED)
-
-
-def source_to_proto(source: int) -> common_pb2.TransactionSource.ValueType:
-    return _SOURCES_TO_PROTO.get(source, common_pb2.TRANSACTION_SOURCE_UNSPECIFIED)
-
-
-def state_from_proto(state: common_pb2.TransactionState.ValueType) -> int:
-    """A TransactionState filter as the domain's state (0: any)."""
-    if state == common_pb2.TRANSACTION_STATE_UNSPECIFIED:
-        return 0
-    found = _STATES_FROM_PROTO.get(state)
-    if found is None:
-        raise InvalidFieldError("state", f"{state} is not a TransactionState")
-    return found
-
-
-def record_from_proto(m: common_pb2.Message) -> LogRecord:
-    kind = codec.KIND_HALF if m.type == common_pb2.MESSAGE_TYPE_TRANSACTION else codec.KIND_NORMAL
-    return LogRecord(kind=kind, topic=m.topic, body=m.body, message_id=m.message_id, queue_id=m.queue_id,
-                     stored_ms=0, tag=m.tag, keys=tuple(m.keys), properties=dict(m.properties),
-                     producer_group=m.producer_group, producer_client_id=m.producer_client_id,
-                     check_immunity_seconds=m.check_immunity_seconds, born_ms=m.born_timestamp_ms,
-                     born_host=m.born_host, deliver_at_ms=m.deliver_at_ms, delay_seconds=m.delay_seconds,
-                     message_group=m.message_group)
-
-
-def message_to_proto(r: LogRecord) -> common_pb2.Message:
-    return common_pb2.Message(
-        topic=r.topic, body=r.body, tag=r.tag, keys=r.keys, properties=r.properties,
-        message_id=r.message_id,
-        type=common_pb2.MESSAGE_TYPE_TRANSACTION if r.kind == codec.KIND_HALF else common_pb2.MESSAGE_TYPE_NORMAL,
-        producer_group=r.producer_group, producer_client_id=r.producer_client_id,
-        check_immunity_seconds=r.check_immunity_seconds, born_timestamp_ms=r.born_ms,
-        born_host=r.born_host, queue_id=r.queue_id, deliver_at_ms=r.deliver_at_ms, message_group=r.message_group)
-
-
-def topic_queues(core: BrokerCore, topic: str, count: int) -> common_pb2.TopicQueues:
-    """A topic this broker holds, with its type, as it registers and reports it."""
-    return common_pb2.TopicQueues(topic=topic, queue_count=count, topic_type=(
-        common_pb2.TOPIC_TYPE_FIFO if topic in core.fifo_topics else common_pb2.TOPIC_TYPE_NORMAL))
 
 
 def broker_stats(core: BrokerCore, store_bytes: int) -> broker_pb2.GetBrokerStatsResponse:
@@ -137,32 +59,22 @@ def broker_stats(core: BrokerCore, store_bytes: int) -> broker_pb2.GetBrokerStat
     return response
 
 
-def txn_to_proto(core: BrokerCore, t: TxnRow) -> common_pb2.Transaction:
-    return common_pb2.Transaction(
-        transaction_id=core.txn_id(t.seq), message_id=t.message_id, producer_group=t.producer_group,
-        producer_client_id=t.producer_client_id, topic=t.topic, queue_id=t.queue_id,
-        state=state_to_proto(t.state), prepared_at_ms=t.prepared_ms, ended_at_ms=t.ended_ms,
-        resolution_source=source_to_proto(t.source),
-        checks_delivered=t.checks_delivered, checks_answered=t.checks_answered,
-        next_check_at_ms=t.next_due_ms, discard_reason=t.discard_reason, operator=t.operator,
-        reason=t.reason, queue_offset=t.queue_offset, broker_name=core.name,
-        body_size_bytes=t.body_size, discarded_at_ms=t.discarded_ms)
-
-
 class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     def __init__(self, core: BrokerCore, bridge: StoreBridge, metrics: BrokerMetrics) -> None:
         self.core = core
         self.bridge = bridge
         self.metrics = metrics
-        self.config = config = core.config
-        self.long_polls = caller_limit(config, metrics, "max_long_polls_per_connection", "max_long_polls_per_principal")
+        self.config = core.config
+        #: Long polls: consumers' receives that wait, and checkers' claims held on the broker.
+        self.long_polls = caller_limit(self.config, metrics, "max_long_polls_per_connection",
+                                       "max_long_polls_per_principal")
         #: Sends on Produce streams applied and not yet answered (see ``_produce``).
-        self.produce_pending = Admission(config.max_pending_produce_entries, "max_pending_produce_entries")
-        #: Claims that found nothing due, held until a check of theirs may be (``claimwaits.py``).
-        self.claim_waits = ClaimWaits()
-        core.schedule.on_lowered = self.claim_waits.lowered
-        self.quotas = Quotas(config, core.consumers.names, core.counters,
+        self.produce_pending = Admission(self.config.max_pending_produce_entries, "max_pending_produce_entries")
+        self.quotas = Quotas(self.config, core.consumers.names, core.counters,
                              lambda: core.transactions.groups_removed, metrics.quota_refusals(QUOTA_SETTINGS))
+        self.consumer_rpc = ConsumerRpc(core, bridge, metrics, self.quotas, self.long_polls)
+        # A checker's claims held on the broker are its long polls (a service identity: per connection only).
+        self.checker_rpc = CheckerRpc(core, bridge, self.long_polls.per_connection)
 
     # --- producing -----------------------------------------------------------------------
 
@@ -170,9 +82,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         record = self.core.validate_message(record_from_proto(request.message))
         if record.kind == codec.KIND_HALF:  # its producer is live (a deletion of the group waits for it)
             self.core.receivers.produced(record.producer_group, record.producer_client_id, self.core.clock())
-        return guard_send(self.core.db, self.core.name, self.quotas.producing(caller_subject(), record, (
-            self.core.global_send_op(record, begin=request.begin_global, participants=list(
-                request.global_participants), global_id=request.global_transaction_id))), request.message.message_id)
+        subject = caller_subject()
+        send = self.core.global_send_op(record, begin=request.begin_global,
+                                        participants=list(request.global_participants),
+                                        global_id=request.global_transaction_id)
+        return guard_send(self.core.db, self.core.name, self.quotas.producing(subject, record, send),
+                          request.message.message_id)
 
     def _send_response(self, result: SendResult) -> broker_pb2.SendMessageResponse:
         return broker_pb2.SendMessageResponse(
@@ -181,10 +96,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             duplicate=result.duplicate, broker_name=self.core.name)
 
     def _end_op(self, request: broker_pb2.EndTransactionRequest) -> Op:
-        resolution = _RESOLUTIONS.get(request.resolution)
+        resolution = RESOLUTIONS.get(request.resolution)
         if resolution is None:
             raise InvalidFieldError("resolution", "must be COMMIT, ROLLBACK or UNKNOWN")
-        source = _SOURCES_FROM_PROTO.get(request.source, Source.NONE)  # NONE is refused
+        source = SOURCES_FROM_PROTO.get(request.source, Source.NONE)  # NONE is refused
         return self.core.end_op(request.transaction_id, resolution, source,
                                 message_id=request.message_id, producer_group=request.producer_group,
                                 operator=request.operator, reason=request.reason)
@@ -213,56 +128,19 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     # --- consuming -----------------------------------------------------------------------
 
     async def ReceiveMessages(self, request: broker_pb2.ReceiveMessagesRequest, context: Any) -> Any:
-        if request.filter_type not in broker_pb2.FilterType.values():
-            raise InvalidFieldError("filter_type", f"unknown filter type {request.filter_type}")
-        tags = parse_filter(request.filter_expression, request.filter_type == broker_pb2.FILTER_TYPE_SQL92)
-        # Everything is checked (the first receive built, a long-poll slot held) before the
-        # carried acks are applied: a refused receive applies none of them.
-        first = self._receive_op(request, tags)
-        wait = min(max(request.long_polling_timeout_seconds, 0.0), self.config.max_long_polling_seconds)
-        remaining = context.time_remaining()
-        if remaining is not None:
-            # Answer (possibly empty) before the caller's deadline, never after it.
-            wait = max(0.0, min(wait, remaining - 0.2))
-        receivers = self.core.receivers
-        receiver = receivers.received(request.consumer_group, request.topic, request.client_id, context.peer(),
-                                      self.core.clock())
-        if wait <= 0:
-            return await self._receive(request, tags, 0.0, first)
-        with self.long_polls.hold(context):
-            receivers.wait_begins(receiver, request.topic)
-            try:
-                return await self._receive(request, tags, wait, first)
-            finally:
-                receivers.wait_ends(receiver, request.topic, self.core.clock())
+        return await self.consumer_rpc.receive(request, context)
 
-    def _receive_op(self, request: broker_pb2.ReceiveMessagesRequest, tags: MessageFilter) -> Op:
-        return self.quotas.subscribing(caller_subject(), request.consumer_group, request.topic, self.core.receive_op(
-            request.consumer_group, request.topic, request.queue_id, tags, request.max_messages,
-            request.invisible_duration_seconds))
+    async def AckMessages(self, request: broker_pb2.AckMessagesRequest, context: Any) -> Any:
+        return await self.consumer_rpc.ack(request)
 
-    async def _receive(self, request: broker_pb2.ReceiveMessagesRequest, tags: MessageFilter,
-                       wait: float, op: Op) -> broker_pb2.ReceiveMessagesResponse:
-        """Applies the carried acks, then receives (waiting up to ``wait`` for messages)."""
-        acks = (await self._ack(request.consumer_group, request.topic, request.ack_receipt_handles, "receive")
-                if request.ack_receipt_handles else [])
-        loop, topic = asyncio.get_running_loop(), request.topic
-        deadline = loop.time() + wait
-        while True:
-            # A long poll that waited takes nothing under rights revoked meanwhile.
-            recheck()
-            version = self.bridge.version(topic)
-            result: ReceiveResult = await self.bridge.run(op, sync=False)
-            left = deadline - loop.time()
-            if result.deliveries or left <= 0:
-                break
-            if result.next_deadline_ms is not None:
-                left = min(left, max((result.next_deadline_ms - self.core.clock()) / 1000, 0.001))
-            await self.bridge.wait_visible(topic, version, left)
-            op = self._receive_op(request, tags)
-        response = await self._deliveries(request.consumer_group, result)
-        response.ack_entries.extend(acks)
-        return response
+    async def ChangeInvisibleDuration(self, request: broker_pb2.ChangeInvisibleDurationRequest,
+                                      context: Any) -> Any:
+        return await self.consumer_rpc.change_invisible(request)
+
+    async def DeadLetterMessage(self, request: broker_pb2.DeadLetterMessageRequest, context: Any) -> Any:
+        return await self.consumer_rpc.dead_letter(request)
+
+    # --- reading queues ------------------------------------------------------------------
 
     async def ReadQueue(self, request: broker_pb2.ReadQueueRequest, context: Any) -> Any:
         entries, next_offset = self.core.read_queue(request.topic, request.queue_id, request.start_offset,
@@ -275,64 +153,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             record = self.core.read_message(entry.log_seq)
             if record is None:
                 continue  # removed by retention between the scan and the read
-            response.messages.append(common_pb2.DeliveredMessage(
-                topic=request.topic, message=message_to_proto(record), broker_name=self.core.name,
-                queue_id=request.queue_id, queue_offset=offset,
-                transaction_id=self.core.txn_id(entry.log_seq) if record.kind == codec.KIND_HALF else "",
-                stored_at_ms=record.stored_ms, visible_at_ms=entry.visible_ms))
+            response.messages.append(delivered_to_proto(self.core, request.topic, request.queue_id, offset,
+                                                        entry.log_seq, entry.visible_ms, record))
         await self.bridge.settled()
         return response
 
     async def GetQueueOffsets(self, request: broker_pb2.GetQueueOffsetsRequest, context: Any) -> Any:
-        queues = [broker_pb2.QueueOffsets(queue_id=q, min_offset=low, max_offset=high)
-                  for q, low, high in self.core.queue_offsets(request.topic)]
-        response = broker_pb2.GetQueueOffsetsResponse(topic=request.topic, broker_name=self.core.name, queues=queues)
+        response = broker_pb2.GetQueueOffsetsResponse(
+            topic=request.topic, broker_name=self.core.name,
+            queues=[broker_pb2.QueueOffsets(queue_id=q, min_offset=low, max_offset=high)
+                    for q, low, high in self.core.queue_offsets(request.topic)])
         await self.bridge.settled()
         return response
-
-    async def _deliveries(self, group: str, result: ReceiveResult) -> broker_pb2.ReceiveMessagesResponse:
-        response = broker_pb2.ReceiveMessagesResponse()
-        gone: list[str] = []
-        for d in result.deliveries:
-            record = self.core.read_message(d.log_seq)
-            if record is None:
-                gone.append(d.receipt_handle)  # removed by retention
-                continue
-            response.messages.append(common_pb2.DeliveredMessage(
-                topic=d.topic, message=message_to_proto(record), broker_name=self.core.name,
-                queue_id=d.queue_id, queue_offset=d.offset,
-                transaction_id=self.core.txn_id(d.log_seq) if record.kind == codec.KIND_HALF else "",
-                stored_at_ms=record.stored_ms, visible_at_ms=d.visible_ms, delivery_attempt=d.attempt,
-                receipt_handle=d.receipt_handle, invisible_until_ms=d.deadline_ms))
-            self.metrics.record_delivered(d.topic, 1)
-        if gone:
-            await self.bridge.run(self.core.ack_op(group, "", gone), sync=False)
-        return response
-
-    async def AckMessages(self, request: broker_pb2.AckMessagesRequest, context: Any) -> Any:
-        return broker_pb2.AckMessagesResponse(
-            entries=await self._ack(request.consumer_group, request.topic, request.receipt_handles, "ack"))
-
-    async def _ack(self, group: str, topic: str, handles: Sequence[str], via: str) -> list[common_pb2.EntryStatus]:
-        """Acknowledges ``handles`` (AckMessages, and the acks a ReceiveMessages carries): one
-        batch that replicates without holding the answer; one status per handle, in order."""
-        results = await self.bridge.run(self.core.ack_op(group, topic, list(handles)), sync=False)
-        entries = [entry_status(r) if isinstance(r, TxmqError) else
-                   (OK if r is None else entry_status(TxmqError(str(r)))) for r in results]
-        self.metrics.record_acks(via, [e.code for e in entries])
-        return entries
-
-    async def ChangeInvisibleDuration(self, request: broker_pb2.ChangeInvisibleDurationRequest,
-                                      context: Any) -> Any:
-        op = self.core.change_invisible_op(request.consumer_group, request.topic, request.receipt_handle,
-                                           request.invisible_duration_seconds)
-        handle, deadline = await self.bridge.run(op, sync=False)
-        return broker_pb2.ChangeInvisibleDurationResponse(receipt_handle=handle, invisible_until_ms=deadline)
-
-    async def DeadLetterMessage(self, request: broker_pb2.DeadLetterMessageRequest, context: Any) -> Any:
-        op = self.core.dead_letter_op(request.consumer_group, request.topic, request.receipt_handle)
-        topic, offset = await self.bridge.run(op, sync=False)
-        return broker_pb2.DeadLetterMessageResponse(dead_letter_topic=topic, queue_offset=offset)
 
     # --- administration ------------------------------------------------------------------
 
@@ -343,55 +175,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return broker_pb2.CreateTopicQueuesResponse(topic=topic_queues(self.core, request.topic, count))
 
     async def ClaimChecks(self, request: broker_pb2.ClaimChecksRequest, context: Any) -> Any:
-        peer = context.peer()
-        checker = request.checker_id or peer
-        if request.session_id:
-            groups = ({g.producer_group: g.max_checks for g in request.groups}
-                      if request.groups or not request.groups_version else None)
-
-            def claim() -> Any:
-                return self.core.session_claim_op(
-                    request.session_id, request.groups_version, groups,
-                    {g.producer_group: g.max_checks for g in request.limits}, request.max_checks,
-                    request.lease_seconds)
-            batch: ClaimBatch = await self.bridge.run(claim())
-            served = self.core.claims.session_groups(request.session_id)
-            if not (batch.checks or batch.groups_needed or batch.more_due):
-                until = hold_until(self.core.clock(), request.wait_ms, self.core.schedule.earliest(served))
-                polls = self.long_polls.per_connection  # a checker's (a service identity): per connection only
-                if until is not None and polls.available(peer) > 0:
-                    with polls.hold(peer), self.core.receivers.holding(checker, served, self.core.clock()):
-                        await self.claim_waits.hold(until, self.core.clock)  # its checker live meanwhile
-                    recheck()  # a checker's identity revoked while the claim waited
-                    batch = await self.bridge.run(claim())
-        else:
-            checks = await self.bridge.run(self.core.claim_op(request.producer_groups, request.max_checks,
-                                                              request.lease_seconds))
-            batch = ClaimBatch(checks)
-            served = {g: request.max_checks for g in request.producer_groups}
-        self.core.receivers.claimed(checker, served, self.core.clock())
-        response = broker_pb2.ClaimChecksResponse(groups_needed=batch.groups_needed, more_due=batch.more_due)
-        for c in batch.checks:
-            record = self.core.read_message(c.row.seq)
-            response.tasks.append(broker_pb2.CheckTask(
-                transaction_id=self.core.txn_id(c.row.seq),
-                message=message_to_proto(record) if record is not None else common_pb2.Message(),
-                due_at_ms=c.due_ms, attempt=c.attempt, broker_name=self.core.name,
-                claim_token=c.row.claim_token, prepared_at_ms=c.row.prepared_ms))
-        return response
+        return await self.checker_rpc.claim(request, context)
 
     async def ReportChecks(self, request: broker_pb2.ReportChecksRequest, context: Any) -> Any:
-        # An unknown enum number becomes 0, which the report refuses (per entry, naming the field).
-        reports = [CheckReport(r.transaction_id, r.claim_token, _OUTCOMES_FROM_PROTO.get(r.outcome, 0),
-                               _ANSWERS_FROM_PROTO.get(r.result, 0), r.retry_after_seconds,
-                               r.answer_timeout_seconds, r.producer_group) for r in request.reports]
-        results = await self.bridge.run(self.core.report_op(reports))
-        response = broker_pb2.ReportChecksResponse()
-        for error, state, late in results:
-            response.entries.append(OK if error is None else entry_status(error))
-            response.states.append(state_to_proto(state))
-            response.late.append(late)
-        return response
+        return await self.checker_rpc.report(request)
 
     async def QueryTransactions(self, request: broker_pb2.QueryTransactionsRequest, context: Any) -> Any:
         if request.limit < 0:
@@ -448,7 +235,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def DeleteGroupState(self, request: broker_pb2.DeleteGroupStateRequest, context: Any) -> Any:
         return await adminrpc.delete_group_state(self.core, self.bridge, request)
 
-    async def DeleteProducerGroupState(self, request: broker_pb2.DeleteProducerGroupStateRequest, context: Any) -> Any:
+    async def DeleteProducerGroupState(self, request: broker_pb2.DeleteProducerGroupStateRequest,
+                                       context: Any) -> Any:
         return await adminrpc.delete_producer_group_state(self.core, self.bridge, request)
 
     async def ReturnDeadLetters(self, request: broker_pb2.ReturnDeadLettersRequest, context: Any) -> Any:
@@ -466,8 +254,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     # --- multi-message (global) transactions (globaltx.py) -------------------------------
 
     async def ApplyGlobalTransaction(self, request: broker_pb2.ApplyGlobalTransactionRequest, context: Any) -> Any:
-        state = _STATES_FROM_PROTO.get(request.state, 0)
-        source = _SOURCES_FROM_PROTO.get(request.source, Source.NONE)
+        state = STATES_FROM_PROTO.get(request.state, 0)
+        source = SOURCES_FROM_PROTO.get(request.source, Source.NONE)
         decided = await self.bridge.run(self.core.apply_global_op(request.global_transaction_id, state, source,
                                                                   request.producer_group))
         return broker_pb2.ApplyGlobalTransactionResponse(parts_decided=decided)

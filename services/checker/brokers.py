@@ -150,7 +150,7 @@ class BrokerLink:
             max_checks=cfg.claim_batch, lease_seconds=cfg.lease_seconds, checker_id=cfg.checker_name,
             session_id=self.session_id, wait_ms=int(cfg.claim_wait_seconds * 1000),
             limits=[broker_pb2.ClaimGroup(producer_group=g, max_checks=n) for g, n in limits.items()])
-        key = (dispatcher.version, shares)
+        key = (dispatcher.membership.version, shares)
         if key != self._sent_key:
             self._groups_version += 1
             request.groups.extend(broker_pb2.ClaimGroup(producer_group=g, max_checks=n)
@@ -261,7 +261,7 @@ class BrokerDirectory:
         self._kick = asyncio.Event()
         #: Reports waiting for their shard to be reachable again (by shard name).
         self._parked: dict[str, list[tuple[broker_pb2.CheckReport, OnError]]] = {}
-        dispatcher.on_groups_changed.append(self._wake_all)
+        dispatcher.membership.on_groups_changed.append(self._wake_all)
 
     def _wake_all(self) -> None:
         for link in self.links.values():

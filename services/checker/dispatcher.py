@@ -1,5 +1,7 @@
-"""The checker's domain: which producer streams serve which groups, how many checks each
-can take (its credit), where each claimed check goes, and what to report to its broker.
+"""The checker's domain: where each claimed check goes, and what becomes of it. Which
+producer streams serve which groups, and how many checks each can take (its credit), is
+``streams``'s; the groups' credit sums, which the claims read, ``credit``'s; what each
+check's broker is told, and what is counted of it, ``reports``'s.
 
 Everything here runs on the checker's event loop and never blocks. A producer stream is
 sent no more checks than the credit it granted (``Subscribe.check_credit`` plus every
@@ -29,12 +31,9 @@ without a claim, it decides the transaction if nobody did (broker.proto CheckOut
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import itertools
-import json
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -43,40 +42,13 @@ from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 from txmq.errors import InvalidFieldError, TxmqError
 from txmq.v1 import broker_pb2, checker_pb2, common_pb2
 
-from services.common.errors import entry_status
-
 from .credit import GroupCredit
+from .reports import CheckReports, Reporter, answer_name
+from .streams import Membership, ProducerStream, error_response
 
 log = logging.getLogger(__name__)
 
-#: Longest IN_PROGRESS retry-after accepted (the broker caps it by the transaction's lifetime).
-MAX_RETRY_AFTER_SECONDS = 365 * 24 * 3600.0
-
-RESULT_NAMES = {
-    common_pb2.CHECK_RESULT_COMMIT: "commit",
-    common_pb2.CHECK_RESULT_ROLLBACK: "rollback",
-    common_pb2.CHECK_RESULT_UNKNOWN: "unknown",
-    common_pb2.CHECK_RESULT_IN_PROGRESS: "in_progress",
-}
-
 SENT, RECEIVED, LATE = "sent", "received", "late"
-
-#: Responses queued for one stream beyond which the checker reads no more of its requests
-#: until the producer reads (each refused request queues one: a producer sending a flood
-#: and reading nothing grew the checker's memory without bound).
-MAX_QUEUED_REPLIES = 1024
-
-
-#: Why an answer was refused (the ``reason`` label of txmq_check_answers_refused_total):
-#: ``revoked`` names a group the stream lost when its check right was revoked (``standing``).
-REFUSED_REASONS = ("conflict", "stale", "not_outstanding", "invalid", "unavailable", "revoked")
-
-
-class Reporter(Protocol):
-    """Where reports about a broker's checks go (batched per broker, in order)."""
-
-    def report(self, broker: str, report: broker_pb2.CheckReport,
-               on_error: Callable[[TxmqError], None] | None = None) -> None: ...
 
 
 class Metrics(Protocol):
@@ -116,98 +88,6 @@ class NullMetrics:
         pass
 
 
-Response = checker_pb2.CheckTransactionStateResponse
-
-
-class ProducerStream:
-    """One subscribed CheckTransactionState stream: its producer instance, its groups, the
-    checks it can still be sent (``credit``) and the responses waiting to be written.
-    ``capacity`` is the credit it announced (at most ``max_credit``; the default for a
-    stream without flow control, ``legacy``): credit granted later only refills it, so a
-    stream never holds more checks not yet answered than its capacity."""
-
-    def __init__(self, stream_id: int, client_id: str, groups: tuple[str, ...], credit: int,
-                 max_credit: int, legacy: bool = False) -> None:
-        self.id = stream_id
-        self.client_id = client_id
-        #: The groups it subscribed to, and those it serves now (a revoke takes some away,
-        #: a right granted again brings them back: ``Dispatcher.revoke``, ``readmit``).
-        self.subscribed = groups
-        self.groups = groups
-        self.max_credit = max_credit
-        self.capacity = min(credit, max_credit)
-        self.credit = self.capacity
-        self.legacy = legacy
-        self.closed = False
-        #: Sent CheckDrain: no more checks, answers still welcome (see Dispatcher.drain).
-        self.draining = False
-        #: Why the checker ended the stream (a revoked right: see Dispatcher.revoke), if it did.
-        self.refusal: TxmqError | None = None
-        #: The groups revoked from it, and what it was told (its answers for them are refused so).
-        self.lost: dict[str, TxmqError] = {}
-        #: Check ids sent on this stream and not finished.
-        self.checks: set[str] = set()
-        self._outbox: collections.deque[Response] = collections.deque()
-        self._waiter: Callable[[], None] | None = None
-        #: Set while fewer than MAX_QUEUED_REPLIES responses wait to be written (see ``pop``).
-        self.room = asyncio.Event()
-        self.room.set()
-
-    def __repr__(self) -> str:
-        return f"<ProducerStream {self.id} {self.client_id!r} {list(self.groups)} credit={self.credit}>"
-
-    @property
-    def has_room(self) -> bool:
-        return not (self.closed or self.draining) and self.credit > 0
-
-    def offer_check(self, response: Response) -> bool:
-        """Sends a check against one unit of credit, unless closed or out of credit."""
-        if not self.has_room:
-            return False
-        self.credit -= 1
-        self._push(response)
-        return True
-
-    def push(self, response: Response) -> None:
-        """Queues a reply (not bounded: one per request the producer sent)."""
-        if not self.closed:
-            self._push(response)
-
-    def _push(self, response: Response) -> None:
-        self._outbox.append(response)
-        if len(self._outbox) >= MAX_QUEUED_REPLIES:
-            self.room.clear()  # the stream's reader waits (the producer does not read)
-        if self._waiter is not None:
-            self._waiter()
-
-    def pop(self) -> Response | None:
-        """The next response to write, or None when nothing is queued."""
-        if not self._outbox:
-            return None
-        response = self._outbox.popleft()
-        if len(self._outbox) < MAX_QUEUED_REPLIES // 2:
-            self.room.set()
-        return response
-
-    def withdraw(self, check_ids: set[str], reply: Response) -> None:
-        """Takes these checks out of the responses not yet written, and queues ``reply``."""
-        kept = [r for r in self._outbox if not (r.HasField("check") and r.check.check_id in check_ids)]
-        self._outbox = collections.deque(kept)
-        if len(kept) < MAX_QUEUED_REPLIES // 2:
-            self.room.set()
-        self.push(reply)
-
-    def set_waiter(self, wake: Callable[[], None] | None) -> None:
-        self._waiter = wake
-
-    def close(self) -> None:
-        self.closed = True
-        self._outbox.clear()
-        self.room.set()
-        if self._waiter is not None:
-            self._waiter()
-
-
 S = TypeVar("S")
 
 
@@ -241,45 +121,29 @@ def _new_check_id() -> str:
     return os.urandom(12).hex()
 
 
-def refused_reason(error: TxmqError) -> str:
-    """The txmq_check_answers_refused_total reason of a broker's refusal of an answer."""
-    if error.reason == "TRANSACTION_STATE_CONFLICT":
-        return "conflict"
-    if error.reason == "STALE_CLAIM":
-        return "stale"
-    if error.retryable or error.reason == "BROKER_NOT_FOUND":
-        return "unavailable"
-    return "invalid"
-
-
 class Dispatcher:
     def __init__(self, *, checker_name: str, reporter: Reporter, answer_timeout_seconds: float,
                  lease_seconds: float, queue_size: int, default_credit: int = 64,
                  metrics: Metrics | None = None, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.checker_name = checker_name
-        self.reporter = reporter
         self.answer_timeout = answer_timeout_seconds
         self.lease = lease_seconds
         #: Most credit one stream may hold (bounds what is queued for it).
         self.queue_size = queue_size
         self.default_credit = min(default_credit, queue_size)
         self.metrics: Metrics = metrics or NullMetrics()
-        self.clock = clock
         self.monotonic = monotonic
+        #: What the brokers are told of each check, and what is counted of it.
+        self.reports = CheckReports(reporter, self.metrics, answer_timeout_seconds, clock)
         self._ids = itertools.count(1)
         self.streams: dict[int, ProducerStream] = {}
-        #: group → stream id → stream, in subscription order.
-        self.by_group: dict[str, dict[int, ProducerStream]] = {}
-        self._rr: dict[str, int] = {}
         self.deliveries: dict[str, Delivery] = {}
         #: Per group: the credit its streams announced and what of it is free (the claims').
         self.credit = GroupCredit(self.metrics)
-        #: Grows whenever a group or a capacity changes (the claim sessions resend their list).
-        self.version = 1
+        #: Which streams serve each group (their routing, their credit in the groups' sums).
+        self.membership = Membership(self.metrics, self.credit)
         self._flight: collections.Counter[str] = collections.Counter()
-        #: Called when a group gains its first stream or enough free credit for a claim.
-        self.on_groups_changed: list[Callable[[], None]] = []
 
     # --- subscriptions and credit --------------------------------------------------------
 
@@ -291,22 +155,12 @@ class Dispatcher:
         stream = ProducerStream(next(self._ids), client_id, tuple(dict.fromkeys(groups)),
                                 self.default_credit if legacy else credit, self.queue_size, legacy)
         self.streams[stream.id] = stream
-        self._join_groups(stream, stream.groups)
+        self.membership.join(stream, stream.groups)
         log.info("producer subscribed", extra={"fields": {"client_id": client_id, "groups": list(stream.groups),
                                                            "stream": stream.id, "credit": stream.capacity,
                                                            "flow_control": not legacy}})
-        self._wake()
+        self.membership.wake()
         return stream
-
-    def _join_groups(self, stream: ProducerStream, groups: Iterable[str]) -> None:
-        """The stream serves ``groups``: checks routed to it, its capacity and free credit in
-        the groups' sums."""
-        for group in groups:
-            members = self.by_group.setdefault(group, {})
-            members[stream.id] = stream
-            self.metrics.producers(group, len(members))
-            self.credit.join(group, stream.capacity, stream.credit)
-        self.version += 1
 
     def unsubscribe(self, stream: ProducerStream) -> None:
         """The stream ended: checks it had not started are reported UNDELIVERED (due again
@@ -319,10 +173,10 @@ class Dispatcher:
             if delivery.state != LATE:
                 self._flight_change(delivery, -1)
             if delivery.state == SENT:
-                self._undelivered(delivery.broker, delivery.task, delivery.group)
+                self.reports.undelivered(delivery.broker, delivery.task, delivery.group)
         stream.checks.clear()
         if not stream.draining:
-            self._leave_groups(stream)
+            self.membership.leave(stream)
         log.info("producer unsubscribed", extra={"fields": {"client_id": stream.client_id, "stream": stream.id}})
 
     def drain(self, stream: ProducerStream) -> None:
@@ -336,8 +190,8 @@ class Dispatcher:
             delivery = self.deliveries[check_id]
             if delivery.state == SENT:
                 self._finish(delivery)
-                self._undelivered(delivery.broker, delivery.task, delivery.group)
-        self._leave_groups(stream)
+                self.reports.undelivered(delivery.broker, delivery.task, delivery.group)
+        self.membership.leave(stream)
         stream.draining = True
         log.info("producer draining", extra={"fields": {"client_id": stream.client_id, "stream": stream.id,
                                                          "answers_owed": len(stream.checks)}})
@@ -353,14 +207,13 @@ class Dispatcher:
         if not lost or stream.closed:
             return 0
         if not stream.draining:
-            self._leave_groups(stream, lost)
-        stream.groups = tuple(g for g in stream.groups if g not in lost)
-        stream.lost.update(dict.fromkeys(lost, refusal))
+            self.membership.leave(stream, lost)
+        stream.lose(lost, refusal)
         taken = [d for d in map(self.deliveries.__getitem__, stream.checks) if d.group in lost]
         stream.withdraw({d.check_id for d in taken}, error_response(refusal))
         for d in taken:
             if d.state != LATE:
-                self._undelivered(d.broker, d.task, d.group, "revoked")
+                self.reports.undelivered(d.broker, d.task, d.group, "revoked")
             self._finish(d)
         if not stream.groups:
             stream.refusal = refusal
@@ -377,50 +230,16 @@ class Dispatcher:
         back = tuple(g for g in dict.fromkeys(groups) if g in stream.lost)
         if not back or stream.closed or stream.draining:
             return ()
-        for group in back:
-            del stream.lost[group]
-        stream.groups = tuple(g for g in stream.subscribed if g in back or g in stream.groups)
-        self._join_groups(stream, back)
-        self._wake()
+        stream.regain(back)
+        self.membership.join(stream, back)
+        self.membership.wake()
         return back
-
-    def _leave_groups(self, stream: ProducerStream, groups: Iterable[str] | None = None) -> None:
-        """The stream serves its groups (or ``groups`` of them) no more: no routing to it,
-        its capacity and free credit leave the groups' sums."""
-        for group in stream.groups if groups is None else groups:
-            members = self.by_group.get(group)
-            if members is not None:
-                members.pop(stream.id, None)
-                self.metrics.producers(group, len(members))
-                self.credit.leave(group, stream.capacity, stream.credit, last=not members)
-                if not members:
-                    del self.by_group[group]
-                    self._rr.pop(group, None)
-                    self.metrics.group_gone(group)
-        if groups is None:
-            stream.credit = 0
-        self.version += 1
 
     def grant(self, stream: ProducerStream, checks: int) -> None:
         """More credit for the stream (CheckCredit); raises InvalidFieldError when not positive."""
         if checks <= 0:
             raise InvalidFieldError("credit", f"must be positive, got {checks}")
-        self._give_back(stream, checks)
-
-    def _give_back(self, stream: ProducerStream, checks: int) -> None:
-        if stream.closed or stream.draining:
-            return
-        checks = min(checks, stream.capacity - stream.credit)
-        if checks <= 0:
-            return
-        stream.credit += checks
-        # Every group's credit moves (no short-circuit); a claim is worth it for one of them.
-        if any([self.credit.move(group, checks) for group in stream.groups]):
-            self._wake()
-
-    def _wake(self) -> None:
-        for wake in self.on_groups_changed:
-            wake()
+        self.membership.give_back(stream, checks)
 
     # --- dispatch ------------------------------------------------------------------------
 
@@ -431,9 +250,7 @@ class Dispatcher:
         now = self.monotonic()
         for task in tasks:
             group = task.message.producer_group
-            members = list(self.by_group.get(group, {}).values())
-            start = self._rr.get(group, 0)
-            self._rr[group] = start + 1
+            members, start = self.membership.route(group)
             check_id = _new_check_id()
             request = checker_pb2.CheckTransactionStateResponse(check=checker_pb2.CheckRequest(
                 check_id=check_id, transaction_id=task.transaction_id, message=task.message,
@@ -441,8 +258,7 @@ class Dispatcher:
                 answer_timeout_seconds=self.answer_timeout))
             for stream in route_order(members, lambda s: s.client_id, task.message.producer_client_id, start):
                 if stream.offer_check(request):
-                    for g in stream.groups:
-                        self.credit.move(g, -1)
+                    self.membership.took(stream)
                     delivery = Delivery(check_id, broker, task, group, stream, deadline=now + self.answer_timeout)
                     self.deliveries[check_id] = delivery
                     self._flight_change(delivery, +1)
@@ -450,14 +266,8 @@ class Dispatcher:
                     queued += 1
                     break
             else:
-                self._undelivered(broker, task, group)
+                self.reports.undelivered(broker, task, group)
         return queued
-
-    def _undelivered(self, broker: str, task: broker_pb2.CheckTask, group: str, result: str = "undelivered") -> None:
-        self.metrics.check_result(group, result)
-        self.reporter.report(broker, broker_pb2.CheckReport(
-            transaction_id=task.transaction_id, claim_token=task.claim_token,
-            outcome=broker_pb2.CHECK_OUTCOME_UNDELIVERED))
 
     # --- the producer's side -------------------------------------------------------------
 
@@ -481,12 +291,7 @@ class Dispatcher:
     def _delivered(self, d: Delivery) -> None:
         d.state = RECEIVED
         d.deadline = self.monotonic() + self.answer_timeout
-        self.metrics.check_result(d.group, "delivered")
-        self.metrics.check_lag(d.group, max(self.clock() * 1000 - d.task.due_at_ms, 0) / 1000)
-        self.reporter.report(d.broker, broker_pb2.CheckReport(
-            transaction_id=d.task.transaction_id, claim_token=d.task.claim_token,
-            outcome=broker_pb2.CHECK_OUTCOME_DELIVERED, producer_client_id=d.stream.client_id,
-            answer_timeout_seconds=self.answer_timeout))
+        self.reports.delivered(d.broker, d.task, d.group, d.stream.client_id)
 
     def answered(self, stream: ProducerStream, check_id: str, result: common_pb2.CheckResult.ValueType,
                  retry_after_seconds: float, *,
@@ -497,55 +302,22 @@ class Dispatcher:
         stream as an error. One naming a group revoked from the stream raises what the
         stream was told of the revoke; one naming another group than its check's, an
         InvalidFieldError."""
-        name = RESULT_NAMES.get(result)
-        if name is None:
-            raise InvalidFieldError("result", f"must be COMMIT, ROLLBACK, UNKNOWN or IN_PROGRESS, got {result}")
-        if result == common_pb2.CHECK_RESULT_IN_PROGRESS:
-            if not (math.isfinite(retry_after_seconds) and 0 < retry_after_seconds <= MAX_RETRY_AFTER_SECONDS):
-                raise InvalidFieldError("retry_after_seconds",
-                                        f"IN_PROGRESS needs a retry-after in (0, {MAX_RETRY_AFTER_SECONDS:.0f}] "
-                                        f"seconds, got {retry_after_seconds}")
-        elif retry_after_seconds:
-            raise InvalidFieldError("retry_after_seconds", "only IN_PROGRESS carries a retry-after")
+        answer_name(result, retry_after_seconds)  # raises for an invalid answer
         delivery = self.deliveries.get(check_id) if check_id else None
         if delivery is None or delivery.stream is not stream:
             if producer_group in stream.lost:
                 raise stream.lost[producer_group]  # revoked: its checks here were finished
             if not transaction_id:
                 self._outstanding(stream, check_id)  # raises: not outstanding here
-            self._late_answer(stream, check_id, result, transaction_id, broker_name, producer_group)
+            self.reports.late_answer(stream, check_id, result, transaction_id, broker_name, producer_group)
             return
         if producer_group and producer_group != delivery.group:
             raise InvalidFieldError("producer_group", f"{producer_group!r} is not the group of check {check_id!r}")
         if delivery.state == SENT:
             self._delivered(delivery)
         self._finish(delivery)
-        self.metrics.check_result(delivery.group, name)
-        self.reporter.report(delivery.broker, broker_pb2.CheckReport(
-            transaction_id=delivery.task.transaction_id, claim_token=delivery.task.claim_token,
-            outcome=broker_pb2.CHECK_OUTCOME_ANSWERED, result=result,
-            retry_after_seconds=retry_after_seconds, producer_client_id=stream.client_id,
-            producer_group=delivery.group), self._refusal_to(stream, check_id, delivery.group))
-
-    def _late_answer(self, stream: ProducerStream, check_id: str, result: common_pb2.CheckResult.ValueType,
-                     transaction_id: str, broker_name: str, producer_group: str) -> None:
-        if producer_group not in stream.groups:
-            raise InvalidFieldError("producer_group", f"{producer_group!r} is not a group this stream serves")
-        if not broker_name:
-            raise InvalidFieldError("broker_name", "required with transaction_id")
-        if result not in (common_pb2.CHECK_RESULT_COMMIT, common_pb2.CHECK_RESULT_ROLLBACK):
-            return  # a late UNKNOWN or IN_PROGRESS changes nothing
-        self.metrics.check_result(producer_group, RESULT_NAMES[result])
-        self.reporter.report(broker_name, broker_pb2.CheckReport(
-            transaction_id=transaction_id, outcome=broker_pb2.CHECK_OUTCOME_ANSWERED, result=result,
-            producer_client_id=stream.client_id, producer_group=producer_group),
-            self._refusal_to(stream, check_id, producer_group))
-
-    def _refusal_to(self, stream: ProducerStream, check_id: str, group: str) -> Callable[[TxmqError], None]:
-        def refused(error: TxmqError) -> None:
-            self.metrics.answer_refused(group, refused_reason(error))
-            stream.push(error_response(error, check_id))
-        return refused
+        self.reports.answered(delivery.broker, delivery.task, delivery.group, stream, check_id, result,
+                              retry_after_seconds)
 
     def refused(self, stream: ProducerStream, check_id: str, error: TxmqError, *, answer: bool = False,
                 producer_group: str = "") -> None:
@@ -554,12 +326,8 @@ class Dispatcher:
         names (``producer_group``) when the stream lost that group."""
         if answer:
             delivery = self.deliveries.get(check_id) if check_id else None
-            if producer_group and stream.lost.get(producer_group) is error:
-                group, reason = producer_group, "revoked"
-            else:
-                group = delivery.group if delivery is not None else (stream.groups[0] if stream.groups else "")
-                reason = "not_outstanding" if getattr(error, "field", "") == "check_id" else "invalid"
-            self.metrics.answer_refused(group, reason)
+            self.reports.answer_refused(stream, error, delivery.group if delivery is not None else None,
+                                        producer_group)
         stream.push(error_response(error, check_id))
 
     def _finish(self, d: Delivery) -> None:
@@ -569,7 +337,7 @@ class Dispatcher:
         if d.state != LATE:
             self._flight_change(d, -1)
         if d.stream.legacy:
-            self._give_back(d.stream, 1)  # no flow control: its credit comes back here
+            self.membership.give_back(d.stream, 1)  # no flow control: its credit comes back here
 
     def _flight_change(self, d: Delivery, delta: int) -> None:
         self._flight[d.group] += delta
@@ -586,7 +354,7 @@ class Dispatcher:
         for d in [d for d in self.deliveries.values() if d.deadline <= now]:
             if d.state == SENT:
                 self._finish(d)
-                self._undelivered(d.broker, d.task, d.group, "timeout")
+                self.reports.undelivered(d.broker, d.task, d.group, "timeout")
             elif d.state == RECEIVED:
                 d.state = LATE
                 d.deadline = now + self.lease
@@ -602,11 +370,3 @@ class Dispatcher:
         """Shutdown: every stream ends and its unstarted checks are reported UNDELIVERED."""
         for stream in list(self.streams.values()):
             self.unsubscribe(stream)
-
-
-def error_response(error: TxmqError, check_id: str = "") -> Response:
-    """A refused request on the stream; names the check it was about."""
-    status = entry_status(error)
-    if check_id:
-        status.details["check_id"] = json.dumps(check_id)
-    return checker_pb2.CheckTransactionStateResponse(error=status)

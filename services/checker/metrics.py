@@ -11,7 +11,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from services.common.metrics import BaseMetrics
 
-from .dispatcher import REFUSED_REASONS
+from .reports import REFUSED_REASONS
 
 #: Results only a check claimed from a broker is counted with (the dispatcher's).
 _CLAIMED = frozenset({"delivered", "undelivered", "timeout", "revoked"})

@@ -36,8 +36,9 @@ from txmq.v1 import broker_pb2, checker_pb2, common_pb2
 
 from .brokers import BrokerDirectory
 from .config import CheckerConfig
-from .dispatcher import Dispatcher, ProducerStream
+from .dispatcher import Dispatcher
 from .metrics import CheckerMetrics
+from .streams import ProducerStream
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class Resolver:
         if self._running is None:
             self._running = asyncio.Semaphore(self.config.resolver_concurrency)
         for group in self.groups.values():
-            members = self.dispatcher.by_group.get(group.name, {})
+            members = self.dispatcher.membership.by_group.get(group.name, {})
             producers = [s for s in members.values() if s is not group.stream]
             if not producers and (group.stream is None or group.stream.closed):
                 group.stream = self.dispatcher.subscribe(self.client_id, [group.name], self.config.resolver_concurrency)

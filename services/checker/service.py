@@ -44,8 +44,9 @@ from txmq.v1 import checker_pb2, checker_pb2_grpc
 from services.common.auth import CALLER
 from services.common.limits import CallerLimit, ConnectionLimit, PrincipalLimit
 
-from .dispatcher import Dispatcher, ProducerStream
+from .dispatcher import Dispatcher
 from .standing import Standing
+from .streams import ProducerStream
 
 log = logging.getLogger(__name__)
 

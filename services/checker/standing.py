@@ -35,7 +35,8 @@ from services.common.auth import Caller, CredentialStore
 from services.common.auth.acl import CHECK, PRODUCER_GROUP, Rule, allows, describe
 from services.common.auth.store import Credentials, Principal
 
-from .dispatcher import Dispatcher, ProducerStream
+from .dispatcher import Dispatcher
+from .streams import ProducerStream
 
 log = logging.getLogger(__name__)
 

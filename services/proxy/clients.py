@@ -46,7 +46,7 @@ from typing import Any, Callable, Collection, NamedTuple, TypeAlias
 
 from txmq.errors import PermissionDeniedError, TxmqError, UnauthenticatedError
 
-from services.common.auth import Caller, CredentialStore, may
+from services.common.auth import Caller, CredentialStore, current_principal, may
 from services.common.auth.acl import CHECK, PRODUCER_GROUP, allows
 from services.common.auth.store import Credentials
 from services.common.limits import PrincipalLimit, principal_key
@@ -75,6 +75,23 @@ class ClientKey(NamedTuple):
 
     principal: str | None
     client_id: str
+
+
+#: The header an official client names itself in (its client id).
+CLIENT_ID_HEADER = "x-mq-client-id"
+
+
+def client_id_of(context: Any) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_ID_HEADER:
+            return value if isinstance(value, str) else value.decode()
+    return ""
+
+
+def client_of(context: Any) -> ClientKey:
+    """The client of a call: its client id, scoped to the principal it authenticated as."""
+    principal = current_principal()
+    return ClientKey(principal.name if principal is not None else None, client_id_of(context))
 
 
 def checkable(credentials: Credentials, principal: str | None, topics: tuple[str, ...]) -> tuple[str, ...]:

@@ -14,11 +14,16 @@ message names the cause.
 
 from __future__ import annotations
 
+import logging
+from typing import Any, Callable
+
 import grpc
 
 from txmq.errors import TxmqError, error_from_rpc
 
 from .protocol import Code, definition_pb2
+
+log = logging.getLogger(__name__)
 
 
 class ProxyError(TxmqError):
@@ -146,3 +151,10 @@ def status(error: BaseException | None = None, message: str = "OK") -> "definiti
     if error is None:
         return definition_pb2.Status(code=Code.OK, message=message)
     return definition_pb2.Status(code=code_for(error), message=message_for(error))
+
+
+def failure(response_cls: Callable[..., Any], exc: BaseException, method: str) -> Any:
+    """``method``'s response carrying ``exc`` in band; an error not the domain's is logged."""
+    if not isinstance(exc, TxmqError):
+        log.exception("unexpected error in %s", method, exc_info=exc)
+    return response_cls(status=status(exc))

@@ -3,33 +3,31 @@ domain errors → in-band ``Status`` (``codes.code_for``), nothing else.
 
 Every response carries a status: the official clients read errors in band and treat a
 gRPC-level failure as a transport error. RPCs txmq does not serve (Pull/offset RPCs,
-RecallMessage, lite topics) answer NOT_IMPLEMENTED. Push consumers' deliveries
-(``auto_renew``) are kept invisible by ``renew.Renewer`` until acknowledged or nacked.
-The call order and field requirements of the clients are described in
-docs/rocketmq-compat.md.
+RecallMessage, lite topics) answer NOT_IMPLEMENTED. The consumers' RPCs (receives, acks,
+nacks, dead-lettering) are delegated to ``consumerrpc.ConsumerRpc``, with the push consumers'
+deliveries (``auto_renew``) it keeps invisible through ``renew.Renewer``. The call order
+and field requirements of the clients are described in docs/rocketmq-compat.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 from txmq.errors import TxmqError
 from txmq.v1 import common_pb2
 
-from services.common.auth import CALLER, current_principal, may, recheck
+from services.common.auth import CALLER, may, recheck
 from services.common.auth.acl import PUBLISH, TOPIC
-from services.common.limits import caller_limit
 
 from . import settings as settings_mod
 from .checks import CheckManager
-from .clients import ClientKey, ClientRegistry, TelemetryStream
-from .codes import ProxyError, code_for, status, unsupported
+from .clients import CLIENT_ID_HEADER, ClientRegistry, TelemetryStream, client_id_of, client_of
+from .codes import ProxyError, code_for, failure, status, unsupported
 from .config import ProxyConfig
-from .convert import delivered_to_rmq, resource_name, seconds, to_native, to_resource, validate_filter
+from .consumerrpc import ConsumerRpc
+from .convert import resource_name, to_native, to_resource
 from .metrics import ProxyMetrics
 from .protocol import Code, service_pb2_grpc
 from .protocol import definition_pb2 as pb
@@ -41,32 +39,16 @@ from .upstream import Upstream
 log = logging.getLogger(__name__)
 
 
-CLIENT_ID_HEADER = "x-mq-client-id"
 #: Message types every topic accepts (txmq topics take normal and transactional messages).
 ACCEPTED_TYPES = (pb.NORMAL, pb.DELAY, pb.TRANSACTION)
 #: ... and FIFO topics: FIFO messages (a message group each).
 FIFO_TYPES = (pb.FIFO,)
-#: A long poll ends this long before the client's deadline.
-DEADLINE_MARGIN_SECONDS = 1.0
 
 _RESOLUTIONS = {
     pb.COMMIT: (common_pb2.TRANSACTION_RESOLUTION_COMMIT, common_pb2.CHECK_RESULT_COMMIT, "commit"),
     pb.ROLLBACK: (common_pb2.TRANSACTION_RESOLUTION_ROLLBACK, common_pb2.CHECK_RESULT_ROLLBACK, "rollback"),
 }
 _UNKNOWN = (common_pb2.TRANSACTION_RESOLUTION_UNKNOWN, common_pb2.CHECK_RESULT_UNKNOWN, "unknown")
-
-
-def client_id_of(context: Any) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == CLIENT_ID_HEADER:
-            return value if isinstance(value, str) else value.decode()
-    return ""
-
-
-def client_of(context: Any) -> ClientKey:
-    """The client of a call: its client id, scoped to the principal it authenticated as."""
-    principal = current_principal()
-    return ClientKey(principal.name if principal is not None else None, client_id_of(context))
 
 
 def open_telemetry(registry: ClientRegistry, context: Any) -> TelemetryStream:
@@ -77,12 +59,6 @@ def open_telemetry(registry: ClientRegistry, context: Any) -> TelemetryStream:
     if not client.client_id:
         raise ProxyError(Code.CLIENT_ID_REQUIRED, f"the {CLIENT_ID_HEADER} header is required")
     return registry.open_stream(client, context.peer(), CALLER.get())
-
-
-def _failed(response_cls: Callable[..., Any], exc: BaseException, method: str) -> Any:
-    if not isinstance(exc, TxmqError):
-        log.exception("unexpected error in %s", method, exc_info=exc)
-    return response_cls(status=status(exc))
 
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
@@ -96,11 +72,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.checks = checks
         self.metrics = metrics
         self.bound_port = bound_port
-        self.long_polls = caller_limit(config, metrics, "max_long_polls_per_connection", "max_long_polls_per_principal")
         #: EndTransactions carried on past their caller's cancellation (see EndTransaction).
         self._ending: set[asyncio.Task[spb.EndTransactionResponse]] = set()
         self.renewer = renewer or Renewer(config, relay, metrics)
         registry.on_gone.append(self.renewer.client_gone)
+        self.consumer_rpc = ConsumerRpc(config, relay, self.renewer, metrics)
 
     # --- routes --------------------------------------------------------------------------
 
@@ -121,7 +97,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return spb.QueryRouteResponse(status=status(), message_queues=[
                 self._queue(topic, q.queue_id, q.broker_name, endpoints, q.draining) for q in queues])
         except Exception as exc:  # noqa: BLE001 - answered in band
-            return _failed(spb.QueryRouteResponse, exc, "QueryRoute")
+            return failure(spb.QueryRouteResponse, exc, "QueryRoute")
 
     async def QueryAssignment(self, request: spb.QueryAssignmentRequest,
                               context: Any) -> spb.QueryAssignmentResponse:
@@ -134,7 +110,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return spb.QueryAssignmentResponse(status=status(), assignments=[
                 pb.Assignment(message_queue=self._queue(topic, -1, name, endpoints)) for name in brokers])
         except Exception as exc:  # noqa: BLE001 - answered in band, as each RPC below
-            return _failed(spb.QueryAssignmentResponse, exc, "QueryAssignment")
+            return failure(spb.QueryAssignmentResponse, exc, "QueryAssignment")
 
     # --- liveness ------------------------------------------------------------------------
 
@@ -163,7 +139,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                                    max_body_bytes=self.upstream.limits.max_body_bytes)
                 result = await self.relay.send(native)
             except Exception as exc:  # noqa: BLE001 - per entry, and at the top (Python reads only that)
-                failed = _failed(spb.SendResultEntry, exc, "SendMessage")
+                failed = failure(spb.SendResultEntry, exc, "SendMessage")
                 failed.message_id = message_id
                 response.entries.append(failed)
                 first_error = first_error or failed.status
@@ -206,7 +182,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                                          else common_pb2.TRANSACTION_SOURCE_CLIENT, producer_group)
         except Exception as exc:  # noqa: BLE001 - answered in band
             self.metrics.end_transactions.labels(label, source_label, Code.Name(code_for(exc))).inc()
-            return _failed(spb.EndTransactionResponse, exc, "EndTransaction")
+            return failure(spb.EndTransactionResponse, exc, "EndTransaction")
         if ended is None:  # its shard is down: the check decides (see Relay.end)
             self.metrics.end_transactions.labels(label, source_label, "deferred").inc()
             return spb.EndTransactionResponse(status=status())
@@ -220,136 +196,19 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     # --- consuming -----------------------------------------------------------------------
 
-    def _long_poll_seconds(self, request: spb.ReceiveMessageRequest, context: Any) -> float:
-        wait = seconds(request.long_polling_timeout) if request.HasField("long_polling_timeout") else 0.0
-        wait = min(max(wait, 0.0), self.config.max_long_polling_seconds)
-        remaining = context.time_remaining()
-        if remaining is not None:
-            wait = max(0.0, min(wait, remaining - DEADLINE_MARGIN_SECONDS))
-        return wait
-
-    def _renewal_room(self, context: Any) -> int:
-        """How many deliveries a push receive of the caller may take: each is renewed until
-        acked (a broker call every half invisibility), at most max_renewals_per_principal
-        for one principal; none left is TOO_MANY_REQUESTS, before anything is received."""
-        room = self.renewer.room(client_of(context).principal)
-        if room <= 0:
-            limit = self.config.max_renewals_per_principal
-            raise ProxyError(Code.TOO_MANY_REQUESTS,
-                             f"{limit} deliveries are auto-renewed for this principal already: "
-                             f"max_renewals_per_principal={limit} reached (ack or nack some first)")
-        return room
-
-    def _invisible_seconds(self, value: float) -> float:
-        return min(max(value, self.config.min_invisible_duration_seconds), self.config.max_invisible_duration_seconds)
-
     async def ReceiveMessage(self, request: spb.ReceiveMessageRequest, context: Any) -> None:
-        """Frames: status, then one message each, then the delivery timestamp. With
-        ``auto_renew`` (push consumers) the deliveries stay invisible until the client acks
-        or nacks them (see ``renew``)."""
-        try:
-            group = resource_name(request.group, "group")
-            queue = request.message_queue
-            topic = resource_name(queue.topic, "topic")
-            expression, sql = validate_filter(request.filter_expression)
-            invisible = self._invisible_seconds(
-                seconds(request.invisible_duration) if request.HasField("invisible_duration")
-                else self.config.default_invisible_duration_seconds)
-            batch = min(max(request.batch_size, 1), self.config.max_receive_batch)
-            if request.auto_renew and self.config.auto_renew_max_seconds > 0:
-                batch = min(batch, self._renewal_room(context))
-            wait = self._long_poll_seconds(request, context)
-            # A long poll counts against its connection's and its principal's limits (42900 beyond).
-            with self.long_polls.hold(context) if wait > 0 else contextlib.nullcontext():
-                deliveries = await self.relay.receive(
-                    group=group, topic=topic, broker=queue.broker.name, filter_expression=expression, sql=sql,
-                    max_messages=batch, invisible_seconds=invisible, wait_seconds=wait,
-                    client_id=client_id_of(context))
-                recheck()  # its access key removed during the long poll: none of them written
-        except Exception as exc:  # noqa: BLE001 - answered in band
-            await context.write(_failed(spb.ReceiveMessageResponse, exc, "ReceiveMessage"))
-            return
-        now_ms = int(time.time() * 1000)
-        if deliveries:
-            await context.write(spb.ReceiveMessageResponse(status=status()))
-            for d in deliveries:
-                await context.write(spb.ReceiveMessageResponse(message=delivered_to_rmq(d, now_ms)))
-                self.metrics.messages_out.labels(topic).inc()
-            if request.auto_renew:  # written: the client has them (a failed write renews nothing)
-                client = client_of(context)
-                for d in deliveries:
-                    self.renewer.add(client, group, d.topic, d.receipt_handle, invisible, client.principal)
-        else:
-            await context.write(spb.ReceiveMessageResponse(status=pb.Status(
-                code=Code.MESSAGE_NOT_FOUND, message="no new message")))
-        stamp = spb.ReceiveMessageResponse()
-        stamp.delivery_timestamp.FromMilliseconds(now_ms)
-        await context.write(stamp)
+        await self.consumer_rpc.receive(request, context)
 
     async def AckMessage(self, request: spb.AckMessageRequest, context: Any) -> spb.AckMessageResponse:
-        try:
-            group = resource_name(request.group, "group")
-            topic = resource_name(request.topic, "topic")
-            principal = client_of(context).principal
-            handles = [await self.renewer.finish(group, e.receipt_handle, topic=topic, principal=principal)
-                       for e in request.entries]
-            results = await self.relay.ack(group, topic, handles)
-        except Exception as exc:  # noqa: BLE001 - answered in band
-            self.metrics.acks.labels(Code.Name(code_for(exc))).inc(len(request.entries))
-            return _failed(spb.AckMessageResponse, exc, "AckMessage")
-        response = spb.AckMessageResponse()
-        for entry, error in zip(request.entries, results):
-            response.entries.append(spb.AckMessageResultEntry(
-                message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status(error)))
-            self.metrics.acks.labels("ok" if error is None else Code.Name(code_for(error))).inc()
-        codes = {e.status.code for e in response.entries}
-        if codes <= {Code.OK}:
-            response.status.CopyFrom(status())
-        elif len(response.entries) == 1:
-            response.status.CopyFrom(response.entries[0].status)
-        else:
-            response.status.CopyFrom(pb.Status(code=Code.MULTIPLE_RESULTS, message="some entries failed"))
-        return response
+        return await self.consumer_rpc.ack(request, context)
 
     async def ChangeInvisibleDuration(self, request: spb.ChangeInvisibleDurationRequest,
                                       context: Any) -> spb.ChangeInvisibleDurationResponse:
-        """Always answers with a receipt handle (the new one, or the one sent): the Python
-        client adopts it before reading the status. Tiny durations are raised to
-        ``min_invisible_duration_seconds`` (Node.js sends milliseconds as seconds). A push
-        consumer's nack: the proxy stops renewing the delivery."""
-        try:
-            group = resource_name(request.group, "group")
-            topic = resource_name(request.topic, "topic")
-            current = await self.renewer.finish(group, request.receipt_handle, topic=topic,
-                                                principal=client_of(context).principal)
-            handle = await self.relay.change_invisible(group, topic, current,
-                                                       self._invisible_seconds(seconds(request.invisible_duration)))
-        except Exception as exc:  # noqa: BLE001 - answered in band
-            failed = _failed(spb.ChangeInvisibleDurationResponse, exc, "ChangeInvisibleDuration")
-            failed.receipt_handle = request.receipt_handle
-            return failed
-        return spb.ChangeInvisibleDurationResponse(status=status(), receipt_handle=handle)
+        return await self.consumer_rpc.change_invisible(request, context)
 
     async def ForwardMessageToDeadLetterQueue(self, request: spb.ForwardMessageToDeadLetterQueueRequest,
                                               context: Any) -> spb.ForwardMessageToDeadLetterQueueResponse:
-        """The consumer gave up on a delivery (FIFO consumers, after their local retries):
-        the broker the receipt handle names moves it to ``%DLQ%<group>`` now (native
-        DeadLetterMessage). A stale or mangled handle answers INVALID_RECEIPT_HANDLE.
-        Non-FIFO messages need no call: the broker dead-letters them itself after
-        ``max_delivery_attempts`` deliveries."""
-        try:
-            group = resource_name(request.group, "group")
-            topic = resource_name(request.topic, "topic")
-            if not request.receipt_handle:
-                raise ProxyError(Code.INVALID_RECEIPT_HANDLE, "receipt_handle is required")
-            handle = await self.renewer.finish(group, request.receipt_handle, topic=topic,
-                                               principal=client_of(context).principal)
-            await self.relay.dead_letter(group, topic, handle)
-        except Exception as exc:  # noqa: BLE001 - answered in band
-            self.metrics.dead_letters.labels(Code.Name(code_for(exc))).inc()
-            return _failed(spb.ForwardMessageToDeadLetterQueueResponse, exc, "ForwardMessageToDeadLetterQueue")
-        self.metrics.dead_letters.labels("ok").inc()
-        return spb.ForwardMessageToDeadLetterQueueResponse(status=status())
+        return await self.consumer_rpc.dead_letter(request, context)
 
     # --- unused by the clients -----------------------------------------------------------
 

@@ -119,7 +119,7 @@ def test_a_producer_that_reads_nothing_is_read_no_further(cluster: Cluster) -> N
     Beyond MAX_QUEUED_REPLIES queued replies it reads no more of that stream until the
     producer reads: a drain sent after the flood is not acted on while the producer reads
     nothing, and is once it reads (every reply then arrives)."""
-    from services.checker.dispatcher import MAX_QUEUED_REPLIES
+    from services.checker.streams import MAX_QUEUED_REPLIES
     from tests.support.metrics import metric_sum
 
     flood = 60 * MAX_QUEUED_REPLIES  # far beyond what the transport buffers either way

@@ -1,5 +1,5 @@
 """The broker domain's named types: their stored values, their mapping to the proto enums
-(service.py, the one place), and the layering of the modules BrokerCore is built from."""
+(convert.py, the one place), and the layering of the modules BrokerCore is built from."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from services.broker import service
+from services.broker import convert
 from services.broker.model import MessageKind, Resolution, Source, TxnState
 from services.broker.store import codec
 from txmq.errors import InvalidFieldError
 from txmq.v1 import common_pb2
 
-BROKER = Path(service.__file__).parent
+BROKER = Path(convert.__file__).parent
 
 
 def test_stored_values_never_change():
@@ -37,14 +37,14 @@ def test_a_transaction_row_keeps_its_state_and_source_through_the_codec():
 
 @pytest.mark.parametrize("state", list(TxnState))
 def test_every_state_maps_to_its_proto_enum_and_back(state):
-    proto = service.state_to_proto(state)
+    proto = convert.state_to_proto(state)
     assert common_pb2.TransactionState.Name(proto) == f"TRANSACTION_STATE_{state.name}"
-    assert service.state_from_proto(proto) == state
+    assert convert.state_from_proto(proto) == state
 
 
 @pytest.mark.parametrize("source", list(Source))
 def test_every_source_maps_to_its_proto_enum(source):
-    name = common_pb2.TransactionSource.Name(service.source_to_proto(source))
+    name = common_pb2.TransactionSource.Name(convert.source_to_proto(source))
     assert name == ("TRANSACTION_SOURCE_UNSPECIFIED" if source == Source.NONE
                     else f"TRANSACTION_SOURCE_{source.name}")
 
@@ -52,16 +52,16 @@ def test_every_source_maps_to_its_proto_enum(source):
 def test_every_proto_resolution_maps_to_the_model():
     names = {v.name for v in common_pb2.TransactionResolution.DESCRIPTOR.values} - {
         "TRANSACTION_RESOLUTION_UNSPECIFIED"}
-    assert {common_pb2.TransactionResolution.Name(k): v for k, v in service._RESOLUTIONS.items()} == {
+    assert {common_pb2.TransactionResolution.Name(k): v for k, v in convert.RESOLUTIONS.items()} == {
         f"TRANSACTION_RESOLUTION_{r.name}": r for r in Resolution}
     assert len(names) == len(Resolution)
 
 
 def test_no_state_is_unspecified_both_ways():
-    assert service.state_to_proto(0) == common_pb2.TRANSACTION_STATE_UNSPECIFIED  # a normal message
-    assert service.state_from_proto(common_pb2.TRANSACTION_STATE_UNSPECIFIED) == 0  # any state
+    assert convert.state_to_proto(0) == common_pb2.TRANSACTION_STATE_UNSPECIFIED  # a normal message
+    assert convert.state_from_proto(common_pb2.TRANSACTION_STATE_UNSPECIFIED) == 0  # any state
     with pytest.raises(InvalidFieldError, match="state"):
-        service.state_from_proto(99)
+        convert.state_from_proto(99)
 
 
 def _broker_imports(module: str) -> set[str]:

@@ -320,9 +320,9 @@ def test_a_stream_gets_no_more_than_its_credit_and_credit_comes_from_the_produce
     d.expire()
     assert reports.outcomes()[-2:] == [("T1", UNDELIVERED), ("T2", UNDELIVERED)] and d.credit.free["g"] == 1
     # Capacities are split between brokers, and a new stream changes the claim version.
-    version = d.version
+    version = d.membership.version
     d.subscribe("b", ["g"], credit=4)
-    assert d.version > version and d.credit.claim_groups(2) == {"g": 4} and d.credit.claim_limits(2) == {"g": 3}
+    assert d.membership.version > version and d.credit.claim_groups(2) == {"g": 4} and d.credit.claim_limits(2) == {"g": 3}
 
 
 def test_a_group_that_got_its_whole_limit_is_claimed_again_once_it_has_credit(env):

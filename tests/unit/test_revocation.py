@@ -134,7 +134,7 @@ def test_a_revoked_group_leaves_the_stream_and_its_checks_go_back(dispatcher):
     assert sorted(reports.outcomes()) == [("A1", UNDELIVERED), ("A2", UNDELIVERED)]  # due again at once
     assert ("ga", "revoked") in metrics.results
     assert stream.groups == ("gb",) and not stream.closed
-    assert "ga" not in d.by_group and "ga" not in d.credit.capacity
+    assert "ga" not in d.membership.by_group and "ga" not in d.credit.capacity
     rest = [stream.pop(), stream.pop(), stream.pop()]
     assert [r.WhichOneof("command") if r else None for r in rest] == ["check", "error", None]
     assert rest[0].check.transaction_id == "B1"  # the group it keeps is still sent
@@ -150,7 +150,7 @@ def test_a_revoked_group_leaves_the_stream_and_its_checks_go_back(dispatcher):
     d.revoke(stream, ["gb"], refusal(Principal("alice"), ["gb"]))
     assert stream.closed and stream.refusal is not None and "'gb'" in stream.refusal.message
     assert reports.outcomes()[-1] == ("B1", UNDELIVERED) and stream.id not in d.streams
-    assert d.by_group["gb"] == {other.id: other} and d.credit.capacity == {"gb": 4}
+    assert d.membership.by_group["gb"] == {other.id: other} and d.credit.capacity == {"gb": 4}
     assert d.revoke(stream, ["gb"], refusal(Principal("alice"), ["gb"])) == 0  # ended: nothing more
 
 
@@ -210,7 +210,7 @@ def test_a_group_granted_again_comes_back_to_the_stream_that_lost_it(tmp_path, d
 
     files.write(BOTH)  # gx allowed again (through g*), and gy
     standing.revise()
-    assert alice.groups == ("gx", "ga") and alice.lost == {} and d.by_group["gx"] == {alice.id: alice}
+    assert alice.groups == ("gx", "ga") and alice.lost == {} and d.membership.by_group["gx"] == {alice.id: alice}
     assert (d.credit.capacity["gx"], d.credit.free["gx"]) == (2, 2) and metrics.connected["gx"] == 1
     d.dispatch("broker-0", [task("X2", "gx"), task("X3", "gx"), task("X4", "gx")])
     sent = sent_checks(alice)
